@@ -1,0 +1,113 @@
+"""The common start of every notebook: check parameters, open the run folder, reach the server
+or open the recorded run to replay.
+
+Notebooks call :func:`start` right after their ``parameters`` cell::
+
+    ctx = nb.start("01_baseline_sweep", server_url=server_url, run_dir=run_dir, replay_dir=replay_dir,
+                   params=dict(context_lengths=context_lengths, max_new_tokens=max_new_tokens))
+    ctx.run        # where this notebook writes (rows, findings)
+    ctx.source     # the run whose rows are analysed: ctx.run when measuring, the recorded run when replaying
+    ctx.client     # SGLangClient, or None when replaying
+"""
+
+from __future__ import annotations
+
+import importlib
+import platform
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from specdiag.runs import Run
+
+
+class ParameterError(ValueError):
+    """A notebook parameter is invalid; the message names the parameter and the fix."""
+
+
+@dataclass
+class NotebookContext:
+    notebook: str
+    run: Run
+    source: Run
+    server_url: str = ""
+    client: Any = None  # specdiag.client.SGLangClient when measuring
+    params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def replaying(self) -> bool:
+        """True when analysing a recorded run instead of measuring."""
+        return self.client is None
+
+
+def versions() -> dict[str, str]:
+    """Versions of the things a reader needs to reproduce this notebook's numbers."""
+    out = {"python": platform.python_version(), "platform": platform.platform()}
+    for mod in ("specdiag", "torch", "transformers", "pandas", "matplotlib", "papermill"):
+        try:
+            out[mod] = str(getattr(importlib.import_module(mod), "__version__", "?"))
+        except Exception:  # noqa: BLE001 - a missing optional module is reported, not fatal
+            out[mod] = "not installed"
+    return out
+
+
+def check(condition: bool, message: str) -> None:
+    """Raise :class:`ParameterError` with ``message`` unless ``condition`` holds."""
+    if not condition:
+        raise ParameterError(message)
+
+
+def check_context_lengths(name: str, values: Any, maximum: int | None = None) -> list[int]:
+    """A non-empty list of positive ints, each at most ``maximum`` when given."""
+    check(isinstance(values, (list, tuple)) and len(values) > 0,
+          f"{name} must be a non-empty list of token counts, e.g. [1024, 4096]; got {values!r}")
+    out = []
+    for v in values:
+        check(isinstance(v, (int, float)) and int(v) == v and v > 0,
+              f"{name} must hold positive whole token counts; {v!r} is not one")
+        if maximum is not None:
+            check(int(v) <= maximum,
+                  f"{name} has {int(v)} tokens but the server's context_length is {maximum}: "
+                  f"drop it or use a server with a longer context")
+        out.append(int(v))
+    return out
+
+
+def start(notebook: str, server_url: str = "", run_dir: str = "", replay_dir: str = "",
+          params: Mapping[str, Any] | None = None, needs_server: bool = True) -> NotebookContext:
+    """Open the run folder and either reach the server or open the recorded run.
+
+    - ``replay_dir`` set: analyse that run's rows; outputs go to ``run_dir`` (or a new run folder
+      labelled ``replay``), whose run.json records ``replay_of``.
+    - else ``server_url`` set: check it answers (a clear error naming the URL if not) and measure.
+    - else: start or reuse the embedded server (``specdiag.localserver.ensure_running``).
+    """
+    params = dict(params or {})
+    check(isinstance(server_url, str), f"server_url must be a string URL or ''; got {server_url!r}")
+    check(isinstance(run_dir, str), f"run_dir must be a folder path or ''; got {run_dir!r}")
+    check(isinstance(replay_dir, str), f"replay_dir must be a folder path or ''; got {replay_dir!r}")
+    if replay_dir:
+        source = Run.open(replay_dir)
+        run = Run.create(run_dir or None, label=f"replay-{source.path.name}")
+        run.update(replay_of=str(source.path), params={notebook: params})
+        return NotebookContext(notebook, run, source, "", None, params)
+    run = Run.create(run_dir or None)
+    run.update(params={notebook: params})
+    if not needs_server:
+        return NotebookContext(notebook, run, run, server_url, None, params)
+    from specdiag.client import SGLangClient  # noqa: PLC0415 - keep replay free of client imports
+
+    if not server_url:
+        from specdiag import localserver  # noqa: PLC0415
+
+        server_url = localserver.ensure_running()
+    client = SGLangClient(server_url)
+    client.check_reachable()
+    run.update(server_url=server_url)
+    return NotebookContext(notebook, run, run, server_url, client, params)
+
+
+def print_versions() -> None:
+    for k, v in versions().items():
+        print(f"{k:>13}: {v}")
+    print(f"{'executable':>13}: {sys.executable}")

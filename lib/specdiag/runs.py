@@ -1,0 +1,269 @@
+"""The run folder: run.json, one JSONL per measurement, findings, executed notebooks and HTML.
+
+Layout of ``data/runs/<run-id>/``::
+
+    run.json                 params, provenance, the redacted server snapshot, replay source
+    <table>.jsonl            one row per measurement, appended (and fsynced) as soon as it is taken
+    findings/<notebook>.json findings and key metrics of one notebook (see ``write_result``)
+    findings.json            all notebooks' findings together (written by the report)
+    notebooks/*.ipynb        executed notebooks
+    html/*.html              code-free reports; index.html lists them
+
+Rows are appended one by one so a run that fails half-way keeps every row it measured;
+``done_keys`` lets a re-run with the same ``run_dir`` resume where it stopped.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import re
+import socket
+import subprocess
+import sys
+from dataclasses import asdict, is_dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from specdiag import __version__
+from specdiag.paths import PROJECT_ROOT, RUNS_DIR
+
+#: Keys whose values are secrets wherever they appear (compared case-insensitively, after
+#: removing '-' and '_'). Their values become REDACTED in everything written to disk.
+SECRET_KEY_PATTERN = re.compile(
+    r"(apikey|api_key|token|secret|password|passwd|authorization|auth|credential|privatekey|cookie)",
+    re.IGNORECASE,
+)
+#: Command-line flags whose following argument is a secret, e.g. ``--api-key XYZ``.
+SECRET_FLAG_PATTERN = re.compile(
+    r"(--(?:api[-_]?key|[a-z0-9_-]*token|[a-z0-9_-]*secret|[a-z0-9_-]*password)(?:=|\s+))(\S+)",
+    re.IGNORECASE,
+)
+#: Bearer tokens and Hugging Face style tokens inside free text.
+SECRET_TEXT_PATTERN = re.compile(r"(Bearer\s+)\S+|\bhf_[A-Za-z0-9]{16,}\b|\bsk-[A-Za-z0-9_-]{16,}\b")
+REDACTED = "REDACTED"
+
+# Keys that contain a secret-looking word but are not secrets (counts of tokens and the like).
+_NOT_SECRET = re.compile(
+    r"(tokens?_?(num|count|len|ids?|total|usage|per|capacity)|num_?tokens?|max_?tokens?|"
+    r"^tokens?$|tokenizer|_tokens$|token_ids|tokens_|cached_tokens|prompt_tokens|completion_tokens|"
+    r"reasoning_tokens|draft_tokens|new_tokens|skip_tokenizer_init|spec_.*)",
+    re.IGNORECASE,
+)
+
+
+def _is_secret_key(key: str) -> bool:
+    flat = key.replace("-", "_")
+    if _NOT_SECRET.search(flat):
+        return False
+    return bool(SECRET_KEY_PATTERN.search(flat.replace("_", ""))) or bool(SECRET_KEY_PATTERN.search(flat))
+
+
+def redact_text(text: str) -> str:
+    """Remove secrets from free text (command lines, URLs, log lines)."""
+    text = SECRET_FLAG_PATTERN.sub(lambda m: m.group(1) + REDACTED, text)
+    text = SECRET_TEXT_PATTERN.sub(lambda m: (m.group(1) or "") + REDACTED, text)
+    # user:password@host in URLs
+    text = re.sub(r"(://[^/\s:@]+:)[^@\s/]+@", r"\1" + REDACTED + "@", text)
+    return text
+
+
+def redact(obj: Any) -> Any:
+    """Return a copy of ``obj`` with secret values replaced by ``REDACTED``.
+
+    Dict values under secret-looking keys are replaced (unless empty or None, which are kept so
+    a reader can see the setting was unset); strings are scrubbed of ``--api-key X`` flags,
+    bearer tokens and URL passwords; lists and tuples are walked.
+    """
+    if is_dataclass(obj) and not isinstance(obj, type):
+        obj = asdict(obj)
+    if isinstance(obj, Mapping):
+        out: dict[str, Any] = {}
+        for key, value in obj.items():
+            if isinstance(key, str) and _is_secret_key(key) and value not in (None, "", False):
+                out[key] = REDACTED
+            else:
+                out[key] = redact(value)
+        return out
+    if isinstance(obj, (list, tuple)):
+        return [redact(v) for v in obj]
+    if isinstance(obj, str):
+        return redact_text(obj)
+    return obj
+
+
+def _json_default(obj: Any) -> Any:
+    if is_dataclass(obj) and not isinstance(obj, type):
+        return asdict(obj)
+    if isinstance(obj, Path):
+        return str(obj)
+    if hasattr(obj, "item"):  # numpy / torch scalars
+        return obj.item()
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    if isinstance(obj, (_dt.datetime, _dt.date)):
+        return obj.isoformat()
+    raise TypeError(f"cannot write {type(obj).__name__} to JSON")
+
+
+def dumps(obj: Any, **kw: Any) -> str:
+    """JSON with numpy/dataclass/Path support and secrets redacted."""
+    return json.dumps(redact(obj), default=_json_default, **kw)
+
+
+def new_run_id(label: str = "") -> str:
+    """``YYYYmmdd-HHMMSS[-label]`` in UTC; label is reduced to [a-z0-9-]."""
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    label = re.sub(r"[^a-z0-9-]+", "-", label.lower()).strip("-")
+    return f"{stamp}-{label}" if label else stamp
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=5
+        )
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def provenance() -> dict[str, Any]:
+    """Where and with what this run was made: host, Python, specdiag version and git commit, time."""
+    return {
+        "created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "specdiag_version": __version__,
+        "git_commit": _git_commit(),
+    }
+
+
+class Run:
+    """One run folder. Create with :meth:`create` (new or existing folder) or :meth:`open` (existing)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+
+    # --- creation -------------------------------------------------------------------------
+    @classmethod
+    def create(cls, run_dir: str | os.PathLike[str] | None = None, label: str = "", **run_fields: Any) -> "Run":
+        """Open ``run_dir`` (created if missing) or a new folder under data/runs/.
+
+        ``run_fields`` are merged into run.json at top level (for instance ``params=...``).
+        An existing run.json is kept and updated, so notebooks of one run share one folder.
+        """
+        path = Path(run_dir) if run_dir else RUNS_DIR / new_run_id(label)
+        path.mkdir(parents=True, exist_ok=True)
+        run = cls(path)
+        if not run.run_json_path.exists():
+            run._write_run_json({"run_id": path.name, "provenance": provenance()})
+        if run_fields:
+            run.update(**run_fields)
+        return run
+
+    @classmethod
+    def open(cls, run_dir: str | os.PathLike[str]) -> "Run":
+        """Open an existing run folder (a recorded or reference run). Raises a clear error if absent."""
+        path = Path(run_dir)
+        if not path.is_absolute() and not path.exists():
+            path = PROJECT_ROOT / path
+        if not (path / "run.json").exists():
+            raise FileNotFoundError(
+                f"{run_dir!s} is not a run folder: it has no run.json. Pass the folder of a recorded run "
+                f"(for instance data/reference/ct200-kimi-k26) or leave replay_dir empty to measure."
+            )
+        return cls(path)
+
+    # --- run.json ---------------------------------------------------------------------------
+    @property
+    def run_json_path(self) -> Path:
+        return self.path / "run.json"
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """The contents of run.json."""
+        if not self.run_json_path.exists():
+            return {}
+        return json.loads(self.run_json_path.read_text())
+
+    def _write_run_json(self, data: Mapping[str, Any]) -> None:
+        tmp = self.run_json_path.with_suffix(".json.tmp")
+        tmp.write_text(dumps(data, indent=2, sort_keys=False) + "\n")
+        tmp.replace(self.run_json_path)
+
+    def update(self, **fields: Any) -> dict[str, Any]:
+        """Merge ``fields`` into run.json (dict values are merged one level deep). Secrets redacted."""
+        data = self.meta
+        for key, value in fields.items():
+            if isinstance(value, Mapping) and isinstance(data.get(key), dict):
+                data[key] = {**data[key], **dict(value)}
+            else:
+                data[key] = value
+        self._write_run_json(data)
+        return data
+
+    # --- measurement tables ------------------------------------------------------------------
+    def table_path(self, table: str) -> Path:
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", table):
+            raise ValueError(f"table name {table!r} must be letters, digits, '_', '-' or '.'")
+        return self.path / f"{table}.jsonl"
+
+    def append_row(self, table: str, row: Mapping[str, Any]) -> None:
+        """Append one row to ``<table>.jsonl`` and flush it to disk at once."""
+        line = dumps(dict(row), sort_keys=False)
+        with open(self.table_path(table), "a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def rows(self, table: str) -> list[dict[str, Any]]:
+        """All rows of ``<table>.jsonl`` ([] if none). A torn last line (a crash mid-write) is skipped."""
+        path = self.table_path(table)
+        if not path.exists():
+            return []
+        out: list[dict[str, Any]] = []
+        for line in path.read_text(encoding="utf-8").splitlines():
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+        return out
+
+    def done_keys(self, table: str, key_fields: Iterable[str]) -> set[tuple[Any, ...]]:
+        """Keys of rows already measured without error, for resuming an interrupted run."""
+        fields = tuple(key_fields)
+        return {tuple(r.get(f) for f in fields) for r in self.rows(table) if not r.get("error")}
+
+    # --- findings ------------------------------------------------------------------------------
+    def write_result(self, notebook: str, findings: Iterable[Any] = (), metrics: Mapping[str, Any] | None = None,
+                     **extra: Any) -> Path:
+        """Write one notebook's findings and key metrics to ``findings/<notebook>.json``."""
+        out_dir = self.path / "findings"
+        out_dir.mkdir(exist_ok=True)
+        payload = {
+            "notebook": notebook,
+            "written_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "findings": [asdict(f) if is_dataclass(f) else dict(f) for f in findings],
+            "metrics": dict(metrics or {}),
+            **extra,
+        }
+        path = out_dir / f"{notebook}.json"
+        path.write_text(dumps(payload, indent=2) + "\n")
+        return path
+
+    def results(self) -> dict[str, dict[str, Any]]:
+        """Every notebook's written result, keyed by notebook name."""
+        out_dir = self.path / "findings"
+        if not out_dir.is_dir():
+            return {}
+        return {p.stem: json.loads(p.read_text()) for p in sorted(out_dir.glob("*.json"))}
+
+    def __repr__(self) -> str:
+        return f"Run({str(self.path)!r})"
