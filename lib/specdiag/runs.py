@@ -47,8 +47,8 @@ REDACTED = "REDACTED"
 
 # Keys that contain a secret-looking word but are not secrets (counts of tokens and the like).
 _NOT_SECRET = re.compile(
-    r"(tokens?_?(num|count|len|ids?|total|usage|per|capacity)|num_?tokens?|max_?tokens?|"
-    r"^tokens?$|tokenizer|_tokens$|token_ids|tokens_|cached_tokens|prompt_tokens|completion_tokens|"
+    r"(tokens?_?(num|count|len|ids?|total|usage|per|capacity)|num_?tokens?|max_?tokens?|^tokens$|"
+    r"tokenizer|_tokens$|token_ids|tokens_|cached_tokens|prompt_tokens|completion_tokens|"
     r"reasoning_tokens|draft_tokens|new_tokens|skip_tokenizer_init|spec_.*)",
     re.IGNORECASE,
 )

@@ -1,0 +1,92 @@
+# specdiag: `make` lists the targets. SERVER=URL points report/notebook at a running SGLang server
+# (empty: the embedded server is started and stopped by the command); PARAMS=params/<file>.yaml
+# passes papermill parameters.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+SERVER ?=
+PARAMS ?=
+NB ?=
+RUN ?=
+RUN_DIR ?=
+ALGORITHM ?= STANDALONE
+DRAFT_TOKENS ?= 8
+# The torch that setup installs when none is importable (this pin is a CPU build on the project's
+# machines). A torch you already have (e.g. a CUDA build) is never replaced: when the base Python
+# has one, the virtual environment is made with --system-site-packages and uses it.
+TORCH_SPEC ?= torch==2.13.0
+PYTEST_ARGS ?=
+
+# Jupyter, IPython and matplotlib state stays in the project, never in HOME.
+LOCAL := $(CURDIR)/.jupyter-local
+export IPYTHONDIR := $(LOCAL)/ipython
+export JUPYTER_CONFIG_DIR := $(LOCAL)/config
+export JUPYTER_DATA_DIR := $(LOCAL)/data
+export JUPYTER_RUNTIME_DIR := $(LOCAL)/runtime
+export MPLCONFIGDIR := $(LOCAL)/matplotlib
+export MPLBACKEND := agg
+export PYTHONUNBUFFERED := 1
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+
+STAMP := $(VENV)/.specdiag-setup
+
+.PHONY: help setup report notebook replay test test-gpu lab clean distclean
+
+help: ## list the targets
+	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-10s %s\n", $$1, $$2}'
+	@echo "  variables: SERVER=URL  PARAMS=params/full.yaml  NB=04_commit_probe  RUN=data/reference/...  ALGORITHM=STANDALONE|NGRAM|NONE"
+
+setup: $(STAMP) ## make .venv (torch only if none is importable), install specdiag editable, register the kernel
+
+$(STAMP): pyproject.toml
+	@set -e; \
+	if [ ! -x $(PY) ]; then \
+	  if $(PYTHON) -c 'import torch' 2>/dev/null; then \
+	    echo "[setup] the base Python has torch $$($(PYTHON) -c 'import torch; print(torch.__version__)'): reusing it (--system-site-packages)"; \
+	    $(PYTHON) -m venv --system-site-packages $(VENV); \
+	  else \
+	    $(PYTHON) -m venv $(VENV); \
+	  fi; \
+	fi; \
+	$(PY) -m pip install -q --upgrade pip; \
+	if $(PY) -c 'import torch' 2>/dev/null; then \
+	  echo "[setup] keeping torch $$($(PY) -c 'import torch; print(torch.__version__)')"; \
+	else \
+	  echo "[setup] installing $(TORCH_SPEC)"; $(PY) -m pip install -q "$(TORCH_SPEC)"; \
+	fi; \
+	$(PY) -m pip install -q -e '.[test]'; \
+	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (specdiag)" >/dev/null; \
+	mkdir -p $(IPYTHONDIR) $(JUPYTER_CONFIG_DIR) $(JUPYTER_DATA_DIR) $(JUPYTER_RUNTIME_DIR) $(MPLCONFIGDIR); \
+	touch $(STAMP); echo "[setup] done: $(VENV)"
+
+report: setup ## run every notebook against SERVER (default: the embedded server), render HTML, print the index
+	$(PY) -m specdiag.report run --server "$(SERVER)" --params "$(PARAMS)" --run-dir "$(RUN_DIR)" \
+	  --algorithm $(ALGORITHM) --num-draft-tokens $(DRAFT_TOKENS)
+
+notebook: setup ## run one notebook (NB=04_commit_probe) with the same server handling and rendering
+	@if [ -z "$(NB)" ]; then echo "NB is empty: say which notebook, e.g. make notebook NB=04_commit_probe"; exit 2; fi
+	$(PY) -m specdiag.report run --notebooks $(NB) --server "$(SERVER)" --params "$(PARAMS)" \
+	  --run-dir "$(RUN_DIR)" --algorithm $(ALGORITHM) --num-draft-tokens $(DRAFT_TOKENS)
+
+replay: setup ## run every notebook that can replay the recorded run RUN=data/reference/<name>
+	@if [ -z "$(RUN)" ]; then echo "RUN is empty: say which recorded run, e.g. make replay RUN=data/reference/ct200-kimi-k26"; exit 2; fi
+	$(PY) -m specdiag.report replay --run "$(RUN)" --params "$(PARAMS)" --run-dir "$(RUN_DIR)"
+
+test: setup ## run the tests (GPU tests are skipped without CUDA)
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-gpu: setup ## run only the GPU tests (on a machine with CUDA)
+	$(PY) -m pytest -q -m gpu $(PYTEST_ARGS)
+
+lab: setup ## open JupyterLab on the notebooks
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks
+
+clean: ## remove run folders and local Jupyter state (keeps .venv and data/reference)
+	rm -rf data/runs $(LOCAL) .pytest_cache
+
+distclean: clean ## also remove the virtual environment
+	rm -rf $(VENV)

@@ -1,0 +1,67 @@
+"""Shared test fixtures: GPU skipping, Jupyter state out of HOME, one embedded server per session,
+and a papermill runner for notebook tests."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from specdiag.paths import NOTEBOOKS_DIR, PROJECT_ROOT
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Keep Jupyter/IPython/matplotlib state inside the project for every kernel the tests start.
+    from specdiag.report import apply_local_jupyter_env
+
+    apply_local_jupyter_env()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _cuda_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (run `make test-gpu` on a GPU host)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def embedded_server() -> Iterator[Any]:
+    """One embedded server (STANDALONE drafter, 8 draft tokens, CPU) shared by the session's tests."""
+    from specdiag.localserver import EmbeddedServer
+
+    models = PROJECT_ROOT / "data" / "models" / "target"
+    if not models.exists():
+        pytest.fail(f"no embedded model at {models}: the trained models ship in data/models/")
+    with EmbeddedServer(algorithm="STANDALONE", num_draft_tokens=8, device="cpu") as server:
+        yield server
+
+
+@pytest.fixture
+def run_notebook(tmp_path: Path) -> Callable[..., Path]:
+    """Execute ``notebooks/<name>.ipynb`` with papermill and the given parameters; returns the
+    executed notebook's path. ``run_dir`` defaults to a fresh folder under tmp_path."""
+    import papermill
+
+    def _run(name: str, **parameters: Any) -> Path:
+        parameters.setdefault("run_dir", str(tmp_path / "run"))
+        out = tmp_path / f"{name}.out.ipynb"
+        papermill.execute_notebook(str(NOTEBOOKS_DIR / f"{name}.ipynb"), str(out), parameters=parameters,
+                                   kernel_name="python3", cwd=str(NOTEBOOKS_DIR), progress_bar=False)
+        return out
+
+    return _run

@@ -1,0 +1,103 @@
+"""The report pipeline: papermill execution into a run folder, offline HTML, the index, failures."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from specdiag import report
+from specdiag.runs import Run
+
+NB_OK = [
+    nbformat.v4.new_markdown_cell("# Tiny\nA test notebook. A plain link: <https://example.org/doc>."),
+    nbformat.v4.new_code_cell('server_url: str = ""  # url\nrun_dir: str = ""  # run\nreplay_dir: str = ""  # replay\n'
+                              "n: int = 3  # rows", metadata={"tags": ["parameters"]}),
+    nbformat.v4.new_code_cell("import matplotlib.pyplot as plt\nfrom specdiag.runs import Run\nrun = Run.create(run_dir)\n"
+                              "for i in range(n):\n    run.append_row('t', {'i': i, 'error': None})\n"
+                              "fig, ax = plt.subplots(); ax.plot([1, 2], [3, 4]); ax.set_xlabel('context (tokens)')\n"
+                              "plt.show()\nprint('SECRET-CODE-NOT-IN-HTML' if False else 'visible output')"),
+    nbformat.v4.new_code_cell("from specdiag.findings import Finding\n"
+                              "run.write_result('00_tiny', [Finding('t.n', 'rows', f'{n} rows', 'ok', ('counted',), {'n_rows': n})],"
+                              " {'n_rows': n})"),
+]
+NB_FAIL = [
+    nbformat.v4.new_markdown_cell("# Failing"),
+    nbformat.v4.new_code_cell('server_url: str = ""  # url\nrun_dir: str = ""  # run\nreplay_dir: str = ""  # replay',
+                              metadata={"tags": ["parameters"]}),
+    nbformat.v4.new_code_cell("raise RuntimeError('the server went away at 32k')"),
+]
+
+
+def _write(folder: Path, name: str, cells: list) -> None:
+    nb = nbformat.v4.new_notebook(cells=cells)
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, str(folder / f"{name}.ipynb"))
+
+
+@pytest.fixture
+def notebooks(tmp_path: Path) -> Path:
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    _write(folder, "00_tiny", NB_OK)
+    _write(folder, "01_failing", NB_FAIL)
+    return folder
+
+
+def test_execute_render_index(notebooks: Path, tmp_path: Path) -> None:
+    run = Run.create(tmp_path / "run")
+    shared = {"server_url": "", "run_dir": str(run.path), "replay_dir": ""}
+    results = report.run_notebooks(["00_tiny", "01_failing"], run, shared, {"00_tiny": {"n": 2}}, notebooks)
+    assert [r.status for r in results] == ["ok", "failed"]
+    assert "the server went away at 32k" in results[1].error
+    index = report.render_run(run, results)
+    assert len(run.rows("t")) == 2
+    html_ok = (run.path / "html" / "00_tiny.html").read_text()
+    html_fail = (run.path / "html" / "01_failing.html").read_text()
+    assert "visible output" in html_ok and "data:image/png;base64" in html_ok
+    assert "run.append_row" not in html_ok, "code must not reach the HTML"
+    assert "the server went away at 32k" in html_fail
+    for page in (html_ok, html_fail, index.read_text()):
+        assert report.network_references(page) == []
+    idx = index.read_text()
+    assert "00_tiny" in idx and "failed" in idx and "n_rows" in idx
+    assert (run.path / "findings.json").exists()
+    assert run.meta["report"]["statuses"] == {"00_tiny": "ok", "01_failing": "failed"}
+
+
+def test_network_references() -> None:
+    page = ('<script src="https://cdn.example/require.js"></script><a href="https://docs.example">doc</a>'
+            '<link rel="stylesheet" href="//fonts.example/css"><style>@import url("https://x/y.css");'
+            ".a{background:url(data:image/png;base64,AAA)}</style><img src=\"data:image/png;base64,AA\">")
+    assert report.network_references(page) == ["https://cdn.example/require.js", "//fonts.example/css", "https://x/y.css"]
+
+
+def test_params_file_rules(tmp_path: Path) -> None:
+    declared = {"server_url": {}, "run_dir": {}, "replay_dir": {}, "context_lengths": {}}
+    params = {"context_lengths": [1, 2], "max_new_tokens": 9, "01_x": {"context_lengths": [3]}}
+    assert report.parameters_for("00_y", declared, {"run_dir": "r"}, params) == {"run_dir": "r", "context_lengths": [1, 2]}
+    assert report.parameters_for("01_x", declared, {}, params)["context_lengths"] == [3]
+    with pytest.raises(ValueError, match="does not declare: typo"):
+        report.parameters_for("01_x", declared, {}, {"01_x": {"typo": 1}})
+    with pytest.raises(ValueError, match="does not exist"):
+        report.load_params_file(str(tmp_path / "missing.yaml"))
+
+
+def test_select_notebooks(notebooks: Path) -> None:
+    assert report.select_notebooks(["00"], notebooks) == ["00_tiny"]
+    with pytest.raises(ValueError, match="no notebook named"):
+        report.select_notebooks(["99"], notebooks)
+
+
+def test_unreachable_server_fails_fast_naming_the_url(tmp_path: Path) -> None:
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "specdiag.report", "run", "--server", "http://127.0.0.1:9",
+                           "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, timeout=60)
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == 2, proc.stderr
+    assert "http://127.0.0.1:9" in proc.stderr
+    assert elapsed < 10
