@@ -1,0 +1,334 @@
+"""A small threaded HTTP server on 127.0.0.1 that answers like SGLang, for client contract tests.
+
+It replays SGLang-format answers (field names as in SGLang 0.5.23's http_server.py and
+tokenizer_manager.py, see reference/sglang-protocol.md), no model behind it. ``POST /generate``
+picks a scenario by the request's ``text`` (``input_ids`` requests get "cumulative"):
+
+    cumulative    default stream: cumulative text/output_ids, spec fields (current names) at the end
+    incremental   --incremental-streaming-output: deltas
+    old_names     cumulative, spec fields under spec_accepted_drafts / spec_proposed_drafts /
+                  spec_accept_histogram
+    oldest_names  cumulative, spec_accept_token_num / spec_draft_token_num (~v0.5.0-0.5.4)
+    embedded      cumulative plus specdiag's per-step extras (spec_step_commit_lengths, ...)
+    error_chunk   two chunks, then data: {"error": {...}}, then [DONE]
+    drop          two chunks, then the connection is cut (no terminating chunk, no [DONE])
+    no_done       two chunks, then a clean end of the body without [DONE]
+    http400       HTTP 400 with SGLang's {"error": {"message": ...}} body
+    http422       HTTP 422 with FastAPI's {"detail": [...]} body
+    slow          waits SLOW_S seconds before answering (for timeout tests)
+    stall         one chunk, then waits SLOW_S seconds (read timeout mid-stream)
+    abort         ends with finish_reason {"type": "abort", ...}
+    close_delimited  HTTP/1.0-style stream: no chunked encoding, body ends when the socket closes
+
+``/server_info`` answers 404 (an older SGLang), so clients must fall back to ``/get_server_info``.
+Every request is recorded in ``server.requests`` (method, path, headers, JSON body).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+CHUNK_DELAY_S = 0.05  # pause between stream chunks, so client timestamps can be checked
+SLOW_S = 3.0  # how long "slow" and "stall" keep the client waiting
+PROMPT_TOKENS = 12
+# Tokens of the canned answer, grouped as SGLang streams them with speculative decoding: the
+# first token from prefill, then one chunk per verify step carrying that step's commit.
+CHUNKS = [[101], [102, 103, 104], [105, 106], [107, 108, 109, 110]]
+NUM_DRAFT_TOKENS = 8  # speculative_num_draft_tokens of the pretend server
+SERVER_INFO = {
+    "model_path": "replay/model",
+    "attention_backend": "triton",
+    "page_size": 1,
+    "speculative_algorithm": "STANDALONE",
+    "speculative_num_draft_tokens": NUM_DRAFT_TOKENS,
+    "speculative_draft_model_path": "replay/drafter",
+    "context_length": 32768,
+    "internal_states": [{"avg_spec_accept_length": 3.0, "last_gen_throughput": 12.5}],
+    "version": "0.5.23-replay",
+}
+MODEL_INFO = {"model_path": "replay/model", "is_generation": True, "architectures": ["ReplayForCausalLM"]}
+METRICS = """\
+# HELP sglang:generation_tokens_total Number of generation tokens processed.
+# TYPE sglang:generation_tokens_total counter
+sglang:generation_tokens_total{engine_type="unified",is_streaming="true",model_name="replay"} 10.0
+# TYPE sglang:spec_verify_calls_total counter
+sglang:spec_verify_calls_total{engine_type="unified",model_name="replay"} 3.0
+"""
+
+
+def word(token_id: int) -> str:
+    return f"w{token_id} "
+
+
+def tokenize(text: str) -> list[int]:
+    """One token per whitespace-separated word (id = 1000 + sum of its bytes mod 1000)."""
+    return [1000 + sum(w.encode()) % 1000 for w in text.split()]
+
+
+def spec_meta(scenario: str) -> dict[str, Any]:
+    """Final spec fields for CHUNKS: 3 verify steps committing 3, 2, 4 tokens (2, 1, 3 correct drafts)."""
+    steps = [len(c) for c in CHUNKS[1:]]
+    correct = sum(s - 1 for s in steps)
+    proposed = len(steps) * (NUM_DRAFT_TOKENS - 1)
+    hist = [0] * NUM_DRAFT_TOKENS
+    for s in steps:
+        hist[s - 1] += 1
+    completion = sum(len(c) for c in CHUNKS)
+    meta: dict[str, Any] = {
+        "spec_verify_ct": len(steps),
+        "spec_accept_length": completion / len(steps),
+        "spec_accept_rate": correct / proposed,
+    }
+    if scenario == "old_names":
+        meta.update(spec_accepted_drafts=correct, spec_proposed_drafts=proposed, spec_accept_histogram=hist)
+    elif scenario == "oldest_names":
+        meta.update(spec_accept_token_num=correct, spec_draft_token_num=proposed)
+    else:
+        meta.update(
+            spec_num_correct_drafts=correct, spec_num_proposed_drafts=proposed, spec_correct_drafts_histogram=hist
+        )
+    if scenario == "embedded":
+        meta.update(
+            spec_step_commit_lengths=steps,
+            spec_step_draft_ms=[1.5 for _ in steps],
+            spec_step_verify_ms=[4.25 for _ in steps],
+        )
+    return meta
+
+
+def chunk_outputs(scenario: str, incremental: bool) -> list[dict[str, Any]]:
+    """The /generate outputs of a stream, as SGLang's tokenizer manager builds them."""
+    outs = []
+    ids: list[int] = []
+    for i, chunk in enumerate(CHUNKS):
+        ids = ids + chunk
+        last = i == len(CHUNKS) - 1
+        meta: dict[str, Any] = {
+            "id": "replay-req-1",
+            "finish_reason": None,
+            "prompt_tokens": PROMPT_TOKENS,
+            "weight_version": "default",
+            "num_retractions": 0,
+            "reasoning_tokens": 0,
+            "completion_tokens": len(ids),
+            "cached_tokens": 0,
+        }
+        if last:
+            meta["finish_reason"] = {"type": "length", "length": len(ids)}
+            if scenario == "abort":
+                meta["finish_reason"] = {
+                    "type": "abort",
+                    "message": "replay abort: KV cache pool is full",
+                    "status_code": 503,
+                    "err_type": "ServiceUnavailable",
+                }
+            meta["e2e_latency"] = 0.2
+            meta.update(spec_meta(scenario))
+        new = chunk if incremental else ids
+        outs.append({"text": "".join(word(t) for t in new), "output_ids": list(new), "meta_info": meta})
+    return outs
+
+
+@dataclass
+class Recorded:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: Any
+
+
+@dataclass
+class ReplayServer:
+    """Context manager: ``with ReplayServer() as srv: srv.url``."""
+
+    host: str = "127.0.0.1"
+    requests: list[Recorded] = field(default_factory=list)
+    _httpd: ThreadingHTTPServer | None = None
+    _thread: threading.Thread | None = None
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def url(self) -> str:
+        assert self._httpd is not None, "server not started"
+        return f"http://{self.host}:{self._httpd.server_address[1]}"
+
+    def start(self) -> "ReplayServer":
+        handler = type("Handler", (_Handler,), {"replay": self})
+        self._httpd = _QuietServer((self.host, 0), handler)  # port 0: a free port
+        self._httpd.daemon_threads = True
+        self._httpd.block_on_close = False
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="sglang-replay", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def wait(self, seconds: float) -> None:
+        self._stop.wait(seconds)
+
+    def __enter__(self) -> "ReplayServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that gave up (timeout tests) leaves a broken pipe behind: expected, not news.
+        import sys
+
+        if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            super().handle_error(request, client_address)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    replay: ReplayServer  # set on the subclass made by ReplayServer.start
+
+    def setup(self) -> None:
+        super().setup()
+        # Send each chunk at once (no Nagle delay), as uvicorn does, so client timestamps are honest.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def log_message(self, format: str, *args: Any) -> None:  # keep test output quiet
+        pass
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _body(self) -> Any:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        try:
+            return json.loads(raw) if raw else None
+        except json.JSONDecodeError:
+            return raw.decode("utf-8", "replace")
+
+    def _record(self, body: Any) -> None:
+        self.replay.requests.append(Recorded(self.command, self.path, dict(self.headers), body))
+
+    def _send(self, status: int, payload: Any, content_type: str = "application/json") -> None:
+        data = payload if isinstance(payload, bytes) else (
+            json.dumps(payload).encode() if content_type == "application/json" else str(payload).encode()
+        )
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(f"{len(data):X}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+    # -- routes ----------------------------------------------------------------------------
+
+    def do_GET(self) -> None:
+        self._record(None)
+        path = self.path.split("?")[0]
+        if path == "/health":
+            self._send(200, b"", "text/plain")
+        elif path == "/get_server_info":
+            self._send(200, SERVER_INFO)
+        elif path == "/model_info":
+            self._send(200, MODEL_INFO)
+        elif path == "/metrics":
+            self._send(200, METRICS, "text/plain; version=0.0.4")
+        elif path == "/flush_cache":
+            self._send(200, "Cache flushed.\nPlease check backend logs for more details.", "text/plain")
+        else:  # /server_info included: this pretends to be an older SGLang
+            self._send(404, {"detail": "Not Found"})
+
+    def do_POST(self) -> None:
+        body = self._body()
+        self._record(body)
+        path = self.path.split("?")[0]
+        if path == "/generate":
+            self._generate(body if isinstance(body, dict) else {})
+        elif path == "/tokenize":
+            text = body.get("prompt") if isinstance(body, dict) else None
+            if not isinstance(text, str):
+                self._send(400, {"error": {"message": "Exactly one of 'prompt' or 'messages' must be provided."}})
+                return
+            tokens = tokenize(text)
+            self._send(200, {"tokens": tokens, "count": len(tokens), "max_model_len": 32768})
+        elif path == "/flush_cache":
+            self._send(405, {"detail": "Method Not Allowed"})  # makes the client fall back to GET
+        else:
+            self._send(404, {"detail": "Not Found"})
+
+    def _generate(self, body: dict) -> None:
+        scenario = body.get("text") if isinstance(body.get("text"), str) else "cumulative"
+        stream = bool(body.get("stream"))
+        if scenario == "http400":
+            self._send(400, {"error": {"message": "Unknown sampling_params key(s): ['max_tokens']. Use max_new_tokens."}})
+            return
+        if scenario == "http422":
+            self._send(422, {"detail": [{"loc": ["body", "input_ids"], "msg": "value is not a valid list", "type": "type_error"}]})
+            return
+        if scenario == "slow":
+            self.replay.wait(SLOW_S)
+            self._send(503, {"error": {"message": "too late"}})
+            return
+        outs = chunk_outputs(scenario, incremental=scenario == "incremental")
+        if not stream:
+            self._send(200, outs[-1])
+            return
+        if scenario == "close_delimited":
+            self._stream_close_delimited(outs)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for i, out in enumerate(outs):
+            if i > 0:
+                time.sleep(CHUNK_DELAY_S)
+            self._chunk(b"data: " + json.dumps(out).encode() + b"\n\n")
+            if scenario == "stall":
+                self.replay.wait(SLOW_S)
+                self.close_connection = True
+                return
+            if i == 1 and scenario in ("error_chunk", "drop", "no_done"):
+                break
+        if scenario == "error_chunk":
+            error = {"error": {"message": "replay: the scheduler raised during decode", "type": "invalid_request_error",
+                               "code": 500, "retryable": False}}
+            self._chunk(b"data: " + json.dumps(error).encode() + b"\n\n")
+        if scenario == "drop":
+            self.wfile.write(b"40\r\ndata: {\"text\": \"cut")  # half a chunk, then the socket goes away
+            self.wfile.flush()
+            self.connection.shutdown(socket.SHUT_RDWR)
+            self.close_connection = True
+            return
+        if scenario != "no_done":
+            self._chunk(b"data: [DONE]\n\n")
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+    def _stream_close_delimited(self, outs: list[dict[str, Any]]) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.flush()
+        for i, out in enumerate(outs):
+            if i > 0:
+                time.sleep(CHUNK_DELAY_S)
+            self.wfile.write(b"data: " + json.dumps(out).encode() + b"\n\n")
+            self.wfile.flush()
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
+        self.close_connection = True
