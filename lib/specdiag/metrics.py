@@ -33,8 +33,8 @@ from specdiag.spec import commit_length_from_meta, pooled_commit_length
 
 #: The columns of the ``sweep`` table, in order (docs/ARCHITECTURE.md describes each with its unit).
 SWEEP_COLUMNS: tuple[str, ...] = (
-    "ts_unix_s", "context_tokens", "repeat", "prompt_kind", "seed", "prompt_tokens", "prompt_tokens_match",
-    "completion_tokens", "ttft_s", "prefill_tok_s", "decode_tok_s", "step_ms", "step_ms_method",
+    "ts_unix_s", "context_tokens", "repeat", "prompt_kind", "seed", "max_new_tokens", "cache_flushed",
+    "prompt_tokens", "prompt_tokens_match", "cached_tokens", "completion_tokens", "ttft_s", "prefill_tok_s", "decode_tok_s", "step_ms", "step_ms_method",
     "verify_steps", "commit_length", "accept_length", "n_chunks", "e2e_s", "server_e2e_s", "finish_reason",
     "error",
 )
@@ -102,12 +102,14 @@ def sweep_row(trace: Any, context_tokens: int, **labels: Any) -> dict[str, Any]:
             method = method if step_ms is not None else None
 
     finish = trace.finish_reason if trace.finish_reason is not None else meta.get("finish_reason")
-    row: dict[str, Any] = {
+    row: dict[str, Any] = {c: None for c in SWEEP_COLUMNS}
+    row.update({
         "ts_unix_s": time.time(),
         "context_tokens": int(context_tokens),
         **labels,
         "prompt_tokens": prompt_tokens,
         "prompt_tokens_match": (prompt_tokens == context_tokens) if prompt_tokens is not None else None,
+        "cached_tokens": meta.get("cached_tokens"),
         "completion_tokens": completion_tokens,
         "ttft_s": ttft_s,
         "prefill_tok_s": prompt_tokens / ttft_s if ttft_s and prompt_tokens else None,
@@ -123,7 +125,7 @@ def sweep_row(trace: Any, context_tokens: int, **labels: Any) -> dict[str, Any]:
         "server_e2e_s": _positive(meta.get("e2e_latency")),
         "finish_reason": finish.get("type") if isinstance(finish, Mapping) else finish,
         "error": trace.error,
-    }
+    })
     return row
 
 

@@ -1,0 +1,138 @@
+"""The baseline sweep's measurement: one streamed request per (context, repeat), one row each.
+
+For each request: flush the server's prefix cache (so no context is served from an earlier, longer
+prompt), build a prompt of exactly ``context_tokens`` ids with the server's tokenizer
+(:mod:`specdiag.prompts`), stream it greedily, and turn the trace into a ``sweep`` row
+(:func:`specdiag.metrics.sweep_row`). A request that fails yields a row with its error; nothing here
+raises for a server-side failure, so a sweep keeps every row it measured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from specdiag.metrics import error_row, sweep_row
+from specdiag.nb import check, check_context_lengths
+from specdiag.prompts import NOVEL_PROSE_PATH, build_prompt
+
+#: Fields that identify one request of a sweep (for resuming a run folder).
+SWEEP_KEY = ("context_tokens", "repeat", "prompt_kind", "seed", "max_new_tokens")
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """What one sweep measures.
+
+    context_lengths: prompt lengths, tokens (ascending order is kept as given)
+    max_new_tokens:  tokens to generate per request (ignore_eos keeps the length fixed)
+    repeats:         requests per context; repeat r uses prompt seed ``seed + r``
+    prompt_kind:     ``novel`` (held-out prose) or ``predictable`` (the cat sentence repeated)
+    seed:            seed of the first repeat's prompt
+    flush_cache:     POST /flush_cache before each request
+    instruction:     text put before novel prose ('' = none)
+    ignore_eos:      generate exactly max_new_tokens even past an end-of-sequence token
+    """
+
+    context_lengths: tuple[int, ...]
+    max_new_tokens: int = 64
+    repeats: int = 1
+    prompt_kind: str = "novel"
+    seed: int = 0
+    flush_cache: bool = True
+    instruction: str = ""
+    ignore_eos: bool = True
+
+    def requests(self) -> list[dict[str, Any]]:
+        """Every request of the plan as its key fields (:data:`SWEEP_KEY`)."""
+        return [{"context_tokens": c, "repeat": r, "prompt_kind": self.prompt_kind, "seed": self.seed + r,
+                 "max_new_tokens": self.max_new_tokens}
+                for c in self.context_lengths for r in range(self.repeats)]
+
+    def pending(self, done: Iterable[tuple[Any, ...]]) -> list[dict[str, Any]]:
+        """The requests whose key is not in ``done`` (``Run.done_keys("sweep", SWEEP_KEY)``)."""
+        done = set(done)
+        return [q for q in self.requests() if tuple(q[k] for k in SWEEP_KEY) not in done]
+
+
+def make_plan(context_lengths: Any, max_new_tokens: Any, repeats: Any, prompt_kind: Any, seed: Any,
+              flush_cache: Any, instruction: Any = "", ignore_eos: Any = True,
+              server_context_length: int | None = None) -> SweepPlan:
+    """Check the sweep's parameters (a :class:`specdiag.nb.ParameterError` naming the parameter and the
+    fix) and return the plan. ``server_context_length`` (server_info's context_length) bounds
+    context + max_new_tokens."""
+    check(isinstance(max_new_tokens, int) and not isinstance(max_new_tokens, bool) and max_new_tokens >= 2,
+          f"max_new_tokens must be a whole number >= 2 (a decode rate needs two chunks); got {max_new_tokens!r}")
+    limit = server_context_length - max_new_tokens if server_context_length else None
+    if limit is not None:
+        check(limit >= 1, f"max_new_tokens={max_new_tokens} leaves no room for a prompt in the server's "
+                          f"context_length of {server_context_length} tokens: lower it")
+    contexts = check_context_lengths("context_lengths", context_lengths)
+    for c in contexts:
+        check(limit is None or c <= limit,
+              f"context_lengths has {c} tokens, but with max_new_tokens={max_new_tokens} the server's "
+              f"context_length of {server_context_length} allows prompts up to {limit}: drop it, lower "
+              f"max_new_tokens, or use a server with a longer context")
+    check(isinstance(repeats, int) and not isinstance(repeats, bool) and repeats >= 1,
+          f"repeats must be a whole number >= 1; got {repeats!r}")
+    check(prompt_kind in ("novel", "predictable"),
+          f"prompt_kind must be 'novel' or 'predictable'; got {prompt_kind!r}")
+    check(isinstance(seed, int) and not isinstance(seed, bool), f"seed must be a whole number; got {seed!r}")
+    check(isinstance(flush_cache, bool), f"flush_cache must be True or False; got {flush_cache!r}")
+    check(isinstance(ignore_eos, bool), f"ignore_eos must be True or False; got {ignore_eos!r}")
+    check(isinstance(instruction, str), f"instruction must be a string ('' for none); got {instruction!r}")
+    check(prompt_kind != "novel" or NOVEL_PROSE_PATH.exists(),
+          f"prompt_kind='novel' needs the held-out prose {NOVEL_PROSE_PATH}, which is missing: restore it "
+          f"(git checkout data/prompts) or use prompt_kind='predictable'")
+    return SweepPlan(tuple(contexts), max_new_tokens, repeats, prompt_kind, seed, flush_cache, instruction,
+                     ignore_eos)
+
+
+def measure_request(client: Any, request: dict[str, Any], plan: SweepPlan) -> dict[str, Any]:
+    """Flush, build the prompt, stream it and return its ``sweep`` row (error rows included).
+
+    ``client`` is a :class:`specdiag.client.SGLangClient`; ``request`` one of ``plan.requests()``.
+    """
+    from specdiag.client import ServerError  # noqa: PLC0415 - keep the module importable for replay
+
+    labels = {k: request[k] for k in ("repeat", "prompt_kind", "seed", "max_new_tokens")}
+    ctx = int(request["context_tokens"])
+    flushed: bool | None = None
+    try:
+        if plan.flush_cache:
+            flushed = client.flush_cache()
+        prompt = build_prompt(lambda text: client.tokenize(text, add_special_tokens=True), ctx,
+                              plan.prompt_kind, seed=request["seed"],  # type: ignore[arg-type]
+                              instruction=plan.instruction if plan.prompt_kind == "novel" else "")
+    except (ServerError, ValueError, OSError) as exc:
+        return error_row(ctx, f"prompt: {exc}", **labels, cache_flushed=flushed)
+    sampling = {"max_new_tokens": plan.max_new_tokens, "temperature": 0.0, "ignore_eos": plan.ignore_eos}
+    try:
+        trace = client.generate(input_ids=prompt.input_ids, sampling_params=sampling, stream=True)
+    except ServerError as exc:  # ServerUnreachable: nothing could be sent
+        return error_row(ctx, str(exc), **labels, cache_flushed=flushed)
+    return sweep_row(trace, ctx, **labels, cache_flushed=flushed)
+
+
+def latest_rows(rows: Iterable[dict[str, Any]], requests: Iterable[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """One row per request key (:data:`SWEEP_KEY`): the last successful one, else the last failed one.
+
+    A resumed run re-measures failed requests, so a key can have an error row and a later good row.
+    ``requests`` (``plan.requests()``) keeps only the rows of this plan; the order is the rows' order.
+    """
+    wanted = None if requests is None else {tuple(q[k] for k in SWEEP_KEY) for q in requests}
+    best: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for row in rows:
+        key = tuple(row.get(k) for k in SWEEP_KEY)
+        if wanted is not None and key not in wanted:
+            continue
+        if key not in best or not row.get("error") or best[key].get("error"):
+            best[key] = row
+    return sorted(best.values(), key=lambda r: (r.get("context_tokens") or 0, r.get("repeat") or 0))
+
+
+def rows_source(run_meta: dict[str, Any]) -> str:
+    """Where a run's rows came from: run.json's ``data_source`` (``published`` for reference runs made
+    from published tables), else ``measured``."""
+    value = run_meta.get("data_source")
+    return value if value in ("measured", "server-reported", "computed", "published") else "measured"
