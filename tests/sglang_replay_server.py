@@ -19,6 +19,7 @@ picks a scenario by the request's ``text`` (``input_ids`` requests get "cumulati
     stall         one chunk, then waits SLOW_S seconds (read timeout mid-stream)
     abort         ends with finish_reason {"type": "abort", ...}
     close_delimited  HTTP/1.0-style stream: no chunked encoding, body ends when the socket closes
+    json_body     answers a stream request with one JSON body (a server without streaming)
 
 ``/server_info`` answers 404 (an older SGLang), so clients must fall back to ``/get_server_info``.
 Every request is recorded in ``server.requests`` (method, path, headers, JSON body).
@@ -283,7 +284,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(503, {"error": {"message": "too late"}})
             return
         outs = chunk_outputs(scenario, incremental=scenario == "incremental")
-        if not stream:
+        if not stream or scenario == "json_body":
             self._send(200, outs[-1])
             return
         if scenario == "close_delimited":

@@ -125,6 +125,12 @@ def test_non_stream(client: SGLangClient, server: ReplayServer) -> None:
     assert server.requests[-1].body["stream"] is False
 
 
+def test_stream_request_answered_with_one_json_body(client: SGLangClient) -> None:
+    trace = client.generate(text="json_body", stream=True)
+    assert trace.error is None and trace.output_ids == FULL_IDS and trace.completion_tokens == 10
+    assert trace.ttft_s is None and trace.chunk_t_s == []  # no per-chunk timing to report
+
+
 def test_error_chunk_keeps_chunks_and_names_url(client: SGLangClient, server: ReplayServer) -> None:
     trace = client.generate(text="error_chunk")
     assert trace.error_kind == "stream"

@@ -665,8 +665,10 @@ class SGLangClient:
             err = self._http_error(response)
             response.close()
             return self._failed_trace(url, t_send_unix_s, e2e, str(err), "http")
-        if stream:
+        content_type = response.headers.get("Content-Type", "")
+        if stream and not content_type.startswith("application/json"):
             return self._read_stream(response, url, t_send_unix_s, t0)
+        # Non-stream request, or a server that answered a stream request with one JSON body.
         return self._read_whole(response, url, t_send_unix_s, t0)
 
     def _failed_trace(self, url: str, t_send_unix_s: float, e2e_s: float | None, error: str, kind: str) -> RequestTrace:
