@@ -1,0 +1,315 @@
+"""Hardware peaks: memory bandwidth and bf16 matmul rate, with where each figure came from.
+
+Order of precedence (:func:`resolve_peaks`): a parameter always wins; then the device (NVML: maximum
+memory clock x bus width x 2 transfers per clock); then the table of known GPUs below (each figure
+with its source); then a measurement on this machine (a torch copy on CUDA, a numpy/torch copy of
+host memory on a CPU, a bf16 matmul). NVML does not report a tensor-core rate, so the matmul rate
+goes parameter -> table -> measured.
+
+Units: bytes per second and FLOP per second internally; GB/s (1e9 B/s) and TFLOPS (1e12 FLOP/s) in
+tables. A copy moves each byte twice (read + write): :func:`measure_copy_bandwidth` counts both, as
+STREAM's "Copy" and the investigation's "device-to-device copy 4.23 TB/s (read+write)" do.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+PeakSource = Literal["parameter", "nvml", "table", "measured", "recorded"]
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """One row of the table of known GPUs."""
+
+    name: str                       # canonical name
+    memory_bandwidth_gb_s: float    # peak DRAM bandwidth, GB/s (1e9 B/s)
+    bf16_dense_tflops: float        # dense bf16 tensor-core rate (no 2:4 sparsity), TFLOPS
+    memory_source: str              # where the bandwidth figure comes from
+    matmul_source: str              # where the matmul figure comes from
+    match: tuple[str, ...]          # all of these substrings (lower case) must be in the device name
+    exclude: tuple[str, ...] = ()   # none of these may be
+
+
+#: Known GPUs. Dense bf16 rates are the "with sparsity" datasheet figure halved where only that is given.
+KNOWN_GPUS: tuple[GpuSpec, ...] = (
+    GpuSpec("NVIDIA H200", 4800, 989.4,
+            "NVIDIA H200 spec: 4.8 TB/s HBM3e (shared/reference/kernels.md §7)",
+            "NVIDIA H200 spec: 1,979 TFLOPS bf16 with sparsity, halved (kernels.md §7); same SMs as H100 SXM",
+            ("h200",)),
+    GpuSpec("NVIDIA H100 PCIe", 2000, 756.5,
+            "NVIDIA H100 datasheet (reprinted by archive-lib.hpctech.co.jp); product brief PB-11133-001: 2,000 GB/s",
+            "NVIDIA H100 datasheet (same reprint): BF16 1,513 TFLOPS with sparsity, halved",
+            ("h100", "pcie")),
+    GpuSpec("NVIDIA H100 SXM", 3350, 989.4,
+            "glennklockwood.com/garden/processors/h100: H100 SXM5 3.35 TB/s",
+            "glennklockwood.com/garden/processors/h100: BF16 matrix 989.4 TFLOPS (dense)",
+            ("h100",), ("pcie", "nvl")),  # NVL (3.9 TB/s) is excluded: no source checked
+    GpuSpec("NVIDIA B200", 8000, 2250.0,
+            "glennklockwood.com/garden/processors/B200: 8 TB/s",
+            "glennklockwood.com/garden/processors/B200: HGX B200 at 1,000 W, BF16 2,250 TFLOPS dense",
+            ("b200",)),
+    GpuSpec("NVIDIA A100 80GB SXM", 2039, 312.0,
+            "glennklockwood.com/garden/processors/A100 (NVIDIA A100 datasheet): 80 GB SXM4 2,039 GB/s",
+            "NVIDIA A100 datasheet: BF16 312 TFLOPS dense",
+            ("a100", "80gb"), ("pcie",)),
+    GpuSpec("NVIDIA A100 80GB PCIe", 1935, 312.0,
+            "NVIDIA A100 datasheet (via thundercompute.com A100 specs): 80 GB PCIe 1,935 GB/s",
+            "NVIDIA A100 datasheet: BF16 312 TFLOPS dense",
+            ("a100", "80gb", "pcie")),
+    GpuSpec("NVIDIA A100 40GB", 1555, 312.0,
+            "glennklockwood.com/garden/processors/A100 (NVIDIA A100 datasheet): 40 GB 1,555 GB/s",
+            "NVIDIA A100 datasheet: BF16 312 TFLOPS dense",
+            ("a100",), ("80gb",)),
+    GpuSpec("NVIDIA L40S", 864, 362.05,
+            "NVIDIA L40S datasheet (reprinted by mullet.se): 864 GB/s GDDR6",
+            "NVIDIA L40S datasheet: BFLOAT16 Tensor Core 362.05 TFLOPS (733 with sparsity)",
+            ("l40s",)),
+    GpuSpec("NVIDIA GeForce RTX 4090", 1008, 165.2,
+            "RTX 4090 spec (thefpsreview.com, waredb.com): 384-bit GDDR6X at 21 Gbps, 1,008 GB/s",
+            "Ada whitepaper via waredb.com: BF16 tensor 165.15 TFLOPS dense (FP32 accumulate)",
+            ("4090",)),
+    GpuSpec("NVIDIA RTX PRO 6000 Blackwell", 1792, 503.8,
+            "512-bit GDDR7 at 28 Gbps = 1,792 GB/s (gpu.name citing VideoCardz; kernels.md §7)",
+            "hmc-tech.com spec aggregator, 503.8 TFLOPS bf16 dense (UNCONFIRMED against NVIDIA; kernels.md §7)",
+            ("rtx pro 6000",)),
+)
+
+
+def lookup_gpu(device_name: str) -> GpuSpec | None:
+    """The known GPU whose match strings all occur in ``device_name`` (case-insensitive), or None."""
+    name = device_name.lower()
+    for spec in KNOWN_GPUS:
+        if all(m in name for m in spec.match) and not any(x in name for x in spec.exclude):
+            return spec
+    return None
+
+
+@dataclass(frozen=True)
+class Peak:
+    """One peak figure and its provenance."""
+
+    value: float         # bytes/s (bandwidth) or FLOP/s (matmul)
+    source: PeakSource   # parameter, nvml, table, measured, recorded
+    detail: str          # how it was obtained, with the numbers that went in
+
+
+@dataclass(frozen=True)
+class HardwarePeaks:
+    """Peaks of ONE device (one GPU, or the host for a CPU run)."""
+
+    device_name: str
+    memory_bandwidth: Peak           # bytes/s
+    matmul: Peak | None              # bf16 FLOP/s; None when unknown
+
+    @property
+    def memory_bandwidth_gb_s(self) -> float:
+        return self.memory_bandwidth.value / 1e9
+
+    @property
+    def matmul_tflops(self) -> float | None:
+        return self.matmul.value / 1e12 if self.matmul else None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "device_name": self.device_name,
+            "memory_bandwidth_gb_s": self.memory_bandwidth_gb_s,
+            "memory_bandwidth_source": self.memory_bandwidth.source,
+            "memory_bandwidth_detail": self.memory_bandwidth.detail,
+            "matmul_bf16_tflops": self.matmul_tflops,
+            "matmul_source": self.matmul.source if self.matmul else None,
+            "matmul_detail": self.matmul.detail if self.matmul else None,
+        }
+
+
+# ---------------------------------------------------------------------------------------------
+# NVML
+# ---------------------------------------------------------------------------------------------
+
+def nvml_memory_bandwidth(index: int = 0) -> tuple[str, float, str] | None:
+    """(device name, bytes/s, detail) from NVML, or None when NVML or the GPU is not there.
+
+    Bandwidth = maximum memory clock (MHz) x 1e6 x 2 (double data rate, as NVML reports the memory
+    clock for HBM and GDDR) x bus width (bits) / 8. For instance an H100 SXM reports 2619 MHz and a
+    5120-bit bus: 2619e6 x 2 x 640 B = 3.35 TB/s, its datasheet figure.
+    """
+    try:
+        import pynvml  # noqa: PLC0415 - optional at import time
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no driver: no NVML figure
+        return None
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        name = pynvml.nvmlDeviceGetName(handle)
+        name = name.decode() if isinstance(name, bytes) else str(name)
+        clock_mhz = pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_MEM)
+        bus_bits = pynvml.nvmlDeviceGetMemoryBusWidth(handle)
+        if not clock_mhz or not bus_bits:
+            return None
+        value = clock_mhz * 1e6 * 2 * bus_bits / 8
+        detail = (f"NVML on GPU {index} ({name}): max memory clock {clock_mhz} MHz x 2 (DDR) x "
+                  f"{bus_bits}-bit bus / 8 = {value / 1e9:,.0f} GB/s")
+        return name, value, detail
+    except Exception:  # noqa: BLE001 - an NVML call this driver lacks: no NVML figure
+        return None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+# ---------------------------------------------------------------------------------------------
+# Measurements (raw samples; summaries are the caller's)
+# ---------------------------------------------------------------------------------------------
+
+def cuda_available() -> bool:
+    try:
+        import torch  # noqa: PLC0415
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def measure_copy_bandwidth(device: str = "cpu", n_bytes: int = 256 * 2**20, repeats: int = 5,
+                           warmup: int = 2) -> list[float]:
+    """Copy ``n_bytes`` from one buffer to another ``repeats`` times; return bytes/s per repeat.
+
+    Each copy reads and writes ``n_bytes``: the rate counts 2 x n_bytes. On CUDA the copy is a torch
+    device-to-device copy timed with CUDA events; on the CPU a numpy copy (one thread, host DRAM:
+    pick ``n_bytes`` well above the last-level cache). Warm-up copies are not returned.
+    """
+    if n_bytes <= 0 or repeats < 1:
+        raise ValueError("n_bytes and repeats must be positive")
+    rates: list[float] = []
+    if device.startswith("cuda"):
+        import torch  # noqa: PLC0415
+
+        src = torch.empty(n_bytes, dtype=torch.uint8, device=device)
+        dst = torch.empty_like(src)
+        for i in range(warmup + repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            dst.copy_(src)
+            end.record()
+            torch.cuda.synchronize()
+            if i >= warmup:
+                rates.append(2 * n_bytes / (start.elapsed_time(end) / 1000.0))
+        return rates
+    import numpy as np  # noqa: PLC0415
+
+    src_np = np.ones(n_bytes, dtype=np.uint8)
+    dst_np = np.empty_like(src_np)
+    for i in range(warmup + repeats):
+        t0 = time.perf_counter()
+        np.copyto(dst_np, src_np)
+        dt = time.perf_counter() - t0
+        if i >= warmup:
+            rates.append(2 * n_bytes / dt)
+    return rates
+
+
+def measure_matmul_rate(device: str = "cpu", n: int = 2048, repeats: int = 5, warmup: int = 2) -> list[float]:
+    """Time ``repeats`` bf16 n x n matmuls (2 n^3 FLOP each); return FLOP/s per repeat."""
+    import torch  # noqa: PLC0415
+
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    rates: list[float] = []
+    for i in range(warmup + repeats):
+        if device.startswith("cuda"):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            torch.matmul(a, b)
+            end.record()
+            torch.cuda.synchronize()
+            dt = start.elapsed_time(end) / 1000.0
+        else:
+            t0 = time.perf_counter()
+            torch.matmul(a, b)
+            dt = time.perf_counter() - t0
+        if i >= warmup:
+            rates.append(2 * n**3 / dt)
+    return rates
+
+
+def host_name() -> str:
+    import platform  # noqa: PLC0415
+
+    return f"host CPU ({platform.processor() or platform.machine()})"
+
+
+# ---------------------------------------------------------------------------------------------
+# Resolution
+# ---------------------------------------------------------------------------------------------
+
+def resolve_peaks(memory_bandwidth_gb_s: float | None = None, matmul_tflops: float | None = None,
+                  device_name: str | None = None, device: str = "auto", allow_nvml: bool = True,
+                  allow_measure: bool = True, gpu_index: int = 0) -> HardwarePeaks:
+    """Peaks of one device: parameter > NVML > table > measured (matmul: parameter > table > measured).
+
+    ``device``: ``auto`` (CUDA when available, else the CPU), ``cuda`` or ``cpu``. ``device_name``
+    names the GPU for the table when it is not this machine's (a remote server's GPU). On a CPU the
+    memory peak is the host DRAM bandwidth: pass it, or it is measured with a numpy copy.
+    Raises ValueError, naming the parameter to pass, when nothing gives a figure.
+    """
+    for label, v in (("memory_bandwidth_gb_s", memory_bandwidth_gb_s), ("matmul_tflops", matmul_tflops)):
+        if v is not None and not v > 0:
+            raise ValueError(f"{label} must be a positive number or unset; got {v!r}")
+    if device == "auto":
+        device = "cuda" if (device_name is None and cuda_available()) else "cpu"
+    nvml = nvml_memory_bandwidth(gpu_index) if (allow_nvml and device_name is None and device == "cuda") else None
+    name = device_name or (nvml[0] if nvml else (host_name() if device == "cpu" else "GPU"))
+    spec = lookup_gpu(name)
+
+    mem: Peak | None = None
+    if memory_bandwidth_gb_s:
+        mem = Peak(memory_bandwidth_gb_s * 1e9, "parameter", f"given as a parameter: {memory_bandwidth_gb_s:g} GB/s")
+    elif nvml:
+        mem = Peak(nvml[1], "nvml", nvml[2])
+    elif spec:
+        mem = Peak(spec.memory_bandwidth_gb_s * 1e9, "table", f"{spec.name}: {spec.memory_source}")
+    elif allow_measure and (device == "cpu" or device_name is None):
+        rates = measure_copy_bandwidth(device if device == "cuda" else "cpu")
+        med = statistics.median(rates)
+        what = "torch device-to-device copy" if device == "cuda" else "numpy copy of host memory (one thread)"
+        mem = Peak(med, "measured", f"{what}: median of {len(rates)} copies of 256 MiB, read + write counted, "
+                                    f"{med / 1e9:,.1f} GB/s (a lower bound on the peak)")
+    if mem is None:
+        raise ValueError(f"no memory bandwidth for {name!r}: it is not in the table of known GPUs and this "
+                         f"machine cannot measure it; pass memory_bandwidth_gb_s (GB/s per device)")
+
+    mm: Peak | None = None
+    if matmul_tflops:
+        mm = Peak(matmul_tflops * 1e12, "parameter", f"given as a parameter: {matmul_tflops:g} TFLOPS")
+    elif spec:
+        mm = Peak(spec.bf16_dense_tflops * 1e12, "table", f"{spec.name}: {spec.matmul_source}")
+    elif allow_measure and (device == "cpu" or device_name is None):
+        try:
+            rates = measure_matmul_rate(device if device == "cuda" else "cpu", n=1024 if device == "cpu" else 8192)
+            med = statistics.median(rates)
+            mm = Peak(med, "measured", f"bf16 matmul on {device}: median of {len(rates)}, {med / 1e12:.3g} TFLOPS")
+        except Exception:  # noqa: BLE001 - no torch: the compute floor is left out, not faked
+            mm = None
+    return HardwarePeaks(device_name=name, memory_bandwidth=mem, matmul=mm)
+
+
+def peaks_from_record(record: dict[str, Any]) -> HardwarePeaks:
+    """Peaks recorded in a run's run.json ``hardware`` section (for replay)."""
+    try:
+        bw = float(record["memory_bandwidth_gb_s"])
+    except (KeyError, TypeError, ValueError):
+        raise ValueError("the recorded run's hardware section has no memory_bandwidth_gb_s: pass "
+                         "memory_bandwidth_gb_s as a parameter") from None
+    mm = record.get("matmul_bf16_tflops")
+    return HardwarePeaks(
+        device_name=str(record.get("gpu", record.get("device_name", "recorded device"))),
+        memory_bandwidth=Peak(bw * 1e9, "recorded", str(record.get("memory_bandwidth_source", "run.json"))),
+        matmul=Peak(float(mm) * 1e12, "recorded", str(record.get("matmul_source", "run.json"))) if mm else None,
+    )

@@ -1,0 +1,114 @@
+"""specdiag.hardware: the table, NVML arithmetic (fake NVML), precedence, CPU measurement."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+
+from specdiag import hardware as hw
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("NVIDIA H100 80GB HBM3", "NVIDIA H100 SXM"),
+    ("NVIDIA H100 PCIe", "NVIDIA H100 PCIe"),
+    ("NVIDIA H200", "NVIDIA H200"),
+    ("NVIDIA B200", "NVIDIA B200"),
+    ("NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB SXM"),
+    ("NVIDIA A100 80GB PCIe", "NVIDIA A100 80GB PCIe"),
+    ("NVIDIA A100-SXM4-40GB", "NVIDIA A100 40GB"),
+    ("NVIDIA L40S", "NVIDIA L40S"),
+    ("NVIDIA GeForce RTX 4090", "NVIDIA GeForce RTX 4090"),
+    ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "NVIDIA RTX PRO 6000 Blackwell"),
+])
+def test_lookup_known_gpus(name: str, expected: str) -> None:
+    spec = hw.lookup_gpu(name)
+    assert spec is not None and spec.name == expected
+    assert spec.memory_source and spec.matmul_source
+
+
+def test_lookup_unknown_and_table_values() -> None:
+    assert hw.lookup_gpu("Some Accelerator 9000") is None
+    assert hw.lookup_gpu("NVIDIA RTX PRO 6000 Blackwell").memory_bandwidth_gb_s == 512 / 8 * 28  # 1,792 GB/s
+
+
+def _fake_pynvml(clock_mhz: int, bus_bits: int, name: str) -> types.ModuleType:
+    m = types.ModuleType("pynvml")
+    m.NVML_CLOCK_MEM = 2
+    m.nvmlInit = lambda: None
+    m.nvmlShutdown = lambda: None
+    m.nvmlDeviceGetHandleByIndex = lambda i: ("h", i)
+    m.nvmlDeviceGetName = lambda h: name
+    m.nvmlDeviceGetMaxClockInfo = lambda h, kind: clock_mhz if kind == 2 else 0
+    m.nvmlDeviceGetMemoryBusWidth = lambda h: bus_bits
+    return m
+
+
+def test_nvml_bandwidth_arithmetic(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml(2619, 5120, "NVIDIA H100 80GB HBM3"))
+    name, value, detail = hw.nvml_memory_bandwidth(0)
+    assert name == "NVIDIA H100 80GB HBM3"
+    assert value == 2619e6 * 2 * 5120 / 8  # 3.352 TB/s
+    assert "5120-bit" in detail
+
+
+def test_nvml_absent_gives_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    m = _fake_pynvml(1, 1, "x")
+
+    def fail() -> None:
+        raise RuntimeError("NVML Shared Library Not Found")
+
+    m.nvmlInit = fail
+    monkeypatch.setitem(sys.modules, "pynvml", m)
+    assert hw.nvml_memory_bandwidth(0) is None
+
+
+def test_precedence_parameter_nvml_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hw, "cuda_available", lambda: True)
+    monkeypatch.setattr(hw, "nvml_memory_bandwidth", lambda i=0: ("NVIDIA H200", 4.9e12, "nvml detail"))
+    p = hw.resolve_peaks(memory_bandwidth_gb_s=1000, matmul_tflops=100)
+    assert p.memory_bandwidth.source == "parameter" and p.memory_bandwidth_gb_s == 1000
+    assert p.matmul.source == "parameter" and p.matmul_tflops == 100
+    p = hw.resolve_peaks()
+    assert p.memory_bandwidth.source == "nvml" and p.memory_bandwidth.value == 4.9e12
+    assert p.matmul.source == "table" and p.matmul_tflops == pytest.approx(989.4)
+    # A named remote GPU: the table, never this machine's NVML.
+    p = hw.resolve_peaks(device_name="NVIDIA RTX PRO 6000 Blackwell")
+    assert p.memory_bandwidth.source == "table" and p.memory_bandwidth_gb_s == 1792
+    assert p.matmul_tflops == pytest.approx(503.8)
+
+
+def test_unknown_remote_gpu_needs_a_parameter() -> None:
+    with pytest.raises(ValueError, match="memory_bandwidth_gb_s"):
+        hw.resolve_peaks(device_name="Mystery GPU", device="cuda", allow_nvml=False)
+    with pytest.raises(ValueError, match="positive"):
+        hw.resolve_peaks(memory_bandwidth_gb_s=-1)
+
+
+def test_cpu_measured_copy_and_matmul() -> None:
+    rates = hw.measure_copy_bandwidth("cpu", n_bytes=8 * 2**20, repeats=3, warmup=1)
+    assert len(rates) == 3 and all(r > 1e8 for r in rates)  # any host copies faster than 0.1 GB/s
+    p = hw.resolve_peaks(device="cpu")
+    assert p.memory_bandwidth.source == "measured" and "host" in p.memory_bandwidth.detail
+    assert p.matmul is None or p.matmul.source == "measured"
+
+
+def test_peaks_from_record() -> None:
+    p = hw.peaks_from_record({"gpu": "NVIDIA RTX PRO 6000 Blackwell", "memory_bandwidth_gb_s": 1792,
+                              "memory_bandwidth_source": "spec", "matmul_bf16_tflops": 503.8})
+    assert p.memory_bandwidth.source == "recorded" and p.memory_bandwidth_gb_s == 1792
+    with pytest.raises(ValueError, match="memory_bandwidth_gb_s"):
+        hw.peaks_from_record({})
+
+
+@pytest.mark.gpu
+def test_cuda_copy_and_nvml_agree_with_table() -> None:
+    nvml = hw.nvml_memory_bandwidth(0)
+    assert nvml is not None
+    name, value, _ = nvml
+    spec = hw.lookup_gpu(name)
+    if spec is not None:
+        assert value / 1e9 == pytest.approx(spec.memory_bandwidth_gb_s, rel=0.10)
+    rates = hw.measure_copy_bandwidth("cuda", n_bytes=1 << 30, repeats=5)
+    assert 0.3 * value < max(rates) < 1.05 * value  # a copy reaches a good share of the peak, never above it
