@@ -159,7 +159,7 @@ class ReplayServer:
         assert self._httpd is not None, "server not started"
         return f"http://{self.host}:{self._httpd.server_address[1]}"
 
-    def start(self) -> "ReplayServer":
+    def start(self) -> ReplayServer:
         handler = type("Handler", (_Handler,), {"replay": self})
         self._httpd = _QuietServer((self.host, 0), handler)  # port 0: a free port
         self._httpd.daemon_threads = True
@@ -179,7 +179,7 @@ class ReplayServer:
     def wait(self, seconds: float) -> None:
         self._stop.wait(seconds)
 
-    def __enter__(self) -> "ReplayServer":
+    def __enter__(self) -> ReplayServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -274,10 +274,12 @@ class _Handler(BaseHTTPRequestHandler):
         scenario = body.get("text") if isinstance(body.get("text"), str) else "cumulative"
         stream = bool(body.get("stream"))
         if scenario == "http400":
-            self._send(400, {"error": {"message": "Unknown sampling_params key(s): ['max_tokens']. Use max_new_tokens."}})
+            message = "Unknown sampling_params key(s): ['max_tokens']. Use max_new_tokens."
+            self._send(400, {"error": {"message": message}})
             return
         if scenario == "http422":
-            self._send(422, {"detail": [{"loc": ["body", "input_ids"], "msg": "value is not a valid list", "type": "type_error"}]})
+            detail = [{"loc": ["body", "input_ids"], "msg": "value is not a valid list", "type": "type_error"}]
+            self._send(422, {"detail": detail})
             return
         if scenario == "slow":
             self.replay.wait(SLOW_S)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 
@@ -25,6 +25,7 @@ from specdiag.client import (  # noqa: E402
     ServerHTTPError,
     ServerUnreachable,
     SGLangClient,
+    make_client,
 )
 
 API_KEY = "sk-specdiag-test-SECRET-0123456789"
@@ -62,6 +63,9 @@ def assert_full_answer(trace: RequestTrace) -> None:
 
 def test_registry_names_the_sglang_client() -> None:
     assert CLIENTS["sglang"] is SGLangClient
+    assert isinstance(make_client("SGLang", "http://127.0.0.1:9"), SGLangClient)
+    with pytest.raises(ValueError, match="'vllm' is not supported; choose one of \\['sglang'\\]"):
+        make_client("vllm", "http://127.0.0.1:9")
 
 
 @pytest.mark.parametrize("scenario", ["cumulative", "incremental"])
@@ -222,6 +226,7 @@ def test_missing_endpoints(server: ReplayServer) -> None:
     assert str(info.value) == f"{server.url}/prefix/get_server_info answered HTTP 404: Not Found"
     assert client.metrics_text() is None
     assert client.health() is False
+    client.check_reachable()  # an HTTP answer, even 404, means the server is there
 
 
 def test_connection_refused_fails_fast_and_names_url() -> None:

@@ -161,7 +161,10 @@ def test_assemble_stream_empty() -> None:
 def test_tokens_from_completion_tokens_not_from_ids() -> None:
     # stream_interval > 1 or coalesced deltas: one chunk carries several tokens; only
     # meta_info.completion_tokens says how many, even if output_ids were missing.
-    c = [{"text": "abc", "meta_info": {"completion_tokens": 3}}, {"text": "abcdef", "meta_info": {"completion_tokens": 7}}]
+    c = [
+        {"text": "abc", "meta_info": {"completion_tokens": 3}},
+        {"text": "abcdef", "meta_info": {"completion_tokens": 7}},
+    ]
     trace = assemble_stream([(0.1, c[0]), (0.2, c[1])], "http://h:1/generate", 0.0, 0.2)
     assert trace.chunk_tokens == [3, 4] and trace.completion_tokens == 7 and trace.text == "abcdef"
 

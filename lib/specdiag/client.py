@@ -19,7 +19,8 @@ import json
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Literal, Mapping
+from typing import Any, Literal
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import requests
 import urllib3.exceptions
@@ -42,6 +43,7 @@ __all__ = [
     "StreamError",
     "assemble_stream",
     "detect_stream_mode",
+    "make_client",
     "parse_sse_lines",
 ]
 
@@ -243,7 +245,7 @@ def _chunk_ct(chunk: Mapping[str, Any]) -> int | None:
     return int(ct) if ct is not None else None
 
 
-def detect_stream_mode(chunks: list[Mapping[str, Any]]) -> Literal["cumulative", "incremental"]:
+def detect_stream_mode(chunks: Sequence[Mapping[str, Any]]) -> Literal["cumulative", "incremental"]:
     """Tell SGLang's cumulative chunks (default) from deltas (``--incremental-streaming-output``).
 
     Cumulative: each chunk's output_ids has completion_tokens entries and extends the previous
@@ -475,7 +477,9 @@ class SGLangClient:
                 "e.g. http://127.0.0.1:30000"
             )
         if timeout_s <= 0 or connect_timeout_s <= 0:
-            raise ValueError(f"timeouts must be > 0 s, got timeout_s={timeout_s}, connect_timeout_s={connect_timeout_s}")
+            raise ValueError(
+                f"timeouts must be > 0 s, got timeout_s={timeout_s}, connect_timeout_s={connect_timeout_s}"
+            )
         self.base_url = base_url.rstrip("/")
         self.session = session if session is not None else requests.Session()
         self.timeout_s = float(timeout_s)
@@ -565,7 +569,8 @@ class SGLangClient:
         except requests.exceptions.ConnectionError as exc:
             if _is_unreachable(exc):
                 raise ServerUnreachable(url, self._scrub(_connect_cause(exc))) from None
-            raise ServerUnreachable(url, self._scrub(f"connection closed without an answer ({_connect_cause(exc)})")) from None
+            cause = f"connection closed without an answer ({_connect_cause(exc)})"
+            raise ServerUnreachable(url, self._scrub(cause)) from None
         except requests.exceptions.Timeout:
             raise ServerUnreachable(url, f"connected, but no HTTP answer within {timeout_s:g} s") from None
         except requests.exceptions.RequestException as exc:
@@ -735,7 +740,7 @@ class SGLangClient:
         except SSEFormatError as exc:
             errors.append(str(StreamError(url, str(exc))))
             kind = "stream"
-        except (urllib3.exceptions.ReadTimeoutError, requests.exceptions.Timeout, socket.timeout):
+        except (TimeoutError, urllib3.exceptions.ReadTimeoutError, requests.exceptions.Timeout):
             n = sum(1 for _, ev in events if isinstance(ev, dict))
             errors.append(str(ServerTimeout(url, f"no byte within {self.timeout_s:g} s after {n} chunks (timeout)")))
             kind = "timeout"
@@ -764,3 +769,12 @@ class SGLangClient:
 
 #: Clients by engine name, so a vLLM client (OpenAI API) can be added beside SGLang's.
 CLIENTS: dict[str, type[SGLangClient]] = {"sglang": SGLangClient}
+
+
+def make_client(engine: str, base_url: str, **kwargs: Any) -> SGLangClient:
+    """The client for ``engine`` (a key of CLIENTS); a clear error for an engine not supported."""
+    try:
+        cls = CLIENTS[engine.lower()]
+    except KeyError:
+        raise ValueError(f"engine {engine!r} is not supported; choose one of {sorted(CLIENTS)}") from None
+    return cls(base_url, **kwargs)

@@ -29,7 +29,8 @@ import math
 import re
 import statistics
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
 
 # Field names in SGLang's final meta_info, current name first, older releases after.
 VERIFY_CT_KEYS = ("spec_verify_ct",)
@@ -72,7 +73,7 @@ class SpecFields:
     step_verify_ms: list[float] | None  # embedded server only: verify time per step, ms
 
     @classmethod
-    def from_meta(cls, meta: Mapping[str, Any] | None) -> "SpecFields | None":
+    def from_meta(cls, meta: Mapping[str, Any] | None) -> SpecFields | None:
         """Read the fields under current and older SGLang names; None if the request has none."""
         return spec_fields_from_meta(meta)
 
@@ -105,7 +106,7 @@ def spec_fields_from_meta(meta: Mapping[str, Any] | None) -> SpecFields | None:
 # ---------------------------------------------------------------------------------------------
 
 
-def commit_length_from_counts(completion_tokens: int, verify_ct: int) -> float | None:
+def commit_length_from_counts(completion_tokens: int | None, verify_ct: int | None) -> float | None:
     """Mean commit length of one request: ``(completion_tokens - 1) / verify_ct``.
 
     The first output token comes from prefill, every other one from a verify step.
@@ -375,7 +376,8 @@ def parse_decode_log(lines: Iterable[str]) -> list[DecodeLogLine]:
 
 _COMMIT_STAT_NAMES = ("avg_commit_len", "avg_accepted_depth", "avg_accepted_drafts")
 _COMMIT_STAT = re.compile(
-    r"\b(?P<key>" + "|".join(_COMMIT_STAT_NAMES) + r")\s*[=:]\s*(?P<value>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf)",
+    r"\b(?P<key>" + "|".join(_COMMIT_STAT_NAMES) + r")\s*[=:]\s*"
+    r"(?P<value>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf)",
     re.IGNORECASE,
 )
 
