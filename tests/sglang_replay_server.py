@@ -19,6 +19,7 @@ picks a scenario by the request's ``text`` (``input_ids`` requests get "cumulati
     stall         one chunk, then waits SLOW_S seconds (read timeout mid-stream)
     abort         ends with finish_reason {"type": "abort", ...}
     close_delimited  HTTP/1.0-style stream: no chunked encoding, body ends when the socket closes
+    hangup        closes the connection without any answer
     json_body     answers a stream request with one JSON body (a server without streaming)
 
 ``/server_info`` answers 404 (an older SGLang), so clients must fall back to ``/get_server_info``.
@@ -280,6 +281,10 @@ class _Handler(BaseHTTPRequestHandler):
         if scenario == "http422":
             detail = [{"loc": ["body", "input_ids"], "msg": "value is not a valid list", "type": "type_error"}]
             self._send(422, {"detail": detail})
+            return
+        if scenario == "hangup":
+            self.connection.shutdown(socket.SHUT_RDWR)  # close without a status line
+            self.close_connection = True
             return
         if scenario == "slow":
             self.replay.wait(SLOW_S)

@@ -155,6 +155,15 @@ def test_dropped_stream_keeps_chunks_and_names_url(client: SGLangClient, server:
     assert_no_secret(trace)
 
 
+def test_hangup_without_answer_names_url(client: SGLangClient, server: ReplayServer) -> None:
+    trace = client.generate(text="hangup")
+    assert trace.error_kind == "stream"
+    assert trace.error == (
+        f"stream from {server.url}/generate failed: connection closed before an answer "
+        "(the server closed the connection without answering)"
+    )
+
+
 def test_http_400_with_sglang_error_body(client: SGLangClient, server: ReplayServer) -> None:
     trace = client.generate(text="http400", sampling_params={"max_tokens": 3})
     assert trace.error_kind == "http"

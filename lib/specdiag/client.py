@@ -397,29 +397,31 @@ def _exception_chain(exc: BaseException) -> list[BaseException]:
 def _connect_cause(exc: BaseException) -> str:
     """A short, readable cause for a failed connection or read."""
     chain = _exception_chain(exc)
+    names = {type(err).__name__ for err in chain}
+    wrappers = (urllib3.exceptions.HTTPError, requests.exceptions.RequestException)
     # Most specific first. (urllib3's NewConnectionError subclasses ConnectTimeoutError, so the
     # OS error underneath decides between "refused" and "timed out".)
-    causes: list[tuple[tuple[type[BaseException], ...], str]] = [
-        ((ConnectionRefusedError,), "connection refused (nothing listens on that port)"),
-        ((urllib3.exceptions.NameResolutionError, socket.gaierror), "unknown host (name resolution failed)"),
-        ((ConnectionResetError,), "connection reset by the server"),
-        ((socket.timeout, TimeoutError, requests.exceptions.ConnectTimeout), "connection timed out"),
-        ((OSError,), ""),
-    ]
-    for types, text in causes:
-        for err in chain:
-            if isinstance(err, types) and not isinstance(err, urllib3.exceptions.HTTPError):
-                return text or f"{type(err).__name__}: {err}"[:300]
-    for err in chain:
-        if type(err) is urllib3.exceptions.ConnectTimeoutError:
-            return "connection timed out"
-    names = {type(err).__name__ for err in chain}
-    if "IncompleteRead" in names or "InvalidChunkLength" in names:
-        return "the server closed the connection in the middle of the response (incomplete read)"
+    if any(isinstance(err, ConnectionRefusedError) for err in chain):
+        return "connection refused (nothing listens on that port)"
+    if any(isinstance(err, (urllib3.exceptions.NameResolutionError, socket.gaierror)) for err in chain):
+        return "unknown host (name resolution failed)"
     if "RemoteDisconnected" in names:
         return "the server closed the connection without answering"
+    if "IncompleteRead" in names or "InvalidChunkLength" in names:
+        return "the server closed the connection in the middle of the response (incomplete read)"
+    if any(isinstance(err, ConnectionResetError) for err in chain):
+        return "connection reset by the server"
+    if any(
+        isinstance(err, (TimeoutError, requests.exceptions.ConnectTimeout))
+        or type(err) is urllib3.exceptions.ConnectTimeoutError
+        for err in chain
+    ):
+        return "connection timed out"
     for err in chain:
-        if isinstance(err, (urllib3.exceptions.ProtocolError, ConnectionError)):
+        if isinstance(err, OSError) and not isinstance(err, wrappers):
+            return f"{type(err).__name__}: {err}"[:300]
+    for err in chain:
+        if isinstance(err, urllib3.exceptions.ProtocolError):
             return str(err)[:300] or type(err).__name__
     return str(exc)[:300] or type(exc).__name__
 
@@ -440,7 +442,7 @@ def _iter_raw(response: requests.Response) -> Iterator[bytes]:
     read1: Callable[..., bytes] | None = getattr(raw, "read1", None)
     if read1 is not None:
         while True:
-            data = read1(65536)
+            data = read1(65536, decode_content=True)
             if not data:
                 return
             yield data
