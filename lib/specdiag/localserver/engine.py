@@ -1,0 +1,293 @@
+"""Greedy draft-then-verify speculative decoding on transformers, one request at a time.
+
+Algorithms, under SGLang's names:
+
+- ``NONE``: target only, one token per forward.
+- ``NGRAM``: prompt lookup (see ngram.py) proposes up to ``num_draft_tokens - 1`` tokens.
+- ``STANDALONE``: a small draft model proposes ``num_draft_tokens - 1`` tokens greedily.
+
+``num_draft_tokens`` follows SGLang's ``speculative_num_draft_tokens``: the tokens one verify
+forward scores, the last committed token included, so a step drafts ``num_draft_tokens - 1``
+tokens and commits at most ``num_draft_tokens`` (the accepted drafts plus the target's bonus).
+
+Lossless: the target scores ``[last committed token, d1 .. dk]`` in one forward; drafts are
+accepted while they equal the target's argmax, then the target's own argmax at the first
+mismatch (or after the last draft) is committed. The output is token for token what target-only
+greedy decoding gives (up to floating-point differences between a k+1-token and a 1-token
+forward, which is why the engine runs float32 by default).
+
+Caches: the target and the drafter each keep a transformers ``DynamicCache`` across steps with
+past recording on, so rejected tokens are cropped out of full-attention layers and sliding-window
+layers alike (``crop(-n)``, which also trims sliding layers back to their window once the step's
+outcome is known; a sliding layer trimmed before the rollback would lose valid tokens). The
+drafter only processes the tokens it has not seen (1 or 2 per step plus its own drafts), never
+the prefix again.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Literal
+
+import numpy as np
+import torch
+
+from specdiag.localserver.config import ALGORITHMS
+from specdiag.localserver.models import LoadedModel
+from specdiag.localserver.ngram import propose_ngram
+
+Algorithm = Literal["NONE", "NGRAM", "STANDALONE"]
+
+
+@dataclass(frozen=True)
+class SpecSettings:
+    """How the engine decodes; field names follow SGLang's server arguments."""
+
+    algorithm: Algorithm = "NONE"
+    #: tokens per verify forward, last committed token included; drafts per step = this - 1
+    num_draft_tokens: int = 8
+    #: NGRAM: shortest and longest tail (in tokens) matched against earlier positions
+    ngram_min_match_window_size: int = 1
+    ngram_max_match_window_size: int = 12
+    #: prefill (target and drafter) runs in chunks of at most this many tokens
+    chunked_prefill_size: int = 2048
+
+    def __post_init__(self) -> None:
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f"unknown speculative algorithm {self.algorithm!r}: use one of {', '.join(ALGORITHMS)}")
+        if self.algorithm != "NONE" and self.num_draft_tokens < 2:
+            raise ValueError(
+                f"speculative_num_draft_tokens={self.num_draft_tokens}: it counts the last committed token, "
+                "so it must be at least 2 to draft anything"
+            )
+        if not 1 <= self.ngram_min_match_window_size <= self.ngram_max_match_window_size:
+            raise ValueError("need 1 <= ngram_min_match_window_size <= ngram_max_match_window_size")
+        if self.chunked_prefill_size < 1:
+            raise ValueError("chunked_prefill_size must be at least 1")
+
+    @property
+    def drafts_per_step(self) -> int:
+        return 0 if self.algorithm == "NONE" else self.num_draft_tokens - 1
+
+
+@dataclass(frozen=True)
+class DecodeRequest:
+    """One greedy generation."""
+
+    input_ids: list[int]
+    max_new_tokens: int
+    #: tokens that end generation (EOS unless ignore_eos, plus the request's stop_token_ids)
+    stop_token_ids: frozenset[int] = frozenset()
+    #: stop tokens are masked out of the target's logits until this many tokens were generated
+    min_new_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """One verify step of a speculative request."""
+
+    committed: int  # tokens this step appended to the output (accepted drafts + bonus, cut at the end)
+    correct_drafts: int  # drafts the target accepted (counted within ``committed``)
+    proposed_drafts: int  # drafts actually sent to the verify forward this step
+    draft_ms: float  # drafting wall time (CUDA synchronized)
+    verify_ms: float  # target verify forward + acceptance wall time (CUDA synchronized)
+    drafter_tokens: int  # tokens the drafter's forwards processed this step (0 for NGRAM)
+
+
+@dataclass
+class Chunk:
+    """What one prefill or one step produced; the last chunk carries ``finish``."""
+
+    new_ids: list[int]
+    step: StepStats | None = None  # None for the prefill chunk and for NONE decoding
+    prefill_ms: float | None = None  # on the prefill chunk: target (+ drafter) prefill wall time
+    decode_ms: float | None = None  # NONE decoding: the one-token forward's wall time
+    finish: dict[str, Any] | None = None  # SGLang finish_reason on the last chunk
+
+
+@dataclass
+class _State:
+    ids: list[int]
+    out: list[int] = field(default_factory=list)
+    drafter_len: int = 0  # tokens of ``ids`` held in the drafter's cache
+
+
+class SpecEngine:
+    """Greedy speculative decoding of one request at a time (callers serialize requests)."""
+
+    def __init__(self, target: LoadedModel, drafter: LoadedModel | None, settings: SpecSettings) -> None:
+        if settings.algorithm == "STANDALONE" and drafter is None:
+            raise ValueError("STANDALONE needs a draft model: pass --speculative-draft-model-path")
+        self.target = target
+        self.drafter = drafter if settings.algorithm == "STANDALONE" else None
+        self.settings = settings
+        self.device = next(target.model.parameters()).device
+
+    def warm_up(self, n_tokens: int = 16) -> None:
+        """One short generation so first-request timings do not include one-off setup costs."""
+        vocab = int(self.target.config.vocab_size)
+        ids = [(7 * i + 3) % vocab for i in range(n_tokens)]
+        for _ in self.generate(DecodeRequest(input_ids=ids, max_new_tokens=2 * self.settings.num_draft_tokens)):
+            pass
+
+    # ---- model plumbing -------------------------------------------------------------------
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _new_cache(self, lm: LoadedModel) -> Any:
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=lm.config)
+        cache.activate_past_recording()  # lets sliding-window layers be cropped after a rejection
+        return cache
+
+    def _forward(self, lm: LoadedModel, ids: list[int], cache: Any, keep: int, trim: bool) -> torch.Tensor:
+        """Run ``ids`` through ``lm`` on top of ``cache``; logits of the last ``keep`` positions (0 = all).
+
+        ``trim``: crop(0) afterwards, which trims sliding-window layers back to their window. Only
+        when nothing of this forward can be rolled back; otherwise the caller crops once it knows
+        how many tokens to remove (crop(-n) keeps the window's worth of valid tokens).
+        """
+        x = torch.tensor([ids], dtype=torch.long, device=self.device)
+        out = lm.model(input_ids=x, use_cache=True, logits_to_keep=keep, **{lm.cache_kwarg: cache})
+        if trim:
+            cache.crop(0)
+        return out.logits[0].float()
+
+    def _prefill(self, lm: LoadedModel, ids: list[int], cache: Any) -> torch.Tensor:
+        size = self.settings.chunked_prefill_size
+        logits = torch.empty(0)
+        for start in range(0, len(ids), size):
+            logits = self._forward(lm, ids[start : start + size], cache, keep=1, trim=True)
+        return logits[-1]
+
+    @staticmethod
+    def _mask_stops(logits: torch.Tensor, first_index: int, req: DecodeRequest) -> torch.Tensor:
+        """Forbid stop tokens at output positions before ``min_new_tokens`` (row j = output index first_index + j)."""
+        if req.min_new_tokens <= first_index or not req.stop_token_ids:
+            return logits
+        rows = min(req.min_new_tokens - first_index, logits.shape[0])
+        logits = logits.clone()
+        stop = torch.tensor(sorted(req.stop_token_ids), device=logits.device)
+        logits[:rows, stop] = float("-inf")
+        return logits
+
+    # ---- generation -------------------------------------------------------------------
+    def generate(self, req: DecodeRequest, should_abort: Callable[[], bool] = lambda: False) -> Iterator[Chunk]:
+        """Yield the prefill chunk (first token), then one chunk per verify (or decode) step."""
+        if not req.input_ids:
+            raise ValueError("empty prompt: send at least one token")
+        with torch.inference_mode():
+            yield from self._generate(req, should_abort)
+
+    def _generate(self, req: DecodeRequest, should_abort: Callable[[], bool]) -> Iterator[Chunk]:
+        state = _State(ids=list(req.input_ids))
+        t_cache = self._new_cache(self.target)
+        d_cache = self._new_cache(self.drafter) if self.drafter is not None else None
+
+        self._sync()
+        t0 = time.perf_counter()
+        last_logits = self._prefill(self.target, state.ids, t_cache)
+        if d_cache is not None:
+            self._prefill(self.drafter, state.ids, d_cache)  # type: ignore[arg-type]
+            state.drafter_len = len(state.ids)
+        first = int(torch.argmax(self._mask_stops(last_logits[None], 0, req)[0]).item())
+        self._sync()
+        prefill_ms = (time.perf_counter() - t0) * 1e3
+
+        if req.max_new_tokens <= 0:
+            yield Chunk([], prefill_ms=prefill_ms, finish={"type": "length", "length": 0})
+            return
+        new, finish = self._commit(state, [first], req)
+        yield Chunk(new, prefill_ms=prefill_ms, finish=finish)
+        while finish is None:
+            if should_abort():
+                yield Chunk([], finish={"type": "abort", "message": "the client went away; generation stopped"})
+                return
+            if self.settings.algorithm == "NONE":
+                chunk = self._decode_step(state, t_cache, req)
+            else:
+                chunk = self._spec_step(state, t_cache, d_cache, req)
+            finish = chunk.finish
+            yield chunk
+
+    def _commit(self, state: _State, tokens: list[int], req: DecodeRequest) -> tuple[list[int], dict[str, Any] | None]:
+        """Append ``tokens`` to the output until a stop token or max_new_tokens; return them and the finish."""
+        taken: list[int] = []
+        for tok in tokens:
+            taken.append(tok)
+            state.out.append(tok)
+            state.ids.append(tok)
+            if tok in req.stop_token_ids and len(state.out) > req.min_new_tokens:
+                return taken, {"type": "stop", "matched": tok}
+            if len(state.out) >= req.max_new_tokens:
+                return taken, {"type": "length", "length": req.max_new_tokens}
+        return taken, None
+
+    def _decode_step(self, state: _State, t_cache: Any, req: DecodeRequest) -> Chunk:
+        self._sync()
+        t0 = time.perf_counter()
+        logits = self._forward(self.target, [state.ids[-1]], t_cache, keep=1, trim=True)
+        tok = int(torch.argmax(self._mask_stops(logits, len(state.out), req)[-1]).item())
+        self._sync()
+        decode_ms = (time.perf_counter() - t0) * 1e3
+        new, finish = self._commit(state, [tok], req)
+        return Chunk(new, decode_ms=decode_ms, finish=finish)
+
+    def _draft(self, state: _State, d_cache: Any | None) -> tuple[list[int], int]:
+        """Draft tokens for the next verify; also the number of tokens the drafter processed."""
+        k = self.settings.drafts_per_step
+        if self.settings.algorithm == "NGRAM":
+            drafts = propose_ngram(
+                np.asarray(state.ids, dtype=np.int64),
+                k,
+                self.settings.ngram_min_match_window_size,
+                self.settings.ngram_max_match_window_size,
+            )
+            return drafts, 0
+        assert self.drafter is not None and d_cache is not None
+        feed = state.ids[state.drafter_len :]  # committed tokens the drafter has not seen (1 or 2)
+        drafts: list[int] = []
+        processed = 0
+        for i in range(k):
+            logits = self._forward(self.drafter, feed, d_cache, keep=1, trim=False)
+            processed += len(feed)
+            drafts.append(int(torch.argmax(logits[-1]).item()))
+            feed = [drafts[-1]]
+        # the cache now holds ids + drafts[:-1]; the last draft was never fed
+        state.drafter_len = len(state.ids) + k - 1
+        return drafts, processed
+
+    def _spec_step(self, state: _State, t_cache: Any, d_cache: Any | None, req: DecodeRequest) -> Chunk:
+        self._sync()
+        t0 = time.perf_counter()
+        base_len = len(state.ids)
+        drafts, drafter_tokens = self._draft(state, d_cache)
+        self._sync()
+        t1 = time.perf_counter()
+
+        logits = self._forward(self.target, [state.ids[-1], *drafts], t_cache, keep=0, trim=False)
+        preds = torch.argmax(self._mask_stops(logits, len(state.out), req), dim=-1).tolist()
+        accepted = 0
+        while accepted < len(drafts) and drafts[accepted] == preds[accepted]:
+            accepted += 1
+        t_cache.crop(-(len(drafts) - accepted))  # remove rejected drafts (crop(0) still trims windows)
+        if d_cache is not None:
+            keep = base_len + min(accepted, len(drafts) - 1)  # drafter cache: ids + accepted drafts it was fed
+            d_cache.crop(-(state.drafter_len - keep))
+            state.drafter_len = keep
+        self._sync()
+        t2 = time.perf_counter()
+
+        new, finish = self._commit(state, [*drafts[:accepted], preds[accepted]], req)
+        step = StepStats(
+            committed=len(new),
+            correct_drafts=min(accepted, len(new) - 1),
+            proposed_drafts=len(drafts),
+            draft_ms=(t1 - t0) * 1e3,
+            verify_ms=(t2 - t1) * 1e3,
+            drafter_tokens=drafter_tokens,
+        )
+        return Chunk(new, step=step, finish=finish)
