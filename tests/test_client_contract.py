@@ -276,3 +276,50 @@ def test_api_key_not_in_repr() -> None:
     client = SGLangClient("http://127.0.0.1:9", api_key=API_KEY)
     assert "REDACTED" in repr(client)
     assert_no_secret(client)
+
+
+# --- against the real embedded server ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def live_server_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The session's embedded server when the trained models are there, else one on tiny models."""
+    from specdiag.paths import PROJECT_ROOT
+
+    if (PROJECT_ROOT / "data" / "models" / "target").exists():
+        yield request.getfixturevalue("embedded_server").url
+        return
+    from specdiag.localserver import EmbeddedServer
+    from specdiag.localserver.tiny import cached_tiny_models
+
+    tiny = cached_tiny_models()
+    with EmbeddedServer("STANDALONE", 8, device="cpu", model_path=tiny.clone_target,
+                        draft_model_path=tiny.clone_drafter) as srv:
+        yield srv.url
+
+
+@pytest.mark.slow
+def test_embedded_server_traces_are_self_consistent(live_server_url: str) -> None:
+    """Client and embedded server agree: tokens per chunk, per-step commits and the formulas."""
+    client = SGLangClient(live_server_url, timeout_s=120)
+    client.check_reachable()
+    info = client.server_info()
+    assert info["speculative_algorithm"] == "STANDALONE"
+    ids = client.tokenize("The cat sat on the mat. " * 8)
+    sampling = {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}
+    trace = client.generate(input_ids=ids, sampling_params=sampling)
+    assert trace.error is None, trace.error
+    assert trace.prompt_tokens == len(ids)
+    assert trace.completion_tokens == 24 == len(trace.output_ids) == sum(trace.chunk_tokens)
+    assert trace.stream_mode == ("incremental" if info.get("incremental_streaming_output") else "cumulative")
+    assert trace.chunk_t_s == sorted(trace.chunk_t_s) and trace.ttft_s == trace.chunk_t_s[0]
+    steps = trace.spec.step_commit_lengths if trace.spec else None
+    assert steps and trace.spec is not None
+    assert trace.spec.verify_ct == len(steps) and sum(steps) == trace.completion_tokens - 1
+    assert spec.commit_length_from_meta(trace.meta_info) == pytest.approx(sum(steps) / len(steps))
+    hist = trace.spec.correct_drafts_histogram
+    assert hist is not None and spec.commit_length_from_histogram(hist) == pytest.approx(sum(steps) / len(steps))
+    whole = client.generate(input_ids=ids, sampling_params=sampling, stream=False)
+    assert whole.error is None and whole.output_ids == trace.output_ids and whole.text == trace.text
+    bad = client.generate(input_ids=ids, sampling_params={"max_tokens": 3})
+    assert bad.error_kind == "http" and f"{live_server_url}/generate answered HTTP 400" in (bad.error or "")
