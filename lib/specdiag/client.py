@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
@@ -231,7 +231,6 @@ class RequestTrace:
     error_kind: str | None = None  # "http", "timeout", "stream", "aborted"; None when fine
     stream_mode: str | None = None  # "cumulative", "incremental"; None for non-stream
     n_chunks: int = 0  # data chunks received (error chunk excluded, [DONE] excluded)
-    extra: dict = field(default_factory=dict)  # room for engine-specific additions
 
 
 def _chunk_ids(chunk: Mapping[str, Any]) -> list[int] | None:
