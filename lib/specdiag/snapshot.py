@@ -1,0 +1,135 @@
+"""What a run is about: the server's settings, the model and the machine, as rows for tables.
+
+``server_settings(server_info)`` picks the fields that decide long-context speculative decoding
+(SGLang's flat ``/server_info`` names, reference/sglang-protocol.md section 2); ``local_machine()``
+describes the host this code runs on, which is the server's hardware only when the server runs here
+(:func:`specdiag.hardware.is_local_url`). Secrets are redacted by :func:`specdiag.runs.redact` before anything is kept.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+from typing import Any, Mapping
+
+from specdiag.runs import redact
+
+#: (server_info key, what it is), in the order the table shows them.
+SERVER_FIELDS: tuple[tuple[str, str], ...] = (
+    ("model_path", "target model"),
+    ("served_model_name", "served model name"),
+    ("speculative_algorithm", "speculative algorithm"),
+    ("speculative_draft_model_path", "draft model"),
+    ("speculative_num_draft_tokens", "draft tokens per verify step"),
+    ("speculative_num_steps", "draft steps"),
+    ("speculative_eagle_topk", "draft tree top-k"),
+    ("speculative_draft_window_size", "draft window, tokens"),
+    ("attention_backend", "attention backend"),
+    ("decode_attention_backend", "decode attention backend"),
+    ("prefill_attention_backend", "prefill attention backend"),
+    ("speculative_draft_attention_backend", "drafter attention backend"),
+    ("page_size", "KV page size, tokens"),
+    ("tp_size", "tensor parallel size"),
+    ("dp_size", "data parallel size"),
+    ("context_length", "context length, tokens"),
+    ("max_total_num_tokens", "KV pool capacity, tokens"),
+    ("kv_cache_dtype", "KV cache dtype"),
+    ("dtype", "weights dtype"),
+    ("triton_attention_num_kv_splits", "Triton decode KV splits"),
+    ("stream_interval", "stream interval, tokens"),
+    ("disable_overlap_schedule", "overlap schedule disabled"),
+    ("enable_metrics", "Prometheus metrics on"),
+    ("device", "device"),
+    ("version", "server version"),
+)
+
+#: model_info keys worth a line.
+MODEL_FIELDS: tuple[str, ...] = ("model_path", "served_model_name", "tokenizer_path", "model_type", "architectures",
+                                 "is_generation", "weight_version")
+
+
+def _first_state(server_info: Mapping[str, Any]) -> Mapping[str, Any]:
+    states = server_info.get("internal_states")
+    return states[0] if isinstance(states, list) and states and isinstance(states[0], Mapping) else {}
+
+
+def server_settings(server_info: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Rows ``{setting, key, value, source}`` for the fields of :data:`SERVER_FIELDS` the server reports
+    (top level first, then its first ``internal_states`` entry). Values are redacted."""
+    info = redact(dict(server_info))
+    state = _first_state(info)
+    rows = []
+    for key, label in SERVER_FIELDS:
+        if key in info and info[key] is not None:
+            value = info[key]
+        elif key in state and state[key] is not None:
+            value = state[key]
+        else:
+            continue
+        rows.append({"setting": label, "key": key, "value": value, "source": "server-reported"})
+    return rows
+
+
+def model_settings(model_info: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Rows ``{setting, value, source}`` of the model_info keys in :data:`MODEL_FIELDS` (redacted)."""
+    info = redact(dict(model_info))
+    return [{"setting": k, "value": info[k], "source": "server-reported"} for k in MODEL_FIELDS
+            if info.get(k) is not None]
+
+
+def _cpu_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def local_machine() -> dict[str, Any]:
+    """This host: CPU model and cores, memory, and each CUDA GPU's name and memory (measured here)."""
+    out: dict[str, Any] = {"host": socket.gethostname(), "platform": platform.platform(), "cpu": _cpu_model(),
+                           "cpu_cores": os.cpu_count()}
+    try:
+        import psutil  # noqa: PLC0415
+
+        out["memory_gib"] = round(psutil.virtual_memory().total / 2**30, 1)
+    except ImportError:
+        out["memory_gib"] = None
+    gpus: list[dict[str, Any]] = []
+    try:
+        import torch  # noqa: PLC0415
+
+        if torch.cuda.is_available():
+            for i in range(torch.cuda.device_count()):
+                p = torch.cuda.get_device_properties(i)
+                gpus.append({"index": i, "name": p.name, "memory_gib": round(p.total_memory / 2**30, 1),
+                             "sm_count": p.multi_processor_count, "compute_capability": f"{p.major}.{p.minor}"})
+    except ImportError:
+        pass
+    out["gpus"] = gpus
+    return out
+
+
+def machine_rows(machine: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """``local_machine()`` as ``{item, value}`` rows, one per GPU."""
+    rows = [{"item": k.replace("_", " "), "value": machine[k]} for k in
+            ("host", "platform", "cpu", "cpu_cores", "memory_gib") if machine.get(k) is not None]
+    for g in machine.get("gpus") or []:
+        rows.append({"item": f"GPU {g['index']}", "value": f"{g['name']}, {g['memory_gib']} GiB, "
+                                                            f"{g['sm_count']} SMs, sm_{g['compute_capability']}"})
+    if not machine.get("gpus"):
+        rows.append({"item": "GPUs", "value": "none (CUDA not available here)"})
+    return rows
+
+
+def count_redacted(original: Any, redacted: Any) -> int:
+    """How many values :func:`specdiag.runs.redact` replaced between ``original`` and ``redacted``."""
+    if isinstance(original, Mapping) and isinstance(redacted, Mapping):
+        return sum(count_redacted(original[k], redacted.get(k)) for k in original)
+    if isinstance(original, (list, tuple)) and isinstance(redacted, (list, tuple)):
+        return sum(count_redacted(a, b) for a, b in zip(original, redacted))
+    return int(original != redacted)
