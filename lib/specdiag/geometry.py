@@ -662,3 +662,66 @@ def describe(geom: ModelGeometry, tp_size: int = 1) -> dict[str, Any]:
         "total_params": total_params(geom), "weight_bytes_note": geom.weight_bytes.note,
         "max_position_embeddings": geom.max_position_embeddings, "source": geom.source,
     }
+
+
+# ---------------------------------------------------------------------------------------------
+# Which model a run is about
+# ---------------------------------------------------------------------------------------------
+
+def _kv_dtype_name(value: Any) -> str | None:
+    """'bf16', 'fp8_e4m3', 'auto (bf16)' -> a dtype name, or None for auto/unknown."""
+    if not value:
+        return None
+    text = str(value).split("(")[-1].rstrip(")").strip() if "(" in str(value) else str(value)
+    text = text.lower().replace("torch.", "")
+    return text if text in DTYPE_BYTES and text != "auto" else None
+
+
+def geometry_for_run(model_config: str = "", kv_dtype: str = "", run_meta: Mapping[str, Any] | None = None,
+                     server_info: Mapping[str, Any] | None = None, role: Literal["target", "drafter"] = "target",
+                     project_root: Path | None = None) -> ModelGeometry:
+    """The geometry a notebook analyses, and where it came from (in ``.source``).
+
+    Model: the ``model_config`` parameter (a preset or a config.json path) > the recorded run's
+    ``model``/``drafter`` section (``model_config`` dict or ``preset``) > the server's
+    ``model_path``/``speculative_draft_model_path`` folder (readable from this machine).
+    KV dtype: the ``kv_dtype`` parameter > the recorded section's ``kv_cache_dtype`` > the server's
+    ``kv_cache_dtype`` > its ``dtype`` (when not ``auto``) > bf16. When the server names a concrete
+    ``dtype`` and the config has no quantization, the weights are counted at that dtype.
+    """
+    from specdiag.paths import PROJECT_ROOT  # noqa: PLC0415
+
+    root = project_root or PROJECT_ROOT
+    section = dict((run_meta or {}).get("model" if role == "target" else "drafter") or {})
+    info = dict(server_info or {})
+    kv = (_kv_dtype_name(kv_dtype) if kv_dtype else None)
+    if kv_dtype and kv is None:
+        dtype_bytes(kv_dtype)  # raises naming the choices
+    kv = kv or _kv_dtype_name(section.get("kv_cache_dtype")) or _kv_dtype_name(info.get("kv_cache_dtype")) \
+        or _kv_dtype_name(info.get("dtype")) or "bf16"
+    server_dtype = _kv_dtype_name(info.get("dtype"))
+    if model_config:
+        geom = load_geometry(model_config, kv_dtype=kv)
+        return replace(geom, source=f"parameter model_config={model_config!r}: {geom.source}")
+    if section.get("model_config"):
+        geom = from_hf_config(section["model_config"], kv_dtype=kv, name=section.get("name"))
+        return replace(geom, source=f"the recorded run's {role} config ({section.get('preset') or 'run.json'})")
+    if section.get("preset"):
+        geom = load_geometry(section["preset"], kv_dtype=kv)
+        return replace(geom, source=f"the recorded run's preset {section['preset']!r}: {geom.source}")
+    key = "model_path" if role == "target" else "speculative_draft_model_path"
+    path_value = info.get(key)
+    if path_value:
+        path = Path(str(path_value))
+        if not path.is_absolute():
+            path = root / path
+        cfg_path = path / "config.json" if path.suffix != ".json" else path
+        if cfg_path.exists():
+            cfg = json.loads(cfg_path.read_text())
+            weight_dtype = server_dtype if (server_dtype and not _text_config(cfg).get("quantization_config")) else None
+            geom = from_hf_config(cfg, kv_dtype=kv, weight_dtype=weight_dtype, name=path.name)
+            return replace(geom, source=f"the server's {key} {path_value} (config.json read from this machine)")
+        raise ValueError(f"the server's {key} is {path_value!r} but {cfg_path} cannot be read from here: pass "
+                         f"model_config (a preset: {', '.join(sorted(PRESETS))}; or a path to the config.json)")
+    raise ValueError(f"no {role} model config: the run records none and the server reports no {key}; pass "
+                     f"model_config (a preset: {', '.join(sorted(PRESETS))}; or a path to the config.json)")

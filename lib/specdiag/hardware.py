@@ -313,3 +313,41 @@ def peaks_from_record(record: dict[str, Any]) -> HardwarePeaks:
         memory_bandwidth=Peak(bw * 1e9, "recorded", str(record.get("memory_bandwidth_source", "run.json"))),
         matmul=Peak(float(mm) * 1e12, "recorded", str(record.get("matmul_source", "run.json"))) if mm else None,
     )
+
+
+def is_local_url(url: str) -> bool:
+    """True for the embedded server and anything on this machine's loopback."""
+    from urllib.parse import urlparse  # noqa: PLC0415
+
+    if not url:
+        return True
+    host = (urlparse(url).hostname or "").lower()
+    return host in ("127.0.0.1", "localhost", "::1", "0.0.0.0")
+
+
+def peaks_for_run(memory_bandwidth_gb_s: float | None = None, matmul_tflops: float | None = None,
+                  gpu_name: str = "", recorded: dict[str, Any] | None = None,
+                  server_info: dict[str, Any] | None = None, server_url: str = "") -> HardwarePeaks:
+    """Peaks for a notebook: parameters > the recorded run's hardware (replay) > ``gpu_name`` in the
+    table > this machine (NVML, table, measured) when the server runs here > an error naming the
+    parameters to pass for a remote server."""
+    bw = memory_bandwidth_gb_s or None
+    mm = matmul_tflops or None
+    if recorded and recorded.get("memory_bandwidth_gb_s"):
+        base = peaks_from_record(recorded)
+        return HardwarePeaks(
+            device_name=base.device_name,
+            memory_bandwidth=(Peak(bw * 1e9, "parameter", f"given as a parameter: {bw:g} GB/s") if bw
+                              else base.memory_bandwidth),
+            matmul=Peak(mm * 1e12, "parameter", f"given as a parameter: {mm:g} TFLOPS") if mm else base.matmul)
+    if gpu_name:
+        return resolve_peaks(bw, mm, device_name=gpu_name, allow_measure=False)
+    if is_local_url(server_url):
+        device = str((server_info or {}).get("device") or "auto")
+        device = "cuda" if device.startswith("cuda") else ("cpu" if device == "cpu" else "auto")
+        return resolve_peaks(bw, mm, device=device)
+    if bw:
+        return resolve_peaks(bw, mm, device_name="the server's GPU (unnamed)", allow_measure=False)
+    raise ValueError(f"the server at {server_url} is not on this machine, so its GPU cannot be read here: pass "
+                     f"gpu_name (e.g. 'NVIDIA H200'; known: {', '.join(s.name for s in KNOWN_GPUS)}) or "
+                     f"memory_bandwidth_gb_s (and matmul_tflops)")

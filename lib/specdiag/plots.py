@@ -11,14 +11,14 @@ SOURCE_NOTE = {"measured": "measured", "server-reported": "server-reported", "co
 
 
 def format_tokens(n: float, _pos: Any = None) -> str:
-    """1400 -> '1.4k', 32768 -> '32k', 131072 -> '128k', 1_000_000 -> '1M' (k = 1024 above 1k only when exact)."""
+    """1400 -> '1.4k', 32768 -> '32k', 131072 -> '128k', 128000 -> '128k', 1_000_000 -> '1M'."""
     n = float(n)
     if n <= 0:
         return "0"
     if n >= 1_000_000:
         return f"{n / 1_000_000:.3g}M"
     if n >= 1000:
-        for base in (1024, 1000):
+        for base in (1000, 1024):  # 128000 -> 128k (not 125k); 131072 -> 128k
             if abs(n / base - round(n / base)) < 1e-9:
                 return f"{int(round(n / base))}k"
         return f"{n / 1000:.3g}k"

@@ -213,9 +213,9 @@ def bandwidth_findings(steps: Sequence[StepRoofline], peaks: HardwarePeaks, sour
     sev = "critical" if ratio >= floor_ratio_threshold else "warning" if ratio >= 2 else "ok"
     found.append(Finding(
         "bandwidth.far_from_floor", "Measured step vs the memory floor",
-        f"At {_tok(last.context_tokens)} a step reads {row['total_gb_per_step']:.3g} GB per GPU "
-        f"({row['kv_gb_per_step']:.3g} GB of KV) and takes {row['measured_ms']:.4g} ms: "
-        f"{ratio:.3g}x its floor of {row['floor_ms']:.3g} ms"
+        f"At {_tok(last.context_tokens)} a step reads {row['total_gb_per_step']:#.3g} GB per GPU "
+        f"({row['kv_gb_per_step']:#.3g} GB of KV) and takes {row['measured_ms']:,.4g} ms: "
+        f"{ratio:,.3g}x its floor of {row['floor_ms']:#.3g} ms"
         + (". Something on the step, most likely the attention kernel, is far from the memory floor."
            if sev == "critical" else "."),
         sev,
@@ -275,7 +275,7 @@ def bandwidth_findings(steps: Sequence[StepRoofline], peaks: HardwarePeaks, sour
         share = t / last.measured_step_s  # type: ignore[operator]
         found.append(Finding(
             "bandwidth.attention_only", "A quoted attention-only bandwidth, reconciled",
-            f"Reading {last.kv_bytes / 1e9:.3g} GB of KV at the quoted {quoted_attention_gb_s:g} GB/s takes "
+            f"Reading {last.kv_bytes / 1e9:#.3g} GB of KV at the quoted {quoted_attention_gb_s:g} GB/s takes "
             f"{t:.3g} s, {100 * share:.3g}% of the {last.measured_step_s:.4g} s step; over the whole step the KV "
             f"moves at {row['effective_gb_s_kv']:.3g} GB/s. The two agree only if the attention took that share "
             f"of the step.",

@@ -1,0 +1,67 @@
+"""Notebook 05 replays the published investigation and states its numbers, computed by the code."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from specdiag.paths import REFERENCE_DIR
+
+REFERENCE = REFERENCE_DIR / "ct200-kimi-k26"
+
+
+def _result(run_dir: Path) -> dict[str, Any]:
+    return json.loads((run_dir / "findings" / "05_bandwidth_analysis.json").read_text())
+
+
+@pytest.mark.notebook
+def test_replay_reference_run(run_notebook: Callable[..., Path], tmp_path: Path) -> None:
+    out = run_notebook("05_bandwidth_analysis", replay_dir=str(REFERENCE))
+    res = _result(tmp_path / "run")
+    m = res["metrics"]
+    assert m["source"] == "published" and m["tp_size"] == 8 and m["draft_tokens"] == 8
+    assert m["peak_gb_s"] == 1792 and m["peak_source"] == "recorded"
+    assert m["context_tokens"] == [1400, 11000, 32000, 64000, 128000, 185000]
+    h = m["headline"]
+    assert h["context_tokens"] == 185_000
+    # Hand arithmetic: 185,000 tokens x 61 layers x (512 + 64) values x 2 B, replicated on each of 8 GPUs.
+    kv = 185_000 * 61 * 576 * 2
+    assert h["kv_gb_per_step"] == pytest.approx(kv / 1e9)               # 13.0 GB
+    assert h["kv_floor_ms"] == pytest.approx(1e3 * kv / 1792e9)          # 7.25 ms
+    assert h["measured_ms"] == 1430
+    assert h["effective_gb_s_kv"] == pytest.approx(kv / 1.43 / 1e9)      # 9.09 GB/s
+    assert h["effective_gb_s_kv"] == pytest.approx(9.1, abs=0.05)
+    assert h["pct_of_peak_kv"] == pytest.approx(100 * kv / 1.43 / 1792e9)  # 0.507 %
+    assert h["pct_of_peak_kv"] == pytest.approx(0.5, abs=0.01)
+    # With the weights each GPU reads (INT4 routed experts, bf16 attention/shared/head, 1/8 of each shard).
+    assert h["total_gb_per_step"] > h["kv_gb_per_step"]
+    assert h["memory_floor_ms"] == pytest.approx(1e3 * h["total_gb_per_step"] * 1e9 / 1792e9)
+    # Compute floor: 2 x 8 local heads x 8 tokens x 185,000 x (576 + 512) x 61 FLOP at 503.8 TFLOPS.
+    assert h["compute_floor_ms"] == pytest.approx(1e3 * 2 * 8 * 8 * 185_000 * 1088 * 61 / 503.8e12)
+    assert h["measured_over_floor_x"] > 100  # "roughly 100x above the memory floor"
+    # Slopes: the floor grows 1,000 x 61 x 1,152 B per 1k tokens at 1,792 GB/s; the step ~7.4 ms per 1k.
+    assert m["floor_slope_ms_per_1k_tokens"] == pytest.approx(1e3 * 1000 * 61 * 1152 / 1792e9)
+    assert m["measured_slope_ms_per_1k_tokens"] == pytest.approx(7.7, rel=0.06)
+    ids = {f["id"]: f for f in res["findings"]}
+    assert ids["bandwidth.far_from_floor"]["severity"] == "critical"
+    assert ids["bandwidth.slope"]["severity"] == "critical"
+    assert ids["bandwidth.attention_only"]["numbers"]["implied_attention_s"] == pytest.approx(kv / 14e9)
+    # The page states the numbers in prose, from the code.
+    text = out.read_text()
+    assert "13.0 GB of KV" in text and "7.25 ms" in text and "9.09 GB/s" in text and "0.507% of peak" in text
+
+
+@pytest.mark.notebook
+def test_parameters_win_and_bad_input_is_named(run_notebook: Callable[..., Path], tmp_path: Path) -> None:
+    run_notebook("05_bandwidth_analysis", replay_dir=str(REFERENCE), memory_bandwidth_gb_s=4800.0,
+                 model_config="deepseek-v3", kv_dtype="fp8", headline_context=128000)
+    m = _result(tmp_path / "run")["metrics"]
+    assert m["peak_gb_s"] == 4800 and m["peak_source"] == "parameter"
+    assert m["headline"]["kv_gb_per_step"] == pytest.approx(128_000 * 61 * 576 * 1 / 1e9)
+    import papermill
+
+    with pytest.raises(papermill.PapermillExecutionError, match="expert_routing"):
+        run_notebook("05_bandwidth_analysis", replay_dir=str(REFERENCE), expert_routing="random")
