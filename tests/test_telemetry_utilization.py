@@ -16,13 +16,13 @@ from sglang_replay_server import CHUNK_DELAY_S, CHUNKS, PROMPT_TOKENS, ReplaySer
 from specdiag.client import SGLangClient  # noqa: E402
 from specdiag.runs import Run  # noqa: E402
 from specdiag.telemetry import empty_row, open_source  # noqa: E402
+from specdiag.utilization_record import record_sampled_request  # noqa: E402
 from specdiag.utilization import (  # noqa: E402
     label_rows,
     phase_stats,
     phase_windows,
     predicted_bandwidth_utilization,
     quantile,
-    record_sampled_request,
     stat,
     telemetry_locality,
     utilization_findings,

@@ -1,4 +1,4 @@
-"""GPU (or CPU) utilization during one request: record it, split it into phases, summarize, judge.
+"""GPU (or CPU) utilization during one request: split the samples into phases, summarize, judge.
 
 The phases come from the client's stream timestamps (all unix seconds, the sampler's clock):
 
@@ -9,21 +9,20 @@ The phases come from the client's stream timestamps (all unix seconds, the sampl
 
 NVML's ``utilization.gpu`` is averaged by the driver over its own sample period (1/6 s to 1 s), so
 it lags phase edges by up to that period: :func:`phase_stats` can trim the first ``trim_s`` seconds
-of each phase that is long enough to spare them. Numbers here are pure functions of rows; the only
-I/O is :func:`record_sampled_request`.
+of each phase that is long enough to spare them. Everything here is a pure function of rows (the
+recording is :mod:`specdiag.utilization_record`).
 """
 
 from __future__ import annotations
 
 import math
 import socket
-import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 from urllib.parse import urlparse
 
 from specdiag.findings import Finding
-from specdiag.telemetry import METRIC_FIELDS, Sampler, TelemetrySource
+from specdiag.telemetry import METRIC_FIELDS
 
 PHASES: tuple[str, ...] = ("before", "prefill", "decode", "after")
 #: A derived column: the busiest core's percent in each CPU row (single-thread-bound servers show here).
@@ -74,59 +73,6 @@ def phase_windows(request: Mapping[str, Any]) -> PhaseWindows:
     e2e = request.get("e2e_s")
     end = t_send + float(e2e) if e2e is not None else last
     return PhaseWindows(float(t_send), first, last, end)
-
-
-def request_row(trace: Any, context_tokens: int, max_new_tokens: int, **extra: Any) -> dict[str, Any]:
-    """The ``telemetry_request`` row: the sweep metrics of the trace plus its raw stream timing."""
-    from specdiag.metrics import sweep_row  # noqa: PLC0415 - keep this module light for replay
-
-    row = sweep_row(trace, context_tokens)
-    row.update(
-        max_new_tokens=int(max_new_tokens),
-        t_send_unix_s=trace.t_send_unix_s,
-        chunk_t_s=list(trace.chunk_t_s or []),
-        chunk_tokens=list(trace.chunk_tokens or []),
-        **extra,
-    )
-    return row
-
-
-def record_sampled_request(run: Any, client: Any, source: TelemetrySource, input_ids: Sequence[int],
-                           max_new_tokens: int, rate_hz: float = 50.0, idle_before_s: float = 1.0,
-                           idle_after_s: float = 1.0, context_tokens: int | None = None,
-                           sampling_params: Mapping[str, Any] | None = None, **labels: Any) -> dict[str, Any]:
-    """Send one streaming request while ``source`` is sampled; append rows to ``run`` as they come.
-
-    Sampling starts ``idle_before_s`` before the request and ends ``idle_after_s`` after its last byte.
-    Every telemetry row goes to the run's ``telemetry`` table as it is read; the request's summary
-    (timing, sampler statistics, the source's description, ``labels``) to ``telemetry_request``.
-    The request is greedy with ``ignore_eos`` so it decodes exactly ``max_new_tokens`` tokens.
-    Returns the request row. A failed request is recorded with its ``error`` and returned.
-    """
-    from specdiag.client import ServerError  # noqa: PLC0415
-
-    params = {"max_new_tokens": int(max_new_tokens), "ignore_eos": True, "temperature": 0.0,
-              **dict(sampling_params or {})}
-    context = int(context_tokens if context_tokens is not None else len(input_ids))
-    described = source.describe()
-    trace = None
-    error = None
-    with Sampler(source, rate_hz=rate_hz, sink=lambda r: run.append_row("telemetry", r)) as sampler:
-        time.sleep(max(0.0, idle_before_s))
-        try:
-            trace = client.generate(input_ids=list(input_ids), sampling_params=params, stream=True)
-        except ServerError as exc:  # nothing could be sent: keep the telemetry, record why
-            error = str(exc)
-        time.sleep(max(0.0, idle_after_s))
-    extra = dict(labels, telemetry_source=described, sampler=sampler.stats(),
-                 server_url=getattr(client, "base_url", None))
-    if trace is not None:
-        row = request_row(trace, context, max_new_tokens, **extra)
-    else:
-        row = {"ts_unix_s": time.time(), "context_tokens": context, "max_new_tokens": int(max_new_tokens),
-               "t_send_unix_s": None, "chunk_t_s": [], "chunk_tokens": [], "error": error, **extra}
-    run.append_row("telemetry_request", row)
-    return row
 
 
 # ---------------------------------------------------------------------------------------------
@@ -242,6 +188,52 @@ def telemetry_locality(server_url: str | None, source_info: Mapping[str, Any]) -
 # ---------------------------------------------------------------------------------------------
 # Prediction and findings
 # ---------------------------------------------------------------------------------------------
+
+def rows_of_request(rows: Iterable[Mapping[str, Any]], request: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The telemetry rows sampled for ``request`` (inside its sampler's window), when a run holds several."""
+    s = request.get("sampler") or {}
+    t0, t1 = s.get("t_start_unix_s"), s.get("t_stop_unix_s")
+    return [dict(r) for r in rows if isinstance(r.get("ts_unix_s"), (int, float))
+            and (t0 is None or r["ts_unix_s"] >= t0 - 1e-3) and (t1 is None or r["ts_unix_s"] <= t1 + 1e-3)]
+
+
+def decode_bytes_per_step(server: Mapping[str, Any], configs: Mapping[str, Mapping[str, Any] | None],
+                          context_tokens: float) -> dict[str, Any]:
+    """Bytes one decode (verify) step must read, by component, from the bandwidth analysis' geometry.
+
+    - target: every weight once (``geometry.weight_bytes_per_step``, ``num_draft_tokens`` tokens per
+      verify step) plus its KV cache at ``context_tokens`` (``geometry.kv_bytes_per_step``);
+    - drafter (STANDALONE): ``speculative_num_steps`` draft passes per step (``num_draft_tokens - 1``
+      when not reported), each reading the drafter's weights and its KV at the same context.
+    ``server`` is server_info (dtype, speculative settings, tp_size); ``configs`` the models' config.json.
+    Raises ValueError when the target's config is not available.
+    """
+    from specdiag.geometry import kv_bytes_per_step, load_geometry, weight_bytes_per_step  # noqa: PLC0415
+
+    target_cfg = configs.get("target")
+    if not target_cfg:
+        raise ValueError("the target model's config.json is not available here (a remote server's model): pass "
+                         "model_config (a preset name or a config.json path) for the bandwidth prediction")
+    dtype = server.get("dtype") if server.get("dtype") not in (None, "auto") else None
+    kv_dtype = server.get("kv_cache_dtype") if server.get("kv_cache_dtype") not in (None, "auto") else dtype
+    tp = int(server.get("tp_size") or 1)
+    algo = str(server.get("speculative_algorithm") or "NONE").upper()
+    n_draft = int(server.get("speculative_num_draft_tokens") or 1) if algo != "NONE" else 1
+    target = load_geometry(dict(target_cfg), kv_dtype=kv_dtype, weight_dtype=dtype)
+    ctx = int(round(context_tokens))
+    parts = {"target_weights": weight_bytes_per_step(target, tp, tokens_per_step=n_draft).total,
+             "target_kv": kv_bytes_per_step(target, ctx, tp)}
+    passes = 0
+    drafter_cfg = configs.get("drafter")
+    if algo in ("STANDALONE", "EAGLE", "EAGLE3") and drafter_cfg:
+        drafter = load_geometry(dict(drafter_cfg), kv_dtype=kv_dtype, weight_dtype=dtype)
+        passes = int(server.get("speculative_num_steps") or max(n_draft - 1, 1))
+        parts["drafter_weights"] = passes * weight_bytes_per_step(drafter, 1, tokens_per_step=1).total
+        parts["drafter_kv"] = passes * kv_bytes_per_step(drafter, ctx, 1)
+    return {"bytes_per_step": sum(parts.values()), "parts": parts, "context_tokens": ctx,
+            "tokens_per_verify_step": n_draft, "draft_passes": passes, "dtype": dtype or "model default",
+            "source": "computed (specdiag.geometry)"}
+
 
 def predicted_bandwidth_utilization(bytes_per_step: float, step_s: float, peak_bytes_per_s: float) -> dict[str, float]:
     """What the bandwidth analysis predicts the memory system does during decode.

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from specdiag.plots import source_note
 from specdiag.utilization import CPU_BUSIEST, PhaseWindows, label_rows
 
 PHASE_COLORS = {"prefill": "#ffcc80", "decode": "#bbdefb"}
@@ -66,6 +65,7 @@ def plot_timeline(rows: Sequence[Mapping[str, Any]], windows: PhaseWindows, devi
             xs, ys = _series(dev_rows, column)
             ax.plot(xs, ys, lw=1.0, label=name, drawstyle="steps-post" if column.endswith("pct") else "default")
         ax.set_ylabel(label)
+        ax.ticklabel_format(axis="y", useOffset=False, style="plain")
         ax.grid(alpha=0.3)
     top = axes[0]
     top.set_ylim(-2, 108)
@@ -79,7 +79,7 @@ def plot_timeline(rows: Sequence[Mapping[str, Any]], windows: PhaseWindows, devi
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     axes[-1].set_xlabel("time after the request was sent (s)")
     name = dev_rows[0].get("device_name") if dev_rows else None
-    top.set_title(title or f"device {device}" + (f" ({name})" if name else ""))
-    source_note(axes[-1], note)
+    top.set_title(title or f"device {device}" + (f" ({name})" if name else ""), loc="left")
+    top.annotate(note, xy=(1.0, 1.02), xycoords="axes fraction", ha="right", va="bottom", fontsize=8, color="#666")
     fig.tight_layout()
     return fig
