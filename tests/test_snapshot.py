@@ -1,0 +1,39 @@
+"""Unit tests of specdiag.snapshot on synthetic server answers."""
+
+from __future__ import annotations
+
+from specdiag import snapshot
+from specdiag.runs import REDACTED, redact
+
+
+def test_server_settings_pick_known_fields_redacted_and_from_internal_states() -> None:
+    info = {"model_path": "org/model", "speculative_algorithm": "EAGLE", "speculative_num_draft_tokens": 4,
+            "page_size": 1, "api_key": "sk-abcdefabcdefabcdef12", "unrelated": 3, "tp_size": None,
+            "internal_states": [{"max_total_num_tokens": 195011}]}
+    rows = {r["key"]: r for r in snapshot.server_settings(info)}
+    assert rows["speculative_algorithm"]["value"] == "EAGLE" and rows["page_size"]["value"] == 1
+    assert rows["max_total_num_tokens"]["value"] == 195011
+    assert "unrelated" not in rows and "tp_size" not in rows and "api_key" not in rows
+    assert all(r["source"] == "server-reported" for r in rows.values())
+    assert [r["key"] for r in snapshot.server_settings(info)][:2] == ["model_path", "speculative_algorithm"]
+
+
+def test_count_redacted() -> None:
+    info = {"api_key": "sk-abcdefabcdefabcdef12", "launch_command": "sglang --api-key XYZ --tp 8", "tp_size": 8,
+            "nested": [{"token": "t0psecret"}], "max_new_tokens": 3}
+    red = redact(info)
+    assert red["api_key"] == REDACTED and "XYZ" not in red["launch_command"]
+    assert snapshot.count_redacted(info, red) == 3
+
+
+def test_model_settings_and_machine_rows() -> None:
+    rows = snapshot.model_settings({"model_path": "m", "architectures": ["X"], "is_generation": True, "junk": 1})
+    assert [r["setting"] for r in rows] == ["model_path", "architectures", "is_generation"]
+    machine = {"host": "h", "cpu": "c", "cpu_cores": 2, "memory_gib": 3.0,
+               "gpus": [{"index": 0, "name": "NVIDIA H200", "memory_gib": 139.8, "sm_count": 132,
+                         "compute_capability": "9.0"}]}
+    items = {r["item"]: r["value"] for r in snapshot.machine_rows(machine)}
+    assert items["GPU 0"] == "NVIDIA H200, 139.8 GiB, 132 SMs, sm_9.0" and items["cpu cores"] == 2
+    assert snapshot.machine_rows({"host": "h", "gpus": []})[-1]["value"].startswith("none")
+    local = snapshot.local_machine()
+    assert local["cpu_cores"] and local["cpu_cores"] >= 1 and isinstance(local["gpus"], list)
