@@ -1,0 +1,209 @@
+"""The drafter's attention as context grows: span and KV bytes per draft step, measured draft time, findings.
+
+A draft step runs the drafter once over its own KV cache. A layer with a sliding window attends at most
+``window`` tokens whatever the context; a full-attention layer attends the whole context, unless the server
+caps the context the drafter sees (SGLang's ``speculative_draft_window_size``). So the drafter's cost is
+bounded in context exactly when every layer is bounded; :func:`span_rows` shows it layer by layer, and the
+embedded server's per-step draft times (``meta_info.spec_step_draft_ms``) show it measured.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Mapping, Sequence
+
+from specdiag.findings import Finding, Source
+from specdiag.geometry import (
+    LAYER_FULL,
+    LAYER_SLIDING,
+    ModelGeometry,
+    kv_bytes_per_layer_breakdown,
+    kv_bytes_per_step,
+    kv_bytes_per_token_per_layer_per_rank,
+)
+from specdiag.metrics import fit_line
+
+#: Columns of the ``drafter_timing`` table (one row per request).
+DRAFTER_TIMING_COLUMNS: tuple[str, ...] = (
+    "ts_unix_s", "context_tokens", "prompt_kind", "seed", "max_new_tokens", "prompt_tokens", "verify_steps",
+    "draft_steps_timed", "draft_ms_median", "draft_ms_mean", "verify_ms_median", "commit_length_mean", "error",
+)
+
+
+def draft_window(server: Mapping[str, Any], parameter: int = -1) -> int | None:
+    """The server-side cap on the context the drafter attends: the parameter when >= 0 (0 = none), else the
+    server's or the recorded run's ``speculative_draft_window_size`` (None = no cap)."""
+    if parameter is not None and parameter >= 0:
+        return parameter or None
+    value = server.get("speculative_draft_window_size")
+    return int(value) if value else None
+
+
+def span_rows(geom: ModelGeometry, contexts: Sequence[int], tp_size: int = 1,
+              window_cap_tokens: int | None = None) -> list[dict[str, Any]]:
+    """One row per context: the span of each layer type and the KV bytes one draft step reads (one rank),
+    with the server's draft window and, for comparison, without it and with every layer full."""
+    rows = []
+    per_token = kv_bytes_per_token_per_layer_per_rank(geom, tp_size)
+    for c in sorted(set(int(x) for x in contexts)):
+        layers = kv_bytes_per_layer_breakdown(geom, c, tp_size, span_cap_tokens=window_cap_tokens)
+        full_spans = [r["span_tokens"] for r in layers if r["layer_type"] == LAYER_FULL]
+        slide_spans = [r["span_tokens"] for r in layers if r["layer_type"] == LAYER_SLIDING]
+        rows.append({
+            "context_tokens": c,
+            "sliding_span_tokens": max(slide_spans) if slide_spans else None,
+            "full_span_tokens": max(full_spans) if full_spans else None,
+            "kv_bytes_per_draft_step": sum(r["kv_bytes"] for r in layers),
+            "kv_bytes_no_draft_window": kv_bytes_per_step(geom, c, tp_size),
+            "kv_bytes_if_all_full": c * geom.num_layers * per_token,
+        })
+    return rows
+
+
+def bounded_span(geom: ModelGeometry, window_cap_tokens: int | None) -> int | None:
+    """The largest span any layer can reach, or None when a full-attention layer grows without bound."""
+    if window_cap_tokens:
+        return window_cap_tokens if LAYER_FULL in geom.layer_types else min(window_cap_tokens, geom.sliding_window or window_cap_tokens)
+    if LAYER_FULL in geom.layer_types:
+        return None
+    return geom.sliding_window
+
+
+# ---------------------------------------------------------------------------------------------
+# Measured draft time (embedded server: meta_info spec_step_draft_ms)
+# ---------------------------------------------------------------------------------------------
+
+def timing_row(trace: Any, context_tokens: int, **labels: Any) -> dict[str, Any]:
+    """A ``drafter_timing`` row from a RequestTrace; the draft/verify fields are None when the server
+    does not report per-step times (real SGLang does not)."""
+    spec = getattr(trace, "spec", None)
+    draft = list(spec.step_draft_ms or []) if spec is not None else []
+    verify = list(spec.step_verify_ms or []) if spec is not None else []
+    commits = list(spec.step_commit_lengths or []) if spec is not None else []
+    return {
+        "ts_unix_s": time.time(), "context_tokens": int(context_tokens), **labels,
+        "prompt_tokens": trace.prompt_tokens,
+        "verify_steps": spec.verify_ct if spec is not None else None,
+        "draft_steps_timed": len(draft),
+        "draft_ms_median": statistics.median(draft) if draft else None,
+        "draft_ms_mean": statistics.fmean(draft) if draft else None,
+        "verify_ms_median": statistics.median(verify) if verify else None,
+        "commit_length_mean": statistics.fmean(commits) if commits else None,
+        "error": trace.error,
+    }
+
+
+def measure_draft_timing(client: Any, context_tokens: int, max_new_tokens: int, prompt_kind: str = "novel",
+                         seed: int = 0) -> dict[str, Any]:
+    """Flush the cache, send one exact-length prompt, return its ``drafter_timing`` row (errors kept)."""
+    from specdiag.client import ServerError  # noqa: PLC0415
+    from specdiag.prompts import build_prompt  # noqa: PLC0415
+
+    labels = {"prompt_kind": prompt_kind, "seed": seed, "max_new_tokens": max_new_tokens}
+    try:
+        client.flush_cache()
+        prompt = build_prompt(lambda text: client.tokenize(text, add_special_tokens=True), context_tokens,
+                              prompt_kind, seed=seed)  # type: ignore[arg-type]
+        trace = client.generate(input_ids=prompt.input_ids, stream=True,
+                                sampling_params={"max_new_tokens": max_new_tokens, "temperature": 0.0,
+                                                 "ignore_eos": True})
+    except (ServerError, ValueError, OSError) as exc:
+        row = {c: None for c in DRAFTER_TIMING_COLUMNS}
+        row.update(ts_unix_s=time.time(), context_tokens=int(context_tokens), **labels, error=str(exc))
+        return row
+    return timing_row(trace, context_tokens, **labels)
+
+
+# ---------------------------------------------------------------------------------------------
+# Findings
+# ---------------------------------------------------------------------------------------------
+
+def _yarn(geom: ModelGeometry) -> Mapping[str, Any] | None:
+    rs = geom.rope_scaling or {}
+    kind = str(rs.get("rope_type") or rs.get("type") or "")
+    return rs if kind == "yarn" else None
+
+
+def drafter_findings(geom: ModelGeometry, spans: Sequence[Mapping[str, Any]], window_cap_tokens: int | None,
+                     timing: Sequence[Mapping[str, Any]] = (), timing_source: Source = "server-reported",
+                     growth_threshold: float = 1.5, config_source: Source = "configured") -> list[Finding]:
+    """Verdicts: is the drafter's attention bounded (config), does its RoPE cover the contexts, and is its
+    measured per-step draft time flat (longest/shortest context median below ``growth_threshold``)."""
+    found: list[Finding] = []
+    n_full = geom.layer_types.count(LAYER_FULL)
+    n_slide = geom.layer_types.count(LAYER_SLIDING)
+    first, last = spans[0], spans[-1]
+    cap = bounded_span(geom, window_cap_tokens)
+    growth = last["kv_bytes_per_draft_step"] / first["kv_bytes_per_draft_step"] if first["kv_bytes_per_draft_step"] else None
+    evidence = [
+        f"{geom.num_layers} layers: {n_slide} sliding (window {geom.sliding_window or '-'} tokens), {n_full} full attention "
+        f"(config: {geom.source})",
+        f"server draft window: {window_cap_tokens:,} tokens" if window_cap_tokens else "no server-side draft window",
+        f"KV per draft step (one GPU, computed): {first['kv_bytes_per_draft_step'] / 1e6:#.3g} MB at "
+        f"{first['context_tokens']:,} tokens, {last['kv_bytes_per_draft_step'] / 1e6:#.3g} MB at {last['context_tokens']:,}",
+    ]
+    if cap is not None:
+        found.append(Finding(
+            "drafter.attention_bounded", "Drafter attention is bounded",
+            f"Every drafter layer attends at most {cap:,} tokens, so each draft step reads at most "
+            f"{last['kv_bytes_per_draft_step'] / 1e6:#.3g} MB of drafter KV however long the context: the drafter's "
+            f"attention cost is flat past {cap:,} tokens.",
+            "ok", tuple(evidence),
+            {"max_span_tokens": cap, "kv_mb_first": first["kv_bytes_per_draft_step"] / 1e6,
+             "kv_mb_last": last["kv_bytes_per_draft_step"] / 1e6, "growth_x": growth,
+             "n_full_layers": n_full, "n_sliding_layers": n_slide},
+            config_source))
+    else:
+        found.append(Finding(
+            "drafter.attention_bounded", "Drafter attention grows with context",
+            f"{n_full} full-attention layer(s) attend the whole context and the server sets no draft window, so each "
+            f"draft step reads {growth:.3g}x more drafter KV at {last['context_tokens']:,} tokens than at "
+            f"{first['context_tokens']:,}: the drafter's cost is not bounded.",
+            "warning", tuple(evidence),
+            {"max_span_tokens": None, "kv_mb_first": first["kv_bytes_per_draft_step"] / 1e6,
+             "kv_mb_last": last["kv_bytes_per_draft_step"] / 1e6, "growth_x": growth,
+             "n_full_layers": n_full, "n_sliding_layers": n_slide},
+            config_source))
+    max_ctx = last["context_tokens"]
+    yarn = _yarn(geom)
+    if geom.max_position_embeddings:
+        over = max_ctx > geom.max_position_embeddings
+        found.append(Finding(
+            "drafter.positions", "Drafter positions cover the context" if not over else "Context beyond the drafter's positions",
+            (f"The longest context, {max_ctx:,} tokens, is within the drafter's max_position_embeddings of "
+             f"{geom.max_position_embeddings:,}." if not over else
+             f"The longest context, {max_ctx:,} tokens, exceeds the drafter's max_position_embeddings of "
+             f"{geom.max_position_embeddings:,}: positions past it were never trained.")
+            + (f" RoPE scaling: YaRN (factor {yarn.get('factor') or 'not given'}, original positions "
+               f"{yarn.get('original_max_position_embeddings') or 'not given'})." if yarn else ""),
+            "warning" if over else "ok",
+            (f"max_position_embeddings {geom.max_position_embeddings:,}; rope scaling {dict(geom.rope_scaling or {}) or 'none'} "
+             f"(config)",),
+            {"max_position_embeddings": geom.max_position_embeddings, "longest_context_tokens": max_ctx,
+             "yarn_factor": yarn.get("factor") if yarn else None},
+            config_source))
+    pts = sorted((int(r["context_tokens"]), float(r["draft_ms_median"])) for r in timing
+                 if not r.get("error") and r.get("draft_ms_median") is not None)
+    if len({c for c, _ in pts}) >= 2:
+        by_ctx: dict[int, list[float]] = {}
+        for c, ms in pts:
+            by_ctx.setdefault(c, []).append(ms)
+        meds = sorted((c, statistics.median(v)) for c, v in by_ctx.items())
+        ratio = meds[-1][1] / meds[0][1]
+        fit = fit_line([c for c, _ in meds], [m for _, m in meds])
+        flat = ratio < growth_threshold
+        found.append(Finding(
+            "drafter.measured_cost", "Measured draft time vs context",
+            f"A draft step took {meds[0][1]:.3g} ms at {meds[0][0]:,} tokens and {meds[-1][1]:.3g} ms at {meds[-1][0]:,} "
+            f"({ratio:.3g}x; {fit.slope_per_1k:.3g} ms per 1k tokens): "
+            + ("the drafter's cost is bounded." if flat else "the drafter's cost grows with context."),
+            "ok" if flat else "warning",
+            (f"median per-step draft time per context (server-reported meta_info spec_step_draft_ms; {timing_source})",
+             f"least squares {fit.slope_per_1k:.4g} ms per 1k tokens, r² {fit.r2:.3f}, {fit.n} contexts",
+             f"threshold: longest/shortest below {growth_threshold:g}x counts as bounded"),
+            {"draft_ms_first": meds[0][1], "draft_ms_last": meds[-1][1], "growth_x": ratio,
+             "slope_ms_per_1k_tokens": fit.slope_per_1k, "context_tokens_first": meds[0][0],
+             "context_tokens_last": meds[-1][0]},
+            timing_source))
+    return found

@@ -1,0 +1,94 @@
+"""Notebook 03 and specdiag.drafter: the drafter's span and KV per draft step, bounded or not."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Callable
+
+import pytest
+
+from specdiag import drafter, geometry
+from specdiag.paths import REFERENCE_DIR
+
+REFERENCE = REFERENCE_DIR / "ct200-kimi-k26"
+PER_TOKEN = 2 * 8 * 128 * 2  # investigation drafter: 8 KV heads x head_dim 128, K and V, bf16 = 4,096 B
+
+
+def test_span_rows_flat_past_the_window() -> None:
+    geom = geometry.load_geometry("investigation-drafter")
+    rows = drafter.span_rows(geom, [1000, 185_000], tp_size=1, window_cap_tokens=None)
+    assert rows[0]["kv_bytes_per_draft_step"] == 6 * 1000 * PER_TOKEN
+    assert rows[1]["sliding_span_tokens"] == 2048 and rows[1]["full_span_tokens"] == 185_000
+    assert rows[1]["kv_bytes_per_draft_step"] == (5 * 2048 + 185_000) * PER_TOKEN
+    assert rows[1]["kv_bytes_if_all_full"] == 6 * 185_000 * PER_TOKEN
+    capped = drafter.span_rows(geom, [185_000], window_cap_tokens=2048)[0]
+    assert capped["kv_bytes_per_draft_step"] == 6 * 2048 * PER_TOKEN
+    assert capped["kv_bytes_no_draft_window"] == (5 * 2048 + 185_000) * PER_TOKEN
+    # TP 8: one of the 8 KV heads per GPU.
+    assert drafter.span_rows(geom, [1000], tp_size=8)[0]["kv_bytes_per_draft_step"] == 6 * 1000 * PER_TOKEN / 8
+
+
+def test_bounded_verdicts() -> None:
+    geom = geometry.load_geometry("investigation-drafter")
+    ctxs = [1000, 185_000]
+    f = {x.id: x for x in drafter.drafter_findings(geom, drafter.span_rows(geom, ctxs, window_cap_tokens=2048), 2048)}
+    assert f["drafter.attention_bounded"].severity == "ok" and f["drafter.attention_bounded"].numbers["max_span_tokens"] == 2048
+    f = {x.id: x for x in drafter.drafter_findings(geom, drafter.span_rows(geom, ctxs), None)}
+    grows = f["drafter.attention_bounded"]
+    assert grows.severity == "warning"
+    assert grows.numbers["growth_x"] == pytest.approx((5 * 2048 + 185_000) / (6 * 1000))
+    assert f["drafter.positions"].severity == "ok"
+    f = {x.id: x for x in drafter.drafter_findings(geom, drafter.span_rows(geom, [1000, 300_000]), None)}
+    assert f["drafter.positions"].severity == "warning"  # 300k > max_position_embeddings 262144
+    all_sliding = geometry.from_hf_config({**geometry.preset_config("investigation-drafter"),
+                                           "layer_types": ["sliding_attention"] * 6})
+    f = {x.id: x for x in drafter.drafter_findings(all_sliding, drafter.span_rows(all_sliding, ctxs), None)}
+    assert f["drafter.attention_bounded"].numbers["max_span_tokens"] == 2048
+
+
+def test_measured_cost_and_timing_row() -> None:
+    geom = geometry.load_geometry("investigation-drafter")
+    spans = drafter.span_rows(geom, [1000, 4000], window_cap_tokens=2048)
+    flat = [{"context_tokens": 1000, "draft_ms_median": 10.0}, {"context_tokens": 4000, "draft_ms_median": 11.0}]
+    f = {x.id: x for x in drafter.drafter_findings(geom, spans, 2048, flat)}
+    assert f["drafter.measured_cost"].severity == "ok" and f["drafter.measured_cost"].numbers["growth_x"] == pytest.approx(1.1)
+    steep = [{"context_tokens": 1000, "draft_ms_median": 10.0}, {"context_tokens": 4000, "draft_ms_median": 40.0}]
+    f = {x.id: x for x in drafter.drafter_findings(geom, spans, 2048, steep)}
+    assert f["drafter.measured_cost"].severity == "warning"
+    assert f["drafter.measured_cost"].numbers["slope_ms_per_1k_tokens"] == pytest.approx(10.0)
+    spec = SimpleNamespace(step_draft_ms=[2.0, 4.0, 3.0], step_verify_ms=[5.0, 7.0, 6.0], step_commit_lengths=[1, 3, 2],
+                           verify_ct=3)
+    trace = SimpleNamespace(spec=spec, prompt_tokens=1000, error=None)
+    row = drafter.timing_row(trace, 1000, prompt_kind="novel")
+    assert set(drafter.DRAFTER_TIMING_COLUMNS) - {"seed", "max_new_tokens"} <= set(row)
+    assert row["draft_ms_median"] == 3.0 and row["verify_ms_median"] == 6.0 and row["commit_length_mean"] == 2.0
+    no_spec = drafter.timing_row(SimpleNamespace(spec=None, prompt_tokens=5, error="boom"), 5)
+    assert no_spec["draft_ms_median"] is None and no_spec["error"] == "boom"
+
+
+def test_draft_window_precedence() -> None:
+    assert drafter.draft_window({"speculative_draft_window_size": 2048}) == 2048
+    assert drafter.draft_window({"speculative_draft_window_size": 2048}, 0) is None
+    assert drafter.draft_window({}, 4096) == 4096
+    assert drafter.draft_window({}) is None
+
+
+@pytest.mark.notebook
+def test_replay_investigation_drafter(run_notebook: Callable[..., Path], tmp_path: Path) -> None:
+    run_notebook("03_drafter_inspection", replay_dir=str(REFERENCE))
+    res: dict[str, Any] = json.loads((tmp_path / "run" / "findings" / "03_drafter_inspection.json").read_text())
+    m = res["metrics"]
+    assert (m["n_layers"], m["n_sliding_layers"], m["n_full_layers"]) == (6, 5, 1)
+    assert m["sliding_window_tokens"] == 2048 and m["draft_window_tokens"] == 2048 and m["tp_size"] == 8
+    assert m["max_position_embeddings"] == 262144 and m["rope_scaling"]["rope_type"] == "yarn"
+    assert m["context_tokens"] == [1400, 11000, 32000, 64000, 128000, 185000]
+    per_gpu = PER_TOKEN / 8  # 1 of 8 KV heads per GPU under TP 8
+    assert m["kv_bytes_per_draft_step"][0] == 6 * 1400 * per_gpu
+    assert m["kv_bytes_per_draft_step"][-1] == 6 * 2048 * per_gpu  # flat past the window
+    assert m["kv_bytes_no_draft_window"][-1] == (5 * 2048 + 185_000) * per_gpu
+    assert m["attention_bounded"] is True and m["timing_source"] is None
+    ids = {f["id"]: f for f in res["findings"]}
+    assert ids["drafter.attention_bounded"]["severity"] == "ok"
+    assert "drafter.measured_cost" not in ids  # nothing measured was published
