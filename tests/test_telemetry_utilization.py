@@ -179,3 +179,36 @@ def test_record_sampled_request_against_replay_server(tmp_path: Path) -> None:
     assert {"before", "decode", "after"} <= phases
     # the stream's chunks are CHUNK_DELAY_S apart on the sampler's clock
     assert w.t_last_token_unix_s - w.t_first_token_unix_s == pytest.approx((len(CHUNKS) - 1) * CHUNK_DELAY_S, abs=0.1)
+
+
+QWEN3_TINY = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": 4,
+              "hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "head_dim": 64, "vocab_size": 4096, "max_position_embeddings": 16384, "torch_dtype": "float32",
+              "tie_word_embeddings": False}
+
+
+def test_decode_bytes_match_the_roofline_and_add_the_drafter() -> None:
+    from specdiag.geometry import load_geometry
+    from specdiag.hardware import HardwarePeaks, Peak
+    from specdiag.roofline import step_roofline
+    from specdiag.utilization import decode_bytes_per_step
+
+    server = {"speculative_algorithm": "STANDALONE", "speculative_num_draft_tokens": 8, "speculative_num_steps": 7,
+              "dtype": "float32", "kv_cache_dtype": "auto", "tp_size": 1}
+    drafter_cfg = {**QWEN3_TINY, "num_hidden_layers": 2, "hidden_size": 128, "num_attention_heads": 2,
+                   "num_key_value_heads": 1}
+    out = decode_bytes_per_step(server, {"target": QWEN3_TINY, "drafter": drafter_cfg}, 4096.4)
+    peaks = HardwarePeaks("test", Peak(1e12, "parameter", "test"), None)
+    geom = load_geometry(QWEN3_TINY, kv_dtype="float32", weight_dtype="float32")
+    roof = step_roofline(geom, 4096, peaks, draft_tokens=8)
+    assert out["parts"]["target_weights"] + out["parts"]["target_kv"] == pytest.approx(roof.total_bytes)
+    # target KV: 4 layers x 4096 tokens x (K and V: 2 x 2 heads x 64) x 4 bytes
+    assert out["parts"]["target_kv"] == 4 * 4096 * 2 * 2 * 64 * 4
+    # drafter: 7 passes x 2 layers x 4096 tokens x (2 x 1 x 64) x 4 bytes of KV
+    assert out["parts"]["drafter_kv"] == 7 * 2 * 4096 * 2 * 64 * 4
+    assert out["draft_passes"] == 7 and out["context_tokens"] == 4096
+    assert out["bytes_per_step"] == pytest.approx(sum(out["parts"].values()))
+    ngram = decode_bytes_per_step({**server, "speculative_algorithm": "NGRAM"}, {"target": QWEN3_TINY}, 4096)
+    assert set(ngram["parts"]) == {"target_weights", "target_kv"}
+    with pytest.raises(ValueError, match="model_config"):
+        decode_bytes_per_step(server, {"target": None}, 4096)

@@ -202,7 +202,8 @@ def decode_bytes_per_step(server: Mapping[str, Any], configs: Mapping[str, Mappi
     """Bytes one decode (verify) step must read, by component, from the bandwidth analysis' geometry.
 
     - target: every weight once (``geometry.weight_bytes_per_step``, ``num_draft_tokens`` tokens per
-      verify step) plus its KV cache at ``context_tokens`` (``geometry.kv_bytes_per_step``);
+      verify step) plus its KV cache at ``context_tokens`` (``geometry.kv_bytes_per_step``): the same
+      bytes as ``roofline.step_roofline(...).total_bytes``, the figure notebook 05 uses;
     - drafter (STANDALONE): ``speculative_num_steps`` draft passes per step (``num_draft_tokens - 1``
       when not reported), each reading the drafter's weights and its KV at the same context.
     ``server`` is server_info (dtype, speculative settings, tp_size); ``configs`` the models' config.json.
@@ -241,13 +242,15 @@ def predicted_bandwidth_utilization(bytes_per_step: float, step_s: float, peak_b
     ``effective_bytes_per_s = bytes_per_step / step_s`` (the bytes the analysis says one step must
     read, over the measured step time) and ``predicted_bw_util_pct = 100 * effective / peak``.
     """
+    from specdiag.roofline import effective_bandwidth, memory_floor_s  # noqa: PLC0415
+
     if not (bytes_per_step > 0 and step_s > 0 and peak_bytes_per_s > 0):
         raise ValueError(f"bytes_per_step, step_s and peak_bytes_per_s must be > 0; got "
                          f"{bytes_per_step!r}, {step_s!r}, {peak_bytes_per_s!r}")
-    effective = bytes_per_step / step_s
+    effective = effective_bandwidth(bytes_per_step, step_s)
     return {"bytes_per_step": bytes_per_step, "step_s": step_s, "peak_bytes_per_s": peak_bytes_per_s,
             "effective_bytes_per_s": effective, "predicted_bw_util_pct": 100.0 * effective / peak_bytes_per_s,
-            "floor_step_s": bytes_per_step / peak_bytes_per_s}
+            "floor_step_s": memory_floor_s(bytes_per_step, peak_bytes_per_s)}
 
 
 def _pct(x: float | None) -> str:
