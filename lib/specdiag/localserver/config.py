@@ -36,6 +36,7 @@ class ServerConfig:
     chunked_prefill_size: int = 2048  # prefill chunk, tokens
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "auto"  # auto (= float32) | float32 | bfloat16 | float16 | float64
+    cpu_threads: int = 1  # torch intra-op threads on CPU (1: tiny models run fastest on a busy machine)
     stream_interval: int = 1  # default sampling_params.stream_interval, in tokens
     incremental_streaming_output: bool = False  # stream deltas instead of cumulative text/output_ids
     log_level: str = "info"
@@ -73,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16", "float64"), default="auto",
                    help="model dtype (auto = float32)")
+    p.add_argument("--cpu-threads", type=int, default=1,
+                   help="torch threads on CPU (default 1: the tiny models gain nothing from more, and more "
+                   "threads slow down badly when the client shares the cores); 0 = torch's default")
     p.add_argument("--stream-interval", type=int, default=1, help="tokens between stream chunks (default 1)")
     p.add_argument("--incremental-streaming-output", action="store_true",
                    help="stream chunks carry only the new text/output_ids (SGLang's flag)")
@@ -92,6 +96,8 @@ def parse_args(argv: list[str]) -> ServerConfig:
         parser.error("--speculative-num-draft-tokens must be at least 2 (it counts the last committed token)")
     if a.context_length is not None and a.context_length < 2:
         parser.error("--context-length must be at least 2 tokens")
+    if a.cpu_threads < 0:
+        parser.error("--cpu-threads must be 0 (torch's default) or more")
     if a.stream_interval < 1:
         parser.error("--stream-interval must be at least 1")
     if a.chunked_prefill_size < 1:
@@ -112,6 +118,7 @@ def parse_args(argv: list[str]) -> ServerConfig:
         chunked_prefill_size=a.chunked_prefill_size,
         device=a.device,
         dtype=a.dtype,
+        cpu_threads=a.cpu_threads,
         stream_interval=a.stream_interval,
         incremental_streaming_output=a.incremental_streaming_output,
         log_level=a.log_level,

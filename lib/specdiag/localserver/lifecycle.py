@@ -222,8 +222,14 @@ def ensure_running(
     record_path: Path = RECORD_PATH,
     log_path: Path = RECORD_LOG_PATH,
     extra_args: Sequence[str] = (),
+    model_path: Path | str | None = None,
+    draft_model_path: Path | str | None = None,
 ) -> str:
-    """URL of a running embedded server with these settings, started (detached) if needed."""
+    """URL of a running embedded server with these settings, started (detached) if needed.
+
+    A recorded server that answers but runs another algorithm or draft-token count is stopped
+    and replaced. The new server's log goes to ``log_path``.
+    """
     algorithm = algorithm.upper()
     record = _read_record(record_path)
     if record:
@@ -231,7 +237,8 @@ def ensure_running(
         if url and answers(url) and _matches(url, algorithm, num_draft_tokens):
             return url
         stop_recorded(record_path)
-    server = EmbeddedServer(algorithm, num_draft_tokens, device=device, log_path=log_path, extra_args=extra_args)
+    server = EmbeddedServer(algorithm, num_draft_tokens, device=device, log_path=log_path, extra_args=extra_args,
+                            model_path=model_path, draft_model_path=draft_model_path)
     server.start(timeout_s)
     # detached: the caller does not stop it; stop_recorded() (or `make clean`) does
     if server._log_file is not None:

@@ -59,6 +59,8 @@ class Runtime:
         self.cfg = cfg
         self.device = resolve_device(cfg.device)
         self.dtype = resolve_dtype(cfg.dtype)
+        if self.device.type == "cpu" and cfg.cpu_threads > 0:
+            torch.set_num_threads(cfg.cpu_threads)
         self.target = load_model(cfg.model_path, "target", self.device, self.dtype, MODEL_HINT)
         self.drafter: LoadedModel | None = None
         if cfg.speculative_algorithm == "STANDALONE":
@@ -129,6 +131,7 @@ class Runtime:
             "speculative_ngram_max_match_window_size": spec.ngram_max_match_window_size,
             "stream_interval": cfg.stream_interval,
             "incremental_streaming_output": cfg.incremental_streaming_output,
+            "cpu_threads": torch.get_num_threads() if self.device.type == "cpu" else None,
             "enable_metrics": True,
             "disable_overlap_schedule": True,
             "decode_log_interval": 0,

@@ -15,6 +15,8 @@ bundled documentation (``pydoc_data``, licence-clean and offline).
 
 from __future__ import annotations
 
+import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +26,8 @@ import torch
 TINY_VOCAB_SIZE = 384
 #: sliding window of the tiny drafters (tokens), small so that tests cross it quickly
 TINY_SLIDING_WINDOW = 24
+#: bump when the tiny models change, so cached folders are rebuilt
+TINY_FORMAT = 1
 
 
 @dataclass(frozen=True)
@@ -119,3 +123,20 @@ def make_tiny_models(root: Path, seed: int = 0) -> TinyModels:
     clone_drafter.load_state_dict(clone_target.state_dict())
     _save(clone_drafter, paths.clone_drafter, tok_dir)
     return paths
+
+
+def cached_tiny_models(seed: int = 0) -> TinyModels:
+    """``make_tiny_models`` into a per-user temp folder, reused across test processes."""
+    root = Path(tempfile.gettempdir()) / f"specdiag-tiny-models-v{TINY_FORMAT}-seed{seed}-uid{os.getuid()}"
+    done = root / "COMPLETE"
+    if not done.is_file():
+        tmp = Path(tempfile.mkdtemp(prefix=root.name + ".", dir=root.parent))
+        make_tiny_models(tmp, seed)
+        (tmp / "COMPLETE").write_text("ok\n")
+        try:
+            tmp.rename(root)
+        except OSError:  # another process finished first: use theirs
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+    return TinyModels(root / "target", root / "drafter", root / "clone_target", root / "clone_drafter")
