@@ -26,10 +26,11 @@ class SpecResult:
         return float(np.mean(self.step_commit_lengths)) if self.step_commit_lengths else float("nan")
 
 
-def ngram_draft(ids: list[int], num_draft_tokens: int, max_ngram: int = 3, min_ngram: int = 1) -> list[int]:
+def ngram_draft(ids: list[int], num_draft_tokens: int, max_ngram: int = 12, min_ngram: int = 1) -> list[int]:
     """Prompt lookup: the tokens that followed the latest earlier occurrence of the last n tokens.
 
-    Tries n = max_ngram down to min_ngram; returns [] when nothing matches.
+    Tries n = max_ngram down to min_ngram (the longest match wins, as in the embedded server's NGRAM
+    with its default window 1..12); returns [] when nothing matches.
     """
     arr = np.asarray(ids, dtype=np.int64)
     n_total = len(arr)
