@@ -372,7 +372,8 @@ def utilization_findings(stats: Sequence[Mapping[str, Any]], request: Mapping[st
     top = g(f"{CPU_BUSIEST}_median")
     if cpu is not None and top is not None:
         ev = [f"median CPU busy during decode: {_pct(cpu)} of all cores, busiest core {_pct(top)} (measured, psutil), "
-              f"{window}"]
+              f"{window}",
+              "psutil counts every process on the machine, not only the server's: other work inflates these numbers"]
         single = top >= 80 and cpu < 60
         out.append(Finding(
             "utilization.decode_cpu", "CPU during decode",
