@@ -1,0 +1,66 @@
+"""Kernel variants by name, and running one on whatever device its inputs live on.
+
+A variant is a kernel plus the index form it reads: ``baseline_p1`` (token table), ``split_p1``
+(token table), ``split_b64`` (64-token block table). On CUDA the Triton kernels run; on the CPU the
+torch fallbacks of the same designs (reference.py) run, so tests and CI exercise the same code paths
+around them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from specdiag.kernels.mla import VerifyInputs
+from specdiag.kernels.reference import baseline_torch, split_kv_torch
+
+
+@dataclass(frozen=True)
+class KernelVariant:
+    name: str  #: result rows' ``kernel`` field
+    design: str  #: "baseline" or "split_kv"
+    page_size: int  #: 1 (token index table) or 64 (block table)
+
+
+KERNEL_VARIANTS: dict[str, KernelVariant] = {
+    "baseline_p1": KernelVariant("baseline_p1", "baseline", 1),
+    "split_p1": KernelVariant("split_p1", "split_kv", 1),
+    "split_b64": KernelVariant("split_b64", "split_kv", 64),
+}
+
+
+def variant(name: str) -> KernelVariant:
+    if name not in KERNEL_VARIANTS:
+        raise ValueError(f"unknown kernel {name!r}; choose one of {sorted(KERNEL_VARIANTS)}")
+    return KERNEL_VARIANTS[name]
+
+
+def supports(name: str, inputs: VerifyInputs) -> bool:
+    """False when the variant cannot read this layout (a block table on the shuffled_p1 layout)."""
+    return not (variant(name).page_size == 64 and inputs.block_table is None)
+
+
+def implementation(inputs: VerifyInputs) -> str:
+    """'triton' when the inputs are on CUDA, else 'torch'."""
+    return "triton" if inputs.q.is_cuda else "torch"
+
+
+def run_variant(name: str, inputs: VerifyInputs, out: torch.Tensor, config: Optional[Any] = None) -> torch.Tensor:
+    """Run kernel variant ``name`` into ``out``; ``config`` is a SplitKVConfig for split variants."""
+    v = variant(name)
+    if not supports(name, inputs):
+        raise ValueError(f"{name} reads a 64-token block table, which the shuffled_p1 layout does not have")
+    if inputs.q.is_cuda:
+        if v.design == "baseline":
+            from specdiag.kernels.triton_baseline import baseline_triton  # noqa: PLC0415
+
+            return baseline_triton(inputs, out)
+        from specdiag.kernels.triton_splitkv import split_kv_triton  # noqa: PLC0415
+
+        return split_kv_triton(inputs, out, page_size=v.page_size, cfg=config)
+    if v.design == "baseline":
+        return baseline_torch(inputs, out)
+    n_splits = 4 if config is None else int(getattr(config, "n_splits", 4))
+    return split_kv_torch(inputs, out, n_splits=n_splits)

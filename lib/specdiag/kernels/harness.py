@@ -1,0 +1,401 @@
+"""The kernel A/B harness: a grid of verify shapes, each checked against the reference and timed.
+
+Per case (one :class:`VerifyShape`): fresh random inputs, the fp32 reference, then for each kernel
+variant: one run into a NaN-poisoned output checked against the reference (relative error
+||out - ref|| / ||ref|| at most ``tol`` and every element written), then ``n_runs`` timed runs after
+warm-up, rotating among input sets whose total size is at least ``rotate_bytes`` (several times the
+L2 cache), so no run finds its KV in L2. Rows go to the run folder's ``kernel_ab`` table one by one.
+
+The copy bandwidth and the bf16 matmul rate are measured first in the same process and stored in
+run.json (``peaks``); every row carries the derived GB/s, TFLOPS and % of each.
+
+Command line (what produced data/reference/kernel-ab-h200)::
+
+    python -m specdiag.kernels.harness --out DIR [--grid full|smoke] [--tune] [--max-minutes M]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+import torch
+
+from specdiag.kernels.dispatch import implementation, run_variant, supports, variant
+from specdiag.kernels.mla import (VerifyInputs, VerifyShape, arithmetic_intensity_flop_per_byte, kv_bytes,
+                                  make_inputs, verify_flops, with_fresh_data)
+from specdiag.kernels.reference import reference_verify
+from specdiag.kernels.timing import copy_bandwidth_gbps, matmul_tflops, summarize_ms, time_calls
+from specdiag.runs import Run
+
+TABLE = "kernel_ab"
+TUNING_TABLE = "kernel_ab_tuning"
+#: which kernel variants run on each layout (a block table exists only for 64-token layouts)
+VARIANTS_BY_LAYOUT: dict[str, tuple[str, ...]] = {
+    "contiguous": ("baseline_p1", "split_p1", "split_b64"),
+    "shuffled_p1": ("baseline_p1", "split_p1"),
+    "shuffled_b64": ("baseline_p1", "split_p1", "split_b64"),
+}
+
+
+@dataclass
+class GridSpec:
+    """What to measure.
+
+    contexts:          prefix lengths P (tokens)
+    heads:             local query heads H
+    draft_tokens:      draft tokens T per verify step
+    layouts:           KV layouts (mla.LAYOUTS)
+    kernels:           kernel variants to run where the layout allows (dispatch.KERNEL_VARIANTS)
+    n_runs, n_warmup:  timed runs (the median is reported) and untimed warm-up runs per case
+    rotate_bytes:      least total size of the rotated input sets (B); 3 x a 60 MB L2 by default
+    tol:               largest accepted relative error vs the fp32 reference
+    baseline_max_ms:   skip a baseline case whose predicted time per run exceeds this (ms); the
+                       prediction scales the same (H, T, layout)'s time at the previous context
+    required:          (context, heads, draft_tokens) cases that always run every kernel
+    """
+
+    contexts: list[int]
+    heads: list[int]
+    draft_tokens: list[int]
+    layouts: list[str]
+    kernels: list[str] = field(default_factory=lambda: ["baseline_p1", "split_p1", "split_b64"])
+    n_runs: int = 20
+    n_warmup: int = 3
+    rotate_bytes: int = 180 * 10**6
+    tol: float = 1e-2
+    baseline_max_ms: float = 40.0
+    required: list[tuple[int, int, int]] = field(default_factory=lambda: [(131072, 8, 8)])
+
+    def shapes(self) -> list[VerifyShape]:
+        """Cases in measuring order: per (H, T, layout), contexts ascending (for the baseline cap)."""
+        return [VerifyShape(c, h, t, lay) for h in self.heads for t in self.draft_tokens for lay in self.layouts
+                for c in sorted(self.contexts)]
+
+
+def full_grid() -> GridSpec:
+    """The issue's grid: context 8k-256k; 8, 16, 128 heads; 1, 8, 16, 64 draft tokens; 3 layouts."""
+    return GridSpec(contexts=[8192, 32768, 65536, 131072, 262144], heads=[8, 16, 128], draft_tokens=[1, 8, 16, 64],
+                    layouts=["contiguous", "shuffled_p1", "shuffled_b64"])
+
+
+def smoke_grid() -> GridSpec:
+    """A tiny grid for the CPU (tests, CI, the notebook without a GPU)."""
+    return GridSpec(contexts=[256, 1024], heads=[2], draft_tokens=[1, 4], layouts=["contiguous", "shuffled_p1",
+                                                                                      "shuffled_b64"],
+                    n_runs=3, n_warmup=1, rotate_bytes=0, required=[])
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref|| in fp32; inf when out holds a NaN or inf."""
+    out32 = out.float()
+    if not torch.isfinite(out32).all():
+        return math.inf
+    return float((out32 - ref).norm() / ref.norm())
+
+
+def derived_metrics(n_kv: int, heads: int, draft_tokens: int, ms: float, copy_gbps: float,
+                    matmul_tflops: float) -> dict[str, float]:
+    """GB/s (KV bytes read once), TFLOPS and the % of each measured peak, from a time in ms."""
+    b = kv_bytes(n_kv)
+    f = verify_flops(heads, draft_tokens, n_kv)
+    gbps = b / (ms * 1e-3) / 1e9
+    tflops = f / (ms * 1e-3) / 1e12
+    floor_ms = max(b / (copy_gbps * 1e9), f / (matmul_tflops * 1e12)) * 1e3
+    return {"kv_bytes": b, "flops": f, "gbps": gbps, "tflops": tflops,
+            "pct_copy_bw": 100 * gbps / copy_gbps, "pct_matmul": 100 * tflops / matmul_tflops,
+            "floor_ms": floor_ms, "pct_of_floor": 100 * floor_ms / ms}
+
+
+def rotation_sets(inputs: VerifyInputs, rotate_bytes: int, seed: int, max_sets: int = 32) -> list[VerifyInputs]:
+    """``inputs`` plus fresh-data copies until their caches total at least ``rotate_bytes``."""
+    pool_bytes = inputs.cache.numel() * inputs.cache.element_size()
+    n = min(max_sets, max(2 if rotate_bytes > 0 else 1, math.ceil(rotate_bytes / max(1, pool_bytes))))
+    return [inputs] + [with_fresh_data(inputs, seed + 1000 + k) for k in range(n - 1)]
+
+
+def check_once(name: str, inputs: VerifyInputs, ref: torch.Tensor, config: Any, tol: float) -> dict[str, Any]:
+    """One run into a NaN-poisoned output, compared with the reference."""
+    out = inputs.out_like()
+    run_variant(name, inputs, out, config)
+    if out.is_cuda:
+        torch.cuda.synchronize(out.device)
+    err = relative_error(out, ref)
+    unwritten = int(torch.isnan(out).sum())
+    return {"rel_err": err, "unwritten": unwritten, "correct": bool(err <= tol and unwritten == 0)}
+
+
+def _config_dict(config: Any) -> Optional[dict]:
+    return config.as_dict() if hasattr(config, "as_dict") else None
+
+
+def measure_variant(name: str, sets: Sequence[VerifyInputs], ref: torch.Tensor, config: Any, spec: GridSpec,
+                    peaks: dict[str, float]) -> dict[str, Any]:
+    """Check then time one kernel variant on one case; returns the row's measured fields."""
+    first = sets[0]
+    row: dict[str, Any] = check_once(name, first, ref, config, spec.tol)
+    outs = [s.out_like() for s in sets]
+    calls: list[Callable[[], object]] = [
+        (lambda s=s, o=o: run_variant(name, s, o, config)) for s, o in zip(sets, outs)
+    ]
+    samples = time_calls(calls, n_runs=spec.n_runs, n_warmup=spec.n_warmup, device=first.q.device)
+    row.update(summarize_ms(samples))
+    row["ms_samples"] = [round(x, 5) for x in samples]
+    row.update(derived_metrics(first.n_kv, first.heads, first.draft_tokens, row["ms_median"],
+                               peaks["copy_gbps"], peaks["matmul_tflops"]))
+    return row
+
+
+def _shape_fields(shape: VerifyShape) -> dict[str, Any]:
+    return {"context_tokens": shape.context_tokens, "heads": shape.heads, "draft_tokens": shape.draft_tokens,
+            "layout": shape.layout, "rows": shape.rows, "n_kv": shape.n_kv,
+            "intensity_flop_per_byte": arithmetic_intensity_flop_per_byte(shape.heads, shape.draft_tokens)}
+
+
+def _plan_fields(name: str, shape: VerifyShape, config: Any, device: torch.device) -> dict[str, Any]:
+    v = variant(name)
+    if device.type != "cuda":
+        return {}
+    if v.design == "baseline":
+        from specdiag.kernels.triton_baseline import grid_programs  # noqa: PLC0415
+
+        return {"programs": grid_programs(shape.heads, shape.draft_tokens)}
+    from specdiag.kernels.triton_splitkv import default_config, describe_plan, sm_count  # noqa: PLC0415
+
+    cfg = config or default_config(shape.rows)
+    return describe_plan(shape.rows, shape.n_kv, cfg, sm_count(device.index or 0))
+
+
+def run_grid(spec: GridSpec, run: Run, peaks: dict[str, float], device: torch.device | str = "cuda",
+             configs: Optional[Callable[[int], Any]] = None, seed: int = 0,
+             deadline_s: Optional[float] = None, progress: Optional[Callable[[str], None]] = None) -> int:
+    """Measure every case of ``spec`` into ``run``'s kernel_ab table; returns the number of rows written.
+
+    ``configs(rows)`` gives the split-KV config for a packed row count (None: the default).
+    ``deadline_s`` (time.monotonic) stops before starting a case past it; a row says so.
+    """
+    device = torch.device(device)
+    baseline_last: dict[tuple, tuple[int, float]] = {}
+    n_rows = 0
+    for i, shape in enumerate(spec.shapes()):
+        base = {"ts_unix_s": time.time(), "error": None, **_shape_fields(shape)}
+        if deadline_s is not None and time.monotonic() > deadline_s:
+            run.append_row(TABLE, {**base, "kernel": None, "skipped": "time budget of the run used up; "
+                                   "cases from here on were not measured"})
+            return n_rows + 1
+        try:
+            inputs = make_inputs(shape, device=device, seed=seed + 7919 * i)
+            ref = reference_verify(inputs)
+            sets: Optional[list[VerifyInputs]] = None
+        except Exception as exc:  # noqa: BLE001 - record the failure, keep going
+            run.append_row(TABLE, {**base, "kernel": None, "error": f"inputs/reference: {exc!r}"})
+            n_rows += 1
+            continue
+        for name in VARIANTS_BY_LAYOUT[shape.layout]:
+            if name not in spec.kernels or not supports(name, inputs):
+                continue
+            v = variant(name)
+            config = configs(shape.rows) if (configs and v.design == "split_kv") else None
+            row = {**base, "ts_unix_s": time.time(), "kernel": name, "design": v.design, "page_size": v.page_size,
+                   "impl": implementation(inputs), "config": _config_dict(config), "skipped": None}
+            key = (shape.heads, shape.draft_tokens, shape.layout)
+            if v.design == "baseline" and key in baseline_last:
+                last_kv, last_ms = baseline_last[key]
+                predicted = last_ms * shape.n_kv / last_kv
+                required = (shape.context_tokens, shape.heads, shape.draft_tokens) in spec.required
+                if predicted > spec.baseline_max_ms and not required:
+                    row["skipped"] = (f"baseline predicted {predicted:.0f} ms per run > cap {spec.baseline_max_ms:.0f} ms "
+                                      f"(scaled from {last_ms:.2f} ms at {last_kv} KV rows)")
+                    run.append_row(TABLE, row)
+                    n_rows += 1
+                    continue
+            try:
+                if sets is None:
+                    sets = rotation_sets(inputs, spec.rotate_bytes, seed + 7919 * i)
+                row.update(_plan_fields(name, shape, config, device))
+                row.update(measure_variant(name, sets, ref, config, spec, peaks))
+                row["n_rotation_sets"] = len(sets)
+                if v.design == "baseline":
+                    baseline_last[key] = (shape.n_kv, row["ms_median"])
+                if not row["correct"]:
+                    row["error"] = f"wrong result: rel_err {row['rel_err']:.3g} > {spec.tol} or {row['unwritten']} unwritten"
+            except Exception as exc:  # noqa: BLE001
+                row["error"] = repr(exc)[:500]
+            row["ts_unix_s"] = time.time()
+            run.append_row(TABLE, row)
+            n_rows += 1
+            if progress:
+                progress(_progress_line(row))
+        del sets, inputs, ref
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return n_rows
+
+
+def _progress_line(row: dict) -> str:
+    if row.get("error"):
+        return f"{row['kernel']:<12} P={row['context_tokens']:>6} H={row['heads']:>3} T={row['draft_tokens']:>2} " \
+               f"{row['layout']:<12} ERROR {row['error'][:120]}"
+    return (f"{row['kernel']:<12} P={row['context_tokens']:>6} H={row['heads']:>3} T={row['draft_tokens']:>2} "
+            f"{row['layout']:<12} {row['ms_median']:9.4f} ms {row['gbps']:8.1f} GB/s {row['tflops']:7.1f} TF "
+            f"{row['pct_copy_bw']:5.1f}%bw {row['pct_matmul']:5.1f}%mm err {row['rel_err']:.1e}")
+
+
+# --- tuning --------------------------------------------------------------------------------------
+
+def candidate_configs(rows: int) -> list[Any]:
+    """Split-KV launch parameters tried for a packed row count (see docs/kernel-notes.md)."""
+    from specdiag.kernels.splitkv_plan import SplitKVConfig  # noqa: PLC0415
+
+    out = []
+    if rows <= 32:
+        bm = 16 if rows <= 16 else 32
+        for bn, stages in ((32, 3), (32, 4), (64, 2), (64, 3)):
+            for pps in (2.0, 4.0):
+                out.append(SplitKVConfig(block_m=bm, block_n=bn, num_warps=4, num_stages=stages, programs_per_sm=pps))
+        return out
+    for bn in (32, 64):
+        for stages in (2, 3):
+            for pps in (1.0, 2.0):
+                out.append(SplitKVConfig(block_m=64, block_n=bn, num_warps=8, num_stages=stages, programs_per_sm=pps))
+    if rows <= 64:
+        out.append(SplitKVConfig(block_m=64, block_n=32, num_warps=8, num_stages=3, programs_per_sm=1.0, partial_bf16=True))
+        out.append(SplitKVConfig(block_m=64, block_n=32, num_warps=8, num_stages=3, programs_per_sm=1.0, evict_first=True))
+        out.append(SplitKVConfig(block_m=32, block_n=64, num_warps=4, num_stages=3, programs_per_sm=2.0))
+        out.append(SplitKVConfig(block_m=16, block_n=64, num_warps=4, num_stages=3, programs_per_sm=4.0))
+    return out
+
+
+def tune(shapes: Iterable[VerifyShape], run: Run, peaks: dict[str, float], device: torch.device | str = "cuda",
+         n_runs: int = 10, seed: int = 123, progress: Optional[Callable[[str], None]] = None) -> dict[int, Any]:
+    """Time every candidate config of split_p1 on each shape; return the fastest correct one by rows."""
+    device = torch.device(device)
+    spec = GridSpec(contexts=[], heads=[], draft_tokens=[], layouts=[], n_runs=n_runs, n_warmup=2)
+    best: dict[int, tuple[float, Any]] = {}
+    for i, shape in enumerate(shapes):
+        inputs = make_inputs(shape, device=device, seed=seed + i)
+        ref = reference_verify(inputs)
+        sets = rotation_sets(inputs, spec.rotate_bytes, seed + i)
+        for cfg in candidate_configs(shape.rows):
+            row = {"ts_unix_s": time.time(), "error": None, **_shape_fields(shape), "kernel": "split_p1",
+                   "config": cfg.as_dict()}
+            try:
+                row.update(_plan_fields("split_p1", shape, cfg, device))
+                row.update(measure_variant("split_p1", sets, ref, cfg, spec, peaks))
+                if row["correct"] and row["ms_median"] < best.get(shape.rows, (math.inf, None))[0]:
+                    best[shape.rows] = (row["ms_median"], cfg)
+            except Exception as exc:  # noqa: BLE001 - a config that does not compile is a row, not a crash
+                row["error"] = repr(exc)[:300]
+            run.append_row(TUNING_TABLE, row)
+            if progress:
+                progress("tune " + (_progress_line(row) if not row.get("error") else f"{cfg} ERROR {row['error'][:100]}"))
+        del sets, inputs, ref
+        torch.cuda.empty_cache()
+    return {rows: cfg for rows, (_, cfg) in best.items()}
+
+
+def config_picker(tuned: dict[int, Any]) -> Callable[[int], Any]:
+    """configs(rows): the config tuned at the nearest row count (log scale) in the same regime.
+
+    Regimes: rows <= 32 (small row tiles, several programs per SM) and rows > 32 (64-row tiles).
+    Without a tuned config in the regime, the default (triton_splitkv.default_config).
+    """
+    from specdiag.kernels.splitkv_plan import default_config  # noqa: PLC0415
+
+    def pick(rows: int) -> Any:
+        same = [r for r in tuned if (r <= 32) == (rows <= 32)]
+        if not same:
+            return default_config(rows)
+        return tuned[min(same, key=lambda r: abs(math.log2(r) - math.log2(rows)))]
+
+    return pick
+
+
+# --- provenance and the command line --------------------------------------------------------------
+
+def device_provenance(device: torch.device) -> dict[str, Any]:
+    """GPU, driver, CUDA, torch and Triton versions (what a reader needs to reproduce the numbers)."""
+    info: dict[str, Any] = {"torch": torch.__version__, "python": platform.python_version(),
+                            "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info.update(gpu=props.name, sm_count=props.multi_processor_count, capability=f"{props.major}.{props.minor}",
+                    gpu_memory_bytes=props.total_memory, cuda=torch.version.cuda,
+                    l2_cache_bytes=getattr(props, "L2_cache_size", None))
+        try:
+            import triton  # noqa: PLC0415
+
+            info["triton"] = triton.__version__
+        except ImportError:
+            info["triton"] = None
+        try:
+            q = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,clocks.max.sm,clocks.max.mem,power.limit",
+                                "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+            info["nvidia_smi"] = q.stdout.strip()
+            info["driver"] = q.stdout.split(",")[0].strip() if q.stdout else None
+        except (OSError, subprocess.SubprocessError) as exc:
+            info["driver"] = f"unknown ({exc!r})"
+    else:
+        info.update(gpu=None, cpu=platform.processor() or platform.machine())
+    return info
+
+
+def measure_peaks(device: torch.device) -> dict[str, Any]:
+    """The two ceilings, measured now (CUDA), or None-valued on the CPU."""
+    if device.type != "cuda":
+        return {"copy_gbps": float("nan"), "matmul_tflops": float("nan"), "source": "not measured (CPU)"}
+    out = {**copy_bandwidth_gbps(device), **matmul_tflops(device), "source": "measured in this run"}
+    return out
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m specdiag.kernels.harness", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="run folder to write (created; rows appended)")
+    ap.add_argument("--grid", choices=["full", "smoke"], default="full")
+    ap.add_argument("--tune", action="store_true", help="tune split-KV launch parameters first (CUDA only)")
+    ap.add_argument("--max-minutes", type=float, default=None, help="stop starting new cases after this long")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--contexts", type=str, default="", help="override the grid's contexts, e.g. 8192,131072")
+    ap.add_argument("--heads", type=str, default="", help="override the grid's heads, e.g. 8,16")
+    ap.add_argument("--draft-tokens", type=str, default="", help="override the grid's draft tokens, e.g. 1,8")
+    args = ap.parse_args(argv)
+    t0 = time.monotonic()
+    deadline = t0 + 60 * args.max_minutes if args.max_minutes else None
+    device = torch.device(args.device)
+    spec = full_grid() if args.grid == "full" else smoke_grid()
+    for attr, text in (("contexts", args.contexts), ("heads", args.heads), ("draft_tokens", args.draft_tokens)):
+        if text:
+            setattr(spec, attr, [int(x) for x in text.split(",") if x.strip()])
+    run = Run.create(args.out, label="kernel-ab")
+    command = " ".join([os.path.basename(sys.executable), "-m", "specdiag.kernels.harness", *(argv or sys.argv[1:])])
+    run.update(kind="kernel_ab", command=command, device=device_provenance(device),
+               grid={k: getattr(spec, k) for k in ("contexts", "heads", "draft_tokens", "layouts", "kernels", "n_runs",
+                                                   "n_warmup", "rotate_bytes", "tol", "baseline_max_ms", "required")})
+    peaks = measure_peaks(device)
+    run.update(peaks={k: v for k, v in peaks.items()})
+    print(f"peaks: copy {peaks['copy_gbps']:.0f} GB/s, bf16 matmul {peaks['matmul_tflops']:.0f} TFLOPS", flush=True)
+    configs: Optional[Callable[[int], Any]] = None
+    if args.tune and device.type == "cuda":
+        tune_shapes = [VerifyShape(131072, 8, 1, "shuffled_p1"), VerifyShape(131072, 16, 1, "shuffled_p1"),
+                       VerifyShape(131072, 8, 8, "shuffled_p1"), VerifyShape(131072, 16, 64, "shuffled_p1")]
+        tuned = tune(tune_shapes, run, peaks, device, progress=lambda s: print(s, flush=True))
+        run.update(tuned_configs={str(r): c.as_dict() for r, c in tuned.items()})
+        configs = config_picker(tuned)
+    n = run_grid(spec, run, peaks, device, configs=configs, deadline_s=deadline,
+                 progress=lambda s: print(s, flush=True))
+    run.update(finished_utc=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+               wall_s=round(time.monotonic() - t0, 1))
+    print(f"wrote {n} rows to {run.table_path(TABLE)} in {time.monotonic() - t0:.0f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
