@@ -41,6 +41,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--algorithm", default="STANDALONE", choices=("STANDALONE", "NGRAM", "NONE"),
                    help="embedded server's speculative algorithm")
     p.add_argument("--num-draft-tokens", type=int, default=8, help="embedded server's speculative_num_draft_tokens")
+    p.add_argument("--model-path", default=None, help="embedded target model folder (default data/models/target)")
+    p.add_argument("--draft-model-path", default=None, help="embedded drafter folder (default data/models/drafter)")
     p.add_argument("--server-arg", action="append", default=[],
                    help="extra embedded-server argument, repeatable (e.g. --server-arg=--dtype=bfloat16)")
     p.add_argument("--context-tokens", type=int, required=True, help="prompt length, tokens")
@@ -159,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
         log = Path(args.out_dir) / "server.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         server = EmbeddedServer(algorithm=args.algorithm, num_draft_tokens=args.num_draft_tokens, device=args.device,
-                                log_path=log, extra_args=args.server_arg)
+                                log_path=log, extra_args=args.server_arg, model_path=args.model_path,
+                                draft_model_path=args.draft_model_path)
         server.start(timeout_s=args.server_timeout_s)
         try:
             request = record(args, server.url, server.command())
