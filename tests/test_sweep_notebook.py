@@ -1,0 +1,81 @@
+"""Execute notebooks/01_baseline_sweep.ipynb with tiny parameters: against the embedded server (rows
+recorded, resume), with bad parameters (refused before any request), and replaying a recorded table."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from specdiag.runs import Run
+
+pytestmark = [pytest.mark.notebook, pytest.mark.slow]
+
+CONTEXTS = [64, 256, 1024]  # tokens
+MAX_NEW_TOKENS = 12
+
+
+def _finite_positive(x: object) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+def test_sweep_records_one_row_per_context_and_resumes(embedded_server, run_notebook, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    params = dict(server_url=embedded_server.url, run_dir=str(run_dir), context_lengths=CONTEXTS,
+                  max_new_tokens=MAX_NEW_TOKENS, repeats=1, seed=3)
+    run_notebook("01_baseline_sweep", **params)
+    rows = Run.open(run_dir).rows("sweep")
+    assert [r["context_tokens"] for r in rows] == CONTEXTS
+    for r in rows:
+        assert r["error"] is None, r["error"]
+        assert r["prompt_tokens"] == r["context_tokens"] and r["prompt_tokens_match"] is True
+        assert r["completion_tokens"] == MAX_NEW_TOKENS and r["cache_flushed"] is True and r["seed"] == 3
+        for field in ("ttft_s", "prefill_tok_s", "decode_tok_s", "step_ms", "e2e_s", "ts_unix_s"):
+            assert _finite_positive(r[field]), (field, r[field])
+        assert r["ttft_s"] < r["e2e_s"]
+        assert isinstance(r["verify_steps"], int) and r["verify_steps"] >= 1
+        assert r["commit_length"] >= 1
+        assert r["commit_length"] == pytest.approx((r["completion_tokens"] - 1) / r["verify_steps"])
+    result = json.loads((run_dir / "findings" / "01_baseline_sweep.json").read_text())
+    ids = {f["id"] for f in result["findings"]}
+    assert {"sweep.step_time_slope", "sweep.decode_collapse", "sweep.commit_length_long_context"} <= ids
+    assert result["metrics"]["context_tokens"] == CONTEXTS and result["metrics"]["failed"] == 0
+    assert result["metrics"]["step_ms"] == pytest.approx([r["step_ms"] for r in rows])
+
+    # The same run folder again: every request is already measured, nothing is sent or appended.
+    run_notebook("01_baseline_sweep", **params)
+    assert len(Run.open(run_dir).rows("sweep")) == len(CONTEXTS)
+
+
+def test_context_beyond_the_server_is_refused_before_any_request(embedded_server, run_notebook,
+                                                                 tmp_path: Path) -> None:
+    import papermill
+
+    run_dir = tmp_path / "run"
+    with pytest.raises(papermill.PapermillExecutionError, match="context_length"):
+        run_notebook("01_baseline_sweep", server_url=embedded_server.url, run_dir=str(run_dir),
+                     context_lengths=[128, 50_000_000], max_new_tokens=8)
+    assert not (run_dir / "sweep.jsonl").exists()
+
+
+def test_replay_of_a_published_table(run_notebook, tmp_path: Path) -> None:
+    """The investigation's published sweep (reference/investigation.md, step 1), replayed: no server."""
+    src = Run.create(tmp_path / "published", data_source="published")
+    for ctx, decode_tok_s, step_ms in [(1400, 118.6, 8.4), (11000, 19.9, 50), (32000, 6.3, 159),
+                                       (64000, 2.8, 357), (128000, 1.4, 714), (185000, 0.7, 1430)]:
+        src.append_row("sweep", {"context_tokens": ctx, "repeat": 0, "prompt_kind": "novel", "seed": 0,
+                                 "max_new_tokens": None, "decode_tok_s": decode_tok_s, "step_ms": step_ms,
+                                 "commit_length": 1.0 if ctx >= 64000 else None, "error": None})
+    out = tmp_path / "replay"
+    run_notebook("01_baseline_sweep", replay_dir=str(src.path), run_dir=str(out))
+    result = json.loads((out / "findings" / "01_baseline_sweep.json").read_text())
+    found = {f["id"]: f for f in result["findings"]}
+    assert found["sweep.decode_collapse"]["numbers"]["decode_collapse_x"] == pytest.approx(118.6 / 0.7)
+    assert found["sweep.decode_collapse"]["severity"] == "critical"
+    assert found["sweep.decode_collapse"]["source"] == "published"
+    assert found["sweep.commit_length_long_context"]["numbers"]["commit_length_last"] == 1.0
+    assert result["metrics"]["source"] == "published" and result["metrics"]["requests"] == 6
+    assert not (out / "sweep.jsonl").exists()  # replay measures nothing
+    assert Run.open(out).meta["replay_of"] == str(src.path)
