@@ -151,7 +151,9 @@ def test_timeline_plot_has_units_and_phases() -> None:
     fig = plot_timeline(gpu_rows(97.0, 12.0, 0.4), phase_windows(REQUEST), "0", REQUEST["chunk_t_s"],
                         predicted_bw_util_pct=0.04)
     labels = [ax.get_ylabel() for ax in fig.axes]
-    assert labels == ["utilization (%)", "clock (MHz)", "power (W)", "memory used (GiB)"]
+    assert labels == ["utilization (%)", "DRAM bandwidth (% of peak)", "clock (MHz)", "power (W)", "memory used (GiB)"]
+    dram = [t.get_text() for t in fig.axes[1].get_legend().get_texts()]
+    assert dram == ["measured (GPM / DCGM)", "predicted by the bandwidth analysis (0.04 %)"]
     assert fig.axes[-1].get_xlabel() == "time after the request was sent (s)"
     legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert "prefill" in legend and "decode" in legend and "token chunk arrives" in legend

@@ -12,8 +12,8 @@ PHASE_COLORS = {"prefill": "#ffcc80", "decode": "#bbdefb"}
 GPU_PERCENT = (("gpu_util_pct", "utilization.gpu (time a kernel ran)"),
                ("sm_active_pct", "SM activity (GPM)"),
                ("mem_util_pct", "utilization.memory (time memory was accessed)"),
-               ("dram_bw_util_pct", "DRAM bandwidth (GPM)"),
                ("sm_occupancy_pct", "SM occupancy (GPM)"))
+DRAM_PANEL = "DRAM bandwidth (% of peak)"
 CPU_PERCENT = (("cpu_util_pct", "CPU, mean of all cores"), (CPU_BUSIEST, "busiest core"))
 
 
@@ -34,15 +34,16 @@ def plot_timeline(rows: Sequence[Mapping[str, Any]], windows: PhaseWindows, devi
                   chunk_t_s: Sequence[float] = (), predicted_bw_util_pct: float | None = None,
                   title: str = "", note: str = "measured") -> Any:
     """A figure of stacked panels sharing the time axis (seconds after the request was sent):
-    utilization in percent, clocks in MHz, power in W and memory used in GiB, each drawn when the
-    device reports it; prefill and decode shaded; chunk arrivals as ticks on the top panel; the
-    predicted DRAM bandwidth utilization as a dashed line when given."""
+    utilization in percent, DRAM bandwidth in percent of peak (on its own scale, with the predicted
+    value as a dashed line when given), clocks in MHz, power in W and memory used in GiB, each drawn
+    when the device reports it; prefill and decode shaded; chunk arrivals as ticks on the top panel."""
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
     dev_rows = [r for r in label_rows(rows, windows) if str(r.get("device")) == device and not r.get("error")]
     is_cpu = any(r.get("source") == "cpu" for r in dev_rows)
     panels: list[tuple[str, list[tuple[str, str]]]] = [("utilization (%)", list(CPU_PERCENT if is_cpu else GPU_PERCENT))]
     if not is_cpu:
+        panels.append((DRAM_PANEL, [("dram_bw_util_pct", "measured (GPM / DCGM)")]))
         panels.append(("clock (MHz)", [("sm_clock_mhz", "SM clock"), ("mem_clock_mhz", "memory clock")]))
         panels.append(("power (W)", [("power_w", "board power")]))
     panels.append(("memory used (GiB)", [("mem_used_gib", "host memory used" if is_cpu else "device memory used")]))
@@ -71,9 +72,11 @@ def plot_timeline(rows: Sequence[Mapping[str, Any]], windows: PhaseWindows, devi
     top.set_ylim(-2, 108)
     if chunk_t_s:
         top.plot(list(chunk_t_s), [104.0] * len(chunk_t_s), "|", color="#333", ms=6, label="token chunk arrives")
-    if predicted_bw_util_pct is not None:
-        top.axhline(predicted_bw_util_pct, color="#c62828", ls="--", lw=1,
-                    label=f"predicted DRAM bandwidth ({predicted_bw_util_pct:.2g} %)")
+    dram_axes = [ax for ax, (label, _c) in zip(axes, panels) if label == DRAM_PANEL]
+    if predicted_bw_util_pct is not None and dram_axes:
+        dram_axes[0].axhline(predicted_bw_util_pct, color="#c62828", ls="--", lw=1,
+                             label=f"predicted by the bandwidth analysis ({predicted_bw_util_pct:.2g} %)")
+        dram_axes[0].set_ylim(bottom=0)
     top.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     for ax in axes[1:]:
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
