@@ -214,3 +214,34 @@ def test_decode_bytes_match_the_roofline_and_add_the_drafter() -> None:
     assert set(ngram["parts"]) == {"target_weights", "target_kv"}
     with pytest.raises(ValueError, match="model_config"):
         decode_bytes_per_step(server, {"target": None}, 4096)
+
+
+def test_measure_checks_the_context_before_sending(tmp_path: Path) -> None:
+    from specdiag.utilization_record import measure_utilization
+
+    run = Run.create(tmp_path / "run")
+    with ReplayServer() as server:
+        client = SGLangClient(server.url, timeout_s=10.0)
+        with pytest.raises(ValueError, match="context_length is 32,768"):
+            measure_utilization(run, client, open_source("cpu"), 32_000, 1_000)
+        assert not [r for r in server.requests if r.path == "/generate"]
+    assert run.rows("telemetry") == []
+
+
+def test_record_script_writes_a_replayable_run(tmp_path: Path) -> None:
+    import runpy
+
+    out = tmp_path / "rec"
+    script = Path(__file__).parents[1] / "scripts" / "record_utilization.py"
+    main = runpy.run_path(str(script))["main"]
+    with ReplayServer() as server:
+        code = main(["--server-url", server.url, "--out-dir", str(out), "--context-tokens", "64",
+                     "--max-new-tokens", "10", "--telemetry", "cpu", "--idle-s", "0.2"])
+    assert code == 0
+    run = Run.open(out)
+    meta = run.meta
+    assert meta["recorded_with"]["command"] and meta["recorded_with"]["date_utc"]
+    assert meta["params"]["02_gpu_utilization"]["context_tokens"] == 64
+    (request,) = run.rows("telemetry_request")
+    assert request["warmup"]["completion_tokens"] > 0 and request["hardware"]["memory_bandwidth_gb_s"] > 0
+    assert len(rows_of := run.rows("telemetry")) == request["sampler"]["rows"] and rows_of[0]["source"] == "cpu"
