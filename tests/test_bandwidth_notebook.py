@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 import pytest
 
-from specdiag.paths import REFERENCE_DIR
+from specdiag.paths import PROJECT_ROOT, REFERENCE_DIR
 
 REFERENCE = REFERENCE_DIR / "ct200-kimi-k26"
 
@@ -65,3 +65,36 @@ def test_parameters_win_and_bad_input_is_named(run_notebook: Callable[..., Path]
 
     with pytest.raises(papermill.PapermillExecutionError, match="expert_routing"):
         run_notebook("05_bandwidth_analysis", replay_dir=str(REFERENCE), expert_routing="random")
+
+
+@pytest.mark.notebook
+@pytest.mark.slow
+def test_live_embedded_server(run_notebook: Callable[..., Path], tmp_path: Path, embedded_server: Any) -> None:
+    """05 on a live run: a small sweep on the embedded server, the target's config.json, the host's peak."""
+    from specdiag.client import SGLangClient
+    from specdiag.geometry import DTYPE_BYTES
+
+    info = SGLangClient(embedded_server.url).server_info()
+    run_notebook("05_bandwidth_analysis", server_url=embedded_server.url, context_lengths=[256, 1024],
+                 max_new_tokens=16)
+    res = _result(tmp_path / "run")
+    m = res["metrics"]
+    assert m["source"] == "measured" and m["tp_size"] == 1
+    assert m["context_tokens"] == [256, 1024]
+    cfg = json.loads((PROJECT_ROOT / info["model_path"] / "config.json").read_text())
+    kv_heads = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    dtype = info["kv_cache_dtype"] if info.get("kv_cache_dtype") not in (None, "auto") else info.get("dtype", "bfloat16")
+    per_token_layer = 2 * kv_heads * head_dim * DTYPE_BYTES[dtype]
+    window = cfg.get("sliding_window")
+    spans = [min(1024, window) if t == "sliding_attention" else 1024
+             for t in cfg.get("layer_types") or ["full_attention"] * cfg["num_hidden_layers"]]
+    h = m["headline"]
+    assert h["context_tokens"] == 1024
+    assert h["kv_gb_per_step"] == pytest.approx(sum(spans) * per_token_layer / 1e9)
+    assert h["measured_ms"] > 0 and h["effective_gb_s_kv"] == pytest.approx(h["kv_gb_per_step"] / (h["measured_ms"] / 1e3))
+    if info.get("device") == "cpu":
+        assert m["peak_source"] in ("measured", "parameter")
+    assert {f["id"] for f in res["findings"]} >= {"bandwidth.far_from_floor", "bandwidth.slope"}
+    rows = [json.loads(ln) for ln in (tmp_path / "run" / "sweep.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and all(r["error"] is None for r in rows)

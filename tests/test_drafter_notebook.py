@@ -10,7 +10,7 @@ from typing import Any, Callable
 import pytest
 
 from specdiag import drafter, geometry
-from specdiag.paths import REFERENCE_DIR
+from specdiag.paths import PROJECT_ROOT, REFERENCE_DIR
 
 REFERENCE = REFERENCE_DIR / "ct200-kimi-k26"
 PER_TOKEN = 2 * 8 * 128 * 2  # investigation drafter: 8 KV heads x head_dim 128, K and V, bf16 = 4,096 B
@@ -92,3 +92,27 @@ def test_replay_investigation_drafter(run_notebook: Callable[..., Path], tmp_pat
     ids = {f["id"]: f for f in res["findings"]}
     assert ids["drafter.attention_bounded"]["severity"] == "ok"
     assert "drafter.measured_cost" not in ids  # nothing measured was published
+
+
+@pytest.mark.notebook
+@pytest.mark.slow
+def test_live_embedded_drafter(run_notebook: Callable[..., Path], tmp_path: Path, embedded_server: Any) -> None:
+    """03 on the embedded server: the drafter's config from its folder, measured draft ms per context."""
+    from specdiag.client import SGLangClient
+
+    info = SGLangClient(embedded_server.url).server_info()
+    cfg = json.loads((PROJECT_ROOT / info["speculative_draft_model_path"] / "config.json").read_text())
+    run_notebook("03_drafter_inspection", server_url=embedded_server.url, context_lengths=[256, 1024],
+                 max_new_tokens=16)
+    res = json.loads((tmp_path / "run" / "findings" / "03_drafter_inspection.json").read_text())
+    m = res["metrics"]
+    assert m["n_layers"] == cfg["num_hidden_layers"]
+    types = cfg.get("layer_types") or []
+    assert m["n_sliding_layers"] == types.count("sliding_attention")
+    assert m["context_tokens"] == [256, 1024]
+    assert m["timing_source"] == "server-reported"
+    assert all(ms is not None and ms > 0 for ms in m["draft_ms_median"])
+    ids = {f["id"] for f in res["findings"]}
+    assert {"drafter.attention_bounded", "drafter.measured_cost"} <= ids
+    rows = [json.loads(ln) for ln in (tmp_path / "run" / "drafter_timing.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and all(r["error"] is None for r in rows)
