@@ -271,11 +271,11 @@ def sweep_findings(summary: Sequence[Mapping[str, Any]], source: Source = "measu
         low = v1 <= 1.2
         found.append(Finding(
             "sweep.commit_length_long_context", "Commit length at long context",
-            f"At {c1:,} tokens each verify step commits {v1:.3g} tokens (at {c0:,}: {v0:.3g})."
+            f"At {c1:,} tokens each verify step commits {v1:.2f} tokens (at {c0:,}: {v0:.2f})."
             + (" The drafter's guesses are almost all rejected here: notebook 04 (predictable text at the same "
                "contexts) tells a broken drafter from hard text." if low else ""),
             "warning" if low else "info",
-            (f"commit length {v0:.3g} tokens/step at {c0:,} tokens, {v1:.3g} at {c1:,} tokens "
+            (f"commit length {v0:.2f} tokens/step at {c0:,} tokens, {v1:.2f} at {c1:,} tokens "
              f"(computed from {source} completion_tokens and verify steps; bonus token included)",
              "warning when <= 1.2 tokens per step (1.0 = no draft accepted)"),
             {"commit_length_last": v1, "commit_length_first": v0, "context_tokens_last": c1,

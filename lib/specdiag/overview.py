@@ -1,0 +1,142 @@
+"""One run's findings on one page (07_findings) and two runs side by side (08_compare_runs).
+
+Pure functions over what :meth:`specdiag.runs.Run.results` and :meth:`Run.rows` return; the
+notebooks do the reading and the showing.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Sequence
+
+from specdiag.findings import SEVERITY_ORDER, Finding
+from specdiag.metrics import fit_line, summarize_sweep
+from specdiag.runs import Run
+from specdiag.sweep import latest_rows, rows_source
+
+#: The question each notebook answers (DESIGN.md), in run order.
+QUESTIONS: dict[str, str] = {
+    "00_snapshot": "What server, model, drafter, attention backend, page size and hardware is this run about?",
+    "01_baseline_sweep": "How do TTFT, prefill, decode, ms per step and commit length scale with context?",
+    "02_gpu_utilization": "Is the GPU busy during long-context decode, or idle?",
+    "03_drafter_inspection": "Is the drafter's attention bounded and its cost flat in context?",
+    "04_commit_probe": "Predictable vs novel text at each context: a drafter bug or text difficulty?",
+    "05_bandwidth_analysis": "Bytes each step must read vs measured step time: how far from the floor?",
+    "06_kernel_ab": "Attention kernels A/B: baseline vs split-KV, page size 1 vs 64, vs the floors",
+}
+#: Notebooks that summarize other notebooks; their own results are not part of a summary.
+SUMMARY_NOTEBOOKS = ("07_findings", "08_compare_runs")
+
+
+def collect_findings(results: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Every finding of every notebook (summary notebooks excluded), each with its ``notebook``,
+    most severe first, then in notebook order."""
+    out = []
+    for nb_name in sorted(results):
+        if nb_name in SUMMARY_NOTEBOOKS:
+            continue
+        for f in results[nb_name].get("findings") or []:
+            out.append({**f, "notebook": nb_name})
+    return sorted(out, key=lambda f: (SEVERITY_ORDER.get(f.get("severity", "info"), 9), f["notebook"]))
+
+
+def notebook_overview(results: Mapping[str, Mapping[str, Any]], statuses: Mapping[str, Any] | None = None
+                      ) -> list[dict[str, Any]]:
+    """One row per notebook (known ones first): its question, whether it wrote a result, its status in
+    the report (when the report recorded one), finding counts by severity, and its most severe verdict."""
+    names = [n for n in QUESTIONS] + sorted(n for n in results if n not in QUESTIONS and n not in SUMMARY_NOTEBOOKS)
+    rows = []
+    for name in names:
+        res = results.get(name)
+        found = sorted(res.get("findings") or [], key=lambda f: SEVERITY_ORDER.get(f.get("severity"), 9)) if res else []
+        row: dict[str, Any] = {"notebook": name, "question": QUESTIONS.get(name, ""),
+                               "result": "written" if res else "none",
+                               "status": (statuses or {}).get(name)}
+        for sev in ("critical", "warning", "info", "ok"):
+            row[sev] = sum(1 for f in found if f.get("severity") == sev)
+        row["most severe"] = f"[{found[0].get('severity')}] {found[0].get('verdict')}" if found else ""
+        rows.append(row)
+    return rows
+
+
+def overall_finding(findings: Sequence[Mapping[str, Any]], overview: Sequence[Mapping[str, Any]]) -> Finding:
+    """The summary verdict of a run: how many critical and warning findings, and the most severe one."""
+    counts = {s: sum(1 for f in findings if f.get("severity") == s) for s in ("critical", "warning", "info", "ok")}
+    written = [o["notebook"] for o in overview if o["result"] == "written"]
+    missing = [o["notebook"] for o in overview if o["result"] != "written"]
+    if not findings:
+        return Finding("findings.overall", "No findings in this run",
+                       "No notebook of this run wrote findings: run the notebooks first (make report).", "warning",
+                       (f"notebooks with a result: {', '.join(written) or 'none'}",), {"notebooks": written},
+                       "computed")
+    top = findings[0]
+    severity = "critical" if counts["critical"] else "warning" if counts["warning"] else "ok"
+    return Finding(
+        "findings.overall", "Summary of this run",
+        f"{counts['critical']} critical and {counts['warning']} warning findings in {len(written)} notebooks; "
+        f"the most severe: {top.get('title')} ({top.get('notebook')}): {top.get('verdict')}",
+        severity,
+        (f"notebooks with a result: {', '.join(written)}",
+         f"notebooks without one: {', '.join(missing) or 'none'}",
+         *(f"[{f.get('severity')}] {f.get('notebook')}: {f.get('title')}" for f in findings[:5])),
+        {**{f"{k}_findings": v for k, v in counts.items()}, "notebooks": written, "missing": missing},
+        "computed")
+
+
+# ---------------------------------------------------------------------------------------------
+# Two runs
+# ---------------------------------------------------------------------------------------------
+
+
+def sweep_rows_of(run: Run) -> tuple[list[dict[str, Any]], str, str]:
+    """A run's sweep rows, following ``replay_of`` when the run replayed another one's rows.
+
+    Returns ``(rows, where they were read, their source)``."""
+    rows = run.rows("sweep")
+    if rows:
+        return latest_rows(rows), str(run.path), rows_source(run.meta)
+    replay_of = run.meta.get("replay_of")
+    if replay_of:
+        src = Run.open(replay_of)
+        return latest_rows(src.rows("sweep")), str(src.path), rows_source(src.meta)
+    return [], str(run.path), rows_source(run.meta)
+
+
+def compare_sweeps(rows_a: Iterable[Mapping[str, Any]], rows_b: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per context present in both runs: decode tok/s, ms per step, commit length and TTFT of each, and
+    B/A ratios (medians over each run's successful repeats)."""
+    sa = {s["context_tokens"]: s for s in summarize_sweep(rows_a)}
+    sb = {s["context_tokens"]: s for s in summarize_sweep(rows_b)}
+    out = []
+    for ctx in sorted(set(sa) & set(sb)):
+        row: dict[str, Any] = {"context_tokens": ctx}
+        for f in ("decode_tok_s", "step_ms", "commit_length", "ttft_s"):
+            a, b = sa[ctx].get(f), sb[ctx].get(f)
+            row[f"{f}_a"], row[f"{f}_b"] = a, b
+            row[f"{f}_ratio_b_a"] = b / a if a and b else None
+        out.append(row)
+    return out
+
+
+def step_slope(rows: Iterable[Mapping[str, Any]]) -> float | None:
+    """Least-squares slope of per-context median ms per step vs context, ms per 1k tokens (None if < 2)."""
+    pts = [(s["context_tokens"], s["step_ms"]) for s in summarize_sweep(rows) if s.get("step_ms")]
+    if len({c for c, _ in pts}) < 2:
+        return None
+    return fit_line([c for c, _ in pts], [m for _, m in pts]).slope_per_1k
+
+
+def compare_findings(results_a: Mapping[str, Mapping[str, Any]],
+                     results_b: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Every finding id of either run with its severity and verdict in A and in B, and whether it changed."""
+    def by_id(results: Mapping[str, Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
+        return {f["id"]: f for f in collect_findings(results)}
+
+    fa, fb = by_id(results_a), by_id(results_b)
+    out = []
+    for fid in sorted(set(fa) | set(fb), key=lambda i: ((fa.get(i) or fb.get(i) or {}).get("notebook", ""), i)):
+        a, b = fa.get(fid), fb.get(fid)
+        out.append({"id": fid, "notebook": (a or b or {}).get("notebook"),
+                    "severity_a": a.get("severity") if a else None, "severity_b": b.get("severity") if b else None,
+                    "verdict_a": a.get("verdict") if a else None, "verdict_b": b.get("verdict") if b else None,
+                    "changed": (a or {}).get("severity") != (b or {}).get("severity")})
+    return out
