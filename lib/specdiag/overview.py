@@ -140,3 +140,62 @@ def compare_findings(results_a: Mapping[str, Mapping[str, Any]],
                     "verdict_a": a.get("verdict") if a else None, "verdict_b": b.get("verdict") if b else None,
                     "changed": (a or {}).get("severity") != (b or {}).get("severity")})
     return out
+
+
+def commit_by_kind(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, int], float]:
+    """Step-weighted commit length per (prompt kind, context) from rows that carry ``prompt_kind``,
+    ``context_tokens`` and ``completion_tokens`` + ``verify_steps`` (or ``commit_length``); failed rows skipped."""
+    groups: dict[tuple[str, int], list[Mapping[str, Any]]] = {}
+    for r in rows:
+        if r.get("error") or r.get("context_tokens") is None:
+            continue
+        groups.setdefault((str(r.get("prompt_kind", "?")), int(r["context_tokens"])), []).append(r)
+    out = {}
+    for key, group in groups.items():
+        line = summarize_sweep(group)[0]
+        if line.get("commit_length") is not None:
+            out[key] = line["commit_length"]
+    return dict(sorted(out.items()))
+
+
+def comparison_findings(sweep_cmp: Sequence[Mapping[str, Any]], slope_a: float | None, slope_b: float | None,
+                        findings_cmp: Sequence[Mapping[str, Any]], source: str = "measured") -> list[Finding]:
+    """Verdicts of a comparison: decode speed B vs A at the common contexts, the step-time slopes, and
+    which findings changed severity."""
+    out: list[Finding] = []
+    dec = [(r["context_tokens"], r["decode_tok_s_ratio_b_a"]) for r in sweep_cmp if r.get("decode_tok_s_ratio_b_a")]
+    if dec:
+        ctx_last, ratio_last = dec[-1]
+        geo = 1.0
+        for _, r in dec:
+            geo *= r
+        geo **= 1.0 / len(dec)
+        faster = ratio_last > 1.05
+        slower = ratio_last < 0.95
+        out.append(Finding(
+            "compare.decode_speed", "Decode speed, run B vs run A",
+            f"At {ctx_last:,} tokens run B decodes {ratio_last:.3g}x as fast as run A"
+            + (" (faster)." if faster else " (slower)." if slower else " (within 5%)."),
+            "warning" if slower else "info" if not faster else "ok",
+            tuple(f"{c:,} tokens: B/A decode tok/s = {r:.3g}" for c, r in dec)
+            + (f"geometric mean over {len(dec)} common contexts: {geo:.3g}x (computed)",),
+            {"decode_ratio_b_a_last": ratio_last, "decode_ratio_b_a_geomean": geo, "context_tokens_last": ctx_last},
+            source))  # type: ignore[arg-type]
+    if slope_a is not None and slope_b is not None:
+        out.append(Finding(
+            "compare.step_slope", "Step-time slope, run B vs run A",
+            f"Each 1,000 tokens of context add {slope_b:.3g} ms per verify step in run B against {slope_a:.3g} ms "
+            f"in run A ({slope_b / slope_a:.3g}x)." if slope_a else
+            f"Step-time slopes: A {slope_a:.3g}, B {slope_b:.3g} ms per 1k tokens.",
+            "info",
+            (f"least-squares slope of the per-context median ms per step: A {slope_a:.4g}, B {slope_b:.4g} "
+             f"ms per 1k tokens (computed)",),
+            {"slope_a_ms_per_1k_tokens": slope_a, "slope_b_ms_per_1k_tokens": slope_b}, "computed"))
+    changed = [f for f in findings_cmp if f["changed"]]
+    out.append(Finding(
+        "compare.verdicts", "Verdicts that changed",
+        f"{len(changed)} of {len(findings_cmp)} findings differ in severity between the runs (or exist in one only).",
+        "info",
+        tuple(f"{f['id']}: {f['severity_a'] or 'absent'} -> {f['severity_b'] or 'absent'}" for f in changed[:10]),
+        {"changed": len(changed), "findings": len(findings_cmp)}, "computed"))
+    return out
