@@ -217,3 +217,19 @@ def test_settings_are_checked():
         SpecSettings(algorithm="EAGLE")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="at least 2"):
         SpecSettings(algorithm="NGRAM", num_draft_tokens=1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("algorithm", ["NGRAM", "STANDALONE"])
+def test_lossless_on_cuda_float32(algorithm):
+    cuda = torch.device("cuda")
+    paths = cached_tiny_models()
+    target = load_model(paths.clone_target, "target", cuda, torch.float32, "tiny")
+    drafter = load_model(paths.clone_drafter, "drafter", cuda, torch.float32, "tiny")
+    base = SpecEngine(target, None, SpecSettings(algorithm="NONE"))
+    spec = SpecEngine(target, drafter, SpecSettings(algorithm=algorithm, num_draft_tokens=6))
+    for ids in prompts(6):
+        expected, _ = run(base, ids, 30)
+        got, chunks = run(spec, ids, 30)
+        assert got == expected
+        assert all(c.step.verify_ms > 0 for c in chunks if c.step)

@@ -14,7 +14,7 @@ DEFAULT_TARGET = MODELS_DIR / "target"
 DEFAULT_DRAFTER = MODELS_DIR / "drafter"
 #: what to tell someone whose model folder is missing
 MODEL_HINT = (
-    "train the embedded models first (see data/models/README.md, or `make setup`), "
+    "train the embedded models first (python data/models/train.py --device cuda; see data/models/README.md), "
     "or pass --model-path / --speculative-draft-model-path to a local Hugging Face folder"
 )
 

@@ -16,12 +16,11 @@ mismatch (or after the last draft) is committed. The output is token for token w
 greedy decoding gives (up to floating-point differences between a k+1-token and a 1-token
 forward, which is why the engine runs float32 by default).
 
-Caches: the target and the drafter each keep a transformers ``DynamicCache`` across steps with
-past recording on, so rejected tokens are cropped out of full-attention layers and sliding-window
-layers alike (``crop(-n)``, which also trims sliding layers back to their window once the step's
-outcome is known; a sliding layer trimmed before the rollback would lose valid tokens). The
-drafter only processes the tokens it has not seen (1 or 2 per step plus its own drafts), never
-the prefix again.
+Caches: the target and the drafter each keep a transformers ``DynamicCache`` across steps
+(kvcache.RollbackCache), from which rejected tokens are removed: cropped from full-attention
+layers, and from sliding-window layers with the entries that slid out restored, so each sliding
+layer holds exactly its window of the committed sequence. The drafter only processes the tokens
+it has not seen (1 or 2 per step plus its own drafts), never the prefix again.
 """
 
 from __future__ import annotations
@@ -34,6 +33,7 @@ import numpy as np
 import torch
 
 from specdiag.localserver.config import ALGORITHMS
+from specdiag.localserver.kvcache import RollbackCache
 from specdiag.localserver.models import LoadedModel
 from specdiag.localserver.ngram import propose_ngram
 
@@ -136,31 +136,21 @@ class SpecEngine:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def _new_cache(self, lm: LoadedModel) -> Any:
-        from transformers import DynamicCache
+    def _new_cache(self, lm: LoadedModel) -> RollbackCache:
+        return RollbackCache(lm.config, max_rollback=self.settings.num_draft_tokens + 2)
 
-        cache = DynamicCache(config=lm.config)
-        cache.activate_past_recording()  # lets sliding-window layers be cropped after a rejection
-        return cache
-
-    def _forward(self, lm: LoadedModel, ids: list[int], cache: Any, keep: int, trim: bool) -> torch.Tensor:
-        """Run ``ids`` through ``lm`` on top of ``cache``; logits of the last ``keep`` positions (0 = all).
-
-        ``trim``: crop(0) afterwards, which trims sliding-window layers back to their window. Only
-        when nothing of this forward can be rolled back; otherwise the caller crops once it knows
-        how many tokens to remove (crop(-n) keeps the window's worth of valid tokens).
-        """
+    def _forward(self, lm: LoadedModel, ids: list[int], cache: RollbackCache, keep: int) -> torch.Tensor:
+        """Run ``ids`` through ``lm`` on top of ``cache``; logits of the last ``keep`` positions (0 = all)."""
         x = torch.tensor([ids], dtype=torch.long, device=self.device)
-        out = lm.model(input_ids=x, use_cache=True, logits_to_keep=keep, **{lm.cache_kwarg: cache})
-        if trim:
-            cache.crop(0)
+        out = lm.model(input_ids=x, use_cache=True, logits_to_keep=keep, **{lm.cache_kwarg: cache.cache})
+        cache.after_forward()
         return out.logits[0].float()
 
     def _prefill(self, lm: LoadedModel, ids: list[int], cache: Any) -> torch.Tensor:
         size = self.settings.chunked_prefill_size
         logits = torch.empty(0)
         for start in range(0, len(ids), size):
-            logits = self._forward(lm, ids[start : start + size], cache, keep=1, trim=True)
+            logits = self._forward(lm, ids[start : start + size], cache, keep=1)
         return logits[-1]
 
     @staticmethod
@@ -229,7 +219,7 @@ class SpecEngine:
     def _decode_step(self, state: _State, t_cache: Any, req: DecodeRequest) -> Chunk:
         self._sync()
         t0 = time.perf_counter()
-        logits = self._forward(self.target, [state.ids[-1]], t_cache, keep=1, trim=True)
+        logits = self._forward(self.target, [state.ids[-1]], t_cache, keep=1)
         tok = int(torch.argmax(self._mask_stops(logits, len(state.out), req)[-1]).item())
         self._sync()
         decode_ms = (time.perf_counter() - t0) * 1e3
@@ -252,7 +242,7 @@ class SpecEngine:
         drafts: list[int] = []
         processed = 0
         for i in range(k):
-            logits = self._forward(self.drafter, feed, d_cache, keep=1, trim=False)
+            logits = self._forward(self.drafter, feed, d_cache, keep=1)
             processed += len(feed)
             drafts.append(int(torch.argmax(logits[-1]).item()))
             feed = [drafts[-1]]
@@ -268,15 +258,15 @@ class SpecEngine:
         self._sync()
         t1 = time.perf_counter()
 
-        logits = self._forward(self.target, [state.ids[-1], *drafts], t_cache, keep=0, trim=False)
+        logits = self._forward(self.target, [state.ids[-1], *drafts], t_cache, keep=0)
         preds = torch.argmax(self._mask_stops(logits, len(state.out), req), dim=-1).tolist()
         accepted = 0
         while accepted < len(drafts) and drafts[accepted] == preds[accepted]:
             accepted += 1
-        t_cache.crop(-(len(drafts) - accepted))  # remove rejected drafts (crop(0) still trims windows)
+        t_cache.rollback(len(drafts) - accepted)  # remove the rejected drafts
         if d_cache is not None:
             keep = base_len + min(accepted, len(drafts) - 1)  # drafter cache: ids + accepted drafts it was fed
-            d_cache.crop(-(state.drafter_len - keep))
+            d_cache.rollback(state.drafter_len - keep)
             state.drafter_len = keep
         self._sync()
         t2 = time.perf_counter()
