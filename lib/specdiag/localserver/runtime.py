@@ -251,6 +251,8 @@ class Runtime:
         def make(finish: dict[str, Any] | None) -> dict[str, Any]:
             nonlocal sent_ids, sent_chars
             text = text_of(out, finish)
+            if finish is None:  # hold back a partly decoded UTF-8 character until its last byte arrives
+                text = text.rstrip("\ufffd")
             meta: dict[str, Any] = {
                 "id": rid,
                 "finish_reason": finish,
