@@ -241,7 +241,7 @@ class SpecEngine:
         feed = state.ids[state.drafter_len :]  # committed tokens the drafter has not seen (1 or 2)
         drafts: list[int] = []
         processed = 0
-        for i in range(k):
+        for _ in range(k):
             logits = self._forward(self.drafter, feed, d_cache, keep=1)
             processed += len(feed)
             drafts.append(int(torch.argmax(logits[-1]).item()))
