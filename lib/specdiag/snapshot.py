@@ -133,3 +133,14 @@ def count_redacted(original: Any, redacted: Any) -> int:
     if isinstance(original, (list, tuple)) and isinstance(redacted, (list, tuple)):
         return sum(count_redacted(a, b) for a, b in zip(original, redacted))
     return int(original != redacted)
+
+
+def record_rows(record: Mapping[str, Any], source: str) -> list[dict[str, Any]]:
+    """A recorded section of run.json (``model``, ``drafter``...) as ``{setting, value, source}`` rows:
+    its scalar values and lists of scalars; nested sections are left to their own tables."""
+    rows = []
+    for key, value in redact(dict(record)).items():
+        if isinstance(value, (str, int, float, bool)) or (
+                isinstance(value, list) and all(isinstance(v, (str, int, float, bool)) for v in value)):
+            rows.append({"setting": key, "value": value, "source": source})
+    return rows
