@@ -271,3 +271,4 @@ def stop_recorded(record_path: Path = RECORD_PATH, timeout_s: float = 10.0) -> b
     except FileNotFoundError:
         pass
     return stopped
+
