@@ -41,6 +41,7 @@ def test_speculative_row_with_prefill_token_alone_in_first_chunk() -> None:
     assert row["prompt_tokens_match"] is True and row["error"] is None
     assert row["finish_reason"] == "length" and row["server_e2e_s"] == pytest.approx(0.9)
     assert row["repeat"] == 0 and row["prompt_kind"] == "novel" and row["n_chunks"] == 5
+    assert row["ts_unix_s"] == 1.7e9  # when the request was sent
 
 
 def test_step_ms_uses_exact_per_step_commits_when_first_chunk_holds_a_step() -> None:
@@ -70,7 +71,7 @@ def test_failed_and_short_requests_keep_what_is_known() -> None:
     empty = make_trace([], [], prompt_tokens=None, error="HTTP 400: too long")  # type: ignore[arg-type]
     row = sweep_row(empty, 1000)
     assert row["ttft_s"] is None and row["prefill_tok_s"] is None and row["prompt_tokens_match"] is None
-    e = error_row(2048, "prompt: too short", repeat=1)
+    e = error_row(2048, "prompt: too short", 1.7e9, repeat=1)
     assert e["context_tokens"] == 2048 and e["error"] == "prompt: too short" and set(SWEEP_COLUMNS) <= set(e)
 
 

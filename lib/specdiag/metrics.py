@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -104,7 +103,7 @@ def sweep_row(trace: Any, context_tokens: int, **labels: Any) -> dict[str, Any]:
     finish = trace.finish_reason if trace.finish_reason is not None else meta.get("finish_reason")
     row: dict[str, Any] = {c: None for c in SWEEP_COLUMNS}
     row.update({
-        "ts_unix_s": time.time(),
+        "ts_unix_s": trace.t_send_unix_s,
         "context_tokens": int(context_tokens),
         **labels,
         "prompt_tokens": prompt_tokens,
@@ -129,10 +128,11 @@ def sweep_row(trace: Any, context_tokens: int, **labels: Any) -> dict[str, Any]:
     return row
 
 
-def error_row(context_tokens: int, error: str, **labels: Any) -> dict[str, Any]:
-    """A ``sweep`` row for a request that produced no trace at all (the prompt could not be built...)."""
+def error_row(context_tokens: int, error: str, ts_unix_s: float, **labels: Any) -> dict[str, Any]:
+    """A ``sweep`` row for a request that produced no trace at all (the prompt could not be built,
+    nothing could be sent); ``ts_unix_s`` is when it was attempted."""
     row: dict[str, Any] = {c: None for c in SWEEP_COLUMNS}
-    row.update(ts_unix_s=time.time(), context_tokens=int(context_tokens), **labels, error=error)
+    row.update(ts_unix_s=ts_unix_s, context_tokens=int(context_tokens), **labels, error=error)
     return row
 
 

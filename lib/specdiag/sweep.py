@@ -9,6 +9,7 @@ raises for a server-side failure, so a sweep keeps every row it measured.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -105,12 +106,12 @@ def measure_request(client: Any, request: dict[str, Any], plan: SweepPlan) -> di
                               plan.prompt_kind, seed=request["seed"],  # type: ignore[arg-type]
                               instruction=plan.instruction if plan.prompt_kind == "novel" else "")
     except (ServerError, ValueError, OSError) as exc:
-        return error_row(ctx, f"prompt: {exc}", **labels, cache_flushed=flushed)
+        return error_row(ctx, f"prompt: {exc}", time.time(), **labels, cache_flushed=flushed)
     sampling = {"max_new_tokens": plan.max_new_tokens, "temperature": 0.0, "ignore_eos": plan.ignore_eos}
     try:
         trace = client.generate(input_ids=prompt.input_ids, sampling_params=sampling, stream=True)
     except ServerError as exc:  # ServerUnreachable: nothing could be sent
-        return error_row(ctx, str(exc), **labels, cache_flushed=flushed)
+        return error_row(ctx, str(exc), time.time(), **labels, cache_flushed=flushed)
     return sweep_row(trace, ctx, **labels, cache_flushed=flushed)
 
 
