@@ -100,6 +100,19 @@ def test_special_affixes_detects_bos_and_eos() -> None:
     assert tokenize_long(make_char_tokenizer(bos=True, eos=True), "ab") == [ord("a") + 10, ord("b") + 10]
 
 
+def test_special_affixes_when_the_server_rejects_empty_text() -> None:
+    inner = make_char_tokenizer(bos=True, eos=True)
+
+    def tokenize(text: str) -> list[int]:
+        if not text:
+            raise ValueError("HTTP 400: empty prompt")
+        return inner(text)
+
+    assert special_affixes(tokenize) == ([BOS], [EOS])
+    p = build_prompt(tokenize, 50, "novel", seed=1, text=synthetic_prose())
+    assert len(p.input_ids) == 50 and p.input_ids[0] == BOS and EOS not in p.input_ids
+
+
 def test_bad_arguments_are_named() -> None:
     tok = make_char_tokenizer()
     with pytest.raises(ValueError, match="n_tokens"):

@@ -83,9 +83,16 @@ def special_affixes(tokenize: Tokenize) -> tuple[list[int], list[int]]:
     """The special ids the tokenizer adds before and after any text: ``(prefix, suffix)``.
 
     Found by tokenizing '' and 'x': what '' yields is split into the part that also starts 'x''s ids
-    (a BOS) and the part that also ends them (an EOS).
+    (a BOS) and the part that also ends them (an EOS). A server that refuses to tokenize '' is probed
+    with 'x' and 'y' instead: what both start with and both end with.
     """
-    empty = list(tokenize(""))
+    try:
+        empty = list(tokenize(""))
+    except Exception:  # noqa: BLE001 - some servers reject an empty prompt; probe with two letters
+        x, y = list(tokenize("x")), list(tokenize("y"))
+        k = _common_prefix_len(x, y)
+        j = _common_prefix_len(x[k:][::-1], y[k:][::-1])
+        return x[:k], (x[len(x) - j:] if j else [])
     if not empty:
         return [], []
     probe = list(tokenize("x"))
