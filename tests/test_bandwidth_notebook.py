@@ -45,6 +45,8 @@ def test_replay_reference_run(run_notebook: Callable[..., Path], tmp_path: Path)
     # Slopes: the floor grows 1,000 x 61 x 1,152 B per 1k tokens at 1,792 GB/s; the step ~7.4 ms per 1k.
     assert m["floor_slope_ms_per_1k_tokens"] == pytest.approx(1e3 * 1000 * 61 * 1152 / 1792e9)
     assert m["measured_slope_ms_per_1k_tokens"] == pytest.approx(7.7, rel=0.06)
+    # The investigation's "about 7.7 ms per additional 1,000 tokens": (1430 - 8.4) ms / (185 - 1.4) k tokens.
+    assert m["measured_endpoint_slope_ms_per_1k_tokens"] == pytest.approx((1430 - 8.4) / (185 - 1.4))
     ids = {f["id"]: f for f in res["findings"]}
     assert ids["bandwidth.far_from_floor"]["severity"] == "critical"
     assert ids["bandwidth.slope"]["severity"] == "critical"

@@ -104,3 +104,12 @@ def test_findings_thresholds() -> None:
     strict = {f.id: f for f in rl.bandwidth_findings(near, RTX_PRO, floor_ratio_threshold=1.2)}
     assert strict["bandwidth.far_from_floor"].severity == "critical"
     assert rl.bandwidth_findings([], RTX_PRO) == []
+
+
+def test_endpoint_slopes() -> None:
+    steps = _steps(7.7)
+    measured, floor = rl.endpoint_slopes_ms_per_1k(steps)
+    assert measured == pytest.approx(7.7)
+    assert floor == pytest.approx(1e3 * (steps[-1].memory_floor_s - steps[0].memory_floor_s) / 127)
+    with pytest.raises(ValueError):
+        rl.endpoint_slopes_ms_per_1k(steps[:1])

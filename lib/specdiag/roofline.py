@@ -177,6 +177,17 @@ def slope_comparison(steps: Sequence[StepRoofline]) -> SlopeComparison:
                            floor=fit_line(x, [1e3 * s.memory_floor_s for s in pts]))
 
 
+def endpoint_slopes_ms_per_1k(steps: Sequence[StepRoofline]) -> tuple[float, float]:
+    """(measured, memory floor) slopes between the shortest and the longest measured context, ms per 1k tokens."""
+    pts = sorted((s for s in steps if s.measured_step_s), key=lambda s: s.context_tokens)
+    if len(pts) < 2 or pts[-1].context_tokens == pts[0].context_tokens:
+        raise ValueError("end-point slopes need measured step times at two distinct contexts")
+    span_k = (pts[-1].context_tokens - pts[0].context_tokens) / 1000
+    measured = 1e3 * (pts[-1].measured_step_s - pts[0].measured_step_s) / span_k  # type: ignore[operator]
+    floor = 1e3 * (pts[-1].memory_floor_s - pts[0].memory_floor_s) / span_k
+    return measured, floor
+
+
 def implied_time_s(n_bytes: float, bandwidth_bytes_per_s: float) -> float:
     """How long moving ``n_bytes`` takes at a quoted bandwidth (to reconcile a quoted GB/s)."""
     return memory_floor_s(n_bytes, bandwidth_bytes_per_s)
@@ -219,13 +230,13 @@ def bandwidth_findings(steps: Sequence[StepRoofline], peaks: HardwarePeaks, sour
         + (". Something on the step, most likely the attention kernel, is far from the memory floor."
            if sev == "critical" else "."),
         sev,
-        (f"bytes per step (computed from the model geometry): KV {row['kv_gb_per_step']:.4g} GB + weights "
-         f"{row['weight_gb_per_step']:.4g} GB = {row['total_gb_per_step']:.4g} GB per GPU",
+        (f"bytes per step (computed from the model geometry): KV {row['kv_gb_per_step']:#.4g} GB + weights "
+         f"{row['weight_gb_per_step']:#.4g} GB = {row['total_gb_per_step']:#.4g} GB per GPU",
          f"peak bandwidth {peak_gb_s:,.0f} GB/s ({peaks.memory_bandwidth.source}: {peaks.memory_bandwidth.detail})",
          f"memory floor {row['memory_floor_ms']:.4g} ms (KV alone {row['kv_floor_ms']:.4g} ms); compute floor "
          + (f"{row['compute_floor_ms']:.4g} ms" if row["compute_floor_ms"] is not None else "unknown (no matmul peak)")
          + " (computed)",
-         f"measured step {row['measured_ms']:.4g} ms ({source}); effective bandwidth {row['effective_gb_s_total']:.4g} GB/s "
+         f"measured step {row['measured_ms']:,.4g} ms ({source}); effective bandwidth {row['effective_gb_s_total']:.4g} GB/s "
          f"over all bytes, {row['effective_gb_s_kv']:.4g} GB/s over the KV alone = {row['pct_of_peak_total']:.3g}% / "
          f"{row['pct_of_peak_kv']:.3g}% of peak",
          f"threshold: measured over floor >= {floor_ratio_threshold:g}x is critical, >= 2x a warning"),
