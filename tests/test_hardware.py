@@ -46,11 +46,13 @@ def _fake_pynvml(clock_mhz: int, bus_bits: int, name: str) -> types.ModuleType:
 
 
 def test_nvml_bandwidth_arithmetic(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml(2619, 5120, "NVIDIA H100 80GB HBM3"))
+    # What the project's H200 reported (2026-11-29): 3201 MHz maximum memory clock, 6016-bit bus.
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml(3201, 6016, "NVIDIA H200"))
     name, value, detail = hw.nvml_memory_bandwidth(0)
-    assert name == "NVIDIA H100 80GB HBM3"
-    assert value == 2619e6 * 2 * 5120 / 8  # 3.352 TB/s
-    assert "5120-bit" in detail
+    assert name == "NVIDIA H200"
+    assert value == 3201e6 * 2 * 6016 / 8  # 4.81 TB/s, the datasheet's 4.8
+    assert value / 1e9 == pytest.approx(hw.lookup_gpu(name).memory_bandwidth_gb_s, rel=0.01)
+    assert "6016-bit" in detail
 
 
 def test_nvml_absent_gives_none(monkeypatch: pytest.MonkeyPatch) -> None:
