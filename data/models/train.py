@@ -40,7 +40,7 @@ from speculate import copy_accuracy, speculative_generate, speculative_sample  #
 MAX_CONTEXT = 16384
 
 
-def model_configs(vocab_size: int, eos_id: int, tiny: bool):
+def model_configs(vocab_size: int, eos_id: int, tiny: bool, drafter_mlp_mult: int = 2):
     from transformers import Qwen3Config
 
     d, heads = (64, 2) if tiny else (256, 4)
@@ -55,13 +55,28 @@ def model_configs(vocab_size: int, eos_id: int, tiny: bool):
         **common,
     )
     drafter = Qwen3Config(
-        intermediate_size=2 * d, num_hidden_layers=3, use_sliding_window=True, sliding_window=512,
+        intermediate_size=drafter_mlp_mult * d, num_hidden_layers=3, use_sliding_window=True, sliding_window=512,
         max_window_layers=0, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
         rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096,
                          "rope_theta": 1_000_000.0},
         **common,
     )
     return target, drafter
+
+
+def init_from_target_layers(drafter, target, layers: list[int]) -> None:
+    """Copy the target's embeddings, final norm and the decoder layers `layers` into the drafter.
+
+    The drafter's layer i gets the target's layer layers[i]; shapes must match (same width, heads and MLP).
+    """
+    if len(layers) != len(drafter.model.layers):
+        raise ValueError(f"--drafter-init-layers {layers} names {len(layers)} layers; the drafter has "
+                         f"{len(drafter.model.layers)}")
+    with torch.no_grad():
+        drafter.model.embed_tokens.weight.copy_(target.model.embed_tokens.weight)
+        drafter.model.norm.load_state_dict(target.model.norm.state_dict())
+        for i, j in enumerate(layers):
+            drafter.model.layers[i].load_state_dict(target.model.layers[j].state_dict())
 
 
 def lr_at(step: int, steps: int, peak: float) -> float:
@@ -227,6 +242,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--distill-weight", type=float, default=0.7, help="weight of the KL to the target, drafter")
     ap.add_argument("--log-every", type=int, default=100)
     ap.add_argument("--save-dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    ap.add_argument("--drafter-only", action="store_true",
+                    help="load the trained target from --out-dir/target and (re)train only the drafter")
+    ap.add_argument("--drafter-init-layers", type=int, nargs="*", default=[],
+                    help="start the drafter from these decoder layers of the target (e.g. 0 2 3); none = random")
     ap.add_argument("--eval", action="store_true", help="run the speculative check after training")
     ap.add_argument("--eval-only", action="store_true", help="load the saved models from --out-dir and check them")
     ap.add_argument("--eval-contexts", type=int, nargs="+", default=[1024, 4096, 16384])
@@ -261,31 +280,41 @@ def main(argv: list[str] | None = None) -> int:
         novel = np.asarray(tok((REPO / "data/prompts/novel_prose.txt").read_text(encoding="utf-8"),
                                add_special_tokens=False)["input_ids"], dtype=np.int32)
         print(f"corpus {len(corpus)} tokens, held-out prose {len(novel)} tokens", flush=True)
-        t_cfg, d_cfg = model_configs(len(tok), tok.eos_token_id, args.tiny)
+        t_cfg, d_cfg = model_configs(len(tok), tok.eos_token_id, args.tiny,
+                                     drafter_mlp_mult=3 if args.drafter_init_layers else 2)
         attn = "sdpa"
-        target = Qwen3ForCausalLM._from_config(t_cfg, attn_implementation=attn)
+        if args.drafter_only:
+            target = AutoModelForCausalLM.from_pretrained(str(args.out_dir / "target"), dtype=torch.float32,
+                                                          attn_implementation=attn)
+        else:
+            target = Qwen3ForCausalLM._from_config(t_cfg, attn_implementation=attn)
         drafter = Qwen3ForCausalLM._from_config(d_cfg, attn_implementation=attn)
         report["target_params"] = sum(p.numel() for p in target.parameters())
         report["drafter_params"] = sum(p.numel() for p in drafter.parameters())
         print(f"target {report['target_params']} params, drafter {report['drafter_params']} params", flush=True)
         target.to(args.device)
-        steps = args.target_steps or calibrate_steps(target, corpus, args, args.target_budget_s)
-        report["target_train"] = train_model(target, corpus, args, steps, label="target")
+        if not args.drafter_only:
+            steps = args.target_steps or calibrate_steps(target, corpus, args, args.target_budget_s)
+            report["target_train"] = train_model(target, corpus, args, steps, label="target")
         target.eval().requires_grad_(False)
-        with torch.no_grad():
-            drafter.model.embed_tokens.weight.copy_(target.model.embed_tokens.weight)
+        if args.drafter_init_layers:
+            init_from_target_layers(drafter, target, args.drafter_init_layers)
+        else:
+            with torch.no_grad():
+                drafter.model.embed_tokens.weight.copy_(target.model.embed_tokens.weight)
         drafter.to(args.device)
         steps = args.drafter_steps or calibrate_steps(drafter, corpus, args, args.drafter_budget_s, teacher=target)
         report["drafter_train"] = train_model(drafter, corpus, args, steps, teacher=target, label="drafter")
         drafter.eval().requires_grad_(False)
         for name, m in (("target", target), ("drafter", drafter)):
-            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.device == "cuda"):
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.device == "cuda"), torch.no_grad():
                 report[f"{name}_heldout_ce_train_text"] = heldout_ce(m, corpus, args.device, args.short_len, 4)
                 report[f"{name}_heldout_ce_novel_prose"] = heldout_ce(m, novel, args.device, args.short_len, 4)
             print(f"{name}: ce on training text {report[f'{name}_heldout_ce_train_text']:.3f}, "
                   f"on held-out prose {report[f'{name}_heldout_ce_novel_prose']:.3f} nats/token", flush=True)
         for name, m in (("target", target), ("drafter", drafter)):
-            save_model(m, tok, args.out_dir / name, dtype)
+            if not (name == "target" and args.drafter_only):
+                save_model(m, tok, args.out_dir / name, dtype)
         # evaluate the saved weights (rounded to the saved dtype), in float32
         target = target.to(args.device, dtype=torch.float32)
         drafter = drafter.to(args.device, dtype=torch.float32)
