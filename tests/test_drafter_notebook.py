@@ -92,6 +92,8 @@ def test_replay_investigation_drafter(run_notebook: Callable[..., Path], tmp_pat
     ids = {f["id"]: f for f in res["findings"]}
     assert ids["drafter.attention_bounded"]["severity"] == "ok"
     assert "drafter.measured_cost" not in ids  # nothing measured was published
+    assert ids["drafter.cost_bounded"]["severity"] == "ok"
+    assert ids["drafter.cost_bounded"]["numbers"]["max_span_tokens"] == 2048
 
 
 @pytest.mark.notebook
@@ -113,6 +115,23 @@ def test_live_embedded_drafter(run_notebook: Callable[..., Path], tmp_path: Path
     assert m["timing_source"] == "server-reported"
     assert all(ms is not None and ms > 0 for ms in m["draft_ms_median"])
     ids = {f["id"] for f in res["findings"]}
-    assert {"drafter.attention_bounded", "drafter.measured_cost"} <= ids
+    assert {"drafter.attention_bounded", "drafter.measured_cost", "drafter.cost_bounded"} <= ids
     rows = [json.loads(ln) for ln in (tmp_path / "run" / "drafter_timing.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and all(r["error"] is None for r in rows)
+
+
+def test_cost_bounded_combines_config_and_measurement() -> None:
+    geom = geometry.load_geometry("investigation-drafter")
+    spans = drafter.span_rows(geom, [1000, 4000])
+    flat = [{"context_tokens": 1000, "draft_ms_median": 10.0}, {"context_tokens": 4000, "draft_ms_median": 10.5}]
+    steep = [{"context_tokens": 1000, "draft_ms_median": 10.0}, {"context_tokens": 4000, "draft_ms_median": 40.0}]
+
+    def verdict(window: int | None, timing: list) -> Any:
+        return {f.id: f for f in drafter.drafter_findings(geom, spans, window, timing)}["drafter.cost_bounded"]
+
+    assert verdict(2048, []).severity == "ok"
+    assert verdict(2048, flat).severity == "ok"
+    assert verdict(2048, steep).severity == "warning" and "yet the measured" in verdict(2048, steep).verdict
+    assert verdict(None, flat).severity == "info"
+    assert verdict(None, steep).severity == "warning"
+    assert verdict(None, []).numbers["measured_flat"] is None

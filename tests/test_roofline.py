@@ -113,3 +113,15 @@ def test_endpoint_slopes() -> None:
     assert floor == pytest.approx(1e3 * (steps[-1].memory_floor_s - steps[0].memory_floor_s) / 127)
     with pytest.raises(ValueError):
         rl.endpoint_slopes_ms_per_1k(steps[:1])
+
+
+def test_flat_excess_points_to_per_step_cost_and_negative_slope_is_ok() -> None:
+    geom = g.load_geometry("kimi-k2")
+    flat = [rl.step_roofline(geom, c, RTX_PRO, tp_size=8, draft_tokens=8, measured_step_ms=500.0 - c / 1e5)
+            for c in (1_000, 64_000, 128_000)]
+    f = {x.id: x for x in rl.bandwidth_findings(flat, RTX_PRO)}
+    assert f["bandwidth.far_from_floor"].severity == "critical"
+    assert "per-step cost" in f["bandwidth.far_from_floor"].verdict
+    assert f["bandwidth.slope"].severity == "ok" and "does not grow" in f["bandwidth.slope"].verdict
+    steep = {x.id: x for x in rl.bandwidth_findings(_steps(7.7), RTX_PRO)}
+    assert "attention kernel" in steep["bandwidth.far_from_floor"].verdict

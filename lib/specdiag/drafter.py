@@ -159,7 +159,7 @@ def drafter_findings(geom: ModelGeometry, spans: Sequence[Mapping[str, Any]], wi
             "drafter.attention_bounded", "Drafter attention grows with context",
             f"{n_full} full-attention layer(s) attend the whole context and the server sets no draft window, so each "
             f"draft step reads {growth:.3g}x more drafter KV at {last['context_tokens']:,} tokens than at "
-            f"{first['context_tokens']:,}: the drafter's cost is not bounded.",
+            f"{first['context_tokens']:,}: the drafter's attention grows without bound.",
             "warning", tuple(evidence),
             {"max_span_tokens": None, "kv_mb_first": first["kv_bytes_per_draft_step"] / 1e6,
              "kv_mb_last": last["kv_bytes_per_draft_step"] / 1e6, "growth_x": growth,
@@ -197,13 +197,42 @@ def drafter_findings(geom: ModelGeometry, spans: Sequence[Mapping[str, Any]], wi
             "drafter.measured_cost", "Measured draft time vs context",
             f"A draft step took {meds[0][1]:.3g} ms at {meds[0][0]:,} tokens and {meds[-1][1]:.3g} ms at {meds[-1][0]:,} "
             f"({ratio:.3g}x; {fit.slope_per_1k:.3g} ms per 1k tokens): "
-            + ("the drafter's cost is bounded." if flat else "the drafter's cost grows with context."),
+            + ("the measured draft step is flat over these contexts." if flat else
+               "the measured draft step grows with context."),
             "ok" if flat else "warning",
-            (f"median per-step draft time per context (server-reported meta_info spec_step_draft_ms; {timing_source})",
+            (f"median per-step draft time per context (meta_info spec_step_draft_ms; {timing_source})",
              f"least squares {fit.slope_per_1k:.4g} ms per 1k tokens, r² {fit.r2:.3f}, {fit.n} contexts",
              f"threshold: longest/shortest below {growth_threshold:g}x counts as bounded"),
             {"draft_ms_first": meds[0][1], "draft_ms_last": meds[-1][1], "growth_x": ratio,
              "slope_ms_per_1k_tokens": fit.slope_per_1k, "context_tokens_first": meds[0][0],
              "context_tokens_last": meds[-1][0]},
             timing_source))
+    found.append(_cost_verdict(found, cap, last["context_tokens"], config_source))
     return found
+
+
+def _cost_verdict(found: Sequence[Finding], cap: int | None, longest: int, source: Source) -> Finding:
+    """``drafter.cost_bounded``: the configuration's verdict and the measured one, together."""
+    measured = next((f for f in found if f.id == "drafter.measured_cost"), None)
+    flat = measured is not None and measured.severity == "ok"
+    if cap is not None and (measured is None or flat):
+        verdict, sev = (f"Bounded: every drafter layer attends at most {cap:,} tokens"
+                        + (", and the measured draft time is flat." if measured else
+                           "; no per-step draft time was measured, so this rests on the configuration."), "ok")
+    elif cap is not None:
+        verdict, sev = (f"The configuration bounds the drafter's attention at {cap:,} tokens, yet the measured draft time "
+                        f"grows with context: something else in the draft step depends on the context (recomputing "
+                        f"instead of reusing its KV cache, or the target states it conditions on).", "warning")
+    elif flat:
+        verdict, sev = (f"Not bounded in principle (full-attention layers read the whole context), but flat over the "
+                        f"measured contexts up to {longest:,} tokens: there the full layers' KV is a small share of a "
+                        f"draft step.", "info")
+    else:
+        verdict, sev = ("Not bounded: full-attention layers read the whole context"
+                        + (" and the measured draft time grows with it." if measured else
+                           "; no per-step draft time was measured to show how much it costs."), "warning")
+    evidence = [f"{f.id}: {f.verdict}" for f in found if f.id in ("drafter.attention_bounded", "drafter.measured_cost")]
+    return Finding("drafter.cost_bounded", "Is the drafter's cost bounded in context?", verdict, sev, tuple(evidence),
+                   {"bounded_by_config": cap is not None, "max_span_tokens": cap,
+                    "measured_flat": flat if measured is not None else None},
+                   measured.source if measured is not None else source)

@@ -201,6 +201,11 @@ def _tok(n: int) -> str:
     return f"{n:,} tokens"
 
 
+def _size(n_bytes: float) -> str:
+    """13.0e9 -> '13.0 GB', 5.25e5 -> '0.525 MB' (decimal units)."""
+    return f"{n_bytes / 1e9:#.3g} GB" if n_bytes >= 1e8 else f"{n_bytes / 1e6:#.3g} MB"
+
+
 def bandwidth_findings(steps: Sequence[StepRoofline], peaks: HardwarePeaks, source: Source = "measured",
                        floor_ratio_threshold: float = 10.0, slope_ratio_threshold: float = 10.0,
                        quoted_attention_gb_s: float | None = None) -> list[Finding]:
@@ -222,16 +227,24 @@ def bandwidth_findings(steps: Sequence[StepRoofline], peaks: HardwarePeaks, sour
     peak_gb_s = peaks.memory_bandwidth_gb_s
     ratio = row["measured_over_floor_x"]
     sev = "critical" if ratio >= floor_ratio_threshold else "warning" if ratio >= 2 else "ok"
+    cmp = slope_comparison(measured) if len({s.context_tokens for s in measured}) >= 2 else None
+    if sev == "ok":
+        cause = "."
+    elif cmp is None or cmp.ratio >= slope_ratio_threshold:
+        cause = (". Something on the step, most likely the attention kernel, is far from the memory floor"
+                 + (" (the excess grows with context)." if cmp is not None else "."))
+    else:
+        cause = (". The excess hardly grows with context, so a per-step cost that does not depend on it (framework "
+                 "or launch overhead, host-side work, weights read below the peak) dominates rather than the "
+                 "attention over the KV.")
     found.append(Finding(
         "bandwidth.far_from_floor", "Measured step vs the memory floor",
-        f"At {_tok(last.context_tokens)} a step reads {row['total_gb_per_step']:#.3g} GB per GPU "
-        f"({row['kv_gb_per_step']:#.3g} GB of KV) and takes {row['measured_ms']:,.4g} ms: "
-        f"{ratio:,.3g}x its floor of {row['floor_ms']:#.3g} ms"
-        + (". Something on the step, most likely the attention kernel, is far from the memory floor."
-           if sev == "critical" else "."),
+        f"At {_tok(last.context_tokens)} a step reads {_size(last.total_bytes)} per GPU "
+        f"({_size(last.kv_bytes)} of KV) and takes {row['measured_ms']:,.4g} ms: "
+        f"{ratio:,.3g}x its floor of {row['floor_ms']:#.3g} ms" + cause,
         sev,
-        (f"bytes per step (computed from the model geometry): KV {row['kv_gb_per_step']:#.4g} GB + weights "
-         f"{row['weight_gb_per_step']:#.4g} GB = {row['total_gb_per_step']:#.4g} GB per GPU",
+        (f"bytes per step (computed from the model geometry): KV {_size(last.kv_bytes)} + weights "
+         f"{_size(last.weight_bytes)} = {_size(last.total_bytes)} per GPU",
          f"peak bandwidth {peak_gb_s:,.0f} GB/s ({peaks.memory_bandwidth.source}: {peaks.memory_bandwidth.detail})",
          f"memory floor {row['memory_floor_ms']:.4g} ms (KV alone {row['kv_floor_ms']:.4g} ms); compute floor "
          + (f"{row['compute_floor_ms']:.4g} ms" if row["compute_floor_ms"] is not None else "unknown (no matmul peak)")
@@ -249,16 +262,20 @@ def bandwidth_findings(steps: Sequence[StepRoofline], peaks: HardwarePeaks, sour
          "pct_of_peak_kv": row["pct_of_peak_kv"], "pct_of_peak_total": row["pct_of_peak_total"],
          "peak_gb_s": peak_gb_s},
         source))
-    if len(measured) >= 2:
-        cmp = slope_comparison(measured)
+    if cmp is not None:
         r = cmp.ratio
-        sev = "critical" if r >= slope_ratio_threshold else "warning" if r >= 2 else "ok"
-        found.append(Finding(
-            "bandwidth.slope", "Step-time slope vs the floor's slope",
+        grows = cmp.measured.slope > 0
+        sev = "ok" if not grows else "critical" if r >= slope_ratio_threshold else "warning" if r >= 2 else "ok"
+        verdict = (
             f"The measured step grows {cmp.measured.slope_per_1k:.3g} ms per 1k tokens of context; the bytes it must "
-            f"read grow the floor by {cmp.floor.slope_per_1k:.3g} ms per 1k: {r:.3g}x."
-            + (" The context-dependent work (the attention over the KV) is under suspicion." if sev == "critical"
-               else ""),
+            f"read grow the floor by {cmp.floor.slope_per_1k:.3g} ms per 1k: {r:,.3g}x."
+            + (" The context-dependent work (the attention over the KV) is under suspicion." if sev == "critical" else "")
+            if grows else
+            f"The measured step does not grow with context here ({cmp.measured.slope_per_1k:.3g} ms per 1k tokens over "
+            f"{cmp.measured.n} contexts, within noise); the floor grows {cmp.floor.slope_per_1k:.3g} ms per 1k. The "
+            f"context is not what makes this step slow.")
+        found.append(Finding(
+            "bandwidth.slope", "Step-time slope vs the floor's slope", verdict,
             sev,
             (f"measured: {cmp.measured.slope_per_1k:.4g} ms per 1k tokens (least squares over {cmp.measured.n} "
              f"contexts, r² {cmp.measured.r2:.3f}; {source})",
@@ -286,7 +303,7 @@ def bandwidth_findings(steps: Sequence[StepRoofline], peaks: HardwarePeaks, sour
         share = t / last.measured_step_s  # type: ignore[operator]
         found.append(Finding(
             "bandwidth.attention_only", "A quoted attention-only bandwidth, reconciled",
-            f"Reading {last.kv_bytes / 1e9:#.3g} GB of KV at the quoted {quoted_attention_gb_s:g} GB/s takes "
+            f"Reading {_size(last.kv_bytes)} of KV at the quoted {quoted_attention_gb_s:g} GB/s takes "
             f"{t:.3g} s, {100 * share:.3g}% of the {last.measured_step_s:.4g} s step; over the whole step the KV "
             f"moves at {row['effective_gb_s_kv']:.3g} GB/s. The two agree only if the attention took that share "
             f"of the step.",
