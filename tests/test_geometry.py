@@ -165,3 +165,15 @@ def test_investigation_drafter_preset() -> None:
     assert geom.layer_types.count("sliding_attention") == 5 and geom.sliding_window == 2048
     assert geom.max_position_embeddings == 262144
     assert (geom.rope_scaling or {}).get("rope_type") == "yarn"
+
+
+def test_kv_dtype_defaults_to_the_model_dtype() -> None:
+    assert g.from_hf_config({**LLAMA_8B, "torch_dtype": "float32"}).kv_dtype == "float32"
+    assert g.from_hf_config({**LLAMA_8B, "torch_dtype": "float32"}, kv_dtype="auto").kv_dtype == "float32"
+    assert g.from_hf_config({k: v for k, v in LLAMA_8B.items() if k != "torch_dtype"}).kv_dtype == "bf16"
+    assert g.from_hf_config(LLAMA_8B, kv_dtype="fp8_e4m3").kv_bytes_per_token_per_layer == 2 * 8 * 128
+    # A run's precedence: parameter > recorded > server kv_cache_dtype > server dtype > config.
+    meta = {"model": {"model_config": {**LLAMA_8B, "torch_dtype": "float32"}}}
+    assert g.geometry_for_run(run_meta=meta).kv_dtype == "float32"
+    assert g.geometry_for_run(run_meta=meta, server_info={"kv_cache_dtype": "auto", "dtype": "float16"}).kv_dtype == "float16"
+    assert g.geometry_for_run("", "fp8", run_meta=meta).kv_dtype == "fp8"

@@ -474,8 +474,9 @@ def from_hf_config(config: Mapping[str, Any] | str | Path, kv_dtype: str | None 
                    weight_dtype: str | None = None, name: str | None = None) -> ModelGeometry:
     """A :class:`ModelGeometry` from a Hugging Face config (a dict, a config.json path or its folder).
 
-    ``kv_dtype``: the KV cache dtype (SGLang's ``--kv-cache-dtype``; ``auto`` = the model dtype, bf16
-    for these models). ``weight_dtype`` overrides the config's dtype and quantization.
+    ``kv_dtype``: the KV cache dtype (SGLang's ``--kv-cache-dtype``); None or ``auto``: the model's
+    dtype from the config (bf16 when it names none). ``weight_dtype`` overrides the config's dtype
+    and quantization.
     """
     source = "config dict"
     if isinstance(config, (str, Path)):
@@ -505,10 +506,10 @@ def from_hf_config(config: Mapping[str, Any] | str | Path, kv_dtype: str | None 
         attention = "mha" if kv_heads == heads else "gqa"
         head_dim = int(cfg.get("head_dim") or hidden // heads)
         nope = rope = None  # type: ignore[assignment]
-    kv = kv_dtype or "bf16"
-    if kv == "auto":
-        kv = "bf16"
-    dtype_bytes(kv)
+    kv = _kv_dtype_name(kv_dtype) if kv_dtype else None
+    if kv_dtype and kv is None and kv_dtype != "auto":
+        dtype_bytes(kv_dtype)  # raises naming the choices
+    kv = kv or _kv_dtype_name(cfg.get("torch_dtype") or cfg.get("dtype") or cfg_all.get("torch_dtype")) or "bf16"
     return ModelGeometry(
         name=name or model_type or source, attention=attention, num_layers=n_layers,
         num_attention_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, hidden_size=hidden,
@@ -686,7 +687,7 @@ def geometry_for_run(model_config: str = "", kv_dtype: str = "", run_meta: Mappi
     ``model``/``drafter`` section (``model_config`` dict or ``preset``) > the server's
     ``model_path``/``speculative_draft_model_path`` folder (readable from this machine).
     KV dtype: the ``kv_dtype`` parameter > the recorded section's ``kv_cache_dtype`` > the server's
-    ``kv_cache_dtype`` > its ``dtype`` (when not ``auto``) > bf16. When the server names a concrete
+    ``kv_cache_dtype`` > its ``dtype`` (when not ``auto``) > the config's dtype > bf16. When the server names a concrete
     ``dtype`` and the config has no quantization, the weights are counted at that dtype.
     """
     from specdiag.paths import PROJECT_ROOT  # noqa: PLC0415
@@ -698,7 +699,7 @@ def geometry_for_run(model_config: str = "", kv_dtype: str = "", run_meta: Mappi
     if kv_dtype and kv is None:
         dtype_bytes(kv_dtype)  # raises naming the choices
     kv = kv or _kv_dtype_name(section.get("kv_cache_dtype")) or _kv_dtype_name(info.get("kv_cache_dtype")) \
-        or _kv_dtype_name(info.get("dtype")) or "bf16"
+        or _kv_dtype_name(info.get("dtype"))  # None: the config's dtype (from_hf_config)
     server_dtype = _kv_dtype_name(info.get("dtype"))
     if model_config:
         geom = load_geometry(model_config, kv_dtype=kv)
