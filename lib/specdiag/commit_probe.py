@@ -1,0 +1,329 @@
+"""The commit probe (the investigation's step 4): predictable vs novel text at each context.
+
+For each (context, kind): flush the server's prefix cache, build a prompt of exactly ``context_tokens``
+ids with the server's tokenizer (:mod:`specdiag.prompts`), stream it greedily, and record one
+``commit_probe`` row (plus one ``commit_probe_steps`` row per verify step when the server reports
+per-step commits, as the embedded server does).
+
+Columns of ``commit_probe`` (units in the names; source in brackets):
+
+- ``context_tokens``, ``kind`` (``predictable``/``novel``), ``seed``, ``max_new_tokens``: the request.
+- ``num_draft_tokens`` [server-reported: server_info's speculative_num_draft_tokens] and
+  ``max_commit_length = num_draft_tokens``: SGLang's speculative_num_draft_tokens counts the tokens one
+  verify forward scores, the last committed token included, so a step drafts num_draft_tokens - 1
+  tokens and commits at most num_draft_tokens (accepted drafts + the target's bonus token).
+- ``prompt_tokens``, ``completion_tokens``, ``verify_steps`` [server-reported, meta_info].
+- ``commit_length = (completion_tokens - 1) / verify_steps``: tokens per verify step, bonus included
+  [computed from server-reported counts; :func:`specdiag.spec.commit_length_from_meta`].
+- ``accepted_drafts``: mean accepted draft tokens per verify step = num_correct_drafts / verify_steps
+  (else commit_length - 1) [computed]; ``proposed_drafts``: mean proposed per step [computed].
+- ``commit_histogram``: verify steps per commit length (index = tokens) [server-reported or computed].
+- ``wall_s``: send to last byte; ``prefill_s``: send to first token (TTFT); ``prefill_share =
+  prefill_s / wall_s``; ``decode_tok_s = (completion_tokens - first chunk's tokens) / (last chunk -
+  first chunk time)`` [measured, client clock].
+- ``error``: None when fine; a failed request keeps its row with the error.
+
+Columns of ``commit_probe_steps``: ``context_tokens``, ``kind``, ``seed``, ``step`` (0-based),
+``commit_length``, ``accepted_drafts`` (= commit_length - 1), ``draft_ms``, ``verify_ms``
+[server-reported by the embedded server].
+
+Verdict rules (:func:`probe_findings`), all on the pooled commit length per (context, kind):
+- predictable flat across contexts (every context within ``flat_tolerance`` of the mean) and high
+  (>= ``healthy_share`` of the maximum): the speculative pipeline is sound at long context;
+- predictable falling with context (the longest context more than ``flat_tolerance`` below the
+  shortest): a long-context speculative bug; look at the drafter's window, positions/rope scaling and
+  the draft KV cache;
+- novel at most ``text_share`` of predictable at the same context: the gap is text difficulty.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+from specdiag.findings import Finding, Source
+from specdiag.nb import check, check_context_lengths
+from specdiag.prompts import NOVEL_PROSE_PATH, build_prompt
+from specdiag.spec import commit_histogram, commit_histogram_from_correct_drafts, commit_length_from_meta
+
+PROBE_TABLE = "commit_probe"
+STEPS_TABLE = "commit_probe_steps"
+PROBE_KEY = ("context_tokens", "kind", "seed", "max_new_tokens")
+KINDS = ("predictable", "novel")
+
+PROBE_COLUMNS: tuple[str, ...] = (
+    "ts_unix_s", "context_tokens", "kind", "seed", "max_new_tokens", "num_draft_tokens", "max_commit_length",
+    "cache_flushed", "prompt_tokens", "prompt_tokens_match", "completion_tokens", "verify_steps",
+    "commit_length", "accepted_drafts", "proposed_drafts", "commit_histogram", "wall_s", "prefill_s",
+    "prefill_share", "decode_tok_s", "finish_reason", "error",
+)
+STEP_COLUMNS: tuple[str, ...] = (
+    "ts_unix_s", "context_tokens", "kind", "seed", "step", "commit_length", "accepted_drafts", "draft_ms",
+    "verify_ms", "error",
+)
+
+
+@dataclass(frozen=True)
+class ProbePlan:
+    """context_lengths: prompt lengths, tokens; kinds: 'predictable' and/or 'novel'; max_new_tokens:
+    tokens per request (greedy, ignore_eos); seed: picks the novel prose's start; flush_cache: POST
+    /flush_cache before each request."""
+
+    context_lengths: tuple[int, ...]
+    kinds: tuple[str, ...] = KINDS
+    max_new_tokens: int = 64
+    seed: int = 0
+    flush_cache: bool = True
+
+    def requests(self) -> list[dict[str, Any]]:
+        return [{"context_tokens": c, "kind": k, "seed": self.seed, "max_new_tokens": self.max_new_tokens}
+                for c in self.context_lengths for k in self.kinds]
+
+    def pending(self, done: Iterable[tuple[Any, ...]]) -> list[dict[str, Any]]:
+        done = set(done)
+        return [q for q in self.requests() if tuple(q[k] for k in PROBE_KEY) not in done]
+
+
+def make_plan(context_lengths: Any, kinds: Any, max_new_tokens: Any, seed: Any, flush_cache: Any = True,
+              server_context_length: int | None = None) -> ProbePlan:
+    """Check the probe's parameters (a ParameterError naming the parameter and the fix) and plan it."""
+    check(isinstance(max_new_tokens, int) and not isinstance(max_new_tokens, bool) and max_new_tokens >= 2,
+          f"max_new_tokens must be a whole number >= 2; got {max_new_tokens!r}")
+    limit = server_context_length - max_new_tokens if server_context_length else None
+    contexts = check_context_lengths("context_lengths", context_lengths, maximum=limit)
+    check(isinstance(kinds, (list, tuple)) and len(kinds) > 0 and all(k in KINDS for k in kinds),
+          f"kinds must be a non-empty list of 'predictable' and/or 'novel'; got {kinds!r}")
+    check(len(set(kinds)) == len(kinds), f"kinds lists a kind twice: {kinds!r}")
+    check(isinstance(seed, int) and not isinstance(seed, bool), f"seed must be a whole number; got {seed!r}")
+    check(isinstance(flush_cache, bool), f"flush_cache must be True or False; got {flush_cache!r}")
+    check("novel" not in kinds or NOVEL_PROSE_PATH.exists(),
+          f"kind 'novel' needs the held-out prose {NOVEL_PROSE_PATH}, which is missing: restore it "
+          f"(git checkout data/prompts) or use kinds=['predictable']")
+    return ProbePlan(tuple(contexts), tuple(kinds), max_new_tokens, seed, flush_cache)
+
+
+def _num(x: Any) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+def probe_row(trace: Any, request: Mapping[str, Any], num_draft_tokens: int | None,
+              cache_flushed: bool | None = None) -> dict[str, Any]:
+    """One ``commit_probe`` row from a :class:`specdiag.client.RequestTrace` (pure)."""
+    meta: Mapping[str, Any] = trace.meta_info or {}
+    spec = getattr(trace, "spec", None)
+    completion = int(trace.completion_tokens or 0)
+    verify = spec.verify_ct if spec is not None else None
+    commit = commit_length_from_meta({**meta, "completion_tokens": completion, "spec_verify_ct": verify})
+    correct = spec.num_correct_drafts if spec is not None else None
+    proposed = spec.num_proposed_drafts if spec is not None else None
+    steps = spec.step_commit_lengths if spec is not None else None
+    hist: list[int] | None = None
+    if steps:
+        hist = commit_histogram(steps, max(max(steps), num_draft_tokens or 0))
+    elif spec is not None and spec.correct_drafts_histogram:
+        hist = commit_histogram_from_correct_drafts(spec.correct_drafts_histogram)
+    accepted = (correct / verify) if (correct is not None and verify) else (commit - 1 if commit else None)
+    wall = _num(trace.e2e_s)
+    prefill = _num(trace.ttft_s)
+    chunk_t, chunk_n = list(trace.chunk_t_s or []), list(trace.chunk_tokens or [])
+    decode = None
+    if len(chunk_t) >= 2 and chunk_n and chunk_t[-1] > chunk_t[0] and completion > chunk_n[0]:
+        decode = (completion - chunk_n[0]) / (chunk_t[-1] - chunk_t[0])
+    prompt_tokens = trace.prompt_tokens if trace.prompt_tokens is not None else meta.get("prompt_tokens")
+    finish = trace.finish_reason if trace.finish_reason is not None else meta.get("finish_reason")
+    row = {c: None for c in PROBE_COLUMNS}
+    row.update({
+        "ts_unix_s": trace.t_send_unix_s, **{k: request[k] for k in PROBE_KEY},
+        "num_draft_tokens": num_draft_tokens,
+        "max_commit_length": num_draft_tokens or None,
+        "cache_flushed": cache_flushed, "prompt_tokens": prompt_tokens,
+        "prompt_tokens_match": prompt_tokens == request["context_tokens"] if prompt_tokens is not None else None,
+        "completion_tokens": completion, "verify_steps": verify, "commit_length": commit,
+        "accepted_drafts": accepted,
+        "proposed_drafts": proposed / verify if (proposed is not None and verify) else None,
+        "commit_histogram": hist, "wall_s": wall, "prefill_s": prefill,
+        "prefill_share": prefill / wall if (prefill is not None and wall) else None,
+        "decode_tok_s": decode,
+        "finish_reason": finish.get("type") if isinstance(finish, Mapping) else finish,
+        "error": trace.error,
+    })
+    return row
+
+
+def step_rows(trace: Any, request: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One ``commit_probe_steps`` row per verify step, when the server reports per-step commits."""
+    spec = getattr(trace, "spec", None)
+    commits = (spec.step_commit_lengths if spec is not None else None) or []
+    draft = (spec.step_draft_ms if spec is not None else None) or []
+    verify = (spec.step_verify_ms if spec is not None else None) or []
+    out = []
+    for i, c in enumerate(commits):
+        out.append({"ts_unix_s": trace.t_send_unix_s, "context_tokens": request["context_tokens"],
+                    "kind": request["kind"], "seed": request["seed"], "step": i, "commit_length": int(c),
+                    "accepted_drafts": int(c) - 1, "draft_ms": draft[i] if i < len(draft) else None,
+                    "verify_ms": verify[i] if i < len(verify) else None, "error": None})
+    return out
+
+
+def error_row(request: Mapping[str, Any], error: str, num_draft_tokens: int | None,
+              cache_flushed: bool | None = None) -> dict[str, Any]:
+    row = {c: None for c in PROBE_COLUMNS}
+    row.update(ts_unix_s=time.time(), **{k: request[k] for k in PROBE_KEY}, num_draft_tokens=num_draft_tokens,
+               max_commit_length=num_draft_tokens or None,
+               cache_flushed=cache_flushed, error=error)
+    return row
+
+
+def measure(client: Any, request: Mapping[str, Any], plan: ProbePlan,
+            num_draft_tokens: int | None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Flush, build the prompt, stream it; returns the probe row and its step rows (never raises for a
+    server-side failure: the row carries the error)."""
+    from specdiag.client import ServerError  # noqa: PLC0415 - replay needs no client
+
+    flushed: bool | None = None
+    try:
+        if plan.flush_cache:
+            flushed = client.flush_cache()
+        prompt = build_prompt(lambda text: client.tokenize(text), int(request["context_tokens"]),
+                              request["kind"], seed=int(request["seed"]))
+    except (ServerError, ValueError, OSError) as exc:
+        return error_row(request, f"prompt: {exc}", num_draft_tokens, flushed), []
+    sampling = {"max_new_tokens": plan.max_new_tokens, "temperature": 0.0, "ignore_eos": True}
+    try:
+        trace = client.generate(input_ids=prompt.input_ids, sampling_params=sampling, stream=True)
+    except ServerError as exc:
+        return error_row(request, str(exc), num_draft_tokens, flushed), []
+    return probe_row(trace, request, num_draft_tokens, flushed), step_rows(trace, request)
+
+
+def latest_rows(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One row per request key: the last successful one, else the last failed one; sorted by context."""
+    best: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for row in rows:
+        key = tuple(row.get(k) for k in PROBE_KEY)
+        if key not in best or not row.get("error") or best[key].get("error"):
+            best[key] = dict(row)
+    return sorted(best.values(), key=lambda r: (r.get("context_tokens") or 0, KINDS.index(r.get("kind", "predictable"))
+                                                if r.get("kind") in KINDS else 9))
+
+
+def summarize(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per (kind, context): requests, pooled commit length (Σ(completion-1)/Σ verify steps when the
+    counts are there, else the mean of the rows' commit_length), mean accepted drafts, wall and prefill."""
+    groups: dict[tuple[str, int], list[Mapping[str, Any]]] = {}
+    for r in rows:
+        if r.get("error") or r.get("commit_length") is None:
+            continue
+        groups.setdefault((str(r.get("kind") or "predictable"), int(r["context_tokens"])), []).append(r)
+    out = []
+    for (kind, ctx_tokens), rs in sorted(groups.items(), key=lambda kv: (kv[0][0] != "predictable", kv[0][1])):
+        counted = [r for r in rs if r.get("completion_tokens") and r.get("verify_steps")]
+        if len(counted) == len(rs):
+            commit = sum(r["completion_tokens"] - 1 for r in rs) / sum(r["verify_steps"] for r in rs)
+        else:
+            commit = sum(float(r["commit_length"]) for r in rs) / len(rs)
+        acc = [float(r["accepted_drafts"]) for r in rs if r.get("accepted_drafts") is not None]
+        walls = [float(r["wall_s"]) for r in rs if r.get("wall_s") is not None]
+        pre = [float(r["prefill_s"]) for r in rs if r.get("prefill_s") is not None]
+        maxc = [r.get("max_commit_length") for r in rs if r.get("max_commit_length")]
+        out.append({"kind": kind, "context_tokens": ctx_tokens, "requests": len(rs), "commit_length": commit,
+                    "accepted_drafts": sum(acc) / len(acc) if acc else None,
+                    "wall_s": sum(walls) / len(walls) if walls else None,
+                    "prefill_s": sum(pre) / len(pre) if pre else None,
+                    "prefill_share": (sum(pre) / sum(walls)) if (pre and walls and len(pre) == len(walls)) else None,
+                    "max_commit_length": maxc[0] if maxc else None})
+    return out
+
+
+def _k(n: int) -> str:
+    from specdiag.plots import format_tokens  # noqa: PLC0415
+
+    return format_tokens(n)
+
+
+def probe_findings(summary: Sequence[Mapping[str, Any]], max_commit_length: int | None,
+                   source: Source = "measured", flat_tolerance: float = 0.15, healthy_share: float = 0.5,
+                   text_share: float = 0.5, prefill_share_note: float = 0.5) -> list[Finding]:
+    """The probe's verdicts (see the module docstring), each with the numbers behind it."""
+    found: list[Finding] = []
+    pred = sorted((s for s in summary if s["kind"] == "predictable"), key=lambda s: s["context_tokens"])
+    novel = {s["context_tokens"]: s for s in summary if s["kind"] == "novel"}
+    maxc = f" of at most {max_commit_length}" if max_commit_length else ""
+    pred_text = "; ".join(f"{_k(s['context_tokens'])}: {s['commit_length']:.2f}" for s in pred)
+    if len(pred) >= 2:
+        mean = sum(s["commit_length"] for s in pred) / len(pred)
+        dev = max(abs(s["commit_length"] - mean) / mean for s in pred)
+        first, last = pred[0], pred[-1]
+        drop = (first["commit_length"] - last["commit_length"]) / first["commit_length"]
+        numbers = {"predictable_commit_length_by_context": {s["context_tokens"]: s["commit_length"] for s in pred},
+                   "mean_commit_length": mean, "max_relative_deviation": dev, "drop_first_to_last": drop,
+                   "max_commit_length": max_commit_length, "flat_tolerance": flat_tolerance}
+        if drop > flat_tolerance:
+            found.append(Finding(
+                "probe.predictable_falls", "Predictable-text commit length falls with context",
+                f"Commit length on predictable text drops {drop:.0%} from {_k(first['context_tokens'])} to "
+                f"{_k(last['context_tokens'])} tokens: a long-context speculative bug, not text difficulty. Look at "
+                f"the drafter's attention window (sliding window, which layers are full attention), its positions "
+                f"and rope scaling (max_position_embeddings, YaRN factor and original length), and the draft KV cache "
+                f"(eviction, page reuse, positions after a rejected draft).",
+                "critical",
+                (f"Predictable commit length per context (tokens per verify step{maxc}, {source}): {pred_text}.",
+                 f"The drop from the shortest to the longest context is {drop:.0%}, above the ±{flat_tolerance:.0%} "
+                 f"band of a flat line."), numbers, source))
+        elif dev <= flat_tolerance:
+            healthy = max_commit_length is None or mean >= healthy_share * max_commit_length
+            found.append(Finding(
+                "probe.predictable_flat", "Predictable-text commit length is flat across contexts",
+                ("The drafter, its window, positions and KV cache and the verification are sound at long context: "
+                 "a low commit length on other text is the text's difficulty, not a bug." if healthy else
+                 "Flat but low: the drafter does not copy even predictable text at the shortest context. That is a "
+                 "drafter quality problem (or a short-context bug), not a long-context one."),
+                "ok" if healthy else "warning",
+                (f"Predictable commit length per context (tokens per verify step{maxc}, {source}): {pred_text}.",
+                 f"Every context lies within {dev:.0%} of the mean {mean:.2f} (band ±{flat_tolerance:.0%})."
+                 + (f" The mean is {mean / max_commit_length:.0%} of the maximum {max_commit_length}."
+                    if max_commit_length else "")), numbers, source))
+        else:
+            found.append(Finding(
+                "probe.predictable_uneven", "Predictable-text commit length varies with context, without a fall",
+                "Not a steady fall with context, but outside a flat band: repeat the probe (repeats, another seed) "
+                "before concluding.", "info",
+                (f"Predictable commit length per context (tokens per verify step{maxc}, {source}): {pred_text}.",
+                 f"Largest deviation from the mean {mean:.2f}: {dev:.0%} (band ±{flat_tolerance:.0%}); shortest to "
+                 f"longest context changes by {-drop:+.0%}."), numbers, source))
+    pairs = [(s, novel[s["context_tokens"]]) for s in pred if s["context_tokens"] in novel]
+    if pairs:
+        ratios = {p["context_tokens"]: n["commit_length"] / p["commit_length"] for p, n in pairs}
+        text = "; ".join(f"{_k(p['context_tokens'])}: {n['commit_length']:.2f} vs {p['commit_length']:.2f}"
+                         for p, n in pairs)
+        numbers = {"novel_over_predictable_by_context": ratios, "text_share": text_share}
+        if all(r <= text_share for r in ratios.values()):
+            found.append(Finding(
+                "probe.novel_is_text_difficulty", "Novel prose commits far less than predictable text",
+                "At every context the novel-prose commit length is at most half the predictable one: the gap is "
+                "text difficulty (the drafter cannot guess new prose), which no long-context fix will close.",
+                "info", (f"Commit length novel vs predictable (tokens per verify step, {source}): {text}.",
+                         f"Novel / predictable ratio at most {max(ratios.values()):.2f} (threshold {text_share})."),
+                numbers, source))
+        else:
+            found.append(Finding(
+                "probe.novel_close_to_predictable", "Novel prose commits nearly as much as predictable text",
+                "The novel prompt is not much harder for the drafter than the repeated sentence: the generated text "
+                "may be copying or looping, so novel prose does not show the drafter's real acceptance here.",
+                "warning", (f"Commit length novel vs predictable (tokens per verify step, {source}): {text}.",
+                            f"Ratios above {text_share} at: "
+                            + ", ".join(f"{_k(c)} ({r:.2f})" for c, r in ratios.items() if r > text_share) + "."),
+                numbers, source))
+    shares = [s for s in pred if s.get("prefill_share") is not None]
+    if shares:
+        top = max(shares, key=lambda s: s["context_tokens"])
+        if top["prefill_share"] >= prefill_share_note:
+            found.append(Finding(
+                "probe.prefill_dominates", "Prefill dominates the wall time at the longest context",
+                "Wall time at long context is mostly prefill, not decode: compare decode speed, not wall time, "
+                "across contexts.", "info",
+                (f"At {_k(top['context_tokens'])} tokens, prefill took {top['prefill_s']:.2f} s of "
+                 f"{top['wall_s']:.2f} s wall time ({top['prefill_share']:.0%}; {source}).",),
+                {"context_tokens": top["context_tokens"], "prefill_share": top["prefill_share"]}, source))
+    return found
