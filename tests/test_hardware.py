@@ -114,3 +114,24 @@ def test_cuda_copy_and_nvml_agree_with_table() -> None:
         assert value / 1e9 == pytest.approx(spec.memory_bandwidth_gb_s, rel=0.10)
     rates = hw.measure_copy_bandwidth("cuda", n_bytes=1 << 30, repeats=5)
     assert 0.3 * value < max(rates) < 1.05 * value  # a copy reaches a good share of the peak, never above it
+
+
+def test_peaks_for_run_precedence(monkeypatch: pytest.MonkeyPatch) -> None:
+    recorded = {"gpu": "NVIDIA RTX PRO 6000 Blackwell", "memory_bandwidth_gb_s": 1792, "memory_bandwidth_source": "spec",
+                "matmul_bf16_tflops": 503.8}
+    p = hw.peaks_for_run(recorded=recorded, server_url="http://gpu-host:30000")
+    assert p.memory_bandwidth.source == "recorded" and p.memory_bandwidth_gb_s == 1792 and "spec" in p.memory_bandwidth.detail
+    p = hw.peaks_for_run(memory_bandwidth_gb_s=1000, recorded=recorded)
+    assert p.memory_bandwidth.source == "parameter" and p.matmul.source == "recorded"
+    p = hw.peaks_for_run(gpu_name="NVIDIA H200", recorded=recorded)
+    assert p.memory_bandwidth.source == "table" and p.memory_bandwidth_gb_s == 4800
+    # What 00_snapshot writes (HardwarePeaks.as_dict plus context) reads back.
+    snap = {**hw.HardwarePeaks("NVIDIA H200", hw.Peak(4.8e12, "nvml", "NVML detail"), None).as_dict(), "where": "x"}
+    p = hw.peaks_for_run(recorded=snap, server_url="http://gpu-host:30000")
+    assert p.device_name == "NVIDIA H200" and p.memory_bandwidth_gb_s == 4800 and "NVML detail" in p.memory_bandwidth.detail
+    with pytest.raises(ValueError, match="gpu_name"):
+        hw.peaks_for_run(server_url="http://gpu-host:30000")
+    monkeypatch.setattr(hw, "measure_copy_bandwidth", lambda device="cpu", n_bytes=0, repeats=5, warmup=2: [2e10] * 5)
+    monkeypatch.setattr(hw, "measure_matmul_rate", lambda device="cpu", n=0, repeats=5, warmup=2: [1e11] * 5)
+    p = hw.peaks_for_run(server_info={"device": "cpu"}, server_url="http://127.0.0.1:1234")
+    assert p.memory_bandwidth.source == "measured" and p.memory_bandwidth_gb_s == 20

@@ -312,17 +312,23 @@ def resolve_peaks(memory_bandwidth_gb_s: float | None = None, matmul_tflops: flo
 
 
 def peaks_from_record(record: dict[str, Any]) -> HardwarePeaks:
-    """Peaks recorded in a run's run.json ``hardware`` section (for replay)."""
+    """Peaks recorded in a run's run.json ``hardware`` section (a reference run's, or what 00_snapshot
+    wrote: :meth:`HardwarePeaks.as_dict` plus context), for replay and for later notebooks of a run."""
     try:
         bw = float(record["memory_bandwidth_gb_s"])
     except (KeyError, TypeError, ValueError):
         raise ValueError("the recorded run's hardware section has no memory_bandwidth_gb_s: pass "
                          "memory_bandwidth_gb_s as a parameter") from None
     mm = record.get("matmul_bf16_tflops")
+
+    def detail(prefix: str) -> str:
+        parts = [str(record[k]) for k in (f"{prefix}_source", f"{prefix}_detail") if record.get(k)]
+        return "run.json: " + ("; ".join(parts) if parts else "no source recorded")
+
     return HardwarePeaks(
-        device_name=str(record.get("gpu", record.get("device_name", "recorded device"))),
-        memory_bandwidth=Peak(bw * 1e9, "recorded", str(record.get("memory_bandwidth_source", "run.json"))),
-        matmul=Peak(float(mm) * 1e12, "recorded", str(record.get("matmul_source", "run.json"))) if mm else None,
+        device_name=str(record.get("gpu") or record.get("device_name") or "recorded device"),
+        memory_bandwidth=Peak(bw * 1e9, "recorded", detail("memory_bandwidth")),
+        matmul=Peak(float(mm) * 1e12, "recorded", detail("matmul")) if mm else None,
     )
 
 
@@ -339,11 +345,13 @@ def is_local_url(url: str) -> bool:
 def peaks_for_run(memory_bandwidth_gb_s: float | None = None, matmul_tflops: float | None = None,
                   gpu_name: str = "", recorded: dict[str, Any] | None = None,
                   server_info: dict[str, Any] | None = None, server_url: str = "") -> HardwarePeaks:
-    """Peaks for a notebook: parameters > the recorded run's hardware (replay) > ``gpu_name`` in the
-    table > this machine (NVML, table, measured) when the server runs here > an error naming the
-    parameters to pass for a remote server."""
+    """Peaks for a notebook, each figure by its own precedence: parameters > ``gpu_name`` in the table >
+    the run's recorded hardware (a replayed run's, or 00_snapshot's of the same run) > this machine
+    (NVML, table, measured) when the server runs here > an error naming the parameters to pass."""
     bw = memory_bandwidth_gb_s or None
     mm = matmul_tflops or None
+    if gpu_name:
+        return resolve_peaks(bw, mm, device_name=gpu_name, allow_measure=False)
     if recorded and recorded.get("memory_bandwidth_gb_s"):
         base = peaks_from_record(recorded)
         return HardwarePeaks(
@@ -351,8 +359,6 @@ def peaks_for_run(memory_bandwidth_gb_s: float | None = None, matmul_tflops: flo
             memory_bandwidth=(Peak(bw * 1e9, "parameter", f"given as a parameter: {bw:g} GB/s") if bw
                               else base.memory_bandwidth),
             matmul=Peak(mm * 1e12, "parameter", f"given as a parameter: {mm:g} TFLOPS") if mm else base.matmul)
-    if gpu_name:
-        return resolve_peaks(bw, mm, device_name=gpu_name, allow_measure=False)
     if is_local_url(server_url):
         device = str((server_info or {}).get("device") or "auto")
         device = "cuda" if device.startswith("cuda") else ("cpu" if device == "cpu" else "auto")
