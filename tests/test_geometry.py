@@ -177,3 +177,15 @@ def test_kv_dtype_defaults_to_the_model_dtype() -> None:
     assert g.geometry_for_run(run_meta=meta).kv_dtype == "float32"
     assert g.geometry_for_run(run_meta=meta, server_info={"kv_cache_dtype": "auto", "dtype": "float16"}).kv_dtype == "float16"
     assert g.geometry_for_run("", "fp8", run_meta=meta).kv_dtype == "fp8"
+
+
+def test_geometry_for_run_errors_name_the_parameter(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="drafter_config"):
+        g.geometry_for_run(server_info={"speculative_draft_model_path": "/remote/only/drafter"}, role="drafter")
+    with pytest.raises(ValueError, match="model_config"):
+        g.geometry_for_run(server_info={})
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps(QWEN3_SWA))
+    geom = g.geometry_for_run(server_info={"model_path": str(tmp_path / "m"), "dtype": "float32"})
+    assert geom.sliding_window == 2048 and geom.kv_dtype == "float32" and geom.weight_bytes.attention == 4
+    assert g.geometry_for_run("kimi-k2", server_info={"model_path": str(tmp_path / "m")}).attention == "mla"

@@ -680,7 +680,7 @@ def _kv_dtype_name(value: Any) -> str | None:
 
 def geometry_for_run(model_config: str = "", kv_dtype: str = "", run_meta: Mapping[str, Any] | None = None,
                      server_info: Mapping[str, Any] | None = None, role: Literal["target", "drafter"] = "target",
-                     project_root: Path | None = None) -> ModelGeometry:
+                     project_root: Path | None = None, param_name: str = "") -> ModelGeometry:
     """The geometry a notebook analyses, and where it came from (in ``.source``).
 
     Model: the ``model_config`` parameter (a preset or a config.json path) > the recorded run's
@@ -693,6 +693,7 @@ def geometry_for_run(model_config: str = "", kv_dtype: str = "", run_meta: Mappi
     from specdiag.paths import PROJECT_ROOT  # noqa: PLC0415
 
     root = project_root or PROJECT_ROOT
+    param_name = param_name or ("model_config" if role == "target" else "drafter_config")
     section = dict((run_meta or {}).get("model" if role == "target" else "drafter") or {})
     info = dict(server_info or {})
     kv = (_kv_dtype_name(kv_dtype) if kv_dtype else None)
@@ -723,6 +724,6 @@ def geometry_for_run(model_config: str = "", kv_dtype: str = "", run_meta: Mappi
             geom = from_hf_config(cfg, kv_dtype=kv, weight_dtype=weight_dtype, name=path.name)
             return replace(geom, source=f"the server's {key} {path_value} (config.json read from this machine)")
         raise ValueError(f"the server's {key} is {path_value!r} but {cfg_path} cannot be read from here: pass "
-                         f"model_config (a preset: {', '.join(sorted(PRESETS))}; or a path to the config.json)")
+                         f"{param_name} (a preset: {', '.join(sorted(PRESETS))}; or a path to the config.json)")
     raise ValueError(f"no {role} model config: the run records none and the server reports no {key}; pass "
-                     f"model_config (a preset: {', '.join(sorted(PRESETS))}; or a path to the config.json)")
+                     f"{param_name} (a preset: {', '.join(sorted(PRESETS))}; or a path to the config.json)")
