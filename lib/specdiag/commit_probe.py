@@ -327,3 +327,58 @@ def probe_findings(summary: Sequence[Mapping[str, Any]], max_commit_length: int 
                  f"{top['wall_s']:.2f} s wall time ({top['prefill_share']:.0%}; {source}).",),
                 {"context_tokens": top["context_tokens"], "prefill_share": top["prefill_share"]}, source))
     return found
+
+
+def step_histograms(rows: Sequence[Mapping[str, Any]], steps: Sequence[Mapping[str, Any]],
+                    max_commit_length: int | None) -> dict[tuple[str, int], list[int]]:
+    """Verify steps per commit length for each (kind, context): from the per-step rows when there are
+    any for that request, else from the row's ``commit_histogram`` (SGLang's correct-drafts histogram)."""
+    out: dict[tuple[str, int], list[int]] = {}
+    by_req: dict[tuple[Any, ...], list[int]] = {}
+    for s in steps:
+        by_req.setdefault((s.get("context_tokens"), s.get("kind"), s.get("seed"), s.get("ts_unix_s")), []).append(
+            int(s["commit_length"]))
+    for r in rows:
+        if r.get("error"):
+            continue
+        key = (str(r.get("kind") or "predictable"), int(r["context_tokens"]))
+        commits = by_req.get((r.get("context_tokens"), r.get("kind"), r.get("seed"), r.get("ts_unix_s")))
+        if commits:
+            hist = commit_histogram(commits, max(max(commits), max_commit_length or 0))
+        elif r.get("commit_histogram"):
+            hist = [int(v) for v in r["commit_histogram"]]
+        else:
+            continue
+        acc = out.setdefault(key, [])
+        if len(acc) < len(hist):
+            acc.extend([0] * (len(hist) - len(acc)))
+        for i, v in enumerate(hist):
+            acc[i] += v
+    return out
+
+
+def max_commit_from(rows: Sequence[Mapping[str, Any]], run_meta: Mapping[str, Any]) -> int | None:
+    """The maximum commit length of a recorded run: its rows' ``max_commit_length`` (or
+    ``num_draft_tokens``), else the first ``speculative_num_draft_tokens`` found in run.json."""
+    for r in rows:
+        for key in ("max_commit_length", "num_draft_tokens"):
+            if isinstance(r.get(key), int) and r[key] > 0:
+                return int(r[key])
+
+    def find(obj: Any) -> int | None:
+        if isinstance(obj, Mapping):
+            v = obj.get("speculative_num_draft_tokens")
+            if isinstance(v, int) and v > 0:
+                return v
+            for x in obj.values():
+                got = find(x)
+                if got:
+                    return got
+        elif isinstance(obj, list):
+            for x in obj:
+                got = find(x)
+                if got:
+                    return got
+        return None
+
+    return find(dict(run_meta))

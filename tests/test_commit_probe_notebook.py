@@ -1,0 +1,59 @@
+"""Notebook 04 executed with papermill: against the embedded server (a tiny ladder) and in replay of the
+investigation's published probe rows."""
+
+from __future__ import annotations
+
+import json
+
+import nbformat
+import pytest
+
+from specdiag.paths import REFERENCE_DIR
+from specdiag.runs import Run
+
+
+def _findings(run_dir) -> dict:
+    return json.loads((run_dir / "findings" / "04_commit_probe.json").read_text())
+
+
+@pytest.mark.notebook
+def test_commit_probe_replays_published_rows(run_notebook, tmp_path) -> None:
+    run_dir = tmp_path / "replay"
+    out = run_notebook("04_commit_probe", replay_dir=str(REFERENCE_DIR / "ct200-kimi-k26"), run_dir=str(run_dir))
+    result = _findings(run_dir)
+    assert result["metrics"]["source"] == "published"
+    assert result["metrics"]["max_commit_length"] == 8
+    assert result["metrics"]["commit_length"]["predictable"] == {"1000": 7.88, "16000": 7.0, "64000": 7.0,
+                                                               "128000": 7.88}
+    ids = {f["id"]: f for f in result["findings"]}
+    assert ids["probe.predictable_flat"]["severity"] == "ok"
+    assert "probe.prefill_dominates" in ids
+    assert not (run_dir / "commit_probe.jsonl").exists()  # replay sends nothing and records no rows
+    assert nbformat.read(str(out), as_version=4).cells  # executed copy written
+
+
+@pytest.mark.notebook
+@pytest.mark.slow
+def test_commit_probe_against_embedded_server(run_notebook, embedded_server, tmp_path) -> None:
+    run_dir = tmp_path / "live"
+    run_notebook("04_commit_probe", server_url=embedded_server.url, run_dir=str(run_dir),
+                 context_lengths=[256, 1024], max_new_tokens=24)
+    rows = Run.open(run_dir).rows("commit_probe")
+    assert [(r["context_tokens"], r["kind"]) for r in rows] == [(256, "predictable"), (256, "novel"),
+                                                               (1024, "predictable"), (1024, "novel")]
+    for r in rows:
+        assert r["error"] is None, r["error"]
+        assert r["prompt_tokens"] == r["context_tokens"]
+        assert r["completion_tokens"] == 24
+        assert r["max_commit_length"] == 8
+        assert 1.0 <= r["commit_length"] <= 8.0
+        assert r["wall_s"] > r["prefill_s"] > 0
+        assert 0 < r["prefill_share"] < 1
+    steps = Run.open(run_dir).rows("commit_probe_steps")
+    for r in rows:
+        mine = [s["commit_length"] for s in steps if (s["context_tokens"], s["kind"]) == (r["context_tokens"], r["kind"])]
+        assert len(mine) == r["verify_steps"]
+        assert sum(mine) == r["completion_tokens"] - 1
+    result = _findings(run_dir)
+    assert result["metrics"]["source"] == "measured"
+    assert set(result["metrics"]["commit_length"]["predictable"]) == {"256", "1024"}
