@@ -33,6 +33,7 @@ def test_triton_kernels_match_reference(shape: VerifyShape) -> None:
         assert res["rel_err"] <= 1e-2, f"{name}: relative error {res['rel_err']:.3g}"
 
 
+@pytest.mark.slow
 def test_every_tuning_candidate_is_correct_or_refuses() -> None:
     """Each launch configuration the tuner may pick computes the same function (or fails to compile)."""
     from specdiag.kernels.harness import candidate_configs

@@ -89,9 +89,9 @@ def full_grid() -> GridSpec:
 
 def smoke_grid() -> GridSpec:
     """A tiny grid for the CPU (tests, CI, the notebook without a GPU)."""
-    return GridSpec(contexts=[256, 1024], heads=[2], draft_tokens=[1, 4], layouts=["contiguous", "shuffled_p1",
+    return GridSpec(contexts=[128, 512], heads=[2], draft_tokens=[1, 4], layouts=["contiguous", "shuffled_p1",
                                                                                       "shuffled_b64"],
-                    n_runs=3, n_warmup=1, rotate_bytes=0, required=[])
+                    n_runs=3, n_warmup=1, rotate_bytes=0, required=[], baseline_max_ms=1e9)
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -252,26 +252,51 @@ def _progress_line(row: dict) -> str:
 # --- tuning --------------------------------------------------------------------------------------
 
 def candidate_configs(rows: int) -> list[Any]:
-    """Split-KV launch parameters tried for a packed row count (see docs/kernel-notes.md)."""
+    """Split-KV launch parameters tried for a packed row count (see docs/kernel-notes.md, run 2).
+
+    Few rows (memory-bound): 16/32-row tiles, one or two programs per SM, narrow or wide merge programs.
+    Many rows: 64-row tiles with 8 warps (run 1's winner), deeper or shallower pipelines, 16 warps,
+    and value dims split across two programs (4 warps, a 64 x 256 accumulator each).
+    """
     from specdiag.kernels.splitkv_plan import SplitKVConfig  # noqa: PLC0415
 
     out = []
     if rows <= 32:
         bm = 16 if rows <= 16 else 32
-        for bn, stages in ((32, 3), (32, 4), (64, 2), (64, 3)):
-            for pps in (2.0, 4.0):
-                out.append(SplitKVConfig(block_m=bm, block_n=bn, num_warps=4, num_stages=stages, programs_per_sm=pps))
-        return out
-    for bn in (32, 64):
-        for stages in (2, 3):
+        for bn, stages in ((64, 2), (32, 3)):
             for pps in (1.0, 2.0):
-                out.append(SplitKVConfig(block_m=64, block_n=bn, num_warps=8, num_stages=stages, programs_per_sm=pps))
-    if rows <= 64:
-        out.append(SplitKVConfig(block_m=64, block_n=32, num_warps=8, num_stages=3, programs_per_sm=1.0, partial_bf16=True))
-        out.append(SplitKVConfig(block_m=64, block_n=32, num_warps=8, num_stages=3, programs_per_sm=1.0, evict_first=True))
-        out.append(SplitKVConfig(block_m=32, block_n=64, num_warps=4, num_stages=3, programs_per_sm=2.0))
-        out.append(SplitKVConfig(block_m=16, block_n=64, num_warps=4, num_stages=3, programs_per_sm=4.0))
+                for mdv in (16, 64):
+                    out.append(SplitKVConfig(block_m=bm, block_n=bn, num_warps=4, num_stages=stages,
+                                             programs_per_sm=pps, merge_block_dv=mdv))
+        return out
+    big = dict(block_m=64, block_n=64, num_warps=8)
+    out += [SplitKVConfig(**big, num_stages=3, programs_per_sm=1.0, merge_block_dv=64),
+            SplitKVConfig(**big, num_stages=3, programs_per_sm=1.0, merge_block_dv=16),
+            SplitKVConfig(**big, num_stages=2, programs_per_sm=1.0, merge_block_dv=16),
+            SplitKVConfig(block_m=64, block_n=64, num_warps=16, num_stages=2, programs_per_sm=1.0, merge_block_dv=16),
+            SplitKVConfig(block_m=64, block_n=32, num_warps=4, num_stages=3, programs_per_sm=1.0, dv_split=2,
+                          merge_block_dv=16),
+            SplitKVConfig(block_m=64, block_n=32, num_warps=4, num_stages=2, programs_per_sm=2.0, dv_split=2,
+                          merge_block_dv=16),
+            SplitKVConfig(block_m=64, block_n=64, num_warps=4, num_stages=2, programs_per_sm=1.0, dv_split=2,
+                          merge_block_dv=16)]
+    if rows >= 128:
+        out.append(SplitKVConfig(block_m=128, block_n=32, num_warps=8, num_stages=2, programs_per_sm=1.0, dv_split=2,
+                                 merge_block_dv=16))
     return out
+
+
+def time_partial_only(name: str, sets: Sequence[VerifyInputs], config: Any, n_runs: int) -> dict[str, float]:
+    """Median ms of the split kernel without its merge (CUDA only): the merge's share is the difference."""
+    from specdiag.kernels.triton_splitkv import split_kv_triton  # noqa: PLC0415
+
+    page_size = variant(name).page_size
+    outs = [s.out_like() for s in sets]
+    calls: list[Callable[[], object]] = [
+        (lambda s=s, o=o: split_kv_triton(s, o, page_size=page_size, cfg=config, partial_only=True))
+        for s, o in zip(sets, outs)
+    ]
+    return summarize_ms(time_calls(calls, n_runs=n_runs, n_warmup=2, device=sets[0].q.device))
 
 
 def tune(shapes: Iterable[VerifyShape], run: Run, peaks: dict[str, float], device: torch.device | str = "cuda",
@@ -297,6 +322,18 @@ def tune(shapes: Iterable[VerifyShape], run: Run, peaks: dict[str, float], devic
             run.append_row(TUNING_TABLE, row)
             if progress:
                 progress("tune " + (_progress_line(row) if not row.get("error") else f"{cfg} ERROR {row['error'][:100]}"))
+        if shape.rows in best:  # the winner's first kernel alone, to attribute time to the merge
+            ms_best, cfg = best[shape.rows]
+            row = {"ts_unix_s": time.time(), "error": None, **_shape_fields(shape), "kernel": "split_p1_partial_only",
+                   "config": cfg.as_dict(), **_plan_fields("split_p1", shape, cfg, device)}
+            try:
+                row.update(time_partial_only("split_p1", sets, cfg, n_runs))
+                row["merge_ms_by_difference"] = ms_best - row["ms_median"]
+            except Exception as exc:  # noqa: BLE001
+                row["error"] = repr(exc)[:300]
+            run.append_row(TUNING_TABLE, row)
+            if progress and not row["error"]:
+                progress(f"tune partial-only rows={shape.rows}: {row['ms_median'] * 1e3:.1f} us of {ms_best * 1e3:.1f} us")
         del sets, inputs, ref
         torch.cuda.empty_cache()
     return {rows: cfg for rows, (_, cfg) in best.items()}
@@ -348,12 +385,64 @@ def device_provenance(device: torch.device) -> dict[str, Any]:
     return info
 
 
+COPY_TABLE = "kernel_ab_copy"
+
+
+def measure_copy_by_size(run: Run, contexts: Sequence[int], device: torch.device, n_runs: int = 20) -> None:
+    """A device copy moving as many bytes (read + write) as each context's KV read, into ``kernel_ab_copy``.
+
+    The big-copy bandwidth is a ceiling for long streams; at 8k-64k contexts a verify call moves only
+    9-75 MB, where launch and ramp-up cost a visible share even for a plain copy. These rows show
+    what a single, simple memory-bound kernel reaches at the same traffic.
+    """
+    for ctx in sorted(contexts):
+        traffic = kv_bytes(ctx)
+        n = max(1, traffic // 4)  # bf16 elements copied: n*2 B read + n*2 B written = traffic
+        src = torch.randn(n, device=device).to(torch.bfloat16)
+        sets = [(src, torch.empty_like(src))] + [(torch.randn(n, device=device).to(torch.bfloat16),
+                                                   torch.empty_like(src)) for _ in range(max(1, 180_000_000 // traffic))]
+        ms = time_calls([(lambda a=a, b=b: b.copy_(a)) for a, b in sets], n_runs=n_runs, n_warmup=3, device=device)
+        stats = summarize_ms(ms)
+        run.append_row(COPY_TABLE, {"ts_unix_s": time.time(), "error": None, "context_tokens": ctx,
+                                    "traffic_bytes": 4 * n, **stats,
+                                    "gbps": 4 * n / (stats["ms_median"] * 1e-3) / 1e9})
+        del sets, src
+
+
 def measure_peaks(device: torch.device) -> dict[str, Any]:
     """The two ceilings, measured now (CUDA), or None-valued on the CPU."""
     if device.type != "cuda":
         return {"copy_gbps": float("nan"), "matmul_tflops": float("nan"), "source": "not measured (CPU)"}
     out = {**copy_bandwidth_gbps(device), **matmul_tflops(device), "source": "measured in this run"}
     return out
+
+
+def measure(run: Run, spec: GridSpec, device: torch.device | str = "cuda", tune_first: bool = True,
+            deadline_s: Optional[float] = None, progress: Optional[Callable[[str], None]] = None) -> int:
+    """Everything one device run records into ``run``: peaks, copies of each context's size, tuning, the grid.
+
+    Returns the number of kernel_ab rows written. On the CPU only the grid runs (torch implementations).
+    """
+    device = torch.device(device)
+    say = progress or (lambda s: None)
+    run.update(kind="kernel_ab", device=device_provenance(device),
+               grid={k: getattr(spec, k) for k in ("contexts", "heads", "draft_tokens", "layouts", "kernels", "n_runs",
+                                                   "n_warmup", "rotate_bytes", "tol", "baseline_max_ms", "required")})
+    peaks = measure_peaks(device)
+    if device.type == "cuda":
+        peaks["sm_count"] = torch.cuda.get_device_properties(device).multi_processor_count
+    run.update(peaks=dict(peaks))
+    say(f"peaks: copy {peaks['copy_gbps']:.0f} GB/s, bf16 matmul {peaks['matmul_tflops']:.0f} TFLOPS")
+    configs: Optional[Callable[[int], Any]] = None
+    if device.type == "cuda":
+        measure_copy_by_size(run, spec.contexts, device)
+        if tune_first:
+            tune_shapes = [VerifyShape(131072, 8, 1, "shuffled_p1"), VerifyShape(131072, 16, 1, "shuffled_p1"),
+                           VerifyShape(131072, 8, 8, "shuffled_p1"), VerifyShape(131072, 16, 64, "shuffled_p1")]
+            tuned = tune(tune_shapes, run, peaks, device, progress=progress)
+            run.update(tuned_configs={str(r): c.as_dict() for r, c in tuned.items()})
+            configs = config_picker(tuned)
+    return run_grid(spec, run, peaks, device, configs=configs, deadline_s=deadline_s, progress=progress)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -376,21 +465,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             setattr(spec, attr, [int(x) for x in text.split(",") if x.strip()])
     run = Run.create(args.out, label="kernel-ab")
     command = " ".join([os.path.basename(sys.executable), "-m", "specdiag.kernels.harness", *(argv or sys.argv[1:])])
-    run.update(kind="kernel_ab", command=command, device=device_provenance(device),
-               grid={k: getattr(spec, k) for k in ("contexts", "heads", "draft_tokens", "layouts", "kernels", "n_runs",
-                                                   "n_warmup", "rotate_bytes", "tol", "baseline_max_ms", "required")})
-    peaks = measure_peaks(device)
-    run.update(peaks={k: v for k, v in peaks.items()})
-    print(f"peaks: copy {peaks['copy_gbps']:.0f} GB/s, bf16 matmul {peaks['matmul_tflops']:.0f} TFLOPS", flush=True)
-    configs: Optional[Callable[[int], Any]] = None
-    if args.tune and device.type == "cuda":
-        tune_shapes = [VerifyShape(131072, 8, 1, "shuffled_p1"), VerifyShape(131072, 16, 1, "shuffled_p1"),
-                       VerifyShape(131072, 8, 8, "shuffled_p1"), VerifyShape(131072, 16, 64, "shuffled_p1")]
-        tuned = tune(tune_shapes, run, peaks, device, progress=lambda s: print(s, flush=True))
-        run.update(tuned_configs={str(r): c.as_dict() for r, c in tuned.items()})
-        configs = config_picker(tuned)
-    n = run_grid(spec, run, peaks, device, configs=configs, deadline_s=deadline,
-                 progress=lambda s: print(s, flush=True))
+    run.update(command=command)
+    n = measure(run, spec, device, tune_first=args.tune, deadline_s=deadline, progress=lambda s: print(s, flush=True))
     run.update(finished_utc=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                wall_s=round(time.monotonic() - t0, 1))
     print(f"wrote {n} rows to {run.table_path(TABLE)} in {time.monotonic() - t0:.0f} s", flush=True)

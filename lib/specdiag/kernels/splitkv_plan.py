@@ -26,6 +26,9 @@ class SplitKVConfig:
     min_split_tokens: fewest tokens per split (a split's fixed costs: Q load, partial write)
     partial_bf16:     store split partials in bf16 instead of fp32 (half the partial bytes)
     evict_first:      load KV with the evict_first cache hint (streamed once)
+    dv_split:         programs sharing one (row tile, split), each accumulating 512/dv_split value dims
+                      (smaller accumulators; each recomputes the scores)
+    merge_block_dv:   value dims per merge program (smaller: more merge programs in flight)
     """
 
     block_m: int = 64
@@ -33,9 +36,11 @@ class SplitKVConfig:
     num_warps: int = 8
     num_stages: int = 3
     programs_per_sm: float = 1.0
-    min_split_tokens: int = 256
+    min_split_tokens: int = 128
     partial_bf16: bool = False
     evict_first: bool = False
+    dv_split: int = 1
+    merge_block_dv: int = 64
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -55,20 +60,23 @@ class SplitPlan:
 def default_config(rows: int) -> SplitKVConfig:
     """The launch parameters used when none are given, by packed rows (heads x draft tokens).
 
-    Chosen from the tuning sweep recorded in data/reference/kernel-ab-h200 (kernel_ab_tuning table);
-    see docs/kernel-notes.md for the measurements behind each choice.
+    The fastest correct configurations of the tuning sweep on the H200 (data/reference/kernel-ab-h200,
+    table kernel_ab_tuning; docs/kernel-notes.md has the measurements behind each choice).
     """
-    if rows <= 16:
-        return SplitKVConfig(block_m=16, block_n=64, num_warps=4, num_stages=3, programs_per_sm=2.0)
-    if rows <= 32:
-        return SplitKVConfig(block_m=32, block_n=64, num_warps=4, num_stages=3, programs_per_sm=2.0)
-    return SplitKVConfig(block_m=64, block_n=32, num_warps=8, num_stages=3, programs_per_sm=1.0)
+    if rows <= 32:  # run 2: 59.7 us at h8 T1 128k (one program per SM: 70.5 us; 32-token tiles: 65.1 us)
+        return SplitKVConfig(block_m=16 if rows <= 16 else 32, block_n=64, num_warps=4, num_stages=2,
+                             programs_per_sm=2.0, merge_block_dv=16)
+    if rows <= 128:  # run 2: 98.0 us at h8 T8 128k (16 warps: 181.7 us; value dims split: 162.1 us)
+        return SplitKVConfig(block_m=64, block_n=64, num_warps=8, num_stages=3, programs_per_sm=1.0,
+                             merge_block_dv=16)
+    # run 2: 1.149 ms at h16 T64 128k (3 stages: 1.196 ms; 16 warps: 2.419 ms)
+    return SplitKVConfig(block_m=64, block_n=64, num_warps=8, num_stages=2, programs_per_sm=1.0, merge_block_dv=16)
 
 
 def plan_splits(rows: int, n_kv: int, cfg: SplitKVConfig, num_sms: int) -> SplitPlan:
     """How many row tiles and KV splits, and how many tokens per split (a multiple of 64)."""
     n_tiles = -(-rows // cfg.block_m)
-    want = max(1, round(cfg.programs_per_sm * num_sms / n_tiles))
+    want = max(1, round(cfg.programs_per_sm * num_sms / (n_tiles * cfg.dv_split)))
     per_split = -(-n_kv // want)
     per_split = max(per_split, cfg.min_split_tokens)
     per_split = -(-per_split // BLOCK_TOKENS) * BLOCK_TOKENS
@@ -80,6 +88,6 @@ def describe_plan(rows: int, n_kv: int, cfg: SplitKVConfig, num_sms: int) -> dic
     plan = plan_splits(rows, n_kv, cfg, num_sms)
     partial_elem_bytes = 2 if cfg.partial_bf16 else 4
     partial_bytes = 0 if plan.n_splits == 1 else plan.n_splits * rows * (D_V * partial_elem_bytes + 4)
+    programs = plan.programs * cfg.dv_split
     return {"n_tiles": plan.n_tiles, "n_splits": plan.n_splits, "tokens_per_split": plan.tokens_per_split,
-            "programs": plan.programs, "partial_bytes": partial_bytes,
-            "waves": plan.programs / max(1, num_sms)}
+            "programs": programs, "partial_bytes": partial_bytes, "waves": programs / max(1, num_sms)}

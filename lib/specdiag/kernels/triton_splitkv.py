@@ -45,10 +45,14 @@ def _split_partial_kernel(
     qk_scale, n_prefix, n_kv, n_draft, n_heads, n_rows, tokens_per_split, stride_kv,
     PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     D_NOPE: tl.constexpr, D_PE: tl.constexpr, EVICT: tl.constexpr, DIRECT: tl.constexpr,
+    DV_SPLIT: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
+    pid_m = tl.program_id(0)  # row tile x DV_SPLIT + value part
     pid_s = tl.program_id(1)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    D_VP: tl.constexpr = D_NOPE // DV_SPLIT  # value dims this program accumulates
+    dv_part = pid_m % DV_SPLIT
+    rows = (pid_m // DV_SPLIT) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_v = dv_part * D_VP + tl.arange(0, D_VP)
     row_ok = rows < n_rows
     offs_d = tl.arange(0, D_NOPE)
     offs_pe = D_NOPE + tl.arange(0, D_PE)
@@ -63,7 +67,7 @@ def _split_partial_kernel(
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, D_NOPE], tl.float32)
+    acc = tl.zeros([BLOCK_M, D_VP], tl.float32)
 
     # full prefix tiles: every key visible, no bounds checks
     for it in range(0, n_full):
@@ -84,7 +88,11 @@ def _split_partial_kernel(
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(k_nope.dtype), k_nope, acc)
+        if DV_SPLIT == 1:
+            acc = tl.dot(p.to(k_nope.dtype), k_nope, acc)
+        else:  # this program's share of the value dims (the rows are in L2: a sibling program loads them too)
+            v = tl.load(kv_row + offs_v[None, :], eviction_policy=EVICT)
+            acc = tl.dot(p.to(v.dtype), v, acc)
         m_i = m_new
 
     # the rest: a partial prefix tile and the draft block, bounds-checked and tree-masked
@@ -113,17 +121,21 @@ def _split_partial_kernel(
         p = tl.exp2(s - m_use[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(k_nope.dtype), k_nope, acc)
+        if DV_SPLIT == 1:
+            acc = tl.dot(p.to(k_nope.dtype), k_nope, acc)
+        else:
+            v = tl.load(kv_row + offs_v[None, :], mask=ok[:, None], other=0.0)
+            acc = tl.dot(p.to(v.dtype), v, acc)
         m_i = m_new
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     o = acc / l_safe[:, None]
     part_row = pid_s.to(tl.int64) * n_rows + rows
-    tl.store(O_PART + part_row[:, None] * D_NOPE + offs_d[None, :], o.to(O_PART.dtype.element_ty),
+    tl.store(O_PART + part_row[:, None] * D_NOPE + offs_v[None, :], o.to(O_PART.dtype.element_ty),
              mask=row_ok[:, None])
     if not DIRECT:
         lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
-        tl.store(LSE_PART + part_row, lse, mask=row_ok)
+        tl.store(LSE_PART + part_row, lse, mask=row_ok & (dv_part == 0))
 
 
 @triton.jit
@@ -152,14 +164,14 @@ def _merge_kernel(O_PART, LSE_PART, OUT, n_splits, n_rows,
     tl.store(OUT + row.to(tl.int64) * D_V + dv, (acc / tl.sum(w_sum, 0)).to(OUT.dtype.element_ty))
 
 
-MERGE_BLOCK_DV = 64
-
 
 def split_kv_triton(inputs: VerifyInputs, out: torch.Tensor, page_size: int = 1,
-                    cfg: SplitKVConfig | None = None, num_sms: int | None = None) -> torch.Tensor:
+                    cfg: SplitKVConfig | None = None, num_sms: int | None = None,
+                    partial_only: bool = False) -> torch.Tensor:
     """Run split-KV verify attention on CUDA; writes ``out`` [T, H, 512] bf16 and returns it.
 
     page_size 1 reads ``inputs.token_table``; page_size 64 reads ``inputs.block_table``.
+    ``partial_only`` skips the merge (``out`` is then not written): only for timing the first kernel alone.
     """
     q, cache = inputs.q, inputs.cache
     if not (q.is_contiguous() and q.shape[-1] == D_QK and cache.shape[-1] == D_QK and cache.stride(1) == 1):
@@ -187,17 +199,18 @@ def split_kv_triton(inputs: VerifyInputs, out: torch.Tensor, page_size: int = 1,
         o_part = torch.empty(plan.n_splits, rows, D_V, device=q.device,
                              dtype=torch.bfloat16 if cfg.partial_bf16 else torch.float32)
         lse_part = torch.empty(plan.n_splits, rows, device=q.device, dtype=torch.float32)
-    _split_partial_kernel[(plan.n_tiles, plan.n_splits)](
+    _split_partial_kernel[(plan.n_tiles * cfg.dv_split, plan.n_splits)](
         q, cache, inputs.token_table, block_table, inputs.mask_u8, o_part, lse_part,
         inputs.sm_scale * LOG2E, inputs.n_prefix, n_kv, T, H, rows, plan.tokens_per_split, cache.stride(0),
         PAGE_SIZE=page_size, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, D_NOPE=D_NOPE, D_PE=D_PE,
-        EVICT="evict_first" if cfg.evict_first else "", DIRECT=direct,
+        EVICT="evict_first" if cfg.evict_first else "", DIRECT=direct, DV_SPLIT=cfg.dv_split,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    if not direct:
-        block_s = max(2, min(triton.next_power_of_2(plan.n_splits), 8192 // MERGE_BLOCK_DV))
-        _merge_kernel[(rows, D_V // MERGE_BLOCK_DV)](
+    if not direct and not partial_only:
+        block_dv = cfg.merge_block_dv
+        block_s = max(2, min(triton.next_power_of_2(plan.n_splits), 4096 // block_dv))
+        _merge_kernel[(rows, D_V // block_dv)](
             o_part, lse_part, out, plan.n_splits, rows,
-            BLOCK_S=block_s, BLOCK_DV=MERGE_BLOCK_DV, D_V=D_V, num_warps=4,
+            BLOCK_S=block_s, BLOCK_DV=block_dv, D_V=D_V, num_warps=4,
         )
     return out

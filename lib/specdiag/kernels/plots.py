@@ -1,0 +1,73 @@
+"""Plots of the kernel A/B: effective GB/s vs context, the page-size effect, the roofline.
+
+One function a plot, each drawing on a given matplotlib Axes, units on every axis, context axes
+through :func:`specdiag.plots.context_axis`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+
+from specdiag.kernels.analysis import page_size_effect
+from specdiag.plots import context_axis, source_note
+
+KERNEL_STYLE = {
+    "baseline_p1": dict(color="#c62828", marker="v", label="baseline (SGLang structure), page_size 1"),
+    "split_p1": dict(color="#1565c0", marker="o", label="split-KV, page_size 1"),
+    "split_b64": dict(color="#2e7d32", marker="s", label="split-KV, 64-token blocks"),
+}
+
+
+def gbps_vs_context(ax: Any, df: pd.DataFrame, copy_gbps: float, heads: int, draft_tokens: int,
+                    layouts: Sequence[str] = ("shuffled_p1", "shuffled_b64"), source: str = "measured") -> None:
+    """Effective GB/s (KV bytes read once / time) per kernel vs context, with the copy-bandwidth line."""
+    sel = df[(df["heads"] == heads) & (df["draft_tokens"] == draft_tokens) & df["layout"].isin(layouts)]
+    for (kernel, layout), g in sel.groupby(["kernel", "layout"]):
+        g = g.sort_values("context_tokens")
+        style = dict(KERNEL_STYLE.get(kernel, {}))
+        style["label"] = f"{style.get('label', kernel)} ({layout})"
+        ax.plot(g["context_tokens"], g["gbps"], linestyle="-" if layout == "shuffled_p1" else "--", **style)
+    ax.axhline(copy_gbps, color="k", linestyle=":", label=f"device copy {copy_gbps:,.0f} GB/s")
+    ax.set_yscale("log")
+    ax.set_ylabel("effective KV bandwidth (GB/s, log)")
+    context_axis(ax, sorted(sel["context_tokens"].unique()))
+    ax.set_title(f"H={heads} heads x T={draft_tokens} draft tokens")
+    ax.grid(True, which="both", alpha=0.3)
+    source_note(ax, source)
+
+
+def page_size_plot(ax: Any, df: pd.DataFrame, source: str = "measured") -> None:
+    """Split-KV time with page_size 1 (shuffled_p1) over 64-token blocks (shuffled_b64), per shape vs context."""
+    pse = page_size_effect(df)
+    for (h, t), g in pse.groupby(["heads", "draft_tokens"]):
+        g = g.sort_values("context_tokens")
+        ax.plot(g["context_tokens"], g["p1_over_b64"], marker="o", label=f"H={h} T={t}")
+    ax.axhline(1.0, color="k", linewidth=0.8)
+    ax.axhspan(0.9, 1.1, color="#2e7d32", alpha=0.08, label="within 10 %")
+    ax.set_ylabel("time page_size 1 / time 64-token blocks (ratio)")
+    context_axis(ax, sorted(pse["context_tokens"].unique()) if not pse.empty else None)
+    ax.legend(fontsize=7, ncol=2)
+    ax.grid(True, alpha=0.3)
+    source_note(ax, source)
+
+
+def roofline(ax: Any, df: pd.DataFrame, copy_gbps: float, matmul_tflops: float, source: str = "measured") -> None:
+    """Every case on the roofline: achieved TFLOP/s vs arithmetic intensity (FLOP per KV byte)."""
+    xs = np.logspace(np.log10(max(0.5, df["intensity_flop_per_byte"].min() / 2)),
+                     np.log10(df["intensity_flop_per_byte"].max() * 2), 200)
+    ax.plot(xs, np.minimum(matmul_tflops, xs * copy_gbps / 1e3), color="k",
+            label=f"roof: min({matmul_tflops:.0f} TFLOP/s, I x {copy_gbps:,.0f} GB/s)")
+    for kernel, g in df.groupby("kernel"):
+        style = KERNEL_STYLE.get(kernel, {})
+        ax.scatter(g["intensity_flop_per_byte"], g["tflops"], s=14, alpha=0.6, color=style.get("color"),
+                   marker=style.get("marker", "o"), label=style.get("label", kernel))
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP per KV byte, log)")
+    ax.set_ylabel("achieved (TFLOP/s, log)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    source_note(ax, source)

@@ -1,0 +1,223 @@
+"""CPU tests of the kernel A/B: the math, the torch implementations, the harness and the replay."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from specdiag.kernels import analysis
+from specdiag.kernels.dispatch import run_variant, supports
+from specdiag.kernels.harness import (GridSpec, derived_metrics, relative_error, rotation_sets, run_grid,
+                                      smoke_grid)
+from specdiag.kernels.mla import (KV_ROW_BYTES, VerifyShape, arithmetic_intensity_flop_per_byte, kv_bytes,
+                                  make_inputs, make_tables, ridge_rows, tree_mask, verify_flops)
+from specdiag.kernels.reference import baseline_torch, reference_verify, split_kv_torch
+from specdiag.kernels.splitkv_plan import SplitKVConfig, describe_plan, plan_splits
+from specdiag.kernels.timing import summarize_ms, time_calls
+from specdiag.paths import REFERENCE_DIR
+from specdiag.runs import Run
+
+H200_DIR = REFERENCE_DIR / "kernel-ab-h200"
+
+
+def naive_verify(inputs) -> torch.Tensor:
+    """Per query row, float64, no chunking, no tricks: the definition spelled out."""
+    T, H = inputs.draft_tokens, inputs.heads
+    kv = inputs.cache[inputs.token_table].double()
+    out = torch.empty(T, H, 512, dtype=torch.float64)
+    for t in range(T):
+        visible = torch.ones(inputs.n_kv, dtype=torch.bool)
+        visible[inputs.n_prefix:] = inputs.mask[t]
+        for h in range(H):
+            s = (kv @ inputs.q[t, h].double()) * inputs.sm_scale
+            s[~visible] = -math.inf
+            out[t, h] = torch.softmax(s, 0) @ kv[:, :512]
+    return out
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "shuffled_p1", "shuffled_b64"])
+def test_reference_matches_naive_definition(layout: str) -> None:
+    x = make_inputs(VerifyShape(100, 3, 5, layout), seed=5)
+    ref = reference_verify(x, max_score_elems=300)  # forces several row chunks
+    assert torch.allclose(ref.double(), naive_verify(x), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [VerifyShape(130, 2, 7, "shuffled_b64"), VerifyShape(64, 1, 1, "contiguous"),
+                                   VerifyShape(200, 3, 40, "shuffled_p1")])
+def test_torch_designs_match_reference(shape: VerifyShape) -> None:
+    x = make_inputs(shape, seed=shape.context_tokens)
+    ref = reference_verify(x)
+    for fn in (baseline_torch, lambda i, o: split_kv_torch(i, o, n_splits=3), lambda i, o: split_kv_torch(i, o, 50)):
+        out = x.out_like()
+        fn(x, out)
+        assert not torch.isnan(out).any()
+        assert relative_error(out, ref) < 1e-2
+
+
+def test_the_draft_block_is_masked() -> None:
+    """Changing a draft token's KV must not move the output of a draft token that cannot see it."""
+    x = make_inputs(VerifyShape(50, 2, 6, "contiguous"), seed=9)
+    a = reference_verify(x)
+    hidden = [(i, j) for i in range(6) for j in range(6) if not x.mask[i, j]]
+    assert hidden, "the random tree should hide something"
+    i, j = hidden[0]
+    x.cache[x.token_table[50 + j]] += 3.0
+    b = reference_verify(x)
+    assert torch.allclose(a[i], b[i])
+    assert not torch.allclose(a[j], b[j])
+
+
+def test_tree_mask_is_ancestor_closed() -> None:
+    m = tree_mask(16, torch.Generator().manual_seed(1))
+    assert m.diagonal().all() and not m.triu(1).any()
+    for i in range(16):
+        for j in range(16):
+            if m[i, j]:
+                assert (m[i] | ~m[j]).all(), "an ancestor's ancestors are ancestors"
+    chain = tree_mask(5, torch.Generator(), chain=True)
+    assert torch.equal(chain, torch.ones(5, 5, dtype=torch.bool).tril())
+
+
+def test_layout_tables() -> None:
+    gen = torch.Generator().manual_seed(0)
+    tok, blk, pool = make_tables(200, "contiguous", gen)
+    assert pool == 256 and torch.equal(tok, torch.arange(200)) and torch.equal(blk, torch.arange(4, dtype=torch.int32))
+    tok, blk, pool = make_tables(200, "shuffled_b64", gen)
+    assert torch.equal(tok, (blk.long()[:, None] * 64 + torch.arange(64)).reshape(-1)[:200])
+    assert sorted(blk.tolist()) == list(range(4))
+    tok, blk, pool = make_tables(200, "shuffled_p1", gen)
+    assert blk is None and len(set(tok.tolist())) == 200 and int(tok.max()) < pool
+    assert not torch.equal(tok, torch.arange(200))
+    with pytest.raises(ValueError, match="layout"):
+        make_tables(10, "paged", gen)
+
+
+def test_counts_and_units() -> None:
+    assert KV_ROW_BYTES == 1152
+    assert kv_bytes(185_000) * 61 == 13_000_320_000  # kernels.md section 7: 13.0 GB per step
+    assert verify_flops(8, 8, 1000) == 2 * 64 * 1000 * 1088
+    assert arithmetic_intensity_flop_per_byte(16, 64) == pytest.approx(1.889 * 1024, rel=1e-3)
+    assert ridge_rows(790, 4230) == pytest.approx(98.9, rel=1e-2)
+    m = derived_metrics(131_080, 8, 8, ms=0.1, copy_gbps=4000, matmul_tflops=800)
+    assert m["gbps"] == pytest.approx(131_080 * 1152 / 1e-4 / 1e9)
+    assert m["pct_copy_bw"] == pytest.approx(100 * m["gbps"] / 4000)
+    assert m["pct_of_floor"] <= 100 + 1e-9 or m["floor_ms"] > 0.1
+
+
+def test_bad_shapes_are_refused_with_the_field_named() -> None:
+    with pytest.raises(ValueError, match="heads"):
+        VerifyShape(100, 0, 8)
+    with pytest.raises(ValueError, match="layout"):
+        VerifyShape(100, 8, 8, "random")
+    x = make_inputs(VerifyShape(64, 1, 1, "shuffled_p1"))
+    assert not supports("split_b64", x)
+    with pytest.raises(ValueError, match="block table"):
+        run_variant("split_b64", x, x.out_like())
+    with pytest.raises(ValueError, match="unknown kernel"):
+        run_variant("flash", x, x.out_like())
+
+
+@pytest.mark.parametrize("rows,n_kv", [(8, 131_080), (64, 65_544), (8192, 262_208), (16, 8_193)])
+def test_split_plan_covers_the_cache(rows: int, n_kv: int) -> None:
+    for cfg in (SplitKVConfig(), SplitKVConfig(block_m=16, programs_per_sm=2.0), SplitKVConfig(dv_split=2)):
+        plan = plan_splits(rows, n_kv, cfg, num_sms=132)
+        assert plan.tokens_per_split % 64 == 0 and plan.tokens_per_split >= cfg.min_split_tokens
+        assert (plan.n_splits - 1) * plan.tokens_per_split < n_kv <= plan.n_splits * plan.tokens_per_split
+        d = describe_plan(rows, n_kv, cfg, 132)
+        assert d["programs"] == plan.n_tiles * plan.n_splits * cfg.dv_split
+        assert d["partial_bytes"] == (0 if plan.n_splits == 1 else plan.n_splits * rows * (512 * 4 + 4))
+
+
+def test_timing_on_cpu_returns_samples() -> None:
+    ms = time_calls([lambda: sum(range(1000))], n_runs=5, n_warmup=1, device="cpu")
+    assert len(ms) == 5 and all(m > 0 for m in ms)
+    s = summarize_ms([3.0, 1.0, 2.0])
+    assert s["ms_median"] == 2.0 and s["n_runs"] == 3
+    with pytest.raises(ValueError):
+        time_calls([], device="cpu")
+
+
+def test_rotation_sets_hold_fresh_data() -> None:
+    x = make_inputs(VerifyShape(64, 1, 2, "shuffled_b64"))
+    sets = rotation_sets(x, rotate_bytes=3 * x.cache.numel() * 2, seed=1)
+    assert len(sets) == 3
+    assert not torch.equal(sets[0].cache, sets[1].cache) and torch.equal(sets[0].token_table, sets[1].token_table)
+
+
+def test_relative_error_flags_nan() -> None:
+    ref = torch.ones(2, 2, 512)
+    out = ref.clone().to(torch.bfloat16)
+    out[0, 0, 0] = float("nan")
+    assert relative_error(out, ref) == math.inf
+
+
+def test_harness_grid_on_cpu(tmp_path) -> None:
+    run = Run.create(tmp_path / "run")
+    spec = GridSpec(contexts=[64, 256], heads=[2], draft_tokens=[3], layouts=["shuffled_b64", "shuffled_p1"],
+                    n_runs=2, n_warmup=1, rotate_bytes=0, required=[], baseline_max_ms=1e9)
+    peaks = {"copy_gbps": 100.0, "matmul_tflops": 1.0}
+    n = run_grid(spec, run, peaks, "cpu")
+    rows = run.rows("kernel_ab")
+    assert n == len(rows) == 2 * 3 + 2 * 2
+    for r in rows:
+        assert r["error"] is None and r["correct"] and r["impl"] == "torch" and r["unwritten"] == 0
+        assert r["n_runs"] == 2 and r["ms_median"] > 0 and r["gbps"] > 0
+    df = analysis.measured(rows)
+    assert set(df["kernel"]) == {"baseline_p1", "split_p1", "split_b64"}
+
+
+def test_baseline_cap_skips_with_a_reason_but_keeps_required_cases(tmp_path) -> None:
+    run = Run.create(tmp_path / "run")
+    spec = GridSpec(contexts=[64, 128, 256], heads=[1], draft_tokens=[1], layouts=["shuffled_p1"],
+                    kernels=["baseline_p1"], n_runs=1, n_warmup=0, rotate_bytes=0, baseline_max_ms=0.0,
+                    required=[(256, 1, 1)])
+    run_grid(spec, run, {"copy_gbps": 1.0, "matmul_tflops": 1.0}, "cpu")
+    rows = {r["context_tokens"]: r for r in run.rows("kernel_ab")}
+    assert rows[64]["skipped"] is None
+    assert "cap" in rows[128]["skipped"] and "ms_median" not in rows[128]
+    assert rows[256]["skipped"] is None and rows[256]["correct"]
+
+
+def test_smoke_grid_is_small() -> None:
+    assert len(smoke_grid().shapes()) <= 12
+
+
+# --- the recorded H200 run --------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def h200() -> Run:
+    return Run.open(H200_DIR)
+
+
+def test_h200_reference_has_provenance(h200: Run) -> None:
+    meta = h200.meta
+    dev = meta["device"]
+    assert dev["gpu"].startswith("NVIDIA H200") and dev["driver"] and dev["cuda"] and dev["triton"] and dev["torch"]
+    assert "specdiag.kernels.harness" in meta["command"] and dev["date_utc"]
+    assert 3000 < meta["peaks"]["copy_gbps"] < 5500 and 500 < meta["peaks"]["matmul_tflops"] < 1000
+
+
+def test_h200_reference_rows_are_checked_and_cover_the_grid(h200: Run) -> None:
+    rows = h200.rows("kernel_ab")
+    timed = [r for r in rows if r.get("kernel") and not r.get("skipped")]
+    assert timed and all(r["error"] is None and r["correct"] and r["rel_err"] <= 1e-2 for r in timed)
+    assert all(r["n_runs"] >= 20 and r["impl"] == "triton" for r in timed)
+    df = analysis.measured(rows)
+    assert set(df["heads"]) == {8, 16, 128} and set(df["draft_tokens"]) == {1, 8, 16, 64}
+    assert {8192, 262144} <= set(df["context_tokens"])
+    assert set(df["layout"]) == {"contiguous", "shuffled_p1", "shuffled_b64"}
+
+
+def test_h200_targets_table_replays(h200: Run) -> None:
+    df = analysis.measured(h200.rows("kernel_ab"))
+    targets = analysis.target_table(df)
+    summary = analysis.target_summary(targets).set_index("target")
+    assert len(summary) == 4
+    speed = targets[targets["target"].str.startswith("split-KV >= 20x")]
+    assert len(speed) >= 3 and (speed["value"] >= 20).all()  # measured: about 200x
+    fit = analysis.fixed_cost_fit(df)
+    assert (fit["fixed_us"] > 0).all()
+    found = analysis.findings(df, h200.meta["peaks"], h200.rows("kernel_ab_copy"))
+    assert {f.id for f in found} >= {"kernel_ab.baseline_starves", "kernel_ab.split_fixed_cost"}
