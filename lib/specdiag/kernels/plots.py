@@ -42,9 +42,12 @@ def gbps_vs_context(ax: Any, df: pd.DataFrame, copy_gbps: float, heads: int, dra
 def page_size_plot(ax: Any, df: pd.DataFrame, source: str = "measured") -> None:
     """Split-KV time with page_size 1 (shuffled_p1) over 64-token blocks (shuffled_b64), per shape vs context."""
     pse = page_size_effect(df)
+    colors = {1: "#1565c0", 8: "#ef6c00", 16: "#2e7d32", 64: "#6a1b9a"}
+    dashes = {8: "-", 16: "--", 128: ":"}
     for (h, t), g in pse.groupby(["heads", "draft_tokens"]):
         g = g.sort_values("context_tokens")
-        ax.plot(g["context_tokens"], g["p1_over_b64"], marker="o", label=f"H={h} T={t}")
+        ax.plot(g["context_tokens"], g["p1_over_b64"], marker="o", color=colors.get(int(t)),
+                linestyle=dashes.get(int(h), "-."), label=f"H={h} T={t}")
     ax.axhline(1.0, color="k", linewidth=0.8)
     ax.axhspan(0.9, 1.1, color="#2e7d32", alpha=0.08, label="within 10 %")
     ax.set_ylabel("time page_size 1 / time 64-token blocks (ratio)")
