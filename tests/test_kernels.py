@@ -221,3 +221,18 @@ def test_h200_targets_table_replays(h200: Run) -> None:
     assert (fit["fixed_us"] > 0).all()
     found = analysis.findings(df, h200.meta["peaks"], h200.rows("kernel_ab_copy"))
     assert {f.id for f in found} >= {"kernel_ab.baseline_starves", "kernel_ab.split_fixed_cost"}
+
+
+def test_tuning_runs_every_candidate_and_picks_a_correct_one(tmp_path) -> None:
+    """On the CPU the candidates all run the torch design; the code path (rows, pick) is the device's."""
+    from specdiag.kernels.tuning import candidate_configs, config_picker, tune
+
+    run = Run.create(tmp_path / "run")
+    shape = VerifyShape(128, 2, 4, "shuffled_p1")
+    tuned = tune([shape], run, {"copy_gbps": 1.0, "matmul_tflops": 1.0}, "cpu", n_runs=1)
+    rows = run.rows("kernel_ab_tuning")
+    timed = [r for r in rows if r["kernel"] == "split_p1"]
+    assert len(timed) == len(candidate_configs(shape.rows)) and all(r["correct"] for r in timed)
+    assert tuned[shape.rows] in candidate_configs(shape.rows)
+    assert config_picker(tuned)(16) == tuned[shape.rows]
+    assert config_picker(tuned)(1024).block_m == 64  # no tuned config in that regime: the default

@@ -36,7 +36,7 @@ def test_triton_kernels_match_reference(shape: VerifyShape) -> None:
 @pytest.mark.slow
 def test_every_tuning_candidate_is_correct_or_refuses() -> None:
     """Each launch configuration the tuner may pick computes the same function (or fails to compile)."""
-    from specdiag.kernels.harness import candidate_configs
+    from specdiag.kernels.tuning import candidate_configs
 
     for shape in (VerifyShape(9000, 8, 1, "shuffled_b64"), VerifyShape(9000, 8, 8, "shuffled_b64"),
                   VerifyShape(9000, 16, 64, "shuffled_b64")):
