@@ -78,5 +78,7 @@ def test_commit_by_kind() -> None:
     rows = [{"prompt_kind": "predictable", "context_tokens": 1024, "completion_tokens": 65, "verify_steps": 8},
             {"prompt_kind": "predictable", "context_tokens": 1024, "completion_tokens": 33, "verify_steps": 8},
             {"prompt_kind": "novel", "context_tokens": 1024, "completion_tokens": 9, "verify_steps": 8},
-            {"prompt_kind": "novel", "context_tokens": 2048, "error": "timeout"}]
-    assert overview.commit_by_kind(rows) == {("novel", 1024): 1.0, ("predictable", 1024): pytest.approx(6.0)}
+            {"prompt_kind": "novel", "context_tokens": 2048, "error": "timeout"},
+            {"kind": "predictable", "context_tokens": 16000, "commit_length": 7.0}]  # a published probe row
+    assert overview.commit_by_kind(rows) == {("novel", 1024): 1.0, ("predictable", 1024): pytest.approx(6.0),
+                                             ("predictable", 16000): 7.0}

@@ -143,13 +143,14 @@ def compare_findings(results_a: Mapping[str, Mapping[str, Any]],
 
 
 def commit_by_kind(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, int], float]:
-    """Step-weighted commit length per (prompt kind, context) from rows that carry ``prompt_kind``,
+    """Step-weighted commit length per (prompt kind, context) from rows that carry ``prompt_kind`` (or ``kind``),
     ``context_tokens`` and ``completion_tokens`` + ``verify_steps`` (or ``commit_length``); failed rows skipped."""
     groups: dict[tuple[str, int], list[Mapping[str, Any]]] = {}
     for r in rows:
         if r.get("error") or r.get("context_tokens") is None:
             continue
-        groups.setdefault((str(r.get("prompt_kind", "?")), int(r["context_tokens"])), []).append(r)
+        kind = r.get("prompt_kind") or r.get("kind") or "?"  # commit_probe rows name it ``kind``
+        groups.setdefault((str(kind), int(r["context_tokens"])), []).append(r)
     out = {}
     for key, group in groups.items():
         line = summarize_sweep(group)[0]
