@@ -17,6 +17,8 @@ import torch
 #: dtype names accepted on the command line -> torch dtypes. "auto" means float32: the tiny
 #: embedded models are small, and float32 keeps verify (k+1 tokens per forward) and plain
 #: decoding (1 token per forward) numerically close enough for greedy to agree token for token.
+#: Measured on an H200 (tiny test models, 24 prompts, 40 tokens, 8 draft tokens): float32 gave
+#: identical outputs 24/24 for NGRAM and STANDALONE; bfloat16 23/24 (one near-tie flipped).
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "bfloat16": torch.bfloat16,
