@@ -135,3 +135,12 @@ def test_cost_bounded_combines_config_and_measurement() -> None:
     assert verdict(None, flat).severity == "info"
     assert verdict(None, steep).severity == "warning"
     assert verdict(None, []).numbers["measured_flat"] is None
+
+
+def test_no_draft_model_judges_the_measured_time_only() -> None:
+    flat = [{"context_tokens": 1000, "draft_ms_median": 0.26}, {"context_tokens": 4000, "draft_ms_median": 0.30}]
+    f = {x.id: x for x in drafter.drafter_findings(None, [], None, flat)}
+    assert set(f) == {"drafter.no_model", "drafter.measured_cost", "drafter.cost_bounded"}
+    assert f["drafter.cost_bounded"].severity == "ok"
+    f = {x.id: x for x in drafter.drafter_findings(None, [], None, [])}
+    assert f["drafter.cost_bounded"].severity == "info"

@@ -125,11 +125,9 @@ def _yarn(geom: ModelGeometry) -> Mapping[str, Any] | None:
     return rs if kind == "yarn" else None
 
 
-def drafter_findings(geom: ModelGeometry, spans: Sequence[Mapping[str, Any]], window_cap_tokens: int | None,
-                     timing: Sequence[Mapping[str, Any]] = (), timing_source: Source = "server-reported",
-                     growth_threshold: float = 1.5, config_source: Source = "configured") -> list[Finding]:
-    """Verdicts: is the drafter's attention bounded (config), does its RoPE cover the contexts, and is its
-    measured per-step draft time flat (longest/shortest context median below ``growth_threshold``)."""
+def _config_findings(geom: ModelGeometry, spans: Sequence[Mapping[str, Any]], window_cap_tokens: int | None,
+                     config_source: Source) -> list[Finding]:
+    """drafter.attention_bounded and drafter.positions, from the configuration."""
     found: list[Finding] = []
     n_full = geom.layer_types.count(LAYER_FULL)
     n_slide = geom.layer_types.count(LAYER_SLIDING)
@@ -183,6 +181,12 @@ def drafter_findings(geom: ModelGeometry, spans: Sequence[Mapping[str, Any]], wi
             {"max_position_embeddings": geom.max_position_embeddings, "longest_context_tokens": max_ctx,
              "yarn_factor": yarn.get("factor") if yarn else None},
             config_source))
+    return found
+
+
+def _measured_finding(timing: Sequence[Mapping[str, Any]], timing_source: Source,
+                      growth_threshold: float) -> Finding | None:
+    """drafter.measured_cost: the median draft time per context, longest over shortest."""
     pts = sorted((int(r["context_tokens"]), float(r["draft_ms_median"])) for r in timing
                  if not r.get("error") and r.get("draft_ms_median") is not None)
     if len({c for c, _ in pts}) >= 2:
@@ -193,7 +197,7 @@ def drafter_findings(geom: ModelGeometry, spans: Sequence[Mapping[str, Any]], wi
         ratio = meds[-1][1] / meds[0][1]
         fit = fit_line([c for c, _ in meds], [m for _, m in meds])
         flat = ratio < growth_threshold
-        found.append(Finding(
+        return Finding(
             "drafter.measured_cost", "Measured draft time vs context",
             f"A draft step took {meds[0][1]:.3g} ms at {meds[0][0]:,} tokens and {meds[-1][1]:.3g} ms at {meds[-1][0]:,} "
             f"({ratio:.3g}x; {fit.slope_per_1k:.3g} ms per 1k tokens): "
@@ -206,16 +210,50 @@ def drafter_findings(geom: ModelGeometry, spans: Sequence[Mapping[str, Any]], wi
             {"draft_ms_first": meds[0][1], "draft_ms_last": meds[-1][1], "growth_x": ratio,
              "slope_ms_per_1k_tokens": fit.slope_per_1k, "context_tokens_first": meds[0][0],
              "context_tokens_last": meds[-1][0]},
-            timing_source))
-    found.append(_cost_verdict(found, cap, last["context_tokens"], config_source))
+            timing_source)
+    return None
+
+
+def drafter_findings(geom: ModelGeometry | None, spans: Sequence[Mapping[str, Any]], window_cap_tokens: int | None,
+                     timing: Sequence[Mapping[str, Any]] = (), timing_source: Source = "server-reported",
+                     growth_threshold: float = 1.5, config_source: Source = "configured") -> list[Finding]:
+    """Verdicts: is the drafter's attention bounded (config), does its RoPE cover the contexts, is its
+    measured per-step draft time flat (longest/shortest context median below ``growth_threshold``), and
+    the two together (``drafter.cost_bounded``). ``geom`` None: the server drafts without a model
+    (n-gram prompt lookup), so only the measured draft time can be judged."""
+    found: list[Finding] = []
+    cap: int | None = None
+    if geom is not None:
+        found += _config_findings(geom, spans, window_cap_tokens, config_source)
+        cap = bounded_span(geom, window_cap_tokens)
+    else:
+        found.append(Finding(
+            "drafter.no_model", "No draft model", "This server drafts without a model (for instance n-gram prompt "
+            "lookup): there is no drafter attention to inspect; only its measured draft time is judged.", "info",
+            ("the server reports no speculative_draft_model_path and no drafter_config was given",), {},
+            config_source))
+    measured = _measured_finding(timing, timing_source, growth_threshold)
+    if measured is not None:
+        found.append(measured)
+    longest = max((int(r["context_tokens"]) for r in spans), default=0) if spans else max(
+        (int(r["context_tokens"]) for r in timing), default=0)
+    found.append(_cost_verdict(found, cap, longest, config_source, has_model=geom is not None))
     return found
 
 
-def _cost_verdict(found: Sequence[Finding], cap: int | None, longest: int, source: Source) -> Finding:
+def _cost_verdict(found: Sequence[Finding], cap: int | None, longest: int, source: Source,
+                  has_model: bool = True) -> Finding:
     """``drafter.cost_bounded``: the configuration's verdict and the measured one, together."""
     measured = next((f for f in found if f.id == "drafter.measured_cost"), None)
     flat = measured is not None and measured.severity == "ok"
-    if cap is not None and (measured is None or flat):
+    if not has_model:
+        verdict, sev = (("The draft step (no draft model) is flat over the measured contexts up to "
+                         f"{longest:,} tokens." if flat else
+                         "The draft step (no draft model) grows with context: the lookup over the context costs "
+                         "more as it grows." if measured else
+                         "No draft model and no measured draft time: nothing to judge."),
+                        "ok" if flat else "warning" if measured else "info")
+    elif cap is not None and (measured is None or flat):
         verdict, sev = (f"Bounded: every drafter layer attends at most {cap:,} tokens"
                         + (", and the measured draft time is flat." if measured else
                            "; no per-step draft time was measured, so this rests on the configuration."), "ok")
@@ -231,7 +269,8 @@ def _cost_verdict(found: Sequence[Finding], cap: int | None, longest: int, sourc
         verdict, sev = ("Not bounded: full-attention layers read the whole context"
                         + (" and the measured draft time grows with it." if measured else
                            "; no per-step draft time was measured to show how much it costs."), "warning")
-    evidence = [f"{f.id}: {f.verdict}" for f in found if f.id in ("drafter.attention_bounded", "drafter.measured_cost")]
+    evidence = [f"{f.id}: {f.verdict}" for f in found
+                if f.id in ("drafter.attention_bounded", "drafter.measured_cost", "drafter.no_model")]
     return Finding("drafter.cost_bounded", "Is the drafter's cost bounded in context?", verdict, sev, tuple(evidence),
                    {"bounded_by_config": cap is not None, "max_span_tokens": cap,
                     "measured_flat": flat if measured is not None else None},
