@@ -17,7 +17,9 @@ Formulas (bytes are decimal: 1 GB = 1e9 B, not GiB):
   tokens activate (see :func:`active_experts_per_layer`), plus the LM head (read whole each step) and
   one embedding row per token. Under tensor parallelism each rank reads its shard (SGLang's
   layout: MLA's ``q_a_proj`` and ``kv_a_proj_with_mqa`` and the router are replicated; the other
-  projections, the MLPs, each expert's intermediate dimension and the vocabulary are split).
+  projections, the MLPs, each expert's intermediate dimension and the vocabulary are split; read in
+  sgl-project/sglang python/sglang/srt/models/deepseek_v2.py, where ``fused_qkv_a_proj_with_mqa``
+  is a ``ReplicatedLinear`` and ``q_b_proj`` a ``ColumnParallelLinear``).
 
 Everything here is a pure function of a :class:`ModelGeometry`; nothing reads the network.
 """
