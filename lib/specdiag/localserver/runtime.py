@@ -127,6 +127,7 @@ class Runtime:
             "speculative_num_draft_tokens": spec.num_draft_tokens if self.speculative else None,
             "speculative_num_steps": spec.num_draft_tokens - 1 if spec.algorithm == "STANDALONE" else None,
             "speculative_eagle_topk": 1 if spec.algorithm == "STANDALONE" else None,
+            "speculative_draft_window_size": None,  # no cap: the drafter's full layers see the whole context
             "speculative_ngram_min_match_window_size": spec.ngram_min_match_window_size,
             "speculative_ngram_max_match_window_size": spec.ngram_max_match_window_size,
             "stream_interval": cfg.stream_interval,
