@@ -190,7 +190,7 @@ def check_context(prompt_tokens: int, max_new_tokens: int, context_length: int) 
     if prompt_tokens >= context_length:
         raise RequestError(
             f"The input ({prompt_tokens} tokens) is longer than the model's context length "
-            f"({context_length} tokens); shorten the prompt or start the server with a larger --context-length"
+            f"({context_length} tokens); shorten the prompt"
         )
     if prompt_tokens + max_new_tokens > context_length:
         raise RequestError(
