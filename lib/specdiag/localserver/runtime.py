@@ -90,6 +90,9 @@ class Runtime:
         self.engine.warm_up()
         self.stats = ServerStats()
         self.engine_lock = threading.Lock()
+        # a Rust fast tokenizer raises "Already borrowed" when two threads use it at once
+        # (the event loop tokenizes while the generation thread detokenizes)
+        self.tokenizer_lock = threading.Lock()
         self.served_model_name = cfg.served_model_name or cfg.model_path.name
         self.started_unix_s = time.time()
 
@@ -186,10 +189,12 @@ class Runtime:
         }
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+        with self.tokenizer_lock:
+            return list(self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
 
     def detokenize(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        return str(self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))
+        with self.tokenizer_lock:
+            return str(self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))
 
     def busy(self) -> bool:
         return self.stats.num_running_reqs > 0 or self.stats.num_queue_reqs > 0
