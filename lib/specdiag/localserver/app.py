@@ -16,6 +16,7 @@ from typing import Any, AsyncIterator, Callable, Iterator
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
 
 from specdiag.localserver.protocol import RequestError, error_body, parse_generate_body
 from specdiag.localserver.runtime import PAGE_SIZE, Runtime
@@ -86,7 +87,7 @@ def build_app(runtime: Runtime) -> FastAPI:
             return _error(f"the body is not valid JSON: {exc}")
         try:
             gi = parse_generate_body(body)
-            prompt_ids, req = runtime.prepare(gi)
+            prompt_ids, req = await run_in_threadpool(runtime.prepare, gi)  # tokenizing may take a while
         except RequestError as exc:
             return _error(str(exc))
 
@@ -159,7 +160,8 @@ def build_app(runtime: Runtime) -> FastAPI:
         if not isinstance(text, str):
             return _error('send {"text": "..."} (or SGLang\'s {"prompt": "..."}) with a string')
         add_special = body.get("add_special_tokens", True)
-        tokens = runtime.tokenize(text, add_special_tokens=bool(add_special))
+        # off the event loop: a long text must not delay the chunks of a running generation
+        tokens = await run_in_threadpool(runtime.tokenize, text, bool(add_special))
         return JSONResponse({"tokens": tokens, "count": len(tokens), "max_model_len": runtime.context_length})
 
     @app.post("/detokenize")
@@ -169,7 +171,8 @@ def build_app(runtime: Runtime) -> FastAPI:
         tokens = body.get("tokens") if isinstance(body, dict) else None
         if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
             return _error('send {"tokens": [ids...]}')
-        return JSONResponse({"text": runtime.detokenize(tokens, bool(body.get("skip_special_tokens", True)))})
+        text = await run_in_threadpool(runtime.detokenize, tokens, bool(body.get("skip_special_tokens", True)))
+        return JSONResponse({"text": text})
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:
