@@ -235,3 +235,27 @@ def test_cli_errors_when_the_model_is_missing(tmp_path: Path):
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert f"no model at {missing}" in proc.stderr and "--model-path" in proc.stderr
+
+
+def test_stream_never_splits_a_utf8_character(monkeypatch):
+    """A character whose bytes come in two steps is held back until complete (no U+FFFD in chunks)."""
+    from specdiag.localserver.engine import Chunk, StepStats
+
+    with make_client("--incremental-streaming-output") as c:
+        runtime = c.app.state.runtime
+        tok = runtime.tokenizer
+        first, second = tok.convert_tokens_to_ids(["Ã", "©"])  # byte-level BPE: "é" is C3 A9
+        assert tok.decode([first, second]) == "é"
+        step = StepStats(committed=1, correct_drafts=0, proposed_drafts=3, draft_ms=1.0, verify_ms=1.0, drafter_tokens=0)
+
+        def fake_generate(req, should_abort=lambda: False):
+            yield Chunk([first], prefill_ms=1.0)
+            yield Chunk([second], step=step)
+            yield Chunk([first], step=step)
+            yield Chunk([second], step=step, finish={"type": "length", "length": 4})
+
+        monkeypatch.setattr(runtime.engine, "generate", fake_generate)
+        items, _ = sse_items(c, {"input_ids": [5, 6], "stream": True, "sampling_params": {"max_new_tokens": 4}})
+    texts = [i["text"] for i in items]
+    assert "".join(texts) == "éé" and not any("\ufffd" in t for t in texts)
+    assert [i["output_ids"] for i in items] == [[first], [second], [first], [second]]
