@@ -32,15 +32,21 @@ def make_client(*extra: str, algorithm: str = "STANDALONE") -> TestClient:
     return TestClient(build_app(Runtime(parse_args(args))))
 
 
-@pytest.fixture(scope="module")
-def client() -> Iterator[TestClient]:
+@pytest.fixture(scope="module", autouse=True)
+def restore_torch_threads() -> Iterator[None]:
+    """The server sets torch to one CPU thread (--cpu-threads 1); give later tests the old setting back."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def client() -> Iterator[TestClient]:
     with make_client() as c:
         yield c
-    torch.set_num_threads(threads)
 
 
 def sse_items(client: TestClient, body: dict[str, Any]) -> tuple[list[Any], str]:
