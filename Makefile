@@ -85,7 +85,8 @@ test-gpu: setup ## run only the GPU tests (on a machine with CUDA)
 lab: setup ## open JupyterLab on the notebooks
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks
 
-clean: ## remove run folders and local Jupyter state (keeps .venv and data/reference)
+clean: ## stop a recorded embedded server, remove run folders and local Jupyter state (keeps .venv, data/reference)
+	-@if [ -x $(PY) ]; then $(PY) -m specdiag.localserver.control stop; fi
 	rm -rf data/runs $(LOCAL) .pytest_cache
 
 distclean: clean ## also remove the virtual environment
