@@ -12,7 +12,7 @@ Notebooks call :func:`start` right after their ``parameters`` cell::
 
 from __future__ import annotations
 
-import importlib
+import importlib.metadata
 import platform
 import sys
 from dataclasses import dataclass, field
@@ -43,11 +43,11 @@ class NotebookContext:
 def versions() -> dict[str, str]:
     """Versions of the things a reader needs to reproduce this notebook's numbers."""
     out = {"python": platform.python_version(), "platform": platform.platform()}
-    for mod in ("specdiag", "torch", "transformers", "pandas", "matplotlib", "papermill"):
-        try:
-            out[mod] = str(getattr(importlib.import_module(mod), "__version__", "?"))
-        except Exception:  # noqa: BLE001 - a missing optional module is reported, not fatal
-            out[mod] = "not installed"
+    for dist in ("specdiag", "torch", "transformers", "pandas", "matplotlib", "papermill"):
+        try:  # read the installed metadata: importing papermill here would pull in tqdm.auto
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[dist] = "not installed"
     return out
 
 
