@@ -47,3 +47,21 @@ def test_secrets_in_server_info_never_reach_disk(run_notebook, tmp_path: Path, m
     for path in [out, *run_dir.rglob("*")]:
         if path.is_file():
             assert secret not in path.read_text(errors="replace"), f"secret in {path}"
+
+
+def test_snapshot_replays_a_recorded_run(run_notebook, tmp_path: Path) -> None:
+    """The investigation's published deployment (data/reference/ct200-kimi-k26), shown without a server."""
+    from specdiag.paths import REFERENCE_DIR
+
+    ref = Run.open(REFERENCE_DIR / "ct200-kimi-k26")
+    run_dir = tmp_path / "run"
+    run_notebook("00_snapshot", replay_dir=str(ref.path), run_dir=str(run_dir))
+    meta = Run.open(run_dir).meta
+    assert meta["server"]["speculative_algorithm"] == ref.meta["server"]["speculative_algorithm"]
+    assert meta["hardware"]["memory_bandwidth_gb_s"] == ref.meta["hardware"]["memory_bandwidth_gb_s"]
+    assert meta["hardware"]["where"] == "recorded run"
+    result = json.loads((run_dir / "findings" / "00_snapshot.json").read_text())
+    found = {f["id"]: f for f in result["findings"]}
+    assert found["snapshot.speculation"]["source"] == "published"
+    assert found["snapshot.peak_bandwidth"]["numbers"]["memory_bandwidth_gb_s"] == pytest.approx(
+        ref.meta["hardware"]["memory_bandwidth_gb_s"])
