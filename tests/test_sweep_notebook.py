@@ -79,3 +79,31 @@ def test_replay_of_a_published_table(run_notebook, tmp_path: Path) -> None:
     assert result["metrics"]["source"] == "published" and result["metrics"]["requests"] == 6
     assert not (out / "sweep.jsonl").exists()  # replay measures nothing
     assert Run.open(out).meta["replay_of"] == str(src.path)
+
+
+def test_failed_requests_keep_their_rows_and_an_all_failed_sweep_raises(run_notebook, tmp_path: Path,
+                                                                         monkeypatch) -> None:
+    """A server that refuses every /generate (HTTP 400): each request leaves a row with its error, the
+    findings are still written, and the notebook ends with an error naming the failure."""
+    import sys
+
+    import papermill
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    import sglang_replay_server as replay
+
+    def refuse(handler, body):  # noqa: ANN001 - the replay server's handler
+        handler._send(400, {"error": {"message": "the input is too long for this pretend server"}})
+
+    monkeypatch.setattr(replay._Handler, "_generate", refuse)
+    run_dir = tmp_path / "run"
+    with replay.ReplayServer() as server:
+        with pytest.raises(papermill.PapermillExecutionError, match="every one of the 2 sweep requests failed"):
+            run_notebook("01_baseline_sweep", server_url=server.url, run_dir=str(run_dir), context_lengths=[16, 32],
+                         max_new_tokens=4, prompt_kind="predictable")
+    rows = Run.open(run_dir).rows("sweep")
+    assert [r["context_tokens"] for r in rows] == [16, 32]
+    assert all("too long for this pretend server" in r["error"] for r in rows)
+    result = json.loads((run_dir / "findings" / "01_baseline_sweep.json").read_text())
+    assert {f["id"] for f in result["findings"]} == {"sweep.failed_requests"}
+    assert result["metrics"]["failed"] == 2
