@@ -27,7 +27,6 @@ export JUPYTER_CONFIG_DIR := $(LOCAL)/config
 export JUPYTER_DATA_DIR := $(LOCAL)/data
 export JUPYTER_RUNTIME_DIR := $(LOCAL)/runtime
 export MPLCONFIGDIR := $(LOCAL)/matplotlib
-export MPLBACKEND := agg
 export PYTHONUNBUFFERED := 1
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1

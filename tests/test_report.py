@@ -101,3 +101,17 @@ def test_unreachable_server_fails_fast_naming_the_url(tmp_path: Path) -> None:
     assert proc.returncode == 2, proc.stderr
     assert "http://127.0.0.1:9" in proc.stderr
     assert elapsed < 10
+
+
+def test_params_files_match_the_notebooks() -> None:
+    """Every params/*.yaml section names a notebook and only parameters it declares."""
+    from specdiag.paths import NOTEBOOKS_DIR, PARAMS_DIR
+
+    files = sorted(PARAMS_DIR.glob("*.yaml"))
+    assert files
+    for path in files:
+        params = report.load_params_file(str(path))
+        for key in params:
+            if report._is_notebook_key(key):
+                declared = report.declared_parameters(NOTEBOOKS_DIR / f"{key}.ipynb")
+                report.parameters_for(key, declared, {}, params)  # raises on an undeclared key

@@ -89,7 +89,7 @@ def local_jupyter_env(base: Path = LOCAL_STATE_DIR) -> dict[str, str]:
 
 def apply_local_jupyter_env() -> None:
     os.environ.update(local_jupyter_env())
-    os.environ.setdefault("MPLBACKEND", "agg")
+    # No MPLBACKEND here: kernels must keep their inline backend, or figures never reach the notebook.
 
 
 # --------------------------------------------------------------------------------------------
