@@ -78,7 +78,8 @@ def start(notebook: str, server_url: str = "", run_dir: str = "", replay_dir: st
     """Open the run folder and either reach the server or open the recorded run.
 
     - ``replay_dir`` set: analyse that run's rows; outputs go to ``run_dir`` (or a new run folder
-      labelled ``replay``), whose run.json records ``replay_of``.
+      labelled ``replay``), whose run.json records ``replays`` (and ``replay_of`` when
+      the run measured nothing live).
     - else ``server_url`` set: check it answers (a clear error naming the URL if not) and measure.
     - else: start or reuse the embedded server (``specdiag.localserver.ensure_running``).
     """
@@ -89,7 +90,13 @@ def start(notebook: str, server_url: str = "", run_dir: str = "", replay_dir: st
     if replay_dir:
         source = Run.open(replay_dir)
         run = Run.create(run_dir or None, label=f"replay-{source.path.name}")
-        run.update(replay_of=str(source.path), params={notebook: params})
+        # ``replays`` says which notebook replayed what; ``replay_of`` marks the whole run as a replay,
+        # so it is set only on a run that measured nothing live (06 replaying recorded kernel results
+        # inside a live report must not relabel that report).
+        fields: dict[str, Any] = {"params": {notebook: params}, "replays": {notebook: str(source.path)}}
+        if not run.meta.get("server_url"):
+            fields["replay_of"] = run.meta.get("replay_of") or str(source.path)
+        run.update(**fields)
         return NotebookContext(notebook, run, source, "", None, params)
     run = Run.create(run_dir or None)
     run.update(params={notebook: params})

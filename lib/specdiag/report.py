@@ -234,8 +234,15 @@ code{background:#f5f5f5;padding:0 3px}.sev-critical{color:#c62828}.sev-warning{c
 
 
 def _fmt(value: Any) -> str:
+    """Numbers to 4 significant digits, also inside lists and dicts."""
+    if isinstance(value, bool) or value is None:
+        return str(value)
     if isinstance(value, float):
         return f"{value:.4g}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_fmt(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_fmt(v)}" for k, v in value.items()) + "}"
     return str(value)
 
 
