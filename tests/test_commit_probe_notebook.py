@@ -33,7 +33,6 @@ def test_commit_probe_replays_published_rows(run_notebook, tmp_path) -> None:
 
 
 @pytest.mark.notebook
-@pytest.mark.slow
 def test_commit_probe_against_embedded_server(run_notebook, embedded_server, tmp_path) -> None:
     run_dir = tmp_path / "live"
     run_notebook("04_commit_probe", server_url=embedded_server.url, run_dir=str(run_dir),
