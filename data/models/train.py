@@ -5,10 +5,12 @@
 
 Target: Qwen3ForCausalLM, 4 layers d256, full attention, trained at 16,384 tokens (the longest
 embedded context) for part of its steps, with the copy curriculum of curriculum.py.
-Drafter: Qwen3ForCausalLM, 3 layers d256 (smaller MLP), sliding-window attention (512 tokens) on every
-layer but the middle one, YaRN rope scaling (factor 4 over 4,096), 16,384 positions; its embeddings start
-from the target's, and it learns from the data and from the target's own next-token distribution
-(distillation), so it copies where the target copies.
+Drafter: Qwen3ForCausalLM, 3 layers d256, sliding-window attention (512 tokens) on every layer but the
+middle one, YaRN rope scaling (factor 4 over 4,096), 16,384 positions. It learns from the data and from
+the target's next-token distribution (distillation). Started from random weights (only the embeddings
+copied) it did not learn to copy in 819 H200 steps; the shipped one starts from the target's layers
+(``--drafter-only --drafter-init-layers 0 2 3``, MLP as wide as the target's) and is then refined on the
+target's own outputs by onpolicy.py. README.md has the exact commands.
 Evaluation (``--eval``): greedy speculative decoding with speculate.py on the predictable and novel
 prompts of specdiag.prompts at each context, n-gram prompt lookup and the model drafter, 8 drafts.
 Everything is seeded (``--seed``); GPU kernels are not bitwise deterministic, so a rebuild matches in
