@@ -110,3 +110,16 @@ def test_novel_prose_is_held_out_of_training_text() -> None:
     assert len(novel) > 900_000
     assert len(novel_paras) > 4000
     assert not [p for p in novel_paras if p in train_paras]
+
+
+def test_onpolicy_prompts_end_periodically() -> None:
+    import onpolicy  # noqa: PLC0415
+
+    corpus = np.arange(20_000, dtype=np.int32)
+    prompts = onpolicy.make_prompts(corpus, 6, 256, np.random.default_rng(0), periodic_share=1.0)
+    assert prompts.shape == (6, 256)
+    for row in prompts:
+        tail = row[-64:]
+        assert any(np.array_equal(tail[p:], tail[:-p]) for p in range(6, 25)), "tail is not periodic"
+    plain = onpolicy.make_prompts(corpus, 2, 256, np.random.default_rng(0), periodic_share=0.0)
+    assert all(np.array_equal(np.diff(r), np.ones(255)) for r in plain)  # untouched corpus windows
