@@ -356,8 +356,9 @@ def utilization_findings(stats: Sequence[Mapping[str, Any]], request: Mapping[st
                            f"spent elsewhere (launch gaps, low parallelism, compute), not on moving more data.")
             elif ratio > 2.0:
                 verdict = (f"The GPU moves {ratio:.1f}x the bytes the analysis counts ({_pct(dram)} measured against "
-                           f"{_pct(pred)} predicted): something reads more than the model (re-reads of KV or "
-                           f"weights, the drafter, activations, other processes on the GPU).")
+                           f"{_pct(pred)} predicted): something moves more than the weights and KV the analysis "
+                           f"counts (re-reads, copies of a growing KV cache, activations, other processes on "
+                           f"the GPU).")
             else:
                 verdict = (f"The GPU moves less DRAM traffic than the analysis counts ({_pct(dram)} measured against "
                            f"{_pct(pred)} predicted): part of the data is served from L2 (small models fit in it) "

@@ -1,0 +1,59 @@
+"""Notebook 02 end to end: live against the embedded server with the CPU fallback, and replaying the
+recorded H200 run (its numbers checked against the library computed independently here)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from specdiag.paths import REFERENCE_DIR
+from specdiag.runs import Run
+from specdiag.utilization import phase_stats, phase_windows, rows_of_request, stat
+
+H200_RUN = REFERENCE_DIR / "h200-embedded-utilization"
+
+
+def result(run_dir: Path) -> dict[str, Any]:
+    return json.loads((run_dir / "findings" / "02_gpu_utilization.json").read_text())
+
+
+@pytest.mark.notebook
+def test_live_on_the_embedded_server_with_cpu_telemetry(run_notebook: Callable[..., Path], embedded_server: Any,
+                                                        tmp_path: Path) -> None:
+    run_dir = tmp_path / "live"
+    run_notebook("02_gpu_utilization", server_url=embedded_server.url, run_dir=str(run_dir), context_tokens=256,
+                 max_new_tokens=24, idle_s=0.3, telemetry="cpu", sample_hz=50.0)
+    out = result(run_dir)
+    m = out["metrics"]
+    assert m["request_error"] is None and m["completion_tokens"] == 24 and m["context_tokens"] == 256
+    assert m["telemetry_source"] == "cpu" and m["device"] == "cpu"
+    assert m["telemetry_same_machine_as_server"] is True
+    assert m["decode_cpu_util_pct_median"] is not None and m["decode_gpu_util_pct_median"] is None
+    assert m["sample_rate_hz_achieved"] > 25
+    assert m["predicted_bw_util_pct"] is not None and m["predicted_bw_util_pct"] > 0
+    run = Run.open(run_dir)
+    (request,) = run.rows("telemetry_request")
+    assert request["prompt_tokens"] == 256 and request["sampler"]["rows"] == len(run.rows("telemetry"))
+    ids = {f["id"] for f in out["findings"]}
+    assert "utilization.decode_cpu" in ids and "utilization.decode_bandwidth_predicted" in ids
+
+
+@pytest.mark.notebook
+def test_replays_the_recorded_h200_run(run_notebook: Callable[..., Path], tmp_path: Path) -> None:
+    assert (H200_RUN / "run.json").exists(), f"the recorded H200 run is missing at {H200_RUN}"
+    run_dir = tmp_path / "replay"
+    run_notebook("02_gpu_utilization", replay_dir=str(H200_RUN), run_dir=str(run_dir))
+    m = result(run_dir)["metrics"]
+    source = Run.open(H200_RUN)
+    (request,) = source.rows("telemetry_request")
+    rows = rows_of_request(source.rows("telemetry"), request)
+    stats = phase_stats(rows, phase_windows(request), trim_s=1.0)
+    assert m["telemetry_source"] == "nvml" and "H200" in m["device_name"]
+    assert m["replay_of"] == str(H200_RUN)
+    assert m["decode_gpu_util_pct_median"] == stat(stats, "0", "decode", "gpu_util_pct_median")
+    assert m["decode_sm_active_pct_median"] == stat(stats, "0", "decode", "sm_active_pct_median")
+    assert m["decode_s"] > 5.0 and m["step_ms"] == request["step_ms"]
+    assert m["predicted_bw_util_pct"] is not None
