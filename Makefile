@@ -58,8 +58,8 @@ $(STAMP): pyproject.toml
 	  echo "[setup] installing $(TORCH_SPEC)"; $(PY) -m pip install -q "$(TORCH_SPEC)"; \
 	fi; \
 	$(PY) -m pip install -q -e '.[test]'; \
-	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (specdiag)" >/dev/null; \
 	mkdir -p $(IPYTHONDIR) $(JUPYTER_CONFIG_DIR) $(JUPYTER_DATA_DIR) $(JUPYTER_RUNTIME_DIR) $(MPLCONFIGDIR); \
+	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (specdiag)" >/dev/null; \
 	touch $(STAMP); echo "[setup] done: $(VENV)"
 
 report: setup ## run every notebook against SERVER (default: the embedded server), render HTML, print the index
