@@ -7,6 +7,10 @@ the request was sent, taken when its bytes arrived). Tokens per chunk always com
 and output_ids are rebuilt whether the server streams cumulative chunks (the default) or deltas
 (``--incremental-streaming-output``). Protocol facts: reference/sglang-protocol.md.
 
+Layout: SSE parsing lives in specdiag.sse, RequestTrace and its assembly from chunks in
+specdiag.trace; this module holds the HTTP client, its errors and CLIENTS / make_client, and
+re-exports the names of the other two so ``from specdiag.client import ...`` keeps working.
+
 Failures: ``generate`` returns a trace with ``.error`` set (and whatever arrived) for anything that
 goes wrong after the request was sent; it raises only ServerUnreachable. Other methods raise
 ServerError subclasses. Every message names the URL and the cause; the API key never appears in a
@@ -18,15 +22,21 @@ from __future__ import annotations
 import json
 import socket
 import time
-from dataclasses import dataclass
-from typing import Any, Literal
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+from collections.abc import Callable, Iterator, Mapping
 
 import requests
 import urllib3.exceptions
 
 from specdiag.runs import REDACTED, redact_text
-from specdiag.spec import SpecFields, spec_fields_from_meta
+from specdiag.sse import DONE, SSEDecoder, SSEEvent, SSEFormatError, parse_sse_lines
+from specdiag.trace import (
+    RequestTrace,
+    SpecFields,
+    _finish_reason_error,
+    assemble_stream,
+    detect_stream_mode,
+)
 
 __all__ = [
     "CLIENTS",
@@ -46,9 +56,6 @@ __all__ = [
     "make_client",
     "parse_sse_lines",
 ]
-
-DONE: Literal["[DONE]"] = "[DONE]"
-SSEEvent = dict | Literal["[DONE]"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -102,251 +109,6 @@ class StreamError(ServerError):
 
     def _message(self) -> str:
         return f"stream from {self.url} failed: {self.cause}"
-
-
-class SSEFormatError(ValueError):
-    """An SSE ``data:`` payload that is neither JSON nor ``[DONE]``."""
-
-
-# ---------------------------------------------------------------------------------------------
-# SSE parsing (pure)
-# ---------------------------------------------------------------------------------------------
-
-
-def _decode_payload(data_lines: list[str]) -> list[SSEEvent]:
-    payload = "\n".join(data_lines)
-    if payload.strip() == DONE:
-        return [DONE]
-    try:
-        return [json.loads(payload)]
-    except json.JSONDecodeError:
-        pass
-    if len(data_lines) > 1:  # tolerate servers that omit the blank line between events
-        return [ev for line in data_lines for ev in _decode_payload([line])]
-    raise SSEFormatError(f"malformed SSE data (not JSON): {payload[:200]!r}")
-
-
-class _EventBuilder:
-    """Collects ``data:`` fields until a blank line ends the event (the SSE rules)."""
-
-    def __init__(self) -> None:
-        self.data: list[str] = []
-
-    def line(self, line: str) -> list[SSEEvent]:
-        line = line.rstrip("\r\n")
-        if line == "":
-            return self.flush()
-        if line.startswith(":"):  # comment / keep-alive
-            return []
-        name, _, value = line.partition(":")
-        if name == "data":
-            self.data.append(value[1:] if value.startswith(" ") else value)
-        # "event:", "id:", "retry:" and unknown fields carry nothing SGLang uses.
-        return []
-
-    def flush(self) -> list[SSEEvent]:
-        if not self.data:
-            return []
-        data, self.data = self.data, []
-        return _decode_payload(data)
-
-
-def parse_sse_lines(lines: Iterable[bytes | str]) -> Iterator[SSEEvent]:
-    """Yield the events of an SSE stream: a dict per JSON ``data:`` payload, or ``"[DONE]"``.
-
-    ``lines`` are the stream's lines, with or without their line ending; an event ends at a blank
-    line (a last event without one is still yielded). Comment lines and non-data fields are
-    skipped. A payload that is not JSON raises SSEFormatError.
-    """
-    builder = _EventBuilder()
-    for raw in lines:
-        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
-        # one item may hold several lines (e.g. a whole chunk)
-        if text.endswith("\n"):
-            text = text[:-1]
-        # split on "\n" only: JSON text may hold U+2028 and friends, which splitlines() would cut
-        for line in text.split("\n"):
-            yield from builder.line(line)
-    yield from builder.flush()
-
-
-class SSEDecoder:
-    """Incremental SSE decoder over raw bytes as they arrive from the network.
-
-    ``feed(data)`` returns the events completed by ``data``; ``close()`` returns what is left
-    (an unterminated last event, if it decodes) and tells whether the stream ended mid-line.
-    """
-
-    def __init__(self) -> None:
-        self._buffer = b""
-        self._builder = _EventBuilder()
-
-    def feed(self, data: bytes) -> list[SSEEvent]:
-        self._buffer += data
-        events: list[SSEEvent] = []
-        while True:
-            cut = self._buffer.find(b"\n")
-            if cut < 0:
-                break
-            line, self._buffer = self._buffer[:cut], self._buffer[cut + 1:]
-            events.extend(self._builder.line(line.decode("utf-8", "replace")))
-        return events
-
-    def close(self) -> tuple[list[SSEEvent], bytes]:
-        """Flush: (events from a last unterminated event, bytes of an unfinished last line)."""
-        tail, self._buffer = self._buffer, b""
-        events: list[SSEEvent] = []
-        try:
-            if tail.strip():
-                events.extend(self._builder.line(tail.decode("utf-8", "replace")))
-            events.extend(self._builder.flush())
-        except SSEFormatError:
-            return [], tail
-        return events, b""
-
-
-# ---------------------------------------------------------------------------------------------
-# Traces
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass
-class RequestTrace:
-    """One /generate request as the client saw it. Times are client-side, in seconds after send."""
-
-    url: str
-    t_send_unix_s: float  # wall clock when the request was sent (time.time())
-    ttft_s: float | None  # first chunk that brought tokens; None for non-stream or no tokens
-    chunk_t_s: list[float]  # arrival of each chunk that brought new tokens
-    chunk_tokens: list[int]  # new tokens in that chunk (meta_info.completion_tokens deltas)
-    prompt_tokens: int | None  # server-reported meta_info.prompt_tokens
-    completion_tokens: int  # server-reported (final meta_info.completion_tokens)
-    e2e_s: float | None  # send to last byte; None if nothing came back
-    text: str
-    output_ids: list[int]
-    meta_info: dict  # the final chunk's meta_info (server-reported)
-    finish_reason: dict | None
-    spec: SpecFields | None
-    error: str | None
-    error_kind: str | None = None  # "http", "timeout", "stream", "aborted"; None when fine
-    stream_mode: str | None = None  # "cumulative", "incremental"; None for non-stream
-    n_chunks: int = 0  # data chunks received (error chunk excluded, [DONE] excluded)
-
-
-def _chunk_ids(chunk: Mapping[str, Any]) -> list[int] | None:
-    ids = chunk.get("output_ids")
-    return list(ids) if isinstance(ids, list) else None
-
-
-def _chunk_ct(chunk: Mapping[str, Any]) -> int | None:
-    meta = chunk.get("meta_info") or {}
-    ct = meta.get("completion_tokens")
-    return int(ct) if ct is not None else None
-
-
-def detect_stream_mode(chunks: Sequence[Mapping[str, Any]]) -> Literal["cumulative", "incremental"]:
-    """Tell SGLang's cumulative chunks (default) from deltas (``--incremental-streaming-output``).
-
-    Cumulative: each chunk's output_ids has completion_tokens entries and extends the previous
-    one. Incremental: the output_ids lengths add up to completion_tokens. Without output_ids, the
-    text decides: cumulative if each text extends the previous one. When both readings fit
-    (e.g. a single chunk) the result is the same either way and "cumulative" is returned.
-    """
-    with_ids = [(c, _chunk_ids(c), _chunk_ct(c)) for c in chunks]
-    if any(ids is not None for _, ids, _ in with_ids):
-        cumulative = incremental = True
-        prev: list[int] = []
-        total = 0
-        for _, ids, ct in with_ids:
-            ids = ids or []
-            total += len(ids)
-            if ct is not None:
-                cumulative &= len(ids) == ct
-                incremental &= total == ct
-            cumulative &= ids[: len(prev)] == prev
-            prev = ids
-        if cumulative:
-            return "cumulative"
-        if incremental:
-            return "incremental"
-        # Neither fits exactly: prefix growth is the stronger sign of cumulative chunks.
-        prefix_ok = all(
-            (b or [])[: len(a or [])] == (a or []) for (_, a, _), (_, b, _) in zip(with_ids, with_ids[1:])
-        )
-        return "cumulative" if prefix_ok else "incremental"
-    texts = [str(c.get("text") or "") for c in chunks]
-    grows = all(b.startswith(a) for a, b in zip(texts, texts[1:]))
-    return "cumulative" if grows else "incremental"
-
-
-def _finish_reason_error(finish_reason: Any) -> str | None:
-    if isinstance(finish_reason, Mapping) and finish_reason.get("type") == "abort":
-        message = finish_reason.get("message") or "no message"
-        status = finish_reason.get("status_code")
-        return f"server aborted the request{f' (status {status})' if status else ''}: {message}"
-    return None
-
-
-def assemble_stream(
-    events: list[tuple[float, SSEEvent]],
-    url: str,
-    t_send_unix_s: float,
-    e2e_s: float | None,
-) -> RequestTrace:
-    """Build a RequestTrace from timestamped SSE events (pure; ``error`` left for the caller).
-
-    ``events`` are ``(seconds after send, event)``; error chunks (``{"error": ...}``) are skipped
-    here (the caller reports them) and ``[DONE]`` is ignored.
-    """
-    timed = [(t, ev) for t, ev in events if isinstance(ev, dict) and "error" not in ev]
-    chunks = [ev for _, ev in timed]
-    mode = detect_stream_mode(chunks) if chunks else "cumulative"
-    chunk_t_s: list[float] = []
-    chunk_tokens: list[int] = []
-    text_parts: list[str] = []
-    output_ids: list[int] = []
-    text = ""
-    prev_ct = 0
-    for t, chunk in timed:
-        ids = _chunk_ids(chunk)
-        ct = _chunk_ct(chunk)
-        if mode == "cumulative":
-            if ids is not None:
-                output_ids = ids
-            if chunk.get("text") is not None:
-                text = str(chunk["text"])
-        else:
-            output_ids.extend(ids or [])
-            text_parts.append(str(chunk.get("text") or ""))
-        if ct is None:  # no meta_info: count tokens from the ids instead
-            ct = len(output_ids)
-        new = ct - prev_ct
-        if new > 0:
-            chunk_t_s.append(t)
-            chunk_tokens.append(new)
-            prev_ct = ct
-    if mode == "incremental":
-        text = "".join(text_parts)
-    meta: dict = dict(chunks[-1].get("meta_info") or {}) if chunks else {}
-    finish_reason = meta.get("finish_reason")
-    return RequestTrace(
-        url=redact_text(url),
-        t_send_unix_s=t_send_unix_s,
-        ttft_s=chunk_t_s[0] if chunk_t_s else None,
-        chunk_t_s=chunk_t_s,
-        chunk_tokens=chunk_tokens,
-        prompt_tokens=meta.get("prompt_tokens"),
-        completion_tokens=prev_ct,
-        e2e_s=e2e_s,
-        text=text,
-        output_ids=output_ids,
-        meta_info=meta,
-        finish_reason=finish_reason if isinstance(finish_reason, dict) else None,
-        spec=spec_fields_from_meta(meta),
-        error=None,
-        stream_mode=mode if chunks else None,
-        n_chunks=len(chunks),
-    )
 
 
 # ---------------------------------------------------------------------------------------------
