@@ -101,6 +101,7 @@ def test_unreachable_server_fails_fast_naming_the_url(tmp_path: Path) -> None:
     assert proc.returncode == 2, proc.stderr
     assert "http://127.0.0.1:9" in proc.stderr
     assert elapsed < 10
+    assert not (tmp_path / "run").exists(), "an unreachable server must leave no run folder behind"
 
 
 def test_params_files_match_the_notebooks() -> None:

@@ -376,6 +376,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     apply_local_jupyter_env()
     params_file = load_params_file(args.params)
     notebooks = select_notebooks(args.notebooks)
+    if args.server:  # before any folder is made: an unreachable server leaves nothing behind
+        from specdiag.client import SGLangClient  # noqa: PLC0415
+
+        SGLangClient(args.server).check_reachable()
     run = Run.create(args.run_dir or RUNS_DIR / new_run_id("embedded" if not args.server else "server"))
     run.update(report={"command": " ".join(sys.argv), "notebooks": notebooks,
                        "started_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")})
