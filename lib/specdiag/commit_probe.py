@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from specdiag.findings import Finding, Source
+from specdiag.metrics import decode_tok_s
 from specdiag.nb import check, check_context_lengths
 from specdiag.prompts import NOVEL_PROSE_PATH, build_prompt
 from specdiag.spec import commit_histogram, commit_histogram_from_correct_drafts, commit_length_from_meta
@@ -126,10 +127,7 @@ def probe_row(trace: Any, request: Mapping[str, Any], num_draft_tokens: int | No
     accepted = (correct / verify) if (correct is not None and verify) else (commit - 1 if commit else None)
     wall = _num(trace.e2e_s)
     prefill = _num(trace.ttft_s)
-    chunk_t, chunk_n = list(trace.chunk_t_s or []), list(trace.chunk_tokens or [])
-    decode = None
-    if len(chunk_t) >= 2 and chunk_n and chunk_t[-1] > chunk_t[0] and completion > chunk_n[0]:
-        decode = (completion - chunk_n[0]) / (chunk_t[-1] - chunk_t[0])
+    decode = decode_tok_s(list(trace.chunk_t_s or []), list(trace.chunk_tokens or []), completion)
     prompt_tokens = trace.prompt_tokens if trace.prompt_tokens is not None else meta.get("prompt_tokens")
     finish = trace.finish_reason if trace.finish_reason is not None else meta.get("finish_reason")
     row = {c: None for c in PROBE_COLUMNS}

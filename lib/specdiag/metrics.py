@@ -73,6 +73,23 @@ def verify_steps_in_window(first_chunk_tokens: int, completion_tokens: int, veri
     return None, None
 
 
+def decode_window(chunk_t_s: Sequence[float], chunk_tokens: Sequence[int],
+                  completion_tokens: int) -> tuple[float, int] | None:
+    """The decode window of a stream: (seconds from the first to the last token chunk, tokens after
+    the first chunk), or None when there is no such window (one chunk, or no token after the first)."""
+    if len(chunk_t_s) < 2 or not chunk_tokens:
+        return None
+    window_s = chunk_t_s[-1] - chunk_t_s[0]
+    decode_tokens = completion_tokens - chunk_tokens[0]
+    return (window_s, decode_tokens) if window_s > 0 and decode_tokens > 0 else None
+
+
+def decode_tok_s(chunk_t_s: Sequence[float], chunk_tokens: Sequence[int], completion_tokens: int) -> float | None:
+    """Decode speed, tokens/s: tokens after the first chunk / (last chunk time - first chunk time)."""
+    window = decode_window(chunk_t_s, chunk_tokens, completion_tokens)
+    return window[1] / window[0] if window else None
+
+
 def sweep_row(trace: Any, context_tokens: int, **labels: Any) -> dict[str, Any]:
     """One ``sweep`` row from a :class:`specdiag.client.RequestTrace` (see :data:`SWEEP_COLUMNS`).
 
@@ -85,20 +102,19 @@ def sweep_row(trace: Any, context_tokens: int, **labels: Any) -> dict[str, Any]:
     ttft_s = _positive(trace.ttft_s)
     chunk_t_s, chunk_tokens = list(trace.chunk_t_s or []), list(trace.chunk_tokens or [])
 
-    decode_tok_s = step_ms = None
+    rate_tok_s = step_ms = None
     method = None
     spec = getattr(trace, "spec", None)
     verify_ct = spec.verify_ct if spec is not None else meta.get("spec_verify_ct")
-    if len(chunk_t_s) >= 2 and chunk_tokens:
-        window_s = chunk_t_s[-1] - chunk_t_s[0]
-        decode_tokens = completion_tokens - chunk_tokens[0]
-        if window_s > 0 and decode_tokens > 0:
-            decode_tok_s = decode_tokens / window_s
-            steps, method = verify_steps_in_window(
-                chunk_tokens[0], completion_tokens, verify_ct,
-                spec.step_commit_lengths if spec is not None else meta.get("spec_step_commit_lengths"))
-            step_ms = 1000.0 * window_s / steps if steps else None
-            method = method if step_ms is not None else None
+    window = decode_window(chunk_t_s, chunk_tokens, completion_tokens)
+    if window:
+        window_s, decode_tokens = window
+        rate_tok_s = decode_tokens / window_s
+        steps, method = verify_steps_in_window(
+            chunk_tokens[0], completion_tokens, verify_ct,
+            spec.step_commit_lengths if spec is not None else meta.get("spec_step_commit_lengths"))
+        step_ms = 1000.0 * window_s / steps if steps else None
+        method = method if step_ms is not None else None
 
     finish = trace.finish_reason if trace.finish_reason is not None else meta.get("finish_reason")
     row: dict[str, Any] = {c: None for c in SWEEP_COLUMNS}
@@ -112,7 +128,7 @@ def sweep_row(trace: Any, context_tokens: int, **labels: Any) -> dict[str, Any]:
         "completion_tokens": completion_tokens,
         "ttft_s": ttft_s,
         "prefill_tok_s": prompt_tokens / ttft_s if ttft_s and prompt_tokens else None,
-        "decode_tok_s": decode_tok_s,
+        "decode_tok_s": rate_tok_s,
         "step_ms": step_ms,
         "step_ms_method": method,
         "verify_steps": verify_ct,
