@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from specdiag.client import SGLangClient
+from specdiag.serving import SGLangClient
 from specdiag.runs import Run
 from specdiag.telemetry import open_source
 from specdiag.utilization import phase_stats, phase_windows, rows_of_request, stat

@@ -73,7 +73,7 @@ def test_parameters_win_and_bad_input_is_named(run_notebook: Callable[..., Path]
 @pytest.mark.slow
 def test_live_embedded_server(run_notebook: Callable[..., Path], tmp_path: Path, embedded_server: Any) -> None:
     """05 on a live run: a small sweep on the embedded server, the target's config.json, the host's peak."""
-    from specdiag.client import SGLangClient
+    from specdiag.serving import SGLangClient
     from specdiag.geometry import DTYPE_BYTES
 
     info = SGLangClient(embedded_server.url).server_info()

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from sglang_replay_server import CHUNK_DELAY_S, PROMPT_TOKENS, ReplayServer, tokenize  # noqa: E402
 
 from specdiag import spec  # noqa: E402
-from specdiag.client import (  # noqa: E402
+from specdiag.serving import (  # noqa: E402
     CLIENTS,
     RequestTrace,
     ServerHTTPError,
@@ -63,9 +63,10 @@ def assert_full_answer(trace: RequestTrace) -> None:
 
 def test_registry_names_the_sglang_client() -> None:
     assert CLIENTS["sglang"] is SGLangClient
-    assert isinstance(make_client("SGLang", "http://127.0.0.1:9"), SGLangClient)
-    with pytest.raises(ValueError, match="'vllm' is not supported; choose one of \\['sglang'\\]"):
-        make_client("vllm", "http://127.0.0.1:9")
+    assert isinstance(make_client("http://127.0.0.1:9", "SGLang"), SGLangClient)
+    assert isinstance(make_client("http://127.0.0.1:9", "embedded"), SGLangClient)
+    with pytest.raises(ValueError, match="'tgi' is not supported; choose 'auto' or one of \\['sglang', 'vllm'\\]"):
+        make_client("http://127.0.0.1:9", "tgi")
 
 
 def assert_timestamped_as_sent(trace: RequestTrace) -> None:

@@ -6,15 +6,9 @@ import json
 
 import pytest
 
-from specdiag.client import (
-    DONE,
-    SSEDecoder,
-    SSEFormatError,
-    _error_message_from_body,
-    assemble_stream,
-    detect_stream_mode,
-    parse_sse_lines,
-)
+from specdiag.serving.errors import error_message_from_body as _error_message_from_body
+from specdiag.serving.sse import DONE, SSEDecoder, SSEFormatError, parse_sse_lines
+from specdiag.serving.trace import assemble_stream, detect_stream_mode
 
 # Three chunks of a speculative stream: 1 prefill token, then steps committing 3 and 2 tokens.
 IDS = [[11], [12, 13, 14], [15, 16]]

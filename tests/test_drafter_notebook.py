@@ -100,7 +100,7 @@ def test_replay_investigation_drafter(run_notebook: Callable[..., Path], tmp_pat
 @pytest.mark.slow
 def test_live_embedded_drafter(run_notebook: Callable[..., Path], tmp_path: Path, embedded_server: Any) -> None:
     """03 on the embedded server: the drafter's config from its folder, measured draft ms per context."""
-    from specdiag.client import SGLangClient
+    from specdiag.serving import SGLangClient
 
     info = SGLangClient(embedded_server.url).server_info()
     cfg = json.loads((PROJECT_ROOT / info["speculative_draft_model_path"] / "config.json").read_text())

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from specdiag.client import RequestTrace
+from specdiag.serving import RequestTrace
 from specdiag.metrics import (SWEEP_COLUMNS, error_row, fit_line, summarize_sweep, sweep_findings, sweep_row,
                               verify_steps_in_window)
 from specdiag.spec import spec_fields_from_meta

@@ -5,7 +5,8 @@ import json
 import pytest
 
 from specdiag.findings import Finding
-from specdiag.runs import REDACTED, Run, redact
+from specdiag.runs import Run
+from specdiag.serving.redaction import REDACTED, redact
 
 
 def test_redact_keys_flags_and_text() -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from specdiag import snapshot
-from specdiag.runs import REDACTED, redact
+from specdiag.serving.redaction import REDACTED, redact
 
 
 def test_server_settings_pick_known_fields_redacted_and_from_internal_states() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from specdiag.client import RequestTrace, ServerHTTPError, ServerUnreachable
+from specdiag.serving import RequestTrace, ServerHTTPError, ServerUnreachable
 from specdiag.nb import ParameterError
 from specdiag.paths import NOTEBOOKS_DIR, PARAMS_DIR
 from specdiag.spec import spec_fields_from_meta

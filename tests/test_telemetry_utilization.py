@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from sglang_replay_server import CHUNK_DELAY_S, CHUNKS, PROMPT_TOKENS, ReplayServer  # noqa: E402
 
-from specdiag.client import SGLangClient  # noqa: E402
+from specdiag.serving import SGLangClient  # noqa: E402
 from specdiag.runs import Run  # noqa: E402
 from specdiag.telemetry import empty_row, open_source  # noqa: E402
 from specdiag.utilization_record import record_sampled_request  # noqa: E402

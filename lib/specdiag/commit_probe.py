@@ -45,8 +45,9 @@ from typing import Any, Iterable, Mapping, Sequence
 from specdiag.findings import Finding, Source
 from specdiag.metrics import decode_tok_s
 from specdiag.nb import check, check_context_lengths
-from specdiag.prompts import NOVEL_PROSE_PATH, build_prompt
-from specdiag.spec import commit_histogram, commit_histogram_from_correct_drafts, commit_length_from_meta
+from specdiag.fresh_prompt import fresh_prompt
+from specdiag.prompts import NOVEL_PROSE_PATH
+from specdiag.spec import commit_histogram, commit_histogram_from_correct_drafts, commit_length_of
 
 PROBE_TABLE = "commit_probe"
 STEPS_TABLE = "commit_probe_steps"
@@ -110,12 +111,11 @@ def _num(x: Any) -> float | None:
 
 def probe_row(trace: Any, request: Mapping[str, Any], num_draft_tokens: int | None,
               cache_flushed: bool | None = None) -> dict[str, Any]:
-    """One ``commit_probe`` row from a :class:`specdiag.client.RequestTrace` (pure)."""
-    meta: Mapping[str, Any] = trace.meta_info or {}
+    """One ``commit_probe`` row from a :class:`specdiag.serving.RequestTrace` (pure)."""
     spec = getattr(trace, "spec", None)
     completion = int(trace.completion_tokens or 0)
     verify = spec.verify_ct if spec is not None else None
-    commit = commit_length_from_meta({**meta, "completion_tokens": completion, "spec_verify_ct": verify})
+    commit = commit_length_of(completion, spec)
     correct = spec.num_correct_drafts if spec is not None else None
     proposed = spec.num_proposed_drafts if spec is not None else None
     steps = spec.step_commit_lengths if spec is not None else None
@@ -128,8 +128,8 @@ def probe_row(trace: Any, request: Mapping[str, Any], num_draft_tokens: int | No
     wall = _num(trace.e2e_s)
     prefill = _num(trace.ttft_s)
     decode = decode_tok_s(list(trace.chunk_t_s or []), list(trace.chunk_tokens or []), completion)
-    prompt_tokens = trace.prompt_tokens if trace.prompt_tokens is not None else meta.get("prompt_tokens")
-    finish = trace.finish_reason if trace.finish_reason is not None else meta.get("finish_reason")
+    prompt_tokens = trace.prompt_tokens
+    finish = getattr(trace, "finish_type", None)
     row = {c: None for c in PROBE_COLUMNS}
     row.update({
         "ts_unix_s": trace.t_send_unix_s, **{k: request[k] for k in PROBE_KEY},
@@ -143,9 +143,13 @@ def probe_row(trace: Any, request: Mapping[str, Any], num_draft_tokens: int | No
         "commit_histogram": hist, "wall_s": wall, "prefill_s": prefill,
         "prefill_share": prefill / wall if (prefill is not None and wall) else None,
         "decode_tok_s": decode,
-        "finish_reason": finish.get("type") if isinstance(finish, Mapping) else finish,
+        "finish_reason": finish,
         "error": trace.error,
     })
+    for key, value in (("spec_source", getattr(trace, "spec_source", None)),
+                       ("warnings", list(getattr(trace, "warnings", None) or []) or None)):
+        if value is not None:
+            row[key] = value
     return row
 
 
@@ -177,14 +181,12 @@ def measure(client: Any, request: Mapping[str, Any], plan: ProbePlan,
             num_draft_tokens: int | None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Flush, build the prompt, stream it; returns the probe row and its step rows (never raises for a
     server-side failure: the row carries the error)."""
-    from specdiag.client import ServerError  # noqa: PLC0415 - replay needs no client
+    from specdiag.serving.errors import ServerError  # noqa: PLC0415 - replay needs no client
 
     flushed: bool | None = None
     try:
-        if plan.flush_cache:
-            flushed = client.flush_cache()
-        prompt = build_prompt(lambda text: client.tokenize(text), int(request["context_tokens"]),
-                              request["kind"], seed=int(request["seed"]))
+        prompt, flushed = fresh_prompt(client, int(request["context_tokens"]), request["kind"], int(request["seed"]),
+                                       reset=plan.flush_cache)
     except (ServerError, ValueError, OSError) as exc:
         return error_row(request, f"prompt: {exc}", num_draft_tokens, flushed), []
     sampling = {"max_new_tokens": plan.max_new_tokens, "temperature": 0.0, "ignore_eos": True}

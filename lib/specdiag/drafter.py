@@ -97,7 +97,7 @@ def timing_row(trace: Any, context_tokens: int, **labels: Any) -> dict[str, Any]
 def measure_draft_timing(client: Any, context_tokens: int, max_new_tokens: int, prompt_kind: str = "novel",
                          seed: int = 0) -> dict[str, Any]:
     """Flush the cache, send one exact-length prompt, return its ``drafter_timing`` row (errors kept)."""
-    from specdiag.client import ServerError  # noqa: PLC0415
+    from specdiag.serving.errors import ServerError  # noqa: PLC0415
     from specdiag.prompts import build_prompt  # noqa: PLC0415
 
     labels = {"prompt_kind": prompt_kind, "seed": seed, "max_new_tokens": max_new_tokens}

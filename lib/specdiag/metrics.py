@@ -14,8 +14,9 @@ Formulas (units in the names; times from the client's clock unless said otherwis
   ``verify_ct * (completion_tokens - first chunk's tokens) / (completion_tokens - 1)``
   (``verify_steps``; equal to verify_ct when the first chunk holds only the prefill token). Without
   speculation every decode step makes one token (``tokens``).
-- ``commit_length = (completion_tokens - 1) / spec_verify_ct`` (tokens per verify step, bonus
-  included; :func:`specdiag.spec.commit_length_from_meta`).
+- ``commit_length``: tokens per verify step, bonus included, from the trace's engine-neutral spec fields
+  (:func:`specdiag.spec.commit_length_of`): SGLang ``(completion_tokens - 1) / spec_verify_ct``, vLLM
+  ``1 + accepted drafts / verify steps``.
 
 Everything here is a pure function: no I/O, no global state.
 """
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from specdiag.findings import Finding, Source
-from specdiag.spec import commit_length_from_meta, pooled_commit_length
+from specdiag.spec import commit_length_of, pooled_commit_length
 
 #: The columns of the ``sweep`` table, in order (docs/ARCHITECTURE.md describes each with its unit).
 SWEEP_COLUMNS: tuple[str, ...] = (
@@ -91,13 +92,12 @@ def decode_tok_s(chunk_t_s: Sequence[float], chunk_tokens: Sequence[int], comple
 
 
 def sweep_row(trace: Any, context_tokens: int, **labels: Any) -> dict[str, Any]:
-    """One ``sweep`` row from a :class:`specdiag.client.RequestTrace` (see :data:`SWEEP_COLUMNS`).
+    """One ``sweep`` row from a :class:`specdiag.serving.RequestTrace` (see :data:`SWEEP_COLUMNS`).
 
     ``labels`` (``repeat``, ``prompt_kind``, ``seed``, ...) are copied into the row. Fields that the
     trace cannot give (a failed request, a single chunk) are None; ``error`` carries the trace's error.
     """
-    meta: Mapping[str, Any] = trace.meta_info or {}
-    prompt_tokens = trace.prompt_tokens if trace.prompt_tokens is not None else meta.get("prompt_tokens")
+    prompt_tokens = trace.prompt_tokens
     completion_tokens = int(trace.completion_tokens or 0)
     ttft_s = _positive(trace.ttft_s)
     chunk_t_s, chunk_tokens = list(trace.chunk_t_s or []), list(trace.chunk_tokens or [])
@@ -105,18 +105,16 @@ def sweep_row(trace: Any, context_tokens: int, **labels: Any) -> dict[str, Any]:
     rate_tok_s = step_ms = None
     method = None
     spec = getattr(trace, "spec", None)
-    verify_ct = spec.verify_ct if spec is not None else meta.get("spec_verify_ct")
+    verify_ct = spec.verify_ct if spec is not None else None
     window = decode_window(chunk_t_s, chunk_tokens, completion_tokens)
     if window:
         window_s, decode_tokens = window
         rate_tok_s = decode_tokens / window_s
         steps, method = verify_steps_in_window(
-            chunk_tokens[0], completion_tokens, verify_ct,
-            spec.step_commit_lengths if spec is not None else meta.get("spec_step_commit_lengths"))
+            chunk_tokens[0], completion_tokens, verify_ct, spec.step_commit_lengths if spec is not None else None)
         step_ms = 1000.0 * window_s / steps if steps else None
         method = method if step_ms is not None else None
 
-    finish = trace.finish_reason if trace.finish_reason is not None else meta.get("finish_reason")
     row: dict[str, Any] = {c: None for c in SWEEP_COLUMNS}
     row.update({
         "ts_unix_s": trace.t_send_unix_s,
@@ -124,7 +122,7 @@ def sweep_row(trace: Any, context_tokens: int, **labels: Any) -> dict[str, Any]:
         **labels,
         "prompt_tokens": prompt_tokens,
         "prompt_tokens_match": (prompt_tokens == context_tokens) if prompt_tokens is not None else None,
-        "cached_tokens": meta.get("cached_tokens"),
+        "cached_tokens": getattr(trace, "cached_tokens", None),
         "completion_tokens": completion_tokens,
         "ttft_s": ttft_s,
         "prefill_tok_s": prompt_tokens / ttft_s if ttft_s and prompt_tokens else None,
@@ -132,15 +130,18 @@ def sweep_row(trace: Any, context_tokens: int, **labels: Any) -> dict[str, Any]:
         "step_ms": step_ms,
         "step_ms_method": method,
         "verify_steps": verify_ct,
-        "commit_length": commit_length_from_meta({**meta, "completion_tokens": completion_tokens,
-                                                  "spec_verify_ct": verify_ct}),
-        "accept_length": spec.accept_length if spec is not None else meta.get("spec_accept_length"),
+        "commit_length": commit_length_of(completion_tokens, spec),
+        "accept_length": spec.accept_length if spec is not None else None,
         "n_chunks": len(chunk_t_s),
         "e2e_s": _positive(trace.e2e_s),
-        "server_e2e_s": _positive(meta.get("e2e_latency")),
-        "finish_reason": finish.get("type") if isinstance(finish, Mapping) else finish,
+        "server_e2e_s": _positive(getattr(trace, "server_e2e_s", None)),
+        "finish_reason": getattr(trace, "finish_type", None),
         "error": trace.error,
     })
+    for key, value in (("spec_source", getattr(trace, "spec_source", None)),
+                       ("warnings", list(getattr(trace, "warnings", None) or []) or None)):
+        if value is not None:
+            row[key] = value
     return row
 
 
@@ -222,11 +223,18 @@ def summarize_sweep(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
         for f in SUMMARY_FIELDS:
             vals = [float(r[f]) for r in ok if _positive(r.get(f)) is not None]
             line[f] = statistics.median(vals) if vals else None
+        # Step-weighted: each row's committed tokens (commit_length x verify_steps, whatever the engine's
+        # way of counting) over all its verify steps.
+        weighted = [(float(r["commit_length"]), int(r["verify_steps"])) for r in ok
+                    if r.get("commit_length") is not None and r.get("verify_steps")]
         pairs = [(int(r["completion_tokens"]), int(r["verify_steps"])) for r in ok
                  if r.get("completion_tokens") is not None and r.get("verify_steps")]
         published = [float(r["commit_length"]) for r in ok if r.get("commit_length") is not None]
-        line["commit_length"] = pooled_commit_length(pairs) if pairs else (
-            statistics.median(published) if published else None)
+        if weighted and len(weighted) == len(pairs):
+            line["commit_length"] = sum(c * n for c, n in weighted) / sum(n for _, n in weighted)
+        else:
+            line["commit_length"] = pooled_commit_length(pairs) if pairs else (
+                statistics.median(published) if published else None)
         out.append(line)
     return out
 

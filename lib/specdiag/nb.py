@@ -7,7 +7,7 @@ Notebooks call :func:`start` right after their ``parameters`` cell::
                    params=dict(context_lengths=context_lengths, max_new_tokens=max_new_tokens))
     ctx.run        # where this notebook writes (rows, findings)
     ctx.source     # the run whose rows are analysed: ctx.run when measuring, the recorded run when replaying
-    ctx.client     # SGLangClient, or None when replaying
+    ctx.client     # a specdiag.serving.ServingClient (SGLang or vLLM, recognised from the server), or None when replaying
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class NotebookContext:
     run: Run
     source: Run
     server_url: str = ""
-    client: Any = None  # specdiag.client.SGLangClient when measuring
+    client: Any = None  # specdiag.serving.ServingClient when measuring
     params: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -102,15 +102,17 @@ def start(notebook: str, server_url: str = "", run_dir: str = "", replay_dir: st
     run.update(params={notebook: params})
     if not needs_server:
         return NotebookContext(notebook, run, run, server_url, None, params)
-    from specdiag.client import SGLangClient  # noqa: PLC0415 - keep replay free of client imports
+    from specdiag.serving import make_client  # noqa: PLC0415 - keep replay free of client imports
 
+    engine = "auto"
     if not server_url:
         from specdiag import localserver  # noqa: PLC0415
 
         server_url = localserver.ensure_running()
-    client = SGLangClient(server_url)
+        engine = "embedded"
+    client = make_client(server_url, engine)  # "auto" asks the server which engine it is
     client.check_reachable()
-    run.update(server_url=server_url)
+    run.update(server_url=server_url, engine=client.engine)
     return NotebookContext(notebook, run, run, server_url, client, params)
 
 

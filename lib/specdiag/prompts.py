@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import random
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Literal
 
@@ -215,3 +215,18 @@ def build_prompt(tokenize: Tokenize, n_tokens: int, kind: PromptKind = "novel", 
     ring = prose[start:] + ("\n\n" + prose[:start] if start else "")
     ids = _fill_to(tokenize, ring, n_tokens, lead, piece_chars, f"the novel prose ({source})")
     return Prompt(ids, n_tokens, kind, seed, (instruction + ring)[:PREVIEW_CHARS], start, source, instruction)
+
+
+def unique_head(tokenize: Tokenize, prompt: Prompt, tag: str) -> Prompt:
+    """``prompt`` with its first tokens replaced by the ids of ``tag`` (e.g. ``"[req 3f2a] "``), same length.
+
+    For a server whose prefix cache cannot be reset (vLLM without dev mode): a prompt whose first
+    tokens no earlier prompt had shares no cached block with them (a prefix cache matches from the
+    first token on), so every prompt token is computed. The tail, which the model continues, is kept.
+    """
+    tag_ids = tokenize_long(tokenize, tag)
+    if not tag_ids:
+        raise ValueError(f"the tag {tag!r} tokenizes to nothing")
+    n = min(len(tag_ids), len(prompt.input_ids))
+    ids = tag_ids[:n] + list(prompt.input_ids[n:])
+    return replace(prompt, input_ids=ids, preview=(tag + prompt.preview)[:PREVIEW_CHARS])

@@ -339,7 +339,7 @@ def server_for_report(server_url: str, run: Run, algorithm: str, num_draft_token
     """Yield a reachable server URL: ``server_url`` checked, or an embedded server started and
     always stopped afterwards (its log goes to the run folder)."""
     if server_url:
-        from specdiag.client import SGLangClient  # noqa: PLC0415
+        from specdiag.serving import SGLangClient  # noqa: PLC0415
 
         SGLangClient(server_url).check_reachable()
         yield server_url
@@ -377,7 +377,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     params_file = load_params_file(args.params)
     notebooks = select_notebooks(args.notebooks)
     if args.server:  # before any folder is made: an unreachable server leaves nothing behind
-        from specdiag.client import SGLangClient  # noqa: PLC0415
+        from specdiag.serving import SGLangClient  # noqa: PLC0415
 
         SGLangClient(args.server).check_reachable()
     run = Run.create(args.run_dir or RUNS_DIR / new_run_id("embedded" if not args.server else "server"))
@@ -486,7 +486,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         known = (ValueError, FileNotFoundError, ParameterError)
         try:
-            from specdiag.client import ServerError  # noqa: PLC0415
+            from specdiag.serving.errors import ServerError  # noqa: PLC0415
 
             known = known + (ServerError,)
         except ImportError:

@@ -13,7 +13,7 @@ import platform
 import socket
 from typing import Any, Mapping
 
-from specdiag.runs import redact
+from specdiag.serving.redaction import redact
 
 #: (server_info key, what it is), in the order the table shows them.
 SERVER_FIELDS: tuple[tuple[str, str], ...] = (

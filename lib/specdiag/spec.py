@@ -71,6 +71,9 @@ class SpecFields:
     step_commit_lengths: list[int] | None  # embedded server only: tokens committed per step
     step_draft_ms: list[float] | None  # embedded server only: drafting time per step, ms
     step_verify_ms: list[float] | None  # embedded server only: verify time per step, ms
+    # Tokens per verify step, bonus included, as the engine counted them (vLLM: 1 + accepted / steps);
+    # None where the engine gives counts only (SGLang: see commit_length_of).
+    mean_commit_length: float | None = None
 
     @classmethod
     def from_meta(cls, meta: Mapping[str, Any] | None) -> SpecFields | None:
@@ -142,6 +145,28 @@ def commit_length_from_meta(meta: Mapping[str, Any]) -> float | None:
     steps = meta.get(STEP_COMMIT_KEY)
     if steps:
         return sum(steps) / len(steps)
+    return None
+
+
+def commit_length_of(completion_tokens: int | None, spec: SpecFields | None) -> float | None:
+    """Mean commit length of one request from its engine-neutral SpecFields (never an engine's keys).
+
+    In order: the engine's own per-step mean (vLLM); ``(completion_tokens - 1) / verify_ct`` (SGLang);
+    the correct-drafts histogram; the per-step commit lengths. None without speculative fields.
+    """
+    if spec is None:
+        return None
+    if spec.mean_commit_length is not None:
+        return float(spec.mean_commit_length)
+    value = commit_length_from_counts(completion_tokens, spec.verify_ct)
+    if value is not None:
+        return value
+    if spec.correct_drafts_histogram:
+        value = commit_length_from_histogram(spec.correct_drafts_histogram)
+        if value is not None:
+            return value
+    if spec.step_commit_lengths:
+        return sum(spec.step_commit_lengths) / len(spec.step_commit_lengths)
     return None
 
 

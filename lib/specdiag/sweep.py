@@ -1,7 +1,8 @@
 """The baseline sweep's measurement: one streamed request per (context, repeat), one row each.
 
-For each request: flush the server's prefix cache (so no context is served from an earlier, longer
-prompt), build a prompt of exactly ``context_tokens`` ids with the server's tokenizer
+For each request: reset the server's prefix cache (so no context is served from an earlier, longer
+prompt; where the server offers no reset, the prompt's head is made unique instead:
+:mod:`specdiag.fresh_prompt`), build a prompt of exactly ``context_tokens`` ids with the server's tokenizer
 (:mod:`specdiag.prompts`), stream it greedily, and turn the trace into a ``sweep`` row
 (:func:`specdiag.metrics.sweep_row`). A request that fails yields a row with its error; nothing here
 raises for a server-side failure, so a sweep keeps every row it measured.
@@ -15,7 +16,8 @@ from typing import Any, Iterable
 
 from specdiag.metrics import error_row, sweep_row
 from specdiag.nb import check, check_context_lengths
-from specdiag.prompts import NOVEL_PROSE_PATH, build_prompt
+from specdiag.fresh_prompt import fresh_prompt
+from specdiag.prompts import NOVEL_PROSE_PATH
 
 #: Fields that identify one request of a sweep (for resuming a run folder).
 SWEEP_KEY = ("context_tokens", "repeat", "prompt_kind", "seed", "max_new_tokens")
@@ -92,19 +94,17 @@ def make_plan(context_lengths: Any, max_new_tokens: Any, repeats: Any, prompt_ki
 def measure_request(client: Any, request: dict[str, Any], plan: SweepPlan) -> dict[str, Any]:
     """Flush, build the prompt, stream it and return its ``sweep`` row (error rows included).
 
-    ``client`` is a :class:`specdiag.client.SGLangClient`; ``request`` one of ``plan.requests()``.
+    ``client`` is a :class:`specdiag.serving.ServingClient`; ``request`` one of ``plan.requests()``.
     """
-    from specdiag.client import ServerError  # noqa: PLC0415 - keep the module importable for replay
+    from specdiag.serving.errors import ServerError  # noqa: PLC0415 - keep the module importable for replay
 
     labels = {k: request[k] for k in ("repeat", "prompt_kind", "seed", "max_new_tokens")}
     ctx = int(request["context_tokens"])
     flushed: bool | None = None
     try:
-        if plan.flush_cache:
-            flushed = client.flush_cache()
-        prompt = build_prompt(lambda text: client.tokenize(text, add_special_tokens=True), ctx,
-                              plan.prompt_kind, seed=request["seed"],  # type: ignore[arg-type]
-                              instruction=plan.instruction if plan.prompt_kind == "novel" else "")
+        prompt, flushed = fresh_prompt(client, ctx, plan.prompt_kind, int(request["seed"]),
+                                       instruction=plan.instruction if plan.prompt_kind == "novel" else "",
+                                       reset=plan.flush_cache, add_special_tokens=True)
     except (ServerError, ValueError, OSError) as exc:
         return error_row(ctx, f"prompt: {exc}", time.time(), **labels, cache_flushed=flushed)
     sampling = {"max_new_tokens": plan.max_new_tokens, "temperature": 0.0, "ignore_eos": plan.ignore_eos}

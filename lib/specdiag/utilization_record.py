@@ -109,7 +109,7 @@ def record_sampled_request(run: Any, client: Any, source: TelemetrySource, input
     The request is greedy with ``ignore_eos`` so it decodes exactly ``max_new_tokens`` tokens.
     Returns the request row. A failed request is recorded with its ``error`` and returned.
     """
-    from specdiag.client import ServerError  # noqa: PLC0415
+    from specdiag.serving.errors import ServerError  # noqa: PLC0415
 
     params = {"max_new_tokens": int(max_new_tokens), "ignore_eos": True, "temperature": 0.0,
               **dict(sampling_params or {})}

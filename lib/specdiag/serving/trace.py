@@ -1,4 +1,5 @@
-"""One /generate request as the client saw it (RequestTrace), and its pure assembly from chunks.
+"""One generate request as the client saw it (RequestTrace, the same for every engine), and its pure
+assembly from SGLang's chunks (vLLM's are assembled in specdiag.serving.vllm_stream).
 
 Every chunk carries a client-side timestamp (seconds after the request was sent). Tokens per chunk
 always come from ``meta_info.completion_tokens`` deltas (cumulative in both of SGLang's stream
@@ -9,13 +10,13 @@ final ``meta_info`` (specdiag.spec). No I/O here. Protocol facts: reference/sgla
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 from collections.abc import Mapping, Sequence
 
-from specdiag.runs import redact_text
+from specdiag.serving.redaction import redact_text
+from specdiag.serving.sse import SSEEvent
 from specdiag.spec import SpecFields, spec_fields_from_meta
-from specdiag.sse import SSEEvent
 
 __all__ = [
     "RequestTrace",
@@ -51,6 +52,27 @@ class RequestTrace:
     error_kind: str | None = None  # "http", "timeout", "stream", "aborted"; None when fine
     stream_mode: str | None = None  # "cumulative", "incremental"; None for non-stream
     n_chunks: int = 0  # data chunks received (error chunk excluded, [DONE] excluded)
+    # Engine-neutral fields that row builders read (each engine's assembly fills them):
+    engine: str | None = None  # "sglang", "vllm"
+    cached_tokens: int | None = None  # server-reported prompt tokens served from the prefix cache
+    server_e2e_s: float | None = None  # server-reported end-to-end latency, s
+    finish_type: str | None = None  # "length", "stop", "abort", ...
+    spec_source: str | None = None  # where ``spec`` came from (meta_info, per-request metrics, /metrics difference)
+    warnings: list[str] = field(default_factory=list)  # what may make this trace's numbers less exact
+
+    def __post_init__(self) -> None:
+        # A trace built from SGLang's meta_info alone (tests, older code) gets the neutral fields from it.
+        meta = self.meta_info if isinstance(self.meta_info, Mapping) else {}
+        if self.finish_type is None:
+            self.finish_type = _finish_type(self.finish_reason if self.finish_reason is not None
+                                            else meta.get("finish_reason"))
+        if self.engine in (None, "sglang"):
+            if self.cached_tokens is None:
+                self.cached_tokens = _int_or_none(meta.get("cached_tokens"))
+            if self.server_e2e_s is None:
+                self.server_e2e_s = _float_or_none(meta.get("e2e_latency"))
+            if self.prompt_tokens is None:
+                self.prompt_tokens = _int_or_none(meta.get("prompt_tokens"))
 
 
 def _chunk_ids(chunk: Mapping[str, Any]) -> list[int] | None:
@@ -166,4 +188,23 @@ def assemble_stream(
         error=None,
         stream_mode=mode if chunks else None,
         n_chunks=len(chunks),
+        engine="sglang",
+        cached_tokens=_int_or_none(meta.get("cached_tokens")),
+        server_e2e_s=_float_or_none(meta.get("e2e_latency")),
+        finish_type=_finish_type(finish_reason),
+        spec_source="meta_info" if meta else None,
     )
+
+
+def _int_or_none(x: Any) -> int | None:
+    return int(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+def _float_or_none(x: Any) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+def _finish_type(finish_reason: Any) -> str | None:
+    if isinstance(finish_reason, Mapping):
+        return str(finish_reason.get("type")) if finish_reason.get("type") is not None else None
+    return str(finish_reason) if finish_reason is not None else None

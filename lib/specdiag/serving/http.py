@@ -1,0 +1,310 @@
+"""What every engine's HTTP client shares: URL and timeout checks, the API key, sending a request with
+clear errors (unreachable, timeout, dropped), JSON GETs, /health, /metrics, and reading an SSE stream
+with a client-side timestamp per event.
+
+The API key is passed in or read from the environment variable ``SPECDIAG_API_KEY`` (never a notebook
+parameter, which papermill would record); it goes only into the ``Authorization: Bearer`` header and is
+scrubbed from every message, trace and repr.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import requests
+import urllib3.exceptions
+
+from specdiag.serving.errors import (
+    ServerError,
+    ServerHTTPError,
+    ServerTimeout,
+    ServerUnreachable,
+    StreamError,
+    error_message_from_body,
+)
+from specdiag.serving.redaction import REDACTED, redact_text
+from specdiag.serving.sse import DONE, SSEDecoder, SSEEvent, SSEFormatError
+from specdiag.serving.trace import RequestTrace, assemble_stream
+
+__all__ = ["API_KEY_ENV", "HTTPClient", "SSERead"]
+
+#: The environment variable that holds the server's API key (``--api-key`` on either engine).
+API_KEY_ENV = "SPECDIAG_API_KEY"
+
+
+# ---------------------------------------------------------------------------------------------
+# HTTP helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def _exception_chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and everything it wraps (causes, contexts, urllib3 reasons, exception args)."""
+    seen: list[BaseException] = []
+    todo = [exc]
+    while todo and len(seen) < 32:
+        e = todo.pop(0)
+        if any(e is s for s in seen):
+            continue
+        seen.append(e)
+        todo.extend(x for x in (e.__cause__, e.__context__, getattr(e, "reason", None)) if isinstance(x, BaseException))
+        todo.extend(a for a in getattr(e, "args", ()) if isinstance(a, BaseException))
+    return seen
+
+
+def _connect_cause(exc: BaseException) -> str:
+    """A short, readable cause for a failed connection or read."""
+    chain = _exception_chain(exc)
+    names = {type(err).__name__ for err in chain}
+    wrappers = (urllib3.exceptions.HTTPError, requests.exceptions.RequestException)
+    # Most specific first. (urllib3's NewConnectionError subclasses ConnectTimeoutError, so the
+    # OS error underneath decides between "refused" and "timed out".)
+    if any(isinstance(err, ConnectionRefusedError) for err in chain):
+        return "connection refused (nothing listens on that port)"
+    if any(isinstance(err, (urllib3.exceptions.NameResolutionError, socket.gaierror)) for err in chain):
+        return "unknown host (name resolution failed)"
+    if "RemoteDisconnected" in names:
+        return "the server closed the connection without answering"
+    if "IncompleteRead" in names or "InvalidChunkLength" in names:
+        return "the server closed the connection in the middle of the response (incomplete read)"
+    if any(isinstance(err, ConnectionResetError) for err in chain):
+        return "connection reset by the server"
+    if any(
+        isinstance(err, (TimeoutError, requests.exceptions.ConnectTimeout))
+        or type(err) is urllib3.exceptions.ConnectTimeoutError
+        for err in chain
+    ):
+        return "connection timed out"
+    for err in chain:
+        if isinstance(err, OSError) and not isinstance(err, wrappers):
+            return f"{type(err).__name__}: {err}"[:300]
+    for err in chain:
+        if isinstance(err, urllib3.exceptions.ProtocolError):
+            return str(err)[:300] or type(err).__name__
+    return str(exc)[:300] or type(exc).__name__
+
+
+def _is_unreachable(exc: requests.exceptions.ConnectionError) -> bool:
+    """True when no byte of the request could be sent (connect failed)."""
+    if isinstance(exc, requests.exceptions.ConnectTimeout):
+        return True
+    return any(
+        isinstance(e, (urllib3.exceptions.NewConnectionError, urllib3.exceptions.ConnectTimeoutError))
+        for e in _exception_chain(exc)
+    )
+
+
+def _iter_raw(response: requests.Response) -> Iterator[bytes]:
+    """Yield response bytes as soon as they arrive (chunked or not)."""
+    raw = response.raw
+    read1: Callable[..., bytes] | None = getattr(raw, "read1", None)
+    if read1 is not None:
+        while True:
+            data = read1(65536, decode_content=True)
+            if not data:
+                return
+            yield data
+    else:  # urllib3 < 2
+        yield from response.iter_content(chunk_size=None)
+
+
+class SSERead:
+    """The timestamped events of one SSE response and what went wrong while reading it."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[float, SSEEvent]] = []  # (seconds after send, event)
+        self.errors: list[str] = []
+        self.kind: str | None = None  # "stream" or "timeout" when something went wrong
+        self.t_last: float | None = None  # arrival of the last bytes, s after send
+
+    def n_chunks(self) -> int:
+        return sum(1 for _, ev in self.events if isinstance(ev, dict))
+
+
+class HTTPClient:
+    """What every engine's client shares: URL checks, the API key, requests, errors, /health, /metrics.
+
+    ``timeout_s`` is the longest wait for any byte of an answer (a long prefill counts against
+    it); connecting has its own limit, ``connect_timeout_s``. The HTTP session is passed in or
+    made here; the API key goes only into the ``Authorization: Bearer`` header.
+    """
+
+    engine = "?"
+    #: Environment variable read for the API key when none is passed (never a notebook parameter).
+    API_KEY_ENV = API_KEY_ENV
+
+    def __init__(
+        self,
+        base_url: str,
+        session: requests.Session | None = None,
+        api_key: str | None = None,
+        timeout_s: float = 600.0,
+        connect_timeout_s: float = 10.0,
+    ) -> None:
+        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
+            raise ValueError(
+                f"server_url must start with http:// or https://, got {redact_text(str(base_url))!r}; "
+                "e.g. http://127.0.0.1:30000"
+            )
+        if timeout_s <= 0 or connect_timeout_s <= 0:
+            raise ValueError(
+                f"timeouts must be > 0 s, got timeout_s={timeout_s}, connect_timeout_s={connect_timeout_s}"
+            )
+        self.base_url = base_url.rstrip("/")
+        self.session = session if session is not None else requests.Session()
+        self.timeout_s = float(timeout_s)
+        self.connect_timeout_s = float(connect_timeout_s)
+        self.__api_key = api_key or os.environ.get(API_KEY_ENV) or None
+
+    def __repr__(self) -> str:
+        key = f", api_key={REDACTED!r}" if self.__api_key else ""
+        return f"{type(self).__name__}({redact_text(self.base_url)!r}{key}, timeout_s={self.timeout_s})"
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def url(self, path: str) -> str:
+        return f"{self.base_url}/{path.lstrip('/')}"
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.__api_key}"} if self.__api_key else {}
+
+    def _scrub(self, text: str) -> str:
+        if self.__api_key:
+            text = text.replace(self.__api_key, REDACTED)
+        return redact_text(text)
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json_body: Any = None,
+        timeout_s: float | None = None,
+        stream: bool = False,
+    ) -> requests.Response:
+        """Send one request; raise ServerUnreachable / ServerTimeout / StreamError; never checks status."""
+        url = self.url(path)
+        read_timeout = self.timeout_s if timeout_s is None else timeout_s
+        try:
+            return self.session.request(
+                method,
+                url,
+                json=json_body,
+                headers=self._headers(),
+                timeout=(min(self.connect_timeout_s, read_timeout), read_timeout),
+                stream=stream,
+            )
+        except requests.exceptions.ConnectionError as exc:
+            if _is_unreachable(exc):
+                raise ServerUnreachable(url, self._scrub(_connect_cause(exc))) from None
+            raise StreamError(url, self._scrub(f"connection closed before an answer ({_connect_cause(exc)})")) from None
+        except requests.exceptions.Timeout:
+            raise ServerTimeout(url, f"no answer within {read_timeout:g} s (timeout)") from None
+        except requests.exceptions.RequestException as exc:
+            raise ServerError(url, self._scrub(str(exc))) from None
+
+    def _http_error(self, response: requests.Response) -> ServerHTTPError:
+        body = self._scrub(response.text[:2000])
+        return ServerHTTPError(response.url or "", response.status_code, body, error_message_from_body(body))
+
+    def _get_json(self, paths: tuple[str, ...], timeout_s: float | None = None) -> dict:
+        """GET the first path that is not 404 and return its JSON object."""
+        response: requests.Response | None = None
+        for path in paths:
+            response = self._request("GET", path, timeout_s=timeout_s)
+            if response.status_code != 404:
+                break
+        assert response is not None
+        if not response.ok:
+            raise self._http_error(response)
+        try:
+            data = response.json()
+        except ValueError:
+            raise ServerError(response.url, f"answer is not JSON: {response.text[:200]!r}") from None
+        if not isinstance(data, dict):
+            raise ServerError(response.url, f"expected a JSON object, got {type(data).__name__}")
+        return data
+
+    # -- info and control -------------------------------------------------------------------
+
+    def check_reachable(self, timeout_s: float = 5.0) -> None:
+        """Raise ServerUnreachable (naming the URL and cause) unless the server answers HTTP.
+
+        Any HTTP answer of GET /health counts, even 503 (busy) or 404. Connection refused fails at
+        once; a server that accepts the connection but stays silent fails after ``timeout_s``.
+        """
+        url = self.url("/health")
+        try:
+            self.session.get(url, headers=self._headers(), timeout=(timeout_s, timeout_s))
+        except requests.exceptions.ConnectionError as exc:
+            if _is_unreachable(exc):
+                raise ServerUnreachable(url, self._scrub(_connect_cause(exc))) from None
+            cause = f"connection closed without an answer ({_connect_cause(exc)})"
+            raise ServerUnreachable(url, self._scrub(cause)) from None
+        except requests.exceptions.Timeout:
+            raise ServerUnreachable(url, f"connected, but no HTTP answer within {timeout_s:g} s") from None
+        except requests.exceptions.RequestException as exc:
+            raise ServerUnreachable(url, self._scrub(str(exc))) from None
+
+    def metrics_text(self) -> str | None:
+        """GET /metrics (Prometheus text); None when metrics are off (404)."""
+        response = self._request("GET", "/metrics", timeout_s=min(self.timeout_s, 30.0))
+        if response.status_code == 404:
+            return None
+        if not response.ok:
+            raise self._http_error(response)
+        return response.text
+
+    def _failed_trace(self, url: str, t_send_unix_s: float, e2e_s: float | None, error: str, kind: str) -> RequestTrace:
+        trace = assemble_stream([], url, t_send_unix_s, e2e_s)
+        trace.error = self._scrub(error)
+        trace.error_kind = kind
+        return trace
+
+    def health(self, timeout_s: float = 30.0) -> bool:
+        """True when GET /health answers 2xx.
+
+        False for any HTTP error status or a timeout; raises ServerUnreachable if nothing listens.
+        """
+        try:
+            return self._request("GET", "/health", timeout_s=timeout_s).ok
+        except (ServerTimeout, StreamError):
+            return False
+
+    def _read_sse(self, response: requests.Response, url: str, t0: float) -> SSERead:
+        """Read an SSE response to its end, stamping each event with its arrival (s after ``t0``)."""
+        decoder = SSEDecoder()
+        read = SSERead()
+        done = False
+        try:
+            for data in _iter_raw(response):
+                t = time.perf_counter() - t0
+                read.t_last = t
+                for event in decoder.feed(data):
+                    read.events.append((t, event))
+                    done = done or event == DONE
+            leftover, partial = decoder.close()
+            read.events.extend((read.t_last or 0.0, ev) for ev in leftover)
+            done = done or any(ev == DONE for ev in leftover)
+            if not done:
+                detail = f" (and {len(partial)} bytes of an unfinished line)" if partial else ""
+                read.errors.append(str(StreamError(
+                    url, f"connection closed before [DONE] after {read.n_chunks()} chunks{detail}")))
+                read.kind = "stream"
+        except SSEFormatError as exc:
+            read.errors.append(str(StreamError(url, str(exc))))
+            read.kind = "stream"
+        except (TimeoutError, urllib3.exceptions.ReadTimeoutError, requests.exceptions.Timeout):
+            read.errors.append(str(ServerTimeout(
+                url, f"no byte within {self.timeout_s:g} s after {read.n_chunks()} chunks (timeout)")))
+            read.kind = "timeout"
+        except (urllib3.exceptions.HTTPError, requests.exceptions.RequestException, OSError) as exc:
+            read.errors.append(str(StreamError(
+                url, f"connection dropped after {read.n_chunks()} chunks before [DONE] ({_connect_cause(exc)})")))
+            read.kind = "stream"
+        finally:
+            response.close()
+        return read

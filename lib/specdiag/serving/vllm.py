@@ -1,0 +1,313 @@
+"""Typed client for vLLM's OpenAI-compatible server: one RequestTrace per streamed /v1/completions request.
+
+What it sends: ``POST /v1/completions`` with the prompt as token ids, greedy, ``ignore_eos``, ``stream`` and
+``stream_options.include_usage`` (the usage chunk carries the token counts and the per-request speculative
+metrics), and ``return_token_ids`` (dropped for good if the server refuses it). What it reads: /v1/models
+(model name, max_model_len), /version, /tokenize, /health, /metrics, and in dev mode
+(``VLLM_SERVER_DEV_MODE=1``) /server_info and /reset_prefix_cache. Protocol facts:
+reference/vllm-protocol.md; the pure parts are in specdiag.serving.vllm_stream.
+
+Speculative numbers of a request, in order of preference: the per-request metrics (server flag
+``--per-request-spec-decode-metrics``), else the /metrics counters differenced around the request (a
+warning goes on the trace when other traffic ran meanwhile, since the counters are server-wide). Both are
+kept: ``trace.meta_info["metrics_delta"]`` holds the difference whenever /metrics answered.
+
+Prefix cache: ``reset_cache()`` is True after a reset, None when the server offers none (not dev mode):
+callers then say so in their rows and make each prompt's head unique (specdiag.prompts.unique_head).
+
+Speculative config: from /server_info in dev mode; else from /metrics (k = number of ``position`` labels on
+the per-position acceptance counter, only after a first verify step); ``speculative_config`` (a dict like
+``--speculative-config``) states it when neither can.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import requests
+
+from specdiag.serving.errors import ServerError, ServerHTTPError, ServerTimeout, ServerUnreachable, StreamError
+from specdiag.serving.http import HTTPClient
+from specdiag.serving.settings import VLLM_METHODS, ServerSettings
+from specdiag.serving.trace import RequestTrace
+from specdiag.serving.vllm_stream import (
+    assemble_completion_stream,
+    counter_delta,
+    error_chunks,
+    num_speculative_tokens_from_metrics,
+    spec_fields_from_counters,
+)
+from specdiag.spec import parse_prometheus
+
+__all__ = ["VLLMClient"]
+
+#: The cache_config_info labels that carry the KV block size and dtype (no dev mode needed).
+CACHE_INFO = "vllm:cache_config_info"
+
+
+class VLLMClient(HTTPClient):
+    """Client for one vLLM server (OpenAI-compatible API).
+
+    ``speculative_config``: what the server was started with (``{"method": "draft_model",
+    "num_speculative_tokens": 7, "model": ...}``), for a server that does not say it (no dev mode); a
+    server that says it wins. ``model``: the model name to send (default: the first of /v1/models).
+    """
+
+    engine = "vllm"
+
+    def __init__(self, base_url: str, session: requests.Session | None = None, api_key: str | None = None,
+                 timeout_s: float = 600.0, connect_timeout_s: float = 10.0,
+                 speculative_config: Mapping[str, Any] | None = None, model: str | None = None) -> None:
+        super().__init__(base_url, session=session, api_key=api_key, timeout_s=timeout_s,
+                         connect_timeout_s=connect_timeout_s)
+        if speculative_config is not None and not isinstance(speculative_config, Mapping):
+            raise ValueError(f"speculative_config must be a dict like --speculative-config; got {speculative_config!r}")
+        self.speculative_config = dict(speculative_config) if speculative_config else None
+        self._model = model
+        self._max_model_len: int | None = None
+        self.return_token_ids = True
+        self._reset_offered: bool | None = None
+
+    # -- info ---------------------------------------------------------------------------------
+
+    def models(self) -> dict:
+        """GET /v1/models (``data[i].id``, ``max_model_len``, ``owned_by: vllm``)."""
+        return self._get_json(("/v1/models",))
+
+    def model(self) -> str:
+        """The model name requests name: the one given, else the first of /v1/models."""
+        if self._model is None:
+            data = self.models().get("data") or []
+            if not data or not isinstance(data[0], Mapping) or not data[0].get("id"):
+                raise ServerError(self.url("/v1/models"), "the server lists no model")
+            self._model = str(data[0]["id"])
+            self._max_model_len = data[0].get("max_model_len")
+        return self._model
+
+    def version(self) -> str | None:
+        """GET /version -> its ``version`` (None when the server has no such endpoint)."""
+        try:
+            return self._get_json(("/version",)).get("version")
+        except ServerHTTPError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def server_info(self) -> dict | None:
+        """GET /server_info?config_format=json (dev mode only); None when the server does not offer it."""
+        try:
+            return self._get_json(("/server_info?config_format=json",))
+        except ServerHTTPError as exc:
+            if exc.status in (404, 405):
+                return None
+            raise
+
+    def settings(self) -> ServerSettings:
+        """The server's settings, typed, each with its source (dev-mode config, /v1/models, /metrics, parameter)."""
+        models = self.models()
+        entry = next((m for m in models.get("data") or [] if isinstance(m, Mapping)), {})
+        if self._model is None and entry.get("id"):
+            self._model = str(entry["id"])
+        sources: dict[str, str] = {}
+        values: dict[str, Any] = {"engine": "vllm", "version": self.version()}
+        sources["version"] = "/version"
+        values["model"] = entry.get("root") or entry.get("id")
+        sources["model"] = "/v1/models"
+        values["context_length"] = entry.get("max_model_len")
+        sources["context_length"] = "/v1/models max_model_len"
+        info = self.server_info()
+        config = (info or {}).get("vllm_config") if isinstance(info, Mapping) else None
+        if isinstance(config, str):  # some versions send it as text
+            try:
+                config = json.loads(config)
+            except ValueError:
+                config = None
+        spec_cfg: dict[str, Any] | None = None
+        spec_src = ""
+        if isinstance(config, Mapping):
+            spec_cfg = dict(config.get("speculative_config") or {}) or None
+            spec_src = "/server_info (dev mode)"
+            cache = config.get("cache_config") or {}
+            par = config.get("parallel_config") or {}
+            mcfg = config.get("model_config") or {}
+            for key, value in (("page_size", cache.get("block_size")), ("kv_cache_dtype", cache.get("cache_dtype")),
+                               ("tp_size", par.get("tensor_parallel_size")), ("dtype", mcfg.get("dtype")),
+                               ("attention_backend", (config.get("attention_config") or {}).get("backend")
+                                if isinstance(config.get("attention_config"), Mapping) else None),
+                               ("device", (config.get("device_config") or {}).get("device")
+                                if isinstance(config.get("device_config"), Mapping) else None)):
+                if value is not None:
+                    values[key] = value if key != "dtype" else str(value).replace("torch.", "")
+                    sources[key] = spec_src
+        metrics_text = self.metrics_text()
+        samples = parse_prometheus(metrics_text) if metrics_text else {}
+        for labels, _ in samples.get(CACHE_INFO, []):
+            if values.get("page_size") is None and labels.get("block_size"):
+                values["page_size"], sources["page_size"] = int(labels["block_size"]), f"/metrics {CACHE_INFO}"
+            if values.get("kv_cache_dtype") is None and labels.get("cache_dtype"):
+                values["kv_cache_dtype"], sources["kv_cache_dtype"] = labels["cache_dtype"], f"/metrics {CACHE_INFO}"
+        if spec_cfg is None and self.speculative_config:
+            spec_cfg, spec_src = dict(self.speculative_config), "parameter (speculative_config)"
+        k_metrics = num_speculative_tokens_from_metrics(samples)
+        if spec_cfg:
+            method = spec_cfg.get("method")
+            k = spec_cfg.get("num_speculative_tokens")
+            values.update(speculative_method=method, algorithm=VLLM_METHODS.get(str(method), str(method).upper()),
+                          draft_steps=int(k) if k is not None else None, draft_model=spec_cfg.get("model"))
+            for key in ("speculative_method", "algorithm", "draft_steps", "draft_model"):
+                if values.get(key) is not None:
+                    sources[key] = spec_src
+        elif k_metrics:
+            values["draft_steps"] = k_metrics
+            sources["draft_steps"] = "/metrics (number of position labels of the per-position acceptance counter)"
+            values["algorithm"] = None
+            sources["speculative_method"] = ("not reported without dev mode: pass speculative_config to state it")
+        if values.get("draft_steps"):
+            values["tokens_per_step"] = int(values["draft_steps"]) + 1
+            sources["tokens_per_step"] = "computed (num_speculative_tokens + 1: the bonus token)"
+        elif metrics_text is not None and spec_cfg is None:
+            sources["speculative_method"] = ("not reported: no dev mode, no verify step counted on /metrics yet, "
+                                             "no speculative_config given")
+        values["cache_reset"] = isinstance(info, Mapping)  # dev mode serves both endpoints
+        sources["cache_reset"] = ("dev mode (POST /reset_prefix_cache)" if values["cache_reset"]
+                                  else "no dev mode: /server_info answered 404, so /reset_prefix_cache is off too")
+        return ServerSettings(**values, sources=sources, raw={"v1_models": models, "server_info": info})
+
+    # -- control ------------------------------------------------------------------------------
+
+    def reset_cache(self) -> bool | None:
+        """POST /reset_prefix_cache: True when reset, False when refused, None when the server has no such
+        endpoint (not dev mode; remembered, so later calls send nothing)."""
+        if self._reset_offered is False:
+            return None
+        response = self._request("POST", "/reset_prefix_cache", timeout_s=min(self.timeout_s, 60.0))
+        if response.status_code in (404, 405):
+            self._reset_offered = False
+            return None
+        self._reset_offered = True
+        return response.ok
+
+    def flush_cache(self) -> bool:
+        """SGLang's name for the reset: True only when the cache was really reset."""
+        return bool(self.reset_cache())
+
+    def tokenize(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """POST /tokenize ``{"model", "prompt", "add_special_tokens"}`` -> ``tokens``."""
+        body = {"model": self.model(), "prompt": text, "add_special_tokens": add_special_tokens}
+        response = self._request("POST", "/tokenize", json_body=body, timeout_s=min(self.timeout_s, 120.0))
+        if not response.ok:
+            raise self._http_error(response)
+        try:
+            tokens = response.json()["tokens"]
+        except (ValueError, KeyError, TypeError):
+            raise ServerError(response.url, f"no 'tokens' list in the answer: {response.text[:200]!r}") from None
+        return [int(t) for t in tokens]
+
+    def _samples(self) -> dict | None:
+        try:
+            text = self.metrics_text()
+        except ServerError:
+            return None
+        try:
+            return parse_prometheus(text) if text else None
+        except ValueError:
+            return None
+
+    # -- generation ---------------------------------------------------------------------------
+
+    def request_body(self, prompt: str | list[int], sampling_params: Mapping[str, Any] | None) -> dict[str, Any]:
+        """The /v1/completions body for a prompt and SGLang-style sampling params (``max_new_tokens``,
+        ``temperature``, ``ignore_eos``, ``top_p``, ``top_k``, ``stop``)."""
+        sp = dict(sampling_params or {})
+        body: dict[str, Any] = {"model": self.model(), "prompt": prompt,
+                                "max_tokens": int(sp.pop("max_new_tokens", sp.pop("max_tokens", 16))),
+                                "temperature": float(sp.pop("temperature", 0.0)),
+                                "ignore_eos": bool(sp.pop("ignore_eos", False)), "stream": True,
+                                "stream_options": {"include_usage": True}}
+        for key in ("top_p", "top_k", "stop", "seed", "min_tokens"):
+            if key in sp:
+                body[key] = sp.pop(key)
+        if sp:
+            raise ValueError(f"sampling parameters not mapped to vLLM: {sorted(sp)}")
+        if self.return_token_ids:
+            body["return_token_ids"] = True
+        return body
+
+    def generate(self, text: str | None = None, input_ids: list[int] | None = None,
+                 sampling_params: dict | None = None, stream: bool = True,
+                 extra_body: Mapping[str, Any] | None = None) -> RequestTrace:
+        """Stream one /v1/completions request and return its trace (the same contract as SGLang's client:
+        never raises for a failure of the request itself; raises ServerUnreachable when nothing was sent).
+
+        Always streams (``stream=False`` is refused: a trace needs chunk times). /metrics is scraped
+        right before and right after, so the trace keeps the counters' difference beside the per-request
+        metrics.
+        """
+        if (text is None) == (input_ids is None):
+            raise ValueError("generate needs exactly one of text= or input_ids=")
+        if not stream:
+            raise ValueError("the vLLM client always streams (a trace needs chunk timestamps)")
+        prompt: str | list[int] = text if text is not None else [int(i) for i in input_ids or []]
+        body = self.request_body(prompt, sampling_params)
+        if extra_body:
+            body.update(extra_body)
+        before = self._samples()
+        trace = self._send(body)
+        if (trace.error_kind == "http" and self.return_token_ids and "return_token_ids" in (trace.error or "")):
+            self.return_token_ids = False  # an older server: count tokens from usage instead
+            body.pop("return_token_ids", None)
+            before = self._samples()
+            trace = self._send(body)
+        after = self._samples() if before is not None else None
+        if before is not None and after is not None:
+            delta = counter_delta(before, after)
+            trace.meta_info["metrics_delta"] = delta
+            from_counters = spec_fields_from_counters(delta)
+            gen = delta.get("generation_tokens")
+            if gen is not None and trace.completion_tokens and gen > trace.completion_tokens:
+                trace.warnings.append(
+                    f"/metrics counted {gen:g} generated tokens while this request made {trace.completion_tokens}: "
+                    "other requests ran meanwhile, so the counter difference is not this request's alone")
+            if trace.spec is None and from_counters is not None and not trace.error:
+                trace.spec = from_counters
+                trace.spec_source = "/metrics difference around the request"
+        return trace
+
+    def _send(self, body: dict[str, Any]) -> RequestTrace:
+        url = self.url("/v1/completions")
+        t_send_unix_s = time.time()
+        t0 = time.perf_counter()
+        try:
+            response = self._request("POST", "/v1/completions", json_body=body, stream=True)
+        except ServerUnreachable:
+            raise
+        except ServerError as exc:
+            kind = "timeout" if isinstance(exc, ServerTimeout) else "stream"
+            return self._vllm_failed(url, t_send_unix_s, None, str(exc), kind)
+        if not response.ok:
+            e2e = time.perf_counter() - t0
+            err = self._http_error(response)
+            response.close()
+            return self._vllm_failed(url, t_send_unix_s, e2e, str(err), "http")
+        read = self._read_sse(response, url, t0)
+        trace = assemble_completion_stream(read.events, url, t_send_unix_s, read.t_last)
+        errors, kind = list(read.errors), read.kind
+        messages = error_chunks(read.events)
+        if messages:
+            errors.insert(0, str(StreamError(url, f"server sent an error chunk: {'; '.join(messages)}")))
+            kind = "stream"
+        if errors:
+            trace.error = self._scrub(" | ".join(errors))
+            trace.error_kind = kind
+        elif trace.finish_type == "abort":
+            trace.error, trace.error_kind = self._scrub(f"request to {url}: the server aborted it"), "aborted"
+        return trace
+
+    def _vllm_failed(self, url: str, t_send_unix_s: float, e2e_s: float | None, error: str, kind: str) -> RequestTrace:
+        trace = assemble_completion_stream([], url, t_send_unix_s, e2e_s)
+        trace.error = self._scrub(error)
+        trace.error_kind = kind
+        return trace
