@@ -16,7 +16,7 @@ Prefix cache: ``reset_cache()`` is True after a reset, None when the server offe
 callers then say so in their rows and make each prompt's head unique (specdiag.prompts.unique_head).
 
 Speculative config: from /server_info in dev mode; else from /metrics (k = number of ``position`` labels on
-the per-position acceptance counter, only after a first verify step); ``speculative_config`` (a dict like
+the per-position acceptance counter, listed from start-up on); ``speculative_config`` (a dict like
 ``--speculative-config``) states it when neither can.
 """
 
@@ -38,6 +38,7 @@ from specdiag.serving.vllm_stream import (
     counter_delta,
     error_chunks,
     num_speculative_tokens_from_metrics,
+    pollution_warning,
     spec_fields_from_counters,
 )
 from specdiag.spec import parse_prometheus
@@ -251,7 +252,13 @@ class VLLMClient(HTTPClient):
         if not stream:
             raise ValueError("the vLLM client always streams (a trace needs chunk timestamps)")
         prompt: str | list[int] = text if text is not None else [int(i) for i in input_ids or []]
-        body = self.request_body(prompt, sampling_params)
+        try:
+            body = self.request_body(prompt, sampling_params)  # asks /v1/models for the model name once
+        except ServerUnreachable:
+            raise
+        except ServerError as exc:
+            kind = "http" if isinstance(exc, ServerHTTPError) else "stream"
+            return self._vllm_failed(self.url("/v1/completions"), time.time(), None, str(exc), kind)
         if extra_body:
             body.update(extra_body)
         before = self._samples()
@@ -266,11 +273,9 @@ class VLLMClient(HTTPClient):
             delta = counter_delta(before, after)
             trace.meta_info["metrics_delta"] = delta
             from_counters = spec_fields_from_counters(delta)
-            gen = delta.get("generation_tokens")
-            if gen is not None and trace.completion_tokens and gen > trace.completion_tokens:
-                trace.warnings.append(
-                    f"/metrics counted {gen:g} generated tokens while this request made {trace.completion_tokens}: "
-                    "other requests ran meanwhile, so the counter difference is not this request's alone")
+            warning = pollution_warning(delta, trace.completion_tokens)
+            if warning:
+                trace.warnings.append(warning)
             if trace.spec is None and from_counters is not None and not trace.error:
                 trace.spec = from_counters
                 trace.spec_source = "/metrics difference around the request"

