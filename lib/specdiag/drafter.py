@@ -97,14 +97,12 @@ def timing_row(trace: Any, context_tokens: int, **labels: Any) -> dict[str, Any]
 def measure_draft_timing(client: Any, context_tokens: int, max_new_tokens: int, prompt_kind: str = "novel",
                          seed: int = 0) -> dict[str, Any]:
     """Flush the cache, send one exact-length prompt, return its ``drafter_timing`` row (errors kept)."""
+    from specdiag.fresh_prompt import fresh_prompt  # noqa: PLC0415
     from specdiag.serving.errors import ServerError  # noqa: PLC0415
-    from specdiag.prompts import build_prompt  # noqa: PLC0415
 
     labels = {"prompt_kind": prompt_kind, "seed": seed, "max_new_tokens": max_new_tokens}
     try:
-        client.flush_cache()
-        prompt = build_prompt(lambda text: client.tokenize(text, add_special_tokens=True), context_tokens,
-                              prompt_kind, seed=seed)  # type: ignore[arg-type]
+        prompt, _ = fresh_prompt(client, context_tokens, prompt_kind, seed, add_special_tokens=True)
         trace = client.generate(input_ids=prompt.input_ids, stream=True,
                                 sampling_params={"max_new_tokens": max_new_tokens, "temperature": 0.0,
                                                  "ignore_eos": True})
@@ -275,3 +273,50 @@ def _cost_verdict(found: Sequence[Finding], cap: int | None, longest: int, sourc
                    {"bounded_by_config": cap is not None, "max_span_tokens": cap,
                     "measured_flat": flat if measured is not None else None},
                    measured.source if measured is not None else source)
+
+
+# ---------------------------------------------------------------------------------------------
+# What the engine really ran: a drafter the launcher patched
+# ---------------------------------------------------------------------------------------------
+
+#: The file a launcher writes into a drafter copy it patched (specdiag.launchers.vllm.patched_drafter).
+PATCH_FILE = "specdiag_patch.json"
+ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
+
+
+def engine_patch(server: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The patch record of the drafter the server runs, when that folder is readable here and was patched."""
+    path = server.get("speculative_draft_model_path")
+    if not path:
+        return None
+    try:
+        import json  # noqa: PLC0415
+        from pathlib import Path  # noqa: PLC0415
+
+        return json.loads((Path(str(path)) / PATCH_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def engine_patch_finding(patch: Mapping[str, Any], engine: str | None) -> Finding:
+    """``drafter.engine_patched``: the engine runs a copy of the drafter with every layer full attention."""
+    original = patch.get("original") or {}
+    patched = patch.get("patched") or {}
+    layers = list(original.get("layer_types") or [])
+    n_sliding = sum(1 for t in layers if "sliding" in str(t))
+    window = original.get("sliding_window")
+    return Finding(
+        "drafter.engine_patched", "The engine runs the drafter with full attention everywhere",
+        f"{ENGINE_NAMES.get(str(engine), engine or 'This engine')} refuses a drafter whose layers mix sliding-window and full attention, so the "
+        f"launcher ran a patched copy: {n_sliding} of {len(layers)} layers that slide over a {window}-token window in "
+        f"the trained drafter attend the whole context here. Under this engine the drafter's attention span is no "
+        f"longer bounded: every draft step reads drafter KV that grows with the context, and the drafter sees "
+        f"context its sliding layers were never trained on.",
+        "warning",
+        (f"trained drafter ({patch.get('source')}): layer_types {layers}, sliding_window {window}",
+         f"what the engine ran ({PATCH_FILE}): layer_types {patched.get('layer_types')}, sliding_window "
+         f"{patched.get('sliding_window')}",
+         str(patch.get("note") or "")),
+        {"n_layers": len(layers), "n_sliding_layers_trained": n_sliding, "sliding_window_trained": window,
+         "n_sliding_layers_run": 0},
+        "configured")

@@ -33,6 +33,13 @@ class NotebookContext:
     server_url: str = ""
     client: Any = None  # specdiag.serving.ServingClient when measuring
     params: dict[str, Any] = field(default_factory=dict)
+    settings: Any = None  # specdiag.serving.ServerSettings of the server, when measuring
+
+    @property
+    def server_info(self) -> dict[str, Any]:
+        """The server's settings under run.json's flat names (SGLang's /server_info names, for every
+        engine; ``ServerSettings.as_server_info``); {} when replaying."""
+        return self.settings.as_server_info() if self.settings is not None else {}
 
     @property
     def replaying(self) -> bool:
@@ -112,8 +119,9 @@ def start(notebook: str, server_url: str = "", run_dir: str = "", replay_dir: st
         engine = "embedded"
     client = make_client(server_url, engine)  # "auto" asks the server which engine it is
     client.check_reachable()
+    settings = client.settings()
     run.update(server_url=server_url, engine=client.engine)
-    return NotebookContext(notebook, run, run, server_url, client, params)
+    return NotebookContext(notebook, run, run, server_url, client, params, settings)
 
 
 def print_versions() -> None:

@@ -42,6 +42,9 @@ SERVER_FIELDS: tuple[tuple[str, str], ...] = (
     ("enable_metrics", "Prometheus metrics on"),
     ("device", "device"),
     ("version", "server version"),
+    ("engine", "engine"),
+    ("speculative_method", "speculative method (engine's name)"),
+    ("cache_reset", "prefix cache can be reset"),
 )
 
 #: model_info keys worth a line.
@@ -67,8 +70,37 @@ def server_settings(server_info: Mapping[str, Any]) -> list[dict[str, Any]]:
             value = state[key]
         else:
             continue
-        rows.append({"setting": label, "key": key, "value": value, "source": "server-reported"})
+        rows.append({"setting": label, "key": key, "value": value, "source": _source_of(info, key)})
     return rows
+
+
+#: run.json server key -> ServerSettings field (for the per-field sources an engine-neutral snapshot carries).
+_SETTINGS_FIELD = {"model_path": "model", "speculative_algorithm": "algorithm", "speculative_method": "speculative_method",
+                   "speculative_num_draft_tokens": "tokens_per_step", "speculative_num_steps": "draft_steps",
+                   "speculative_draft_model_path": "draft_model", "speculative_draft_window_size": "draft_window"}
+
+
+def _source_of(info: Mapping[str, Any], key: str) -> str:
+    """``server-reported`` (and from where, when the snapshot says), or ``configured`` / ``computed``."""
+    sources = info.get("settings_sources")
+    if not isinstance(sources, Mapping):
+        return "server-reported"
+    where = sources.get(_SETTINGS_FIELD.get(key, key))
+    if not where:
+        return "server-reported"
+    where = str(where)
+    if where.startswith("parameter"):
+        return f"configured: {where}"
+    if where.startswith("computed"):
+        return where
+    return f"server-reported: {where}"
+
+
+def not_reported(settings: Any) -> list[str]:
+    """The typed settings (``ServerSettings``) the server did not report: shown as such, never guessed."""
+    if settings is None:
+        return []
+    return [f"{r['setting']} ({r['source']})" for r in settings.rows() if r["value"] is None]
 
 
 def model_settings(model_info: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -146,9 +146,9 @@ def measure_utilization(run: Any, client: Any, source: TelemetrySource, context_
     64 tokens) so start-up work stays out of the window; flushes again; records. Returns the
     ``telemetry_request`` row (also appended to ``run``).
     """
-    from specdiag.prompts import build_prompt  # noqa: PLC0415
+    from specdiag.prompts import build_prompt, unique_head  # noqa: PLC0415
 
-    server_info = client.server_info()
+    server_info = client.settings().as_server_info()
     limit = server_info.get("context_length")
     if limit is not None and context_tokens + max_new_tokens > int(limit):
         raise ValueError(f"context_tokens + max_new_tokens = {context_tokens + max_new_tokens:,} tokens but the "
@@ -163,12 +163,13 @@ def measure_utilization(run: Any, client: Any, source: TelemetrySource, context_
         hardware = peak_bandwidth(described, first_name, memory_bandwidth_gb_s, gpu_index)
     except ValueError as exc:  # recorded; the page then says why there is no prediction
         hardware = {"error": str(exc)}
-    client.flush_cache()
+    client.reset_cache()
     warm = None
     if warmup_tokens > 0:
         warm = client.generate(input_ids=prompt.input_ids[:64], stream=True,
                                sampling_params={"max_new_tokens": warmup_tokens, "ignore_eos": True, "temperature": 0.0})
-        client.flush_cache()
+        if client.reset_cache() is None:  # no reset offered (vLLM without dev mode): a head the warm-up never saw
+            prompt = unique_head(lambda text: client.tokenize(text), prompt, f"[measured request {time.time_ns():x}] ")
     return record_sampled_request(
         run, client, source, prompt.input_ids, max_new_tokens, rate_hz=sample_hz, idle_before_s=idle_s,
         idle_after_s=idle_s, context_tokens=context_tokens, prompt_kind="novel", seed=seed,

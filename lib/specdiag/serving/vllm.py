@@ -88,6 +88,12 @@ class VLLMClient(HTTPClient):
             self._max_model_len = data[0].get("max_model_len")
         return self._model
 
+    def model_info(self) -> dict:
+        """What vLLM says of its model (GET /v1/models' first entry), under the suite's names."""
+        entry = next((m for m in self.models().get("data") or [] if isinstance(m, Mapping)), {})
+        return {"model_path": entry.get("root") or entry.get("id"), "served_model_name": entry.get("id"),
+                "max_model_len": entry.get("max_model_len"), "owned_by": entry.get("owned_by")}
+
     def version(self) -> str | None:
         """GET /version -> its ``version`` (None when the server has no such endpoint)."""
         try:
@@ -172,6 +178,12 @@ class VLLMClient(HTTPClient):
         elif metrics_text is not None and spec_cfg is None:
             sources["speculative_method"] = ("not reported: no dev mode, no verify step counted on /metrics yet, "
                                              "no speculative_config given")
+        if values.get("attention_backend") is None:
+            sources["attention_backend"] = ("not exposed: vLLM picks its attention backend at start-up and reports "
+                                            "none (dev mode's attention_config.backend is null unless set by flag)")
+        sources["draft_window"] = "vLLM has no draft window: the drafter sees the whole context"
+        sources["per_request_spec"] = ("known per request: metrics.speculative_decoding arrives on the usage chunk "
+                                       "only when the server runs with --per-request-spec-decode-metrics")
         values["cache_reset"] = isinstance(info, Mapping)  # dev mode serves both endpoints
         sources["cache_reset"] = ("dev mode (POST /reset_prefix_cache)" if values["cache_reset"]
                                   else "no dev mode: /server_info answered 404, so /reset_prefix_cache is off too")
