@@ -130,3 +130,12 @@ def test_redacted_command_hides_secret_values():
            "--speculative-num-draft-tokens", "8"]
     assert redacted_command(cmd) == ["python", "-m", "x", "--api-key", "<redacted>", "--hf-token=<redacted>",
                                      "--port", "1", "--model-path", "m", "--speculative-num-draft-tokens", "8"]
+
+
+def test_progress_without_tqdm_prints_plain_lines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]):
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # a bare GPU host's Python may lack tqdm
+    with ManagedServer(fake("--delay", "0.5"), name="fake engine", log_path=tmp_path / "s.log",
+                       startup_timeout_s=60) as server:
+        assert url_answers(server.ready_url)
+    assert re.search(r"waiting for fake engine at \S+: \d+ s, \[specdiag\] starting fake engine", capsys.readouterr().err)

@@ -14,6 +14,8 @@ engine command::
   elapsed seconds and the server's last log line.
 - Failure to start (the process exits, or ``startup_timeout_s`` passes) stops the group and raises
   ``EngineStartError`` carrying the last lines of the server's log. Ctrl-C while starting also stops it.
+- ``start()`` is ``launch()`` then ``wait_ready()``: to start several servers at once, launch() each,
+  then wait_ready() each (and stop() each in a ``finally``).
 """
 
 from __future__ import annotations
@@ -24,13 +26,14 @@ import shlex
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
 from collections import deque
 from pathlib import Path
-from typing import IO, Callable, Mapping, Sequence
+from typing import IO, Any, Callable, Mapping, Sequence
 
 DEFAULT_HOST = "127.0.0.1"
 #: Lines of the server's log an EngineStartError carries.
@@ -143,6 +146,19 @@ def end_process_group(pgid: int, grace_s: float = 10.0) -> None:
             if not group_alive(pgid):
                 return
             time.sleep(0.05)
+
+
+class _LineProgress:
+    """The part of tqdm's interface wait_ready uses, printing whole lines (no tqdm installed)."""
+
+    def __init__(self, desc: str) -> None:
+        self.desc, self.t0, self.fp = desc, time.monotonic(), sys.stderr
+
+    def set_postfix_str(self, text: str) -> None:
+        print(f"{self.desc}: {time.monotonic() - self.t0:.0f} s, {text}", file=self.fp, flush=True)
+
+    def close(self) -> None:
+        pass
 
 
 class ManagedServer:
@@ -283,13 +299,16 @@ class ManagedServer:
             self.stop()
             raise
 
-    def _progress_bar(self):  # noqa: ANN202 - tqdm or None
+    def _progress_bar(self) -> Any:
+        """A tqdm line on stderr (elapsed time, the log's last line), or plain lines without tqdm."""
         if not self.progress:
             return None
-        from tqdm import tqdm  # noqa: PLC0415
-
-        return tqdm(total=None, desc=f"waiting for {self.name} at {self.ready_url}",
-                    bar_format="{desc}: {elapsed}{postfix}", leave=False)
+        desc = f"waiting for {self.name} at {self.ready_url}"
+        try:
+            from tqdm import tqdm  # noqa: PLC0415
+        except ImportError:  # a bare GPU host's Python: print a line each time instead
+            return _LineProgress(desc)
+        return tqdm(total=None, desc=desc, bar_format="{desc}: {elapsed}{postfix}", leave=False)
 
     def _fail(self, message: str, returncode: int | None = None) -> None:
         self._keep_log = True
