@@ -5,11 +5,14 @@ each notebook reads in replay mode (run.json sections ``server``, ``model``, ``d
 ``hardware``, ``recorded_with``; tables ``sweep`` (01, 05), ``telemetry``/``telemetry_request`` (02),
 ``drafter_timing`` (03), ``commit_probe``/``commit_probe_steps`` (04)). Two jobs:
 
-- ``tiny``: the embedded trained target (data/models/target) served twice in parallel, with its
-  drafter (STANDALONE, 8 draft tokens = 7 steps, topk 1) and with NGRAM (8 draft tokens); each is
-  measured in turn: raw exchanges, 00, 04, 01, 03. Then ``drafter_cost`` (in the STANDALONE run):
-  per context, STANDALONE ms per verify step minus NGRAM ms per verify step (both measured here) =
-  the drafter's cost, which grows with context if every drafter layer attends the full context.
+- ``tiny``: the embedded trained target (data/models/target) served three times in parallel: with its
+  drafter (STANDALONE, 8 draft tokens = 7 steps, topk 1), with NGRAM (8 draft tokens), and with a copy
+  of the drafter whose config declares every layer full attention (same weights); the first two are
+  measured in turn: raw exchanges, 00, 04, 01, 03. Then, in the STANDALONE run: ``drafter_cost``
+  (per context, STANDALONE ms per verify step minus NGRAM ms per verify step, both measured here = the
+  drafter's cost, which grows with context if every drafter layer attends the whole context) and
+  ``drafter_window_check`` (the same greedy prompts to the shipped drafter and to its all-full copy:
+  identical drafting beyond the 512-token window means the server ignored the window).
 - ``mla``: a random-weight DeepSeek-V3-architecture model (data/models/make_mla_model.py) with
   ``--attention-backend triton --page-size 1`` and NGRAM: raw exchanges, 00, 01 at long contexts,
   02 (NVML at 50 Hz) during one long-context decode; run.json holds the model config and peak
@@ -72,6 +75,7 @@ class ServerSpec:
     num_draft_tokens: int = 8
     num_steps: int | None = None  # STANDALONE: draft steps (num_draft_tokens - 1 for a chain)
     topk: int | None = None
+    steps: tuple[str, ...] | None = None  # this server's steps (None: the job's)
 
 
 @dataclass
@@ -87,6 +91,7 @@ class Job:
     timing_contexts: list[int] = field(default_factory=list)
     timing_new_tokens: int = 64
     util_context: int = 0
+    window_contexts: list[int] = field(default_factory=list)
     util_new_tokens: int = 0
     steps: tuple[str, ...] = ("raw", "snapshot", "probe", "sweep", "timing", "utilization")
     extra_server_args: list[str] = field(default_factory=list)
@@ -101,10 +106,15 @@ def make_job(args: argparse.Namespace) -> Job:
         job = Job("tiny", [
             ServerSpec("standalone", "STANDALONE", target, drafter, 8, 7, 1),
             ServerSpec("ngram", "NGRAM", target, None, 8),
+            # The same drafter weights with every layer declared full attention: if the server already runs
+            # every layer of the original drafter with full attention, both draft exactly alike (window_check).
+            ServerSpec("standalone-fullattn", "STANDALONE", target, full_attention_copy(drafter, args.out), 8, 7, 1,
+                       steps=("snapshot",)),
         ], context_length=args.context_length or 16384, mem_fraction=args.mem_fraction or 0.25,
             sweep_contexts=contexts, sweep_new_tokens=args.max_new_tokens or 64,
             probe_contexts=ints(args.probe_contexts) if args.probe_contexts else [1024, 4096, 16000],
             probe_new_tokens=args.max_new_tokens or 64, timing_contexts=contexts,
+            window_contexts=ints(args.window_contexts) if args.window_contexts else [384, 1024, 4096, 16000],
             timing_new_tokens=args.max_new_tokens or 64,
             steps=("raw", "snapshot", "probe", "sweep", "timing"),
             # A small KV pool per server: two servers start at once on one GPU, and SGLang sizes its pool
@@ -123,6 +133,24 @@ def make_job(args: argparse.Namespace) -> Job:
     if args.skip:
         job.steps = tuple(s for s in job.steps if s not in args.skip.split(","))
     return job
+
+
+def full_attention_copy(drafter: str, out: str) -> str:  # noqa: ARG001
+    """A copy of the drafter folder whose config declares every layer full attention (same weights)."""
+    import shutil  # noqa: PLC0415
+
+    import tempfile  # noqa: PLC0415
+
+    src, dst = Path(drafter), Path(tempfile.gettempdir()) / "specdiag-drafter-fullattn"  # not in the results
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.is_file() and f.name != "config.json":
+            shutil.copyfile(f, dst / f.name)
+    cfg = json.loads((src / "config.json").read_text())
+    n = int(cfg.get("num_hidden_layers") or len(cfg.get("layer_types") or []))
+    cfg.update(layer_types=["full_attention"] * n, sliding_window=None, use_sliding_window=False, max_window_layers=n)
+    (dst / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    return str(dst)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -596,6 +624,45 @@ def drafter_cost(runs: dict[str, Run]) -> list[dict[str, Any]]:
     return out
 
 
+def window_check(run: Run, a: SGLangClient, b: SGLangClient, job: Job, budget: Budget,
+                 est_s: Callable[[int], float]) -> None:
+    """Same prompt, greedy, to the server with the drafter as shipped (2 of 3 layers sliding, window 512)
+    and to the one with its all-full-attention copy: equal draft acceptance (verify steps, histogram) at
+    contexts beyond the window means the first server ran every drafter layer with full attention."""
+    from specdiag.prompts import build_prompt  # noqa: PLC0415
+    from specdiag.spec import SpecFields  # noqa: PLC0415
+
+    sp = {"max_new_tokens": job.probe_new_tokens, "temperature": 0.0, "ignore_eos": True}
+    for c in job.window_contexts:
+        for kind in ("novel", "predictable"):
+            if budget.left() < 2 * est_s(c):
+                log(f"window check: skipping {c:,} {kind}: {budget.left():.0f} s left")
+                continue
+            prompt = build_prompt(lambda t: a.tokenize(t, add_special_tokens=True), c, kind, seed=0)
+            got = {}
+            for name, cl in (("as_shipped", a), ("all_full", b)):
+                cl.flush_cache()
+                tr = cl.generate(input_ids=prompt.input_ids, sampling_params=sp, stream=True)
+                spec = SpecFields.from_meta(tr.meta_info) if not tr.error else None
+                got[name] = {"error": tr.error, "output_ids": tr.output_ids, "verify_ct": spec.verify_ct if spec else None,
+                             "hist": spec.correct_drafts_histogram if spec else None,
+                             "correct": spec.num_correct_drafts if spec else None, "completion": tr.completion_tokens}
+            x, y = got["as_shipped"], got["all_full"]
+            row = {"context_tokens": c, "kind": kind, "window_tokens": 512, "beyond_window": c > 512,
+                   "verify_ct_as_shipped": x["verify_ct"], "verify_ct_all_full": y["verify_ct"],
+                   "correct_drafts_as_shipped": x["correct"], "correct_drafts_all_full": y["correct"],
+                   "histogram_as_shipped": x["hist"], "histogram_all_full": y["hist"],
+                   "same_output_ids": x["output_ids"] == y["output_ids"],
+                   "same_drafting": (x["verify_ct"], x["hist"], x["correct"]) == (y["verify_ct"], y["hist"], y["correct"])
+                   if x["verify_ct"] is not None else None,
+                   "error": x["error"] or y["error"],
+                   "source": "measured: the same prompt (greedy) sent to the server with the drafter as shipped and to "
+                             "one with its all-full-attention copy (same weights)"}
+            run.append_row("drafter_window_check", row)
+            log(f"window check {c:>6,} {kind:>11}: verify steps {x['verify_ct']} vs {y['verify_ct']}, correct drafts "
+                f"{x['correct']} vs {y['correct']}, same drafting {row['same_drafting']}, error {row['error']}")
+
+
 # ---------------------------------------------------------------------------------------------
 # Main
 # ---------------------------------------------------------------------------------------------
@@ -616,6 +683,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mem-fraction", type=float, default=0.0, help="--mem-fraction-static per server")
     p.add_argument("--contexts", default="", help="01 and 03 contexts, comma-separated tokens")
     p.add_argument("--probe-contexts", default="", help="04 contexts, comma-separated tokens")
+    p.add_argument("--window-contexts", default="", help="tiny: contexts of the drafter window check, tokens")
     p.add_argument("--max-new-tokens", type=int, default=0, help="new tokens per 01/03/04 request")
     p.add_argument("--util-context", type=int, default=None, help="02 context, tokens (mla: 131072)")
     p.add_argument("--util-new-tokens", type=int, default=0, help="02 new tokens (mla: 256)")
@@ -648,6 +716,7 @@ def main(argv: list[str] | None = None) -> int:
     for s in servers:
         step(f"start {s.url}", failures, s.start)
     runs: dict[str, Run] = {}
+    clients: dict[str, SGLangClient] = {}
     summary: list[dict[str, Any]] = []
     try:
         step("wait for servers", failures,
@@ -669,22 +738,24 @@ def main(argv: list[str] | None = None) -> int:
                 run.update(recorded_with={"server_error": server.error})
                 continue
             client = FallbackTokenizeClient(server.url, spec.model_path, timeout_s=300.0)
-            if "raw" in job.steps:
+            clients[spec.label] = client
+            steps = spec.steps if spec.steps is not None else job.steps
+            if "raw" in steps:
                 step(f"{label}: raw exchanges", failures,
                      lambda: raw_exchanges(out / f"raw-{label}", server, client, spec,
                                            min(args.raw_context, job.context_length - 64)))
-            if "snapshot" in job.steps:
+            if "snapshot" in steps:
                 step(f"{label}: 00 snapshot", failures, lambda: snapshot(run, server, client, spec, args.engine))
-            if "probe" in job.steps and spec.algorithm != "NONE":
+            if "probe" in steps and spec.algorithm != "NONE":
                 step(f"{label}: 04 commit probe", failures, lambda: probe(run, client, job, budget, est))
-            if "sweep" in job.steps:  # contexts beyond 02's come after 02 (they are the optional ones)
+            if "sweep" in steps:  # contexts beyond 02's come after 02 (they are the optional ones)
                 step(f"{label}: 01 sweep", failures, lambda: sweep(run, client, job, budget, est,
                                                                    lambda c: not job.util_context or c <= job.util_context))
-            if "timing" in job.steps:
+            if "timing" in steps:
                 step(f"{label}: 03 draft timing", failures, lambda: timing(run, client, job, budget, est))
-            if "utilization" in job.steps and job.util_context:
+            if "utilization" in steps and job.util_context:
                 step(f"{label}: 02 utilization", failures, lambda: utilization(run, client, job, budget, args.telemetry))
-            if "sweep" in job.steps and job.util_context and any(c > job.util_context for c in job.sweep_contexts):
+            if "sweep" in steps and job.util_context and any(c > job.util_context for c in job.sweep_contexts):
                 step(f"{label}: 01 sweep, longest contexts", failures, lambda: sweep(
                     run, client, job, budget, est, lambda c: c > job.util_context))
             step(f"{label}: server log facts", failures, lambda: run.update(
@@ -703,6 +774,9 @@ def main(argv: list[str] | None = None) -> int:
                     "its bookkeeping. Flat: the drafter's attention is bounded (sliding window honoured); growing "
                     "with context: its layers attend the whole context."))
             step("tiny: drafter_cost", failures, cost)
+        if job.name == "tiny" and "standalone" in clients and "standalone-fullattn" in clients:
+            step("tiny: drafter window check", failures, lambda: window_check(
+                runs["standalone"], clients["standalone"], clients["standalone-fullattn"], job, budget, est))
     except SystemExit as exc:  # SIGTERM (the device call's timeout): stop the servers, keep the rows, summarize
         log(f"STOPPED: {exc}")
         failures.append({"step": "recorder", "error": str(exc)})
@@ -735,6 +809,9 @@ def print_summary(job: Job, runs: dict[str, Run]) -> None:
         for r in run.rows("drafter_cost"):
             print(f"drafter cost {r['context_tokens']:>7}: {r.get('standalone_step_ms')} - {r.get('ngram_step_ms')} = "
                   f"{r.get('drafter_ms_per_verify_step')} ms per verify step")
+        for r in run.rows("drafter_window_check"):
+            print(f"window check {r['context_tokens']:>6} {r['kind']:>11}: verify steps {r.get('verify_ct_as_shipped')} "
+                  f"(as shipped) vs {r.get('verify_ct_all_full')} (all full), same drafting {r.get('same_drafting')}")
         for r in run.rows("telemetry_request"):
             print(f"utilization {r.get('context_tokens')}: step {r.get('step_ms')} ms, e2e {r.get('e2e_s')} s, "
                   f"error {r.get('error')}")
