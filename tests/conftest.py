@@ -31,6 +31,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Tests against a real engine (a vLLM server this session starts) run only when asked for by marker
+    # (`make test-engines`: -m engines); plain `make test` deselects them.
+    if "engines" not in (config.getoption("-m") or ""):
+        engines = [item for item in items if "engines" in item.keywords]
+        if engines:
+            config.hook.pytest_deselected(items=engines)
+            items[:] = [item for item in items if "engines" not in item.keywords]
     if _cuda_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (run `make test-gpu` on a GPU host)")

