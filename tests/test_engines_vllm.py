@@ -84,7 +84,7 @@ def test_notebooks_01_and_04_on_vllm(vllm_draft: str, run_notebook: Any, tmp_pat
     run_notebook("04_commit_probe", server_url=vllm_draft, run_dir=str(run_dir), context_lengths=[256, 1024],
                  max_new_tokens=48, kinds=["predictable", "novel"])
     run = Run.open(run_dir)
-    assert run.meta["engine"] == "vllm"
+    assert run.meta["server_engine"] == "vllm"
     sweep = run.rows("sweep")
     assert len(sweep) == 2 and all(r["error"] is None for r in sweep)
     assert all(r["cache_flushed"] is True and r["prompt_tokens_match"] for r in sweep)

@@ -284,8 +284,12 @@ PATCH_FILE = "specdiag_patch.json"
 ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
 
 
-def engine_patch(server: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The patch record of the drafter the server runs, when that folder is readable here and was patched."""
+def engine_patch(server: Mapping[str, Any], run_meta: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+    """The patch record of the drafter the server runs: the recorded run's ``drafter.engine_patch``, else the
+    ``specdiag_patch.json`` in the server's draft model folder when that is readable here."""
+    recorded = ((run_meta or {}).get("drafter") or {}).get("engine_patch")
+    if isinstance(recorded, Mapping):
+        return dict(recorded)
     path = server.get("speculative_draft_model_path")
     if not path:
         return None

@@ -120,7 +120,7 @@ def start(notebook: str, server_url: str = "", run_dir: str = "", replay_dir: st
     client = make_client(server_url, engine)  # "auto" asks the server which engine it is
     client.check_reachable()
     settings = client.settings()
-    run.update(server_url=server_url, engine=client.engine)
+    run.update(server_url=server_url, server_engine=client.engine)
     return NotebookContext(notebook, run, run, server_url, client, params, settings)
 
 
