@@ -475,7 +475,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="measure: execute notebooks against a server (default: the embedded one)")
-    r.add_argument("--server", default="", help="SGLang server URL; empty starts --engine (default: embedded)")
+    r.add_argument("--server", default="", help="SGLang or vLLM server URL (the engine is recognised); empty starts --engine (default: embedded)")
     r.add_argument("--params", default="", help="YAML file of papermill parameters (see params/)")
     r.add_argument("--notebooks", nargs="*", help="notebooks to run (default: all but 08_compare_runs)")
     r.add_argument("--run-dir", default="", help="run folder (default: a new one under data/runs/)")
