@@ -169,10 +169,8 @@ def vllm_env(launch: VLLMLaunch, base: dict[str, str] | None = None) -> dict[str
     env.update(VLLM_CPU_KVCACHE_SPACE=str(launch.kv_cache_gib), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                PYTHONUNBUFFERED="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
     env.pop("PYTHONPATH", None)
-    if launch.dev_mode:
-        env["VLLM_SERVER_DEV_MODE"] = "1"
-    else:
-        env.pop("VLLM_SERVER_DEV_MODE", None)
+    # "0", not unset: the launcher adds this to its own environment, which may have dev mode on
+    env["VLLM_SERVER_DEV_MODE"] = "1" if launch.dev_mode else "0"
     return env
 
 
