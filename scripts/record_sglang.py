@@ -341,14 +341,17 @@ def save_exchange(raw_dir: Path, name: str, method: str, url: str, body: Any = N
 
 
 def versions() -> dict[str, Any]:
+    """Installed versions, read from package metadata (nothing heavy is imported; /tmp/site comes first
+    on sys.path, so its transformers 5.12.1 is the one reported, as the server uses it)."""
+    import importlib.metadata as md  # noqa: PLC0415
+
     out: dict[str, Any] = {"python": platform.python_version()}
-    for mod in ("torch", "triton", "sglang", "transformers", "tokenizers", "flashinfer", "sgl_kernel", "pynvml",
-                "requests", "pandas"):
+    for dist in ("torch", "triton", "sglang", "sglang-kernel", "flashinfer-python", "transformers", "tokenizers",
+                 "nvidia-ml-py", "requests", "pandas"):
         try:
-            m = __import__(mod)
-            out[f"{mod}_version"] = getattr(m, "__version__", "?")
-        except Exception as exc:  # noqa: BLE001
-            out[f"{mod}_version"] = None if isinstance(exc, ImportError) else f"import failed: {type(exc).__name__}"
+            out[f"{dist.replace('-', '_')}_version"] = md.version(dist)
+        except md.PackageNotFoundError:
+            out[f"{dist.replace('-', '_')}_version"] = None
     try:
         import torch  # noqa: PLC0415
 
