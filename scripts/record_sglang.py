@@ -303,7 +303,11 @@ def save_exchange(raw_dir: Path, name: str, method: str, url: str, body: Any = N
     """One HTTP exchange: the response body verbatim (stream: every byte, as received) under raw_dir,
     JSON passed through specdiag's redaction, and a .meta.json with status, headers and timing."""
     t0 = time.perf_counter()
-    meta: dict[str, Any] = {"method": method, "path": url.split("/", 3)[-1], "request_body": body}
+    shown = body
+    if isinstance(body, dict) and len(body.get("input_ids") or []) > 4096:  # the over-long prompt: not kept whole
+        ids = body["input_ids"]
+        shown = {**body, "input_ids": f"<{len(ids)} ids, first {ids[:8]}>"}
+    meta: dict[str, Any] = {"method": method, "path": url.split("/", 3)[-1], "request_body": shown}
     try:
         r = requests.request(method, url, json=body, timeout=timeout, stream=stream)
     except requests.RequestException as exc:
