@@ -258,7 +258,8 @@ def test_report_starts_the_engine_records_its_command_and_stops_it(tmp_path: Pat
         assert url_answers(url + "/health_generate")
     assert not url_answers(url + "/health_generate", timeout_s=0.5)
     engine = Run.open(run.path).meta["engine"]
-    assert engine["engine"] == "sglang" and engine["url"] == url
+    assert engine["engine"] == "sglang" and engine["url"] == url and engine["version"] == "0.5.17"
+    assert engine["python"] == sys.executable and engine["ready_after_s"] > 0
     assert engine["command"][1:3] == ["-m", "sglang.launch_server"] and "NGRAM" in engine["command"]
     assert engine["options"] == {"model_path": str(tmp_path), "algorithm": "NGRAM", "progress": False}
     assert "fake sglang argv" in (run.path / "server.log").read_text()

@@ -360,7 +360,9 @@ def server_for_report(server_url: str, run: Run, engine: str = "embedded",
     try:
         server.start()
         command = server.command() if callable(server.command) else server.command
-        run.update(engine={"engine": engine, "url": server.url, "command": redacted_command(command),
+        run.update(engine={**dict(getattr(server, "info", {}) or {}), "engine": engine, "url": server.url,
+                           "command": redacted_command(command),
+                           "ready_after_s": getattr(server, "ready_after_s", None),  # measured start-up time
                            "options": {k: v if isinstance(v, (int, float, bool)) or v is None else str(v)
                                        for k, v in dict(engine_options or {}).items()
                                        if k not in ("env", "extra_args")}})

@@ -206,6 +206,7 @@ class ManagedServer:
         poll_interval_s: float = 0.5,
         progress: bool = True,
         die_with_parent: bool = True,
+        info: Mapping[str, object] | None = None,
     ) -> None:
         self._command_spec = command
         self.name = name
@@ -221,6 +222,7 @@ class ManagedServer:
         self.poll_interval_s = poll_interval_s
         self.progress = progress
         self.die_with_parent = die_with_parent
+        self.info = dict(info or {})  # what the launcher knows about the engine (version, ...), for provenance
         self.command: list[str] = []
         self.process: subprocess.Popen[bytes] | None = None
         self.ready_after_s: float | None = None
