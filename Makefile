@@ -91,8 +91,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (specdiag)" >/dev/null; \
 	touch $(STAMP); echo "[setup] done: $(VENV)"
 
-serve: setup ## start ENGINE (embedded|sglang|vllm, MODEL=... DRAFT_MODEL=...) in the foreground; Ctrl-C stops its process tree
-	$(PY) -m specdiag.launchers serve $(ENGINE_FLAGS)
+# `make serve PY=python3` skips setup and runs the library from lib/: for a GPU host whose Python has
+# SGLang (e.g. on PYTHONPATH) and that cannot reach the package index.
+serve: $(if $(filter $(VENV)/bin/python,$(PY)),setup) ## start ENGINE (embedded|sglang|vllm, MODEL=... DRAFT_MODEL=...) in the foreground; Ctrl-C stops its process tree
+	PYTHONPATH="$(CURDIR)/lib$${PYTHONPATH:+:$$PYTHONPATH}" $(PY) -m specdiag.launchers serve $(ENGINE_FLAGS)
 
 report: setup ## run every notebook against SERVER, or against ENGINE started and stopped around the run; render HTML
 	$(PY) -m specdiag.report run --server "$(SERVER)" --params "$(REPORT_PARAMS)" --run-dir "$(RUN_DIR)" $(ENGINE_FLAGS)

@@ -39,7 +39,6 @@ import platform
 import shlex
 import signal
 import statistics
-import subprocess
 import sys
 import time
 import traceback
@@ -154,78 +153,72 @@ def full_attention_copy(drafter: str, out: str) -> str:  # noqa: ARG001
 
 
 # ---------------------------------------------------------------------------------------------
-# Servers: specdiag.launchers when it is there, else a minimal private start / wait / stop
+# Servers: specdiag.launchers (SGLangLaunch / sglang_command, ManagedServer)
 # ---------------------------------------------------------------------------------------------
 
-def server_command(engine: str, spec: ServerSpec, job: Job, port: int, device: str) -> list[str]:
-    """The command line of one server (real SGLang or the embedded one)."""
-    py = sys.executable
+def server_command(engine: str, spec: ServerSpec, job: Job, port: int, device: str) -> tuple[list[str], dict[str, str]]:
+    """The command line and extra environment of one server: real SGLang through
+    ``specdiag.launchers.sglang_command``, or the embedded one (dry run)."""
+    env = {"PYTHONPATH": os.pathsep.join(p for p in (os.environ.get("PYTHONPATH", ""), str(ROOT / "lib")) if p),
+           "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     if engine == "embedded":
-        cmd = [py, "-m", "specdiag.localserver", "--host", "127.0.0.1", "--port", str(port),
+        cmd = [sys.executable, "-m", "specdiag.localserver", "--host", "127.0.0.1", "--port", str(port),
                "--model-path", spec.model_path, "--context-length", str(job.context_length), "--device", device]
         if spec.algorithm != "NONE":
             cmd += ["--speculative-algorithm", spec.algorithm, "--speculative-num-draft-tokens",
                     str(spec.num_draft_tokens)]
         if spec.draft_model_path:
             cmd += ["--speculative-draft-model-path", spec.draft_model_path]
-        return cmd
-    cmd = [py, "-m", "sglang.launch_server", "--model-path", spec.model_path, "--host", "127.0.0.1",
-           "--port", str(port), "--context-length", str(job.context_length),
-           "--mem-fraction-static", str(job.mem_fraction), "--sampling-backend", "pytorch",
-           "--grammar-backend", "none", "--cuda-graph-max-bs", "1", "--enable-metrics", "--log-level", "info", *job.extra_server_args]
-    if "--attention-backend" not in job.extra_server_args:
-        cmd += ["--attention-backend", "triton", "--page-size", "1"]
-    if spec.algorithm != "NONE":
-        cmd += ["--speculative-algorithm", spec.algorithm, "--speculative-num-draft-tokens", str(spec.num_draft_tokens)]
-    if spec.draft_model_path:
-        cmd += ["--speculative-draft-model-path", spec.draft_model_path]
-    if spec.num_steps is not None:
-        cmd += ["--speculative-num-steps", str(spec.num_steps)]
-    if spec.topk is not None:
-        cmd += ["--speculative-eagle-topk", str(spec.topk)]
-    return cmd
+        return cmd, env
+    from specdiag.launchers import SGLangLaunch, sglang_command, sglang_env  # noqa: PLC0415
+
+    extra = list(job.extra_server_args)
+    backend, page = "triton", 1
+    for flag in ("--attention-backend", "--page-size"):  # given as launch fields, not twice
+        if flag in extra:
+            i = extra.index(flag)
+            value = extra[i + 1]
+            del extra[i:i + 2]
+            backend, page = (value, page) if flag == "--attention-backend" else (backend, int(value))
+    launch = SGLangLaunch(model_path=spec.model_path, draft_model_path=spec.draft_model_path,
+                          algorithm=spec.algorithm, num_draft_tokens=spec.num_draft_tokens,
+                          num_steps=spec.num_steps, topk=spec.topk, attention_backend=backend, page_size=page,
+                          context_length=job.context_length, mem_fraction_static=job.mem_fraction,
+                          host="127.0.0.1", port=port, enable_metrics=True,
+                          extra_args=(*extra, "--log-level", "info"), python=sys.executable)
+    return sglang_command(launch), {**env, **sglang_env(launch)}
 
 
 class Server:
-    """One server process in its own session (so its whole tree can be stopped), logging to a file."""
+    """One server process, started and stopped by ``specdiag.launchers.ManagedServer`` (own session,
+    log file, SIGTERM then SIGKILL of the whole group); readiness = /health_generate answers 200."""
 
-    def __init__(self, command: list[str], port: int, log_path: Path) -> None:
+    def __init__(self, command: list[str], env: dict[str, str], port: int, log_path: Path, name: str) -> None:
+        from specdiag.launchers import ManagedServer  # noqa: PLC0415
+
         self.command, self.port, self.log_path = command, port, log_path
         self.url = f"http://127.0.0.1:{port}"
-        self.proc: subprocess.Popen | None = None
+        self.ms = ManagedServer(command, name=name, port=port, env=env, cwd=ROOT, log_path=log_path,
+                                ready_path="/health_generate", stop_grace_s=15.0, progress=True)
         self.ready_s: float | None = None
         self.error: str | None = None
+        self._t = 0.0
 
     def start(self) -> None:
-        env = dict(os.environ)
-        env.setdefault("HF_HUB_OFFLINE", "1")
-        env.setdefault("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", "1")
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH", ""), str(ROOT / "lib")) if p)
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self._t = time.monotonic()
-        self.proc = subprocess.Popen(self.command, stdout=self._log, stderr=subprocess.STDOUT, env=env,
-                                     cwd=str(ROOT), start_new_session=True)
-        log(f"started pid {self.proc.pid}: {shlex.join(self.command)}")
+        self.ms.launch()
+        log(f"started pid {self.ms.pid}: {shlex.join(self.command)}")
 
-    def poll_ready(self) -> bool | None:
-        """True when /health_generate answers 200, False while starting, None when the process died."""
-        if self.ready_s is not None:
-            return True
-        if self.proc is None or self.proc.poll() is not None:
-            if self.error is None:
-                self.error = (f"server on port {self.port} exited with code "
-                              f"{self.proc.returncode if self.proc else None} before it was ready; last log lines:\n"
-                              + self.tail())
-            return None
+    def wait_ready(self, timeout_s: float) -> None:
+        from specdiag.launchers import EngineStartError  # noqa: PLC0415
+
         try:
-            if requests.get(self.url + "/health_generate", timeout=5).status_code == 200:
-                self.ready_s = time.monotonic() - self._t
-                log(f"{self.url} ready after {self.ready_s:.0f} s")
-                return True
-        except requests.RequestException:
-            pass
-        return False
+            self.ms.wait_ready(timeout_s=max(1.0, timeout_s))
+            self.ready_s = round(time.monotonic() - self._t, 1)
+            log(f"{self.url} ready {self.ready_s:.0f} s after its start")
+        except EngineStartError as exc:  # the launcher has stopped it and kept its log
+            self.error = str(exc)
+            log(f"{self.url} FAILED to start: {exc}")
 
     def tail(self, n: int = 30) -> str:
         try:
@@ -234,39 +227,17 @@ class Server:
             return "(no log)"
 
     def stop(self) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-                self.proc.wait(timeout=15)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                try:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                try:
-                    self.proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    log(f"pid {self.proc.pid} did not exit after SIGKILL")
-        self._log.close()
+        self.ms.stop()
         log(f"stopped {self.url}")
 
 
 def wait_all(servers: list[Server], deadline: float) -> None:
-    """Poll every server until each is ready or dead, or the deadline passes."""
-    last = 0.0
-    while time.monotonic() < deadline:
-        states = [s.poll_ready() for s in servers]
-        if all(st is not False for st in states):
-            return
-        if time.monotonic() - last > 20:
-            last = time.monotonic()
-            log("waiting for " + ", ".join(f"{s.url}" for s, st in zip(servers, states) if st is False))
-        time.sleep(2)
+    """All servers were launched together; wait for each in turn until the shared deadline."""
     for s in servers:
-        if s.ready_s is None and s.error is None:
-            s.error = f"server on port {s.port} was not ready within the budget; last log lines:\n{s.tail()}"
+        if s.ms.process is not None:
+            s.wait_ready(deadline - time.monotonic())
+        elif s.error is None:
+            s.error = f"{s.url} was never launched (see the start step's error above)"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -332,7 +303,11 @@ def save_exchange(raw_dir: Path, name: str, method: str, url: str, body: Any = N
     """One HTTP exchange: the response body verbatim (stream: every byte, as received) under raw_dir,
     JSON passed through specdiag's redaction, and a .meta.json with status, headers and timing."""
     t0 = time.perf_counter()
-    meta: dict[str, Any] = {"method": method, "path": url.split("/", 3)[-1], "request_body": body}
+    shown = body
+    if isinstance(body, dict) and len(body.get("input_ids") or []) > 4096:  # the over-long prompt: not kept whole
+        ids = body["input_ids"]
+        shown = {**body, "input_ids": f"<{len(ids)} ids, first {ids[:8]}>"}
+    meta: dict[str, Any] = {"method": method, "path": url.split("/", 3)[-1], "request_body": shown}
     try:
         r = requests.request(method, url, json=body, timeout=timeout, stream=stream)
     except requests.RequestException as exc:
@@ -370,14 +345,17 @@ def save_exchange(raw_dir: Path, name: str, method: str, url: str, body: Any = N
 
 
 def versions() -> dict[str, Any]:
+    """Installed versions, read from package metadata (nothing heavy is imported; /tmp/site comes first
+    on sys.path, so its transformers 5.12.1 is the one reported, as the server uses it)."""
+    import importlib.metadata as md  # noqa: PLC0415
+
     out: dict[str, Any] = {"python": platform.python_version()}
-    for mod in ("torch", "triton", "sglang", "transformers", "tokenizers", "flashinfer", "sgl_kernel", "pynvml",
-                "requests", "pandas"):
+    for dist in ("torch", "triton", "sglang", "sglang-kernel", "flashinfer-python", "transformers", "tokenizers",
+                 "nvidia-ml-py", "requests", "pandas"):
         try:
-            m = __import__(mod)
-            out[f"{mod}_version"] = getattr(m, "__version__", "?")
-        except Exception as exc:  # noqa: BLE001
-            out[f"{mod}_version"] = None if isinstance(exc, ImportError) else f"import failed: {type(exc).__name__}"
+            out[f"{dist.replace('-', '_')}_version"] = md.version(dist)
+        except md.PackageNotFoundError:
+            out[f"{dist.replace('-', '_')}_version"] = None
     try:
         import torch  # noqa: PLC0415
 
@@ -711,8 +689,9 @@ def main(argv: list[str] | None = None) -> int:
     servers: list[Server] = []
     for i, spec in enumerate(job.servers):
         port = args.port_base + i
-        cmd = server_command(args.engine, spec, job, port, args.device)
-        servers.append(Server(cmd, port, out / f"run-{job.name}-{spec.label}" / "server.log"))
+        cmd, env = server_command(args.engine, spec, job, port, args.device)
+        servers.append(Server(cmd, env, port, out / f"run-{job.name}-{spec.label}" / "server.log",
+                              f"{args.engine} {spec.label}"))
     for s in servers:
         step(f"start {s.url}", failures, s.start)
     runs: dict[str, Run] = {}
