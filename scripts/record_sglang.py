@@ -52,7 +52,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "lib"))
 
 from specdiag.serving import SGLangClient  # noqa: E402
-from specdiag.runs import Run, redact, redact_text  # noqa: E402
+from specdiag.runs import Run  # noqa: E402
+from specdiag.serving.redaction import redact, redact_text  # noqa: E402
 
 T0 = time.monotonic()
 
