@@ -15,7 +15,14 @@ sys.path.insert(0, str(Path(__file__).parent))
 from vllm_replay_server import DATA, VLLMReplayServer, recorded  # noqa: E402
 
 from specdiag.runs import Run  # noqa: E402
-from specdiag.serving import API_KEY_ENV, SGLangClient, VLLMClient, detect_engine, make_client  # noqa: E402
+from specdiag.serving import (  # noqa: E402
+    API_KEY_ENV,
+    ServerError,
+    SGLangClient,
+    VLLMClient,
+    detect_engine,
+    make_client,
+)
 from specdiag.serving.sse import DONE, SSEDecoder  # noqa: E402
 from specdiag.serving.vllm_stream import (  # noqa: E402
     CHOICE_KEYS,
@@ -192,6 +199,8 @@ def test_api_key_from_the_environment_never_reaches_disk(monkeypatch: pytest.Mon
     with VLLMReplayServer(api_key=API_KEY) as srv:
         refused = VLLMClient(srv.url).generate(input_ids=[1, 2], sampling_params={"max_new_tokens": 4})
         assert refused.error_kind == "http" and "401" in refused.error
+        with pytest.raises(ServerError, match=API_KEY_ENV):
+            make_client(srv.url)
         monkeypatch.setenv(API_KEY_ENV, API_KEY)
         client = make_client(srv.url)
         plan = make_plan([200], 48, 1, "predictable", 0, True)

@@ -124,6 +124,9 @@ def detect_engine(base_url: str, session: requests.Session | None = None, timeou
         seen.append(f"/version: {str(version)[:80]}")
     except ServerError as exc:
         seen.append(f"/version: {exc.cause}")
+    if any("HTTP 401" in s or "HTTP 403" in s for s in seen):
+        raise ServerError(probe.url("/"), "the server refuses requests without an API key ("
+                          + "; ".join(seen) + f"): put the key in the environment variable {API_KEY_ENV}")
     raise ServerError(probe.url("/"), "the server is neither vLLM nor SGLang as far as its answers tell ("
                       + "; ".join(seen) + "): pass engine='vllm' or engine='sglang'")
 
