@@ -15,7 +15,8 @@ The mode comes from ``SPECDIAG_SGLANG_VERIFY`` when SGLang loads the plugin:
 Counts (``STATS``): calls served and fallen back per reason, in this process. Under CUDA graphs
 only captures and eager calls pass through Python, so these count calls of the hook, not replays.
 With ``SPECDIAG_SGLANG_STATS=DIR`` each process writes ``DIR/stats-<pid>.json`` (at most once a
-second while counts change).
+second while counts change). ``SPECDIAG_SGLANG_CHECK=1`` (eager servers only, e.g. decode CUDA graphs
+off) runs SGLang's own kernel and the plugin's on every served call and records their relative error.
 """
 
 from __future__ import annotations
@@ -27,10 +28,13 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import torch
+
 logger = logging.getLogger("specdiag_sglang_plugin")
 
 MODE_ENV = "SPECDIAG_SGLANG_VERIFY"
 STATS_ENV = "SPECDIAG_SGLANG_STATS"
+CHECK_ENV = "SPECDIAG_SGLANG_CHECK"
 MODES = ("splitkv", "upstream", "off")
 FORWARD_EXTEND = "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.forward_extend"
 BACKEND_INIT = "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.__init__"
@@ -57,7 +61,8 @@ def log_once(key: str, message: str, *args) -> None:
 def stats_snapshot() -> dict:
     return {"pid": os.getpid(), "mode": STATS["mode"], "served": STATS["served"],
             "served_in_capture": STATS["served_in_capture"], "fallback": dict(STATS["fallback"]),
-            "upstream_served": STATS["upstream_served"], "upstream_declined": STATS["upstream_declined"]}
+            "upstream_served": STATS["upstream_served"], "upstream_declined": STATS["upstream_declined"],
+            "check": STATS.get("check", [])}
 
 
 def _maybe_write_stats(force: bool = False) -> None:
@@ -79,8 +84,6 @@ def _maybe_write_stats(force: bool = False) -> None:
 
 
 def _facts(backend, q, k, v, layer, forward_batch, sinks, score_mod):
-    import torch  # noqa: PLC0415
-
     from specdiag_sglang_plugin.translate import CallFacts  # noqa: PLC0415
 
     verify = bool(forward_batch.forward_mode.is_target_verify())
@@ -120,8 +123,6 @@ def _facts(backend, q, k, v, layer, forward_batch, sinks, score_mod):
 
 def _serve(backend, q, k, v, layer, forward_batch, save_kv_cache):
     """Store the draft KV as SGLang does (no fp8 scales, no DCP), then the ragged split-KV kernel."""
-    import torch  # noqa: PLC0415
-
     from sglang.srt.layers.attention import triton_backend as tb  # noqa: PLC0415
     from specdiag.kernels.triton_splitkv_ragged import ragged_split_kv_triton  # noqa: PLC0415
     from specdiag_sglang_plugin.translate import max_draft_tokens  # noqa: PLC0415
@@ -137,7 +138,7 @@ def _serve(backend, q, k, v, layer, forward_batch, save_kv_cache):
     heads = layer.tp_q_head_num
     batch = meta.qo_indptr.shape[0] - 1
     ragged_split_kv_triton(
-        q.view(-1, heads, layer.qk_head_dim), k.view(k.shape[0], -1), v.view(v.shape[0], -1),
+        q.view(-1, heads, layer.qk_head_dim), k.reshape(k.shape[0], -1), v.reshape(v.shape[0], -1),
         backend.token_to_kv_pool.get_key_buffer(layer.layer_id), o.view(-1, heads, layer.v_head_dim),
         meta.qo_indptr, meta.kv_indptr, meta.kv_indices, meta.custom_mask, meta.mask_indptr,
         max_draft=max_draft_tokens(meta.max_extend_len, q.shape[0], batch),
@@ -149,6 +150,26 @@ def _serve(backend, q, k, v, layer, forward_batch, save_kv_cache):
     return o
 
 
+def _check(original, backend, q, k, v, layer, forward_batch, save_kv_cache, kwargs):
+    """Check mode (eager calls only): SGLang's own output, then the kernel's on the same inputs.
+
+    Records the relative error ||ours - SGLang|| / ||SGLang|| per call in STATS["check"] and returns
+    the kernel's output. Reads tensor values (a host sync): never used under CUDA-graph capture.
+    """
+    ref = original(backend, q, k, v, layer, forward_batch, save_kv_cache=save_kv_cache, **kwargs)
+    ref = ref.clone()
+    ours = _serve(backend, q, k, v, layer, forward_batch, save_kv_cache=False)
+    meta = backend.forward_metadata
+    prefix = (meta.kv_indptr[1:] - meta.kv_indptr[:-1]).tolist()
+    err = float((ours.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30))
+    checks = STATS.setdefault("check", [])
+    if len(checks) < 2000:
+        checks.append({"layer": int(layer.layer_id), "prefix_tokens": prefix, "draft_tokens": int(q.shape[0]),
+                       "heads": int(layer.tp_q_head_num), "rel_err": err,
+                       "finite": bool(torch.isfinite(ours).all())})
+    return ours
+
+
 def forward_extend_hook(original, backend, q, k, v, layer, forward_batch, save_kv_cache=True,
                         sinks=None, score_mod=None, aux_tensors=None, **kwargs):
     """AROUND hook of TritonAttnBackend.forward_extend: the kernel where it can serve, SGLang elsewhere."""
@@ -158,6 +179,11 @@ def forward_extend_hook(original, backend, q, k, v, layer, forward_batch, save_k
     if serve:
         log_once("serve", "verify attention runs on specdiag's split-KV kernel: %s", reason)
         try:
+            if os.environ.get(CHECK_ENV) == "1" and not torch.cuda.is_current_stream_capturing():
+                out = _check(original, backend, q, k, v, layer, forward_batch, save_kv_cache,
+                             dict(sinks=sinks, score_mod=score_mod, aux_tensors=aux_tensors, **kwargs))
+                _maybe_write_stats()
+                return out
             out = _serve(backend, q, k, v, layer, forward_batch, save_kv_cache)
             _maybe_write_stats()
             return out
@@ -211,6 +237,7 @@ def register() -> None:
         log_once("import", "specdiag's split-KV kernel does not import (%s: %s): SGLang's verify runs unchanged",
                  type(exc).__name__, exc)
         return
-    HookRegistry.register(FORWARD_EXTEND, forward_extend_hook, HookType.AROUND)
+    # like SGLang's own Triton launchers, kept out of torch.compile's tracing (a graph break, run eagerly)
+    HookRegistry.register(FORWARD_EXTEND, torch.compiler.disable(forward_extend_hook), HookType.AROUND)
     log_once("mode", "mode splitkv: MLA target-verify attention of the Triton backend goes through "
              "specdiag's split-KV kernel where it can serve")
