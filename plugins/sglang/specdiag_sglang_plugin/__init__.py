@@ -1,6 +1,7 @@
 """specdiag's split-KV verify attention as an SGLang plugin (entry point group ``sglang.srt.plugins``).
 
-Install next to SGLang and allow it: ``pip install plugins/sglang`` then ``SGLANG_PLUGINS=specdiag_splitkv``.
+Install next to SGLang (``pip install --no-deps . ./plugins/sglang`` from the checkout) and allow it:
+``SGLANG_PLUGINS=specdiag_splitkv``.
 ``SPECDIAG_SGLANG_VERIFY=splitkv|upstream|off`` picks the mode at server start (hook.py).
 """
 
