@@ -100,7 +100,9 @@ def make_server(arm: str, args: argparse.Namespace, work: Path):
                              env=arm_env(arm, args, work), startup_timeout_s=args.startup_s, stop_grace_s=8, progress=False)
     from specdiag.launchers.sglang import SGLangLaunch, sglang_server  # noqa: PLC0415
 
-    extra = ["--log-level", "info"]
+    # A capped KV pool: SGLang sizes its pool from the free memory it sees (free now - free at start x
+    # (1 - fraction)); servers starting together would race for it, a cap makes each take only this much.
+    extra = ["--log-level", "info", "--max-total-tokens", str(args.max_total_tokens)]
     if arm == "check":
         extra += ["--disable-decode-cuda-graph"]
     launch = SGLangLaunch(model_path=args.model_path, algorithm="NGRAM", num_draft_tokens=args.draft_tokens,
@@ -134,7 +136,9 @@ def check_step(clients: dict[str, SGLangClient], args: argparse.Namespace, work:
         prompt = build_prompt(tokenizer_of(client), ctx, "novel", seed=100 + i)
         res = greedy(client, prompt.input_ids, args.max_new_tokens)
         log(f"check request {ctx:,} tokens: {res['completion_tokens']} tokens, error {res['error']}")
-    time.sleep(1.5)  # the plugin writes its stats at most once a second
+    # the plugin writes its stats at most once a second, on a call: one more short request after a pause
+    time.sleep(1.2)
+    greedy(client, build_prompt(tokenizer_of(client), 64, "novel", seed=99).input_ids, 4)
     checks = [c for s in read_stats(work, "check") for c in s.get("check", [])]
     errs = [c["rel_err"] for c in checks]
     out = {"calls_compared": len(checks), "max_rel_err": max(errs) if errs else None,
@@ -266,7 +270,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--budget-s", type=float, default=470)
     p.add_argument("--startup-s", type=float, default=300)
     p.add_argument("--context-length", type=int, default=140000)
-    p.add_argument("--mem-fraction", type=float, default=0.15)
+    p.add_argument("--mem-fraction", type=float, default=0.35)
+    p.add_argument("--max-total-tokens", type=int, default=400000, help="KV pool cap per server, tokens")
     p.add_argument("--draft-tokens", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--contexts", type=ints, default=[1024, 4096, 16384, 32768, 65536, 131072])

@@ -7,8 +7,8 @@
 #  1. install the plugin offline into /tmp/plugin (pip --target, no index; if pip cannot, a hand-written
 #     dist-info with the same entry point) and check that importlib finds the entry point SGLang loads;
 #  2. make the random-weight MLA model (data/models/make_mla_model.py, 2 layers, seed 0) in /tmp/mla-model;
-#  3. in the background, the plugin's GPU tests (ragged kernel vs SGLang's definition, vs SGLang's own
-#     extend_attention_fwd, replay in a CUDA graph at other lengths);
+#  3. in the background, the plugin's tests with SGLang importable (its entry point registers) and its GPU
+#     tests (ragged kernel vs SGLang's definition, vs SGLang's own extend_attention_fwd, CUDA-graph replay);
 #  4. scripts/sglang_plugin_check.py: four servers (stock, upstream split-KV forced, plugin, plugin in check
 #     mode), (a) per-call comparison inside SGLang, (b) greedy identity over 20 short + 3 long prompts,
 #     (c) specdiag.sweep at 1k..128k per arm into run folders.
@@ -64,7 +64,7 @@ print('plugin and kernel import: ok')" 2>&1 | tail -3
 timeout 60 python3 data/models/make_mla_model.py --out /tmp/mla-model --layers 2 --seed 0 2>&1 | tail -1 | tee -a "$env_log"
 
 # 3. GPU tests, beside the servers' start-up
-(PYTHONPATH=$PYTHONPATH:$PWD/plugins/sglang timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu \
+(timeout 200 python3 -m pytest -q -p no:cacheprovider -m "not slow" tests/test_sglang_plugin.py \
   tests/test_sglang_plugin_gpu.py > "$OUT/gpu-tests.log" 2>&1; echo "exit $?" >> "$OUT/gpu-tests.log") &
 tests_pid=$!
 
