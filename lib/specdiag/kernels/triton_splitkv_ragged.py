@@ -116,14 +116,13 @@ def _ragged_partial_kernel(
         j = pos - n_prefix
         in_draft = ok & (j >= 0)
         slot = tl.load(KV_INDICES + kv_start + pos, mask=in_prefix, other=0)
-        kv_row = KV + slot[:, None].to(tl.int64) * stride_kv
-        ext = (q_start + tl.maximum(j, 0))[:, None].to(tl.int64)
-        k_nope = (tl.load(kv_row + offs_d[None, :], mask=in_prefix[:, None], other=0.0)
-                  + tl.load(K_EXT + ext * stride_kext + offs_d[None, :], mask=in_draft[:, None], other=0.0))
-        k_pe = (tl.load(kv_row + offs_pe[None, :], mask=in_prefix[:, None], other=0.0)
-                + tl.load(K_EXT + ext * stride_kext + offs_pe[None, :], mask=in_draft[:, None], other=0.0))
-        v = (tl.load(kv_row + offs_d[None, :], mask=in_prefix[:, None], other=0.0)
-             + tl.load(V_EXT + ext * stride_vext + offs_d[None, :], mask=in_draft[:, None], other=0.0))
+        ext = (q_start + tl.maximum(j, 0)).to(tl.int64)
+        # a prefix row from the cache, a draft row from the extend tensor: one load through selected pointers
+        row = tl.where(in_prefix, KV + slot.to(tl.int64) * stride_kv, K_EXT + ext * stride_kext)
+        k_nope = tl.load(row[:, None] + offs_d[None, :], mask=ok[:, None], other=0.0)
+        k_pe = tl.load(row[:, None] + offs_pe[None, :], mask=ok[:, None], other=0.0)
+        v_draft = tl.load(V_EXT + ext[:, None] * stride_vext + offs_d[None, :], mask=in_draft[:, None], other=0.0)
+        v = tl.where(in_draft[:, None], v_draft, k_nope)  # prefix values: the first 512 latent dims
         s = _scores(q_nope, q_pe, k_nope, k_pe, sm_scale, logit_cap, LOGIT_CAP)
         tree = tl.load(mask_row[:, None] + j[None, :], mask=row_ok[:, None] & in_draft[None, :], other=0)
         visible = in_prefix[None, :] | (in_draft[None, :] & (tree != 0))
