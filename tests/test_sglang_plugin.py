@@ -284,3 +284,43 @@ def test_ragged_triton_kernel_in_the_interpreter():
     res = subprocess.run([sys.executable, "-c", INTERPRET_SCRIPT.format(tests=str(ROOT / "tests"), plugin=str(ROOT / "plugins/sglang"))], env=env,
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0 and "ok" in res.stdout, res.stdout + res.stderr
+
+
+def _fake_sglang_call(verify: bool = True, page_size: int = 1, swa: int = -1):
+    """Objects with the attribute names SGLang 0.5.17's backend, layer and batch carry (triton_backend.py)."""
+    from types import SimpleNamespace as NS
+
+    kv = torch.zeros(100, 1, D_QK, dtype=torch.bfloat16)
+    pool = NS(get_key_buffer=lambda i: kv, get_value_buffer=lambda i: kv[..., :D_V])
+    backend = NS(token_to_kv_pool=pool, page_size=page_size, use_mla=True, dcp_size=1, enable_deterministic=False,
+                 forward_metadata=NS(custom_mask=torch.ones(8, dtype=torch.bool)))
+    layer = NS(layer_id=0, qk_head_dim=576, v_head_dim=512, k_scale=None, v_scale=None, sliding_window_size=swa,
+               is_cross_attention=False, attn_type=NS(name="DECODER"), xai_temperature_len=-1)
+    fb = NS(forward_mode=_Mode(verify))
+    q = torch.zeros(8, 8, D_QK, dtype=torch.bfloat16)
+    return backend, q, torch.zeros(8, 1, D_QK, dtype=torch.bfloat16), torch.zeros(8, 1, D_V, dtype=torch.bfloat16), \
+        layer, fb
+
+
+def test_facts_read_from_sglang_objects():
+    backend, q, k, v, layer, fb = _fake_sglang_call()
+    facts = hook._facts(backend, q, k, v, layer, fb, None, None)
+    assert facts.value_is_latent_view and facts.use_mla and facts.has_custom_mask and not facts.sliding_window
+    assert decide(facts) == (False, "not on a CUDA device")  # these tensors live on the CPU
+    assert decide(dataclasses.replace(facts, is_cuda=True))[0]
+    for kw, words in ((dict(page_size=64), "page_size 64"), (dict(swa=4096), "sliding-window")):
+        backend, q, k, v, layer, fb = _fake_sglang_call(**kw)
+        facts = dataclasses.replace(hook._facts(backend, q, k, v, layer, fb, None, None), is_cuda=True)
+        assert words in decide(facts)[1]
+    backend, q, k, v, layer, fb = _fake_sglang_call()
+    backend.token_to_kv_pool.get_value_buffer = lambda i: torch.zeros(100, 1, D_V, dtype=torch.bfloat16)
+    facts = dataclasses.replace(hook._facts(backend, q, k, v, layer, fb, None, None), is_cuda=True)
+    assert "value buffer" in decide(facts)[1]
+
+
+def test_hook_sends_an_unservable_verify_call_to_sglang():
+    backend, q, k, v, layer, fb = _fake_sglang_call()
+    before = hook.STATS["fallback"]["not on a CUDA device"]
+    out = hook.forward_extend_hook(lambda *a, **kw: "sglang-out", backend, q, k, v, layer, fb)
+    assert out == "sglang-out" and hook.STATS["fallback"]["not on a CUDA device"] == before + 1
+    assert "fallback:not on a CUDA device" in hook._logged  # logged once

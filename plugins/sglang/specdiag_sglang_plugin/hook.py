@@ -189,7 +189,9 @@ def forward_extend_hook(original, backend, q, k, v, layer, forward_batch, save_k
             return out
         except Exception as exc:  # noqa: BLE001  SGLang's path instead (it stores the same KV again)
             reason = f"kernel error: {type(exc).__name__}: {exc}"
-            logger.exception("[specdiag plugin] split-KV kernel failed; falling back to SGLang's verify")
+            if reason not in _logged:  # the traceback once per distinct error, not once per layer and step
+                _logged.add(reason)
+                logger.exception("[specdiag plugin] split-KV kernel failed; falling back to SGLang's verify")
     STATS["fallback"][reason] += 1
     if reason != "not a target-verify step":
         log_once("fallback:" + reason, "verify attention falls back to SGLang's own kernel: %s", reason)
