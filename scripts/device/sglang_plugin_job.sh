@@ -2,8 +2,9 @@
 # One device call: the SGLang plugin (plugins/sglang) on a real SGLang 0.5.17 on the H200.
 # Run from the repository root:  bash scripts/device/sglang_plugin_job.sh
 #
-# Needs SGLang unpacked at $SITE (default /tmp/site, staged by an earlier call: ../shared/engines/README.md).
-# Steps, bounded in all by about BUDGET + 60 s (BUDGET default 460 s):
+# Needs SGLang unpacked at $SITE (default /tmp/site, staged by an earlier call: ../shared/engines/README.md);
+# without it, joins /tmp/stage/part.00 (call 1) with .rs2/part.* (carried) as scripts/device/sglang_job.sh does.
+# Steps, bounded in all by BUDGET + about 10 s (BUDGET default 450 s; the driver keeps 40 s of it to stop):
 #  1. install the plugin offline into /tmp/plugin (pip --target, no index; if pip cannot, a hand-written
 #     dist-info with the same entry point) and check that importlib finds the entry point SGLang loads;
 #  2. make the random-weight MLA model (data/models/make_mla_model.py, 2 layers, seed 0) in /tmp/mla-model;
@@ -17,7 +18,7 @@
 # env.txt, summary.txt (also printed last).
 set -uo pipefail
 OUT=${OUT:?set OUT to the folder to write results to}
-BUDGET=${BUDGET:-460}
+BUDGET=${BUDGET:-450}
 SITE=${SITE:-/tmp/site}
 PLUGIN=${PLUGIN_TARGET:-/tmp/plugin}
 EXTRA=${EXTRA:-}
@@ -28,8 +29,17 @@ env_log="$OUT/env.txt"; : > "$env_log"
 t0=$(date +%s)
 
 if [ ! -f "$SITE/sglang/version.py" ]; then
-  echo "[plugin-job] FAILED: no SGLang at $SITE: stage it first (scripts/device/sglang_job.sh joins and extracts it)" | tee -a "$env_log"
-  exit 2
+  # the same staging as scripts/device/sglang_job.sh: part.00 from call 1 in /tmp/stage, the rest carried in .rs2
+  if [ -f /tmp/stage/part.00 ] && compgen -G ".rs2/part.*" >/dev/null; then
+    h=$(cat /tmp/stage/part.00 .rs2/part.* | sha256sum | cut -c1-64)
+    grep -q "^$h  sglang" .rs2/SHA256SUMS || { echo "[plugin-job] FAILED: sha256 $h not in .rs2/SHA256SUMS" | tee -a "$env_log"; exit 3; }
+    mkdir -p "$SITE" && cat /tmp/stage/part.00 .rs2/part.* | xz -d | tar -x -C "$SITE" || { echo "[plugin-job] FAILED: extract"; exit 4; }
+    echo "[plugin-job] extracted SGLang into $SITE (sha256 $h)" | tee -a "$env_log"
+  else
+    echo "[plugin-job] FAILED: no SGLang at $SITE and no /tmp/stage/part.00 + .rs2/part.* to join: stage it first" \
+      "(../shared/engines/README.md; scripts/device/sglang_job.sh)" | tee -a "$env_log"
+    exit 2
+  fi
 fi
 
 # 1. the plugin, offline
