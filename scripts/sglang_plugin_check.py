@@ -239,6 +239,19 @@ def summary(work: Path, runs: dict[str, Run], results: dict[str, Any], failures:
         ratio = lambda a, b: f"{a / b:.1f}x" if a and b else "-"  # noqa: E731
         lines.append(" | ".join([f"{c:,}"] + [f"{v:.2f}" if v else "-" for v in vals]
                                 + [ratio(st, pl), ratio(up, pl)]))
+    pl, st, up = steps.get("plugin", {}), steps.get("stock", {}), steps.get("upstream", {})
+    if pl:  # the targets, computed from the rows above
+        top, low = max(pl), min(pl)
+        if st.get(top):
+            lines.append(f"target stock/plugin at {top:,} >= 10x: {st[top] / pl[top]:.1f}x "
+                         f"({'met' if st[top] / pl[top] >= 10 else 'missed'})")
+        lines.append(f"target plugin {top:,} / plugin {low:,} <= 2: {pl[top] / pl[low]:.2f} "
+                     f"({'met' if pl[top] / pl[low] <= 2 else 'missed'})")
+        both = [c for c in pl if up.get(c)]
+        if both:
+            slower = [c for c in both if pl[c] > up[c]]
+            lines.append(f"target plugin <= upstream at every context: "
+                         f"{'met' if not slower else 'missed at ' + ', '.join(f'{c:,}' for c in slower)}")
     chk = results.get("check") or {}
     lines.append(f"check (SGLang's verify vs the plugin's, inside SGLang): {chk.get('calls_compared')} calls, "
                  f"max rel. error {chk.get('max_rel_err')}, passed {chk.get('passed')}")
