@@ -16,7 +16,9 @@ greedy outputs of ``plugin`` (and ``upstream``) against ``stock`` over short and
 stock-vs-stock repeat as the control; (c) sweep: specdiag.sweep's measurement (the one notebook 01
 runs) per context, the arms interleaved, into one run folder per arm. A table is printed last::
 
-    python scripts/sglang_plugin_check.py --out /tmp/plugin-job --model-path /tmp/mla-model --budget-s 470
+    python scripts/sglang_plugin_check.py --out /tmp/plugin-job --model-path /tmp/mla-model --budget-s 410
+    # TP 2 on the two-GPU machine: identity and check only
+    python scripts/sglang_plugin_check.py --out /tmp/tp2 --tp-size 2 --arms stock,plugin,check --contexts 1024
     # dry run of the flow against the embedded server (no plugin there: the check step finds nothing)
     python scripts/sglang_plugin_check.py --engine embedded --device cpu --out /tmp/dry --contexts 256,512 \\
         --identity-short 3 --identity-long 1024 --max-new-tokens 8
@@ -108,7 +110,8 @@ def make_server(arm: str, args: argparse.Namespace, work: Path):
         extra += ["--disable-decode-cuda-graph"]
     launch = SGLangLaunch(model_path=args.model_path, algorithm="NGRAM", num_draft_tokens=args.draft_tokens,
                           context_length=args.context_length, mem_fraction_static=args.mem_fraction,
-                          extra_args=tuple(extra), env=arm_env(arm, args, work), python=sys.executable)
+                          tp_size=args.tp_size, extra_args=tuple(extra), env=arm_env(arm, args, work),
+                          python=sys.executable)
     return sglang_server(launch, log_path=log_path, startup_timeout_s=args.startup_s, stop_grace_s=8, progress=False,
                          check=False)
 
@@ -287,6 +290,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mem-fraction", type=float, default=0.35)
     p.add_argument("--max-total-tokens", type=int, default=400000, help="KV pool cap per server, tokens")
     p.add_argument("--draft-tokens", type=int, default=8)
+    p.add_argument("--tp-size", type=int, default=1, help="tensor-parallel GPUs per server (2 on nvidia-h200-x2: "
+                   "every rank loads the plugin and sees its local heads)")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--contexts", type=ints, default=[1024, 4096, 16384, 32768, 65536, 131072])
     p.add_argument("--check-contexts", type=ints, default=[1000, 20000, 100000])
