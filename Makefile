@@ -98,12 +98,15 @@ $(STAMP): pyproject.toml
 	touch $(STAMP); echo "[setup] done: $(VENV)"
 
 plugin: ## install the SGLang plugin (plugins/sglang, no dependencies) into .plugin-site; PLUGIN=... enables it
-	$(PY) -m pip install -q --no-deps --upgrade --target $(PLUGIN_SITE) plugins/sglang
+	$(PY) -m pip install -q --no-deps --upgrade --target $(PLUGIN_SITE) plugins/sglang || \
+	  $(PY) -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target $(PLUGIN_SITE) plugins/sglang
 	@rm -rf plugins/sglang/build plugins/sglang/*.egg-info
 	@echo "[plugin] installed into $(PLUGIN_SITE); enabled for servers started with PLUGIN=splitkv (or upstream, off)"
 
-serve: setup $(if $(PLUGIN),plugin) ## start ENGINE (embedded|sglang, MODEL=... DRAFT_MODEL=...) in the foreground; Ctrl-C stops its process tree
-	$(PY) -m specdiag.launchers serve $(ENGINE_FLAGS)
+# `make serve PY=python3` skips setup and runs the library from lib/: for a GPU host whose Python has
+# SGLang (e.g. on PYTHONPATH) and that cannot reach the package index.
+serve: $(if $(filter $(VENV)/bin/python,$(PY)),setup) $(if $(PLUGIN),plugin) ## start ENGINE (embedded|sglang, MODEL=... DRAFT_MODEL=...) in the foreground; Ctrl-C stops its process tree
+	PYTHONPATH="$(CURDIR)/lib$${PYTHONPATH:+:$$PYTHONPATH}" $(PY) -m specdiag.launchers serve $(ENGINE_FLAGS)
 
 report: setup $(if $(PLUGIN),plugin) ## run every notebook against SERVER, or against ENGINE started and stopped around the run; render HTML
 	$(PY) -m specdiag.report run --server "$(SERVER)" --params "$(PARAMS)" --run-dir "$(RUN_DIR)" $(ENGINE_FLAGS)

@@ -16,6 +16,7 @@ from specdiag.launchers.process import (
     LOG_TAIL_LINES,
     EngineStartError,
     ManagedServer,
+    end_process_group,
     free_port,
     group_alive,
     log_tail,
@@ -139,3 +140,35 @@ def test_progress_without_tqdm_prints_plain_lines(tmp_path: Path, monkeypatch: p
                        startup_timeout_s=60) as server:
         assert url_answers(server.ready_url)
     assert re.search(r"waiting for fake engine at \S+: \d+ s, \[specdiag\] starting fake engine", capsys.readouterr().err)
+
+
+def test_the_engine_is_ended_when_its_parent_is_killed(tmp_path: Path):
+    """A parent killed with SIGKILL runs no cleanup: the engine still gets SIGTERM (PR_SET_PDEATHSIG)."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("PR_SET_PDEATHSIG is Linux only")
+    import signal
+    import subprocess
+
+    log, port = tmp_path / "s.log", free_port()
+    parent = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from specdiag.launchers.process import ManagedServer; "
+         f"s = ManagedServer([sys.executable, {str(FAKE)!r}, '--port', '{port}'], port={port}, ready_path='/health', "
+         f"log_path={str(log)!r}, progress=False, startup_timeout_s=30).start(); print(s.pid, flush=True); "
+         "time.sleep(120)"],
+        stdout=subprocess.PIPE, text=True)
+    pid = None
+    try:
+        line = parent.stdout.readline()
+        assert line.strip().isdigit(), (line, log.read_text() if log.exists() else "")
+        pid = int(line)
+        assert group_alive(pid)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not pid_alive(pid)
+    finally:
+        parent.kill()
+        if pid is not None:
+            end_process_group(pid, 1.0)  # when the assertion failed: leave nothing behind

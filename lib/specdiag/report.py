@@ -23,7 +23,9 @@ import html
 import json
 import os
 import re
+import signal
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -496,17 +498,23 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    previous = None
+    if args.cmd == "run" and threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _interrupt)  # `kill` unwinds like Ctrl-C: the engine is stopped
     try:
         return int(args.func(args))
     except KeyboardInterrupt:
         print("[specdiag] interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # noqa: BLE001 - one clear line for the user, not a traceback
-        from specdiag.nb import ParameterError  # noqa: PLC0415
-
         from specdiag.launchers import EngineStartError  # noqa: PLC0415
+        from specdiag.nb import ParameterError  # noqa: PLC0415
 
         known = (ValueError, FileNotFoundError, ParameterError, EngineStartError)
         try:
@@ -519,6 +527,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"[specdiag] error: {exc}", file=sys.stderr)
             return 2
         raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -148,6 +148,23 @@ def end_process_group(pgid: int, grace_s: float = 10.0) -> None:
             time.sleep(0.05)
 
 
+def _pdeathsig_setter() -> Callable[[], None] | None:
+    """A preexec_fn that asks Linux (prctl PR_SET_PDEATHSIG) to SIGTERM the child when the thread that
+    started it dies, so a parent killed with SIGKILL does not leave the engine running (the engine then
+    ends its own children, as SGLang does; stop() ends the whole group in every other case). The
+    function is looked up here, in the parent, so the forked child only makes the call. None off Linux."""
+    if sys.platform != "linux":
+        return None
+    import ctypes  # noqa: PLC0415
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    sigterm = int(signal.SIGTERM)
+    return lambda: prctl(1, sigterm, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+
+
 class _LineProgress:
     """The part of tqdm's interface wait_ready uses, printing whole lines (no tqdm installed)."""
 
@@ -165,7 +182,10 @@ class ManagedServer:
     """An engine process started by this object and always ended by it (see the module docstring).
 
     ``command`` is the argument list, or a function of the port that returns it (for port=0, which
-    picks a free port first). ``env`` is added to this process's environment. Without ``log_path``
+    picks a free port first). ``env`` is added to this process's environment. ``die_with_parent``
+    (Linux): the engine gets SIGTERM if the thread that started it dies, even by SIGKILL; start it
+    from a thread that lives as long as it should (the main thread), or pass False for a server meant
+    to outlive this process. Without ``log_path``
     the log goes to a temporary file, removed by stop() unless a failed start named it.
     """
 
@@ -185,6 +205,7 @@ class ManagedServer:
         probe_timeout_s: float = 10.0,
         poll_interval_s: float = 0.5,
         progress: bool = True,
+        die_with_parent: bool = True,
     ) -> None:
         self._command_spec = command
         self.name = name
@@ -199,6 +220,7 @@ class ManagedServer:
         self.probe_timeout_s = probe_timeout_s
         self.poll_interval_s = poll_interval_s
         self.progress = progress
+        self.die_with_parent = die_with_parent
         self.command: list[str] = []
         self.process: subprocess.Popen[bytes] | None = None
         self.ready_after_s: float | None = None
@@ -253,6 +275,7 @@ class ManagedServer:
             self.process = subprocess.Popen(  # noqa: S603 - the caller's engine command
                 self.command, stdout=self._log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env={**os.environ, **self.env}, cwd=str(self.cwd) if self.cwd else None, start_new_session=True,
+                preexec_fn=_pdeathsig_setter() if self.die_with_parent else None,
             )
         except OSError as exc:
             self._close_log()

@@ -83,6 +83,7 @@ class EmbeddedServer:
         draft_model_path: Path | str | None = None,
         progress: bool = False,
         startup_timeout_s: float = 300.0,
+        die_with_parent: bool = True,
     ) -> None:
         self.algorithm = algorithm.upper()
         self.num_draft_tokens = num_draft_tokens
@@ -94,6 +95,7 @@ class EmbeddedServer:
         self.draft_model_path = Path(draft_model_path) if draft_model_path is not None else DEFAULT_DRAFTER
         self.progress = progress
         self.startup_timeout_s = startup_timeout_s
+        self.die_with_parent = die_with_parent
         self.managed: ManagedServer | None = None
 
     @property
@@ -133,7 +135,7 @@ class EmbeddedServer:
             self.command, name="the embedded server", host=HOST, port=self.port or 0, ready_path="/health",
             env={"PYTHONPATH": pythonpath, "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")},
             cwd=PROJECT_ROOT, log_path=self.log_path, startup_timeout_s=timeout_s, probe_timeout_s=1.0,
-            poll_interval_s=0.2, progress=self.progress,
+            poll_interval_s=0.2, progress=self.progress, die_with_parent=self.die_with_parent,
         )
         self.managed.launch()
         self.port = self.managed.port
@@ -208,7 +210,7 @@ def ensure_running(
             return url
         stop_recorded(record_path)
     server = EmbeddedServer(algorithm, num_draft_tokens, device=device, log_path=log_path, extra_args=extra_args,
-                            model_path=model_path, draft_model_path=draft_model_path)
+                            model_path=model_path, draft_model_path=draft_model_path, die_with_parent=False)
     server.start(timeout_s)
     # detached: the caller does not stop it; stop_recorded() (or `make clean`) does
     assert server.managed is not None and server.process is not None
