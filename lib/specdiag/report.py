@@ -483,7 +483,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--params", default="", help="YAML file of papermill parameters (see params/)")
     r.add_argument("--notebooks", nargs="*", help="notebooks to run (default: all but 08_compare_runs)")
     r.add_argument("--run-dir", default="", help="run folder (default: a new one under data/runs/)")
-    add_engine_arguments(r)
+    add_engine_arguments(r, title="engine to start when no --server is given")
     r.set_defaults(func=cmd_run)
     rp = sub.add_parser("replay", help="analyse a recorded run with every notebook that can replay it")
     rp.add_argument("--run", required=True, help="recorded run folder, e.g. data/reference/ct200-kimi-k26")

@@ -185,8 +185,9 @@ class ManagedServer:
     picks a free port first). ``env`` is added to this process's environment. ``die_with_parent``
     (Linux): the engine gets SIGTERM if the thread that started it dies, even by SIGKILL; start it
     from a thread that lives as long as it should (the main thread), or pass False for a server meant
-    to outlive this process. Without ``log_path``
-    the log goes to a temporary file, removed by stop() unless a failed start named it.
+    to outlive this process. Without ``log_path`` the log goes to a temporary file, removed by stop()
+    unless a failed start named it. After start(): ``url``, ``pid`` (= its process group),
+    ``command``, ``ready_after_s`` (measured start-up time) and ``info`` (what the launcher knows).
     """
 
     def __init__(
