@@ -40,9 +40,10 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "lib"))
 
-from specdiag.client import SGLangClient  # noqa: E402
+from specdiag.serving import SGLangClient  # noqa: E402
 from specdiag.prompts import build_prompt  # noqa: E402
-from specdiag.runs import Run, redact  # noqa: E402
+from specdiag.runs import Run  # noqa: E402
+from specdiag.serving.redaction import redact  # noqa: E402
 
 T0 = time.monotonic()
 ARMS = {
