@@ -227,6 +227,20 @@ def vllm_engine(*, algorithm: str = "STANDALONE", num_draft_tokens: int | None =
         return vllm_command(launch, p, python=py, drafter_dir=drafter_dir)
 
     env = {k: v for k, v in vllm_env(launch, base={}).items()}
+    info = {"engine": "vllm", "version": installed_version(py), "python": str(py),
+            "environment": {k: env[k] for k in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_SERVER_DEV_MODE")},
+            "drafter_patch": str(drafter_dir / "specdiag_patch.json") if drafter_dir else None}
     return ManagedServer(command, name=f"vLLM ({launch.method}, k={launch.num_speculative_tokens})", port=port,
                          ready_path="/v1/models", env=env, log_path=log_path, startup_timeout_s=startup_timeout_s,
-                         stop_grace_s=15.0, progress=progress)
+                         stop_grace_s=15.0, progress=progress, info=info)
+
+
+def installed_version(python: Path) -> str | None:
+    """The vllm-cpu (or vllm) version installed for ``python``, for the run's provenance; None if unknown."""
+    code = ("import importlib.metadata as m\nfor d in ('vllm-cpu', 'vllm'):\n    try:\n        print(m.version(d)); break\n"
+            "    except m.PackageNotFoundError:\n        pass")
+    try:
+        out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
