@@ -1,0 +1,44 @@
+"""ServerSettings from SGLang's /server_info, run.json's flat view, and the fresh-prompt recipe (pure, fakes)."""
+
+from __future__ import annotations
+
+from specdiag.fresh_prompt import fresh_prompt
+from specdiag.serving.settings import settings_from_sglang
+
+SERVER_INFO = {"model_path": "m", "speculative_algorithm": "STANDALONE", "speculative_num_draft_tokens": 8,
+               "speculative_draft_model_path": "d", "attention_backend": "triton", "page_size": 1, "tp_size": 2,
+               "context_length": 32768, "kv_cache_dtype": "auto", "version": "0.5.17", "extra_key": 1}
+
+
+def test_sglang_settings_are_typed_with_sources_and_keep_the_raw_answer() -> None:
+    st = settings_from_sglang(SERVER_INFO)
+    assert (st.engine, st.algorithm, st.tokens_per_step, st.draft_steps) == ("sglang", "STANDALONE", 8, 7)
+    assert (st.page_size, st.tp_size, st.context_length, st.draft_model) == (1, 2, 32768, "d")
+    assert st.source("page_size") == "/server_info"
+    assert st.source("draft_steps") == "computed (speculative_num_draft_tokens - 1)"
+    assert st.as_server_info() == {**SERVER_INFO, "engine": "sglang"}  # every SGLang key kept as it came
+    off = settings_from_sglang({"speculative_algorithm": None, "context_length": 4096})
+    assert off.speculative_method is None and off.tokens_per_step is None
+
+
+class FakeClient:
+    def __init__(self, reset: bool | None) -> None:
+        self.reset, self.calls = reset, []
+
+    def reset_cache(self) -> bool | None:
+        self.calls.append("reset")
+        return self.reset
+
+    def tokenize(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [1000 + ord(c) for c in text]
+
+
+def test_fresh_prompt_without_a_reset_makes_every_head_unique() -> None:
+    client = FakeClient(reset=None)
+    (a, flushed_a), (b, flushed_b) = (fresh_prompt(client, 300, "predictable", 0) for _ in range(2))
+    assert flushed_a is False and flushed_b is False and client.calls == ["reset", "reset"]
+    assert len(a.input_ids) == len(b.input_ids) == 300 and a.input_ids[:40] != b.input_ids[:40]
+    assert a.input_ids[-100:] == b.input_ids[-100:]  # the tail the model continues is the same text
+    same = FakeClient(reset=True)
+    (c, flushed_c), (d, _) = (fresh_prompt(same, 300, "predictable", 0) for _ in range(2))
+    assert flushed_c is True and c.input_ids == d.input_ids  # a real reset: the prompt stays as built
