@@ -164,9 +164,10 @@ class VLLMClient(HTTPClient):
             k = spec_cfg.get("num_speculative_tokens")
             values.update(speculative_method=method, algorithm=VLLM_METHODS.get(str(method), str(method).upper()),
                           draft_steps=int(k) if k is not None else None, draft_model=spec_cfg.get("model"))
-            for key in ("speculative_method", "algorithm", "draft_steps", "draft_model"):
+            for key in ("speculative_method", "draft_steps", "draft_model"):
                 if values.get(key) is not None:
                     sources[key] = spec_src
+            sources["algorithm"] = f"computed: SGLang's name for {spec_src} method {method!r}"
         elif k_metrics:
             values["draft_steps"] = k_metrics
             sources["draft_steps"] = "/metrics (number of position labels of the per-position acceptance counter)"
