@@ -88,6 +88,25 @@ def lookup_gpu(device_name: str) -> GpuSpec | None:
     return None
 
 
+#: What each peak source is, in the words a page shows: NVML gives clocks and a bus width, from which the
+#: peak is computed (nothing is measured); the table holds published datasheet figures.
+PEAK_SOURCE_LABELS: dict[str, str] = {
+    "parameter": "parameter (user-supplied)",
+    "nvml": "computed (NVML clocks x bus width)",
+    "table": "published (table of known GPUs)",
+    "measured": "measured (a copy or matmul timed here)",
+    "recorded": "recorded (run.json)",
+}
+#: The :data:`specdiag.findings.Source` of a finding that states a peak from each source.
+PEAK_FINDING_SOURCE: dict[str, str] = {"parameter": "parameter", "nvml": "computed", "table": "published",
+                                       "measured": "measured"}
+
+
+def source_label(source: str | None) -> str:
+    """A peak source (``Peak.source``, or a recorded ``memory_bandwidth_source``) as a page labels it."""
+    return PEAK_SOURCE_LABELS.get(str(source), str(source))
+
+
 @dataclass(frozen=True)
 class Peak:
     """One peak figure and its provenance."""
@@ -95,6 +114,15 @@ class Peak:
     value: float         # bytes/s (bandwidth) or FLOP/s (matmul)
     source: PeakSource   # parameter, nvml, table, measured, recorded
     detail: str          # how it was obtained, with the numbers that went in
+
+    @property
+    def label(self) -> str:
+        """The source as a page labels it (:data:`PEAK_SOURCE_LABELS`): NVML's peak is computed, not measured."""
+        return source_label(self.source)
+
+    def finding_source(self, recorded_as: str = "published") -> str:
+        """The finding source of this figure; a recorded figure takes the recorded run's (``recorded_as``)."""
+        return PEAK_FINDING_SOURCE.get(self.source, recorded_as)
 
 
 @dataclass(frozen=True)
