@@ -6,6 +6,9 @@ with its source); then a measurement on this machine (a torch copy on CUDA, a nu
 host memory on a CPU, a bf16 matmul). NVML does not report a tensor-core rate, so the matmul rate
 goes parameter -> table -> measured.
 
+The copy and matmul measurements here are the project's only ones: the kernel A/B harness records its
+ceilings through them too (:func:`specdiag.kernels.timing.copy_bandwidth_gbps`, ``matmul_tflops``).
+
 Units: bytes per second and FLOP per second internally; GB/s (1e9 B/s) and TFLOPS (1e12 FLOP/s) in
 tables. A copy moves each byte twice (read + write): :func:`measure_copy_bandwidth` counts both, as
 STREAM's "Copy" and the investigation's "device-to-device copy 4.23 TB/s (read+write)" do.
@@ -250,18 +253,19 @@ def measure_matmul_rate(device: str = "cpu", n: int = 2048, repeats: int = 5, wa
 
     a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    c = torch.empty(n, n, device=device, dtype=torch.bfloat16)
     rates: list[float] = []
     for i in range(warmup + repeats):
         if device.startswith("cuda"):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            torch.matmul(a, b)
+            torch.matmul(a, b, out=c)
             end.record()
             torch.cuda.synchronize()
             dt = start.elapsed_time(end) / 1000.0
         else:
             t0 = time.perf_counter()
-            torch.matmul(a, b)
+            torch.matmul(a, b, out=c)
             dt = time.perf_counter() - t0
         if i >= warmup:
             rates.append(2 * n**3 / dt)

@@ -35,7 +35,7 @@ from specdiag.geometry import (
     weight_bytes_per_step,
 )
 from specdiag.hardware import HardwarePeaks
-from specdiag.metrics import LineFit, fit_line
+from specdiag.stats import LineFit, fit_line
 
 
 def verify_attention_flops(geom: ModelGeometry, context_tokens: int, draft_tokens: int, tp_size: int = 1) -> float:

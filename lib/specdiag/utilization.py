@@ -22,6 +22,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from urllib.parse import urlparse
 
 from specdiag.findings import Finding
+from specdiag.stats import quantile  # noqa: F401 - re-exported (utilization.quantile)
 from specdiag.telemetry import METRIC_FIELDS
 
 PHASES: tuple[str, ...] = ("before", "prefill", "decode", "after")
@@ -88,15 +89,6 @@ def _value(row: Mapping[str, Any], metric: str) -> float | None:
         return None
     v = float(v)
     return v if math.isfinite(v) else None
-
-
-def quantile(values: Sequence[float], q: float) -> float:
-    """Linear-interpolated quantile (numpy's default), 0 <= q <= 1, of a non-empty sequence."""
-    s = sorted(values)
-    pos = (len(s) - 1) * q
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
 def label_rows(rows: Iterable[Mapping[str, Any]], windows: PhaseWindows) -> list[dict[str, Any]]:

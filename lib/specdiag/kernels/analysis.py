@@ -18,6 +18,7 @@ from typing import Any, Iterable, Mapping
 import pandas as pd
 
 from specdiag.findings import Finding
+from specdiag.stats import fit_line
 
 MEMORY_TARGET_PCT = 85.0
 COMPUTE_TARGET_PCT = 50.0
@@ -148,10 +149,8 @@ def fixed_cost_fit(df: pd.DataFrame, kernel: str = "split_p1", layout: str = "sh
     for (h, t), g in sel.groupby(["heads", "draft_tokens"]):
         if g["context_tokens"].nunique() < 2:
             continue
-        x = g["kv_bytes"].astype(float)
-        y = g["ms_median"].astype(float) * 1e-3
-        slope = ((x - x.mean()) * (y - y.mean())).sum() / ((x - x.mean()) ** 2).sum()
-        icpt = y.mean() - slope * x.mean()
+        fit = fit_line(list(g["kv_bytes"].astype(float)), list(g["ms_median"].astype(float) * 1e-3))
+        slope, icpt = fit.slope, fit.intercept  # s per byte, s
         out.append({"heads": h, "draft_tokens": t, "rows": h * t, "fixed_us": icpt * 1e6,
                     "marginal_gbps": 1 / slope / 1e9 if slope > 0 else float("inf"),
                     "marginal_tflops": (2 * h * t * 1088 / 1152) / slope / 1e12 if slope > 0 else float("inf")})
