@@ -87,7 +87,7 @@ def test_replay_of_the_published_reference_run(run_notebook, tmp_path: Path) -> 
     assert result["metrics"]["step_ms"] == [published[c]["step_ms"] for c in sorted(published)]
     assert result["metrics"]["source"] == "published" and result["metrics"]["requests"] == 6
     assert not (out / "sweep.jsonl").exists()  # replay measures nothing
-    assert Run.open(out).meta["replay_of"] == str(src.path)
+    assert Run.open(out).meta["replay_of"] == "data/reference/ct200-kimi-k26"  # project-relative: run.json is shared
 
 
 def test_failed_requests_keep_their_rows_and_an_all_failed_sweep_raises(run_notebook, tmp_path: Path,
