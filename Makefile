@@ -1,6 +1,6 @@
 # specdiag: `make` lists the targets. SERVER=URL points report/notebook at a running SGLang server
-# (empty: the embedded server is started and stopped by the command); PARAMS=params/<file>.yaml
-# passes papermill parameters.
+# (empty: ENGINE, the embedded server by default, is started and stopped by the command);
+# PARAMS=params/<file>.yaml passes papermill parameters.
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
@@ -14,6 +14,28 @@ RUN ?=
 RUN_DIR ?=
 ALGORITHM ?= STANDALONE
 DRAFT_TOKENS ?= 8
+# The engine that serve/report/notebook start when SERVER is empty (specdiag.launchers):
+# embedded (the tiny server in lib/specdiag/localserver) or sglang (python -m sglang.launch_server).
+# Empty settings keep the engine's default (sglang: the shipped tiny target and drafter, triton
+# attention, page size 1, the model's context length, a free port for report, 30000 for serve).
+ENGINE ?= embedded
+MODEL ?=
+DRAFT_MODEL ?=
+ATTENTION_BACKEND ?=
+PAGE_SIZE ?=
+CONTEXT_LENGTH ?=
+MEM_FRACTION_STATIC ?=
+TP_SIZE ?=
+PORT ?=
+SGLANG_PYTHON ?=
+ENGINE_ARGS ?=
+ENGINE_FLAGS = --engine $(ENGINE) --algorithm $(ALGORITHM) $(if $(DRAFT_TOKENS),--num-draft-tokens $(DRAFT_TOKENS)) \
+  $(if $(MODEL),--model "$(MODEL)") $(if $(DRAFT_MODEL),--draft-model "$(DRAFT_MODEL)") \
+  $(if $(ATTENTION_BACKEND),--attention-backend $(ATTENTION_BACKEND)) $(if $(PAGE_SIZE),--page-size $(PAGE_SIZE)) \
+  $(if $(CONTEXT_LENGTH),--context-length $(CONTEXT_LENGTH)) \
+  $(if $(MEM_FRACTION_STATIC),--mem-fraction-static $(MEM_FRACTION_STATIC)) $(if $(TP_SIZE),--tp-size $(TP_SIZE)) \
+  $(if $(PORT),--port $(PORT)) $(if $(SGLANG_PYTHON),--engine-python "$(SGLANG_PYTHON)") \
+  $(foreach a,$(ENGINE_ARGS),--engine-arg=$(a))
 # The torch that setup installs when none is importable (this pin is a CPU build on the project's
 # machines). A torch you already have (e.g. a CUDA build) is never replaced: when the base Python
 # has one, the virtual environment is made with --system-site-packages and uses it.
@@ -33,11 +55,14 @@ export TRANSFORMERS_OFFLINE := 1
 
 STAMP := $(VENV)/.specdiag-setup
 
-.PHONY: help setup report notebook replay test test-gpu lab clean distclean
+.PHONY: help setup serve report notebook replay test test-gpu lab clean distclean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-10s %s\n", $$1, $$2}'
-	@echo "  variables: SERVER=URL  PARAMS=params/full.yaml  NB=04_commit_probe  RUN=data/reference/...  ALGORITHM=STANDALONE|NGRAM|NONE"
+	@echo "  variables: SERVER=URL  PARAMS=params/full.yaml  NB=04_commit_probe  RUN=data/reference/..."
+	@echo "  engine (when SERVER is empty): ENGINE=embedded|sglang  MODEL=dir  DRAFT_MODEL=dir  ALGORITHM=STANDALONE|NGRAM|NONE|EAGLE..."
+	@echo "    DRAFT_TOKENS=8  ATTENTION_BACKEND=triton  PAGE_SIZE=1  CONTEXT_LENGTH=N  MEM_FRACTION_STATIC=0.5  TP_SIZE=1"
+	@echo "    PORT=30000  SGLANG_PYTHON=python-with-sglang  ENGINE_ARGS='--log-level=debug ...'"
 
 setup: $(STAMP) ## make .venv (torch only if none is importable), install specdiag editable, register the kernel
 
@@ -62,14 +87,18 @@ $(STAMP): pyproject.toml
 	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (specdiag)" >/dev/null; \
 	touch $(STAMP); echo "[setup] done: $(VENV)"
 
-report: setup ## run every notebook against SERVER (default: the embedded server), render HTML, print the index
-	$(PY) -m specdiag.report run --server "$(SERVER)" --params "$(PARAMS)" --run-dir "$(RUN_DIR)" \
-	  --algorithm $(ALGORITHM) --num-draft-tokens $(DRAFT_TOKENS)
+# `make serve PY=python3` skips setup and runs the library from lib/: for a GPU host whose Python has
+# SGLang (e.g. on PYTHONPATH) and that cannot reach the package index.
+serve: $(if $(filter $(VENV)/bin/python,$(PY)),setup) ## start ENGINE (embedded|sglang, MODEL=... DRAFT_MODEL=...) in the foreground; Ctrl-C stops its process tree
+	PYTHONPATH="$(CURDIR)/lib$${PYTHONPATH:+:$$PYTHONPATH}" $(PY) -m specdiag.launchers serve $(ENGINE_FLAGS)
+
+report: setup ## run every notebook against SERVER, or against ENGINE started and stopped around the run; render HTML
+	$(PY) -m specdiag.report run --server "$(SERVER)" --params "$(PARAMS)" --run-dir "$(RUN_DIR)" $(ENGINE_FLAGS)
 
 notebook: setup ## run one notebook (NB=04_commit_probe) with the same server handling and rendering
 	@if [ -z "$(NB)" ]; then echo "NB is empty: say which notebook, e.g. make notebook NB=04_commit_probe"; exit 2; fi
 	$(PY) -m specdiag.report run --notebooks $(NB) --server "$(SERVER)" --params "$(PARAMS)" \
-	  --run-dir "$(RUN_DIR)" --algorithm $(ALGORITHM) --num-draft-tokens $(DRAFT_TOKENS)
+	  --run-dir "$(RUN_DIR)" $(ENGINE_FLAGS)
 
 replay: setup ## run every notebook that can replay the recorded run RUN=data/reference/<name>
 	@if [ -z "$(RUN)" ]; then echo "RUN is empty: say which recorded run, e.g. make replay RUN=data/reference/ct200-kimi-k26"; exit 2; fi

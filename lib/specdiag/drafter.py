@@ -275,3 +275,49 @@ def _cost_verdict(found: Sequence[Finding], cap: int | None, longest: int, sourc
                    {"bounded_by_config": cap is not None, "max_span_tokens": cap,
                     "measured_flat": flat if measured is not None else None},
                    measured.source if measured is not None else source)
+
+
+# ---------------------------------------------------------------------------------------------
+# The engine's behaviour, recorded by scripts/record_sglang.py (two drafter configs, same weights)
+# ---------------------------------------------------------------------------------------------
+
+#: Tables a recorded run may hold about the drafter's behaviour (written by scripts/record_sglang.py).
+WINDOW_CHECK_TABLE = "drafter_window_check"
+COST_TABLE = "drafter_cost"
+
+
+def window_check_finding(rows: Sequence[Mapping[str, Any]], source: Source = "measured") -> Finding | None:
+    """drafter.window_honoured: did the server honour the drafter's sliding window?
+
+    ``rows``: the ``drafter_window_check`` table, one row per (context, prompt kind): the same greedy prompt
+    sent to the server with the drafter as shipped and to one with a copy whose config declares every layer
+    full attention (same weights). Beyond the window, identical drafting (verify steps, correct drafts,
+    histogram) means the server ran the shipped drafter with full attention in every layer. None without
+    rows that compare (no error, a verify count).
+    """
+    ok = [r for r in rows if not r.get("error") and r.get("same_drafting") is not None]
+    beyond = [r for r in ok if r.get("beyond_window")]
+    if not beyond:
+        return None
+    window = beyond[0].get("window_tokens")
+    differ = [r for r in beyond if not r["same_drafting"]]
+    inside = [r for r in ok if not r.get("beyond_window")]
+    evidence = [f"{int(r['context_tokens']):,} tokens, {r.get('kind')}: verify steps {r.get('verify_ct_as_shipped')} "
+                f"(as shipped) vs {r.get('verify_ct_all_full')} (all layers full), correct drafts "
+                f"{r.get('correct_drafts_as_shipped')} vs {r.get('correct_drafts_all_full')} ({source})" for r in ok]
+    if inside and not all(r["same_drafting"] for r in inside):
+        evidence.append("within the window the two already differ: the comparison is noisy, read it with care")
+    numbers = {"window_tokens": window, "rows_beyond_window": len(beyond), "rows_differing_beyond_window": len(differ),
+               "contexts_tokens": sorted({int(r["context_tokens"]) for r in ok})}
+    if differ:
+        return Finding(
+            "drafter.window_honoured", "The server honours the drafter's sliding window",
+            f"Beyond the {window}-token window, the drafter as shipped drafted differently from its all-full-attention "
+            f"copy in {len(differ)} of {len(beyond)} requests: its sliding layers attend only the window.",
+            "ok", tuple(evidence), numbers, source)
+    return Finding(
+        "drafter.window_honoured", "The server ignores the drafter's sliding window",
+        f"At every context beyond the {window}-token window the drafter as shipped drafted exactly like its "
+        f"all-full-attention copy ({len(beyond)} requests): the server runs every drafter layer with full attention, "
+        f"so the drafter's cost and its positions beyond what it was trained on grow with context.",
+        "warning", tuple(evidence), numbers, source)

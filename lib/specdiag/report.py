@@ -7,7 +7,8 @@ This is what ``make report``, ``make notebook`` and ``make replay`` run::
     python -m specdiag.report render --run-dir data/runs/<id>      # HTML + index of an executed run again
     python -m specdiag.report check-offline FILE.html ...         # list network references in HTML files
 
-With no ``--server`` the embedded server is started (and always stopped, also on failure).
+With no ``--server`` an engine is started (``--engine embedded``, the default, or ``--engine sglang
+--model M ...``: see ``specdiag.launchers``) and always stopped, also on failure.
 A notebook that fails is still rendered, with its error, and marked failed in the index;
 the command then exits 1. A server that cannot be reached, or bad parameters, exit 2 before
 any notebook runs.
@@ -22,7 +23,9 @@ import html
 import json
 import os
 import re
+import signal
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -337,24 +340,37 @@ def render_run(run: Run, results: list[NotebookResult]) -> Path:
 # The commands
 # --------------------------------------------------------------------------------------------
 @contextlib.contextmanager
-def server_for_report(server_url: str, run: Run, algorithm: str, num_draft_tokens: int) -> Iterator[str]:
-    """Yield a reachable server URL: ``server_url`` checked, or an embedded server started and
-    always stopped afterwards (its log goes to the run folder)."""
+def server_for_report(server_url: str, run: Run, engine: str = "embedded",
+                      engine_options: Mapping[str, Any] | None = None, server: Any = None) -> Iterator[str]:
+    """Yield a reachable server URL: ``server_url`` checked, or an engine (``specdiag.launchers``:
+    embedded by default, or sglang) started with ``engine_options`` and always stopped afterwards,
+    also on failure or Ctrl-C. Its log goes to the run folder, its command line (secrets redacted) to
+    run.json. ``server``: an engine server already made by ``engine_server`` (options checked)."""
     if server_url:
         from specdiag.client import SGLangClient  # noqa: PLC0415
 
         SGLangClient(server_url).check_reachable()
         yield server_url
         return
-    from specdiag.localserver import EmbeddedServer  # noqa: PLC0415
+    from specdiag.launchers import engine_server  # noqa: PLC0415
+    from specdiag.launchers.process import redacted_command  # noqa: PLC0415
 
-    print(f"[specdiag] starting the embedded server ({algorithm}, {num_draft_tokens} draft tokens); "
-          f"log: {run.path / 'server.log'}", flush=True)
-    with EmbeddedServer(algorithm=algorithm, num_draft_tokens=num_draft_tokens,
-                        log_path=run.path / "server.log") as server:
-        print(f"[specdiag] embedded server ready at {server.url}", flush=True)
+    if server is None:
+        server = engine_server(engine, **dict(engine_options or {}))
+    server.log_path = run.path / "server.log"
+    print(f"[specdiag] starting the {engine} engine; log: {server.log_path}", flush=True)
+    try:
+        server.start()
+        command = server.command() if callable(server.command) else server.command
+        run.update(engine={"engine": engine, "url": server.url, "command": redacted_command(command),
+                           "options": {k: v if isinstance(v, (int, float, bool)) or v is None else str(v)
+                                       for k, v in dict(engine_options or {}).items()
+                                       if k not in ("env", "extra_args")}})
+        print(f"[specdiag] {engine} engine ready at {server.url}", flush=True)
         yield server.url
-    print("[specdiag] embedded server stopped", flush=True)
+    finally:
+        server.stop()
+        print(f"[specdiag] {engine} engine stopped", flush=True)
 
 
 def run_notebooks(notebooks: Sequence[str], run: Run, shared: Mapping[str, Any],
@@ -378,15 +394,23 @@ def cmd_run(args: argparse.Namespace) -> int:
     apply_local_jupyter_env()
     params_file = load_params_file(args.params)
     notebooks = select_notebooks(args.notebooks)
-    if args.server:  # before any folder is made: an unreachable server leaves nothing behind
+    # before any folder is made: an unreachable server or an engine that cannot start leaves nothing behind
+    engine_options, server = {}, None
+    if args.server:
         from specdiag.client import SGLangClient  # noqa: PLC0415
 
         SGLangClient(args.server).check_reachable()
-    run = Run.create(args.run_dir or RUNS_DIR / new_run_id("embedded" if not args.server else "server"))
+    else:
+        from specdiag.launchers import engine_server  # noqa: PLC0415
+        from specdiag.launchers.cli import engine_options_from_args  # noqa: PLC0415
+
+        engine_options = engine_options_from_args(args)
+        server = engine_server(args.engine, **engine_options)  # checks models, options, sglang's presence
+    run = Run.create(args.run_dir or RUNS_DIR / new_run_id(args.engine if not args.server else "server"))
     run.update(report={"command": report_command(), "notebooks": notebooks,
                        "started_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")})
     print(f"[specdiag] run folder: {run.path}", flush=True)
-    with server_for_report(args.server, run, args.algorithm, args.num_draft_tokens) as url:
+    with server_for_report(args.server, run, args.engine, engine_options, server=server) as url:
         shared = {"server_url": url, "run_dir": str(run.path), "replay_dir": ""}
         results = run_notebooks(notebooks, run, shared, params_file)
     return finish(run, results)
@@ -456,17 +480,17 @@ def cmd_check_offline(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from specdiag.launchers.cli import add_engine_arguments  # noqa: PLC0415
+
     p = argparse.ArgumentParser(prog="python -m specdiag.report", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="measure: execute notebooks against a server (default: the embedded one)")
-    r.add_argument("--server", default="", help="SGLang server URL; empty starts the embedded server")
+    r.add_argument("--server", default="", help="SGLang server URL; empty starts --engine (default: embedded)")
     r.add_argument("--params", default="", help="YAML file of papermill parameters (see params/)")
     r.add_argument("--notebooks", nargs="*", help="notebooks to run (default: all but 08_compare_runs)")
     r.add_argument("--run-dir", default="", help="run folder (default: a new one under data/runs/)")
-    r.add_argument("--algorithm", default="STANDALONE", choices=["STANDALONE", "NGRAM", "NONE"],
-                   help="embedded server's speculative algorithm")
-    r.add_argument("--num-draft-tokens", type=int, default=8, help="embedded server's draft tokens per step")
+    add_engine_arguments(r)
     r.set_defaults(func=cmd_run)
     rp = sub.add_parser("replay", help="analyse a recorded run with every notebook that can replay it")
     rp.add_argument("--run", required=True, help="recorded run folder, e.g. data/reference/ct200-kimi-k26")
@@ -483,17 +507,25 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    previous = None
+    if args.cmd == "run" and threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _interrupt)  # `kill` unwinds like Ctrl-C: the engine is stopped
     try:
         return int(args.func(args))
     except KeyboardInterrupt:
         print("[specdiag] interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # noqa: BLE001 - one clear line for the user, not a traceback
+        from specdiag.launchers import EngineStartError  # noqa: PLC0415
         from specdiag.nb import ParameterError  # noqa: PLC0415
 
-        known = (ValueError, FileNotFoundError, ParameterError)
+        known = (ValueError, FileNotFoundError, ParameterError, EngineStartError)
         try:
             from specdiag.client import ServerError  # noqa: PLC0415
 
@@ -504,6 +536,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"[specdiag] error: {exc}", file=sys.stderr)
             return 2
         raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

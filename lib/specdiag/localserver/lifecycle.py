@@ -1,5 +1,6 @@
 """Starting and stopping the embedded server as a child process (the pattern of sglang/utils.py:
-reserve a free port, wait for readiness, always end the process tree).
+reserve a free port, wait for readiness, always end the process tree; the process handling itself is
+``specdiag.launchers.process``, shared with the real engines' launchers).
 
 - ``EmbeddedServer``: a context manager for one server owned by the caller.
 - ``ensure_running()``: reuse the server recorded in ``data/runs/.embedded-server.json`` while it
@@ -11,53 +12,44 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import IO, Any, Sequence
+from typing import Any, Sequence
 
+from specdiag.launchers.process import (
+    DEFAULT_HOST,
+    EngineStartError,
+    ManagedServer,
+    end_process_group,
+    free_port,
+    url_answers,
+)
 from specdiag.localserver.config import DEFAULT_DRAFTER, DEFAULT_TARGET, MODEL_HINT
 from specdiag.paths import PROJECT_ROOT, RUNS_DIR
 
 RECORD_PATH = RUNS_DIR / ".embedded-server.json"
 RECORD_LOG_PATH = RUNS_DIR / ".embedded-server.log"
-HOST = "127.0.0.1"
+HOST = DEFAULT_HOST
+
+__all__ = ["EmbeddedServer", "EmbeddedServerError", "answers", "ensure_running", "free_port", "stop_recorded"]
 
 
-class EmbeddedServerError(RuntimeError):
-    """The embedded server could not start; the message says why and where its log is."""
+class EmbeddedServerError(EngineStartError):
+    """The embedded server could not start; the message says why and ends with its log's last lines."""
 
 
-def free_port(host: str = HOST) -> int:
-    """A TCP port that was free a moment ago (bind to port 0 and release it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+def answers(url: str, timeout_s: float = 2.0) -> bool:
+    """True when ``url``/health returns 200."""
+    return url_answers(url + "/health", timeout_s)
 
 
 def _get_json(url: str, timeout_s: float) -> Any:
     with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - local URL
         return json.loads(resp.read().decode())
-
-
-def answers(url: str, timeout_s: float = 2.0) -> bool:
-    """True when ``url``/health returns 200."""
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=timeout_s) as resp:  # noqa: S310
-            return resp.status == 200
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
-
-
-def _tail(path: Path | None, n_chars: int = 3000) -> str:
-    if path is None or not path.is_file():
-        return ""
-    return path.read_text(errors="replace")[-n_chars:]
 
 
 def _is_our_server(pid: int) -> bool:
@@ -73,28 +65,11 @@ def _is_our_server(pid: int) -> bool:
     return "specdiag.localserver" in cmdline
 
 
-def _end_group(pid: int, timeout_s: float) -> None:
-    """SIGTERM the process group led by ``pid`` (started with start_new_session), then SIGKILL."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(pid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(pid, 0)
-            except ProcessLookupError:
-                return
-            try:  # reap it if it is our child, or a zombie leader keeps the group "alive"
-                os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                pass
-            time.sleep(0.05)
-
-
 class EmbeddedServer:
-    """One embedded server process: ``with EmbeddedServer("NGRAM", 8) as s: use(s.url)``."""
+    """One embedded server process: ``with EmbeddedServer("NGRAM", 8) as s: use(s.url)``.
+
+    The process handling (own session, log, readiness on /health, ending the group) is
+    ``specdiag.launchers.process.ManagedServer``'s; this class adds the model checks and the command."""
 
     def __init__(
         self,
@@ -106,17 +81,22 @@ class EmbeddedServer:
         extra_args: Sequence[str] = (),
         model_path: Path | str | None = None,
         draft_model_path: Path | str | None = None,
+        progress: bool = False,
+        startup_timeout_s: float = 300.0,
+        die_with_parent: bool = True,
     ) -> None:
         self.algorithm = algorithm.upper()
         self.num_draft_tokens = num_draft_tokens
-        self.port = port
+        self.port = port or None
         self.device = device
         self.log_path = Path(log_path) if log_path is not None else None
         self.extra_args = tuple(extra_args)
         self.model_path = Path(model_path) if model_path is not None else DEFAULT_TARGET
         self.draft_model_path = Path(draft_model_path) if draft_model_path is not None else DEFAULT_DRAFTER
-        self.process: subprocess.Popen[bytes] | None = None
-        self._log_file: IO[bytes] | None = None
+        self.progress = progress
+        self.startup_timeout_s = startup_timeout_s
+        self.die_with_parent = die_with_parent
+        self.managed: ManagedServer | None = None
 
     @property
     def url(self) -> str:
@@ -124,10 +104,14 @@ class EmbeddedServer:
             raise EmbeddedServerError("the server has no port yet: call start() first")
         return f"http://{HOST}:{self.port}"
 
-    def command(self) -> list[str]:
+    @property
+    def process(self) -> subprocess.Popen[bytes] | None:
+        return self.managed.process if self.managed is not None else None
+
+    def command(self, port: int | None = None) -> list[str]:
         cmd = [
             sys.executable, "-m", "specdiag.localserver",
-            "--host", HOST, "--port", str(self.port),
+            "--host", HOST, "--port", str(self.port if port is None else port),
             "--model-path", str(self.model_path),
             "--speculative-algorithm", self.algorithm,
             "--speculative-num-draft-tokens", str(self.num_draft_tokens),
@@ -137,57 +121,45 @@ class EmbeddedServer:
             cmd += ["--speculative-draft-model-path", str(self.draft_model_path)]
         return cmd + list(self.extra_args)
 
-    def start(self, timeout_s: float = 300.0) -> "EmbeddedServer":
-        """Start the process and wait until /health answers; on failure the process is ended."""
+    def start(self, timeout_s: float | None = None) -> "EmbeddedServer":
+        """Start the process and wait until /health answers (within ``timeout_s``, default
+        ``startup_timeout_s``); on failure the process is ended."""
+        timeout_s = self.startup_timeout_s if timeout_s is None else timeout_s
         if not self.model_path.is_dir():
             raise EmbeddedServerError(f"no model at {self.model_path}: {MODEL_HINT}")
         if self.algorithm == "STANDALONE" and not self.draft_model_path.is_dir():
             raise EmbeddedServerError(f"no drafter at {self.draft_model_path}: {MODEL_HINT}")
-        if self.port is None:
-            self.port = free_port()
-        env = dict(os.environ)
         lib = str(PROJECT_ROOT / "lib")
-        env["PYTHONPATH"] = lib + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        env.setdefault("HF_HUB_OFFLINE", "1")
-        if self.log_path is not None:
-            self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            self._log_file = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
-            out: Any = self._log_file
-        else:
-            out = subprocess.DEVNULL
-        self.process = subprocess.Popen(  # noqa: S603 - our own module, fixed arguments
-            self.command(), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-            cwd=str(PROJECT_ROOT), start_new_session=True,
+        pythonpath = lib + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")
+        self.managed = ManagedServer(
+            self.command, name="the embedded server", host=HOST, port=self.port or 0, ready_path="/health",
+            env={"PYTHONPATH": pythonpath, "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")},
+            cwd=PROJECT_ROOT, log_path=self.log_path, startup_timeout_s=timeout_s, probe_timeout_s=1.0,
+            poll_interval_s=0.2, progress=self.progress, die_with_parent=self.die_with_parent,
         )
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            code = self.process.poll()
-            if code is not None:
-                self.stop()
-                raise EmbeddedServerError(
-                    f"the embedded server exited with code {code} before answering"
-                    + (f"; log {self.log_path}:\n{_tail(self.log_path)}" if self.log_path else
-                       " (pass log_path to see why)")
-                )
-            if answers(self.url, timeout_s=1.0):
-                return self
-            time.sleep(0.2)
-        self.stop()
-        raise EmbeddedServerError(f"the embedded server did not answer {self.url}/health within {timeout_s:.0f} s"
-                                  + (f"; log {self.log_path}" if self.log_path else ""))
+        self.managed.launch()
+        self.port = self.managed.port
+        self.log_path = self.managed.log_path
+        try:
+            self.managed.wait_ready(timeout_s)
+        except EngineStartError as exc:
+            self.managed.stop()
+            raise EmbeddedServerError(str(exc), exc.log_tail, exc.log_path, exc.returncode) from exc
+        except BaseException:
+            self.managed.stop()
+            raise
+        return self
+
+    def wait(self) -> int:
+        """Block until the server exits by itself; its exit code."""
+        if self.managed is None:
+            raise EmbeddedServerError("the server was not started: call start() first")
+        return self.managed.wait()
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """End the server's whole process group (idempotent)."""
-        if self.process is not None:
-            if self.process.poll() is None:
-                _end_group(self.process.pid, timeout_s)
-            try:
-                self.process.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                pass
-        if self._log_file is not None:
-            self._log_file.close()
-            self._log_file = None
+        if self.managed is not None:
+            self.managed.stop(timeout_s)
 
     def __enter__(self) -> "EmbeddedServer":
         return self.start()
@@ -238,13 +210,11 @@ def ensure_running(
             return url
         stop_recorded(record_path)
     server = EmbeddedServer(algorithm, num_draft_tokens, device=device, log_path=log_path, extra_args=extra_args,
-                            model_path=model_path, draft_model_path=draft_model_path)
+                            model_path=model_path, draft_model_path=draft_model_path, die_with_parent=False)
     server.start(timeout_s)
     # detached: the caller does not stop it; stop_recorded() (or `make clean`) does
-    if server._log_file is not None:
-        server._log_file.close()
-        server._log_file = None
-    assert server.process is not None
+    assert server.managed is not None and server.process is not None
+    server.managed.detach()
     record_path.parent.mkdir(parents=True, exist_ok=True)
     record_path.write_text(json.dumps({
         "url": server.url,
@@ -264,7 +234,7 @@ def stop_recorded(record_path: Path = RECORD_PATH, timeout_s: float = 10.0) -> b
     record = _read_record(record_path)
     stopped = False
     if record and isinstance(record.get("pid"), int) and _is_our_server(record["pid"]):
-        _end_group(record["pid"], timeout_s)
+        end_process_group(record["pid"], timeout_s)
         stopped = True
     try:
         record_path.unlink()

@@ -1,0 +1,105 @@
+"""Starting inference engines around a measurement, and stopping their whole process tree after.
+
+    with start_engine("sglang", model_path="data/models/target", algorithm="NGRAM") as url:
+        ...  # url = "http://127.0.0.1:<port>"
+
+- ``process.py``: ``ManagedServer``, the generic engine process (free port, own session, log file,
+  readiness with progress, ``EngineStartError`` with the log's tail, SIGTERM then SIGKILL of the group).
+- ``sglang.py``: ``SGLangLaunch`` and ``sglang_command`` for ``python -m sglang.launch_server``.
+- Engines by name: ``embedded`` (specdiag.localserver, the default) and ``sglang``. An engine is a
+  factory ``(**options) -> EngineServer`` (a not-yet-started server with start/stop/wait/url);
+  ``register_engine(name, factory)`` adds one (a vLLM launcher builds on ManagedServer the same way).
+- ``python -m specdiag.launchers serve --engine sglang ...``: start one and keep it in the foreground.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from pathlib import Path
+from typing import Any, Callable, Iterator, Protocol
+
+from specdiag.launchers.process import EngineStartError, ManagedServer, free_port
+from specdiag.launchers.sglang import SGLangLaunch, SGLangLaunchError, sglang_command, sglang_engine, sglang_env
+
+
+class EngineServer(Protocol):
+    """What an engine factory returns: a server that is not started yet."""
+
+    log_path: Path | None
+
+    @property
+    def url(self) -> str: ...
+
+    def start(self) -> Any: ...
+
+    def stop(self) -> None: ...
+
+    def wait(self) -> int: ...
+
+
+EngineFactory = Callable[..., EngineServer]
+
+
+def embedded_engine(*, algorithm: str = "STANDALONE", num_draft_tokens: int = 8,
+                    model_path: Path | str | None = None, draft_model_path: Path | str | None = None,
+                    device: str = "auto", port: int = 0, log_path: Path | str | None = None,
+                    extra_args: tuple[str, ...] = (), startup_timeout_s: float = 300.0,
+                    progress: bool = True) -> EngineServer:
+    """The registry's ``embedded`` engine: specdiag.localserver.EmbeddedServer (not started)."""
+    from specdiag.localserver import EmbeddedServer  # noqa: PLC0415
+
+    return EmbeddedServer(algorithm, num_draft_tokens if num_draft_tokens is not None else 8, port=port or None,
+                          device=device, log_path=log_path, extra_args=extra_args, model_path=model_path,
+                          draft_model_path=draft_model_path, progress=progress, startup_timeout_s=startup_timeout_s)
+
+
+_ENGINES: dict[str, EngineFactory] = {"embedded": embedded_engine, "sglang": sglang_engine}
+
+
+def register_engine(name: str, factory: EngineFactory) -> None:
+    """Make ``start_engine(name, **options)`` call ``factory(**options)``; replaces a same-named engine."""
+    _ENGINES[name.lower()] = factory
+
+
+def engine_names() -> list[str]:
+    return sorted(_ENGINES)
+
+
+def engine_options(engine: str) -> list[str]:
+    """The option names an engine's factory takes (for messages and command lines)."""
+    return [p.name for p in inspect.signature(_factory(engine)).parameters.values()
+            if p.kind is inspect.Parameter.KEYWORD_ONLY]
+
+
+def _factory(engine: str) -> EngineFactory:
+    try:
+        return _ENGINES[(engine or "embedded").lower()]
+    except KeyError:
+        raise ValueError(f"no engine named {engine!r}; known engines: {', '.join(engine_names())}") from None
+
+
+def engine_server(engine: str = "embedded", **options: Any) -> EngineServer:
+    """A server of that engine with those options, not started (``with`` it, or start()/stop())."""
+    factory = _factory(engine)
+    try:
+        inspect.signature(factory).bind(**options)
+    except TypeError as exc:
+        raise ValueError(f"engine {engine!r}: {exc}; it takes: {', '.join(engine_options(engine))}") from None
+    return factory(**options)
+
+
+@contextlib.contextmanager
+def start_engine(engine: str = "embedded", **options: Any) -> Iterator[str]:
+    """Start an engine, yield its base URL once it is ready, and always stop its process tree."""
+    server = engine_server(engine, **options)
+    try:
+        server.start()
+        yield server.url
+    finally:
+        server.stop()
+
+
+__all__ = ["EngineServer", "EngineStartError", "ManagedServer", "SGLangLaunch", "SGLangLaunchError",
+           "embedded_engine", "engine_names", "engine_options", "engine_server", "free_port", "register_engine",
+           "sglang_command", "sglang_engine", "sglang_env", "start_engine"]
