@@ -51,7 +51,7 @@ def test_replays_the_recorded_h200_run(run_notebook: Callable[..., Path], tmp_pa
     out = result(run_dir)
     m = out["metrics"]
     assert m["telemetry_source"] == "nvml" and m["device_name"] == "NVIDIA H200"
-    assert m["replay_of"] == str(H200_RUN)
+    assert m["replay_of"] == "data/reference/h200-embedded-utilization"  # project-relative: shared pages
     assert (m["context_tokens"], m["completion_tokens"], m["request_error"]) == (12288, 1400, None)
     assert m["decode_s"] == pytest.approx(10.7047, abs=1e-3)
     assert m["step_ms"] == pytest.approx(39.068, abs=1e-2)

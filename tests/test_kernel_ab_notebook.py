@@ -9,7 +9,7 @@ from typing import Callable
 import pytest
 import torch
 
-from specdiag.paths import REFERENCE_DIR
+from specdiag.paths import PROJECT_ROOT, REFERENCE_DIR
 
 H200 = REFERENCE_DIR / "kernel-ab-h200"
 
@@ -21,7 +21,7 @@ def test_06_replays_the_h200_run_on_cpu(run_notebook: Callable[..., Path], tmp_p
     run_dir = tmp_path / "run"
     res = json.loads((run_dir / "findings" / "06_kernel_ab.json").read_text())
     m = res["metrics"]
-    assert Path(m["source_dir"]).resolve() == H200.resolve()
+    assert m["source_dir"] == "data/reference/kernel-ab-h200"  # project-relative: shared pages
     assert m["gpu"].startswith("NVIDIA H200") and m["cases"] > 300
     assert m["speedup_128k_h8_t8_min"] >= 20
     assert set(m["targets"]) == {"memory: >= 85% of copy bandwidth (H*T <= 64)",
@@ -55,7 +55,7 @@ def test_06_measures_on_cuda(run_notebook: Callable[..., Path], tmp_path: Path) 
     run_notebook("06_kernel_ab", run_dir=str(run_dir), grid="smoke", tune=False)
     res = json.loads((run_dir / "findings" / "06_kernel_ab.json").read_text())
     m = res["metrics"]
-    assert Path(m["source_dir"]).resolve() == run_dir.resolve()  # analysed what it measured, not the reference
+    assert (PROJECT_ROOT / m["source_dir"]).resolve() == run_dir.resolve()  # analysed what it measured, not the reference
     assert m["gpu"] == torch.cuda.get_device_name()
     assert m["copy_gbps"] > 0 and m["matmul_tflops"] > 0
     rows = Run.open(run_dir).rows("kernel_ab")
