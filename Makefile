@@ -36,6 +36,16 @@ ENGINE_FLAGS = --engine $(ENGINE) --algorithm $(ALGORITHM) $(if $(DRAFT_TOKENS),
   $(if $(MEM_FRACTION_STATIC),--mem-fraction-static $(MEM_FRACTION_STATIC)) $(if $(TP_SIZE),--tp-size $(TP_SIZE)) \
   $(if $(PORT),--port $(PORT)) $(if $(SGLANG_PYTHON),--engine-python "$(SGLANG_PYTHON)") \
   $(foreach a,$(ENGINE_ARGS),--engine-arg=$(a))
+# PLUGIN=splitkv|upstream|off, with ENGINE=sglang: the SGLang plugin of plugins/sglang (README), installed
+# without dependencies into .plugin-site and enabled for the servers the command starts (SGLANG_PLUGINS,
+# SPECDIAG_SGLANG_VERIFY, and .plugin-site plus lib/ on PYTHONPATH for the kernel).
+PLUGIN ?=
+PLUGIN_SITE := $(CURDIR)/.plugin-site
+ifneq ($(PLUGIN),)
+export SGLANG_PLUGINS := specdiag_splitkv
+export SPECDIAG_SGLANG_VERIFY := $(PLUGIN)
+export PYTHONPATH := $(PLUGIN_SITE):$(CURDIR)/lib$(if $(PYTHONPATH),:$(PYTHONPATH))
+endif
 # The torch that setup installs when none is importable (this pin is a CPU build on the project's
 # machines). A torch you already have (e.g. a CUDA build) is never replaced: when the base Python
 # has one, the virtual environment is made with --system-site-packages and uses it.
@@ -55,14 +65,14 @@ export TRANSFORMERS_OFFLINE := 1
 
 STAMP := $(VENV)/.specdiag-setup
 
-.PHONY: help setup serve report notebook replay test test-gpu lab clean distclean
+.PHONY: help setup plugin serve report notebook replay test test-gpu lab clean distclean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-10s %s\n", $$1, $$2}'
 	@echo "  variables: SERVER=URL  PARAMS=params/full.yaml  NB=04_commit_probe  RUN=data/reference/..."
 	@echo "  engine (when SERVER is empty): ENGINE=embedded|sglang  MODEL=dir  DRAFT_MODEL=dir  ALGORITHM=STANDALONE|NGRAM|NONE|EAGLE..."
 	@echo "    DRAFT_TOKENS=8  ATTENTION_BACKEND=triton  PAGE_SIZE=1  CONTEXT_LENGTH=N  MEM_FRACTION_STATIC=0.5  TP_SIZE=1"
-	@echo "    PORT=30000  SGLANG_PYTHON=python-with-sglang  ENGINE_ARGS='--log-level=debug ...'"
+	@echo "    PORT=30000  SGLANG_PYTHON=python-with-sglang  ENGINE_ARGS='--log-level=debug ...'  PLUGIN=splitkv|upstream|off"
 
 setup: $(STAMP) ## make .venv (torch only if none is importable), install specdiag editable, register the kernel
 
@@ -87,15 +97,21 @@ $(STAMP): pyproject.toml
 	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (specdiag)" >/dev/null; \
 	touch $(STAMP); echo "[setup] done: $(VENV)"
 
+plugin: ## install the SGLang plugin (plugins/sglang, no dependencies) into .plugin-site; PLUGIN=... enables it
+	$(PY) -m pip install -q --no-deps --upgrade --target $(PLUGIN_SITE) plugins/sglang || \
+	  $(PY) -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target $(PLUGIN_SITE) plugins/sglang
+	@rm -rf plugins/sglang/build plugins/sglang/*.egg-info
+	@echo "[plugin] installed into $(PLUGIN_SITE); enabled for servers started with PLUGIN=splitkv (or upstream, off)"
+
 # `make serve PY=python3` skips setup and runs the library from lib/: for a GPU host whose Python has
 # SGLang (e.g. on PYTHONPATH) and that cannot reach the package index.
-serve: $(if $(filter $(VENV)/bin/python,$(PY)),setup) ## start ENGINE (embedded|sglang, MODEL=... DRAFT_MODEL=...) in the foreground; Ctrl-C stops its process tree
+serve: $(if $(filter $(VENV)/bin/python,$(PY)),setup) $(if $(PLUGIN),plugin) ## start ENGINE (embedded|sglang, MODEL=... DRAFT_MODEL=...) in the foreground; Ctrl-C stops its process tree
 	PYTHONPATH="$(CURDIR)/lib$${PYTHONPATH:+:$$PYTHONPATH}" $(PY) -m specdiag.launchers serve $(ENGINE_FLAGS)
 
-report: setup ## run every notebook against SERVER, or against ENGINE started and stopped around the run; render HTML
+report: setup $(if $(PLUGIN),plugin) ## run every notebook against SERVER, or against ENGINE started and stopped around the run; render HTML
 	$(PY) -m specdiag.report run --server "$(SERVER)" --params "$(PARAMS)" --run-dir "$(RUN_DIR)" $(ENGINE_FLAGS)
 
-notebook: setup ## run one notebook (NB=04_commit_probe) with the same server handling and rendering
+notebook: setup $(if $(PLUGIN),plugin) ## run one notebook (NB=04_commit_probe) with the same server handling and rendering
 	@if [ -z "$(NB)" ]; then echo "NB is empty: say which notebook, e.g. make notebook NB=04_commit_probe"; exit 2; fi
 	$(PY) -m specdiag.report run --notebooks $(NB) --server "$(SERVER)" --params "$(PARAMS)" \
 	  --run-dir "$(RUN_DIR)" $(ENGINE_FLAGS)
@@ -115,7 +131,7 @@ lab: setup ## open JupyterLab on the notebooks (adds --allow-root when run as ro
 
 clean: ## stop a recorded embedded server, remove run folders and local Jupyter state (keeps .venv, data/reference)
 	-@if [ -x $(PY) ]; then $(PY) -m specdiag.localserver.control stop; fi
-	rm -rf data/runs $(LOCAL) .pytest_cache
+	rm -rf data/runs $(LOCAL) .pytest_cache $(PLUGIN_SITE)
 
 distclean: clean ## also remove the virtual environment
 	rm -rf $(VENV)

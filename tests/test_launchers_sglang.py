@@ -258,7 +258,31 @@ def test_report_starts_the_engine_records_its_command_and_stops_it(tmp_path: Pat
         assert url_answers(url + "/health_generate")
     assert not url_answers(url + "/health_generate", timeout_s=0.5)
     engine = Run.open(run.path).meta["engine"]
-    assert engine["engine"] == "sglang" and engine["url"] == url
+    assert engine["engine"] == "sglang" and engine["url"] == url and engine["version"] == "0.5.17"
+    assert engine["python"] == sys.executable and engine["ready_after_s"] > 0
     assert engine["command"][1:3] == ["-m", "sglang.launch_server"] and "NGRAM" in engine["command"]
     assert engine["options"] == {"model_path": str(tmp_path), "algorithm": "NGRAM", "progress": False}
     assert "fake sglang argv" in (run.path / "server.log").read_text()
+
+
+def test_make_serve_passes_every_variable_to_the_launcher():
+    """`make -n serve ...`: the Makefile's variables reach `python -m specdiag.launchers serve` intact."""
+    import shlex
+
+    from specdiag.launchers.__main__ import build_parser
+    from specdiag.launchers.cli import engine_options_from_args
+
+    out = subprocess.run(
+        ["make", "-n", "-s", "serve", "PY=python3", "ENGINE=sglang", "MODEL=/m/t", "DRAFT_MODEL=/m/d",
+         "ALGORITHM=STANDALONE", "DRAFT_TOKENS=4", "ATTENTION_BACKEND=flashinfer", "PAGE_SIZE=64",
+         "CONTEXT_LENGTH=1024", "MEM_FRACTION_STATIC=0.5", "TP_SIZE=2", "PORT=1234", "SGLANG_PYTHON=/opt/py",
+         "ENGINE_ARGS=--log-level=debug --x=1"],
+        cwd=PROJECT_ROOT, capture_output=True, text=True, check=True).stdout
+    line = next(ln for ln in out.splitlines() if "specdiag.launchers serve" in ln)
+    argv = shlex.split(line)
+    args = build_parser().parse_args(argv[argv.index("specdiag.launchers") + 1:])
+    assert args.engine == "sglang"
+    assert engine_options_from_args(args) == {
+        "model_path": "/m/t", "draft_model_path": "/m/d", "algorithm": "STANDALONE", "num_draft_tokens": 4,
+        "attention_backend": "flashinfer", "page_size": 64, "context_length": 1024, "mem_fraction_static": 0.5,
+        "tp_size": 2, "port": 1234, "python": "/opt/py", "extra_args": ("--log-level=debug", "--x=1")}

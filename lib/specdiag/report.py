@@ -362,7 +362,9 @@ def server_for_report(server_url: str, run: Run, engine: str = "embedded",
     try:
         server.start()
         command = server.command() if callable(server.command) else server.command
-        run.update(engine={"engine": engine, "url": server.url, "command": redacted_command(command),
+        run.update(engine={**dict(getattr(server, "info", {}) or {}), "engine": engine, "url": server.url,
+                           "command": redacted_command(command),
+                           "ready_after_s": getattr(server, "ready_after_s", None),  # measured start-up time
                            "options": {k: v if isinstance(v, (int, float, bool)) or v is None else str(v)
                                        for k, v in dict(engine_options or {}).items()
                                        if k not in ("env", "extra_args")}})
@@ -490,7 +492,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--params", default="", help="YAML file of papermill parameters (see params/)")
     r.add_argument("--notebooks", nargs="*", help="notebooks to run (default: all but 08_compare_runs)")
     r.add_argument("--run-dir", default="", help="run folder (default: a new one under data/runs/)")
-    add_engine_arguments(r)
+    add_engine_arguments(r, title="engine to start when no --server is given")
     r.set_defaults(func=cmd_run)
     rp = sub.add_parser("replay", help="analyse a recorded run with every notebook that can replay it")
     rp.add_argument("--run", required=True, help="recorded run folder, e.g. data/reference/ct200-kimi-k26")

@@ -30,11 +30,12 @@ def _upper(text: str) -> str:
     return text.upper()
 
 
-def add_engine_arguments(p: argparse.ArgumentParser, default_port: int | None = None) -> None:
+def add_engine_arguments(p: argparse.ArgumentParser, default_port: int | None = None,
+                         title: str = "engine to start") -> None:
     """--engine and the settings of the engine to start (left unset: the engine's own default)."""
     from specdiag.launchers import engine_names  # noqa: PLC0415
 
-    g = p.add_argument_group("engine to start (when no --server is given)")
+    g = p.add_argument_group(title)
     g.add_argument("--engine", default="embedded", type=str.lower, choices=engine_names(),
                    help="engine to start (default: embedded)")
     g.add_argument("--model", help="target model folder (default: data/models/target)")

@@ -185,8 +185,9 @@ class ManagedServer:
     picks a free port first). ``env`` is added to this process's environment. ``die_with_parent``
     (Linux): the engine gets SIGTERM if the thread that started it dies, even by SIGKILL; start it
     from a thread that lives as long as it should (the main thread), or pass False for a server meant
-    to outlive this process. Without ``log_path``
-    the log goes to a temporary file, removed by stop() unless a failed start named it.
+    to outlive this process. Without ``log_path`` the log goes to a temporary file, removed by stop()
+    unless a failed start named it. After start(): ``url``, ``pid`` (= its process group),
+    ``command``, ``ready_after_s`` (measured start-up time) and ``info`` (what the launcher knows).
     """
 
     def __init__(
@@ -206,6 +207,7 @@ class ManagedServer:
         poll_interval_s: float = 0.5,
         progress: bool = True,
         die_with_parent: bool = True,
+        info: Mapping[str, object] | None = None,
     ) -> None:
         self._command_spec = command
         self.name = name
@@ -221,6 +223,7 @@ class ManagedServer:
         self.poll_interval_s = poll_interval_s
         self.progress = progress
         self.die_with_parent = die_with_parent
+        self.info = dict(info or {})  # what the launcher knows about the engine (version, ...), for provenance
         self.command: list[str] = []
         self.process: subprocess.Popen[bytes] | None = None
         self.ready_after_s: float | None = None

@@ -16,9 +16,10 @@ decode CUDA graphs for batch size 1 (the suite sends one request at a time).
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Mapping
 
@@ -163,20 +164,18 @@ def check_sglang(launch: SGLangLaunch, timeout_s: float = 60.0) -> str:
             raise SGLangLaunchError(f"no {label} folder at {path}: give the folder of a Hugging Face-format "
                                     f"model (config.json, weights, tokenizer); SGLang is started offline")
     launch.speculative_settings()
-    import os  # noqa: PLC0415
-
     try:
         proc = subprocess.run([launch.python, "-c", _VERSION_PROBE], capture_output=True, text=True,  # noqa: S603
                               timeout=timeout_s, env={**os.environ, **sglang_env(launch)}, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise SGLangLaunchError(f"cannot run the Python {launch.python!r} to look for sglang: {exc}; "
-                                "pass the Python that has sglang (--engine-python, or SGLANG_PYTHON=... with make)") from exc
+        raise SGLangLaunchError(f"cannot run the Python {launch.python!r} to look for sglang: {exc}; pass the "
+                                "Python that has sglang (--engine-python, or SGLANG_PYTHON=... with make)") from exc
     if proc.returncode != 0:
         why = "is not installed" if proc.returncode == 3 else f"cannot be inspected ({proc.stderr.strip()[-300:]})"
         raise SGLangLaunchError(
             f"sglang {why} for {launch.python}: install it there (pip install 'sglang==0.5.17' on a GPU host), "
-            "point --engine-python (SGLANG_PYTHON=... with make) at a Python that has it, or put an unpacked SGLang first on PYTHONPATH "
-            "(../shared/engines/README.md)")
+            "point --engine-python (SGLANG_PYTHON=... with make) at a Python that has it, or put an unpacked "
+            "SGLang first on PYTHONPATH (../shared/engines/README.md)")
     return proc.stdout.strip()
 
 
@@ -186,19 +185,18 @@ def sglang_server(launch: SGLangLaunch, *, log_path: Path | str | None = None, s
 
     The ready URL is /health_generate, which answers only once a generation has gone through (SGLang
     compiles kernels and captures CUDA graphs first: about 75 s without a drafter and 165 s with one on
-    the H200, measured 2026-11-30)."""
-    if check:
-        check_sglang(launch)
+    the H200, measured 2026-11-30, ../shared/engines/README.md). ``server.info`` holds the engine name,
+    the sglang version (when checked) and the Python."""
+    version = check_sglang(launch) if check else None
     sglang_command(launch)  # raise settings errors now, before a port is taken
 
     def command(port: int) -> list[str]:
-        from dataclasses import replace  # noqa: PLC0415
-
         return sglang_command(replace(launch, port=port))
 
     return ManagedServer(command, name=f"SGLang ({launch.algorithm_name})", host=launch.host, port=launch.port,
                          ready_path="/health_generate", env=sglang_env(launch), log_path=log_path,
-                         startup_timeout_s=startup_timeout_s, stop_grace_s=stop_grace_s, progress=progress)
+                         startup_timeout_s=startup_timeout_s, stop_grace_s=stop_grace_s, progress=progress,
+                         info={"engine": "sglang", "version": version, "python": launch.python})
 
 
 def sglang_launch(*, algorithm: str = "STANDALONE", num_draft_tokens: int | None = 8,

@@ -108,6 +108,11 @@ class EmbeddedServer:
     def process(self) -> subprocess.Popen[bytes] | None:
         return self.managed.process if self.managed is not None else None
 
+    @property
+    def ready_after_s(self) -> float | None:
+        """Seconds from start until /health answered (measured)."""
+        return self.managed.ready_after_s if self.managed is not None else None
+
     def command(self, port: int | None = None) -> list[str]:
         cmd = [
             sys.executable, "-m", "specdiag.localserver",

@@ -1,0 +1,10 @@
+"""specdiag's split-KV verify attention as an SGLang plugin (entry point group ``sglang.srt.plugins``).
+
+Install next to SGLang (``pip install --no-deps . ./plugins/sglang`` from the checkout) and allow it:
+``SGLANG_PLUGINS=specdiag_splitkv``.
+``SPECDIAG_SGLANG_VERIFY=splitkv|upstream|off`` picks the mode at server start (hook.py).
+"""
+
+from specdiag_sglang_plugin.hook import MODE_ENV, STATS, STATS_ENV, register, stats_snapshot  # noqa: F401
+
+__version__ = "0.1.0"

@@ -1,0 +1,245 @@
+"""The hooks SGLang applies: target-verify attention of the Triton backend through specdiag's kernel.
+
+Registered on ``sglang.srt.layers.attention.triton_backend.TritonAttnBackend.forward_extend``
+(AROUND): a call the kernel can serve (translate.decide) stores the draft block's KV exactly as
+SGLang does and runs the ragged split-KV Triton kernel; every other call goes to SGLang's own
+method unchanged. Each distinct decision is logged once per process ("which path runs and why").
+
+The mode comes from ``SPECDIAG_SGLANG_VERIFY`` when SGLang loads the plugin:
+- ``splitkv`` (default): the hook above.
+- ``upstream``: no hook on forward_extend; SGLang's own split-KV verify (verify_splitkv.py, gated to
+  gfx95 and topk 1 upstream) is switched on for every Triton backend (the comparison's third arm).
+  It computes a causal draft block: exact for chain drafts only.
+- ``off``: nothing is registered; SGLang runs unchanged.
+
+Counts (``STATS``): calls served and fallen back per reason, in this process. Under CUDA graphs
+only captures and eager calls pass through Python, so these count calls of the hook, not replays.
+With ``SPECDIAG_SGLANG_STATS=DIR`` each process writes ``DIR/stats-<pid>.json`` (at most once a
+second while counts change). ``SPECDIAG_SGLANG_CHECK=1`` (eager servers only, e.g. decode CUDA graphs
+off) runs SGLang's own kernel and the plugin's on every served call and records their relative error.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger("specdiag_sglang_plugin")
+
+MODE_ENV = "SPECDIAG_SGLANG_VERIFY"
+STATS_ENV = "SPECDIAG_SGLANG_STATS"
+CHECK_ENV = "SPECDIAG_SGLANG_CHECK"
+MODES = ("splitkv", "upstream", "off")
+FORWARD_EXTEND = "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.forward_extend"
+BACKEND_INIT = "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.__init__"
+
+STATS: dict = {"mode": None, "served": 0, "served_in_capture": 0, "fallback": Counter(),
+               "upstream_served": 0, "upstream_declined": 0}
+_logged: set = set()
+_last_write = [0.0]
+
+
+def mode_from_env(environ=os.environ) -> str:
+    mode = environ.get(MODE_ENV, "splitkv").strip().lower() or "splitkv"
+    if mode not in MODES:
+        raise ValueError(f"{MODE_ENV}={mode!r}: choose one of {', '.join(MODES)}")
+    return mode
+
+
+def log_once(key: str, message: str, *args) -> None:
+    if key not in _logged:
+        _logged.add(key)
+        logger.warning("[specdiag plugin] " + message, *args)
+
+
+def stats_snapshot() -> dict:
+    return {"pid": os.getpid(), "mode": STATS["mode"], "served": STATS["served"],
+            "served_in_capture": STATS["served_in_capture"], "fallback": dict(STATS["fallback"]),
+            "upstream_served": STATS["upstream_served"], "upstream_declined": STATS["upstream_declined"],
+            "check": STATS.get("check", [])}
+
+
+def _maybe_write_stats(force: bool = False) -> None:
+    folder = os.environ.get(STATS_ENV)
+    if not folder:
+        return
+    now = time.monotonic()
+    if not force and now - _last_write[0] < 1.0:
+        return
+    _last_write[0] = now
+    path = Path(folder) / f"stats-{os.getpid()}.json"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(stats_snapshot()))
+        tmp.replace(path)
+    except OSError as exc:
+        log_once("stats-write", "cannot write stats to %s: %s", path, exc)
+
+
+def _facts(backend, q, k, v, layer, forward_batch, sinks, score_mod):
+    from specdiag_sglang_plugin.translate import CallFacts  # noqa: PLC0415
+
+    verify = bool(forward_batch.forward_mode.is_target_verify())
+    if not verify:  # cheap exit for prefill/decode: the rest is not needed
+        return CallFacts(False, 0, False, 0, 0, False, False, False, False, False, False, 1, False, True, False,
+                         q.dtype, q.dtype, False, q.is_cuda)
+    pool = backend.token_to_kv_pool
+    k_buf = pool.get_key_buffer(layer.layer_id)
+    v_buf = pool.get_value_buffer(layer.layer_id)
+    swa = getattr(layer, "sliding_window_size", None)
+    attn_type = getattr(layer, "attn_type", None)
+    causal = not getattr(layer, "is_cross_attention", False) and getattr(attn_type, "name", "DECODER") in (
+        "DECODER",)
+    return CallFacts(
+        forward_mode_verify=True,
+        page_size=int(getattr(backend, "page_size", 1) or 1),
+        use_mla=bool(getattr(backend, "use_mla", False)),
+        qk_head_dim=int(layer.qk_head_dim),
+        v_head_dim=int(layer.v_head_dim),
+        has_kv_tensors=k is not None and v is not None,
+        kv_scaled=getattr(layer, "k_scale", None) is not None or getattr(layer, "v_scale", None) is not None,
+        sliding_window=swa is not None and swa > -1,
+        sinks=sinks is not None,
+        score_mod=score_mod is not None,
+        xai_temperature=(getattr(layer, "xai_temperature_len", -1) or -1) > 0,
+        dcp_size=int(getattr(backend, "dcp_size", 1) or 1),
+        deterministic=bool(getattr(backend, "enable_deterministic", False)),
+        causal=causal,
+        has_custom_mask=backend.forward_metadata.custom_mask is not None,
+        q_dtype=q.dtype,
+        kv_dtype=k_buf.dtype,
+        value_is_latent_view=(v_buf.data_ptr() == k_buf.data_ptr() and v_buf.stride() == k_buf.stride()
+                              and v_buf.shape[-1] == 512),
+        is_cuda=q.is_cuda and torch.version.hip is None,
+    )
+
+
+def _serve(backend, q, k, v, layer, forward_batch, save_kv_cache):
+    """Store the draft KV as SGLang does (no fp8 scales, no DCP), then the ragged split-KV kernel."""
+    from sglang.srt.layers.attention import triton_backend as tb  # noqa: PLC0415
+    from specdiag.kernels.triton_splitkv_ragged import ragged_split_kv_triton  # noqa: PLC0415
+    from specdiag_sglang_plugin.translate import max_draft_tokens  # noqa: PLC0415
+
+    attn_out = getattr(forward_batch, "_attn_output", None)
+    o = attn_out if attn_out is not None else q.new_empty((q.shape[0], layer.tp_q_head_num * layer.v_head_dim))
+    meta = backend.forward_metadata
+    if save_kv_cache:
+        loc_info = tb.KVWriteLoc(forward_batch.out_cache_loc, meta.swa_out_cache_loc,
+                                 full_loc=meta.out_cache_loc_full_physical)
+        backend._set_kv_buffer(forward_batch, layer, loc_info, k, v)
+    logit_cap = tb.logit_capping_mod(layer.logit_capping_method, layer.logit_cap)
+    heads = layer.tp_q_head_num
+    batch = meta.qo_indptr.shape[0] - 1
+    ragged_split_kv_triton(
+        q.view(-1, heads, layer.qk_head_dim), k.reshape(k.shape[0], -1), v.reshape(v.shape[0], -1),
+        backend.token_to_kv_pool.get_key_buffer(layer.layer_id), o.view(-1, heads, layer.v_head_dim),
+        meta.qo_indptr, meta.kv_indptr, meta.kv_indices, meta.custom_mask, meta.mask_indptr,
+        max_draft=max_draft_tokens(meta.max_extend_len, q.shape[0], batch),
+        sm_scale=layer.scaling, logit_cap=logit_cap,
+    )
+    STATS["served"] += 1
+    if torch.cuda.is_current_stream_capturing():
+        STATS["served_in_capture"] += 1
+    return o
+
+
+def _check(original, backend, q, k, v, layer, forward_batch, save_kv_cache, kwargs):
+    """Check mode (eager calls only): SGLang's own output, then the kernel's on the same inputs.
+
+    Records the relative error ||ours - SGLang|| / ||SGLang|| per call in STATS["check"] and returns
+    the kernel's output. Reads tensor values (a host sync): never used under CUDA-graph capture.
+    """
+    ref = original(backend, q, k, v, layer, forward_batch, save_kv_cache=save_kv_cache, **kwargs)
+    ref = ref.clone()
+    ours = _serve(backend, q, k, v, layer, forward_batch, save_kv_cache=False)
+    meta = backend.forward_metadata
+    prefix = (meta.kv_indptr[1:] - meta.kv_indptr[:-1]).tolist()
+    err = float((ours.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30))
+    checks = STATS.setdefault("check", [])
+    if len(checks) < 2000:
+        checks.append({"layer": int(layer.layer_id), "prefix_tokens": prefix, "draft_tokens": int(q.shape[0]),
+                       "heads": int(layer.tp_q_head_num), "rel_err": err,
+                       "finite": bool(torch.isfinite(ours).all())})
+    return ours
+
+
+def forward_extend_hook(original, backend, q, k, v, layer, forward_batch, save_kv_cache=True,
+                        sinks=None, score_mod=None, aux_tensors=None, **kwargs):
+    """AROUND hook of TritonAttnBackend.forward_extend: the kernel where it can serve, SGLang elsewhere."""
+    from specdiag_sglang_plugin.translate import decide  # noqa: PLC0415
+
+    serve, reason = decide(_facts(backend, q, k, v, layer, forward_batch, sinks, score_mod))
+    if serve:
+        log_once("serve", "verify attention runs on specdiag's split-KV kernel: %s", reason)
+        try:
+            if os.environ.get(CHECK_ENV) == "1" and not torch.cuda.is_current_stream_capturing():
+                out = _check(original, backend, q, k, v, layer, forward_batch, save_kv_cache,
+                             dict(sinks=sinks, score_mod=score_mod, aux_tensors=aux_tensors, **kwargs))
+                _maybe_write_stats()
+                return out
+            out = _serve(backend, q, k, v, layer, forward_batch, save_kv_cache)
+            _maybe_write_stats()
+            return out
+        except Exception as exc:  # noqa: BLE001  SGLang's path instead (it stores the same KV again)
+            reason = f"kernel error: {type(exc).__name__}: {exc}"
+            if reason not in _logged:  # the traceback once per distinct error, not once per layer and step
+                _logged.add(reason)
+                logger.exception("[specdiag plugin] split-KV kernel failed; falling back to SGLang's verify")
+    STATS["fallback"][reason] += 1
+    if reason != "not a target-verify step":
+        log_once("fallback:" + reason, "verify attention falls back to SGLang's own kernel: %s", reason)
+    _maybe_write_stats()
+    return original(backend, q, k, v, layer, forward_batch, save_kv_cache=save_kv_cache, sinks=sinks,
+                    score_mod=score_mod, aux_tensors=aux_tensors, **kwargs)
+
+
+def backend_init_upstream_hook(result, backend, *args, **kwargs):
+    """AFTER hook of TritonAttnBackend.__init__: force SGLang's upstream split-KV verify on, and count it."""
+    original = backend.verify_splitkv_fwd
+
+    def counted(*a, **kw):
+        ran = original(*a, **kw)
+        STATS["upstream_served" if ran else "upstream_declined"] += 1
+        _maybe_write_stats()
+        return ran
+
+    backend.verify_splitkv_fwd = counted
+    backend.use_verify_splitkv = True
+    log_once("upstream", "SGLang's upstream split-KV verify forced on (topk %s; causal draft block)",
+             getattr(backend, "topk", "?"))
+    return None
+
+
+def register() -> None:
+    """The ``sglang.srt.plugins`` entry point: register the hooks of the chosen mode."""
+    mode = mode_from_env()
+    STATS["mode"] = mode
+    if mode == "off":
+        log_once("mode", "%s=off: nothing registered, SGLang's verify attention runs unchanged", MODE_ENV)
+        return
+    try:
+        from sglang.srt.plugins.hook_registry import HookRegistry, HookType  # noqa: PLC0415
+    except ImportError as exc:
+        log_once("import", "SGLang's hook registry is not importable (%s): nothing registered", exc)
+        return
+    if mode == "upstream":
+        HookRegistry.register(BACKEND_INIT, backend_init_upstream_hook, HookType.AFTER)
+        log_once("mode", "mode upstream: SGLang's own split-KV verify is forced on in the Triton backend")
+        return
+    try:
+        import specdiag.kernels.triton_splitkv_ragged  # noqa: F401, PLC0415
+    except Exception as exc:  # noqa: BLE001  (no triton, no specdiag: SGLang's own path)
+        log_once("import", "specdiag's split-KV kernel does not import (%s: %s): SGLang's verify runs unchanged",
+                 type(exc).__name__, exc)
+        return
+    # like SGLang's own Triton launchers, kept out of torch.compile's tracing (a graph break, run eagerly)
+    HookRegistry.register(FORWARD_EXTEND, torch.compiler.disable(forward_extend_hook), HookType.AROUND)
+    log_once("mode", "mode splitkv: MLA target-verify attention of the Triton backend goes through "
+             "specdiag's split-KV kernel where it can serve")

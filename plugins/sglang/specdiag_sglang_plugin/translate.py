@@ -1,0 +1,178 @@
+"""Pure functions between SGLang's verify call and specdiag's split-KV kernel (no sglang import).
+
+What SGLang 0.5.17 passes to ``extend_attention_fwd`` on a target-verify step of the Triton backend
+(``TritonAttnBackend.forward_extend`` and ``init_forward_metadata``; checked in the source):
+
+- ``q`` [tokens, H, 576]: the draft tokens' absorbed queries, request b's rows
+  ``qo_indptr[b] .. qo_indptr[b+1]`` (T draft tokens each).
+- ``k``, ``v`` [tokens, 1, 576] / [tokens, 1, 512]: the draft tokens' latent rows (``v`` = the first
+  512 dims of ``k``: DeepSeek's forward_absorb_core passes ``cat(k_nope, k_pe)`` and ``k_nope``).
+- the layer's latent cache ``k_buffer`` [slots, 1, 576] (value buffer: its first 512 dims, a view);
+  request b's prefix (its P committed tokens) is ``kv_indices[kv_indptr[b] .. kv_indptr[b+1]]``,
+  page_size 1 slots.
+- ``custom_mask``: flattened; request b's block starts at ``mask_indptr[b]`` and holds T rows of
+  ``P + T`` entries; entry ``[t, P + j]`` says whether draft token t sees draft token j. SGLang's
+  kernel skips the prefix columns (``skip_prefix_custom_mask=True``): the prefix is fully visible.
+- ``layer.scaling`` (softmax scale) and ``logit_cap`` (tanh cap on the scaled scores, 0 = none).
+
+This module holds the plugin's decision (serve or fall back, and why), the per-request view of
+such a batch as specdiag's :class:`VerifyInputs`, and the torch path that runs the kernel's CPU
+fallback on it. The CUDA path hands the same tensors to the ragged Triton kernel directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from specdiag.kernels.mla import D_QK, D_V, VerifyInputs
+from specdiag.kernels.reference import split_kv_torch
+
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
+
+
+@dataclass
+class VerifyBatch:
+    """One verify-attention call in SGLang's layout (the tensors listed in the module docstring)."""
+
+    q: torch.Tensor  #: [tokens, H, 576]
+    k_ext: torch.Tensor  #: [tokens, 1, 576] draft keys (latent rows)
+    v_ext: torch.Tensor  #: [tokens, 1, 512] draft values
+    kv_buffer: torch.Tensor  #: [slots, 1, 576] latent cache of the layer
+    qo_indptr: torch.Tensor  #: [bs + 1]
+    kv_indptr: torch.Tensor  #: [bs + 1]
+    kv_indices: torch.Tensor  #: [>= kv_indptr[-1]] int64 slots
+    custom_mask: torch.Tensor  #: flattened bool/uint8
+    mask_indptr: torch.Tensor  #: [bs + 1]
+    sm_scale: float
+    logit_cap: float = 0.0
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.qo_indptr.shape[0]) - 1
+
+
+@dataclass(frozen=True)
+class CallFacts:
+    """What the plugin looks at to decide, all read without touching tensor values (graph-safe).
+
+    forward_mode_verify: the batch is a target-verify step
+    page_size:           the backend's page size
+    use_mla:             the model's attention is MLA (one latent KV head)
+    qk_head_dim, v_head_dim: the layer's head dims (576 and 512 for DeepSeek-V3 MLA)
+    has_kv_tensors:      k and v were passed (not None)
+    kv_scaled:           the layer has k_scale/v_scale (an fp8 KV cache)
+    sliding_window:      the layer uses a sliding window
+    sinks, score_mod:    attention sinks or a score modifier were passed
+    xai_temperature:     the layer uses xai temperature scaling
+    dcp_size:            decode context parallel size
+    deterministic:       the backend runs its deterministic (unified) kernel
+    causal:              the layer is causal self-attention
+    has_custom_mask:     a verify mask was passed
+    q_dtype, kv_dtype:   tensor dtypes
+    value_is_latent_view: the value buffer is the first 512 dims of the key buffer (same storage)
+    is_cuda:             tensors are on a CUDA (not ROCm) device
+    """
+
+    forward_mode_verify: bool
+    page_size: int
+    use_mla: bool
+    qk_head_dim: int
+    v_head_dim: int
+    has_kv_tensors: bool
+    kv_scaled: bool
+    sliding_window: bool
+    sinks: bool
+    score_mod: bool
+    xai_temperature: bool
+    dcp_size: int
+    deterministic: bool
+    causal: bool
+    has_custom_mask: bool
+    q_dtype: torch.dtype
+    kv_dtype: torch.dtype
+    value_is_latent_view: bool
+    is_cuda: bool
+
+
+def decide(facts: CallFacts) -> tuple[bool, str]:
+    """(serve, reason): whether the split-KV kernel serves this call, and why not when it does not.
+
+    The order puts the common non-verify case first (every prefill and decode call lands there).
+    """
+    if not facts.forward_mode_verify:
+        return False, "not a target-verify step"
+    checks = [
+        (facts.is_cuda, "not on a CUDA device"),
+        (facts.use_mla, "not an MLA layer (the kernel covers the latent cache only)"),
+        (facts.qk_head_dim == D_QK and facts.v_head_dim == D_V,
+         f"head dims {facts.qk_head_dim}/{facts.v_head_dim}, the kernel needs {D_QK}/{D_V}"),
+        (facts.page_size == 1, f"page_size {facts.page_size}, the kernel reads page_size 1 token indices"),
+        (facts.has_kv_tensors, "k/v not passed (the draft block's latent rows are needed)"),
+        (not facts.kv_scaled, "fp8 KV cache (k_scale/v_scale) not supported"),
+        (not facts.sliding_window, "sliding-window attention not supported"),
+        (not facts.sinks, "attention sinks not supported"),
+        (not facts.score_mod, "score_mod not supported"),
+        (not facts.xai_temperature, "xai temperature scaling not supported"),
+        (facts.dcp_size == 1, f"decode context parallel (dcp_size {facts.dcp_size}) not supported"),
+        (not facts.deterministic, "deterministic mode (the backend's unified kernel) kept"),
+        (facts.causal, "non-causal attention"),
+        (facts.has_custom_mask, "no custom mask passed"),
+        (facts.q_dtype in SUPPORTED_DTYPES and facts.kv_dtype == facts.q_dtype,
+         f"dtypes q {facts.q_dtype} / kv {facts.kv_dtype}, the kernel needs both bf16 or both fp16"),
+        (facts.value_is_latent_view, "the value buffer is not the first 512 dims of the latent key buffer"),
+    ]
+    for ok, reason in checks:
+        if not ok:
+            return False, reason
+    return True, "split-KV verify (MLA latent, page_size 1, custom mask)"
+
+
+def tree_mask(batch: VerifyBatch, b: int) -> torch.Tensor:
+    """Request b's [T, T] draft mask from the flattened custom mask (entries [t, P + j])."""
+    q0, q1 = int(batch.qo_indptr[b]), int(batch.qo_indptr[b + 1])
+    p = int(batch.kv_indptr[b + 1]) - int(batch.kv_indptr[b])
+    t = q1 - q0
+    start = int(batch.mask_indptr[b])
+    block = batch.custom_mask[start:start + t * (p + t)].reshape(t, p + t)
+    return block[:, p:].to(torch.bool)
+
+
+def request_inputs(batch: VerifyBatch, b: int) -> VerifyInputs:
+    """Request b as specdiag's VerifyInputs: a pool of its prefix rows then its draft rows, in order.
+
+    The draft values must be the first 512 dims of the draft keys (true for MLA); checked here,
+    since VerifyInputs reads values from the latent rows.
+    """
+    q0, q1 = int(batch.qo_indptr[b]), int(batch.qo_indptr[b + 1])
+    k0, k1 = int(batch.kv_indptr[b]), int(batch.kv_indptr[b + 1])
+    k_draft = batch.k_ext[q0:q1].reshape(q1 - q0, D_QK)
+    if not torch.equal(batch.v_ext[q0:q1].reshape(q1 - q0, D_V), k_draft[:, :D_V]):
+        raise ValueError("draft values differ from the first 512 dims of the draft keys: not an MLA latent call")
+    prefix = batch.kv_buffer.reshape(batch.kv_buffer.shape[0], D_QK)[batch.kv_indices[k0:k1]]
+    pool = torch.cat([prefix, k_draft], dim=0)
+    token_table = torch.arange(pool.shape[0], dtype=torch.int64, device=pool.device)
+    return VerifyInputs(q=batch.q[q0:q1], cache=pool, token_table=token_table, block_table=None,
+                        mask=tree_mask(batch, b), n_prefix=k1 - k0, sm_scale=batch.sm_scale)
+
+
+def run_torch(batch: VerifyBatch, out: torch.Tensor, n_splits: int = 4) -> torch.Tensor:
+    """The kernel's torch fallback over the batch, request by request; fills ``out`` [tokens, H, 512]."""
+    if batch.logit_cap and batch.logit_cap > 0:
+        raise ValueError("the torch fallback has no logit cap; the CUDA kernel does")
+    for b in range(batch.batch_size):
+        q0, q1 = int(batch.qo_indptr[b]), int(batch.qo_indptr[b + 1])
+        inputs = request_inputs(batch, b)
+        res = inputs.out_like()
+        split_kv_torch(inputs, res, n_splits=n_splits)
+        out[q0:q1] = res.to(out.dtype)
+    return out
+
+
+def max_draft_tokens(max_extend_len: Optional[int], q_tokens: int, batch_size: int) -> int:
+    """Draft tokens per request that the row tiles must cover: SGLang's max_extend_len, else tokens / bs."""
+    if max_extend_len:
+        return int(max_extend_len)
+    return -(-q_tokens // max(1, batch_size))

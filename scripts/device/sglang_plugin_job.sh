@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# One device call: the SGLang plugin (plugins/sglang) on a real SGLang 0.5.17 on the H200.
+# Run from the repository root:  bash scripts/device/sglang_plugin_job.sh
+#
+# Needs SGLang unpacked at $SITE (default /tmp/site, staged by an earlier call: ../shared/engines/README.md);
+# without it, joins /tmp/stage/part.00 (call 1) with .rs2/part.* (carried) as scripts/device/sglang_job.sh does.
+# Steps, bounded in all by BUDGET + about 10 s (BUDGET default 450 s; the driver keeps 40 s of it to stop):
+#  1. install the plugin offline into /tmp/plugin (pip --target, no index; if pip cannot, a hand-written
+#     dist-info with the same entry point) and check that importlib finds the entry point SGLang loads;
+#  2. make the random-weight MLA model (data/models/make_mla_model.py, 2 layers, seed 0) in /tmp/mla-model;
+#  3. in the background, the plugin's tests with SGLang importable (its entry point registers) and its GPU
+#     tests (ragged kernel vs SGLang's definition, vs SGLang's own extend_attention_fwd, CUDA-graph replay);
+#  4. scripts/sglang_plugin_check.py: four servers (stock, upstream split-KV forced, plugin, plugin in check
+#     mode), (a) per-call comparison inside SGLang, (b) greedy identity over 20 short + 3 long prompts,
+#     (c) specdiag.sweep at 1k..128k per arm into run folders.
+# $OUT receives (at most 8 files): sglang-plugin.tar.gz (run-<arm>/ folders, server logs, plugin stats,
+# check.json, identity.jsonl, summary.txt, failures.json), job.log (the driver's log), gpu-tests.log,
+# env.txt, summary.txt (also printed last).
+set -uo pipefail
+OUT=${OUT:?set OUT to the folder to write results to}
+BUDGET=${BUDGET:-450}
+SITE=${SITE:-/tmp/site}
+PLUGIN=${PLUGIN_TARGET:-/tmp/plugin}
+EXTRA=${EXTRA:-}
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1
+work=/tmp/sglang-plugin-job
+rm -rf "$work"; mkdir -p "$work"
+env_log="$OUT/env.txt"; : > "$env_log"
+t0=$(date +%s)
+
+if [ ! -f "$SITE/sglang/version.py" ]; then
+  # the same staging as scripts/device/sglang_job.sh: part.00 from call 1 in /tmp/stage, the rest carried in .rs2
+  if [ -f /tmp/stage/part.00 ] && compgen -G ".rs2/part.*" >/dev/null; then
+    h=$(cat /tmp/stage/part.00 .rs2/part.* | sha256sum | cut -c1-64)
+    grep -q "^$h  sglang" .rs2/SHA256SUMS || { echo "[plugin-job] FAILED: sha256 $h not in .rs2/SHA256SUMS" | tee -a "$env_log"; exit 3; }
+    mkdir -p "$SITE" && cat /tmp/stage/part.00 .rs2/part.* | xz -d | tar -x -C "$SITE" || { echo "[plugin-job] FAILED: extract"; exit 4; }
+    echo "[plugin-job] extracted SGLang into $SITE (sha256 $h)" | tee -a "$env_log"
+  else
+    echo "[plugin-job] FAILED: no SGLang at $SITE and no /tmp/stage/part.00 + .rs2/part.* to join: stage it first" \
+      "(../shared/engines/README.md; scripts/device/sglang_job.sh)" | tee -a "$env_log"
+    exit 2
+  fi
+fi
+
+# 1. the plugin, offline
+rm -rf "$PLUGIN"
+if python3 -m pip install -q --no-deps --no-build-isolation --no-index --target "$PLUGIN" plugins/sglang >> "$env_log" 2>&1; then
+  echo "[plugin-job] plugin installed with pip into $PLUGIN" | tee -a "$env_log"
+else
+  echo "[plugin-job] pip could not install it offline: writing the package and its dist-info by hand" | tee -a "$env_log"
+  mkdir -p "$PLUGIN/specdiag_sglang_plugin-0.1.0.dist-info"
+  cp -r plugins/sglang/specdiag_sglang_plugin "$PLUGIN/"
+  printf 'Metadata-Version: 2.1\nName: specdiag-sglang-plugin\nVersion: 0.1.0\n' \
+    > "$PLUGIN/specdiag_sglang_plugin-0.1.0.dist-info/METADATA"
+  printf '[sglang.srt.plugins]\nspecdiag_splitkv = specdiag_sglang_plugin:register\n' \
+    > "$PLUGIN/specdiag_sglang_plugin-0.1.0.dist-info/entry_points.txt"
+fi
+rm -rf plugins/sglang/build plugins/sglang/*.egg-info
+export PYTHONPATH=$SITE:$PLUGIN:$PWD/lib
+{
+  echo "date: $(date -u +%FT%TZ)"; echo "git: $(git rev-parse HEAD 2>/dev/null || echo none)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>&1
+  python3 -c "import sys, torch, triton; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)" 2>&1
+  python3 -c "import sglang; print('sglang', sglang.__version__)" 2>&1 | tail -1
+  python3 -c "
+from importlib.metadata import entry_points
+eps = [(e.name, e.value, e.dist.name if e.dist else None) for e in entry_points(group='sglang.srt.plugins')]
+print('entry points sglang.srt.plugins:', eps)
+import specdiag_sglang_plugin, specdiag.kernels.triton_splitkv_ragged
+print('plugin and kernel import: ok')" 2>&1 | tail -3
+} >> "$env_log" 2>&1
+
+# 2. the model
+timeout 60 python3 data/models/make_mla_model.py --out /tmp/mla-model --layers 2 --seed 0 2>&1 | tail -1 | tee -a "$env_log"
+
+# 3. GPU tests, beside the servers' start-up
+(timeout 200 python3 -m pytest -q -p no:cacheprovider -m "not slow" tests/test_sglang_plugin.py \
+  tests/test_sglang_plugin_gpu.py > "$OUT/gpu-tests.log" 2>&1; echo "exit $?" >> "$OUT/gpu-tests.log") &
+tests_pid=$!
+
+# 4. the servers and the measurements
+left=$(( BUDGET - ($(date +%s) - t0) ))
+# shellcheck disable=SC2086
+timeout --signal=TERM --kill-after=30 $((left + 40)) python3 scripts/sglang_plugin_check.py --out "$work" \
+  --model-path /tmp/mla-model --site "$SITE" --plugin-path "$PLUGIN" --budget-s "$left" $EXTRA > "$OUT/job.log" 2>&1
+rc=$?
+wait "$tests_pid"
+echo "[plugin-job] driver exit $rc after $(( $(date +%s) - t0 )) s" | tee -a "$env_log"
+cp "$work/summary.txt" "$OUT/summary.txt" 2>/dev/null || sed -n '/^=== summary/,$p' "$OUT/job.log" > "$OUT/summary.txt"
+tar -C "$work" -czf "$OUT/sglang-plugin.tar.gz" . 2>>"$env_log"
+echo "[plugin-job] $OUT/sglang-plugin.tar.gz: $(du -h "$OUT/sglang-plugin.tar.gz" | cut -f1)" | tee -a "$env_log"
+grep -E "FAILED|Traceback|specdiag plugin\]" "$OUT/job.log" | head -20
+grep -hE "specdiag plugin\]" "$work"/server-*.log 2>/dev/null | sort | uniq -c | head -20
+tail -5 "$OUT/gpu-tests.log"
+cat "$env_log"
+cat "$OUT/summary.txt"
+exit $rc

@@ -1,0 +1,326 @@
+"""The SGLang plugin's translation, fallback decisions and mode switch, on the CPU (no sglang import).
+
+Batches are built the way SGLang 0.5.17's Triton backend lays out a target-verify call (see
+plugins/sglang/specdiag_sglang_plugin/translate.py): a shuffled page_size-1 latent pool, ragged
+kv_indptr/kv_indices, qo_indptr with T draft tokens per request, and the flattened custom mask whose
+request block holds T rows of P + T entries. The reference below computes attention the way SGLang
+defines it (prefix fully visible, draft block by the mask), directly from those flat tensors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from specdiag.kernels.mla import D_QK, D_V, tree_mask as random_tree
+from specdiag_sglang_plugin import hook
+from specdiag_sglang_plugin.translate import (CallFacts, VerifyBatch, decide, max_draft_tokens, request_inputs,
+                                              run_torch, tree_mask)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def make_batch(prefix_lens: list[int], draft: int, heads: int, chain: bool, seed: int = 0,
+               dtype=torch.bfloat16, logit_cap: float = 0.0, prefix_fill: bool = True) -> tuple[VerifyBatch, list]:
+    """A verify call in SGLang's layout; also returns each request's [T, T] mask for the checks."""
+    gen = torch.Generator().manual_seed(seed)
+    bs = len(prefix_lens)
+    pool_slots = sum(prefix_lens) + 64
+    kv = torch.randn(pool_slots, 1, D_QK, generator=gen).to(dtype)
+    perm = torch.randperm(pool_slots - 1, generator=gen) + 1  # slot 0 is SGLang's padding slot
+    kv_indptr = torch.zeros(bs + 1, dtype=torch.int32)
+    kv_indptr[1:] = torch.cumsum(torch.tensor(prefix_lens), 0)
+    kv_indices = torch.cat([perm[: sum(prefix_lens)], torch.zeros(5, dtype=torch.int64)])  # over-allocated
+    qo_indptr = torch.arange(0, (bs + 1) * draft, draft, dtype=torch.int32)
+    q = torch.randn(bs * draft, heads, D_QK, generator=gen).to(dtype)
+    k_ext = torch.randn(bs * draft, 1, D_QK, generator=gen).to(dtype)
+    v_ext = k_ext[..., :D_V].clone()
+    masks, flat = [], []
+    noise = torch.Generator().manual_seed(seed + 99)  # apart, so the fill does not change the other tensors
+    for p in prefix_lens:
+        m = random_tree(draft, gen, chain=chain)
+        masks.append(m)
+        # prefix columns: True when SGLang fills them, random otherwise (they must not be read)
+        pre = torch.ones(draft, p, dtype=torch.bool) if prefix_fill else torch.rand(draft, p, generator=noise) < 0.5
+        flat.append(torch.cat([pre, m], dim=1).reshape(-1))
+    custom_mask = torch.cat(flat)
+    mask_indptr = torch.zeros(bs + 1, dtype=torch.int64)
+    mask_indptr[1:] = torch.cumsum(torch.tensor([draft * (p + draft) for p in prefix_lens]), 0)
+    batch = VerifyBatch(q=q, k_ext=k_ext, v_ext=v_ext, kv_buffer=kv, qo_indptr=qo_indptr, kv_indptr=kv_indptr,
+                        kv_indices=kv_indices, custom_mask=custom_mask, mask_indptr=mask_indptr,
+                        sm_scale=1.0 / math.sqrt(192.0), logit_cap=logit_cap)
+    return batch, masks
+
+
+def sglang_reference(batch: VerifyBatch) -> torch.Tensor:
+    """[tokens, H, 512] fp32: SGLang's verify attention, read straight from the flat tensors."""
+    tokens, heads, _ = batch.q.shape
+    out = torch.zeros(tokens, heads, D_V)
+    kv = batch.kv_buffer[:, 0].float()
+    for b in range(batch.batch_size):
+        q0, q1 = int(batch.qo_indptr[b]), int(batch.qo_indptr[b + 1])
+        k0, k1 = int(batch.kv_indptr[b]), int(batch.kv_indptr[b + 1])
+        t, p = q1 - q0, k1 - k0
+        keys = torch.cat([kv[batch.kv_indices[k0:k1]], batch.k_ext[q0:q1, 0].float()])
+        vals = torch.cat([kv[batch.kv_indices[k0:k1], :D_V], batch.v_ext[q0:q1, 0].float()])
+        m0 = int(batch.mask_indptr[b])
+        for i in range(t):
+            row = batch.custom_mask[m0 + i * (p + t): m0 + (i + 1) * (p + t)].to(torch.bool).clone()
+            row[:p] = True  # skip_prefix_custom_mask: the prefix is fully visible
+            s = (batch.q[q0 + i].float() @ keys.T) * batch.sm_scale  # [H, n_kv]
+            if batch.logit_cap > 0:
+                s = batch.logit_cap * torch.tanh(s / batch.logit_cap)
+            s = s.masked_fill(~row[None, :], float("-inf"))
+            out[q0 + i] = torch.softmax(s, dim=-1) @ vals
+    return out
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+CASES = [
+    pytest.param([37], 8, 8, True, id="bs1-chain-P37"),
+    pytest.param([1000], 8, 8, False, id="bs1-tree-P1000"),
+    pytest.param([5, 300, 64, 129], 8, 4, False, id="bs4-tree-mixed"),
+    pytest.param([200, 3], 6, 16, True, id="bs2-chain-T6-h16"),
+    pytest.param([513, 77, 1], 4, 2, False, id="bs3-tree-T4"),
+]
+
+
+@pytest.mark.parametrize("prefix_lens, draft, heads, chain", CASES)
+def test_translation_and_torch_fallback_match_sglang_definition(prefix_lens, draft, heads, chain):
+    batch, masks = make_batch(prefix_lens, draft, heads, chain, seed=len(prefix_lens) * 7 + draft)
+    for b, m in enumerate(masks):
+        assert torch.equal(tree_mask(batch, b), m)
+        inputs = request_inputs(batch, b)
+        assert inputs.n_prefix == prefix_lens[b] and inputs.n_kv == prefix_lens[b] + draft
+    ref = sglang_reference(batch)
+    out = torch.full((batch.q.shape[0], heads, D_V), float("nan"), dtype=torch.bfloat16)
+    run_torch(batch, out, n_splits=3)
+    assert not torch.isnan(out).any()
+    assert rel_err(out, ref) < 1e-2
+
+
+def test_prefix_columns_of_the_mask_are_not_read():
+    """SGLang's kernel skips the prefix part of the mask; so must the translation."""
+    filled, _ = make_batch([50, 20], 8, 4, chain=False, seed=3, prefix_fill=True)
+    noisy, _ = make_batch([50, 20], 8, 4, chain=False, seed=3, prefix_fill=False)
+    a = torch.empty(16, 4, D_V, dtype=torch.bfloat16)
+    b = torch.empty_like(a)
+    run_torch(filled, a)
+    run_torch(noisy, b)
+    assert torch.equal(a, b)
+
+
+def test_mask_changes_the_result_where_the_tree_differs():
+    """A chain and a tree over the same tensors differ (the mask is really applied)."""
+    chain, _ = make_batch([100], 8, 4, chain=True, seed=11)
+    tree, masks = make_batch([100], 8, 4, chain=False, seed=11)
+    assert not torch.equal(masks[0], torch.tril(torch.ones(8, 8, dtype=torch.bool)))
+    tree = dataclasses.replace(tree, q=chain.q, k_ext=chain.k_ext, v_ext=chain.v_ext, kv_buffer=chain.kv_buffer)
+    a, b = sglang_reference(chain), sglang_reference(tree)
+    out = torch.empty(8, 4, D_V, dtype=torch.bfloat16)
+    run_torch(tree, out)
+    assert rel_err(out, b) < 1e-2 and rel_err(a, b) > 0.05
+
+
+def test_request_inputs_refuses_non_latent_values():
+    batch, _ = make_batch([10], 4, 2, chain=True)
+    batch.v_ext[0, 0, 0] += 1
+    with pytest.raises(ValueError, match="first 512 dims"):
+        request_inputs(batch, 0)
+
+
+def test_torch_fallback_refuses_logit_cap():
+    batch, _ = make_batch([10], 4, 2, chain=True, logit_cap=30.0)
+    with pytest.raises(ValueError, match="logit cap"):
+        run_torch(batch, torch.empty(4, 2, D_V, dtype=torch.bfloat16))
+
+
+def servable(**over) -> CallFacts:
+    base = dict(forward_mode_verify=True, page_size=1, use_mla=True, qk_head_dim=576, v_head_dim=512,
+                has_kv_tensors=True, kv_scaled=False, sliding_window=False, sinks=False, score_mod=False,
+                xai_temperature=False, dcp_size=1, deterministic=False, causal=True, has_custom_mask=True,
+                q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16, value_is_latent_view=True, is_cuda=True)
+    base.update(over)
+    return CallFacts(**base)
+
+
+def test_decide_serves_the_mla_verify_call():
+    assert decide(servable()) == (True, "split-KV verify (MLA latent, page_size 1, custom mask)")
+
+
+@pytest.mark.parametrize("over, words", [
+    (dict(forward_mode_verify=False), "not a target-verify"),
+    (dict(page_size=64), "page_size 64"),
+    (dict(use_mla=False, qk_head_dim=128, v_head_dim=128), "not an MLA layer"),
+    (dict(qk_head_dim=192, v_head_dim=128), "head dims 192/128"),
+    (dict(kv_scaled=True, kv_dtype=torch.float8_e4m3fn), "fp8 KV"),
+    (dict(sliding_window=True), "sliding-window"),
+    (dict(sinks=True), "sinks"),
+    (dict(score_mod=True), "score_mod"),
+    (dict(xai_temperature=True), "xai"),
+    (dict(dcp_size=2), "dcp_size 2"),
+    (dict(deterministic=True), "deterministic"),
+    (dict(causal=False), "non-causal"),
+    (dict(has_custom_mask=False), "no custom mask"),
+    (dict(kv_dtype=torch.float16), "dtypes"),
+    (dict(q_dtype=torch.float32, kv_dtype=torch.float32), "dtypes"),
+    (dict(value_is_latent_view=False), "value buffer"),
+    (dict(is_cuda=False), "CUDA"),
+    (dict(has_kv_tensors=False), "k/v not passed"),
+])
+def test_decide_falls_back_with_a_reason(over, words):
+    serve, reason = decide(servable(**over))
+    assert not serve and words in reason
+
+
+def test_max_draft_tokens():
+    assert max_draft_tokens(8, 16, 2) == 8
+    assert max_draft_tokens(None, 17, 2) == 9
+
+
+def test_mode_switch_from_env():
+    assert hook.mode_from_env({}) == "splitkv"
+    assert hook.mode_from_env({hook.MODE_ENV: "OFF"}) == "off"
+    assert hook.mode_from_env({hook.MODE_ENV: "upstream"}) == "upstream"
+    with pytest.raises(ValueError, match="choose one of"):
+        hook.mode_from_env({hook.MODE_ENV: "fast"})
+
+
+def test_register_off_and_without_sglang_registers_nothing(monkeypatch):
+    monkeypatch.setenv(hook.MODE_ENV, "off")
+    hook.register()
+    assert hook.STATS["mode"] == "off"
+    if importlib.util.find_spec("sglang") is None:  # no SGLang here: the registry import fails softly
+        monkeypatch.setenv(hook.MODE_ENV, "splitkv")
+        hook.register()
+        assert "import" in hook._logged
+
+
+class _Mode:
+    def __init__(self, verify: bool):
+        self.verify = verify
+
+    def is_target_verify(self):
+        return self.verify
+
+
+def test_hook_falls_back_to_sglang_and_counts(monkeypatch, tmp_path):
+    """A prefill call goes to SGLang's method untouched, counted, and stats reach the stats folder."""
+    monkeypatch.setenv(hook.STATS_ENV, str(tmp_path))
+    hook._last_write[0] = 0.0
+    before = hook.STATS["fallback"]["not a target-verify step"]
+    calls = []
+
+    def original(backend, q, k, v, layer, fb, save_kv_cache=True, sinks=None, score_mod=None, aux_tensors=None):
+        calls.append((q, save_kv_cache))
+        return "sglang-out"
+
+    fb = type("FB", (), {"forward_mode": _Mode(False)})()
+    q = torch.zeros(2, 1, 576)
+    out = hook.forward_extend_hook(original, object(), q, q, q, object(), fb, False)
+    assert out == "sglang-out" and calls == [(q, False)]
+    assert hook.STATS["fallback"]["not a target-verify step"] == before + 1
+    files = list(tmp_path.glob("stats-*.json"))
+    assert files and '"fallback"' in files[0].read_text()
+
+
+def test_plugin_pyproject_declares_the_entry_point():
+    text = (ROOT / "plugins/sglang/pyproject.toml").read_text()
+    assert '[project.entry-points."sglang.srt.plugins"]' in text
+    assert 'specdiag_splitkv = "specdiag_sglang_plugin:register"' in text
+
+
+@pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="sglang is not installed here")
+def test_entry_point_registers_with_sglang():
+    from importlib.metadata import entry_points
+
+    eps = {ep.name: ep for ep in entry_points(group="sglang.srt.plugins")}
+    assert "specdiag_splitkv" in eps
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    os.environ[hook.MODE_ENV] = "splitkv"
+    eps["specdiag_splitkv"].load()()
+    assert HookRegistry._hooks[hook.FORWARD_EXTEND], "no hook registered on TritonAttnBackend.forward_extend"
+
+
+INTERPRET_SCRIPT = r"""
+import sys, torch
+sys.path[:0] = [{tests!r}, {plugin!r}]
+from test_sglang_plugin import make_batch, sglang_reference, rel_err
+from specdiag.kernels.triton_splitkv_ragged import ragged_split_kv_triton
+from specdiag.kernels.splitkv_plan import SplitKVConfig
+cfg = SplitKVConfig(block_m=16, block_n=16, num_warps=4, num_stages=1, programs_per_sm=1.0, min_split_tokens=64,
+                    merge_block_dv=128)
+for lens, draft, heads, chain, cap in [([150], 8, 2, True, 0.0), ([70, 3, 200], 4, 4, False, 0.0),
+                                       ([90], 4, 2, False, 5.0)]:
+    batch, _ = make_batch(lens, draft, heads, chain, seed=5, dtype=torch.float16, logit_cap=cap)
+    out = torch.full((batch.q.shape[0], heads, 512), float("nan"), dtype=torch.float16)
+    ragged_split_kv_triton(batch.q, batch.k_ext, batch.v_ext, batch.kv_buffer, out, batch.qo_indptr,
+                           batch.kv_indptr, batch.kv_indices, batch.custom_mask, batch.mask_indptr,
+                           max_draft=draft, sm_scale=batch.sm_scale, logit_cap=cap, cfg=cfg, num_sms=16)
+    err = rel_err(out, sglang_reference(batch))
+    print(lens, draft, heads, chain, cap, err)
+    assert err < 1e-2, err
+print("ok")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed here")
+def test_ragged_triton_kernel_in_the_interpreter():
+    """The CUDA kernel's own code, run by Triton's interpreter on the CPU (TRITON_INTERPRET=1)."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    res = subprocess.run([sys.executable, "-c", INTERPRET_SCRIPT.format(tests=str(ROOT / "tests"), plugin=str(ROOT / "plugins/sglang"))], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0 and "ok" in res.stdout, res.stdout + res.stderr
+
+
+def _fake_sglang_call(verify: bool = True, page_size: int = 1, swa: int = -1):
+    """Objects with the attribute names SGLang 0.5.17's backend, layer and batch carry (triton_backend.py)."""
+    from types import SimpleNamespace as NS
+
+    kv = torch.zeros(100, 1, D_QK, dtype=torch.bfloat16)
+    pool = NS(get_key_buffer=lambda i: kv, get_value_buffer=lambda i: kv[..., :D_V])
+    backend = NS(token_to_kv_pool=pool, page_size=page_size, use_mla=True, dcp_size=1, enable_deterministic=False,
+                 forward_metadata=NS(custom_mask=torch.ones(8, dtype=torch.bool)))
+    layer = NS(layer_id=0, qk_head_dim=576, v_head_dim=512, k_scale=None, v_scale=None, sliding_window_size=swa,
+               is_cross_attention=False, attn_type=NS(name="DECODER"), xai_temperature_len=-1)
+    fb = NS(forward_mode=_Mode(verify))
+    q = torch.zeros(8, 8, D_QK, dtype=torch.bfloat16)
+    return backend, q, torch.zeros(8, 1, D_QK, dtype=torch.bfloat16), torch.zeros(8, 1, D_V, dtype=torch.bfloat16), \
+        layer, fb
+
+
+def test_facts_read_from_sglang_objects():
+    backend, q, k, v, layer, fb = _fake_sglang_call()
+    facts = hook._facts(backend, q, k, v, layer, fb, None, None)
+    assert facts.value_is_latent_view and facts.use_mla and facts.has_custom_mask and not facts.sliding_window
+    assert decide(facts) == (False, "not on a CUDA device")  # these tensors live on the CPU
+    assert decide(dataclasses.replace(facts, is_cuda=True))[0]
+    for kw, words in ((dict(page_size=64), "page_size 64"), (dict(swa=4096), "sliding-window")):
+        backend, q, k, v, layer, fb = _fake_sglang_call(**kw)
+        facts = dataclasses.replace(hook._facts(backend, q, k, v, layer, fb, None, None), is_cuda=True)
+        assert words in decide(facts)[1]
+    backend, q, k, v, layer, fb = _fake_sglang_call()
+    backend.token_to_kv_pool.get_value_buffer = lambda i: torch.zeros(100, 1, D_V, dtype=torch.bfloat16)
+    facts = dataclasses.replace(hook._facts(backend, q, k, v, layer, fb, None, None), is_cuda=True)
+    assert "value buffer" in decide(facts)[1]
+
+
+def test_hook_sends_an_unservable_verify_call_to_sglang():
+    backend, q, k, v, layer, fb = _fake_sglang_call()
+    before = hook.STATS["fallback"]["not on a CUDA device"]
+    out = hook.forward_extend_hook(lambda *a, **kw: "sglang-out", backend, q, k, v, layer, fb)
+    assert out == "sglang-out" and hook.STATS["fallback"]["not on a CUDA device"] == before + 1
+    assert "fallback:not on a CUDA device" in hook._logged  # logged once

@@ -1,0 +1,101 @@
+"""The plugin's ragged split-KV kernel on CUDA: against SGLang's definition, SGLang's own kernel, and a graph.
+
+Run on the device machine: ``pytest -m gpu tests/test_sglang_plugin_gpu.py`` (SGLang's kernel is
+compared only where sglang is importable, e.g. with its unpacked site folder first on PYTHONPATH).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+from test_sglang_plugin import make_batch, rel_err, sglang_reference  # noqa: E402
+
+from specdiag.kernels.triton_splitkv_ragged import ragged_split_kv_triton  # noqa: E402
+from specdiag_sglang_plugin.translate import VerifyBatch  # noqa: E402
+
+
+def to_cuda(batch: VerifyBatch) -> VerifyBatch:
+    moved = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in batch.__dict__.items()}
+    return VerifyBatch(**moved)
+
+
+def run_kernel(batch: VerifyBatch, draft: int) -> torch.Tensor:
+    out = torch.full((batch.q.shape[0], batch.q.shape[1], 512), float("nan"), dtype=batch.q.dtype,
+                     device=batch.q.device)
+    return ragged_split_kv_triton(batch.q, batch.k_ext, batch.v_ext, batch.kv_buffer, out, batch.qo_indptr,
+                                  batch.kv_indptr, batch.kv_indices, batch.custom_mask, batch.mask_indptr,
+                                  max_draft=draft, sm_scale=batch.sm_scale, logit_cap=batch.logit_cap)
+
+
+@pytest.mark.parametrize("prefix_lens, draft, heads, chain, cap", [
+    ([1000], 8, 8, True, 0.0),
+    ([131072], 8, 8, False, 0.0),
+    ([5, 40000, 64, 129], 8, 8, False, 0.0),
+    ([3000, 17], 8, 16, True, 30.0),
+])
+def test_ragged_kernel_matches_sglang_definition(prefix_lens, draft, heads, chain, cap):
+    batch, _ = make_batch(prefix_lens, draft, heads, chain, seed=sum(prefix_lens) % 97, logit_cap=cap)
+    out = run_kernel(to_cuda(batch), draft)
+    assert torch.isfinite(out).all()
+    assert rel_err(out.cpu(), sglang_reference(batch)) < 1e-2
+
+
+@pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="sglang is not importable")
+@pytest.mark.parametrize("prefix_lens, chain", [([2000], True), ([70000], False), ([300, 5000, 11], False)])
+def test_ragged_kernel_matches_sglang_extend_attention(prefix_lens, chain):
+    from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
+
+    draft, heads = 8, 8
+    batch, _ = make_batch(prefix_lens, draft, heads, chain, seed=7)
+    g = to_cuda(batch)
+    ours = run_kernel(g, draft)
+    theirs = torch.empty_like(ours)
+    kv = g.kv_buffer
+    extend_attention_fwd(g.q, g.k_ext, g.v_ext, theirs, kv, kv[..., :512], g.qo_indptr, g.kv_indptr, g.kv_indices,
+                         g.custom_mask, True, g.mask_indptr, draft, 1.0, 1.0, g.sm_scale, logit_cap=0.0)
+    assert rel_err(ours, theirs) < 1e-2
+
+
+def test_ragged_kernel_replays_in_a_cuda_graph_at_other_lengths():
+    """Captured at one prefix length, replayed after the indptr buffers change: lengths are read on the device."""
+    draft, heads = 8, 8
+    long_batch, _ = make_batch([20000], draft, heads, chain=False, seed=3)
+    g = to_cuda(long_batch)
+    kv_indptr = g.kv_indptr.clone()
+    mask_indptr = g.mask_indptr.clone()
+    short_p = 700
+    mask_short = g.custom_mask.clone()
+    out = torch.empty(draft, heads, 512, dtype=g.q.dtype, device="cuda")
+
+    def call():
+        ragged_split_kv_triton(g.q, g.k_ext, g.v_ext, g.kv_buffer, out, g.qo_indptr, kv_indptr, g.kv_indices,
+                               mask_short, mask_indptr, max_draft=draft, sm_scale=g.sm_scale)
+
+    call()  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    for p in (20000, short_p, 12345):
+        kv_indptr[1] = p
+        # the request's mask block: T rows of P + T entries, draft part at columns P..P+T-1
+        tree = g.custom_mask.view(draft, 20000 + draft)[:, 20000:]
+        block = torch.ones(draft, p + draft, dtype=torch.bool, device="cuda")
+        block[:, p:] = tree
+        mask_short[: block.numel()] = block.reshape(-1)
+        graph.replay()
+        torch.cuda.synchronize()
+        trimmed = VerifyBatch(q=g.q.cpu(), k_ext=g.k_ext.cpu(), v_ext=g.v_ext.cpu(), kv_buffer=g.kv_buffer.cpu(),
+                              qo_indptr=g.qo_indptr.cpu(), kv_indptr=kv_indptr.cpu(), kv_indices=g.kv_indices.cpu(),
+                              custom_mask=mask_short.cpu(), mask_indptr=mask_indptr.cpu(), sm_scale=g.sm_scale)
+        assert rel_err(out.cpu(), sglang_reference(trimmed)) < 1e-2, p
+    assert math.isfinite(float(out.float().abs().max()))
