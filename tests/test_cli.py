@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 
 import pytest
@@ -64,3 +65,19 @@ def test_the_console_script_is_declared() -> None:
 
     scripts = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts == {"specdiag": "specdiag.cli:main"}
+
+
+def test_plugin_option_mirrors_make_plugin(calls, monkeypatch) -> None:
+    installed: list[bool] = []
+    monkeypatch.setattr(cli, "install_plugin", lambda: installed.append(True))
+    for var in ("SGLANG_PLUGINS", "SPECDIAG_SGLANG_VERIFY", "PYTHONPATH"):
+        monkeypatch.delenv(var, raising=False)
+    assert cli.main(["serve", "--engine", "sglang", "--plugin", "splitkv"]) == 0
+    assert calls[-1] == ("launchers", ["serve", "--engine", "sglang"]) and installed == [True]
+    import os
+
+    assert os.environ["SGLANG_PLUGINS"] == "specdiag_splitkv" and os.environ["SPECDIAG_SGLANG_VERIFY"] == "splitkv"
+    assert os.environ["PYTHONPATH"].split(os.pathsep)[:2] == [str(cli.PLUGIN_SITE), str(PROJECT_ROOT / "lib")]
+    assert cli.take_plugin(["--plugin=off", "--x"]) == ("off", ["--x"]) and cli.take_plugin(["--x"]) == ("", ["--x"])
+    with pytest.raises(SystemExit, match=re.escape("choose splitkv | upstream | off")):
+        cli.take_plugin(["--plugin", "fast"])

@@ -4,6 +4,7 @@
     specdiag notebook NB [same options as report]                                     (make notebook NB=...)
     specdiag replay   RUN [--params FILE] [--run-dir DIR] [--notebooks NB ...]          (make replay RUN=...)
     specdiag serve    [--engine embedded|sglang] [engine options]                       (make serve)
+    (report, notebook and serve also take --plugin splitkv|upstream|off: make's PLUGIN=)
     specdiag lab      [jupyter lab options]                                             (make lab)
 
 Each verb hands its options to the module the Makefile calls (``python -m specdiag.report run|replay``,
@@ -55,6 +56,61 @@ def _need_notebooks() -> None:
                          f"notebooks/ and data/), or install it editable there (pip install -e .).")
 
 
+PLUGIN_CHOICES = ("splitkv", "upstream", "off")
+PLUGIN_DIR = PROJECT_ROOT / "plugins" / "sglang"
+PLUGIN_SITE = PROJECT_ROOT / ".plugin-site"
+
+
+def take_plugin(argv: Sequence[str]) -> tuple[str, list[str]]:
+    """``--plugin X`` / ``--plugin=X`` out of ``argv`` (the Makefile's ``PLUGIN=X``): (X or "", the rest)."""
+    rest, plugin, args = [], "", list(argv)
+    while args:
+        a = args.pop(0)
+        if a == "--plugin":
+            if not args:
+                raise SystemExit(f"[specdiag] error: --plugin needs a value: {' | '.join(PLUGIN_CHOICES)}")
+            plugin = args.pop(0)
+        elif a.startswith("--plugin="):
+            plugin = a.split("=", 1)[1]
+        else:
+            rest.append(a)
+    if plugin and plugin not in PLUGIN_CHOICES:
+        raise SystemExit(f"[specdiag] error: --plugin {plugin!r}: choose {' | '.join(PLUGIN_CHOICES)}")
+    return plugin, rest
+
+
+def plugin_environment(plugin: str, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """What ``make ... PLUGIN=X`` exports for the servers a command starts: the SGLang plugin enabled in mode X,
+    found on PYTHONPATH in ``<project>/.plugin-site`` (then lib/)."""
+    env = dict(os.environ if environ is None else environ)
+    paths = [str(PLUGIN_SITE), str(PROJECT_ROOT / "lib")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    env.update(SGLANG_PLUGINS="specdiag_splitkv", SPECDIAG_SGLANG_VERIFY=plugin, PYTHONPATH=os.pathsep.join(paths))
+    return env
+
+
+def install_plugin() -> None:
+    """``make plugin``: plugins/sglang into .plugin-site, no dependencies (offline retry without an index)."""
+    import subprocess  # noqa: PLC0415
+
+    base = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--upgrade", "--target", str(PLUGIN_SITE)]
+    if subprocess.call(base + [str(PLUGIN_DIR)]) != 0 and subprocess.call(
+            base + ["--no-build-isolation", "--no-index", str(PLUGIN_DIR)]) != 0:
+        raise SystemExit(f"[specdiag] error: could not install the SGLang plugin from {PLUGIN_DIR} into {PLUGIN_SITE}")
+    print(f"[plugin] installed into {PLUGIN_SITE}", flush=True)
+
+
+def _with_plugin(run: Callable[[Sequence[str]], int]) -> Callable[[Sequence[str]], int]:
+    """A verb that starts servers, taking ``--plugin splitkv|upstream|off`` as ``make`` takes ``PLUGIN=``."""
+    def verb(argv: Sequence[str]) -> int:
+        plugin, rest = take_plugin(argv)
+        if plugin:
+            install_plugin()
+            os.environ.update(plugin_environment(plugin))
+        return run(rest)
+    verb.__doc__ = run.__doc__
+    return verb
+
+
 def _report(argv: Sequence[str]) -> int:
     from specdiag import report  # noqa: PLC0415
 
@@ -104,10 +160,12 @@ def _lab(argv: Sequence[str]) -> int:
 
 #: verb -> (runner, needs the notebooks folder, one line of help)
 VERBS: dict[str, tuple[Callable[[Sequence[str]], int], bool, str]] = {
-    "report": (_report, True, "run every notebook against --server, or an engine started around the run"),
-    "notebook": (_notebook, True, "run one notebook (e.g. 04_commit_probe) the same way"),
+    "report": (_with_plugin(_report), True, "run every notebook against --server, or an engine started around "
+                                             "the run (--plugin splitkv|upstream|off: the SGLang plugin)"),
+    "notebook": (_with_plugin(_notebook), True, "run one notebook (e.g. 04_commit_probe) the same way"),
     "replay": (_replay, True, "run every notebook that can replay a recorded run, no server needed"),
-    "serve": (_serve, False, "start an engine (--engine embedded|sglang) in the foreground; Ctrl-C stops it"),
+    "serve": (_with_plugin(_serve), False, "start an engine (--engine embedded|sglang) in the foreground; Ctrl-C "
+                                           "stops it (--plugin as for report)"),
     "lab": (_lab, True, "open JupyterLab on the notebooks"),
 }
 
