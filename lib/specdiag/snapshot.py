@@ -135,12 +135,23 @@ def count_redacted(original: Any, redacted: Any) -> int:
     return int(original != redacted)
 
 
+def _scalar(value: Any) -> bool:
+    return isinstance(value, (str, int, float, bool)) or (
+        isinstance(value, list) and all(isinstance(v, (str, int, float, bool)) for v in value))
+
+
 def record_rows(record: Mapping[str, Any], source: str) -> list[dict[str, Any]]:
     """A recorded section of run.json (``model``, ``drafter``...) as ``{setting, value, source}`` rows:
-    its scalar values and lists of scalars; nested sections are left to their own tables."""
+    its scalar values and lists of scalars; nested sections are left to their own tables, except a
+    transcription's ``published_config`` (rows labelled ``source``) and ``assumed_config`` (labelled
+    ``assumed (not published)``)."""
     rows = []
-    for key, value in redact(dict(record)).items():
-        if isinstance(value, (str, int, float, bool)) or (
-                isinstance(value, list) and all(isinstance(v, (str, int, float, bool)) for v in value)):
+    rec = redact(dict(record))
+    for key, value in rec.items():
+        if _scalar(value):
             rows.append({"setting": key, "value": value, "source": source})
+    for section, label in (("published_config", source), ("assumed_config", "assumed (not published)")):
+        for key, value in dict(rec.get(section) or {}).items():
+            if _scalar(value):
+                rows.append({"setting": key, "value": value, "source": label})
     return rows
