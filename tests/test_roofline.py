@@ -91,6 +91,12 @@ def test_findings_thresholds() -> None:
     att = far["bandwidth.attention_only"].numbers
     kv = 128_000 * 61 * 1152
     assert att["implied_attention_s"] == pytest.approx(kv / 14e9)
+    # a quote the caller passed is labelled a parameter, one from a recorded run as the caller names it
+    assert att["quoted_source"] == "parameter"
+    assert "14 GB/s (parameter)" in far["bandwidth.attention_only"].evidence[1]
+    pub = {f.id: f for f in rl.bandwidth_findings(_steps(7.7), RTX_PRO, quoted_attention_gb_s=14,
+                                                  quoted_source="published (run.json)")}
+    assert "14 GB/s (published (run.json))" in pub["bandwidth.attention_only"].evidence[1]
     # A step near its floor: measured = 1.5 x floor everywhere -> ok.
     geom = g.load_geometry("kimi-k2")
     near = []

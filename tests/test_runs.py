@@ -69,3 +69,34 @@ def test_open_missing_run_says_how(tmp_path) -> None:
 def test_bad_table_name(tmp_path) -> None:
     with pytest.raises(ValueError, match="table name"):
         Run.create(tmp_path / "r").append_row("../x", {})
+
+
+def test_paths_are_shown_relative_to_the_project(tmp_path, monkeypatch) -> None:
+    """Shared pages hold no absolute path of the machine that made them (issue 11, item 8)."""
+    import sys
+
+    from specdiag.paths import PROJECT_ROOT, REFERENCE_DIR, ShownPath, relative_to_project, shown
+
+    ref = Run.open(REFERENCE_DIR / "ct200-kimi-k26")
+    assert isinstance(ref.path, ShownPath)
+    assert f"{ref.path}" == "data/reference/ct200-kimi-k26" and f"{ref.path / 'run.json'}".endswith("26/run.json")
+    assert str(ref.path) == str(REFERENCE_DIR / "ct200-kimi-k26")  # file operations keep the absolute path
+    assert relative_to_project(PROJECT_ROOT / "data" / "runs" / "x") == "data/runs/x"
+    assert relative_to_project(tmp_path) == str(tmp_path)  # outside the project: unchanged
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert shown(tmp_path / "a" / "b") == "~/a/b"
+    assert not shown(sys.executable).startswith(str(PROJECT_ROOT))
+
+
+def test_a_relative_run_dir_is_relative_to_the_project(monkeypatch, tmp_path) -> None:
+    from specdiag.paths import PROJECT_ROOT
+
+    monkeypatch.chdir(tmp_path)  # papermill runs notebooks in notebooks/: the folder must not follow the cwd
+    run = Run.create("data/runs/test-relative-run-dir")
+    try:
+        assert run.path == PROJECT_ROOT / "data" / "runs" / "test-relative-run-dir"
+        assert not (tmp_path / "data").exists()
+    finally:
+        import shutil
+
+        shutil.rmtree(run.path)

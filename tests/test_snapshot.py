@@ -37,3 +37,38 @@ def test_model_settings_and_machine_rows() -> None:
     assert snapshot.machine_rows({"host": "h", "gpus": []})[-1]["value"].startswith("none")
     local = snapshot.local_machine()
     assert local["cpu_cores"] and local["cpu_cores"] >= 1 and isinstance(local["gpus"], list)
+
+
+def test_peak_finding_labels_each_source_truthfully() -> None:
+    """NVML's peak is computed from clocks and bus width, a user's figure is a parameter, the table published."""
+    from specdiag.hardware import HardwarePeaks, Peak
+    from specdiag.snapshot_findings import peak_finding, peak_rows, snapshot_findings
+
+    def peaks(source: str) -> HardwarePeaks:
+        return HardwarePeaks("NVIDIA H200", Peak(4.814e12, source, "detail"), None)  # type: ignore[arg-type]
+
+    expected = {"nvml": ("computed", "computed (NVML clocks x bus width)"),
+                "parameter": ("parameter", "parameter (user-supplied)"),
+                "table": ("published", "published (table of known GPUs)"),
+                "measured": ("measured", "measured (a copy or matmul timed here)"),
+                "recorded": ("published", "recorded (run.json)")}
+    for source, (finding_source, label) in expected.items():
+        f = peak_finding(peaks(source), None, "this machine", recorded_as="published")
+        assert f.source == finding_source and f"({label})" in f.verdict, source
+        assert peak_rows(peaks(source))[0]["source"] == label
+    assert peak_finding(None, "no figure", "remote", "published").severity == "warning"
+    found = {f.id: f for f in snapshot_findings({"speculative_algorithm": "NONE", "page_size": 1},
+                                                [{"key": "page_size", "value": 1}], None, "x", "remote",
+                                                "server-reported")}
+    assert found["snapshot.speculation"].severity == "warning"
+    assert found["snapshot.attention"].verdict == "KV page size 1 tokens."
+    assert found["snapshot.attention"].evidence == ("page_size = 1 (server-reported)",)
+
+
+def test_record_rows_label_published_and_assumed_config() -> None:
+    from specdiag.snapshot import record_rows
+
+    rows = record_rows({"name": "d", "published_config": {"num_hidden_layers": 6},
+                        "assumed_config": {"hidden_size": 7168}}, "published")
+    assert {"setting": "num_hidden_layers", "value": 6, "source": "published"} in rows
+    assert {"setting": "hidden_size", "value": 7168, "source": "assumed (not published)"} in rows

@@ -60,25 +60,34 @@ def test_context_beyond_the_server_is_refused_before_any_request(embedded_server
     assert not (run_dir / "sweep.jsonl").exists()
 
 
-def test_replay_of_a_published_table(run_notebook, tmp_path: Path) -> None:
-    """The investigation's published sweep (reference/investigation.md, step 1), replayed: no server."""
-    src = Run.create(tmp_path / "published", data_source="published")
-    for ctx, decode_tok_s, step_ms in [(1400, 118.6, 8.4), (11000, 19.9, 50), (32000, 6.3, 159),
-                                       (64000, 2.8, 357), (128000, 1.4, 714), (185000, 0.7, 1430)]:
-        src.append_row("sweep", {"context_tokens": ctx, "repeat": 0, "prompt_kind": "novel", "seed": 0,
-                                 "max_new_tokens": None, "decode_tok_s": decode_tok_s, "step_ms": step_ms,
-                                 "commit_length": 1.0 if ctx >= 64000 else None, "error": None})
+def test_replay_of_the_published_reference_run(run_notebook, tmp_path: Path) -> None:
+    """The committed reference run (data/reference/ct200-kimi-k26: the investigation's step 1 table), replayed
+    without a server. The publication gives no commit length per context, so none may appear."""
+    from specdiag.paths import REFERENCE_DIR
+
+    src = Run.open(REFERENCE_DIR / "ct200-kimi-k26")
+    published = {r["context_tokens"]: r for r in src.rows("sweep")}
     out = tmp_path / "replay"
     run_notebook("01_baseline_sweep", replay_dir=str(src.path), run_dir=str(out))
     result = json.loads((out / "findings" / "01_baseline_sweep.json").read_text())
     found = {f["id"]: f for f in result["findings"]}
-    assert found["sweep.decode_collapse"]["numbers"]["decode_collapse_x"] == pytest.approx(118.6 / 0.7)
-    assert found["sweep.decode_collapse"]["severity"] == "critical"
-    assert found["sweep.decode_collapse"]["source"] == "published"
-    assert found["sweep.commit_length_long_context"]["numbers"]["commit_length_last"] == 1.0
+    collapse = found["sweep.decode_collapse"]
+    assert collapse["numbers"]["decode_collapse_x"] == pytest.approx(118.6 / 0.7)  # the publication's "169x"
+    assert collapse["severity"] == "critical" and collapse["source"] == "published"
+    slope = found["sweep.step_time_slope"]["numbers"]
+    # end points (1430 - 8.4) ms over 183.6k tokens: the publication's "about 7.7 ms per 1,000 tokens"
+    assert slope["endpoint_slope_ms_per_1k_tokens"] == pytest.approx((1430 - 8.4) / 183.6)
+    assert round(slope["endpoint_slope_ms_per_1k_tokens"], 1) == 7.7
+    assert 7.0 < slope["slope_ms_per_1k_tokens"] < 7.7  # least squares over all six contexts (computed: 7.37)
+    assert found["sweep.step_time_slope"]["severity"] == "warning"
+    # no per-context commit length was published: no commit finding, no commit numbers
+    assert "sweep.commit_length_long_context" not in found
+    assert result["metrics"]["commit_length"] == [None] * len(published)
+    assert result["metrics"]["context_tokens"] == sorted(published)
+    assert result["metrics"]["step_ms"] == [published[c]["step_ms"] for c in sorted(published)]
     assert result["metrics"]["source"] == "published" and result["metrics"]["requests"] == 6
     assert not (out / "sweep.jsonl").exists()  # replay measures nothing
-    assert Run.open(out).meta["replay_of"] == str(src.path)
+    assert Run.open(out).meta["replay_of"] == "data/reference/ct200-kimi-k26"  # project-relative: run.json is shared
 
 
 def test_failed_requests_keep_their_rows_and_an_all_failed_sweep_raises(run_notebook, tmp_path: Path,

@@ -245,3 +245,25 @@ def test_record_script_writes_a_replayable_run(tmp_path: Path) -> None:
     (request,) = run.rows("telemetry_request")
     assert request["warmup"]["completion_tokens"] > 0 and request["hardware"]["memory_bandwidth_gb_s"] > 0
     assert len(rows_of := run.rows("telemetry")) == request["sampler"]["rows"] and rows_of[0]["source"] == "cpu"
+
+
+def test_decode_prediction_of_the_recorded_h200_request() -> None:
+    """02's prediction, in the library: the H200 request's bytes per step (266 MB at 12,988 tokens, computed) over
+    its 39.1 ms step against the NVML peak (docs/device-notes.md), and a note instead of an error when inputs lack."""
+    from specdiag.paths import REFERENCE_DIR
+    from specdiag.runs import Run
+    from specdiag.utilization import predict_decode_bandwidth, prediction_lines
+
+    (request,) = Run.open(REFERENCE_DIR / "h200-embedded-utilization").rows("telemetry_request")
+    pred = predict_decode_bandwidth(request, request["model_configs"])
+    assert pred.note == "" and pred.step_bytes["context_tokens"] == 12988
+    assert pred.step_bytes["bytes_per_step"] / 1e6 == pytest.approx(266, abs=1)
+    assert pred.prediction["predicted_bw_util_pct"] == pytest.approx(0.1413, abs=1e-4)
+    lines = prediction_lines(pred, 0.46)
+    assert "computed (NVML clocks x bus width)" in lines[0] and "0.46 %" in lines[1]
+    # a user's bandwidth wins and is labelled a parameter
+    halved = predict_decode_bandwidth(request, request["model_configs"], memory_bandwidth_gb_s=2407.0)
+    assert halved.prediction["predicted_bw_util_pct"] == pytest.approx(2 * 0.1413, rel=2e-3)
+    assert "parameter (user-supplied)" in prediction_lines(halved, None)[0]
+    missing = predict_decode_bandwidth({**request, "step_ms": None}, request["model_configs"])
+    assert missing.prediction is None and "no measured step time" in missing.note

@@ -1,4 +1,5 @@
-"""Plots of the commit probe (notebook 04): commit length vs context, per-step commit histograms."""
+"""Plots of the commit probe (notebook 04): commit length vs context (on a given Axes), per-step commit
+histograms (a grid of panels, returned as a Figure)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,9 @@ from specdiag import plots
 KIND_STYLE = {"predictable": dict(marker="o", color="#1f77b4"), "novel": dict(marker="s", color="#d62728")}
 
 
-def commit_vs_context(summary: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, Any]],
-                      max_commit_length: int | None, source: str) -> Any:
+def commit_vs_context(ax: Any, summary: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, Any]],
+                      max_commit_length: int | None, source: str) -> None:
     """Pooled commit length per context for each kind (lines), every request (dots), the maximum (dashed)."""
-    fig, ax = plt.subplots(figsize=(7, 4))
     contexts = sorted({int(s["context_tokens"]) for s in summary})
     for kind in ("predictable", "novel"):
         pts = sorted((s["context_tokens"], s["commit_length"]) for s in summary if s["kind"] == kind)
@@ -36,7 +36,6 @@ def commit_vs_context(summary: Sequence[Mapping[str, Any]], rows: Sequence[Mappi
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="center right")
     plots.source_note(ax, f"{source}; commit = (new tokens − 1) / verify steps")
-    return fig
 
 
 def step_histograms(hists: Mapping[tuple[str, int], Sequence[int]], max_commit_length: int | None,

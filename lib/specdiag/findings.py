@@ -13,7 +13,7 @@ from typing import Any, Iterable, Literal
 
 Severity = Literal["ok", "info", "warning", "critical"]
 #: Where a number came from. Every number on a page says one of these.
-Source = Literal["measured", "server-reported", "computed", "published", "configured"]
+Source = Literal["measured", "server-reported", "computed", "published", "configured", "parameter"]
 
 SEVERITY_ORDER: dict[str, int] = {"critical": 0, "warning": 1, "info": 2, "ok": 3}
 
@@ -28,7 +28,8 @@ class Finding:
     severity: ok (healthy), info, warning, critical
     evidence: sentences stating the numbers (with units and their source) that led to the verdict
     numbers:  the same numbers, machine-readable; keys carry units (``slope_ms_per_1k_tokens``)
-    source:   where the deciding numbers came from (measured, server-reported, computed, published)
+    source:   where the deciding numbers came from (measured, server-reported, computed, published,
+              configured, or parameter: a value the user passed)
     """
 
     id: str

@@ -43,6 +43,7 @@ from specdiag.geometry_config import (  # noqa: F401
     from_hf_config,
     geometry_for_run,
     load_geometry,
+    recorded_config,
     weight_bytes_from_config,
 )
 from specdiag.geometry_presets import PRESETS, preset_config  # noqa: F401

@@ -268,13 +268,28 @@ def _kv_dtype_name(value: Any) -> str | None:
     return text if text in DTYPE_BYTES and text != "auto" else None
 
 
+def recorded_config(section: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]] | None:
+    """A run.json ``model``/``drafter`` section's config and the keys in it that were assumed, or None.
+
+    A section holds either ``model_config`` (a whole config.json, as recorded from a server) or, for a
+    transcribed publication, ``published_config`` overlaid with ``assumed_config`` (values the source did
+    not publish, filled in to complete the config; their names come back so a page can say so).
+    """
+    if section.get("model_config"):
+        return dict(section["model_config"]), []
+    if section.get("published_config"):
+        assumed = dict(section.get("assumed_config") or {})
+        return {**dict(section["published_config"]), **assumed}, sorted(assumed)
+    return None
+
+
 def geometry_for_run(model_config: str = "", kv_dtype: str = "", run_meta: Mapping[str, Any] | None = None,
                      server_info: Mapping[str, Any] | None = None, role: Literal["target", "drafter"] = "target",
                      project_root: Path | None = None, param_name: str = "") -> ModelGeometry:
     """The geometry a notebook analyses, and where it came from (in ``.source``).
 
     Model: the ``model_config`` parameter (a preset or a config.json path) > the recorded run's
-    ``model``/``drafter`` section (``model_config`` dict or ``preset``) > the server's
+    ``model``/``drafter`` section (:func:`recorded_config`, or its ``preset``) > the server's
     ``model_path``/``speculative_draft_model_path`` folder (readable from this machine).
     KV dtype: the ``kv_dtype`` parameter > the recorded section's ``kv_cache_dtype`` > the server's
     ``kv_cache_dtype`` > its ``dtype`` (when not ``auto``) > the config's dtype > bf16. When the server names a concrete
@@ -295,9 +310,12 @@ def geometry_for_run(model_config: str = "", kv_dtype: str = "", run_meta: Mappi
     if model_config:
         geom = load_geometry(model_config, kv_dtype=kv)
         return replace(geom, source=f"parameter model_config={model_config!r}: {geom.source}")
-    if section.get("model_config"):
-        geom = from_hf_config(section["model_config"], kv_dtype=kv, name=section.get("name"))
-        return replace(geom, source=f"the recorded run's {role} config ({section.get('preset') or 'run.json'})")
+    recorded = recorded_config(section)
+    if recorded is not None:
+        cfg, assumed = recorded
+        geom = from_hf_config(cfg, kv_dtype=kv, name=section.get("name"))
+        return replace(geom, source=f"the recorded run's {role} config ({section.get('preset') or 'run.json'})"
+                       + (f"; assumed, not published: {', '.join(assumed)}" if assumed else ""))
     if section.get("preset"):
         geom = load_geometry(section["preset"], kv_dtype=kv)
         return replace(geom, source=f"the recorded run's preset {section['preset']!r}: {geom.source}")

@@ -6,6 +6,9 @@ with its source); then a measurement on this machine (a torch copy on CUDA, a nu
 host memory on a CPU, a bf16 matmul). NVML does not report a tensor-core rate, so the matmul rate
 goes parameter -> table -> measured.
 
+The copy and matmul measurements here are the project's only ones: the kernel A/B harness records its
+ceilings through them too (:func:`specdiag.kernels.timing.copy_bandwidth_gbps`, ``matmul_tflops``).
+
 Units: bytes per second and FLOP per second internally; GB/s (1e9 B/s) and TFLOPS (1e12 FLOP/s) in
 tables. A copy moves each byte twice (read + write): :func:`measure_copy_bandwidth` counts both, as
 STREAM's "Copy" and the investigation's "device-to-device copy 4.23 TB/s (read+write)" do.
@@ -88,6 +91,25 @@ def lookup_gpu(device_name: str) -> GpuSpec | None:
     return None
 
 
+#: What each peak source is, in the words a page shows: NVML gives clocks and a bus width, from which the
+#: peak is computed (nothing is measured); the table holds published datasheet figures.
+PEAK_SOURCE_LABELS: dict[str, str] = {
+    "parameter": "parameter (user-supplied)",
+    "nvml": "computed (NVML clocks x bus width)",
+    "table": "published (table of known GPUs)",
+    "measured": "measured (a copy or matmul timed here)",
+    "recorded": "recorded (run.json)",
+}
+#: The :data:`specdiag.findings.Source` of a finding that states a peak from each source.
+PEAK_FINDING_SOURCE: dict[str, str] = {"parameter": "parameter", "nvml": "computed", "table": "published",
+                                       "measured": "measured"}
+
+
+def source_label(source: str | None) -> str:
+    """A peak source (``Peak.source``, or a recorded ``memory_bandwidth_source``) as a page labels it."""
+    return PEAK_SOURCE_LABELS.get(str(source), str(source))
+
+
 @dataclass(frozen=True)
 class Peak:
     """One peak figure and its provenance."""
@@ -95,6 +117,15 @@ class Peak:
     value: float         # bytes/s (bandwidth) or FLOP/s (matmul)
     source: PeakSource   # parameter, nvml, table, measured, recorded
     detail: str          # how it was obtained, with the numbers that went in
+
+    @property
+    def label(self) -> str:
+        """The source as a page labels it (:data:`PEAK_SOURCE_LABELS`): NVML's peak is computed, not measured."""
+        return source_label(self.source)
+
+    def finding_source(self, recorded_as: str = "published") -> str:
+        """The finding source of this figure; a recorded figure takes the recorded run's (``recorded_as``)."""
+        return PEAK_FINDING_SOURCE.get(self.source, recorded_as)
 
 
 @dataclass(frozen=True)
@@ -222,18 +253,19 @@ def measure_matmul_rate(device: str = "cpu", n: int = 2048, repeats: int = 5, wa
 
     a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    c = torch.empty(n, n, device=device, dtype=torch.bfloat16)
     rates: list[float] = []
     for i in range(warmup + repeats):
         if device.startswith("cuda"):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            torch.matmul(a, b)
+            torch.matmul(a, b, out=c)
             end.record()
             torch.cuda.synchronize()
             dt = start.elapsed_time(end) / 1000.0
         else:
             t0 = time.perf_counter()
-            torch.matmul(a, b)
+            torch.matmul(a, b, out=c)
             dt = time.perf_counter() - t0
         if i >= warmup:
             rates.append(2 * n**3 / dt)

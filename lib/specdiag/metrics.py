@@ -1,4 +1,5 @@
-"""Per-request sweep metrics from a request trace, the least-squares line, and the sweep's findings.
+"""Per-request sweep metrics from a request trace and the sweep's findings (the least-squares line lives in
+:mod:`specdiag.stats` and is re-exported here).
 
 Formulas (units in the names; times from the client's clock unless said otherwise):
 
@@ -30,6 +31,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from specdiag.findings import Finding, Source
 from specdiag.spec import commit_length_of, pooled_commit_length
+from specdiag.stats import LineFit, fit_line  # noqa: F401 - re-exported: callers of metrics.fit_line keep working
 
 #: The columns of the ``sweep`` table, in order (docs/ARCHITECTURE.md describes each with its unit).
 SWEEP_COLUMNS: tuple[str, ...] = (
@@ -156,46 +158,6 @@ def error_row(context_tokens: int, error: str, ts_unix_s: float, **labels: Any) 
 # ---------------------------------------------------------------------------------------------
 # Least squares
 # ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class LineFit:
-    """``y = slope * x + intercept`` by ordinary least squares; ``r2`` the coefficient of determination."""
-
-    slope: float  # y units per x unit (ms per token for step_ms vs context_tokens)
-    intercept: float  # y units
-    r2: float  # 1 - SS_res / SS_tot (1.0 when every y is equal and fitted exactly)
-    n: int  # points fitted
-
-    @property
-    def slope_per_1k(self) -> float:
-        """Slope per 1,000 x units: ms per 1k tokens for step_ms vs context_tokens."""
-        return 1000.0 * self.slope
-
-    def predict(self, x: float) -> float:
-        return self.slope * x + self.intercept
-
-
-def fit_line(x: Sequence[float], y: Sequence[float]) -> LineFit:
-    """Least-squares line through ``(x, y)``; needs two or more points with distinct x."""
-    if len(x) != len(y):
-        raise ValueError(f"x and y differ in length ({len(x)} vs {len(y)})")
-    pts = [(float(a), float(b)) for a, b in zip(x, y)]
-    if len(pts) < 2:
-        raise ValueError(f"a line needs at least 2 points; got {len(pts)}")
-    if any(not (math.isfinite(a) and math.isfinite(b)) for a, b in pts):
-        raise ValueError("x and y must be finite numbers (drop failed rows first)")
-    mx = sum(a for a, _ in pts) / len(pts)
-    my = sum(b for _, b in pts) / len(pts)
-    sxx = sum((a - mx) ** 2 for a, _ in pts)
-    if sxx == 0:
-        raise ValueError("all x are equal: a slope needs at least two distinct x values")
-    slope = sum((a - mx) * (b - my) for a, b in pts) / sxx
-    intercept = my - slope * mx
-    ss_tot = sum((b - my) ** 2 for _, b in pts)
-    ss_res = sum((b - (slope * a + intercept)) ** 2 for a, b in pts)
-    r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0
-    return LineFit(slope, intercept, r2, len(pts))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from specdiag.paths import relative_to_project, shown
 from specdiag.runs import Run
 
 
@@ -100,9 +101,10 @@ def start(notebook: str, server_url: str = "", run_dir: str = "", replay_dir: st
         # ``replays`` says which notebook replayed what; ``replay_of`` marks the whole run as a replay,
         # so it is set only on a run that measured nothing live (06 replaying recorded kernel results
         # inside a live report must not relabel that report).
-        fields: dict[str, Any] = {"params": {notebook: params}, "replays": {notebook: str(source.path)}}
+        recorded = relative_to_project(source.path)  # run.json is shared: no absolute path of this machine
+        fields: dict[str, Any] = {"params": {notebook: params}, "replays": {notebook: recorded}}
         if not run.meta.get("server_url"):
-            fields["replay_of"] = run.meta.get("replay_of") or str(source.path)
+            fields["replay_of"] = run.meta.get("replay_of") or recorded
         run.update(**fields)
         return NotebookContext(notebook, run, source, "", None, params)
     run = Run.create(run_dir or None)
@@ -127,4 +129,4 @@ def start(notebook: str, server_url: str = "", run_dir: str = "", replay_dir: st
 def print_versions() -> None:
     for k, v in versions().items():
         print(f"{k:>13}: {v}")
-    print(f"{'executable':>13}: {sys.executable}")
+    print(f"{'executable':>13}: {shown(sys.executable)}")

@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping, Sequence
 
 from specdiag.findings import SEVERITY_ORDER, Finding
-from specdiag.metrics import fit_line, summarize_sweep
+from specdiag.metrics import summarize_sweep
+from specdiag.stats import fit_line
 from specdiag.runs import Run
 from specdiag.sweep import latest_rows, rows_source
 

@@ -1,4 +1,8 @@
-"""Project paths, derived from the repository root in one place."""
+"""Project paths, derived from the repository root in one place, and how a page shows a path.
+
+Reports are shared: a path on a page is shown relative to the project root (``data/runs/<id>``), never as
+the absolute path of the machine that made it (:func:`shown`; :class:`ShownPath` does it for f-strings).
+"""
 
 from __future__ import annotations
 
@@ -14,3 +18,35 @@ RUNS_DIR: Path = DATA_DIR / "runs"
 REFERENCE_DIR: Path = DATA_DIR / "reference"
 MODELS_DIR: Path = DATA_DIR / "models"
 PARAMS_DIR: Path = PROJECT_ROOT / "params"
+
+
+def relative_to_project(path: str | os.PathLike[str]) -> str:
+    """``path`` relative to the project root when it lies inside it (POSIX form), else absolute. What a
+    notebook parameter or run.json records: :meth:`specdiag.runs.Run.open` resolves it against the root."""
+    absolute = Path(os.path.abspath(Path(path).expanduser()))  # links kept: .venv/bin/python stays in the project
+    for candidate, root in ((absolute, PROJECT_ROOT), (absolute.resolve(), PROJECT_ROOT.resolve())):
+        try:
+            return candidate.relative_to(root).as_posix() or "."
+        except ValueError:
+            continue
+    return str(absolute)
+
+
+def shown(path: str | os.PathLike[str]) -> str:
+    """``path`` as a page shows it: relative to the project root when inside it, ``~/...`` under the home
+    folder, else as is."""
+    rel = relative_to_project(path)
+    if Path(rel).is_absolute():
+        try:
+            return "~/" + Path(rel).relative_to(Path.home().resolve()).as_posix()
+        except (ValueError, RuntimeError):
+            return rel
+    return rel
+
+
+class ShownPath(type(Path())):  # type: ignore[misc]  # the concrete PosixPath/WindowsPath
+    """A Path whose f-string form is :func:`shown` (``f"{run.path}"`` -> ``data/runs/<id>``), so notebooks
+    print shareable paths; ``str()``, ``os.fspath`` and every file operation keep the absolute path."""
+
+    def __format__(self, spec: str) -> str:
+        return format(shown(self), spec)

@@ -1,4 +1,9 @@
-"""The shared look of every plot: context axes with 1k/32k/128k ticks, units on every axis."""
+"""The shared look of every plot: context axes with 1k/32k/128k ticks, units on every axis.
+
+Convention: a plot function draws on the matplotlib Axes it is given (``ax`` first) and returns None; a
+figure of several panels is made by a function that lays the panels out and returns the Figure; a notebook
+shows every figure the same way, with :func:`show` (displayed once, then closed).
+"""
 
 from __future__ import annotations
 
@@ -42,3 +47,12 @@ def context_axis(ax: Any, contexts: Sequence[float] | None = None, log: bool = T
 def source_note(ax: Any, text: str) -> None:
     """A small grey note in the plot's corner saying where the numbers came from."""
     ax.annotate(text, xy=(1.0, -0.16), xycoords="axes fraction", ha="right", va="top", fontsize=8, color="#666")
+
+
+def show(fig: Any) -> None:
+    """Show ``fig`` once in the notebook's output and close it (no second copy from the inline backend)."""
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+    from IPython.display import display  # noqa: PLC0415
+
+    display(fig)
+    plt.close(fig)

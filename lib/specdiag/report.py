@@ -31,7 +31,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
-from specdiag.paths import NOTEBOOKS_DIR, PROJECT_ROOT, RUNS_DIR
+from specdiag.paths import NOTEBOOKS_DIR, PROJECT_ROOT, RUNS_DIR, relative_to_project
+from specdiag.report_outputs import plain_progress
 from specdiag.runs import Run, dumps, new_run_id
 
 TEMPLATES_DIR = Path(__file__).parent / "templates" / "nbconvert"
@@ -193,7 +194,7 @@ def execute_notebook(notebook: str, run: Run, parameters: Mapping[str, Any],
 
 
 def render_html(ipynb_path: Path, html_path: Path) -> None:
-    """Code-free HTML that opens offline (our template drops the CDN scripts)."""
+    """Code-free HTML that opens offline (our template drops the CDN scripts), progress bars as plain lines."""
     import nbformat  # noqa: PLC0415
     from nbconvert import HTMLExporter  # noqa: PLC0415
     from nbconvert.preprocessors import TagRemovePreprocessor  # noqa: PLC0415
@@ -207,6 +208,7 @@ def render_html(ipynb_path: Path, html_path: Path) -> None:
                               remove_all_outputs_tags={"remove-output"}, enabled=True), enabled=True)
     nb = nbformat.read(str(ipynb_path), as_version=4)
     nb.metadata.pop("widgets", None)
+    plain_progress(nb)  # progress bars: one plain line each, not red stderr blocks
     body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": ipynb_path.stem}})
     html_path.parent.mkdir(parents=True, exist_ok=True)
     html_path.write_text(body, encoding="utf-8")
@@ -407,7 +409,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         engine_options = engine_options_from_args(args)
         server = engine_server(args.engine, **engine_options)  # checks models, options, sglang's presence
     run = Run.create(args.run_dir or RUNS_DIR / new_run_id(args.engine if not args.server else "server"))
-    run.update(report={"command": " ".join(sys.argv), "notebooks": notebooks,
+    run.update(report={"command": report_command(), "notebooks": notebooks,
                        "started_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")})
     print(f"[specdiag] run folder: {run.path}", flush=True)
     with server_for_report(args.server, run, args.engine, engine_options, server=server) as url:
@@ -431,11 +433,18 @@ def cmd_replay(args: argparse.Namespace) -> int:
             continue
         notebooks.append(nb_name)
     run = Run.create(args.run_dir or RUNS_DIR / new_run_id(f"replay-{source.path.name}"))
-    run.update(replay_of=str(source.path), report={"command": " ".join(sys.argv), "notebooks": notebooks})
+    run.update(replay_of=relative_to_project(source.path), report={"command": report_command(), "notebooks": notebooks})
     print(f"[specdiag] replaying {source.path} into {run.path}", flush=True)
-    shared = {"server_url": "", "run_dir": str(run.path), "replay_dir": str(source.path.resolve())}
+    shared = {"server_url": "", "run_dir": str(run.path), "replay_dir": relative_to_project(source.path)}
     results = run_notebooks(notebooks, run, shared, params_file)
     return finish(run, results)
+
+
+def report_command() -> str:
+    """The command as run.json records it: the module, not this machine's path to it."""
+    import shlex  # noqa: PLC0415
+
+    return " ".join(["python -m specdiag.report", *(shlex.quote(a) for a in sys.argv[1:])])
 
 
 def finish(run: Run, results: list[NotebookResult]) -> int:

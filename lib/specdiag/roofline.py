@@ -35,7 +35,7 @@ from specdiag.geometry import (
     weight_bytes_per_step,
 )
 from specdiag.hardware import HardwarePeaks
-from specdiag.metrics import LineFit, fit_line
+from specdiag.stats import LineFit, fit_line
 
 
 def verify_attention_flops(geom: ModelGeometry, context_tokens: int, draft_tokens: int, tp_size: int = 1) -> float:
@@ -208,7 +208,8 @@ def _size(n_bytes: float) -> str:
 
 def bandwidth_findings(steps: Sequence[StepRoofline], peaks: HardwarePeaks, source: Source = "measured",
                        floor_ratio_threshold: float = 10.0, slope_ratio_threshold: float = 10.0,
-                       quoted_attention_gb_s: float | None = None) -> list[Finding]:
+                       quoted_attention_gb_s: float | None = None,
+                       quoted_source: str = "parameter") -> list[Finding]:
     """Verdicts of the bandwidth analysis at the longest measured context (thresholds are parameters).
 
     - ``bandwidth.far_from_floor``: measured / floor >= ``floor_ratio_threshold`` is critical
@@ -216,7 +217,9 @@ def bandwidth_findings(steps: Sequence[StepRoofline], peaks: HardwarePeaks, sour
     - ``bandwidth.slope``: measured slope / floor slope >= ``slope_ratio_threshold`` is critical (the
       context-dependent work is under suspicion); >= 2x warning.
     - ``bandwidth.compute_bound``: whether the verify attention's compute floor exceeds the memory floor.
-    - ``bandwidth.attention_only``: with a quoted attention-only bandwidth, the attention time it implies.
+    - ``bandwidth.attention_only``: with a quoted attention-only bandwidth, the attention time it implies;
+      ``quoted_source`` says where the quote came from (``parameter``: the user passed it; a recorded run's
+      published quote: e.g. ``published (run.json)``).
     """
     found: list[Finding] = []
     measured = [s for s in steps if s.measured_step_s]
@@ -245,7 +248,7 @@ def bandwidth_findings(steps: Sequence[StepRoofline], peaks: HardwarePeaks, sour
         sev,
         (f"bytes per step (computed from the model geometry): KV {_size(last.kv_bytes)} + weights "
          f"{_size(last.weight_bytes)} = {_size(last.total_bytes)} per GPU",
-         f"peak bandwidth {peak_gb_s:,.0f} GB/s ({peaks.memory_bandwidth.source}: {peaks.memory_bandwidth.detail})",
+         f"peak bandwidth {peak_gb_s:,.0f} GB/s ({peaks.memory_bandwidth.label}: {peaks.memory_bandwidth.detail})",
          f"memory floor {row['memory_floor_ms']:.4g} ms (KV alone {row['kv_floor_ms']:.4g} ms); compute floor "
          + (f"{row['compute_floor_ms']:.4g} ms" if row["compute_floor_ms"] is not None else "unknown (no matmul peak)")
          + " (computed)",
@@ -293,7 +296,7 @@ def bandwidth_findings(steps: Sequence[StepRoofline], peaks: HardwarePeaks, sour
             f"and the memory floor {1e3 * last.memory_floor_s:.3g} ms: the step is {bound}-bound at best.",
             "info",
             (f"verify attention {last.verify_flops / 1e12:.4g} TFLOP per GPU per step (computed) at "
-             f"{peaks.matmul_tflops:.4g} TFLOPS ({peaks.matmul.source if peaks.matmul else ''})",
+             f"{peaks.matmul_tflops:.4g} TFLOPS ({peaks.matmul.label if peaks.matmul else ''})",
              "a bandwidth floor alone understates the target when many heads x draft tokens make verify compute-bound"),
             {"compute_floor_ms": 1e3 * last.compute_floor_s, "memory_floor_ms": 1e3 * last.memory_floor_s,
              "bound": bound},
@@ -310,8 +313,8 @@ def bandwidth_findings(steps: Sequence[StepRoofline], peaks: HardwarePeaks, sour
             "info",
             ("an effective bandwidth over the whole step divides the bytes by the whole step time; one over the "
              "attention divides them by the attention kernels' time alone, which is shorter, so it is higher",
-             f"quoted {quoted_attention_gb_s:g} GB/s (published); KV bytes and step time as above"),
-            {"quoted_attention_gb_s": quoted_attention_gb_s, "implied_attention_s": t,
+             f"quoted {quoted_attention_gb_s:g} GB/s ({quoted_source}); KV bytes and step time as above"),
+            {"quoted_attention_gb_s": quoted_attention_gb_s, "quoted_source": quoted_source, "implied_attention_s": t,
              "implied_attention_share_pct": 100 * share},
             "computed"))
     return found

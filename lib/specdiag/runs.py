@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from specdiag import __version__
-from specdiag.paths import PROJECT_ROOT, RUNS_DIR
+from specdiag.paths import PROJECT_ROOT, RUNS_DIR, ShownPath
 from specdiag.serving.redaction import redact
 
 def _json_default(obj: Any) -> Any:
@@ -83,17 +83,20 @@ class Run:
     """One run folder. Create with :meth:`create` (new or existing folder) or :meth:`open` (existing)."""
 
     def __init__(self, path: Path) -> None:
-        self.path = Path(path)
+        self.path = ShownPath(path)  # f"{run.path}" prints it relative to the project (paths.shown)
 
     # --- creation -------------------------------------------------------------------------
     @classmethod
     def create(cls, run_dir: str | os.PathLike[str] | None = None, label: str = "", **run_fields: Any) -> "Run":
-        """Open ``run_dir`` (created if missing) or a new folder under data/runs/.
+        """Open ``run_dir`` (created if missing; a relative path is relative to the project root) or a new
+        folder under data/runs/.
 
         ``run_fields`` are merged into run.json at top level (for instance ``params=...``).
         An existing run.json is kept and updated, so notebooks of one run share one folder.
         """
-        path = Path(run_dir) if run_dir else RUNS_DIR / new_run_id(label)
+        path = Path(run_dir).expanduser() if run_dir else RUNS_DIR / new_run_id(label)
+        if not path.is_absolute():  # relative to the project root, whatever the working folder (papermill
+            path = PROJECT_ROOT / path  # runs notebooks in notebooks/), as Run.open reads it
         path.mkdir(parents=True, exist_ok=True)
         run = cls(path)
         if not run.run_json_path.exists():

@@ -3,7 +3,7 @@
 ``server_settings(server_info)`` picks the fields that decide long-context speculative decoding
 (SGLang's flat ``/server_info`` names, reference/sglang-protocol.md section 2); ``local_machine()``
 describes the host this code runs on, which is the server's hardware only when the server runs here
-(:func:`specdiag.hardware.is_local_url`). Secrets are redacted by :func:`specdiag.runs.redact` before anything is kept.
+(:func:`specdiag.hardware.is_local_url`). Secrets are redacted by :func:`specdiag.serving.redaction.redact` before anything is kept.
 """
 
 from __future__ import annotations
@@ -159,7 +159,7 @@ def machine_rows(machine: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def count_redacted(original: Any, redacted: Any) -> int:
-    """How many values :func:`specdiag.runs.redact` replaced between ``original`` and ``redacted``."""
+    """How many values :func:`specdiag.serving.redaction.redact` replaced between ``original`` and ``redacted``."""
     if isinstance(original, Mapping) and isinstance(redacted, Mapping):
         return sum(count_redacted(original[k], redacted.get(k)) for k in original)
     if isinstance(original, (list, tuple)) and isinstance(redacted, (list, tuple)):
@@ -167,12 +167,23 @@ def count_redacted(original: Any, redacted: Any) -> int:
     return int(original != redacted)
 
 
+def _scalar(value: Any) -> bool:
+    return isinstance(value, (str, int, float, bool)) or (
+        isinstance(value, list) and all(isinstance(v, (str, int, float, bool)) for v in value))
+
+
 def record_rows(record: Mapping[str, Any], source: str) -> list[dict[str, Any]]:
     """A recorded section of run.json (``model``, ``drafter``...) as ``{setting, value, source}`` rows:
-    its scalar values and lists of scalars; nested sections are left to their own tables."""
+    its scalar values and lists of scalars; nested sections are left to their own tables, except a
+    transcription's ``published_config`` (rows labelled ``source``) and ``assumed_config`` (labelled
+    ``assumed (not published)``)."""
     rows = []
-    for key, value in redact(dict(record)).items():
-        if isinstance(value, (str, int, float, bool)) or (
-                isinstance(value, list) and all(isinstance(v, (str, int, float, bool)) for v in value)):
+    rec = redact(dict(record))
+    for key, value in rec.items():
+        if _scalar(value):
             rows.append({"setting": key, "value": value, "source": source})
+    for section, label in (("published_config", source), ("assumed_config", "assumed (not published)")):
+        for key, value in dict(rec.get(section) or {}).items():
+            if _scalar(value):
+                rows.append({"setting": key, "value": value, "source": label})
     return rows

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from typing import Any
 from collections.abc import Iterable, Mapping, Sequence
 
+from specdiag.stats import quantile
+
 # Field names in SGLang's final meta_info, current name first, older releases after.
 VERIFY_CT_KEYS = ("spec_verify_ct",)
 ACCEPT_LENGTH_KEYS = ("spec_accept_length",)
@@ -209,14 +211,6 @@ class CommitStats:
     mean_accepted_drafts: float  # mean - 1
 
 
-def _quantile(sorted_values: Sequence[float], q: float) -> float:
-    """Linear-interpolation quantile (numpy's default 'linear' method) of sorted values."""
-    pos = (len(sorted_values) - 1) * q
-    lo = math.floor(pos)
-    hi = math.ceil(pos)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
-
-
 def step_commit_stats(step_commit_lengths: Sequence[int]) -> CommitStats:
     """Mean, median, spread and extremes of per-step commit lengths."""
     if not step_commit_lengths:
@@ -230,8 +224,8 @@ def step_commit_stats(step_commit_lengths: Sequence[int]) -> CommitStats:
         mean=mean,
         median=float(statistics.median(values)),
         std=statistics.pstdev(values),
-        p10=_quantile(values, 0.10),
-        p90=_quantile(values, 0.90),
+        p10=quantile(values, 0.10),
+        p90=quantile(values, 0.90),
         min=values[0],
         max=values[-1],
         mean_accepted_drafts=mean - 1.0,

@@ -27,7 +27,8 @@ What each number means (read this before reading a timeline):
   in steps of about 50 %; medians over a phase are meaningful, single samples are not.
 
 The sources live in :mod:`specdiag.telemetry_nvml` and :mod:`specdiag.telemetry_prometheus`; the
-CPU fallback is here.
+CPU fallback is here; the row contract (columns, ``empty_row``, the source protocol) in
+:mod:`specdiag.telemetry_rows`, which the sources import instead of this module (no import loop).
 """
 
 from __future__ import annotations
@@ -36,59 +37,16 @@ import queue
 import socket
 import threading
 import time
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
-#: The columns of the ``telemetry`` table, in order. Fields a source cannot read are None.
-TELEMETRY_FIELDS: tuple[str, ...] = (
-    "ts_unix_s",  # time.time() when the sample was taken (unix seconds)
-    "source",  # "nvml" | "cpu" | "prometheus"
-    "device",  # "0", "1", ... (NVML index), "cpu", or "<host>:<gpu>" (Prometheus)
-    "device_name",  # e.g. "NVIDIA H200"
-    "gpu_util_pct",  # time fraction with a kernel running, percent (NVML utilization.gpu)
-    "mem_util_pct",  # time fraction with device memory read or written, percent (utilization.memory)
-    "sm_clock_mhz",
-    "mem_clock_mhz",
-    "power_w",
-    "mem_used_mib",  # device memory used (GPU) or host memory used (CPU), MiB
-    "sm_active_pct",  # GPM SM_UTIL / DCGM_FI_PROF_SM_ACTIVE, percent of SMs busy
-    "sm_occupancy_pct",  # GPM SM_OCCUPANCY / DCGM_FI_PROF_SM_OCCUPANCY, percent
-    "dram_bw_util_pct",  # GPM DRAM_BW_UTIL / DCGM_FI_PROF_DRAM_ACTIVE, percent of peak DRAM bandwidth
-    "gpm_window_s",  # seconds between the two GPM samples the GPM values were computed from
-    "cpu_util_pct",  # mean busy percent over all cores (CPU fallback)
-    "cpu_core_pct",  # list: busy percent of each core (CPU fallback)
-    "read_ms",  # how long reading this device took, milliseconds (the sampler's own cost)
-    "error",  # None when fine, else what failed
+# The row contract lives in telemetry_rows.py (shared with the sources); re-exported here.
+from specdiag.telemetry_rows import (  # noqa: F401
+    METRIC_FIELDS,
+    MIB,
+    TELEMETRY_FIELDS,
+    TelemetrySource,
+    empty_row,
 )
-
-#: Numeric columns a timeline or a phase summary can use.
-METRIC_FIELDS: tuple[str, ...] = (
-    "gpu_util_pct", "mem_util_pct", "sm_active_pct", "sm_occupancy_pct", "dram_bw_util_pct",
-    "sm_clock_mhz", "mem_clock_mhz", "power_w", "mem_used_mib", "cpu_util_pct",
-)
-
-MIB = 1024 * 1024
-
-
-def empty_row(ts_unix_s: float, source: str, device: str | None, device_name: str | None = None) -> dict[str, Any]:
-    """A telemetry row with every field present and None where not read."""
-    row: dict[str, Any] = dict.fromkeys(TELEMETRY_FIELDS)
-    row.update(ts_unix_s=ts_unix_s, source=source, device=device, device_name=device_name)
-    return row
-
-
-class TelemetrySource(Protocol):
-    """What the :class:`Sampler` needs from a source of device readings."""
-
-    kind: str  # "nvml" | "cpu" | "prometheus"
-    max_rate_hz: float  # the fastest rate worth polling this source at
-
-    def open(self) -> None: ...
-
-    def sample(self) -> list[dict[str, Any]]: ...
-
-    def close(self) -> None: ...
-
-    def describe(self) -> dict[str, Any]: ...
 
 
 class CpuSource:

@@ -15,7 +15,7 @@ import socket
 import time
 from typing import Any
 
-from specdiag.telemetry import MIB, empty_row
+from specdiag.telemetry_rows import MIB, empty_row
 
 #: GPM metric ids (nvml.h NVML_GPM_METRIC_*) and the telemetry column each fills.
 GPM_METRICS: dict[str, int] = {"sm_active_pct": 2, "sm_occupancy_pct": 3, "dram_bw_util_pct": 10}

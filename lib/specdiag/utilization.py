@@ -22,6 +22,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from urllib.parse import urlparse
 
 from specdiag.findings import Finding
+from specdiag.stats import quantile  # noqa: F401 - re-exported (utilization.quantile)
 from specdiag.telemetry import METRIC_FIELDS
 
 PHASES: tuple[str, ...] = ("before", "prefill", "decode", "after")
@@ -88,15 +89,6 @@ def _value(row: Mapping[str, Any], metric: str) -> float | None:
         return None
     v = float(v)
     return v if math.isfinite(v) else None
-
-
-def quantile(values: Sequence[float], q: float) -> float:
-    """Linear-interpolated quantile (numpy's default), 0 <= q <= 1, of a non-empty sequence."""
-    s = sorted(values)
-    pos = (len(s) - 1) * q
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
 def label_rows(rows: Iterable[Mapping[str, Any]], windows: PhaseWindows) -> list[dict[str, Any]]:
@@ -251,6 +243,66 @@ def predicted_bandwidth_utilization(bytes_per_step: float, step_s: float, peak_b
     return {"bytes_per_step": bytes_per_step, "step_s": step_s, "peak_bytes_per_s": peak_bytes_per_s,
             "effective_bytes_per_s": effective, "predicted_bw_util_pct": 100.0 * effective / peak_bytes_per_s,
             "floor_step_s": memory_floor_s(bytes_per_step, peak_bytes_per_s)}
+
+
+@dataclass(frozen=True)
+class DecodePrediction:
+    """02's bandwidth prediction for one recorded request, or why there is none (``note``)."""
+
+    prediction: dict[str, float] | None  # predicted_bandwidth_utilization's dict
+    step_bytes: dict[str, Any] | None    # decode_bytes_per_step's dict
+    hardware: dict[str, Any]             # the peak used: the request's record, or the parameter
+    note: str = ""                       # why there is no prediction (empty when there is one)
+
+
+def predict_decode_bandwidth(request: Mapping[str, Any], configs: Mapping[str, Mapping[str, Any] | None],
+                             memory_bandwidth_gb_s: float = 0.0, context_tokens: int = 0) -> DecodePrediction:
+    """What the bandwidth analysis predicts for a recorded request's decode: the bytes per step at the
+    mid-decode context (prompt + half the new tokens), over its measured step time, against the peak.
+
+    The peak is the request's recorded ``hardware`` unless ``memory_bandwidth_gb_s`` (a parameter) is
+    given; ``context_tokens`` stands in for a prompt length the request did not record. Never raises for a
+    missing input: the returned ``note`` says what is missing and which parameter supplies it.
+    """
+    hardware = dict(request.get("hardware") or {})
+    if memory_bandwidth_gb_s and memory_bandwidth_gb_s > 0:
+        hardware = {**hardware, "memory_bandwidth_gb_s": memory_bandwidth_gb_s, "memory_bandwidth_source": "parameter",
+                    "memory_bandwidth_detail": f"given as a parameter: {memory_bandwidth_gb_s:g} GB/s", "error": None}
+    step_ms = request.get("step_ms")
+    if step_ms is None:
+        return DecodePrediction(None, None, hardware, "No bandwidth prediction: the request has no measured step "
+                                                      "time (no decode window)")
+    if hardware.get("error") or not hardware.get("memory_bandwidth_gb_s"):
+        return DecodePrediction(None, None, hardware, "No bandwidth prediction: no peak memory bandwidth for the "
+                                f"sampled device ({hardware.get('error')}); pass memory_bandwidth_gb_s")
+    mid_context = (request.get("prompt_tokens") or context_tokens) + (request.get("completion_tokens") or 0) / 2
+    try:
+        step_bytes = decode_bytes_per_step(request.get("server") or {}, configs, mid_context)
+        prediction = predicted_bandwidth_utilization(step_bytes["bytes_per_step"], float(step_ms) / 1e3,
+                                                     float(hardware["memory_bandwidth_gb_s"]) * 1e9)
+    except (ValueError, KeyError, FileNotFoundError) as exc:
+        return DecodePrediction(None, None, hardware, f"No bandwidth prediction: {exc}")
+    return DecodePrediction(prediction, step_bytes, hardware)
+
+
+def prediction_lines(pred: DecodePrediction, measured_dram_pct: float | None) -> list[str]:
+    """The prediction as sentences with their sources (computed, measured, the peak's label)."""
+    from specdiag.hardware import source_label  # noqa: PLC0415
+
+    if pred.prediction is None or pred.step_bytes is None:
+        return [pred.note]
+    p, b, hw = pred.prediction, pred.step_bytes, pred.hardware
+    step_ms = 1e3 * p["step_s"]
+    return [
+        f"bytes per step: {b['bytes_per_step'] / 1e6:,.2f} MB at {b['context_tokens']:,} tokens of context (computed); "
+        f"step time {step_ms:.2f} ms (measured); effective {p['effective_bytes_per_s'] / 1e9:,.2f} GB/s against a peak "
+        f"of {hw['memory_bandwidth_gb_s']:,.0f} GB/s ({source_label(hw.get('memory_bandwidth_source'))}: "
+        f"{hw.get('memory_bandwidth_detail', '')})",
+        f"predicted DRAM bandwidth utilization during decode: {p['predicted_bw_util_pct']:.3g} % (computed); measured "
+        f"median: {'n/a (no DRAM-bandwidth counter here)' if measured_dram_pct is None else f'{measured_dram_pct:.3g} %'}",
+        f"memory floor for the step: {p['floor_step_s'] * 1e3:.3g} ms, so the step takes "
+        f"{p['step_s'] / p['floor_step_s']:,.0f}x the floor (computed)",
+    ]
 
 
 def _pct(x: float | None) -> str:

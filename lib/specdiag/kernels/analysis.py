@@ -18,6 +18,7 @@ from typing import Any, Iterable, Mapping
 import pandas as pd
 
 from specdiag.findings import Finding
+from specdiag.stats import fit_line
 
 MEMORY_TARGET_PCT = 85.0
 COMPUTE_TARGET_PCT = 50.0
@@ -47,6 +48,8 @@ def skipped(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
 
 
 NOISY_SPREAD = 1.5
+#: A marginal (inner-loop) rate at or above this share of copy bandwidth is "close to copy" (%).
+CLOSE_TO_COPY_PCT = 80.0
 
 
 def noisy(df: pd.DataFrame, spread: float = NOISY_SPREAD) -> pd.DataFrame:
@@ -146,14 +149,85 @@ def fixed_cost_fit(df: pd.DataFrame, kernel: str = "split_p1", layout: str = "sh
     for (h, t), g in sel.groupby(["heads", "draft_tokens"]):
         if g["context_tokens"].nunique() < 2:
             continue
-        x = g["kv_bytes"].astype(float)
-        y = g["ms_median"].astype(float) * 1e-3
-        slope = ((x - x.mean()) * (y - y.mean())).sum() / ((x - x.mean()) ** 2).sum()
-        icpt = y.mean() - slope * x.mean()
+        fit = fit_line(list(g["kv_bytes"].astype(float)), list(g["ms_median"].astype(float) * 1e-3))
+        slope, icpt = fit.slope, fit.intercept  # s per byte, s
         out.append({"heads": h, "draft_tokens": t, "rows": h * t, "fixed_us": icpt * 1e6,
                     "marginal_gbps": 1 / slope / 1e9 if slope > 0 else float("inf"),
                     "marginal_tflops": (2 * h * t * 1088 / 1152) / slope / 1e12 if slope > 0 else float("inf")})
     return pd.DataFrame(out)
+
+
+#: Baseline severity thresholds on its best share of the copy bandwidth at contexts >= 64k (%).
+BASELINE_CRITICAL_PCT = 10.0
+BASELINE_WARNING_PCT = 50.0
+#: GB/s (median per context, or per program count) counts as flat when max / min stays under this.
+FLAT_RATIO = 1.25
+TILE_TOKENS = 64  #: tokens per tile of the baseline's serial walk (triton_baseline.BLOCK_N)
+
+
+def _spread(values: pd.Series) -> float:
+    """max / min of a positive series (1.0 for one value)."""
+    return float(values.max() / values.min()) if len(values) and values.min() > 0 else float("nan")
+
+
+def baseline_finding(base: pd.DataFrame, copy_gbps: float, sm_count: Any = None) -> Finding:
+    """The baseline kernel's KV rate, its share of the copy bandwidth and whether it stays flat, from the rows.
+
+    Severity from the best share of copy bandwidth at contexts >= 64k (all contexts when none is that long):
+    under :data:`BASELINE_CRITICAL_PCT` critical, under :data:`BASELINE_WARNING_PCT` a warning, else ok.
+    "Flat in context" and "the same with few or many programs" are said only when the median GB/s per
+    context (per program count) spreads less than :data:`FLAT_RATIO` x; otherwise the spread is stated.
+    """
+    long = base[base["context_tokens"] >= MIN_TARGET_CONTEXT]
+    long = long if not long.empty else base
+    pct_max = float(long["pct_copy_bw"].max())
+    sev = "critical" if pct_max < BASELINE_CRITICAL_PCT else "warning" if pct_max < BASELINE_WARNING_PCT else "ok"
+    by_ctx = base.groupby("context_tokens")["gbps"].median()
+    ctx_spread = _spread(by_ctx)
+    flat_ctx = bool(ctx_spread < FLAT_RATIO)
+    by_prog = long.groupby("programs")["gbps"].median() if "programs" in long else pd.Series(dtype=float)
+    prog_spread = _spread(by_prog)
+    programs = [int(p) for p in by_prog.index]
+    row_bytes = float((base["kv_bytes"] / base["n_kv"]).median())  # bytes per token of KV (one latent row)
+    tile_bytes = TILE_TOKENS * row_bytes
+    tile_us = tile_bytes / (float(long["gbps"].median()) * 1e9) * 1e6
+    lo_ctx, hi_ctx = int(by_ctx.index.min()), int(by_ctx.index.max())
+    shape = {"critical": "starves the GPU", "warning": "leaves most of the bandwidth unused",
+             "ok": "streams the KV near copy bandwidth"}[sev]
+    flat_text = (f"flat in context: median {by_ctx.min():.1f}-{by_ctx.max():.1f} GB/s from {lo_ctx // 1024}k to "
+                 f"{hi_ctx // 1024}k, a {ctx_spread:.2f}x spread" if flat_ctx else
+                 f"not flat in context: median {by_ctx.loc[lo_ctx]:.1f} GB/s at {lo_ctx // 1024}k, "
+                 f"{by_ctx.loc[hi_ctx]:.1f} GB/s at {hi_ctx // 1024}k ({ctx_spread:.2f}x spread)")
+    prog_text = ("" if len(by_prog) < 2 else
+                 (f"The unique-byte rate is about the same with few or many programs ({prog_spread:.2f}x spread; "
+                  if prog_spread < FLAT_RATIO else
+                  f"The unique-byte rate changes with the number of programs ({prog_spread:.2f}x spread; ")
+                 + "median GB/s by program count: " + ", ".join(f"{int(k)}: {v:.1f}" for k, v in by_prog.items())
+                 + ("): every program streams every KV row, so more heads add programs but no unique bandwidth."
+                    if prog_spread < FLAT_RATIO else ")."))
+    return Finding(
+        id="kernel_ab.baseline_starves", title=f"The SGLang-structured verify kernel {shape}",
+        verdict=(f"The baseline reads the KV at {long['gbps'].min():.1f}-{long['gbps'].max():.1f} GB/s at contexts "
+                 f">= {int(long['context_tokens'].min()) // 1024}k, {long['pct_copy_bw'].min():.2f}-{pct_max:.2f}% of "
+                 f"the measured copy bandwidth; {flat_text}. By construction one program per (head, 32 draft tokens) "
+                 "walks the whole prefix serially and every program re-reads the same latent rows."),
+        severity=sev,
+        evidence=[f"Programs launched: {programs} for {sm_count or 'the'} SMs. " + prog_text,
+                  f"Each program's walk is serial (SGLang's num_stages 1 on Hopper: load, wait, compute): about "
+                  f"{tile_us:.1f} us per {TILE_TOKENS}-token tile of {tile_bytes / 1e3:.1f} kB at the median "
+                  f"rate of contexts >= {int(long['context_tokens'].min()) // 1024}k (computed: tile bytes / GB/s).",
+                  "Median GB/s per context (measured): " + ", ".join(f"{int(k) // 1024}k: {v:.1f}"
+                                                                     for k, v in by_ctx.items())
+                  + f"; flat means a max/min spread under {FLAT_RATIO:g}x.",
+                  f"Copy bandwidth {copy_gbps:.0f} GB/s measured in the same run.",
+                  f"threshold: best share of copy bandwidth under {BASELINE_CRITICAL_PCT:g}% is critical, "
+                  f"under {BASELINE_WARNING_PCT:g}% a warning, else ok."],
+        numbers={"baseline_gbps_min": float(long["gbps"].min()), "baseline_gbps_max": float(long["gbps"].max()),
+                 "baseline_pct_copy_max": pct_max, "copy_gbps": copy_gbps, "us_per_tile": float(tile_us),
+                 "gbps_context_spread_x": ctx_spread, "gbps_flat_in_context": flat_ctx,
+                 "gbps_program_spread_x": prog_spread},
+        source="measured",
+    )
 
 
 def findings(df: pd.DataFrame, peaks: Mapping[str, Any], copy_rows: Iterable[Mapping[str, Any]] = ()) -> list[Finding]:
@@ -163,29 +237,7 @@ def findings(df: pd.DataFrame, peaks: Mapping[str, Any], copy_rows: Iterable[Map
     mm = float(peaks.get("matmul_tflops", float("nan")))
     base = df[df["kernel"] == "baseline_p1"]
     if not base.empty:
-        long = base[base["context_tokens"] >= MIN_TARGET_CONTEXT]
-        long = long if not long.empty else base
-        programs = sorted({int(p) for p in long.get("programs", pd.Series(dtype=float)).dropna()})
-        by_prog = long.groupby("programs")["gbps"].median() if "programs" in long else pd.Series(dtype=float)
-        tile_us = 64 * 1152 / (long["gbps"].median() * 1e9) * 1e6  # one 64-token tile at the unique-byte rate
-        out.append(Finding(
-            id="kernel_ab.baseline_starves", title="The SGLang-structured verify kernel starves the GPU",
-            verdict=(f"The baseline reads the KV at {long['gbps'].min():.1f}-{long['gbps'].max():.1f} GB/s, "
-                     f"{long['pct_copy_bw'].min():.2f}-{long['pct_copy_bw'].max():.2f}% of the measured copy bandwidth, "
-                     "at every context: one program per (head, 32 draft tokens) walks the whole prefix serially, "
-                     "and every program re-reads the same latent rows."),
-            severity="critical",
-            evidence=[f"Programs launched: {programs} for {peaks.get('sm_count', 'the')} SMs. The unique-byte rate is "
-                      "about the same with few or many programs (median GB/s by program count: "
-                      + ", ".join(f"{int(k)}: {v:.1f}" for k, v in by_prog.items()) + "): every program streams every "
-                      "KV row, so more heads add programs but no unique bandwidth.",
-                      f"Each program's walk is serial (SGLang's num_stages 1 on Hopper: load, wait, compute): about "
-                      f"{tile_us:.1f} us per 64-token tile of 73.7 kB, the same at 8k and 256k (GB/s flat in context).",
-                      f"Copy bandwidth {copy_gbps:.0f} GB/s measured in the same run."],
-            numbers={"baseline_gbps_min": float(long["gbps"].min()), "baseline_gbps_max": float(long["gbps"].max()),
-                     "baseline_pct_copy_max": float(long["pct_copy_bw"].max()), "copy_gbps": copy_gbps,
-                     "us_per_tile": float(tile_us)},
-        ))
+        out.append(baseline_finding(base, copy_gbps, peaks.get("sm_count")))
     targets = target_table(df)
     for _, s in target_summary(targets).iterrows():
         met_all = int(s.met) == int(s.cases)
@@ -208,10 +260,19 @@ def findings(df: pd.DataFrame, peaks: Mapping[str, Any], copy_rows: Iterable[Map
         if not copy_df.empty:
             ev += [f"A plain copy moving the same bytes as the {int(r.context_tokens) // 1024}k KV read reaches "
                    f"{r.gbps:.0f} GB/s ({100 * r.gbps / copy_gbps:.0f}% of the 2 GB copy)" for r in copy_df.itertuples()]
+        best_pct = 100 * float(small["marginal_gbps"].max()) / copy_gbps
+        calls = df[(df["kernel"] == "split_p1") & (df["layout"] == "shuffled_p1")
+                   & (df["context_tokens"] >= MIN_TARGET_CONTEXT)].merge(small, on=["heads", "draft_tokens"])
+        fixed_share = list(100 * calls["fixed_us"] / (1e3 * calls["ms_median"]))
+        streams = ("streams the KV close to copy bandwidth" if best_pct >= CLOSE_TO_COPY_PCT else
+                   "streams the KV well below copy bandwidth")
         out.append(Finding(
             id="kernel_ab.split_fixed_cost", title="What stops split-KV short of the floor at batch 1",
-            verdict=("In memory-bound shapes the split kernel streams KV close to copy bandwidth, but each call pays "
-                     "a fixed cost (two launches, ramp-up, partial write, merge) that 64k-128k contexts do not amortize."),
+            verdict=(f"In memory-bound shapes (H*T <= 16) the split kernel's inner loop {streams} (best marginal rate "
+                     f"{best_pct:.0f}% of copy), and each call pays a fixed {small['fixed_us'].min():.1f}-"
+                     f"{small['fixed_us'].max():.1f} us (two launches, ramp-up, partial write, merge)"
+                     + (f", {min(fixed_share):.0f}-{max(fixed_share):.0f}% of the call at contexts >= 64k."
+                        if fixed_share else ".")),
             severity="info", evidence=ev,
             numbers={"fixed_us_min": float(small["fixed_us"].min()),
                      "marginal_gbps_max": float(small["marginal_gbps"].max())},
@@ -221,14 +282,20 @@ def findings(df: pd.DataFrame, peaks: Mapping[str, Any], copy_rows: Iterable[Map
     if not big.empty:
         out.append(Finding(
             id="kernel_ab.split_inner_loop", title="With 64+ rows the split kernel is bound by its tensor-core loop",
-            verdict=(f"From 64 rows up (h8 T8 included) the inner loop runs at {big['marginal_tflops'].min():.0f}-"
-                     f"{big['marginal_tflops'].max():.0f} TFLOP/s whatever the shape, "
-                     f"{100 * big['marginal_tflops'].min() / mm:.0f}-{100 * big['marginal_tflops'].max() / mm:.0f}% of the "
-                     "measured matmul rate: the Triton loop (QK^T, softmax, PV in one warp group pair) does not overlap "
-                     "its matrix work well enough to reach either roof."),
+            verdict=(f"From 64 rows up the inner loop runs at {big['marginal_tflops'].min():.0f}-"
+                     f"{big['marginal_tflops'].max():.0f} TFLOP/s"
+                     + (" whatever the shape" if _spread(big["marginal_tflops"]) < FLAT_RATIO else
+                        f" ({_spread(big['marginal_tflops']):.2f}x apart between shapes)")
+                     + f", {100 * big['marginal_tflops'].min() / mm:.0f}-{100 * big['marginal_tflops'].max() / mm:.0f}% "
+                     "of the measured matmul rate"
+                     + (": the Triton loop (QK^T, softmax, PV in one warp group pair) does not overlap its matrix work "
+                        "well enough to reach the compute roof." if big["marginal_tflops"].max() < mm * COMPUTE_TARGET_PCT / 100
+                        else ".")),
             severity="info",
             evidence=[f"H={int(r.heads)} T={int(r.draft_tokens)}: {r.marginal_tflops:.0f} TFLOP/s marginal, "
-                      f"{r.fixed_us:.0f} us fixed" for r in big.itertuples()],
+                      f"{r.fixed_us:.0f} us fixed (least squares over contexts)" for r in big.itertuples()]
+                     + [f"matmul {mm:.0f} TFLOP/s measured in the same run; 'whatever the shape' means a max/min spread "
+                        f"under {FLAT_RATIO:g}x; the compute target is {COMPUTE_TARGET_PCT:g}% of matmul."],
             numbers={"marginal_tflops_min": float(big["marginal_tflops"].min()),
                      "marginal_tflops_max": float(big["marginal_tflops"].max()), "matmul_tflops": mm},
             source="computed",

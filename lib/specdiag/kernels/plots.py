@@ -57,20 +57,38 @@ def page_size_plot(ax: Any, df: pd.DataFrame, source: str = "measured") -> None:
     source_note(ax, source)
 
 
-def roofline(ax: Any, df: pd.DataFrame, copy_gbps: float, matmul_tflops: float, source: str = "measured") -> None:
-    """Every case on the roofline: achieved TFLOP/s vs arithmetic intensity (FLOP per KV byte)."""
-    xs = np.logspace(np.log10(max(0.5, df["intensity_flop_per_byte"].min() / 2)),
-                     np.log10(df["intensity_flop_per_byte"].max() * 2), 200)
-    ax.plot(xs, np.minimum(matmul_tflops, xs * copy_gbps / 1e3), color="k",
-            label=f"roof: min({matmul_tflops:.0f} TFLOP/s, I x {copy_gbps:,.0f} GB/s)")
-    for kernel, g in df.groupby("kernel"):
-        style = KERNEL_STYLE.get(kernel, {})
-        ax.scatter(g["intensity_flop_per_byte"], g["tflops"], s=14, alpha=0.6, color=style.get("color"),
-                   marker=style.get("marker", "o"), label=style.get("label", kernel))
+def roof(ax: Any, intensity_range: tuple[float, float], bandwidth_gbps: float, matmul_tflops: float | None,
+         bandwidth_label: str = "") -> None:
+    """The roof over ``intensity_range`` (FLOP per byte): min(matmul peak, intensity x bandwidth); only the
+    memory slope when no matmul peak is known. Log axes, units on both."""
+    lo, hi = intensity_range
+    xs = np.logspace(np.log10(lo), np.log10(hi), 200)
+    ys = xs * bandwidth_gbps / 1e3 if matmul_tflops is None else np.minimum(matmul_tflops, xs * bandwidth_gbps / 1e3)
+    bw = bandwidth_label or f"{bandwidth_gbps:,.0f} GB/s"
+    ax.plot(xs, ys, color="k", label=(f"roof: I x {bw}" if matmul_tflops is None else
+                                      f"roof: min({matmul_tflops:,.0f} TFLOP/s, I x {bw})"))
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP per KV byte, log)")
     ax.set_ylabel("achieved (TFLOP/s, log)")
     ax.grid(True, which="both", alpha=0.3)
+
+
+def roofline(ax: Any, df: pd.DataFrame, copy_gbps: float, matmul_tflops: float | None, source: str = "measured",
+             group: str = "kernel", styles: dict[str, dict[str, Any]] | None = None,
+             bandwidth_label: str = "") -> None:
+    """Points on the roofline: achieved TFLOP/s (``tflops``) vs arithmetic intensity (``intensity_flop_per_byte``),
+    one series per value of ``group`` (kernels by default, styled by :data:`KERNEL_STYLE`), under :func:`roof`.
+    The intensity range spans the points and the ridge (matmul peak / bandwidth) with a margin."""
+    styles = KERNEL_STYLE if styles is None else styles
+    x = df["intensity_flop_per_byte"]
+    ridge = [matmul_tflops * 1e3 / copy_gbps] if matmul_tflops else []
+    lo, hi = min([float(x.min())] + ridge), max([float(x.max())] + ridge)
+    roof(ax, (max(0.05, lo / 4), hi * 4), copy_gbps, matmul_tflops, bandwidth_label)
+    for name, g in df.groupby(group, sort=False):
+        style = styles.get(name, {})
+        ax.scatter(g["intensity_flop_per_byte"], g["tflops"], s=14 if len(df) > 20 else 30,
+                   alpha=0.6 if len(df) > 20 else 1.0, color=style.get("color"), marker=style.get("marker", "o"),
+                   label=style.get("label", name), zorder=3)
     ax.legend(fontsize=7)
     source_note(ax, source)

@@ -6,9 +6,10 @@
   so the events measure GPU execution, not Python launch overhead (a server replays CUDA graphs,
   which hide that overhead too). On the CPU it falls back to ``time.perf_counter``.
 - :func:`copy_bandwidth_gbps`: device-to-device copy of a large buffer, bytes read + bytes written
-  over the median time (GB/s, 1e9 B/s), the way kernels.md's 4.23 TB/s was measured.
+  over the median time (GB/s, 1e9 B/s), the way kernels.md's 4.23 TB/s was measured; measured by
+  :func:`specdiag.hardware.measure_copy_bandwidth`, the same code that resolves a peak elsewhere.
 - :func:`matmul_tflops`: an n x n x n bf16 matrix product on random data (2 n^3 FLOP per product),
-  median over runs (TFLOP/s, 1e12 FLOP/s).
+  median over runs (TFLOP/s, 1e12 FLOP/s); measured by :func:`specdiag.hardware.measure_matmul_rate`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ import time
 from typing import Callable, Sequence
 
 import torch
+
+from specdiag.hardware import measure_copy_bandwidth, measure_matmul_rate
+from specdiag.stats import quantile
 
 
 def _sync(device: torch.device) -> None:
@@ -56,37 +60,38 @@ def time_calls(calls: Sequence[Callable[[], object]], n_runs: int = 20, n_warmup
 
 
 def summarize_ms(samples: Sequence[float]) -> dict[str, float]:
-    """Median, p10, p90 and spread of timing samples (ms)."""
-    xs = sorted(samples)
-    n = len(xs)
+    """Median, p10 and p90 of timing samples (ms), by the project's one quantile (:func:`specdiag.stats.quantile`,
+    linear interpolation). Rows recorded before 2026-11-30 (the H200 reference) took p10/p90 by nearest rank."""
+    if not samples:
+        raise ValueError("summarize_ms needs at least one sample")
     return {
-        "ms_median": statistics.median(xs),
-        "ms_p10": xs[max(0, int(0.1 * (n - 1)))],
-        "ms_p90": xs[min(n - 1, int(round(0.9 * (n - 1))))],
-        "n_runs": n,
+        "ms_median": quantile(samples, 0.5),
+        "ms_p10": quantile(samples, 0.1),
+        "ms_p90": quantile(samples, 0.9),
+        "n_runs": len(samples),
     }
 
 
 def copy_bandwidth_gbps(device: torch.device | str = "cuda", n_bytes: int = 2 << 30, n_runs: int = 20) -> dict:
-    """Device-to-device copy rate, counting bytes read plus bytes written (GB/s)."""
-    device = torch.device(device)
-    n = n_bytes // 2
-    src = torch.randn(n, device=device).to(torch.bfloat16)
-    dst = torch.empty_like(src)
-    ms = time_calls([lambda: dst.copy_(src)], n_runs=n_runs, n_warmup=3, device=device)
+    """Device-to-device copy rate, counting bytes read plus bytes written (GB/s), as the run records it.
+
+    The measurement is :func:`specdiag.hardware.measure_copy_bandwidth` (the project's one copy
+    measurement); this adds the per-run times in ms and the median-time rate.
+    """
+    rates = measure_copy_bandwidth(str(torch.device(device)), n_bytes=n_bytes, repeats=n_runs, warmup=3)
+    ms = [2 * n_bytes / r * 1e3 for r in rates]
     med = statistics.median(ms)
-    del src, dst
-    return {"copy_gbps": 2 * n * 2 / (med * 1e-3) / 1e9, "copy_bytes": n * 2, "copy_ms_median": med,
+    return {"copy_gbps": 2 * n_bytes / (med * 1e-3) / 1e9, "copy_bytes": n_bytes, "copy_ms_median": med,
             "copy_ms_samples": ms}
 
 
 def matmul_tflops(device: torch.device | str = "cuda", n: int = 8192, n_runs: int = 20) -> dict:
-    """bf16 n x n x n matrix product on random data (TFLOP/s, median of ``n_runs``)."""
-    device = torch.device(device)
-    a = torch.randn(n, n, device=device).to(torch.bfloat16)
-    b = torch.randn(n, n, device=device).to(torch.bfloat16)
-    c = torch.empty(n, n, device=device, dtype=torch.bfloat16)
-    ms = time_calls([lambda: torch.matmul(a, b, out=c)], n_runs=n_runs, n_warmup=3, device=device)
+    """bf16 n x n x n matrix product on random data (TFLOP/s, median of ``n_runs``), as the run records it.
+
+    The measurement is :func:`specdiag.hardware.measure_matmul_rate`; this adds the times in ms.
+    """
+    rates = measure_matmul_rate(str(torch.device(device)), n=n, repeats=n_runs, warmup=3)
+    ms = [2 * n**3 / r * 1e3 for r in rates]
     med = statistics.median(ms)
     return {"matmul_tflops": 2 * n**3 / (med * 1e-3) / 1e12, "matmul_n": n, "matmul_ms_median": med,
             "matmul_ms_samples": ms}

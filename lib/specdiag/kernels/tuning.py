@@ -15,8 +15,8 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 import torch
 
 from specdiag.kernels.dispatch import variant
-from specdiag.kernels.harness import (TUNING_TABLE, GridSpec, _plan_fields, _progress_line, _shape_fields,
-                                      measure_variant, rotation_sets)
+from specdiag.kernels.cases import (TUNING_TABLE, GridSpec, measure_variant, plan_fields, progress_line,
+                                    rotation_sets, shape_fields)
 from specdiag.kernels.mla import VerifyInputs, VerifyShape, make_inputs
 from specdiag.kernels.reference import reference_verify
 from specdiag.kernels.timing import summarize_ms, time_calls
@@ -82,10 +82,10 @@ def tune(shapes: Iterable[VerifyShape], run: Run, peaks: dict[str, float], devic
         ref = reference_verify(inputs)
         sets = rotation_sets(inputs, spec.rotate_bytes, seed + i)
         for cfg in candidate_configs(shape.rows):
-            row = {"ts_unix_s": time.time(), "error": None, **_shape_fields(shape), "kernel": "split_p1",
+            row = {"ts_unix_s": time.time(), "error": None, **shape_fields(shape), "kernel": "split_p1",
                    "config": cfg.as_dict()}
             try:
-                row.update(_plan_fields("split_p1", shape, cfg, device))
+                row.update(plan_fields("split_p1", shape, cfg, device))
                 row.update(measure_variant("split_p1", sets, ref, cfg, spec, peaks))
                 if row["correct"] and row["ms_median"] < best.get(shape.rows, (math.inf, None))[0]:
                     best[shape.rows] = (row["ms_median"], cfg)
@@ -93,11 +93,11 @@ def tune(shapes: Iterable[VerifyShape], run: Run, peaks: dict[str, float], devic
                 row["error"] = repr(exc)[:300]
             run.append_row(TUNING_TABLE, row)
             if progress:
-                progress("tune " + (_progress_line(row) if not row.get("error") else f"{cfg} ERROR {row['error'][:100]}"))
+                progress("tune " + (progress_line(row) if not row.get("error") else f"{cfg} ERROR {row['error'][:100]}"))
         if shape.rows in best:  # the winner's first kernel alone, to attribute time to the merge
             ms_best, cfg = best[shape.rows]
-            row = {"ts_unix_s": time.time(), "error": None, **_shape_fields(shape), "kernel": "split_p1_partial_only",
-                   "config": cfg.as_dict(), **_plan_fields("split_p1", shape, cfg, device)}
+            row = {"ts_unix_s": time.time(), "error": None, **shape_fields(shape), "kernel": "split_p1_partial_only",
+                   "config": cfg.as_dict(), **plan_fields("split_p1", shape, cfg, device)}
             try:
                 row.update(time_partial_only("split_p1", sets, cfg, n_runs))
                 row["merge_ms_by_difference"] = ms_best - row["ms_median"]

@@ -20,6 +20,7 @@ engine command::
 
 from __future__ import annotations
 
+import http.client
 import os
 import re
 import shlex
@@ -66,7 +67,9 @@ def url_answers(url: str, timeout_s: float = 2.0) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - local URL
             return resp.status == 200
-    except (urllib.error.URLError, OSError, ValueError):
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException):
+        # HTTPException: a half-started server (or another process on a recycled port) that sends a
+        # malformed status line is 'not ready yet', not a crash of the wait loop.
         return False
 
 

@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from specdiag import __version__
+from specdiag.paths import relative_to_project  # reported paths: project-relative, so shared reports hold none of this machine
 from specdiag.localserver.config import MODEL_HINT, ServerConfig
 from specdiag.localserver.engine import DecodeRequest, SpecEngine, SpecSettings
 from specdiag.localserver.models import (
@@ -106,8 +107,8 @@ class Runtime:
         algo = spec.algorithm if self.speculative else None
         backend = self.target.attention_backend
         return {
-            "model_path": str(cfg.model_path),
-            "tokenizer_path": str(cfg.model_path),
+            "model_path": relative_to_project(cfg.model_path),
+            "tokenizer_path": relative_to_project(cfg.model_path),
             "served_model_name": self.served_model_name,
             "host": cfg.host,
             "port": cfg.port,
@@ -126,7 +127,8 @@ class Runtime:
             "max_running_requests": 1,
             "chunked_prefill_size": spec.chunked_prefill_size,
             "speculative_algorithm": algo,
-            "speculative_draft_model_path": str(cfg.speculative_draft_model_path) if self.drafter else None,
+            "speculative_draft_model_path": (relative_to_project(cfg.speculative_draft_model_path)
+                                             if self.drafter else None),
             "speculative_num_draft_tokens": spec.num_draft_tokens if self.speculative else None,
             "speculative_num_steps": spec.num_draft_tokens - 1 if spec.algorithm == "STANDALONE" else None,
             "speculative_eagle_topk": 1 if spec.algorithm == "STANDALONE" else None,
@@ -172,8 +174,8 @@ class Runtime:
     def model_info(self) -> dict[str, Any]:
         cfg = self.target.config
         return {
-            "model_path": str(self.cfg.model_path),
-            "tokenizer_path": str(self.cfg.model_path),
+            "model_path": relative_to_project(self.cfg.model_path),
+            "tokenizer_path": relative_to_project(self.cfg.model_path),
             "served_model_name": self.served_model_name,
             "is_generation": True,
             "preferred_sampling_params": None,

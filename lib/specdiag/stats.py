@@ -1,0 +1,68 @@
+"""Shared summaries of raw samples: one quantile definition and one least-squares line.
+
+Every notebook and module summarizes with these (telemetry phases, commit-length spreads, kernel
+timings, step-time slopes), so a p90 or a slope means the same thing on every page.
+
+- :func:`quantile`: linear interpolation between the two nearest order statistics, numpy's default
+  ``method="linear"`` (Hyndman & Fan type 7): position ``(n - 1) * q`` in the sorted values.
+- :func:`fit_line`: ordinary least squares ``y = slope * x + intercept`` with its r².
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated quantile (numpy's default), 0 <= q <= 1, of a non-empty sequence (any order)."""
+    if not values:
+        raise ValueError("quantile of an empty sequence")
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"q must be within [0, 1]; got {q!r}")
+    s = sorted(float(v) for v in values)
+    pos = (len(s) - 1) * q
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+@dataclass(frozen=True)
+class LineFit:
+    """``y = slope * x + intercept`` by ordinary least squares; ``r2`` the coefficient of determination."""
+
+    slope: float  # y units per x unit (ms per token for step_ms vs context_tokens)
+    intercept: float  # y units
+    r2: float  # 1 - SS_res / SS_tot (1.0 when every y is equal and fitted exactly)
+    n: int  # points fitted
+
+    @property
+    def slope_per_1k(self) -> float:
+        """Slope per 1,000 x units: ms per 1k tokens for step_ms vs context_tokens."""
+        return 1000.0 * self.slope
+
+    def predict(self, x: float) -> float:
+        return self.slope * x + self.intercept
+
+
+def fit_line(x: Sequence[float], y: Sequence[float]) -> LineFit:
+    """Least-squares line through ``(x, y)``; needs two or more points with distinct x."""
+    if len(x) != len(y):
+        raise ValueError(f"x and y differ in length ({len(x)} vs {len(y)})")
+    pts = [(float(a), float(b)) for a, b in zip(x, y)]
+    if len(pts) < 2:
+        raise ValueError(f"a line needs at least 2 points; got {len(pts)}")
+    if any(not (math.isfinite(a) and math.isfinite(b)) for a, b in pts):
+        raise ValueError("x and y must be finite numbers (drop failed rows first)")
+    mx = sum(a for a, _ in pts) / len(pts)
+    my = sum(b for _, b in pts) / len(pts)
+    sxx = sum((a - mx) ** 2 for a, _ in pts)
+    if sxx == 0:
+        raise ValueError("all x are equal: a slope needs at least two distinct x values")
+    slope = sum((a - mx) * (b - my) for a, b in pts) / sxx
+    intercept = my - slope * mx
+    ss_tot = sum((b - my) ** 2 for _, b in pts)
+    ss_res = sum((b - (slope * a + intercept)) ** 2 for a, b in pts)
+    r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0
+    return LineFit(slope, intercept, r2, len(pts))

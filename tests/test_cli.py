@@ -1,0 +1,83 @@
+"""The `specdiag` console script: the Makefile's verbs, handing their options to the same modules."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import pytest
+
+from specdiag import cli
+from specdiag.paths import NOTEBOOKS_DIR, PROJECT_ROOT
+
+
+@pytest.fixture
+def calls(monkeypatch) -> list[tuple[str, list[str]]]:
+    """Record what each verb hands on instead of running notebooks or engines."""
+    seen: list[tuple[str, list[str]]] = []
+    from specdiag import report
+    from specdiag.launchers import __main__ as launchers_main
+
+    monkeypatch.setattr(report, "main", lambda argv: seen.append(("report", list(argv))) or 0)
+    monkeypatch.setattr(launchers_main, "main", lambda argv: seen.append(("launchers", list(argv))) or 0)
+    for var in (*cli.STATE_VARS, *cli.OFFLINE_VARS):
+        monkeypatch.delenv(var, raising=False)  # restored after the test
+    return seen
+
+
+def test_verbs_hand_the_makefile_options_on(calls) -> None:
+    assert cli.main(["report", "--server", "http://gpu:30000", "--params", "params/full.yaml"]) == 0
+    assert cli.main(["notebook", "04_commit_probe", "--engine", "embedded"]) == 0
+    assert cli.main(["replay", "data/reference/ct200-kimi-k26", "--run-dir", "data/runs/x"]) == 0
+    assert cli.main(["serve", "--engine", "sglang", "--model", "m"]) == 0
+    assert calls == [
+        ("report", ["run", "--server", "http://gpu:30000", "--params", "params/full.yaml"]),
+        ("report", ["run", "--notebooks", "04_commit_probe", "--engine", "embedded"]),
+        ("report", ["replay", "--run", "data/reference/ct200-kimi-k26", "--run-dir", "data/runs/x"]),
+        ("launchers", ["serve", "--engine", "sglang", "--model", "m"]),
+    ]
+
+
+def test_state_stays_in_the_project_and_mistakes_are_named(calls, capsys) -> None:
+    import os
+
+    cli.main(["report"])
+    assert os.environ["JUPYTER_DATA_DIR"] == str(PROJECT_ROOT / ".jupyter-local" / "data")
+    assert os.environ["MPLCONFIGDIR"] == str(PROJECT_ROOT / ".jupyter-local" / "matplotlib")
+    assert cli.main(["notebook"]) == 2 and "say which notebook" in capsys.readouterr().err
+    assert cli.main(["replay", "--run-dir", "x"]) == 2 and "say which recorded run" in capsys.readouterr().err
+    assert cli.main(["frobnicate"]) == 2 and "unknown verb 'frobnicate'" in capsys.readouterr().err
+    assert cli.main([]) == 2
+    listed = capsys.readouterr().out
+    assert all(v in listed for v in cli.VERBS)
+
+
+def test_lab_runs_jupyterlab_on_the_notebooks_with_allow_root_only_as_root() -> None:
+    as_root = cli.lab_command(uid=0)
+    assert as_root[:3] == [sys.executable, "-m", "jupyterlab"] and f"--notebook-dir={NOTEBOOKS_DIR}" in as_root
+    assert "--allow-root" in as_root
+    assert "--allow-root" not in cli.lab_command(uid=1000)
+    assert cli.lab_command(["--port", "9999"], uid=0)[-2:] == ["--port", "9999"]
+
+
+def test_the_console_script_is_declared() -> None:
+    import tomllib
+
+    scripts = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts == {"specdiag": "specdiag.cli:main"}
+
+
+def test_plugin_option_mirrors_make_plugin(calls, monkeypatch) -> None:
+    installed: list[bool] = []
+    monkeypatch.setattr(cli, "install_plugin", lambda: installed.append(True))
+    for var in ("SGLANG_PLUGINS", "SPECDIAG_SGLANG_VERIFY", "PYTHONPATH"):
+        monkeypatch.delenv(var, raising=False)
+    assert cli.main(["serve", "--engine", "sglang", "--plugin", "splitkv"]) == 0
+    assert calls[-1] == ("launchers", ["serve", "--engine", "sglang"]) and installed == [True]
+    import os
+
+    assert os.environ["SGLANG_PLUGINS"] == "specdiag_splitkv" and os.environ["SPECDIAG_SGLANG_VERIFY"] == "splitkv"
+    assert os.environ["PYTHONPATH"].split(os.pathsep)[:2] == [str(cli.PLUGIN_SITE), str(PROJECT_ROOT / "lib")]
+    assert cli.take_plugin(["--plugin=off", "--x"]) == ("off", ["--x"]) and cli.take_plugin(["--x"]) == ("", ["--x"])
+    with pytest.raises(SystemExit, match=re.escape("choose splitkv | upstream | off")):
+        cli.take_plugin(["--plugin", "fast"])

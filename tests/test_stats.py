@@ -1,0 +1,58 @@
+"""The one quantile and the one least-squares line every module summarizes with."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specdiag import spec, stats, utilization
+from specdiag.kernels.timing import summarize_ms
+
+
+@pytest.mark.parametrize("q", [0.0, 0.1, 0.25, 0.5, 0.9, 1.0])
+def test_quantile_is_numpy_linear(q: float) -> None:
+    vals = [7.0, 1.0, 3.0, 3.0, 10.0, 2.5, 8.25]
+    assert stats.quantile(vals, q) == pytest.approx(float(np.quantile(vals, q)))
+
+
+def test_every_summary_uses_the_one_quantile() -> None:
+    samples = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0]
+    s = summarize_ms(samples)  # kernel timings: was nearest rank (p10 1.0, p90 9.0)
+    assert (s["ms_p10"], s["ms_median"], s["ms_p90"]) == pytest.approx((1.9, 5.5, 9.1))
+    c = spec.step_commit_stats([1, 2, 3, 4, 5, 6, 7, 8, 9, 10])
+    assert (c.p10, c.p90) == pytest.approx((1.9, 9.1))
+    assert utilization.quantile is stats.quantile
+    with pytest.raises(ValueError, match="empty"):
+        stats.quantile([], 0.5)
+
+
+def test_fit_line_and_the_kernel_fixed_cost_fit_agree() -> None:
+    import pandas as pd
+
+    from specdiag.kernels import analysis
+    from specdiag.metrics import fit_line as metrics_fit_line
+
+    assert metrics_fit_line is stats.fit_line
+    fit = stats.fit_line([0, 1, 2, 3], [1.0, 3.0, 5.0, 7.0])
+    assert (fit.slope, fit.intercept, fit.r2, fit.n) == pytest.approx((2.0, 1.0, 1.0, 4))
+    # kernel fit: ms = 20 us + bytes / 2,000 GB/s over three contexts
+    rows = pd.DataFrame([{"kernel": "split_p1", "layout": "shuffled_p1", "heads": 8, "draft_tokens": 1,
+                          "context_tokens": c, "kv_bytes": c * 1152, "ms_median": 1e3 * (20e-6 + c * 1152 / 2e12)}
+                         for c in (8192, 65536, 131072)])
+    (row,) = analysis.fixed_cost_fit(rows).to_dict("records")
+    assert row["fixed_us"] == pytest.approx(20.0) and row["marginal_gbps"] == pytest.approx(2000.0)
+
+
+def test_kernel_peaks_come_from_the_hardware_measurement(monkeypatch) -> None:
+    """One copy and one matmul measurement: the kernel harness records hardware's, converted to ms."""
+    from specdiag import hardware
+    from specdiag.kernels import timing
+
+    assert timing.measure_copy_bandwidth is hardware.measure_copy_bandwidth
+    assert timing.measure_matmul_rate is hardware.measure_matmul_rate
+    monkeypatch.setattr(timing, "measure_copy_bandwidth", lambda device, n_bytes, repeats, warmup: [4e12, 2e12, 4e12])
+    out = timing.copy_bandwidth_gbps("cpu", n_bytes=2 << 30, n_runs=3)
+    assert out["copy_gbps"] == pytest.approx(4000.0)  # median time: 2 x 2 GiB at 4 TB/s
+    assert out["copy_ms_samples"][1] == pytest.approx(2 * (2 << 30) / 2e12 * 1e3)
+    monkeypatch.setattr(timing, "measure_matmul_rate", lambda device, n, repeats, warmup: [8e14] * 3)
+    assert timing.matmul_tflops("cpu", n=1024, n_runs=3)["matmul_tflops"] == pytest.approx(800.0)
