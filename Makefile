@@ -53,8 +53,6 @@ endif
 # has one, the virtual environment is made with --system-site-packages and uses it.
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
-# make report/notebook ENGINE=vllm with no PARAMS: contexts that fit the CPU vLLM's 4,096 tokens.
-REPORT_PARAMS = $(or $(PARAMS),$(if $(SERVER),,$(if $(filter vllm,$(ENGINE)),params/vllm-cpu.yaml)))
 
 # Jupyter, IPython and matplotlib state stays in the project, never in HOME.
 LOCAL := $(CURDIR)/.jupyter-local
@@ -113,11 +111,11 @@ serve: $(if $(filter $(VENV)/bin/python,$(PY)),setup) $(if $(PLUGIN),plugin) ## 
 	PYTHONPATH="$(CURDIR)/lib$${PYTHONPATH:+:$$PYTHONPATH}" $(PY) -m specdiag.launchers serve $(ENGINE_FLAGS)
 
 report: setup $(if $(PLUGIN),plugin) ## run every notebook against SERVER, or against ENGINE started and stopped around the run; render HTML
-	$(PY) -m specdiag.report run --server "$(SERVER)" --params "$(REPORT_PARAMS)" --run-dir "$(RUN_DIR)" $(ENGINE_FLAGS)
+	$(PY) -m specdiag.report run --server "$(SERVER)" --params "$(PARAMS)" --run-dir "$(RUN_DIR)" $(ENGINE_FLAGS)
 
 notebook: setup $(if $(PLUGIN),plugin) ## run one notebook (NB=04_commit_probe) with the same server handling and rendering
 	@if [ -z "$(NB)" ]; then echo "NB is empty: say which notebook, e.g. make notebook NB=04_commit_probe"; exit 2; fi
-	$(PY) -m specdiag.report run --notebooks $(NB) --server "$(SERVER)" --params "$(REPORT_PARAMS)" \
+	$(PY) -m specdiag.report run --notebooks $(NB) --server "$(SERVER)" --params "$(PARAMS)" \
 	  --run-dir "$(RUN_DIR)" $(ENGINE_FLAGS)
 
 replay: setup ## run every notebook that can replay the recorded run RUN=data/reference/<name>

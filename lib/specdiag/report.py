@@ -392,8 +392,15 @@ def run_notebooks(notebooks: Sequence[str], run: Run, shared: Mapping[str, Any],
     return results
 
 
+#: Parameters an engine started here needs when none are given (the CPU vLLM holds 4,096 tokens).
+ENGINE_DEFAULT_PARAMS = {"vllm": "params/vllm-cpu.yaml"}
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     apply_local_jupyter_env()
+    if not args.params and not args.server and getattr(args, "engine", None) in ENGINE_DEFAULT_PARAMS:
+        args.params = str(PROJECT_ROOT / ENGINE_DEFAULT_PARAMS[args.engine])
+        print(f"[specdiag] {args.engine} engine without --params: using {ENGINE_DEFAULT_PARAMS[args.engine]}", flush=True)
     params_file = load_params_file(args.params)
     notebooks = select_notebooks(args.notebooks)
     # before any folder is made: an unreachable server or an engine that cannot start leaves nothing behind
