@@ -46,6 +46,7 @@ def test_command_and_environment(tmp_path: Path) -> None:
     launch = vllm_launch(algorithm="STANDALONE", num_draft_tokens=8)
     cmd = vllm_command(launch, 8123, python=Path("/py"), drafter_dir=tmp_path / "d")
     assert cmd[:3] == ["/py", "-m", "vllm.entrypoints.openai.api_server"]
+    assert cmd[cmd.index("--model") + 1] == "data/models/target"  # project-relative: the server runs in the root
     assert cmd[cmd.index("--port") + 1] == "8123" and cmd[cmd.index("--host") + 1] == "127.0.0.1"
     spec = json.loads(cmd[cmd.index("--speculative-config") + 1])
     assert spec == {"method": "draft_model", "num_speculative_tokens": 7, "model": str(tmp_path / "d")}

@@ -297,7 +297,11 @@ def engine_patch(server: Mapping[str, Any], run_meta: Mapping[str, Any] | None =
         import json  # noqa: PLC0415
         from pathlib import Path  # noqa: PLC0415
 
-        return json.loads((Path(str(path)) / PATCH_FILE).read_text())
+        from specdiag.paths import PROJECT_ROOT  # noqa: PLC0415
+
+        folder = Path(str(path))
+        folder = folder if folder.is_absolute() else PROJECT_ROOT / folder  # a launcher's project-relative path
+        return json.loads((folder / PATCH_FILE).read_text())
     except (OSError, ValueError):
         return None
 

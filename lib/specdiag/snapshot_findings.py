@@ -28,7 +28,7 @@ def speculation_finding(server_info: Mapping[str, Any], source: str) -> Finding:
     if algo and str(algo).upper() != "NONE":
         # Another engine's method in its own words (vLLM: draft_model with k drafts = SGLang's STANDALONE, k + 1)
         engine, method = server_info.get("engine"), server_info.get("speculative_method")
-        words = (f"{method} ({engine}'s name; SGLang's {algo}), at most {n_draft} tokens per verify step "
+        words = (f"{method} ({ {'vllm': 'vLLM'}.get(str(engine), engine)}'s name; SGLang's {algo}), at most {n_draft} tokens per verify step "
                  f"({server_info.get('speculative_num_steps')} drafts + the bonus token)"
                  if engine not in (None, "sglang") and method else f"{algo} with {n_draft} draft tokens per verify step")
         return Finding(

@@ -111,7 +111,7 @@ def patched_drafter(drafter: Path = MODELS_DIR / "drafter", out_root: Path = PAT
     config["use_sliding_window"] = False
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     (out / "specdiag_patch.json").write_text(json.dumps(
-        {"source": str(drafter), "note": PATCH_NOTE, "original": original,
+        {"source": _rel(drafter), "note": PATCH_NOTE, "original": original,
          "patched": {"layer_types": config["layer_types"], "sliding_window": None, "use_sliding_window": False}},
         indent=2) + "\n")
     return out
@@ -149,10 +149,19 @@ def ensure_venv(venv: Path = VENV_DIR, quiet: bool = True) -> Path:
     return py
 
 
+def _rel(path: Path | str) -> str:
+    """A path inside the project relative to its root (the server runs there: ``cwd=PROJECT_ROOT``), so the
+    model names vLLM reports, and the command run.json records, say ``data/models/target``, not a home folder."""
+    from specdiag.paths import relative_to_project  # noqa: PLC0415
+
+    return relative_to_project(path)
+
+
 def vllm_command(launch: VLLMLaunch, port: int, python: Path | None = None,
                  drafter_dir: Path | None = None) -> list[str]:
-    """The server's command line."""
-    cmd = [str(python or vllm_python()), "-m", "vllm.entrypoints.openai.api_server", "--model", str(launch.target),
+    """The server's command line, to run with ``cwd=PROJECT_ROOT`` (paths inside the project are relative)."""
+    drafter_dir = Path(_rel(drafter_dir)) if drafter_dir is not None else None
+    cmd = [_rel(python or vllm_python()), "-m", "vllm.entrypoints.openai.api_server", "--model", _rel(launch.target),
            "--host", "127.0.0.1", "--port", str(port), "--enforce-eager", "--max-model-len", str(launch.max_model_len),
            "--dtype", "float32", "--max-num-seqs", "4"]
     spec = launch.speculative_config(drafter_dir)
@@ -227,12 +236,12 @@ def vllm_engine(*, algorithm: str = "STANDALONE", num_draft_tokens: int | None =
         return vllm_command(launch, p, python=py, drafter_dir=drafter_dir)
 
     env = {k: v for k, v in vllm_env(launch, base={}).items()}
-    info = {"engine": "vllm", "version": installed_version(py), "python": str(py),
+    info = {"engine": "vllm", "version": installed_version(py), "python": _rel(py),
             "environment": {k: env[k] for k in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_SERVER_DEV_MODE")},
-            "drafter_patch": str(drafter_dir / "specdiag_patch.json") if drafter_dir else None}
+            "drafter_patch": _rel(drafter_dir / "specdiag_patch.json") if drafter_dir else None}
     return ManagedServer(command, name=f"vLLM ({launch.method}, k={launch.num_speculative_tokens})", port=port,
-                         ready_path="/v1/models", env=env, log_path=log_path, startup_timeout_s=startup_timeout_s,
-                         stop_grace_s=15.0, progress=progress, info=info)
+                         ready_path="/v1/models", env=env, cwd=PROJECT_ROOT, log_path=log_path,
+                         startup_timeout_s=startup_timeout_s, stop_grace_s=15.0, progress=progress, info=info)
 
 
 def installed_version(python: Path) -> str | None:
