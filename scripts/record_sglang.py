@@ -456,7 +456,8 @@ def spec_context_limit(client: SGLangClient) -> int:
 
 def snapshot(run: Run, server: Server, client: SGLangClient, spec: ServerSpec, engine: str) -> None:
     """What 00 writes (server, model, hardware) plus the model and drafter configs 03 and 05 read."""
-    from specdiag import hardware, snapshot as snap  # noqa: PLC0415
+    from specdiag import hardware  # noqa: PLC0415
+    from specdiag.steps.snapshot import settings as snap
 
     info, model_info = redact(client.server_info()), redact(client.model_info())
     drafter_view = {k: v for k, v in info.items() if str(k).startswith("speculative_")}
@@ -500,7 +501,7 @@ def drafter_log_lines(log_path: Path) -> list[str]:
 
 def sweep(run: Run, client: SGLangClient, job: Job, budget: Budget, est_s: Callable[[int], float],
           which: Callable[[int], bool] = lambda c: True) -> None:
-    from specdiag.sweep import make_plan, measure_request  # noqa: PLC0415
+    from specdiag.steps.baseline_sweep.sweep import make_plan, measure_request  # noqa: PLC0415
 
     info = client.server_info()
     plan = make_plan(job.sweep_contexts, job.sweep_new_tokens, 1, "novel", 0, True,
@@ -523,7 +524,7 @@ def sweep(run: Run, client: SGLangClient, job: Job, budget: Budget, est_s: Calla
 
 
 def probe(run: Run, client: SGLangClient, job: Job, budget: Budget, est_s: Callable[[int], float]) -> None:
-    from specdiag import commit_probe as cp  # noqa: PLC0415
+    from specdiag.steps.commit_probe import probe as cp  # noqa: PLC0415
 
     info = client.server_info()
     n_draft = info.get("speculative_num_draft_tokens")
@@ -545,7 +546,7 @@ def probe(run: Run, client: SGLangClient, job: Job, budget: Budget, est_s: Calla
 
 
 def timing(run: Run, client: SGLangClient, job: Job, budget: Budget, est_s: Callable[[int], float]) -> None:
-    from specdiag import drafter  # noqa: PLC0415
+    from specdiag.steps.drafter_inspection import analysis as drafter  # noqa: PLC0415
 
     run.update(params={"03_drafter_inspection": {"context_lengths": job.timing_contexts,
                                                  "max_new_tokens": job.timing_new_tokens, "prompt_kind": "novel"}})
@@ -560,8 +561,8 @@ def timing(run: Run, client: SGLangClient, job: Job, budget: Budget, est_s: Call
 
 
 def utilization(run: Run, client: SGLangClient, job: Job, budget: Budget, telemetry: str) -> dict[str, Any] | None:
-    from specdiag.telemetry import open_source  # noqa: PLC0415
-    from specdiag.utilization_record import measure_utilization  # noqa: PLC0415
+    from specdiag.telemetry.sampler import open_source  # noqa: PLC0415
+    from specdiag.steps.gpu_utilization.record import measure_utilization  # noqa: PLC0415
 
     ctx = job.util_context
     limit = int(client.server_info().get("context_length") or 0)
@@ -581,7 +582,7 @@ def utilization(run: Run, client: SGLangClient, job: Job, budget: Budget, teleme
 
 def drafter_cost(runs: dict[str, Run]) -> list[dict[str, Any]]:
     """Per context: STANDALONE ms per verify step minus NGRAM ms per verify step (both measured, 01)."""
-    from specdiag.sweep import latest_rows  # noqa: PLC0415
+    from specdiag.steps.baseline_sweep.sweep import latest_rows  # noqa: PLC0415
 
     by: dict[str, dict[int, dict[str, Any]]] = {}
     for label in ("standalone", "ngram"):
@@ -773,7 +774,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def print_summary(job: Job, runs: dict[str, Run]) -> None:
-    from specdiag.sweep import latest_rows  # noqa: PLC0415
+    from specdiag.steps.baseline_sweep.sweep import latest_rows  # noqa: PLC0415
 
     print(f"\n=== summary: job {job.name}")
     for label, run in runs.items():

@@ -1,7 +1,7 @@
 """Record notebook 02's measurement where papermill is not installed (the GPU device machine).
 
 It calls the library function the notebook calls when measuring
-(``specdiag.utilization_record.measure_utilization``) and writes an ordinary run folder, which
+(``specdiag.steps.gpu_utilization.record.measure_utilization``) and writes an ordinary run folder, which
 notebook 02 then replays anywhere::
 
     python scripts/record_utilization.py --embedded --device cuda --context-tokens 8192 \\
@@ -26,9 +26,9 @@ from typing import Any
 
 from specdiag.serving import SGLangClient
 from specdiag.runs import Run
-from specdiag.telemetry import open_source
-from specdiag.utilization import phase_stats, phase_windows, rows_of_request, stat
-from specdiag.utilization_record import measure_utilization
+from specdiag.telemetry.sampler import open_source
+from specdiag.steps.gpu_utilization.analysis import phase_stats, phase_windows, rows_of_request, stat
+from specdiag.steps.gpu_utilization.record import measure_utilization
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -98,7 +98,7 @@ def gpu_facts() -> dict[str, Any]:
 
 def calibrated_new_tokens(client: SGLangClient, context_tokens: int, decode_seconds: float, most: int) -> int:
     """New tokens for about ``decode_seconds`` of decode, from a 64-token request at the same context."""
-    from specdiag.metrics import sweep_row
+    from specdiag.measure.metrics import sweep_row
     from specdiag.prompts import build_prompt
 
     prompt = build_prompt(lambda t: client.tokenize(t, add_special_tokens=True), context_tokens, "novel", seed=1)

@@ -13,7 +13,7 @@ Servers (one model, one GPU, started in parallel, measured one after another):
 Steps, each in its own try/except (a failed step is logged and the rest goes on), under a wall-clock
 budget: (a) check: a few requests on ``check``, the recorded errors must be <= 1e-2; (b) identity:
 greedy outputs of ``plugin`` (and ``upstream``) against ``stock`` over short and long prompts, with a
-stock-vs-stock repeat as the control; (c) sweep: specdiag.sweep's measurement (the one notebook 01
+stock-vs-stock repeat as the control; (c) sweep: specdiag.steps.baseline_sweep.sweep's measurement (the one notebook 01
 runs) per context, the arms interleaved, into one run folder per arm. A table is printed last::
 
     python scripts/sglang_plugin_check.py --out /tmp/plugin-job --model-path /tmp/mla-model --budget-s 410
@@ -206,8 +206,8 @@ def snapshot(run: Run, client: SGLangClient, arm: str, args: argparse.Namespace,
 
 def sweep_step(clients: dict[str, SGLangClient], runs: dict[str, Run], args: argparse.Namespace,
                budget: Budget) -> None:
-    """(c) specdiag.sweep's request per context, the arms interleaved (a cut budget leaves every arm's short contexts)."""
-    from specdiag.sweep import make_plan, measure_request  # noqa: PLC0415
+    """(c) specdiag.steps.baseline_sweep.sweep's request per context, the arms interleaved (a cut budget leaves every arm's short contexts)."""
+    from specdiag.steps.baseline_sweep.sweep import make_plan, measure_request  # noqa: PLC0415
 
     arms = [a for a in ("stock", "upstream", "plugin") if a in clients]
     info = clients["stock"].server_info()
@@ -227,7 +227,7 @@ def sweep_step(clients: dict[str, SGLangClient], runs: dict[str, Run], args: arg
 
 
 def summary(work: Path, runs: dict[str, Run], results: dict[str, Any], failures: list) -> str:
-    from specdiag.sweep import latest_rows  # noqa: PLC0415
+    from specdiag.steps.baseline_sweep.sweep import latest_rows  # noqa: PLC0415
 
     lines = ["=== summary (measured on this call)"]
     steps: dict[str, dict[int, float]] = {}

@@ -1,4 +1,4 @@
-"""Unit tests of specdiag.commit_probe on synthetic traces and rows (no server)."""
+"""Unit tests of specdiag.steps.commit_probe.probe on synthetic traces and rows (no server)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from specdiag import commit_probe as cp
+from specdiag.steps.commit_probe import probe as cp
 from specdiag.nb import ParameterError
 from specdiag.spec import SpecFields
 

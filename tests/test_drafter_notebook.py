@@ -1,4 +1,4 @@
-"""Notebook 03 and specdiag.drafter: the drafter's span and KV per draft step, bounded or not."""
+"""Notebook 03 and specdiag.steps.drafter_inspection.analysis: the drafter's span and KV per draft step, bounded or not."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from typing import Any, Callable
 
 import pytest
 
-from specdiag import drafter, geometry
+from specdiag import geometry
+from specdiag.steps.drafter_inspection import analysis as drafter
 from specdiag.paths import PROJECT_ROOT, REFERENCE_DIR
 
 REFERENCE = REFERENCE_DIR / "ct200-kimi-k26"

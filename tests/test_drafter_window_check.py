@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specdiag import drafter
+from specdiag.steps.drafter_inspection import analysis as drafter
 
 
 def _row(ctx, kind, shipped, full, correct=(5, 5), error=None):

@@ -29,7 +29,7 @@ def vllm_ngram(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def test_ngram_without_dev_mode(vllm_ngram: str) -> None:
-    from specdiag.sweep import make_plan, measure_request
+    from specdiag.steps.baseline_sweep.sweep import make_plan, measure_request
 
     client = make_client(vllm_ngram)
     st = client.settings()

@@ -60,5 +60,5 @@ def test_no_import_loops() -> None:
 def test_the_two_former_loops_stay_cut() -> None:
     g = import_graph()
     assert "specdiag.kernels.harness" not in g["specdiag.kernels.tuning"]
-    assert "specdiag.telemetry" not in g["specdiag.telemetry_nvml"]
-    assert "specdiag.telemetry" not in g["specdiag.telemetry_prometheus"]
+    assert "specdiag.telemetry.sampler" not in g["specdiag.telemetry.nvml"]
+    assert "specdiag.telemetry.sampler" not in g["specdiag.telemetry.prometheus"]

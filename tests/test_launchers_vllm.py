@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from specdiag.drafter import engine_patch
+from specdiag.steps.drafter_inspection.analysis import engine_patch
 from specdiag.launchers import engine_names, engine_options
 from specdiag.launchers.vllm import VLLMLaunchError, patched_drafter, vllm_command, vllm_env, vllm_launch
 from specdiag.paths import MODELS_DIR

@@ -1,4 +1,4 @@
-"""Unit tests of specdiag.metrics on synthetic traces (no server)."""
+"""Unit tests of specdiag.measure.metrics on synthetic traces (no server)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import math
 import pytest
 
 from specdiag.serving import RequestTrace
-from specdiag.metrics import (SWEEP_COLUMNS, error_row, fit_line, summarize_sweep, sweep_findings, sweep_row,
-                              verify_steps_in_window)
+from specdiag.measure.metrics import SWEEP_COLUMNS, error_row, sweep_row, verify_steps_in_window
+from specdiag.stats import fit_line
+from specdiag.steps.baseline_sweep.summary import summarize_sweep, sweep_findings
 from specdiag.spec import spec_fields_from_meta
 
 

@@ -1,4 +1,4 @@
-"""Unit tests of specdiag.overview (07_findings and 08_compare_runs helpers) on synthetic results."""
+"""Unit tests of specdiag.steps.findings.overview (07_findings and 08_compare_runs helpers) on synthetic results."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from specdiag import overview
+from specdiag.steps.findings import overview
 from specdiag.runs import Run
 
 

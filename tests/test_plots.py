@@ -31,7 +31,9 @@ def test_bandwidth_figure_is_three_panels_drawn_by_the_library() -> None:
     """05's figure: step vs floors, effective bandwidth, the verify attention on kernels/plots' roofline."""
     import matplotlib.pyplot as plt
 
-    from specdiag import geometry, hardware, roofline, roofline_plots
+    from specdiag import geometry, hardware
+    from specdiag.steps.bandwidth_analysis import roofline
+    from specdiag.steps.bandwidth_analysis import plots as roofline_plots
     from specdiag.paths import REFERENCE_DIR
     from specdiag.runs import Run
 
@@ -54,7 +56,7 @@ def test_bandwidth_figure_is_three_panels_drawn_by_the_library() -> None:
 def test_commit_vs_context_draws_on_the_given_axes() -> None:
     import matplotlib.pyplot as plt
 
-    from specdiag.commit_probe_plots import commit_vs_context
+    from specdiag.steps.commit_probe.plots import commit_vs_context
 
     fig, ax = plt.subplots()
     summary = [{"kind": "predictable", "context_tokens": 1000, "commit_length": 7.0},

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import nbformat
 
-from specdiag.report_outputs import plain_progress, split_progress
+from specdiag.report.outputs import plain_progress, split_progress
 
 
 def _stream(name: str, text: str):

@@ -1,11 +1,11 @@
-"""specdiag.roofline: floors, FLOPs, effective bandwidth, slopes and findings, against hand arithmetic."""
+"""specdiag.steps.bandwidth_analysis.roofline: floors, FLOPs, effective bandwidth, slopes and findings, against hand arithmetic."""
 
 from __future__ import annotations
 
 import pytest
 
 from specdiag import geometry as g
-from specdiag import roofline as rl
+from specdiag.steps.bandwidth_analysis import roofline as rl
 from specdiag.hardware import HardwarePeaks, Peak
 
 RTX_PRO = HardwarePeaks("RTX PRO 6000 Blackwell", Peak(1792e9, "parameter", "test"), Peak(503.8e12, "parameter", "t"))

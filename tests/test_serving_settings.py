@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specdiag.fresh_prompt import fresh_prompt
+from specdiag.measure.fresh_prompt import fresh_prompt
 from specdiag.serving.settings import settings_from_sglang
 
 SERVER_INFO = {"model_path": "m", "speculative_algorithm": "STANDALONE", "speculative_num_draft_tokens": 8,

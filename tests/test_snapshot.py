@@ -1,8 +1,8 @@
-"""Unit tests of specdiag.snapshot on synthetic server answers."""
+"""Unit tests of specdiag.steps.snapshot.settings on synthetic server answers."""
 
 from __future__ import annotations
 
-from specdiag import snapshot
+from specdiag.steps.snapshot import settings as snapshot
 from specdiag.serving.redaction import REDACTED, redact
 
 
@@ -42,7 +42,7 @@ def test_model_settings_and_machine_rows() -> None:
 def test_peak_finding_labels_each_source_truthfully() -> None:
     """NVML's peak is computed from clocks and bus width, a user's figure is a parameter, the table published."""
     from specdiag.hardware import HardwarePeaks, Peak
-    from specdiag.snapshot_findings import peak_finding, peak_rows, snapshot_findings
+    from specdiag.steps.snapshot.findings import peak_finding, peak_rows, snapshot_findings
 
     def peaks(source: str) -> HardwarePeaks:
         return HardwarePeaks("NVIDIA H200", Peak(4.814e12, source, "detail"), None)  # type: ignore[arg-type]
@@ -66,7 +66,7 @@ def test_peak_finding_labels_each_source_truthfully() -> None:
 
 
 def test_record_rows_label_published_and_assumed_config() -> None:
-    from specdiag.snapshot import record_rows
+    from specdiag.steps.snapshot.settings import record_rows
 
     rows = record_rows({"name": "d", "published_config": {"num_hidden_layers": 6},
                         "assumed_config": {"hidden_size": 7168}}, "published")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specdiag import spec, stats, utilization
+from specdiag import spec, stats
+from specdiag.steps.gpu_utilization import analysis as utilization
 from specdiag.kernels.timing import summarize_ms
 
 
@@ -30,9 +31,9 @@ def test_fit_line_and_the_kernel_fixed_cost_fit_agree() -> None:
     import pandas as pd
 
     from specdiag.kernels import analysis
-    from specdiag.metrics import fit_line as metrics_fit_line
+    from specdiag.steps.baseline_sweep import summary
 
-    assert metrics_fit_line is stats.fit_line
+    assert summary.fit_line is stats.fit_line
     fit = stats.fit_line([0, 1, 2, 3], [1.0, 3.0, 5.0, 7.0])
     assert (fit.slope, fit.intercept, fit.r2, fit.n) == pytest.approx((2.0, 1.0, 1.0, 4))
     # kernel fit: ms = 20 us + bytes / 2,000 GB/s over three contexts

@@ -1,4 +1,4 @@
-"""Unit tests of specdiag.sweep (plan checks, resume, one request per row) with a fake client, and of
+"""Unit tests of specdiag.steps.baseline_sweep.sweep (plan checks, resume, one request per row) with a fake client, and of
 params/full.yaml against the notebooks' declared parameters."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from specdiag.serving import RequestTrace, ServerHTTPError, ServerUnreachable
 from specdiag.nb import ParameterError
 from specdiag.paths import NOTEBOOKS_DIR, PARAMS_DIR
 from specdiag.spec import spec_fields_from_meta
-from specdiag.sweep import SWEEP_KEY, SweepPlan, latest_rows, make_plan, measure_request, rows_source
+from specdiag.steps.baseline_sweep.sweep import SWEEP_KEY, SweepPlan, latest_rows, make_plan, measure_request, rows_source
 
 
 def plan_args(**kw):

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from specdiag.runs import Run
-from specdiag.telemetry import TELEMETRY_FIELDS, CpuSource, Sampler, empty_row, open_source
+from specdiag.telemetry.sampler import TELEMETRY_FIELDS, CpuSource, Sampler, empty_row, open_source
 
 
 class CountingSource:
@@ -75,7 +75,7 @@ def test_auto_falls_back_to_cpu_without_nvidia_driver() -> None:
     except pynvml.NVMLError:
         pass
     assert open_source("auto").kind == "cpu"
-    from specdiag.telemetry_nvml import NvmlUnavailable
+    from specdiag.telemetry.nvml import NvmlUnavailable
 
     with pytest.raises(NvmlUnavailable, match="telemetry='cpu'"):
         open_source("nvml")

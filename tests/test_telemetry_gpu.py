@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from specdiag.telemetry import Sampler, open_source
+from specdiag.telemetry.sampler import Sampler, open_source
 
 
 @pytest.mark.gpu

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from specdiag.telemetry import TELEMETRY_FIELDS, Sampler, open_source
-from specdiag.telemetry_nvml import GPM_METRICS, NvmlSource, NvmlUnavailable
+from specdiag.telemetry.sampler import TELEMETRY_FIELDS, Sampler, open_source
+from specdiag.telemetry.nvml import GPM_METRICS, NvmlSource, NvmlUnavailable
 
 
 class NVMLError(Exception):

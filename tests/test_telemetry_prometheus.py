@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from specdiag.telemetry import Sampler, TELEMETRY_FIELDS
-from specdiag.telemetry_prometheus import PrometheusSource, parse_query_json, rows_from_samples
+from specdiag.telemetry.sampler import Sampler, TELEMETRY_FIELDS
+from specdiag.telemetry.prometheus import PrometheusSource, parse_query_json, rows_from_samples
 
 DCGM_TEXT = """\
 # HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).

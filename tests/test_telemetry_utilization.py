@@ -15,9 +15,9 @@ from sglang_replay_server import CHUNK_DELAY_S, CHUNKS, PROMPT_TOKENS, ReplaySer
 
 from specdiag.serving import SGLangClient  # noqa: E402
 from specdiag.runs import Run  # noqa: E402
-from specdiag.telemetry import empty_row, open_source  # noqa: E402
-from specdiag.utilization_record import record_sampled_request  # noqa: E402
-from specdiag.utilization import (  # noqa: E402
+from specdiag.telemetry.sampler import empty_row, open_source  # noqa: E402
+from specdiag.steps.gpu_utilization.record import record_sampled_request  # noqa: E402
+from specdiag.steps.gpu_utilization.analysis import (  # noqa: E402
     label_rows,
     phase_stats,
     phase_windows,
@@ -146,7 +146,7 @@ def test_timeline_plot_has_units_and_phases() -> None:
     import matplotlib
 
     matplotlib.use("Agg")
-    from specdiag.utilization_plot import plot_timeline
+    from specdiag.steps.gpu_utilization.plot import plot_timeline
 
     fig = plot_timeline(gpu_rows(97.0, 12.0, 0.4), phase_windows(REQUEST), "0", REQUEST["chunk_t_s"],
                         predicted_bw_util_pct=0.04)
@@ -192,8 +192,8 @@ QWEN3_TINY = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "num
 def test_decode_bytes_match_the_roofline_and_add_the_drafter() -> None:
     from specdiag.geometry import load_geometry
     from specdiag.hardware import HardwarePeaks, Peak
-    from specdiag.roofline import step_roofline
-    from specdiag.utilization import decode_bytes_per_step
+    from specdiag.steps.bandwidth_analysis.roofline import step_roofline
+    from specdiag.steps.gpu_utilization.analysis import decode_bytes_per_step
 
     server = {"speculative_algorithm": "STANDALONE", "speculative_num_draft_tokens": 8, "speculative_num_steps": 7,
               "dtype": "float32", "kv_cache_dtype": "auto", "tp_size": 1}
@@ -217,7 +217,7 @@ def test_decode_bytes_match_the_roofline_and_add_the_drafter() -> None:
 
 
 def test_measure_checks_the_context_before_sending(tmp_path: Path) -> None:
-    from specdiag.utilization_record import measure_utilization
+    from specdiag.steps.gpu_utilization.record import measure_utilization
 
     run = Run.create(tmp_path / "run")
     with ReplayServer() as server:
@@ -252,7 +252,7 @@ def test_decode_prediction_of_the_recorded_h200_request() -> None:
     its 39.1 ms step against the NVML peak (docs/device-notes.md), and a note instead of an error when inputs lack."""
     from specdiag.paths import REFERENCE_DIR
     from specdiag.runs import Run
-    from specdiag.utilization import predict_decode_bandwidth, prediction_lines
+    from specdiag.steps.gpu_utilization.analysis import predict_decode_bandwidth, prediction_lines
 
     (request,) = Run.open(REFERENCE_DIR / "h200-embedded-utilization").rows("telemetry_request")
     pred = predict_decode_bandwidth(request, request["model_configs"])

@@ -12,7 +12,7 @@
 #     tests (ragged kernel vs SGLang's definition, vs SGLang's own extend_attention_fwd, CUDA-graph replay);
 #  4. scripts/sglang_plugin_check.py: four servers (stock, upstream split-KV forced, plugin, plugin in check
 #     mode), (a) per-call comparison inside SGLang, (b) greedy identity over 20 short + 3 long prompts,
-#     (c) specdiag.sweep at 1k..128k per arm into run folders.
+#     (c) specdiag.steps.baseline_sweep.sweep at 1k..128k per arm into run folders.
 # $OUT receives (at most 8 files): sglang-plugin.tar.gz (run-<arm>/ folders, server logs, plugin stats,
 # check.json, identity.jsonl, summary.txt, failures.json), job.log (the driver's log), gpu-tests.log,
 # env.txt, summary.txt (also printed last).

@@ -22,7 +22,7 @@ from specdiag.geometry import (
     kv_bytes_per_step,
     kv_bytes_per_token_per_layer_per_rank,
 )
-from specdiag.metrics import fit_line
+from specdiag.stats import fit_line
 
 #: Columns of the ``drafter_timing`` table (one row per request).
 DRAFTER_TIMING_COLUMNS: tuple[str, ...] = (
@@ -97,7 +97,7 @@ def timing_row(trace: Any, context_tokens: int, **labels: Any) -> dict[str, Any]
 def measure_draft_timing(client: Any, context_tokens: int, max_new_tokens: int, prompt_kind: str = "novel",
                          seed: int = 0) -> dict[str, Any]:
     """Flush the cache, send one exact-length prompt, return its ``drafter_timing`` row (errors kept)."""
-    from specdiag.fresh_prompt import fresh_prompt  # noqa: PLC0415
+    from specdiag.measure.fresh_prompt import fresh_prompt  # noqa: PLC0415
     from specdiag.serving.errors import ServerError  # noqa: PLC0415
 
     labels = {"prompt_kind": prompt_kind, "seed": seed, "max_new_tokens": max_new_tokens}

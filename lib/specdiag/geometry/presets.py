@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
-from specdiag.geometry_types import LAYER_FULL, LAYER_SLIDING
+from specdiag.geometry.types import LAYER_FULL, LAYER_SLIDING
 from specdiag.paths import MODELS_DIR
 
 

@@ -10,7 +10,7 @@ The phases come from the client's stream timestamps (all unix seconds, the sampl
 NVML's ``utilization.gpu`` is averaged by the driver over its own sample period (1/6 s to 1 s), so
 it lags phase edges by up to that period: :func:`phase_stats` can trim the first ``trim_s`` seconds
 of each phase that is long enough to spare them. Everything here is a pure function of rows (the
-recording is :mod:`specdiag.utilization_record`).
+recording is :mod:`specdiag.steps.gpu_utilization.record`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from urllib.parse import urlparse
 
 from specdiag.findings import Finding
 from specdiag.stats import quantile  # noqa: F401 - re-exported (utilization.quantile)
-from specdiag.telemetry import METRIC_FIELDS
+from specdiag.telemetry.sampler import METRIC_FIELDS
 
 PHASES: tuple[str, ...] = ("before", "prefill", "decode", "after")
 #: A derived column: the busiest core's percent in each CPU row (single-thread-bound servers show here).
@@ -234,7 +234,7 @@ def predicted_bandwidth_utilization(bytes_per_step: float, step_s: float, peak_b
     ``effective_bytes_per_s = bytes_per_step / step_s`` (the bytes the analysis says one step must
     read, over the measured step time) and ``predicted_bw_util_pct = 100 * effective / peak``.
     """
-    from specdiag.roofline import effective_bandwidth, memory_floor_s  # noqa: PLC0415
+    from specdiag.steps.bandwidth_analysis.roofline import effective_bandwidth, memory_floor_s  # noqa: PLC0415
 
     if not (bytes_per_step > 0 and step_s > 0 and peak_bytes_per_s > 0):
         raise ValueError(f"bytes_per_step, step_s and peak_bytes_per_s must be > 0; got "

@@ -1,6 +1,6 @@
 """00_snapshot's verdicts: speculation on or off, the attention backend and KV layout, the peak bandwidth.
 
-Pure: from the (redacted) server settings, the settings rows of :func:`specdiag.snapshot.server_settings`
+Pure: from the (redacted) server settings, the settings rows of :func:`specdiag.steps.snapshot.settings.server_settings`
 and the resolved :class:`~specdiag.hardware.HardwarePeaks`, to :class:`~specdiag.findings.Finding` objects.
 Each finding's ``source`` is where its numbers came from: the server (``server-reported``), a recorded
 run (the run's ``data_source``, ``published`` for a transcription), and for the peak the peak's own

@@ -1,7 +1,7 @@
 """NVML telemetry source (pynvml from the ``nvidia-ml-py`` package): GPUs of this machine.
 
 Per GPU and sample: utilization.gpu and utilization.memory (time fractions, see
-:mod:`specdiag.telemetry`), SM and memory clocks, power, memory used; and on GPUs that support
+:mod:`specdiag.telemetry.sampler`), SM and memory clocks, power, memory used; and on GPUs that support
 GPM (Hopper and newer) SM activity, SM occupancy and DRAM bandwidth utilization.
 
 GPM metrics are computed from two GPM samples; NVML's documentation asks for at least 100 ms
@@ -15,7 +15,7 @@ import socket
 import time
 from typing import Any
 
-from specdiag.telemetry_rows import MIB, empty_row
+from specdiag.telemetry.rows import MIB, empty_row
 
 #: GPM metric ids (nvml.h NVML_GPM_METRIC_*) and the telemetry column each fills.
 GPM_METRICS: dict[str, int] = {"sm_active_pct": 2, "sm_occupancy_pct": 3, "dram_bw_util_pct": 10}

@@ -18,8 +18,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
-from specdiag.geometry_presets import PRESETS
-from specdiag.geometry_types import (
+from specdiag.geometry.presets import PRESETS
+from specdiag.geometry.types import (
     DTYPE_BYTES,
     LAYER_FULL,
     LAYER_SLIDING,

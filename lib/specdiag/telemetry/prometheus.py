@@ -23,7 +23,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 from specdiag.spec import parse_prometheus
-from specdiag.telemetry_rows import empty_row
+from specdiag.telemetry.rows import empty_row
 
 #: dcgm-exporter metric name -> (telemetry column, factor to the column's unit)
 DCGM_FIELDS: dict[str, tuple[str, float]] = {

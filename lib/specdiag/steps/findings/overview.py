@@ -9,10 +9,10 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping, Sequence
 
 from specdiag.findings import SEVERITY_ORDER, Finding
-from specdiag.metrics import summarize_sweep
+from specdiag.steps.baseline_sweep.summary import summarize_sweep
 from specdiag.stats import fit_line
 from specdiag.runs import Run
-from specdiag.sweep import latest_rows, rows_source
+from specdiag.steps.baseline_sweep.sweep import latest_rows, rows_source
 
 #: The question each notebook answers (DESIGN.md), in run order.
 QUESTIONS: dict[str, str] = {

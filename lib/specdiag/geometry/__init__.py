@@ -25,11 +25,11 @@ Everything here is a pure function of a :class:`ModelGeometry`; nothing reads th
 
 Modules (all public names are importable from here, so callers import only :mod:`specdiag.geometry`):
 
-- :mod:`specdiag.geometry_types`: :class:`ModelGeometry`, :class:`MoEShape`, :class:`WeightBytesPerParam`,
+- :mod:`specdiag.geometry.types`: :class:`ModelGeometry`, :class:`MoEShape`, :class:`WeightBytesPerParam`,
   the layer kinds and :data:`DTYPE_BYTES`;
 - this module: the math (per-rank sizes under tensor parallelism, KV bytes, weight bytes, :func:`describe`);
-- :mod:`specdiag.geometry_config`: config.json parsing, :func:`load_geometry`, :func:`geometry_for_run`;
-- :mod:`specdiag.geometry_presets`: the presets and their sources (:data:`PRESETS`).
+- :mod:`specdiag.geometry.config`: config.json parsing, :func:`load_geometry`, :func:`geometry_for_run`;
+- :mod:`specdiag.geometry.presets`: the presets and their sources (:data:`PRESETS`).
 """
 
 from __future__ import annotations
@@ -39,15 +39,15 @@ from dataclasses import dataclass
 from typing import Any
 
 # Re-exported: the names callers import from specdiag.geometry.
-from specdiag.geometry_config import (  # noqa: F401
+from specdiag.geometry.config import (  # noqa: F401
     from_hf_config,
     geometry_for_run,
     load_geometry,
     recorded_config,
     weight_bytes_from_config,
 )
-from specdiag.geometry_presets import PRESETS, preset_config  # noqa: F401
-from specdiag.geometry_types import (  # noqa: F401
+from specdiag.geometry.presets import PRESETS, preset_config  # noqa: F401
+from specdiag.geometry.types import (  # noqa: F401
     DTYPE_BYTES,
     LAYER_FULL,
     LAYER_SLIDING,

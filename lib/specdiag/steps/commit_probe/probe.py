@@ -43,9 +43,9 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from specdiag.findings import Finding, Source
-from specdiag.metrics import decode_tok_s
+from specdiag.measure.metrics import decode_tok_s
 from specdiag.nb import check, check_context_lengths
-from specdiag.fresh_prompt import fresh_prompt
+from specdiag.measure.fresh_prompt import fresh_prompt
 from specdiag.prompts import NOVEL_PROSE_PATH
 from specdiag.spec import commit_histogram, commit_histogram_from_correct_drafts, commit_length_of
 

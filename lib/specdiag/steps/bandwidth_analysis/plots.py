@@ -14,7 +14,7 @@ import pandas as pd
 from specdiag import plots
 from specdiag.hardware import HardwarePeaks
 from specdiag.kernels import plots as kplots
-from specdiag.roofline import StepRoofline
+from specdiag.steps.bandwidth_analysis.roofline import StepRoofline
 
 
 def step_vs_floors(ax: Any, steps: Sequence[StepRoofline], step_source: str, has_matmul: bool) -> None:

@@ -2,9 +2,9 @@
 
 For each request: reset the server's prefix cache (so no context is served from an earlier, longer
 prompt; where the server offers no reset, the prompt's head is made unique instead:
-:mod:`specdiag.fresh_prompt`), build a prompt of exactly ``context_tokens`` ids with the server's tokenizer
+:mod:`specdiag.measure.fresh_prompt`), build a prompt of exactly ``context_tokens`` ids with the server's tokenizer
 (:mod:`specdiag.prompts`), stream it greedily, and turn the trace into a ``sweep`` row
-(:func:`specdiag.metrics.sweep_row`). A request that fails yields a row with its error; nothing here
+(:func:`specdiag.measure.metrics.sweep_row`). A request that fails yields a row with its error; nothing here
 raises for a server-side failure, so a sweep keeps every row it measured.
 """
 
@@ -14,9 +14,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from specdiag.metrics import error_row, sweep_row
+from specdiag.measure.metrics import error_row, sweep_row
 from specdiag.nb import check, check_context_lengths
-from specdiag.fresh_prompt import fresh_prompt
+from specdiag.measure.fresh_prompt import fresh_prompt
 from specdiag.prompts import NOVEL_PROSE_PATH
 
 #: Fields that identify one request of a sweep (for resuming a run folder).

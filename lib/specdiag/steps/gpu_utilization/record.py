@@ -3,7 +3,7 @@
 :func:`measure_utilization` is what the notebook (and ``scripts/record_utilization.py`` on a machine
 without papermill) runs when measuring: it builds the prompt, reads the server and the device's peak
 bandwidth, warms the server up, then :func:`record_sampled_request` sends the request inside a
-:class:`specdiag.telemetry.Sampler` window. Everything the analysis needs on replay (timing, sampler
+:class:`specdiag.telemetry.sampler.Sampler` window. Everything the analysis needs on replay (timing, sampler
 statistics, the telemetry source, the server's settings, the models' config.json, the peak bandwidth)
 is written into the request's ``telemetry_request`` row.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from specdiag.paths import PROJECT_ROOT
-from specdiag.telemetry import Sampler, TelemetrySource
+from specdiag.telemetry.sampler import Sampler, TelemetrySource
 
 
 #: server_info keys kept with the request row (what the prediction and the page need on replay).
@@ -84,7 +84,7 @@ def peak_bandwidth(source_info: Mapping[str, Any], device_name: str | None, memo
 
 def request_row(trace: Any, context_tokens: int, max_new_tokens: int, **extra: Any) -> dict[str, Any]:
     """The ``telemetry_request`` row: the sweep metrics of the trace plus its raw stream timing."""
-    from specdiag.metrics import sweep_row  # noqa: PLC0415
+    from specdiag.measure.metrics import sweep_row  # noqa: PLC0415
 
     row = sweep_row(trace, context_tokens)
     row.update(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from specdiag.utilization import CPU_BUSIEST, PhaseWindows, label_rows
+from specdiag.steps.gpu_utilization.analysis import CPU_BUSIEST, PhaseWindows, label_rows
 
 PHASE_COLORS = {"prefill": "#ffcc80", "decode": "#bbdefb"}
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 from specdiag.paths import NOTEBOOKS_DIR, PROJECT_ROOT, RUNS_DIR, relative_to_project
-from specdiag.report_outputs import plain_progress
+from specdiag.report.outputs import plain_progress
 from specdiag.runs import Run, dumps, new_run_id
 
 TEMPLATES_DIR = Path(__file__).parent / "templates" / "nbconvert"

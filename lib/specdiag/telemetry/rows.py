@@ -1,9 +1,9 @@
 """The ``telemetry`` row contract: its columns, an empty row, and what a source must provide.
 
-Imported by the sampler (:mod:`specdiag.telemetry`) and by every source (:mod:`specdiag.telemetry_nvml`,
-:mod:`specdiag.telemetry_prometheus`, the CPU fallback), so the sources never import the sampler:
+Imported by the sampler (:mod:`specdiag.telemetry.sampler`) and by every source (:mod:`specdiag.telemetry.nvml`,
+:mod:`specdiag.telemetry.prometheus`, the CPU fallback), so the sources never import the sampler:
 telemetry -> telemetry_nvml / telemetry_prometheus -> telemetry_rows. What each column means:
-:mod:`specdiag.telemetry`'s docstring.
+:mod:`specdiag.telemetry.sampler`'s docstring.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The geometry types: :class:`ModelGeometry` and its parts, the layer kinds, and bytes per dtype.
 
 The base of the geometry modules (imports none of them): :mod:`specdiag.geometry` holds the math on
-these types, :mod:`specdiag.geometry_config` builds them from a config.json, and
-:mod:`specdiag.geometry_presets` holds the preset configs. Import them all from :mod:`specdiag.geometry`.
+these types, :mod:`specdiag.geometry.config` builds them from a config.json, and
+:mod:`specdiag.geometry.presets` holds the preset configs. Import them all from :mod:`specdiag.geometry`.
 """
 
 from __future__ import annotations

@@ -26,69 +26,27 @@ What each number means (read this before reading a timeline):
   since the previous sample. Linux counts CPU time in 10 ms ticks, so at 50 Hz one core's value moves
   in steps of about 50 %; medians over a phase are meaningful, single samples are not.
 
-The sources live in :mod:`specdiag.telemetry_nvml` and :mod:`specdiag.telemetry_prometheus`; the
-CPU fallback is here; the row contract (columns, ``empty_row``, the source protocol) in
-:mod:`specdiag.telemetry_rows`, which the sources import instead of this module (no import loop).
+The sources live in :mod:`specdiag.telemetry.nvml`, :mod:`specdiag.telemetry.prometheus` and
+:mod:`specdiag.telemetry.cpu` (the CPU fallback); the row contract (columns, ``empty_row``, the source protocol) in
+:mod:`specdiag.telemetry.rows`, which the sources import instead of this module (no import loop).
 """
 
 from __future__ import annotations
 
 import queue
-import socket
 import threading
 import time
 from typing import Any, Callable
 
-# The row contract lives in telemetry_rows.py (shared with the sources); re-exported here.
-from specdiag.telemetry_rows import (  # noqa: F401
+# The row contract lives in telemetry/rows.py (shared with the sources); re-exported here.
+from specdiag.telemetry.rows import (  # noqa: F401
     METRIC_FIELDS,
     MIB,
     TELEMETRY_FIELDS,
     TelemetrySource,
     empty_row,
 )
-
-
-class CpuSource:
-    """The CPU fallback: per-core busy percent through psutil, one row per sample (device ``cpu``).
-
-    ``psutil`` is injectable for tests. ``cpu_percent(percpu=True, interval=None)`` returns the busy
-    percent of each core since the previous call, so :meth:`open` primes it once.
-    """
-
-    kind = "cpu"
-    max_rate_hz = 200.0
-
-    def __init__(self, psutil_module: Any = None) -> None:
-        self._ps = psutil_module
-        self._name: str | None = None
-
-    def open(self) -> None:
-        if self._ps is None:
-            try:
-                import psutil  # noqa: PLC0415 - optional at import time
-            except ImportError as exc:  # pragma: no cover - psutil is a dependency
-                raise RuntimeError("the CPU telemetry fallback needs psutil: pip install psutil") from exc
-            self._ps = psutil
-        self._ps.cpu_percent(percpu=True, interval=None)
-        self._name = f"{self._ps.cpu_count(logical=True)} logical cores"
-
-    def sample(self) -> list[dict[str, Any]]:
-        t0 = time.perf_counter()
-        row = empty_row(time.time(), "cpu", "cpu", self._name)
-        cores = [float(c) for c in self._ps.cpu_percent(percpu=True, interval=None)]
-        row["cpu_core_pct"] = cores
-        row["cpu_util_pct"] = sum(cores) / len(cores) if cores else None
-        row["mem_used_mib"] = self._ps.virtual_memory().used / MIB
-        row["read_ms"] = (time.perf_counter() - t0) * 1e3
-        return [row]
-
-    def close(self) -> None:
-        return None
-
-    def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind, "host": socket.gethostname(), "location": "this machine",
-                "devices": [{"device": "cpu", "name": self._name}]}
+from specdiag.telemetry.cpu import CpuSource  # noqa: F401 - re-exported: open_source("cpu") and callers
 
 
 def open_source(telemetry: str = "auto", gpu_indices: list[int] | None = None, nvml: Any = None,
@@ -103,7 +61,7 @@ def open_source(telemetry: str = "auto", gpu_indices: list[int] | None = None, n
 
     ``nvml`` and ``psutil_module`` replace the real modules (tests pass fakes).
     """
-    from specdiag.telemetry_nvml import NvmlSource, NvmlUnavailable  # noqa: PLC0415
+    from specdiag.telemetry.nvml import NvmlSource, NvmlUnavailable  # noqa: PLC0415
 
     if not isinstance(telemetry, str) or not telemetry:
         raise ValueError(f"telemetry must be 'auto', 'nvml', 'cpu' or a Prometheus URL; got {telemetry!r}")
@@ -113,7 +71,7 @@ def open_source(telemetry: str = "auto", gpu_indices: list[int] | None = None, n
     choice = telemetry.strip()
     source: TelemetrySource
     if choice.startswith(("http://", "https://")):
-        from specdiag.telemetry_prometheus import PrometheusSource  # noqa: PLC0415
+        from specdiag.telemetry.prometheus import PrometheusSource  # noqa: PLC0415
 
         source = PrometheusSource(choice, gpu_indices=gpu_indices)
     elif choice == "nvml":

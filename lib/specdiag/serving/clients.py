@@ -1,0 +1,137 @@
+"""The client registry: ``ServingClient`` (the protocol every engine client meets), ``CLIENTS``,
+``detect_engine`` and ``make_client`` (re-exported lazily by :mod:`specdiag.serving`)."""
+
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
+
+import requests
+
+from specdiag.serving.errors import (
+    ServerError,
+    ServerHTTPError,
+    ServerTimeout,
+    ServerUnreachable,
+    StreamError,
+)
+from specdiag.serving.http import API_KEY_ENV
+from specdiag.serving.settings import ServerSettings
+from specdiag.serving.sglang import SGLangClient
+from specdiag.serving.trace import RequestTrace
+from specdiag.serving.vllm import VLLMClient
+
+__all__ = [
+    "API_KEY_ENV",
+    "CLIENTS",
+    "RequestTrace",
+    "SGLangClient",
+    "ServerError",
+    "ServerHTTPError",
+    "ServerSettings",
+    "ServerTimeout",
+    "ServerUnreachable",
+    "ServingClient",
+    "StreamError",
+    "VLLMClient",
+    "detect_engine",
+    "make_client",
+]
+
+
+@runtime_checkable
+class ServingClient(Protocol):
+    """What every measuring function needs of a server, whatever the engine."""
+
+    engine: str
+    base_url: str
+
+    def check_reachable(self, timeout_s: float = 5.0) -> None:
+        """Raise ServerUnreachable (naming the URL and the cause) unless the server answers HTTP."""
+
+    def health(self, timeout_s: float = 30.0) -> bool:
+        """True when the server says it is healthy."""
+
+    def settings(self) -> ServerSettings:
+        """The server's settings, typed, each with where it came from."""
+
+    def tokenize(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """The server tokenizer's ids for ``text``."""
+
+    def reset_cache(self) -> bool | None:
+        """Empty the prefix cache: True done, False refused, None when the server offers no reset."""
+
+    def flush_cache(self) -> bool:
+        """True only when the prefix cache was emptied (SGLang's name for reset_cache)."""
+
+    def metrics_text(self) -> str | None:
+        """The Prometheus text of /metrics; None when metrics are off."""
+
+    def generate(self, text: str | None = None, input_ids: list[int] | None = None,
+                 sampling_params: dict | None = None, stream: bool = True,
+                 extra_body: Mapping[str, Any] | None = None) -> RequestTrace:
+        """Stream one greedy request (SGLang-style sampling params) and return its trace."""
+
+
+#: Clients by engine name.
+CLIENTS: dict[str, type] = {"sglang": SGLangClient, "vllm": VLLMClient}
+#: Names that mean "the SGLang API": the embedded server speaks it.
+ALIASES = {"embedded": "sglang"}
+
+
+def detect_engine(base_url: str, session: requests.Session | None = None, timeout_s: float = 10.0,
+                  api_key: str | None = None) -> str:
+    """Which engine answers at ``base_url``: ``"vllm"`` or ``"sglang"``, from the server's own answers.
+
+    Raises ServerUnreachable when nothing answers, ServerError when the answers fit no known engine.
+    """
+    probe = SGLangClient(base_url, session=session, api_key=api_key, timeout_s=timeout_s)
+    probe.check_reachable(timeout_s=timeout_s)
+    seen: list[str] = []
+    try:
+        models = probe._get_json(("/v1/models",), timeout_s=timeout_s)
+        owners = {str(m.get("owned_by")).lower() for m in models.get("data") or [] if isinstance(m, Mapping)}
+        if "vllm" in owners:
+            return "vllm"
+        if "sglang" in owners:
+            return "sglang"
+        seen.append(f"/v1/models owned_by {sorted(owners)}")
+    except ServerError as exc:
+        seen.append(f"/v1/models: {exc.cause}")
+    try:
+        info = probe.server_info()
+        if "vllm_config" in info:
+            return "vllm"
+        return "sglang"
+    except ServerError as exc:
+        seen.append(f"/server_info: {exc.cause}")
+    try:
+        version = probe._get_json(("/version",), timeout_s=timeout_s)
+        if "vllm" in str(version).lower():
+            return "vllm"
+        seen.append(f"/version: {str(version)[:80]}")
+    except ServerError as exc:
+        seen.append(f"/version: {exc.cause}")
+    if any("HTTP 401" in s or "HTTP 403" in s for s in seen):
+        raise ServerError(probe.url("/"), "the server refuses requests without an API key ("
+                          + "; ".join(seen) + f"): put the key in the environment variable {API_KEY_ENV}")
+    raise ServerError(probe.url("/"), "the server is neither vLLM nor SGLang as far as its answers tell ("
+                      + "; ".join(seen) + "): pass engine='vllm' or engine='sglang'")
+
+
+def make_client(base_url: str, engine: str = "auto", **kwargs: Any) -> Any:
+    """The client for the server at ``base_url``: ``engine`` a key of CLIENTS (or ``embedded``), or
+    ``"auto"`` to ask the server which engine it is. Keyword arguments go to the client."""
+    if not isinstance(engine, str):
+        raise ValueError(f"engine must be 'auto' or one of {sorted(CLIENTS)}; got {engine!r}")
+    name = ALIASES.get(engine.lower(), engine.lower())
+    if name == "auto":
+        name = detect_engine(base_url, session=kwargs.get("session"), api_key=kwargs.get("api_key"))
+    try:
+        cls = CLIENTS[name]
+    except KeyError:
+        raise ValueError(f"engine {engine!r} is not supported; choose 'auto' or one of {sorted(CLIENTS)}") from None
+    if cls is SGLangClient:
+        kwargs.pop("speculative_config", None)
+    return cls(base_url, **kwargs)

@@ -1,0 +1,1 @@
+"""Step 05_bandwidth_analysis: roofline.py (floors, effective bandwidth, findings), plots.py (the figure)."""

@@ -1,0 +1,1 @@
+"""Step 04_commit_probe: probe.py (plan, rows, summary, verdicts), plots.py."""

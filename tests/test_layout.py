@@ -1,0 +1,86 @@
+"""The layout's two rules: replay code imports no server client, and imports point one way.
+
+- Replay: importing any module of ``specdiag.steps`` or ``specdiag.measure`` (what a notebook imports to
+  replay a recorded run) must not import an HTTP client (``requests``), a serving client, the embedded
+  server or a launcher; those are imported inside the functions that measure. Checked in a fresh
+  interpreter, one module at a time, so the first module that pulls one in is named.
+- Direction: the base (serving/, geometry/, telemetry/, measure/, kernels/ and the flat modules such as
+  stats, spec, runs) never imports steps/ or report/; steps/ never imports report/ (AST, lazy imports too).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from test_import_graph import LIB, import_graph
+
+SERVER_MODULES = ("requests", "specdiag.serving.http", "specdiag.serving.clients", "specdiag.serving.sglang",
+                  "specdiag.serving.vllm", "specdiag.localserver", "specdiag.launchers")
+TOP = ("steps", "report")
+
+
+def _modules(package: str) -> list[str]:
+    root = LIB / package.replace(".", "/")
+    names = []
+    for p in sorted(root.rglob("*.py")):
+        parts = p.relative_to(LIB.parent).with_suffix("").parts
+        names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return names
+
+
+def replay_modules() -> list[str]:
+    return _modules("steps") + _modules("measure") + ["specdiag.runs", "specdiag.nb", "specdiag.telemetry.sampler"]
+
+
+def test_replay_modules_import_no_server_client() -> None:
+    code = (
+        "import importlib, json, sys\n"
+        f"server = {SERVER_MODULES!r}\n"
+        "found = {}\n"
+        f"for m in {replay_modules()!r}:\n"
+        "    importlib.import_module(m)\n"
+        "    hit = sorted(s for s in sys.modules for p in server if s == p or s.startswith(p + '.'))\n"
+        "    if hit:\n"
+        "        found[m] = hit\n"
+        "        break\n"
+        "print(json.dumps(found))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    assert not found, f"importing these modules pulls in server code (move the import into the function): {found}"
+
+
+def test_the_replay_check_sees_a_server_import() -> None:
+    """The check above can fail: specdiag.serving's clients do import requests."""
+    code = "import sys, specdiag.serving.clients; print('requests' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "True", out.stderr[-2000:]
+
+
+def _top(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in TOP else None
+
+
+def test_imports_point_one_way() -> None:
+    wrong = []
+    for mod, targets in import_graph().items():
+        if mod in ("specdiag", "specdiag.cli") or _top(mod) == "report":
+            continue  # the commands may import everything
+        for t in targets:
+            if _top(mod) is None and _top(t) is not None:
+                wrong.append(f"{mod} -> {t}")
+            elif _top(mod) == "steps" and _top(t) == "report":
+                wrong.append(f"{mod} -> {t}")
+    assert not wrong, "base modules must not import steps/ or report/: " + "; ".join(sorted(wrong))
+
+
+def test_each_notebook_has_its_step() -> None:
+    steps = {p.name for p in (LIB / "steps").iterdir() if (p / "__init__.py").exists()}
+    notebooks = {p.stem.split("_", 1)[1] for p in (Path(__file__).parents[1] / "notebooks").glob("*.ipynb")}
+    # 06_kernel_ab is specdiag.kernels; 08_compare_runs shares 07's step (findings)
+    assert notebooks - steps == {"kernel_ab", "compare_runs"}, notebooks - steps
