@@ -55,6 +55,7 @@ def test_ladder_steps_down_from_a_real_out_of_resources():
     """Every rung offered (no estimate filter): the tuned 64 x 64, 3-stage rung raises Triton's OutOfResources
     on an H200 (295,936 B > 232,448 B), the ladder steps down to one that launches and gives the right output."""
     from specdiag.kernels.splitkv_plan import ConfigLadder, ragged_shared_bytes
+    from specdiag.kernels.triton_splitkv_ragged import shared_limit
 
     draft, heads = 8, 8
     batch, _ = make_batch([5000], draft, heads, chain=False, seed=11)
@@ -70,7 +71,7 @@ def test_ladder_steps_down_from_a_real_out_of_resources():
 
     out = ladder.run("h8t8", heads * draft, launch)
     cfg, failed = chosen[0]
-    limit = torch.cuda.get_device_properties(0).shared_memory_per_block_optin
+    limit = shared_limit(torch.device("cuda"))
     print(f"chosen {cfg.as_dict()} after {[f[1][:90] for f in failed]}")
     assert all(ragged_shared_bytes(c) > limit for c, _ in failed)  # only rungs the estimate calls too big failed
     assert rel_err(out.cpu(), sglang_reference(batch)) < 1e-2
