@@ -36,6 +36,47 @@ def run_kernel(batch: VerifyBatch, draft: int) -> torch.Tensor:
                                   max_draft=draft, sm_scale=batch.sm_scale, logit_cap=batch.logit_cap)
 
 
+@pytest.mark.parametrize("heads", [8, 4, 16])  # TP 1, TP 2's local heads, and 128 rows
+def test_ragged_kernel_launches_with_the_ladder_config(heads):
+    """The launch gate of scripts/device/sglang_plugin_job.sh: the default config fits this GPU and is correct."""
+    from specdiag.kernels.splitkv_plan import ragged_shared_bytes
+    from specdiag.kernels.triton_splitkv_ragged import ragged_default_config, shared_limit
+
+    draft = 8
+    cfg = ragged_default_config(heads * draft, torch.device("cuda"))
+    print(f"heads {heads} x draft {draft}: {cfg.as_dict()}, estimated shared memory {ragged_shared_bytes(cfg)} B "
+          f"of {shared_limit(torch.device('cuda'))} B")
+    batch, _ = make_batch([3000, 70], draft, heads, chain=False, seed=heads)
+    out = run_kernel(to_cuda(batch), draft)
+    assert rel_err(out.cpu(), sglang_reference(batch)) < 1e-2
+
+
+def test_ladder_steps_down_from_a_real_out_of_resources():
+    """Every rung offered (no estimate filter): the tuned 64 x 64, 3-stage rung raises Triton's OutOfResources
+    on an H200 (295,936 B > 232,448 B), the ladder steps down to one that launches and gives the right output."""
+    from specdiag.kernels.splitkv_plan import ConfigLadder, ragged_shared_bytes
+    from specdiag.kernels.triton_splitkv_ragged import shared_limit
+
+    draft, heads = 8, 8
+    batch, _ = make_batch([5000], draft, heads, chain=False, seed=11)
+    g = to_cuda(batch)
+    chosen = []
+    ladder = ConfigLadder(shared_limit=10**9, on_choice=lambda key, c, b, failed: chosen.append((c, failed)))
+
+    def launch(cfg):
+        out = torch.full((draft, heads, 512), float("nan"), dtype=g.q.dtype, device="cuda")
+        return ragged_split_kv_triton(g.q, g.k_ext, g.v_ext, g.kv_buffer, out, g.qo_indptr, g.kv_indptr,
+                                      g.kv_indices, g.custom_mask, g.mask_indptr, max_draft=draft,
+                                      sm_scale=g.sm_scale, cfg=cfg)
+
+    out = ladder.run("h8t8", heads * draft, launch)
+    cfg, failed = chosen[0]
+    limit = shared_limit(torch.device("cuda"))
+    print(f"chosen {cfg.as_dict()} after {[f[1][:90] for f in failed]}")
+    assert all(ragged_shared_bytes(c) > limit for c, _ in failed)  # only rungs the estimate calls too big failed
+    assert rel_err(out.cpu(), sglang_reference(batch)) < 1e-2
+
+
 @pytest.mark.parametrize("prefix_lens, draft, heads, chain, cap", [
     ([1000], 8, 8, True, 0.0),
     ([131072], 8, 8, False, 0.0),

@@ -91,3 +91,114 @@ def describe_plan(rows: int, n_kv: int, cfg: SplitKVConfig, num_sms: int) -> dic
     programs = plan.programs * cfg.dv_split
     return {"n_tiles": plan.n_tiles, "n_splits": plan.n_splits, "tokens_per_split": plan.tokens_per_split,
             "programs": programs, "partial_bytes": partial_bytes, "waves": programs / max(1, num_sms)}
+
+
+# ---- shared memory of the ragged kernel (triton_splitkv_ragged._ragged_partial_kernel) and the ladder ----
+
+#: The H200's (sm_90) shared memory per block with opt-in, as Triton reported it in the failed launch
+#: (OutOfResources "Hardware limit: 232448"; /work/devres/plugin1 gpu-tests.log, 2026-11-30).
+SHARED_LIMIT_SM90 = 232448
+#: Room kept below the limit when a configuration is chosen by the estimate (compiler versions differ).
+SHARED_MARGIN = 16384
+
+
+def ragged_shared_bytes(cfg: SplitKVConfig, elem_bytes: int = 2) -> int:
+    """Shared memory the ragged partial kernel needs with ``cfg`` (bytes; bf16/fp16 when elem_bytes is 2).
+
+    From the kernel's tiles (D_QK = 576 latent+rope dims, D_V = 512):
+      q tile ``block_m x 576`` (dot operand, loop-invariant)
+      + key tile ``block_n x 576`` and value tile ``block_n x 512`` (the tail loop's dot operands)
+      + with ``num_stages >= 2``, the full-tile loop's async-copy buffer: one more key tile and the
+        q rope part ``block_m x 64``
+      + 16 bytes per key per stage beyond the second (the slot indices' buffers).
+    Checked by compiling the kernel with Triton 3.6.0 for sm_90 offline (tt.divisibility 16 on the
+    pointers and on strides as SGLang passes them): exact for block_m 64 and block_n 32 or 64, e.g.
+    (64, 64, 3 stages) -> 295,936 B, the number of the failed H200 launch, (64, 32, 3) -> 188,928 B,
+    (64, 64, 1) -> 212,992 B; an upper bound (at most 8 KiB over) for smaller tiles, e.g. (32, 64, 2):
+    253,952 estimated, 245,760 compiled. tests/test_splitkv_shared.py holds the compiled numbers.
+    """
+    d_qk, d_pe = D_V + 64, 64
+    need = cfg.block_m * d_qk * elem_bytes + cfg.block_n * d_qk * elem_bytes + cfg.block_n * D_V * elem_bytes
+    if cfg.num_stages >= 2:
+        need += cfg.block_n * d_qk * elem_bytes + cfg.block_m * d_pe * elem_bytes
+        need += (cfg.num_stages - 2) * cfg.block_n * 16
+    return need
+
+
+def ragged_config_ladder(rows: int) -> list[SplitKVConfig]:
+    """Configurations to try for the ragged kernel, fastest first, each needing less shared memory.
+
+    The first is the tuned default of the non-ragged kernel (default_config); the rungs below halve
+    the KV tile, then the row tile, then drop pipelining, ending at 16 x 16 tiles (about 51 KiB).
+    """
+    first = default_config(rows)
+    rungs = [first]
+    for bm, bn, warps, stages in ((64, 64, 8, 2), (64, 32, 8, 3), (64, 32, 4, 2), (32, 32, 4, 2),
+                                  (16, 32, 4, 2), (16, 16, 4, 2), (16, 16, 4, 1)):
+        if bm > first.block_m:
+            continue
+        cfg = SplitKVConfig(block_m=bm, block_n=bn, num_warps=warps, num_stages=stages,
+                            programs_per_sm=first.programs_per_sm, min_split_tokens=first.min_split_tokens,
+                            merge_block_dv=first.merge_block_dv)
+        if cfg not in rungs:
+            rungs.append(cfg)
+    return rungs
+
+
+def fitting_ladder(rows: int, shared_limit: int = SHARED_LIMIT_SM90, elem_bytes: int = 2,
+                   margin: int = SHARED_MARGIN) -> list[SplitKVConfig]:
+    """The ladder without the rungs the estimate says cannot fit (``need > limit - margin``).
+
+    Never empty: if no rung fits by the estimate, the smallest one is kept (the launch decides).
+    """
+    ladder = ragged_config_ladder(rows)
+    fit = [c for c in ladder if ragged_shared_bytes(c, elem_bytes) <= shared_limit - margin]
+    return fit or ladder[-1:]
+
+
+def is_out_of_resources(exc: BaseException) -> bool:
+    """Triton's OutOfResources (raised when the compiled kernel is loaded, before anything runs)."""
+    return type(exc).__name__ == "OutOfResources" or "out of resource" in str(exc)
+
+
+class ConfigLadder:
+    """The first configuration that launches, per shape key; a smaller one after each OutOfResources.
+
+    ``run(key, rows, launch)`` calls ``launch(cfg)`` with the cached configuration of ``key`` or, the first
+    time, with each rung of :func:`fitting_ladder` in turn until one does not raise OutOfResources; that
+    one is cached (and reported once through ``on_choice``). Other errors propagate at once; when every
+    rung runs out of resources the last OutOfResources propagates (the caller falls back) and the key is
+    remembered as exhausted, so later calls fail fast without compiling again.
+    """
+
+    def __init__(self, shared_limit: int = SHARED_LIMIT_SM90, elem_bytes: int = 2, margin: int = SHARED_MARGIN,
+                 on_choice=None):
+        self.shared_limit = shared_limit
+        self.elem_bytes = elem_bytes
+        self.margin = margin
+        self.on_choice = on_choice
+        self.chosen: dict = {}
+        self.failed: dict = {}  # key -> list of (config, error text) that ran out of resources
+        self.exhausted: dict = {}
+
+    def run(self, key, rows: int, launch):
+        if key in self.chosen:
+            return launch(self.chosen[key])
+        if key in self.exhausted:
+            raise RuntimeError(f"no split-KV configuration fits for {key}: {self.exhausted[key]}")
+        last = None
+        for cfg in fitting_ladder(rows, self.shared_limit, self.elem_bytes, self.margin):
+            try:
+                out = launch(cfg)
+            except Exception as exc:  # noqa: BLE001  only resource errors step down
+                if not is_out_of_resources(exc):
+                    raise
+                self.failed.setdefault(key, []).append((cfg, f"{type(exc).__name__}: {exc}"))
+                last = exc
+                continue
+            self.chosen[key] = cfg
+            if self.on_choice is not None:
+                self.on_choice(key, cfg, ragged_shared_bytes(cfg, self.elem_bytes), self.failed.get(key, []))
+            return out
+        self.exhausted[key] = f"every rung ran out of resources (last: {last})"
+        raise last

@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from specdiag.kernels.mla import BLOCK_TOKENS, D_NOPE, D_PE, D_QK, D_V
-from specdiag.kernels.splitkv_plan import SplitKVConfig, default_config
+from specdiag.kernels.splitkv_plan import SHARED_LIMIT_SM90, SplitKVConfig, fitting_ladder
 
 LOG2E = 1.4426950408889634
 
@@ -186,6 +186,17 @@ def _ragged_merge_kernel(
     tl.store(dst, (acc / tl.sum(w_sum, 0)).to(OUT.dtype.element_ty))
 
 
+def shared_limit(device: torch.device) -> int:
+    """Shared memory per block (opt-in) of ``device`` in bytes, as torch reports it (else the H200's)."""
+    props = torch.cuda.get_device_properties(device)
+    return int(getattr(props, "shared_memory_per_block_optin", 0) or SHARED_LIMIT_SM90)
+
+
+def ragged_default_config(rows: int, device: torch.device, elem_bytes: int = 2) -> SplitKVConfig:
+    """The fastest rung of the ladder whose estimated shared memory fits ``device`` (splitkv_plan)."""
+    return fitting_ladder(rows, shared_limit(device), elem_bytes)[0]
+
+
 def n_splits_for(rows_per_request: int, batch: int, num_sms: int, cfg: SplitKVConfig) -> int:
     """KV splits per request of the fixed grid: about ``programs_per_sm`` x SMs programs in all."""
     n_tiles = -(-rows_per_request // cfg.block_m)
@@ -218,7 +229,7 @@ def ragged_split_kv_triton(q: torch.Tensor, k_ext: torch.Tensor, v_ext: torch.Te
     heads = q.shape[1]
     batch = qo_indptr.shape[0] - 1
     max_rows = max_draft * heads
-    cfg = cfg or default_config(max_rows)
+    cfg = cfg or ragged_default_config(max_rows, q.device, q.element_size())
     if num_sms is None:
         num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count
     n_splits = n_splits_for(max_rows, batch, num_sms, cfg)

@@ -43,6 +43,26 @@ STATS: dict = {"mode": None, "served": 0, "served_in_capture": 0, "fallback": Co
                "upstream_served": 0, "upstream_declined": 0}
 _logged: set = set()
 _last_write = [0.0]
+_LADDER: list = []  # the ConfigLadder of this process, made on first use (specdiag.kernels.splitkv_plan)
+
+
+def _on_config_choice(key, cfg, shared_bytes, failed) -> None:
+    """Logged once per shape: the configuration the ladder settled on, and the rungs that did not fit."""
+    entry = {"key": [str(k) for k in key], "config": cfg.as_dict(), "shared_bytes_estimate": shared_bytes,
+             "out_of_resources": [{"config": c.as_dict(), "error": e} for c, e in failed]}
+    STATS.setdefault("configs", []).append(entry)
+    log_once("config:" + repr(key), "split-KV config for %s: block_m %d block_n %d warps %d stages %d "
+             "(estimated shared memory %d B; %d larger rung(s) ran out of resources)", key, cfg.block_m,
+             cfg.block_n, cfg.num_warps, cfg.num_stages, shared_bytes, len(failed))
+
+
+def config_ladder(device):
+    """This process's ConfigLadder, sized to ``device``'s shared memory on first use."""
+    if not _LADDER:
+        from specdiag.kernels.splitkv_plan import ConfigLadder  # noqa: PLC0415
+        from specdiag.kernels.triton_splitkv_ragged import shared_limit  # noqa: PLC0415
+        _LADDER.append(ConfigLadder(shared_limit=shared_limit(device), on_choice=_on_config_choice))
+    return _LADDER[0]
 
 
 def mode_from_env(environ=os.environ) -> str:
@@ -62,7 +82,7 @@ def stats_snapshot() -> dict:
     return {"pid": os.getpid(), "mode": STATS["mode"], "served": STATS["served"],
             "served_in_capture": STATS["served_in_capture"], "fallback": dict(STATS["fallback"]),
             "upstream_served": STATS["upstream_served"], "upstream_declined": STATS["upstream_declined"],
-            "check": STATS.get("check", [])}
+            "check": STATS.get("check", []), "configs": STATS.get("configs", [])}
 
 
 def _maybe_write_stats(force: bool = False) -> None:
@@ -137,13 +157,20 @@ def _serve(backend, q, k, v, layer, forward_batch, save_kv_cache):
     logit_cap = tb.logit_capping_mod(layer.logit_capping_method, layer.logit_cap)
     heads = layer.tp_q_head_num
     batch = meta.qo_indptr.shape[0] - 1
-    ragged_split_kv_triton(
-        q.view(-1, heads, layer.qk_head_dim), k.reshape(k.shape[0], -1), v.reshape(v.shape[0], -1),
-        backend.token_to_kv_pool.get_key_buffer(layer.layer_id), o.view(-1, heads, layer.v_head_dim),
-        meta.qo_indptr, meta.kv_indptr, meta.kv_indices, meta.custom_mask, meta.mask_indptr,
-        max_draft=max_draft_tokens(meta.max_extend_len, q.shape[0], batch),
-        sm_scale=layer.scaling, logit_cap=logit_cap,
-    )
+    max_draft = max_draft_tokens(meta.max_extend_len, q.shape[0], batch)
+    ladder = config_ladder(q.device)
+    ladder.elem_bytes = q.element_size()
+    key = (heads * max_draft, q.dtype, bool(logit_cap and logit_cap > 0), q.device.index)
+
+    def launch(cfg):
+        return ragged_split_kv_triton(
+            q.view(-1, heads, layer.qk_head_dim), k.reshape(k.shape[0], -1), v.reshape(v.shape[0], -1),
+            backend.token_to_kv_pool.get_key_buffer(layer.layer_id), o.view(-1, heads, layer.v_head_dim),
+            meta.qo_indptr, meta.kv_indptr, meta.kv_indices, meta.custom_mask, meta.mask_indptr,
+            max_draft=max_draft, sm_scale=layer.scaling, logit_cap=logit_cap, cfg=cfg,
+        )
+
+    ladder.run(key, heads * max_draft, launch)
     STATS["served"] += 1
     if torch.cuda.is_current_stream_capturing():
         STATS["served_in_capture"] += 1

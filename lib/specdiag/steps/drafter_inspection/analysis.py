@@ -9,6 +9,7 @@ embedded server's per-step draft times (``meta_info.spec_step_draft_ms``) show i
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from typing import Any, Mapping, Sequence
@@ -214,11 +215,13 @@ def _measured_finding(timing: Sequence[Mapping[str, Any]], timing_source: Source
 
 def drafter_findings(geom: ModelGeometry | None, spans: Sequence[Mapping[str, Any]], window_cap_tokens: int | None,
                      timing: Sequence[Mapping[str, Any]] = (), timing_source: Source = "server-reported",
-                     growth_threshold: float = 1.5, config_source: Source = "configured") -> list[Finding]:
+                     growth_threshold: float = 1.5, config_source: Source = "configured",
+                     cost_rows: Sequence[Mapping[str, Any]] = (), cost_source: Source = "measured") -> list[Finding]:
     """Verdicts: is the drafter's attention bounded (config), does its RoPE cover the contexts, is its
     measured per-step draft time flat (longest/shortest context median below ``growth_threshold``), and
     the two together (``drafter.cost_bounded``). ``geom`` None: the server drafts without a model
-    (n-gram prompt lookup), so only the measured draft time can be judged."""
+    (n-gram prompt lookup), so only the measured draft time can be judged. ``cost_rows``: the ``drafter_cost``
+    table (STANDALONE minus NGRAM ms per verify step), judged where the engine reports no per-step draft time."""
     found: list[Finding] = []
     cap: int | None = None
     if geom is not None:
@@ -233,6 +236,9 @@ def drafter_findings(geom: ModelGeometry | None, spans: Sequence[Mapping[str, An
     measured = _measured_finding(timing, timing_source, growth_threshold)
     if measured is not None:
         found.append(measured)
+    difference = cost_difference_finding(cost_rows, cost_source) if measured is None else None
+    if difference is not None:
+        found.append(difference)
     longest = max((int(r["context_tokens"]) for r in spans), default=0) if spans else max(
         (int(r["context_tokens"]) for r in timing), default=0)
     found.append(_cost_verdict(found, cap, longest, config_source, has_model=geom is not None))
@@ -244,6 +250,9 @@ def _cost_verdict(found: Sequence[Finding], cap: int | None, longest: int, sourc
     """``drafter.cost_bounded``: the configuration's verdict and the measured one, together."""
     measured = next((f for f in found if f.id == "drafter.measured_cost"), None)
     flat = measured is not None and measured.severity == "ok"
+    difference = next((f for f in found if f.id == "drafter.cost_difference"), None)
+    if measured is None and difference is not None:  # no per-step draft time: STANDALONE minus NGRAM instead
+        measured, flat = difference, not difference.numbers["grows"]
     if not has_model:
         verdict, sev = (("The draft step (no draft model) is flat over the measured contexts up to "
                          f"{longest:,} tokens." if flat else
@@ -268,7 +277,8 @@ def _cost_verdict(found: Sequence[Finding], cap: int | None, longest: int, sourc
                         + (" and the measured draft time grows with it." if measured else
                            "; no per-step draft time was measured to show how much it costs."), "warning")
     evidence = [f"{f.id}: {f.verdict}" for f in found
-                if f.id in ("drafter.attention_bounded", "drafter.measured_cost", "drafter.no_model")]
+                if f.id in ("drafter.attention_bounded", "drafter.measured_cost", "drafter.cost_difference",
+                            "drafter.no_model")]
     return Finding("drafter.cost_bounded", "Is the drafter's cost bounded in context?", verdict, sev, tuple(evidence),
                    {"bounded_by_config": cap is not None, "max_span_tokens": cap,
                     "measured_flat": flat if measured is not None else None},
@@ -339,7 +349,8 @@ WINDOW_CHECK_TABLE = "drafter_window_check"
 COST_TABLE = "drafter_cost"
 
 
-def window_check_finding(rows: Sequence[Mapping[str, Any]], source: Source = "measured") -> Finding | None:
+def window_check_finding(rows: Sequence[Mapping[str, Any]], source: Source = "measured",
+                         server: Mapping[str, Any] | None = None) -> Finding | None:
     """drafter.window_honoured: did the server honour the drafter's sliding window?
 
     ``rows``: the ``drafter_window_check`` table, one row per (context, prompt kind): the same greedy prompt
@@ -360,6 +371,8 @@ def window_check_finding(rows: Sequence[Mapping[str, Any]], source: Source = "me
                 f"{r.get('correct_drafts_as_shipped')} vs {r.get('correct_drafts_all_full')} ({source})" for r in ok]
     if inside and not all(r["same_drafting"] for r in inside):
         evidence.append("within the window the two already differ: the comparison is noisy, read it with care")
+    if server is not None:
+        evidence.append(_window_settings_evidence(server))
     numbers = {"window_tokens": window, "rows_beyond_window": len(beyond), "rows_differing_beyond_window": len(differ),
                "contexts_tokens": sorted({int(r["context_tokens"]) for r in ok})}
     if differ:
@@ -374,3 +387,57 @@ def window_check_finding(rows: Sequence[Mapping[str, Any]], source: Source = "me
         f"all-full-attention copy ({len(beyond)} requests): the server runs every drafter layer with full attention, "
         f"so the drafter's cost and its positions beyond what it was trained on grow with context.",
         "warning", tuple(evidence), numbers, source)
+
+
+def _window_settings_evidence(server: Mapping[str, Any]) -> str:
+    """What the server's settings say about the drafter's attention span (server-reported /server_info keys)."""
+    keys = ("speculative_draft_window_size", "speculative_draft_attention_backend", "speculative_attention_mode")
+    shown = ", ".join(f"{k} = {server.get(k)!r}" for k in keys if k in server)
+    if not shown:
+        return "server settings: no draft-window setting reported (server-reported /server_info)"
+    return (f"server settings: {shown} (server-reported /server_info): no server-side draft window, and no setting "
+            f"names the drafter's per-layer sliding window; only the behaviour above tells whether it was honoured")
+
+
+def as_engine_ran(geom: ModelGeometry | None, window_finding: Finding | None) -> ModelGeometry | None:
+    """The drafter as the engine ran it: every layer full attention when ``drafter.window_honoured`` found that
+    the server ignores the sliding window (same shapes and weights), else ``geom`` unchanged."""
+    if geom is None or window_finding is None or window_finding.severity == "ok":
+        return geom
+    if all(t == LAYER_FULL for t in geom.layer_types):
+        return geom
+    return dataclasses.replace(
+        geom, layer_types=tuple(LAYER_FULL for _ in geom.layer_types),
+        source=f"{geom.source}; every layer full attention, as the engine ran it (drafter.window_honoured, "
+               f"{window_finding.source})")
+
+
+def cost_difference_finding(rows: Sequence[Mapping[str, Any]], source: Source = "measured") -> Finding | None:
+    """``drafter.cost_difference``: the drafter's cost per verify step measured from outside, where the engine
+    reports no per-step draft time: per context, the STANDALONE server's ms per verify step minus the NGRAM
+    server's (same target, same prompts; the ``drafter_cost`` table). None without two usable contexts."""
+    pts = sorted((int(r["context_tokens"]), float(r["drafter_ms_per_verify_step"])) for r in rows
+                 if r.get("drafter_ms_per_verify_step") is not None)
+    if len(pts) < 2:
+        return None
+    fit = fit_line([c for c, _ in pts], [d for _, d in pts])
+    grows = fit.slope_per_1k > 0 and pts[-1][1] > max(pts[0][1], 0.0) + 1.0
+    negative = [c for c, d in pts if d < 0]
+    evidence = [f"{c:,} tokens: STANDALONE {r.get('standalone_step_ms'):.3g} ms - NGRAM {r.get('ngram_step_ms'):.3g} ms = "
+                f"{d:+.3g} ms per verify step (computed from {source} ms per verify step)"
+                for (c, d), r in zip(pts, sorted((r for r in rows if r.get("drafter_ms_per_verify_step") is not None),
+                                                 key=lambda r: int(r["context_tokens"])))]
+    evidence.append(f"least squares {fit.slope_per_1k:+.3g} ms per 1k tokens, r\u00b2 {fit.r2:.2f}, {fit.n} contexts (computed)")
+    if negative:
+        evidence.append(f"negative at {', '.join(f'{c:,}' for c in negative)} tokens: one request per context and "
+                        f"server, so differences under about 1 ms are noise")
+    return Finding(
+        "drafter.cost_difference", "The drafter's cost per verify step, measured against NGRAM",
+        f"The engine reports no per-step draft time; the STANDALONE server's ms per verify step minus the NGRAM "
+        f"server's was {pts[0][1]:+.3g} ms at {pts[0][0]:,} tokens and {pts[-1][1]:+.3g} ms at {pts[-1][0]:,} "
+        f"({fit.slope_per_1k:+.3g} ms per 1k tokens): "
+        + ("the drafter's cost grows with context." if grows else "no growth with context beyond the noise."),
+        "warning" if grows else "info", tuple(evidence),
+        {"drafter_ms_first": pts[0][1], "drafter_ms_last": pts[-1][1], "slope_ms_per_1k_tokens": fit.slope_per_1k,
+         "r2": fit.r2, "context_tokens_first": pts[0][0], "context_tokens_last": pts[-1][0], "grows": grows},
+        source)
