@@ -42,3 +42,21 @@ def test_fresh_prompt_without_a_reset_makes_every_head_unique() -> None:
     same = FakeClient(reset=True)
     (c, flushed_c), (d, _) = (fresh_prompt(same, 300, "predictable", 0) for _ in range(2))
     assert flushed_c is True and c.input_ids == d.input_ids  # a real reset: the prompt stays as built
+
+
+class BosClient(FakeClient):
+    """A tokenizer that puts a BOS (id 1) before every text when asked for special tokens."""
+
+    def tokenize(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return ([1] if add_special_tokens else []) + super().tokenize(text)
+
+
+def test_the_unique_head_keeps_the_bos_of_a_prompt_built_with_special_tokens() -> None:
+    from specdiag.measure.request import ADD_SPECIAL_TOKENS
+
+    client = BosClient(reset=None)
+    a, _ = fresh_prompt(client, 300, "predictable", 0, add_special_tokens=ADD_SPECIAL_TOKENS)
+    b, _ = fresh_prompt(client, 300, "predictable", 0, add_special_tokens=ADD_SPECIAL_TOKENS)
+    assert ADD_SPECIAL_TOKENS is True
+    assert len(a.input_ids) == 300 and a.input_ids[0] == 1 and b.input_ids[0] == 1  # the BOS stays first
+    assert a.input_ids[1:40] != b.input_ids[1:40] and 1 not in a.input_ids[1:]

@@ -222,11 +222,15 @@ def unique_head(tokenize: Tokenize, prompt: Prompt, tag: str) -> Prompt:
 
     For a server whose prefix cache cannot be reset (vLLM without dev mode): a prompt whose first
     tokens no earlier prompt had shares no cached block with them (a prefix cache matches from the
-    first token on), so every prompt token is computed. The tail, which the model continues, is kept.
+    first token on), so every prompt token is computed. The tail, which the model continues, is kept, and
+    so are the leading special tokens ``tokenize`` adds (a BOS), when the prompt starts with them.
     """
     tag_ids = tokenize_long(tokenize, tag)
     if not tag_ids:
         raise ValueError(f"the tag {tag!r} tokenizes to nothing")
-    n = min(len(tag_ids), len(prompt.input_ids))
-    ids = tag_ids[:n] + list(prompt.input_ids[n:])
+    # A prompt built with the tokenizer's special tokens keeps its leading ones (a BOS): the tag follows them.
+    prefix, _ = special_affixes(tokenize)
+    keep = len(prefix) if prefix and list(prompt.input_ids[:len(prefix)]) == prefix else 0
+    n = min(len(tag_ids), len(prompt.input_ids) - keep)
+    ids = list(prompt.input_ids[:keep]) + tag_ids[:n] + list(prompt.input_ids[keep + n:])
     return replace(prompt, input_ids=ids, preview=(tag + prompt.preview)[:PREVIEW_CHARS])

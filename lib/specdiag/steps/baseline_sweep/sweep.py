@@ -1,22 +1,20 @@
 """The baseline sweep's measurement: one streamed request per (context, repeat), one row each.
 
-For each request: reset the server's prefix cache (so no context is served from an earlier, longer
-prompt; where the server offers no reset, the prompt's head is made unique instead:
-:mod:`specdiag.measure.fresh_prompt`), build a prompt of exactly ``context_tokens`` ids with the server's tokenizer
-(:mod:`specdiag.prompts`), stream it greedily, and turn the trace into a ``sweep`` row
-(:func:`specdiag.measure.metrics.sweep_row`). A request that fails yields a row with its error; nothing here
+Each request is the one measured-request recipe (:mod:`specdiag.measure.request`): the send time stamped
+first, the prefix cache reset (so no context is served from an earlier, longer prompt; where the server offers
+no reset, the prompt's head is made unique instead), a prompt of exactly ``context_tokens`` ids built with the
+server's tokenizer, streamed greedily; the trace becomes a ``sweep`` row (:func:`specdiag.measure.metrics.sweep_row`). A request that fails yields a row with its error; nothing here
 raises for a server-side failure, so a sweep keeps every row it measured.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any, Iterable
 
 from specdiag.measure.metrics import error_row, sweep_row
+from specdiag.measure.request import measured_request
 from specdiag.nb import check, check_context_lengths
-from specdiag.measure.fresh_prompt import fresh_prompt
 from specdiag.prompts import NOVEL_PROSE_PATH
 
 #: Fields that identify one request of a sweep (for resuming a run folder).
@@ -92,27 +90,19 @@ def make_plan(context_lengths: Any, max_new_tokens: Any, repeats: Any, prompt_ki
 
 
 def measure_request(client: Any, request: dict[str, Any], plan: SweepPlan) -> dict[str, Any]:
-    """Flush, build the prompt, stream it and return its ``sweep`` row (error rows included).
+    """One measured request (:func:`specdiag.measure.request.measured_request`: stamp, fresh prompt of exactly
+    ``context_tokens`` ids, stream, server errors caught) as its ``sweep`` row (error rows included).
 
     ``client`` is a :class:`specdiag.serving.ServingClient`; ``request`` one of ``plan.requests()``.
     """
-    from specdiag.serving.errors import ServerError  # noqa: PLC0415 - keep the module importable for replay
-
     labels = {k: request[k] for k in ("repeat", "prompt_kind", "seed", "max_new_tokens")}
     ctx = int(request["context_tokens"])
-    flushed: bool | None = None
-    try:
-        prompt, flushed = fresh_prompt(client, ctx, plan.prompt_kind, int(request["seed"]),
-                                       instruction=plan.instruction if plan.prompt_kind == "novel" else "",
-                                       reset=plan.flush_cache, add_special_tokens=True)
-    except (ServerError, ValueError, OSError) as exc:
-        return error_row(ctx, f"prompt: {exc}", time.time(), **labels, cache_flushed=flushed)
-    sampling = {"max_new_tokens": plan.max_new_tokens, "temperature": 0.0, "ignore_eos": plan.ignore_eos}
-    try:
-        trace = client.generate(input_ids=prompt.input_ids, sampling_params=sampling, stream=True)
-    except ServerError as exc:  # ServerUnreachable: nothing could be sent
-        return error_row(ctx, str(exc), time.time(), **labels, cache_flushed=flushed)
-    return sweep_row(trace, ctx, **labels, cache_flushed=flushed)
+    done = measured_request(client, ctx, plan.prompt_kind, int(request["seed"]), plan.max_new_tokens,
+                            reset=plan.flush_cache, ignore_eos=plan.ignore_eos,
+                            instruction=plan.instruction if plan.prompt_kind == "novel" else "")
+    if done.trace is None:
+        return error_row(ctx, str(done.error), done.t_send_unix_s, **labels, cache_flushed=done.cache_flushed)
+    return sweep_row(done.trace, ctx, **labels, cache_flushed=done.cache_flushed)
 
 
 def latest_rows(rows: Iterable[dict[str, Any]], requests: Iterable[dict[str, Any]] | None = None) -> list[dict[str, Any]]:

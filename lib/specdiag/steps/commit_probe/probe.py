@@ -44,8 +44,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from specdiag.findings import Finding, Source
 from specdiag.measure.metrics import decode_tok_s
+from specdiag.measure.request import measured_request
 from specdiag.nb import check, check_context_lengths
-from specdiag.measure.fresh_prompt import fresh_prompt
 from specdiag.prompts import NOVEL_PROSE_PATH
 from specdiag.spec import commit_histogram, commit_histogram_from_correct_drafts, commit_length_of
 
@@ -169,32 +169,25 @@ def step_rows(trace: Any, request: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def error_row(request: Mapping[str, Any], error: str, num_draft_tokens: int | None,
-              cache_flushed: bool | None = None) -> dict[str, Any]:
+              cache_flushed: bool | None = None, ts_unix_s: float | None = None) -> dict[str, Any]:
+    """A failed request's row; ``ts_unix_s`` is when it was attempted (stamped before the request)."""
     row = {c: None for c in PROBE_COLUMNS}
-    row.update(ts_unix_s=time.time(), **{k: request[k] for k in PROBE_KEY}, num_draft_tokens=num_draft_tokens,
-               max_commit_length=num_draft_tokens or None,
+    row.update(ts_unix_s=time.time() if ts_unix_s is None else ts_unix_s, **{k: request[k] for k in PROBE_KEY},
+               num_draft_tokens=num_draft_tokens, max_commit_length=num_draft_tokens or None,
                cache_flushed=cache_flushed, error=error)
     return row
 
 
 def measure(client: Any, request: Mapping[str, Any], plan: ProbePlan,
             num_draft_tokens: int | None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Flush, build the prompt, stream it; returns the probe row and its step rows (never raises for a
-    server-side failure: the row carries the error)."""
-    from specdiag.serving.errors import ServerError  # noqa: PLC0415 - replay needs no client
-
-    flushed: bool | None = None
-    try:
-        prompt, flushed = fresh_prompt(client, int(request["context_tokens"]), request["kind"], int(request["seed"]),
-                                       reset=plan.flush_cache)
-    except (ServerError, ValueError, OSError) as exc:
-        return error_row(request, f"prompt: {exc}", num_draft_tokens, flushed), []
-    sampling = {"max_new_tokens": plan.max_new_tokens, "temperature": 0.0, "ignore_eos": True}
-    try:
-        trace = client.generate(input_ids=prompt.input_ids, sampling_params=sampling, stream=True)
-    except ServerError as exc:
-        return error_row(request, str(exc), num_draft_tokens, flushed), []
-    return probe_row(trace, request, num_draft_tokens, flushed), step_rows(trace, request)
+    """One measured request (:func:`specdiag.measure.request.measured_request`); returns the probe row and its
+    step rows (never raises for a server-side failure: the row carries the error)."""
+    done = measured_request(client, int(request["context_tokens"]), request["kind"], int(request["seed"]),
+                            plan.max_new_tokens, reset=plan.flush_cache)
+    if done.trace is None:
+        return error_row(request, str(done.error), num_draft_tokens, done.cache_flushed, done.t_send_unix_s), []
+    return (probe_row(done.trace, request, num_draft_tokens, done.cache_flushed),
+            step_rows(done.trace, request))
 
 
 def latest_rows(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from specdiag.findings import Finding, Source
 from specdiag.geometry import (
@@ -83,7 +83,8 @@ def timing_row(trace: Any, context_tokens: int, **labels: Any) -> dict[str, Any]
     verify = list(spec.step_verify_ms or []) if spec is not None else []
     commits = list(spec.step_commit_lengths or []) if spec is not None else []
     return {
-        "ts_unix_s": time.time(), "context_tokens": int(context_tokens), **labels,
+        "ts_unix_s": getattr(trace, "t_send_unix_s", None) or time.time(), "context_tokens": int(context_tokens),
+        **labels,
         "prompt_tokens": trace.prompt_tokens,
         "verify_steps": spec.verify_ct if spec is not None else None,
         "draft_steps_timed": len(draft),
@@ -95,23 +96,41 @@ def timing_row(trace: Any, context_tokens: int, **labels: Any) -> dict[str, Any]
     }
 
 
+#: Fields that identify one draft-timing request (for resuming a run folder).
+TIMING_KEY = ("context_tokens", "prompt_kind", "seed", "max_new_tokens")
+
+
+@dataclasses.dataclass(frozen=True)
+class TimingPlan:
+    """03's draft-timing requests: one per context (``measure.loop.measure_missing`` measures the pending)."""
+
+    context_lengths: tuple[int, ...]
+    max_new_tokens: int
+    prompt_kind: str = "novel"
+    seed: int = 0
+
+    def requests(self) -> list[dict[str, Any]]:
+        return [{"context_tokens": int(c), "prompt_kind": self.prompt_kind, "seed": self.seed,
+                 "max_new_tokens": self.max_new_tokens} for c in self.context_lengths]
+
+    def pending(self, done: Iterable[tuple[Any, ...]]) -> list[dict[str, Any]]:
+        done = set(done)
+        return [q for q in self.requests() if tuple(q[k] for k in TIMING_KEY) not in done]
+
+
 def measure_draft_timing(client: Any, context_tokens: int, max_new_tokens: int, prompt_kind: str = "novel",
                          seed: int = 0) -> dict[str, Any]:
-    """Flush the cache, send one exact-length prompt, return its ``drafter_timing`` row (errors kept)."""
-    from specdiag.measure.fresh_prompt import fresh_prompt  # noqa: PLC0415
-    from specdiag.serving.errors import ServerError  # noqa: PLC0415
+    """One measured request (:func:`specdiag.measure.request.measured_request`: stamp, fresh exact-length
+    prompt, stream, server errors caught) as its ``drafter_timing`` row (errors kept)."""
+    from specdiag.measure.request import measured_request  # noqa: PLC0415
 
     labels = {"prompt_kind": prompt_kind, "seed": seed, "max_new_tokens": max_new_tokens}
-    try:
-        prompt, _ = fresh_prompt(client, context_tokens, prompt_kind, seed, add_special_tokens=True)
-        trace = client.generate(input_ids=prompt.input_ids, stream=True,
-                                sampling_params={"max_new_tokens": max_new_tokens, "temperature": 0.0,
-                                                 "ignore_eos": True})
-    except (ServerError, ValueError, OSError) as exc:
+    done = measured_request(client, int(context_tokens), prompt_kind, int(seed), int(max_new_tokens))
+    if done.trace is None:
         row = {c: None for c in DRAFTER_TIMING_COLUMNS}
-        row.update(ts_unix_s=time.time(), context_tokens=int(context_tokens), **labels, error=str(exc))
+        row.update(ts_unix_s=done.t_send_unix_s, context_tokens=int(context_tokens), **labels, error=done.error)
         return row
-    return timing_row(trace, context_tokens, **labels)
+    return timing_row(done.trace, context_tokens, **labels)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -109,28 +109,22 @@ def record_sampled_request(run: Any, client: Any, source: TelemetrySource, input
     The request is greedy with ``ignore_eos`` so it decodes exactly ``max_new_tokens`` tokens.
     Returns the request row. A failed request is recorded with its ``error`` and returned.
     """
-    from specdiag.serving.errors import ServerError  # noqa: PLC0415
+    from specdiag.measure.request import send  # noqa: PLC0415
 
-    params = {"max_new_tokens": int(max_new_tokens), "ignore_eos": True, "temperature": 0.0,
-              **dict(sampling_params or {})}
     context = int(context_tokens if context_tokens is not None else len(input_ids))
     described = source.describe()
-    trace = None
-    error = None
     with Sampler(source, rate_hz=rate_hz, sink=lambda r: run.append_row("telemetry", r)) as sampler:
         time.sleep(max(0.0, idle_before_s))
-        try:
-            trace = client.generate(input_ids=list(input_ids), sampling_params=params, stream=True)
-        except ServerError as exc:  # nothing could be sent: keep the telemetry, record why
-            error = str(exc)
+        # the one measured-request send: stamped before, greedy, ignore_eos, a server error kept as the row's
+        done = send(client, input_ids, max_new_tokens, sampling_params=sampling_params)
         time.sleep(max(0.0, idle_after_s))
     extra = dict(labels, telemetry_source=described, sampler=sampler.stats(),
                  server_url=getattr(client, "base_url", None))
-    if trace is not None:
-        row = request_row(trace, context, max_new_tokens, **extra)
-    else:
-        row = {"ts_unix_s": time.time(), "context_tokens": context, "max_new_tokens": int(max_new_tokens),
-               "t_send_unix_s": None, "chunk_t_s": [], "chunk_tokens": [], "error": error, **extra}
+    if done.trace is not None:
+        row = request_row(done.trace, context, max_new_tokens, **extra)
+    else:  # nothing could be sent: keep the telemetry, record why and when it was tried
+        row = {"ts_unix_s": done.t_send_unix_s, "context_tokens": context, "max_new_tokens": int(max_new_tokens),
+               "t_send_unix_s": None, "chunk_t_s": [], "chunk_tokens": [], "error": done.error, **extra}
     run.append_row("telemetry_request", row)
     return row
 
@@ -146,14 +140,15 @@ def measure_utilization(run: Any, client: Any, source: TelemetrySource, context_
     64 tokens) so start-up work stays out of the window; flushes again; records. Returns the
     ``telemetry_request`` row (also appended to ``run``).
     """
-    from specdiag.prompts import build_prompt, unique_head  # noqa: PLC0415
+    from specdiag.measure.fresh_prompt import freshen  # noqa: PLC0415
+    from specdiag.measure.request import ADD_SPECIAL_TOKENS, exact_prompt, greedy  # noqa: PLC0415
 
     server_info = client.settings().as_server_info()
     limit = server_info.get("context_length")
     if limit is not None and context_tokens + max_new_tokens > int(limit):
         raise ValueError(f"context_tokens + max_new_tokens = {context_tokens + max_new_tokens:,} tokens but the "
                          f"server's context_length is {int(limit):,}: lower one of them")
-    prompt = build_prompt(lambda text: client.tokenize(text, add_special_tokens=True), context_tokens, "novel", seed)
+    prompt = exact_prompt(client, context_tokens, "novel", seed)
     configs = local_model_configs(server_info)
     if model_config:
         configs = {"target": model_config_from_parameter(model_config), "drafter": None}
@@ -163,15 +158,14 @@ def measure_utilization(run: Any, client: Any, source: TelemetrySource, context_
         hardware = peak_bandwidth(described, first_name, memory_bandwidth_gb_s, gpu_index)
     except ValueError as exc:  # recorded; the page then says why there is no prediction
         hardware = {"error": str(exc)}
-    client.reset_cache()
     warm = None
     if warmup_tokens > 0:
-        warm = client.generate(input_ids=prompt.input_ids[:64], stream=True,
-                               sampling_params={"max_new_tokens": warmup_tokens, "ignore_eos": True, "temperature": 0.0})
-        if client.reset_cache() is None:  # no reset offered (vLLM without dev mode): a head the warm-up never saw
-            prompt = unique_head(lambda text: client.tokenize(text), prompt, f"[measured request {time.time_ns():x}] ")
+        client.reset_cache()
+        warm = client.generate(input_ids=prompt.input_ids[:64], stream=True, sampling_params=greedy(warmup_tokens))
+    # the measured request's prompt made fresh after the warm-up: cache reset, or a head the warm-up never saw
+    prompt, flushed = freshen(client, prompt, add_special_tokens=ADD_SPECIAL_TOKENS)
     return record_sampled_request(
         run, client, source, prompt.input_ids, max_new_tokens, rate_hz=sample_hz, idle_before_s=idle_s,
-        idle_after_s=idle_s, context_tokens=context_tokens, prompt_kind="novel", seed=seed,
+        idle_after_s=idle_s, context_tokens=context_tokens, prompt_kind="novel", seed=seed, cache_flushed=flushed,
         server={k: server_info.get(k) for k in SERVER_KEYS}, model_configs=configs, hardware=hardware,
         warmup={"completion_tokens": warm.completion_tokens, "e2e_s": warm.e2e_s, "error": warm.error} if warm else None)
