@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from specdiag.serving.locality import is_local_url
+
 PeakSource = Literal["parameter", "nvml", "table", "measured", "recorded"]
 
 
@@ -362,16 +364,6 @@ def peaks_from_record(record: dict[str, Any]) -> HardwarePeaks:
         memory_bandwidth=Peak(bw * 1e9, "recorded", detail("memory_bandwidth")),
         matmul=Peak(float(mm) * 1e12, "recorded", detail("matmul")) if mm else None,
     )
-
-
-def is_local_url(url: str) -> bool:
-    """True for the embedded server and anything on this machine's loopback."""
-    from urllib.parse import urlparse  # noqa: PLC0415
-
-    if not url:
-        return True
-    host = (urlparse(url).hostname or "").lower()
-    return host in ("127.0.0.1", "localhost", "::1", "0.0.0.0")
 
 
 def peaks_for_run(memory_bandwidth_gb_s: float | None = None, matmul_tflops: float | None = None,

@@ -88,7 +88,8 @@ def start(notebook: str, server_url: str = "", run_dir: str = "", replay_dir: st
     - ``replay_dir`` set: analyse that run's rows; outputs go to ``run_dir`` (or a new run folder
       labelled ``replay``), whose run.json records ``replays`` (and ``replay_of`` when
       the run measured nothing live).
-    - else ``server_url`` set: check it answers (a clear error naming the URL if not) and measure.
+    - else ``server_url`` set: check it answers (a clear error naming the URL if not) and measure; in a
+      report run the report checked it once (``serving.reach``) and the notebook does not check again.
     - else: start or reuse the embedded server (``specdiag.localserver.ensure_running``).
     """
     params = dict(params or {})
@@ -111,16 +112,17 @@ def start(notebook: str, server_url: str = "", run_dir: str = "", replay_dir: st
     run.update(params={notebook: params})
     if not needs_server:
         return NotebookContext(notebook, run, run, server_url, None, params)
-    from specdiag.serving import make_client  # noqa: PLC0415 - keep replay free of client imports
+    from specdiag.serving import make_client, reach, reached_engine  # noqa: PLC0415 - replay imports no client
 
-    engine = "auto"
     if not server_url:
         from specdiag import localserver  # noqa: PLC0415
 
         server_url = localserver.ensure_running()
-        engine = "embedded"
-    client = make_client(server_url, engine)  # "auto" asks the server which engine it is
-    client.check_reachable()
+        client = reach(server_url, "embedded")
+    elif known := reached_engine(server_url):  # a report run reached this server once for all its notebooks
+        client = make_client(server_url, known)
+    else:
+        client = reach(server_url)  # asks the server which engine it is; a clear error when it does not answer
     settings = client.settings()
     run.update(server_url=server_url, server_engine=client.engine)
     return NotebookContext(notebook, run, run, server_url, client, params, settings)

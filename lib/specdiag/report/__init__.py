@@ -341,16 +341,21 @@ def render_run(run: Run, results: list[NotebookResult]) -> Path:
 # --------------------------------------------------------------------------------------------
 @contextlib.contextmanager
 def server_for_report(server_url: str, run: Run, engine: str = "embedded",
-                      engine_options: Mapping[str, Any] | None = None, server: Any = None) -> Iterator[str]:
+                      engine_options: Mapping[str, Any] | None = None, server: Any = None,
+                      client: Any = None) -> Iterator[str]:
     """Yield a reachable server URL: ``server_url`` checked, or an engine (``specdiag.launchers``:
     embedded by default, or sglang) started with ``engine_options`` and always stopped afterwards,
     also on failure or Ctrl-C. Its log goes to the run folder, its command line (secrets redacted) to
-    run.json. ``server``: an engine server already made by ``engine_server`` (options checked)."""
-    if server_url:
-        from specdiag.serving import SGLangClient  # noqa: PLC0415
+    run.json. ``server``: an engine server already made by ``engine_server`` (options checked).
+    ``client``: the client of ``server_url`` when the caller already reached it.
 
-        SGLangClient(server_url).check_reachable()
-        yield server_url
+    The run's one reachability check (``serving.reach``): made here (or by the caller) once, and exported
+    to the notebooks (``serving.reached``), which then do not check again."""
+    from specdiag.serving import reach, reached  # noqa: PLC0415
+
+    if server_url:
+        with reached(client or reach(server_url)):
+            yield server_url
         return
     from specdiag.launchers import engine_server  # noqa: PLC0415
     from specdiag.launchers.process import redacted_command  # noqa: PLC0415
@@ -369,7 +374,8 @@ def server_for_report(server_url: str, run: Run, engine: str = "embedded",
                                        for k, v in dict(engine_options or {}).items()
                                        if k not in ("env", "extra_args")}})
         print(f"[specdiag] {engine} engine ready at {server.url}", flush=True)
-        yield server.url
+        with reached(reach(server.url, engine if engine in ("embedded", "sglang", "vllm") else "auto")):
+            yield server.url
     finally:
         server.stop()
         print(f"[specdiag] {engine} engine stopped", flush=True)
@@ -404,11 +410,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     params_file = load_params_file(args.params)
     notebooks = select_notebooks(args.notebooks)
     # before any folder is made: an unreachable server or an engine that cannot start leaves nothing behind
-    engine_options, server = {}, None
+    engine_options, server, client = {}, None, None
     if args.server:
-        from specdiag.serving import SGLangClient  # noqa: PLC0415
+        from specdiag.serving import reach  # noqa: PLC0415
 
-        SGLangClient(args.server).check_reachable()
+        client = reach(args.server)  # the run's one check (its notebooks reuse it): the engine it is, or why not
     else:
         from specdiag.launchers import engine_server  # noqa: PLC0415
         from specdiag.launchers.cli import engine_options_from_args  # noqa: PLC0415
@@ -419,7 +425,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     run.update(report={"command": report_command(), "notebooks": notebooks,
                        "started_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")})
     print(f"[specdiag] run folder: {run.path}", flush=True)
-    with server_for_report(args.server, run, args.engine, engine_options, server=server) as url:
+    with server_for_report(args.server, run, args.engine, engine_options, server=server, client=client) as url:
         shared = {"server_url": url, "run_dir": str(run.path), "replay_dir": ""}
         results = run_notebooks(notebooks, run, shared, params_file)
     return finish(run, results)

@@ -26,7 +26,8 @@ _LAZY = {
     "API_KEY_ENV": "http", "CLIENTS": "clients", "RequestTrace": "trace", "SGLangClient": "sglang",
     "ServerError": "errors", "ServerHTTPError": "errors", "ServerSettings": "settings", "ServerTimeout": "errors",
     "ServerUnreachable": "errors", "ServingClient": "clients", "StreamError": "errors", "VLLMClient": "vllm",
-    "detect_engine": "clients", "make_client": "clients",
+    "detect_engine": "clients", "make_client": "clients", "reach": "clients", "reached": "clients",
+    "reached_engine": "clients", "REACHED_ENV": "clients",
 }
 __all__ = sorted(_LAZY)
 

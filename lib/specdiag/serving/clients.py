@@ -4,7 +4,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import os
+from collections.abc import Iterator, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import requests
@@ -135,3 +137,42 @@ def make_client(base_url: str, engine: str = "auto", **kwargs: Any) -> Any:
     if cls is SGLangClient:
         kwargs.pop("speculative_config", None)
     return cls(base_url, **kwargs)
+
+
+#: Set by a report run while its notebooks execute: ``"<engine> <url>"`` of the server :func:`reach` checked
+#: once for the whole run, so each notebook makes its client without checking (or asking the engine) again.
+REACHED_ENV = "SPECDIAG_SERVER_REACHED"
+
+
+def reach(base_url: str, engine: str = "auto", **kwargs: Any) -> Any:
+    """The one reachability check: the client for ``base_url``, after the server answered once.
+
+    ``engine="auto"`` asks the server which engine it is (:func:`detect_engine`, whose first request is the
+    check); a named engine is checked with ``client.check_reachable()``. Raises ServerUnreachable naming the
+    URL and the cause. A report run calls it once per run; :func:`reached_engine` tells its notebooks.
+    """
+    client = make_client(base_url, engine, **kwargs)
+    if ALIASES.get(str(engine).lower(), str(engine).lower()) != "auto":
+        client.check_reachable()
+    return client
+
+
+def reached_engine(base_url: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """The engine of ``base_url`` when this run already reached it (:data:`REACHED_ENV`), else None."""
+    engine, _, url = (os.environ if environ is None else environ).get(REACHED_ENV, "").partition(" ")
+    return engine if engine and url and url.rstrip("/") == base_url.rstrip("/") else None
+
+
+@contextlib.contextmanager
+def reached(client: Any) -> Iterator[Any]:
+    """While the block runs, processes started from here (the report's notebook kernels) know the client's
+    server was reached (:data:`REACHED_ENV`); the previous value comes back afterwards."""
+    previous = os.environ.get(REACHED_ENV)
+    os.environ[REACHED_ENV] = f"{client.engine} {client.base_url}"
+    try:
+        yield client
+    finally:
+        if previous is None:
+            os.environ.pop(REACHED_ENV, None)
+        else:
+            os.environ[REACHED_ENV] = previous

@@ -16,10 +16,8 @@ recording is :mod:`specdiag.steps.gpu_utilization.record`).
 from __future__ import annotations
 
 import math
-import socket
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
-from urllib.parse import urlparse
 
 from specdiag.findings import Finding
 from specdiag.stats import quantile  # noqa: F401 - re-exported (utilization.quantile)
@@ -150,22 +148,21 @@ def stat(stats: Sequence[Mapping[str, Any]], device: str, phase: str, key: str) 
 # Where the telemetry comes from, against where the server is
 # ---------------------------------------------------------------------------------------------
 
-_LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "0.0.0.0", ""}
-
-
 def telemetry_locality(server_url: str | None, source_info: Mapping[str, Any]) -> dict[str, Any]:
     """Is the sampled device the server's? ``same_machine`` True / False / None (cannot tell), and a sentence."""
-    server_host = (urlparse(server_url).hostname or "") if server_url else ""
+    from specdiag.serving.locality import LOOPBACK_HOSTS, is_local_url, url_host  # noqa: PLC0415
+
+    server_host = url_host(server_url)
     kind = source_info.get("kind")
     t_host = str(source_info.get("host") or "")
     if kind == "prometheus":
-        same = server_host == t_host or (server_host in _LOCAL_HOSTS and t_host in _LOCAL_HOSTS)
+        same = server_host == t_host.lower() or (server_host in LOOPBACK_HOSTS and t_host.lower() in LOOPBACK_HOSTS)
         text = (f"The telemetry is read from {source_info.get('url')} (host {t_host}); the server is at "
                 f"{server_url or 'an embedded server on this machine'}. ")
         text += ("They are the same host." if same else
                  "They are different hosts: make sure the exporter runs on the server's GPUs.")
         return {"same_machine": same, "telemetry_host": t_host, "server_host": server_host, "text": text}
-    local = server_host in _LOCAL_HOSTS or server_host in {t_host, socket.gethostname()} if server_url else True
+    local = is_local_url(server_url, also=[t_host])
     what = "this machine's GPUs (NVML)" if kind == "nvml" else "this machine's CPU cores (psutil)"
     if local:
         text = (f"The telemetry is of {what} on host {t_host}, the machine the server "

@@ -3,7 +3,7 @@
 ``server_settings(server_info)`` picks the fields that decide long-context speculative decoding
 (SGLang's flat ``/server_info`` names, reference/sglang-protocol.md section 2); ``local_machine()``
 describes the host this code runs on, which is the server's hardware only when the server runs here
-(:func:`specdiag.hardware.is_local_url`). Secrets are redacted by :func:`specdiag.serving.redaction.redact` before anything is kept.
+(:func:`specdiag.serving.locality.is_local_url`). Secrets are redacted by :func:`specdiag.serving.redaction.redact` before anything is kept.
 """
 
 from __future__ import annotations
