@@ -242,3 +242,21 @@ def test_probe_summary_of_the_recorded_h200_rows_is_consistent() -> None:
     summary = {(s["kind"], s["context_tokens"]): s for s in cp.summarize(rows)}
     s = summary["predictable", 1024]
     assert s["commit_length"] == pytest.approx(63 / 11) and s["accepted_drafts"] == pytest.approx(63 / 11 - 1)
+
+
+def test_redaction_keeps_sglang_0517_numbers_and_still_hides_keys() -> None:
+    """The recorder's redaction hid two numbers of 0.5.17's answers (their key holds 'token'): the recorded
+    files show REDACTED; the same keys now pass, while api_key-like keys are still hidden."""
+    from specdiag.serving.redaction import REDACTED, redact
+
+    info = json.loads((DATA / "raw-tiny-standalone" / "server_info.json").read_text())
+    model = json.loads((DATA / "raw-tiny-standalone" / "model_info.json").read_text())
+    assert info["tbo_token_distribution_threshold"] == REDACTED  # as recorded, before the fix
+    assert model["embedding"]["bcg"]["capture_token_budget"] == REDACTED
+    # The real values, from the server log's ServerArgs line: tbo_token_distribution_threshold=0.48.
+    log = (ROOT / "data/reference/h200-sglang-tiny-standalone/server.log").read_text()
+    assert "tbo_token_distribution_threshold=0.48" in log
+    out = redact({"tbo_token_distribution_threshold": 0.48, "bcg": {"capture_token_budget": 8192},
+                  "api_key": "abc", "admin_api_key": "def", "ssl_keyfile_password": "ghi", "hf_token": "jkl"})
+    assert out["tbo_token_distribution_threshold"] == 0.48 and out["bcg"]["capture_token_budget"] == 8192
+    assert out["api_key"] == out["admin_api_key"] == out["ssl_keyfile_password"] == out["hf_token"] == REDACTED
