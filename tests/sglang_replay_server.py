@@ -24,6 +24,15 @@ picks a scenario by the request's ``text`` (``input_ids`` requests get "cumulati
 
 ``/server_info`` answers 404 (an older SGLang), so clients must fall back to ``/get_server_info``.
 Every request is recorded in ``server.requests`` (method, path, headers, JSON body).
+
+``ReplayServer(recorded=folder)`` answers instead with what a real SGLang sent, byte for byte, from a folder of
+raw exchanges (tests/data/sglang-0.5.17/raw-*/, written by scripts/record_sglang.py): each ``NAME.json`` /
+``.txt`` / ``.sse`` body with the status and content type of its ``NAME.meta.json``; streams are written in the
+chunks the recorder read them in. ``POST /generate`` picks the exchange by the request's ``rid`` (a recorded
+name, e.g. ``generate_stream_novel_1024``), else: over-long ``input_ids`` (beyond the recorded context_length)
+-> ``generate_error_overlong[_stream]``, a stream -> ``generate_stream_novel_1024``, else ``generate_nonstream``.
+GET ``/metrics`` answers ``metrics_before`` the first time and ``metrics_after`` from then on; ``/server_info`` and
+``/get_server_info`` both answer ``server_info.json`` (the recorder found them byte-identical).
 """
 
 from __future__ import annotations
@@ -151,6 +160,8 @@ class ReplayServer:
 
     host: str = "127.0.0.1"
     requests: list[Recorded] = field(default_factory=list)
+    recorded: Any = None  # a folder of a real server's raw exchanges: answer with those bytes instead
+    metrics_scrapes: int = 0
     _httpd: ThreadingHTTPServer | None = None
     _thread: threading.Thread | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -237,9 +248,72 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- routes ----------------------------------------------------------------------------
 
+    def _recorded_exchange(self, name: str) -> None:
+        """Answer with the recorded exchange ``name``: its body bytes, status and content type."""
+        from pathlib import Path
+
+        folder = Path(self.replay.recorded)
+        meta = json.loads((folder / f"{name}.meta.json").read_text())
+        headers = {k.lower(): v for k, v in (meta.get("headers") or {}).items()}
+        ctype = headers.get("content-type", "text/plain")
+        body = next((folder / f"{name}{ext}" for ext in (".sse", ".json", ".txt") if (folder / f"{name}{ext}").exists()))
+        data = body.read_bytes()
+        status = int(meta["status"])
+        if not meta.get("read_sizes"):
+            self._send(status, data, ctype)
+            return
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        pos = 0
+        for size in meta["read_sizes"]:  # the pieces the recorder's reads returned, in order
+            self._chunk(data[pos:pos + size])
+            pos += size
+        if pos < len(data):
+            self._chunk(data[pos:])
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+    def _recorded_get(self, path: str) -> None:
+        names = {"/server_info": "server_info", "/get_server_info": "server_info", "/model_info": "model_info",
+                 "/get_model_info": "model_info", "/health": "health", "/health_generate": "health_generate",
+                 "/v1/models": "v1_models"}
+        if path == "/metrics":
+            self.replay.metrics_scrapes += 1
+            self._recorded_exchange("metrics_before" if self.replay.metrics_scrapes == 1 else "metrics_after")
+        elif path in names:
+            self._recorded_exchange(names[path])
+        else:
+            self._send(404, {"detail": "Not Found"})
+
+    def _recorded_post(self, path: str, body: Any) -> None:
+        from pathlib import Path
+
+        body = body if isinstance(body, dict) else {}
+        if path == "/flush_cache":
+            self._recorded_exchange("flush_cache")
+        elif path == "/tokenize":
+            self._recorded_exchange("tokenize")
+        elif path == "/generate":
+            info = json.loads((Path(self.replay.recorded) / "server_info.json").read_text())
+            stream = bool(body.get("stream"))
+            if isinstance(body.get("rid"), str):
+                name = body["rid"]
+            elif len(body.get("input_ids") or []) > int(info["context_length"]):
+                name = "generate_error_overlong_stream" if stream else "generate_error_overlong"
+            else:
+                name = "generate_stream_novel_1024" if stream else "generate_nonstream"
+            self._recorded_exchange(name)
+        else:
+            self._send(404, {"detail": "Not Found"})
+
     def do_GET(self) -> None:
         self._record(None)
         path = self.path.split("?")[0]
+        if self.replay.recorded is not None:
+            self._recorded_get(path)
+            return
         if path == "/health":
             self._send(200, b"", "text/plain")
         elif path == "/get_server_info":
@@ -257,6 +331,9 @@ class _Handler(BaseHTTPRequestHandler):
         body = self._body()
         self._record(body)
         path = self.path.split("?")[0]
+        if self.replay.recorded is not None:
+            self._recorded_post(path, body)
+            return
         if path == "/generate":
             self._generate(body if isinstance(body, dict) else {})
         elif path == "/tokenize":

@@ -11,8 +11,11 @@ Vocabulary (the same in every notebook):
 Sources of the formulas (SGLang, see reference/sglang-protocol.md):
 
 - Per request, exact: ``(completion_tokens - 1) / spec_verify_ct``; the first output token comes
-  from prefill, not from a verify step. Equivalently ``1 + sum(i * hist[i]) / sum(hist)`` over
-  ``spec_correct_drafts_histogram`` (index = correct drafts in a step, value = steps).
+  from prefill, not from a verify step. ``1 + sum(i * hist[i]) / sum(hist)`` over
+  ``spec_correct_drafts_histogram`` (index = correct drafts in a step, value = steps) is only a fallback:
+  real SGLang 0.5.17 counts in the histogram (and in ``spec_num_correct_drafts``) the drafts the last
+  verify step accepted past ``max_new_tokens``, which never reach the output, so it can read higher
+  (recorded: 1.84 against the exact 1.63, tests/test_sglang_0517_contract.py).
   SGLang's own ``spec_accept_length`` is ``completion_tokens / spec_verify_ct`` (it counts the
   prefill token too, so it is slightly higher for short outputs).
 - Between two ``/metrics`` scrapes: ``Δsglang:generation_tokens_total / Δsglang:spec_verify_calls_total``

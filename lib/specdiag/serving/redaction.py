@@ -33,7 +33,8 @@ REDACTED = "REDACTED"
 _NOT_SECRET = re.compile(
     r"(tokens?_?(num|count|len|ids?|total|usage|per|capacity)|num_?tokens?|max_?tokens?|^tokens$|"
     r"tokenizer|_tokens$|token_ids|tokens_|cached_tokens|prompt_tokens|completion_tokens|"
-    r"reasoning_tokens|draft_tokens|new_tokens|skip_tokenizer_init|spec_.*)",
+    r"reasoning_tokens|draft_tokens|new_tokens|skip_tokenizer_init|spec_.*|"
+    r"token_budget|token_distribution)",  # SGLang 0.5.17: capture_token_budget, tbo_token_distribution_threshold
     re.IGNORECASE,
 )
 

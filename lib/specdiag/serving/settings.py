@@ -112,6 +112,9 @@ def settings_from_sglang(server_info: Mapping[str, Any]) -> ServerSettings:
     on = algo is not None and str(algo).upper() != "NONE"
     n_draft = _int(get("speculative_num_draft_tokens")) if on else None
     steps = _int(get("speculative_num_steps")) if on else None
+    reported_steps = steps
+    if steps == 0 and n_draft:  # SGLang 0.5.17's NGRAM reports 0 steps, yet proposes num_draft_tokens - 1 per step
+        steps = None
     values = dict(
         engine="sglang", version=get("version"), model=get("model_path") or get("served_model_name"),
         context_length=_int(get("context_length")), speculative_method=str(algo) if on else None,
@@ -127,5 +130,6 @@ def settings_from_sglang(server_info: Mapping[str, Any]) -> ServerSettings:
     sources["cache_reset"] = "SGLang API (POST /flush_cache)"
     sources["per_request_spec"] = "SGLang API (meta_info spec_verify_ct)"
     if on and steps is None and n_draft:
-        sources["draft_steps"] = "computed (speculative_num_draft_tokens - 1)"
+        sources["draft_steps"] = "computed (speculative_num_draft_tokens - 1)" + (
+            f"; the server reports speculative_num_steps {reported_steps}" if reported_steps is not None else "")
     return ServerSettings(**values, sources=sources, raw={"server_info": info})

@@ -15,8 +15,11 @@ Columns of ``commit_probe`` (units in the names; source in brackets):
 - ``prompt_tokens``, ``completion_tokens``, ``verify_steps`` [server-reported, meta_info].
 - ``commit_length = (completion_tokens - 1) / verify_steps``: tokens per verify step, bonus included
   [computed from server-reported counts; :func:`specdiag.spec.commit_length_from_meta`].
-- ``accepted_drafts``: mean accepted draft tokens per verify step = num_correct_drafts / verify_steps
-  (else commit_length - 1) [computed]; ``proposed_drafts``: mean proposed per step [computed].
+- ``accepted_drafts``: mean accepted draft tokens per verify step = commit_length - 1 [computed]; without a
+  commit length, num_correct_drafts / verify_steps. (Real SGLang 0.5.17 counts in num_correct_drafts and its
+  histogram the drafts the last verify step accepted past max_new_tokens, which never reach the output: recorded
+  in tests/data/sglang-0.5.17, e.g. 16 correct drafts in 19 steps for 32 tokens; so the counts decide.)
+  ``proposed_drafts``: mean proposed per step [computed].
 - ``commit_histogram``: verify steps per commit length (index = tokens) [server-reported or computed].
 - ``wall_s``: send to last byte; ``prefill_s``: send to first token (TTFT); ``prefill_share =
   prefill_s / wall_s``; ``decode_tok_s = (completion_tokens - first chunk's tokens) / (last chunk -
@@ -124,7 +127,8 @@ def probe_row(trace: Any, request: Mapping[str, Any], num_draft_tokens: int | No
         hist = commit_histogram(steps, max(max(steps), num_draft_tokens or 0))
     elif spec is not None and spec.correct_drafts_histogram:
         hist = commit_histogram_from_correct_drafts(spec.correct_drafts_histogram)
-    accepted = (correct / verify) if (correct is not None and verify) else (commit - 1 if commit else None)
+    # commit - 1 first: SGLang's num_correct_drafts also counts drafts accepted past max_new_tokens (module doc).
+    accepted = (commit - 1) if commit else ((correct / verify) if (correct is not None and verify) else None)
     wall = _num(trace.e2e_s)
     prefill = _num(trace.ttft_s)
     decode = decode_tok_s(list(trace.chunk_t_s or []), list(trace.chunk_tokens or []), completion)
@@ -203,7 +207,8 @@ def latest_rows(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 def summarize(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Per (kind, context): requests, pooled commit length (Σ(completion-1)/Σ verify steps when the
-    counts are there, else the mean of the rows' commit_length), mean accepted drafts, wall and prefill."""
+    counts are there, else the mean of the rows' commit_length), accepted drafts (commit length - 1), wall
+    and prefill."""
     groups: dict[tuple[str, int], list[Mapping[str, Any]]] = {}
     for r in rows:
         if r.get("error") or r.get("commit_length") is None:
@@ -216,12 +221,13 @@ def summarize(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
             commit = sum(r["completion_tokens"] - 1 for r in rs) / sum(r["verify_steps"] for r in rs)
         else:
             commit = sum(float(r["commit_length"]) for r in rs) / len(rs)
-        acc = [float(r["accepted_drafts"]) for r in rs if r.get("accepted_drafts") is not None]
         walls = [float(r["wall_s"]) for r in rs if r.get("wall_s") is not None]
         pre = [float(r["prefill_s"]) for r in rs if r.get("prefill_s") is not None]
         maxc = [r.get("max_commit_length") for r in rs if r.get("max_commit_length")]
         out.append({"kind": kind, "context_tokens": ctx_tokens, "requests": len(rs), "commit_length": commit,
-                    "accepted_drafts": sum(acc) / len(acc) if acc else None,
+                    # commit - 1, not the rows' accepted_drafts: rows recorded before that column became
+                    # commit - 1 hold SGLang's num_correct_drafts / steps (drafts past max_new_tokens counted)
+                    "accepted_drafts": commit - 1,
                     "wall_s": sum(walls) / len(walls) if walls else None,
                     "prefill_s": sum(pre) / len(pre) if pre else None,
                     "prefill_share": (sum(pre) / sum(walls)) if (pre and walls and len(pre) == len(walls)) else None,
