@@ -12,6 +12,8 @@ PARAMS ?=
 NB ?=
 RUN ?=
 RUN_DIR ?=
+A ?=
+B ?=
 ALGORITHM ?= STANDALONE
 DRAFT_TOKENS ?= 8
 # The engine that serve/report/notebook start when SERVER is empty (specdiag.launchers):
@@ -67,7 +69,7 @@ export TRANSFORMERS_OFFLINE := 1
 
 STAMP := $(VENV)/.specdiag-setup
 
-.PHONY: help setup plugin serve report notebook replay test test-engines test-gpu lab clean distclean
+.PHONY: help setup plugin serve report notebook compare replay test test-engines test-gpu lab clean distclean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-10s %s\n", $$1, $$2}'
@@ -117,6 +119,9 @@ notebook: setup $(if $(PLUGIN),plugin) ## run one notebook (NB=04_commit_probe) 
 	@if [ -z "$(NB)" ]; then echo "NB is empty: say which notebook, e.g. make notebook NB=04_commit_probe"; exit 2; fi
 	$(PY) -m specdiag.report run --notebooks $(NB) --server "$(SERVER)" --params "$(PARAMS)" \
 	  --run-dir "$(RUN_DIR)" $(ENGINE_FLAGS)
+
+compare: setup ## 08_compare_runs on two recorded runs, no server: A=... B=... or PARAMS=params/compare-plugin.yaml
+	$(PY) -m specdiag.report compare --run-a "$(A)" --run-b "$(B)" --params "$(PARAMS)" --run-dir "$(RUN_DIR)"
 
 replay: setup ## run every notebook that can replay the recorded run RUN=data/reference/<name>
 	@if [ -z "$(RUN)" ]; then echo "RUN is empty: say which recorded run, e.g. make replay RUN=data/reference/ct200-kimi-k26"; exit 2; fi

@@ -100,3 +100,25 @@ def test_live_embedded_server(run_notebook: Callable[..., Path], tmp_path: Path,
     assert {f["id"] for f in res["findings"]} >= {"bandwidth.far_from_floor", "bandwidth.slope"}
     rows = [json.loads(ln) for ln in (tmp_path / "run" / "sweep.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and all(r["error"] is None for r in rows)
+
+
+@pytest.mark.notebook
+def test_plugin_arm_with_its_stock_pair_projects_per_layer(run_notebook: Callable[..., Path], tmp_path: Path) -> None:
+    """Issue 12's H200 arms: 05 on the plugin run with the stock run as its pair (measured steps, computed rest)."""
+    run_notebook("05_bandwidth_analysis", replay_dir=str(REFERENCE_DIR / "h200-sglang-mla-plugin-splitkv"),
+                 stock_dir=str(REFERENCE_DIR / "h200-sglang-mla-stock"))
+    pair = _result(tmp_path / "run")["metrics"]["stock_pair"]
+    assert pair["layers_measured"] == 2 and pair["layers_target"] == 61 and pair["extrapolated"]
+    last = pair["rows"][-1]
+    assert last["context_tokens"] == 131072
+    # (54.26 - 8.65 ms) / 2 layers, the measured steps of the two committed sweeps
+    assert last["saved_per_layer_ms"] == pytest.approx((last["stock_step_ms"] - last["fixed_step_ms"]) / 2)
+    assert last["saved_per_layer_ms"] == pytest.approx(22.81, abs=0.01)
+    assert last["projected_saved_ms"] == pytest.approx(61 * last["saved_per_layer_ms"])
+    assert pair["target_stock_growth_ms"] > pair["target_fixed_growth_ms"] > 0
+
+
+@pytest.mark.notebook
+def test_without_a_stock_pair_there_is_no_projection(run_notebook: Callable[..., Path], tmp_path: Path) -> None:
+    run_notebook("05_bandwidth_analysis", replay_dir=str(REFERENCE_DIR / "h200-sglang-mla-stock"))
+    assert _result(tmp_path / "run")["metrics"]["stock_pair"] is None

@@ -453,6 +453,25 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return finish(run, results)
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    """08_compare_runs on two recorded run folders, no server: run_a/run_b from --run-a/--run-b or the PARAMS file."""
+    apply_local_jupyter_env()
+    params_file = load_params_file(args.params)
+    run_a = args.run_a or params_file.get("run_a", "")
+    run_b = args.run_b or params_file.get("run_b", "")
+    if not run_a or not run_b:
+        raise ValueError("compare needs two run folders: --run-a and --run-b (make compare A=... B=...) or run_a and "
+                         "run_b in the PARAMS file, e.g. params/compare-plugin.yaml")
+    a, b = Run.open(run_a), Run.open(run_b)  # both must exist before any folder is made
+    run = Run.create(args.run_dir or RUNS_DIR / new_run_id(f"compare-{a.path.name}-vs-{b.path.name}"))
+    run.update(report={"command": report_command(), "notebooks": ["08_compare_runs"]})
+    print(f"[specdiag] comparing {a.path} (A) with {b.path} (B) into {run.path}", flush=True)
+    shared = {"run_a": relative_to_project(a.path), "run_b": relative_to_project(b.path), "run_dir": str(run.path)}
+    rest = {k: v for k, v in params_file.items() if k not in ("run_a", "run_b")}
+    results = run_notebooks(["08_compare_runs"], run, shared, rest)
+    return finish(run, results)
+
+
 def report_command() -> str:
     """The command as run.json records it: the module, not this machine's path to it."""
     import shlex  # noqa: PLC0415
@@ -513,6 +532,12 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--notebooks", nargs="*")
     rp.add_argument("--run-dir", default="")
     rp.set_defaults(func=cmd_replay)
+    cp = sub.add_parser("compare", help="08_compare_runs on two run folders (A before, B after), no server")
+    cp.add_argument("--run-a", default="", help="run folder A, the reference, e.g. data/reference/h200-sglang-mla-stock")
+    cp.add_argument("--run-b", default="", help="run folder B, judged against A")
+    cp.add_argument("--params", default="", help="YAML file that may name run_a and run_b (params/compare-plugin.yaml)")
+    cp.add_argument("--run-dir", default="")
+    cp.set_defaults(func=cmd_compare)
     rd = sub.add_parser("render", help="render HTML and the index of an executed run folder again")
     rd.add_argument("--run-dir", required=True)
     rd.set_defaults(func=cmd_render)

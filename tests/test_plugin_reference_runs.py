@@ -1,0 +1,39 @@
+"""Issue 12's three H200 arms (data/reference/h200-sglang-mla-{stock,upstream-splitkv,plugin-splitkv}) replayed on a
+CPU: 01 for each arm, and 08 (make compare) on stock vs plugin from params/compare-plugin.yaml."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from specdiag import report
+from specdiag.paths import PROJECT_ROOT, REFERENCE_DIR
+
+ARMS = ("h200-sglang-mla-stock", "h200-sglang-mla-upstream-splitkv", "h200-sglang-mla-plugin-splitkv")
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize("arm", ARMS)
+def test_01_replays_each_arm(arm: str, run_notebook: Callable[..., Path], tmp_path: Path) -> None:
+    run_notebook("01_baseline_sweep", replay_dir=str(REFERENCE_DIR / arm))
+    m = json.loads((tmp_path / "run" / "findings" / "01_baseline_sweep.json").read_text())["metrics"]
+    assert m["context_tokens"] == [1024, 4096, 16384, 32768, 65536, 131072]
+    steps = m["step_ms"]
+    assert steps[0] == pytest.approx(2.25, abs=0.05)  # every arm's 1,024-token step, measured: 2.25-2.28 ms
+    assert steps[-1] > 3 * steps[0]
+
+
+@pytest.mark.notebook
+def test_compare_stock_vs_plugin_from_the_params_file(tmp_path: Path) -> None:
+    out = tmp_path / "cmp"
+    assert report.main(["compare", "--params", str(PROJECT_ROOT / "params/compare-plugin.yaml"),
+                        "--run-dir", str(out)]) == 0
+    m = json.loads((out / "findings" / "08_compare_runs.json").read_text())["metrics"]
+    assert m["run_a"].endswith("h200-sglang-mla-stock") and m["run_b"].endswith("h200-sglang-mla-plugin-splitkv")
+    assert m["common_contexts"] == [1024, 4096, 16384, 32768, 65536, 131072]
+    # decode tok/s B/A at 131,072: the plugin's 116 against stock's 24 tok/s (measured), with unequal commit lengths
+    assert m["decode_ratio_b_a"][-1] > 4
+    assert (out / "html").is_dir()
