@@ -29,8 +29,8 @@ import torch
 
 # The case (shapes, inputs, check, timing, row fields) lives in cases.py, shared with tuning.py; its public
 # names stay importable from here (the notebook and the recorded command use specdiag.kernels.harness).
-from specdiag.kernels.cases import (TABLE, TUNING_TABLE, VARIANTS_BY_LAYOUT, GridSpec, check_once,  # noqa: F401
-                                    config_dict, derived_metrics, full_grid, measure_variant, plan_fields,
+from specdiag.kernels.cases import (FP8_TOL, TABLE, TUNING_TABLE, VARIANTS_BY_LAYOUT, GridSpec, check_once,  # noqa: F401
+                                    config_dict, derived_metrics, fp8_case, full_grid, measure_variant, plan_fields,
                                     progress_line, relative_error, rotation_sets, shape_fields, smoke_grid)
 from specdiag.kernels.dispatch import implementation, supports, variant
 from specdiag.kernels.mla import VerifyInputs, VerifyShape, kv_bytes, make_inputs
@@ -61,6 +61,7 @@ def run_grid(spec: GridSpec, run: Run, peaks: dict[str, float], device: torch.de
             inputs = make_inputs(shape, device=device, seed=seed + 7919 * i)
             ref = reference_verify(inputs)
             sets: Optional[list[VerifyInputs]] = None
+            fp8: Optional[tuple[list[VerifyInputs], torch.Tensor]] = None
         except Exception as exc:  # noqa: BLE001 - record the failure, keep going
             run.append_row(TABLE, {**base, "kernel": None, "error": f"inputs/reference: {exc!r}"})
             n_rows += 1
@@ -70,6 +71,10 @@ def run_grid(spec: GridSpec, run: Run, peaks: dict[str, float], device: torch.de
                 continue
             v = variant(name)
             config = configs(shape.rows) if (configs and v.design == "split_kv") else None
+            if configs and v.design == "fused_split_kv":  # the tuned tile, with bf16 partials
+                from dataclasses import replace  # noqa: PLC0415
+
+                config = replace(configs(shape.rows), partial_bf16=True)
             row = {**base, "ts_unix_s": time.time(), "kernel": name, "design": v.design, "page_size": v.page_size,
                    "impl": implementation(inputs), "config": config_dict(config), "skipped": None}
             key = (shape.heads, shape.draft_tokens, shape.layout)
@@ -87,7 +92,17 @@ def run_grid(spec: GridSpec, run: Run, peaks: dict[str, float], device: torch.de
                 if sets is None:
                     sets = rotation_sets(inputs, spec.rotate_bytes, seed + 7919 * i)
                 row.update(plan_fields(name, shape, config, device))
-                row.update(measure_variant(name, sets, ref, config, spec, peaks))
+                if v.kv_fp8:
+                    if fp8 is None:
+                        fp8 = fp8_case(sets)
+                    row.update(measure_variant(name, fp8[0], fp8[1], config, spec, peaks))
+                    vs_bf16 = check_once(name, fp8[0][0], ref, config, FP8_TOL)
+                    row.update(kv_dtype="fp8_e4m3", kv_scale=fp8[0][0].kv_scale, rel_err_vs_bf16_ref=vs_bf16["rel_err"],
+                               actual_kv_bytes=row["kv_bytes"] // 2, actual_gbps=row["gbps"] / 2)
+                    row["correct"] = bool(row["correct"] and vs_bf16["correct"])
+                else:
+                    row.update(measure_variant(name, sets, ref, config, spec, peaks))
+                    row["kv_dtype"] = "bf16"
                 row["n_rotation_sets"] = len(sets)
                 if v.design == "baseline":
                     baseline_last[key] = (shape.n_kv, row["ms_median"])
@@ -100,7 +115,7 @@ def run_grid(spec: GridSpec, run: Run, peaks: dict[str, float], device: torch.de
             n_rows += 1
             if progress:
                 progress(progress_line(row))
-        del sets, inputs, ref
+        del sets, inputs, ref, fp8
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return n_rows

@@ -1,0 +1,113 @@
+"""CPU tests of issue 13's single-launch split-KV kernel, its fp8-KV form and their harness rows.
+
+The Triton kernel itself runs under Triton's interpreter (TRITON_INTERPRET=1, in a subprocess so the
+setting does not leak) on tiny shapes in fp16 (the interpreter has no bf16); the harness runs the torch
+fallbacks of the same variants.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from specdiag.kernels.cases import FP8_TOL, GridSpec, relative_error
+from specdiag.kernels.dispatch import KERNEL_VARIANTS, run_variant
+from specdiag.kernels.harness import run_grid
+from specdiag.kernels.mla import VerifyShape, dequantized, make_inputs, with_fp8_cache, with_fresh_data
+from specdiag.kernels.reference import reference_verify
+from specdiag.runs import Run
+
+ROOT = Path(__file__).resolve().parents[1]
+
+INTERPRET_SCRIPT = r"""
+import torch
+from specdiag.kernels.mla import VerifyInputs, VerifyShape, make_inputs, with_fp8_cache, dequantized, tree_mask
+from specdiag.kernels.reference import reference_verify
+from specdiag.kernels.cases import relative_error
+from specdiag.kernels.triton_fused import fused_split_kv_triton, _counters
+from specdiag.kernels.splitkv_plan import SplitKVConfig
+
+def fp16(x):
+    return VerifyInputs(q=x.q.half(), cache=x.cache.half(), token_table=x.token_table, block_table=x.block_table,
+                        mask=x.mask, n_prefix=x.n_prefix, sm_scale=x.sm_scale, cache_fp8=x.cache_fp8, kv_scale=x.kv_scale)
+
+cases = [(VerifyShape(150, 2, 4, "shuffled_b64"), 1, False, False), (VerifyShape(150, 2, 4, "shuffled_b64"), 64, False, False),
+         (VerifyShape(100, 3, 8, "shuffled_p1"), 1, True, False), (VerifyShape(130, 2, 5, "shuffled_b64"), 64, True, False),
+         (VerifyShape(40, 2, 1, "contiguous"), 1, False, False), (VerifyShape(200, 2, 6, "contiguous"), 1, False, True)]
+for partial_half in (True, False):
+    cfg = SplitKVConfig(block_m=16, block_n=16, num_warps=4, num_stages=1, programs_per_sm=1.0, min_split_tokens=64,
+                        partial_bf16=partial_half)
+    for shape, page, fp8, chain in cases:
+        x = make_inputs(shape, seed=shape.context_tokens)
+        if chain:
+            x.mask = tree_mask(shape.draft_tokens, torch.Generator(), chain=True); x.__post_init__()
+        if fp8:
+            x = with_fp8_cache(x)
+        ref = reference_verify(dequantized(x) if fp8 else x)
+        y = fp16(x)
+        out = torch.full((y.draft_tokens, y.heads, 512), float("nan"), dtype=torch.float16)
+        fused_split_kv_triton(y, out, page_size=page, cfg=cfg, num_sms=4, kv_fp8=fp8)
+        err = relative_error(out, ref)
+        print(shape, page, fp8, chain, partial_half, err)
+        assert not torch.isnan(out).any(), "unwritten rows"
+        assert err < 5e-3, err
+        assert int(_counters("cpu", -(-shape.rows // 16)).abs().sum()) == 0, "counters not reset"
+print("ok")
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed here")
+def test_fused_triton_kernel_in_the_interpreter():
+    """The CUDA kernel's own code (one launch, last-arriving program merges), run by Triton's CPU interpreter."""
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT / "lib"))
+    res = subprocess.run([sys.executable, "-c", INTERPRET_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stdout[-3000:] + res.stderr[-3000:]
+
+
+def test_fp8_cache_quantization_and_accuracy():
+    x = make_inputs(VerifyShape(300, 2, 4, "shuffled_p1"), seed=2)
+    q8 = with_fp8_cache(x)
+    assert q8.cache_fp8.dtype == torch.float8_e4m3fn and q8.cache_fp8.shape == x.cache.shape
+    assert q8.kv_scale == pytest.approx(float(x.cache.float().abs().max()) / 448.0)
+    deq = dequantized(q8).cache
+    rel = float((deq - x.cache.float()).norm() / x.cache.float().norm())
+    assert 1e-3 < rel < 0.1  # e4m3: 3 mantissa bits, per-tensor scale
+    ref = reference_verify(x)
+    out = x.out_like()
+    run_variant("fused_fp8_p1", q8, out)  # CPU: the torch split-KV design on the dequantized cache
+    assert relative_error(out, reference_verify(dequantized(q8))) < 1e-2
+    assert 1e-3 < relative_error(out, ref) < FP8_TOL
+    fresh = with_fresh_data(q8, seed=5)
+    assert fresh.cache_fp8 is not None and not torch.equal(fresh.cache_fp8.float(), q8.cache_fp8.float())
+    with pytest.raises(ValueError, match="with_fp8_cache"):
+        run_variant("fused_fp8_p1", x, x.out_like())
+
+
+def test_new_variants_keep_the_old_ones():
+    for name in ("baseline_p1", "split_p1", "split_b64"):
+        assert KERNEL_VARIANTS[name].design in ("baseline", "split_kv") and not KERNEL_VARIANTS[name].kv_fp8
+    assert KERNEL_VARIANTS["fused_fp8_b64"].page_size == 64 and KERNEL_VARIANTS["fused_fp8_b64"].kv_fp8
+
+
+def test_harness_rows_for_fused_and_fp8(tmp_path):
+    spec = GridSpec(contexts=[128], heads=[2], draft_tokens=[4], layouts=["shuffled_p1", "shuffled_b64"],
+                    kernels=["split_p1", "fused_p1", "fused_b64", "fused_fp8_p1", "fused_fp8_b64"], n_runs=2, n_warmup=1,
+                    rotate_bytes=0, required=[])
+    run = Run.create(tmp_path / "r", label="t")
+    peaks = {"copy_gbps": 1.0, "matmul_tflops": 1.0}
+    n = run_grid(spec, run, peaks, device="cpu")
+    rows = run.rows("kernel_ab")
+    assert n == len(rows) == 1 + 1 + 2 + 2 + 2  # p1: split_p1, fused_p1, fused_fp8_p1; b64: all five
+    for r in rows:
+        assert r["error"] is None and r["correct"], r
+        if r["kernel"].startswith("fused_fp8"):
+            assert r["kv_dtype"] == "fp8_e4m3" and r["rel_err"] < 1e-2 and 1e-3 < r["rel_err_vs_bf16_ref"] < FP8_TOL
+            assert r["actual_kv_bytes"] * 2 == r["kv_bytes"]
+        else:
+            assert r["kv_dtype"] == "bf16"
