@@ -111,3 +111,62 @@ def test_harness_rows_for_fused_and_fp8(tmp_path):
             assert r["actual_kv_bytes"] * 2 == r["kv_bytes"]
         else:
             assert r["kv_dtype"] == "bf16"
+
+
+# (block_m, block_n, num_warps, num_stages, page_size, fp8) -> metadata.shared of triton_fused._fused_kernel compiled
+# offline with Triton 3.6.0 for sm_90 (GPUTarget("cuda", 90, 32); pointers, tokens_per_split and stride_kv marked
+# divisible by 16; bf16 partials), 2026-11-30, by compile_shared() below.
+COMPILED_FUSED = {
+    (16, 64, 4, 2, 1, False): 94208, (16, 64, 4, 2, 1, True): 71680, (16, 64, 4, 2, 64, True): 71680,
+    (32, 64, 4, 2, 1, False): 114688, (32, 64, 4, 2, 1, True): 90112, (64, 64, 8, 3, 1, True): 185344,
+    (64, 64, 8, 3, 64, False): 229888, (64, 64, 8, 2, 1, False): 229376, (64, 64, 8, 2, 1, True): 184320,
+    (64, 64, 8, 3, 1, False): 230400, (64, 64, 8, 1, 1, False): 147456, (64, 32, 8, 3, 1, False): 156160,
+    (64, 32, 8, 3, 1, True): 133632, (64, 32, 8, 2, 1, False): 155648, (16, 32, 4, 3, 1, False): 57856,
+    (32, 32, 4, 3, 1, False): 78336, (64, 64, 8, 4, 1, False): 230400, (16, 16, 4, 1, 1, False): 51200,
+}
+
+
+def compile_shared(bm, bn, warps, stages, page=1, fp8=False):
+    """metadata.shared of the fused kernel compiled ahead of time for sm_90 (needs triton, no GPU)."""
+    import triton  # noqa: PLC0415
+    from triton.backends.compiler import GPUTarget  # noqa: PLC0415
+    from triton.compiler import ASTSource  # noqa: PLC0415
+
+    from specdiag.kernels.triton_fused import _fused_kernel  # noqa: PLC0415
+
+    names = _fused_kernel.arg_names
+    ptr = {"Q": "*bf16", "KV": "*fp8e4nv" if fp8 else "*bf16", "TOKEN_TABLE": "*i64", "BLOCK_TABLE": "*i32",
+           "MASK": "*u8", "O_PART": "*bf16", "LSE_PART": "*fp32", "COUNTER": "*i32", "OUT": "*bf16"}
+    const = {"PAGE_SIZE": page, "BLOCK_M": bm, "BLOCK_N": bn, "D_NOPE": 512, "D_PE": 64, "KV_FP8": fp8, "DIRECT": False}
+    sig = {n: "constexpr" if n in const else ptr.get(n, "fp32" if n in ("qk_scale", "v_scale") else "i32") for n in names}
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in [*ptr, "tokens_per_split", "stride_kv"]}
+    k = triton.compile(ASTSource(_fused_kernel, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": warps, "num_stages": stages})
+    return k.metadata.shared
+
+
+@pytest.mark.parametrize("key", sorted(COMPILED_FUSED))
+def test_fused_shared_estimate_vs_compiled(key):
+    from specdiag.kernels.splitkv_plan import SplitKVConfig, fused_shared_bytes  # noqa: PLC0415
+
+    bm, bn, warps, stages, _page, fp8 = key
+    est = fused_shared_bytes(SplitKVConfig(block_m=bm, block_n=bn, num_warps=warps, num_stages=stages), 1 if fp8 else 2)
+    compiled = COMPILED_FUSED[key]
+    assert compiled <= est <= compiled + 2048
+    if bm == 64 and stages <= 3:
+        assert est == compiled or (_page == 64 and 0 <= est - compiled <= 1024)
+
+
+def test_fused_defaults_fit_the_h200():
+    from specdiag.kernels.splitkv_plan import SHARED_LIMIT_SM90, default_fused_config, fused_shared_bytes  # noqa: PLC0415
+
+    for rows in (8, 16, 32, 64, 128, 512, 8192):
+        for kv_bytes in (2, 1):
+            assert fused_shared_bytes(default_fused_config(rows), kv_bytes) <= SHARED_LIMIT_SM90
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed here")
+@pytest.mark.parametrize("key", [(64, 64, 8, 3, 1, False), (16, 64, 4, 2, 1, True), (64, 32, 8, 3, 1, True)])
+def test_compiled_table_is_current(key):
+    """The kernel as committed still compiles for sm_90 to the recorded shared memory (a changed kernel fails here)."""
+    assert compile_shared(*key) == COMPILED_FUSED[key]
