@@ -170,3 +170,98 @@ def test_fused_defaults_fit_the_h200():
 def test_compiled_table_is_current(key):
     """The kernel as committed still compiles for sm_90 to the recorded shared memory (a changed kernel fails here)."""
     assert compile_shared(*key) == COMPILED_FUSED[key]
+
+
+# ---- anchors (anchors.py): what each cannot do, the input conversion, SGLang's kernel in the interpreter ----
+
+def test_anchor_reasons():
+    from specdiag.kernels.anchors import cannot, is_chain  # noqa: PLC0415
+
+    tree = make_inputs(VerifyShape(100, 2, 6, "shuffled_p1"), seed=3)
+    chain = make_inputs(VerifyShape(100, 2, 6, "shuffled_p1"), seed=3, chain=True)
+    assert not is_chain(tree.mask) and is_chain(chain.mask)
+    assert "tree mask" in cannot("sglang_splitkv", tree) and "tree mask" in cannot("flashinfer_mla", tree)
+    assert cannot("sglang_splitkv", chain) is None and cannot("flashinfer_mla", chain) is None
+    assert "block table" in cannot("flashinfer_mla", chain, page_size=64)
+    assert "token index table" in cannot("sglang_splitkv", chain, page_size=64)
+    with pytest.raises(ValueError, match="unknown anchor"):
+        cannot("flashmla", chain)
+
+
+def test_flashinfer_tables():
+    from specdiag.kernels.anchors import flashinfer_tables  # noqa: PLC0415
+
+    x = make_inputs(VerifyShape(130, 2, 4, "shuffled_b64"), seed=1, chain=True)
+    t1 = flashinfer_tables(x, 1)
+    assert t1["kv_indices"].dtype == torch.int32 and torch.equal(t1["kv_indices"].long(), x.token_table)
+    assert t1["qo_indptr"].tolist() == [0, 4] and t1["kv_indptr"].tolist() == [0, 134] and t1["kv_len"].tolist() == [134]
+    t64 = flashinfer_tables(x, 64)
+    assert t64["kv_indptr"].tolist() == [0, 3] and torch.equal(t64["kv_indices"], x.block_table)
+    # the page tables address the same rows as the token table
+    pages = t64["kv_indices"].long()
+    assert torch.equal((pages[:, None] * 64 + torch.arange(64)).reshape(-1)[:134], x.token_table)
+
+
+def test_sglang_args_describe_the_same_problem():
+    from specdiag.kernels.anchors import sglang_verify_args  # noqa: PLC0415
+
+    x = make_inputs(VerifyShape(100, 3, 5, "shuffled_p1"), seed=2, chain=True)
+    out = x.out_like()
+    args, kw = sglang_verify_args(x, out)
+    q, k_ext, v_ext, o, k_buf, v_buf, qo, kv_ptr, kv_idx, mask, causal, mask_ptr, max_ext, ks, vs = args
+    assert q is x.q and o.data_ptr() == out.data_ptr() and causal is True and mask is None and max_ext == 5
+    assert k_buf.shape == (x.cache.shape[0], 1, 576) and v_buf.shape == (x.cache.shape[0], 1, 512)
+    assert torch.equal(k_ext[:, 0], x.cache[x.token_table[100:]]) and torch.equal(v_ext[:, 0], x.cache[x.token_table[100:], :512])
+    assert qo.tolist() == [0, 5] and kv_ptr.tolist() == [0, 100] and torch.equal(kv_idx, x.token_table[:100])
+    assert kw == {"sm_scale": x.sm_scale, "max_bs": 1} and (ks, vs) == (1.0, 1.0)
+
+
+SGLANG_SCRIPT = r"""
+import torch
+import specdiag.kernels.triton_fused  # the interpreter's numpy-2 fix
+from specdiag.kernels.anchors import load_sglang_verify, run_sglang_verify, sglang_verify_args
+from specdiag.kernels.cases import relative_error
+from specdiag.kernels.mla import VerifyInputs, VerifyShape, make_inputs
+from specdiag.kernels.reference import reference_verify
+mod = load_sglang_verify()
+for shape in (VerifyShape(100, 2, 4, "shuffled_p1"), VerifyShape(70, 3, 3, "shuffled_b64")):
+    x = make_inputs(shape, seed=1, chain=True)
+    ref = reference_verify(x)
+    y = VerifyInputs(q=x.q.half(), cache=x.cache.half(), token_table=x.token_table, block_table=None, mask=x.mask,
+                     n_prefix=x.n_prefix, sm_scale=x.sm_scale)
+    out = torch.full((shape.draft_tokens, shape.heads, 512), float("nan"), dtype=torch.float16)
+    run_sglang_verify(mod, *sglang_verify_args(y, out))
+    err = relative_error(out, ref)
+    print(shape, err)
+    assert err < 5e-3, err
+print("ok")
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed here")
+def test_sglang_anchor_adapter_in_the_interpreter():
+    """SGLang 0.5.17's own verify_splitkv kernel, fed by our adapter, matches our fp32 reference (Triton interpreter)."""
+    from specdiag.kernels.anchors import SGLANG_VERIFY_RELPATH, find_sglang_verify  # noqa: PLC0415
+
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT / "lib"))
+    env.setdefault("SGLANG_SITE", "/work/sglpack/site")  # where this project's machines unpack SGLang 0.5.17
+    if find_sglang_verify() is None and not (Path(env["SGLANG_SITE"]) / SGLANG_VERIFY_RELPATH).is_file():
+        pytest.skip("SGLang 0.5.17's verify_splitkv.py is not on this machine (SGLANG_SITE, /tmp/site, .anchors/)")
+    res = subprocess.run([sys.executable, "-c", SGLANG_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stdout[-3000:] + res.stderr[-3000:]
+
+
+def test_harness_states_why_anchors_did_not_run(tmp_path):
+    spec = GridSpec(contexts=[128], heads=[2], draft_tokens=[4], layouts=["shuffled_b64"], kernels=["fused_p1"],
+                    n_runs=2, n_warmup=1, rotate_bytes=0, required=[], anchors=["sglang_splitkv", "flashinfer_mla"])
+    run = Run.create(tmp_path / "tree", label="t")
+    run_grid(spec, run, {"copy_gbps": 1.0, "matmul_tflops": 1.0}, device="cpu")
+    rows = {r["kernel"]: r for r in run.rows("kernel_ab")}
+    assert set(rows) == {"fused_p1", "sglang_splitkv_p1", "flashinfer_mla_p1", "flashinfer_mla_b64"}
+    assert all("tree mask" in rows[k]["skipped"] for k in rows if k != "fused_p1")
+    spec.chain = True
+    run = Run.create(tmp_path / "chain", label="t")
+    run_grid(spec, run, {"copy_gbps": 1.0, "matmul_tflops": 1.0}, device="cpu")
+    rows = {r["kernel"]: r for r in run.rows("kernel_ab")}
+    assert rows["fused_p1"]["mask"] == "chain" and rows["fused_p1"]["correct"]
+    assert all("CUDA only" in rows[k]["skipped"] for k in rows if k != "fused_p1")

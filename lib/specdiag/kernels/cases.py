@@ -56,6 +56,7 @@ class GridSpec:
     baseline_max_ms:   skip a baseline case whose predicted time per run exceeds this (ms); the
                        prediction scales the same (H, T, layout)'s time at the previous context
     required:          (context, heads, draft_tokens) cases that always run every kernel
+    chain, anchors:    chain-shaped drafts; anchor kernels (sglang_splitkv, flashinfer_mla) run on each case
     """
 
     contexts: list[int]
@@ -69,6 +70,8 @@ class GridSpec:
     tol: float = 1e-2
     baseline_max_ms: float = 40.0
     required: list[tuple[int, int, int]] = field(default_factory=lambda: [(131072, 8, 8)])
+    chain: bool = False  #: draft trees are chains (causal masks): the anchors (anchors.py) can run them
+    anchors: list[str] = field(default_factory=list)  #: anchor kernels to run beside ours (anchors.ANCHORS)
 
     def shapes(self) -> list[VerifyShape]:
         """Cases in measuring order: per (H, T, layout), contexts ascending (for the baseline cap)."""

@@ -184,11 +184,12 @@ def make_tables(n_kv: int, layout: str, generator: torch.Generator) -> tuple[tor
 
 
 def make_inputs(shape: VerifyShape, device: str | torch.device = "cpu", seed: int = 0,
-                sm_scale: float = DEEPSEEK_SM_SCALE) -> VerifyInputs:
-    """Fresh random inputs for ``shape``: N(0, 1) bf16 queries and cache, seeded layout and tree."""
+                sm_scale: float = DEEPSEEK_SM_SCALE, chain: bool = False) -> VerifyInputs:
+    """Fresh random inputs for ``shape``: N(0, 1) bf16 queries and cache, seeded layout and tree
+    (a chain, i.e. the causal mask, when ``chain``: what kernels without tree masks can verify)."""
     gen = torch.Generator().manual_seed(seed)
     token_table, block_table, pool = make_tables(shape.n_kv, shape.layout, gen)
-    mask = tree_mask(shape.draft_tokens, gen)
+    mask = tree_mask(shape.draft_tokens, gen, chain=chain)
     dev_gen = torch.Generator(device=device).manual_seed(seed + 1)
     q = torch.randn(shape.draft_tokens, shape.heads, D_QK, generator=dev_gen, device=device).to(torch.bfloat16)
     cache = torch.randn(pool, D_QK, generator=dev_gen, device=device).to(torch.bfloat16)
