@@ -265,3 +265,46 @@ def test_harness_states_why_anchors_did_not_run(tmp_path):
     rows = {r["kernel"]: r for r in run.rows("kernel_ab")}
     assert rows["fused_p1"]["mask"] == "chain" and rows["fused_p1"]["correct"]
     assert all("CUDA only" in rows[k]["skipped"] for k in rows if k != "fused_p1")
+
+
+def _row(kernel, design, ctx, h, t, ms, layout="shuffled_p1", kv="bf16", **kw):
+    from specdiag.kernels.cases import derived_metrics  # noqa: PLC0415
+
+    n_kv = ctx + t
+    return {"kernel": kernel, "design": design, "context_tokens": ctx, "heads": h, "draft_tokens": t, "layout": layout,
+            "rows": h * t, "n_kv": n_kv, "ms_median": ms, "rel_err": 2e-3, "kv_dtype": kv, "error": None, "skipped": None,
+            "correct": True, "mask": "chain", **derived_metrics(n_kv, h, t, ms, 4000.0, 800.0), **kw}
+
+
+def test_issue13_analysis_on_synthetic_rows():
+    from specdiag.kernels import analysis  # noqa: PLC0415
+
+    ctx = 131072
+    floor_ms = (ctx + 1) * 1152 / 4000e9 * 1e3  # the copy-bandwidth floor of h8 T1 at 128k
+    rows = [_row("fused_p1", "fused_split_kv", ctx, 8, 1, floor_ms / 0.9),  # 90 % of copy: met
+            _row("split_p1", "split_kv", ctx, 8, 1, floor_ms / 0.6),  # 60 %: missed
+            _row("sglang_splitkv_p1", "anchor", ctx, 8, 1, floor_ms / 0.3),
+            _row("flashinfer_mla_p1", "anchor", ctx, 8, 1, floor_ms / 0.95),
+            _row("fused_fp8_p1", "fused_split_kv", ctx, 8, 1, floor_ms / 0.9 * 0.6, kv="fp8_e4m3",
+                 rel_err_vs_bf16_ref=0.04, actual_gbps=1.0),
+            {"kernel": "flashinfer_mla_b64", "design": "anchor", "context_tokens": ctx, "heads": 8, "draft_tokens": 1,
+             "layout": "shuffled_p1", "skipped": "page_size 64 needs a block table", "error": None}]
+    df = analysis.measured(rows)
+    t = analysis.issue13_targets(df)
+    mem = t[t["target"].str.startswith("memory") & (t["kernel"] == "fused_p1")]
+    assert len(mem) == 1 and mem["met"].iloc[0] and mem["value"].iloc[0] == pytest.approx(90.0, rel=1e-6)
+    assert not t[(t["kernel"] == "split_p1")]["met"].iloc[0]
+    assert "fused_fp8_p1" not in set(t["kernel"])  # fp8 reads half the bytes: not judged against bf16 copy
+    cmp_ = analysis.anchor_comparison(df).set_index("anchor")
+    assert cmp_.loc["sglang_splitkv_p1", "ours_kernel"] == "fused_p1"
+    assert cmp_.loc["sglang_splitkv_p1", "ours_over_anchor"] == pytest.approx(0.3 / 0.9)
+    assert cmp_.loc["flashinfer_mla_p1", "faster"] == "anchor"
+    st = analysis.anchor_status(rows)
+    assert list(st["kernel"]) == ["flashinfer_mla_b64"] and "block table" in st["why"].iloc[0]
+    f8 = analysis.fp8_table(df)
+    assert f8["fp8_over_bf16_time"].iloc[0] == pytest.approx(0.6) and f8["rel_err_vs_bf16_ref"].iloc[0] == 0.04
+    fv = analysis.fused_vs_two_launch(df)
+    assert fv["fused_over_split"].iloc[0] == pytest.approx(0.6 / 0.9)
+    # the issue-5 rows (no kv_dtype, no anchors) still analyse
+    old = analysis.measured([{k: v for k, v in r.items() if k not in ("kv_dtype", "mask")} for r in rows[:2]])
+    assert analysis.anchor_comparison(old).empty and analysis.fp8_table(old).empty and not analysis.issue13_targets(old).empty
