@@ -72,9 +72,13 @@ class GridSpec:
     required: list[tuple[int, int, int]] = field(default_factory=lambda: [(131072, 8, 8)])
     chain: bool = False  #: draft trees are chains (causal masks): the anchors (anchors.py) can run them
     anchors: list[str] = field(default_factory=list)  #: anchor kernels to run beside ours (anchors.ANCHORS)
+    anchors_off: dict[str, str] = field(default_factory=dict)  #: anchors not run this time -> why (a skipped row each case)
+    cases: Optional[list[tuple[int, int, int]]] = None  #: explicit (context, heads, draft_tokens), in this order, per layout
 
     def shapes(self) -> list[VerifyShape]:
-        """Cases in measuring order: per (H, T, layout), contexts ascending (for the baseline cap)."""
+        """Cases in measuring order: per (H, T, layout), contexts ascending (for the baseline cap); or ``cases`` as given."""
+        if self.cases is not None:
+            return [VerifyShape(c, h, t, lay) for c, h, t in self.cases for lay in self.layouts]
         return [VerifyShape(c, h, t, lay) for h in self.heads for t in self.draft_tokens for lay in self.layouts
                 for c in sorted(self.contexts)]
 

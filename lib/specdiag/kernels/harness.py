@@ -140,13 +140,13 @@ def anchor_rows(spec: GridSpec, shape: VerifyShape, inputs: VerifyInputs, ref: t
                                           run_sglang_verify, sglang_verify_args)
 
     rows: list[dict[str, Any]] = []
-    for anchor in spec.anchors:
+    for anchor in [*spec.anchors, *[a for a in spec.anchors_off if a not in spec.anchors]]:
         pages = [1] if anchor == "sglang_splitkv" else [1] + ([64] if shape.layout != "shuffled_p1" else [])
         for page in pages:
             name = f"{anchor}_{'p1' if page == 1 else 'b64'}"
             row = {**base, "ts_unix_s": time.time(), "kernel": name, "design": "anchor", "page_size": page,
                    "impl": "cuda" if device.type == "cuda" else None, "config": None, "skipped": None, "kv_dtype": "bf16"}
-            reason = cannot(anchor, inputs, page)
+            reason = spec.anchors_off.get(anchor) if anchor not in spec.anchors else cannot(anchor, inputs, page)
             if reason is None and device.type != "cuda":
                 reason = "anchor kernels run on CUDA only (SGLang's Triton kernel, FlashInfer's CUDA kernels)"
             if reason is not None:
@@ -223,6 +223,8 @@ def device_provenance(device: torch.device) -> dict[str, Any]:
 
 
 COPY_TABLE = "kernel_ab_copy"
+FLASHINFER_OFF = ("not run in this call: FlashInfer JIT-compiles its MLA kernels with nvcc on first use (minutes on a "
+                  "bare machine, over a 240 s device call); run the harness with --flashinfer where it can")
 
 
 def measure_copy_by_size(run: Run, contexts: Sequence[int], device: torch.device, n_runs: int = 20) -> None:
@@ -301,6 +303,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--sglang-anchor", action="store_true", help="run SGLang's upstream split-KV verify (anchors.py)")
     ap.add_argument("--flashinfer", action="store_true",
                     help="run FlashInfer's MLA paged attention (JIT-compiles with nvcc on first use: minutes)")
+    ap.add_argument("--cases", type=str, default="",
+                    help="explicit cases context:heads:draft_tokens, comma-separated, measured in this order per layout")
+    ap.add_argument("--layouts", type=str, default="", help="override the grid's layouts, e.g. shuffled_p1,shuffled_b64")
     ap.add_argument("--n-runs", type=int, default=None, help="timed runs per case (default: the grid's)")
     ap.add_argument("--no-copy-sizes", action="store_true", help="skip the copies of each context's KV traffic")
     args = ap.parse_args(argv)
@@ -308,6 +313,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     deadline = t0 + 60 * args.max_minutes if args.max_minutes else None
     device = torch.device(args.device)
     spec = full_grid() if args.grid == "full" else smoke_grid()
+    if args.layouts:
+        spec.layouts = [x for x in args.layouts.split(",") if x.strip()]
     for attr, text in (("contexts", args.contexts), ("heads", args.heads), ("draft_tokens", args.draft_tokens)):
         if text:
             setattr(spec, attr, [int(x) for x in text.split(",") if x.strip()])
@@ -315,6 +322,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         spec.kernels = [k for k in args.kernels.split(",") if k.strip()]
     spec.chain = spec.chain or args.chain
     spec.anchors = (["sglang_splitkv"] if args.sglang_anchor else []) + (["flashinfer_mla"] if args.flashinfer else [])
+    if not args.flashinfer and args.sglang_anchor:
+        spec.anchors_off = {"flashinfer_mla": FLASHINFER_OFF}
+    if args.cases:
+        spec.cases = [tuple(int(v) for v in c.split(":")) for c in args.cases.split(",") if c.strip()]
     if args.n_runs:
         spec.n_runs = args.n_runs
     run = Run.create(args.out, label="kernel-ab")
