@@ -30,7 +30,7 @@ import torch
 from specdiag.kernels.mla import VerifyInputs, VerifyShape, make_inputs, with_fp8_cache, dequantized, tree_mask
 from specdiag.kernels.reference import reference_verify
 from specdiag.kernels.cases import relative_error
-from specdiag.kernels.triton_fused import fused_split_kv_triton, _counters
+from specdiag.kernels.triton_fused import fused_split_kv_triton, _COUNTERS
 from specdiag.kernels.splitkv_plan import SplitKVConfig
 
 def fp16(x):
@@ -39,8 +39,9 @@ def fp16(x):
 
 cases = [(VerifyShape(150, 2, 4, "shuffled_b64"), 1, False, False), (VerifyShape(150, 2, 4, "shuffled_b64"), 64, False, False),
          (VerifyShape(100, 3, 8, "shuffled_p1"), 1, True, False), (VerifyShape(130, 2, 5, "shuffled_b64"), 64, True, False),
-         (VerifyShape(40, 2, 1, "contiguous"), 1, False, False), (VerifyShape(200, 2, 6, "contiguous"), 1, False, True)]
-for partial_half in (True, False):
+         (VerifyShape(40, 2, 1, "contiguous"), 1, False, False), (VerifyShape(200, 2, 6, "contiguous"), 1, False, True),
+         (VerifyShape(700, 2, 3, "shuffled_b64"), 64, False, False), (VerifyShape(700, 2, 3, "shuffled_p1"), 1, True, False)]
+for partial_half, group in ((True, 2), (False, 16), (True, 3)):
     cfg = SplitKVConfig(block_m=16, block_n=16, num_warps=4, num_stages=1, programs_per_sm=1.0, min_split_tokens=64,
                         partial_bf16=partial_half)
     for shape, page, fp8, chain in cases:
@@ -52,12 +53,12 @@ for partial_half in (True, False):
         ref = reference_verify(dequantized(x) if fp8 else x)
         y = fp16(x)
         out = torch.full((y.draft_tokens, y.heads, 512), float("nan"), dtype=torch.float16)
-        fused_split_kv_triton(y, out, page_size=page, cfg=cfg, num_sms=4, kv_fp8=fp8)
+        fused_split_kv_triton(y, out, page_size=page, cfg=cfg, num_sms=16, kv_fp8=fp8, merge_group=group)
         err = relative_error(out, ref)
-        print(shape, page, fp8, chain, partial_half, err)
+        print(shape, page, fp8, chain, partial_half, group, err)
         assert not torch.isnan(out).any(), "unwritten rows"
         assert err < 5e-3, err
-        assert int(_counters("cpu", -(-shape.rows // 16)).abs().sum()) == 0, "counters not reset"
+        assert all(int(c.abs().sum()) == 0 for c in _COUNTERS.values()), "counters not reset"
 print("ok")
 """
 
@@ -136,8 +137,10 @@ def compile_shared(bm, bn, warps, stages, page=1, fp8=False):
 
     names = _fused_kernel.arg_names
     ptr = {"Q": "*bf16", "KV": "*fp8e4nv" if fp8 else "*bf16", "TOKEN_TABLE": "*i64", "BLOCK_TABLE": "*i32",
-           "MASK": "*u8", "O_PART": "*bf16", "LSE_PART": "*fp32", "COUNTER": "*i32", "OUT": "*bf16"}
-    const = {"PAGE_SIZE": page, "BLOCK_M": bm, "BLOCK_N": bn, "D_NOPE": 512, "D_PE": 64, "KV_FP8": fp8, "DIRECT": False}
+           "MASK": "*u8", "O_PART": "*bf16", "LSE_PART": "*fp32", "G_PART": "*fp32", "G_LSE": "*fp32",
+           "COUNTER": "*i32", "OUT": "*bf16"}
+    const = {"PAGE_SIZE": page, "BLOCK_M": bm, "BLOCK_N": bn, "D_NOPE": 512, "D_PE": 64, "KV_FP8": fp8, "DIRECT": False,
+             "GROUP": 16}
     sig = {n: "constexpr" if n in const else ptr.get(n, "fp32" if n in ("qk_scale", "v_scale") else "i32") for n in names}
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in [*ptr, "tokens_per_split", "stride_kv"]}
     k = triton.compile(ASTSource(_fused_kernel, sig, const, attrs), target=GPUTarget("cuda", 90, 32),

@@ -7,9 +7,12 @@ prefix loop then a bounds-checked, tree-masked tail). What changes is the end of
 - it writes its normalized partial output (bf16 when ``partial_bf16``, else fp32) and its base-2
   log-sum-exp, waits for all its threads (a CTA barrier), then increments the row tile's arrival counter
   with one acquire-release atomic (gpu scope; the release covers the barrier-ordered partial stores);
-- the program that sees ``n_splits - 1`` (the last of its tile to arrive) reads every split's partial of
-  its tile back (``.cg`` loads: L2, never a stale L1 line), merges them by LSE weights online, writes the
-  output, and resets the counter to 0 so the same counter buffer serves the next call (and CUDA graphs).
+- the merge is a two-level tree so no single program reads hundreds of partials serially (at h8 T1 with 264
+  splits that would be 2 MB through one SM, ~20-30 us): splits are grouped by ``merge_group`` (16); the last
+  program of a group to arrive (its group counter reads group size - 1) merges the group's partials
+  (``.cg`` loads: L2, never a stale L1 line) into an fp32 group partial; the last group to finish (a second
+  per-tile counter) merges the groups and writes the output. With one group it writes the output directly.
+  Every counter is reset to 0 by the program that consumed it, so the buffer serves the next call (CUDA graphs).
 
 So one launch replaces two: no second kernel's launch, prologue and wave of tiny programs; the merge runs
 on the last-arriving program while the others have already retired.
@@ -68,10 +71,10 @@ def sm_count(device_index: int) -> int:
 
 @triton.jit
 def _fused_kernel(
-    Q, KV, TOKEN_TABLE, BLOCK_TABLE, MASK, O_PART, LSE_PART, COUNTER, OUT,
-    qk_scale, v_scale, n_prefix, n_kv, n_draft, n_heads, n_rows, n_splits, tokens_per_split, stride_kv,
+    Q, KV, TOKEN_TABLE, BLOCK_TABLE, MASK, O_PART, LSE_PART, G_PART, G_LSE, COUNTER, OUT,
+    qk_scale, v_scale, n_prefix, n_kv, n_draft, n_heads, n_rows, n_splits, n_groups, tokens_per_split, stride_kv,
     PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    D_NOPE: tl.constexpr, D_PE: tl.constexpr, KV_FP8: tl.constexpr, DIRECT: tl.constexpr,
+    D_NOPE: tl.constexpr, D_PE: tl.constexpr, KV_FP8: tl.constexpr, DIRECT: tl.constexpr, GROUP: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -161,40 +164,68 @@ def _fused_kernel(
         lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
         tl.store(LSE_PART + part_row, lse, mask=row_ok)
         tl.debug_barrier()  # every thread's partial stores happen before the release below
-        arrived = tl.atomic_add(COUNTER + pid_m, 1, sem="acq_rel", scope="gpu")
-        if arrived == n_splits - 1:  # the last split of this row tile to finish: merge them all
+        group = pid_s // GROUP
+        g_lo = group * GROUP
+        g_hi = tl.minimum(g_lo + GROUP, n_splits)
+        arrived = tl.atomic_add(COUNTER + pid_m * (n_groups + 1) + group, 1, sem="acq_rel", scope="gpu")
+        if arrived == g_hi - g_lo - 1:  # the last split of its group to finish: merge the group
             tl.debug_barrier()
-            m_run = tl.full([BLOCK_M], float("-inf"), tl.float32)
-            w_sum = tl.zeros([BLOCK_M], tl.float32)
-            acc = tl.zeros([BLOCK_M, D_NOPE], tl.float32)
-            for sp in range(0, n_splits):
-                prow = sp * n_rows + rows.to(tl.int64)
-                lse_s = tl.load(LSE_PART + prow, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
-                o_s = tl.load(O_PART + prow[:, None] * D_NOPE + offs_d[None, :], mask=row_ok[:, None], other=0.0,
-                              cache_modifier=".cg")
-                m_new = tl.maximum(m_run, lse_s)
-                m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-                alpha = tl.exp2(m_run - m_use)
-                w = tl.exp2(lse_s - m_use)
-                acc = acc * alpha[:, None] + w[:, None] * o_s.to(tl.float32)
-                w_sum = w_sum * alpha + w
-                m_run = m_new
-            w_safe = tl.where(w_sum > 0, w_sum, 1.0)
-            o = acc * (v_scale / w_safe)[:, None]
-            tl.store(OUT + rows[:, None].to(tl.int64) * D_NOPE + offs_d[None, :], o.to(OUT.dtype.element_ty),
-                     mask=row_ok[:, None])
-            tl.atomic_xchg(COUNTER + pid_m, 0, sem="relaxed", scope="gpu")  # ready for the next call
+            o_g, lse_g = _merge_range(O_PART, LSE_PART, g_lo, g_hi, n_rows, rows, row_ok, offs_d, BLOCK_M, D_NOPE)
+            tl.atomic_xchg(COUNTER + pid_m * (n_groups + 1) + group, 0, sem="relaxed", scope="gpu")
+            if n_groups == 1:
+                tl.store(OUT + rows[:, None].to(tl.int64) * D_NOPE + offs_d[None, :],
+                         (o_g * v_scale).to(OUT.dtype.element_ty), mask=row_ok[:, None])
+            else:  # second level: the last group to finish merges the groups' results
+                grow = group.to(tl.int64) * n_rows + rows
+                tl.store(G_PART + grow[:, None] * D_NOPE + offs_d[None, :], o_g, mask=row_ok[:, None])
+                tl.store(G_LSE + grow, lse_g, mask=row_ok)
+                tl.debug_barrier()
+                done = tl.atomic_add(COUNTER + pid_m * (n_groups + 1) + n_groups, 1, sem="acq_rel", scope="gpu")
+                if done == n_groups - 1:
+                    tl.debug_barrier()
+                    o, lse = _merge_range(G_PART, G_LSE, 0, n_groups, n_rows, rows, row_ok, offs_d, BLOCK_M, D_NOPE)
+                    tl.store(OUT + rows[:, None].to(tl.int64) * D_NOPE + offs_d[None, :],
+                             (o * v_scale).to(OUT.dtype.element_ty), mask=row_ok[:, None])
+                    tl.atomic_xchg(COUNTER + pid_m * (n_groups + 1) + n_groups, 0, sem="relaxed", scope="gpu")
 
 
-@functools.lru_cache(maxsize=16)
+@triton.jit
+def _merge_range(O_PART, LSE_PART, lo, hi, n_rows, rows, row_ok, offs_d, BLOCK_M: tl.constexpr, D: tl.constexpr):
+    """LSE-merge partials lo..hi-1 of these rows (``.cg`` loads: written by other programs); returns (o, lse)."""
+    m_run = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    w_sum = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    for sp in range(lo, hi):
+        prow = sp * n_rows + rows.to(tl.int64)
+        lse_s = tl.load(LSE_PART + prow, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
+        o_s = tl.load(O_PART + prow[:, None] * D + offs_d[None, :], mask=row_ok[:, None], other=0.0,
+                      cache_modifier=".cg")
+        m_new = tl.maximum(m_run, lse_s)
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_run - m_use)
+        w = tl.exp2(lse_s - m_use)
+        acc = acc * alpha[:, None] + w[:, None] * o_s.to(tl.float32)
+        w_sum = w_sum * alpha + w
+        m_run = m_new
+    w_safe = tl.where(w_sum > 0, w_sum, 1.0)
+    lse = tl.where(w_sum > 0, m_run + tl.log2(w_safe), float("-inf"))
+    return acc / w_safe[:, None], lse
+
+
+_COUNTERS: dict[tuple[str, int], torch.Tensor] = {}
+
+
 def _counters(device: str, n: int) -> torch.Tensor:
-    """Arrival counters per row tile, zero between calls (the merging program resets its own)."""
-    return torch.zeros(max(n, 1), dtype=torch.int32, device=device)
+    """Arrival counters (per row tile: one per split group and one for the groups), zero between calls."""
+    key = (device, max(n, 1))
+    if key not in _COUNTERS:
+        _COUNTERS[key] = torch.zeros(key[1], dtype=torch.int32, device=device)
+    return _COUNTERS[key]
 
 
 def fused_split_kv_triton(inputs: VerifyInputs, out: torch.Tensor, page_size: int = 1,
                           cfg: SplitKVConfig | None = None, num_sms: int | None = None,
-                          kv_fp8: bool = False) -> torch.Tensor:
+                          kv_fp8: bool = False, merge_group: int = 16) -> torch.Tensor:
     """Single-launch split-KV verify; writes ``out`` [T, H, 512] bf16 and returns it.
 
     ``kv_fp8`` reads ``inputs.cache_fp8`` (float8_e4m3fn, per-tensor ``inputs.kv_scale``) instead of the bf16
@@ -228,19 +259,22 @@ def fused_split_kv_triton(inputs: VerifyInputs, out: torch.Tensor, page_size: in
         num_sms = sm_count(q.device.index or 0)
     plan = plan_splits(rows, n_kv, cfg, num_sms)
     direct = plan.n_splits == 1
+    n_groups = -(-plan.n_splits // merge_group)
     if direct:
-        o_part, lse_part, counter = out, out, out  # unused when DIRECT
+        o_part, lse_part, counter, g_part, g_lse = out, out, out, out, out  # unused when DIRECT
     else:
         o_part = torch.empty(plan.n_splits, rows, D_V, device=q.device,
                              dtype=q.dtype if cfg.partial_bf16 else torch.float32)  # q: bf16 (fp16 in interpreter tests)
         lse_part = torch.empty(plan.n_splits, rows, device=q.device, dtype=torch.float32)
-        counter = _counters(str(q.device), plan.n_tiles)
+        counter = _counters(str(q.device), plan.n_tiles * (n_groups + 1))
+        g_part = torch.empty(max(n_groups, 1) if n_groups > 1 else 1, rows, D_V, device=q.device, dtype=torch.float32)
+        g_lse = torch.empty(max(n_groups, 1) if n_groups > 1 else 1, rows, device=q.device, dtype=torch.float32)
     v_scale = float(inputs.kv_scale) if kv_fp8 else 1.0
     _fused_kernel[(plan.n_tiles, plan.n_splits)](
-        q, cache, inputs.token_table, block_table, inputs.mask_u8, o_part, lse_part, counter, out,
-        inputs.sm_scale * LOG2E * v_scale, v_scale, inputs.n_prefix, n_kv, T, H, rows, plan.n_splits,
+        q, cache, inputs.token_table, block_table, inputs.mask_u8, o_part, lse_part, g_part, g_lse, counter, out,
+        inputs.sm_scale * LOG2E * v_scale, v_scale, inputs.n_prefix, n_kv, T, H, rows, plan.n_splits, n_groups,
         plan.tokens_per_split, cache.stride(0),
         PAGE_SIZE=page_size, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, D_NOPE=D_NOPE, D_PE=D_PE,
-        KV_FP8=kv_fp8, DIRECT=direct, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        KV_FP8=kv_fp8, DIRECT=direct, GROUP=merge_group, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
