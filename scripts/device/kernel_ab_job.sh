@@ -14,8 +14,9 @@
 # importance, each on shuffled_p1 and shuffled_b64: 128k h8T1, h16T1, h8T8; 256k and 64k of the same; 128k
 # h16T16, h16T64, h128T8. Kernels: split_p1/split_b64 (run 2's two launches), fused_p1/fused_b64 (one launch),
 # fused_fp8_p1/fused_fp8_b64, sglang_splitkv_p1. The harness stops starting cases at BUDGET - 45 s.
+# First a gate of at most 45 s: tests/test_kernels_gpu.py -k fused (the fused kernels vs the reference, twice each).
 # $OUT receives (at most 8 files): kernel-ab.tar.gz (the run folder: run.json, kernel_ab.jsonl,
-# kernel_ab_copy.jsonl, harness.log), job.log, env.txt, targets.txt (also printed last).
+# kernel_ab_copy.jsonl, harness.log), job.log, env.txt, gpu-tests.log, targets.txt (also printed last).
 set -uo pipefail
 OUT=${OUT:?set OUT to the folder to write results to}
 BUDGET=${BUDGET:-240}
@@ -33,6 +34,11 @@ t0=$(date +%s)
   command -v nvcc >/dev/null && nvcc --version | tail -1 || echo "nvcc: not on PATH"
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
+
+# a gate of at most 45 s: the fused kernels on odd shapes, twice each (counters reset), bf16 and fp8
+timeout 45 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels_gpu.py -k fused > "$OUT/gpu-tests.log" 2>&1
+echo "exit $?" >> "$OUT/gpu-tests.log"
+tail -3 "$OUT/gpu-tests.log"
 
 extra=(--sglang-anchor)
 if [ "$FLASHINFER" = 1 ] && python3 -c "import flashinfer" 2>/dev/null; then extra+=(--flashinfer); fi
