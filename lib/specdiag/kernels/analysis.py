@@ -301,3 +301,132 @@ def findings(df: pd.DataFrame, peaks: Mapping[str, Any], copy_rows: Iterable[Map
             source="computed",
         ))
     return out
+
+
+# ---- issue 13: the single-launch kernel, fp8 KV and the anchors beside ours --------------------------------
+
+#: Issue 13's targets (H200, batch 1, % of the copy bandwidth / matmul rate measured in the same run).
+ISSUE13_MEMORY = ((131072, 85.0), (262144, 85.0), (65536, 75.0))  #: (context, % of copy) for H*T <= 16
+ISSUE13_H8T8_PCT = 70.0  #: 8 heads x 8 draft tokens at 128k, % of copy
+OURS_DESIGNS = ("split_kv", "fused_split_kv")
+
+
+def _ours(df: pd.DataFrame, bf16_only: bool = True) -> pd.DataFrame:
+    if df.empty or "design" not in df:
+        return df.iloc[0:0]
+    sel = df[df["design"].isin(OURS_DESIGNS)]
+    if bf16_only and "kv_dtype" in sel:
+        sel = sel[sel["kv_dtype"].fillna("bf16") == "bf16"]
+    return sel
+
+
+def issue13_targets(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per (target, case, kernel) of issue 13's targets, for every kernel of ours (bf16 KV) and anchor.
+
+    memory: 8 or 16 heads, heads x draft tokens <= 16, >= 85 % of copy at 128k and 256k, >= 75 % at 64k;
+    h8t8: 8 heads x 8 draft tokens at 128k, >= 70 % of copy; compute: heads x draft tokens >= 256 at >= 64k,
+    >= 50 % of the matmul rate. fp8 rows are left out (they read half the bytes: see fp8_table).
+    """
+    if df.empty:
+        return pd.DataFrame()
+    cand = df[df["design"].isin(OURS_DESIGNS + ("anchor",))]
+    if "kv_dtype" in cand:
+        cand = cand[cand["kv_dtype"].fillna("bf16") == "bf16"]
+    cand = cand[cand["layout"].isin(["shuffled_p1", "shuffled_b64"])]
+    out: list[dict[str, Any]] = []
+
+    def add(target, r, value, unit, threshold):
+        out.append({"target": target, "context_tokens": int(r.context_tokens), "heads": int(r.heads),
+                    "draft_tokens": int(r.draft_tokens), "kernel": r.kernel, "layout": r.layout,
+                    "mask": getattr(r, "mask", None), "ms": r.ms_median, "value": value, "unit": unit,
+                    "threshold": threshold, "met": bool(value >= threshold)})
+
+    for r in cand.itertuples():
+        ht = r.heads * r.draft_tokens
+        for ctx, pct in ISSUE13_MEMORY:
+            if r.context_tokens == ctx and r.heads in (8, 16) and ht <= 16:
+                add(f"memory: >= {pct:g}% of copy at {ctx // 1024}k (H in 8,16; H*T <= 16)", r, r.pct_copy_bw,
+                    "% of copy", pct)
+        if r.context_tokens == 131072 and r.heads == 8 and r.draft_tokens == 8:
+            add(f"h8t8: >= {ISSUE13_H8T8_PCT:g}% of copy at 128k", r, r.pct_copy_bw, "% of copy", ISSUE13_H8T8_PCT)
+        if r.context_tokens >= MIN_TARGET_CONTEXT and ht >= 256:
+            add(f"compute: >= {COMPUTE_TARGET_PCT:g}% of matmul (H*T >= 256)", r, r.pct_matmul, "% of matmul",
+                COMPUTE_TARGET_PCT)
+    return pd.DataFrame(out)
+
+
+def anchor_comparison(df: pd.DataFrame) -> pd.DataFrame:
+    """Per case and anchor row: the anchor's time, our fastest bf16 kernel's time on the same case, and the ratio.
+
+    ``ours_over_anchor`` < 1: ours is faster; > 1: the anchor is faster by that factor. Anchors skipped or failed
+    appear with their reason (``anchor_status``) and no times.
+    """
+    if df.empty or "design" not in df:
+        return pd.DataFrame()
+    keys = ["context_tokens", "heads", "draft_tokens", "layout"]
+    anchors = df[df["design"] == "anchor"]
+    if anchors.empty:
+        return pd.DataFrame()
+    ours = _ours(df)
+    best = (ours.sort_values("ms_median").groupby(keys, as_index=False).first()[keys + ["kernel", "ms_median"]]
+            .rename(columns={"kernel": "ours_kernel", "ms_median": "ours_ms"}))
+    out = anchors[keys + ["kernel", "ms_median", "rel_err"]].rename(columns={"kernel": "anchor", "ms_median": "anchor_ms"})
+    out = out.merge(best, on=keys, how="left")
+    out["ours_over_anchor"] = out["ours_ms"] / out["anchor_ms"]
+    out["faster"] = out["ours_over_anchor"].map(lambda x: None if pd.isna(x) else ("ours" if x < 1 else "anchor"))
+    return out.reset_index(drop=True)
+
+
+def anchor_status(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
+    """Every anchor row that did not produce a time, with why (a reason the harness states, or the error)."""
+    df = pd.DataFrame(list(rows))
+    if df.empty or "design" not in df:
+        return pd.DataFrame()
+    a = df[df["design"] == "anchor"].copy()
+    if a.empty:
+        return pd.DataFrame()
+    for col in ("skipped", "error"):
+        if col not in a:
+            a[col] = None
+    a = a[a["skipped"].notna() | a["error"].notna()]
+    a["why"] = a["skipped"].fillna(a["error"])
+    return a[["kernel", "context_tokens", "heads", "draft_tokens", "layout", "why"]].drop_duplicates(
+        subset=["kernel", "why"]).reset_index(drop=True)
+
+
+def fp8_table(df: pd.DataFrame) -> pd.DataFrame:
+    """fp8-KV rows beside the same kernel's bf16 rows: time ratio and accuracy (vs the fp32 reference of the bf16 cache)."""
+    if df.empty or "kv_dtype" not in df:
+        return pd.DataFrame()
+    f8 = df[df["kv_dtype"] == "fp8_e4m3"]
+    if f8.empty:
+        return pd.DataFrame()
+    keys = ["context_tokens", "heads", "draft_tokens", "layout"]
+    bf = df[(df["design"] == "fused_split_kv") & (df["kv_dtype"] == "bf16")].copy()
+    bf["pair"] = bf["kernel"].str.replace("fused_", "fused_fp8_", regex=False)
+    bf = bf[keys + ["pair", "ms_median", "rel_err"]].rename(columns={"ms_median": "bf16_ms", "rel_err": "bf16_rel_err",
+                                                                     "pair": "kernel"})
+    out = f8[keys + ["kernel", "ms_median", "rel_err", "rel_err_vs_bf16_ref", "actual_gbps", "pct_copy_bw"]].merge(
+        bf, on=keys + ["kernel"], how="left")
+    out["fp8_over_bf16_time"] = out["ms_median"] / out["bf16_ms"]
+    out["actual_pct_copy"] = out["pct_copy_bw"] / 2  # the bytes it actually reads: half the bf16 cache
+    return out.rename(columns={"ms_median": "fp8_ms", "rel_err": "rel_err_vs_dequantized_ref"}).reset_index(drop=True)
+
+
+def fused_vs_two_launch(df: pd.DataFrame) -> pd.DataFrame:
+    """Per case: the single-launch kernel's time over the two-launch split kernel's, for the same page size."""
+    if df.empty or "design" not in df:
+        return pd.DataFrame()
+    keys = ["context_tokens", "heads", "draft_tokens", "layout"]
+    out = []
+    for fused, split in (("fused_p1", "split_p1"), ("fused_b64", "split_b64")):
+        a = df[df["kernel"] == fused].set_index(keys)["ms_median"]
+        b = df[df["kernel"] == split].set_index(keys)["ms_median"]
+        j = pd.DataFrame({"fused_ms": a, "split_ms": b}).dropna()
+        if j.empty:
+            continue
+        j["fused_over_split"] = j["fused_ms"] / j["split_ms"]
+        j["saved_us"] = 1e3 * (j["split_ms"] - j["fused_ms"])
+        j["pair"] = f"{fused} / {split}"
+        out.append(j.reset_index())
+    return pd.concat(out, ignore_index=True) if out else pd.DataFrame()

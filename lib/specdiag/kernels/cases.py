@@ -21,10 +21,24 @@ TABLE = "kernel_ab"
 TUNING_TABLE = "kernel_ab_tuning"  #: written by specdiag.kernels.tuning
 #: which kernel variants run on each layout (a block table exists only for 64-token layouts)
 VARIANTS_BY_LAYOUT: dict[str, tuple[str, ...]] = {
-    "contiguous": ("baseline_p1", "split_p1", "split_b64"),
-    "shuffled_p1": ("baseline_p1", "split_p1"),
-    "shuffled_b64": ("baseline_p1", "split_p1", "split_b64"),
+    "contiguous": ("baseline_p1", "split_p1", "split_b64", "fused_p1", "fused_b64", "fused_fp8_p1", "fused_fp8_b64"),
+    "shuffled_p1": ("baseline_p1", "split_p1", "fused_p1", "fused_fp8_p1"),
+    "shuffled_b64": ("baseline_p1", "split_p1", "split_b64", "fused_p1", "fused_b64", "fused_fp8_p1", "fused_fp8_b64"),
 }
+FP8_TOL = 0.1  #: largest accepted relative error of an fp8-KV kernel vs the fp32 reference of the bf16 cache
+
+
+def fp8_case(sets: Sequence[VerifyInputs]) -> tuple[list[VerifyInputs], torch.Tensor]:
+    """fp8 copies of the rotation sets and the fp32 reference of the first one's dequantized cache.
+
+    An fp8 kernel is checked twice: against this reference (the kernel's own error, ``tol`` as for bf16)
+    and against the bf16 cache's reference (kernel plus quantization error, ``FP8_TOL``; rel_err_vs_bf16_ref).
+    """
+    from specdiag.kernels.mla import dequantized, with_fp8_cache  # noqa: PLC0415
+    from specdiag.kernels.reference import reference_verify  # noqa: PLC0415
+
+    fp8 = [with_fp8_cache(s) for s in sets]
+    return fp8, reference_verify(dequantized(fp8[0]))
 
 
 @dataclass
@@ -42,6 +56,7 @@ class GridSpec:
     baseline_max_ms:   skip a baseline case whose predicted time per run exceeds this (ms); the
                        prediction scales the same (H, T, layout)'s time at the previous context
     required:          (context, heads, draft_tokens) cases that always run every kernel
+    chain, anchors:    chain-shaped drafts; anchor kernels (sglang_splitkv, flashinfer_mla) run on each case
     """
 
     contexts: list[int]
@@ -55,9 +70,15 @@ class GridSpec:
     tol: float = 1e-2
     baseline_max_ms: float = 40.0
     required: list[tuple[int, int, int]] = field(default_factory=lambda: [(131072, 8, 8)])
+    chain: bool = False  #: draft trees are chains (causal masks): the anchors (anchors.py) can run them
+    anchors: list[str] = field(default_factory=list)  #: anchor kernels to run beside ours (anchors.ANCHORS)
+    anchors_off: dict[str, str] = field(default_factory=dict)  #: anchors not run this time -> why (a skipped row each case)
+    cases: Optional[list[tuple[int, int, int]]] = None  #: explicit (context, heads, draft_tokens), in this order, per layout
 
     def shapes(self) -> list[VerifyShape]:
-        """Cases in measuring order: per (H, T, layout), contexts ascending (for the baseline cap)."""
+        """Cases in measuring order: per (H, T, layout), contexts ascending (for the baseline cap); or ``cases`` as given."""
+        if self.cases is not None:
+            return [VerifyShape(c, h, t, lay) for c, h, t in self.cases for lay in self.layouts]
         return [VerifyShape(c, h, t, lay) for h in self.heads for t in self.draft_tokens for lay in self.layouts
                 for c in sorted(self.contexts)]
 
@@ -149,9 +170,12 @@ def plan_fields(name: str, shape: VerifyShape, config: Any, device: torch.device
         from specdiag.kernels.triton_baseline import grid_programs  # noqa: PLC0415
 
         return {"programs": grid_programs(shape.heads, shape.draft_tokens)}
+    if v.design not in ("split_kv", "fused_split_kv"):
+        return {}
+    from specdiag.kernels.splitkv_plan import default_fused_config  # noqa: PLC0415
     from specdiag.kernels.triton_splitkv import default_config, describe_plan, sm_count  # noqa: PLC0415
 
-    cfg = config or default_config(shape.rows)
+    cfg = config or (default_fused_config(shape.rows) if v.design == "fused_split_kv" else default_config(shape.rows))
     return describe_plan(shape.rows, shape.n_kv, cfg, sm_count(device.index or 0))
 
 

@@ -1,7 +1,8 @@
 """Kernel variants by name, and running one on whatever device its inputs live on.
 
 A variant is a kernel plus the index form it reads: ``baseline_p1`` (token table), ``split_p1``
-(token table), ``split_b64`` (64-token block table). On CUDA the Triton kernels run; on the CPU the
+(token table), ``split_b64`` (64-token block table); issue 13's single-launch ``fused_p1`` / ``fused_b64`` and
+their fp8-KV forms ``fused_fp8_p1`` / ``fused_fp8_b64`` (design ``fused_split_kv``). On CUDA the Triton kernels run; on the CPU the
 torch fallbacks of the same designs (reference.py) run, so tests and CI exercise the same code paths
 around them.
 """
@@ -13,7 +14,7 @@ from typing import Any, Optional
 
 import torch
 
-from specdiag.kernels.mla import VerifyInputs
+from specdiag.kernels.mla import VerifyInputs, dequantized
 from specdiag.kernels.reference import baseline_torch, split_kv_torch
 
 
@@ -22,12 +23,18 @@ class KernelVariant:
     name: str  #: result rows' ``kernel`` field
     design: str  #: "baseline" or "split_kv"
     page_size: int  #: 1 (token index table) or 64 (block table)
+    kv_fp8: bool = False  #: reads the fp8 e4m3 cache (inputs.cache_fp8, per-tensor kv_scale)
 
 
 KERNEL_VARIANTS: dict[str, KernelVariant] = {
     "baseline_p1": KernelVariant("baseline_p1", "baseline", 1),
     "split_p1": KernelVariant("split_p1", "split_kv", 1),
     "split_b64": KernelVariant("split_b64", "split_kv", 64),
+    # issue 13: one launch, the merge done by the last program of each row tile (triton_fused.py)
+    "fused_p1": KernelVariant("fused_p1", "fused_split_kv", 1),
+    "fused_b64": KernelVariant("fused_b64", "fused_split_kv", 64),
+    "fused_fp8_p1": KernelVariant("fused_fp8_p1", "fused_split_kv", 1, kv_fp8=True),
+    "fused_fp8_b64": KernelVariant("fused_fp8_b64", "fused_split_kv", 64, kv_fp8=True),
 }
 
 
@@ -52,7 +59,13 @@ def run_variant(name: str, inputs: VerifyInputs, out: torch.Tensor, config: Opti
     v = variant(name)
     if not supports(name, inputs):
         raise ValueError(f"{name} reads a 64-token block table, which the shuffled_p1 layout does not have")
+    if v.kv_fp8 and inputs.cache_fp8 is None:
+        raise ValueError(f"{name} reads the fp8 cache: make the inputs with mla.with_fp8_cache(inputs)")
     if inputs.q.is_cuda:
+        if v.design == "fused_split_kv":
+            from specdiag.kernels.triton_fused import fused_split_kv_triton  # noqa: PLC0415
+
+            return fused_split_kv_triton(inputs, out, page_size=v.page_size, cfg=config, kv_fp8=v.kv_fp8)
         if v.design == "baseline":
             from specdiag.kernels.triton_baseline import baseline_triton  # noqa: PLC0415
 
@@ -63,4 +76,4 @@ def run_variant(name: str, inputs: VerifyInputs, out: torch.Tensor, config: Opti
     if v.design == "baseline":
         return baseline_torch(inputs, out)
     n_splits = 4 if config is None else int(getattr(config, "n_splits", 4))
-    return split_kv_torch(inputs, out, n_splits=n_splits)
+    return split_kv_torch(dequantized(inputs) if v.kv_fp8 else inputs, out, n_splits=n_splits)

@@ -29,8 +29,8 @@ import torch
 
 # The case (shapes, inputs, check, timing, row fields) lives in cases.py, shared with tuning.py; its public
 # names stay importable from here (the notebook and the recorded command use specdiag.kernels.harness).
-from specdiag.kernels.cases import (TABLE, TUNING_TABLE, VARIANTS_BY_LAYOUT, GridSpec, check_once,  # noqa: F401
-                                    config_dict, derived_metrics, full_grid, measure_variant, plan_fields,
+from specdiag.kernels.cases import (FP8_TOL, TABLE, TUNING_TABLE, VARIANTS_BY_LAYOUT, GridSpec, check_once,  # noqa: F401
+                                    config_dict, derived_metrics, fp8_case, full_grid, measure_variant, plan_fields,
                                     progress_line, relative_error, rotation_sets, shape_fields, smoke_grid)
 from specdiag.kernels.dispatch import implementation, supports, variant
 from specdiag.kernels.mla import VerifyInputs, VerifyShape, kv_bytes, make_inputs
@@ -52,15 +52,16 @@ def run_grid(spec: GridSpec, run: Run, peaks: dict[str, float], device: torch.de
     baseline_last: dict[tuple, tuple[int, float]] = {}
     n_rows = 0
     for i, shape in enumerate(spec.shapes()):
-        base = {"ts_unix_s": time.time(), "error": None, **shape_fields(shape)}
+        base = {"ts_unix_s": time.time(), "error": None, **shape_fields(shape), "mask": "chain" if spec.chain else "tree"}
         if deadline_s is not None and time.monotonic() > deadline_s:
             run.append_row(TABLE, {**base, "kernel": None, "skipped": "time budget of the run used up; "
                                    "cases from here on were not measured"})
             return n_rows + 1
         try:
-            inputs = make_inputs(shape, device=device, seed=seed + 7919 * i)
+            inputs = make_inputs(shape, device=device, seed=seed + 7919 * i, chain=spec.chain)
             ref = reference_verify(inputs)
             sets: Optional[list[VerifyInputs]] = None
+            fp8: Optional[tuple[list[VerifyInputs], torch.Tensor]] = None
         except Exception as exc:  # noqa: BLE001 - record the failure, keep going
             run.append_row(TABLE, {**base, "kernel": None, "error": f"inputs/reference: {exc!r}"})
             n_rows += 1
@@ -70,6 +71,10 @@ def run_grid(spec: GridSpec, run: Run, peaks: dict[str, float], device: torch.de
                 continue
             v = variant(name)
             config = configs(shape.rows) if (configs and v.design == "split_kv") else None
+            if configs and v.design == "fused_split_kv":  # the tuned tile, with bf16 partials
+                from dataclasses import replace  # noqa: PLC0415
+
+                config = replace(configs(shape.rows), partial_bf16=True)
             row = {**base, "ts_unix_s": time.time(), "kernel": name, "design": v.design, "page_size": v.page_size,
                    "impl": implementation(inputs), "config": config_dict(config), "skipped": None}
             key = (shape.heads, shape.draft_tokens, shape.layout)
@@ -87,7 +92,17 @@ def run_grid(spec: GridSpec, run: Run, peaks: dict[str, float], device: torch.de
                 if sets is None:
                     sets = rotation_sets(inputs, spec.rotate_bytes, seed + 7919 * i)
                 row.update(plan_fields(name, shape, config, device))
-                row.update(measure_variant(name, sets, ref, config, spec, peaks))
+                if v.kv_fp8:
+                    if fp8 is None:
+                        fp8 = fp8_case(sets)
+                    row.update(measure_variant(name, fp8[0], fp8[1], config, spec, peaks))
+                    vs_bf16 = check_once(name, fp8[0][0], ref, config, FP8_TOL)
+                    row.update(kv_dtype="fp8_e4m3", kv_scale=fp8[0][0].kv_scale, rel_err_vs_bf16_ref=vs_bf16["rel_err"],
+                               actual_kv_bytes=row["kv_bytes"] // 2, actual_gbps=row["gbps"] / 2)
+                    row["correct"] = bool(row["correct"] and vs_bf16["correct"])
+                else:
+                    row.update(measure_variant(name, sets, ref, config, spec, peaks))
+                    row["kv_dtype"] = "bf16"
                 row["n_rotation_sets"] = len(sets)
                 if v.design == "baseline":
                     baseline_last[key] = (shape.n_kv, row["ms_median"])
@@ -100,10 +115,82 @@ def run_grid(spec: GridSpec, run: Run, peaks: dict[str, float], device: torch.de
             n_rows += 1
             if progress:
                 progress(progress_line(row))
-        del sets, inputs, ref
+        for row in anchor_rows(spec, shape, inputs, ref, sets, base, peaks, device, seed + 7919 * i):
+            run.append_row(TABLE, row)
+            n_rows += 1
+            if progress:
+                progress(progress_line(row) if not row.get("skipped") else
+                         f"{row['kernel']:<18} P={shape.context_tokens:>6} H={shape.heads:>3} T={shape.draft_tokens:>2} "
+                         f"{shape.layout:<12} skipped: {row['skipped'][:100]}")
+        del sets, inputs, ref, fp8
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return n_rows
+
+
+def anchor_rows(spec: GridSpec, shape: VerifyShape, inputs: VerifyInputs, ref: torch.Tensor,
+                sets: Optional[list[VerifyInputs]], base: dict, peaks: dict[str, float], device: torch.device,
+                seed: int) -> list[dict[str, Any]]:
+    """Rows of the anchor kernels on this case: measured and checked like ours, or skipped with the reason.
+
+    sglang_splitkv runs as page_size 1 (token table) on every layout; flashinfer_mla as page_size 1 and, where
+    the layout has a block table, page_size 64. An anchor that fails (import, JIT, launch) is a row with its error.
+    """
+    from specdiag.kernels.anchors import (FlashInferMLA, cannot, load_sglang_verify,  # noqa: PLC0415
+                                          run_sglang_verify, sglang_verify_args)
+
+    rows: list[dict[str, Any]] = []
+    for anchor in [*spec.anchors, *[a for a in spec.anchors_off if a not in spec.anchors]]:
+        pages = [1] if anchor == "sglang_splitkv" else [1] + ([64] if shape.layout != "shuffled_p1" else [])
+        for page in pages:
+            name = f"{anchor}_{'p1' if page == 1 else 'b64'}"
+            row = {**base, "ts_unix_s": time.time(), "kernel": name, "design": "anchor", "page_size": page,
+                   "impl": "cuda" if device.type == "cuda" else None, "config": None, "skipped": None, "kv_dtype": "bf16"}
+            reason = spec.anchors_off.get(anchor) if anchor not in spec.anchors else cannot(anchor, inputs, page)
+            if reason is None and device.type != "cuda":
+                reason = "anchor kernels run on CUDA only (SGLang's Triton kernel, FlashInfer's CUDA kernels)"
+            if reason is not None:
+                row["skipped"] = reason
+                rows.append(row)
+                continue
+            try:
+                if sets is None:
+                    sets = rotation_sets(inputs, spec.rotate_bytes, seed)
+                outs = [s.out_like() for s in sets]
+                if anchor == "sglang_splitkv":
+                    mod = load_sglang_verify()
+                    prepared = [sglang_verify_args(s, o) for s, o in zip(sets, outs)]
+                    calls = [(lambda a=a, k=k: run_sglang_verify(mod, a, k)) for a, k in prepared]
+                    row["anchor_source"] = str(mod.__file__)
+                else:
+                    wrappers = [FlashInferMLA(s, page) for s in sets]
+                    calls = [(lambda w=w, o=o: w(o)) for w, o in zip(wrappers, outs)]
+                row.update(measure_calls(calls, outs, ref, spec, peaks, shape))
+                row["n_rotation_sets"] = len(sets)
+                if not row["correct"]:
+                    row["error"] = f"wrong result: rel_err {row['rel_err']:.3g} > {spec.tol} or {row['unwritten']} unwritten"
+            except Exception as exc:  # noqa: BLE001 - an anchor that cannot start is a row, not a crash
+                row["error"] = repr(exc)[:500]
+            row["ts_unix_s"] = time.time()
+            rows.append(row)
+    return rows
+
+
+def measure_calls(calls: list[Callable[[], object]], outs: list[torch.Tensor], ref: torch.Tensor, spec: GridSpec,
+                  peaks: dict[str, float], shape: VerifyShape) -> dict[str, Any]:
+    """Check the first call's output (NaN-poisoned before it runs) against the reference, then time the calls."""
+    outs[0].fill_(float("nan"))
+    calls[0]()
+    torch.cuda.synchronize(outs[0].device)
+    err = relative_error(outs[0], ref)
+    unwritten = int(torch.isnan(outs[0]).sum())
+    row: dict[str, Any] = {"rel_err": err, "unwritten": unwritten, "correct": bool(err <= spec.tol and unwritten == 0)}
+    samples = time_calls(calls, n_runs=spec.n_runs, n_warmup=spec.n_warmup, device=outs[0].device)
+    row.update(summarize_ms(samples))
+    row["ms_samples"] = [round(x, 5) for x in samples]
+    row.update(derived_metrics(shape.n_kv, shape.heads, shape.draft_tokens, row["ms_median"], peaks["copy_gbps"],
+                               peaks["matmul_tflops"]))
+    return row
 
 
 # --- provenance and the command line --------------------------------------------------------------
@@ -136,6 +223,8 @@ def device_provenance(device: torch.device) -> dict[str, Any]:
 
 
 COPY_TABLE = "kernel_ab_copy"
+FLASHINFER_OFF = ("not run in this call: FlashInfer JIT-compiles its MLA kernels with nvcc on first use (minutes on a "
+                  "bare machine, over a 240 s device call); run the harness with --flashinfer where it can")
 
 
 def measure_copy_by_size(run: Run, contexts: Sequence[int], device: torch.device, n_runs: int = 20) -> None:
@@ -168,7 +257,8 @@ def measure_peaks(device: torch.device) -> dict[str, Any]:
 
 
 def measure(run: Run, spec: GridSpec, device: torch.device | str = "cuda", tune_first: bool = True,
-            deadline_s: Optional[float] = None, progress: Optional[Callable[[str], None]] = None) -> int:
+            deadline_s: Optional[float] = None, progress: Optional[Callable[[str], None]] = None,
+            copy_sizes: bool = True) -> int:
     """Everything one device run records into ``run``: peaks, copies of each context's size, tuning, the grid.
 
     Returns the number of kernel_ab rows written. On the CPU only the grid runs (torch implementations).
@@ -177,7 +267,8 @@ def measure(run: Run, spec: GridSpec, device: torch.device | str = "cuda", tune_
     say = progress or (lambda s: None)
     run.update(kind="kernel_ab", device=device_provenance(device),
                grid={k: getattr(spec, k) for k in ("contexts", "heads", "draft_tokens", "layouts", "kernels", "n_runs",
-                                                   "n_warmup", "rotate_bytes", "tol", "baseline_max_ms", "required")})
+                                                   "n_warmup", "rotate_bytes", "tol", "baseline_max_ms", "required", "chain",
+                                                   "anchors")})
     peaks = measure_peaks(device)
     if device.type == "cuda":
         peaks["sm_count"] = torch.cuda.get_device_properties(device).multi_processor_count
@@ -186,7 +277,8 @@ def measure(run: Run, spec: GridSpec, device: torch.device | str = "cuda", tune_
     configs: Optional[Callable[[int], Any]] = None
     if device.type == "cuda":
 
-        measure_copy_by_size(run, spec.contexts, device)
+        if copy_sizes:
+            measure_copy_by_size(run, spec.contexts, device)
         if tune_first:
             tune_shapes = [VerifyShape(131072, 8, 1, "shuffled_p1"), VerifyShape(131072, 16, 1, "shuffled_p1"),
                            VerifyShape(131072, 8, 8, "shuffled_p1"), VerifyShape(131072, 16, 64, "shuffled_p1")]
@@ -206,18 +298,41 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--contexts", type=str, default="", help="override the grid's contexts, e.g. 8192,131072")
     ap.add_argument("--heads", type=str, default="", help="override the grid's heads, e.g. 8,16")
     ap.add_argument("--draft-tokens", type=str, default="", help="override the grid's draft tokens, e.g. 1,8")
+    ap.add_argument("--kernels", type=str, default="", help="override the kernel variants, e.g. split_p1,fused_p1")
+    ap.add_argument("--chain", action="store_true", help="chain-shaped drafts (causal masks): anchors can run them")
+    ap.add_argument("--sglang-anchor", action="store_true", help="run SGLang's upstream split-KV verify (anchors.py)")
+    ap.add_argument("--flashinfer", action="store_true",
+                    help="run FlashInfer's MLA paged attention (JIT-compiles with nvcc on first use: minutes)")
+    ap.add_argument("--cases", type=str, default="",
+                    help="explicit cases context:heads:draft_tokens, comma-separated, measured in this order per layout")
+    ap.add_argument("--layouts", type=str, default="", help="override the grid's layouts, e.g. shuffled_p1,shuffled_b64")
+    ap.add_argument("--n-runs", type=int, default=None, help="timed runs per case (default: the grid's)")
+    ap.add_argument("--no-copy-sizes", action="store_true", help="skip the copies of each context's KV traffic")
     args = ap.parse_args(argv)
     t0 = time.monotonic()
     deadline = t0 + 60 * args.max_minutes if args.max_minutes else None
     device = torch.device(args.device)
     spec = full_grid() if args.grid == "full" else smoke_grid()
+    if args.layouts:
+        spec.layouts = [x for x in args.layouts.split(",") if x.strip()]
     for attr, text in (("contexts", args.contexts), ("heads", args.heads), ("draft_tokens", args.draft_tokens)):
         if text:
             setattr(spec, attr, [int(x) for x in text.split(",") if x.strip()])
+    if args.kernels:
+        spec.kernels = [k for k in args.kernels.split(",") if k.strip()]
+    spec.chain = spec.chain or args.chain
+    spec.anchors = (["sglang_splitkv"] if args.sglang_anchor else []) + (["flashinfer_mla"] if args.flashinfer else [])
+    if not args.flashinfer and args.sglang_anchor:
+        spec.anchors_off = {"flashinfer_mla": FLASHINFER_OFF}
+    if args.cases:
+        spec.cases = [tuple(int(v) for v in c.split(":")) for c in args.cases.split(",") if c.strip()]
+    if args.n_runs:
+        spec.n_runs = args.n_runs
     run = Run.create(args.out, label="kernel-ab")
     command = " ".join([os.path.basename(sys.executable), "-m", "specdiag.kernels.harness", *(argv or sys.argv[1:])])
     run.update(command=command)
-    n = measure(run, spec, device, tune_first=args.tune, deadline_s=deadline, progress=lambda s: print(s, flush=True))
+    n = measure(run, spec, device, tune_first=args.tune, deadline_s=deadline, progress=lambda s: print(s, flush=True),
+                copy_sizes=not args.no_copy_sizes)
     run.update(finished_utc=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                wall_s=round(time.monotonic() - t0, 1))
     print(f"wrote {n} rows to {run.table_path(TABLE)} in {time.monotonic() - t0:.0f} s", flush=True)

@@ -111,6 +111,8 @@ class VerifyInputs:
     mask:        [T, T] bool tree mask, mask[i, j] = draft token i may see draft token j
     n_prefix:    P, tokens before the draft block
     sm_scale:    softmax scale applied to q.k
+    cache_fp8:   the cache quantized to float8_e4m3fn [pool_tokens, 576] (None unless made by with_fp8_cache)
+    kv_scale:    per-tensor dequantization scale of cache_fp8 (cache ~= cache_fp8 * kv_scale)
     """
 
     q: torch.Tensor
@@ -120,6 +122,8 @@ class VerifyInputs:
     mask: torch.Tensor
     n_prefix: int
     sm_scale: float = DEEPSEEK_SM_SCALE
+    cache_fp8: Optional[torch.Tensor] = field(default=None, repr=False)
+    kv_scale: float = 1.0
     mask_u8: torch.Tensor = field(init=False, repr=False)  #: the mask as uint8, for kernels
 
     def __post_init__(self) -> None:
@@ -180,11 +184,12 @@ def make_tables(n_kv: int, layout: str, generator: torch.Generator) -> tuple[tor
 
 
 def make_inputs(shape: VerifyShape, device: str | torch.device = "cpu", seed: int = 0,
-                sm_scale: float = DEEPSEEK_SM_SCALE) -> VerifyInputs:
-    """Fresh random inputs for ``shape``: N(0, 1) bf16 queries and cache, seeded layout and tree."""
+                sm_scale: float = DEEPSEEK_SM_SCALE, chain: bool = False) -> VerifyInputs:
+    """Fresh random inputs for ``shape``: N(0, 1) bf16 queries and cache, seeded layout and tree
+    (a chain, i.e. the causal mask, when ``chain``: what kernels without tree masks can verify)."""
     gen = torch.Generator().manual_seed(seed)
     token_table, block_table, pool = make_tables(shape.n_kv, shape.layout, gen)
-    mask = tree_mask(shape.draft_tokens, gen)
+    mask = tree_mask(shape.draft_tokens, gen, chain=chain)
     dev_gen = torch.Generator(device=device).manual_seed(seed + 1)
     q = torch.randn(shape.draft_tokens, shape.heads, D_QK, generator=dev_gen, device=device).to(torch.bfloat16)
     cache = torch.randn(pool, D_QK, generator=dev_gen, device=device).to(torch.bfloat16)
@@ -200,5 +205,33 @@ def with_fresh_data(inputs: VerifyInputs, seed: int) -> VerifyInputs:
     gen = torch.Generator(device=inputs.q.device).manual_seed(seed)
     q = torch.randn(inputs.q.shape, generator=gen, device=inputs.q.device).to(torch.bfloat16)
     cache = torch.randn(inputs.cache.shape, generator=gen, device=inputs.q.device).to(torch.bfloat16)
-    return VerifyInputs(q=q, cache=cache, token_table=inputs.token_table, block_table=inputs.block_table,
-                        mask=inputs.mask, n_prefix=inputs.n_prefix, sm_scale=inputs.sm_scale)
+    fresh = VerifyInputs(q=q, cache=cache, token_table=inputs.token_table, block_table=inputs.block_table,
+                         mask=inputs.mask, n_prefix=inputs.n_prefix, sm_scale=inputs.sm_scale)
+    return with_fp8_cache(fresh) if inputs.cache_fp8 is not None else fresh
+
+
+FP8_E4M3_MAX: float = 448.0  #: largest finite float8_e4m3fn value
+
+
+def fp8_scale(cache: torch.Tensor) -> float:
+    """Per-tensor scale mapping the cache's largest magnitude onto the fp8 e4m3 range (as SGLang's kv scales do)."""
+    amax = float(cache.float().abs().max()) if cache.numel() else 0.0
+    return amax / FP8_E4M3_MAX if amax > 0 else 1.0
+
+
+def with_fp8_cache(inputs: VerifyInputs, scale: Optional[float] = None) -> VerifyInputs:
+    """The same inputs plus ``cache_fp8`` = round(cache / scale) in float8_e4m3fn and ``kv_scale`` = scale."""
+    scale = fp8_scale(inputs.cache) if scale is None else float(scale)
+    fp8 = (inputs.cache.float() / scale).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
+    return VerifyInputs(q=inputs.q, cache=inputs.cache, token_table=inputs.token_table, block_table=inputs.block_table,
+                        mask=inputs.mask, n_prefix=inputs.n_prefix, sm_scale=inputs.sm_scale, cache_fp8=fp8,
+                        kv_scale=scale)
+
+
+def dequantized(inputs: VerifyInputs) -> VerifyInputs:
+    """The inputs with ``cache`` replaced by the fp8 cache dequantized to fp32 (what an exact fp8 kernel computes)."""
+    if inputs.cache_fp8 is None:
+        raise ValueError("dequantized needs inputs.cache_fp8: make the inputs with with_fp8_cache")
+    return VerifyInputs(q=inputs.q, cache=inputs.cache_fp8.float() * inputs.kv_scale, token_table=inputs.token_table,
+                        block_table=inputs.block_table, mask=inputs.mask, n_prefix=inputs.n_prefix,
+                        sm_scale=inputs.sm_scale)

@@ -18,6 +18,13 @@ KERNEL_STYLE = {
     "baseline_p1": dict(color="#c62828", marker="v", label="baseline (SGLang structure), page_size 1"),
     "split_p1": dict(color="#1565c0", marker="o", label="split-KV, page_size 1"),
     "split_b64": dict(color="#2e7d32", marker="s", label="split-KV, 64-token blocks"),
+    "fused_p1": dict(color="#6a1b9a", marker="D", label="single-launch split-KV, page_size 1"),
+    "fused_b64": dict(color="#ad1457", marker="P", label="single-launch split-KV, 64-token blocks"),
+    "fused_fp8_p1": dict(color="#ef6c00", marker="x", label="single-launch, fp8 KV, page_size 1"),
+    "fused_fp8_b64": dict(color="#f9a825", marker="X", label="single-launch, fp8 KV, 64-token blocks"),
+    "sglang_splitkv_p1": dict(color="#5d4037", marker="^", label="SGLang 0.5.17 upstream split-KV verify"),
+    "flashinfer_mla_p1": dict(color="#00838f", marker="<", label="FlashInfer MLA, page_size 1"),
+    "flashinfer_mla_b64": dict(color="#00695c", marker=">", label="FlashInfer MLA, 64-token blocks"),
 }
 
 
@@ -91,4 +98,20 @@ def roofline(ax: Any, df: pd.DataFrame, copy_gbps: float, matmul_tflops: float |
                    alpha=0.6 if len(df) > 20 else 1.0, color=style.get("color"), marker=style.get("marker", "o"),
                    label=style.get("label", name), zorder=3)
     ax.legend(fontsize=7)
+    source_note(ax, source)
+
+
+def kernels_at_case(ax: Any, df: pd.DataFrame, copy_gbps: float, context_tokens: int, heads: int, draft_tokens: int,
+                    layout: str = "shuffled_b64", source: str = "measured") -> None:
+    """Per kernel (ours, fp8, anchors) at one case: % of the copy bandwidth (bf16-equivalent bytes), horizontal bars."""
+    sel = df[(df["context_tokens"] == context_tokens) & (df["heads"] == heads) & (df["draft_tokens"] == draft_tokens)
+             & (df["layout"] == layout)].sort_values("ms_median", ascending=False)
+    labels = [KERNEL_STYLE.get(k, {}).get("label", k) for k in sel["kernel"]]
+    colors = [KERNEL_STYLE.get(k, {}).get("color", "grey") for k in sel["kernel"]]
+    ax.barh(labels, sel["pct_copy_bw"], color=colors)
+    for y, (pct, ms) in enumerate(zip(sel["pct_copy_bw"], sel["ms_median"])):
+        ax.text(pct, y, f" {1e3 * ms:.1f} us", va="center", fontsize=8)
+    ax.set_xlabel(f"% of copy bandwidth ({copy_gbps:,.0f} GB/s; KV bytes at bf16, fp8 reads half)")
+    ax.set_title(f"{context_tokens // 1024}k tokens, H={heads} x T={draft_tokens}, {layout}")
+    ax.grid(True, axis="x", alpha=0.3)
     source_note(ax, source)

@@ -9,7 +9,7 @@ split kernel can reach at short contexts (see docs/kernel-notes.md).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from specdiag.kernels.mla import BLOCK_TOKENS, D_V
 
@@ -71,6 +71,15 @@ def default_config(rows: int) -> SplitKVConfig:
                              merge_block_dv=16)
     # run 2: 1.149 ms at h16 T64 128k (3 stages: 1.196 ms; 16 warps: 2.419 ms)
     return SplitKVConfig(block_m=64, block_n=64, num_warps=8, num_stages=2, programs_per_sm=1.0, merge_block_dv=16)
+
+
+def default_fused_config(rows: int) -> SplitKVConfig:
+    """Launch parameters of the single-launch kernel (triton_fused): run 2's winners with bf16 partials.
+
+    bf16 partials halve the partial traffic (17 MB -> 8.5 MB at 64 rows and 130 splits); they add one bf16
+    rounding of each split's normalized output before the merge, which the correctness check bounds.
+    """
+    return replace(default_config(rows), partial_bf16=True)
 
 
 def plan_splits(rows: int, n_kv: int, cfg: SplitKVConfig, num_sms: int) -> SplitPlan:
@@ -202,3 +211,30 @@ class ConfigLadder:
             return out
         self.exhausted[key] = f"every rung ran out of resources (last: {last})"
         raise last
+
+
+# ---- shared memory of the single-launch kernel (triton_fused._fused_kernel, issue 13) ----
+
+def fused_shared_bytes(cfg: SplitKVConfig, kv_elem_bytes: int = 2) -> int:
+    """Shared memory the single-launch kernel needs with ``cfg`` on sm_90 (bytes); kv_elem_bytes 1 for the fp8 cache.
+
+    From the kernel's tiles (576 = 512 latent + 64 rope dims; queries bf16):
+      q tile ``block_m x 576`` x 2 B (dot operand, loop-invariant) + one KV tile ``block_n x 576`` x kv_elem_bytes;
+      with ``num_stages >= 2``: the q rope part ``block_m x 64`` x 2 B and, for 64-row tiles (Hopper's wgmma
+      path), a second KV tile (the async-copy buffer), + 16 B per key per stage beyond the second;
+      fp8: the upcast tile's staging, ``block_n x 448`` B (``block_n x 224`` B under 64 rows);
+      tiles under 64 rows: at least 51,200 B (the compiled 16 x 16 tile: a layout-conversion scratch).
+    Checked against Triton 3.6.0 compiles for sm_90 (tests/test_kernels_fused.py holds them): exact for 64-row
+    tiles with <= 3 stages and page_size 1 (e.g. bf16 64 x 64, 3 stages: 230,400 B, 2,048 B under the H200's
+    232,448 B; fp8: 185,344 B) and for the bf16 tiles under 64 rows; otherwise an upper bound at most 2 KiB over.
+    """
+    need = cfg.block_m * 576 * 2 + cfg.block_n * 576 * kv_elem_bytes
+    if cfg.num_stages >= 2:
+        need += cfg.block_m * 64 * 2 + max(0, cfg.num_stages - 2) * cfg.block_n * 16
+        if cfg.block_m >= 64:
+            need += cfg.block_n * 576 * kv_elem_bytes
+    if kv_elem_bytes == 1:
+        need += cfg.block_n * (448 if cfg.block_m >= 64 else 224)
+    if cfg.block_m < 64:
+        need = max(need, 51200)
+    return need
