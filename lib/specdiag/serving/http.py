@@ -124,6 +124,19 @@ class SSERead:
         return sum(1 for _, ev in self.events if isinstance(ev, dict))
 
 
+class SentRequest:
+    """A request the server accepted (2xx): its open response, URL and the send stamps."""
+
+    def __init__(self, response: requests.Response, url: str, t_send_unix_s: float, t0: float) -> None:
+        self.response = response
+        self.url = url
+        self.t_send_unix_s = t_send_unix_s  # time.time() just before sending
+        self.t0 = t0  # time.perf_counter() just before sending: chunk times are seconds after it
+
+
+FailedTrace = Callable[[str, float, "float | None", str, str], RequestTrace]
+
+
 class HTTPClient:
     """What every engine's client shares: URL checks, the API key, requests, errors, /health, /metrics.
 
@@ -257,6 +270,31 @@ class HTTPClient:
         if not response.ok:
             raise self._http_error(response)
         return response.text
+
+    def _post_for_trace(self, path: str, body: dict[str, Any], stream: bool,
+                        failed: FailedTrace) -> SentRequest | RequestTrace:
+        """POST ``body`` to ``path``, stamping the send time first.
+
+        Returns the accepted request, or the trace that ``failed(url, t_send_unix_s, e2e_s, error, kind)``
+        makes of a timeout, a broken connection (kind "timeout" / "stream") or an HTTP error status (kind
+        "http", with the server's message). Raises ServerUnreachable when nothing could be sent.
+        """
+        url = self.url(path)
+        t_send_unix_s = time.time()
+        t0 = time.perf_counter()
+        try:
+            response = self._request("POST", path, json_body=body, stream=stream)
+        except ServerUnreachable:
+            raise
+        except ServerError as exc:
+            kind = "timeout" if isinstance(exc, ServerTimeout) else "stream"
+            return failed(url, t_send_unix_s, None, str(exc), kind)
+        if not response.ok:
+            e2e = time.perf_counter() - t0
+            err = self._http_error(response)
+            response.close()
+            return failed(url, t_send_unix_s, e2e, str(err), "http")
+        return SentRequest(response, url, t_send_unix_s, t0)
 
     def _failed_trace(self, url: str, t_send_unix_s: float, e2e_s: float | None, error: str, kind: str) -> RequestTrace:
         trace = assemble_stream([], url, t_send_unix_s, e2e_s)

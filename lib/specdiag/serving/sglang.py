@@ -26,7 +26,7 @@ from typing import Any
 
 import requests
 
-from specdiag.serving.errors import ServerError, ServerTimeout, ServerUnreachable, StreamError, error_message_from_body
+from specdiag.serving.errors import ServerError, StreamError, error_message_from_body
 from specdiag.serving.http import HTTPClient, _connect_cause
 from specdiag.serving.settings import ServerSettings, settings_from_sglang
 from specdiag.serving.trace import RequestTrace, _finish_reason_error, assemble_stream
@@ -113,21 +113,10 @@ class SGLangClient(HTTPClient):
         body["stream"] = bool(stream)
         if extra_body:
             body.update(extra_body)
-        url = self.url("/generate")
-        t_send_unix_s = time.time()
-        t0 = time.perf_counter()
-        try:
-            response = self._request("POST", "/generate", json_body=body, stream=stream)
-        except ServerUnreachable:
-            raise
-        except ServerError as exc:
-            kind = "timeout" if isinstance(exc, ServerTimeout) else "stream"
-            return self._failed_trace(url, t_send_unix_s, None, str(exc), kind)
-        if not response.ok:
-            e2e = time.perf_counter() - t0
-            err = self._http_error(response)
-            response.close()
-            return self._failed_trace(url, t_send_unix_s, e2e, str(err), "http")
+        sent = self._post_for_trace("/generate", body, stream, self._failed_trace)
+        if isinstance(sent, RequestTrace):
+            return sent
+        response, url, t_send_unix_s, t0 = sent.response, sent.url, sent.t_send_unix_s, sent.t0
         content_type = response.headers.get("Content-Type", "")
         if stream and not content_type.startswith("application/json"):
             return self._read_stream(response, url, t_send_unix_s, t0)

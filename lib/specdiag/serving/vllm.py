@@ -29,7 +29,7 @@ from typing import Any
 
 import requests
 
-from specdiag.serving.errors import ServerError, ServerHTTPError, ServerTimeout, ServerUnreachable, StreamError
+from specdiag.serving.errors import ServerError, ServerHTTPError, ServerUnreachable, StreamError
 from specdiag.serving.http import HTTPClient
 from specdiag.serving.settings import VLLM_METHODS, ServerSettings
 from specdiag.serving.trace import RequestTrace
@@ -298,21 +298,10 @@ class VLLMClient(HTTPClient):
         return trace
 
     def _send(self, body: dict[str, Any]) -> RequestTrace:
-        url = self.url("/v1/completions")
-        t_send_unix_s = time.time()
-        t0 = time.perf_counter()
-        try:
-            response = self._request("POST", "/v1/completions", json_body=body, stream=True)
-        except ServerUnreachable:
-            raise
-        except ServerError as exc:
-            kind = "timeout" if isinstance(exc, ServerTimeout) else "stream"
-            return self._vllm_failed(url, t_send_unix_s, None, str(exc), kind)
-        if not response.ok:
-            e2e = time.perf_counter() - t0
-            err = self._http_error(response)
-            response.close()
-            return self._vllm_failed(url, t_send_unix_s, e2e, str(err), "http")
+        sent = self._post_for_trace("/v1/completions", body, True, self._vllm_failed)
+        if isinstance(sent, RequestTrace):
+            return sent
+        response, url, t_send_unix_s, t0 = sent.response, sent.url, sent.t_send_unix_s, sent.t0
         read = self._read_sse(response, url, t0)
         trace = assemble_completion_stream(read.events, url, t_send_unix_s, read.t_last)
         errors, kind = list(read.errors), read.kind
