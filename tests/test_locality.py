@@ -24,3 +24,12 @@ def test_both_callers_ask_the_same_function() -> None:
     here = {"kind": "cpu", "host": "box"}
     for url in ("http://127.0.0.1:1", f"http://{socket.gethostname()}:1", "http://box:1", "http://far:1", ""):
         assert analysis.telemetry_locality(url, here)["same_machine"] == is_local_url(url, also=["box"]), url
+
+
+def test_a_label_or_a_schemeless_address_is_read_as_a_host():
+    # A replayed run passes a label, not a URL: it must not count as a server on this machine (a replay once
+    # measured CUDA on a CPU-only host because the label parsed to an empty host).
+    assert not is_local_url("recorded run")
+    assert url_host("127.0.0.1:30000") == "127.0.0.1"
+    assert is_local_url("localhost:8000")
+    assert not is_local_url("gpu-host:30000")

@@ -37,3 +37,13 @@ def test_compare_stock_vs_plugin_from_the_params_file(tmp_path: Path) -> None:
     # decode tok/s B/A at 131,072: the plugin's 116 against stock's 24 tok/s (measured), with unequal commit lengths
     assert m["decode_ratio_b_a"][-1] > 4
     assert (out / "html").is_dir()
+
+
+@pytest.mark.notebook
+def test_00_replays_the_plugin_arm_without_touching_this_machine(run_notebook: Callable[..., Path],
+                                                                   tmp_path: Path) -> None:
+    """The arm's run.json records no hardware and its server URL was 127.0.0.1 on the H200: a replay must not take
+    that URL for a server on this machine (it once tried to measure CUDA on a CPU-only host and failed)."""
+    run_notebook("00_snapshot", replay_dir=str(REFERENCE_DIR / "h200-sglang-mla-plugin-splitkv"))
+    result = json.loads((tmp_path / "run" / "findings" / "00_snapshot.json").read_text())
+    assert result["metrics"]["hardware_where"] == "recorded run"

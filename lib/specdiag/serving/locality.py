@@ -14,8 +14,11 @@ LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "0.0.0.0", ""})
 
 
 def url_host(url: str | None) -> str:
-    """The URL's host name, lower case ('' for an empty URL or one without a host)."""
-    return (urlparse(url).hostname or "").lower() if url else ""
+    """The URL's host name, lower case ('' for an empty URL). Text without a scheme is read as a host
+    ('127.0.0.1:30000' -> '127.0.0.1'; a label such as 'recorded run' is its own host, so never this machine)."""
+    if not url:
+        return ""
+    return (urlparse(url if "://" in url else f"http://{url}").hostname or "").lower()
 
 
 def is_local_host(host: str | None, also: Iterable[str] = ()) -> bool:
