@@ -37,6 +37,10 @@ def test_compare_stock_vs_plugin_from_the_params_file(tmp_path: Path) -> None:
     # decode tok/s B/A at 131,072: the plugin's 116 against stock's 24 tok/s (measured), with unequal commit lengths
     assert m["decode_ratio_b_a"][-1] > 4
     assert (out / "html").is_dir()
+    # a page a reader can share: the reference folders are named relative to the project, not by this machine's path
+    assert m["run_a"] == "data/reference/h200-sglang-mla-stock"
+    for page in [out / "index.html", *(out / "html").glob("*.html")]:
+        assert str(PROJECT_ROOT) not in page.read_text(), page.name
 
 
 @pytest.mark.notebook

@@ -10,6 +10,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from specdiag.findings import SEVERITY_ORDER, Finding
 from specdiag.steps.baseline_sweep.summary import summarize_sweep
+from specdiag.paths import relative_to_project
 from specdiag.stats import fit_line
 from specdiag.runs import Run
 from specdiag.steps.baseline_sweep.sweep import latest_rows, rows_source
@@ -91,15 +92,15 @@ def overall_finding(findings: Sequence[Mapping[str, Any]], overview: Sequence[Ma
 def sweep_rows_of(run: Run) -> tuple[list[dict[str, Any]], str, str]:
     """A run's sweep rows, following ``replay_of`` when the run replayed another one's rows.
 
-    Returns ``(rows, where they were read, their source)``."""
+    Returns ``(rows, where they were read (project-relative when inside the project), their source)``."""
     rows = run.rows("sweep")
     if rows:
-        return latest_rows(rows), str(run.path), rows_source(run.meta)
+        return latest_rows(rows), relative_to_project(run.path), rows_source(run.meta)
     replay_of = run.meta.get("replay_of")
     if replay_of:
         src = Run.open(replay_of)
-        return latest_rows(src.rows("sweep")), str(src.path), rows_source(src.meta)
-    return [], str(run.path), rows_source(run.meta)
+        return latest_rows(src.rows("sweep")), relative_to_project(src.path), rows_source(src.meta)
+    return [], relative_to_project(run.path), rows_source(run.meta)
 
 
 def compare_sweeps(rows_a: Iterable[Mapping[str, Any]], rows_b: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
