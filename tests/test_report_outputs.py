@@ -31,3 +31,17 @@ def test_mixed_text_keeps_the_non_progress_lines_as_stderr() -> None:
     progress, other = split_progress("Loading weights\n\rdraft timing:  50%|#####     | 1/2\rdraft timing: 100%|##########| 2/2\n")
     assert progress == ["draft timing: 100%|##########| 2/2"] and other == ["Loading weights"]
     assert split_progress("Traceback: 100% wrong | not a bar\n") == ([], ["Traceback: 100% wrong | not a bar"])
+
+
+def test_a_bar_whose_closing_newline_follows_a_print_leaves_no_empty_stderr_block() -> None:
+    # tqdm's bar, the loop's own print to stdout, then tqdm's closing newline on stderr (seen in 03's page)
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("")
+    cell.outputs = [_stream("stderr", "\rdraft timing: 100%|##########| 4/4 [00:02<00:00]"),
+                    _stream("stdout", "no per-step draft times\n"),
+                    _stream("stderr", "\n")]
+    nb.cells = [cell]
+    out = plain_progress(nb).cells[0].outputs
+    assert [(o.name, o.text) for o in out] == [
+        ("stdout", "draft timing: 100%|##########| 4/4 [00:02<00:00]\n"),
+        ("stdout", "no per-step draft times\n")]

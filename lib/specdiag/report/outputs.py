@@ -34,7 +34,8 @@ def split_progress(text: str) -> tuple[list[str], list[str]]:
 
 def plain_progress(nb: Any) -> Any:
     """In place on an nbformat notebook: each stderr stream output that holds progress bars becomes a stdout
-    output with their final lines, followed by a stderr output with the remaining text (if any)."""
+    output with their final lines, followed by a stderr output with the remaining text (if any); a stderr output
+    of whitespace alone is dropped."""
     for cell in nb.get("cells", []):
         outputs = cell.get("outputs")
         if not outputs:
@@ -52,6 +53,8 @@ def plain_progress(nb: Any) -> Any:
             if out.get("output_type") != "stream" or out.get("name") != "stderr":
                 new.append(out)
                 continue
+            if not out.get("text", "").strip():
+                continue  # a bar's closing newline, split from it by a print: an empty red block on the page
             progress, other = split_progress(out.get("text", ""))
             if not progress:
                 new.append(out)
