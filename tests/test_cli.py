@@ -30,11 +30,13 @@ def test_verbs_hand_the_makefile_options_on(calls) -> None:
     assert cli.main(["notebook", "04_commit_probe", "--engine", "embedded"]) == 0
     assert cli.main(["replay", "data/reference/ct200-kimi-k26", "--run-dir", "data/runs/x"]) == 0
     assert cli.main(["serve", "--engine", "sglang", "--model", "m"]) == 0
+    assert cli.main(["compare", "--run-a", "data/reference/a", "--run-b", "data/reference/b"]) == 0
     assert calls == [
         ("report", ["run", "--server", "http://gpu:30000", "--params", "params/full.yaml"]),
         ("report", ["run", "--notebooks", "04_commit_probe", "--engine", "embedded"]),
         ("report", ["replay", "--run", "data/reference/ct200-kimi-k26", "--run-dir", "data/runs/x"]),
         ("launchers", ["serve", "--engine", "sglang", "--model", "m"]),
+        ("report", ["compare", "--run-a", "data/reference/a", "--run-b", "data/reference/b"]),
     ]
 
 

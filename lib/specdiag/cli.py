@@ -136,6 +136,12 @@ def _replay(argv: Sequence[str]) -> int:
     return report.main(["replay", "--run", argv[0], *argv[1:]])
 
 
+def _compare(argv: Sequence[str]) -> int:
+    from specdiag import report  # noqa: PLC0415
+
+    return report.main(["compare", *argv])
+
+
 def _serve(argv: Sequence[str]) -> int:
     # The engines (embedded, sglang, and any later one) are specdiag.launchers' registry: a new engine
     # there is served here without a change to this file.
@@ -167,6 +173,8 @@ VERBS: dict[str, tuple[Callable[[Sequence[str]], int], bool, str]] = {
     "serve": (_with_plugin(_serve), False, "start an engine (--engine embedded|sglang) in the foreground; Ctrl-C "
                                            "stops it (--plugin as for report)"),
     "lab": (_lab, True, "open JupyterLab on the notebooks"),
+    "compare": (_compare, True, "08 on two recorded run folders, no server (--run-a A --run-b B, or --params "
+                                "params/compare-plugin.yaml)"),
 }
 
 
