@@ -271,6 +271,17 @@ class HTTPClient:
             raise self._http_error(response)
         return response.text
 
+    def _post_tokenize(self, body: dict[str, Any]) -> list[int]:
+        """POST /tokenize with the engine's ``body``; the ``tokens`` list of the answer (both engines' shape)."""
+        response = self._request("POST", "/tokenize", json_body=body, timeout_s=min(self.timeout_s, 120.0))
+        if not response.ok:
+            raise self._http_error(response)
+        try:
+            tokens = response.json()["tokens"]
+        except (ValueError, KeyError, TypeError):
+            raise ServerError(response.url, f"no 'tokens' list in the answer: {response.text[:200]!r}") from None
+        return [int(t) for t in tokens]
+
     def _post_for_trace(self, path: str, body: dict[str, Any], stream: bool,
                         failed: FailedTrace) -> SentRequest | RequestTrace:
         """POST ``body`` to ``path``, stamping the send time first.

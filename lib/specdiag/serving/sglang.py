@@ -79,14 +79,7 @@ class SGLangClient(HTTPClient):
         SGLang reads ``prompt``; the embedded server ``text``: both are sent.
         """
         body = {"prompt": text, "text": text, "add_special_tokens": add_special_tokens}
-        response = self._request("POST", "/tokenize", json_body=body, timeout_s=min(self.timeout_s, 120.0))
-        if not response.ok:
-            raise self._http_error(response)
-        try:
-            tokens = response.json()["tokens"]
-        except (ValueError, KeyError, TypeError):
-            raise ServerError(response.url, f"no 'tokens' list in the answer: {response.text[:200]!r}") from None
-        return [int(t) for t in tokens]
+        return self._post_tokenize(body)
 
     # -- generation -------------------------------------------------------------------------
 
