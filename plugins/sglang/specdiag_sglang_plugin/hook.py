@@ -12,6 +12,11 @@ The mode comes from ``SPECDIAG_SGLANG_VERIFY`` when SGLang loads the plugin:
   It computes a causal draft block: exact for chain drafts only.
 - ``off``: nothing is registered; SGLang runs unchanged.
 
+``SPECDIAG_SGLANG_NGRAM_TAIL`` (``1`` by default, ``0`` to leave it out; modes splitkv and upstream):
+NGRAM's draft preparation reads only the prompt's tail instead of copying the whole prompt into a
+Python list twice per verify step (ngram_tail.py). The same token lists, so the same drafts; the
+hooks check on first use that SGLang's methods are the 0.5.17 code they copy, else SGLang's run.
+
 Counts (``STATS``): calls served and fallen back per reason, in this process. Under CUDA graphs
 only captures and eager calls pass through Python, so these count calls of the hook, not replays.
 With ``SPECDIAG_SGLANG_STATS=DIR`` each process writes ``DIR/stats-<pid>.json`` (at most once a
@@ -35,12 +40,13 @@ logger = logging.getLogger("specdiag_sglang_plugin")
 MODE_ENV = "SPECDIAG_SGLANG_VERIFY"
 STATS_ENV = "SPECDIAG_SGLANG_STATS"
 CHECK_ENV = "SPECDIAG_SGLANG_CHECK"
+NGRAM_TAIL_ENV = "SPECDIAG_SGLANG_NGRAM_TAIL"
 MODES = ("splitkv", "upstream", "off")
 FORWARD_EXTEND = "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.forward_extend"
 BACKEND_INIT = "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.__init__"
 
 STATS: dict = {"mode": None, "served": 0, "served_in_capture": 0, "fallback": Counter(),
-               "upstream_served": 0, "upstream_declined": 0}
+               "upstream_served": 0, "upstream_declined": 0, "ngram_tail": Counter()}
 _logged: set = set()
 _last_write = [0.0]
 _LADDER: list = []  # the ConfigLadder of this process, made on first use (specdiag.kernels.splitkv_plan)
@@ -82,6 +88,7 @@ def stats_snapshot() -> dict:
     return {"pid": os.getpid(), "mode": STATS["mode"], "served": STATS["served"],
             "served_in_capture": STATS["served_in_capture"], "fallback": dict(STATS["fallback"]),
             "upstream_served": STATS["upstream_served"], "upstream_declined": STATS["upstream_declined"],
+            "ngram_tail": dict(STATS["ngram_tail"]),
             "check": STATS.get("check", []), "configs": STATS.get("configs", [])}
 
 
@@ -227,6 +234,47 @@ def forward_extend_hook(original, backend, q, k, v, layer, forward_batch, save_k
                     score_mod=score_mod, aux_tensors=aux_tensors, **kwargs)
 
 
+def ngram_tail_from_env(environ=os.environ) -> bool:
+    value = environ.get(NGRAM_TAIL_ENV, "1").strip().lower() or "1"
+    if value not in ("0", "1", "off", "on", "false", "true"):
+        raise ValueError(f"{NGRAM_TAIL_ENV}={value!r}: use 1 (on, the default) or 0 (off)")
+    return value in ("1", "on", "true")
+
+
+_NGRAM_OK: dict = {}  # per method: (ok, why), the source check of SGLang's method, made on its first call
+
+
+def _ngram_around(replacement, name):
+    """AROUND hook: the tail-reading replacement when SGLang's method is the 0.5.17 code, else SGLang's."""
+    from specdiag_sglang_plugin import ngram_tail  # noqa: PLC0415
+
+    def hook(original, worker, batch, *args, **kwargs):
+        if name not in _NGRAM_OK:
+            _NGRAM_OK[name] = ngram_tail.source_matches(original)
+            ok, why = _NGRAM_OK[name]
+            log_once("ngram:" + name, "NGRAM prompt-tail %s %s: %s", name, "on" if ok else "NOT applied", why)
+        if _NGRAM_OK[name][0] and not args and not kwargs:
+            STATS["ngram_tail"][name] += 1
+            _maybe_write_stats()
+            return replacement(worker, batch)
+        STATS["ngram_tail"]["sglang_" + name] += 1
+        _maybe_write_stats()
+        return original(worker, batch, *args, **kwargs)
+
+    return hook
+
+
+def register_ngram_tail(registry, hook_type) -> None:
+    """Register the two NGRAM AROUND hooks (no sglang import here: the check runs on first call)."""
+    from specdiag_sglang_plugin import ngram_tail  # noqa: PLC0415
+
+    registry.register(ngram_tail.PREPARE, _ngram_around(ngram_tail.prepare_draft_tokens, "prepare"),
+                      hook_type.AROUND)
+    registry.register(ngram_tail.UPDATE, _ngram_around(ngram_tail.update_ngram_corpus, "update"), hook_type.AROUND)
+    log_once("ngram-registered", "%s=1: NGRAM drafting reads only the prompt's tail (hooks registered)",
+             NGRAM_TAIL_ENV)
+
+
 def backend_init_upstream_hook(result, backend, *args, **kwargs):
     """AFTER hook of TritonAttnBackend.__init__: force SGLang's upstream split-KV verify on, and count it."""
     original = backend.verify_splitkv_fwd
@@ -256,6 +304,8 @@ def register() -> None:
     except ImportError as exc:
         log_once("import", "SGLang's hook registry is not importable (%s): nothing registered", exc)
         return
+    if ngram_tail_from_env():
+        register_ngram_tail(HookRegistry, HookType)
     if mode == "upstream":
         HookRegistry.register(BACKEND_INIT, backend_init_upstream_hook, HookType.AFTER)
         log_once("mode", "mode upstream: SGLang's own split-KV verify is forced on in the Triton backend")
