@@ -224,3 +224,20 @@ def test_ngram_tail_switch(value, on):
 def test_ngram_tail_switch_refuses_nonsense():
     with pytest.raises(ValueError, match="SPECDIAG_SGLANG_NGRAM_TAIL"):
         hook.ngram_tail_from_env({hook.NGRAM_TAIL_ENV: "maybe"})
+
+
+def test_around_hook_falls_back_for_good_when_the_replacement_raises(monkeypatch):
+    monkeypatch.setattr(hook, "_NGRAM_OK", {})
+    monkeypatch.setitem(hook.STATS, "ngram_tail", __import__("collections").Counter())
+
+    def broken(worker, batch):
+        raise RuntimeError("boom")
+
+    around = hook._ngram_around(broken, "update")
+    hook._NGRAM_OK["update"] = (True, "as if SGLang's method were 0.5.17's")
+    seen = []
+    worker, batch = NS(), NS()
+    assert around(lambda w, b: seen.append(b) or "sglang's", worker, batch) == "sglang's"
+    assert seen == [batch] and hook._NGRAM_OK["update"][0] is False and "boom" in hook._NGRAM_OK["update"][1]
+    around(lambda w, b: seen.append(b), worker, batch)  # no second try of the replacement
+    assert len(seen) == 2 and hook.STATS["ngram_tail"]["sglang_update"] == 2

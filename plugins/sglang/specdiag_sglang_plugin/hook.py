@@ -254,9 +254,15 @@ def _ngram_around(replacement, name):
             ok, why = _NGRAM_OK[name]
             log_once("ngram:" + name, "NGRAM prompt-tail %s %s: %s", name, "on" if ok else "NOT applied", why)
         if _NGRAM_OK[name][0] and not args and not kwargs:
-            STATS["ngram_tail"][name] += 1
-            _maybe_write_stats()
-            return replacement(worker, batch)
+            try:
+                out = replacement(worker, batch)
+            except Exception as exc:  # noqa: BLE001  SGLang's method from now on, and this call too
+                _NGRAM_OK[name] = (False, f"replacement raised {type(exc).__name__}: {exc}")
+                logger.exception("[specdiag plugin] NGRAM prompt-tail %s failed; SGLang's method from now on", name)
+            else:
+                STATS["ngram_tail"][name] += 1
+                _maybe_write_stats()
+                return out
         STATS["ngram_tail"]["sglang_" + name] += 1
         _maybe_write_stats()
         return original(worker, batch, *args, **kwargs)

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Plugin calls of 2026-11-30, session 3 (scripts/sglang_plugin_diag.py): PHASE=tp1 (four TP 1 servers on two GPUs:
+# identity with logprob margins, the step sweep, torch-profiler traces) or PHASE=tp2 (stock, plugin and check at
+# TP 2). Run from the repository root on nvidia-h200-x2, SGLang staged as in scripts/device/sglang_plugin_job.sh
+# (/tmp/site, or /tmp/stage/part.00 + carried .rs2/part.*). Bounded by TOTAL seconds (default 530) in all.
+# $OUT receives: diag-<phase>.tar.gz (run folders, identity.jsonl, profiles.jsonl, server logs, plugin stats,
+# summary.txt, failures.json), traces-<phase>.tar.NN (SGLang's trace files, split: cat them), diag-<phase>.log, env-<phase>.txt,
+# summary-<phase>.txt.
+set -uo pipefail
+OUT=${OUT:?set OUT to the folder to write results to}
+PHASE=${PHASE:-tp1}
+TOTAL=${TOTAL:-530}
+SITE=${SITE:-/tmp/site}
+PLUGIN=${PLUGIN_TARGET:-/tmp/plugin}
+EXTRA=${EXTRA:-}
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+t0=$(date +%s)
+work=/tmp/sglang-diag-$PHASE
+rm -rf "$work"; mkdir -p "$work"
+env_log="$OUT/env-$PHASE.txt"; : > "$env_log"
+finish() {
+  # SGLang's trace files, in pieces of at most 15 MiB (each file that comes back is limited to 16 MiB)
+  (cd "$work" && find . -name "*.trace.json*" > /tmp/traces.list; tar -cf /tmp/traces-$PHASE.tar -T /tmp/traces.list) 2>>"$env_log"
+  [ -s /tmp/traces-$PHASE.tar ] && split -b 15M -d /tmp/traces-$PHASE.tar "$OUT/traces-$PHASE.tar."
+  tar -C "$work" --exclude="*.trace.json*" -czf "$OUT/diag-$PHASE.tar.gz" . 2>>"$env_log"
+  ls -la "$OUT" >> "$env_log"
+  cat "$env_log"
+  cat "$OUT/summary-$PHASE.txt" 2>/dev/null
+}
+if [ ! -f "$SITE/sglang/version.py" ]; then
+  if [ -f /tmp/stage/part.00 ] && compgen -G ".rs2/part.*" >/dev/null; then
+    h=$(cat /tmp/stage/part.00 .rs2/part.* | sha256sum | cut -c1-64)
+    grep -q "^$h  sglang" .rs2/SHA256SUMS || { echo "[diag] FAILED: sha256 $h not in .rs2/SHA256SUMS" | tee -a "$env_log"; finish; exit 3; }
+    mkdir -p "$SITE" && cat /tmp/stage/part.00 .rs2/part.* | xz -d | tar -x -C "$SITE" || { echo "[diag] FAILED: extract" | tee -a "$env_log"; finish; exit 4; }
+    echo "[diag] extracted SGLang into $SITE (sha256 $h) after $(( $(date +%s) - t0 )) s" | tee -a "$env_log"
+  else
+    echo "[diag] FAILED: no SGLang at $SITE and no /tmp/stage/part.00 + .rs2/part.* to join" | tee -a "$env_log"
+    finish; exit 2
+  fi
+fi
+rm -rf "$PLUGIN"
+if python3 -m pip install -q --no-deps --no-build-isolation --no-index --target "$PLUGIN" plugins/sglang >> "$env_log" 2>&1; then
+  echo "[diag] plugin installed with pip into $PLUGIN" | tee -a "$env_log"
+else
+  echo "[diag] pip could not install it offline: the package and its dist-info by hand" | tee -a "$env_log"
+  mkdir -p "$PLUGIN/specdiag_sglang_plugin-0.1.0.dist-info"
+  cp -r plugins/sglang/specdiag_sglang_plugin "$PLUGIN/"
+  printf 'Metadata-Version: 2.1\nName: specdiag-sglang-plugin\nVersion: 0.1.0\n' > "$PLUGIN/specdiag_sglang_plugin-0.1.0.dist-info/METADATA"
+  printf '[sglang.srt.plugins]\nspecdiag_splitkv = specdiag_sglang_plugin:register\n' > "$PLUGIN/specdiag_sglang_plugin-0.1.0.dist-info/entry_points.txt"
+fi
+rm -rf plugins/sglang/build plugins/sglang/*.egg-info
+export PYTHONPATH=$SITE:$PLUGIN:$PWD/lib
+{
+  echo "date: $(date -u +%FT%TZ)"; echo "git: $(git rev-parse HEAD 2>/dev/null || echo none)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>&1
+  python3 -c "import sys, torch, triton; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)" 2>&1
+  python3 -c "import sglang; print('sglang', sglang.__version__)" 2>&1 | tail -1
+  timeout 60 python3 -c "
+from sglang.srt.speculative.ngram_worker import NGRAMWorker as W
+from specdiag_sglang_plugin import ngram_tail as t
+print('ngram tail source check:', t.source_matches(W._prepare_draft_tokens), t.source_matches(W._update_ngram_corpus))" 2>&1 | tail -2
+} >> "$env_log" 2>&1
+timeout 60 python3 data/models/make_mla_model.py --out /tmp/mla-model --layers 2 --seed 0 2>&1 | tail -1 | tee -a "$env_log"
+left=$(( TOTAL - ($(date +%s) - t0) - 20 ))
+echo "[diag] driver $PHASE: budget ${left} s" | tee -a "$env_log"
+# shellcheck disable=SC2086
+timeout --signal=TERM --kill-after=10 $((left + 5)) python3 scripts/sglang_plugin_diag.py --phase "$PHASE" --out "$work" \
+  --model-path /tmp/mla-model --site "$SITE" --plugin-path "$PLUGIN" --budget-s "$left" $EXTRA > "$OUT/diag-$PHASE.log" 2>&1
+rc=$?
+echo "[diag] driver exit $rc after $(( $(date +%s) - t0 )) s" | tee -a "$env_log"
+cp "$work/summary.txt" "$OUT/summary-$PHASE.txt" 2>/dev/null || sed -n '/^=== summary/,$p' "$OUT/diag-$PHASE.log" > "$OUT/summary-$PHASE.txt"
+finish
+exit $rc
