@@ -85,7 +85,10 @@ def make_server(arm: str, args: argparse.Namespace, work: Path):
 
     extra = ["--log-level", "info", "--max-total-tokens", str(args.max_total_tokens)]
     if args.tp_size > 1:
-        extra += ["--disable-custom-all-reduce"]
+        # 0.5.17 auto-enables FlashInfer's TRT-LLM all-reduce fusion for DeepSeek-V3 at TP > 1 on SM90; its
+        # SymmDeviceMemory workspaces hung every TP 2 start on this host (NVLink multicast is off here);
+        # its own custom all-reduce (v2) sets up symmetric memory too: both off, NCCL all-reduces instead.
+        extra += ["--disable-custom-all-reduce", "--enforce-disable-flashinfer-allreduce-fusion"]
     if arm == "check":
         extra += ["--disable-decode-cuda-graph"]
     launch = SGLangLaunch(model_path=args.model_path, algorithm="NGRAM", num_draft_tokens=args.draft_tokens,
@@ -177,7 +180,7 @@ def sweep(clients: dict[str, SGLangClient], runs: dict[str, Run], args: argparse
 
     arms = list(runs)
     info = clients[arms[0]].server_info()
-    plan = make_plan(args.contexts, args.sweep_new_tokens, 1, "novel", 0, True,
+    plan = make_plan(args.contexts, args.sweep_new_tokens, args.repeats, "novel", 0, True,
                      server_context_length=info.get("context_length"))
     for request in plan.requests():
         c = int(request["context_tokens"])
@@ -293,6 +296,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--check-contexts", type=ints, default=[1000, 20000, 100000])
     p.add_argument("--profiles", default="plugin-attn:131072,plugin:131072,plugin:1024,stock:131072")
     p.add_argument("--profile-steps", type=int, default=12)
+    p.add_argument("--arms", default="", help="a subset of the phase's arms, comma-separated (default: all)")
+    p.add_argument("--repeats", type=int, default=1, help="sweep requests per context and arm")
+    p.add_argument("--skip-identity", action="store_true")
     p.add_argument("--reserve-profiles-s", type=float, default=60)
     a = p.parse_args(argv)
     a.tp_size = 2 if a.phase == "tp2" else 1
@@ -306,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     budget = chk.Budget(args.budget_s - 30)
     arms = ARMS_TP1 if args.phase == "tp1" else ARMS_TP2
+    if args.arms:
+        arms = {a: arms[a] for a in args.arms.split(",") if a}
     configure_arms(arms, args)
     failures: list = []
     rows: list = []
@@ -322,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         for arm in [a for a in arms if a != "check" and a in clients]:
             runs[arm] = Run.create(work / f"run-{arm}-tp{args.tp_size}", label=f"{arm}-tp{args.tp_size}")
             chk.step(f"snapshot {arm}", failures, lambda a=arm: chk.snapshot(runs[a], clients[a], a, args, work))
-        if "stock" in clients and "plugin" in clients:
+        if "stock" in clients and "plugin" in clients and not args.skip_identity:
             rows = chk.step("(a) identity", failures, lambda: identity(clients, args, work, budget)) or []
         if "check" in clients:
             chk.step("(a') check inside SGLang", failures, lambda: chk.check_step(clients, args, work))

@@ -22,7 +22,7 @@ env_log="$OUT/env-$PHASE.txt"; : > "$env_log"
 finish() {
   # SGLang's trace files, in pieces of at most 15 MiB (each file that comes back is limited to 16 MiB)
   (cd "$work" && find . -name "*.trace.json*" > /tmp/traces.list; tar -cf /tmp/traces-$PHASE.tar -T /tmp/traces.list) 2>>"$env_log"
-  [ -s /tmp/traces-$PHASE.tar ] && split -b 15M -d /tmp/traces-$PHASE.tar "$OUT/traces-$PHASE.tar."
+  [ -s /tmp/traces.list ] && split -b 15M -d /tmp/traces-$PHASE.tar "$OUT/traces-$PHASE.tar."
   tar -C "$work" --exclude="*.trace.json*" -czf "$OUT/diag-$PHASE.tar.gz" . 2>>"$env_log"
   ls -la "$OUT" >> "$env_log"
   cat "$env_log"
