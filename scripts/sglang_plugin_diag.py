@@ -39,6 +39,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sglang_plugin_check as chk  # noqa: E402
 
+from specdiag.identity import first_diff  # noqa: E402
 from specdiag.prompts import build_prompt  # noqa: E402
 from specdiag.runs import Run  # noqa: E402
 from specdiag.serving import SGLangClient  # noqa: E402
@@ -97,13 +98,6 @@ def make_server(arm: str, args: argparse.Namespace, work: Path):
                           python=sys.executable)
     return sglang_server(launch, log_path=work / f"server-{arm}.log", startup_timeout_s=args.startup_s,
                          stop_grace_s=8, progress=False, check=False)
-
-
-def first_diff(a: list[int], b: list[int]) -> int | None:
-    j = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
-    if j is None and len(a) != len(b):
-        j = min(len(a), len(b))
-    return j
 
 
 def top2_at(client: SGLangClient, ids: list[int]) -> dict[str, Any]:

@@ -1,0 +1,61 @@
+"""specdiag.identity on synthetic rows, and on the identity rows recorded on the H200 (session 3)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specdiag import identity
+from specdiag.paths import REFERENCE_DIR
+
+
+def row(ref, test, top2=None, margin=None):
+    r = {"ref_ids": ref, "test_ids": test}
+    if top2 is not None:
+        r.update(stock_top2_at_diff=top2, stock_margin_at_diff=margin)
+    return r
+
+
+def test_first_diff():
+    assert identity.first_diff([1, 2, 3], [1, 2, 4]) == 2
+    assert identity.first_diff([1, 2], [1, 2, 3]) == 2
+    assert identity.first_diff([5], [5]) is None
+
+
+def test_bf16_step():
+    assert identity.bf16_step(-5.6) == 0.03125
+    assert identity.bf16_step(1.0) == 2 ** -7
+    with pytest.raises(ValueError, match="non-zero"):
+        identity.bf16_step(0.0)
+
+
+@pytest.mark.parametrize("r,verdict", [
+    (row([1, 2, 3], [1, 2, 3]), identity.IDENTICAL),
+    (row([1, 2, 3], [1, 2, 9], [[-5.50, 3], [-5.52, 9]], 0.02), identity.TIE),
+    (row([1, 2, 3], [1, 2, 9], [[-5.50, 3], [-5.60, 9]], 0.10), identity.DIFFERS),   # margin too large
+    (row([1, 2, 3], [1, 2, 7], [[-5.50, 3], [-5.51, 9]], 0.01), identity.DIFFERS),   # test token not among the best
+    (row([1, 2, 3], [1, 2, 9]), identity.UNKNOWN),
+    (row([1, 2, 3], [1, 2]), identity.UNKNOWN),
+])
+def test_classify(r, verdict):
+    assert identity.classify(r) == verdict
+
+
+def test_summarize_counts_and_lists_the_non_ties():
+    rows = [row([1], [1]), row([1, 2], [1, 9], [[-5, 2], [-5, 9]], 0.0), row([4, 2], [4, 8], [[-5, 2], [-6, 8]], 1.0)]
+    s = identity.summarize(rows)
+    assert (s["prompts"], s["identical"], s["rounding_ties"], s["differs"]) == (3, 1, 1, 1)
+    assert s["not_ties"] == [{"set": None, "context_tokens": None, "first_diff": 1, "verdict": identity.DIFFERS}]
+
+
+@pytest.mark.parametrize("path,prompts,identical", [
+    ("h200-sglang-mla-s3-plugin/device/identity.jsonl", 23, 16),       # TP 1, measured 2026-11-30
+    ("h200-sglang-mla-s3-plugin/device-tp2/identity.jsonl", 21, 17),   # TP 2
+])
+def test_recorded_differences_are_all_rounding_ties(path, prompts, identical):
+    rows = [json.loads(line) for line in (REFERENCE_DIR / path).read_text().splitlines()]
+    s = identity.summarize(rows)
+    assert (s["prompts"], s["identical"]) == (prompts, identical)
+    assert s["rounding_ties"] == prompts - identical and s["differs"] == 0 and s["unjudged"] == 0, s["not_ties"]
+    assert all(r.get("ref_repeat_identical", True) for r in rows)  # stock against itself: always identical
