@@ -317,8 +317,10 @@ def main(argv: list[str] | None = None) -> int:
         for arm, s in servers.items():
             chk.step(f"start {arm}", failures, s.launch)
         for arm, s in servers.items():
+            # start-up gets what is left but 20 s (to stop): the servers take 100-130 s on x2 and a start cut
+            # short measures nothing (two calls of 2026-11-30 gave them 53 s and 44 s and got no rows)
             ok = chk.step(f"ready {arm}", failures,
-                          lambda s=s: s.wait_ready(timeout_s=max(10.0, min(args.startup_s, budget.left() - 60))))
+                          lambda s=s: s.wait_ready(timeout_s=max(10.0, min(args.startup_s, budget.left() - 20))))
             log(f"{arm}: {'ready at ' + s.url if ok else 'NOT READY'}")
         clients = {arm: SGLangClient(s.url, timeout_s=240) for arm, s in servers.items() if s.running()}
         for arm in [a for a in arms if a != "check" and a in clients]:
