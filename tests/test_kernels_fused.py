@@ -311,3 +311,28 @@ def test_issue13_analysis_on_synthetic_rows():
     # the issue-5 rows (no kv_dtype, no anchors) still analyse
     old = analysis.measured([{k: v for k, v in r.items() if k not in ("kv_dtype", "mask")} for r in rows[:2]])
     assert analysis.anchor_comparison(old).empty and analysis.fp8_table(old).empty and not analysis.issue13_targets(old).empty
+
+
+def test_fixed_cost_by_kernel_separates_fixed_cost_from_rate():
+    """Synthetic rows with known fixed costs and rates: the per-kernel fit gives them back (fp8: half the bytes read)."""
+    from specdiag.kernels import analysis  # noqa: PLC0415
+    from specdiag.kernels.mla import kv_bytes  # noqa: PLC0415
+
+    def ms(ctx, fixed_us, gbps):
+        return (fixed_us * 1e-6 + kv_bytes(ctx + 1) / (gbps * 1e9)) * 1e3
+
+    rows = []
+    for ctx in (65536, 131072, 262144):
+        rows += [_row("split_p1", "split_kv", ctx, 8, 1, ms(ctx, 20.0, 3900.0)),
+                 _row("fused_p1", "fused_split_kv", ctx, 8, 1, ms(ctx, 44.0, 3800.0)),
+                 _row("fused_fp8_p1", "fused_split_kv", ctx, 8, 1, ms(ctx, 40.0, 1750.0), kv="fp8_e4m3")]
+    rows.append(_row("fused_p1", "fused_split_kv", 131072, 16, 1, 0.08))  # one context only: no fit for h16
+    fit = analysis.fixed_cost_by_kernel(analysis.measured(rows)).set_index("kernel")
+    assert list(fit.index) == ["split_p1", "fused_p1", "fused_fp8_p1"]
+    assert fit.loc["split_p1", "fixed_us"] == pytest.approx(20.0, rel=1e-6)
+    assert fit.loc["fused_p1", "fixed_us"] == pytest.approx(44.0, rel=1e-6)
+    assert fit.loc["fused_p1", "marginal_gbps"] == pytest.approx(3800.0, rel=1e-6)
+    assert fit.loc["fused_fp8_p1", "marginal_gbps"] == pytest.approx(1750.0, rel=1e-6)
+    assert fit.loc["fused_fp8_p1", "marginal_actual_gbps"] == pytest.approx(875.0, rel=1e-6)
+    assert fit.loc["split_p1", "marginal_actual_gbps"] == fit.loc["split_p1", "marginal_gbps"]
+    assert analysis.fixed_cost_by_kernel(analysis.measured(rows), kernels=("nope",)).empty
