@@ -227,7 +227,11 @@ from specdiag.kernels.cases import relative_error
 from specdiag.kernels.mla import VerifyInputs, VerifyShape, make_inputs
 from specdiag.kernels.reference import reference_verify
 mod = load_sglang_verify()
-for shape in (VerifyShape(100, 2, 4, "shuffled_p1"), VerifyShape(70, 3, 3, "shuffled_b64")):
+# Prefixes where every one of SGLang's splits runs: its stage 2 reads the partial output of every split, also of a
+# split that did not run (never written; torch.empty), weighted by 0, so an empty split gives garbage x 0, NaN when
+# the garbage is inf or NaN (a 70-token prefix: 4 splits of 32 tokens, the fourth empty; prefixes of 1-96, 129-192
+# and 257-288 tokens have one). 100 and 230 tokens: 4 splits of 32 and of 64, all non-empty.
+for shape in (VerifyShape(100, 2, 4, "shuffled_p1"), VerifyShape(230, 3, 3, "shuffled_b64")):
     x = make_inputs(shape, seed=1, chain=True)
     ref = reference_verify(x)
     y = VerifyInputs(q=x.q.half(), cache=x.cache.half(), token_table=x.token_table, block_table=None, mask=x.mask,
