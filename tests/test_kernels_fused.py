@@ -227,7 +227,11 @@ from specdiag.kernels.cases import relative_error
 from specdiag.kernels.mla import VerifyInputs, VerifyShape, make_inputs
 from specdiag.kernels.reference import reference_verify
 mod = load_sglang_verify()
-for shape in (VerifyShape(100, 2, 4, "shuffled_p1"), VerifyShape(70, 3, 3, "shuffled_b64")):
+# Prefixes where every one of SGLang's splits runs: its stage 2 reads the partial output of every split, also of a
+# split that did not run (never written; torch.empty), weighted by 0, so an empty split gives garbage x 0, NaN when
+# the garbage is inf or NaN (a 70-token prefix: 4 splits of 32 tokens, the fourth empty; prefixes of 1-96, 129-192
+# and 257-288 tokens have one). 100 and 230 tokens: 4 splits of 32 and of 64, all non-empty.
+for shape in (VerifyShape(100, 2, 4, "shuffled_p1"), VerifyShape(230, 3, 3, "shuffled_b64")):
     x = make_inputs(shape, seed=1, chain=True)
     ref = reference_verify(x)
     y = VerifyInputs(q=x.q.half(), cache=x.cache.half(), token_table=x.token_table, block_table=None, mask=x.mask,
@@ -311,3 +315,28 @@ def test_issue13_analysis_on_synthetic_rows():
     # the issue-5 rows (no kv_dtype, no anchors) still analyse
     old = analysis.measured([{k: v for k, v in r.items() if k not in ("kv_dtype", "mask")} for r in rows[:2]])
     assert analysis.anchor_comparison(old).empty and analysis.fp8_table(old).empty and not analysis.issue13_targets(old).empty
+
+
+def test_fixed_cost_by_kernel_separates_fixed_cost_from_rate():
+    """Synthetic rows with known fixed costs and rates: the per-kernel fit gives them back (fp8: half the bytes read)."""
+    from specdiag.kernels import analysis  # noqa: PLC0415
+    from specdiag.kernels.mla import kv_bytes  # noqa: PLC0415
+
+    def ms(ctx, fixed_us, gbps):
+        return (fixed_us * 1e-6 + kv_bytes(ctx + 1) / (gbps * 1e9)) * 1e3
+
+    rows = []
+    for ctx in (65536, 131072, 262144):
+        rows += [_row("split_p1", "split_kv", ctx, 8, 1, ms(ctx, 20.0, 3900.0)),
+                 _row("fused_p1", "fused_split_kv", ctx, 8, 1, ms(ctx, 44.0, 3800.0)),
+                 _row("fused_fp8_p1", "fused_split_kv", ctx, 8, 1, ms(ctx, 40.0, 1750.0), kv="fp8_e4m3")]
+    rows.append(_row("fused_p1", "fused_split_kv", 131072, 16, 1, 0.08))  # one context only: no fit for h16
+    fit = analysis.fixed_cost_by_kernel(analysis.measured(rows)).set_index("kernel")
+    assert list(fit.index) == ["split_p1", "fused_p1", "fused_fp8_p1"]
+    assert fit.loc["split_p1", "fixed_us"] == pytest.approx(20.0, rel=1e-6)
+    assert fit.loc["fused_p1", "fixed_us"] == pytest.approx(44.0, rel=1e-6)
+    assert fit.loc["fused_p1", "marginal_gbps"] == pytest.approx(3800.0, rel=1e-6)
+    assert fit.loc["fused_fp8_p1", "marginal_gbps"] == pytest.approx(1750.0, rel=1e-6)
+    assert fit.loc["fused_fp8_p1", "marginal_actual_gbps"] == pytest.approx(875.0, rel=1e-6)
+    assert fit.loc["split_p1", "marginal_actual_gbps"] == fit.loc["split_p1", "marginal_gbps"]
+    assert analysis.fixed_cost_by_kernel(analysis.measured(rows), kernels=("nope",)).empty

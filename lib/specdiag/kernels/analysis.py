@@ -430,3 +430,24 @@ def fused_vs_two_launch(df: pd.DataFrame) -> pd.DataFrame:
         j["pair"] = f"{fused} / {split}"
         out.append(j.reset_index())
     return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
+
+
+def fixed_cost_by_kernel(df: pd.DataFrame, kernels: Iterable[str] = ("split_p1", "fused_p1", "fused_fp8_p1"),
+                         layout: str = "shuffled_p1") -> pd.DataFrame:
+    """:func:`fixed_cost_fit` for each kernel of ``kernels`` on ``layout``: one row per (kernel, heads, draft tokens).
+
+    Says whether a kernel differs from another by a per-call fixed cost (``fixed_us``) or by its streaming rate
+    (``marginal_gbps``, counting the bf16 KV bytes n_kv x 1,152 B as every row does). For an fp8-KV kernel, which
+    reads half those bytes, ``marginal_actual_gbps`` is the rate of the bytes it reads (half of ``marginal_gbps``).
+    Shapes measured at fewer than two contexts are left out.
+    """
+    out = []
+    for k in kernels:
+        fit = fixed_cost_fit(df, kernel=k, layout=layout)
+        if fit.empty:
+            continue
+        fp8 = bool((df[df["kernel"] == k].get("kv_dtype", pd.Series(dtype=object)) == "fp8_e4m3").any())
+        fit.insert(0, "kernel", k)
+        fit["marginal_actual_gbps"] = fit["marginal_gbps"] / 2 if fp8 else fit["marginal_gbps"]
+        out.append(fit)
+    return pd.concat(out, ignore_index=True) if out else pd.DataFrame()

@@ -1,0 +1,122 @@
+"""What Triton makes of the split-KV kernels for sm_90, without a GPU: shared memory, registers, spills, and how
+the KV tile reaches the tensor cores (issue 13's reading of run 4, docs/kernel-notes.md "Run 4 outcome").
+
+Compiles ``triton_fused._fused_kernel`` (bf16 or fp8 KV, bf16 partials) and ``triton_splitkv._split_partial_kernel``
+(fp32 partials, as the harness runs it) ahead of time for sm_90 with the installed Triton (run 4: 3.6.0), pointers,
+``tokens_per_split`` and ``stride_kv`` marked divisible by 16 as at run time, then counts in the TTGIR of the main
+(full-tile) loop the KV loads that are async copies (prefetched by the pipeliner) vs plain loads, the ``fp_to_fp``
+conversions, and the buffers allocated for them; ``ptxas -v`` gives registers and spill bytes.
+
+    python scripts/kernel_compile_report.py            # the default configurations of 16-row and 64-row tiles
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
+
+
+@dataclass(frozen=True)
+class CompiledReport:
+    kernel: str  #: "fused" or "split"
+    kv: str  #: "bf16" or "fp8"
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    shared_bytes: int
+    registers: int
+    spill_store_bytes: int
+    spill_load_bytes: int
+    loop_async_copies: int  #: async copies (cp.async) in the full-tile loop: prefetched loads
+    loop_plain_kv_loads: int  #: plain tt.load of KV tiles (not index loads) in the full-tile loop
+    loop_fp_to_fp: int  #: fp8 -> 16-bit conversions in the full-tile loop
+    kv_buffers: int  #: leading dim of the latent-tile shared buffer allocated before the loop (0: none)
+    merge_cg_loads: int  #: plain .cg loads from the first one on (the fused kernel's merge loops; 0 for split)
+    merge_async_copies: int  #: async copies from there on (0: the merge loads are not prefetched)
+
+
+def _first_loop(ttgir: str) -> str:
+    """The text of the first scf.for (the full-tile loop) up to its scf.yield."""
+    start = ttgir.index("scf.for")
+    end = ttgir.index("scf.yield", start)
+    return ttgir[start:end]
+
+
+def compile_report(kernel: str, kv: str, block_m: int, block_n: int, num_warps: int, num_stages: int) -> CompiledReport:
+    import triton  # noqa: PLC0415
+    from triton.backends.compiler import GPUTarget  # noqa: PLC0415
+    from triton.backends.nvidia.compiler import get_ptxas  # noqa: PLC0415
+    from triton.compiler import ASTSource  # noqa: PLC0415
+
+    if kernel not in ("fused", "split") or kv not in ("bf16", "fp8") or (kernel == "split" and kv == "fp8"):
+        raise ValueError(f"kernel must be fused (bf16 or fp8 KV) or split (bf16 KV); got {kernel!r}, {kv!r}")
+    if kernel == "fused":
+        from specdiag.kernels.triton_fused import _fused_kernel as fn  # noqa: PLC0415
+
+        ptr = {"Q": "*bf16", "KV": "*fp8e4nv" if kv == "fp8" else "*bf16", "TOKEN_TABLE": "*i64", "BLOCK_TABLE": "*i32",
+               "MASK": "*u8", "O_PART": "*bf16", "LSE_PART": "*fp32", "G_PART": "*fp32", "G_LSE": "*fp32",
+               "COUNTER": "*i32", "OUT": "*bf16"}
+        const = {"PAGE_SIZE": 1, "BLOCK_M": block_m, "BLOCK_N": block_n, "D_NOPE": 512, "D_PE": 64,
+                 "KV_FP8": kv == "fp8", "DIRECT": False, "GROUP": 16}
+    else:
+        from specdiag.kernels.triton_splitkv import _split_partial_kernel as fn  # noqa: PLC0415
+
+        ptr = {"Q": "*bf16", "KV": "*bf16", "TOKEN_TABLE": "*i64", "BLOCK_TABLE": "*i32", "MASK": "*u8",
+               "O_PART": "*fp32", "LSE_PART": "*fp32"}
+        const = {"PAGE_SIZE": 1, "BLOCK_M": block_m, "BLOCK_N": block_n, "D_NOPE": 512, "D_PE": 64, "EVICT": "",
+                 "DIRECT": False, "DV_SPLIT": 1}
+    names = fn.arg_names
+    sig = {n: "constexpr" if n in const else ptr.get(n, "fp32" if n in ("qk_scale", "v_scale") else "i32") for n in names}
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in [*ptr, "tokens_per_split", "stride_kv"]}
+    k = triton.compile(ASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": num_warps, "num_stages": num_stages})
+    ttgir, ptx = k.asm["ttgir"], k.asm["ptx"]
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "k.ptx"
+        src.write_text(ptx)
+        res = subprocess.run([get_ptxas(90).path, "-v", "-arch=sm_90a", str(src), "-o", str(Path(tmp) / "k.cubin")],
+                             capture_output=True, text=True, check=True)
+    info = res.stdout + res.stderr
+    regs = int(re.search(r"Used (\d+) registers", info).group(1))
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", info)
+    loop = _first_loop(ttgir)
+    kv_loads = [line for line in loop.splitlines() if "tt.load" in line and "x512x!tt.ptr" in line]
+    prologue = ttgir[:ttgir.index("scf.for")]
+    bufs = re.findall(r"local_alloc : \(\) -> !ttg.memdesc<(\d+)x\d+x512x", prologue)
+    # the merge loops (fused only) follow the first load with the .cg cache modifier: their loads and async copies
+    merge = ttgir[ttgir.index("cacheModifier = cg"):] if "cacheModifier = cg" in ttgir else ""
+    return CompiledReport(
+        kernel=kernel, kv=kv, block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=num_stages,
+        shared_bytes=int(k.metadata.shared), registers=regs,
+        spill_store_bytes=int(spills.group(1)) if spills else 0, spill_load_bytes=int(spills.group(2)) if spills else 0,
+        loop_async_copies=loop.count("async_copy_global_to_local"), loop_plain_kv_loads=len(kv_loads),
+        loop_fp_to_fp=loop.count("tt.fp_to_fp"), kv_buffers=int(bufs[0]) if bufs else 0,
+        merge_cg_loads=merge.count("cacheModifier = cg"), merge_async_copies=merge.count("async_copy_global_to_local"))
+
+
+#: (block_m, block_n, num_warps, num_stages): splitkv_plan.default_config for <= 16 rows and for 33-128 rows.
+DEFAULT_TILES = ((16, 64, 4, 2), (64, 64, 8, 3))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.parse_args(argv)
+    cols = list(CompiledReport.__dataclass_fields__)
+    print("\t".join(cols))
+    for tile in DEFAULT_TILES:
+        for kernel, kv in (("split", "bf16"), ("fused", "bf16"), ("fused", "fp8")):
+            r = compile_report(kernel, kv, *tile)
+            print("\t".join(str(v) for v in asdict(r).values()), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
