@@ -108,6 +108,9 @@ def test_summarize_leaves_partial_steps_out() -> None:
     assert s["median"]["gpu_busy_ms"] == pytest.approx((0.56 + 0.35) / 2)
     assert "cpu_ngram_draft_ms" in s["cpu_phases_seen"] and "cpu_sample_ms" not in s["cpu_phases_seen"]
     assert T.summarize(rows, include_partial=True)["steps"] == 3
+    only = T.summarize(rows, verify_only=True)  # step 1 ran no draft preparation
+    assert only["steps"] == 1 and only["steps_found"] == 3 and "step 1: not a verify step" in only["steps_excluded"]
+    assert only["median"]["wall_ms"] == pytest.approx(1.0) and only["median"]["gpu_busy_ms"] == pytest.approx(0.56)
     text = T.format_summary(s, T.top_kernels(three_steps()))
     assert "attn_specdiag_splitkv" in text and "not in trace" in text and "_fwd_kernel" in text
 
@@ -187,7 +190,7 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path.write_bytes(gzip.compress(json.dumps({"traceEvents": three_steps()}).encode()))
     assert T.main([str(path), "--json", str(tmp_path / "out.json")]) == 0
     out = capsys.readouterr().out
-    assert "steps counted: 2" in out and "attn_specdiag_splitkv" in out
+    assert "steps found: 3; counted: 2" in out and "attn_specdiag_splitkv" in out
     saved = json.loads((tmp_path / "out.json").read_text())
     assert saved["summary"]["steps"] == 2 and len(saved["rows"]) == 3
     assert T.main([str(path), "--marker", "no_such_function$"]) == 2

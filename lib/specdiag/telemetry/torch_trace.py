@@ -171,15 +171,18 @@ def gpu_ops(events: Sequence[Mapping[str, Any]],
     flow_end = {(e.get("pid"), e.get("tid"), float(e["ts"])): e.get("id") for e in events
                 if e.get("ph") == "f" and "ts" in e}
     out = []
+    class_of: dict[tuple[str, str], str] = {}  # kernel names repeat: classify each (name, category) once
     for e in _complete(events, GPU_CATEGORIES):
         start = float(e["ts"])
         corr = (e.get("args") or {}).get("correlation")
         launch = launch_by_corr.get(corr) if corr is not None else None
         if launch is None:
             launch = flow_start.get(flow_end.get((e.get("pid"), e.get("tid"), start)))
-        name = str(e.get("name", ""))
+        name, cat = str(e.get("name", "")), str(e.get("cat"))
+        if (name, cat) not in class_of:
+            class_of[name, cat] = classify(name, cat, kernel_classes)
         out.append(GpuOp(start, start + float(e.get("dur", 0.0)), start if launch is None else launch, name,
-                         classify(name, str(e.get("cat")), kernel_classes)))
+                         class_of[name, cat]))
     return sorted(out, key=lambda o: o.launch_us)
 
 
@@ -214,9 +217,10 @@ def _find_markers(calls: Sequence[PyCall], marker: str | None) -> tuple[str, lis
 
 
 def step_windows(events: Sequence[Mapping[str, Any]], marker: str | None = None,
-                 ops: Sequence[GpuOp] | None = None) -> Steps:
-    """The step windows of a trace (see the module docstring for the rules)."""
-    calls = python_calls(events)
+                 ops: Sequence[GpuOp] | None = None, calls: Sequence[PyCall] | None = None) -> Steps:
+    """The step windows of a trace (see the module docstring for the rules); ``ops`` and ``calls``, when
+    given, are the trace's :func:`gpu_ops` and :func:`python_calls` (saves reading them again)."""
+    calls = python_calls(events) if calls is None else calls
     pattern, markers = _find_markers(calls, marker)
     by_key = {c.key: c for c in calls}
     on_stack: set[tuple[Any, Any, Any]] = set()
@@ -263,7 +267,8 @@ def step_breakdown(events: Sequence[Mapping[str, Any]], marker: str | None = Non
                    verify_pattern: str = tt.VERIFY_STEP_PATTERN) -> list[dict[str, Any]]:
     """One row per step: wall, GPU busy/idle, GPU ms per kernel class, CPU ms per phase, graph launches."""
     ops = gpu_ops(events, kernel_classes)
-    steps = step_windows(events, marker, ops)
+    calls = python_calls(events)
+    steps = step_windows(events, marker, ops, calls)
     windows = steps.windows
     starts = [w.start_us for w in windows]
     ops_of: list[list[GpuOp]] = [[] for _ in windows]
@@ -274,9 +279,16 @@ def step_breakdown(events: Sequence[Mapping[str, Any]], marker: str | None = Non
     graph_rx = re.compile(tt.GRAPH_LAUNCH_PATTERN)
     graph_launch_us = sorted(float(e["ts"]) for e in _complete(events, LAUNCH_CATEGORIES)
                              if graph_rx.search(str(e.get("name", ""))))
-    calls = python_calls(events)
     phase_rx = [(name, re.compile(p)) for name, p in cpu_phases]
     verify_rx = re.compile(verify_pattern)
+    names = {c.name for c in calls}  # a trace repeats few names many times: match each name once
+
+    def matching(rx: re.Pattern[str]) -> list[PyCall]:
+        hits = {n for n in names if rx.search(n)}
+        return [c for c in calls if c.name in hits]
+
+    phase_calls = {name: matching(rx) for name, rx in phase_rx}
+    verify_starts = [c.start_us for c in matching(verify_rx)]  # sorted, as calls are
     classes = class_names(kernel_classes)
     rows = []
     for w, step_ops in zip(windows, ops_of):
@@ -284,10 +296,10 @@ def step_breakdown(events: Sequence[Mapping[str, Any]], marker: str | None = Non
         busy_us = union_us((o.start_us, o.end_us) for o in step_ops)
         in_window_us = union_us((max(o.start_us, w.start_us), min(o.end_us, w.end_us)) for o in ops)
         split = shared_by_label_us((o.start_us, o.end_us, o.kernel_class) for o in step_ops)
-        in_step = [c for c in calls if w.start_us <= c.start_us < w.end_us]
         row: dict[str, Any] = {
             "step": w.step, "partial": w.partial, "note": w.note,
-            "verify_step": any(verify_rx.search(c.name) for c in in_step),
+            "verify_step": (bisect.bisect_left(verify_starts, w.end_us)
+                            > bisect.bisect_left(verify_starts, w.start_us)),
             "start_ms": (w.start_us - windows[0].start_us) / 1e3,
             "wall_ms": wall_us / 1e3, "gpu_busy_ms": busy_us / 1e3, "gpu_idle_ms": (wall_us - busy_us) / 1e3,
             "gpu_idle_in_window_ms": (wall_us - in_window_us) / 1e3, "marker_ms": w.marker_ms,
@@ -296,8 +308,9 @@ def step_breakdown(events: Sequence[Mapping[str, Any]], marker: str | None = Non
                                - bisect.bisect_left(graph_launch_us, w.start_us)),
         }
         row.update({f"gpu_{c}_ms": split.get(c, 0.0) / 1e3 for c in classes})
-        for name, rx in phase_rx:
-            row[f"cpu_{name}_ms"] = union_us((c.start_us, c.end_us) for c in in_step if rx.search(c.name)) / 1e3
+        for name, _ in phase_rx:
+            row[f"cpu_{name}_ms"] = union_us((c.start_us, c.end_us) for c in phase_calls[name]
+                                             if w.start_us <= c.start_us < w.end_us) / 1e3
         rows.append(row)
     for r in rows:
         r["marker"] = steps.marker
@@ -306,16 +319,23 @@ def step_breakdown(events: Sequence[Mapping[str, Any]], marker: str | None = Non
 
 
 # --- summaries ---------------------------------------------------------------------------------------------
-def summarize(rows: Sequence[Mapping[str, Any]], include_partial: bool = False) -> dict[str, Any]:
-    """Medians per numeric column over the steps counted (partial steps left out unless asked)."""
-    used = [r for r in rows if include_partial or not r.get("partial")]
-    excluded = [f"step {r.get('step')}: {r.get('note')}" for r in rows if r.get("partial") and not include_partial]
+def summarize(rows: Sequence[Mapping[str, Any]], include_partial: bool = False,
+              verify_only: bool = False) -> dict[str, Any]:
+    """Medians per numeric column over the steps counted: partial steps left out unless ``include_partial``,
+    steps that verified no drafts (``verify_step`` false: a prefill) left out when ``verify_only``."""
+    def why_not(r: Mapping[str, Any]) -> str:
+        if r.get("partial") and not include_partial:
+            return str(r.get("note"))
+        return "not a verify step" if verify_only and not r.get("verify_step") else ""
+
+    used = [r for r in rows if not why_not(r)]
+    excluded = [f"step {r.get('step')}: {why_not(r)}" for r in rows if why_not(r)]
     cols = [k for k, v in (used[0].items() if used else ())
             if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("step", "start_ms")]
     return {
         "marker": rows[0].get("marker") if rows else None,
         "marker_name": rows[0].get("marker_name") if rows else None,
-        "steps": len(used), "steps_excluded": excluded,
+        "steps_found": len(rows), "steps": len(used), "steps_excluded": excluded,
         "verify_steps": sum(1 for r in used if r.get("verify_step")),
         "median": {c: quantile([float(r[c]) for r in used], 0.5) for c in cols},
         "cpu_phases_seen": sorted({k for r in rows for k, v in r.items() if k.startswith("cpu_") and v}),
@@ -344,7 +364,8 @@ def format_summary(summary: Mapping[str, Any], top: Sequence[Mapping[str, Any]] 
     """A readable table: median ms per step per column."""
     med = summary["median"]
     lines = [f"marker: {summary['marker']!r} (matched {summary['marker_name']!r})",
-             f"steps counted: {summary['steps']} ({summary['verify_steps']} verify steps); excluded: "
+             f"steps found: {summary['steps_found']}; counted: {summary['steps']} ({summary['verify_steps']} verify "
+             "steps); excluded: "
              + (("; ".join(summary["steps_excluded"])) or "none")]
     if not summary["steps"]:
         return "\n".join(lines + ["no complete step to summarize"])
@@ -406,6 +427,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--marker", default=None, help="regex for the Python call that marks a step "
                     f"(default: the first of {list(tt.DEFAULT_MARKERS)} found)")
     ap.add_argument("--json", default=None, help="also write rows, summary and top kernels to this JSON file")
+    ap.add_argument("--verify-only", action="store_true", help="count only steps that verified drafts")
     ap.add_argument("--top", type=int, default=15, help="how many GPU ops to list by time (0: none)")
     ap.add_argument("--run", default=None, help="also append the rows to this run folder's step_profile table "
                     "(needs --context-tokens and --arm)")
@@ -420,7 +442,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (TraceError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    summary = summarize(rows)
+    summary = summarize(rows, verify_only=args.verify_only)
     top = top_kernels(events, marker=summary["marker"], n=args.top) if args.top else []
     print(f"trace: {args.trace}")
     print(format_summary(summary, top))
