@@ -143,6 +143,17 @@ def test_fallback_marker_and_explicit_marker() -> None:
     assert len(rows) == 3 and rows[0]["marker"] == "run_batch$"
 
 
+def test_plugin_ngram_tail_counts_as_the_ngram_phases() -> None:
+    """specdiag's plugin runs its own prepare_draft_tokens / update_ngram_corpus in place of NGRAM's methods."""
+    tail = "specdiag_sglang_plugin/ngram_tail.py"
+    ev = [marker(0, 900), marker(1000, 900), marker(2000, 900),
+          py("sglang/srt/plugins/hook_registry.py(300): wrapper", 10, 100), py(f"{tail}(69): prepare_draft_tokens", 20, 60),
+          py(f"{tail}(94): update_ngram_corpus", 500, 40)]
+    r0, r1, _ = T.step_breakdown(ev)
+    assert r0["verify_step"] and not r1["verify_step"]
+    assert r0["cpu_ngram_draft_ms"] == pytest.approx(0.06) and r0["cpu_ngram_corpus_update_ms"] == pytest.approx(0.04)
+
+
 def test_nested_markers_count_once() -> None:
     ev = [marker(0, 900), marker(10, 100), marker(1000, 900), marker(2000, 900)]
     assert len(T.step_breakdown(ev)) == 3

@@ -67,8 +67,8 @@ if TYPE_CHECKING:
 ON_STACK_TOLERANCE_US = 50.0
 
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
-LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
-TORCH_CATEGORIES = {"cpu_op", "python_function", "user_annotation", "cuda_runtime", "cuda_driver", *GPU_CATEGORIES}
+LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver", "hip_runtime")  # hip_runtime: the same on ROCm
+TORCH_CATEGORIES = {"cpu_op", "python_function", "user_annotation", *LAUNCH_CATEGORIES, *GPU_CATEGORIES}
 
 
 class TraceError(ValueError):

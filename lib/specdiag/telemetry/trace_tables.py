@@ -24,7 +24,10 @@ Where the names come from (looked up, not guessed):
   srt/speculative/spec_utils.py (``move_accept_tokens_to_target_kvcache``), srt/managers/scheduler.py
   (``run_batch``, ``process_batch_result``, ``get_next_batch_to_run``, ``process_input_requests``),
   srt/managers/scheduler_components/batch_result_processor.py (``process_batch_result_decode`` ...),
-  srt/managers/scheduler_components/request_receiver.py (``recv_requests``).
+  srt/managers/scheduler_components/request_receiver.py (``recv_requests``). specdiag's SGLang plugin, with
+  its NGRAM prompt-tail on, runs ``prepare_draft_tokens`` / ``update_ngram_corpus`` of
+  plugins/sglang/specdiag_sglang_plugin/ngram_tail.py in place of NGRAM's two methods (an AROUND hook that does
+  not call the original), so those names count for the same phases.
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ DEFAULT_MARKERS: tuple[str, ...] = (
 
 #: A step that ran one of these is a verify step (drafts were made or checked); others (a prefill through
 #: the same worker) are marked ``verify_step=False``.
-VERIFY_STEP_PATTERN = r"ngram_worker\.py\(\d+\): _prepare_draft_tokens$|eagle_utils\.py\(\d+\): eagle_sample$"
+VERIFY_STEP_PATTERN = (r"ngram_worker\.py\(\d+\): _prepare_draft_tokens$|ngram_tail\.py\(\d+\): prepare_draft_tokens$"
+                       r"|eagle_utils\.py\(\d+\): eagle_sample$")
 
 #: The Python function torch runs to start tracing: every function on the stack when it ran (its
 #: ancestors) began before the trace did, so a marker among them is a partial step.
@@ -69,10 +73,11 @@ OTHER_CLASS = "other"
 #: nest (draft prep runs inside the speculative prep, both inside the marker), so they do not add up.
 CPU_PHASES: tuple[tuple[str, str], ...] = (
     ("ngram_prepare", r"ngram_worker\.py\(\d+\): _prepare_for_speculative_decoding$"),
-    ("ngram_draft", r"ngram_worker\.py\(\d+\): _prepare_draft_tokens$"),
+    ("ngram_draft", r"ngram_worker\.py\(\d+\): _prepare_draft_tokens$|ngram_tail\.py\(\d+\): prepare_draft_tokens$"),
     ("ngram_corpus_sync", r"ngram_corpus\.py\(\d+\): synchronize$"),
     ("ngram_corpus_get", r"ngram_corpus\.py\(\d+\): batch_get$"),
-    ("ngram_corpus_update", r"ngram_worker\.py\(\d+\): _update_ngram_corpus$"),
+    ("ngram_corpus_update", r"ngram_worker\.py\(\d+\): _update_ngram_corpus$"
+                            r"|ngram_tail\.py\(\d+\): update_ngram_corpus$"),
     ("target_forward", r"tp_worker\.py\(\d+\): forward_batch_generation$"),
     ("sample", r"eagle_utils\.py\(\d+\): eagle_sample$"),
     ("kv_move", r"spec_utils\.py\(\d+\): move_accept_tokens_to_target_kvcache$"),
@@ -82,4 +87,4 @@ CPU_PHASES: tuple[tuple[str, str], ...] = (
 )
 
 #: Runtime calls that replay a CUDA graph (one per graph launch; CUPTI gives the graph's kernels its id).
-GRAPH_LAUNCH_PATTERN = r"^(cudaGraphLaunch|cuGraphLaunch)"
+GRAPH_LAUNCH_PATTERN = r"^(cudaGraphLaunch|cuGraphLaunch|hipGraphLaunch)"
