@@ -178,6 +178,10 @@ def test_union_and_split() -> None:
     assert T.classify("_ragged_merge_kernel", "kernel") == "attn_specdiag_splitkv"
     assert T.classify("merge_state_kernel", "kernel") == "attn_sglang_triton"
     assert T.classify("Memset (Device)", "gpu_memset") == "memset"
+    assert T.classify("triton_red_fused_add_rms_norm_0", "kernel") == "norm"
+    assert T.classify("triton_poi_fused_mul_0", "kernel") == "elementwise"
+    assert T.classify("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "kernel") == "comm"
+    assert T.classify("something_new", "kernel") == "other"
 
 
 def test_load_trace_formats_and_errors(tmp_path: Path) -> None:

@@ -60,7 +60,8 @@ KERNEL_CLASSES: tuple[tuple[str, str], ...] = (
     ("gemm", r"(?i)nvjet|gemm|cutlass|sm90_xmma|cublas|wgmma"),
     ("comm", r"(?i)nccl|all_?reduce|all_?gather|cross_device_reduce"),
     ("norm", r"(?i)rms_?norm|layer_?norm"),
-    ("elementwise", r"(?i)at::native|elementwise|reduce|softmax|act_and_mul|silu|gelu|rotary|rope|argmax|sampling"),
+    ("elementwise", r"(?i)at::native|elementwise|reduce|softmax|act_and_mul|silu|gelu|rotary|rope|argmax|sampling"
+                    r"|^triton_(poi|red|per)_"),  # the last: torch.compile (Inductor) fused pointwise/reductions
 )
 
 #: Columns for the GPU ops' own categories (chrome trace ``cat``), before the name table is tried.
