@@ -9,6 +9,8 @@ import pytest
 
 from specdiag.findings import Finding
 from specdiag.runs import Run
+from specdiag.telemetry.torch_trace import record_step_profile
+from test_step_profile import write_trace
 
 pytestmark = [pytest.mark.notebook, pytest.mark.slow]
 
@@ -59,3 +61,36 @@ def test_compare_two_runs(run_notebook, tmp_path: Path) -> None:
     assert result["metrics"]["slope_b_ms_per_1k_tokens"] == pytest.approx(17 / 3)
     assert found["compare.verdicts"]["numbers"] == {"changed": 1, "findings": 2}
     assert Run.open(out).meta["compare"] == {"run_a": str(a.path), "run_b": str(b.path)}
+    assert result["metrics"]["step_profile"] == []
+    assert "no step profile in either run" in _outputs(tmp_path / "08_compare_runs.out.ipynb")
+
+
+def _outputs(executed: Path) -> str:
+    """Every text and HTML output of an executed notebook, joined; '[image]' for each picture."""
+    texts = []
+    for cell in json.loads(executed.read_text())["cells"]:
+        for o in cell.get("outputs", []):
+            data = o.get("data", {})
+            texts.append("".join(o.get("text", "")) + "".join(data.get("text/markdown", ""))
+                         + "".join(data.get("text/html", "")) + ("[image]" if "image/png" in data else ""))
+    return "\n".join(texts)
+
+
+def test_compare_shows_step_profiles(run_notebook, tmp_path: Path) -> None:
+    a = make_run(tmp_path / "a", {1000: 100.0}, {1000: 10.0}, "critical")
+    b = make_run(tmp_path / "b", {1000: 120.0}, {1000: 8.0}, "warning")
+    trace = write_trace(tmp_path / "t.trace.json.gz")
+    for ctx in (1024, 131072):
+        record_step_profile(a, trace, context_tokens=ctx, arm="stock")
+    record_step_profile(b, trace, context_tokens=131072, arm="plugin")
+    out = tmp_path / "cmp"
+    executed = run_notebook("08_compare_runs", run_a=str(a.path), run_b=str(b.path), run_dir=str(out))
+    metrics = json.loads((out / "findings" / "08_compare_runs.json").read_text())["metrics"]
+    bars = metrics["step_profile"]
+    assert [(m["run"], m["arm"], m["context_tokens"], m["steps"]) for m in bars] == [
+        ("A", "stock", 1024, 2), ("A", "stock", 131072, 2), ("B", "plugin", 131072, 2)]
+    assert bars[0]["wall_ms"] == pytest.approx(1.0) and bars[0]["gpu_busy_ms"] == pytest.approx(0.455)
+    assert bars[2]["gpu_attn_specdiag_splitkv_ms"] == pytest.approx(0.125)
+    shown = _outputs(executed)
+    assert "Where a decode step's time goes" in shown and "GPU attn_specdiag_splitkv (ms)" in shown
+    assert "[image]" in shown and "no step profile" not in shown
