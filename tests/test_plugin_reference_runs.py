@@ -74,6 +74,11 @@ def test_compare_s3_stock_vs_plugin(tmp_path: Path) -> None:
     m = json.loads((out / "findings" / "08_compare_runs.json").read_text())["metrics"]
     assert m["run_b"] == "data/reference/h200-sglang-mla-s3-plugin"
     assert m["decode_ratio_b_a"][-1] > 10  # 15.3x decode tok/s at 131,072 (step 23.5x, commit 1.54 vs 1.00)
+    # where the step goes, from the traces (computed from data/reference/*/step_profile.jsonl)
+    prof = {(p["run"], int(p["context_tokens"])): p for p in m["step_profile"]}
+    assert prof[("A", 131072)]["gpu_attn_sglang_triton_ms"] > 45          # stock's verify kernel: 50.3 ms per step
+    assert prof[("B", 131072)]["gpu_attn_specdiag_splitkv_ms"] < 0.4      # the plugin's, both layers: 0.26 ms
+    assert prof[("B", 131072)]["gpu_busy_ms"] < 1 and prof[("B", 1024)]["gpu_busy_ms"] < 0.5
 
 
 @pytest.mark.parametrize("arm", S3)
