@@ -52,3 +52,130 @@ def test_compare_command_names_both_runs_or_says_how(capsys):
 
     assert report.main(["compare", "--run-a", str(PROJECT_ROOT / "data/reference/h200-sglang-mla-stock")]) != 0
     assert "compare needs two run folders" in capsys.readouterr().err
+
+
+# --- the traced projection (verify-attention kernel times from step_profile rows) -------------------------------------
+def _rows(context: int, attention_ms: float, kv_indices_ms: float = 0.0, arm: str = "a", steps: int = 5,
+          column: str = "gpu_attn_specdiag_splitkv_ms") -> list[dict]:
+    """Synthetic step_profile rows of one trace: ``steps`` complete verify steps plus a partial last one."""
+    rows = [{"context_tokens": context, "arm": arm, "step": i, "partial": False, "verify_step": True, "wall_ms": 9.0,
+             column: attention_ms + 0.001 * (i - steps // 2), "gpu_kv_indices_ms": kv_indices_ms, "gpu_gemm_ms": 0.05}
+            for i in range(steps)]
+    rows.append({**rows[0], "step": steps, "partial": True, column: 1000.0, "note": "last step"})
+    return rows
+
+
+def test_two_profiled_contexts_give_a_line_one_gives_proportional_scaling():
+    # fixed arm, 2 layers: per layer 0.03 ms fixed + 0.001 ms per 1k tokens -> per step 2 x (0.03 + 0.001 c/1k)
+    fixed = _rows(1_000, 2 * (0.03 + 0.001)) + _rows(101_000, 2 * (0.03 + 0.101))
+    stock = _rows(100_000, 2 * 20.0, column="gpu_attn_sglang_triton_ms")   # one context: 20 ms per layer
+    tp = vp.project_traced(stock, fixed, layers_measured=2, layers_target=10, target_context=200_000)
+    assert tp.fixed.method == "line" and tp.stock.method == "proportional"
+    f = tp.fixed.attention_fit_per_layer
+    assert f.fixed_ms == pytest.approx(0.03) and f.ms_per_1k_tokens == pytest.approx(0.001)
+    assert tp.fixed.target_attention_ms_per_layer == pytest.approx(0.03 + 0.2)
+    assert tp.fixed.target_attention_ms == pytest.approx(10 * 0.23)
+    assert tp.stock.attention_fit_per_layer.fixed_ms == 0.0                 # proportional: no fixed cost
+    assert tp.stock.target_attention_ms == pytest.approx(10 * 20.0 * 200_000 / 100_000)
+    assert tp.target_saved_ms == pytest.approx(400.0 - 2.3)
+    assert tp.stock.target_source == tp.fixed.target_source == "extrapolated"
+    assert "upper bound" in tp.stock.method_note and "least-squares" in tp.fixed.method_note
+    # medians over the complete verify steps: the partial step's 1000 ms is left out
+    assert [c.steps for c in tp.fixed.contexts] == [5, 5]
+    assert tp.fixed.contexts[0].attention_ms_per_step == pytest.approx(0.062)
+    # a target inside the profiled range is interpolated; at the one profiled context it is that context's value
+    inside = vp.project_traced(stock, fixed, layers_measured=2, layers_target=2, target_context=100_000)
+    assert inside.fixed.target_source == "interpolated"
+    assert inside.stock.target_source == "at a profiled context"
+    assert inside.stock.target_attention_ms == pytest.approx(40.0)
+
+
+def test_proportional_scaling_bounds_a_line_with_a_fixed_cost_from_above_past_its_context():
+    a, b = 0.5, 0.01                                 # per layer: ms fixed, ms per 1k tokens
+    true = lambda c: a + b * c / 1000                # noqa: E731
+    one = vp.traced_arm("x", vp.traced_contexts(_rows(10_000, true(10_000)), layers_measured=1),
+                        layers_target=1, target_context=50_000)
+    assert one.method == "proportional"
+    assert one.target_attention_ms > true(50_000)                                   # upper bound past c1
+    assert one.target_attention_ms - true(50_000) == pytest.approx(a * (50_000 / 10_000 - 1), rel=1e-3)
+    assert one.attention_fit_per_layer.at(2_000) < true(2_000)                       # lower bound below c1
+
+
+def test_per_step_parts_are_reported_once_not_multiplied_by_layers():
+    # the KV-index kernel: 0.001 ms per 1k tokens per STEP; attention excludes it
+    fixed = _rows(1_000, 0.1, kv_indices_ms=0.001) + _rows(101_000, 0.3, kv_indices_ms=0.101)
+    stock = _rows(101_000, 40.0, kv_indices_ms=0.101, column="gpu_attn_sglang_triton_ms")
+    tp = vp.project_traced(stock, fixed, layers_measured=2, layers_target=61, target_context=201_000)
+    assert tp.fixed.target_per_step_ms == pytest.approx(0.201)                       # not x 61, not / 2
+    assert tp.stock.target_per_step_ms == pytest.approx(0.101 * 201_000 / 101_000)
+    assert tp.fixed.contexts[1].attention_ms_per_step == pytest.approx(0.3)          # kv_indices not in the attention
+    assert tp.fixed.contexts[1].per_step_ms == pytest.approx(0.101)
+
+
+def test_the_attention_columns_are_every_attn_class_summed():
+    row = _rows(1_000, 0.0)[:1]
+    row[0].update(gpu_attn_sglang_triton_ms=1.0, gpu_attn_sglang_verify_splitkv_ms=0.5, gpu_attn_other_ms=0.25,
+                  gpu_attn_specdiag_splitkv_ms=0.125)
+    (c,) = vp.traced_contexts(row, layers_measured=1)
+    assert c.attention_ms_per_step == pytest.approx(1.875)
+    assert set(vp.ATTENTION_COLUMNS) == {"gpu_attn_specdiag_splitkv_ms", "gpu_attn_sglang_verify_splitkv_ms",
+                                         "gpu_attn_sglang_triton_ms", "gpu_attn_other_ms"}
+
+
+def test_missing_or_unusable_traces_say_what_to_do():
+    with pytest.raises(vp.MissingTraces, match=r"stock-run: no step_profile rows.*specdiag\.telemetry\.torch_trace"):
+        vp.project_traced([], _rows(1_000, 0.1), layers_measured=2, stock_run="stock-run")
+    with pytest.raises(vp.MissingTraces, match="fixed-run"):
+        vp.project_traced(_rows(1_000, 0.1), [], layers_measured=2, fixed_run="fixed-run")
+    with pytest.raises(ValueError, match="no verify-attention kernel time"):
+        vp.traced_contexts(_rows(1_000, 0.0), layers_measured=2)
+    with pytest.raises(ValueError, match="several arms"):
+        vp.traced_contexts(_rows(1_000, 0.1, arm="a") + _rows(2_000, 0.1, arm="b"), layers_measured=2)
+    only_partial = [r for r in _rows(1_000, 0.1) if r["partial"]]
+    with pytest.raises(ValueError, match="no complete verify step"):
+        vp.traced_contexts(only_partial, layers_measured=2)
+
+
+def test_the_two_methods_differ_by_what_else_grows_per_step():
+    """Whole step = 2 layers x attention + a per-step part that grows 0.04 ms per 1k tokens (drafting on the CPU):
+    the step-based growth counts it x layers, the traced one does not; their difference gives it back per step."""
+    ctxs = [1_000, 51_000, 101_000]
+    att_fixed = lambda c: 0.02 + 0.0005 * c / 1000     # noqa: E731 - ms per layer
+    att_stock = lambda c: 0.2 * c / 1000               # noqa: E731
+    other = lambda c: 2.0 + 0.04 * c / 1000            # noqa: E731 - ms per step
+    step = vp.project_layers({c: 2 * att_stock(c) + other(c) for c in ctxs}, {c: 2 * att_fixed(c) + other(c) for c in ctxs},
+                             layers_measured=2, layers_target=60, target_context=181_000)
+    traced = vp.project_traced(sum((_rows(c, 2 * att_stock(c), column="gpu_attn_sglang_triton_ms") for c in ctxs), []),
+                               sum((_rows(c, 2 * att_fixed(c)) for c in ctxs), []),
+                               layers_measured=2, layers_target=60, target_context=181_000)
+    d_stock, d_fixed = vp.compare_methods(step, traced)
+    assert d_fixed.traced_growth_ms == pytest.approx(60 * 0.0005 * 180, rel=1e-3)
+    for d in (d_stock, d_fixed):
+        assert d.other_growth_per_step_ms == pytest.approx(0.04 * 180, rel=1e-3)   # the per-step part's growth
+        assert d.other_growth_ms == pytest.approx(0.04 * 180 * 60 / 2, rel=1e-3)
+    with pytest.raises(ValueError, match="differ in target"):
+        vp.compare_methods(step, vp.project_traced(_rows(1_000, 1.0), _rows(1_000, 0.1), layers_measured=2))
+
+
+def test_layers_of_reads_run_json_or_says_it_is_missing():
+    assert vp.layers_of({"model": {"model_config": {"num_hidden_layers": 2}}}) == 2
+    with pytest.raises(ValueError, match="num_hidden_layers"):
+        vp.layers_of({"model": {}}, "x/run.json")
+
+
+def test_cli_traced_on_the_session_3_arms(capsys):
+    assert vp.main(["--stock", str(PROJECT_ROOT / "data/reference/h200-sglang-mla-s3-stock"),
+                    "--fixed", str(PROJECT_ROOT / "data/reference/h200-sglang-mla-s3-plugin"), "--traced"]) == 0
+    out = capsys.readouterr().out
+    # traced, measured: stock _fwd_kernel 50.285 ms per step at 131,072; plugin split-KV 0.064 (1,024), 0.262 (131,072)
+    assert "stock | 131,072 | measured (trace, 11 steps) | 50.285 | 25.1425 | 2 | 0.140" in out
+    assert "fixed | 1,024 | measured (trace, 11 steps) | 0.064 |" in out
+    assert "stock | 185,000 | extrapolated (proportional) | 2164.7" in out
+    assert "fixed | 185,000 | extrapolated (line) | 10.479 |" in out
+
+
+def test_cli_traced_without_traces_names_the_run(capsys):
+    assert vp.main(["--stock", str(PROJECT_ROOT / "data/reference/h200-sglang-mla-stock"),
+                    "--fixed", str(PROJECT_ROOT / "data/reference/h200-sglang-mla-plugin-splitkv"), "--traced"]) == 2
+    err = capsys.readouterr().err
+    assert "no traced projection: h200-sglang-mla-stock: no step_profile rows" in err
