@@ -96,3 +96,67 @@ def test_s3_tp2_check_passed_on_both_ranks() -> None:
     check = json.loads((REFERENCE_DIR / "h200-sglang-mla-s3-plugin/device-tp2/check.json").read_text())
     assert check["passed"] and check["calls_compared"] == 416 and check["max_rel_err"] < 2e-3
     assert {c["heads"] for c in check["calls"]} == {4}  # 8 heads over TP 2: 4 local heads per rank
+
+
+def _attention_medians(arm: str) -> dict[int, tuple[float, float]]:
+    """Per profiled context of a committed arm: (median verify-attention ms, median KV-index ms) over its complete
+    verify steps, computed here straight from step_profile.jsonl (not by verify_projection)."""
+    import statistics  # noqa: PLC0415
+
+    rows = [json.loads(x) for x in (REFERENCE_DIR / arm / "step_profile.jsonl").read_text().splitlines()]
+    out = {}
+    for c in sorted({r["context_tokens"] for r in rows}):
+        used = [r for r in rows if r["context_tokens"] == c and not r["partial"] and r["verify_step"]]
+        att = [sum(r[k] for k in r if k.startswith("gpu_attn_")) for r in used]
+        out[c] = (statistics.median(att), statistics.median(r["gpu_kv_indices_ms"] for r in used))
+    return out
+
+
+@pytest.mark.notebook
+def test_05_projects_the_s3_plugin_from_its_traces(run_notebook: Callable[..., Path], tmp_path: Path) -> None:
+    """05 with params/plugin-projection-s3.yaml on the shipped plugin: the traced projection beside the step-based one."""
+    params = report.load_params_file("params/plugin-projection-s3.yaml")["05_bandwidth_analysis"]
+    run_notebook("05_bandwidth_analysis", replay_dir=str(REFERENCE_DIR / "h200-sglang-mla-s3-plugin"), **params)
+    m = json.loads((tmp_path / "run" / "findings" / "05_bandwidth_analysis.json").read_text())["metrics"]
+    tp = m["traced_projection"]
+    assert m["traced_projection_missing"] is None and tp["layers_measured"] == 2
+    assert (tp["layers_target"], tp["target_context"]) == (61, 185_000)
+    stock, plugin = _attention_medians("h200-sglang-mla-s3-stock"), _attention_medians("h200-sglang-mla-s3-plugin")
+    assert sorted(stock) == [131072] and sorted(plugin) == [1024, 131072]
+    # stock: one trace, proportional: 50.285 ms per step (measured) / 2 layers x 185,000 / 131,072 x 61 layers
+    s_att, s_kv = stock[131072]
+    assert tp["stock"]["method"] == "proportional" and tp["stock"]["target_source"] == "extrapolated"
+    assert tp["stock"]["target_attention_ms"] == pytest.approx(s_att / 2 * 185_000 / 131_072 * 61, rel=1e-9)
+    assert tp["stock"]["target_attention_ms"] == pytest.approx(2164.7, abs=0.5)
+    assert tp["stock"]["target_per_step_ms"] == pytest.approx(s_kv * 185_000 / 131_072, rel=1e-9)  # once, not x 61
+    assert tp["stock"]["target_per_step_ms"] == pytest.approx(0.197, abs=0.002)
+    # plugin: two traces, a line per layer through (1,024, 0.0322) and (131,072, 0.1309 ms)
+    (a1, k1), (a2, k2) = plugin[1024], plugin[131072]
+    slope = (a2 - a1) / 2 / (131_072 - 1_024)
+    assert tp["fixed"]["method"] == "line"
+    assert tp["fixed"]["attention_fit_per_layer"]["fixed_ms"] == pytest.approx(a1 / 2 - slope * 1_024, rel=1e-6)
+    assert tp["fixed"]["attention_fit_per_layer"]["fixed_ms"] == pytest.approx(0.0314, abs=0.0005)
+    assert tp["fixed"]["attention_fit_per_layer"]["ms_per_1k_tokens"] == pytest.approx(0.00076, abs=0.00002)
+    assert tp["fixed"]["target_attention_ms"] == pytest.approx(61 * (a1 / 2 + slope * (185_000 - 1_024)), rel=1e-6)
+    assert tp["fixed"]["target_attention_ms"] == pytest.approx(10.48, abs=0.05)
+    assert tp["fixed"]["target_per_step_ms"] == pytest.approx(k1 + (k2 - k1) / (131_072 - 1_024) * (185_000 - 1_024))
+    assert tp["target_saved_ms"] == pytest.approx(2154.2, abs=0.5)
+    # beside the step-based projection: the stock's whole-step growth carries 5.65 ms per step that is not attention
+    # (SGLang's NGRAM drafting on the CPU); the plugin's, with the prompt-tail drafting, 0.12 ms
+    d_stock, d_plugin = m["traced_vs_step_growth"]
+    assert d_stock["step_growth_ms"] == pytest.approx(m["stock_pair"]["target_stock_growth_ms"])
+    assert d_stock["step_growth_ms"] == pytest.approx(2325.2, abs=0.5) and d_stock["traced_growth_ms"] == pytest.approx(2152.7, abs=0.5)
+    assert d_stock["other_growth_per_step_ms"] == pytest.approx(5.65, abs=0.02)
+    assert d_plugin["other_growth_per_step_ms"] == pytest.approx(0.12, abs=0.01)
+
+
+@pytest.mark.notebook
+def test_05_on_plugin_attn_shows_the_step_based_overstatement(run_notebook: Callable[..., Path], tmp_path: Path) -> None:
+    """The same params on the plugin-attn arm (SGLang's NGRAM kept): its whole-step growth x 61 layers is about 20x
+    its traced attention growth, because NGRAM's per-step CPU drafting grows with context."""
+    params = report.load_params_file("params/plugin-projection-s3.yaml")["05_bandwidth_analysis"]
+    run_notebook("05_bandwidth_analysis", replay_dir=str(REFERENCE_DIR / "h200-sglang-mla-s3-plugin-attn"), **params)
+    m = json.loads((tmp_path / "run" / "findings" / "05_bandwidth_analysis.json").read_text())["metrics"]
+    _, d_fixed = m["traced_vs_step_growth"]
+    assert m["traced_projection"]["fixed"]["method"] == "proportional"
+    assert d_fixed["step_growth_ms"] / d_fixed["traced_growth_ms"] == pytest.approx(22.6, abs=0.3)  # 253.2 vs 11.2 ms
