@@ -140,7 +140,8 @@ PROPORTIONAL_NOTE = (
     "too, overstating by a x (c / c1 - 1), the more the shorter c1 is (a short context's time is mostly fixed cost); "
     "for c < c1 it is a lower bound. ms(c1) / layer bounds the fixed cost per layer from above.")
 LINE_NOTE = ("least-squares line over {n} profiled contexts: intercept = fixed cost, slope = ms per 1k tokens "
-             "(both computed from the measured points: no assumption about the fixed cost); interpolated between them, extrapolated past them along the line.")
+             "(both computed from the measured points: no assumption about the fixed cost); interpolated between "
+             "them, extrapolated past them along the line.")
 
 
 class MissingTraces(ValueError):
@@ -153,7 +154,7 @@ class TracedContext:
     steps: int                     # complete verify steps of the trace(s) the medians are over
     attention_ms_per_step: float   # measured (trace): median over the steps of the attention columns' sum, all layers
     attention_ms_per_layer: float  # computed: attention_ms_per_step / layers_measured
-    per_step_ms: float             # measured (trace): median of the per-step columns' sum (KV-index kernel), once per step
+    per_step_ms: float             # measured (trace): median of the per-step columns' sum (KV-index kernel), per step
 
 
 @dataclass(frozen=True)
@@ -338,7 +339,8 @@ def traced_table_rows(tp: TracedProjection) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for arm in (tp.stock, tp.fixed):
         for c in arm.contexts:
-            rows.append({"arm": arm.name, "context_tokens": c.context_tokens, "source": f"measured (trace, {c.steps} steps)",
+            rows.append({"arm": arm.name, "context_tokens": c.context_tokens,
+                         "source": f"measured (trace, {c.steps} steps)",
                          "attention_ms_per_step": c.attention_ms_per_step,
                          "attention_ms_per_layer": c.attention_ms_per_layer, "layers": tp.layers_measured,
                          "per_step_ms": c.per_step_ms})
@@ -365,7 +367,8 @@ def format_traced(tp: TracedProjection, differences: Sequence[MethodDifference] 
              f"the target; per-step = {', '.join(PER_STEP_COLUMNS)}, once per step, not x layers)",
              "arm | context | source | attention/step | attention/layer | layers | per-step"]
     lines += [f"{r['arm']} | {r['context_tokens']:,} | {r['source']} | {r['attention_ms_per_step']:.3f} | "
-              f"{r['attention_ms_per_layer']:.4f} | {r['layers']} | {r['per_step_ms']:.3f}" for r in traced_table_rows(tp)]
+              f"{r['attention_ms_per_layer']:.4f} | {r['layers']} | {r['per_step_ms']:.3f}"
+              for r in traced_table_rows(tp)]
     for arm in (tp.stock, tp.fixed):
         f = arm.attention_fit_per_layer
         lines.append(f"{arm.name} ({arm.run or 'run'}): {arm.method}, fixed {f.fixed_ms:.4f} ms per layer + "
@@ -395,8 +398,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--fixed", required=True, help="run folder of the faster arm, e.g. data/reference/h200-sglang-mla-plugin-splitkv")
     p.add_argument("--layers-target", type=int, default=61)
     p.add_argument("--target-context", type=int, default=185_000)
-    p.add_argument("--traced", action="store_true", help="also project from the traced verify-attention kernel times "
-                   "(both runs' step_profile.jsonl, from specdiag.telemetry.torch_trace) and set the two methods side by side")
+    p.add_argument("--traced", action="store_true", help="also project from the traced verify-attention kernel "
+                   "times (both runs' step_profile.jsonl, from specdiag.telemetry.torch_trace) and set the two methods "
+                   "side by side")
     a = p.parse_args(argv)
     stock, fixed = Run.open(a.stock), Run.open(a.fixed)
     try:
