@@ -86,6 +86,7 @@ def test_replays_a_run_with_traces_and_no_telemetry(run_notebook: Callable[..., 
     assert long["wall_ms"] == pytest.approx(5.142, abs=0.005) and long["gpu_busy_ms"] == pytest.approx(0.607, abs=0.002)
     assert long["largest_class"] == "attn_specdiag_splitkv" and long["steps_drawn"] == [0, 1, 2, 3]
     assert traces[1024]["gpu_busy_pct"] == pytest.approx(5.21, abs=0.1)
+    assert long["unprofiled_step_ms"] == pytest.approx(2.38, abs=0.01)  # the run's sweep, measured without profiler
     severities = {f["id"]: f["severity"] for f in out["findings"]}
     assert severities == {"utilization.trace_gpu_idle.plugin-1024": "warning",
                           "utilization.trace_gpu_idle.plugin-131072": "warning"}

@@ -64,6 +64,16 @@ def test_clip_ms_cuts_merges_and_shifts() -> None:
     assert same(got, [(0.0, 0.08), (0.2, 0.3), (0.8, 0.9)])
 
 
+def test_unprofiled_step_from_the_sweep() -> None:
+    sweep = [{"context_tokens": 1024, "step_ms": 2.0}, {"context_tokens": 1024, "step_ms": 4.0},
+             {"context_tokens": 1024, "step_ms": 100.0, "error": "timeout"}, {"context_tokens": 2048, "step_ms": 9.0}]
+    assert T.unprofiled_step_ms(sweep, 1024) == pytest.approx(3.0)
+    assert T.unprofiled_step_ms(sweep, 4096) is None and T.unprofiled_step_ms(sweep, None) is None
+    got = T.with_unprofiled({"gpu_busy_ms": 0.6, "arm": "a"}, 2.4)
+    assert got["arm"] == "a" and got["gpu_busy_pct_of_unprofiled_step"] == pytest.approx(25.0)
+    assert T.with_unprofiled({"gpu_busy_ms": 0.6}, None)["gpu_busy_pct_of_unprofiled_step"] is None
+
+
 def test_phase_calls_keys_every_phase() -> None:
     calls = tt.python_calls([py(f"{NGRAM}(237): _prepare_draft_tokens", 0, 5), py("x.py(1): other", 6, 1)])
     got = tt.phase_calls(calls)
@@ -187,3 +197,8 @@ def test_plugin_idles_and_stock_is_busy_at_131072() -> None:
     assert (p["largest_class"], round(p["largest_class_ms"], 3)) == ("attn_specdiag_splitkv", 0.262)
     assert s["gpu_busy_pct"] == pytest.approx(87.2, abs=0.2) and s["steps_counted"] == 11
     assert s["largest_class"] == "attn_sglang_triton" and s["largest_class_ms"] == pytest.approx(50.29, abs=0.05)
+    # the run's own sweep (measured, no profiler): 2.38 and 55.82 ms per verify step at 131,072 tokens
+    assert p["unprofiled_step_ms"] == pytest.approx(2.38, abs=0.01)
+    assert p["gpu_busy_pct_of_unprofiled_step"] == pytest.approx(25.5, abs=0.3)
+    assert s["unprofiled_step_ms"] == pytest.approx(55.82, abs=0.01)
+    assert s["gpu_busy_pct_of_unprofiled_step"] == pytest.approx(90.7, abs=0.3)

@@ -12,7 +12,7 @@ the median of ``gpu_busy_ms / wall_ms`` per step, and the kernel class with the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
@@ -112,6 +112,22 @@ def step_summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                   "largest_class_ms": by_class[largest]}
 
 
+def unprofiled_step_ms(sweep_rows: Sequence[Mapping[str, Any]], context_tokens: int | None) -> float | None:
+    """The median ``step_ms`` of the sweep's error-free rows at ``context_tokens`` (01's measurement, without
+    the profiler); None when the sweep has none there."""
+    got = [float(r["step_ms"]) for r in sweep_rows if context_tokens and r.get("context_tokens") == context_tokens
+           and not r.get("error") and r.get("step_ms")]
+    return quantile(got, 0.5) if got else None
+
+
+def with_unprofiled(summary: Mapping[str, Any], step_ms: float | None) -> dict[str, Any]:
+    """``summary`` with the unprofiled step time and the share of it the traced GPU work would fill (an
+    estimate: the profiler stretches the CPU side, not the kernels)."""
+    busy = summary.get("gpu_busy_ms")
+    return {**summary, "unprofiled_step_ms": step_ms,
+            "gpu_busy_pct_of_unprofiled_step": 100.0 * busy / step_ms if step_ms and busy is not None else None}
+
+
 def summary_line(summary: Mapping[str, Any]) -> str:
     """One sentence per trace for the page."""
     where = f"{summary['arm']}, {context_label(summary.get('context_tokens'))}"
@@ -121,7 +137,10 @@ def summary_line(summary: Mapping[str, Any]) -> str:
                if summary.get("largest_class") else "no GPU op in the counted steps")
     return (f"{where}: GPU busy {summary['gpu_busy_pct']:.1f} % of the step's wall time (median over "
             f"{summary['steps_counted']} complete steps; median step {summary['wall_ms']:.2f} ms, GPU busy "
-            f"{summary['gpu_busy_ms']:.3f} ms); {largest} (computed from the trace)")
+            f"{summary['gpu_busy_ms']:.3f} ms); {largest} (computed from the trace)"
+            + (f". Without the profiler the sweep measured {summary['unprofiled_step_ms']:.2f} ms per verify step at "
+               f"this context (sweep.jsonl): the same GPU work would fill {summary['gpu_busy_pct_of_unprofiled_step']:.0f} "
+               "% of it (computed)" if summary.get("gpu_busy_pct_of_unprofiled_step") is not None else ""))
 
 
 def context_label(context_tokens: int | None) -> str:
@@ -185,12 +204,18 @@ def run_timelines(run: Run, n_steps: int = 3) -> tuple[list[TraceTimeline], list
     """Every trace of the run as a timeline, and lines saying what could not be drawn and why."""
     refs, missing = find_traces(run)
     notes = [f"step_profile.jsonl names {m} but profiles/{m} is not in {run.path.name}" for m in missing]
+    run_arm = str((run.meta.get("arm") or {}).get("name") or "")
+    sweep = run.rows("sweep")
     out = []
     for ref in refs:
         try:
-            out.append(build_timeline(tt.load_trace(ref.path), ref, n_steps))
+            tl = build_timeline(tt.load_trace(ref.path), ref, n_steps)
         except tt.TraceError as exc:
             notes.append(f"{ref.path.name}: not drawn: {exc}")
+            continue
+        same_server = not run_arm or run_arm == ref.arm  # the sweep measured the run's own arm
+        step_ms = unprofiled_step_ms(sweep, ref.context_tokens) if same_server else None
+        out.append(replace(tl, summary=with_unprofiled(tl.summary, step_ms)))
     return out, notes
 
 
@@ -253,7 +278,8 @@ def trace_findings(summaries: Sequence[Mapping[str, Any]], idle_below_pct: float
               f"trace {s['trace_file']}; steps cut at the marker call, GPU ops counted in the step that launched them "
               "(specdiag.telemetry.torch_trace)")
         numbers = {k: s.get(k) for k in ("context_tokens", "steps_counted", "wall_ms", "gpu_busy_ms", "gpu_busy_pct",
-                                         "largest_class", "largest_class_ms")}
+                                         "largest_class", "largest_class_ms", "unprofiled_step_ms",
+                                         "gpu_busy_pct_of_unprofiled_step")}
         if busy < idle_below_pct:
             out.append(Finding(f"utilization.trace_gpu_idle.{key}", f"Traced decode step, {where}: the GPU idles",
                                f"The GPU ran kernels for {busy:.0f} % of the traced step; the other "
