@@ -47,7 +47,8 @@ def test_replays_the_recorded_h200_run(run_notebook: Callable[..., Path], tmp_pa
     predicted 0.14 %), so a change in how the library cuts phases or takes medians fails here."""
     assert (H200_RUN / "run.json").exists(), f"the recorded H200 run is missing at {H200_RUN}"
     run_dir = tmp_path / "replay"
-    run_notebook("02_gpu_utilization", replay_dir=str(H200_RUN), run_dir=str(run_dir))
+    executed = run_notebook("02_gpu_utilization", replay_dir=str(H200_RUN), run_dir=str(run_dir))
+    assert "no torch profiler traces in data/reference/h200-embedded-utilization" in executed.read_text()
     out = result(run_dir)
     m = out["metrics"]
     assert m["telemetry_source"] == "nvml" and m["device_name"] == "NVIDIA H200"
@@ -62,6 +63,7 @@ def test_replays_the_recorded_h200_run(run_notebook: Callable[..., Path], tmp_pa
     assert m["decode_dram_bw_util_pct_median"] == pytest.approx(0.4644, abs=1e-4)
     assert m["predicted_bw_util_pct"] == pytest.approx(0.1413, abs=1e-4)
     assert m["decode_cpu_util_pct_median"] is None
+    assert m["telemetry_recorded"] is True and m["trace_timelines"] == []  # no profiles/: one line says so
     severities = {f["id"]: f["severity"] for f in out["findings"]}
     assert severities == {"utilization.decode_gpu_idle": "warning", "utilization.decode_bandwidth": "warning"}
 
