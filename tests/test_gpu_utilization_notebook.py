@@ -47,7 +47,8 @@ def test_replays_the_recorded_h200_run(run_notebook: Callable[..., Path], tmp_pa
     predicted 0.14 %), so a change in how the library cuts phases or takes medians fails here."""
     assert (H200_RUN / "run.json").exists(), f"the recorded H200 run is missing at {H200_RUN}"
     run_dir = tmp_path / "replay"
-    run_notebook("02_gpu_utilization", replay_dir=str(H200_RUN), run_dir=str(run_dir))
+    executed = run_notebook("02_gpu_utilization", replay_dir=str(H200_RUN), run_dir=str(run_dir))
+    assert "no torch profiler traces in data/reference/h200-embedded-utilization" in executed.read_text()
     out = result(run_dir)
     m = out["metrics"]
     assert m["telemetry_source"] == "nvml" and m["device_name"] == "NVIDIA H200"
@@ -62,5 +63,66 @@ def test_replays_the_recorded_h200_run(run_notebook: Callable[..., Path], tmp_pa
     assert m["decode_dram_bw_util_pct_median"] == pytest.approx(0.4644, abs=1e-4)
     assert m["predicted_bw_util_pct"] == pytest.approx(0.1413, abs=1e-4)
     assert m["decode_cpu_util_pct_median"] is None
+    assert m["telemetry_recorded"] is True and m["trace_timelines"] == []  # no profiles/: one line says so
     severities = {f["id"]: f["severity"] for f in out["findings"]}
     assert severities == {"utilization.decode_gpu_idle": "warning", "utilization.decode_bandwidth": "warning"}
+
+
+S3 = REFERENCE_DIR / "h200-sglang-mla-s3-plugin"
+
+
+@pytest.mark.notebook
+def test_replays_a_run_with_traces_and_no_telemetry(run_notebook: Callable[..., Path], tmp_path: Path) -> None:
+    """The s3 plugin run has no NVML telemetry, only torch profiler traces: 02 says what is missing and draws the
+    traces. Pinned to what the committed traces give (computed by torch_trace): at 131,072 tokens the plugin's
+    traced step is 5.14 ms with 0.607 ms of GPU work, 11.8 % busy (median of 11 complete steps)."""
+    run_dir = tmp_path / "s3"
+    out_nb = run_notebook("02_gpu_utilization", replay_dir=str(S3), run_dir=str(run_dir), trace_steps=4)
+    out = result(run_dir)
+    m = out["metrics"]
+    assert m["telemetry_recorded"] is False and m["telemetry_source"] is None and m["decode_gpu_util_pct_median"] is None
+    traces = {t["context_tokens"]: t for t in m["trace_timelines"]}
+    assert sorted(traces) == [1024, 131072] and {t["arm"] for t in traces.values()} == {"plugin"}
+    long = traces[131072]
+    assert long["gpu_busy_pct"] < 20 and long["gpu_busy_pct"] == pytest.approx(11.82, abs=0.1)
+    assert long["wall_ms"] == pytest.approx(5.142, abs=0.005) and long["gpu_busy_ms"] == pytest.approx(0.607, abs=0.002)
+    assert long["largest_class"] == "attn_specdiag_splitkv" and long["steps_drawn"] == [0, 1, 2, 3]
+    assert traces[1024]["gpu_busy_pct"] == pytest.approx(5.21, abs=0.1)
+    assert long["unprofiled_step_ms"] == pytest.approx(2.38, abs=0.01)  # the run's sweep, measured without profiler
+    severities = {f["id"]: f["severity"] for f in out["findings"]}
+    assert severities == {"utilization.trace_gpu_idle.plugin-1024": "warning",
+                          "utilization.trace_gpu_idle.plugin-131072": "warning"}
+    text = out_nb.read_text()
+    assert "has no sampled telemetry" in text and text.count("image/png") >= 2  # the two timelines were drawn
+
+
+@pytest.mark.notebook
+def test_stock_trace_is_busy_and_the_page_is_offline(tmp_path: Path) -> None:
+    """`make replay` on the stock arm: 02 is not skipped for lack of telemetry, its page renders with no network
+    reference, and stock's traced 131,072-token step is GPU-bound: 87.2 % busy, 50.3 ms of SGLang's Triton kernel."""
+    from specdiag import report
+
+    out = tmp_path / "stock"
+    assert report.main(["replay", "--run", str(REFERENCE_DIR / "h200-sglang-mla-s3-stock"), "--run-dir", str(out),
+                        "--notebooks", "02_gpu_utilization"]) == 0
+    m = result(out)["metrics"]
+    (stock,) = m["trace_timelines"]
+    assert (stock["arm"], stock["context_tokens"]) == ("stock", 131072)
+    assert stock["gpu_busy_pct"] > 80 and stock["gpu_busy_pct"] == pytest.approx(87.2, abs=0.2)
+    assert stock["largest_class"] == "attn_sglang_triton" and stock["largest_class_ms"] == pytest.approx(50.29, abs=0.05)
+    page = out / "html" / "02_gpu_utilization.html"
+    assert report.network_references(page.read_text(encoding="utf-8")) == []
+    assert report.main(["check-offline", str(page)]) == 0
+
+
+def test_replay_skips_02_only_without_telemetry_and_traces(tmp_path: Path) -> None:
+    from specdiag.report import REPLAY_NEEDS, replay_need_met
+
+    (need,) = REPLAY_NEEDS["02_gpu_utilization"]
+    assert replay_need_met(Run.open(S3), need) and replay_need_met(Run.open(H200_RUN), need)
+    bare = Run.create(tmp_path / "bare")
+    assert not replay_need_met(bare, need)
+    (bare.path / "profiles").mkdir()
+    assert not replay_need_met(bare, need)  # an empty folder is no trace
+    (bare.path / "profiles" / "x.trace.json.gz").write_bytes(b"")
+    assert replay_need_met(bare, need)

@@ -40,11 +40,12 @@ TEMPLATE_NAME = "specdiag_offline"
 LOCAL_STATE_DIR = PROJECT_ROOT / ".jupyter-local"
 
 #: Tables a recorded run must hold for a notebook to replay it; None: the notebook never replays.
-#: Notebooks not listed replay whenever they are asked to.
+#: Notebooks not listed replay whenever they are asked to. "a|b" is met by either; a name ending in "/" is a
+#: folder of the run that must hold a file (02 draws the torch profiler traces in profiles/ without telemetry).
 REPLAY_NEEDS: dict[str, tuple[str, ...] | None] = {
     "00_snapshot": (),
     "01_baseline_sweep": ("sweep",),
-    "02_gpu_utilization": ("telemetry",),
+    "02_gpu_utilization": ("telemetry|step_profile|profiles/",),
     "03_drafter_inspection": (),
     "04_commit_probe": ("commit_probe",),
     "05_bandwidth_analysis": ("sweep",),
@@ -431,6 +432,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     return finish(run, results)
 
 
+def replay_need_met(source: Run, need: str) -> bool:
+    """Whether the recorded run holds one of ``need``'s alternatives (see :data:`REPLAY_NEEDS`)."""
+    for alt in need.split("|"):
+        if alt.endswith("/"):
+            folder = source.path / alt.rstrip("/")
+            if folder.is_dir() and any(p.is_file() for p in folder.iterdir()):
+                return True
+        elif source.rows(alt):
+            return True
+    return False
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
     apply_local_jupyter_env()
     source = Run.open(args.run)
@@ -440,9 +453,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
         needs = REPLAY_NEEDS.get(nb_name, ())
         if needs is None:
             continue
-        missing = [t for t in needs if not source.rows(t)]
+        missing = [t for t in needs if not replay_need_met(source, t)]
         if missing and not args.notebooks:
-            print(f"[specdiag] {nb_name}: skipped ({source.path.name} has no {', '.join(missing)} rows)")
+            print(f"[specdiag] {nb_name}: skipped ({source.path.name} has no {', '.join(m.replace('|', ' or ') for m in missing)} rows)")
             continue
         notebooks.append(nb_name)
     run = Run.create(args.run_dir or RUNS_DIR / new_run_id(f"replay-{source.path.name}"))

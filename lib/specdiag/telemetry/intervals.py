@@ -40,3 +40,30 @@ def shared_by_label_us(intervals: Iterable[tuple[float, float, str]]) -> dict[st
         n_active += delta
         last = t
     return out
+
+
+def innermost_segments(intervals: Iterable[tuple[float, float, str]]) -> list[tuple[float, float, str]]:
+    """Flatten nested labelled intervals into one lane: ``(start, end, label)`` pieces that do not overlap,
+    each moment given to the innermost interval covering it (the one that started last; on a tie the one
+    that ends first). Calls on one thread nest, so this says which call the thread was in at each moment.
+    Adjacent pieces of the same label are merged; moments no interval covers are left out."""
+    items = [(s, e, label) for s, e, label in intervals if e > s]
+    edges = sorted({t for s, e, _ in items for t in (s, e)})
+    by_start = sorted(range(len(items)), key=lambda i: items[i][0])
+    out: list[tuple[float, float, str]] = []
+    active: set[int] = set()
+    nxt = 0
+    for a, b in zip(edges, edges[1:]):
+        while nxt < len(by_start) and items[by_start[nxt]][0] <= a:
+            active.add(by_start[nxt])
+            nxt += 1
+        active = {i for i in active if items[i][1] > a}
+        if not active:
+            continue
+        inner = max(active, key=lambda i: (items[i][0], -items[i][1], i))
+        label = items[inner][2]
+        if out and out[-1][1] == a and out[-1][2] == label:
+            out[-1] = (out[-1][0], b, label)
+        else:
+            out.append((a, b, label))
+    return out

@@ -256,6 +256,18 @@ def _step_of(windows: Sequence[StepWindow], starts: Sequence[float], t: float) -
     return i if i >= 0 and t < windows[i].end_us else None
 
 
+def phase_calls(calls: Sequence[PyCall], cpu_phases: Sequence[tuple[str, str]] = tt.CPU_PHASES) -> dict[str, list[PyCall]]:
+    """The calls of each CPU phase (``(name, regex)`` pairs, searched in the call's name), in the order of
+    ``calls``; every phase has a key, [] when none of its calls is in the trace."""
+    names = {c.name for c in calls}  # a trace repeats few names many times: match each name once
+    out = {}
+    for phase, pattern in cpu_phases:
+        rx = re.compile(pattern)
+        hits = {n for n in names if rx.search(n)}
+        out[phase] = [c for c in calls if c.name in hits]
+    return out
+
+
 def class_names(kernel_classes: Sequence[tuple[str, str]] = tt.KERNEL_CLASSES) -> list[str]:
     """Every GPU op class in table order: the name table's, memcpy and memset, then 'other'."""
     return [c for c, _ in kernel_classes] + sorted(set(tt.CATEGORY_CLASSES.values())) + [tt.OTHER_CLASS]
@@ -264,10 +276,13 @@ def class_names(kernel_classes: Sequence[tuple[str, str]] = tt.KERNEL_CLASSES) -
 def step_breakdown(events: Sequence[Mapping[str, Any]], marker: str | None = None,
                    kernel_classes: Sequence[tuple[str, str]] = tt.KERNEL_CLASSES,
                    cpu_phases: Sequence[tuple[str, str]] = tt.CPU_PHASES,
-                   verify_pattern: str = tt.VERIFY_STEP_PATTERN) -> list[dict[str, Any]]:
-    """One row per step: wall, GPU busy/idle, GPU ms per kernel class, CPU ms per phase, graph launches."""
-    ops = gpu_ops(events, kernel_classes)
-    calls = python_calls(events)
+                   verify_pattern: str = tt.VERIFY_STEP_PATTERN, ops: Sequence[GpuOp] | None = None,
+                   calls: Sequence[PyCall] | None = None) -> list[dict[str, Any]]:
+    """One row per step: wall, GPU busy/idle, GPU ms per kernel class, CPU ms per phase, graph launches.
+    ``ops`` and ``calls``, when given, are the trace's :func:`gpu_ops` (classed with ``kernel_classes``) and
+    :func:`python_calls` (saves reading them again)."""
+    ops = gpu_ops(events, kernel_classes) if ops is None else ops
+    calls = python_calls(events) if calls is None else calls
     steps = step_windows(events, marker, ops, calls)
     windows = steps.windows
     starts = [w.start_us for w in windows]
@@ -279,16 +294,8 @@ def step_breakdown(events: Sequence[Mapping[str, Any]], marker: str | None = Non
     graph_rx = re.compile(tt.GRAPH_LAUNCH_PATTERN)
     graph_launch_us = sorted(float(e["ts"]) for e in _complete(events, LAUNCH_CATEGORIES)
                              if graph_rx.search(str(e.get("name", ""))))
-    phase_rx = [(name, re.compile(p)) for name, p in cpu_phases]
-    verify_rx = re.compile(verify_pattern)
-    names = {c.name for c in calls}  # a trace repeats few names many times: match each name once
-
-    def matching(rx: re.Pattern[str]) -> list[PyCall]:
-        hits = {n for n in names if rx.search(n)}
-        return [c for c in calls if c.name in hits]
-
-    phase_calls = {name: matching(rx) for name, rx in phase_rx}
-    verify_starts = [c.start_us for c in matching(verify_rx)]  # sorted, as calls are
+    by_phase = phase_calls(calls, cpu_phases)
+    verify_starts = [c.start_us for c in phase_calls(calls, [("verify", verify_pattern)])["verify"]]  # sorted
     classes = class_names(kernel_classes)
     rows = []
     for w, step_ops in zip(windows, ops_of):
@@ -308,8 +315,8 @@ def step_breakdown(events: Sequence[Mapping[str, Any]], marker: str | None = Non
                                - bisect.bisect_left(graph_launch_us, w.start_us)),
         }
         row.update({f"gpu_{c}_ms": split.get(c, 0.0) / 1e3 for c in classes})
-        for name, _ in phase_rx:
-            row[f"cpu_{name}_ms"] = union_us((c.start_us, c.end_us) for c in phase_calls[name]
+        for name, _ in cpu_phases:
+            row[f"cpu_{name}_ms"] = union_us((c.start_us, c.end_us) for c in by_phase[name]
                                              if w.start_us <= c.start_us < w.end_us) / 1e3
         rows.append(row)
     for r in rows:
