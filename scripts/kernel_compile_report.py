@@ -8,6 +8,9 @@ Compiles ``triton_fused._fused_kernel`` (bf16 or fp8 KV, bf16 partials) and ``tr
 conversions, and the buffers allocated for them; ``ptxas -v`` gives registers and spill bytes.
 
     python scripts/kernel_compile_report.py            # the default configurations of 16-row and 64-row tiles
+
+Under 64 rows the fp8 kernel is compiled in its scores-as-K-Q^T form (FP8_KQ, run 5); the merge loops with the
+pipeline depth the kernel uses (splitkv_plan.merge_stages) unless ``merge_stages_n`` is given.
 """
 
 from __future__ import annotations
@@ -50,7 +53,8 @@ def _first_loop(ttgir: str) -> str:
     return ttgir[start:end]
 
 
-def compile_report(kernel: str, kv: str, block_m: int, block_n: int, num_warps: int, num_stages: int) -> CompiledReport:
+def compile_report(kernel: str, kv: str, block_m: int, block_n: int, num_warps: int, num_stages: int,
+                   merge_stages_n: int | None = None) -> CompiledReport:
     import triton  # noqa: PLC0415
     from triton.backends.compiler import GPUTarget  # noqa: PLC0415
     from triton.backends.nvidia.compiler import get_ptxas  # noqa: PLC0415
@@ -60,12 +64,14 @@ def compile_report(kernel: str, kv: str, block_m: int, block_n: int, num_warps: 
         raise ValueError(f"kernel must be fused (bf16 or fp8 KV) or split (bf16 KV); got {kernel!r}, {kv!r}")
     if kernel == "fused":
         from specdiag.kernels.triton_fused import _fused_kernel as fn  # noqa: PLC0415
+        from specdiag.kernels.triton_fused import merge_stages  # noqa: PLC0415
 
         ptr = {"Q": "*bf16", "KV": "*fp8e4nv" if kv == "fp8" else "*bf16", "TOKEN_TABLE": "*i64", "BLOCK_TABLE": "*i32",
                "MASK": "*u8", "O_PART": "*bf16", "LSE_PART": "*fp32", "G_PART": "*fp32", "G_LSE": "*fp32",
                "COUNTER": "*i32", "OUT": "*bf16"}
         const = {"PAGE_SIZE": 1, "BLOCK_M": block_m, "BLOCK_N": block_n, "D_NOPE": 512, "D_PE": 64,
-                 "KV_FP8": kv == "fp8", "DIRECT": False, "GROUP": 16}
+                 "KV_FP8": kv == "fp8", "FP8_KQ": kv == "fp8" and block_m < 64, "DIRECT": False, "GROUP": 16,
+                 "MERGE_STAGES": merge_stages(block_m) if merge_stages_n is None else merge_stages_n, "SELF_MERGE": True}
     else:
         from specdiag.kernels.triton_splitkv import _split_partial_kernel as fn  # noqa: PLC0415
 
@@ -104,6 +110,8 @@ def compile_report(kernel: str, kv: str, block_m: int, block_n: int, num_warps: 
 
 #: (block_m, block_n, num_warps, num_stages): splitkv_plan.default_config for <= 16 rows and for 33-128 rows.
 DEFAULT_TILES = ((16, 64, 4, 2), (64, 64, 8, 3))
+#: the fp8 tiles default_fused_config(rows, kv_fp8=True) picks for the same rows (run 5; run 4 ran the tiles above)
+FP8_TILES = ((16, 32, 4, 3), (64, 64, 8, 5))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,9 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.parse_args(argv)
     cols = list(CompiledReport.__dataclass_fields__)
     print("\t".join(cols))
-    for tile in DEFAULT_TILES:
-        for kernel, kv in (("split", "bf16"), ("fused", "bf16"), ("fused", "fp8")):
-            r = compile_report(kernel, kv, *tile)
+    for tile, fp8_tile in zip(DEFAULT_TILES, FP8_TILES):
+        for kernel, kv, t in (("split", "bf16", tile), ("fused", "bf16", tile), ("fused", "fp8", tile),
+                              ("fused", "fp8", fp8_tile)):
+            r = compile_report(kernel, kv, *t)
             print("\t".join(str(v) for v in asdict(r).values()), flush=True)
     return 0
 

@@ -41,10 +41,14 @@ cases = [(VerifyShape(150, 2, 4, "shuffled_b64"), 1, False, False), (VerifyShape
          (VerifyShape(100, 3, 8, "shuffled_p1"), 1, True, False), (VerifyShape(130, 2, 5, "shuffled_b64"), 64, True, False),
          (VerifyShape(40, 2, 1, "contiguous"), 1, False, False), (VerifyShape(200, 2, 6, "contiguous"), 1, False, True),
          (VerifyShape(700, 2, 3, "shuffled_b64"), 64, False, False), (VerifyShape(700, 2, 3, "shuffled_p1"), 1, True, False)]
-for partial_half, group in ((True, 2), (False, 16), (True, 3)):
-    cfg = SplitKVConfig(block_m=16, block_n=16, num_warps=4, num_stages=1, programs_per_sm=1.0, min_split_tokens=64,
+# (bf16 partials, merge group, row tile, merge): the self-merge at one and two levels, run 2's merge kernel as the
+# second launch (merge "kernel", and "auto" at 64-row tiles), the fp8 K-Q^T form (row tiles under 64) and the other
+runs = [(True, 2, 16, "auto"), (False, 16, 16, "self"), (True, 3, 16, "auto"), (True, 2, 16, "kernel"),
+        (True, 2, 64, "self"), (True, 16, 64, "auto")]
+for partial_half, group, block_m, merge in runs:
+    cfg = SplitKVConfig(block_m=block_m, block_n=16, num_warps=4, num_stages=1, programs_per_sm=1.0, min_split_tokens=64,
                         partial_bf16=partial_half)
-    for shape, page, fp8, chain in cases:
+    for shape, page, fp8, chain in (cases if block_m == 16 else cases[2:4] + cases[6:]):
         x = make_inputs(shape, seed=shape.context_tokens)
         if chain:
             x.mask = tree_mask(shape.draft_tokens, torch.Generator(), chain=True); x.__post_init__()
@@ -53,11 +57,23 @@ for partial_half, group in ((True, 2), (False, 16), (True, 3)):
         ref = reference_verify(dequantized(x) if fp8 else x)
         y = fp16(x)
         out = torch.full((y.draft_tokens, y.heads, 512), float("nan"), dtype=torch.float16)
-        fused_split_kv_triton(y, out, page_size=page, cfg=cfg, num_sms=16, kv_fp8=fp8, merge_group=group)
+        fused_split_kv_triton(y, out, page_size=page, cfg=cfg, num_sms=16, kv_fp8=fp8, merge_group=group, merge=merge)
         err = relative_error(out, ref)
-        print(shape, page, fp8, chain, partial_half, group, err)
+        print(shape, page, fp8, chain, partial_half, group, block_m, merge, err)
         assert not torch.isnan(out).any(), "unwritten rows"
         assert err < 5e-3, err
+        assert all(int(c.abs().sum()) == 0 for c in _COUNTERS.values()), "counters not reset"
+# the default configurations (fp8: 32-token tiles, 3 stages under 64 rows; 5 stages at 64 rows), 128 SMs' worth of
+# splits: 16 rows get 24 splits, a two-level self-merge in 2 groups; 64 rows the two-launch merge
+for shape in (VerifyShape(3000, 8, 2, "shuffled_b64"), VerifyShape(1500, 8, 8, "shuffled_b64")):
+    x = with_fp8_cache(make_inputs(shape, seed=3))
+    for fp8, page in ((False, 1), (True, 1), (True, 64)):
+        ref = reference_verify(dequantized(x) if fp8 else x)
+        out = torch.full((x.draft_tokens, x.heads, 512), float("nan"), dtype=torch.float16)
+        fused_split_kv_triton(fp16(x), out, page_size=page, num_sms=132, kv_fp8=fp8)
+        err = relative_error(out, ref)
+        print(shape, page, fp8, "default config", err)
+        assert not torch.isnan(out).any() and err < 5e-3, err
         assert all(int(c.abs().sum()) == 0 for c in _COUNTERS.values()), "counters not reset"
 print("ok")
 """
@@ -118,12 +134,15 @@ def test_harness_rows_for_fused_and_fp8(tmp_path):
 # offline with Triton 3.6.0 for sm_90 (GPUTarget("cuda", 90, 32); pointers, tokens_per_split and stride_kv marked
 # divisible by 16; bf16 partials), 2026-11-30, by compile_shared() below.
 COMPILED_FUSED = {
-    (16, 64, 4, 2, 1, False): 94208, (16, 64, 4, 2, 1, True): 71680, (16, 64, 4, 2, 64, True): 71680,
-    (32, 64, 4, 2, 1, False): 114688, (32, 64, 4, 2, 1, True): 90112, (64, 64, 8, 3, 1, True): 185344,
+    (16, 64, 4, 2, 1, False): 94208, (16, 64, 4, 2, 1, True): 108544, (16, 64, 4, 2, 64, True): 108544,
+    (32, 64, 4, 2, 1, False): 114688, (32, 64, 4, 2, 1, True): 147456, (64, 64, 8, 3, 1, True): 185344,
     (64, 64, 8, 3, 64, False): 229888, (64, 64, 8, 2, 1, False): 229376, (64, 64, 8, 2, 1, True): 184320,
     (64, 64, 8, 3, 1, False): 230400, (64, 64, 8, 1, 1, False): 147456, (64, 32, 8, 3, 1, False): 156160,
-    (64, 32, 8, 3, 1, True): 133632, (64, 32, 8, 2, 1, False): 155648, (16, 32, 4, 3, 1, False): 57856,
-    (32, 32, 4, 3, 1, False): 78336, (64, 64, 8, 4, 1, False): 230400, (16, 16, 4, 1, 1, False): 51200,
+    (64, 32, 8, 3, 1, True): 133632, (64, 32, 8, 2, 1, False): 155648, (16, 32, 4, 3, 1, False): 65792,
+    (32, 32, 4, 3, 1, False): 78336, (64, 64, 8, 4, 1, False): 230400, (16, 16, 4, 1, 1, False): 65792,
+    # run 5's fp8 defaults (default_fused_config(rows, kv_fp8=True))
+    (16, 32, 4, 3, 1, True): 73216, (16, 32, 4, 3, 64, True): 72708, (32, 32, 4, 3, 1, True): 111104,
+    (64, 64, 8, 5, 1, True): 223232, (64, 64, 8, 5, 64, True): 222720,
 }
 
 
@@ -139,8 +158,10 @@ def compile_shared(bm, bn, warps, stages, page=1, fp8=False):
     ptr = {"Q": "*bf16", "KV": "*fp8e4nv" if fp8 else "*bf16", "TOKEN_TABLE": "*i64", "BLOCK_TABLE": "*i32",
            "MASK": "*u8", "O_PART": "*bf16", "LSE_PART": "*fp32", "G_PART": "*fp32", "G_LSE": "*fp32",
            "COUNTER": "*i32", "OUT": "*bf16"}
-    const = {"PAGE_SIZE": page, "BLOCK_M": bm, "BLOCK_N": bn, "D_NOPE": 512, "D_PE": 64, "KV_FP8": fp8, "DIRECT": False,
-             "GROUP": 16}
+    from specdiag.kernels.triton_fused import merge_stages  # noqa: PLC0415
+
+    const = {"PAGE_SIZE": page, "BLOCK_M": bm, "BLOCK_N": bn, "D_NOPE": 512, "D_PE": 64, "KV_FP8": fp8,
+             "FP8_KQ": fp8 and bm < 64, "DIRECT": False, "GROUP": 16, "MERGE_STAGES": merge_stages(bm), "SELF_MERGE": True}
     sig = {n: "constexpr" if n in const else ptr.get(n, "fp32" if n in ("qk_scale", "v_scale") else "i32") for n in names}
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in [*ptr, "tokens_per_split", "stride_kv"]}
     k = triton.compile(ASTSource(_fused_kernel, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
@@ -164,12 +185,12 @@ def test_fused_defaults_fit_the_h200():
     from specdiag.kernels.splitkv_plan import SHARED_LIMIT_SM90, default_fused_config, fused_shared_bytes  # noqa: PLC0415
 
     for rows in (8, 16, 32, 64, 128, 512, 8192):
-        for kv_bytes in (2, 1):
-            assert fused_shared_bytes(default_fused_config(rows), kv_bytes) <= SHARED_LIMIT_SM90
+        for kv_fp8 in (False, True):
+            assert fused_shared_bytes(default_fused_config(rows, kv_fp8), 1 if kv_fp8 else 2) <= SHARED_LIMIT_SM90
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed here")
-@pytest.mark.parametrize("key", [(64, 64, 8, 3, 1, False), (16, 64, 4, 2, 1, True), (64, 32, 8, 3, 1, True)])
+@pytest.mark.parametrize("key", [(64, 64, 8, 3, 1, False), (16, 32, 4, 3, 1, True), (64, 64, 8, 5, 1, True)])
 def test_compiled_table_is_current(key):
     """The kernel as committed still compiles for sm_90 to the recorded shared memory (a changed kernel fails here)."""
     assert compile_shared(*key) == COMPILED_FUSED[key]

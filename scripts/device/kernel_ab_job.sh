@@ -14,13 +14,21 @@
 # importance, each on shuffled_p1 and shuffled_b64: 128k h8T1, h16T1, h8T8; 256k and 64k of the same; 128k
 # h16T16, h16T64, h128T8. Kernels: split_p1/split_b64 (run 2's two launches), fused_p1/fused_b64 (one launch),
 # fused_fp8_p1/fused_fp8_b64, sglang_splitkv_p1. The harness stops starting cases at BUDGET - 45 s.
-# First a gate of at most 45 s: tests/test_kernels_gpu.py -k fused (the fused kernels vs the reference, twice each).
+# First a gate of at most GATE_S s (default 45): tests/test_kernels_gpu.py -k "$GATE_K" (default: fused, the fused
+# kernels vs the reference, twice each; run 4's 45 s passed 2 of its 6 tests, the rest went to Triton compiles).
+# Run 5 (docs/kernel-notes.md "Run 5 (planned)") narrows the call with KERNELS, LAYOUTS, CASES, GATE_S, GATE_K and
+# SGLANG_ANCHOR=0 (run 4's defaults otherwise).
 # $OUT receives (at most 8 files): kernel-ab.tar.gz (the run folder: run.json, kernel_ab.jsonl,
 # kernel_ab_copy.jsonl, harness.log), job.log, env.txt, gpu-tests.log, targets.txt (also printed last).
 set -uo pipefail
 OUT=${OUT:?set OUT to the folder to write results to}
 BUDGET=${BUDGET:-240}
 FLASHINFER=${FLASHINFER:-0}
+SGLANG_ANCHOR=${SGLANG_ANCHOR:-1}
+GATE_S=${GATE_S:-45}
+GATE_K=${GATE_K:-fused}
+KERNELS=${KERNELS:-split_p1,split_b64,fused_p1,fused_b64,fused_fp8_p1,fused_fp8_b64}
+LAYOUTS=${LAYOUTS:-shuffled_p1,shuffled_b64}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/lib${PYTHONPATH:+:$PYTHONPATH}
 run_dir=/tmp/kernel-ab-issue13
 rm -rf "$run_dir"
@@ -35,19 +43,21 @@ t0=$(date +%s)
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
-# a gate of at most 45 s: the fused kernels on odd shapes, twice each (counters reset), bf16 and fp8
-timeout 45 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels_gpu.py -k fused > "$OUT/gpu-tests.log" 2>&1
-echo "exit $?" >> "$OUT/gpu-tests.log"
+# a gate of at most GATE_S s: the fused kernels on odd shapes, twice each (counters reset), bf16 and fp8
+echo "[kernel-ab-job] gate: timeout $GATE_S pytest -k \"$GATE_K\"" > "$OUT/gpu-tests.log"
+timeout "$GATE_S" python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels_gpu.py -k "$GATE_K" >> "$OUT/gpu-tests.log" 2>&1
+echo "exit $? after $(( $(date +%s) - t0 )) s" >> "$OUT/gpu-tests.log"
 tail -3 "$OUT/gpu-tests.log"
 
-extra=(--sglang-anchor)
+extra=()
+if [ "$SGLANG_ANCHOR" = 1 ]; then extra+=(--sglang-anchor); fi
 if [ "$FLASHINFER" = 1 ] && python3 -c "import flashinfer" 2>/dev/null; then extra+=(--flashinfer); fi
 cases=${CASES:-131072:8:1,131072:16:1,131072:8:8,262144:8:1,262144:16:1,262144:8:8,65536:8:1,65536:16:1,65536:8:8,131072:16:16,131072:16:64,131072:128:8}
 left=$(( BUDGET - ($(date +%s) - t0) ))
 minutes=$(python3 -c "print(max(0.5, ($left - 45) / 60))")
 echo "[kernel-ab-job] harness: $left s left, stops starting cases after $minutes min" | tee "$OUT/job.log"
-timeout $(( left - 10 )) python3 -m specdiag.kernels.harness --out "$run_dir" --grid full --layouts shuffled_p1,shuffled_b64 \
-  --cases "$cases" --chain --kernels split_p1,split_b64,fused_p1,fused_b64,fused_fp8_p1,fused_fp8_b64 "${extra[@]}" \
+timeout $(( left - 10 )) python3 -m specdiag.kernels.harness --out "$run_dir" --grid full --layouts "$LAYOUTS" \
+  --cases "$cases" --chain --kernels "$KERNELS" ${extra[@]+"${extra[@]}"} \
   --max-minutes "$minutes" > "$run_dir.log" 2>&1
 rc=$?
 echo "[kernel-ab-job] harness exit $rc after $(( $(date +%s) - t0 )) s" | tee -a "$OUT/job.log"

@@ -21,9 +21,11 @@ TABLE = "kernel_ab"
 TUNING_TABLE = "kernel_ab_tuning"  #: written by specdiag.kernels.tuning
 #: which kernel variants run on each layout (a block table exists only for 64-token layouts)
 VARIANTS_BY_LAYOUT: dict[str, tuple[str, ...]] = {
-    "contiguous": ("baseline_p1", "split_p1", "split_b64", "fused_p1", "fused_b64", "fused_fp8_p1", "fused_fp8_b64"),
-    "shuffled_p1": ("baseline_p1", "split_p1", "fused_p1", "fused_fp8_p1"),
-    "shuffled_b64": ("baseline_p1", "split_p1", "split_b64", "fused_p1", "fused_b64", "fused_fp8_p1", "fused_fp8_b64"),
+    "contiguous": ("baseline_p1", "split_p1", "split_b64", "fused_p1", "fused_b64", "fused_fp8_p1", "fused_fp8_b64",
+                   "fused_self_p1"),
+    "shuffled_p1": ("baseline_p1", "split_p1", "fused_p1", "fused_fp8_p1", "fused_self_p1"),
+    "shuffled_b64": ("baseline_p1", "split_p1", "split_b64", "fused_p1", "fused_b64", "fused_fp8_p1", "fused_fp8_b64",
+                     "fused_self_p1"),
 }
 FP8_TOL = 0.1  #: largest accepted relative error of an fp8-KV kernel vs the fp32 reference of the bf16 cache
 
@@ -172,11 +174,16 @@ def plan_fields(name: str, shape: VerifyShape, config: Any, device: torch.device
         return {"programs": grid_programs(shape.heads, shape.draft_tokens)}
     if v.design not in ("split_kv", "fused_split_kv"):
         return {}
-    from specdiag.kernels.splitkv_plan import default_fused_config  # noqa: PLC0415
+    from specdiag.kernels.splitkv_plan import SELF_MERGE_MAX_BLOCK_M, default_fused_config  # noqa: PLC0415
     from specdiag.kernels.triton_splitkv import default_config, describe_plan, sm_count  # noqa: PLC0415
 
-    cfg = config or (default_fused_config(shape.rows) if v.design == "fused_split_kv" else default_config(shape.rows))
-    return describe_plan(shape.rows, shape.n_kv, cfg, sm_count(device.index or 0))
+    if v.design == "split_kv":
+        return describe_plan(shape.rows, shape.n_kv, config or default_config(shape.rows), sm_count(device.index or 0))
+
+    cfg = config or default_fused_config(shape.rows, kv_fp8=v.kv_fp8)
+    self_merge = v.merge == "self" or cfg.block_m < SELF_MERGE_MAX_BLOCK_M
+    return {**describe_plan(shape.rows, shape.n_kv, cfg, sm_count(device.index or 0)),
+            "merge": "self" if self_merge else "kernel"}
 
 
 def progress_line(row: dict) -> str:

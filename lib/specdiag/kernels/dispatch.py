@@ -2,7 +2,8 @@
 
 A variant is a kernel plus the index form it reads: ``baseline_p1`` (token table), ``split_p1``
 (token table), ``split_b64`` (64-token block table); issue 13's single-launch ``fused_p1`` / ``fused_b64`` and
-their fp8-KV forms ``fused_fp8_p1`` / ``fused_fp8_b64`` (design ``fused_split_kv``). On CUDA the Triton kernels run; on the CPU the
+their fp8-KV forms ``fused_fp8_p1`` / ``fused_fp8_b64`` (design ``fused_split_kv``); ``fused_self_p1`` keeps the
+merge inside the launch at every tile size (run 5's arm against the two-launch fallback at 64-row tiles). On CUDA the Triton kernels run; on the CPU the
 torch fallbacks of the same designs (reference.py) run, so tests and CI exercise the same code paths
 around them.
 """
@@ -24,6 +25,7 @@ class KernelVariant:
     design: str  #: "baseline" or "split_kv"
     page_size: int  #: 1 (token index table) or 64 (block table)
     kv_fp8: bool = False  #: reads the fp8 e4m3 cache (inputs.cache_fp8, per-tensor kv_scale)
+    merge: str = "auto"  #: fused_split_kv only: "auto" (self-merge under 64-row tiles, else run 2's merge kernel), "self"
 
 
 KERNEL_VARIANTS: dict[str, KernelVariant] = {
@@ -35,6 +37,8 @@ KERNEL_VARIANTS: dict[str, KernelVariant] = {
     "fused_b64": KernelVariant("fused_b64", "fused_split_kv", 64),
     "fused_fp8_p1": KernelVariant("fused_fp8_p1", "fused_split_kv", 1, kv_fp8=True),
     "fused_fp8_b64": KernelVariant("fused_fp8_b64", "fused_split_kv", 64, kv_fp8=True),
+    # run 5: the self-merge at every tile size (at 64-row tiles "auto" launches run 2's merge kernel instead)
+    "fused_self_p1": KernelVariant("fused_self_p1", "fused_split_kv", 1, merge="self"),
 }
 
 
@@ -65,7 +69,7 @@ def run_variant(name: str, inputs: VerifyInputs, out: torch.Tensor, config: Opti
         if v.design == "fused_split_kv":
             from specdiag.kernels.triton_fused import fused_split_kv_triton  # noqa: PLC0415
 
-            return fused_split_kv_triton(inputs, out, page_size=v.page_size, cfg=config, kv_fp8=v.kv_fp8)
+            return fused_split_kv_triton(inputs, out, page_size=v.page_size, cfg=config, kv_fp8=v.kv_fp8, merge=v.merge)
         if v.design == "baseline":
             from specdiag.kernels.triton_baseline import baseline_triton  # noqa: PLC0415
 

@@ -17,8 +17,21 @@ prefix loop then a bounds-checked, tree-masked tail). What changes is the end of
 So one launch replaces two: no second kernel's launch, prologue and wave of tiny programs; the merge runs
 on the last-arriving program while the others have already retired.
 
-FP8 KV (``KV_FP8``): the cache is float8_e4m3fn with one per-tensor scale (SGLang's fp8 latent cache);
-each tile is loaded as fp8 (half the bytes), upcast to the queries' 16-bit type in registers for the tensor-core dots, the scale folded into the score scale and applied once to the output.
+Run 5 changes (docs/kernel-notes.md "Run 5 (planned)"; compile facts from scripts/kernel_compile_report.py):
+
+- the self-merge loops are ``tl.range(..., num_stages=merge_stages(block_m))``: the pipeliner async-copies the
+  next partials while one is merged (run 4: a plain loop, one dependent L2 round trip per partial, 33 in a row);
+- ``merge="auto"`` keeps the self-merge only under 64-row tiles (splitkv_plan.SELF_MERGE_MAX_BLOCK_M); 64-row tiles
+  write their partials and run 2's merge kernel (triton_splitkv._merge_kernel, unchanged) runs as a second launch;
+  ``merge="self"`` / ``"kernel"`` force one or the other.
+
+FP8 KV (``KV_FP8``): the cache is float8_e4m3fn with one per-tensor scale (SGLang's fp8 latent cache); each tile
+is loaded as fp8 (half the bytes) and upcast to the queries' 16-bit type for the tensor-core dots, the scale folded
+into the score scale and applied once to the output (or to the partials when the merge kernel merges). Under
+64-row tiles (mma.sync, ``FP8_KQ``) the scores are computed as K Q^T (the fp8 tile as the A operand; an fp8
+transpose has no shared-memory path in Triton 3.6 and kept the tile out of the pipeliner) and the PV dot reads its
+own copy of the tile (a second async copy of the same rows, from L2): every use of each load is then a dot operand
+read from shared memory, so both are prefetched. 64-row tiles (wgmma) keep the convert-once form.
 """
 
 from __future__ import annotations
@@ -31,7 +44,9 @@ import triton.language as tl
 
 from specdiag.kernels.interpreter import interpreter_compat  # noqa: F401 - applied on import of specdiag.kernels
 from specdiag.kernels.mla import BLOCK_TOKENS, D_NOPE, D_PE, D_QK, D_V, VerifyInputs
-from specdiag.kernels.splitkv_plan import SplitKVConfig, default_fused_config, plan_splits
+from specdiag.kernels.splitkv_plan import (SELF_MERGE_MAX_BLOCK_M, SplitKVConfig, default_fused_config, merge_stages,
+                                          plan_splits)
+from specdiag.kernels.triton_splitkv import _merge_kernel
 
 LOG2E = 1.4426950408889634
 
@@ -46,7 +61,8 @@ def _fused_kernel(
     Q, KV, TOKEN_TABLE, BLOCK_TABLE, MASK, O_PART, LSE_PART, G_PART, G_LSE, COUNTER, OUT,
     qk_scale, v_scale, n_prefix, n_kv, n_draft, n_heads, n_rows, n_splits, n_groups, tokens_per_split, stride_kv,
     PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    D_NOPE: tl.constexpr, D_PE: tl.constexpr, KV_FP8: tl.constexpr, DIRECT: tl.constexpr, GROUP: tl.constexpr,
+    D_NOPE: tl.constexpr, D_PE: tl.constexpr, KV_FP8: tl.constexpr, FP8_KQ: tl.constexpr, DIRECT: tl.constexpr, GROUP: tl.constexpr,
+    MERGE_STAGES: tl.constexpr, SELF_MERGE: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -58,6 +74,9 @@ def _fused_kernel(
     q_row = Q + rows[:, None].to(tl.int64) * (D_NOPE + D_PE)
     q_nope = tl.load(q_row + offs_d[None, :], mask=row_ok[:, None], other=0.0)
     q_pe = tl.load(q_row + offs_pe[None, :], mask=row_ok[:, None], other=0.0)
+    if FP8_KQ:
+        q_nope_t = tl.trans(q_nope)
+        q_pe_t = tl.trans(q_pe)
 
     start = pid_s * tokens_per_split
     end = tl.minimum(start + tokens_per_split, n_kv)
@@ -78,18 +97,24 @@ def _fused_kernel(
         kv_row = KV + slot[:, None].to(tl.int64) * stride_kv
         k_nope = tl.load(kv_row + offs_d[None, :])
         k_pe = tl.load(kv_row + offs_pe[None, :])
-        if KV_FP8:
-            k_nope = k_nope.to(q_nope.dtype)
-            k_pe = k_pe.to(q_nope.dtype)
-        s = tl.dot(q_nope, tl.trans(k_nope))
-        s = tl.dot(q_pe, tl.trans(k_pe), s)
+        if FP8_KQ:  # scores as K Q^T: the fp8 tile is the A operand, no fp8 transpose (see the module doc)
+            v_fp8 = tl.load(kv_row + offs_d[None, :], eviction_policy="evict_first")  # the PV dot's own copy (L2)
+            s = tl.dot(k_nope.to(q_nope.dtype), q_nope_t)
+            s = tl.trans(tl.dot(k_pe.to(q_nope.dtype), q_pe_t, s))
+            k_nope = v_fp8
+        else:
+            if KV_FP8:
+                k_nope = k_nope.to(q_nope.dtype)
+                k_pe = k_pe.to(q_nope.dtype)
+            s = tl.dot(q_nope, tl.trans(k_nope))
+            s = tl.dot(q_pe, tl.trans(k_pe), s)
         s = s * qk_scale
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(k_nope.dtype), k_nope, acc)
+        acc = tl.dot(p.to(q_nope.dtype), k_nope.to(q_nope.dtype), acc)
         m_i = m_new
 
     draft_row = rows // n_heads
@@ -129,12 +154,16 @@ def _fused_kernel(
         tl.store(OUT + rows[:, None].to(tl.int64) * D_NOPE + offs_d[None, :], o.to(OUT.dtype.element_ty),
                  mask=row_ok[:, None])
     else:
-        o = acc / l_safe[:, None]
+        if SELF_MERGE:
+            o = acc / l_safe[:, None]
+        else:  # run 2's merge kernel applies no scale: fold the fp8 scale into the partial (the merge is linear)
+            o = acc * (v_scale / l_safe)[:, None]
         part_row = pid_s.to(tl.int64) * n_rows + rows
         tl.store(O_PART + part_row[:, None] * D_NOPE + offs_d[None, :], o.to(O_PART.dtype.element_ty),
                  mask=row_ok[:, None])
         lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
         tl.store(LSE_PART + part_row, lse, mask=row_ok)
+    if not DIRECT and SELF_MERGE:  # else the second launch (triton_splitkv._merge_kernel) merges
         tl.debug_barrier()  # every thread's partial stores happen before the release below
         group = pid_s // GROUP
         g_lo = group * GROUP
@@ -142,7 +171,7 @@ def _fused_kernel(
         arrived = tl.atomic_add(COUNTER + pid_m * (n_groups + 1) + group, 1, sem="acq_rel", scope="gpu")
         if arrived == g_hi - g_lo - 1:  # the last split of its group to finish: merge the group
             tl.debug_barrier()
-            o_g, lse_g = _merge_range(O_PART, LSE_PART, g_lo, g_hi, n_rows, rows, row_ok, offs_d, BLOCK_M, D_NOPE)
+            o_g, lse_g = _merge_range(O_PART, LSE_PART, g_lo, g_hi, n_rows, rows, row_ok, offs_d, BLOCK_M, D_NOPE, MERGE_STAGES)
             tl.atomic_xchg(COUNTER + pid_m * (n_groups + 1) + group, 0, sem="relaxed", scope="gpu")
             if n_groups == 1:
                 tl.store(OUT + rows[:, None].to(tl.int64) * D_NOPE + offs_d[None, :],
@@ -155,19 +184,22 @@ def _fused_kernel(
                 done = tl.atomic_add(COUNTER + pid_m * (n_groups + 1) + n_groups, 1, sem="acq_rel", scope="gpu")
                 if done == n_groups - 1:
                     tl.debug_barrier()
-                    o, lse = _merge_range(G_PART, G_LSE, 0, n_groups, n_rows, rows, row_ok, offs_d, BLOCK_M, D_NOPE)
+                    o, lse = _merge_range(G_PART, G_LSE, 0, n_groups, n_rows, rows, row_ok, offs_d, BLOCK_M, D_NOPE, MERGE_STAGES)
                     tl.store(OUT + rows[:, None].to(tl.int64) * D_NOPE + offs_d[None, :],
                              (o * v_scale).to(OUT.dtype.element_ty), mask=row_ok[:, None])
                     tl.atomic_xchg(COUNTER + pid_m * (n_groups + 1) + n_groups, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit
-def _merge_range(O_PART, LSE_PART, lo, hi, n_rows, rows, row_ok, offs_d, BLOCK_M: tl.constexpr, D: tl.constexpr):
+def _merge_range(O_PART, LSE_PART, lo, hi, n_rows, rows, row_ok, offs_d, BLOCK_M: tl.constexpr, D: tl.constexpr,
+                 MERGE_STAGES: tl.constexpr):
     """LSE-merge partials lo..hi-1 of these rows (``.cg`` loads: written by other programs); returns (o, lse)."""
     m_run = tl.full([BLOCK_M], float("-inf"), tl.float32)
     w_sum = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
-    for sp in range(lo, hi):
+    # tl.range with num_stages: the pipeliner async-copies the next partials while this one is merged (a plain
+    # range() loop has no dot, so Triton 3.6 leaves it unpipelined: one dependent L2 round trip per partial)
+    for sp in tl.range(lo, hi, num_stages=MERGE_STAGES):
         prow = sp * n_rows + rows.to(tl.int64)
         lse_s = tl.load(LSE_PART + prow, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
         o_s = tl.load(O_PART + prow[:, None] * D + offs_d[None, :], mask=row_ok[:, None], other=0.0,
@@ -197,7 +229,7 @@ def _counters(device: str, n: int) -> torch.Tensor:
 
 def fused_split_kv_triton(inputs: VerifyInputs, out: torch.Tensor, page_size: int = 1,
                           cfg: SplitKVConfig | None = None, num_sms: int | None = None,
-                          kv_fp8: bool = False, merge_group: int = 16) -> torch.Tensor:
+                          kv_fp8: bool = False, merge_group: int = 16, merge: str = "auto") -> torch.Tensor:
     """Single-launch split-KV verify; writes ``out`` [T, H, 512] bf16 and returns it.
 
     ``kv_fp8`` reads ``inputs.cache_fp8`` (float8_e4m3fn, per-tensor ``inputs.kv_scale``) instead of the bf16
@@ -214,7 +246,7 @@ def fused_split_kv_triton(inputs: VerifyInputs, out: torch.Tensor, page_size: in
         raise ValueError("fused_split_kv_triton needs a contiguous out [T, H, 512]")
     T, H = inputs.draft_tokens, inputs.heads
     rows, n_kv = T * H, inputs.n_kv
-    cfg = cfg or default_fused_config(rows)
+    cfg = cfg or default_fused_config(rows, kv_fp8=kv_fp8)
     if cfg.dv_split != 1:
         raise ValueError("the fused kernel keeps all 512 value dims per program (dv_split 1)")
     if page_size == BLOCK_TOKENS:
@@ -229,6 +261,9 @@ def fused_split_kv_triton(inputs: VerifyInputs, out: torch.Tensor, page_size: in
         raise ValueError(f"page_size must be 1 or {BLOCK_TOKENS}; got {page_size}")
     if num_sms is None:
         num_sms = sm_count(q.device.index or 0)
+    if merge not in ("auto", "self", "kernel"):
+        raise ValueError(f"merge must be 'auto', 'self' or 'kernel'; got {merge!r}")
+    self_merge = merge == "self" or (merge == "auto" and cfg.block_m < SELF_MERGE_MAX_BLOCK_M)
     plan = plan_splits(rows, n_kv, cfg, num_sms)
     direct = plan.n_splits == 1
     n_groups = -(-plan.n_splits // merge_group)
@@ -238,7 +273,7 @@ def fused_split_kv_triton(inputs: VerifyInputs, out: torch.Tensor, page_size: in
         o_part = torch.empty(plan.n_splits, rows, D_V, device=q.device,
                              dtype=q.dtype if cfg.partial_bf16 else torch.float32)  # q: bf16 (fp16 in interpreter tests)
         lse_part = torch.empty(plan.n_splits, rows, device=q.device, dtype=torch.float32)
-        counter = _counters(str(q.device), plan.n_tiles * (n_groups + 1))
+        counter = _counters(str(q.device), plan.n_tiles * (n_groups + 1)) if self_merge else lse_part
         g_part = torch.empty(max(n_groups, 1) if n_groups > 1 else 1, rows, D_V, device=q.device, dtype=torch.float32)
         g_lse = torch.empty(max(n_groups, 1) if n_groups > 1 else 1, rows, device=q.device, dtype=torch.float32)
     v_scale = float(inputs.kv_scale) if kv_fp8 else 1.0
@@ -247,6 +282,15 @@ def fused_split_kv_triton(inputs: VerifyInputs, out: torch.Tensor, page_size: in
         inputs.sm_scale * LOG2E * v_scale, v_scale, inputs.n_prefix, n_kv, T, H, rows, plan.n_splits, n_groups,
         plan.tokens_per_split, cache.stride(0),
         PAGE_SIZE=page_size, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, D_NOPE=D_NOPE, D_PE=D_PE,
-        KV_FP8=kv_fp8, DIRECT=direct, GROUP=merge_group, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        KV_FP8=kv_fp8, FP8_KQ=kv_fp8 and cfg.block_m < 64, DIRECT=direct, GROUP=merge_group,
+        MERGE_STAGES=merge_stages(cfg.block_m), SELF_MERGE=self_merge,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
+    if not direct and not self_merge:  # run 2's merge kernel, unchanged, as the second launch
+        block_dv = cfg.merge_block_dv
+        block_s = max(2, min(triton.next_power_of_2(plan.n_splits), 4096 // block_dv))
+        _merge_kernel[(rows, D_V // block_dv)](
+            o_part, lse_part, out, plan.n_splits, rows,
+            BLOCK_S=block_s, BLOCK_DV=block_dv, D_V=D_V, num_warps=4,
+        )
     return out
