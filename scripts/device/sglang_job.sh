@@ -26,21 +26,9 @@ env_log="$OUT/env-$JOB.txt"
 t0=$(date +%s)
 
 if [ "$SITE" != none ]; then
-  if [ ! -f "$SITE/sglang/version.py" ]; then
-    echo "[job] $SITE has no sglang: joining /tmp/stage/part.00 + .rs2/part.*" | tee -a "$env_log"
-    if [ ! -f /tmp/stage/part.00 ] || ! compgen -G ".rs2/part.*" >/dev/null; then
-      echo "[job] FAILED: need /tmp/stage/part.00 (call 1) and .rs2/part.* + .rs2/SHA256SUMS (carried now)" | tee -a "$env_log"
-      exit 2
-    fi
-    h=$(cat /tmp/stage/part.00 .rs2/part.* | sha256sum | cut -c1-64)
-    if ! grep -q "^$h  sglang" .rs2/SHA256SUMS; then
-      echo "[job] FAILED: sha256 $h of the joined parts is not in .rs2/SHA256SUMS" | tee -a "$env_log"; exit 3
-    fi
-    mkdir -p "$SITE" && cat /tmp/stage/part.00 .rs2/part.* | xz -d | tar -x -C "$SITE" || { echo "[job] FAILED: extract"; exit 4; }
-    echo "[job] extracted sglang into $SITE in $(( $(date +%s) - t0 )) s (sha256 $h)" | tee -a "$env_log"
-  else
-    echo "[job] $SITE already holds sglang" | tee -a "$env_log"
-  fi
+  # shellcheck source=scripts/device/sglang_site.sh
+  . scripts/device/sglang_site.sh
+  stage_sglang_site "$SITE" "$env_log" job || exit $?
   export PYTHONPATH=$SITE:$PWD/lib
 else
   export PYTHONPATH=$PWD/lib

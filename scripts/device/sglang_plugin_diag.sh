@@ -28,28 +28,10 @@ finish() {
   cat "$env_log"
   cat "$OUT/summary-$PHASE.txt" 2>/dev/null
 }
-if [ ! -f "$SITE/sglang/version.py" ]; then
-  if [ -f /tmp/stage/part.00 ] && compgen -G ".rs2/part.*" >/dev/null; then
-    h=$(cat /tmp/stage/part.00 .rs2/part.* | sha256sum | cut -c1-64)
-    grep -q "^$h  sglang" .rs2/SHA256SUMS || { echo "[diag] FAILED: sha256 $h not in .rs2/SHA256SUMS" | tee -a "$env_log"; finish; exit 3; }
-    mkdir -p "$SITE" && cat /tmp/stage/part.00 .rs2/part.* | xz -d | tar -x -C "$SITE" || { echo "[diag] FAILED: extract" | tee -a "$env_log"; finish; exit 4; }
-    echo "[diag] extracted SGLang into $SITE (sha256 $h) after $(( $(date +%s) - t0 )) s" | tee -a "$env_log"
-  else
-    echo "[diag] FAILED: no SGLang at $SITE and no /tmp/stage/part.00 + .rs2/part.* to join" | tee -a "$env_log"
-    finish; exit 2
-  fi
-fi
-rm -rf "$PLUGIN"
-if python3 -m pip install -q --no-deps --no-build-isolation --no-index --target "$PLUGIN" plugins/sglang >> "$env_log" 2>&1; then
-  echo "[diag] plugin installed with pip into $PLUGIN" | tee -a "$env_log"
-else
-  echo "[diag] pip could not install it offline: the package and its dist-info by hand" | tee -a "$env_log"
-  mkdir -p "$PLUGIN/specdiag_sglang_plugin-0.1.0.dist-info"
-  cp -r plugins/sglang/specdiag_sglang_plugin "$PLUGIN/"
-  printf 'Metadata-Version: 2.1\nName: specdiag-sglang-plugin\nVersion: 0.1.0\n' > "$PLUGIN/specdiag_sglang_plugin-0.1.0.dist-info/METADATA"
-  printf '[sglang.srt.plugins]\nspecdiag_splitkv = specdiag_sglang_plugin:register\n' > "$PLUGIN/specdiag_sglang_plugin-0.1.0.dist-info/entry_points.txt"
-fi
-rm -rf plugins/sglang/build plugins/sglang/*.egg-info
+# shellcheck source=scripts/device/sglang_site.sh
+. scripts/device/sglang_site.sh
+stage_sglang_site "$SITE" "$env_log" diag || { rc=$?; finish; exit $rc; }
+install_plugin "$PLUGIN" "$env_log" diag
 export PYTHONPATH=$SITE:$PLUGIN:$PWD/lib
 {
   echo "date: $(date -u +%FT%TZ)"; echo "git: $(git rev-parse HEAD 2>/dev/null || echo none)"

@@ -36,34 +36,11 @@ rm -rf "$work"; mkdir -p "$work"
 env_log="$OUT/env.txt"; : > "$env_log"
 t0=$(date +%s)
 
-if [ ! -f "$SITE/sglang/version.py" ]; then
-  # the same staging as scripts/device/sglang_job.sh: part.00 from call 1 in /tmp/stage, the rest carried in .rs2
-  if [ -f /tmp/stage/part.00 ] && compgen -G ".rs2/part.*" >/dev/null; then
-    h=$(cat /tmp/stage/part.00 .rs2/part.* | sha256sum | cut -c1-64)
-    grep -q "^$h  sglang" .rs2/SHA256SUMS || { echo "[plugin-job] FAILED: sha256 $h not in .rs2/SHA256SUMS" | tee -a "$env_log"; exit 3; }
-    mkdir -p "$SITE" && cat /tmp/stage/part.00 .rs2/part.* | xz -d | tar -x -C "$SITE" || { echo "[plugin-job] FAILED: extract"; exit 4; }
-    echo "[plugin-job] extracted SGLang into $SITE (sha256 $h)" | tee -a "$env_log"
-  else
-    echo "[plugin-job] FAILED: no SGLang at $SITE and no /tmp/stage/part.00 + .rs2/part.* to join: stage it first" \
-      "(../shared/engines/README.md; scripts/device/sglang_job.sh)" | tee -a "$env_log"
-    exit 2
-  fi
-fi
-
+# shellcheck source=scripts/device/sglang_site.sh
+. scripts/device/sglang_site.sh
+stage_sglang_site "$SITE" "$env_log" plugin-job || exit $?
 # 1. the plugin, offline
-rm -rf "$PLUGIN"
-if python3 -m pip install -q --no-deps --no-build-isolation --no-index --target "$PLUGIN" plugins/sglang >> "$env_log" 2>&1; then
-  echo "[plugin-job] plugin installed with pip into $PLUGIN" | tee -a "$env_log"
-else
-  echo "[plugin-job] pip could not install it offline: writing the package and its dist-info by hand" | tee -a "$env_log"
-  mkdir -p "$PLUGIN/specdiag_sglang_plugin-0.1.0.dist-info"
-  cp -r plugins/sglang/specdiag_sglang_plugin "$PLUGIN/"
-  printf 'Metadata-Version: 2.1\nName: specdiag-sglang-plugin\nVersion: 0.1.0\n' \
-    > "$PLUGIN/specdiag_sglang_plugin-0.1.0.dist-info/METADATA"
-  printf '[sglang.srt.plugins]\nspecdiag_splitkv = specdiag_sglang_plugin:register\n' \
-    > "$PLUGIN/specdiag_sglang_plugin-0.1.0.dist-info/entry_points.txt"
-fi
-rm -rf plugins/sglang/build plugins/sglang/*.egg-info
+install_plugin "$PLUGIN" "$env_log" plugin-job
 export PYTHONPATH=$SITE:$PLUGIN:$PWD/lib
 {
   echo "date: $(date -u +%FT%TZ)"; echo "git: $(git rev-parse HEAD 2>/dev/null || echo none)"
