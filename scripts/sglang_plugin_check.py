@@ -107,6 +107,11 @@ def make_server(arm: str, args: argparse.Namespace, work: Path):
     # A capped KV pool: SGLang sizes its pool from the free memory it sees (free now - free at start x
     # (1 - fraction)); servers starting together would race for it, a cap makes each take only this much.
     extra = ["--log-level", "info", "--max-total-tokens", str(args.max_total_tokens)]
+    if args.tp_size > 1:
+        # 0.5.17 auto-enables FlashInfer's TRT-LLM all-reduce fusion for DeepSeek-V3 at TP > 1 on SM90; its
+        # SymmDeviceMemory workspaces hung every TP 2 start on the H200 hosts (NVLink multicast is off there);
+        # its own custom all-reduce (v2) sets up symmetric memory too: both off, NCCL all-reduces instead.
+        extra += ["--disable-custom-all-reduce", "--enforce-disable-flashinfer-allreduce-fusion"]
     if arm == "check":
         extra += ["--disable-decode-cuda-graph"]
     launch = SGLangLaunch(model_path=args.model_path, algorithm="NGRAM", num_draft_tokens=args.draft_tokens,

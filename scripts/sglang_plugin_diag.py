@@ -81,25 +81,6 @@ def configure_arms(arms: dict, args: argparse.Namespace) -> None:
     chk.ARMS.update({arm: desc for arm, (desc, _, _) in arms.items()})
 
 
-def make_server(arm: str, args: argparse.Namespace, work: Path):
-    from specdiag.launchers.sglang import SGLangLaunch, sglang_server  # noqa: PLC0415
-
-    extra = ["--log-level", "info", "--max-total-tokens", str(args.max_total_tokens)]
-    if args.tp_size > 1:
-        # 0.5.17 auto-enables FlashInfer's TRT-LLM all-reduce fusion for DeepSeek-V3 at TP > 1 on SM90; its
-        # SymmDeviceMemory workspaces hung every TP 2 start on this host (NVLink multicast is off here);
-        # its own custom all-reduce (v2) sets up symmetric memory too: both off, NCCL all-reduces instead.
-        extra += ["--disable-custom-all-reduce", "--enforce-disable-flashinfer-allreduce-fusion"]
-    if arm == "check":
-        extra += ["--disable-decode-cuda-graph"]
-    launch = SGLangLaunch(model_path=args.model_path, algorithm="NGRAM", num_draft_tokens=args.draft_tokens,
-                          context_length=args.context_length, mem_fraction_static=args.mem_fraction,
-                          tp_size=args.tp_size, extra_args=tuple(extra), env=chk.arm_env(arm, args, work),
-                          python=sys.executable)
-    return sglang_server(launch, log_path=work / f"server-{arm}.log", startup_timeout_s=args.startup_s,
-                         stop_grace_s=8, progress=False, check=False)
-
-
 def top2_at(client: SGLangClient, ids: list[int]) -> dict[str, Any]:
     """Top-2 logprobs of the next token after ``ids`` (a 1-token greedy request: the prefill's logits)."""
     client.flush_cache()
@@ -312,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     failures: list = []
     rows: list = []
     runs: dict[str, Run] = {}
-    servers = {arm: make_server(arm, args, work) for arm in arms}
+    servers = {arm: chk.make_server(arm, args, work) for arm in arms}
     try:
         for arm, s in servers.items():
             chk.step(f"start {arm}", failures, s.launch)
