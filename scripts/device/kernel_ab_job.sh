@@ -6,8 +6,11 @@
 # Needs on the device: python3 with a CUDA torch and Triton (the H200 image has torch 2.11 + Triton 3.6). The
 # SGLang anchor needs SGLang 0.5.17's verify_splitkv.py: at $SGLANG_SITE (default /tmp/site) or carried as
 # .anchors/verify_splitkv.py (ignored by git; copy it before the call, see docs/kernel-notes.md "run 4").
-# FlashInfer is not run by default (it JIT-compiles with nvcc on first use: minutes); FLASHINFER=1 asks for it
-# when flashinfer is importable there; otherwise every case gets a flashinfer row saying why it did not run.
+# FlashInfer is not run by default (it JIT-compiles with nvcc on first use: minutes); FLASHINFER=1 asks for it:
+# flashinfer from the machine, else from the staged SGLang site ($SGLANG_SITE, default /tmp/site: SGLang 0.5.17
+# ships flashinfer-python 0.6.15.post1), built by `python -m specdiag.kernels.anchors --warm-flashinfer` in the
+# background while the gate runs (at most FI_JIT_S s, default 180; JIT cache under /tmp/fi-ws); the harness runs
+# it only when that build and check passed, otherwise every case gets a flashinfer row with the reason.
 #
 # Measures, in one harness process (python -m specdiag.kernels.harness): copy bandwidth and bf16 matmul rate,
 # copies of each context's KV traffic, then chain-draft cases (so the anchors can run them) in order of
@@ -19,7 +22,7 @@
 # Run 5 (docs/kernel-notes.md "Run 5 (planned)") narrows the call with KERNELS, LAYOUTS, CASES, GATE_S, GATE_K and
 # SGLANG_ANCHOR=0 (run 4's defaults otherwise).
 # $OUT receives (at most 8 files): kernel-ab.tar.gz (the run folder: run.json, kernel_ab.jsonl,
-# kernel_ab_copy.jsonl, harness.log), job.log, env.txt, gpu-tests.log, targets.txt (also printed last).
+# kernel_ab_copy.jsonl, harness.log), job.log, env.txt, gpu-tests.log, flashinfer-jit.log, targets.txt (also printed last).
 set -uo pipefail
 OUT=${OUT:?set OUT to the folder to write results to}
 BUDGET=${BUDGET:-240}
@@ -29,7 +32,13 @@ GATE_S=${GATE_S:-45}
 GATE_K=${GATE_K:-fused}
 KERNELS=${KERNELS:-split_p1,split_b64,fused_p1,fused_b64,fused_fp8_p1,fused_fp8_b64}
 LAYOUTS=${LAYOUTS:-shuffled_p1,shuffled_b64}
+FI_JIT_S=${FI_JIT_S:-180}
+SGLANG_SITE=${SGLANG_SITE:-/tmp/site}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/lib${PYTHONPATH:+:$PYTHONPATH}
+if [ "$FLASHINFER" = 1 ] && ! python3 -c "import flashinfer" 2>/dev/null && [ -d "$SGLANG_SITE/flashinfer" ]; then
+  export PYTHONPATH=$PYTHONPATH:$SGLANG_SITE   # last: the machine's torch, triton, transformers stay first
+fi
+export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/fi-ws}
 run_dir=/tmp/kernel-ab-issue13
 rm -rf "$run_dir"
 t0=$(date +%s)
@@ -43,6 +52,14 @@ t0=$(date +%s)
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
+# FlashInfer's nvcc JIT in the background, beside the gate (CPU-bound compiles; the gate's GPU work is small)
+fi_pid=
+if [ "$FLASHINFER" = 1 ]; then
+  ( timeout "$FI_JIT_S" python3 -m specdiag.kernels.anchors --warm-flashinfer > "$OUT/flashinfer-jit.log" 2>&1
+    echo "exit $? after $(( $(date +%s) - t0 )) s" >> "$OUT/flashinfer-jit.log" ) &
+  fi_pid=$!
+fi
+
 # a gate of at most GATE_S s: the fused kernels on odd shapes, twice each (counters reset), bf16 and fp8
 echo "[kernel-ab-job] gate: timeout $GATE_S pytest -k \"$GATE_K\"" > "$OUT/gpu-tests.log"
 timeout "$GATE_S" python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels_gpu.py -k "$GATE_K" >> "$OUT/gpu-tests.log" 2>&1
@@ -51,7 +68,16 @@ tail -3 "$OUT/gpu-tests.log"
 
 extra=()
 if [ "$SGLANG_ANCHOR" = 1 ]; then extra+=(--sglang-anchor); fi
-if [ "$FLASHINFER" = 1 ] && python3 -c "import flashinfer" 2>/dev/null; then extra+=(--flashinfer); fi
+if [ -n "$fi_pid" ]; then
+  wait "$fi_pid"
+  tail -4 "$OUT/flashinfer-jit.log"
+  if tail -1 "$OUT/flashinfer-jit.log" | grep -q "^exit 0 "; then
+    extra+=(--flashinfer)
+  else
+    why=$(grep -v '^exit ' "$OUT/flashinfer-jit.log" | tail -1 | tr -d '\n' | cut -c1-300)
+    extra+=(--flashinfer-off "FlashInfer's MLA kernels did not build or check in this call ($(tail -1 "$OUT/flashinfer-jit.log")): ${why:-no output}")
+  fi
+fi
 cases=${CASES:-131072:8:1,131072:16:1,131072:8:8,262144:8:1,262144:16:1,262144:8:8,65536:8:1,65536:16:1,65536:8:8,131072:16:16,131072:16:64,131072:128:8}
 left=$(( BUDGET - ($(date +%s) - t0) ))
 minutes=$(python3 -c "print(max(0.5, ($left - 45) / 60))")

@@ -170,3 +170,55 @@ class FlashInferMLA:
 
     def __call__(self, out: torch.Tensor) -> torch.Tensor:
         return self.wrapper.run(self.q_nope, self.q_pe, self.ckv, self.kpe, out=out)
+
+
+def warm_flashinfer(device: str = "cuda", context_tokens: int = 4096, heads: int = 8,
+                    draft_tokens_list: tuple[int, ...] = (1, 8)) -> list[dict[str, Any]]:
+    """Build FlashInfer's MLA kernels once (its nvcc JIT fills the cache the harness then reuses) and check
+    them on small chain cases against the fp32 reference. One dict per case: seconds, rel_err, or the error."""
+    import time  # noqa: PLC0415
+
+    from specdiag.kernels.cases import relative_error  # noqa: PLC0415
+    from specdiag.kernels.mla import VerifyShape, make_inputs  # noqa: PLC0415
+    from specdiag.kernels.reference import reference_verify  # noqa: PLC0415
+
+    results: list[dict[str, Any]] = []
+    for t in draft_tokens_list:
+        shape = VerifyShape(context_tokens, heads, t, "shuffled_p1")
+        row: dict[str, Any] = {"context_tokens": context_tokens, "heads": heads, "draft_tokens": t, "page_size": 1}
+        t0 = time.monotonic()
+        try:
+            inputs = make_inputs(shape, device=device, seed=0, chain=True)
+            out = torch.empty(t, heads, D_V, dtype=torch.bfloat16, device=device)
+            FlashInferMLA(inputs, 1)(out)
+            torch.cuda.synchronize()
+            row["seconds"] = round(time.monotonic() - t0, 1)
+            row["rel_err"] = relative_error(out, reference_verify(inputs))
+        except Exception as exc:  # noqa: BLE001 - report why the anchor cannot run, then go on
+            row["seconds"] = round(time.monotonic() - t0, 1)
+            row["error"] = repr(exc)[:800]
+        results.append(row)
+    return results
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """``python -m specdiag.kernels.anchors --warm-flashinfer``: JIT-build and check FlashInfer's MLA kernels."""
+    import argparse  # noqa: PLC0415
+    import json  # noqa: PLC0415
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--warm-flashinfer", action="store_true", required=True,
+                    help="build FlashInfer's MLA kernels (nvcc JIT) and check them on 4k-token chain cases")
+    ap.add_argument("--device", default="cuda")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available() and args.device.startswith("cuda"):
+        print("FlashInfer's MLA kernels need a CUDA GPU; none is visible here", file=sys.stderr)
+        return 2
+    rows = warm_flashinfer(args.device)
+    for row in rows:
+        print(json.dumps(row), flush=True)
+    return 0 if all("error" not in r for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

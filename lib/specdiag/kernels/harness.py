@@ -303,6 +303,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--sglang-anchor", action="store_true", help="run SGLang's upstream split-KV verify (anchors.py)")
     ap.add_argument("--flashinfer", action="store_true",
                     help="run FlashInfer's MLA paged attention (JIT-compiles with nvcc on first use: minutes)")
+    ap.add_argument("--flashinfer-off", type=str, default="",
+                    help="why FlashInfer is not run in this call (its rows carry this reason; default: not asked)")
     ap.add_argument("--cases", type=str, default="",
                     help="explicit cases context:heads:draft_tokens, comma-separated, measured in this order per layout")
     ap.add_argument("--layouts", type=str, default="", help="override the grid's layouts, e.g. shuffled_p1,shuffled_b64")
@@ -322,8 +324,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         spec.kernels = [k for k in args.kernels.split(",") if k.strip()]
     spec.chain = spec.chain or args.chain
     spec.anchors = (["sglang_splitkv"] if args.sglang_anchor else []) + (["flashinfer_mla"] if args.flashinfer else [])
-    if not args.flashinfer and args.sglang_anchor:
-        spec.anchors_off = {"flashinfer_mla": FLASHINFER_OFF}
+    if not args.flashinfer and (args.sglang_anchor or args.flashinfer_off):
+        spec.anchors_off = {"flashinfer_mla": args.flashinfer_off or FLASHINFER_OFF}
     if args.cases:
         spec.cases = [tuple(int(v) for v in c.split(":")) for c in args.cases.split(",") if c.strip()]
     if args.n_runs:
