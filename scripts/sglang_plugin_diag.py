@@ -67,6 +67,34 @@ ARMS_TP2 = {
 }
 
 
+def gpu_count() -> int:
+    """GPUs this machine shows (``nvidia-smi -L``); 0 when there is no nvidia-smi."""
+    import shutil  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+
+    if not shutil.which("nvidia-smi"):
+        return 0
+    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30, check=False).stdout
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+def place_arms(arms: dict, n_gpus: int, tp_size: int) -> dict:
+    """The arms with their GPU lists fitted to this machine: a TP 1 arm planned for GPU k runs on GPU k mod n
+    (a one-GPU machine runs every arm on GPU 0, as SGLang's --mem-fraction-static 0.3 leaves room for); a TP > 1
+    phase needs tp_size GPUs and says so before any server starts."""
+    if n_gpus < 1:
+        raise SystemExit("no GPU visible (nvidia-smi -L lists none): the SGLang servers need one")
+    if tp_size > n_gpus:
+        raise SystemExit(f"phase needs {tp_size} GPUs (TP {tp_size}) and this machine shows {n_gpus}: "
+                         f"use the device kind nvidia-h200-x{tp_size}")
+    placed = {}
+    for arm, (desc, gpus, env) in arms.items():
+        if tp_size == 1:
+            gpus = ",".join(str(int(g) % n_gpus) for g in gpus.split(","))
+        placed[arm] = (desc, gpus, env)
+    return placed
+
+
 def configure_arms(arms: dict, args: argparse.Namespace) -> None:
     """Point sglang_plugin_check's server set-up at this call's arms (environment, GPU, flags)."""
     def arm_env(arm: str, a: argparse.Namespace, work: Path) -> dict[str, str]:
@@ -289,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     arms = ARMS_TP1 if args.phase == "tp1" else ARMS_TP2
     if args.arms:
         arms = {a: arms[a] for a in args.arms.split(",") if a}
+    arms = place_arms(arms, gpu_count(), args.tp_size)
+    log(f"GPUs: {', '.join(f'{a} on {g}' for a, (_, g, _) in arms.items())}")
     configure_arms(arms, args)
     failures: list = []
     rows: list = []

@@ -70,3 +70,25 @@ def test_install_plugin_declares_the_entry_point(tmp_path: Path) -> None:
     assert (tmp_path / "plugin/specdiag_sglang_plugin/hook.py").is_file()
     eps = list((tmp_path / "plugin").glob("*.dist-info/entry_points.txt"))
     assert eps and "specdiag_splitkv = specdiag_sglang_plugin:register" in eps[0].read_text()
+
+
+def test_plugin_diag_places_tp1_arms_on_the_gpus_there_are():
+    """The TP 1 arms were planned for two GPUs (stock on 0, the rest on 1); on a one-GPU machine they all run on
+    GPU 0 (a call on nvidia-h200 of 2026-11-30 started them on an invisible GPU 1: "No CUDA runtime is found").
+    A TP 2 phase on one GPU stops before any server starts, naming the device kind."""
+    import importlib  # noqa: PLC0415
+
+    sys.path.insert(0, str(PROJECT_ROOT / "scripts"))
+    try:
+        diag = importlib.import_module("sglang_plugin_diag")
+    finally:
+        sys.path.remove(str(PROJECT_ROOT / "scripts"))
+    one = diag.place_arms(diag.ARMS_TP1, 1, 1)
+    assert {arm: g for arm, (_, g, _) in one.items()} == {arm: "0" for arm in diag.ARMS_TP1}
+    two = diag.place_arms(diag.ARMS_TP1, 2, 1)
+    assert {arm: g for arm, (_, g, _) in two.items()} == {arm: g for arm, (_, g, _) in diag.ARMS_TP1.items()}
+    assert diag.place_arms(diag.ARMS_TP2, 2, 2) == diag.ARMS_TP2
+    with pytest.raises(SystemExit, match="nvidia-h200-x2"):
+        diag.place_arms(diag.ARMS_TP2, 1, 2)
+    with pytest.raises(SystemExit, match="no GPU"):
+        diag.place_arms(diag.ARMS_TP1, 0, 1)
