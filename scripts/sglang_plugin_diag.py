@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import statistics
 import sys
 import threading
 import time
@@ -177,6 +178,12 @@ def identity(clients: dict[str, SGLangClient], args: argparse.Namespace, work: P
     return rows
 
 
+def round_robin(requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The sweep's requests repeat-major: every context once, then every context again, so a budget that runs out
+    cuts repeats, not contexts (the 22:52 call of 2026-11-30 measured 16,384 tokens five times and nothing else)."""
+    return sorted(requests, key=lambda q: (int(q["repeat"]), requests.index(q)))
+
+
 def sweep(clients: dict[str, SGLangClient], runs: dict[str, Run], args: argparse.Namespace,
           budget: chk.Budget) -> None:
     from specdiag.steps.baseline_sweep.sweep import make_plan, measure_request  # noqa: PLC0415
@@ -185,14 +192,18 @@ def sweep(clients: dict[str, SGLangClient], runs: dict[str, Run], args: argparse
     info = clients[arms[0]].server_info()
     plan = make_plan(args.contexts, args.sweep_new_tokens, args.repeats, "novel", 0, True,
                      server_context_length=info.get("context_length"))
-    for request in plan.requests():
+    took_s: dict[int, float] = {}  # context -> the longest request measured at it (s), for the budget
+    for request in round_robin(plan.requests()):
         c = int(request["context_tokens"])
-        need = len(arms) * (4 + c / 10000)
+        need = len(arms) * took_s.get(c, 4 + c / 10000)
         if budget.left() < need + args.reserve_profiles_s:
-            log(f"sweep: skipping {c:,} tokens: {budget.left():.0f} s left, about {need:.0f} s needed")
+            log(f"sweep: skipping {c:,} tokens, repeat {request['repeat']}: {budget.left():.0f} s left, "
+                f"about {need:.0f} s needed + {args.reserve_profiles_s:.0f} s kept for the profiles")
             continue
         for arm in arms:
+            t0 = time.monotonic()
             row = measure_request(clients[arm], request, plan)
+            took_s[c] = max(took_s.get(c, 0.0), time.monotonic() - t0)
             runs[arm].append_row("sweep", row)
             log(f"sweep {arm:>13} {c:>7,}: step {row.get('step_ms')} ms, commit {row.get('commit_length')}, "
                 f"ttft {row.get('ttft_s')} s, error {row.get('error')}")
@@ -207,7 +218,9 @@ def profile_one(url: str, arm: str, ctx: int, args: argparse.Namespace, work: Pa
     ttft_s = float((swept.get(ctx) or {}).get("ttft_s") or max(0.5, ctx / 40000))
     step_ms = float((swept.get(ctx) or {}).get("step_ms") or 10.0)
     wait_s = ttft_s + 0.4
-    new_tokens = int(min(1500, 2 * (wait_s * 1000 / step_ms + args.profile_steps + 30)))
+    # up to 8 tokens commit per step (NGRAM accepted 5.95 per step on this prompt at 65,536 tokens on 2026-11-30, and
+    # a 491-token request ended before /start_profile): enough tokens for the wait and the profiled steps at 8 each
+    new_tokens = int(min(4000, 8 * (wait_s * 1000 / step_ms + args.profile_steps + 30)))
     ids = build_prompt(chk.tokenizer_of(gen), ctx, "novel", seed=500).input_ids
     out_dir = work / f"profile-{arm}-{ctx}"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -250,13 +263,17 @@ def summarize(work: Path, rows: list, runs: dict, failures: list, args: argparse
                          f"stock margin {r.get('stock_margin_at_diff')} top2 {r.get('stock_top2_at_diff')}; "
                          f"both in top-2 {r.get('diff_tokens_are_top2')}; upstream first diff "
                          f"{r.get('upstream-tail_first_diff_vs_ref')}; {r.get('exception') or ''}")
-    steps: dict[str, dict[int, float]] = {}
+    steps: dict[str, dict[int, list[float]]] = {}
     for arm, run in runs.items():
-        steps[arm] = {int(r["context_tokens"]): r.get("step_ms") for r in latest_rows(run.rows("sweep"))
-                      if not r.get("error") and r.get("step_ms")}
+        steps[arm] = {}
+        for r in latest_rows(run.rows("sweep")):
+            if not r.get("error") and r.get("step_ms"):
+                steps[arm].setdefault(int(r["context_tokens"]), []).append(float(r["step_ms"]))
     for c in sorted({c for s in steps.values() for c in s}):
-        lines.append(f"sweep {c:>7,}: " + ", ".join(f"{a} {steps[a].get(c, float('nan')):.2f}" for a in steps)
-                     + " ms/step")
+        lines.append(f"sweep {c:>7,}: " + ", ".join(
+            f"{a} median {statistics.median(steps[a][c]):.2f} (n {len(steps[a][c])}, "
+            f"{min(steps[a][c]):.2f}-{max(steps[a][c]):.2f})" if steps[a].get(c) else f"{a} -" for a in steps)
+            + " ms/step")
     for arm in runs:
         for s in chk.read_stats(work, arm):
             lines.append(f"plugin stats {arm} pid {s.get('pid')}: mode {s.get('mode')}, served {s.get('served')} "

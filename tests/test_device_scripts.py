@@ -92,3 +92,16 @@ def test_plugin_diag_places_tp1_arms_on_the_gpus_there_are():
         diag.place_arms(diag.ARMS_TP2, 1, 2)
     with pytest.raises(SystemExit, match="no GPU"):
         diag.place_arms(diag.ARMS_TP1, 0, 1)
+
+
+def test_plugin_diag_sweep_order_is_repeat_major():
+    import importlib  # noqa: PLC0415
+
+    sys.path.insert(0, str(PROJECT_ROOT / "scripts"))
+    try:
+        diag = importlib.import_module("sglang_plugin_diag")
+    finally:
+        sys.path.remove(str(PROJECT_ROOT / "scripts"))
+    reqs = [{"context_tokens": c, "repeat": r} for c in (16384, 65536, 131072) for r in range(3)]
+    order = [(q["repeat"], q["context_tokens"]) for q in diag.round_robin(reqs)]
+    assert order == [(r, c) for r in range(3) for c in (16384, 65536, 131072)]
