@@ -6,11 +6,14 @@ timings, step-time slopes), so a p90 or a slope means the same thing on every pa
 - :func:`quantile`: linear interpolation between the two nearest order statistics, numpy's default
   ``method="linear"`` (Hyndman & Fan type 7): position ``(n - 1) * q`` in the sorted values.
 - :func:`fit_line`: ordinary least squares ``y = slope * x + intercept`` with its r².
+- :func:`median_diff_test`: the difference of two samples' medians (B - A) with exact one-sided Mann-Whitney
+  p-values, so "B is slower than A" is said only where the ranks show it.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -66,3 +69,55 @@ def fit_line(x: Sequence[float], y: Sequence[float]) -> LineFit:
     ss_res = sum((b - (slope * a + intercept)) ** 2 for a, b in pts)
     r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0
     return LineFit(slope, intercept, r2, len(pts))
+
+
+@dataclass(frozen=True)
+class MedianDiff:
+    """median(B) - median(A) (in the samples' unit: ms for step_ms) and one-sided rank-test p-values."""
+
+    diff: float
+    p_higher: float  # exact Mann-Whitney p of "B tends higher than A" (small: B slower, for step times)
+    p_lower: float  # the same for "B tends lower"
+    n_a: int
+    n_b: int
+    alpha: float = 0.05
+
+    @property
+    def verdict(self) -> str:
+        """"higher" (p_higher < alpha), "lower" (p_lower < alpha) or "indistinguishable"."""
+        return "higher" if self.p_higher < self.alpha else "lower" if self.p_lower < self.alpha else "indistinguishable"
+
+
+def _u_counts(m: int, n: int) -> list[int]:
+    """How many of the C(m+n, m) orderings of m A's and n B's give each Mann-Whitney U (pairs with B above A)."""
+    # f[i][j][u]: orderings of i A's and j B's with U = u; the largest value is an A (adds nothing) or a B (adds i)
+    f = [[[1] for _ in range(n + 1)] for _ in range(m + 1)]
+    for i in range(m + 1):
+        for j in range(n + 1):
+            if i == 0 or j == 0:
+                continue
+            size = i * j + 1
+            counts = [0] * size
+            for u, c in enumerate(f[i - 1][j]):
+                counts[u] += c
+            for u, c in enumerate(f[i][j - 1]):
+                counts[u + i] += c
+            f[i][j] = counts
+    return f[m][n]
+
+
+def median_diff_test(a: Sequence[float], b: Sequence[float], alpha: float = 0.05) -> MedianDiff:
+    """median(b) - median(a) and the exact one-sided Mann-Whitney p-values (ties count one half), so "B is slower
+    than A" is said only when the samples' ranks show it. Needs 2 or more values per sample, at most 60 each."""
+    if len(a) < 2 or len(b) < 2:
+        raise ValueError(f"median_diff_test needs 2 or more values per sample; got {len(a)} and {len(b)}: "
+                         "measure more repeats (e.g. the sweep's repeats parameter)")
+    if len(a) > 60 or len(b) > 60:
+        raise ValueError(f"median_diff_test is exact and meant for repeats (<= 60 per sample); got {len(a)}, {len(b)}")
+    fa, fb = [float(v) for v in a], [float(v) for v in b]
+    u = sum(1.0 if y > x else 0.5 if y == x else 0.0 for x in fa for y in fb)  # pairs with B above A
+    counts = _u_counts(len(fa), len(fb))
+    total = sum(counts)
+    p_higher = sum(c for k, c in enumerate(counts) if k >= u) / total
+    p_lower = sum(c for k, c in enumerate(counts) if k <= u) / total
+    return MedianDiff(statistics.median(fb) - statistics.median(fa), p_higher, p_lower, len(fa), len(fb), alpha)
