@@ -160,3 +160,76 @@ def test_05_on_plugin_attn_shows_the_step_based_overstatement(run_notebook: Call
     _, d_fixed = m["traced_vs_step_growth"]
     assert m["traced_projection"]["fixed"]["method"] == "proportional"
     assert d_fixed["step_growth_ms"] / d_fixed["traced_growth_ms"] == pytest.approx(22.6, abs=0.3)  # 253.2 vs 11.2 ms
+
+
+S4_ARMS3 = ("h200-sglang-mla-s4-arms3-stock", "h200-sglang-mla-s4-arms3-plugin", "h200-sglang-mla-s4-arms3-upstream-tail")
+
+
+def _sweep(folder: str) -> list[dict]:
+    return [json.loads(x) for x in (REFERENCE_DIR / folder / "sweep.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("arm", S4_ARMS3)
+def test_s4_three_arms_have_seven_repeats_per_context(arm: str) -> None:
+    rows = _sweep(arm)
+    assert sorted({r["context_tokens"] for r in rows}) == [1024, 16384, 65536, 131072]
+    assert all(sum(r["context_tokens"] == c for r in rows) == 7 for c in (1024, 16384, 65536, 131072))
+    assert all(r["error"] is None and r["step_ms"] > 0 for r in rows)
+
+
+def test_s4_plugin_is_not_slower_than_upstream_at_any_context() -> None:
+    """Issue 12's target "at least as fast as upstream at every context", with the repeats' rank test: the plugin's
+    step is slower at no context; at 131,072 tokens it is faster (upstream's verify kernel is then longer than the
+    CPU-bound rest of the step); at 1k-64k the step is the scheduler's CPU time and the arms are indistinguishable."""
+    from specdiag.steps.findings import overview  # noqa: PLC0415
+
+    cmp = overview.compare_sweeps(_sweep("h200-sglang-mla-s4-arms3-upstream-tail"), _sweep("h200-sglang-mla-s4-arms3-plugin"))
+    verdicts = {r["context_tokens"]: r["step_verdict"] for r in cmp}
+    assert "slower" not in verdicts.values()
+    assert verdicts[131072] == "faster"
+    last = cmp[-1]
+    assert last["step_ms_diff_b_a"] < -1.0 and last["p_b_faster"] < 0.01  # 2.65 vs 4.08 ms median, p 0.0055
+    # the same test on the two other calls of the session (one GPU for both arms): slower at no context either
+    for a, b in (("h200-sglang-mla-s4-upstream-tail", "h200-sglang-mla-s4-plugin"),
+                 ("h200-sglang-mla-s4-short-upstream-tail", "h200-sglang-mla-s4-short-plugin")):
+        assert all(r["step_verdict"] != "slower" for r in overview.compare_sweeps(_sweep(a), _sweep(b)))
+
+
+def test_s4_stock_against_plugin_from_the_repeats() -> None:
+    """Stock Triton verify grows 21x from 1k to 128k; the plugin stays flat (every plugin request faster than every
+    stock request from 16k on)."""
+    from specdiag.steps.findings import overview  # noqa: PLC0415
+
+    cmp = {r["context_tokens"]: r for r in overview.compare_sweeps(_sweep("h200-sglang-mla-s4-arms3-stock"),
+                                                                  _sweep("h200-sglang-mla-s4-arms3-plugin"))}
+    assert cmp[131072]["step_ms_a"] / cmp[131072]["step_ms_b"] > 10   # issue target: >= 10x at 128k
+    assert cmp[131072]["step_ms_b"] / cmp[1024]["step_ms_b"] < 2       # issue target: <= 2x its 1k step
+    assert all(cmp[c]["step_verdict"] == "faster" for c in (16384, 65536, 131072))
+
+
+def test_s4_traces_place_the_verify_kernels_inside_sglang() -> None:
+    """At 65,536 tokens, inside SGLang (step_profile rows computed from the committed traces): SGLang's upstream
+    split-KV verify (its two stages) takes about 10x the GPU time of the plugin's, in a step that both arms spend
+    mostly on the scheduler's CPU."""
+    def med(folder: str, key: str) -> float:
+        import statistics  # noqa: PLC0415
+        rows = [json.loads(x) for x in (REFERENCE_DIR / folder / "step_profile.jsonl").read_text().splitlines()]
+        vals = [float(r[key]) for r in rows if r["verify_step"] and not r["partial"]]
+        return statistics.median(vals)
+
+    ours = med("h200-sglang-mla-s4-plugin", "gpu_attn_specdiag_splitkv_ms")
+    theirs = med("h200-sglang-mla-s4-upstream-tail", "gpu_attn_sglang_verify_splitkv_ms")
+    assert 0.1 < ours < 0.25 and 1.0 < theirs < 2.5 and theirs / ours > 8
+
+
+@pytest.mark.notebook
+def test_compare_s4_upstream_vs_plugin_reports_the_rank_test(tmp_path: Path) -> None:
+    out = tmp_path / "cmp"
+    assert report.main(["compare", "--params", str(PROJECT_ROOT / "params/compare-plugin-upstream-s4.yaml"),
+                        "--run-dir", str(out)]) == 0
+    res = json.loads((out / "findings" / "08_compare_runs.json").read_text())
+    m = res["metrics"]
+    assert m["common_contexts"] == [1024, 16384, 65536, 131072]
+    assert m["step_verdict"][-1] == "faster" and "slower" not in m["step_verdict"]
+    test = next(f for f in res["findings"] if f["id"] == "compare.step_time_test")
+    assert test["severity"] == "ok" and "slower than A's at no context" in test["verdict"]

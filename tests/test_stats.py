@@ -57,3 +57,23 @@ def test_kernel_peaks_come_from_the_hardware_measurement(monkeypatch) -> None:
     assert out["copy_ms_samples"][1] == pytest.approx(2 * (2 << 30) / 2e12 * 1e3)
     monkeypatch.setattr(timing, "measure_matmul_rate", lambda device, n, repeats, warmup: [8e14] * 3)
     assert timing.matmul_tflops("cpu", n=1024, n_runs=3)["matmul_tflops"] == pytest.approx(800.0)
+
+
+def test_median_diff_test_exact_mann_whitney() -> None:
+    from math import comb  # noqa: PLC0415
+
+    # every ordering counted once: the U distribution of m A's and n B's sums to C(m + n, m)
+    assert sum(stats._u_counts(5, 5)) == comb(10, 5) and sum(stats._u_counts(3, 7)) == comb(10, 3)
+    a = [2.0, 2.1, 2.2, 2.3, 2.4]
+    b = [3.0, 3.1, 3.2, 3.3, 3.4]  # every B above every A: the most extreme of 252 orderings
+    t = stats.median_diff_test(a, b)
+    assert t.diff == pytest.approx(1.0) and t.p_higher == pytest.approx(1 / 252) and t.p_lower == 1.0
+    assert t.verdict == "higher" and stats.median_diff_test(b, a).verdict == "lower"
+    # interleaved samples: nothing to say; the two one-sided p-values overlap at the observed U
+    mixed = stats.median_diff_test([1.0, 3.0, 5.0, 7.0], [2.0, 4.0, 6.0, 8.0])
+    assert mixed.verdict == "indistinguishable" and mixed.p_higher + mixed.p_lower > 1.0
+    # a tie counts one half: identical samples sit at the centre of the distribution
+    same = stats.median_diff_test([1.0, 1.0, 2.0], [1.0, 1.0, 2.0])
+    assert same.diff == 0.0 and same.verdict == "indistinguishable"
+    with pytest.raises(ValueError, match="2 or more values"):
+        stats.median_diff_test([1.0], [1.0, 2.0])

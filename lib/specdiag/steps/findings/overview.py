@@ -11,7 +11,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from specdiag.findings import SEVERITY_ORDER, Finding
 from specdiag.steps.baseline_sweep.summary import summarize_sweep
 from specdiag.paths import relative_to_project
-from specdiag.stats import fit_line
+from specdiag.stats import fit_line, median_diff_test
 from specdiag.runs import Run
 from specdiag.steps.baseline_sweep.sweep import latest_rows, rows_source
 
@@ -103,11 +103,27 @@ def sweep_rows_of(run: Run) -> tuple[list[dict[str, Any]], str, str]:
     return [], relative_to_project(run.path), rows_source(run.meta)
 
 
-def compare_sweeps(rows_a: Iterable[Mapping[str, Any]], rows_b: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def step_samples(rows: Iterable[Mapping[str, Any]]) -> dict[int, list[float]]:
+    """Successful requests' ms per verify step, per context (the repeats a rank test compares)."""
+    out: dict[int, list[float]] = {}
+    for r in rows:
+        v = r.get("step_ms")
+        if not r.get("error") and isinstance(v, (int, float)) and v > 0:
+            out.setdefault(int(r["context_tokens"]), []).append(float(v))
+    return out
+
+
+def compare_sweeps(rows_a: Iterable[Mapping[str, Any]], rows_b: Iterable[Mapping[str, Any]],
+                   alpha: float = 0.05) -> list[dict[str, Any]]:
     """Per context present in both runs: decode tok/s, ms per step, commit length and TTFT of each, and
-    B/A ratios (medians over each run's successful repeats)."""
+    B/A ratios (medians over each run's successful repeats). Where both runs have 2 or more repeats at a context,
+    also the step-time rank test (:func:`specdiag.stats.median_diff_test`): ``step_ms_diff_b_a`` (ms, medians),
+    ``p_b_slower``, ``p_b_faster`` (exact one-sided Mann-Whitney) and ``step_verdict`` (slower / faster /
+    indistinguishable at ``alpha``)."""
+    rows_a, rows_b = list(rows_a), list(rows_b)
     sa = {s["context_tokens"]: s for s in summarize_sweep(rows_a)}
     sb = {s["context_tokens"]: s for s in summarize_sweep(rows_b)}
+    xa, xb = step_samples(rows_a), step_samples(rows_b)
     out = []
     for ctx in sorted(set(sa) & set(sb)):
         row: dict[str, Any] = {"context_tokens": ctx}
@@ -115,6 +131,12 @@ def compare_sweeps(rows_a: Iterable[Mapping[str, Any]], rows_b: Iterable[Mapping
             a, b = sa[ctx].get(f), sb[ctx].get(f)
             row[f"{f}_a"], row[f"{f}_b"] = a, b
             row[f"{f}_ratio_b_a"] = b / a if a and b else None
+        a_ms, b_ms = xa.get(ctx, []), xb.get(ctx, [])
+        if 2 <= len(a_ms) <= 60 and 2 <= len(b_ms) <= 60:
+            t = median_diff_test(a_ms, b_ms, alpha)
+            row.update({"step_n_a": t.n_a, "step_n_b": t.n_b, "step_ms_diff_b_a": t.diff, "step_alpha": alpha,
+                        "p_b_slower": t.p_higher, "p_b_faster": t.p_lower,
+                        "step_verdict": {"higher": "slower", "lower": "faster"}.get(t.verdict, t.verdict)})
         out.append(row)
     return out
 
@@ -194,6 +216,23 @@ def comparison_findings(sweep_cmp: Sequence[Mapping[str, Any]], slope_a: float |
             (f"least-squares slope of the per-context median ms per step: A {slope_a:.4g}, B {slope_b:.4g} "
              f"ms per 1k tokens (computed)",),
             {"slope_a_ms_per_1k_tokens": slope_a, "slope_b_ms_per_1k_tokens": slope_b}, "computed"))
+    tested = [r for r in sweep_cmp if r.get("step_verdict")]
+    if tested:
+        by = {v: [r["context_tokens"] for r in tested if r["step_verdict"] == v]
+              for v in ("slower", "faster", "indistinguishable")}
+        ctxs = lambda cs: ", ".join(f"{c:,}" for c in cs) or "none"  # noqa: E731
+        out.append(Finding(
+            "compare.step_time_test", "Is run B's verify step slower than run A's?",
+            (f"Run B's step is slower than A's at {ctxs(by['slower'])} tokens" if by["slower"] else
+             "Run B's step is slower than A's at no context")
+            + f"; faster at {ctxs(by['faster'])}; indistinguishable at {ctxs(by['indistinguishable'])} "
+            f"(exact one-sided Mann-Whitney on the repeats, alpha {tested[0]['step_alpha']:g}).",
+            "warning" if by["slower"] else "ok" if by["faster"] else "info",
+            tuple(f"{r['context_tokens']:,} tokens: median B - A {r['step_ms_diff_b_a']:+.3g} ms "
+                  f"(n {r['step_n_a']} / {r['step_n_b']}), p(B slower) {r['p_b_slower']:.3g}, "
+                  f"p(B faster) {r['p_b_faster']:.3g}" for r in tested),
+            {"slower_at": by["slower"], "faster_at": by["faster"], "indistinguishable_at": by["indistinguishable"]},
+            "computed"))
     changed = [f for f in findings_cmp if f["changed"]]
     out.append(Finding(
         "compare.verdicts", "Verdicts that changed",
