@@ -379,3 +379,50 @@ def test_warm_flashinfer_reports_why_it_cannot_run_here(capsys):
     if not torch.cuda.is_available():
         assert main(["--warm-flashinfer"]) == 2
         assert "need a CUDA GPU" in capsys.readouterr().err
+
+
+def test_target_needs_and_the_copy_of_the_same_bytes():
+    """Synthetic rows of known fixed cost and rate: each target as a time, beside a copy of the same bytes and the fit."""
+    from specdiag.kernels import analysis  # noqa: PLC0415
+    from specdiag.kernels.mla import kv_bytes  # noqa: PLC0415
+
+    def ms(ctx, fixed_us, gbps, t=1):
+        return (fixed_us * 1e-6 + kv_bytes(ctx + t) / (gbps * 1e9)) * 1e3
+
+    rows, copies = [], []
+    for ctx in (65536, 131072, 262144):
+        rows += [_row("split_p1", "split_kv", ctx, 8, 1, ms(ctx, 20.0, 3900.0)),
+                 _row("fused_p1", "fused_split_kv", ctx, 8, 1, ms(ctx, 40.0, 3900.0)),
+                 _row("flashinfer_mla_p1", "anchor", ctx, 8, 1, ms(ctx, 42.0, 4000.0))]
+        copies.append({"context_tokens": ctx, "traffic_bytes": ctx * 1152, "ms_median": ms(ctx, 3.0, 4200.0, t=0),
+                       "gbps": 1.0, "error": None})
+    df = analysis.measured(rows)
+    same = analysis.same_bytes_copy(df, copies)
+    assert len(same) == 9
+    r = same[(same["kernel"] == "split_p1") & (same["context_tokens"] == 131072)].iloc[0]
+    assert r["over_copy"] == pytest.approx(ms(131072, 20.0, 3900.0) / ms(131072, 3.0, 4200.0, t=0))
+    needs = analysis.target_needs(df, 4000.0, copies).set_index("context_tokens")
+    assert set(needs.index) == {65536, 131072, 262144}  # h8T1 only: the memory targets; no h8T8 row, no compute
+    n = needs.loc[131072]
+    target_ms = kv_bytes(131073) / (0.85 * 4000e9) * 1e3
+    assert n["target_ms"] == pytest.approx(target_ms)
+    assert n["target_over_copy"] == pytest.approx(target_ms / ms(131072, 3.0, 4200.0, t=0))
+    assert n["ours_kernel"] == "split_p1" and n["ours_ms"] == pytest.approx(ms(131072, 20.0, 3900.0))
+    assert n["ours_cut_pct"] == pytest.approx(100 * (1 - target_ms / ms(131072, 20.0, 3900.0)))
+    assert n["ours_fixed_us"] == pytest.approx(20.0, rel=1e-6)
+    assert n["fixed_budget_us"] == pytest.approx(1e3 * target_ms - kv_bytes(131073) / 3900e9 * 1e6, rel=1e-6)
+    assert n["flashinfer_mla_p1_ms"] == pytest.approx(ms(131072, 42.0, 4000.0))
+    assert needs.loc[65536, "target_ms"] == pytest.approx(kv_bytes(65537) / (0.75 * 4000e9) * 1e3)  # 75 % at 64k
+    assert analysis.same_bytes_copy(df, []).empty and analysis.target_needs(df.iloc[0:0], 4000.0, copies).empty
+
+
+def test_tree_mask_reason_is_what_cannot_says_for_a_tree():
+    from specdiag.kernels.anchors import ANCHORS, cannot, tree_mask_reason  # noqa: PLC0415
+
+    tree = make_inputs(VerifyShape(100, 2, 6, "shuffled_p1"), seed=3)
+    for name in ANCHORS:
+        assert tree_mask_reason(name) == cannot(name, tree) and tree_mask_reason(name).startswith("tree mask")
+    with pytest.raises(ValueError, match="unknown anchor"):
+        tree_mask_reason("flashmla")
+    with pytest.raises(ValueError, match="is a chain"):
+        tree_mask_reason("flashinfer_mla", draft_tokens=1)  # one token: every tree is a chain
