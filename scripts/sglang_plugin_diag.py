@@ -139,6 +139,8 @@ def identity(clients: dict[str, SGLangClient], args: argparse.Namespace, work: P
     for tag, ctx, seed in sets:
         if budget.left() < 20 + ctx / 3000:
             log(f"identity: skipping {ctx:,} tokens ({budget.left():.0f} s left)")
+            rows.append({"tp": args.tp_size, "set": tag, "context_tokens": ctx, "seed": seed,
+                         "skipped": f"budget: {budget.left():.0f} s left, about {20 + ctx / 3000:.0f} s needed"})
             continue
         row: dict[str, Any] = {"tp": args.tp_size, "set": tag, "context_tokens": ctx, "seed": seed,
                                "ref_arm": ref, "test_arm": test}
@@ -254,9 +256,13 @@ def summarize(work: Path, rows: list, runs: dict, failures: list, args: argparse
     from specdiag.steps.baseline_sweep.sweep import latest_rows  # noqa: PLC0415
 
     lines = [f"=== summary (measured on this call; phase {args.phase}, TP {args.tp_size})"]
+    skipped = [r for r in rows if r.get("skipped")]
+    rows = [r for r in rows if not r.get("skipped")]
     ok = sum(bool(r.get("identical")) for r in rows)
     ctrl = [r["ref_repeat_identical"] for r in rows if "ref_repeat_identical" in r]
-    lines.append(f"identity plugin vs stock: {ok}/{len(rows)} identical; stock repeat {sum(ctrl)}/{len(ctrl)}")
+    not_run = ", ".join(f"{r['context_tokens']:,}" for r in skipped)
+    lines.append(f"identity plugin vs stock: {ok}/{len(rows)} identical; stock repeat {sum(ctrl)}/{len(ctrl)}"
+                 + (f"; NOT RUN: {len(skipped)} prompts ({not_run} tokens; {skipped[0]['skipped']})" if skipped else ""))
     for r in rows:
         if not r.get("identical"):
             lines.append(f"  {r['set']} {r['context_tokens']:,} seed {r['seed']}: first diff {r.get('first_diff')}; "
