@@ -44,6 +44,12 @@ class CompiledReport:
     kv_buffers: int  #: leading dim of the latent-tile shared buffer allocated before the loop (0: none)
     merge_cg_loads: int  #: plain .cg loads from the first one on (the fused kernel's merge loops; 0 for split)
     merge_async_copies: int  #: async copies from there on (0: the merge loads are not prefetched)
+    qk_warps: str  #: warpsPerCTA of the Q K^T dot's wgmma layout, "8x1": with 64 rows and 8 warps both warpgroups
+    #: compute the whole score tile (Triton lays a dot whose result feeds another dot out as numWarps x 1); "" for mma.sync
+    qk_instr_n: int  #: N of the Q K^T wgmma instruction (m64nNk16; 0 for mma.sync): smaller N re-reads the Q tile more
+    pv_warps: str  #: warpsPerCTA of the P V dot's wgmma layout ("4x2": each warpgroup 256 of the 512 value dims)
+    loop_async_wait: int  #: outstanding copy groups the full-tile loop's async_wait allows (0: it waits for every copy)
+    qk_once: bool = False  #: split kernel with P and alpha through the scratch (triton_splitkv qk_once, run 6)
 
 
 def _first_loop(ttgir: str) -> str:
@@ -54,7 +60,7 @@ def _first_loop(ttgir: str) -> str:
 
 
 def compile_report(kernel: str, kv: str, block_m: int, block_n: int, num_warps: int, num_stages: int,
-                   merge_stages_n: int | None = None) -> CompiledReport:
+                   merge_stages_n: int | None = None, qk_once: bool = False) -> CompiledReport:
     import triton  # noqa: PLC0415
     from triton.backends.compiler import GPUTarget  # noqa: PLC0415
     from triton.backends.nvidia.compiler import get_ptxas  # noqa: PLC0415
@@ -62,6 +68,8 @@ def compile_report(kernel: str, kv: str, block_m: int, block_n: int, num_warps: 
 
     if kernel not in ("fused", "split") or kv not in ("bf16", "fp8") or (kernel == "split" and kv == "fp8"):
         raise ValueError(f"kernel must be fused (bf16 or fp8 KV) or split (bf16 KV); got {kernel!r}, {kv!r}")
+    if qk_once and kernel != "split":
+        raise ValueError("qk_once is a form of the split kernel")
     if kernel == "fused":
         from specdiag.kernels.triton_fused import _fused_kernel as fn  # noqa: PLC0415
         from specdiag.kernels.triton_fused import merge_stages  # noqa: PLC0415
@@ -76,9 +84,9 @@ def compile_report(kernel: str, kv: str, block_m: int, block_n: int, num_warps: 
         from specdiag.kernels.triton_splitkv import _split_partial_kernel as fn  # noqa: PLC0415
 
         ptr = {"Q": "*bf16", "KV": "*bf16", "TOKEN_TABLE": "*i64", "BLOCK_TABLE": "*i32", "MASK": "*u8",
-               "O_PART": "*fp32", "LSE_PART": "*fp32"}
+               "O_PART": "*fp32", "LSE_PART": "*fp32", "P_SCR": "*fp32"}
         const = {"PAGE_SIZE": 1, "BLOCK_M": block_m, "BLOCK_N": block_n, "D_NOPE": 512, "D_PE": 64, "EVICT": "",
-                 "DIRECT": False, "DV_SPLIT": 1}
+                 "DIRECT": False, "DV_SPLIT": 1, "QK_ONCE": qk_once, "ASM": qk_once}
     names = fn.arg_names
     sig = {n: "constexpr" if n in const else ptr.get(n, "fp32" if n in ("qk_scale", "v_scale") else "i32") for n in names}
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in [*ptr, "tokens_per_split", "stride_kv"]}
@@ -99,19 +107,32 @@ def compile_report(kernel: str, kv: str, block_m: int, block_n: int, num_warps: 
     bufs = re.findall(r"local_alloc : \(\) -> !ttg.memdesc<(\d+)x\d+x512x", prologue)
     # the merge loops (fused only) follow the first load with the .cg cache modifier: their loads and async copies
     merge = ttgir[ttgir.index("cacheModifier = cg"):] if "cacheModifier = cg" in ttgir else ""
+    # the dots of the full-tile loop: the first (Q K^T) and the last (P V), by the layout name of their results
+    wgmma = r"^#(mma\d*) = #ttg.nvidia_mma<\{versionMajor = 3, versionMinor = \d+, warpsPerCTA = \[(\d+), (\d+)\], " \
+            r"instrShape = \[16, (\d+), 16\]"
+    layouts = {name: (f"{wm}x{wn}", int(n)) for name, wm, wn, n in re.findall(wgmma, ttgir, re.M)}
+    dots = re.findall(r"warp_group_dot %[^\n]*-> tensor<\d+x\d+xf32, #(mma\d*)>", loop)
+    qk = layouts.get(dots[0], ("", 0)) if dots else ("", 0)
+    pv = layouts.get(dots[-1], ("", 0)) if dots else ("", 0)
+    waits = [int(n) for n in re.findall(r"async_wait [^\n]*\{num = (\d+)", loop)]
     return CompiledReport(
         kernel=kernel, kv=kv, block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=num_stages,
         shared_bytes=int(k.metadata.shared), registers=regs,
         spill_store_bytes=int(spills.group(1)) if spills else 0, spill_load_bytes=int(spills.group(2)) if spills else 0,
         loop_async_copies=loop.count("async_copy_global_to_local"), loop_plain_kv_loads=len(kv_loads),
         loop_fp_to_fp=loop.count("tt.fp_to_fp"), kv_buffers=int(bufs[0]) if bufs else 0,
-        merge_cg_loads=merge.count("cacheModifier = cg"), merge_async_copies=merge.count("async_copy_global_to_local"))
+        merge_cg_loads=merge.count("cacheModifier = cg"), merge_async_copies=merge.count("async_copy_global_to_local"),
+        qk_warps=qk[0], qk_instr_n=qk[1], pv_warps=pv[0], loop_async_wait=max(waits) if waits else 0, qk_once=qk_once)
 
 
 #: (block_m, block_n, num_warps, num_stages): splitkv_plan.default_config for <= 16 rows and for 33-128 rows.
 DEFAULT_TILES = ((16, 64, 4, 2), (64, 64, 8, 3))
 #: the fp8 tiles default_fused_config(rows, kv_fp8=True) picks for the same rows (run 5; run 4 ran the tiles above)
 FP8_TILES = ((16, 32, 4, 3), (64, 64, 8, 5))
+#: run 6's 64-row tiles of the split kernel (block_m, block_n, warps, stages, qk_once; dispatch: split_n32s5_p1,
+#: split_qk1_p1) and the ones these facts rule out (docs/kernel-notes.md "Run 6 (planned)")
+RUN6_TILES = ((64, 32, 8, 5, False), (64, 32, 8, 5, True), (64, 64, 8, 3, True), (64, 32, 8, 3, False),
+              (64, 32, 8, 7, False), (64, 64, 4, 3, False), (64, 64, 16, 2, False), (64, 128, 8, 2, False))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
                               ("fused", "fp8", fp8_tile)):
             r = compile_report(kernel, kv, *t)
             print("\t".join(str(v) for v in asdict(r).values()), flush=True)
+    for *t, qk_once in RUN6_TILES:
+        r = compile_report("split", "bf16", *t, qk_once=qk_once)
+        print("\t".join(str(v) for v in asdict(r).values()), flush=True)
     return 0
 
 

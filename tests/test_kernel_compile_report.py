@@ -57,3 +57,34 @@ def test_64_row_tiles_fp8_gets_two_buffers_at_five_stages(report):
     assert fused.loop_fp_to_fp == 0 and fp8.loop_fp_to_fp == 2 and fp8.loop_plain_kv_loads == 0
     assert fused.registers == fp8.registers == 255
     assert fused.merge_async_copies > 0  # the self-merge (merge="self" only at 64-row tiles) is pipelined too
+
+
+def test_64_row_tile_computes_the_scores_in_both_warpgroups(report):
+    """Run 6's reading of the h8T8 loop (docs/kernel-notes.md "Run 6 (planned)"): with 64 rows and 8 warps Triton lays
+    Q K^T out as 8 x 1 warps over a 64-row tile (a dot feeding a dot is laid out numWarps x 1), so both warpgroups
+    compute the whole score tile, with m64n32k16 wgmmas (N = 64 keys / 2 warp columns); P V is 4 x 2 (each warpgroup
+    256 value dims); the next tile's copy is waited for at the top of the next iteration (async_wait 0)."""
+    split = report("split", "bf16", 64, 64, 8, 3)  # split_p1 at 33-128 rows
+    assert (split.qk_warps, split.qk_instr_n, split.pv_warps, split.loop_async_wait) == ("8x1", 32, "4x2", 0)
+    assert (split.shared_bytes, split.kv_buffers, split.registers) == (230400, 2, 255)
+    fused = report("fused", "bf16", 64, 64, 8, 3)
+    assert (fused.qk_warps, fused.qk_instr_n, fused.pv_warps) == ("8x1", 32, "4x2")
+
+
+def test_run6_tiles_three_buffers_at_five_stages_and_scores_once(report):
+    s5 = report("split", "bf16", 64, 32, 8, 5)  # split_n32s5_p1
+    qk1 = report("split", "bf16", 64, 32, 8, 5, qk_once=True)  # split_qk1_p1
+    assert (s5.shared_bytes, s5.kv_buffers, s5.loop_async_wait) == (193536, 3, 4)
+    assert (qk1.shared_bytes, qk1.kv_buffers, qk1.loop_async_wait) == (193536, 3, 4)
+    assert (s5.qk_warps, s5.qk_instr_n, s5.pv_warps) == ("8x1", 16, "4x2")  # both warpgroups: all 32 keys
+    assert (qk1.qk_warps, qk1.qk_instr_n, qk1.pv_warps) == ("4x2", 16, "4x2")  # each warpgroup 16 of the keys
+    for r in (s5, qk1):  # prefetched, few spills
+        assert r.loop_plain_kv_loads == 0 and r.loop_async_copies == 4 and r.spill_store_bytes <= 240
+    # the 64-token tile with the scores once does not fit: P's staging for the P V dot adds 8 KB
+    assert report("split", "bf16", 64, 64, 8, 3, qk_once=True).shared_bytes > 232448
+    # ruled out: one warpgroup holds the 64 x 512 fp32 accumulator alone (scores not replicated, n64, but ~4 KB of
+    # spills); 16 warps replicate the scores four times (run 2: 1.9x slower); 128-token tiles do not fit
+    w4 = report("split", "bf16", 64, 64, 4, 3)
+    assert (w4.qk_warps, w4.qk_instr_n) == ("4x1", 64) and w4.spill_store_bytes > 3000
+    assert report("split", "bf16", 64, 64, 16, 2).qk_warps == "16x1"
+    assert report("split", "bf16", 64, 128, 8, 2).shared_bytes > 232448

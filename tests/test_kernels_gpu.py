@@ -86,3 +86,18 @@ def test_fused_kernels_match_reference_and_repeat(shape: VerifyShape) -> None:
             for attempt in range(2):
                 res = check_once(name, x, r, None, tol=1e-2)
                 assert res["unwritten"] == 0 and res["rel_err"] <= 1e-2, f"{name} call {attempt}: {res}"
+
+
+@pytest.mark.parametrize("shape", [VerifyShape(4096, 8, 8, "shuffled_p1"), VerifyShape(3001, 5, 8, "contiguous"),
+                                   VerifyShape(20000, 16, 8, "shuffled_b64"), VerifyShape(131072, 8, 8, "shuffled_p1")],
+                         ids=lambda s: f"tile64-P{s.context_tokens}-H{s.heads}-T{s.draft_tokens}-{s.layout}")
+def test_run6_tile64_arms_match_reference(shape: VerifyShape) -> None:
+    """Run 6's arms (split_p1 with 32-token tiles and 5 stages at 64-row tiles, and the same with the scores once per
+    tile): correct and every row written, twice. What the interpreter cannot check: the three buffers and async_wait 4,
+    and qk_once's inline bar.sync / ld.relaxed.cta ordering of the scratch (a race would show as a wrong result)."""
+    inputs = make_inputs(shape, device="cuda", seed=shape.context_tokens)
+    ref = reference_verify(inputs)
+    for name in ("split_n32s5_p1", "split_qk1_p1"):
+        for attempt in range(2):
+            res = check_once(name, inputs, ref, None, tol=1e-2)
+            assert res["unwritten"] == 0 and res["rel_err"] <= 1e-2, f"{name} call {attempt}: {res}"

@@ -436,7 +436,8 @@ def fused_vs_two_launch(df: pd.DataFrame) -> pd.DataFrame:
 
 
 #: Kernels fitted by :func:`fixed_cost_by_kernel` unless told otherwise (those absent from a run are left out).
-FIT_KERNELS = ("split_p1", "fused_p1", "fused_self_p1", "fused_fp8_p1", "flashinfer_mla_p1", "sglang_splitkv_p1")
+FIT_KERNELS = ("split_p1", "fused_p1", "fused_self_p1", "fused_fp8_p1", "split_n32s5_p1", "split_qk1_p1",
+               "flashinfer_mla_p1", "sglang_splitkv_p1")
 
 
 def fixed_cost_by_kernel(df: pd.DataFrame, kernels: Iterable[str] = FIT_KERNELS,

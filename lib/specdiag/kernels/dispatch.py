@@ -3,7 +3,10 @@
 A variant is a kernel plus the index form it reads: ``baseline_p1`` (token table), ``split_p1``
 (token table), ``split_b64`` (64-token block table); issue 13's single-launch ``fused_p1`` / ``fused_b64`` and
 their fp8-KV forms ``fused_fp8_p1`` / ``fused_fp8_b64`` (design ``fused_split_kv``); ``fused_self_p1`` keeps the
-merge inside the launch at every tile size (run 5's arm against the two-launch fallback at 64-row tiles). On CUDA the Triton kernels run; on the CPU the
+merge inside the launch at every tile size (run 5's arm against the two-launch fallback at 64-row tiles);
+``split_n32s5_p1`` is ``split_p1`` with 32-token KV tiles and 5 pipeline stages at 64-row tiles, ``split_qk1_p1`` the
+same with Q K^T computed once per tile instead of in both warpgroups (run 6's arms on the h8T8 inner loop; at other
+row tiles both are exactly ``split_p1``). On CUDA the Triton kernels run; on the CPU the
 torch fallbacks of the same designs (reference.py) run, so tests and CI exercise the same code paths
 around them.
 """
@@ -26,6 +29,8 @@ class KernelVariant:
     page_size: int  #: 1 (token index table) or 64 (block table)
     kv_fp8: bool = False  #: reads the fp8 e4m3 cache (inputs.cache_fp8, per-tensor kv_scale)
     merge: str = "auto"  #: fused_split_kv only: "auto" (self-merge under 64-row tiles, else run 2's merge kernel), "self"
+    #: split_kv only: (block_n, num_stages, qk_once) of the 64-row tile (33-128 rows) instead of the default's (run 6)
+    tile64: Optional[tuple[int, int, bool]] = None
 
 
 KERNEL_VARIANTS: dict[str, KernelVariant] = {
@@ -39,6 +44,11 @@ KERNEL_VARIANTS: dict[str, KernelVariant] = {
     "fused_fp8_b64": KernelVariant("fused_fp8_b64", "fused_split_kv", 64, kv_fp8=True),
     # run 5: the self-merge at every tile size (at 64-row tiles "auto" launches run 2's merge kernel instead)
     "fused_self_p1": KernelVariant("fused_self_p1", "fused_split_kv", 1, merge="self"),
+    # run 6: the h8T8 inner loop with 32-token KV tiles and 5 stages (three buffers: the copy two tiles ahead in flight
+    # through a whole iteration), then the same with the scores computed once (triton_splitkv qk_once). Under 33 rows
+    # and over 128: split_p1 itself.
+    "split_n32s5_p1": KernelVariant("split_n32s5_p1", "split_kv", 1, tile64=(32, 5, False)),
+    "split_qk1_p1": KernelVariant("split_qk1_p1", "split_kv", 1, tile64=(32, 5, True)),
 }
 
 
@@ -46,6 +56,17 @@ def variant(name: str) -> KernelVariant:
     if name not in KERNEL_VARIANTS:
         raise ValueError(f"unknown kernel {name!r}; choose one of {sorted(KERNEL_VARIANTS)}")
     return KERNEL_VARIANTS[name]
+
+
+def resolve_config(name: str, rows: int, config: Optional[Any] = None) -> Optional[Any]:
+    """The launch configuration variant ``name`` runs with at ``rows`` packed rows: ``config`` when given (tuning),
+    else the variant's own 64-row tile (splitkv_plan.tile64_config) where it has one, else None (the default)."""
+    v = variant(name)
+    if config is not None or v.tile64 is None:
+        return config
+    from specdiag.kernels.splitkv_plan import tile64_config  # noqa: PLC0415
+
+    return tile64_config(rows, *v.tile64)
 
 
 def supports(name: str, inputs: VerifyInputs) -> bool:
@@ -61,6 +82,7 @@ def implementation(inputs: VerifyInputs) -> str:
 def run_variant(name: str, inputs: VerifyInputs, out: torch.Tensor, config: Optional[Any] = None) -> torch.Tensor:
     """Run kernel variant ``name`` into ``out``; ``config`` is a SplitKVConfig for split variants."""
     v = variant(name)
+    config = resolve_config(name, inputs.heads * inputs.draft_tokens, config)
     if not supports(name, inputs):
         raise ValueError(f"{name} reads a 64-token block table, which the shuffled_p1 layout does not have")
     if v.kv_fp8 and inputs.cache_fp8 is None:

@@ -32,7 +32,7 @@ import torch
 from specdiag.kernels.cases import (FP8_TOL, TABLE, TUNING_TABLE, VARIANTS_BY_LAYOUT, GridSpec, check_once,  # noqa: F401
                                     config_dict, derived_metrics, fp8_case, full_grid, measure_variant, plan_fields,
                                     progress_line, relative_error, rotation_sets, shape_fields, smoke_grid)
-from specdiag.kernels.dispatch import implementation, supports, variant
+from specdiag.kernels.dispatch import implementation, resolve_config, supports, variant
 from specdiag.kernels.mla import VerifyInputs, VerifyShape, kv_bytes, make_inputs
 from specdiag.kernels.reference import reference_verify
 from specdiag.kernels.timing import copy_bandwidth_gbps, matmul_tflops, summarize_ms, time_calls  # noqa: F401
@@ -75,6 +75,7 @@ def run_grid(spec: GridSpec, run: Run, peaks: dict[str, float], device: torch.de
                 from dataclasses import replace  # noqa: PLC0415
 
                 config = replace(configs(shape.rows), partial_bf16=True)
+            config = resolve_config(name, shape.rows, config)  # run 6's arms carry their own 64-row tile
             row = {**base, "ts_unix_s": time.time(), "kernel": name, "design": v.design, "page_size": v.page_size,
                    "impl": implementation(inputs), "config": config_dict(config), "skipped": None}
             key = (shape.heads, shape.draft_tokens, shape.layout)

@@ -23,6 +23,8 @@ KERNEL_STYLE = {
     "fused_fp8_p1": dict(color="#ef6c00", marker="x", label="single-launch, fp8 KV, page_size 1"),
     "fused_fp8_b64": dict(color="#f9a825", marker="X", label="single-launch, fp8 KV, 64-token blocks"),
     "fused_self_p1": dict(color="#4527a0", marker="d", label="single launch, merge in the launch at every tile, page_size 1"),
+    "split_n32s5_p1": dict(color="#42a5f5", marker="h", label="split-KV, 32-token tiles, 5 stages at 64-row tiles"),
+    "split_qk1_p1": dict(color="#0d47a1", marker="H", label="split-KV, 32-token tiles, 5 stages, scores once per tile"),
     "sglang_splitkv_p1": dict(color="#5d4037", marker="^", label="SGLang 0.5.17 upstream split-KV verify"),
     "flashinfer_mla_p1": dict(color="#00838f", marker="<", label="FlashInfer MLA, page_size 1"),
     "flashinfer_mla_b64": dict(color="#00695c", marker=">", label="FlashInfer MLA, 64-token blocks"),

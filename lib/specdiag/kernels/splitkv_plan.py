@@ -29,6 +29,8 @@ class SplitKVConfig:
     dv_split:         programs sharing one (row tile, split), each accumulating 512/dv_split value dims
                       (smaller accumulators; each recomputes the scores)
     merge_block_dv:   value dims per merge program (smaller: more merge programs in flight)
+    qk_once:          split kernel (triton_splitkv) only: P and the rescale reach the P V dot through a scratch, so
+                      Triton does not compute Q K^T in both warpgroups of a 64-row, 8-warp tile (run 6)
     """
 
     block_m: int = 64
@@ -41,6 +43,7 @@ class SplitKVConfig:
     evict_first: bool = False
     dv_split: int = 1
     merge_block_dv: int = 64
+    qk_once: bool = False
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -71,6 +74,24 @@ def default_config(rows: int) -> SplitKVConfig:
                              merge_block_dv=16)
     # run 2: 1.149 ms at h16 T64 128k (3 stages: 1.196 ms; 16 warps: 2.419 ms)
     return SplitKVConfig(block_m=64, block_n=64, num_warps=8, num_stages=2, programs_per_sm=1.0, merge_block_dv=16)
+
+
+def tile64_config(rows: int, block_n: int, num_stages: int, qk_once: bool = False) -> SplitKVConfig:
+    """default_config(rows) with another KV tile, pipeline depth and score layout where the row tile is 64 rows
+    (33-128 rows); other row counts get the default unchanged. Run 6's arms at h8T8 (docs/kernel-notes.md
+    "Run 6 (planned)").
+
+    Triton 3.6.0 for sm_90 (scripts/kernel_compile_report.py, split kernel, 64-row tiles, 8 warps):
+    (64, 3) -> 230,400 B, two buffers, the next tile's copy waited for at the top of the next iteration
+    (async_wait 0): only the P V dot overlaps it; both warpgroups compute all of Q K^T (m64n32k16 wgmmas).
+    (32, 5) -> 193,536 B, three buffers, async_wait 4: the copy two tiles ahead stays in flight through a whole
+    iteration; Q K^T m64n16k16, still in both warpgroups. (32, 5, qk_once) -> 193,536 B, the same pipeline, Q K^T
+    split between the warpgroups (each 16 of the 32 keys). qk_once at 64-token tiles needs 238,592 B: over 232,448.
+    """
+    base = default_config(rows)
+    if base.block_m != 64 or rows > 128:
+        return base
+    return replace(base, block_n=block_n, num_stages=num_stages, qk_once=qk_once)
 
 
 def default_fused_config(rows: int, kv_fp8: bool = False) -> SplitKVConfig:

@@ -249,6 +249,8 @@ def fused_split_kv_triton(inputs: VerifyInputs, out: torch.Tensor, page_size: in
     cfg = cfg or default_fused_config(rows, kv_fp8=kv_fp8)
     if cfg.dv_split != 1:
         raise ValueError("the fused kernel keeps all 512 value dims per program (dv_split 1)")
+    if cfg.qk_once:
+        raise ValueError("qk_once is a form of the two-launch split kernel (triton_splitkv), not of the fused kernel")
     if page_size == BLOCK_TOKENS:
         if inputs.block_table is None:
             raise ValueError("page_size 64 needs a block table: this layout (shuffled_p1) has none; use page_size 1")

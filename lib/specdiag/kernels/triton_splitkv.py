@@ -15,6 +15,14 @@ Design (shared/reference/kernels.md sections 2 and 4; FlashMLA and FlashInfer sp
   tile and the draft block run in a second, masked loop (tree mask on draft x draft).
 - Indexing: page_size 1 reads a token index table (one int64 per row, prefetched by the pipeline
   like the rows); page_size 64 reads one int32 block id per tile and the rows are contiguous.
+- Scores once (``qk_once``, run 6; docs/kernel-notes.md "Run 6 (planned)"): with 64-row tiles and 8 warps Triton
+  3.6 lays Q K^T out for both warpgroups (a dot whose result feeds another dot gets numWarps x 1 warps, 128 rows
+  of warps over 64 rows of scores), so each warpgroup computes the whole score tile. With ``qk_once`` the full-tile
+  loop hands P and the rescale factor to the P V dot through a per-program scratch in global memory (L1) after a
+  CTA barrier: no SSA path from the scores to a dot, so Q K^T is laid out 4 x 2 (each warpgroup half the keys).
+  The barrier and the loads are inline PTX (``bar.sync 0``; ``ld.relaxed.cta``): a ``gpu.barrier`` in the loop
+  keeps Triton from pipelining it, and a ``tt.load`` of the scratch would be prefetched by the pipeliner before
+  the iteration that writes it. Under Triton's interpreter (no inline PTX) tl.debug_barrier and tl.load stand in.
 - Merge: each split writes its normalized partial output (fp32, or bf16 when ``partial_bf16``)
   and its base-2 log-sum-exp; a second kernel with one program per (row, 64 value dims) weights the
   partials by exp2(lse - max lse). With a single split the first kernel writes the output directly.
@@ -23,6 +31,7 @@ Design (shared/reference/kernels.md sections 2 and 4; FlashMLA and FlashInfer sp
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import triton
@@ -34,18 +43,37 @@ from specdiag.kernels.splitkv_plan import SplitKVConfig, default_config, describ
 LOG2E = 1.4426950408889634
 
 
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
 @functools.lru_cache(maxsize=8)
 def sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 @triton.jit
+def _cta_sync(x):
+    """``x`` returned through ``bar.sync 0`` (every thread of the CTA): loads addressed by the result come after
+    the barrier, which orders the CTA's earlier global stores before them (PTX barrier memory ordering)."""
+    return tl.inline_asm_elementwise("bar.sync 0;\n\tmov.b32 $0, $1;", "=r,r", [x], dtype=tl.int32, is_pure=False,
+                                     pack=1)
+
+
+@triton.jit
+def _ld_cta_f32(ptrs):
+    """fp32 loads as inline PTX (``ld.relaxed.cta.global``): not a tt.load, so the pipeliner never prefetches them."""
+    return tl.inline_asm_elementwise("ld.relaxed.cta.global.f32 $0, [$1];", "=f,l", [ptrs], dtype=tl.float32,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit
 def _split_partial_kernel(
-    Q, KV, TOKEN_TABLE, BLOCK_TABLE, MASK, O_PART, LSE_PART,
+    Q, KV, TOKEN_TABLE, BLOCK_TABLE, MASK, O_PART, LSE_PART, P_SCR,
     qk_scale, n_prefix, n_kv, n_draft, n_heads, n_rows, tokens_per_split, stride_kv,
     PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     D_NOPE: tl.constexpr, D_PE: tl.constexpr, EVICT: tl.constexpr, DIRECT: tl.constexpr,
-    DV_SPLIT: tl.constexpr,
+    DV_SPLIT: tl.constexpr, QK_ONCE: tl.constexpr, ASM: tl.constexpr,
 ):
     pid_m = tl.program_id(0)  # row tile x DV_SPLIT + value part
     pid_s = tl.program_id(1)
@@ -68,6 +96,11 @@ def _split_partial_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D_VP], tl.float32)
+    if QK_ONCE:  # this program's scratch: two slots (by iteration parity) of P [BLOCK_M, BLOCK_N] and alpha [BLOCK_M]
+        offs_m = tl.arange(0, BLOCK_M)
+        scr = (pid_s * tl.num_programs(0) + pid_m).to(tl.int64) * (2 * BLOCK_M * (BLOCK_N + 1))
+        p_scr = P_SCR + scr + offs_m[:, None] * BLOCK_N + offs_n[None, :]
+        a_scr = P_SCR + scr + BLOCK_M * BLOCK_N + offs_m
 
     # full prefix tiles: every key visible, no bounds checks
     for it in range(0, n_full):
@@ -80,13 +113,28 @@ def _split_partial_kernel(
         kv_row = KV + slot[:, None].to(tl.int64) * stride_kv
         k_nope = tl.load(kv_row + offs_d[None, :], eviction_policy=EVICT)
         k_pe = tl.load(kv_row + offs_pe[None, :], eviction_policy=EVICT)
-        s = tl.dot(q_nope, tl.trans(k_nope))
-        s = tl.dot(q_pe, tl.trans(k_pe), s)
-        s = s * qk_scale
+        if QK_ONCE:  # two dots summed: a dot that feeds the next one as its accumulator is itself "chained"
+            s = tl.dot(q_nope, tl.trans(k_nope)) * qk_scale + tl.dot(q_pe, tl.trans(k_pe)) * qk_scale
+        else:
+            s = tl.dot(q_nope, tl.trans(k_nope))
+            s = tl.dot(q_pe, tl.trans(k_pe), s)
+            s = s * qk_scale
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
+        if QK_ONCE:  # P and alpha to the P V dot through the scratch (see the module doc)
+            par = (it % 2) * (BLOCK_M * (BLOCK_N + 1))
+            tl.store(p_scr + par, p)
+            tl.store(a_scr + par, alpha)
+            if ASM:
+                par = _cta_sync(par)
+                p = _ld_cta_f32(p_scr + par)
+                alpha = _ld_cta_f32(a_scr + par)
+            else:
+                tl.debug_barrier()
+                p = tl.load(p_scr + par)
+                alpha = tl.load(a_scr + par)
         acc = acc * alpha[:, None]
         if DV_SPLIT == 1:
             acc = tl.dot(p.to(k_nope.dtype), k_nope, acc)
@@ -191,6 +239,8 @@ def split_kv_triton(inputs: VerifyInputs, out: torch.Tensor, page_size: int = 1,
         block_table = inputs.token_table  # unused by the kernel
     else:
         raise ValueError(f"page_size must be 1 or {BLOCK_TOKENS}; got {page_size}")
+    if cfg.qk_once and cfg.dv_split != 1:
+        raise ValueError("qk_once keeps all 512 value dims per program: use dv_split 1")
     plan = plan_splits(rows, n_kv, cfg, num_sms or sm_count(q.device.index or 0))
     direct = plan.n_splits == 1
     if direct:
@@ -199,11 +249,15 @@ def split_kv_triton(inputs: VerifyInputs, out: torch.Tensor, page_size: int = 1,
         o_part = torch.empty(plan.n_splits, rows, D_V, device=q.device,
                              dtype=torch.bfloat16 if cfg.partial_bf16 else torch.float32)
         lse_part = torch.empty(plan.n_splits, rows, device=q.device, dtype=torch.float32)
+    n_programs = plan.n_tiles * cfg.dv_split * plan.n_splits
+    p_scr = (torch.empty(n_programs * 2 * cfg.block_m * (cfg.block_n + 1), device=q.device, dtype=torch.float32)
+             if cfg.qk_once else lse_part)  # lse_part: unused by the kernel without qk_once
     _split_partial_kernel[(plan.n_tiles * cfg.dv_split, plan.n_splits)](
-        q, cache, inputs.token_table, block_table, inputs.mask_u8, o_part, lse_part,
+        q, cache, inputs.token_table, block_table, inputs.mask_u8, o_part, lse_part, p_scr,
         inputs.sm_scale * LOG2E, inputs.n_prefix, n_kv, T, H, rows, plan.tokens_per_split, cache.stride(0),
         PAGE_SIZE=page_size, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, D_NOPE=D_NOPE, D_PE=D_PE,
         EVICT="evict_first" if cfg.evict_first else "", DIRECT=direct, DV_SPLIT=cfg.dv_split,
+        QK_ONCE=cfg.qk_once, ASM=cfg.qk_once and not _interpreting(),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if not direct and not partial_only:
