@@ -20,7 +20,7 @@
 # First a gate of at most GATE_S s (default 45): tests/test_kernels_gpu.py -k "$GATE_K" (default: fused, the fused
 # kernels vs the reference, twice each; run 4's 45 s passed 2 of its 6 tests, the rest went to Triton compiles).
 # Run 5 (docs/kernel-notes.md "Run 5 (planned)") narrows the call with KERNELS, LAYOUTS, CASES, GATE_S, GATE_K and
-# SGLANG_ANCHOR=0 (run 4's defaults otherwise).
+# SGLANG_ANCHOR=0 (run 4's defaults otherwise); run 6 ("Run 6 (planned)") the same way, with GATE_K=tile64.
 # $OUT receives (at most 8 files): kernel-ab.tar.gz (the run folder: run.json, kernel_ab.jsonl,
 # kernel_ab_copy.jsonl, harness.log), job.log, env.txt, gpu-tests.log, flashinfer-jit.log, targets.txt (also printed last).
 set -uo pipefail
