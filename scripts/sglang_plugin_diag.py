@@ -137,10 +137,11 @@ def identity(clients: dict[str, SGLangClient], args: argparse.Namespace, work: P
     tok = chk.tokenizer_of(clients[ref])
     rows = []
     for tag, ctx, seed in sets:
-        if budget.left() < 20 + ctx / 3000:
-            log(f"identity: skipping {ctx:,} tokens ({budget.left():.0f} s left)")
-            rows.append({"tp": args.tp_size, "set": tag, "context_tokens": ctx, "seed": seed,
-                         "skipped": f"budget: {budget.left():.0f} s left, about {20 + ctx / 3000:.0f} s needed"})
+        need_s = 20 + ctx / 3000
+        if budget.left() < need_s:
+            why = f"budget: {budget.left():.0f} s left, about {need_s:.0f} s needed"
+            log(f"identity: skipping {ctx:,} tokens ({why})")
+            rows.append({"tp": args.tp_size, "set": tag, "context_tokens": ctx, "seed": seed, "skipped": why})
             continue
         row: dict[str, Any] = {"tp": args.tp_size, "set": tag, "context_tokens": ctx, "seed": seed,
                                "ref_arm": ref, "test_arm": test}

@@ -72,17 +72,22 @@ def test_install_plugin_declares_the_entry_point(tmp_path: Path) -> None:
     assert eps and "specdiag_splitkv = specdiag_sglang_plugin:register" in eps[0].read_text()
 
 
-def test_plugin_diag_places_tp1_arms_on_the_gpus_there_are():
-    """The TP 1 arms were planned for two GPUs (stock on 0, the rest on 1); on a one-GPU machine they all run on
-    GPU 0 (a call on nvidia-h200 of 2026-11-30 started them on an invisible GPU 1: "No CUDA runtime is found").
-    A TP 2 phase on one GPU stops before any server starts, naming the device kind."""
+
+def _plugin_diag():
+    """scripts/sglang_plugin_diag.py as a module (it imports its sibling sglang_plugin_check)."""
     import importlib  # noqa: PLC0415
 
     sys.path.insert(0, str(PROJECT_ROOT / "scripts"))
     try:
-        diag = importlib.import_module("sglang_plugin_diag")
+        return importlib.import_module("sglang_plugin_diag")
     finally:
         sys.path.remove(str(PROJECT_ROOT / "scripts"))
+
+def test_plugin_diag_places_tp1_arms_on_the_gpus_there_are():
+    """The TP 1 arms were planned for two GPUs (stock on 0, the rest on 1); on a one-GPU machine they all run on
+    GPU 0 (a call on nvidia-h200 of 2026-11-30 started them on an invisible GPU 1: "No CUDA runtime is found").
+    A TP 2 phase on one GPU stops before any server starts, naming the device kind."""
+    diag = _plugin_diag()
     one = diag.place_arms(diag.ARMS_TP1, 1, 1)
     assert {arm: g for arm, (_, g, _) in one.items()} == {arm: "0" for arm in diag.ARMS_TP1}
     two = diag.place_arms(diag.ARMS_TP1, 2, 1)
@@ -95,13 +100,7 @@ def test_plugin_diag_places_tp1_arms_on_the_gpus_there_are():
 
 
 def test_plugin_diag_sweep_order_is_repeat_major():
-    import importlib  # noqa: PLC0415
-
-    sys.path.insert(0, str(PROJECT_ROOT / "scripts"))
-    try:
-        diag = importlib.import_module("sglang_plugin_diag")
-    finally:
-        sys.path.remove(str(PROJECT_ROOT / "scripts"))
+    diag = _plugin_diag()
     reqs = [{"context_tokens": c, "repeat": r} for c in (16384, 65536, 131072) for r in range(3)]
     order = [(q["repeat"], q["context_tokens"]) for q in diag.round_robin(reqs)]
     assert order == [(r, c) for r in range(3) for c in (16384, 65536, 131072)]

@@ -22,6 +22,16 @@ def _ok(row: Mapping[str, Any]) -> bool:
     return not row.get("error")
 
 
+def samples_by_context(rows: Iterable[Mapping[str, Any]], field: str) -> dict[int, list[float]]:
+    """The successful requests' positive values of ``field`` per context: the repeats a median (or a rank test,
+    :func:`specdiag.stats.median_diff_test`) is taken over."""
+    out: dict[int, list[float]] = {}
+    for r in rows:
+        if _ok(r) and positive(r.get(field)) is not None:
+            out.setdefault(int(r["context_tokens"]), []).append(float(r[field]))
+    return out
+
+
 def summarize_sweep(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """One line per context: requests, failures, medians of :data:`SUMMARY_FIELDS` over successful
     repeats, and the step-weighted commit length (``pooled_commit_length``). Sorted by context."""

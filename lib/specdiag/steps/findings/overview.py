@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping, Sequence
 
 from specdiag.findings import SEVERITY_ORDER, Finding
-from specdiag.steps.baseline_sweep.summary import summarize_sweep
+from specdiag.steps.baseline_sweep.summary import samples_by_context, summarize_sweep
 from specdiag.paths import relative_to_project
 from specdiag.stats import fit_line, median_diff_test
 from specdiag.runs import Run
@@ -103,16 +103,6 @@ def sweep_rows_of(run: Run) -> tuple[list[dict[str, Any]], str, str]:
     return [], relative_to_project(run.path), rows_source(run.meta)
 
 
-def step_samples(rows: Iterable[Mapping[str, Any]]) -> dict[int, list[float]]:
-    """Successful requests' ms per verify step, per context (the repeats a rank test compares)."""
-    out: dict[int, list[float]] = {}
-    for r in rows:
-        v = r.get("step_ms")
-        if not r.get("error") and isinstance(v, (int, float)) and v > 0:
-            out.setdefault(int(r["context_tokens"]), []).append(float(v))
-    return out
-
-
 def compare_sweeps(rows_a: Iterable[Mapping[str, Any]], rows_b: Iterable[Mapping[str, Any]],
                    alpha: float = 0.05) -> list[dict[str, Any]]:
     """Per context present in both runs: decode tok/s, ms per step, commit length and TTFT of each, and
@@ -123,7 +113,7 @@ def compare_sweeps(rows_a: Iterable[Mapping[str, Any]], rows_b: Iterable[Mapping
     rows_a, rows_b = list(rows_a), list(rows_b)
     sa = {s["context_tokens"]: s for s in summarize_sweep(rows_a)}
     sb = {s["context_tokens"]: s for s in summarize_sweep(rows_b)}
-    xa, xb = step_samples(rows_a), step_samples(rows_b)
+    xa, xb = samples_by_context(rows_a, "step_ms"), samples_by_context(rows_b, "step_ms")
     out = []
     for ctx in sorted(set(sa) & set(sb)):
         row: dict[str, Any] = {"context_tokens": ctx}
