@@ -101,3 +101,32 @@ def test_run6_tile64_arms_match_reference(shape: VerifyShape) -> None:
         for attempt in range(2):
             res = check_once(name, inputs, ref, None, tol=1e-2)
             assert res["unwritten"] == 0 and res["rel_err"] <= 1e-2, f"{name} call {attempt}: {res}"
+
+
+@pytest.mark.parametrize("shape", [VerifyShape(4096, 8, 8, "shuffled_p1"), VerifyShape(3001, 5, 8, "contiguous"),
+                                   VerifyShape(20000, 16, 1, "shuffled_b64"), VerifyShape(131072, 8, 1, "shuffled_p1")],
+                         ids=lambda s: f"run7-P{s.context_tokens}-H{s.heads}-T{s.draft_tokens}-{s.layout}")
+def test_run7_arms_match_reference(shape: VerifyShape) -> None:
+    """Run 7's arms: the merge as a programmatic dependent launch (its griddepcontrol.wait must see every partial: a
+    merge that ran early would read stale partials, a wrong result), and h8T8-like rows in 32- and 16-row tiles;
+    correct and every row written, twice."""
+    inputs = make_inputs(shape, device="cuda", seed=shape.context_tokens)
+    ref = reference_verify(inputs)
+    for name in ("split_pdl_p1", "split_m32_p1", "split_m16_p1"):
+        for attempt in range(2):
+            res = check_once(name, inputs, ref, None, tol=1e-2)
+            assert res["unwritten"] == 0 and res["rel_err"] <= 1e-2, f"{name} call {attempt}: {res}"
+
+
+def test_run7_anatomy_measures_every_part() -> None:
+    """The fixed-cost anatomy on one small case: every part timed, the full calls correct, the profiler's kernels."""
+    from specdiag.kernels.anatomy import PARTS, measure_case
+
+    rows = measure_case(VerifyShape(20000, 8, 1, "shuffled_p1"), torch.device("cuda"), n_runs=5,
+                        rotate_bytes=256 << 20, profile_runs=5)
+    assert [r["part"] for r in rows] == list(PARTS)
+    for r in rows:
+        assert r["error"] is None and r["us_median"] > 0, r
+    full = next(r for r in rows if r["part"] == "full")
+    assert full["correct"] and "prof_error" not in full, full
+    assert full["prof_calls"] == 5 and full["prof_partial_us"] > 0 and full["prof_merge_us"] > 0

@@ -21,6 +21,8 @@
 # kernels vs the reference, twice each; run 4's 45 s passed 2 of its 6 tests, the rest went to Triton compiles).
 # Run 5 (docs/kernel-notes.md "Run 5 (planned)") narrows the call with KERNELS, LAYOUTS, CASES, GATE_S, GATE_K and
 # SGLANG_ANCHOR=0 (run 4's defaults otherwise); run 6 ("Run 6 (planned)") the same way, with GATE_K=tile64.
+# ANATOMY_CASES (run 7): after the harness, `python -m specdiag.kernels.anatomy` on these context:heads:draft cases
+# into the same run folder (table kernel_anatomy: each part of a split call timed alone), within the budget left.
 # $OUT receives (at most 8 files): kernel-ab.tar.gz (the run folder: run.json, kernel_ab.jsonl,
 # kernel_ab_copy.jsonl, harness.log), job.log, env.txt, gpu-tests.log, flashinfer-jit.log, targets.txt (also printed last).
 set -uo pipefail
@@ -88,6 +90,15 @@ timeout $(( left - 10 )) python3 -m specdiag.kernels.harness --out "$run_dir" --
 rc=$?
 echo "[kernel-ab-job] harness exit $rc after $(( $(date +%s) - t0 )) s" | tee -a "$OUT/job.log"
 mkdir -p "$run_dir" && cp "$run_dir.log" "$run_dir/harness.log"
+if [ -n "${ANATOMY_CASES:-}" ]; then
+  left=$(( BUDGET - ($(date +%s) - t0) ))
+  minutes=$(python3 -c "print(max(0.3, ($left - 25) / 60))")
+  echo "[kernel-ab-job] anatomy: $left s left, stops starting cases after $minutes min" | tee -a "$OUT/job.log"
+  timeout $(( left > 20 ? left - 10 : 10 )) python3 -m specdiag.kernels.anatomy --out "$run_dir" --cases "$ANATOMY_CASES" \
+    --max-minutes "$minutes" > "$run_dir/anatomy.log" 2>&1
+  echo "[kernel-ab-job] anatomy exit $? after $(( $(date +%s) - t0 )) s" | tee -a "$OUT/job.log"
+  grep -v "anatomy cases" "$run_dir/anatomy.log" | tail -60 | tee -a "$OUT/job.log"
+fi
 tail -40 "$run_dir.log" >> "$OUT/job.log"
 tar -czf "$OUT/kernel-ab.tar.gz" -C "$(dirname "$run_dir")" "$(basename "$run_dir")"
 python3 -m specdiag.kernels.summary "$run_dir" > "$OUT/targets.txt" 2>&1

@@ -20,13 +20,14 @@ from specdiag.kernels.timing import summarize_ms, time_calls
 TABLE = "kernel_ab"
 TUNING_TABLE = "kernel_ab_tuning"  #: written by specdiag.kernels.tuning
 #: which kernel variants run on each layout (a block table exists only for 64-token layouts)
+RUN7: tuple[str, ...] = ("split_pdl_p1", "split_m32_p1", "split_m16_p1")  #: run 7's arms (dispatch.py)
 VARIANTS_BY_LAYOUT: dict[str, tuple[str, ...]] = {
     "contiguous": ("baseline_p1", "split_p1", "split_b64", "fused_p1", "fused_b64", "fused_fp8_p1", "fused_fp8_b64",
-                   "fused_self_p1", "split_n32s5_p1", "split_qk1_p1"),
+                   "fused_self_p1", "split_n32s5_p1", "split_qk1_p1", *RUN7),
     "shuffled_p1": ("baseline_p1", "split_p1", "fused_p1", "fused_fp8_p1", "fused_self_p1", "split_n32s5_p1",
-                    "split_qk1_p1"),
+                    "split_qk1_p1", *RUN7),
     "shuffled_b64": ("baseline_p1", "split_p1", "split_b64", "fused_p1", "fused_b64", "fused_fp8_p1", "fused_fp8_b64",
-                     "fused_self_p1", "split_n32s5_p1", "split_qk1_p1"),
+                     "fused_self_p1", "split_n32s5_p1", "split_qk1_p1", *RUN7),
 }
 FP8_TOL = 0.1  #: largest accepted relative error of an fp8-KV kernel vs the fp32 reference of the bf16 cache
 

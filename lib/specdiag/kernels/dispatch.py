@@ -6,7 +6,8 @@ their fp8-KV forms ``fused_fp8_p1`` / ``fused_fp8_b64`` (design ``fused_split_kv
 merge inside the launch at every tile size (run 5's arm against the two-launch fallback at 64-row tiles);
 ``split_n32s5_p1`` is ``split_p1`` with 32-token KV tiles and 5 pipeline stages at 64-row tiles, ``split_qk1_p1`` the
 same with Q K^T computed once per tile instead of in both warpgroups (run 6's arms on the h8T8 inner loop; at other
-row tiles both are exactly ``split_p1``). On CUDA the Triton kernels run; on the CPU the
+row tiles both are exactly ``split_p1``). Run 7: ``split_pdl_p1`` launches the merge as a programmatic dependent
+launch; ``split_m32_p1`` / ``split_m16_p1`` cut the 33-128 rows of h8T8 into 32- or 16-row tiles. On CUDA the Triton kernels run; on the CPU the
 torch fallbacks of the same designs (reference.py) run, so tests and CI exercise the same code paths
 around them.
 """
@@ -31,6 +32,10 @@ class KernelVariant:
     merge: str = "auto"  #: fused_split_kv only: "auto" (self-merge under 64-row tiles, else run 2's merge kernel), "self"
     #: split_kv only: (block_n, num_stages, qk_once) of the 64-row tile (33-128 rows) instead of the default's (run 6)
     tile64: Optional[tuple[int, int, bool]] = None
+    #: split_kv only: fields of the default launch configuration replaced at every row count (run 7: ("pdl", True))
+    overrides: tuple[tuple[str, Any], ...] = ()
+    #: split_kv only: fields replaced at 33-128 rows only, where the default is the 64-row tile (run 7's h8T8 arms)
+    overrides64: tuple[tuple[str, Any], ...] = ()
 
 
 KERNEL_VARIANTS: dict[str, KernelVariant] = {
@@ -49,6 +54,14 @@ KERNEL_VARIANTS: dict[str, KernelVariant] = {
     # and over 128: split_p1 itself.
     "split_n32s5_p1": KernelVariant("split_n32s5_p1", "split_kv", 1, tile64=(32, 5, False)),
     "split_qk1_p1": KernelVariant("split_qk1_p1", "split_kv", 1, tile64=(32, 5, True)),
+    # run 7: split_p1 with the merge as a programmatic dependent launch (its launch under the partial grid's drain)
+    "split_pdl_p1": KernelVariant("split_pdl_p1", "split_kv", 1, overrides=(("pdl", True),)),
+    # run 7: the h8T8 rows in 32- or 16-row tiles (mma.sync, 4 warps, two programs per SM: the T1 loop that streams
+    # at 95 % of copy) instead of one 64-row wgmma tile; the row tiles of a split read its KV together (L2 reuse)
+    "split_m32_p1": KernelVariant("split_m32_p1", "split_kv", 1, overrides64=(
+        ("block_m", 32), ("block_n", 64), ("num_warps", 4), ("num_stages", 2), ("programs_per_sm", 2.0))),
+    "split_m16_p1": KernelVariant("split_m16_p1", "split_kv", 1, overrides64=(
+        ("block_m", 16), ("block_n", 64), ("num_warps", 4), ("num_stages", 2), ("programs_per_sm", 2.0))),
 }
 
 
@@ -62,11 +75,16 @@ def resolve_config(name: str, rows: int, config: Optional[Any] = None) -> Option
     """The launch configuration variant ``name`` runs with at ``rows`` packed rows: ``config`` when given (tuning),
     else the variant's own 64-row tile (splitkv_plan.tile64_config) where it has one, else None (the default)."""
     v = variant(name)
-    if config is not None or v.tile64 is None:
+    if config is not None or (v.tile64 is None and not v.overrides and not v.overrides64):
         return config
-    from specdiag.kernels.splitkv_plan import tile64_config  # noqa: PLC0415
+    from dataclasses import replace  # noqa: PLC0415
 
-    return tile64_config(rows, *v.tile64)
+    from specdiag.kernels.splitkv_plan import default_config, tile64_config  # noqa: PLC0415
+
+    cfg = tile64_config(rows, *v.tile64) if v.tile64 is not None else default_config(rows)
+    if v.overrides64 and 33 <= rows <= 128:
+        cfg = replace(cfg, **dict(v.overrides64))
+    return replace(cfg, **dict(v.overrides)) if v.overrides else cfg
 
 
 def supports(name: str, inputs: VerifyInputs) -> bool:

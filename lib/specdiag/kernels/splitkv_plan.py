@@ -31,6 +31,8 @@ class SplitKVConfig:
     merge_block_dv:   value dims per merge program (smaller: more merge programs in flight)
     qk_once:          split kernel (triton_splitkv) only: P and the rescale reach the P V dot through a scratch, so
                       Triton does not compute Q K^T in both warpgroups of a 64-row, 8-warp tile (run 6)
+    pdl:              split kernel only: launch the merge as a programmatic dependent launch (sm_90), its launch
+                      overlapping the partial grid's drain (run 7)
     """
 
     block_m: int = 64
@@ -44,6 +46,7 @@ class SplitKVConfig:
     dv_split: int = 1
     merge_block_dv: int = 64
     qk_once: bool = False
+    pdl: bool = False
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -36,6 +36,7 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from specdiag.kernels.mla import BLOCK_TOKENS, D_NOPE, D_PE, D_QK, D_V, VerifyInputs
 from specdiag.kernels.splitkv_plan import SplitKVConfig, default_config, describe_plan, plan_splits  # noqa: F401
@@ -73,7 +74,7 @@ def _split_partial_kernel(
     qk_scale, n_prefix, n_kv, n_draft, n_heads, n_rows, tokens_per_split, stride_kv,
     PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     D_NOPE: tl.constexpr, D_PE: tl.constexpr, EVICT: tl.constexpr, DIRECT: tl.constexpr,
-    DV_SPLIT: tl.constexpr, QK_ONCE: tl.constexpr, ASM: tl.constexpr,
+    DV_SPLIT: tl.constexpr, QK_ONCE: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr = False,
 ):
     pid_m = tl.program_id(0)  # row tile x DV_SPLIT + value part
     pid_s = tl.program_id(1)
@@ -176,6 +177,8 @@ def _split_partial_kernel(
             acc = tl.dot(p.to(v.dtype), v, acc)
         m_i = m_new
 
+    if PDL:  # the merge grid may be scheduled now; its griddepcontrol.wait still waits for this grid's stores
+        gdc_launch_dependents()
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     o = acc / l_safe[:, None]
     part_row = pid_s.to(tl.int64) * n_rows + rows
@@ -188,8 +191,10 @@ def _split_partial_kernel(
 
 @triton.jit
 def _merge_kernel(O_PART, LSE_PART, OUT, n_splits, n_rows,
-                  BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr, D_V: tl.constexpr):
+                  BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr, D_V: tl.constexpr, PDL: tl.constexpr = False):
     row = tl.program_id(0)
+    if PDL:  # launched early (programmatic dependent launch): wait for the partial grid's completion and stores
+        gdc_wait()
     dv = tl.program_id(1) * BLOCK_DV + tl.arange(0, BLOCK_DV)
     offs_s = tl.arange(0, BLOCK_S)
     m_vec = tl.full([BLOCK_S], float("-inf"), tl.float32)
@@ -243,6 +248,7 @@ def split_kv_triton(inputs: VerifyInputs, out: torch.Tensor, page_size: int = 1,
         raise ValueError("qk_once keeps all 512 value dims per program: use dv_split 1")
     plan = plan_splits(rows, n_kv, cfg, num_sms or sm_count(q.device.index or 0))
     direct = plan.n_splits == 1
+    pdl = cfg.pdl and not _interpreting()  # griddepcontrol is PTX: the interpreter runs the plain two launches
     if direct:
         o_part, lse_part = out, out  # lse_part unused when DIRECT
     else:
@@ -257,14 +263,28 @@ def split_kv_triton(inputs: VerifyInputs, out: torch.Tensor, page_size: int = 1,
         inputs.sm_scale * LOG2E, inputs.n_prefix, n_kv, T, H, rows, plan.tokens_per_split, cache.stride(0),
         PAGE_SIZE=page_size, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, D_NOPE=D_NOPE, D_PE=D_PE,
         EVICT="evict_first" if cfg.evict_first else "", DIRECT=direct, DV_SPLIT=cfg.dv_split,
-        QK_ONCE=cfg.qk_once, ASM=cfg.qk_once and not _interpreting(),
+        QK_ONCE=cfg.qk_once, ASM=cfg.qk_once and not _interpreting(), PDL=pdl and not direct,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if not direct and not partial_only:
-        block_dv = cfg.merge_block_dv
-        block_s = max(2, min(triton.next_power_of_2(plan.n_splits), 4096 // block_dv))
-        _merge_kernel[(rows, D_V // block_dv)](
-            o_part, lse_part, out, plan.n_splits, rows,
-            BLOCK_S=block_s, BLOCK_DV=block_dv, D_V=D_V, num_warps=4,
-        )
+        merge_partials(o_part, lse_part, out, cfg, pdl=pdl)
+    return out
+
+
+def merge_partials(o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor, cfg: SplitKVConfig,
+                   pdl: bool = False) -> torch.Tensor:
+    """The second launch alone: weight ``o_part`` [splits, rows, 512] by ``lse_part`` [splits, rows] into ``out``.
+
+    ``pdl``: launch it as a programmatic dependent launch (sm_90): its programs may be scheduled while the partial
+    grid drains and wait on ``griddepcontrol.wait`` for that grid's completion, so the launch latency overlaps it.
+    """
+    pdl = pdl and not _interpreting()
+    n_splits, rows = lse_part.shape
+    block_dv = cfg.merge_block_dv
+    block_s = max(2, min(triton.next_power_of_2(n_splits), 4096 // block_dv))
+    extra = {"launch_pdl": True} if pdl else {}
+    _merge_kernel[(rows, D_V // block_dv)](
+        o_part, lse_part, out, n_splits, rows,
+        BLOCK_S=block_s, BLOCK_DV=block_dv, D_V=D_V, PDL=pdl, num_warps=4, **extra,
+    )
     return out

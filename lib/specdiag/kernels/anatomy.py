@@ -1,0 +1,310 @@
+"""Where a split-KV call's fixed cost goes: each part of the call timed alone, on the same inputs (issue 13, run 7).
+
+Run 5's fits put split_p1 at 21-24 us of fixed cost per call (time = fixed + bytes / loop rate over 64k-256k),
+against 3.9 us for a plain copy; at 128k the memory targets leave 4-5 us. The fit cannot say what the 21 us is.
+This module times, per case, with the harness's method (:func:`specdiag.kernels.timing.time_calls`: CUDA events,
+a sleep queued first, rotating input sets so the KV is cold), these parts of a split_p1 call:
+
+- ``empty_1`` / ``empty_2``: one launch of an empty kernel with the partial kernel's grid, and that launch followed
+  by an empty launch with the merge's grid: what launching alone costs in this timing.
+- ``read_gather``: a read-only kernel with the partial kernel's grid, split and KV tile: each program loads the
+  rows of its split through the token table (the same gather, pipelined) and sums them. ``read_contig``: the same
+  over rows in slot order. The floor of this grid's access pattern, without the attention math.
+- ``partial``: the partial kernel alone (``split_kv_triton(partial_only=True)``); ``merge``: the merge kernel alone
+  on partials already written; ``full``: both (split_p1); ``full_pdl``: both, the merge as a programmatic dependent
+  launch (split_pdl_p1).
+- The ``full`` row also carries the GPU's own durations of its two kernels and the gap between them, from the
+  torch profiler (CUPTI): ``prof_partial_us``, ``prof_merge_us``, ``prof_gap_us`` (medians over the profiled calls).
+
+:func:`anatomy_fits` fits each part over the contexts of a shape (least squares of time on KV bytes), so each
+part's fixed cost and rate sit side by side. Rows go to the run folder's ``kernel_anatomy`` table; a part that
+fails is a row with its error, and the rows already measured stay.
+
+    python -m specdiag.kernels.anatomy --out RUN --cases 16384:8:1,65536:8:1,131072:8:1,262144:8:1
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import os
+import statistics
+import sys
+import time
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+
+import pandas as pd
+import torch
+
+from specdiag.kernels.mla import D_NOPE, D_PE, VerifyShape, kv_bytes, make_inputs
+from specdiag.stats import fit_line
+
+TABLE = "kernel_anatomy"
+#: the parts of a call, in the order measured (module doc)
+PARTS: tuple[str, ...] = ("empty_1", "empty_2", "read_gather", "read_contig", "partial", "merge", "full", "full_pdl")
+
+
+def anatomy_fits(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
+    """Per (heads, draft tokens, part): least squares ``us = fixed_us + kv_bytes / rate`` over the measured contexts.
+
+    ``marginal_gbps`` is the rate of the bf16 KV bytes the case holds (n_kv x 1,152 B), as the kernel rows count
+    them; parts whose time does not grow with the bytes (launches, the merge) get a rate of inf and their mean as
+    the fixed cost. Shapes with fewer than two contexts are left out.
+    """
+    df = pd.DataFrame([r for r in rows if r.get("error") is None and r.get("us_median") is not None])
+    if df.empty:
+        return pd.DataFrame()
+    out = []
+    for (h, t, part), g in df.groupby(["heads", "draft_tokens", "part"], sort=False):
+        if g["context_tokens"].nunique() < 2:
+            continue
+        fit = fit_line(list(g["kv_bytes"].astype(float)), list(g["us_median"].astype(float)))
+        rate = 1e-3 / fit.slope if fit.slope > 0 else float("inf")  # B/us -> GB/s: 1 B/us = 1e-3 GB/s
+        out.append({"heads": int(h), "draft_tokens": int(t), "part": part, "contexts": int(g["context_tokens"].nunique()),
+                    "fixed_us": fit.intercept if fit.slope > 0 else float(g["us_median"].mean()),
+                    "marginal_gbps": rate})
+    return pd.DataFrame(out)
+
+
+def fixed_cost_shares(fits: pd.DataFrame) -> pd.DataFrame:
+    """Per shape: the full call's fixed cost beside what the parts explain (computed from :func:`anatomy_fits`).
+
+    ``launch_us`` (empty_2), ``partial_us`` and ``merge_us`` are the parts' fixed costs; ``read_gather_us`` is the
+    fixed cost of the read-only kernel of the same grid, ``partial_over_read_us`` what the attention math adds to it;
+    ``pdl_saves_us`` = full - full_pdl.
+    """
+    out = []
+    for (h, t), g in fits.groupby(["heads", "draft_tokens"], sort=False):
+        f = dict(zip(g["part"], g["fixed_us"]))
+        row = {"heads": h, "draft_tokens": t, **{f"{p}_us": f.get(p, float("nan")) for p in PARTS}}
+        row["partial_over_read_us"] = row["partial_us"] - row["read_gather_us"]
+        row["pdl_saves_us"] = row["full_us"] - row["full_pdl_us"]
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+# --- measurement (CUDA) -------------------------------------------------------------------------------------
+
+def _kernels():
+    """The two helper kernels, defined on first use so the module imports without Triton."""
+    import triton  # noqa: PLC0415
+    import triton.language as tl  # noqa: PLC0415
+
+    @triton.jit
+    def _empty_kernel(X):
+        pass
+
+    @triton.jit
+    def _read_kernel(KV, TOKEN_TABLE, OUT, n_kv, tokens_per_split, stride_kv,
+                     CONTIG: tl.constexpr, BLOCK_N: tl.constexpr, D_NOPE: tl.constexpr, D_PE: tl.constexpr,
+                     STAGES: tl.constexpr):
+        pid = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
+        start = tl.program_id(1) * tokens_per_split
+        end = tl.minimum(start + tokens_per_split, n_kv)
+        n_full = tl.maximum(end - start, 0) // BLOCK_N
+        offs_n = tl.arange(0, BLOCK_N)
+        offs_d = tl.arange(0, D_NOPE)
+        offs_pe = D_NOPE + tl.arange(0, D_PE)
+        acc = tl.zeros([D_NOPE], tl.float32)
+        acc_pe = tl.zeros([D_PE], tl.float32)
+        for it in tl.range(0, n_full, num_stages=STAGES):
+            tile = start + it * BLOCK_N
+            if CONTIG:
+                slot = (tile + offs_n).to(tl.int64)
+            else:
+                slot = tl.load(TOKEN_TABLE + tile + offs_n)
+            row = KV + slot[:, None].to(tl.int64) * stride_kv
+            acc += tl.sum(tl.load(row + offs_d[None, :]).to(tl.float32), 0)
+            acc_pe += tl.sum(tl.load(row + offs_pe[None, :]).to(tl.float32), 0)
+        tl.store(OUT + pid, tl.sum(acc, 0) + tl.sum(acc_pe, 0))
+
+    return _empty_kernel, _read_kernel
+
+
+def profiled_kernel_us(call: Callable[[], object], n_runs: int, device: torch.device) -> dict[str, float]:
+    """GPU durations of a split call's two kernels and the gap between them (us, medians over ``n_runs`` calls),
+    from the torch profiler's CUDA activity; a sleep queued first keeps launches ahead of the GPU."""
+    from torch.autograd import DeviceType  # noqa: PLC0415
+    from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
+
+    call()
+    torch.cuda.synchronize(device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        torch.cuda._sleep(300_000 * n_runs)
+        for _ in range(n_runs):
+            call()
+        torch.cuda.synchronize(device)
+    evs = sorted((e for e in prof.events() if e.device_type == DeviceType.CUDA and "sleep" not in e.name.lower()),
+                 key=lambda e: e.time_range.start)
+    part = [e for e in evs if "partial" in e.name]
+    merge = [e for e in evs if "merge" in e.name]
+    if not part or len(part) != len(merge):
+        raise RuntimeError(f"profiler saw {len(part)} partial and {len(merge)} merge kernels for {n_runs} calls")
+    gaps = [m.time_range.start - p.time_range.end for p, m in zip(part, merge)]
+    return {"prof_partial_us": statistics.median(e.time_range.elapsed_us() for e in part),
+            "prof_merge_us": statistics.median(e.time_range.elapsed_us() for e in merge),
+            "prof_gap_us": statistics.median(gaps), "prof_calls": len(part)}
+
+
+def read_kv(inputs: Any, sink: torch.Tensor, grid: tuple[int, int], tokens_per_split: int, cfg: Any,
+            contig: bool) -> torch.Tensor:
+    """The read-only kernel (module doc): program (i, s) sums the rows of split s's full KV tiles, through the token
+    table (``contig`` False) or in slot order, into ``sink[s * grid[0] + i]`` (fp32)."""
+    _, read_k = _kernels()
+    read_k[grid](inputs.cache, inputs.token_table, sink, inputs.n_kv, tokens_per_split, inputs.cache.stride(0),
+                 CONTIG=contig, BLOCK_N=cfg.block_n, D_NOPE=D_NOPE, D_PE=D_PE, STAGES=cfg.num_stages,
+                 num_warps=cfg.num_warps)
+    return sink
+
+
+def measure_case(shape: VerifyShape, device: torch.device, n_runs: int = 20, rotate_bytes: int = 1 << 30,
+                 seed: int = 0, profile_runs: int = 10, num_sms: Optional[int] = None,
+                 dtype: torch.dtype = torch.bfloat16) -> list[dict[str, Any]]:
+    """Rows of every part of :data:`PARTS` on one case (module doc); a part that fails is a row with its error.
+
+    ``num_sms`` (default: the device's) and ``dtype`` (fp16 under Triton's interpreter, which has no bf16) are for
+    tests; the profile needs CUDA (``profile_runs`` 0 skips it)."""
+    from specdiag.kernels.cases import relative_error, rotation_sets  # noqa: PLC0415
+    from specdiag.kernels.dispatch import resolve_config  # noqa: PLC0415
+    from specdiag.kernels.reference import reference_verify  # noqa: PLC0415
+    from specdiag.kernels.splitkv_plan import default_config, plan_splits  # noqa: PLC0415
+    from specdiag.kernels.timing import summarize_ms, time_calls  # noqa: PLC0415
+    from specdiag.kernels.triton_splitkv import merge_partials, sm_count, split_kv_triton  # noqa: PLC0415
+
+    empty_k, _ = _kernels()
+    inputs = make_inputs(shape, device=device, seed=seed)
+    if dtype != inputs.q.dtype:
+        from specdiag.kernels.mla import VerifyInputs  # noqa: PLC0415
+
+        inputs = VerifyInputs(q=inputs.q.to(dtype), cache=inputs.cache.to(dtype), token_table=inputs.token_table,
+                              block_table=inputs.block_table, mask=inputs.mask, n_prefix=inputs.n_prefix,
+                              sm_scale=inputs.sm_scale)
+    sets = rotation_sets(inputs, rotate_bytes, seed)
+    cfg = default_config(shape.rows)
+    cfg_pdl = resolve_config("split_pdl_p1", shape.rows)
+    num_sms = num_sms or sm_count(device.index or 0)
+    plan = plan_splits(shape.rows, shape.n_kv, cfg, num_sms)
+    grid = (plan.n_tiles * cfg.dv_split, plan.n_splits)
+    merge_grid = (shape.rows, 512 // cfg.merge_block_dv)
+    outs = [s.out_like() for s in sets]
+    sink = torch.empty(grid[0] * grid[1], device=device, dtype=torch.float32)
+    o_parts = [torch.empty(plan.n_splits, shape.rows, 512, device=device, dtype=torch.float32) for _ in sets]
+    lse_parts = [torch.empty(plan.n_splits, shape.rows, device=device, dtype=torch.float32) for _ in sets]
+    ref = reference_verify(inputs)
+
+    def read(s, contig: bool):
+        read_kv(s, sink, grid, plan.tokens_per_split, cfg, contig)
+
+    def partial_into(i: int) -> None:
+        """The partial kernel into set i's own partial buffers (what merge_partials then reads)."""
+        from specdiag.kernels.triton_splitkv import _split_partial_kernel  # noqa: PLC0415
+        from specdiag.kernels.triton_splitkv import LOG2E  # noqa: PLC0415
+
+        s = sets[i]
+        _split_partial_kernel[grid](
+            s.q, s.cache, s.token_table, s.token_table, s.mask_u8, o_parts[i], lse_parts[i], lse_parts[i],
+            s.sm_scale * LOG2E, s.n_prefix, s.n_kv, shape.draft_tokens, shape.heads, shape.rows,
+            plan.tokens_per_split, s.cache.stride(0), PAGE_SIZE=1, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+            D_NOPE=D_NOPE, D_PE=D_PE, EVICT="", DIRECT=False, DV_SPLIT=cfg.dv_split, QK_ONCE=False, ASM=False,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+    calls: dict[str, list[Callable[[], object]]] = {
+        "empty_1": [lambda: empty_k[grid](sink)],
+        "empty_2": [lambda: (empty_k[grid](sink), empty_k[merge_grid](sink))],
+        "read_gather": [(lambda s=s: read(s, False)) for s in sets],
+        "read_contig": [(lambda s=s: read(s, True)) for s in sets],
+        "partial": [(lambda i=i: partial_into(i)) for i in range(len(sets))],
+        "merge": [(lambda i=i, o=o: merge_partials(o_parts[i], lse_parts[i], o, cfg)) for i, o in enumerate(outs)],
+        "full": [(lambda s=s, o=o: split_kv_triton(s, o, page_size=1, cfg=cfg, num_sms=num_sms)) for s, o in zip(sets, outs)],
+        "full_pdl": [(lambda s=s, o=o: split_kv_triton(s, o, page_size=1, cfg=cfg_pdl, num_sms=num_sms)) for s, o in zip(sets, outs)],
+    }
+    base = {"context_tokens": shape.context_tokens, "heads": shape.heads, "draft_tokens": shape.draft_tokens,
+            "layout": shape.layout, "n_kv": shape.n_kv, "kv_bytes": kv_bytes(shape.n_kv), "config": cfg.as_dict(),
+            "n_tiles": plan.n_tiles, "n_splits": plan.n_splits, "tokens_per_split": plan.tokens_per_split,
+            "grid": list(grid), "merge_grid": list(merge_grid), "n_rotation_sets": len(sets)}
+    rows: list[dict[str, Any]] = []
+    for part in PARTS:
+        row: dict[str, Any] = {**base, "part": part, "error": None, "ts_unix_s": time.time()}
+        try:
+            if part == "merge":  # partials of every set written once, then the merge alone
+                for i in range(len(sets)):
+                    partial_into(i)
+            if part in ("full", "full_pdl"):
+                outs[0].fill_(float("nan"))
+                calls[part][0]()
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                row["rel_err"] = relative_error(outs[0], ref)
+                row["correct"] = bool(row["rel_err"] <= 1e-2 and not torch.isnan(outs[0]).any())
+            ms = time_calls(calls[part], n_runs=n_runs, n_warmup=3, device=device)
+            s = summarize_ms(ms)
+            row.update(us_median=1e3 * s["ms_median"], us_p10=1e3 * s["ms_p10"], us_p90=1e3 * s["ms_p90"],
+                       n_runs=s["n_runs"], us_samples=[round(1e3 * x, 2) for x in ms])
+            if part == "full" and profile_runs and device.type == "cuda":
+                try:
+                    row.update(profiled_kernel_us(calls[part][0], profile_runs, device))
+                except Exception as exc:  # noqa: BLE001 - the timing stands without the profile
+                    row["prof_error"] = repr(exc)[:300]
+        except Exception as exc:  # noqa: BLE001 - a part that fails is a row; the others still run
+            row["error"] = repr(exc)[:500]
+        rows.append(row)
+    return rows
+
+
+def parse_cases(text: str, layout: str) -> list[VerifyShape]:
+    """``context:heads:draft_tokens`` items, comma-separated, as VerifyShapes on ``layout``."""
+    shapes = []
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        parts = item.split(":")
+        if len(parts) != 3 or not all(p.isdigit() for p in parts):
+            raise ValueError(f"case {item!r}: write context:heads:draft_tokens, e.g. 131072:8:1")
+        shapes.append(VerifyShape(int(parts[0]), int(parts[1]), int(parts[2]), layout))
+    if not shapes:
+        raise ValueError("no cases given: --cases 16384:8:1,131072:8:1")
+    return shapes
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m specdiag.kernels.anatomy", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="run folder (created if absent; rows appended to kernel_anatomy)")
+    ap.add_argument("--cases", required=True, help="context:heads:draft_tokens, comma-separated")
+    ap.add_argument("--layout", default="shuffled_p1", choices=["contiguous", "shuffled_p1"])
+    ap.add_argument("--n-runs", type=int, default=20)
+    ap.add_argument("--max-minutes", type=float, default=None, help="stop starting cases after this long")
+    args = ap.parse_args(argv)
+    shapes = parse_cases(args.cases, args.layout)  # bad input fails before the GPU is touched
+    if not torch.cuda.is_available():
+        print("the anatomy times CUDA kernels: no CUDA device here", file=sys.stderr)
+        return 2
+    from tqdm import tqdm  # noqa: PLC0415
+
+    from specdiag.runs import Run  # noqa: PLC0415
+
+    run = Run.open(args.out) if os.path.exists(os.path.join(args.out, "run.json")) else Run.create(args.out, label="kernel-anatomy")
+    t0 = time.monotonic()
+    device = torch.device("cuda")
+    for shape in tqdm(shapes, desc="anatomy cases", file=sys.stdout):
+        if args.max_minutes and time.monotonic() - t0 > 60 * args.max_minutes:
+            run.append_row(TABLE, {"context_tokens": shape.context_tokens, "heads": shape.heads,
+                                   "draft_tokens": shape.draft_tokens, "part": None, "error": None,
+                                   "skipped": "time budget used up; this case and the rest were not measured"})
+            break
+        for row in measure_case(shape, device, n_runs=args.n_runs):
+            run.append_row(TABLE, row)
+            print(f"P={shape.context_tokens:>6} H={shape.heads:>3} T={shape.draft_tokens:>2} {row['part']:<12} "
+                  + (f"{row['us_median']:8.1f} us" if row.get("us_median") is not None else f"error {row['error']}")
+                  + (f"  prof partial {row['prof_partial_us']:.1f} merge {row['prof_merge_us']:.1f} gap "
+                     f"{row['prof_gap_us']:.1f} us" if "prof_partial_us" in row else ""), flush=True)
+        torch.cuda.empty_cache()
+    run.update(anatomy_finished_utc=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+    fits = anatomy_fits(run.rows(TABLE))
+    if not fits.empty:
+        print(fits.to_string(index=False))
+        print(fixed_cost_shares(fits).T.to_string())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
