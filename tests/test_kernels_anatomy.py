@@ -37,7 +37,7 @@ def _rows(fixed_us: dict[str, float], gbps: dict[str, float]) -> list[dict]:
 
 
 def test_fits_recover_each_part_fixed_cost_and_rate() -> None:
-    fixed = {"empty_1": 2.0, "empty_2": 4.5, "read_gather": 6.0, "read_contig": 5.0, "partial": 15.0, "merge": 5.5,
+    fixed = {"timeline": 0.0, "empty_1": 2.0, "empty_2": 4.5, "read_gather": 6.0, "read_contig": 5.0, "partial": 15.0, "merge": 5.5,
              "full": 21.0, "full_pdl": 19.0}
     gbps = {"read_gather": 4100.0, "read_contig": 4300.0, "partial": 3950.0, "full": 3950.0, "full_pdl": 3950.0}
     fits = anatomy_fits(_rows(fixed, gbps))
@@ -51,6 +51,21 @@ def test_fits_recover_each_part_fixed_cost_and_rate() -> None:
     shares = fixed_cost_shares(fits).iloc[0]
     assert shares["partial_over_read_us"] == pytest.approx(9.0)
     assert shares["pdl_saves_us"] == pytest.approx(2.0)
+
+
+def test_timeline_stats_read_ramp_durations_and_tail() -> None:
+    from specdiag.kernels.anatomy import timeline_stats
+
+    start = [1000, 1500, 3000, 2000]  # ns
+    loop = [9000, 9500, 11000, 10000]
+    done = [10000, 10500, 30000, 11000]
+    st = timeline_stats(start, loop, done, [0, 1, 1, 2])
+    assert st["tl_span_us"] == pytest.approx(29.0) and st["tl_ramp_us"] == pytest.approx(2.0)
+    assert st["tl_dur_max_us"] == pytest.approx(27.0) and st["tl_sms"] == 3
+    assert st["tl_loop_p50_us"] == pytest.approx(8.0)
+    assert st["tl_tail_us"] == pytest.approx(29.0 - st["tl_done_p50_us"])
+    with pytest.raises(ValueError, match="equal, non-empty"):
+        timeline_stats([], [], [], [])
 
 
 def test_fits_leave_out_failed_rows_and_single_contexts() -> None:
@@ -97,7 +112,8 @@ from specdiag.kernels.triton_splitkv import split_kv_triton
 rows = measure_case(VerifyShape(900, 2, 1, "shuffled_p1"), torch.device("cpu"), n_runs=1, rotate_bytes=0,
                     profile_runs=0, num_sms=4, dtype=torch.float16)
 assert [r["part"] for r in rows] == list(PARTS), [r["part"] for r in rows]
-for r in rows:
+assert rows[-1]["skipped"].startswith("the timeline reads %globaltimer")
+for r in rows[:-1]:
     assert r["error"] is None, (r["part"], r["error"])
     assert r["us_median"] > 0
 for r in rows:

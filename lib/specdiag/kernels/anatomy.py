@@ -13,6 +13,8 @@ a sleep queued first, rotating input sets so the KV is cold), these parts of a s
 - ``partial``: the partial kernel alone (``split_kv_triton(partial_only=True)``); ``merge``: the merge kernel alone
   on partials already written; ``full``: both (split_p1); ``full_pdl``: both, the merge as a programmatic dependent
   launch (split_pdl_p1).
+- ``timeline``: the partial kernel with each program writing %globaltimer at entry, at the end of its full-tile
+  loop and when done, and its SM (:func:`timeline_stats`: launch ramp, per-program durations, the tail); CUDA only.
 - The ``full`` row also carries the GPU's own durations of its two kernels and the gap between them, from the
   torch profiler (CUPTI): ``prof_partial_us``, ``prof_merge_us``, ``prof_gap_us`` (medians over the profiled calls).
 
@@ -37,11 +39,37 @@ import pandas as pd
 import torch
 
 from specdiag.kernels.mla import D_NOPE, D_PE, VerifyShape, kv_bytes, make_inputs
-from specdiag.stats import fit_line
+from specdiag.stats import fit_line, quantile
 
 TABLE = "kernel_anatomy"
 #: the parts of a call, in the order measured (module doc)
-PARTS: tuple[str, ...] = ("empty_1", "empty_2", "read_gather", "read_contig", "partial", "merge", "full", "full_pdl")
+PARTS: tuple[str, ...] = ("empty_1", "empty_2", "read_gather", "read_contig", "partial", "merge", "full", "full_pdl",
+                          "timeline")
+
+
+def timeline_stats(start_ns: Sequence[int], loop_end_ns: Sequence[int], done_ns: Sequence[int],
+                   sm: Sequence[int]) -> dict[str, Any]:
+    """One partial launch's per-program timeline (globaltimer ns) summed up, in us from the first program's entry.
+
+    ``tl_span_us``: first entry to last program done (the kernel's GPU time as its programs see it);
+    ``tl_ramp_us``: first to last entry (how long the launch takes to start every program); ``tl_loop_p50_us``:
+    median entry to end of the full-tile loop; ``tl_dur_p50_us`` / ``tl_dur_max_us``: entry to done;
+    ``tl_done_p10_us`` .. ``tl_done_p90_us``: when programs finish; ``tl_tail_us``: the last finish after the median
+    one (what the slowest programs add); ``tl_sms``: distinct SMs used.
+    """
+    n = len(start_ns)
+    if not (n and n == len(loop_end_ns) == len(done_ns) == len(sm)):
+        raise ValueError("timeline_stats needs equal, non-empty lists of entry, loop-end, done times and SMs")
+    t0 = min(start_ns)
+    us = lambda xs: sorted((x - t0) / 1e3 for x in xs)  # noqa: E731
+    done = us(done_ns)
+    dur = sorted((d - a) / 1e3 for a, d in zip(start_ns, done_ns))
+    loop = sorted((b - a) / 1e3 for a, b in zip(start_ns, loop_end_ns))
+    q = quantile  # the project's one quantile (linear interpolation)
+    return {"tl_programs": n, "tl_span_us": done[-1], "tl_ramp_us": us(start_ns)[-1],
+            "tl_start_p50_us": q(us(start_ns), 0.5), "tl_loop_p50_us": q(loop, 0.5), "tl_dur_p50_us": q(dur, 0.5),
+            "tl_dur_max_us": dur[-1], "tl_done_p10_us": q(done, 0.1), "tl_done_p50_us": q(done, 0.5),
+            "tl_done_p90_us": q(done, 0.9), "tl_tail_us": done[-1] - q(done, 0.5), "tl_sms": len(set(sm))}
 
 
 def anatomy_fits(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
@@ -105,8 +133,7 @@ def _kernels():
         offs_n = tl.arange(0, BLOCK_N)
         offs_d = tl.arange(0, D_NOPE)
         offs_pe = D_NOPE + tl.arange(0, D_PE)
-        acc = tl.zeros([D_NOPE], tl.float32)
-        acc_pe = tl.zeros([D_PE], tl.float32)
+        acc = tl.zeros([BLOCK_N], tl.float32)
         for it in tl.range(0, n_full, num_stages=STAGES):
             tile = start + it * BLOCK_N
             if CONTIG:
@@ -114,25 +141,26 @@ def _kernels():
             else:
                 slot = tl.load(TOKEN_TABLE + tile + offs_n)
             row = KV + slot[:, None].to(tl.int64) * stride_kv
-            acc += tl.sum(tl.load(row + offs_d[None, :]).to(tl.float32), 0)
-            acc_pe += tl.sum(tl.load(row + offs_pe[None, :]).to(tl.float32), 0)
-        tl.store(OUT + pid, tl.sum(acc, 0) + tl.sum(acc_pe, 0))
+            acc += tl.sum(tl.load(row + offs_d[None, :]).to(tl.float32), 1)  # along the row: within a thread
+            acc += tl.sum(tl.load(row + offs_pe[None, :]).to(tl.float32), 1)
+        tl.store(OUT + pid, tl.sum(acc, 0))
 
     return _empty_kernel, _read_kernel
 
 
-def profiled_kernel_us(call: Callable[[], object], n_runs: int, device: torch.device) -> dict[str, float]:
-    """GPU durations of a split call's two kernels and the gap between them (us, medians over ``n_runs`` calls),
-    from the torch profiler's CUDA activity; a sleep queued first keeps launches ahead of the GPU."""
+def profiled_kernel_us(calls: Sequence[Callable[[], object]], n_runs: int, device: torch.device) -> dict[str, float]:
+    """GPU durations of a split call's two kernels and the gap between them (us, medians over ``n_runs`` calls,
+    rotating through ``calls`` as the timing does, so the KV is cold), from the torch profiler's CUDA activity; a
+    sleep queued first keeps launches ahead of the GPU."""
     from torch.autograd import DeviceType  # noqa: PLC0415
     from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
 
-    call()
+    calls[0]()
     torch.cuda.synchronize(device)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         torch.cuda._sleep(300_000 * n_runs)
-        for _ in range(n_runs):
-            call()
+        for i in range(n_runs):
+            calls[(i + 1) % len(calls)]()
         torch.cuda.synchronize(device)
     evs = sorted((e for e in prof.events() if e.device_type == DeviceType.CUDA and "sleep" not in e.name.lower()),
                  key=lambda e: e.time_range.start)
@@ -225,6 +253,16 @@ def measure_case(shape: VerifyShape, device: torch.device, n_runs: int = 20, rot
     rows: list[dict[str, Any]] = []
     for part in PARTS:
         row: dict[str, Any] = {**base, "part": part, "error": None, "ts_unix_s": time.time()}
+        if part == "timeline":
+            if device.type != "cuda":
+                row["skipped"] = "the timeline reads %globaltimer (inline PTX): CUDA only"
+            else:
+                try:
+                    row.update(measure_timeline(sets, cfg, num_sms, n_runs, device))
+                except Exception as exc:  # noqa: BLE001
+                    row["error"] = repr(exc)[:500]
+            rows.append(row)
+            continue
         try:
             if part == "merge":  # partials of every set written once, then the merge alone
                 for i in range(len(sets)):
@@ -242,13 +280,46 @@ def measure_case(shape: VerifyShape, device: torch.device, n_runs: int = 20, rot
                        n_runs=s["n_runs"], us_samples=[round(1e3 * x, 2) for x in ms])
             if part == "full" and profile_runs and device.type == "cuda":
                 try:
-                    row.update(profiled_kernel_us(calls[part][0], profile_runs, device))
+                    row.update(profiled_kernel_us(calls[part], profile_runs, device))
                 except Exception as exc:  # noqa: BLE001 - the timing stands without the profile
                     row["prof_error"] = repr(exc)[:300]
         except Exception as exc:  # noqa: BLE001 - a part that fails is a row; the others still run
             row["error"] = repr(exc)[:500]
         rows.append(row)
     return rows
+
+
+def measure_timeline(sets: Sequence[Any], cfg: Any, num_sms: int, n_runs: int, device: torch.device) -> dict[str, Any]:
+    """``n_runs`` partial launches with the timeline (rotating ``sets``), back to back behind a sleep; the median of
+    each :func:`timeline_stats` field, and the raw per-program times (us from the first entry) of the run with the
+    median span."""
+    from specdiag.kernels.splitkv_plan import plan_splits  # noqa: PLC0415
+    from specdiag.kernels.triton_splitkv import split_kv_triton  # noqa: PLC0415
+
+    first = sets[0]
+    plan = plan_splits(first.heads * first.draft_tokens, first.n_kv, cfg, num_sms)
+    bufs = [torch.zeros(plan.n_tiles * cfg.dv_split * plan.n_splits, 4, device=device, dtype=torch.int64)
+            for _ in range(n_runs)]
+    outs = [s.out_like() for s in sets]
+    split_kv_triton(first, outs[0], page_size=1, cfg=cfg, num_sms=num_sms, partial_only=True, timeline=bufs[0])
+    torch.cuda.synchronize(device)
+    torch.cuda._sleep(300_000 * n_runs)
+    for i, b in enumerate(bufs):
+        k = (i + 1) % len(sets)
+        split_kv_triton(sets[k], outs[k], page_size=1, cfg=cfg, num_sms=num_sms, partial_only=True, timeline=b)
+    torch.cuda.synchronize(device)
+    runs = []
+    for b in bufs:
+        a = b.cpu().tolist()
+        runs.append((timeline_stats([r[0] for r in a], [r[1] for r in a], [r[2] for r in a], [r[3] for r in a]), a))
+    out: dict[str, Any] = {k: statistics.median(r[0][k] for r in runs) for k in runs[0][0]}
+    mid = sorted(runs, key=lambda r: r[0]["tl_span_us"])[len(runs) // 2][1]
+    t0 = min(r[0] for r in mid)
+    out["tl_runs"] = len(runs)
+    out["tl_raw"] = {"start_us": [round((r[0] - t0) / 1e3, 3) for r in mid],
+                     "loop_end_us": [round((r[1] - t0) / 1e3, 3) for r in mid],
+                     "done_us": [round((r[2] - t0) / 1e3, 3) for r in mid], "sm": [r[3] for r in mid]}
+    return out
 
 
 def parse_cases(text: str, layout: str) -> list[VerifyShape]:
@@ -294,7 +365,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for row in measure_case(shape, device, n_runs=args.n_runs):
             run.append_row(TABLE, row)
             print(f"P={shape.context_tokens:>6} H={shape.heads:>3} T={shape.draft_tokens:>2} {row['part']:<12} "
-                  + (f"{row['us_median']:8.1f} us" if row.get("us_median") is not None else f"error {row['error']}")
+                  + (f"{row['us_median']:8.1f} us" if row.get("us_median") is not None else
+                     f"span {row['tl_span_us']:.1f} ramp {row['tl_ramp_us']:.1f} dur p50 {row['tl_dur_p50_us']:.1f} "
+                     f"max {row['tl_dur_max_us']:.1f} loop p50 {row['tl_loop_p50_us']:.1f} done p10/p50/p90 "
+                     f"{row['tl_done_p10_us']:.1f}/{row['tl_done_p50_us']:.1f}/{row['tl_done_p90_us']:.1f} tail "
+                     f"{row['tl_tail_us']:.1f} us, {row['tl_sms']} SMs" if "tl_span_us" in row else
+                     f"skipped: {row.get('skipped')}" if row.get("skipped") else f"error {row['error']}")
                   + (f"  prof partial {row['prof_partial_us']:.1f} merge {row['prof_merge_us']:.1f} gap "
                      f"{row['prof_gap_us']:.1f} us" if "prof_partial_us" in row else ""), flush=True)
         torch.cuda.empty_cache()

@@ -62,6 +62,18 @@ def _cta_sync(x):
 
 
 @triton.jit
+def _globaltimer():
+    """The GPU's global nanosecond timer (``%globaltimer``, one clock for every SM)."""
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+
+
+@triton.jit
+def _smid():
+    """The SM this program runs on (``%smid``)."""
+    return tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _ld_cta_f32(ptrs):
     """fp32 loads as inline PTX (``ld.relaxed.cta.global``): not a tt.load, so the pipeliner never prefetches them."""
     return tl.inline_asm_elementwise("ld.relaxed.cta.global.f32 $0, [$1];", "=f,l", [ptrs], dtype=tl.float32,
@@ -75,9 +87,14 @@ def _split_partial_kernel(
     PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     D_NOPE: tl.constexpr, D_PE: tl.constexpr, EVICT: tl.constexpr, DIRECT: tl.constexpr,
     DV_SPLIT: tl.constexpr, QK_ONCE: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr = False,
+    TIMELINE: tl.constexpr = False, TL=None,
 ):
     pid_m = tl.program_id(0)  # row tile x DV_SPLIT + value part
     pid_s = tl.program_id(1)
+    if TIMELINE:  # run 7's per-program timeline (anatomy.py): entry, end of the full-tile loop, after the stores; SM
+        tl_row = TL + (pid_s * tl.num_programs(0) + pid_m).to(tl.int64) * 4
+        tl.store(tl_row, _globaltimer())
+        tl.store(tl_row + 3, _smid().to(tl.int64))
     D_VP: tl.constexpr = D_NOPE // DV_SPLIT  # value dims this program accumulates
     dv_part = pid_m % DV_SPLIT
     rows = (pid_m // DV_SPLIT) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -144,6 +161,8 @@ def _split_partial_kernel(
             acc = tl.dot(p.to(v.dtype), v, acc)
         m_i = m_new
 
+    if TIMELINE:
+        tl.store(tl_row + 1, _globaltimer())
     # the rest: a partial prefix tile and the draft block, bounds-checked and tree-masked
     draft_row = rows // n_heads
     for tile in range(start + n_full * BLOCK_N, end, BLOCK_N):
@@ -187,6 +206,9 @@ def _split_partial_kernel(
     if not DIRECT:
         lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
         tl.store(LSE_PART + part_row, lse, mask=row_ok & (dv_part == 0))
+    if TIMELINE:
+        tl.debug_barrier()  # every thread's stores issued
+        tl.store(tl_row + 2, _globaltimer())
 
 
 @triton.jit
@@ -220,11 +242,13 @@ def _merge_kernel(O_PART, LSE_PART, OUT, n_splits, n_rows,
 
 def split_kv_triton(inputs: VerifyInputs, out: torch.Tensor, page_size: int = 1,
                     cfg: SplitKVConfig | None = None, num_sms: int | None = None,
-                    partial_only: bool = False) -> torch.Tensor:
+                    partial_only: bool = False, timeline: torch.Tensor | None = None) -> torch.Tensor:
     """Run split-KV verify attention on CUDA; writes ``out`` [T, H, 512] bf16 and returns it.
 
     page_size 1 reads ``inputs.token_table``; page_size 64 reads ``inputs.block_table``.
     ``partial_only`` skips the merge (``out`` is then not written): only for timing the first kernel alone.
+    ``timeline`` (int64, 4 per program, CUDA only): each partial program writes its %globaltimer at entry, at the end
+    of its full-tile loop and after its stores (ns), and its %smid (anatomy.py's timeline).
     """
     q, cache = inputs.q, inputs.cache
     if not (q.is_contiguous() and q.shape[-1] == D_QK and cache.shape[-1] == D_QK and cache.stride(1) == 1):
@@ -264,6 +288,7 @@ def split_kv_triton(inputs: VerifyInputs, out: torch.Tensor, page_size: int = 1,
         PAGE_SIZE=page_size, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, D_NOPE=D_NOPE, D_PE=D_PE,
         EVICT="evict_first" if cfg.evict_first else "", DIRECT=direct, DV_SPLIT=cfg.dv_split,
         QK_ONCE=cfg.qk_once, ASM=cfg.qk_once and not _interpreting(), PDL=pdl and not direct,
+        TIMELINE=timeline is not None, TL=timeline,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if not direct and not partial_only:
