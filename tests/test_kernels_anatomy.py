@@ -37,7 +37,7 @@ def _rows(fixed_us: dict[str, float], gbps: dict[str, float]) -> list[dict]:
 
 
 def test_fits_recover_each_part_fixed_cost_and_rate() -> None:
-    fixed = {"timeline": 0.0, "empty_1": 2.0, "empty_2": 4.5, "read_gather": 6.0, "read_contig": 5.0, "partial": 15.0, "merge": 5.5,
+    fixed = {"timeline": 0.0, "read_torch": 4.0, "empty_1": 2.0, "empty_2": 4.5, "read_gather": 6.0, "read_contig": 5.0, "partial": 15.0, "merge": 5.5,
              "full": 21.0, "full_pdl": 19.0}
     gbps = {"read_gather": 4100.0, "read_contig": 4300.0, "partial": 3950.0, "full": 3950.0, "full_pdl": 3950.0}
     fits = anatomy_fits(_rows(fixed, gbps))
