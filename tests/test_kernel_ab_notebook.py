@@ -267,3 +267,74 @@ def test_06_replays_run5_with_flashinfer_beside_ours(run_notebook: Callable[...,
     assert n["target_over_copy"] == pytest.approx(n["target_ms"] / copies[131072]["ms_median"])
     assert n["ours_ms"] == pytest.approx(split[(131072, 8, 1)]) and n["flashinfer_mla_p1_ms"] == pytest.approx(fi[(131072, 8, 1)]["ms_median"])
     assert all(v["ours_ms"] > v["target_ms"] and v["flashinfer_mla_p1_ms"] > v["target_ms"] for v in needs.values())
+
+
+RUN6 = REFERENCE_DIR / "kernel-ab-h200-run6"
+
+
+@pytest.mark.notebook
+def test_06_replays_run6_tile_arms_beside_split_p1_without_anchors(run_notebook: Callable[..., Path], tmp_path: Path) -> None:
+    """06 on run 6 (issue 13, data/reference/kernel-ab-h200-run6): the two arms on the 64-row tile beside split_p1, no
+    anchor in the run (form A); section 8's numbers equal what the raw rows say."""
+    out = run_notebook("06_kernel_ab", replay_dir=str(RUN6), cpu_smoke=False)
+    res = json.loads((tmp_path / "run" / "findings" / "06_kernel_ab.json").read_text())
+    m = res["metrics"]
+    rows = _rows(RUN6)
+    measured = [r for r in rows if not r.get("skipped") and r.get("error") is None and r.get("correct")]
+    assert m["source_dir"] == "data/reference/kernel-ab-h200-run6"
+    assert m["gpu"] == "NVIDIA H200" and m["cases"] == len(measured) == len(rows) == 12
+    meta = json.loads((RUN6 / "run.json").read_text())
+    assert m["copy_gbps"] == pytest.approx(meta["peaks"]["copy_gbps"]) and round(m["copy_gbps"]) == 4220
+    text = out.read_text()
+    assert "no page-size comparison" in text and "no compute-bound case" in text and "nan-nanx" not in text
+
+    # no anchor in this run: said, and nothing is compared with one
+    assert not any(r["design"] == "anchor" for r in rows)
+    assert m["anchors_measured"] == [] and m["anchors_not_run"] == [] and m["ours_over_anchor"] == {}
+    assert "no anchor kernel was measured in this run" in text and m["anchor_tree_mask"] == {}
+    assert m["fused_over_split"] == {} and m["fp8"] == {}
+
+    # each arm over split_p1, case by case, from the raw medians
+    split = {(r["context_tokens"], r["heads"], r["draft_tokens"]): r["ms_median"] for r in measured if r["kernel"] == "split_p1"}
+    assert len(split) == 4
+    want = {f"{r['kernel']} shuffled_p1 P{r['context_tokens']} h{r['heads']} t{r['draft_tokens']}":
+            r["ms_median"] / split[(r["context_tokens"], r["heads"], r["draft_tokens"])]
+            for r in measured if r["kernel"] != "split_p1"}
+    assert set(m["over_split_p1"]) == set(want) and len(want) == 8
+    assert all(m["over_split_p1"][k] == pytest.approx(v) for k, v in want.items())
+    h8t8 = {k: v for k, v in want.items() if k.endswith("h8 t8")}
+    assert len(h8t8) == 6 and all(v > 1.05 for v in h8t8.values())  # measured: both arms slower at every h8T8 case
+    assert all(abs(v - 1) < 0.03 for k, v in want.items() if k.endswith("h8 t1"))  # h8T1: split_p1's own tile, a repeat
+    cfg = {(r["kernel"], r["draft_tokens"]): r["config"] for r in measured if r["kernel"] != "split_p1"}
+    assert cfg[("split_qk1_p1", 8)]["qk_once"] and (cfg[("split_qk1_p1", 8)]["block_m"], cfg[("split_qk1_p1", 8)]["block_n"]) == (64, 32)
+    assert not cfg[("split_qk1_p1", 1)]["qk_once"] and cfg[("split_qk1_p1", 1)]["block_m"] == 16
+
+    # the fits over 64k/128k/256k at h8T8: neither arm streams faster than split_p1 (the plan's overlap reading)
+    fits = m["fixed_cost_fit"]
+    assert set(fits) == {"split_p1 h8 t8", "split_n32s5_p1 h8 t8", "split_qk1_p1 h8 t8"}  # h8T1: one context, no fit
+    for k in ("split_p1", "split_n32s5_p1", "split_qk1_p1"):
+        fixed_us, gbps = _fit(rows, k, 8, 8)
+        assert fits[f"{k} h8 t8"]["fixed_us"] == pytest.approx(fixed_us, rel=1e-6)
+        assert fits[f"{k} h8 t8"]["marginal_gbps"] == pytest.approx(gbps, rel=1e-6)
+    assert fits["split_n32s5_p1 h8 t8"]["marginal_gbps"] < 2150  # the plan's "<= 2,150 GB/s" outcome
+    assert fits["split_qk1_p1 h8 t8"]["marginal_gbps"] < fits["split_p1 h8 t8"]["marginal_gbps"]
+    found = {f["id"]: f for f in res["findings"]}
+    assert found["kernel_ab.split_inner_loop"]["verdict"].startswith("At the one shape of 64+ rows measured (H=8 T=8)")
+
+    # issue 13's targets: both shapes' targets missed; the best value is the best row's
+    t13 = m["issue13_targets"]
+    assert set(t13) == {"h8t8: >= 70% of copy at 128k", "memory: >= 85% of copy at 128k (H in 8,16; H*T <= 16)"}
+    assert all(v["met"] == 0 and v["cases"] == 3 for v in t13.values())
+    at = {(r["heads"], r["draft_tokens"]): [] for r in measured}
+    for r in measured:
+        if r["context_tokens"] == 131072:
+            at[(r["heads"], r["draft_tokens"])].append(r["pct_copy_bw"])
+    assert t13["h8t8: >= 70% of copy at 128k"]["best"] == pytest.approx(max(at[(8, 8)]))
+    assert t13["memory: >= 85% of copy at 128k (H in 8,16; H*T <= 16)"]["best"] == pytest.approx(max(at[(8, 1)]))
+    needs = {(n["context_tokens"], n["heads"], n["draft_tokens"]): n for n in m["target_needs"]}
+    assert set(needs) == {(131072, 8, 8), (131072, 8, 1)}
+    n = needs[(131072, 8, 8)]
+    kvb = next(r["kv_bytes"] for r in measured if (r["context_tokens"], r["heads"], r["draft_tokens"]) == (131072, 8, 8))
+    assert n["target_ms"] == pytest.approx(kvb / (0.70 * m["copy_gbps"] * 1e9) * 1e3)
+    assert n["ours_kernel"] == "split_p1" and n["ours_ms"] == pytest.approx(split[(131072, 8, 8)])
+    assert not any(k.endswith("_ms") and k.startswith(("flashinfer", "sglang")) for k in n)

@@ -363,6 +363,31 @@ def test_fixed_cost_by_kernel_separates_fixed_cost_from_rate():
     assert analysis.fixed_cost_by_kernel(analysis.measured(rows), kernels=("nope",)).empty
 
 
+def test_time_ratios_to_a_kernel_of_this_run_or_another():
+    """Each kernel's time over the base kernel's on the same case; the base from this run or another call's rows."""
+    from specdiag.kernels import analysis  # noqa: PLC0415
+
+    rows = [_row("split_p1", "split_kv", 131072, 8, 8, 0.100), _row("split_n32s5_p1", "split_kv", 131072, 8, 8, 0.113),
+            _row("split_qk1_p1", "split_kv", 131072, 8, 8, 0.115), _row("split_p1", "split_kv", 65536, 8, 8, 0.064),
+            _row("split_n32s5_p1", "split_kv", 65536, 8, 8, 0.069),
+            _row("split_qk1_p1", "split_kv", 262144, 8, 8, 0.207)]  # no split_p1 at 256k: left out
+    df = analysis.measured(rows)
+    r = analysis.time_ratios(df).set_index(["kernel", "context_tokens"])
+    assert sorted(r.index) == [("split_n32s5_p1", 65536), ("split_n32s5_p1", 131072), ("split_qk1_p1", 131072)]
+    assert r.loc[("split_n32s5_p1", 131072), "over_base"] == pytest.approx(1.13)
+    assert r.loc[("split_qk1_p1", 131072), "base_ms"] == 0.100 and set(r["base_from"]) == {"same run"}
+    q = analysis.time_ratios(df, base="split_n32s5_p1")
+    assert list(q["kernel"]) == ["split_p1", "split_qk1_p1", "split_p1"]
+    assert q["over_base"].iloc[1] == pytest.approx(0.115 / 0.113)
+    # the base from another call's rows (FlashInfer measured in a different run): every kernel of this run is kept
+    other = analysis.measured([_row("flashinfer_mla_p1", "anchor", 131072, 8, 8, 0.0835)])
+    x = analysis.time_ratios(df, base="flashinfer_mla_p1", base_df=other)
+    assert sorted(x["kernel"]) == ["split_n32s5_p1", "split_p1", "split_qk1_p1"] and set(x["base_from"]) == {"other run"}
+    assert x.set_index("kernel").loc["split_p1", "over_base"] == pytest.approx(0.100 / 0.0835)
+    assert analysis.time_ratios(df, base="flashinfer_mla_p1").empty  # not in this run
+    assert analysis.time_ratios(df.iloc[0:0]).empty
+
+
 def test_warm_flashinfer_reports_why_it_cannot_run_here(capsys):
     """The device job's FlashInfer build step: on a machine without FlashInfer (or a GPU) every case is a row
     with the error, and the CLI says what is missing instead of crashing."""

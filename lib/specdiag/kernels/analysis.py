@@ -435,6 +435,29 @@ def fused_vs_two_launch(df: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
 
 
+def time_ratios(df: pd.DataFrame, base: str = "split_p1", base_df: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per case (context, heads, draft tokens, layout) and kernel: its median time over ``base``'s on the same case.
+
+    ``over_base`` < 1: faster than ``base``. ``base_df``: take ``base``'s rows from another run's measured rows
+    (default: ``df`` itself); ``base_from`` then says "other run": two device calls, whose machine state and ceilings
+    may differ. From the same run, ``base``'s own rows are left out; cases where ``base`` was not measured are left out.
+    """
+    other = base_df is not None
+    src = base_df if other else df
+    if df.empty or src is None or src.empty or "kernel" not in src:
+        return pd.DataFrame()
+    keys = ["context_tokens", "heads", "draft_tokens", "layout"]
+    b = src[src["kernel"] == base][keys + ["ms_median"]].rename(columns={"ms_median": "base_ms"})
+    if b.empty:
+        return pd.DataFrame()
+    rows = df if other else df[df["kernel"] != base]
+    out = rows[keys + ["kernel", "ms_median"]].rename(columns={"ms_median": "ms"}).merge(b, on=keys, how="inner")
+    out.insert(out.columns.get_loc("base_ms"), "base", base)
+    out["over_base"] = out["ms"] / out["base_ms"]
+    out["base_from"] = "other run" if other else "same run"
+    return out.reset_index(drop=True)
+
+
 #: Kernels fitted by :func:`fixed_cost_by_kernel` unless told otherwise (those absent from a run are left out).
 FIT_KERNELS = ("split_p1", "fused_p1", "fused_self_p1", "fused_fp8_p1", "split_n32s5_p1", "split_qk1_p1",
                "flashinfer_mla_p1", "sglang_splitkv_p1")
