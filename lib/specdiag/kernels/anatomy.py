@@ -350,6 +350,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--layout", default="shuffled_p1", choices=["contiguous", "shuffled_p1"])
     ap.add_argument("--n-runs", type=int, default=20)
     ap.add_argument("--max-minutes", type=float, default=None, help="stop starting cases after this long")
+    ap.add_argument("--peaks", action="store_true",
+                    help="measure the copy and matmul ceilings and a copy of each context's KV bytes first (the "
+                         "harness's peaks and kernel_ab_copy; use when the folder has no harness run)")
     args = ap.parse_args(argv)
     shapes = parse_cases(args.cases, args.layout)  # bad input fails before the GPU is touched
     if not torch.cuda.is_available():
@@ -359,9 +362,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     from specdiag.runs import Run  # noqa: PLC0415
 
-    run = Run.open(args.out) if os.path.exists(os.path.join(args.out, "run.json")) else Run.create(args.out, label="kernel-anatomy")
+    from specdiag.kernels.harness import device_provenance, measure_copy_by_size, measure_peaks  # noqa: PLC0415
+
+    run = Run.create(args.out, label="kernel-anatomy")
     t0 = time.monotonic()
     device = torch.device("cuda")
+    command = " ".join([os.path.basename(sys.executable), "-m", "specdiag.kernels.anatomy", *(argv or sys.argv[1:])])
+    run.update(anatomy_command=command, anatomy_cases=args.cases)
+    if args.peaks:  # the copy and matmul ceilings and a copy of each context's bytes, in the same process
+        if not run.meta.get("device"):
+            run.update(kind="kernel_anatomy", device=device_provenance(device))
+        peaks = measure_peaks(device)
+        peaks["sm_count"] = torch.cuda.get_device_properties(device).multi_processor_count
+        run.update(peaks=dict(peaks))
+        measure_copy_by_size(run, sorted({s.context_tokens for s in shapes}), device)
+        print(f"peaks: copy {peaks['copy_gbps']:.0f} GB/s, bf16 matmul {peaks['matmul_tflops']:.0f} TFLOP/s", flush=True)
     for shape in tqdm(shapes, desc="anatomy cases", file=sys.stdout):
         if args.max_minutes and time.monotonic() - t0 > 60 * args.max_minutes:
             run.append_row(TABLE, {"context_tokens": shape.context_tokens, "heads": shape.heads,
