@@ -99,6 +99,12 @@ def test_run7_arms_resolve_to_their_configuration() -> None:
     assert (m32.block_m, m32.num_warps, m32.num_stages, m32.programs_per_sm) == (32, 4, 2, 2.0)
     assert (m16.block_m, m16.num_warps, m16.num_stages, m16.programs_per_sm) == (16, 4, 2, 2.0)
     assert resolve_config("split_p1", 64) is None  # the default stays the launcher's own choice
+    for rows in (8, 64, 128):  # run 8's compute-bound arms are split_p1 up to 128 rows
+        assert resolve_config("split_n32c_p1", rows) == default_config(rows)
+        assert resolve_config("split_qk1c_p1", rows) == default_config(rows)
+    n32, qk1 = resolve_config("split_n32c_p1", 1024), resolve_config("split_qk1c_p1", 1024)
+    assert (n32.block_m, n32.block_n, n32.num_stages, n32.qk_once) == (64, 32, 5, False)
+    assert (qk1.block_m, qk1.block_n, qk1.num_stages, qk1.qk_once) == (64, 32, 5, True)
 
 
 INTERPRET_SCRIPT = r"""
@@ -138,13 +144,28 @@ for contig in (False, True):
         slots = torch.arange(lo, lo + n) if contig else x.token_table[lo:lo + n]
         want = cache[slots].float().sum()
         assert torch.allclose(sink[s], want, rtol=1e-4, atol=1e-2), (contig, s, float(sink[s]), float(want))
+# run 8's compute-bound arms over 128 rows (four 64-row tiles, several splits): the kernel's own code with their tiles
+from dataclasses import replace
+from specdiag.kernels.cases import relative_error
+from specdiag.kernels.dispatch import resolve_config
+from specdiag.kernels.reference import reference_verify
+for name in ("split_n32c_p1", "split_qk1c_p1"):
+    x = make_inputs(VerifyShape(150, 16, 16, "shuffled_p1"), seed=5)
+    y = VerifyInputs(q=x.q.half(), cache=x.cache.half(), token_table=x.token_table, block_table=None, mask=x.mask,
+                     n_prefix=x.n_prefix, sm_scale=x.sm_scale)
+    cfg = replace(resolve_config(name, 256), min_split_tokens=64)
+    out = torch.full((16, 16, 512), float("nan"), dtype=torch.float16)
+    split_kv_triton(y, out, page_size=1, cfg=cfg, num_sms=4)
+    err = relative_error(out, reference_verify(x))
+    assert not torch.isnan(out).any() and err < 5e-3, (name, err)
 print("ok")
 """
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed here")
 def test_anatomy_parts_run_in_the_interpreter() -> None:
-    """Every part of the anatomy, the anatomy's read-only kernel checked against torch, the PDL arm's result."""
+    """Every part of the anatomy, the anatomy's read-only kernel checked against torch, the PDL arm's result, and
+    run 8's compute-bound arms (32-token tiles, 5 stages, with and without qk_once) over 128 rows."""
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT / "lib"))
     res = subprocess.run([sys.executable, "-c", INTERPRET_SCRIPT], env=env, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stdout[-2000:] + res.stderr[-4000:]

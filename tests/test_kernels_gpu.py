@@ -133,3 +133,17 @@ def test_run7_anatomy_measures_every_part() -> None:
     full = next(r for r in rows if r["part"] == "full")
     assert full["correct"] and "prof_error" not in full, full
     assert full["prof_calls"] == 5 and full["prof_partial_us"] > 0 and full["prof_merge_us"] > 0
+
+
+@pytest.mark.parametrize("shape", [VerifyShape(20000, 16, 16, "shuffled_p1"), VerifyShape(5000, 128, 8, "shuffled_b64"),
+                                   VerifyShape(3001, 16, 64, "contiguous")],
+                         ids=lambda s: f"run8-P{s.context_tokens}-H{s.heads}-T{s.draft_tokens}-{s.layout}")
+def test_run8_compute_arms_match_reference(shape: VerifyShape) -> None:
+    """Run 8's arms on compute-bound shapes (several 64-row tiles): 32-token tiles with 5 stages, and the same with the
+    scores once per tile (qk_once's inline bar.sync ordering, now with several row tiles per split); twice each."""
+    inputs = make_inputs(shape, device="cuda", seed=shape.context_tokens)
+    ref = reference_verify(inputs)
+    for name in ("split_n32c_p1", "split_qk1c_p1"):
+        for attempt in range(2):
+            res = check_once(name, inputs, ref, None, tol=1e-2)
+            assert res["unwritten"] == 0 and res["rel_err"] <= 1e-2, f"{name} call {attempt}: {res}"

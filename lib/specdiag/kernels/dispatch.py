@@ -7,7 +7,9 @@ merge inside the launch at every tile size (run 5's arm against the two-launch f
 ``split_n32s5_p1`` is ``split_p1`` with 32-token KV tiles and 5 pipeline stages at 64-row tiles, ``split_qk1_p1`` the
 same with Q K^T computed once per tile instead of in both warpgroups (run 6's arms on the h8T8 inner loop; at other
 row tiles both are exactly ``split_p1``). Run 7: ``split_pdl_p1`` launches the merge as a programmatic dependent
-launch; ``split_m32_p1`` / ``split_m16_p1`` cut the 33-128 rows of h8T8 into 32- or 16-row tiles. On CUDA the Triton kernels run; on the CPU the
+launch; ``split_m32_p1`` / ``split_m16_p1`` cut the 33-128 rows of h8T8 into 32- or 16-row tiles. Run 8:
+``split_n32c_p1`` / ``split_qk1c_p1`` give the compute-bound shapes (over 128 rows) 32-token tiles with 5 stages, the
+second with the scores once per tile. On CUDA the Triton kernels run; on the CPU the
 torch fallbacks of the same designs (reference.py) run, so tests and CI exercise the same code paths
 around them.
 """
@@ -36,6 +38,8 @@ class KernelVariant:
     overrides: tuple[tuple[str, Any], ...] = ()
     #: split_kv only: fields replaced at 33-128 rows only, where the default is the 64-row tile (run 7's h8T8 arms)
     overrides64: tuple[tuple[str, Any], ...] = ()
+    #: split_kv only: fields replaced over 128 rows only (compute-bound shapes: several 64-row tiles; run 8's arms)
+    overrides_many: tuple[tuple[str, Any], ...] = ()
 
 
 KERNEL_VARIANTS: dict[str, KernelVariant] = {
@@ -62,6 +66,12 @@ KERNEL_VARIANTS: dict[str, KernelVariant] = {
         ("block_m", 32), ("block_n", 64), ("num_warps", 4), ("num_stages", 2), ("programs_per_sm", 2.0))),
     "split_m16_p1": KernelVariant("split_m16_p1", "split_kv", 1, overrides64=(
         ("block_m", 16), ("block_n", 64), ("num_warps", 4), ("num_stages", 2), ("programs_per_sm", 2.0))),
+    # run 8: the compute-bound shapes (over 128 rows: several 64-row tiles) with 32-token tiles and 5 stages, and the
+    # same with Q K^T once per tile (where the loop is tensor-bound, the duplicated scores are a third of its work)
+    "split_n32c_p1": KernelVariant("split_n32c_p1", "split_kv", 1, overrides_many=(
+        ("block_n", 32), ("num_stages", 5))),
+    "split_qk1c_p1": KernelVariant("split_qk1c_p1", "split_kv", 1, overrides_many=(
+        ("block_n", 32), ("num_stages", 5), ("qk_once", True))),
 }
 
 
@@ -75,7 +85,7 @@ def resolve_config(name: str, rows: int, config: Optional[Any] = None) -> Option
     """The launch configuration variant ``name`` runs with at ``rows`` packed rows: ``config`` when given (tuning),
     else the variant's own 64-row tile (splitkv_plan.tile64_config) where it has one, else None (the default)."""
     v = variant(name)
-    if config is not None or (v.tile64 is None and not v.overrides and not v.overrides64):
+    if config is not None or (v.tile64 is None and not v.overrides and not v.overrides64 and not v.overrides_many):
         return config
     from dataclasses import replace  # noqa: PLC0415
 
@@ -84,6 +94,8 @@ def resolve_config(name: str, rows: int, config: Optional[Any] = None) -> Option
     cfg = tile64_config(rows, *v.tile64) if v.tile64 is not None else default_config(rows)
     if v.overrides64 and 33 <= rows <= 128:
         cfg = replace(cfg, **dict(v.overrides64))
+    if v.overrides_many and rows > 128:
+        cfg = replace(cfg, **dict(v.overrides_many))
     return replace(cfg, **dict(v.overrides)) if v.overrides else cfg
 
 
