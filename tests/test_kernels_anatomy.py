@@ -208,3 +208,22 @@ def test_pdl_compiles_for_sm90_with_wait_and_trigger() -> None:
     n_wait, n_launch, pdl, shared, shared_plain = res.stdout.split()[-5:]
     assert (int(n_wait), int(n_launch), pdl) == (1, 1, "True")
     assert int(shared) == int(shared_plain) > 0
+
+
+def test_target_verdicts_keep_ours_and_the_anchor_apart() -> None:
+    """An anchor meeting a target is reported beside ours, not as ours (run 8: FlashInfer met the compute target)."""
+    import pandas as pd
+
+    from specdiag.kernels.analysis import target_verdicts
+
+    base = {"context_tokens": 131072, "heads": 16, "draft_tokens": 64, "layout": "shuffled_p1", "kv_dtype": "bf16",
+            "ms_median": 1.0, "pct_copy_bw": 3.0}
+    df = pd.DataFrame([{**base, "kernel": "split_p1", "design": "split_kv", "pct_matmul": 32.5},
+                       {**base, "kernel": "fused_p1", "design": "fused_split_kv", "pct_matmul": 32.0},
+                       {**base, "kernel": "flashinfer_mla_p1", "design": "anchor", "pct_matmul": 70.9}])
+    v = target_verdicts(df).iloc[0]
+    assert (v["ours_kernel"], v["ours_met"], v["anchor_kernel"], v["anchor_met"]) == \
+        ("split_p1", False, "flashinfer_mla_p1", True)
+    assert v["ours_value"] == 32.5 and v["threshold"] == 50.0
+    alone = target_verdicts(df[df["design"] != "anchor"]).iloc[0]
+    assert alone["anchor_kernel"] is None and alone["anchor_met"] is None

@@ -358,6 +358,32 @@ def issue13_targets(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def target_verdicts(df: pd.DataFrame) -> pd.DataFrame:
+    """Per target and case of :func:`issue13_targets`: our best kernel (bf16) and the best anchor, side by side.
+
+    ``ours_met`` is the issue's verdict on our kernel; ``anchor_met`` says whether a kernel a user could pick meets the
+    same target (an anchor meeting it does not meet it for us). Cases without an anchor row have NaN anchor fields.
+    """
+    t = issue13_targets(df)
+    if t.empty:
+        return pd.DataFrame()
+    anchors = set(df.loc[df["design"] == "anchor", "kernel"]) if "design" in df else set()
+    keys = ["target", "context_tokens", "heads", "draft_tokens", "layout"]
+    out = []
+    for key, g in t.groupby(keys, sort=False):
+        row = dict(zip(keys, key))
+        row["threshold"] = float(g["threshold"].iloc[0])
+        for side, sel in (("ours", g[~g["kernel"].isin(anchors)]), ("anchor", g[g["kernel"].isin(anchors)])):
+            best = sel.sort_values("value", ascending=False).head(1)
+            if best.empty:
+                row.update({f"{side}_kernel": None, f"{side}_value": float("nan"), f"{side}_met": None})
+            else:
+                b = best.iloc[0]
+                row.update({f"{side}_kernel": b["kernel"], f"{side}_value": float(b["value"]), f"{side}_met": bool(b["met"])})
+        out.append(row)
+    return pd.DataFrame(out)
+
+
 def anchor_comparison(df: pd.DataFrame) -> pd.DataFrame:
     """Per case and anchor row: the anchor's time, our fastest bf16 kernel's time on the same case, and the ratio.
 
