@@ -147,3 +147,16 @@ def test_run8_compute_arms_match_reference(shape: VerifyShape) -> None:
         for attempt in range(2):
             res = check_once(name, inputs, ref, None, tol=1e-2)
             assert res["unwritten"] == 0 and res["rel_err"] <= 1e-2, f"{name} call {attempt}: {res}"
+
+
+def test_profile_kernels_sees_both_launches_of_a_split_call() -> None:
+    """The anatomy's kernel-by-kernel profile (used on anchors) on our own two-launch call: two kernels per call."""
+    from specdiag.kernels.anatomy import profile_kernels
+    from specdiag.kernels.dispatch import run_variant
+
+    x = make_inputs(VerifyShape(20000, 8, 1, "shuffled_p1"), device="cuda", seed=1)
+    out = x.out_like()
+    prof = profile_kernels([lambda: run_variant("split_p1", x, out)], 5, torch.device("cuda"))
+    assert prof["prof_kernels_per_call"] == 2, prof
+    assert {k["per_call"] for k in prof["prof_kernels"]} == {1}
+    assert 0 < prof["prof_busy_us"] <= prof["prof_span_us"] < 1e4

@@ -190,6 +190,63 @@ def read_kv(inputs: Any, sink: torch.Tensor, grid: tuple[int, int], tokens_per_s
     return sink
 
 
+def profile_kernels(calls: Sequence[Callable[[], object]], n_runs: int, device: torch.device) -> dict[str, Any]:
+    """Every GPU kernel one call launches, from the torch profiler (``n_runs`` calls rotating ``calls``, a sleep
+    queued first): per kernel name its median duration and launches per call, and the call's span (first kernel's
+    start to last kernel's end, median). For kernels we did not write (an anchor's run), where its time goes."""
+    from torch.autograd import DeviceType  # noqa: PLC0415
+    from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
+
+    calls[0]()
+    torch.cuda.synchronize(device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        torch.cuda._sleep(300_000 * n_runs)
+        for i in range(n_runs):
+            calls[(i + 1) % len(calls)]()
+        torch.cuda.synchronize(device)
+    evs = sorted((e for e in prof.events() if e.device_type == DeviceType.CUDA and "sleep" not in e.name.lower()),
+                 key=lambda e: e.time_range.start)
+    if not evs or len(evs) % n_runs:
+        raise RuntimeError(f"profiler saw {len(evs)} kernels for {n_runs} calls: not a whole number per call")
+    per_call = len(evs) // n_runs
+    groups = [evs[i * per_call:(i + 1) * per_call] for i in range(n_runs)]
+    names: dict[str, list[float]] = {}
+    for e in evs:
+        names.setdefault(e.name[:120], []).append(e.time_range.elapsed_us())
+    return {"prof_kernels": [{"name": n, "us_median": statistics.median(d), "per_call": len(d) // n_runs}
+                             for n, d in names.items()],
+            "prof_kernels_per_call": per_call,
+            "prof_span_us": statistics.median(g[-1].time_range.end - g[0].time_range.start for g in groups),
+            "prof_busy_us": statistics.median(sum(e.time_range.elapsed_us() for e in g) for g in groups)}
+
+
+def measure_anchor(shape: VerifyShape, device: torch.device, n_runs: int = 20, rotate_bytes: int = 1 << 30,
+                   seed: int = 0, profile_runs: int = 10) -> dict[str, Any]:
+    """FlashInfer's MLA on the case (anchors.FlashInferMLA, planned outside the call), timed like the parts and
+    profiled kernel by kernel: part ``flashinfer``."""
+    from specdiag.kernels.anchors import FlashInferMLA  # noqa: PLC0415
+    from specdiag.kernels.cases import relative_error, rotation_sets  # noqa: PLC0415
+    from specdiag.kernels.reference import reference_verify  # noqa: PLC0415
+    from specdiag.kernels.timing import summarize_ms, time_calls  # noqa: PLC0415
+
+    inputs = make_inputs(shape, device=device, seed=seed, chain=True)
+    sets = rotation_sets(inputs, rotate_bytes, seed)
+    wrappers = [FlashInferMLA(s, 1) for s in sets]
+    outs = [s.out_like() for s in sets]
+    calls = [(lambda w=w, o=o: w(o)) for w, o in zip(wrappers, outs)]
+    outs[0].fill_(float("nan"))
+    calls[0]()
+    torch.cuda.synchronize(device)
+    err = relative_error(outs[0], reference_verify(inputs))
+    ms = time_calls(calls, n_runs=n_runs, n_warmup=3, device=device)
+    s = summarize_ms(ms)
+    row: dict[str, Any] = {"rel_err": err, "correct": bool(err <= 1e-2), "us_median": 1e3 * s["ms_median"],
+                           "us_p10": 1e3 * s["ms_p10"], "us_p90": 1e3 * s["ms_p90"], "n_runs": s["n_runs"],
+                           "us_samples": [round(1e3 * x, 2) for x in ms], "mask": "chain"}
+    row.update(profile_kernels(calls, profile_runs, device))
+    return row
+
+
 def measure_case(shape: VerifyShape, device: torch.device, n_runs: int = 20, rotate_bytes: int = 1 << 30,
                  seed: int = 0, profile_runs: int = 10, num_sms: Optional[int] = None,
                  dtype: torch.dtype = torch.bfloat16) -> list[dict[str, Any]]:
@@ -350,6 +407,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--layout", default="shuffled_p1", choices=["contiguous", "shuffled_p1"])
     ap.add_argument("--n-runs", type=int, default=20)
     ap.add_argument("--max-minutes", type=float, default=None, help="stop starting cases after this long")
+    ap.add_argument("--flashinfer", action="store_true",
+                    help="also time and profile FlashInfer's MLA on each case (part flashinfer; needs flashinfer)")
     ap.add_argument("--peaks", action="store_true",
                     help="measure the copy and matmul ceilings and a copy of each context's KV bytes first (the "
                          "harness's peaks and kernel_ab_copy; use when the folder has no harness run)")
@@ -383,7 +442,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                    "draft_tokens": shape.draft_tokens, "part": None, "error": None,
                                    "skipped": "time budget used up; this case and the rest were not measured"})
             break
-        for row in measure_case(shape, device, n_runs=args.n_runs):
+        rows = measure_case(shape, device, n_runs=args.n_runs)
+        if args.flashinfer:
+            fi: dict[str, Any] = {**{k: rows[0][k] for k in ("context_tokens", "heads", "draft_tokens", "layout", "n_kv",
+                                                             "kv_bytes")}, "part": "flashinfer", "error": None,
+                                  "ts_unix_s": time.time()}
+            try:
+                fi.update(measure_anchor(shape, device, n_runs=args.n_runs))
+            except Exception as exc:  # noqa: BLE001 - the anchor's failure is a row
+                fi["error"] = repr(exc)[:500]
+            rows.append(fi)
+        for row in rows:
             run.append_row(TABLE, row)
             print(f"P={shape.context_tokens:>6} H={shape.heads:>3} T={shape.draft_tokens:>2} {row['part']:<12} "
                   + (f"{row['us_median']:8.1f} us" if row.get("us_median") is not None else
@@ -392,6 +461,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                      f"{row['tl_done_p10_us']:.1f}/{row['tl_done_p50_us']:.1f}/{row['tl_done_p90_us']:.1f} tail "
                      f"{row['tl_tail_us']:.1f} us, {row['tl_sms']} SMs" if "tl_span_us" in row else
                      f"skipped: {row.get('skipped')}" if row.get("skipped") else f"error {row['error']}")
+                  + ("".join(f"\n    {k['per_call']} x {k['us_median']:7.1f} us  {k['name'][:90]}" for k in row["prof_kernels"])
+                     + f"\n    span {row['prof_span_us']:.1f} us, busy {row['prof_busy_us']:.1f} us"
+                     if "prof_kernels" in row else "")
                   + (f"  prof partial {row['prof_partial_us']:.1f} merge {row['prof_merge_us']:.1f} gap "
                      f"{row['prof_gap_us']:.1f} us" if "prof_partial_us" in row else ""), flush=True)
         torch.cuda.empty_cache()

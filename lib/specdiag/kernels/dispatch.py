@@ -72,6 +72,12 @@ KERNEL_VARIANTS: dict[str, KernelVariant] = {
         ("block_n", 32), ("num_stages", 5))),
     "split_qk1c_p1": KernelVariant("split_qk1c_p1", "split_kv", 1, overrides_many=(
         ("block_n", 32), ("num_stages", 5), ("qk_once", True))),
+    # run 9: launch parameters the run 2 sweep did not try on the memory-bound shapes (at every row count): bf16
+    # partials (half the partial writes and merge reads), the evict-first hint on KV loads, and both. (8 warps at 16-row
+    # tiles compile to 116,736 B of shared memory: one program per SM, two waves; not an arm.)
+    "split_bf16p_p1": KernelVariant("split_bf16p_p1", "split_kv", 1, overrides=(("partial_bf16", True),)),
+    "split_ef_p1": KernelVariant("split_ef_p1", "split_kv", 1, overrides=(("evict_first", True),)),
+    "split_bfef_p1": KernelVariant("split_bfef_p1", "split_kv", 1, overrides=(("partial_bf16", True), ("evict_first", True))),
 }
 
 
