@@ -227,3 +227,11 @@ def test_target_verdicts_keep_ours_and_the_anchor_apart() -> None:
     assert v["ours_value"] == 32.5 and v["threshold"] == 50.0
     alone = target_verdicts(df[df["design"] != "anchor"]).iloc[0]
     assert alone["anchor_kernel"] is None and alone["anchor_met"] is None
+
+
+def test_the_queued_sleep_is_not_a_kernel_of_the_call() -> None:
+    """Run 9 counted torch.cuda._sleep's kernel (ATen's spin_kernel) as one of FlashInfer's: 11 kernels for 10 calls."""
+    from specdiag.kernels.anatomy import _is_sleep
+
+    assert _is_sleep("void at::cuda::(anonymous namespace)::spin_kernel(long)")
+    assert not _is_sleep("_split_partial_kernel") and not _is_sleep("BatchMLAPagedAttentionKernel")

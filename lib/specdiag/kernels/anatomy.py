@@ -153,6 +153,12 @@ def _kernels():
     return _empty_kernel, _read_kernel
 
 
+def _is_sleep(kernel_name: str) -> bool:
+    """torch.cuda._sleep's kernel (ATen's ``spin_kernel``), queued before profiled calls: not part of any call."""
+    name = kernel_name.lower()
+    return "spin_kernel" in name or "sleep" in name
+
+
 def profiled_kernel_us(calls: Sequence[Callable[[], object]], n_runs: int, device: torch.device) -> dict[str, float]:
     """GPU durations of a split call's two kernels and the gap between them (us, medians over ``n_runs`` calls,
     rotating through ``calls`` as the timing does, so the KV is cold), from the torch profiler's CUDA activity; a
@@ -167,7 +173,7 @@ def profiled_kernel_us(calls: Sequence[Callable[[], object]], n_runs: int, devic
         for i in range(n_runs):
             calls[(i + 1) % len(calls)]()
         torch.cuda.synchronize(device)
-    evs = sorted((e for e in prof.events() if e.device_type == DeviceType.CUDA and "sleep" not in e.name.lower()),
+    evs = sorted((e for e in prof.events() if e.device_type == DeviceType.CUDA and not _is_sleep(e.name)),
                  key=lambda e: e.time_range.start)
     part = [e for e in evs if "partial" in e.name]
     merge = [e for e in evs if "merge" in e.name]
@@ -204,7 +210,7 @@ def profile_kernels(calls: Sequence[Callable[[], object]], n_runs: int, device: 
         for i in range(n_runs):
             calls[(i + 1) % len(calls)]()
         torch.cuda.synchronize(device)
-    evs = sorted((e for e in prof.events() if e.device_type == DeviceType.CUDA and "sleep" not in e.name.lower()),
+    evs = sorted((e for e in prof.events() if e.device_type == DeviceType.CUDA and not _is_sleep(e.name)),
                  key=lambda e: e.time_range.start)
     if not evs or len(evs) % n_runs:
         raise RuntimeError(f"profiler saw {len(evs)} kernels for {n_runs} calls: not a whole number per call")
