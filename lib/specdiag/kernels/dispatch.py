@@ -9,7 +9,8 @@ same with Q K^T computed once per tile instead of in both warpgroups (run 6's ar
 row tiles both are exactly ``split_p1``). Run 7: ``split_pdl_p1`` launches the merge as a programmatic dependent
 launch; ``split_m32_p1`` / ``split_m16_p1`` cut the 33-128 rows of h8T8 into 32- or 16-row tiles. Run 8:
 ``split_n32c_p1`` / ``split_qk1c_p1`` give the compute-bound shapes (over 128 rows) 32-token tiles with 5 stages, the
-second with the scores once per tile. On CUDA the Triton kernels run; on the CPU the
+second with the scores once per tile. Run 10: ``split_gl_p1`` / ``split_gl32_p1`` run the partial kernel written in
+Gluon (gluon_splitkv), the scores computed once across the two warpgroups. On CUDA the Triton kernels run; on the CPU the
 torch fallbacks of the same designs (reference.py) run, so tests and CI exercise the same code paths
 around them.
 """
@@ -40,6 +41,10 @@ class KernelVariant:
     overrides64: tuple[tuple[str, Any], ...] = ()
     #: split_kv only: fields replaced over 128 rows only (compute-bound shapes: several 64-row tiles; run 8's arms)
     overrides_many: tuple[tuple[str, Any], ...] = ()
+    #: split_kv only: "triton" (triton_splitkv) or "gluon" (gluon_splitkv: the scores once, two warpgroups; run 10)
+    impl: str = "triton"
+    #: impl "gluon" only: (tokens per KV tile, tiles in the ring)
+    gluon_tile: tuple[int, int] = (64, 2)
 
 
 KERNEL_VARIANTS: dict[str, KernelVariant] = {
@@ -78,6 +83,10 @@ KERNEL_VARIANTS: dict[str, KernelVariant] = {
     "split_bf16p_p1": KernelVariant("split_bf16p_p1", "split_kv", 1, overrides=(("partial_bf16", True),)),
     "split_ef_p1": KernelVariant("split_ef_p1", "split_kv", 1, overrides=(("evict_first", True),)),
     "split_bfef_p1": KernelVariant("split_bfef_p1", "split_kv", 1, overrides=(("partial_bf16", True), ("evict_first", True))),
+    # run 10: the partial kernel in Gluon (gluon_splitkv): 64-row tiles at every row count, Q K^T split between the two
+    # warpgroups by keys, P through shared memory, P V split by value dims; 64-token tiles x 2 or 32-token x 3
+    "split_gl_p1": KernelVariant("split_gl_p1", "split_kv", 1, impl="gluon", gluon_tile=(64, 2)),
+    "split_gl32_p1": KernelVariant("split_gl32_p1", "split_kv", 1, impl="gluon", gluon_tile=(32, 3)),
 }
 
 
@@ -91,6 +100,10 @@ def resolve_config(name: str, rows: int, config: Optional[Any] = None) -> Option
     """The launch configuration variant ``name`` runs with at ``rows`` packed rows: ``config`` when given (tuning),
     else the variant's own 64-row tile (splitkv_plan.tile64_config) where it has one, else None (the default)."""
     v = variant(name)
+    if v.impl == "gluon":
+        from specdiag.kernels.splitkv_plan import gluon_config  # noqa: PLC0415
+
+        return gluon_config(*v.gluon_tile)
     if config is not None or (v.tile64 is None and not v.overrides and not v.overrides64 and not v.overrides_many):
         return config
     from dataclasses import replace  # noqa: PLC0415
@@ -132,6 +145,10 @@ def run_variant(name: str, inputs: VerifyInputs, out: torch.Tensor, config: Opti
             from specdiag.kernels.triton_baseline import baseline_triton  # noqa: PLC0415
 
             return baseline_triton(inputs, out)
+        if v.impl == "gluon":
+            from specdiag.kernels.gluon_splitkv import split_kv_gluon  # noqa: PLC0415
+
+            return split_kv_gluon(inputs, out, block_n=config.block_n, stages=config.num_stages)
         from specdiag.kernels.triton_splitkv import split_kv_triton  # noqa: PLC0415
 
         return split_kv_triton(inputs, out, page_size=v.page_size, cfg=config)

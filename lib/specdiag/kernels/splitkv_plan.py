@@ -97,6 +97,19 @@ def tile64_config(rows: int, block_n: int, num_stages: int, qk_once: bool = Fals
     return replace(base, block_n=block_n, num_stages=num_stages, qk_once=qk_once)
 
 
+#: The Gluon kernel's tile (gluon_splitkv): 64 rows, 8 warps (two warpgroups: warps [4, 2] for both products)
+GLUON_BLOCK_M = 64
+GLUON_NUM_WARPS = 8
+
+
+def gluon_config(block_n: int = 64, stages: int = 2) -> SplitKVConfig:
+    """The split plan's parameters of the Gluon kernel at every row count: 64-row tiles, one program per SM (its
+    shared memory: 229,888 B at (64, 2), 188,928 B at (32, 3), Triton 3.6 for sm_90), ``block_n`` tokens per KV tile,
+    ``stages`` tiles in the ring."""
+    return SplitKVConfig(block_m=GLUON_BLOCK_M, block_n=block_n, num_warps=GLUON_NUM_WARPS, num_stages=stages,
+                         programs_per_sm=1.0, merge_block_dv=16)
+
+
 def default_fused_config(rows: int, kv_fp8: bool = False) -> SplitKVConfig:
     """Launch parameters of the single-launch kernel (triton_fused): run 2's winners with bf16 partials.
 

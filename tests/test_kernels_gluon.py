@@ -1,0 +1,79 @@
+"""Run 10 on the CPU: the split-KV partial kernel written in Gluon (gluon_splitkv). Triton's interpreter does not run
+Gluon, so here: the variants resolve to the Gluon tile, the kernel compiles for sm_90 with the shared memory and the
+tensor-core instructions its design says (Q K^T split by keys between the two warpgroups: 36 m64nXk16 per warpgroup
+per tile, each covering its half of the keys; P V split by value dims: m64n256k16), no spill beyond a word, and the
+CPU fallback of the variants computes the right function. Correctness on the GPU: tests/test_kernels_gpu.py (run10).
+"""
+
+from __future__ import annotations
+
+import collections
+import importlib.util
+import re
+import subprocess
+
+import pytest
+import torch
+
+from specdiag.kernels.cases import relative_error
+from specdiag.kernels.dispatch import KERNEL_VARIANTS, resolve_config, run_variant
+from specdiag.kernels.mla import VerifyShape, make_inputs
+from specdiag.kernels.reference import reference_verify
+from specdiag.kernels.splitkv_plan import SHARED_LIMIT_SM90, gluon_config
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+
+
+def test_gluon_variants_resolve_to_their_tile_at_every_row_count() -> None:
+    for rows in (8, 16, 64, 1024):
+        assert resolve_config("split_gl_p1", rows) == gluon_config(64, 2)
+        assert resolve_config("split_gl32_p1", rows) == gluon_config(32, 3)
+    cfg = gluon_config(64, 2)
+    assert (cfg.block_m, cfg.num_warps, cfg.programs_per_sm) == (64, 8, 1.0)
+    assert KERNEL_VARIANTS["split_gl_p1"].impl == "gluon" and KERNEL_VARIANTS["split_p1"].impl == "triton"
+
+
+def test_gluon_variants_fall_back_to_the_torch_design_on_the_cpu() -> None:
+    x = make_inputs(VerifyShape(300, 4, 4, "shuffled_p1"), seed=2)
+    ref = reference_verify(x)
+    for name in ("split_gl_p1", "split_gl32_p1"):
+        out = x.out_like()
+        run_variant(name, x, out)
+        assert relative_error(out, ref) < 1e-2
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed here")
+@pytest.mark.parametrize("block_n, stages", [(64, 2), (32, 3)])
+def test_gluon_kernel_compiles_for_sm90_as_designed(block_n: int, stages: int) -> None:
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    from specdiag.kernels.gluon_splitkv import compile_sm90
+
+    k = compile_sm90(block_n, stages)
+    assert 0 < k.metadata.shared <= SHARED_LIMIT_SM90, k.metadata.shared
+    ptx = k.asm["ptx"]
+    shapes = collections.Counter(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx))
+    # Q K^T: 576 / 16 = 36 k-steps, N = each warpgroup's half of the keys; P V: N = 256 value dims per warpgroup
+    assert shapes[f"m64n{block_n // 2}k16"] == 36, shapes
+    assert shapes["m64n256k16"] == block_n // 16, shapes
+    assert ptx.count("cp.async") > 0 and "st.local" not in ptx
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "k.ptx"
+        src.write_text(ptx)
+        res = subprocess.run([get_ptxas(90).path, "-v", "-arch=sm_90a", str(src), "-o", str(Path(tmp) / "k.cubin")],
+                             capture_output=True, text=True)
+    spills = [int(m) for m in re.findall(r"(\d+) bytes spill stores", res.stderr + res.stdout)]
+    assert res.returncode == 0 and spills and max(spills) <= 8, res.stderr[-2000:]
+
+
+def test_gluon_kernel_refuses_the_cpu_with_a_clear_message() -> None:
+    pytest.importorskip("triton.experimental.gluon")
+    from specdiag.kernels.gluon_splitkv import split_kv_gluon
+
+    x = make_inputs(VerifyShape(100, 2, 1, "contiguous"))
+    with pytest.raises(ValueError, match="CUDA"):
+        split_kv_gluon(x, x.out_like())
+    assert torch.isfinite(x.q).all()
