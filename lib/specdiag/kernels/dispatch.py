@@ -45,6 +45,8 @@ class KernelVariant:
     impl: str = "triton"
     #: impl "gluon" only: (tokens per KV tile, tiles in the ring)
     gluon_tile: tuple[int, int] = (64, 2)
+    #: impl "gluon" only: the overlapped kernel (asynchronous wgmmas, indices an iteration ahead; run 11)
+    gluon_overlap: bool = False
 
 
 KERNEL_VARIANTS: dict[str, KernelVariant] = {
@@ -87,6 +89,9 @@ KERNEL_VARIANTS: dict[str, KernelVariant] = {
     # warpgroups by keys, P through shared memory, P V split by value dims; 64-token tiles x 2 or 32-token x 3
     "split_gl_p1": KernelVariant("split_gl_p1", "split_kv", 1, impl="gluon", gluon_tile=(64, 2)),
     "split_gl32_p1": KernelVariant("split_gl32_p1", "split_kv", 1, impl="gluon", gluon_tile=(32, 3)),
+    # run 11: the same with the two products overlapped (tile i's P V in flight under tile i + 1's scores)
+    "split_glo_p1": KernelVariant("split_glo_p1", "split_kv", 1, impl="gluon", gluon_tile=(64, 2), gluon_overlap=True),
+    "split_glo32_p1": KernelVariant("split_glo32_p1", "split_kv", 1, impl="gluon", gluon_tile=(32, 4), gluon_overlap=True),
 }
 
 
@@ -148,7 +153,7 @@ def run_variant(name: str, inputs: VerifyInputs, out: torch.Tensor, config: Opti
         if v.impl == "gluon":
             from specdiag.kernels.gluon_splitkv import split_kv_gluon  # noqa: PLC0415
 
-            return split_kv_gluon(inputs, out, block_n=config.block_n, stages=config.num_stages)
+            return split_kv_gluon(inputs, out, block_n=config.block_n, stages=config.num_stages, overlap=v.gluon_overlap)
         from specdiag.kernels.triton_splitkv import split_kv_triton  # noqa: PLC0415
 
         return split_kv_triton(inputs, out, page_size=v.page_size, cfg=config)

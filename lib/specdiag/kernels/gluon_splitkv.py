@@ -28,7 +28,8 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, warpgroup_mma, warpgroup_mma_init,
+                                                              warpgroup_mma_wait)
 
 from specdiag.kernels.mla import D_NOPE, D_PE, D_QK, D_V, VerifyInputs
 from specdiag.kernels.splitkv_plan import GLUON_BLOCK_M, GLUON_NUM_WARPS, gluon_config, plan_splits
@@ -156,8 +157,131 @@ def _gl_partial_kernel(Q, KV, TOKEN_TABLE, MASK, O_PART, LSE_PART,
     gl.store(LSE_PART + pid_s.to(gl.int64) * n_rows + rows_s, lse, mask=rows_s < n_rows)
 
 
+@gluon.jit
+def _issue_slots(KV, kv_buf, pe_buf, slot, slot_pe, ok, ok_pe, stride_kv,
+                 D_NOPE: gl.constexpr, D_PE: gl.constexpr, LD: gl.constexpr, LD_PE: gl.constexpr):
+    """cp.async of the rows at ``slot`` / ``slot_pe`` (token indices already in registers) into kv_buf / pe_buf."""
+    offs_d = gl.arange(0, D_NOPE, layout=gl.SliceLayout(0, LD))
+    async_copy.async_copy_global_to_shared(kv_buf, KV + slot[:, None] * stride_kv + offs_d[None, :], mask=ok[:, None])
+    offs_pe = D_NOPE + gl.arange(0, D_PE, layout=gl.SliceLayout(0, LD_PE))
+    async_copy.async_copy_global_to_shared(pe_buf, KV + slot_pe[:, None] * stride_kv + offs_pe[None, :],
+                                           mask=ok_pe[:, None])
+
+
+@gluon.jit
+def _gl_partial_kernel_ov(Q, KV, TOKEN_TABLE, MASK, O_PART, LSE_PART,
+                          qk_scale, n_prefix, n_kv, n_draft, n_heads, n_rows, tokens_per_split, stride_kv,
+                          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                          D_NOPE: gl.constexpr, D_PE: gl.constexpr, num_warps: gl.constexpr):
+    """_gl_partial_kernel with the products overlapped (run 11): both wgmmas asynchronous, tile i's P V still running
+    while tile i + 1's scores are issued; the token indices of the next copy loaded an iteration ahead; the ring's
+    next copy issued once both warpgroups are done with the buffer it overwrites."""
+    pid_m = gl.program_id(0)
+    pid_s = gl.program_id(1)
+    dtype: gl.constexpr = Q.dtype.element_ty
+    LD: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
+    LD_PE: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BLOCK_N // 2, 16])
+    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16])
+    ROW_S: gl.constexpr = gl.SliceLayout(1, S_L)
+    COL_S: gl.constexpr = gl.SliceLayout(0, S_L)
+    ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
+    POS_LD: gl.constexpr = gl.SliceLayout(1, LD)
+    POS_PE: gl.constexpr = gl.SliceLayout(1, LD_PE)
+    q_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, D_NOPE], dtype)
+    qpe_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, D_PE], dtype)
+    kv_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_NOPE], dtype)
+    pe_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_PE], dtype)
+    p_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype)
+
+    rows_ld = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=POS_LD)
+    q_nope = gl.load(Q + rows_ld[:, None].to(gl.int64) * (D_NOPE + D_PE)
+                     + gl.arange(0, D_NOPE, layout=gl.SliceLayout(0, LD))[None, :],
+                     mask=(rows_ld < n_rows)[:, None], other=0.0)
+    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, D_NOPE], q_sl, q_nope)
+    rows_pe = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=POS_PE)
+    q_pe = gl.load(Q + rows_pe[:, None].to(gl.int64) * (D_NOPE + D_PE) + D_NOPE
+                   + gl.arange(0, D_PE, layout=gl.SliceLayout(0, LD_PE))[None, :],
+                   mask=(rows_pe < n_rows)[:, None], other=0.0)
+    qpe_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, D_PE], qpe_sl, q_pe)
+    kv_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_NOPE], kv_sl)
+    pe_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_PE], pe_sl)
+    p_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], p_sl)
+
+    start = pid_s * tokens_per_split
+    end = gl.minimum(start + tokens_per_split, n_kv)
+    n_iter = gl.cdiv(gl.maximum(end - start, 0), BLOCK_N)
+    rows_s = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=ROW_S)
+    draft_row = rows_s // n_heads
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=ROW_S)
+    l_i = gl.zeros([BLOCK_M], gl.float32, layout=ROW_S)
+    acc = warpgroup_mma_init(gl.zeros([BLOCK_M, D_NOPE], gl.float32, layout=O_L))  # carried as an async accumulator
+
+    # prologue: tiles 0 .. STAGES - 2 in flight (one commit group each, empty past the split), the next tile's indices
+    for k in gl.static_range(STAGES - 1):
+        p0 = start + k * BLOCK_N + gl.arange(0, BLOCK_N, layout=POS_LD)
+        p0_pe = start + k * BLOCK_N + gl.arange(0, BLOCK_N, layout=POS_PE)
+        s0 = gl.load(TOKEN_TABLE + p0, mask=p0 < end, other=0).to(gl.int64)
+        s0_pe = gl.load(TOKEN_TABLE + p0_pe, mask=p0_pe < end, other=0).to(gl.int64)
+        _issue_slots(KV, kv_smem.index(k), pe_smem.index(k), s0, s0_pe, p0 < end, p0_pe < end, stride_kv,
+                     D_NOPE, D_PE, LD, LD_PE)
+        async_copy.commit_group()
+    nx_pos = start + (STAGES - 1) * BLOCK_N + gl.arange(0, BLOCK_N, layout=POS_LD)
+    nx_pos_pe = start + (STAGES - 1) * BLOCK_N + gl.arange(0, BLOCK_N, layout=POS_PE)
+    nx_slot = gl.load(TOKEN_TABLE + nx_pos, mask=nx_pos < end, other=0).to(gl.int64)
+    nx_slot_pe = gl.load(TOKEN_TABLE + nx_pos_pe, mask=nx_pos_pe < end, other=0).to(gl.int64)
+
+    for it in range(0, n_iter):
+        async_copy.wait_group(STAGES - 2)  # tile `it` has landed (this thread's copies)
+        gl.thread_barrier()  # ... every thread's
+        fence_async_shared()  # ... visible to the tensor cores
+        buf = it % STAGES
+        k_tile = kv_smem.index(buf)
+        s_tok = warpgroup_mma(q_smem, k_tile.permute((1, 0)), gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=S_L),
+                              use_acc=False, is_async=True)
+        s_tok = warpgroup_mma(qpe_smem, pe_smem.index(buf).permute((1, 0)), s_tok, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=2, deps=(acc,))  # this warpgroup's P V of tile it - 1 is done
+        gl.thread_barrier()  # both warpgroups': P and the buffer of tile it - 1 are free
+        _issue_slots(KV, kv_smem.index((it + STAGES - 1) % STAGES), pe_smem.index((it + STAGES - 1) % STAGES),
+                     nx_slot, nx_slot_pe, nx_pos < end, nx_pos_pe < end, stride_kv, D_NOPE, D_PE, LD, LD_PE)
+        async_copy.commit_group()  # empty past the split's end: the wait above counts one group per tile
+        nx_pos = nx_pos + BLOCK_N
+        nx_pos_pe = nx_pos_pe + BLOCK_N
+        nx_slot = gl.load(TOKEN_TABLE + nx_pos, mask=nx_pos < end, other=0).to(gl.int64)
+        nx_slot_pe = gl.load(TOKEN_TABLE + nx_pos_pe, mask=nx_pos_pe < end, other=0).to(gl.int64)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
+        kpos = start + it * BLOCK_N + gl.arange(0, BLOCK_N, layout=COL_S)
+        j = kpos - n_prefix
+        tree = gl.load(MASK + draft_row[:, None] * n_draft + j[None, :],
+                       mask=(rows_s < n_rows)[:, None] & (kpos < end)[None, :] & (j >= 0)[None, :], other=0)
+        visible = (kpos < end)[None, :] & ((kpos < n_prefix)[None, :] | (tree != 0))
+        s = gl.where(visible, s * qk_scale, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 1))
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_use)
+        p = gl.exp2(s - m_use[:, None])
+        l_i = l_i * alpha + gl.sum(p, 1)
+        m_i = m_new
+        p_smem.store(p.to(dtype))
+        fence_async_shared()
+        gl.thread_barrier()  # P complete (both warpgroups' halves) before either reads it
+        acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
+        acc = warpgroup_mma(p_smem, k_tile.slice(0, D_NOPE, dim=1), acc, is_async=True)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    async_copy.wait_group(0)
+
+    l_o = gl.convert_layout(l_i, ROW_O)
+    o = acc / gl.where(l_o > 0, l_o, 1.0)[:, None]
+    rows_o = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=ROW_O)
+    offs_v = gl.arange(0, D_NOPE, layout=gl.SliceLayout(0, O_L))
+    part_row = pid_s.to(gl.int64) * n_rows + rows_o
+    gl.store(O_PART + part_row[:, None] * D_NOPE + offs_v[None, :], o, mask=(rows_o < n_rows)[:, None])
+    lse = gl.where(l_i > 0, m_i + gl.log2(gl.where(l_i > 0, l_i, 1.0)), float("-inf"))
+    gl.store(LSE_PART + pid_s.to(gl.int64) * n_rows + rows_s, lse, mask=rows_s < n_rows)
+
+
 def split_kv_gluon(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 64, stages: int = 2,
-                   num_sms: int | None = None) -> torch.Tensor:
+                   num_sms: int | None = None, overlap: bool = False) -> torch.Tensor:
     """Split-KV verify attention with the Gluon partial kernel and triton_splitkv's merge; writes ``out`` [T, H, 512]."""
     from specdiag.kernels.triton_splitkv import merge_partials, sm_count  # noqa: PLC0415
 
@@ -174,7 +298,8 @@ def split_kv_gluon(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 64, s
     plan = plan_splits(rows, n_kv, cfg, num_sms or sm_count(q.device.index or 0))
     o_part = torch.empty(plan.n_splits, rows, D_V, device=q.device, dtype=torch.float32)
     lse_part = torch.empty(plan.n_splits, rows, device=q.device, dtype=torch.float32)
-    _gl_partial_kernel[(plan.n_tiles, plan.n_splits)](
+    kernel = _gl_partial_kernel_ov if overlap else _gl_partial_kernel
+    kernel[(plan.n_tiles, plan.n_splits)](
         q, cache, inputs.token_table, inputs.mask_u8, o_part, lse_part,
         inputs.sm_scale * LOG2E, inputs.n_prefix, n_kv, T, H, rows, plan.tokens_per_split, cache.stride(0),
         BLOCK_M=GLUON_BLOCK_M, BLOCK_N=block_n, STAGES=stages, D_NOPE=D_NOPE, D_PE=D_PE,
@@ -184,7 +309,8 @@ def split_kv_gluon(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 64, s
     return out
 
 
-def compile_sm90(block_n: int = 64, stages: int = 2, dtype: str = "bf16") -> "triton.compiler.CompiledKernel":
+def compile_sm90(block_n: int = 64, stages: int = 2, dtype: str = "bf16",
+                 overlap: bool = False) -> "triton.compiler.CompiledKernel":
     """The partial kernel compiled ahead of time for sm_90 (no GPU needed): for tests and the compile report."""
     from triton.backends.compiler import GPUTarget  # noqa: PLC0415
     from triton.experimental.gluon._runtime import GluonASTSource  # noqa: PLC0415
@@ -197,5 +323,6 @@ def compile_sm90(block_n: int = 64, stages: int = 2, dtype: str = "bf16") -> "tr
     sig.update({k: "constexpr" for k in const})
     attrs = {(i,): [["tt.divisibility", 16]] for i, k in enumerate(sig) if k in ("Q", "KV", "TOKEN_TABLE", "O_PART",
                                                                                  "LSE_PART", "stride_kv")}
-    return triton.compile(GluonASTSource(_gl_partial_kernel, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
+    kernel = _gl_partial_kernel_ov if overlap else _gl_partial_kernel
+    return triton.compile(GluonASTSource(kernel, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": GLUON_NUM_WARPS})
