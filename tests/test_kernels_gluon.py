@@ -37,7 +37,7 @@ def test_gluon_variants_resolve_to_their_tile_at_every_row_count() -> None:
 def test_gluon_variants_fall_back_to_the_torch_design_on_the_cpu() -> None:
     x = make_inputs(VerifyShape(300, 4, 4, "shuffled_p1"), seed=2)
     ref = reference_verify(x)
-    for name in ("split_gl_p1", "split_gl32_p1", "split_glo_p1", "split_glo32_p1"):
+    for name in ("split_gl_p1", "split_gl32_p1", "split_glo_p1", "split_glo32_p1", "split_glw_p1"):
         out = x.out_like()
         run_variant(name, x, out)
         assert relative_error(out, ref) < 1e-2
@@ -80,3 +80,26 @@ def test_gluon_kernel_refuses_the_cpu_with_a_clear_message() -> None:
     with pytest.raises(ValueError, match="CUDA"):
         split_kv_gluon(x, x.out_like())
     assert torch.isfinite(x.q).all()
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed here")
+def test_ptxas_serializes_the_wgmmas_only_when_p_v_crosses_iterations() -> None:
+    """ptxas (C7514) serializes the wgmmas of the overlapped kernel when a tile's P V is waited for in the next
+    iteration (its accumulator crosses the loop's back edge), and not when it is waited for in its own iteration."""
+    import tempfile
+    from pathlib import Path
+
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    from specdiag.kernels.gluon_splitkv import compile_sm90
+
+    seen = {}
+    for across in (True, False):
+        ptx = compile_sm90(64, 2, overlap=True, pv_across=across).asm["ptx"]
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / "k.ptx").write_text(ptx)
+            res = subprocess.run([get_ptxas(90).path, "-v", "-arch=sm_90a", str(Path(tmp) / "k.ptx"), "-o",
+                                  str(Path(tmp) / "k.cubin")], capture_output=True, text=True)
+        assert res.returncode == 0, res.stderr[-2000:]
+        seen[across] = "C7514" in res.stderr + res.stdout
+    assert seen == {True: True, False: False}

@@ -47,6 +47,8 @@ class KernelVariant:
     gluon_tile: tuple[int, int] = (64, 2)
     #: impl "gluon" only: the overlapped kernel (asynchronous wgmmas, indices an iteration ahead; run 11)
     gluon_overlap: bool = False
+    #: impl "gluon", overlapped only: False waits for each tile's P V in its own iteration (no ptxas C7514)
+    gluon_pv_across: bool = True
 
 
 KERNEL_VARIANTS: dict[str, KernelVariant] = {
@@ -92,6 +94,8 @@ KERNEL_VARIANTS: dict[str, KernelVariant] = {
     # run 11: the same with the two products overlapped (tile i's P V in flight under tile i + 1's scores)
     "split_glo_p1": KernelVariant("split_glo_p1", "split_kv", 1, impl="gluon", gluon_tile=(64, 2), gluon_overlap=True),
     "split_glo32_p1": KernelVariant("split_glo32_p1", "split_kv", 1, impl="gluon", gluon_tile=(32, 4), gluon_overlap=True),
+    "split_glw_p1": KernelVariant("split_glw_p1", "split_kv", 1, impl="gluon", gluon_tile=(64, 2), gluon_overlap=True,
+                                  gluon_pv_across=False),
 }
 
 
@@ -153,7 +157,8 @@ def run_variant(name: str, inputs: VerifyInputs, out: torch.Tensor, config: Opti
         if v.impl == "gluon":
             from specdiag.kernels.gluon_splitkv import split_kv_gluon  # noqa: PLC0415
 
-            return split_kv_gluon(inputs, out, block_n=config.block_n, stages=config.num_stages, overlap=v.gluon_overlap)
+            return split_kv_gluon(inputs, out, block_n=config.block_n, stages=config.num_stages, overlap=v.gluon_overlap,
+                                  pv_across=v.gluon_pv_across)
         from specdiag.kernels.triton_splitkv import split_kv_triton  # noqa: PLC0415
 
         return split_kv_triton(inputs, out, page_size=v.page_size, cfg=config)

@@ -172,10 +172,13 @@ def _issue_slots(KV, kv_buf, pe_buf, slot, slot_pe, ok, ok_pe, stride_kv,
 def _gl_partial_kernel_ov(Q, KV, TOKEN_TABLE, MASK, O_PART, LSE_PART,
                           qk_scale, n_prefix, n_kv, n_draft, n_heads, n_rows, tokens_per_split, stride_kv,
                           BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                          D_NOPE: gl.constexpr, D_PE: gl.constexpr, num_warps: gl.constexpr):
+                          D_NOPE: gl.constexpr, D_PE: gl.constexpr, num_warps: gl.constexpr,
+                          PV_ACROSS: gl.constexpr = True):
     """_gl_partial_kernel with the products overlapped (run 11): both wgmmas asynchronous, tile i's P V still running
-    while tile i + 1's scores are issued; the token indices of the next copy loaded an iteration ahead; the ring's
-    next copy issued once both warpgroups are done with the buffer it overwrites."""
+    while tile i + 1's scores are issued (``PV_ACROSS``; ptxas reports C7514 and serializes the wgmmas for it: with
+    PV_ACROSS False the P V is waited for in its own iteration, which ptxas keeps asynchronous); the token indices of
+    the next copy loaded an iteration ahead; the ring's next copy issued once both warpgroups are done with the buffer
+    it overwrites."""
     pid_m = gl.program_id(0)
     pid_s = gl.program_id(1)
     dtype: gl.constexpr = Q.dtype.element_ty
@@ -267,6 +270,8 @@ def _gl_partial_kernel_ov(Q, KV, TOKEN_TABLE, MASK, O_PART, LSE_PART,
         gl.thread_barrier()  # P complete (both warpgroups' halves) before either reads it
         acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
         acc = warpgroup_mma(p_smem, k_tile.slice(0, D_NOPE, dim=1), acc, is_async=True)
+        if not PV_ACROSS:
+            acc = warpgroup_mma_init(warpgroup_mma_wait(num_outstanding=0, deps=(acc,)))
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     async_copy.wait_group(0)
 
@@ -281,7 +286,7 @@ def _gl_partial_kernel_ov(Q, KV, TOKEN_TABLE, MASK, O_PART, LSE_PART,
 
 
 def split_kv_gluon(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 64, stages: int = 2,
-                   num_sms: int | None = None, overlap: bool = False) -> torch.Tensor:
+                   num_sms: int | None = None, overlap: bool = False, pv_across: bool = True) -> torch.Tensor:
     """Split-KV verify attention with the Gluon partial kernel and triton_splitkv's merge; writes ``out`` [T, H, 512]."""
     from specdiag.kernels.triton_splitkv import merge_partials, sm_count  # noqa: PLC0415
 
@@ -303,14 +308,14 @@ def split_kv_gluon(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 64, s
         q, cache, inputs.token_table, inputs.mask_u8, o_part, lse_part,
         inputs.sm_scale * LOG2E, inputs.n_prefix, n_kv, T, H, rows, plan.tokens_per_split, cache.stride(0),
         BLOCK_M=GLUON_BLOCK_M, BLOCK_N=block_n, STAGES=stages, D_NOPE=D_NOPE, D_PE=D_PE,
-        num_warps=GLUON_NUM_WARPS,
+        num_warps=GLUON_NUM_WARPS, **({"PV_ACROSS": pv_across} if overlap else {}),
     )
     merge_partials(o_part, lse_part, out.view(rows, D_V), cfg)
     return out
 
 
-def compile_sm90(block_n: int = 64, stages: int = 2, dtype: str = "bf16",
-                 overlap: bool = False) -> "triton.compiler.CompiledKernel":
+def compile_sm90(block_n: int = 64, stages: int = 2, dtype: str = "bf16", overlap: bool = False,
+                 pv_across: bool = True) -> "triton.compiler.CompiledKernel":
     """The partial kernel compiled ahead of time for sm_90 (no GPU needed): for tests and the compile report."""
     from triton.backends.compiler import GPUTarget  # noqa: PLC0415
     from triton.experimental.gluon._runtime import GluonASTSource  # noqa: PLC0415
@@ -319,7 +324,7 @@ def compile_sm90(block_n: int = 64, stages: int = 2, dtype: str = "bf16",
            "LSE_PART": "*fp32", "qk_scale": "fp32", "n_prefix": "i32", "n_kv": "i32", "n_draft": "i32",
            "n_heads": "i32", "n_rows": "i32", "tokens_per_split": "i32", "stride_kv": "i32"}
     const = {"BLOCK_M": GLUON_BLOCK_M, "BLOCK_N": block_n, "STAGES": stages, "D_NOPE": D_NOPE, "D_PE": D_PE,
-             "num_warps": GLUON_NUM_WARPS}
+             "num_warps": GLUON_NUM_WARPS, **({"PV_ACROSS": pv_across} if overlap else {})}
     sig.update({k: "constexpr" for k in const})
     attrs = {(i,): [["tt.divisibility", 16]] for i, k in enumerate(sig) if k in ("Q", "KV", "TOKEN_TABLE", "O_PART",
                                                                                  "LSE_PART", "stride_kv")}
