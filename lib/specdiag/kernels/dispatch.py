@@ -10,7 +10,9 @@ row tiles both are exactly ``split_p1``). Run 7: ``split_pdl_p1`` launches the m
 launch; ``split_m32_p1`` / ``split_m16_p1`` cut the 33-128 rows of h8T8 into 32- or 16-row tiles. Run 8:
 ``split_n32c_p1`` / ``split_qk1c_p1`` give the compute-bound shapes (over 128 rows) 32-token tiles with 5 stages, the
 second with the scores once per tile. Run 10: ``split_gl_p1`` / ``split_gl32_p1`` run the partial kernel written in
-Gluon (gluon_splitkv), the scores computed once across the two warpgroups. On CUDA the Triton kernels run; on the CPU the
+Gluon (gluon_splitkv), the scores computed once across the two warpgroups; ``split_glo*`` with asynchronous
+wgmmas, ``split_glw*`` with each tile's P V waited for in its own iteration (run 12: the fastest of ours from 33 rows
+on). ``split_auto_p1``: split_p1 up to 32 rows, split_glw_p1 above. On CUDA the Triton kernels run; on the CPU the
 torch fallbacks of the same designs (reference.py) run, so tests and CI exercise the same code paths
 around them.
 """
@@ -96,7 +98,16 @@ KERNEL_VARIANTS: dict[str, KernelVariant] = {
     "split_glo32_p1": KernelVariant("split_glo32_p1", "split_kv", 1, impl="gluon", gluon_tile=(32, 4), gluon_overlap=True),
     "split_glw_p1": KernelVariant("split_glw_p1", "split_kv", 1, impl="gluon", gluon_tile=(64, 2), gluon_overlap=True,
                                   gluon_pv_across=False),
+    "split_glw32_p1": KernelVariant("split_glw32_p1", "split_kv", 1, impl="gluon", gluon_tile=(32, 4),
+                                    gluon_overlap=True, gluon_pv_across=False),
+    # run 13: the fastest of ours per shape as runs 5-12 measured it: split_p1 (Triton, 16/32-row tiles, two
+    # programs per SM) up to 32 rows, split_glw_p1 (Gluon, 64-row tiles, the scores once) from 33 rows on
+    "split_auto_p1": KernelVariant("split_auto_p1", "split_kv", 1, impl="auto", gluon_tile=(64, 2), gluon_overlap=True,
+                                   gluon_pv_across=False),
 }
+
+#: split_auto_p1 runs the Gluon kernel from this many packed rows on (below: split_p1's Triton kernel)
+AUTO_GLUON_MIN_ROWS = 33
 
 
 def variant(name: str) -> KernelVariant:
@@ -109,7 +120,7 @@ def resolve_config(name: str, rows: int, config: Optional[Any] = None) -> Option
     """The launch configuration variant ``name`` runs with at ``rows`` packed rows: ``config`` when given (tuning),
     else the variant's own 64-row tile (splitkv_plan.tile64_config) where it has one, else None (the default)."""
     v = variant(name)
-    if v.impl == "gluon":
+    if v.impl == "gluon" or (v.impl == "auto" and rows >= AUTO_GLUON_MIN_ROWS):
         from specdiag.kernels.splitkv_plan import gluon_config  # noqa: PLC0415
 
         return gluon_config(*v.gluon_tile)
@@ -154,7 +165,7 @@ def run_variant(name: str, inputs: VerifyInputs, out: torch.Tensor, config: Opti
             from specdiag.kernels.triton_baseline import baseline_triton  # noqa: PLC0415
 
             return baseline_triton(inputs, out)
-        if v.impl == "gluon":
+        if v.impl == "gluon" or (v.impl == "auto" and inputs.heads * inputs.draft_tokens >= AUTO_GLUON_MIN_ROWS):
             from specdiag.kernels.gluon_splitkv import split_kv_gluon  # noqa: PLC0415
 
             return split_kv_gluon(inputs, out, block_n=config.block_n, stages=config.num_stages, overlap=v.gluon_overlap,
