@@ -187,3 +187,15 @@ def test_pdl_compiles_for_sm90_with_wait_and_trigger() -> None:
     n_wait, n_launch, pdl, shared, shared_plain = res.stdout.split()[-5:]
     assert (int(n_wait), int(n_launch), pdl) == (1, 1, "True")
     assert int(shared) == int(shared_plain) > 0
+
+
+
+def test_issue13_bandwidth_target_names_each_case() -> None:
+    from specdiag.kernels.analysis import issue13_bandwidth_target
+
+    assert issue13_bandwidth_target(131072, 8, 1) == ("memory: >= 85% of copy at 128k (H in 8,16; H*T <= 16)", 85.0)
+    assert issue13_bandwidth_target(262144, 16, 1)[1] == 85.0
+    assert issue13_bandwidth_target(65536, 8, 2) == ("memory: >= 75% of copy at 64k (H in 8,16; H*T <= 16)", 75.0)
+    assert issue13_bandwidth_target(131072, 8, 8) == ("h8t8: >= 70% of copy at 128k", 70.0)
+    for case in ((32768, 8, 1), (65536, 8, 8), (131072, 4, 1), (131072, 16, 2)):
+        assert issue13_bandwidth_target(*case) is None, case
