@@ -199,3 +199,14 @@ def test_issue13_bandwidth_target_names_each_case() -> None:
     assert issue13_bandwidth_target(131072, 8, 8) == ("h8t8: >= 70% of copy at 128k", 70.0)
     for case in ((32768, 8, 1), (65536, 8, 8), (131072, 4, 1), (131072, 16, 2)):
         assert issue13_bandwidth_target(*case) is None, case
+
+
+def test_fits_call_a_noisy_flat_part_flat() -> None:
+    from specdiag.kernels.anatomy import FLAT_R2
+
+    rows = []
+    for ctx, us in ((65536, 6.4), (131072, 6.3), (262144, 6.45)):  # r² well under FLAT_R2, slope > 0
+        rows.append({"context_tokens": ctx, "heads": 8, "draft_tokens": 8, "kv_bytes": kv_bytes(ctx), "part": "empty_2",
+                     "us_median": us, "error": None})
+    (r,) = anatomy_fits(rows).itertuples()
+    assert r.r2 < FLAT_R2 and r.marginal_gbps == float("inf") and r.fixed_us == pytest.approx((6.4 + 6.3 + 6.45) / 3)
