@@ -49,7 +49,7 @@ REPLAY_NEEDS: dict[str, tuple[str, ...] | None] = {
     "03_drafter_inspection": (),
     "04_commit_probe": ("commit_probe",),
     "05_bandwidth_analysis": ("sweep",),
-    "06_kernel_ab": ("kernel_ab",),
+    "06_kernel_ab": ("kernel_ab|kernel_anatomy",),
     "07_findings": (),
     "08_compare_runs": None,
 }
