@@ -422,3 +422,22 @@ def test_06_replays_the_anatomy_alone(run_notebook: Callable[..., Path], tmp_pat
     assert fx["numbers"]["full_fixed_us"] == pytest.approx(icpt["full_us"])
     assert fx["numbers"]["prof_partial_fixed_us"] == pytest.approx(icpt["prof_partial_us"])
     assert f"{icpt['full_us']:.1f} us fixed cost" in fx["verdict"]
+
+
+@pytest.mark.notebook
+def test_make_replay_of_the_anatomy_runs_06_and_07_and_says_what_it_skips(tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture) -> None:
+    """`make replay RUN=data/reference/kernel-anatomy-h200`: 06 and 07 run; 00 and 03, which show a recorded server,
+    and the notebooks whose tables the run lacks are skipped with what is absent."""
+    from specdiag import report
+    from specdiag.runs import Run
+
+    out = tmp_path / "replay"
+    assert report.main(["replay", "--run", str(ANATOMY), "--run-dir", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert "00_snapshot: skipped (kernel-anatomy-h200 has no recorded server (run.json))" in said
+    assert "03_drafter_inspection: skipped (kernel-anatomy-h200 has no recorded server (run.json))" in said
+    assert "01_baseline_sweep: skipped (kernel-anatomy-h200 has no sweep rows)" in said
+    assert "2 of 2 notebooks ok" in said
+    assert set(Run.open(out).results()) == {"06_kernel_ab", "07_findings"}
+    assert report.replay_need_met(Run.open(REFERENCE_DIR / "h200-sglang-mla-stock"), "run.json:server")
