@@ -383,3 +383,14 @@ def test_anatomy_plots_draw_with_context_ticks() -> None:
     timeline_plot(b, timeline_programs(rows, 131072, 8, 1), title="t")
     assert "(us" in b.get_xlabel()
     plt.close(fig)
+
+
+def test_unmeasured_parts_say_why() -> None:
+    from specdiag.kernels.anatomy_analysis import unmeasured_parts
+
+    rows = _case_rows(131072, timeline=False) + [{"context_tokens": 65536, "heads": 8, "draft_tokens": 1, "part": "merge",
+                                                  "error": "RuntimeError('out of memory')"}]
+    bad = unmeasured_parts(rows)
+    assert list(bad["part"]) == ["timeline", "merge"]
+    assert bad["why"].iloc[0].startswith("the timeline reads %globaltimer") and "out of memory" in bad["why"].iloc[1]
+    assert unmeasured_parts(_case_rows(131072)).empty and unmeasured_parts([]).empty

@@ -62,6 +62,19 @@ def measured_parts(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
     return df[df["part"].notna() & df["error"].isna() & df["skipped"].isna()].reset_index(drop=True)
 
 
+def unmeasured_parts(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
+    """The anatomy rows that measured nothing, with why (the reason the tool gave, or the error)."""
+    df = pd.DataFrame(list(rows))
+    if df.empty:
+        return df
+    for col in ("error", "skipped", "part"):
+        if col not in df:
+            df[col] = None
+    bad = df[df["error"].notna() | df["skipped"].notna()].copy()
+    bad["why"] = bad["skipped"].fillna(bad["error"])
+    return bad.reindex(columns=["part", *CASE, "why"]).reset_index(drop=True)
+
+
 def fit_table(rows: Iterable[Mapping[str, Any]], copy_gbps: float) -> pd.DataFrame:
     """:func:`~specdiag.kernels.anatomy.anatomy_fits` with ``marginal_pct_copy`` (the rate as % of ``copy_gbps``;
     inf for parts whose time does not grow with the bytes, NaN without a copy bandwidth), parts in measuring order."""
