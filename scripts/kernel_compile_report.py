@@ -86,7 +86,7 @@ def compile_report(kernel: str, kv: str, block_m: int, block_n: int, num_warps: 
         ptr = {"Q": "*bf16", "KV": "*bf16", "TOKEN_TABLE": "*i64", "BLOCK_TABLE": "*i32", "MASK": "*u8",
                "O_PART": "*fp32", "LSE_PART": "*fp32", "P_SCR": "*fp32"}
         const = {"PAGE_SIZE": 1, "BLOCK_M": block_m, "BLOCK_N": block_n, "D_NOPE": 512, "D_PE": 64, "EVICT": "",
-                 "DIRECT": False, "DV_SPLIT": 1, "QK_ONCE": qk_once, "ASM": qk_once}
+                 "DIRECT": False, "DV_SPLIT": 1, "QK_ONCE": qk_once, "ASM": qk_once, "PDL": False, "TIMELINE": False}
     names = fn.arg_names
     sig = {n: "constexpr" if n in const else ptr.get(n, "fp32" if n in ("qk_scale", "v_scale") else "i32") for n in names}
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in [*ptr, "tokens_per_split", "stride_kv"]}

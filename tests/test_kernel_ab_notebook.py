@@ -338,3 +338,106 @@ def test_06_replays_run6_tile_arms_beside_split_p1_without_anchors(run_notebook:
     assert n["target_ms"] == pytest.approx(kvb / (0.70 * m["copy_gbps"] * 1e9) * 1e3)
     assert n["ours_kernel"] == "split_p1" and n["ours_ms"] == pytest.approx(split[(131072, 8, 8)])
     assert not any(k.endswith("_ms") and k.startswith(("flashinfer", "sglang")) for k in n)
+
+
+ANATOMY = REFERENCE_DIR / "kernel-anatomy-h200"
+
+
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.notebook
+def test_06_replays_the_anatomy_alone(run_notebook: Callable[..., Path], tmp_path: Path) -> None:
+    """06 on the fixed-cost anatomy of split_p1 (data/reference/kernel-anatomy-h200: kernel_anatomy rows, no kernel_ab
+    rows): sections 2-8 say what is absent, section 9's numbers equal what the raw rows say."""
+    import numpy as np
+
+    out = run_notebook("06_kernel_ab", replay_dir=str(ANATOMY), cpu_smoke=False)
+    res = json.loads((tmp_path / "run" / "findings" / "06_kernel_ab.json").read_text())
+    m = res["metrics"]
+    rows, copies = _jsonl(ANATOMY / "kernel_anatomy.jsonl"), _jsonl(ANATOMY / "kernel_ab_copy.jsonl")
+    copy_gbps = json.loads((ANATOMY / "run.json").read_text())["peaks"]["copy_gbps"]
+    assert m["source_dir"] == "data/reference/kernel-anatomy-h200" and m["gpu"] == "NVIDIA H200"
+    assert m["kernel_ab_rows"] is False and m["cases"] == 0 and "targets" not in m
+    assert m["copy_gbps"] == pytest.approx(copy_gbps)
+    text = out.read_text()
+    assert text.count("has no kernel_ab rows (no harness grid was run)") >= 10  # each of sections 2-8 says so
+    assert '"ename"' not in text and text.count("image/png") == 2  # the stacked bars and the timeline
+
+    # where the time goes, case by case, from the raw rows
+    a = m["anatomy"]
+    by = {(r["context_tokens"], r["heads"], r["draft_tokens"], r["part"]): r for r in rows}
+    cases = sorted({k[:3] for k in by})
+    assert a["cases"] == len(cases) == 11 and len(rows) == 110 and all(r["error"] is None for r in rows)
+    copy_us = {c["context_tokens"]: 1e3 * c["ms_median"] for c in copies}
+    pct = {(65536, 8, 1): 75, (65536, 16, 1): 75, (131072, 8, 1): 85, (131072, 16, 1): 85, (262144, 8, 1): 85,
+           (262144, 16, 1): 85, (131072, 8, 8): 70}  # issue 13's bandwidth targets; the other cases have none
+    for ctx, h, t in cases:
+        d = a["decomposition"][f"P{ctx} h{h} t{t}"]
+        full, tl = by[(ctx, h, t, "full")], by[(ctx, h, t, "timeline")]
+        assert d["full_us"] == pytest.approx(full["us_median"])
+        assert d["rest_us"] == pytest.approx(full["us_median"] - full["prof_partial_us"] - full["prof_gap_us"]
+                                             - full["prof_merge_us"])
+        assert d["loop_us"] == pytest.approx(tl["tl_loop_p50_us"])
+        assert d["epilogue_us"] == pytest.approx(tl["tl_done_p50_us"] - tl["tl_loop_p50_us"])
+        assert d["tail_us"] == pytest.approx(tl["tl_span_us"] - tl["tl_done_p50_us"])
+        assert d["read_gather_us"] == pytest.approx(by[(ctx, h, t, "read_gather")]["us_median"])
+        assert d["copy_us"] == pytest.approx(copy_us[ctx])
+        if (ctx, h, t) in pct:
+            assert d["target_us"] == pytest.approx(full["kv_bytes"] / (pct[(ctx, h, t)] / 100 * copy_gbps * 1e9) * 1e6)
+        else:
+            assert d["target_us"] is None
+
+    # each part's fit over contexts: least squares of time on KV bytes, straight from the rows
+    for h, t in ((8, 1), (16, 1), (8, 8)):
+        for part in ("read_gather", "partial", "full"):
+            sel = [r for r in rows if (r["heads"], r["draft_tokens"], r["part"]) == (h, t, part)]
+            slope, icpt = np.polyfit([r["kv_bytes"] for r in sel], [r["us_median"] for r in sel], 1)
+            f = a["fits"][f"{part} h{h} t{t}"]
+            assert f["fixed_us"] == pytest.approx(icpt, rel=1e-6) and f["marginal_gbps"] == pytest.approx(1e-3 / slope, rel=1e-6)
+            assert f["marginal_pct_copy"] == pytest.approx(100 * f["marginal_gbps"] / copy_gbps)
+        assert a["fits"][f"merge h{h} t{t}"]["marginal_gbps"] is None  # flat: the merge does not grow with the bytes
+
+    # the fixed cost of the full call at h8T1 split into the profiled parts: intercepts that add up
+    h8t1 = [c for c in cases if c[1:] == (8, 1)]
+    kvb = [by[(*c, "full")]["kv_bytes"] for c in h8t1]
+    icpt = {k: np.polyfit(kvb, [a["decomposition"][f"P{c[0]} h8 t1"][k] for c in h8t1], 1)[1]
+            for k in ("full_us", "prof_partial_us", "prof_gap_us", "prof_merge_us", "rest_us")}
+    fc = a["fixed_cost_parts"]
+    assert all(fc[f"{k} h8 t1"] == pytest.approx(v, rel=1e-6, abs=1e-9) for k, v in icpt.items())
+    assert sum(icpt[k] for k in ("prof_partial_us", "prof_gap_us", "prof_merge_us", "rest_us")) == pytest.approx(icpt["full_us"])
+    assert icpt["full_us"] == pytest.approx(a["fits"]["full h8 t1"]["fixed_us"])  # the same fit of the same rows
+
+    # the findings at 128k h8T1, every number the rows'
+    found = {f["id"]: f for f in res["findings"]}
+    rf, fx = found["kernel_ab.anatomy.read_floor"], found["kernel_ab.anatomy.fixed_cost"]
+    d = a["decomposition"]["P131072 h8 t1"]
+    rg = by[(131072, 8, 1, "read_gather")]
+    assert rf["numbers"]["target_us"] == pytest.approx(d["target_us"]) and rf["numbers"]["read_gather_us"] == rg["us_median"]
+    assert rf["numbers"]["full_us"] == pytest.approx(by[(131072, 8, 1, "full")]["us_median"])
+    assert rf["severity"] == ("ok" if d["full_us"] <= d["target_us"] else "warning")
+    assert f"allows {d['target_us']:.1f} us" in rf["verdict"] and f"takes {rg['us_median']:.1f} us" in rf["verdict"]
+    assert (rg["us_p10"] <= d["target_us"] <= rg["us_p90"]) == ("holds the target" in rf["verdict"])
+    assert fx["numbers"]["full_fixed_us"] == pytest.approx(icpt["full_us"])
+    assert fx["numbers"]["prof_partial_fixed_us"] == pytest.approx(icpt["prof_partial_us"])
+    assert f"{icpt['full_us']:.1f} us fixed cost" in fx["verdict"]
+
+
+@pytest.mark.notebook
+def test_make_replay_of_the_anatomy_runs_06_and_07_and_says_what_it_skips(tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture) -> None:
+    """`make replay RUN=data/reference/kernel-anatomy-h200`: 06 and 07 run; 00 and 03, which show a recorded server,
+    and the notebooks whose tables the run lacks are skipped with what is absent."""
+    from specdiag import report
+    from specdiag.runs import Run
+
+    out = tmp_path / "replay"
+    assert report.main(["replay", "--run", str(ANATOMY), "--run-dir", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert "00_snapshot: skipped (kernel-anatomy-h200 has no recorded server (run.json))" in said
+    assert "03_drafter_inspection: skipped (kernel-anatomy-h200 has no recorded server (run.json))" in said
+    assert "01_baseline_sweep: skipped (kernel-anatomy-h200 has no sweep rows)" in said
+    assert "2 of 2 notebooks ok" in said
+    assert set(Run.open(out).results()) == {"06_kernel_ab", "07_findings"}
+    assert report.replay_need_met(Run.open(REFERENCE_DIR / "h200-sglang-mla-stock"), "run.json:server")

@@ -8,6 +8,7 @@ sm_90 compile of the PDL launch.
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import subprocess
 import sys
@@ -235,3 +236,209 @@ def test_the_queued_sleep_is_not_a_kernel_of_the_call() -> None:
 
     assert _is_sleep("void at::cuda::(anonymous namespace)::spin_kernel(long)")
     assert not _is_sleep("_split_partial_kernel") and not _is_sleep("BatchMLAPagedAttentionKernel")
+
+
+# --- the anatomy's analysis (specdiag.kernels.anatomy_analysis): synthetic rows with known parts -----------------
+
+COPY_GBPS = 4000.0
+
+
+def _case_rows(ctx: int, h: int = 8, t: int = 1, partial_us: float = 50.0, gap_us: float = 1.5, merge_us: float = 4.0,
+               rest_us: float = 3.0, loop_us: float = 40.0, done_p50_us: float = 44.0, span_us: float = 47.0,
+               read_us: float = 42.0, read_p10_us: float = 41.0, read_p90_us: float = 43.0,
+               timeline: bool = True) -> list[dict]:
+    """One case's anatomy rows: the full call's profiled parts, the timeline's summary and the read-only kernel."""
+    b = kv_bytes(ctx + t)
+    base = {"context_tokens": ctx, "heads": h, "draft_tokens": t, "kv_bytes": b, "error": None}
+    rows = [{**base, "part": "full", "us_median": partial_us + gap_us + merge_us + rest_us,
+             "prof_partial_us": partial_us, "prof_gap_us": gap_us, "prof_merge_us": merge_us},
+            {**base, "part": "read_gather", "us_median": read_us, "us_p10": read_p10_us, "us_p90": read_p90_us},
+            {**base, "part": "empty_2", "us_median": 5.0}]
+    if timeline:
+        rows.append({**base, "part": "timeline", "tl_span_us": span_us, "tl_loop_p50_us": loop_us,
+                     "tl_done_p50_us": done_p50_us,
+                     "tl_raw": {"start_us": [0.0, 0.1, 0.05], "loop_end_us": [30.0, 20.0, 25.0],
+                                "done_us": [33.0, 40.0, 26.0], "sm": [0, 1, 0]}})
+    else:
+        rows.append({**base, "part": "timeline", "skipped": "the timeline reads %globaltimer (inline PTX): CUDA only"})
+    return rows
+
+
+def _copy_rows(contexts) -> list[dict]:
+    return [{"context_tokens": c, "error": None, "ms_median": 1e-3 * (4.0 + kv_bytes(c) / 4e3 * 1e-3)} for c in contexts]
+
+
+def test_issue13_bandwidth_target_names_each_case() -> None:
+    from specdiag.kernels.analysis import issue13_bandwidth_target
+
+    assert issue13_bandwidth_target(131072, 8, 1) == ("memory: >= 85% of copy at 128k (H in 8,16; H*T <= 16)", 85.0)
+    assert issue13_bandwidth_target(262144, 16, 1)[1] == 85.0
+    assert issue13_bandwidth_target(65536, 8, 2) == ("memory: >= 75% of copy at 64k (H in 8,16; H*T <= 16)", 75.0)
+    assert issue13_bandwidth_target(131072, 8, 8) == ("h8t8: >= 70% of copy at 128k", 70.0)
+    for case in ((32768, 8, 1), (65536, 8, 8), (131072, 4, 1), (131072, 16, 2)):
+        assert issue13_bandwidth_target(*case) is None, case
+
+
+def test_decomposition_splits_the_full_call_and_the_timeline() -> None:
+    from specdiag.kernels.anatomy_analysis import decomposition
+
+    rows = (_case_rows(32768) + _case_rows(131072, partial_us=60.0, rest_us=2.5)
+            + _case_rows(131072, h=8, t=8, timeline=False)
+            + [{"context_tokens": 131072, "heads": 8, "draft_tokens": 1, "kv_bytes": 1, "part": "full",
+                "us_median": None, "error": "RuntimeError('a failed repeat')"}])
+    d = decomposition(rows, _copy_rows([32768, 131072]), COPY_GBPS).set_index(["context_tokens", "heads", "draft_tokens"])
+    r = d.loc[(131072, 8, 1)]
+    assert r["full_us"] == pytest.approx(60.0 + 1.5 + 4.0 + 2.5)  # the failed row is left out, not read as a time
+    assert r["rest_us"] == pytest.approx(2.5)
+    assert (r["loop_us"], r["epilogue_us"], r["tail_us"]) == pytest.approx((40.0, 4.0, 3.0))
+    assert r["loop_us"] + r["epilogue_us"] + r["tail_us"] == pytest.approx(r["span_us"])
+    assert r["read_gather_us"] == 42.0 and (r["read_gather_p10_us"], r["read_gather_p90_us"]) == (41.0, 43.0)
+    assert r["copy_us"] == pytest.approx(4.0 + kv_bytes(131072) / 4e3 * 1e-3)
+    assert r["target_pct"] == 85.0
+    assert r["target_us"] == pytest.approx(kv_bytes(131073) / (0.85 * COPY_GBPS * 1e9) * 1e6)
+    assert r["full_over_target"] == pytest.approx(r["full_us"] / r["target_us"])
+    assert math.isnan(d.loc[(32768, 8, 1)]["target_us"])  # issue 13 sets no target at 32k
+    h8t8 = d.loc[(131072, 8, 8)]
+    assert h8t8["target_pct"] == 70.0 and math.isnan(h8t8["span_us"]) and math.isnan(h8t8["epilogue_us"])
+    nan_copy = decomposition(rows, [], float("nan")).set_index(["context_tokens", "heads", "draft_tokens"])
+    assert math.isnan(nan_copy.loc[(131072, 8, 1)]["copy_us"]) and math.isnan(nan_copy.loc[(131072, 8, 1)]["target_us"])
+    assert decomposition([], [], COPY_GBPS).empty
+
+
+def test_fixed_cost_parts_add_up_to_the_full_calls_intercept() -> None:
+    from specdiag.kernels.anatomy_analysis import FULL_PARTS, TIMELINE_PARTS, decomposition, fixed_cost_parts
+
+    rows = []
+    for ctx in (65536, 131072, 262144):  # partial and loop grow with the bytes; the rest is noisy around constants
+        mb = kv_bytes(ctx + 1) / 1e6
+        rows += _case_rows(ctx, partial_us=10.0 + 0.25 * mb, gap_us=1.2 + 0.01 * (ctx % 3), merge_us=3.5 - 1e-6 * ctx,
+                           rest_us=3.0 + 0.1 * (ctx == 131072), loop_us=5.0 + 0.25 * mb, done_p50_us=8.0 + 0.25 * mb,
+                           span_us=10.0 + 0.26 * mb)
+    parts = fixed_cost_parts(decomposition(rows, _copy_rows([65536, 131072, 262144]), COPY_GBPS))
+    fx = {(r.stack, r.column): r.fixed_us for r in parts.itertuples()}
+    assert sum(fx[("full_us", c)] for c in FULL_PARTS) == pytest.approx(fx[("full_us", "full_us")])
+    assert sum(fx[("span_us", c)] for c in TIMELINE_PARTS) == pytest.approx(fx[("span_us", "span_us")])
+    assert fx[("full_us", "prof_partial_us")] == pytest.approx(10.0)
+    assert fx[("span_us", "loop_us")] == pytest.approx(5.0) and fx[("span_us", "epilogue_us")] == pytest.approx(3.0)
+    slope = {(r.stack, r.column): r.us_per_mb for r in parts.itertuples()}
+    assert slope[("full_us", "prof_partial_us")] == pytest.approx(0.25)
+    # the synthetic copy: 4 us + its bytes at 4 GB/ms (its bytes are the context's; the fit's x one draft row more)
+    assert fx[("copy_us", "copy_us")] == pytest.approx(4.0, abs=1e-3)
+    assert set(parts["contexts"]) == {3}
+    one = fixed_cost_parts(decomposition(_case_rows(131072), [], COPY_GBPS))
+    assert one.empty  # one context: no line
+
+
+def test_timeline_programs_sorted_by_done_time() -> None:
+    from specdiag.kernels.anatomy_analysis import timeline_programs
+
+    progs = timeline_programs(_case_rows(131072), 131072, 8, 1)
+    assert list(progs["program"]) == [2, 0, 1] and list(progs["rank"]) == [0, 1, 2]
+    assert list(progs["done_us"]) == [26.0, 33.0, 40.0]
+    assert list(progs["loop_us"]) == pytest.approx([24.95, 30.0, 19.9])
+    assert list(progs["after_loop_us"]) == pytest.approx([1.0, 3.0, 20.0])
+    assert timeline_programs(_case_rows(131072, timeline=False), 131072, 8, 1).empty
+    assert timeline_programs(_case_rows(131072), 65536, 8, 1).empty
+
+
+@pytest.mark.parametrize("read, p10, p90, says", [(42.0, 41.0, 43.0, "holds the target"),
+                                                   (46.0, 45.0, 47.0, "miss the target"),
+                                                   (30.0, 29.0, 31.0, "fit the target")])
+def test_read_floor_finding_reads_the_read_only_kernel_against_the_target(read, p10, p90, says) -> None:
+    from specdiag.kernels.anatomy_analysis import decomposition, read_floor_finding
+
+    copy_gbps = kv_bytes(131073) / (0.85 * 42e-6) / 1e9  # the 85 % target allows exactly 42 us
+    d = decomposition(_case_rows(131072, read_us=read, read_p10_us=p10, read_p90_us=p90), _copy_rows([131072]),
+                      copy_gbps)
+    f = read_floor_finding(d, 131072, 8, 1)
+    assert f.numbers["target_us"] == pytest.approx(42.0) and f.numbers["read_gather_us"] == read
+    assert says in f.verdict and f"{read:.1f} us" in f.verdict and "allows 42.0 us" in f.verdict
+    assert f.severity == "warning" and "58.5 us, 16.5 us over" in f.verdict  # full 50 + 1.5 + 4 + 3
+    fast = decomposition(_case_rows(131072, partial_us=20.0, read_us=read, read_p10_us=p10, read_p90_us=p90), [], copy_gbps)
+    ok = read_floor_finding(fast, 131072, 8, 1)
+    assert ok.severity == "ok" and "meets it" in ok.verdict
+    assert read_floor_finding(d, 32768, 8, 1) is None  # no such case
+    assert read_floor_finding(decomposition(_case_rows(32768), [], copy_gbps), 32768, 8, 1) is None  # no target
+
+
+def test_fixed_cost_finding_names_each_part_and_the_sum() -> None:
+    from specdiag.kernels.anatomy_analysis import decomposition, fixed_cost_finding, fixed_cost_parts
+
+    rows = []
+    for ctx in (65536, 131072, 262144):
+        mb = kv_bytes(ctx + 1) / 1e6
+        rows += _case_rows(ctx, partial_us=11.0 + 0.25 * mb, gap_us=1.25, merge_us=3.5, rest_us=2.75,
+                           loop_us=5.0 + 0.25 * mb, done_p50_us=8.0 + 0.25 * mb, span_us=9.0 + 0.25 * mb)
+    d = decomposition(rows, [], COPY_GBPS)
+    parts = fixed_cost_parts(d)
+    fits = anatomy_fits(rows)
+    f = fixed_cost_finding(parts, fits, 8, 1)
+    assert f.numbers["full_fixed_us"] == pytest.approx(11.0 + 1.25 + 3.5 + 2.75)
+    assert f.numbers["prof_partial_fixed_us"] == pytest.approx(11.0) and f.numbers["rest_fixed_us"] == pytest.approx(2.75)
+    assert (f.numbers["loop_fixed_us"], f.numbers["epilogue_fixed_us"], f.numbers["tail_fixed_us"]) == pytest.approx(
+        (5.0, 3.0, 1.0))
+    assert f.verdict.startswith("Of split_p1's 18.5 us fixed cost per call at H=8 T=1 (intercept over 3 contexts), "
+                                "the partial kernel's GPU time holds 11.0 us, the merge kernel's GPU time holds 3.5 us")
+    assert "11.00 + 1.25 + 3.50 + 2.75 = 18.50 us" in f.evidence[0]
+    assert fixed_cost_finding(parts, fits, 16, 1) is None
+
+
+def test_fits_call_a_noisy_flat_part_flat() -> None:
+    from specdiag.kernels.anatomy import FLAT_R2
+
+    rows = []
+    for ctx, us in ((65536, 6.4), (131072, 6.3), (262144, 6.45)):  # r² well under FLAT_R2, slope > 0
+        rows.append({"context_tokens": ctx, "heads": 8, "draft_tokens": 8, "kv_bytes": kv_bytes(ctx), "part": "empty_2",
+                     "us_median": us, "error": None})
+    (r,) = anatomy_fits(rows).itertuples()
+    assert r.r2 < FLAT_R2 and r.marginal_gbps == float("inf") and r.fixed_us == pytest.approx((6.4 + 6.3 + 6.45) / 3)
+
+
+def test_fit_table_and_metrics_are_strict_json() -> None:
+    import json
+
+    from specdiag.kernels.anatomy_analysis import anatomy_metrics, decomposition, fit_table, fixed_cost_parts
+
+    rows = _rows({"timeline": 0.0, "read_torch": 4.0, "empty_1": 2.0, "empty_2": 4.5, "read_gather": 6.0,
+                  "read_contig": 5.0, "partial": 15.0, "merge": 5.5, "full": 21.0, "full_pdl": 19.0},
+                 {"read_gather": 4100.0, "partial": 3950.0, "full": 3950.0})
+    rows = [r for r in rows if r["part"] != "timeline"]  # a timeline row has no us_median
+    ft = fit_table(rows, COPY_GBPS)
+    assert list(ft["part"]) == [p for p in PARTS if p != "timeline"]  # measuring order
+    g = ft.set_index("part")
+    assert g.loc["read_gather", "marginal_pct_copy"] == pytest.approx(100 * 4100 / COPY_GBPS)
+    assert g.loc["merge", "marginal_pct_copy"] == float("inf")
+    d = decomposition(rows, [], COPY_GBPS)
+    m = anatomy_metrics(ft, d, fixed_cost_parts(d))
+    json.dumps(m, allow_nan=False)  # NaN and inf written as null
+    assert m["fits"]["merge h8 t1"]["marginal_gbps"] is None and m["cases"] == 4
+
+
+def test_anatomy_plots_draw_with_context_ticks() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from specdiag.kernels.anatomy_analysis import decomposition, timeline_programs
+    from specdiag.kernels.plots import anatomy_bars, timeline_plot
+
+    rows = _case_rows(65536) + _case_rows(131072) + _case_rows(262144)
+    fig, (a, b) = plt.subplots(1, 2)
+    anatomy_bars(a, decomposition(rows, _copy_rows([65536, 131072, 262144]), COPY_GBPS), 8, 1)
+    assert [t.get_text() for t in a.get_xticklabels()] == ["64k", "128k", "256k"]
+    assert len(a.patches) == 3 * (4 + 3 + 1 + 1) and "(us)" in a.get_ylabel()
+    timeline_plot(b, timeline_programs(rows, 131072, 8, 1), title="t")
+    assert "(us" in b.get_xlabel()
+    plt.close(fig)
+
+
+def test_unmeasured_parts_say_why() -> None:
+    from specdiag.kernels.anatomy_analysis import unmeasured_parts
+
+    rows = _case_rows(131072, timeline=False) + [{"context_tokens": 65536, "heads": 8, "draft_tokens": 1, "part": "merge",
+                                                  "error": "RuntimeError('out of memory')"}]
+    bad = unmeasured_parts(rows)
+    assert list(bad["part"]) == ["timeline", "merge"]
+    assert bad["why"].iloc[0].startswith("the timeline reads %globaltimer") and "out of memory" in bad["why"].iloc[1]
+    assert unmeasured_parts(_case_rows(131072)).empty and unmeasured_parts([]).empty

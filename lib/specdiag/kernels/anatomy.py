@@ -75,12 +75,18 @@ def timeline_stats(start_ns: Sequence[int], loop_end_ns: Sequence[int], done_ns:
             "tl_done_p90_us": q(done, 0.9), "tl_tail_us": done[-1] - q(done, 0.5), "tl_sms": len(set(sm))}
 
 
+#: A part whose fitted line explains less than this share of its time's variance over contexts (r²) does not grow
+#: with the bytes: its measured differences are noise (run 7: the h8T8 empty pair fitted 1.1e7 GB/s at r² 0.43).
+FLAT_R2 = 0.5
+
+
 def anatomy_fits(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
     """Per (heads, draft tokens, part): least squares ``us = fixed_us + kv_bytes / rate`` over the measured contexts.
 
     ``marginal_gbps`` is the rate of the bf16 KV bytes the case holds (n_kv x 1,152 B), as the kernel rows count
-    them; parts whose time does not grow with the bytes (launches, the merge) get a rate of inf and their mean as
-    the fixed cost. Shapes with fewer than two contexts are left out.
+    them; parts whose time does not grow with the bytes (launches, the merge: a slope <= 0, or r² under
+    :data:`FLAT_R2`) get a rate of inf and their mean as the fixed cost. ``r2`` is the line's. Shapes with fewer
+    than two contexts are left out.
     """
     df = pd.DataFrame([r for r in rows if r.get("error") is None and r.get("us_median") is not None])
     if df.empty:
@@ -90,10 +96,11 @@ def anatomy_fits(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
         if g["context_tokens"].nunique() < 2:
             continue
         fit = fit_line(list(g["kv_bytes"].astype(float)), list(g["us_median"].astype(float)))
-        rate = 1e-3 / fit.slope if fit.slope > 0 else float("inf")  # B/us -> GB/s: 1 B/us = 1e-3 GB/s
+        grows = fit.slope > 0 and fit.r2 >= FLAT_R2
+        rate = 1e-3 / fit.slope if grows else float("inf")  # B/us -> GB/s: 1 B/us = 1e-3 GB/s
         out.append({"heads": int(h), "draft_tokens": int(t), "part": part, "contexts": int(g["context_tokens"].nunique()),
-                    "fixed_us": fit.intercept if fit.slope > 0 else float(g["us_median"].mean()),
-                    "marginal_gbps": rate})
+                    "fixed_us": fit.intercept if grows else float(g["us_median"].mean()),
+                    "marginal_gbps": rate, "r2": fit.r2})
     return pd.DataFrame(out)
 
 

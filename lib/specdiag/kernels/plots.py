@@ -118,3 +118,71 @@ def kernels_at_case(ax: Any, df: pd.DataFrame, copy_gbps: float, context_tokens:
     ax.set_title(f"{context_tokens // 1024}k tokens, H={heads} x T={draft_tokens}, {layout}")
     ax.grid(True, axis="x", alpha=0.3)
     source_note(ax, source)
+
+
+ANATOMY_COLORS = {"prof_partial_us": "#1565c0", "prof_gap_us": "#ffb300", "prof_merge_us": "#6a1b9a",
+                  "rest_us": "#9e9e9e", "loop_us": "#64b5f6", "epilogue_us": "#26a69a", "tail_us": "#ef5350",
+                  "read_gather_us": "#2e7d32", "copy_us": "#424242"}
+
+
+def anatomy_bars(ax: Any, decomp: pd.DataFrame, heads: int, draft_tokens: int, source: str = "measured") -> None:
+    """Where split_p1's time goes at each context of one shape (:func:`specdiag.kernels.anatomy_analysis.decomposition`):
+    per context, the full call stacked as the profiler splits it, the partial kernel's timeline launch stacked as its
+    programs see it, the read-only kernel of the same grid, a copy of the same bytes, and issue 13's target time as
+    a black line across the group (where the case has one)."""
+    from specdiag.kernels.anatomy_analysis import FULL_PARTS, LABELS, TIMELINE_PARTS  # noqa: PLC0415
+    from specdiag.plots import format_tokens  # noqa: PLC0415
+
+    sel = decomp[(decomp["heads"] == heads) & (decomp["draft_tokens"] == draft_tokens)].sort_values("context_tokens")
+    width, labelled, top = 0.2, set(), 0.0
+    for i, r in enumerate(sel.itertuples()):
+        for j, stack in enumerate((FULL_PARTS, TIMELINE_PARTS, ("read_gather_us",), ("copy_us",))):
+            x, bottom = i + (j - 1.5) * width, 0.0
+            for c in stack:
+                v = getattr(r, c)
+                if pd.isna(v):
+                    continue
+                ax.bar(x, v, width * 0.9, bottom=bottom, color=ANATOMY_COLORS[c],
+                       label=None if c in labelled else LABELS[c])
+                labelled.add(c)
+                bottom += v
+            top = max(top, bottom)
+        if not pd.isna(r.target_us):
+            ax.hlines(r.target_us, i - 2 * width, i + 2 * width, color="k", linewidth=2,
+                      label=None if "target" in labelled else "issue 13 target time")
+            ax.text(i + 2 * width, r.target_us, f" {r.target_pct:g}%", va="center", fontsize=7)
+            labelled.add("target")
+    ax.set_xticks(range(len(sel)), [format_tokens(c) for c in sel["context_tokens"]])
+    ax.set_xlabel("context (tokens); bars: full call (profiler split), partial timeline, read-only kernel, copy")
+    ax.set_ylabel("time per call (us)")
+    ax.set_ylim(0, 1.6 * top if top > 0 else None)  # room for the legend above the bars
+    ax.set_title(f"split_p1, H={heads} x T={draft_tokens}: where the time goes")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", ncol=2)
+    source_note(ax, source)
+
+
+def timeline_plot(ax: Any, programs: pd.DataFrame, title: str = "", source: str = "measured") -> None:
+    """One partial launch per program (:func:`specdiag.kernels.anatomy_analysis.timeline_programs`), sorted by done
+    time: entry to loop end, loop end to done (us from the first program's entry); the median done and the last done
+    as vertical lines, so the tail shows."""
+    from specdiag.kernels.anatomy_analysis import LABELS  # noqa: PLC0415
+    from specdiag.stats import quantile  # noqa: PLC0415
+
+    y = programs["rank"]
+    ax.hlines(y, programs["start_us"], programs["loop_end_us"], color=ANATOMY_COLORS["loop_us"], linewidth=1.2,
+              label="entry to loop end (full-tile loop)")
+    ax.hlines(y, programs["loop_end_us"], programs["done_us"], color=ANATOMY_COLORS["epilogue_us"], linewidth=1.2,
+              label="loop end to done (last tile, partial write)")
+    done_p50 = quantile(list(programs["done_us"]), 0.5)
+    ax.axvline(done_p50, color="k", linestyle="--", linewidth=0.8, label=f"done p50 {done_p50:.1f} us")
+    ax.axvline(float(programs["done_us"].max()), color=ANATOMY_COLORS["tail_us"], linewidth=1.0,
+               label=f"last done {programs['done_us'].max():.1f} us ({LABELS['tail_us']}: "
+                     f"{programs['done_us'].max() - done_p50:.1f} us)")
+    ax.set_xlabel("time since the first program's entry (us, %globaltimer)")
+    ax.set_ylabel("program, sorted by done time")
+    ax.set_title(title)
+    ax.set_xlim(left=0)
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left")
+    source_note(ax, source)

@@ -41,15 +41,18 @@ LOCAL_STATE_DIR = PROJECT_ROOT / ".jupyter-local"
 
 #: Tables a recorded run must hold for a notebook to replay it; None: the notebook never replays.
 #: Notebooks not listed replay whenever they are asked to. "a|b" is met by either; a name ending in "/" is a
-#: folder of the run that must hold a file (02 draws the torch profiler traces in profiles/ without telemetry).
+#: folder of the run that must hold a file (02 draws the torch profiler traces in profiles/ without telemetry);
+#: "run.json:key" is a key of the run's run.json that must hold a value (00 and 03 show the server a run recorded:
+#: a kernel run, or telemetry of the embedded server, recorded none, and a snapshot of nothing would read as a server
+#: without speculative decoding).
 REPLAY_NEEDS: dict[str, tuple[str, ...] | None] = {
-    "00_snapshot": (),
+    "00_snapshot": ("run.json:server",),
     "01_baseline_sweep": ("sweep",),
     "02_gpu_utilization": ("telemetry|step_profile|profiles/",),
-    "03_drafter_inspection": (),
+    "03_drafter_inspection": ("run.json:server",),
     "04_commit_probe": ("commit_probe",),
     "05_bandwidth_analysis": ("sweep",),
-    "06_kernel_ab": ("kernel_ab",),
+    "06_kernel_ab": ("kernel_ab|kernel_anatomy",),
     "07_findings": (),
     "08_compare_runs": None,
 }
@@ -435,13 +438,25 @@ def cmd_run(args: argparse.Namespace) -> int:
 def replay_need_met(source: Run, need: str) -> bool:
     """Whether the recorded run holds one of ``need``'s alternatives (see :data:`REPLAY_NEEDS`)."""
     for alt in need.split("|"):
-        if alt.endswith("/"):
+        if alt.startswith("run.json:"):
+            if source.meta.get(alt.split(":", 1)[1]):
+                return True
+        elif alt.endswith("/"):
             folder = source.path / alt.rstrip("/")
             if folder.is_dir() and any(p.is_file() for p in folder.iterdir()):
                 return True
         elif source.rows(alt):
             return True
     return False
+
+
+def replay_need_text(need: str) -> str:
+    """What ``need`` asks for, in words: 'sweep rows', 'files in profiles/', 'recorded server (run.json)'."""
+    def one(alt: str) -> str:
+        if alt.startswith("run.json:"):
+            return f"recorded {alt.split(':', 1)[1]} (run.json)"
+        return f"files in {alt}" if alt.endswith("/") else f"{alt} rows"
+    return " or ".join(one(a) for a in need.split("|"))
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -455,7 +470,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             continue
         missing = [t for t in needs if not replay_need_met(source, t)]
         if missing and not args.notebooks:
-            print(f"[specdiag] {nb_name}: skipped ({source.path.name} has no {', '.join(m.replace('|', ' or ') for m in missing)} rows)")
+            print(f"[specdiag] {nb_name}: skipped ({source.path.name} has no {'; no '.join(map(replay_need_text, missing))})")
             continue
         notebooks.append(nb_name)
     run = Run.create(args.run_dir or RUNS_DIR / new_run_id(f"replay-{source.path.name}"))
