@@ -13,7 +13,7 @@ Targets (issue 5, H200, batch 1), each checked on the shuffled layouts at contex
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Optional
 
 import pandas as pd
 
@@ -393,6 +393,36 @@ def target_verdicts(df: pd.DataFrame) -> pd.DataFrame:
                 row.update({f"{side}_kernel": b["kernel"], f"{side}_value": float(b["value"]), f"{side}_met": bool(b["met"])})
         out.append(row)
     return pd.DataFrame(out)
+
+
+def verdict_finding(verdicts: pd.DataFrame) -> Optional[Finding]:
+    """One finding from :func:`target_verdicts`: how many of issue 13's target cases our best kernel meets, how many
+    the best anchor meets, and our worst gap to a threshold. None when no target case was measured."""
+    if verdicts.empty:
+        return None
+    ours_met = int(verdicts["ours_met"].fillna(False).astype(bool).sum())
+    with_anchor = verdicts[verdicts["anchor_kernel"].notna()]
+    anchor_met = int(with_anchor["anchor_met"].fillna(False).astype(bool).sum())
+    n = int(len(verdicts))
+    short = verdicts.assign(gap=verdicts["threshold"] - verdicts["ours_value"]).sort_values("gap", ascending=False)
+    worst = short.iloc[0]
+    ev = [f"{r.target} at {int(r.context_tokens) // 1024}k, {int(r.heads)} x {int(r.draft_tokens)}: ours "
+          f"{r.ours_value:.1f} ({r.ours_kernel})" + (f", {r.anchor_kernel} {r.anchor_value:.1f}" if isinstance(r.anchor_kernel, str)
+                                                    else "") + f", threshold {r.threshold:g}"
+          for r in verdicts.itertuples()]
+    return Finding(
+        id="kernel_ab.issue13_verdicts", title="Issue 13's targets: our kernel and the anchors, case by case",
+        severity="ok" if ours_met == n else "warning",
+        verdict=(f"Our fastest kernel meets {ours_met} of {n} target cases"
+                 + (f"; the best anchor meets {anchor_met} of the {len(with_anchor)} it ran" if len(with_anchor) else
+                    "; no anchor ran on them")
+                 + (f". Furthest from its threshold: {worst.target.split(':')[0]} at {int(worst.context_tokens) // 1024}k, "
+                    f"{int(worst.heads)} x {int(worst.draft_tokens)} ({worst.ours_value:.1f} against {worst.threshold:g})."
+                    if ours_met < n else ".")),
+        evidence=ev, numbers={"cases": n, "ours_met": ours_met, "anchor_cases": int(len(with_anchor)),
+                              "anchor_met": anchor_met},
+        source="computed",
+    )
 
 
 def anchor_comparison(df: pd.DataFrame) -> pd.DataFrame:
