@@ -48,7 +48,7 @@ def test_gluon_variants_fall_back_to_the_torch_design_on_the_cpu() -> None:
     x = make_inputs(VerifyShape(300, 4, 4, "shuffled_p1"), seed=2)
     ref = reference_verify(x)
     for name in ("split_gl_p1", "split_gl32_p1", "split_glo_p1", "split_glo32_p1", "split_glw_p1", "split_glw32_p1",
-                 "split_auto_p1"):
+                 "split_auto_p1", "split_glx_p1"):
         out = x.out_like()
         run_variant(name, x, out)
         assert relative_error(out, ref) < 1e-2

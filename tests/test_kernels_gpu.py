@@ -174,7 +174,7 @@ def test_run10_gluon_kernel_matches_reference(shape: VerifyShape) -> None:
     inputs = make_inputs(shape, device="cuda", seed=shape.context_tokens)
     ref = reference_verify(inputs)
     for name in ("split_gl_p1", "split_gl32_p1", "split_glo_p1", "split_glo32_p1", "split_glw_p1", "split_glw32_p1",
-                 "split_auto_p1"):
+                 "split_auto_p1", "split_glx_p1"):
         for attempt in range(2):
             res = check_once(name, inputs, ref, None, tol=1e-2)
             assert res["unwritten"] == 0 and res["rel_err"] <= 1e-2, f"{name} call {attempt}: {res}"

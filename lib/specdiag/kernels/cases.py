@@ -24,7 +24,7 @@ TUNING_TABLE = "kernel_ab_tuning"  #: written by specdiag.kernels.tuning
 RUN7: tuple[str, ...] = ("split_pdl_p1", "split_m32_p1", "split_m16_p1", "split_n32c_p1", "split_qk1c_p1",
                          "split_bf16p_p1", "split_ef_p1", "split_bfef_p1", "split_gl_p1", "split_gl32_p1",
                          "split_glo_p1", "split_glo32_p1", "split_glw_p1",
-                         "split_glw32_p1", "split_auto_p1")
+                         "split_glw32_p1", "split_auto_p1", "split_glx_p1")
 VARIANTS_BY_LAYOUT: dict[str, tuple[str, ...]] = {
     "contiguous": ("baseline_p1", "split_p1", "split_b64", "fused_p1", "fused_b64", "fused_fp8_p1", "fused_fp8_b64",
                    "fused_self_p1", "split_n32s5_p1", "split_qk1_p1", *RUN7),

@@ -51,6 +51,8 @@ class KernelVariant:
     gluon_overlap: bool = False
     #: impl "gluon", overlapped only: False waits for each tile's P V in its own iteration (no ptxas C7514)
     gluon_pv_across: bool = True
+    #: impl "gluon", P V waited in its iteration only: the next copy issued at the iteration's first barrier (run 14)
+    gluon_early_copy: bool = False
 
 
 KERNEL_VARIANTS: dict[str, KernelVariant] = {
@@ -98,6 +100,8 @@ KERNEL_VARIANTS: dict[str, KernelVariant] = {
     "split_glo32_p1": KernelVariant("split_glo32_p1", "split_kv", 1, impl="gluon", gluon_tile=(32, 4), gluon_overlap=True),
     "split_glw_p1": KernelVariant("split_glw_p1", "split_kv", 1, impl="gluon", gluon_tile=(64, 2), gluon_overlap=True,
                                   gluon_pv_across=False),
+    "split_glx_p1": KernelVariant("split_glx_p1", "split_kv", 1, impl="gluon", gluon_tile=(64, 2), gluon_overlap=True,
+                                  gluon_pv_across=False, gluon_early_copy=True),
     "split_glw32_p1": KernelVariant("split_glw32_p1", "split_kv", 1, impl="gluon", gluon_tile=(32, 4),
                                     gluon_overlap=True, gluon_pv_across=False),
     # run 13: the fastest of ours per shape as runs 5-12 measured it: split_p1 (Triton, 16/32-row tiles, two
@@ -169,7 +173,7 @@ def run_variant(name: str, inputs: VerifyInputs, out: torch.Tensor, config: Opti
             from specdiag.kernels.gluon_splitkv import split_kv_gluon  # noqa: PLC0415
 
             return split_kv_gluon(inputs, out, block_n=config.block_n, stages=config.num_stages, overlap=v.gluon_overlap,
-                                  pv_across=v.gluon_pv_across)
+                                  pv_across=v.gluon_pv_across, early_copy=v.gluon_early_copy)
         from specdiag.kernels.triton_splitkv import split_kv_triton  # noqa: PLC0415
 
         return split_kv_triton(inputs, out, page_size=v.page_size, cfg=config)

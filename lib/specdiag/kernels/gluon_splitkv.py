@@ -173,12 +173,13 @@ def _gl_partial_kernel_ov(Q, KV, TOKEN_TABLE, MASK, O_PART, LSE_PART,
                           qk_scale, n_prefix, n_kv, n_draft, n_heads, n_rows, tokens_per_split, stride_kv,
                           BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                           D_NOPE: gl.constexpr, D_PE: gl.constexpr, num_warps: gl.constexpr,
-                          PV_ACROSS: gl.constexpr = True):
+                          PV_ACROSS: gl.constexpr = True, EARLY_COPY: gl.constexpr = False):
     """_gl_partial_kernel with the products overlapped (run 11): both wgmmas asynchronous, tile i's P V still running
     while tile i + 1's scores are issued (``PV_ACROSS``; ptxas reports C7514 and serializes the wgmmas for it: with
     PV_ACROSS False the P V is waited for in its own iteration, which ptxas keeps asynchronous); the token indices of
     the next copy loaded an iteration ahead; the ring's next copy issued once both warpgroups are done with the buffer
-    it overwrites."""
+    it overwrites. ``EARLY_COPY`` (only with PV_ACROSS False, run 14): that copy is issued right after the barrier that
+    opens the iteration (every warpgroup has waited for the last P V by then), one CTA barrier per tile fewer."""
     pid_m = gl.program_id(0)
     pid_s = gl.program_id(1)
     dtype: gl.constexpr = Q.dtype.element_ty
@@ -238,20 +239,29 @@ def _gl_partial_kernel_ov(Q, KV, TOKEN_TABLE, MASK, O_PART, LSE_PART,
         async_copy.wait_group(STAGES - 2)  # tile `it` has landed (this thread's copies)
         gl.thread_barrier()  # ... every thread's
         fence_async_shared()  # ... visible to the tensor cores
+        if EARLY_COPY:  # both warpgroups waited for tile it - 1's P V in that iteration, before the barrier above
+            _issue_slots(KV, kv_smem.index((it + STAGES - 1) % STAGES), pe_smem.index((it + STAGES - 1) % STAGES),
+                         nx_slot, nx_slot_pe, nx_pos < end, nx_pos_pe < end, stride_kv, D_NOPE, D_PE, LD, LD_PE)
+            async_copy.commit_group()
+            nx_pos = nx_pos + BLOCK_N
+            nx_pos_pe = nx_pos_pe + BLOCK_N
+            nx_slot = gl.load(TOKEN_TABLE + nx_pos, mask=nx_pos < end, other=0).to(gl.int64)
+            nx_slot_pe = gl.load(TOKEN_TABLE + nx_pos_pe, mask=nx_pos_pe < end, other=0).to(gl.int64)
         buf = it % STAGES
         k_tile = kv_smem.index(buf)
         s_tok = warpgroup_mma(q_smem, k_tile.permute((1, 0)), gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=S_L),
                               use_acc=False, is_async=True)
         s_tok = warpgroup_mma(qpe_smem, pe_smem.index(buf).permute((1, 0)), s_tok, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=2, deps=(acc,))  # this warpgroup's P V of tile it - 1 is done
-        gl.thread_barrier()  # both warpgroups': P and the buffer of tile it - 1 are free
-        _issue_slots(KV, kv_smem.index((it + STAGES - 1) % STAGES), pe_smem.index((it + STAGES - 1) % STAGES),
-                     nx_slot, nx_slot_pe, nx_pos < end, nx_pos_pe < end, stride_kv, D_NOPE, D_PE, LD, LD_PE)
-        async_copy.commit_group()  # empty past the split's end: the wait above counts one group per tile
-        nx_pos = nx_pos + BLOCK_N
-        nx_pos_pe = nx_pos_pe + BLOCK_N
-        nx_slot = gl.load(TOKEN_TABLE + nx_pos, mask=nx_pos < end, other=0).to(gl.int64)
-        nx_slot_pe = gl.load(TOKEN_TABLE + nx_pos_pe, mask=nx_pos_pe < end, other=0).to(gl.int64)
+        if not EARLY_COPY:
+            gl.thread_barrier()  # both warpgroups': P and the buffer of tile it - 1 are free
+            _issue_slots(KV, kv_smem.index((it + STAGES - 1) % STAGES), pe_smem.index((it + STAGES - 1) % STAGES),
+                         nx_slot, nx_slot_pe, nx_pos < end, nx_pos_pe < end, stride_kv, D_NOPE, D_PE, LD, LD_PE)
+            async_copy.commit_group()  # empty past the split's end: the wait above counts one group per tile
+            nx_pos = nx_pos + BLOCK_N
+            nx_pos_pe = nx_pos_pe + BLOCK_N
+            nx_slot = gl.load(TOKEN_TABLE + nx_pos, mask=nx_pos < end, other=0).to(gl.int64)
+            nx_slot_pe = gl.load(TOKEN_TABLE + nx_pos_pe, mask=nx_pos_pe < end, other=0).to(gl.int64)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
         kpos = start + it * BLOCK_N + gl.arange(0, BLOCK_N, layout=COL_S)
         j = kpos - n_prefix
@@ -286,7 +296,8 @@ def _gl_partial_kernel_ov(Q, KV, TOKEN_TABLE, MASK, O_PART, LSE_PART,
 
 
 def split_kv_gluon(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 64, stages: int = 2,
-                   num_sms: int | None = None, overlap: bool = False, pv_across: bool = True) -> torch.Tensor:
+                   num_sms: int | None = None, overlap: bool = False, pv_across: bool = True,
+                   early_copy: bool = False) -> torch.Tensor:
     """Split-KV verify attention with the Gluon partial kernel and triton_splitkv's merge; writes ``out`` [T, H, 512]."""
     from specdiag.kernels.triton_splitkv import merge_partials, sm_count  # noqa: PLC0415
 
@@ -295,6 +306,8 @@ def split_kv_gluon(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 64, s
         raise ValueError("split_kv_gluon runs on CUDA (sm_90) only; on the CPU use split_kv_torch")
     if not (q.is_contiguous() and q.shape[-1] == D_QK and cache.shape[-1] == D_QK and cache.stride(1) == 1):
         raise ValueError("split_kv_gluon needs contiguous q [T, H, 576] and cache rows [pool, 576]")
+    if early_copy and (not overlap or pv_across):
+        raise ValueError("early_copy needs overlap=True and pv_across=False (the P V waited for in its own iteration)")
     if q.dtype != cache.dtype:
         raise ValueError(f"split_kv_gluon needs q and the cache in one dtype; got {q.dtype} and {cache.dtype}")
     T, H = inputs.draft_tokens, inputs.heads
@@ -308,14 +321,14 @@ def split_kv_gluon(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 64, s
         q, cache, inputs.token_table, inputs.mask_u8, o_part, lse_part,
         inputs.sm_scale * LOG2E, inputs.n_prefix, n_kv, T, H, rows, plan.tokens_per_split, cache.stride(0),
         BLOCK_M=GLUON_BLOCK_M, BLOCK_N=block_n, STAGES=stages, D_NOPE=D_NOPE, D_PE=D_PE,
-        num_warps=GLUON_NUM_WARPS, **({"PV_ACROSS": pv_across} if overlap else {}),
+        num_warps=GLUON_NUM_WARPS, **({"PV_ACROSS": pv_across, "EARLY_COPY": early_copy} if overlap else {}),
     )
     merge_partials(o_part, lse_part, out.view(rows, D_V), cfg)
     return out
 
 
 def compile_sm90(block_n: int = 64, stages: int = 2, dtype: str = "bf16", overlap: bool = False,
-                 pv_across: bool = True) -> "triton.compiler.CompiledKernel":
+                 pv_across: bool = True, early_copy: bool = False) -> "triton.compiler.CompiledKernel":
     """The partial kernel compiled ahead of time for sm_90 (no GPU needed): for tests and the compile report."""
     from triton.backends.compiler import GPUTarget  # noqa: PLC0415
     from triton.experimental.gluon._runtime import GluonASTSource  # noqa: PLC0415
@@ -324,7 +337,8 @@ def compile_sm90(block_n: int = 64, stages: int = 2, dtype: str = "bf16", overla
            "LSE_PART": "*fp32", "qk_scale": "fp32", "n_prefix": "i32", "n_kv": "i32", "n_draft": "i32",
            "n_heads": "i32", "n_rows": "i32", "tokens_per_split": "i32", "stride_kv": "i32"}
     const = {"BLOCK_M": GLUON_BLOCK_M, "BLOCK_N": block_n, "STAGES": stages, "D_NOPE": D_NOPE, "D_PE": D_PE,
-             "num_warps": GLUON_NUM_WARPS, **({"PV_ACROSS": pv_across} if overlap else {})}
+             "num_warps": GLUON_NUM_WARPS,
+             **({"PV_ACROSS": pv_across, "EARLY_COPY": early_copy} if overlap else {})}
     sig.update({k: "constexpr" for k in const})
     attrs = {(i,): [["tt.divisibility", 16]] for i, k in enumerate(sig) if k in ("Q", "KV", "TOKEN_TABLE", "O_PART",
                                                                                  "LSE_PART", "stride_kv")}
