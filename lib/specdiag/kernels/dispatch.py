@@ -100,6 +100,7 @@ KERNEL_VARIANTS: dict[str, KernelVariant] = {
     "split_glo32_p1": KernelVariant("split_glo32_p1", "split_kv", 1, impl="gluon", gluon_tile=(32, 4), gluon_overlap=True),
     "split_glw_p1": KernelVariant("split_glw_p1", "split_kv", 1, impl="gluon", gluon_tile=(64, 2), gluon_overlap=True,
                                   gluon_pv_across=False),
+    # run 14 (planned, not yet run on a GPU): split_glw_p1 with the next copy issued at the iteration's first barrier
     "split_glx_p1": KernelVariant("split_glx_p1", "split_kv", 1, impl="gluon", gluon_tile=(64, 2), gluon_overlap=True,
                                   gluon_pv_across=False, gluon_early_copy=True),
     "split_glw32_p1": KernelVariant("split_glw32_p1", "split_kv", 1, impl="gluon", gluon_tile=(32, 4),
