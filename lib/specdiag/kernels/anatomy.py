@@ -300,16 +300,8 @@ def measure_case(shape: VerifyShape, device: torch.device, n_runs: int = 20, rot
 
     def partial_into(i: int) -> None:
         """The partial kernel into set i's own partial buffers (what merge_partials then reads)."""
-        from specdiag.kernels.triton_splitkv import _split_partial_kernel  # noqa: PLC0415
-        from specdiag.kernels.triton_splitkv import LOG2E  # noqa: PLC0415
-
-        s = sets[i]
-        _split_partial_kernel[grid](
-            s.q, s.cache, s.token_table, s.token_table, s.mask_u8, o_parts[i], lse_parts[i], lse_parts[i],
-            s.sm_scale * LOG2E, s.n_prefix, s.n_kv, shape.draft_tokens, shape.heads, shape.rows,
-            plan.tokens_per_split, s.cache.stride(0), PAGE_SIZE=1, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-            D_NOPE=D_NOPE, D_PE=D_PE, EVICT="", DIRECT=False, DV_SPLIT=cfg.dv_split, QK_ONCE=False, ASM=False,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        split_kv_triton(sets[i], outs[i], page_size=1, cfg=cfg, num_sms=num_sms, partial_only=True,
+                        o_part=o_parts[i], lse_part=lse_parts[i])
 
     calls: dict[str, list[Callable[[], object]]] = {
         "empty_1": [lambda: empty_k[grid](sink)],

@@ -242,13 +242,16 @@ def _merge_kernel(O_PART, LSE_PART, OUT, n_splits, n_rows,
 
 def split_kv_triton(inputs: VerifyInputs, out: torch.Tensor, page_size: int = 1,
                     cfg: SplitKVConfig | None = None, num_sms: int | None = None,
-                    partial_only: bool = False, timeline: torch.Tensor | None = None) -> torch.Tensor:
+                    partial_only: bool = False, timeline: torch.Tensor | None = None,
+                    o_part: torch.Tensor | None = None, lse_part: torch.Tensor | None = None) -> torch.Tensor:
     """Run split-KV verify attention on CUDA; writes ``out`` [T, H, 512] bf16 and returns it.
 
     page_size 1 reads ``inputs.token_table``; page_size 64 reads ``inputs.block_table``.
     ``partial_only`` skips the merge (``out`` is then not written): only for timing the first kernel alone.
     ``timeline`` (int64, 4 per program, CUDA only): each partial program writes its %globaltimer at entry, at the end
     of its full-tile loop and after its stores (ns), and its %smid (anatomy.py's timeline).
+    ``o_part`` / ``lse_part``: the caller's partial buffers ([splits, rows, 512], [splits, rows]; fp32 or bf16 as
+    ``cfg.partial_bf16`` says) instead of new ones, so a caller can time the merge alone on them (anatomy.py).
     """
     q, cache = inputs.q, inputs.cache
     if not (q.is_contiguous() and q.shape[-1] == D_QK and cache.shape[-1] == D_QK and cache.stride(1) == 1):
@@ -275,10 +278,13 @@ def split_kv_triton(inputs: VerifyInputs, out: torch.Tensor, page_size: int = 1,
     pdl = cfg.pdl and not _interpreting()  # griddepcontrol is PTX: the interpreter runs the plain two launches
     if direct:
         o_part, lse_part = out, out  # lse_part unused when DIRECT
-    else:
+    elif o_part is None or lse_part is None:
         o_part = torch.empty(plan.n_splits, rows, D_V, device=q.device,
                              dtype=torch.bfloat16 if cfg.partial_bf16 else torch.float32)
         lse_part = torch.empty(plan.n_splits, rows, device=q.device, dtype=torch.float32)
+    elif tuple(o_part.shape) != (plan.n_splits, rows, D_V) or tuple(lse_part.shape) != (plan.n_splits, rows):
+        raise ValueError(f"o_part / lse_part must be [{plan.n_splits}, {rows}, {D_V}] / [{plan.n_splits}, {rows}] "
+                         f"(this plan's splits and rows); got {tuple(o_part.shape)} / {tuple(lse_part.shape)}")
     n_programs = plan.n_tiles * cfg.dv_split * plan.n_splits
     p_scr = (torch.empty(n_programs * 2 * cfg.block_m * (cfg.block_n + 1), device=q.device, dtype=torch.float32)
              if cfg.qk_once else lse_part)  # lse_part: unused by the kernel without qk_once
