@@ -442,3 +442,24 @@ def test_unmeasured_parts_say_why() -> None:
     assert list(bad["part"]) == ["timeline", "merge"]
     assert bad["why"].iloc[0].startswith("the timeline reads %globaltimer") and "out of memory" in bad["why"].iloc[1]
     assert unmeasured_parts(_case_rows(131072)).empty and unmeasured_parts([]).empty
+
+
+def test_profile_statistics_from_kernel_spans() -> None:
+    """The profile's arithmetic on synthetic spans: the split call's kernels and gap, and any call's kernel list."""
+    from specdiag.kernels.anatomy import call_kernel_stats, split_call_stats
+
+    spans = []
+    for i, (p, g, m) in enumerate(((50.0, 1.0, 4.0), (52.0, 1.4, 4.2), (51.0, 1.2, 3.8))):
+        t0 = 1000.0 * i
+        spans += [("_split_partial_kernel", t0, t0 + p), ("_merge_kernel", t0 + p + g, t0 + p + g + m)]
+    st = split_call_stats(spans)
+    assert (st["prof_partial_us"], st["prof_gap_us"], st["prof_merge_us"], st["prof_calls"]) == \
+        pytest.approx((51.0, 1.2, 4.0, 3))
+    ck = call_kernel_stats(spans, 3)
+    assert ck["prof_kernels_per_call"] == 2 and {k["name"]: k["per_call"] for k in ck["prof_kernels"]} == \
+        {"_split_partial_kernel": 1, "_merge_kernel": 1}
+    assert ck["prof_span_us"] == pytest.approx(56.4) and ck["prof_busy_us"] == pytest.approx(55.0)
+    with pytest.raises(RuntimeError, match="whole number per call"):
+        call_kernel_stats(spans[:-1], 3)
+    with pytest.raises(RuntimeError, match="1 merge"):
+        split_call_stats(spans[:1] + spans[3:4])

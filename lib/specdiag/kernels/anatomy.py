@@ -166,10 +166,13 @@ def _is_sleep(kernel_name: str) -> bool:
     return "spin_kernel" in name or "sleep" in name
 
 
-def profiled_kernel_us(calls: Sequence[Callable[[], object]], n_runs: int, device: torch.device) -> dict[str, float]:
-    """GPU durations of a split call's two kernels and the gap between them (us, medians over ``n_runs`` calls,
-    rotating through ``calls`` as the timing does, so the KV is cold), from the torch profiler's CUDA activity; a
-    sleep queued first keeps launches ahead of the GPU."""
+#: one profiled GPU kernel: (name, start us, end us)
+KernelSpan = tuple[str, float, float]
+
+
+def kernel_spans(calls: Sequence[Callable[[], object]], n_runs: int, device: torch.device) -> list[KernelSpan]:
+    """Every CUDA kernel of ``n_runs`` calls (rotating through ``calls`` as the timing does, so the KV is cold), in
+    start order, from the torch profiler; a sleep queued first keeps launches ahead of the GPU and is left out."""
     from torch.autograd import DeviceType  # noqa: PLC0415
     from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
 
@@ -180,16 +183,47 @@ def profiled_kernel_us(calls: Sequence[Callable[[], object]], n_runs: int, devic
         for i in range(n_runs):
             calls[(i + 1) % len(calls)]()
         torch.cuda.synchronize(device)
-    evs = sorted((e for e in prof.events() if e.device_type == DeviceType.CUDA and not _is_sleep(e.name)),
-                 key=lambda e: e.time_range.start)
-    part = [e for e in evs if "partial" in e.name]
-    merge = [e for e in evs if "merge" in e.name]
+    evs = [e for e in prof.events() if e.device_type == DeviceType.CUDA and not _is_sleep(e.name)]
+    return sorted(((e.name, float(e.time_range.start), float(e.time_range.end)) for e in evs), key=lambda k: k[1])
+
+
+def split_call_stats(spans: Sequence[KernelSpan]) -> dict[str, float]:
+    """A split call's two kernels and the gap between them (us, medians over the calls in ``spans``)."""
+    part = [k for k in spans if "partial" in k[0]]
+    merge = [k for k in spans if "merge" in k[0]]
     if not part or len(part) != len(merge):
-        raise RuntimeError(f"profiler saw {len(part)} partial and {len(merge)} merge kernels for {n_runs} calls")
-    gaps = [m.time_range.start - p.time_range.end for p, m in zip(part, merge)]
-    return {"prof_partial_us": statistics.median(e.time_range.elapsed_us() for e in part),
-            "prof_merge_us": statistics.median(e.time_range.elapsed_us() for e in merge),
-            "prof_gap_us": statistics.median(gaps), "prof_calls": len(part)}
+        raise RuntimeError(f"profiler saw {len(part)} partial and {len(merge)} merge kernels")
+    return {"prof_partial_us": statistics.median(e - s for _, s, e in part),
+            "prof_merge_us": statistics.median(e - s for _, s, e in merge),
+            "prof_gap_us": statistics.median(m[1] - p[2] for p, m in zip(part, merge)), "prof_calls": len(part)}
+
+
+def call_kernel_stats(spans: Sequence[KernelSpan], n_runs: int) -> dict[str, Any]:
+    """Every kernel one call launches (``spans`` of ``n_runs`` calls): per kernel name its median duration and
+    launches per call, the call's span (first kernel's start to last kernel's end) and busy time, medians."""
+    if not spans or len(spans) % n_runs:
+        raise RuntimeError(f"profiler saw {len(spans)} kernels for {n_runs} calls: not a whole number per call")
+    per_call = len(spans) // n_runs
+    groups = [spans[i * per_call:(i + 1) * per_call] for i in range(n_runs)]
+    names: dict[str, list[float]] = {}
+    for name, start, end in spans:
+        names.setdefault(name[:120], []).append(end - start)
+    return {"prof_kernels": [{"name": n, "us_median": statistics.median(d), "per_call": len(d) // n_runs}
+                             for n, d in names.items()],
+            "prof_kernels_per_call": per_call,
+            "prof_span_us": statistics.median(g[-1][2] - g[0][1] for g in groups),
+            "prof_busy_us": statistics.median(sum(e - s for _, s, e in g) for g in groups)}
+
+
+def profiled_kernel_us(calls: Sequence[Callable[[], object]], n_runs: int, device: torch.device) -> dict[str, float]:
+    """GPU durations of a split call's two kernels and the gap between them (:func:`split_call_stats`)."""
+    return split_call_stats(kernel_spans(calls, n_runs, device))
+
+
+def profile_kernels(calls: Sequence[Callable[[], object]], n_runs: int, device: torch.device) -> dict[str, Any]:
+    """Every GPU kernel one call launches (:func:`call_kernel_stats`). For kernels we did not write (an anchor's
+    run), where its time goes."""
+    return call_kernel_stats(kernel_spans(calls, n_runs, device), n_runs)
 
 
 def read_kv(inputs: Any, sink: torch.Tensor, grid: tuple[int, int], tokens_per_split: int, cfg: Any,
@@ -201,36 +235,6 @@ def read_kv(inputs: Any, sink: torch.Tensor, grid: tuple[int, int], tokens_per_s
                  CONTIG=contig, BLOCK_N=cfg.block_n, D_NOPE=D_NOPE, D_PE=D_PE, STAGES=cfg.num_stages,
                  num_warps=cfg.num_warps)
     return sink
-
-
-def profile_kernels(calls: Sequence[Callable[[], object]], n_runs: int, device: torch.device) -> dict[str, Any]:
-    """Every GPU kernel one call launches, from the torch profiler (``n_runs`` calls rotating ``calls``, a sleep
-    queued first): per kernel name its median duration and launches per call, and the call's span (first kernel's
-    start to last kernel's end, median). For kernels we did not write (an anchor's run), where its time goes."""
-    from torch.autograd import DeviceType  # noqa: PLC0415
-    from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
-
-    calls[0]()
-    torch.cuda.synchronize(device)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        torch.cuda._sleep(300_000 * n_runs)
-        for i in range(n_runs):
-            calls[(i + 1) % len(calls)]()
-        torch.cuda.synchronize(device)
-    evs = sorted((e for e in prof.events() if e.device_type == DeviceType.CUDA and not _is_sleep(e.name)),
-                 key=lambda e: e.time_range.start)
-    if not evs or len(evs) % n_runs:
-        raise RuntimeError(f"profiler saw {len(evs)} kernels for {n_runs} calls: not a whole number per call")
-    per_call = len(evs) // n_runs
-    groups = [evs[i * per_call:(i + 1) * per_call] for i in range(n_runs)]
-    names: dict[str, list[float]] = {}
-    for e in evs:
-        names.setdefault(e.name[:120], []).append(e.time_range.elapsed_us())
-    return {"prof_kernels": [{"name": n, "us_median": statistics.median(d), "per_call": len(d) // n_runs}
-                             for n, d in names.items()],
-            "prof_kernels_per_call": per_call,
-            "prof_span_us": statistics.median(g[-1].time_range.end - g[0].time_range.start for g in groups),
-            "prof_busy_us": statistics.median(sum(e.time_range.elapsed_us() for e in g) for g in groups)}
 
 
 def measure_anchor(shape: VerifyShape, device: torch.device, n_runs: int = 20, rotate_bytes: int = 1 << 30,
