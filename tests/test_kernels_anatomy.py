@@ -458,7 +458,7 @@ def test_profile_statistics_from_kernel_spans() -> None:
     ck = call_kernel_stats(spans, 3)
     assert ck["prof_kernels_per_call"] == 2 and {k["name"]: k["per_call"] for k in ck["prof_kernels"]} == \
         {"_split_partial_kernel": 1, "_merge_kernel": 1}
-    assert ck["prof_span_us"] == pytest.approx(56.4) and ck["prof_busy_us"] == pytest.approx(55.0)
+    assert ck["prof_span_us"] == pytest.approx(56.0) and ck["prof_busy_us"] == pytest.approx(54.8)  # medians of 3 calls
     with pytest.raises(RuntimeError, match="whole number per call"):
         call_kernel_stats(spans[:-1], 3)
     with pytest.raises(RuntimeError, match="1 merge"):
