@@ -461,5 +461,5 @@ def test_profile_statistics_from_kernel_spans() -> None:
     assert ck["prof_span_us"] == pytest.approx(56.0) and ck["prof_busy_us"] == pytest.approx(54.8)  # medians of 3 calls
     with pytest.raises(RuntimeError, match="whole number per call"):
         call_kernel_stats(spans[:-1], 3)
-    with pytest.raises(RuntimeError, match="1 merge"):
-        split_call_stats(spans[:1] + spans[3:4])
+    with pytest.raises(RuntimeError, match="2 partial and 0 merge"):
+        split_call_stats([spans[0], spans[2]])
