@@ -107,14 +107,14 @@ def anatomy_fits(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
 def fixed_cost_shares(fits: pd.DataFrame) -> pd.DataFrame:
     """Per shape: the full call's fixed cost beside what the parts explain (computed from :func:`anatomy_fits`).
 
-    ``launch_us`` (empty_2), ``partial_us`` and ``merge_us`` are the parts' fixed costs; ``read_gather_us`` is the
-    fixed cost of the read-only kernel of the same grid, ``partial_over_read_us`` what the attention math adds to it;
-    ``pdl_saves_us`` = full - full_pdl.
+    ``<part>_us`` is each timed part's fitted fixed cost (``empty_2_us``: two launches; the timeline has none);
+    ``partial_over_read_us`` is what the partial kernel's math adds to the read-only kernel of the same grid
+    (``read_gather_us``); ``pdl_saves_us`` = full - full_pdl.
     """
     out = []
     for (h, t), g in fits.groupby(["heads", "draft_tokens"], sort=False):
         f = dict(zip(g["part"], g["fixed_us"]))
-        row = {"heads": h, "draft_tokens": t, **{f"{p}_us": f.get(p, float("nan")) for p in PARTS}}
+        row = {"heads": h, "draft_tokens": t, **{f"{p}_us": f.get(p, float("nan")) for p in PARTS if p != "timeline"}}
         row["partial_over_read_us"] = row["partial_us"] - row["read_gather_us"]
         row["pdl_saves_us"] = row["full_us"] - row["full_pdl_us"]
         out.append(row)
