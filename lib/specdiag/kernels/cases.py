@@ -20,9 +20,9 @@ from specdiag.kernels.timing import summarize_ms, time_calls
 TABLE = "kernel_ab"
 TUNING_TABLE = "kernel_ab_tuning"  #: written by specdiag.kernels.tuning
 #: which kernel variants run on each layout (a block table exists only for 64-token layouts)
-#: run 7's and run 8's arms (dispatch.py)
+#: the arms of runs 7-14 (dispatch.py)
 RUN7: tuple[str, ...] = ("split_pdl_p1", "split_m32_p1", "split_m16_p1", "split_n32c_p1", "split_qk1c_p1",
-                         "split_bf16p_p1", "split_ef_p1", "split_bfef_p1", "split_gl_p1", "split_gl32_p1",
+                         "split_bf16p_p1", "split_ef_p1", "split_bfef_p1",
                          "split_glo_p1", "split_glo32_p1", "split_glw_p1",
                          "split_glw32_p1", "split_auto_p1", "split_glx_p1")
 VARIANTS_BY_LAYOUT: dict[str, tuple[str, ...]] = {

@@ -9,10 +9,9 @@ same with Q K^T computed once per tile instead of in both warpgroups (run 6's ar
 row tiles both are exactly ``split_p1``). Run 7: ``split_pdl_p1`` launches the merge as a programmatic dependent
 launch; ``split_m32_p1`` / ``split_m16_p1`` cut the 33-128 rows of h8T8 into 32- or 16-row tiles. Run 8:
 ``split_n32c_p1`` / ``split_qk1c_p1`` give the compute-bound shapes (over 128 rows) 32-token tiles with 5 stages, the
-second with the scores once per tile. Run 10: ``split_gl_p1`` / ``split_gl32_p1`` run the partial kernel written in
-Gluon (gluon_splitkv), the scores computed once across the two warpgroups; ``split_glo*`` with asynchronous
-wgmmas, ``split_glw*`` with each tile's P V waited for in its own iteration (run 12: the fastest of ours from 33 rows
-on). ``split_auto_p1``: split_p1 up to 32 rows, split_glw_p1 above. On CUDA the Triton kernels run; on the CPU the
+second with the scores once per tile. Runs 11-12: the partial kernel written in Gluon (gluon_splitkv), the scores
+computed once across the two warpgroups: ``split_glo*`` lets each tile's P V run into the next iteration,
+``split_glw*`` waits for it in its own iteration (run 12: the fastest of ours from 33 rows on). ``split_auto_p1``: split_p1 up to 32 rows, split_glw_p1 above. On CUDA the Triton kernels run; on the CPU the
 torch fallbacks of the same designs (reference.py) run, so tests and CI exercise the same code paths
 around them.
 """
@@ -47,10 +46,9 @@ class KernelVariant:
     impl: str = "triton"
     #: impl "gluon" only: (tokens per KV tile, tiles in the ring)
     gluon_tile: tuple[int, int] = (64, 2)
-    #: impl "gluon" only: the overlapped kernel (asynchronous wgmmas, indices an iteration ahead; run 11)
-    gluon_overlap: bool = False
-    #: impl "gluon", overlapped only: False waits for each tile's P V in its own iteration (no ptxas C7514)
-    gluon_pv_across: bool = True
+    #: impl "gluon" only: True lets each tile's P V run into the next iteration (run 11; ptxas C7514 serializes it),
+    #: False waits for it in its own iteration (run 12)
+    gluon_pv_across: bool = False
     #: impl "gluon", P V waited in its iteration only: the next copy issued at the iteration's first barrier (run 14)
     gluon_early_copy: bool = False
 
@@ -91,24 +89,20 @@ KERNEL_VARIANTS: dict[str, KernelVariant] = {
     "split_bf16p_p1": KernelVariant("split_bf16p_p1", "split_kv", 1, overrides=(("partial_bf16", True),)),
     "split_ef_p1": KernelVariant("split_ef_p1", "split_kv", 1, overrides=(("evict_first", True),)),
     "split_bfef_p1": KernelVariant("split_bfef_p1", "split_kv", 1, overrides=(("partial_bf16", True), ("evict_first", True))),
-    # run 10: the partial kernel in Gluon (gluon_splitkv): 64-row tiles at every row count, Q K^T split between the two
-    # warpgroups by keys, P through shared memory, P V split by value dims; 64-token tiles x 2 or 32-token x 3
-    "split_gl_p1": KernelVariant("split_gl_p1", "split_kv", 1, impl="gluon", gluon_tile=(64, 2)),
-    "split_gl32_p1": KernelVariant("split_gl32_p1", "split_kv", 1, impl="gluon", gluon_tile=(32, 3)),
-    # run 11: the same with the two products overlapped (tile i's P V in flight under tile i + 1's scores)
-    "split_glo_p1": KernelVariant("split_glo_p1", "split_kv", 1, impl="gluon", gluon_tile=(64, 2), gluon_overlap=True),
-    "split_glo32_p1": KernelVariant("split_glo32_p1", "split_kv", 1, impl="gluon", gluon_tile=(32, 4), gluon_overlap=True),
-    "split_glw_p1": KernelVariant("split_glw_p1", "split_kv", 1, impl="gluon", gluon_tile=(64, 2), gluon_overlap=True,
-                                  gluon_pv_across=False),
+    # runs 11-12: the partial kernel in Gluon (gluon_splitkv): 64-row tiles at every row count, Q K^T split between
+    # the two warpgroups by keys, P through shared memory, P V split by value dims, asynchronous wgmmas; glo: tile i's
+    # P V left running under tile i + 1's scores (run 11), glw: waited for in its own iteration (run 12). Run 10's
+    # synchronous arms (split_gl_p1, split_gl32_p1; slower than split_p1) are at commit 991aa20.
+    "split_glo_p1": KernelVariant("split_glo_p1", "split_kv", 1, impl="gluon", gluon_tile=(64, 2), gluon_pv_across=True),
+    "split_glo32_p1": KernelVariant("split_glo32_p1", "split_kv", 1, impl="gluon", gluon_tile=(32, 4),
+                                    gluon_pv_across=True),
+    "split_glw_p1": KernelVariant("split_glw_p1", "split_kv", 1, impl="gluon", gluon_tile=(64, 2)),
     # run 14 (planned, not yet run on a GPU): split_glw_p1 with the next copy issued at the iteration's first barrier
-    "split_glx_p1": KernelVariant("split_glx_p1", "split_kv", 1, impl="gluon", gluon_tile=(64, 2), gluon_overlap=True,
-                                  gluon_pv_across=False, gluon_early_copy=True),
-    "split_glw32_p1": KernelVariant("split_glw32_p1", "split_kv", 1, impl="gluon", gluon_tile=(32, 4),
-                                    gluon_overlap=True, gluon_pv_across=False),
+    "split_glx_p1": KernelVariant("split_glx_p1", "split_kv", 1, impl="gluon", gluon_tile=(64, 2), gluon_early_copy=True),
+    "split_glw32_p1": KernelVariant("split_glw32_p1", "split_kv", 1, impl="gluon", gluon_tile=(32, 4)),
     # run 13: the fastest of ours per shape as runs 5-12 measured it: split_p1 (Triton, 16/32-row tiles, two
     # programs per SM) up to 32 rows, split_glw_p1 (Gluon, 64-row tiles, the scores once) from 33 rows on
-    "split_auto_p1": KernelVariant("split_auto_p1", "split_kv", 1, impl="auto", gluon_tile=(64, 2), gluon_overlap=True,
-                                   gluon_pv_across=False),
+    "split_auto_p1": KernelVariant("split_auto_p1", "split_kv", 1, impl="auto", gluon_tile=(64, 2)),
 }
 
 #: split_auto_p1 runs the Gluon kernel from this many packed rows on (below: split_p1's Triton kernel)
@@ -173,7 +167,7 @@ def run_variant(name: str, inputs: VerifyInputs, out: torch.Tensor, config: Opti
         if v.impl == "gluon" or (v.impl == "auto" and inputs.heads * inputs.draft_tokens >= AUTO_GLUON_MIN_ROWS):
             from specdiag.kernels.gluon_splitkv import split_kv_gluon  # noqa: PLC0415
 
-            return split_kv_gluon(inputs, out, block_n=config.block_n, stages=config.num_stages, overlap=v.gluon_overlap,
+            return split_kv_gluon(inputs, out, block_n=config.block_n, stages=config.num_stages,
                                   pv_across=v.gluon_pv_across, early_copy=v.gluon_early_copy)
         from specdiag.kernels.triton_splitkv import split_kv_triton  # noqa: PLC0415
 

@@ -38,126 +38,6 @@ LOG2E = 1.4426950408889634
 
 
 @gluon.jit
-def _issue_tile(KV, TOKEN_TABLE, kv_buf, pe_buf, tile, end, stride_kv,
-                BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_PE: gl.constexpr, LD: gl.constexpr,
-                LD_PE: gl.constexpr):
-    """cp.async of the KV rows of tokens [tile, tile + BLOCK_N) (those < end) into kv_buf / pe_buf; one commit group."""
-    pos = tile + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LD))
-    ok = pos < end
-    slot = gl.load(TOKEN_TABLE + pos, mask=ok, other=0).to(gl.int64)
-    row = KV + slot[:, None] * stride_kv
-    offs_d = gl.arange(0, D_NOPE, layout=gl.SliceLayout(0, LD))
-    async_copy.async_copy_global_to_shared(kv_buf, row + offs_d[None, :], mask=ok[:, None])
-    pos_pe = tile + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LD_PE))
-    ok_pe = pos_pe < end
-    slot_pe = gl.load(TOKEN_TABLE + pos_pe, mask=ok_pe, other=0).to(gl.int64)
-    offs_pe = D_NOPE + gl.arange(0, D_PE, layout=gl.SliceLayout(0, LD_PE))
-    async_copy.async_copy_global_to_shared(pe_buf, KV + slot_pe[:, None] * stride_kv + offs_pe[None, :],
-                                           mask=ok_pe[:, None])
-    async_copy.commit_group()
-
-
-@gluon.jit
-def _gl_partial_kernel(Q, KV, TOKEN_TABLE, MASK, O_PART, LSE_PART,
-                       qk_scale, n_prefix, n_kv, n_draft, n_heads, n_rows, tokens_per_split, stride_kv,
-                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                       D_NOPE: gl.constexpr, D_PE: gl.constexpr, num_warps: gl.constexpr):
-    pid_m = gl.program_id(0)
-    pid_s = gl.program_id(1)
-    dtype: gl.constexpr = Q.dtype.element_ty
-
-    # register layouts: loads (8 contiguous elements per thread: 16-byte copies), scores, output
-    LD: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
-    LD_PE: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
-    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BLOCK_N // 2, 16])
-    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16])
-    ROW_S: gl.constexpr = gl.SliceLayout(1, S_L)
-    COL_S: gl.constexpr = gl.SliceLayout(0, S_L)
-    ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
-
-    # shared memory: Q for the program, a ring of KV tiles, P
-    q_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, D_NOPE], dtype)
-    qpe_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, D_PE], dtype)
-    kv_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_NOPE], dtype)
-    pe_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_PE], dtype)
-    p_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype)
-
-    rows_ld = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LD))
-    q_row = Q + rows_ld[:, None].to(gl.int64) * (D_NOPE + D_PE)
-    q_nope = gl.load(q_row + gl.arange(0, D_NOPE, layout=gl.SliceLayout(0, LD))[None, :],
-                     mask=(rows_ld < n_rows)[:, None], other=0.0)
-    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, D_NOPE], q_sl, q_nope)
-    rows_pe = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LD_PE))
-    q_pe = gl.load(Q + rows_pe[:, None].to(gl.int64) * (D_NOPE + D_PE) + D_NOPE
-                   + gl.arange(0, D_PE, layout=gl.SliceLayout(0, LD_PE))[None, :],
-                   mask=(rows_pe < n_rows)[:, None], other=0.0)
-    qpe_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, D_PE], qpe_sl, q_pe)
-    kv_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_NOPE], kv_sl)
-    pe_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_PE], pe_sl)
-    p_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], p_sl)
-
-    start = pid_s * tokens_per_split
-    end = gl.minimum(start + tokens_per_split, n_kv)
-    n_iter = gl.cdiv(gl.maximum(end - start, 0), BLOCK_N)
-
-    rows_s = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=ROW_S)
-    draft_row = rows_s // n_heads
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=ROW_S)
-    l_i = gl.zeros([BLOCK_M], gl.float32, layout=ROW_S)
-    acc = gl.zeros([BLOCK_M, D_NOPE], gl.float32, layout=O_L)
-
-    # prologue: the first STAGES - 1 tiles in flight
-    for k in gl.static_range(STAGES - 1):
-        if k < n_iter:
-            _issue_tile(KV, TOKEN_TABLE, kv_smem.index(k), pe_smem.index(k), start + k * BLOCK_N, end, stride_kv,
-                        BLOCK_N, D_NOPE, D_PE, LD, LD_PE)
-    for it in range(0, n_iter):
-        # every warp is done with the buffer the next copy overwrites (read by tile it - 1)
-        gl.thread_barrier()
-        nxt = it + STAGES - 1
-        if nxt < n_iter:
-            _issue_tile(KV, TOKEN_TABLE, kv_smem.index(nxt % STAGES), pe_smem.index(nxt % STAGES),
-                        start + nxt * BLOCK_N, end, stride_kv, BLOCK_N, D_NOPE, D_PE, LD, LD_PE)
-            async_copy.wait_group(STAGES - 1)
-        else:
-            async_copy.wait_group(0)
-        gl.thread_barrier()  # every thread's copies of tile `it` have landed
-        fence_async_shared()  # ... and are visible to the tensor cores' (async proxy) reads
-        buf = it % STAGES
-        k_tile = kv_smem.index(buf)
-        s = warpgroup_mma(q_smem, k_tile.permute((1, 0)), gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=S_L),
-                          use_acc=False)
-        s = warpgroup_mma(qpe_smem, pe_smem.index(buf).permute((1, 0)), s)
-        pos = start + it * BLOCK_N + gl.arange(0, BLOCK_N, layout=COL_S)
-        j = pos - n_prefix
-        tree = gl.load(MASK + draft_row[:, None] * n_draft + j[None, :],
-                       mask=(rows_s < n_rows)[:, None] & (pos < end)[None, :] & (j >= 0)[None, :], other=0)
-        visible = (pos < end)[None, :] & ((pos < n_prefix)[None, :] | (tree != 0))
-        s = gl.where(visible, s * qk_scale, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, 1))
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_use)
-        p = gl.exp2(s - m_use[:, None])
-        l_i = l_i * alpha + gl.sum(p, 1)
-        m_i = m_new
-        p_smem.store(p.to(dtype))
-        fence_async_shared()
-        gl.thread_barrier()  # P complete (both warpgroups' halves) before either reads it
-        acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
-        acc = warpgroup_mma(p_smem, k_tile.slice(0, D_NOPE, dim=1), acc)
-    async_copy.wait_group(0)
-
-    l_o = gl.convert_layout(l_i, ROW_O)
-    o = acc / gl.where(l_o > 0, l_o, 1.0)[:, None]
-    rows_o = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=ROW_O)
-    offs_v = gl.arange(0, D_NOPE, layout=gl.SliceLayout(0, O_L))
-    part_row = pid_s.to(gl.int64) * n_rows + rows_o
-    gl.store(O_PART + part_row[:, None] * D_NOPE + offs_v[None, :], o, mask=(rows_o < n_rows)[:, None])
-    lse = gl.where(l_i > 0, m_i + gl.log2(gl.where(l_i > 0, l_i, 1.0)), float("-inf"))
-    gl.store(LSE_PART + pid_s.to(gl.int64) * n_rows + rows_s, lse, mask=rows_s < n_rows)
-
-
-@gluon.jit
 def _issue_slots(KV, kv_buf, pe_buf, slot, slot_pe, ok, ok_pe, stride_kv,
                  D_NOPE: gl.constexpr, D_PE: gl.constexpr, LD: gl.constexpr, LD_PE: gl.constexpr):
     """cp.async of the rows at ``slot`` / ``slot_pe`` (token indices already in registers) into kv_buf / pe_buf."""
@@ -169,16 +49,17 @@ def _issue_slots(KV, kv_buf, pe_buf, slot, slot_pe, ok, ok_pe, stride_kv,
 
 
 @gluon.jit
-def _gl_partial_kernel_ov(Q, KV, TOKEN_TABLE, MASK, O_PART, LSE_PART,
+def _gl_partial_kernel(Q, KV, TOKEN_TABLE, MASK, O_PART, LSE_PART,
                           qk_scale, n_prefix, n_kv, n_draft, n_heads, n_rows, tokens_per_split, stride_kv,
                           BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                           D_NOPE: gl.constexpr, D_PE: gl.constexpr, num_warps: gl.constexpr,
-                          PV_ACROSS: gl.constexpr = True, EARLY_COPY: gl.constexpr = False):
-    """_gl_partial_kernel with the products overlapped (run 11): both wgmmas asynchronous, tile i's P V still running
-    while tile i + 1's scores are issued (``PV_ACROSS``; ptxas reports C7514 and serializes the wgmmas for it: with
-    PV_ACROSS False the P V is waited for in its own iteration, which ptxas keeps asynchronous); the token indices of
-    the next copy loaded an iteration ahead; the ring's next copy issued once both warpgroups are done with the buffer
-    it overwrites. ``EARLY_COPY`` (only with PV_ACROSS False, run 14): that copy is issued right after the barrier that
+                          PV_ACROSS: gl.constexpr = False, EARLY_COPY: gl.constexpr = False):
+    """The partial kernel (module doc). Both wgmmas asynchronous; with ``PV_ACROSS`` (run 11) tile i's P V is still
+    running while tile i + 1's scores are issued, but ptxas reports C7514 for it and serializes the wgmmas; with
+    PV_ACROSS False (run 12, the default) each P V is waited for in its own iteration, which ptxas keeps asynchronous.
+    The token indices of the next copy are loaded an iteration ahead; the ring's next copy is issued once both
+    warpgroups are done with the buffer it overwrites. (Run 10's synchronous kernel, slower than split_p1, is at commit
+    991aa20.) ``EARLY_COPY`` (only with PV_ACROSS False, run 14): that copy is issued right after the barrier that
     opens the iteration (every warpgroup has waited for the last P V by then), one CTA barrier per tile fewer."""
     pid_m = gl.program_id(0)
     pid_s = gl.program_id(1)
@@ -296,8 +177,7 @@ def _gl_partial_kernel_ov(Q, KV, TOKEN_TABLE, MASK, O_PART, LSE_PART,
 
 
 def split_kv_gluon(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 64, stages: int = 2,
-                   num_sms: int | None = None, overlap: bool = False, pv_across: bool = True,
-                   early_copy: bool = False) -> torch.Tensor:
+                   num_sms: int | None = None, pv_across: bool = False, early_copy: bool = False) -> torch.Tensor:
     """Split-KV verify attention with the Gluon partial kernel and triton_splitkv's merge; writes ``out`` [T, H, 512]."""
     from specdiag.kernels.triton_splitkv import merge_partials, sm_count  # noqa: PLC0415
 
@@ -306,8 +186,8 @@ def split_kv_gluon(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 64, s
         raise ValueError("split_kv_gluon runs on CUDA (sm_90) only; on the CPU use split_kv_torch")
     if not (q.is_contiguous() and q.shape[-1] == D_QK and cache.shape[-1] == D_QK and cache.stride(1) == 1):
         raise ValueError("split_kv_gluon needs contiguous q [T, H, 576] and cache rows [pool, 576]")
-    if early_copy and (not overlap or pv_across):
-        raise ValueError("early_copy needs overlap=True and pv_across=False (the P V waited for in its own iteration)")
+    if early_copy and pv_across:
+        raise ValueError("early_copy needs pv_across=False (each P V waited for in its own iteration)")
     if q.dtype != cache.dtype:
         raise ValueError(f"split_kv_gluon needs q and the cache in one dtype; got {q.dtype} and {cache.dtype}")
     T, H = inputs.draft_tokens, inputs.heads
@@ -316,19 +196,18 @@ def split_kv_gluon(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 64, s
     plan = plan_splits(rows, n_kv, cfg, num_sms or sm_count(q.device.index or 0))
     o_part = torch.empty(plan.n_splits, rows, D_V, device=q.device, dtype=torch.float32)
     lse_part = torch.empty(plan.n_splits, rows, device=q.device, dtype=torch.float32)
-    kernel = _gl_partial_kernel_ov if overlap else _gl_partial_kernel
-    kernel[(plan.n_tiles, plan.n_splits)](
+    _gl_partial_kernel[(plan.n_tiles, plan.n_splits)](
         q, cache, inputs.token_table, inputs.mask_u8, o_part, lse_part,
         inputs.sm_scale * LOG2E, inputs.n_prefix, n_kv, T, H, rows, plan.tokens_per_split, cache.stride(0),
         BLOCK_M=GLUON_BLOCK_M, BLOCK_N=block_n, STAGES=stages, D_NOPE=D_NOPE, D_PE=D_PE,
-        num_warps=GLUON_NUM_WARPS, **({"PV_ACROSS": pv_across, "EARLY_COPY": early_copy} if overlap else {}),
+        num_warps=GLUON_NUM_WARPS, PV_ACROSS=pv_across, EARLY_COPY=early_copy,
     )
     merge_partials(o_part, lse_part, out.view(rows, D_V), cfg)
     return out
 
 
-def compile_sm90(block_n: int = 64, stages: int = 2, dtype: str = "bf16", overlap: bool = False,
-                 pv_across: bool = True, early_copy: bool = False) -> "triton.compiler.CompiledKernel":
+def compile_sm90(block_n: int = 64, stages: int = 2, dtype: str = "bf16", pv_across: bool = False,
+                 early_copy: bool = False) -> "triton.compiler.CompiledKernel":
     """The partial kernel compiled ahead of time for sm_90 (no GPU needed): for tests and the compile report."""
     from triton.backends.compiler import GPUTarget  # noqa: PLC0415
     from triton.experimental.gluon._runtime import GluonASTSource  # noqa: PLC0415
@@ -337,11 +216,9 @@ def compile_sm90(block_n: int = 64, stages: int = 2, dtype: str = "bf16", overla
            "LSE_PART": "*fp32", "qk_scale": "fp32", "n_prefix": "i32", "n_kv": "i32", "n_draft": "i32",
            "n_heads": "i32", "n_rows": "i32", "tokens_per_split": "i32", "stride_kv": "i32"}
     const = {"BLOCK_M": GLUON_BLOCK_M, "BLOCK_N": block_n, "STAGES": stages, "D_NOPE": D_NOPE, "D_PE": D_PE,
-             "num_warps": GLUON_NUM_WARPS,
-             **({"PV_ACROSS": pv_across, "EARLY_COPY": early_copy} if overlap else {})}
+             "num_warps": GLUON_NUM_WARPS, "PV_ACROSS": pv_across, "EARLY_COPY": early_copy}
     sig.update({k: "constexpr" for k in const})
     attrs = {(i,): [["tt.divisibility", 16]] for i, k in enumerate(sig) if k in ("Q", "KV", "TOKEN_TABLE", "O_PART",
                                                                                  "LSE_PART", "stride_kv")}
-    kernel = _gl_partial_kernel_ov if overlap else _gl_partial_kernel
-    return triton.compile(GluonASTSource(kernel, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
+    return triton.compile(GluonASTSource(_gl_partial_kernel, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": GLUON_NUM_WARPS})
