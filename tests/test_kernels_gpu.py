@@ -22,6 +22,17 @@ SHAPES = [
 ]
 
 
+def _check_arms_twice(shape: VerifyShape, names: tuple[str, ...]) -> None:
+    """Each kernel variant of ``names`` on ``shape``: correct (rel. error <= 1e-2 vs fp32) and every row written, on
+    two calls in a row (state left by the first call, e.g. counters or a scratch, would show on the second)."""
+    inputs = make_inputs(shape, device="cuda", seed=shape.context_tokens)
+    ref = reference_verify(inputs)
+    for name in names:
+        for attempt in range(2):
+            res = check_once(name, inputs, ref, None, tol=1e-2)
+            assert res["unwritten"] == 0 and res["rel_err"] <= 1e-2, f"{name} call {attempt}: {res}"
+
+
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"P{s.context_tokens}-H{s.heads}-T{s.draft_tokens}-{s.layout}")
 def test_triton_kernels_match_reference(shape: VerifyShape) -> None:
     inputs = make_inputs(shape, device="cuda", seed=shape.context_tokens)
@@ -95,12 +106,7 @@ def test_run6_tile64_arms_match_reference(shape: VerifyShape) -> None:
     """Run 6's arms (split_p1 with 32-token tiles and 5 stages at 64-row tiles, and the same with the scores once per
     tile): correct and every row written, twice. What the interpreter cannot check: the three buffers and async_wait 4,
     and qk_once's inline bar.sync / ld.relaxed.cta ordering of the scratch (a race would show as a wrong result)."""
-    inputs = make_inputs(shape, device="cuda", seed=shape.context_tokens)
-    ref = reference_verify(inputs)
-    for name in ("split_n32s5_p1", "split_qk1_p1"):
-        for attempt in range(2):
-            res = check_once(name, inputs, ref, None, tol=1e-2)
-            assert res["unwritten"] == 0 and res["rel_err"] <= 1e-2, f"{name} call {attempt}: {res}"
+    _check_arms_twice(shape, ("split_n32s5_p1", "split_qk1_p1"))
 
 
 @pytest.mark.parametrize("shape", [VerifyShape(4096, 8, 8, "shuffled_p1"), VerifyShape(3001, 5, 8, "contiguous"),
@@ -110,12 +116,7 @@ def test_run7_arms_match_reference(shape: VerifyShape) -> None:
     """Run 7's arms: the merge as a programmatic dependent launch (its griddepcontrol.wait must see every partial: a
     merge that ran early would read stale partials, a wrong result), and h8T8-like rows in 32- and 16-row tiles;
     correct and every row written, twice."""
-    inputs = make_inputs(shape, device="cuda", seed=shape.context_tokens)
-    ref = reference_verify(inputs)
-    for name in ("split_pdl_p1", "split_m32_p1", "split_m16_p1"):
-        for attempt in range(2):
-            res = check_once(name, inputs, ref, None, tol=1e-2)
-            assert res["unwritten"] == 0 and res["rel_err"] <= 1e-2, f"{name} call {attempt}: {res}"
+    _check_arms_twice(shape, ("split_pdl_p1", "split_m32_p1", "split_m16_p1"))
 
 
 def test_run7_anatomy_measures_every_part() -> None:
@@ -141,12 +142,7 @@ def test_run7_anatomy_measures_every_part() -> None:
 def test_run8_compute_arms_match_reference(shape: VerifyShape) -> None:
     """Run 8's arms on compute-bound shapes (several 64-row tiles): 32-token tiles with 5 stages, and the same with the
     scores once per tile (qk_once's inline bar.sync ordering, now with several row tiles per split); twice each."""
-    inputs = make_inputs(shape, device="cuda", seed=shape.context_tokens)
-    ref = reference_verify(inputs)
-    for name in ("split_n32c_p1", "split_qk1c_p1"):
-        for attempt in range(2):
-            res = check_once(name, inputs, ref, None, tol=1e-2)
-            assert res["unwritten"] == 0 and res["rel_err"] <= 1e-2, f"{name} call {attempt}: {res}"
+    _check_arms_twice(shape, ("split_n32c_p1", "split_qk1c_p1"))
 
 
 def test_profile_kernels_sees_both_launches_of_a_split_call() -> None:
@@ -168,12 +164,9 @@ def test_profile_kernels_sees_both_launches_of_a_split_call() -> None:
                                    VerifyShape(131072, 8, 8, "shuffled_p1")],
                          ids=lambda s: f"run10-P{s.context_tokens}-H{s.heads}-T{s.draft_tokens}-{s.layout}")
 def test_run10_gluon_kernel_matches_reference(shape: VerifyShape) -> None:
-    """The Gluon partial kernel (both tiles, both waits for P V, the early copy): tree masks, partial row tiles, several row tiles, a prefix that is not a
-    multiple of the KV tile, one draft token; correct and every row written, twice (a missing barrier between the
-    cp.async ring, the two warpgroups' halves of P and the tensor cores' reads would show as a wrong result)."""
-    inputs = make_inputs(shape, device="cuda", seed=shape.context_tokens)
-    ref = reference_verify(inputs)
-    for name in ("split_glo_p1", "split_glo32_p1", "split_glw_p1", "split_glw32_p1", "split_auto_p1", "split_glx_p1"):
-        for attempt in range(2):
-            res = check_once(name, inputs, ref, None, tol=1e-2)
-            assert res["unwritten"] == 0 and res["rel_err"] <= 1e-2, f"{name} call {attempt}: {res}"
+    """The Gluon partial kernel (both tiles, both waits for P V, the early copy): tree masks, partial row tiles,
+    several row tiles, a prefix that is not a multiple of the KV tile, one draft token; correct and every row written,
+    twice (a missing barrier between the cp.async ring, the two warpgroups' halves of P and the tensor cores' reads
+    would show as a wrong result)."""
+    _check_arms_twice(shape, ("split_glo_p1", "split_glo32_p1", "split_glw_p1", "split_glw32_p1", "split_auto_p1",
+                              "split_glx_p1"))
