@@ -114,3 +114,49 @@ def test_ptxas_serializes_the_wgmmas_only_when_p_v_crosses_iterations() -> None:
         assert res.returncode == 0, res.stderr[-2000:]
         seen[across] = "C7514" in res.stderr + res.stdout
     assert seen == {True: True, False: False}
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed here")
+def test_warp_specialized_kernel_compiles_for_sm90_as_designed() -> None:
+    """Run 15's kernel (gluon_ws) for sm_90: two partitions of one warpgroup each; warpgroup 0's scores as whole-tile
+    m64n64k16 wgmmas (36 per tile: no score computed twice, no cross-warpgroup reduction), both halves of P V as
+    m64n256k16 (4 each), warpgroup 0's with P from registers; the cp.async copies arrive on the ring's mbarriers
+    (.noinc: one arrival per copying thread); no spill, no serialized wgmma (C7514), shared memory under the limit."""
+    import tempfile
+    from pathlib import Path
+
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    from specdiag.kernels.gluon_ws import compile_sm90
+
+    k = compile_sm90()
+    assert 0 < k.metadata.shared <= SHARED_LIMIT_SM90, k.metadata.shared
+    assert k.metadata.num_warps == 8
+    ptx = k.asm["ptx"]
+    shapes = collections.Counter(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx))
+    assert shapes == {"m64n64k16": 36, "m64n256k16": 8}, shapes
+    # P from registers: the A operand of warpgroup 0's P V is a register list, not a shared-memory descriptor
+    assert len(re.findall(r"m64n256k16\.f32\.bf16\.bf16 \{[^}]*\}, \{%r\d+,%r\d+,%r\d+,%r\d+\}", ptx)) == 4
+    assert ptx.count("cp.async.mbarrier.arrive.noinc") >= 2 and "setmaxnreg" in ptx
+    assert "bar.sync \t0, 128" in ptx and "bar.sync \t2, 128" in ptx  # each partition's own named barrier
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "k.ptx").write_text(ptx)
+        res = subprocess.run([get_ptxas(90).path, "-v", "-arch=sm_90a", str(Path(tmp) / "k.ptx"), "-o",
+                              str(Path(tmp) / "k.cubin")], capture_output=True, text=True)
+    spills = [int(m) for m in re.findall(r"(\d+) bytes spill stores", res.stderr + res.stdout)]
+    assert res.returncode == 0 and spills == [0] and "C7514" not in res.stderr + res.stdout, res.stderr[-2000:]
+
+
+def test_warp_specialized_variant_resolves_and_falls_back_on_the_cpu() -> None:
+    assert KERNEL_VARIANTS["split_gws_p1"].impl == "gluon_ws"
+    for rows in (8, 64, 1024):
+        assert resolve_config("split_gws_p1", rows) == gluon_config(64, 2)
+    x = make_inputs(VerifyShape(300, 4, 4, "shuffled_p1"), seed=3)
+    out = x.out_like()
+    run_variant("split_gws_p1", x, out)
+    assert relative_error(out, reference_verify(x)) < 1e-2
+    pytest.importorskip("triton.experimental.gluon")
+    from specdiag.kernels.gluon_ws import split_kv_gluon_ws
+
+    with pytest.raises(ValueError, match="CUDA"):
+        split_kv_gluon_ws(x, x.out_like())

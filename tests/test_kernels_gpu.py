@@ -158,10 +158,13 @@ def test_profile_kernels_sees_both_launches_of_a_split_call() -> None:
     assert 0 < prof["prof_busy_us"] <= prof["prof_span_us"] < 1e4
 
 
-@pytest.mark.parametrize("shape", [VerifyShape(4096, 8, 8, "shuffled_p1"), VerifyShape(3001, 5, 8, "contiguous"),
-                                   VerifyShape(777, 8, 16, "contiguous"), VerifyShape(20000, 16, 16, "shuffled_p1"),
-                                   VerifyShape(5000, 128, 8, "shuffled_b64"), VerifyShape(20000, 8, 1, "shuffled_p1"),
-                                   VerifyShape(131072, 8, 8, "shuffled_p1")],
+GLUON_SHAPES = [VerifyShape(4096, 8, 8, "shuffled_p1"), VerifyShape(3001, 5, 8, "contiguous"),
+                VerifyShape(777, 8, 16, "contiguous"), VerifyShape(20000, 16, 16, "shuffled_p1"),
+                VerifyShape(5000, 128, 8, "shuffled_b64"), VerifyShape(20000, 8, 1, "shuffled_p1"),
+                VerifyShape(131072, 8, 8, "shuffled_p1")]
+
+
+@pytest.mark.parametrize("shape", GLUON_SHAPES,
                          ids=lambda s: f"run10-P{s.context_tokens}-H{s.heads}-T{s.draft_tokens}-{s.layout}")
 def test_run10_gluon_kernel_matches_reference(shape: VerifyShape) -> None:
     """The Gluon partial kernel (both tiles, both waits for P V, the early copy): tree masks, partial row tiles,
@@ -170,3 +173,12 @@ def test_run10_gluon_kernel_matches_reference(shape: VerifyShape) -> None:
     would show as a wrong result)."""
     _check_arms_twice(shape, ("split_glo_p1", "split_glo32_p1", "split_glw_p1", "split_glw32_p1", "split_auto_p1",
                               "split_glx_p1"))
+
+
+@pytest.mark.parametrize("shape", GLUON_SHAPES + [VerifyShape(100, 8, 8, "contiguous")],
+                         ids=lambda s: f"run15-P{s.context_tokens}-H{s.heads}-T{s.draft_tokens}-{s.layout}")
+def test_run15_warp_specialized_kernel_matches_reference(shape: VerifyShape) -> None:
+    """The warp-specialized Gluon kernel on the run-10 shapes, and one whose split holds two tiles (100 tokens: the
+    copy partition's refill branch never taken): a wrong mbarrier phase shows as a hang (the gate's timeout) or a wrong
+    result, a missing fence as a wrong result; correct and every row written, twice."""
+    _check_arms_twice(shape, ("split_gws_p1",))

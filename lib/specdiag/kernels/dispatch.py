@@ -11,7 +11,10 @@ launch; ``split_m32_p1`` / ``split_m16_p1`` cut the 33-128 rows of h8T8 into 32-
 ``split_n32c_p1`` / ``split_qk1c_p1`` give the compute-bound shapes (over 128 rows) 32-token tiles with 5 stages, the
 second with the scores once per tile. Runs 11-12: the partial kernel written in Gluon (gluon_splitkv), the scores
 computed once across the two warpgroups: ``split_glo*`` lets each tile's P V run into the next iteration,
-``split_glw*`` waits for it in its own iteration (run 12: the fastest of ours from 33 rows on). ``split_auto_p1``: split_p1 up to 32 rows, split_glw_p1 above. On CUDA the Triton kernels run; on the CPU the
+``split_glw*`` waits for it in its own iteration (run 12: the fastest of ours from 33 rows on). ``split_auto_p1``:
+split_p1 up to 32 rows, split_glw_p1 above. Run 15: ``split_gws_p1``, the partial kernel with warp-specialized
+warpgroups (gluon_ws: one computes the scores, the softmax and half of P V, the other copies the KV and does the other
+half; they meet at mbarriers). On CUDA the Triton kernels run; on the CPU the
 torch fallbacks of the same designs (reference.py) run, so tests and CI exercise the same code paths
 around them.
 """
@@ -42,9 +45,11 @@ class KernelVariant:
     overrides64: tuple[tuple[str, Any], ...] = ()
     #: split_kv only: fields replaced over 128 rows only (compute-bound shapes: several 64-row tiles; run 8's arms)
     overrides_many: tuple[tuple[str, Any], ...] = ()
-    #: split_kv only: "triton" (triton_splitkv) or "gluon" (gluon_splitkv: the scores once, two warpgroups; run 10)
+    #: split_kv only: "triton" (triton_splitkv), "gluon" (gluon_splitkv: the scores once, two warpgroups in lockstep;
+    #: run 10) or "gluon_ws" (gluon_ws: warpgroup 0 scores, softmax and half of P V, warpgroup 1 the copies and the
+    #: other half, meeting at mbarriers; run 15)
     impl: str = "triton"
-    #: impl "gluon" only: (tokens per KV tile, tiles in the ring)
+    #: impl "gluon" / "gluon_ws" only: (tokens per KV tile, tiles in the ring)
     gluon_tile: tuple[int, int] = (64, 2)
     #: impl "gluon" only: True lets each tile's P V run into the next iteration (run 11; ptxas C7514 serializes it),
     #: False waits for it in its own iteration (run 12)
@@ -102,6 +107,8 @@ KERNEL_VARIANTS: dict[str, KernelVariant] = {
     "split_glw32_p1": KernelVariant("split_glw32_p1", "split_kv", 1, impl="gluon", gluon_tile=(32, 4)),
     # run 13: the fastest of ours per shape as runs 5-12 measured it: split_p1 (Triton, 16/32-row tiles, two
     # programs per SM) up to 32 rows, split_glw_p1 (Gluon, 64-row tiles, the scores once) from 33 rows on
+    # run 15: the warp-specialized Gluon kernel (gluon_ws, FlashMLA's division of work between the warpgroups)
+    "split_gws_p1": KernelVariant("split_gws_p1", "split_kv", 1, impl="gluon_ws", gluon_tile=(64, 2)),
     "split_auto_p1": KernelVariant("split_auto_p1", "split_kv", 1, impl="auto", gluon_tile=(64, 2)),
 }
 
@@ -119,7 +126,7 @@ def resolve_config(name: str, rows: int, config: Optional[Any] = None) -> Option
     """The launch configuration variant ``name`` runs with at ``rows`` packed rows: ``config`` when given (tuning),
     else the variant's own 64-row tile (splitkv_plan.tile64_config) where it has one, else None (the default)."""
     v = variant(name)
-    if v.impl == "gluon" or (v.impl == "auto" and rows >= AUTO_GLUON_MIN_ROWS):
+    if v.impl in ("gluon", "gluon_ws") or (v.impl == "auto" and rows >= AUTO_GLUON_MIN_ROWS):
         from specdiag.kernels.splitkv_plan import gluon_config  # noqa: PLC0415
 
         return gluon_config(*v.gluon_tile)
@@ -164,6 +171,10 @@ def run_variant(name: str, inputs: VerifyInputs, out: torch.Tensor, config: Opti
             from specdiag.kernels.triton_baseline import baseline_triton  # noqa: PLC0415
 
             return baseline_triton(inputs, out)
+        if v.impl == "gluon_ws":
+            from specdiag.kernels.gluon_ws import split_kv_gluon_ws  # noqa: PLC0415
+
+            return split_kv_gluon_ws(inputs, out, block_n=config.block_n, stages=config.num_stages)
         if v.impl == "gluon" or (v.impl == "auto" and inputs.heads * inputs.draft_tokens >= AUTO_GLUON_MIN_ROWS):
             from specdiag.kernels.gluon_splitkv import split_kv_gluon  # noqa: PLC0415
 

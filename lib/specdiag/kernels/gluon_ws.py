@@ -1,0 +1,275 @@
+"""Split-KV MLA verify attention in Gluon with warp-specialized warpgroups (FlashMLA's division of work, issue 13).
+
+Why (docs/kernel-notes.md, "Run 15 (planned)"): the lockstep Gluon kernel (gluon_splitkv) computes each tile's scores
+split by keys between its two warpgroups (m64n32 wgmmas, both re-reading Q from shared memory), reduces the row max
+and sum across them through shared memory, and idles the tensor cores through every softmax and CTA barrier: 3.2 us
+per 64-token tile at 1,024 rows where its 8.9 MFLOP take 1.5 us at the measured matmul rate. Here the two warpgroups
+do different work and meet only at mbarriers:
+
+- **warpgroup 0** (the default partition, ``_softmax_partition``): the whole tile's scores S = Q K^T (m64n64k16, Q and
+  K from shared memory), the mask and the online softmax inside the warpgroup (no cross-warpgroup reduction), P
+  (bf16) and the rescale factor to shared memory, then O[:, :256] += P V[:, :256] with P from registers;
+- **warpgroup 1** (the worker, ``_pv_loader_partition``): the token-table gather of every KV tile with ``cp.async``
+  into a ring of STAGES buffers (each copy arrives on the buffer's mbarrier when it lands), and
+  O[:, 256:] += P V[:, 256:] with P from shared memory.
+
+So warpgroup 1's P V of tile i runs on the tensor cores while warpgroup 0 computes the scores and the softmax of
+tile i + 1, and each KV copy is in flight for a whole tile. Barriers (all in shared memory): ``kv_ready[s]`` (the
+copy into buffer s landed; 128 arrivals, one per worker thread), ``kv_free[s]`` (warpgroup 0 is done with buffer
+s), ``p_ready`` / ``p_free`` (P and the rescale factors written / read), ``l_ready`` (the row sums for the worker's
+normalization). Partials (normalized, fp32) and base-2 LSE per split as gluon_splitkv; the merge is triton_splitkv's.
+
+Chain or tree drafts, page_size 1 (token table), bf16 or fp16. CUDA sm_90 only: the CPU test compiles it for sm_90.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
+                                                              warpgroup_mma_wait)
+
+from specdiag.kernels.mla import D_NOPE, D_PE, D_QK, D_V, VerifyInputs
+from specdiag.kernels.splitkv_plan import GLUON_BLOCK_M, gluon_config, plan_splits
+
+LOG2E = 1.4426950408889634
+#: warps of each partition (one warpgroup each) and the worker's register budget per thread (its 64 x 256 fp32
+#: accumulator is 128 of them); the default partition gets the rest of the kernel's
+WS_PARTITION_WARPS = 4
+WS_WORKER_REGS = 232
+D_HALF = 256  # value dims per warpgroup
+
+
+@gluon.jit
+def _issue_tile(KV, TOKEN_TABLE, kv_buf, pe_buf, pos0, end, stride_kv,
+                BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_PE: gl.constexpr, LD: gl.constexpr,
+                LD_PE: gl.constexpr):
+    """cp.async of the cache rows of tokens pos0 .. pos0 + BLOCK_N - 1 (through the token table; none past ``end``)."""
+    pos = pos0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LD))
+    slot = gl.load(TOKEN_TABLE + pos, mask=pos < end, other=0).to(gl.int64)
+    offs_d = gl.arange(0, D_NOPE, layout=gl.SliceLayout(0, LD))
+    async_copy.async_copy_global_to_shared(kv_buf, KV + slot[:, None] * stride_kv + offs_d[None, :],
+                                           mask=(pos < end)[:, None])
+    pos_pe = pos0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LD_PE))
+    slot_pe = gl.load(TOKEN_TABLE + pos_pe, mask=pos_pe < end, other=0).to(gl.int64)
+    offs_pe = D_NOPE + gl.arange(0, D_PE, layout=gl.SliceLayout(0, LD_PE))
+    async_copy.async_copy_global_to_shared(pe_buf, KV + slot_pe[:, None] * stride_kv + offs_pe[None, :],
+                                           mask=(pos_pe < end)[:, None])
+
+
+@gluon.jit
+def _softmax_partition(q_smem, qpe_smem, kv_smem, pe_smem, p_smem, row_smem, kv_ready, kv_free, p_ready, p_free,
+                       l_ready, MASK, O_PART, LSE_PART, qk_scale, n_prefix, n_draft, n_heads, n_rows, start, end,
+                       n_iter, pid_m, pid_s,
+                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, D_NOPE: gl.constexpr,
+                       D_HALF: gl.constexpr, WARPS: gl.constexpr):
+    """Warpgroup 0: scores, softmax, P and the rescale factors to the worker, the first half of O (module doc)."""
+    dtype: gl.constexpr = p_smem.dtype
+    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+                                                  instr_shape=[16, BLOCK_N, 16])
+    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+                                                  instr_shape=[16, D_HALF, 16])
+    A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
+    ROW_S: gl.constexpr = gl.SliceLayout(1, S_L)
+    COL_S: gl.constexpr = gl.SliceLayout(0, S_L)
+    ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
+
+    rows_s = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=ROW_S)
+    draft_row = rows_s // n_heads
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=ROW_S)
+    l_i = gl.zeros([BLOCK_M], gl.float32, layout=ROW_S)
+    acc = gl.zeros([BLOCK_M, D_HALF], gl.float32, layout=O_L)
+    for it in range(0, n_iter):
+        buf = it % STAGES
+        mbarrier.wait(kv_ready.index(buf), (it // STAGES) & 1)
+        fence_async_shared()  # the cp.async writes, visible to the tensor cores
+        k_tile = kv_smem.index(buf)
+        s = warpgroup_mma(q_smem, k_tile.permute((1, 0)), gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=S_L),
+                          use_acc=False, is_async=True)
+        s = warpgroup_mma(qpe_smem, pe_smem.index(buf).permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+        kpos = start + it * BLOCK_N + gl.arange(0, BLOCK_N, layout=COL_S)
+        j = kpos - n_prefix
+        tree = gl.load(MASK + draft_row[:, None] * n_draft + j[None, :],
+                       mask=(rows_s < n_rows)[:, None] & (kpos < end)[None, :] & (j >= 0)[None, :], other=0)
+        visible = (kpos < end)[None, :] & ((kpos < n_prefix)[None, :] | (tree != 0))
+        s = gl.where(visible, s * qk_scale, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 1))
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_use)
+        p = gl.exp2(s - m_use[:, None]).to(dtype)
+        l_i = l_i * alpha + gl.sum(p.to(gl.float32), 1)
+        m_i = m_new
+        mbarrier.wait(p_free, (it & 1) ^ 1)  # the worker has read P and the factors of tile it - 1
+        p_smem.store(p)
+        row_smem.store(alpha)
+        fence_async_shared()  # P visible to the worker's tensor cores
+        gl.thread_barrier()  # ... every thread's part of it, before the one arrival
+        mbarrier.arrive(p_ready, count=1)
+        acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
+        acc = warpgroup_mma(gl.convert_layout(p, A_L), k_tile.slice(0, D_HALF, dim=1), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        mbarrier.arrive(kv_free.index(buf), count=1)  # this warpgroup is done with the buffer
+
+    mbarrier.wait(p_free, (n_iter & 1) ^ 1)  # the worker has read the last factors: the row sums go where they were
+    row_smem.store(l_i)
+    gl.thread_barrier()
+    mbarrier.arrive(l_ready, count=1)
+    l_o = gl.convert_layout(l_i, ROW_O)
+    o = acc / gl.where(l_o > 0, l_o, 1.0)[:, None]
+    rows_o = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=ROW_O)
+    offs_v = gl.arange(0, D_HALF, layout=gl.SliceLayout(0, O_L))
+    part_row = pid_s.to(gl.int64) * n_rows + rows_o
+    gl.store(O_PART + part_row[:, None] * (2 * D_HALF) + offs_v[None, :], o, mask=(rows_o < n_rows)[:, None])
+    lse = gl.where(l_i > 0, m_i + gl.log2(gl.where(l_i > 0, l_i, 1.0)), float("-inf"))
+    gl.store(LSE_PART + pid_s.to(gl.int64) * n_rows + rows_s, lse, mask=rows_s < n_rows)
+
+
+@gluon.jit
+def _pv_loader_partition(kv_smem, pe_smem, p_smem, row_smem, kv_ready, kv_free, p_ready, p_free, l_ready, KV,
+                         TOKEN_TABLE, O_PART, n_rows, start, end, n_iter, pid_m, pid_s, stride_kv,
+                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, D_NOPE: gl.constexpr,
+                         D_PE: gl.constexpr, D_HALF: gl.constexpr, WARPS: gl.constexpr):
+    """Warpgroup 1: every KV tile's copy into the ring, and the second half of O (module doc)."""
+    LD: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [WARPS, 1], [1, 0])
+    LD_PE: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
+    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+                                                  instr_shape=[16, D_HALF, 16])
+    ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
+
+    for k in gl.static_range(STAGES):  # the first STAGES tiles (nothing past the split's end)
+        _issue_tile(KV, TOKEN_TABLE, kv_smem.index(k), pe_smem.index(k), start + k * BLOCK_N, end, stride_kv,
+                    BLOCK_N, D_NOPE, D_PE, LD, LD_PE)
+        async_copy.mbarrier_arrive(kv_ready.index(k), increment_count=False)
+    acc = gl.zeros([BLOCK_M, D_HALF], gl.float32, layout=O_L)
+    for it in range(0, n_iter):
+        buf = it % STAGES
+        mbarrier.wait(p_ready, it & 1)
+        alpha = row_smem.load(ROW_O)
+        acc = acc * alpha[:, None]
+        acc = warpgroup_mma(p_smem, kv_smem.index(buf).slice(D_HALF, D_HALF, dim=1), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        gl.thread_barrier()  # every thread's reads of P and the factors done
+        mbarrier.arrive(p_free, count=1)
+        if it + STAGES < n_iter:  # refill the buffer once warpgroup 0 is done with it too
+            mbarrier.wait(kv_free.index(buf), (it // STAGES) & 1)
+            _issue_tile(KV, TOKEN_TABLE, kv_smem.index(buf), pe_smem.index(buf), start + (it + STAGES) * BLOCK_N,
+                        end, stride_kv, BLOCK_N, D_NOPE, D_PE, LD, LD_PE)
+            async_copy.mbarrier_arrive(kv_ready.index(buf), increment_count=False)
+
+    mbarrier.wait(l_ready, 0)
+    l_o = row_smem.load(ROW_O)
+    o = acc / gl.where(l_o > 0, l_o, 1.0)[:, None]
+    rows_o = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=ROW_O)
+    offs_v = D_HALF + gl.arange(0, D_HALF, layout=gl.SliceLayout(0, O_L))
+    part_row = pid_s.to(gl.int64) * n_rows + rows_o
+    gl.store(O_PART + part_row[:, None] * (2 * D_HALF) + offs_v[None, :], o, mask=(rows_o < n_rows)[:, None])
+
+
+@gluon.jit
+def _ws_partial_kernel(Q, KV, TOKEN_TABLE, MASK, O_PART, LSE_PART,
+                       qk_scale, n_prefix, n_kv, n_draft, n_heads, n_rows, tokens_per_split, stride_kv,
+                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                       D_NOPE: gl.constexpr, D_PE: gl.constexpr, D_HALF: gl.constexpr, num_warps: gl.constexpr,
+                       WORKER_REGS: gl.constexpr):
+    """One program per (64-row tile, split): Q to shared memory, then the two partitions (module doc)."""
+    pid_m = gl.program_id(0)
+    pid_s = gl.program_id(1)
+    dtype: gl.constexpr = Q.dtype.element_ty
+    LD: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
+    LD_PE: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+    q_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, D_NOPE], dtype)
+    qpe_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, D_PE], dtype)
+    kv_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_NOPE], dtype)
+    pe_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_PE], dtype)
+    p_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype)
+    row_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
+
+    rows_ld = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LD))
+    q_nope = gl.load(Q + rows_ld[:, None].to(gl.int64) * (D_NOPE + D_PE)
+                     + gl.arange(0, D_NOPE, layout=gl.SliceLayout(0, LD))[None, :],
+                     mask=(rows_ld < n_rows)[:, None], other=0.0)
+    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, D_NOPE], q_sl, q_nope)
+    rows_pe = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LD_PE))
+    q_pe = gl.load(Q + rows_pe[:, None].to(gl.int64) * (D_NOPE + D_PE) + D_NOPE
+                   + gl.arange(0, D_PE, layout=gl.SliceLayout(0, LD_PE))[None, :],
+                   mask=(rows_pe < n_rows)[:, None], other=0.0)
+    qpe_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, D_PE], qpe_sl, q_pe)
+    kv_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_NOPE], kv_sl)
+    pe_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_PE], pe_sl)
+    p_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], p_sl)
+    row_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M], row_sl)
+    kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kv_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    p_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    p_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    l_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    for k in gl.static_range(STAGES):
+        mbarrier.init(kv_ready.index(k), count=32 * num_warps)  # one cp.async arrival per worker thread
+        mbarrier.init(kv_free.index(k), count=1)
+    mbarrier.init(p_ready, count=1)
+    mbarrier.init(p_free, count=1)
+    mbarrier.init(l_ready, count=1)
+    fence_async_shared()  # Q visible to the tensor cores
+    gl.thread_barrier()
+
+    start = pid_s * tokens_per_split
+    end = gl.minimum(start + tokens_per_split, n_kv)
+    n_iter = gl.cdiv(gl.maximum(end - start, 0), BLOCK_N)
+    gl.warp_specialize([
+        (_softmax_partition, (q_smem, qpe_smem, kv_smem, pe_smem, p_smem, row_smem, kv_ready, kv_free, p_ready,
+                              p_free, l_ready, MASK, O_PART, LSE_PART, qk_scale, n_prefix, n_draft, n_heads, n_rows,
+                              start, end, n_iter, pid_m, pid_s, BLOCK_M, BLOCK_N, STAGES, D_NOPE, D_HALF, num_warps)),
+        (_pv_loader_partition, (kv_smem, pe_smem, p_smem, row_smem, kv_ready, kv_free, p_ready, p_free, l_ready, KV,
+                                TOKEN_TABLE, O_PART, n_rows, start, end, n_iter, pid_m, pid_s, stride_kv, BLOCK_M,
+                                BLOCK_N, STAGES, D_NOPE, D_PE, D_HALF, num_warps)),
+    ], [num_warps], [WORKER_REGS])
+
+
+def split_kv_gluon_ws(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 64, stages: int = 2,
+                      num_sms: int | None = None) -> torch.Tensor:
+    """Split-KV verify attention with the warp-specialized partial kernel and triton_splitkv's merge; writes ``out``."""
+    from specdiag.kernels.triton_splitkv import merge_partials, sm_count  # noqa: PLC0415
+
+    q, cache = inputs.q, inputs.cache
+    if not q.is_cuda:
+        raise ValueError("split_kv_gluon_ws runs on CUDA (sm_90) only; on the CPU use split_kv_torch")
+    if not (q.is_contiguous() and q.shape[-1] == D_QK and cache.shape[-1] == D_QK and cache.stride(1) == 1):
+        raise ValueError("split_kv_gluon_ws needs contiguous q [T, H, 576] and cache rows [pool, 576]")
+    if q.dtype != cache.dtype:
+        raise ValueError(f"split_kv_gluon_ws needs q and the cache in one dtype; got {q.dtype} and {cache.dtype}")
+    T, H = inputs.draft_tokens, inputs.heads
+    rows, n_kv = T * H, inputs.n_kv
+    cfg = gluon_config(block_n, stages)
+    plan = plan_splits(rows, n_kv, cfg, num_sms or sm_count(q.device.index or 0))
+    o_part = torch.empty(plan.n_splits, rows, D_V, device=q.device, dtype=torch.float32)
+    lse_part = torch.empty(plan.n_splits, rows, device=q.device, dtype=torch.float32)
+    _ws_partial_kernel[(plan.n_tiles, plan.n_splits)](
+        q, cache, inputs.token_table, inputs.mask_u8, o_part, lse_part,
+        inputs.sm_scale * LOG2E, inputs.n_prefix, n_kv, T, H, rows, plan.tokens_per_split, cache.stride(0),
+        BLOCK_M=GLUON_BLOCK_M, BLOCK_N=block_n, STAGES=stages, D_NOPE=D_NOPE, D_PE=D_PE, D_HALF=D_HALF,
+        num_warps=WS_PARTITION_WARPS, WORKER_REGS=WS_WORKER_REGS,
+    )
+    merge_partials(o_part, lse_part, out.view(rows, D_V), cfg)
+    return out
+
+
+def compile_sm90(block_n: int = 64, stages: int = 2, dtype: str = "bf16",
+                 worker_regs: int = WS_WORKER_REGS) -> "triton.compiler.CompiledKernel":
+    """The partial kernel compiled ahead of time for sm_90 (no GPU needed): for tests and the compile report."""
+    from triton.backends.compiler import GPUTarget  # noqa: PLC0415
+    from triton.experimental.gluon._runtime import GluonASTSource  # noqa: PLC0415
+
+    sig = {"Q": f"*{dtype}", "KV": f"*{dtype}", "TOKEN_TABLE": "*i64", "MASK": "*u8", "O_PART": "*fp32",
+           "LSE_PART": "*fp32", "qk_scale": "fp32", "n_prefix": "i32", "n_kv": "i32", "n_draft": "i32",
+           "n_heads": "i32", "n_rows": "i32", "tokens_per_split": "i32", "stride_kv": "i32"}
+    const = {"BLOCK_M": GLUON_BLOCK_M, "BLOCK_N": block_n, "STAGES": stages, "D_NOPE": D_NOPE, "D_PE": D_PE,
+             "D_HALF": D_HALF, "num_warps": WS_PARTITION_WARPS, "WORKER_REGS": worker_regs}
+    sig.update({k: "constexpr" for k in const})
+    attrs = {(i,): [["tt.divisibility", 16]] for i, k in enumerate(sig) if k in ("Q", "KV", "TOKEN_TABLE", "O_PART",
+                                                                                 "LSE_PART", "stride_kv")}
+    return triton.compile(GluonASTSource(_ws_partial_kernel, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": WS_PARTITION_WARPS})
