@@ -117,11 +117,17 @@ def test_ptxas_serializes_the_wgmmas_only_when_p_v_crosses_iterations() -> None:
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed here")
-def test_warp_specialized_kernel_compiles_for_sm90_as_designed() -> None:
-    """Run 15's kernel (gluon_ws) for sm_90: two partitions of one warpgroup each; warpgroup 0's scores as whole-tile
-    m64n64k16 wgmmas (36 per tile: no score computed twice, no cross-warpgroup reduction), both halves of P V as
-    m64n256k16 (4 each), warpgroup 0's with P from registers; the cp.async copies arrive on the ring's mbarriers
-    (.noinc: one arrival per copying thread); no spill, no serialized wgmma (C7514), shared memory under the limit."""
+@pytest.mark.parametrize("block_n, stages, prefetch, overlap",
+                         [(64, 2, False, False), (64, 2, True, False), (64, 2, True, True), (32, 4, True, False),
+                          (32, 4, True, True)])
+def test_warp_specialized_kernel_compiles_for_sm90_as_designed(block_n: int, stages: int, prefetch: bool,
+                                                               overlap: bool) -> None:
+    """Runs 15-16's kernel (gluon_ws) for sm_90: two partitions of one warpgroup each; warpgroup 0's scores as
+    whole-tile m64nBLOCK_Nk16 wgmmas (36 per tile: no score computed twice, no cross-warpgroup reduction), both halves
+    of P V as m64n256k16, warpgroup 0's with P from registers; the cp.async copies arrive on the ring's mbarriers
+    (.noinc: one arrival per copying thread); no spill, no serialized wgmma (C7514), shared memory under the limit.
+    With the overlap the loop is peeled (tile 0's scores and the last tile's P V outside it: twice the score and P V
+    instructions in the code) and the scores are waited for with one P V left in flight."""
     import tempfile
     from pathlib import Path
 
@@ -129,14 +135,19 @@ def test_warp_specialized_kernel_compiles_for_sm90_as_designed() -> None:
 
     from specdiag.kernels.gluon_ws import compile_sm90
 
-    k = compile_sm90()
+    k = compile_sm90(block_n, stages, prefetch=prefetch, overlap=overlap)
     assert 0 < k.metadata.shared <= SHARED_LIMIT_SM90, k.metadata.shared
     assert k.metadata.num_warps == 8
     ptx = k.asm["ptx"]
     shapes = collections.Counter(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx))
-    assert shapes == {"m64n64k16": 36, "m64n256k16": 8}, shapes
+    copies = 2 if overlap else 1  # the peeled tile 0 / last P V
+    # P V: warpgroup 0's (block_n / 16 k-steps, per copy of the code) and the worker's
+    assert shapes == {f"m64n{block_n}k16": 36 * copies, "m64n256k16": (block_n // 16) * (copies + 1)}, shapes
     # P from registers: the A operand of warpgroup 0's P V is a register list, not a shared-memory descriptor
-    assert len(re.findall(r"m64n256k16\.f32\.bf16\.bf16 \{[^}]*\}, \{%r\d+,%r\d+,%r\d+,%r\d+\}", ptx)) == 4
+    rs = re.findall(r"m64n256k16\.f32\.bf16\.bf16 \{[^}]*\}, \{%r\d+,%r\d+,%r\d+,%r\d+\}", ptx)
+    assert len(rs) == (block_n // 16) * copies, len(rs)
+    assert shapes["m64n256k16"] == len(rs) + block_n // 16, shapes  # plus the worker's, from shared memory
+    assert ("wgmma.wait_group.sync.aligned 1" in ptx) == overlap
     assert ptx.count("cp.async.mbarrier.arrive.noinc") >= 2 and "setmaxnreg" in ptx
     assert "bar.sync \t0, 128" in ptx and "bar.sync \t2, 128" in ptx  # each partition's own named barrier
     with tempfile.TemporaryDirectory() as tmp:
@@ -147,14 +158,19 @@ def test_warp_specialized_kernel_compiles_for_sm90_as_designed() -> None:
     assert res.returncode == 0 and spills == [0] and "C7514" not in res.stderr + res.stdout, res.stderr[-2000:]
 
 
-def test_warp_specialized_variant_resolves_and_falls_back_on_the_cpu() -> None:
-    assert KERNEL_VARIANTS["split_gws_p1"].impl == "gluon_ws"
-    for rows in (8, 64, 1024):
-        assert resolve_config("split_gws_p1", rows) == gluon_config(64, 2)
+def test_warp_specialized_variants_resolve_and_fall_back_on_the_cpu() -> None:
+    tiles = {"split_gws_p1": (64, 2), "split_gwp_p1": (64, 2), "split_gwo_p1": (64, 2), "split_gwp32_p1": (32, 4),
+             "split_gwo32_p1": (32, 4)}
     x = make_inputs(VerifyShape(300, 4, 4, "shuffled_p1"), seed=3)
-    out = x.out_like()
-    run_variant("split_gws_p1", x, out)
-    assert relative_error(out, reference_verify(x)) < 1e-2
+    ref = reference_verify(x)
+    for name, tile in tiles.items():
+        assert KERNEL_VARIANTS[name].impl == "gluon_ws"
+        for rows in (8, 64, 1024):
+            assert resolve_config(name, rows) == gluon_config(*tile)
+        out = x.out_like()
+        run_variant(name, x, out)
+        assert relative_error(out, ref) < 1e-2
+    assert KERNEL_VARIANTS["split_gwo_p1"].gluon_overlap and not KERNEL_VARIANTS["split_gwp_p1"].gluon_overlap
     pytest.importorskip("triton.experimental.gluon")
     from specdiag.kernels.gluon_ws import split_kv_gluon_ws
 

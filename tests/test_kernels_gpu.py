@@ -178,7 +178,8 @@ def test_run10_gluon_kernel_matches_reference(shape: VerifyShape) -> None:
 @pytest.mark.parametrize("shape", GLUON_SHAPES + [VerifyShape(100, 8, 8, "contiguous")],
                          ids=lambda s: f"run15-P{s.context_tokens}-H{s.heads}-T{s.draft_tokens}-{s.layout}")
 def test_run15_warp_specialized_kernel_matches_reference(shape: VerifyShape) -> None:
-    """The warp-specialized Gluon kernel on the run-10 shapes, and one whose split holds two tiles (100 tokens: the
+    """The warp-specialized Gluon kernel (runs 15-16: prefetched token-table rows, the intra-warpgroup overlap,
+    32-token tiles) on the run-10 shapes, and one whose split holds two tiles (100 tokens: the
     copy partition's refill branch never taken): a wrong mbarrier phase shows as a hang (the gate's timeout) or a wrong
     result, a missing fence as a wrong result; correct and every row written, twice."""
-    _check_arms_twice(shape, ("split_gws_p1",))
+    _check_arms_twice(shape, ("split_gws_p1", "split_gwp_p1", "split_gwo_p1", "split_gwp32_p1", "split_gwo32_p1"))

@@ -14,7 +14,8 @@ computed once across the two warpgroups: ``split_glo*`` lets each tile's P V run
 ``split_glw*`` waits for it in its own iteration (run 12: the fastest of ours from 33 rows on). ``split_auto_p1``:
 split_p1 up to 32 rows, split_glw_p1 above. Run 15: ``split_gws_p1``, the partial kernel with warp-specialized
 warpgroups (gluon_ws: one computes the scores, the softmax and half of P V, the other copies the KV and does the other
-half; they meet at mbarriers). On CUDA the Triton kernels run; on the CPU the
+half; they meet at mbarriers). Run 16: ``split_gwp*`` prefetch the copies' token-table rows a tile ahead,
+``split_gwo*`` also overlap tile i's P V with tile i + 1's softmax in warpgroup 0. On CUDA the Triton kernels run; on the CPU the
 torch fallbacks of the same designs (reference.py) run, so tests and CI exercise the same code paths
 around them.
 """
@@ -56,6 +57,10 @@ class KernelVariant:
     gluon_pv_across: bool = False
     #: impl "gluon", P V waited in its iteration only: the next copy issued at the iteration's first barrier (run 14)
     gluon_early_copy: bool = False
+    #: impl "gluon_ws" only: the copy partition loads the next refill's token-table rows a tile ahead (run 16)
+    gluon_prefetch: bool = False
+    #: impl "gluon_ws" only: tile i's P V under tile i + 1's softmax in warpgroup 0 (FA3's intra-warpgroup overlap)
+    gluon_overlap: bool = False
 
 
 KERNEL_VARIANTS: dict[str, KernelVariant] = {
@@ -109,6 +114,16 @@ KERNEL_VARIANTS: dict[str, KernelVariant] = {
     # programs per SM) up to 32 rows, split_glw_p1 (Gluon, 64-row tiles, the scores once) from 33 rows on
     # run 15: the warp-specialized Gluon kernel (gluon_ws, FlashMLA's division of work between the warpgroups)
     "split_gws_p1": KernelVariant("split_gws_p1", "split_kv", 1, impl="gluon_ws", gluon_tile=(64, 2)),
+    # run 16: the token-table rows prefetched (gwp), and with the intra-warpgroup overlap (gwo); 32-token tiles, 4 in
+    # the ring (the copy of a tile in flight for three tiles' work instead of one)
+    "split_gwp_p1": KernelVariant("split_gwp_p1", "split_kv", 1, impl="gluon_ws", gluon_tile=(64, 2),
+                                  gluon_prefetch=True),
+    "split_gwo_p1": KernelVariant("split_gwo_p1", "split_kv", 1, impl="gluon_ws", gluon_tile=(64, 2),
+                                  gluon_prefetch=True, gluon_overlap=True),
+    "split_gwp32_p1": KernelVariant("split_gwp32_p1", "split_kv", 1, impl="gluon_ws", gluon_tile=(32, 4),
+                                    gluon_prefetch=True),
+    "split_gwo32_p1": KernelVariant("split_gwo32_p1", "split_kv", 1, impl="gluon_ws", gluon_tile=(32, 4),
+                                    gluon_prefetch=True, gluon_overlap=True),
     "split_auto_p1": KernelVariant("split_auto_p1", "split_kv", 1, impl="auto", gluon_tile=(64, 2)),
 }
 
@@ -174,7 +189,8 @@ def run_variant(name: str, inputs: VerifyInputs, out: torch.Tensor, config: Opti
         if v.impl == "gluon_ws":
             from specdiag.kernels.gluon_ws import split_kv_gluon_ws  # noqa: PLC0415
 
-            return split_kv_gluon_ws(inputs, out, block_n=config.block_n, stages=config.num_stages)
+            return split_kv_gluon_ws(inputs, out, block_n=config.block_n, stages=config.num_stages,
+                                     prefetch=v.gluon_prefetch, overlap=v.gluon_overlap)
         if v.impl == "gluon" or (v.impl == "auto" and inputs.heads * inputs.draft_tokens >= AUTO_GLUON_MIN_ROWS):
             from specdiag.kernels.gluon_splitkv import split_kv_gluon  # noqa: PLC0415
 

@@ -44,20 +44,72 @@ D_HALF = 256  # value dims per warpgroup
 
 
 @gluon.jit
-def _issue_tile(KV, TOKEN_TABLE, kv_buf, pe_buf, pos0, end, stride_kv,
+def _tile_slots(TOKEN_TABLE, pos0, end, BLOCK_N: gl.constexpr, LD: gl.constexpr, LD_PE: gl.constexpr):
+    """The cache rows of tokens pos0 .. pos0 + BLOCK_N - 1 through the token table, in the two copy layouts (0 past
+    ``end``)."""
+    pos = pos0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LD))
+    pos_pe = pos0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LD_PE))
+    return (gl.load(TOKEN_TABLE + pos, mask=pos < end, other=0).to(gl.int64),
+            gl.load(TOKEN_TABLE + pos_pe, mask=pos_pe < end, other=0).to(gl.int64))
+
+
+@gluon.jit
+def _issue_tile(KV, kv_buf, pe_buf, slot, slot_pe, pos0, end, stride_kv,
                 BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_PE: gl.constexpr, LD: gl.constexpr,
                 LD_PE: gl.constexpr):
-    """cp.async of the cache rows of tokens pos0 .. pos0 + BLOCK_N - 1 (through the token table; none past ``end``)."""
+    """cp.async of the cache rows ``slot`` / ``slot_pe`` of tokens pos0 .. pos0 + BLOCK_N - 1 (none past ``end``)."""
     pos = pos0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LD))
-    slot = gl.load(TOKEN_TABLE + pos, mask=pos < end, other=0).to(gl.int64)
     offs_d = gl.arange(0, D_NOPE, layout=gl.SliceLayout(0, LD))
     async_copy.async_copy_global_to_shared(kv_buf, KV + slot[:, None] * stride_kv + offs_d[None, :],
                                            mask=(pos < end)[:, None])
     pos_pe = pos0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LD_PE))
-    slot_pe = gl.load(TOKEN_TABLE + pos_pe, mask=pos_pe < end, other=0).to(gl.int64)
     offs_pe = D_NOPE + gl.arange(0, D_PE, layout=gl.SliceLayout(0, LD_PE))
     async_copy.async_copy_global_to_shared(pe_buf, KV + slot_pe[:, None] * stride_kv + offs_pe[None, :],
                                            mask=(pos_pe < end)[:, None])
+
+
+@gluon.jit
+def _issue_scores(q_smem, qpe_smem, kv_smem, pe_smem, kv_ready, it, STAGES: gl.constexpr, BLOCK_M: gl.constexpr,
+                  BLOCK_N: gl.constexpr, S_L: gl.constexpr):
+    """Tile ``it``'s scores S = Q K^T issued (two commit groups) once its copy has landed."""
+    buf = it % STAGES
+    mbarrier.wait(kv_ready.index(buf), (it // STAGES) & 1)
+    fence_async_shared()  # the cp.async writes, visible to the tensor cores
+    s = warpgroup_mma(q_smem, kv_smem.index(buf).permute((1, 0)), gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=S_L),
+                      use_acc=False, is_async=True)
+    return warpgroup_mma(qpe_smem, pe_smem.index(buf).permute((1, 0)), s, is_async=True)
+
+
+@gluon.jit
+def _online_softmax(s, m_i, l_i, it, MASK, qk_scale, n_prefix, n_draft, n_heads, n_rows, start, end, pid_m,
+                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, S_L: gl.constexpr, A_L: gl.constexpr,
+                    dtype: gl.constexpr):
+    """Tile ``it``'s mask (prefix, split end, tree) and online softmax step: P (``dtype``, as P V's A operand), the
+    rescale factor of the rows' earlier sum, the new running max and sum."""
+    rows_s = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, S_L))
+    kpos = start + it * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_L))
+    j = kpos - n_prefix
+    tree = gl.load(MASK + (rows_s // n_heads)[:, None] * n_draft + j[None, :],
+                   mask=(rows_s < n_rows)[:, None] & (kpos < end)[None, :] & (j >= 0)[None, :], other=0)
+    visible = (kpos < end)[None, :] & ((kpos < n_prefix)[None, :] | (tree != 0))
+    s = gl.where(visible, s * qk_scale, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, 1))
+    m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = gl.exp2(m_i - m_use)
+    p = gl.exp2(s - m_use[:, None]).to(dtype)
+    l_new = l_i * alpha + gl.sum(p.to(gl.float32), 1)
+    return gl.convert_layout(p, A_L), alpha, m_new, l_new
+
+
+@gluon.jit
+def _publish(p, alpha, p_smem, row_smem, p_free, p_ready, it):
+    """P and the rescale factors of tile ``it`` to the worker, once it has read those of tile it - 1."""
+    mbarrier.wait(p_free, (it & 1) ^ 1)
+    p_smem.store(p)
+    row_smem.store(alpha)
+    fence_async_shared()  # P visible to the worker's tensor cores
+    gl.thread_barrier()  # ... every thread's part of it, before the one arrival
+    mbarrier.arrive(p_ready, count=1)
 
 
 @gluon.jit
@@ -65,8 +117,11 @@ def _softmax_partition(q_smem, qpe_smem, kv_smem, pe_smem, p_smem, row_smem, kv_
                        l_ready, MASK, O_PART, LSE_PART, qk_scale, n_prefix, n_draft, n_heads, n_rows, start, end,
                        n_iter, pid_m, pid_s,
                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, D_NOPE: gl.constexpr,
-                       D_HALF: gl.constexpr, WARPS: gl.constexpr):
-    """Warpgroup 0: scores, softmax, P and the rescale factors to the worker, the first half of O (module doc)."""
+                       D_HALF: gl.constexpr, WARPS: gl.constexpr, OVERLAP: gl.constexpr):
+    """Warpgroup 0: scores, softmax, P and the rescale factors to the worker, the first half of O (module doc).
+    With OVERLAP (run 16) tile i's P V runs on the tensor cores under tile i + 1's softmax (FA3's intra-warpgroup
+    overlap): tile i + 1's scores are issued first, then tile i's P V, and the wait for the scores leaves the P V in
+    flight; both are waited for inside the iteration (no accumulator crosses the loop's back edge)."""
     dtype: gl.constexpr = p_smem.dtype
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                   instr_shape=[16, BLOCK_N, 16])
@@ -74,45 +129,45 @@ def _softmax_partition(q_smem, qpe_smem, kv_smem, pe_smem, p_smem, row_smem, kv_
                                                   instr_shape=[16, D_HALF, 16])
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
     ROW_S: gl.constexpr = gl.SliceLayout(1, S_L)
-    COL_S: gl.constexpr = gl.SliceLayout(0, S_L)
     ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
 
     rows_s = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=ROW_S)
-    draft_row = rows_s // n_heads
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=ROW_S)
     l_i = gl.zeros([BLOCK_M], gl.float32, layout=ROW_S)
     acc = gl.zeros([BLOCK_M, D_HALF], gl.float32, layout=O_L)
-    for it in range(0, n_iter):
-        buf = it % STAGES
-        mbarrier.wait(kv_ready.index(buf), (it // STAGES) & 1)
-        fence_async_shared()  # the cp.async writes, visible to the tensor cores
-        k_tile = kv_smem.index(buf)
-        s = warpgroup_mma(q_smem, k_tile.permute((1, 0)), gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=S_L),
-                          use_acc=False, is_async=True)
-        s = warpgroup_mma(qpe_smem, pe_smem.index(buf).permute((1, 0)), s, is_async=True)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-        kpos = start + it * BLOCK_N + gl.arange(0, BLOCK_N, layout=COL_S)
-        j = kpos - n_prefix
-        tree = gl.load(MASK + draft_row[:, None] * n_draft + j[None, :],
-                       mask=(rows_s < n_rows)[:, None] & (kpos < end)[None, :] & (j >= 0)[None, :], other=0)
-        visible = (kpos < end)[None, :] & ((kpos < n_prefix)[None, :] | (tree != 0))
-        s = gl.where(visible, s * qk_scale, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, 1))
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_use)
-        p = gl.exp2(s - m_use[:, None]).to(dtype)
-        l_i = l_i * alpha + gl.sum(p.to(gl.float32), 1)
-        m_i = m_new
-        mbarrier.wait(p_free, (it & 1) ^ 1)  # the worker has read P and the factors of tile it - 1
-        p_smem.store(p)
-        row_smem.store(alpha)
-        fence_async_shared()  # P visible to the worker's tensor cores
-        gl.thread_barrier()  # ... every thread's part of it, before the one arrival
-        mbarrier.arrive(p_ready, count=1)
-        acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
-        acc = warpgroup_mma(gl.convert_layout(p, A_L), k_tile.slice(0, D_HALF, dim=1), acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        mbarrier.arrive(kv_free.index(buf), count=1)  # this warpgroup is done with the buffer
+    if OVERLAP:
+        # tile 0 (also when the split is empty: its copies are all predicated off, so every key is masked)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(_issue_scores(q_smem, qpe_smem, kv_smem, pe_smem, kv_ready,
+                                                                      0, STAGES, BLOCK_M, BLOCK_N, S_L),))
+        p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, 0, MASK, qk_scale, n_prefix, n_draft, n_heads, n_rows,
+                                             start, end, pid_m, BLOCK_M, BLOCK_N, S_L, A_L, dtype)
+        _publish(p, alpha, p_smem, row_smem, p_free, p_ready, 0)
+        for it in range(0, n_iter - 1):
+            s = _issue_scores(q_smem, qpe_smem, kv_smem, pe_smem, kv_ready, it + 1, STAGES, BLOCK_M, BLOCK_N, S_L)
+            acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
+            acc = warpgroup_mma(p, kv_smem.index(it % STAGES).slice(0, D_HALF, dim=1), acc, is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))  # tile it + 1's scores; tile it's P V may run on
+            p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, it + 1, MASK, qk_scale, n_prefix, n_draft, n_heads,
+                                                 n_rows, start, end, pid_m, BLOCK_M, BLOCK_N, S_L, A_L, dtype)
+            _publish(p, alpha, p_smem, row_smem, p_free, p_ready, it + 1)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            mbarrier.arrive(kv_free.index(it % STAGES), count=1)  # this warpgroup is done with the buffer
+        if n_iter > 0:  # the last tile's P V
+            acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
+            acc = warpgroup_mma(p, kv_smem.index((n_iter - 1) % STAGES).slice(0, D_HALF, dim=1), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            mbarrier.arrive(kv_free.index((n_iter - 1) % STAGES), count=1)
+    else:
+        for it in range(0, n_iter):
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(_issue_scores(
+                q_smem, qpe_smem, kv_smem, pe_smem, kv_ready, it, STAGES, BLOCK_M, BLOCK_N, S_L),))
+            p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, it, MASK, qk_scale, n_prefix, n_draft, n_heads,
+                                                 n_rows, start, end, pid_m, BLOCK_M, BLOCK_N, S_L, A_L, dtype)
+            _publish(p, alpha, p_smem, row_smem, p_free, p_ready, it)
+            acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
+            acc = warpgroup_mma(p, kv_smem.index(it % STAGES).slice(0, D_HALF, dim=1), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            mbarrier.arrive(kv_free.index(it % STAGES), count=1)  # this warpgroup is done with the buffer
 
     mbarrier.wait(p_free, (n_iter & 1) ^ 1)  # the worker has read the last factors: the row sums go where they were
     row_smem.store(l_i)
@@ -132,7 +187,7 @@ def _softmax_partition(q_smem, qpe_smem, kv_smem, pe_smem, p_smem, row_smem, kv_
 def _pv_loader_partition(kv_smem, pe_smem, p_smem, row_smem, kv_ready, kv_free, p_ready, p_free, l_ready, KV,
                          TOKEN_TABLE, O_PART, n_rows, start, end, n_iter, pid_m, pid_s, stride_kv,
                          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, D_NOPE: gl.constexpr,
-                         D_PE: gl.constexpr, D_HALF: gl.constexpr, WARPS: gl.constexpr):
+                         D_PE: gl.constexpr, D_HALF: gl.constexpr, WARPS: gl.constexpr, PREFETCH: gl.constexpr):
     """Warpgroup 1: every KV tile's copy into the ring, and the second half of O (module doc)."""
     LD: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [WARPS, 1], [1, 0])
     LD_PE: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
@@ -141,9 +196,12 @@ def _pv_loader_partition(kv_smem, pe_smem, p_smem, row_smem, kv_ready, kv_free, 
     ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
 
     for k in gl.static_range(STAGES):  # the first STAGES tiles (nothing past the split's end)
-        _issue_tile(KV, TOKEN_TABLE, kv_smem.index(k), pe_smem.index(k), start + k * BLOCK_N, end, stride_kv,
+        slot, slot_pe = _tile_slots(TOKEN_TABLE, start + k * BLOCK_N, end, BLOCK_N, LD, LD_PE)
+        _issue_tile(KV, kv_smem.index(k), pe_smem.index(k), slot, slot_pe, start + k * BLOCK_N, end, stride_kv,
                     BLOCK_N, D_NOPE, D_PE, LD, LD_PE)
         async_copy.mbarrier_arrive(kv_ready.index(k), increment_count=False)
+    # with PREFETCH the token-table rows of the next refill are loaded a tile ahead, off the copy's critical path
+    nx_slot, nx_slot_pe = _tile_slots(TOKEN_TABLE, start + STAGES * BLOCK_N, end, BLOCK_N, LD, LD_PE)
     acc = gl.zeros([BLOCK_M, D_HALF], gl.float32, layout=O_L)
     for it in range(0, n_iter):
         buf = it % STAGES
@@ -155,10 +213,15 @@ def _pv_loader_partition(kv_smem, pe_smem, p_smem, row_smem, kv_ready, kv_free, 
         gl.thread_barrier()  # every thread's reads of P and the factors done
         mbarrier.arrive(p_free, count=1)
         if it + STAGES < n_iter:  # refill the buffer once warpgroup 0 is done with it too
+            pos0 = start + (it + STAGES) * BLOCK_N
+            if not PREFETCH:
+                nx_slot, nx_slot_pe = _tile_slots(TOKEN_TABLE, pos0, end, BLOCK_N, LD, LD_PE)
             mbarrier.wait(kv_free.index(buf), (it // STAGES) & 1)
-            _issue_tile(KV, TOKEN_TABLE, kv_smem.index(buf), pe_smem.index(buf), start + (it + STAGES) * BLOCK_N,
-                        end, stride_kv, BLOCK_N, D_NOPE, D_PE, LD, LD_PE)
+            _issue_tile(KV, kv_smem.index(buf), pe_smem.index(buf), nx_slot, nx_slot_pe, pos0, end, stride_kv,
+                        BLOCK_N, D_NOPE, D_PE, LD, LD_PE)
             async_copy.mbarrier_arrive(kv_ready.index(buf), increment_count=False)
+            if PREFETCH:
+                nx_slot, nx_slot_pe = _tile_slots(TOKEN_TABLE, pos0 + BLOCK_N, end, BLOCK_N, LD, LD_PE)
 
     mbarrier.wait(l_ready, 0)
     l_o = row_smem.load(ROW_O)
@@ -174,7 +237,7 @@ def _ws_partial_kernel(Q, KV, TOKEN_TABLE, MASK, O_PART, LSE_PART,
                        qk_scale, n_prefix, n_kv, n_draft, n_heads, n_rows, tokens_per_split, stride_kv,
                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                        D_NOPE: gl.constexpr, D_PE: gl.constexpr, D_HALF: gl.constexpr, num_warps: gl.constexpr,
-                       WORKER_REGS: gl.constexpr):
+                       WORKER_REGS: gl.constexpr, PREFETCH: gl.constexpr, OVERLAP: gl.constexpr):
     """One program per (64-row tile, split): Q to shared memory, then the two partitions (module doc)."""
     pid_m = gl.program_id(0)
     pid_s = gl.program_id(1)
@@ -222,15 +285,16 @@ def _ws_partial_kernel(Q, KV, TOKEN_TABLE, MASK, O_PART, LSE_PART,
     gl.warp_specialize([
         (_softmax_partition, (q_smem, qpe_smem, kv_smem, pe_smem, p_smem, row_smem, kv_ready, kv_free, p_ready,
                               p_free, l_ready, MASK, O_PART, LSE_PART, qk_scale, n_prefix, n_draft, n_heads, n_rows,
-                              start, end, n_iter, pid_m, pid_s, BLOCK_M, BLOCK_N, STAGES, D_NOPE, D_HALF, num_warps)),
+                              start, end, n_iter, pid_m, pid_s, BLOCK_M, BLOCK_N, STAGES, D_NOPE, D_HALF, num_warps,
+                              OVERLAP)),
         (_pv_loader_partition, (kv_smem, pe_smem, p_smem, row_smem, kv_ready, kv_free, p_ready, p_free, l_ready, KV,
                                 TOKEN_TABLE, O_PART, n_rows, start, end, n_iter, pid_m, pid_s, stride_kv, BLOCK_M,
-                                BLOCK_N, STAGES, D_NOPE, D_PE, D_HALF, num_warps)),
+                                BLOCK_N, STAGES, D_NOPE, D_PE, D_HALF, num_warps, PREFETCH)),
     ], [num_warps], [WORKER_REGS])
 
 
 def split_kv_gluon_ws(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 64, stages: int = 2,
-                      num_sms: int | None = None) -> torch.Tensor:
+                      num_sms: int | None = None, prefetch: bool = False, overlap: bool = False) -> torch.Tensor:
     """Split-KV verify attention with the warp-specialized partial kernel and triton_splitkv's merge; writes ``out``."""
     from specdiag.kernels.triton_splitkv import merge_partials, sm_count  # noqa: PLC0415
 
@@ -251,14 +315,14 @@ def split_kv_gluon_ws(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 64
         q, cache, inputs.token_table, inputs.mask_u8, o_part, lse_part,
         inputs.sm_scale * LOG2E, inputs.n_prefix, n_kv, T, H, rows, plan.tokens_per_split, cache.stride(0),
         BLOCK_M=GLUON_BLOCK_M, BLOCK_N=block_n, STAGES=stages, D_NOPE=D_NOPE, D_PE=D_PE, D_HALF=D_HALF,
-        num_warps=WS_PARTITION_WARPS, WORKER_REGS=WS_WORKER_REGS,
+        num_warps=WS_PARTITION_WARPS, WORKER_REGS=WS_WORKER_REGS, PREFETCH=prefetch, OVERLAP=overlap,
     )
     merge_partials(o_part, lse_part, out.view(rows, D_V), cfg)
     return out
 
 
-def compile_sm90(block_n: int = 64, stages: int = 2, dtype: str = "bf16",
-                 worker_regs: int = WS_WORKER_REGS) -> "triton.compiler.CompiledKernel":
+def compile_sm90(block_n: int = 64, stages: int = 2, dtype: str = "bf16", worker_regs: int = WS_WORKER_REGS,
+                 prefetch: bool = False, overlap: bool = False) -> "triton.compiler.CompiledKernel":
     """The partial kernel compiled ahead of time for sm_90 (no GPU needed): for tests and the compile report."""
     from triton.backends.compiler import GPUTarget  # noqa: PLC0415
     from triton.experimental.gluon._runtime import GluonASTSource  # noqa: PLC0415
@@ -267,7 +331,8 @@ def compile_sm90(block_n: int = 64, stages: int = 2, dtype: str = "bf16",
            "LSE_PART": "*fp32", "qk_scale": "fp32", "n_prefix": "i32", "n_kv": "i32", "n_draft": "i32",
            "n_heads": "i32", "n_rows": "i32", "tokens_per_split": "i32", "stride_kv": "i32"}
     const = {"BLOCK_M": GLUON_BLOCK_M, "BLOCK_N": block_n, "STAGES": stages, "D_NOPE": D_NOPE, "D_PE": D_PE,
-             "D_HALF": D_HALF, "num_warps": WS_PARTITION_WARPS, "WORKER_REGS": worker_regs}
+             "D_HALF": D_HALF, "num_warps": WS_PARTITION_WARPS, "WORKER_REGS": worker_regs, "PREFETCH": prefetch,
+             "OVERLAP": overlap}
     sig.update({k: "constexpr" for k in const})
     attrs = {(i,): [["tt.divisibility", 16]] for i, k in enumerate(sig) if k in ("Q", "KV", "TOKEN_TABLE", "O_PART",
                                                                                  "LSE_PART", "stride_kv")}
