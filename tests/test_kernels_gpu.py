@@ -182,4 +182,5 @@ def test_run15_warp_specialized_kernel_matches_reference(shape: VerifyShape) -> 
     32-token tiles) on the run-10 shapes, and one whose split holds two tiles (100 tokens: the
     copy partition's refill branch never taken): a wrong mbarrier phase shows as a hang (the gate's timeout) or a wrong
     result, a missing fence as a wrong result; correct and every row written, twice."""
-    _check_arms_twice(shape, ("split_gws_p1", "split_gwp_p1", "split_gwo_p1", "split_gwp32_p1", "split_gwo32_p1"))
+    _check_arms_twice(shape, ("split_gws_p1", "split_gwp_p1", "split_gwo_p1", "split_gwp32_p1", "split_gwo32_p1",
+                              "split_auto_ws_p1"))

@@ -15,7 +15,8 @@ computed once across the two warpgroups: ``split_glo*`` lets each tile's P V run
 split_p1 up to 32 rows, split_glw_p1 above. Run 15: ``split_gws_p1``, the partial kernel with warp-specialized
 warpgroups (gluon_ws: one computes the scores, the softmax and half of P V, the other copies the KV and does the other
 half; they meet at mbarriers). Run 16: ``split_gwp*`` prefetch the copies' token-table rows a tile ahead,
-``split_gwo*`` also overlap tile i's P V with tile i + 1's softmax in warpgroup 0. On CUDA the Triton kernels run; on the CPU the
+``split_gwo*`` also overlap tile i's P V with tile i + 1's softmax in warpgroup 0. ``split_auto_ws_p1``: split_p1 up
+to 32 rows, split_gwp_p1 above (run 16's fastest of ours from 33 rows on). On CUDA the Triton kernels run; on the CPU the
 torch fallbacks of the same designs (reference.py) run, so tests and CI exercise the same code paths
 around them.
 """
@@ -47,8 +48,8 @@ class KernelVariant:
     #: split_kv only: fields replaced over 128 rows only (compute-bound shapes: several 64-row tiles; run 8's arms)
     overrides_many: tuple[tuple[str, Any], ...] = ()
     #: split_kv only: "triton" (triton_splitkv), "gluon" (gluon_splitkv: the scores once, two warpgroups in lockstep;
-    #: run 10) or "gluon_ws" (gluon_ws: warpgroup 0 scores, softmax and half of P V, warpgroup 1 the copies and the
-    #: other half, meeting at mbarriers; run 15)
+    #: run 10), "gluon_ws" (gluon_ws: warpgroup 0 scores, softmax and half of P V, warpgroup 1 the copies and the
+    #: other half, meeting at mbarriers; run 15), "auto" / "auto_ws" (triton up to 32 rows, gluon / gluon_ws above)
     impl: str = "triton"
     #: impl "gluon" / "gluon_ws" only: (tokens per KV tile, tiles in the ring)
     gluon_tile: tuple[int, int] = (64, 2)
@@ -125,9 +126,12 @@ KERNEL_VARIANTS: dict[str, KernelVariant] = {
     "split_gwo32_p1": KernelVariant("split_gwo32_p1", "split_kv", 1, impl="gluon_ws", gluon_tile=(32, 4),
                                     gluon_prefetch=True, gluon_overlap=True),
     "split_auto_p1": KernelVariant("split_auto_p1", "split_kv", 1, impl="auto", gluon_tile=(64, 2)),
+    # run 17: split_p1 up to 32 rows, the warp-specialized kernel with prefetched token-table rows (split_gwp_p1) above
+    "split_auto_ws_p1": KernelVariant("split_auto_ws_p1", "split_kv", 1, impl="auto_ws", gluon_tile=(64, 2),
+                                      gluon_prefetch=True),
 }
 
-#: split_auto_p1 runs the Gluon kernel from this many packed rows on (below: split_p1's Triton kernel)
+#: split_auto_p1 / split_auto_ws_p1 run their Gluon kernel from this many packed rows on (below: split_p1's Triton kernel)
 AUTO_GLUON_MIN_ROWS = 33
 
 
@@ -141,7 +145,7 @@ def resolve_config(name: str, rows: int, config: Optional[Any] = None) -> Option
     """The launch configuration variant ``name`` runs with at ``rows`` packed rows: ``config`` when given (tuning),
     else the variant's own 64-row tile (splitkv_plan.tile64_config) where it has one, else None (the default)."""
     v = variant(name)
-    if v.impl in ("gluon", "gluon_ws") or (v.impl == "auto" and rows >= AUTO_GLUON_MIN_ROWS):
+    if v.impl in ("gluon", "gluon_ws") or (v.impl in ("auto", "auto_ws") and rows >= AUTO_GLUON_MIN_ROWS):
         from specdiag.kernels.splitkv_plan import gluon_config  # noqa: PLC0415
 
         return gluon_config(*v.gluon_tile)
@@ -186,12 +190,13 @@ def run_variant(name: str, inputs: VerifyInputs, out: torch.Tensor, config: Opti
             from specdiag.kernels.triton_baseline import baseline_triton  # noqa: PLC0415
 
             return baseline_triton(inputs, out)
-        if v.impl == "gluon_ws":
+        rows = inputs.heads * inputs.draft_tokens
+        if v.impl == "gluon_ws" or (v.impl == "auto_ws" and rows >= AUTO_GLUON_MIN_ROWS):
             from specdiag.kernels.gluon_ws import split_kv_gluon_ws  # noqa: PLC0415
 
             return split_kv_gluon_ws(inputs, out, block_n=config.block_n, stages=config.num_stages,
                                      prefetch=v.gluon_prefetch, overlap=v.gluon_overlap)
-        if v.impl == "gluon" or (v.impl == "auto" and inputs.heads * inputs.draft_tokens >= AUTO_GLUON_MIN_ROWS):
+        if v.impl == "gluon" or (v.impl == "auto" and rows >= AUTO_GLUON_MIN_ROWS):
             from specdiag.kernels.gluon_splitkv import split_kv_gluon  # noqa: PLC0415
 
             return split_kv_gluon(inputs, out, block_n=config.block_n, stages=config.num_stages,
