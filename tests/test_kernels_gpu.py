@@ -183,4 +183,24 @@ def test_run15_warp_specialized_kernel_matches_reference(shape: VerifyShape) -> 
     copy partition's refill branch never taken): a wrong mbarrier phase shows as a hang (the gate's timeout) or a wrong
     result, a missing fence as a wrong result; correct and every row written, twice."""
     _check_arms_twice(shape, ("split_gws_p1", "split_gwp_p1", "split_gwo_p1", "split_gwp32_p1", "split_gwo32_p1",
-                              "split_auto_ws_p1"))
+                              "split_auto_ws_p1", "split_gwm_p1"))
+
+
+@pytest.mark.parametrize("shape", [VerifyShape(4096, 8, 8, "shuffled_p1"), VerifyShape(20000, 16, 16, "shuffled_p1")],
+                         ids=lambda s: f"run18-P{s.context_tokens}-H{s.heads}-T{s.draft_tokens}")
+def test_run18_timed_kernel_writes_its_phases_and_stays_correct(shape: VerifyShape) -> None:
+    """The timed warp-specialized kernel (ws_phases): the same output as untimed, every program's slots written, and
+    each partition's phases summing to no more than its loop (the clock reads bracket disjoint spans)."""
+    from specdiag.kernels.gluon_ws import PHASES, phase_buffer, split_kv_gluon_ws
+    from specdiag.kernels.ws_phases import phase_cycles
+
+    x = make_inputs(shape, device="cuda", seed=3)
+    ref = reference_verify(x)
+    out = x.out_like()
+    times = phase_buffer(x)
+    split_kv_gluon_ws(x, out, prefetch=True, times=times)
+    assert (out.float() - ref).norm() / ref.norm() <= 1e-2
+    t = times.cpu().numpy()
+    assert (t[:, :, 7] > 0).all() and (t[:, :, 6] > 0).all()  # tiles and loop cycles in every program, both partitions
+    for row in phase_cycles(t, PHASES):
+        assert 0 < row["phases_sum_cycles"] <= row["loop_cycles"] * 1.001, row

@@ -69,12 +69,23 @@ def _issue_tile(KV, kv_buf, pe_buf, slot, slot_pe, pos0, end, stride_kv,
 
 
 @gluon.jit
-def _issue_scores(q_smem, qpe_smem, kv_smem, pe_smem, kv_ready, it, STAGES: gl.constexpr, BLOCK_M: gl.constexpr,
-                  BLOCK_N: gl.constexpr, S_L: gl.constexpr):
-    """Tile ``it``'s scores S = Q K^T issued (two commit groups) once its copy has landed."""
-    buf = it % STAGES
-    mbarrier.wait(kv_ready.index(buf), (it // STAGES) & 1)
+def _clock(tick):
+    """This thread's SM cycle counter (%clock64), one per element of ``tick`` (one element per thread)."""
+    return gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l,r", [tick], dtype=gl.int64, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _wait_tile(kv_ready, it, STAGES: gl.constexpr):
+    """Until tile ``it``'s copy has landed in its ring buffer."""
+    mbarrier.wait(kv_ready.index(it % STAGES), (it // STAGES) & 1)
     fence_async_shared()  # the cp.async writes, visible to the tensor cores
+
+
+@gluon.jit
+def _issue_scores(q_smem, qpe_smem, kv_smem, pe_smem, it, STAGES: gl.constexpr, BLOCK_M: gl.constexpr,
+                  BLOCK_N: gl.constexpr, S_L: gl.constexpr):
+    """Tile ``it``'s scores S = Q K^T issued (two commit groups); its copy must have landed (``_wait_tile``)."""
+    buf = it % STAGES
     s = warpgroup_mma(q_smem, kv_smem.index(buf).permute((1, 0)), gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=S_L),
                       use_acc=False, is_async=True)
     return warpgroup_mma(qpe_smem, pe_smem.index(buf).permute((1, 0)), s, is_async=True)
@@ -83,16 +94,26 @@ def _issue_scores(q_smem, qpe_smem, kv_smem, pe_smem, kv_ready, it, STAGES: gl.c
 @gluon.jit
 def _online_softmax(s, m_i, l_i, it, MASK, qk_scale, n_prefix, n_draft, n_heads, n_rows, start, end, pid_m,
                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, S_L: gl.constexpr, A_L: gl.constexpr,
-                    dtype: gl.constexpr):
+                    dtype: gl.constexpr, DRAFT_BRANCH: gl.constexpr):
     """Tile ``it``'s mask (prefix, split end, tree) and online softmax step: P (``dtype``, as P V's A operand), the
-    rescale factor of the rows' earlier sum, the new running max and sum."""
+    rescale factor of the rows' earlier sum, the new running max and sum. With DRAFT_BRANCH the tree mask is loaded
+    only on tiles that reach the draft tokens (one scalar branch; a prefix tile's mask is its key range)."""
     rows_s = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, S_L))
     kpos = start + it * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_L))
     j = kpos - n_prefix
-    tree = gl.load(MASK + (rows_s // n_heads)[:, None] * n_draft + j[None, :],
-                   mask=(rows_s < n_rows)[:, None] & (kpos < end)[None, :] & (j >= 0)[None, :], other=0)
-    visible = (kpos < end)[None, :] & ((kpos < n_prefix)[None, :] | (tree != 0))
-    s = gl.where(visible, s * qk_scale, float("-inf"))
+    if DRAFT_BRANCH:
+        if start + it * BLOCK_N + BLOCK_N > n_prefix:
+            tree = gl.load(MASK + (rows_s // n_heads)[:, None] * n_draft + j[None, :],
+                           mask=(rows_s < n_rows)[:, None] & (kpos < end)[None, :] & (j >= 0)[None, :], other=0)
+            visible = (kpos < end)[None, :] & ((kpos < n_prefix)[None, :] | (tree != 0))
+            s = gl.where(visible, s * qk_scale, float("-inf"))
+        else:
+            s = gl.where((kpos < end)[None, :], s * qk_scale, float("-inf"))
+    else:
+        tree = gl.load(MASK + (rows_s // n_heads)[:, None] * n_draft + j[None, :],
+                       mask=(rows_s < n_rows)[:, None] & (kpos < end)[None, :] & (j >= 0)[None, :], other=0)
+        visible = (kpos < end)[None, :] & ((kpos < n_prefix)[None, :] | (tree != 0))
+        s = gl.where(visible, s * qk_scale, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(s, 1))
     m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = gl.exp2(m_i - m_use)
@@ -102,9 +123,8 @@ def _online_softmax(s, m_i, l_i, it, MASK, qk_scale, n_prefix, n_draft, n_heads,
 
 
 @gluon.jit
-def _publish(p, alpha, p_smem, row_smem, p_free, p_ready, it):
-    """P and the rescale factors of tile ``it`` to the worker, once it has read those of tile it - 1."""
-    mbarrier.wait(p_free, (it & 1) ^ 1)
+def _publish(p, alpha, p_smem, row_smem, p_ready):
+    """P and the rescale factors of a tile to the worker (which has read the last ones: wait for ``p_free`` first)."""
     p_smem.store(p)
     row_smem.store(alpha)
     fence_async_shared()  # P visible to the worker's tensor cores
@@ -114,14 +134,16 @@ def _publish(p, alpha, p_smem, row_smem, p_free, p_ready, it):
 
 @gluon.jit
 def _softmax_partition(q_smem, qpe_smem, kv_smem, pe_smem, p_smem, row_smem, kv_ready, kv_free, p_ready, p_free,
-                       l_ready, MASK, O_PART, LSE_PART, qk_scale, n_prefix, n_draft, n_heads, n_rows, start, end,
-                       n_iter, pid_m, pid_s,
+                       l_ready, MASK, O_PART, LSE_PART, TIMES, qk_scale, n_prefix, n_draft, n_heads, n_rows, start,
+                       end, n_iter, pid_m, pid_s, prog,
                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, D_NOPE: gl.constexpr,
-                       D_HALF: gl.constexpr, WARPS: gl.constexpr, OVERLAP: gl.constexpr):
+                       D_HALF: gl.constexpr, WARPS: gl.constexpr, OVERLAP: gl.constexpr, DRAFT_BRANCH: gl.constexpr,
+                       TIMED: gl.constexpr):
     """Warpgroup 0: scores, softmax, P and the rescale factors to the worker, the first half of O (module doc).
     With OVERLAP (run 16) tile i's P V runs on the tensor cores under tile i + 1's softmax (FA3's intra-warpgroup
     overlap): tile i + 1's scores are issued first, then tile i's P V, and the wait for the scores leaves the P V in
-    flight; both are waited for inside the iteration (no accumulator crosses the loop's back edge)."""
+    flight; both are waited for inside the iteration (no accumulator crosses the loop's back edge). With TIMED (not
+    with OVERLAP) each thread sums the SM cycles of its loop's phases into TIMES (``phase_cycles``)."""
     dtype: gl.constexpr = p_smem.dtype
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                   instr_shape=[16, BLOCK_N, 16])
@@ -137,19 +159,24 @@ def _softmax_partition(q_smem, qpe_smem, kv_smem, pe_smem, p_smem, row_smem, kv_
     acc = gl.zeros([BLOCK_M, D_HALF], gl.float32, layout=O_L)
     if OVERLAP:
         # tile 0 (also when the split is empty: its copies are all predicated off, so every key is masked)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(_issue_scores(q_smem, qpe_smem, kv_smem, pe_smem, kv_ready,
-                                                                      0, STAGES, BLOCK_M, BLOCK_N, S_L),))
+        _wait_tile(kv_ready, 0, STAGES)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(_issue_scores(q_smem, qpe_smem, kv_smem, pe_smem, 0, STAGES,
+                                                                      BLOCK_M, BLOCK_N, S_L),))
         p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, 0, MASK, qk_scale, n_prefix, n_draft, n_heads, n_rows,
-                                             start, end, pid_m, BLOCK_M, BLOCK_N, S_L, A_L, dtype)
-        _publish(p, alpha, p_smem, row_smem, p_free, p_ready, 0)
+                                             start, end, pid_m, BLOCK_M, BLOCK_N, S_L, A_L, dtype, DRAFT_BRANCH)
+        mbarrier.wait(p_free, 1)
+        _publish(p, alpha, p_smem, row_smem, p_ready)
         for it in range(0, n_iter - 1):
-            s = _issue_scores(q_smem, qpe_smem, kv_smem, pe_smem, kv_ready, it + 1, STAGES, BLOCK_M, BLOCK_N, S_L)
+            _wait_tile(kv_ready, it + 1, STAGES)
+            s = _issue_scores(q_smem, qpe_smem, kv_smem, pe_smem, it + 1, STAGES, BLOCK_M, BLOCK_N, S_L)
             acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
             acc = warpgroup_mma(p, kv_smem.index(it % STAGES).slice(0, D_HALF, dim=1), acc, is_async=True)
             s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))  # tile it + 1's scores; tile it's P V may run on
             p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, it + 1, MASK, qk_scale, n_prefix, n_draft, n_heads,
-                                                 n_rows, start, end, pid_m, BLOCK_M, BLOCK_N, S_L, A_L, dtype)
-            _publish(p, alpha, p_smem, row_smem, p_free, p_ready, it + 1)
+                                                 n_rows, start, end, pid_m, BLOCK_M, BLOCK_N, S_L, A_L, dtype,
+                                                 DRAFT_BRANCH)
+            mbarrier.wait(p_free, ((it + 1) & 1) ^ 1)
+            _publish(p, alpha, p_smem, row_smem, p_ready)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             mbarrier.arrive(kv_free.index(it % STAGES), count=1)  # this warpgroup is done with the buffer
         if n_iter > 0:  # the last tile's P V
@@ -158,16 +185,57 @@ def _softmax_partition(q_smem, qpe_smem, kv_smem, pe_smem, p_smem, row_smem, kv_
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             mbarrier.arrive(kv_free.index((n_iter - 1) % STAGES), count=1)
     else:
+        if TIMED:  # phases: copy wait, scores, softmax, wait for the worker to free P, publish, P V
+            tick = gl.arange(0, 32 * WARPS, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
+            ph0 = gl.zeros([32 * WARPS], gl.int64, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
+            ph1 = ph0
+            ph2 = ph0
+            ph3 = ph0
+            ph4 = ph0
+            ph5 = ph0
+            t_loop = _clock(tick)
         for it in range(0, n_iter):
-            s = warpgroup_mma_wait(num_outstanding=0, deps=(_issue_scores(
-                q_smem, qpe_smem, kv_smem, pe_smem, kv_ready, it, STAGES, BLOCK_M, BLOCK_N, S_L),))
+            if TIMED:
+                t0 = _clock(tick)
+            _wait_tile(kv_ready, it, STAGES)
+            if TIMED:
+                t1 = _clock(tick)
+                ph0 += t1 - t0
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(_issue_scores(q_smem, qpe_smem, kv_smem, pe_smem, it,
+                                                                          STAGES, BLOCK_M, BLOCK_N, S_L),))
+            if TIMED:
+                t2 = _clock(tick)
+                ph1 += t2 - t1
             p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, it, MASK, qk_scale, n_prefix, n_draft, n_heads,
-                                                 n_rows, start, end, pid_m, BLOCK_M, BLOCK_N, S_L, A_L, dtype)
-            _publish(p, alpha, p_smem, row_smem, p_free, p_ready, it)
+                                                 n_rows, start, end, pid_m, BLOCK_M, BLOCK_N, S_L, A_L, dtype,
+                                                 DRAFT_BRANCH)
+            if TIMED:
+                t3 = _clock(tick)
+                ph2 += t3 - t2
+            mbarrier.wait(p_free, (it & 1) ^ 1)  # the worker has read P and the factors of tile it - 1
+            if TIMED:
+                t4 = _clock(tick)
+                ph3 += t4 - t3
+            _publish(p, alpha, p_smem, row_smem, p_ready)
+            if TIMED:
+                t5 = _clock(tick)
+                ph4 += t5 - t4
             acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
             acc = warpgroup_mma(p, kv_smem.index(it % STAGES).slice(0, D_HALF, dim=1), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             mbarrier.arrive(kv_free.index(it % STAGES), count=1)  # this warpgroup is done with the buffer
+            if TIMED:
+                ph5 += _clock(tick) - t5
+        if TIMED:
+            base = TIMES + prog.to(gl.int64) * (2 * 8 * 32 * WARPS) + tick
+            gl.store(base + 0 * 32 * WARPS, ph0)
+            gl.store(base + 1 * 32 * WARPS, ph1)
+            gl.store(base + 2 * 32 * WARPS, ph2)
+            gl.store(base + 3 * 32 * WARPS, ph3)
+            gl.store(base + 4 * 32 * WARPS, ph4)
+            gl.store(base + 5 * 32 * WARPS, ph5)
+            gl.store(base + 6 * 32 * WARPS, _clock(tick) - t_loop)
+            gl.store(base + 7 * 32 * WARPS, gl.full([32 * WARPS], 0, gl.int64, layout=tick.type.layout) + n_iter)
 
     mbarrier.wait(p_free, (n_iter & 1) ^ 1)  # the worker has read the last factors: the row sums go where they were
     row_smem.store(l_i)
@@ -185,10 +253,12 @@ def _softmax_partition(q_smem, qpe_smem, kv_smem, pe_smem, p_smem, row_smem, kv_
 
 @gluon.jit
 def _pv_loader_partition(kv_smem, pe_smem, p_smem, row_smem, kv_ready, kv_free, p_ready, p_free, l_ready, KV,
-                         TOKEN_TABLE, O_PART, n_rows, start, end, n_iter, pid_m, pid_s, stride_kv,
+                         TOKEN_TABLE, O_PART, TIMES, n_rows, start, end, n_iter, pid_m, pid_s, prog, stride_kv,
                          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, D_NOPE: gl.constexpr,
-                         D_PE: gl.constexpr, D_HALF: gl.constexpr, WARPS: gl.constexpr, PREFETCH: gl.constexpr):
-    """Warpgroup 1: every KV tile's copy into the ring, and the second half of O (module doc)."""
+                         D_PE: gl.constexpr, D_HALF: gl.constexpr, WARPS: gl.constexpr, PREFETCH: gl.constexpr,
+                         TIMED: gl.constexpr):
+    """Warpgroup 1: every KV tile's copy into the ring, and the second half of O (module doc). With TIMED each
+    thread sums the SM cycles of its loop's phases into TIMES (``phase_cycles``)."""
     LD: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [WARPS, 1], [1, 0])
     LD_PE: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
@@ -203,25 +273,58 @@ def _pv_loader_partition(kv_smem, pe_smem, p_smem, row_smem, kv_ready, kv_free, 
     # with PREFETCH the token-table rows of the next refill are loaded a tile ahead, off the copy's critical path
     nx_slot, nx_slot_pe = _tile_slots(TOKEN_TABLE, start + STAGES * BLOCK_N, end, BLOCK_N, LD, LD_PE)
     acc = gl.zeros([BLOCK_M, D_HALF], gl.float32, layout=O_L)
+    if TIMED:  # phases: wait for P, P V, free P, wait for the buffer, the refill's copy
+        tick = gl.arange(0, 32 * WARPS, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
+        q0 = gl.zeros([32 * WARPS], gl.int64, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
+        q1 = q0
+        q2 = q0
+        q3 = q0
+        q4 = q0
+        t_loop = _clock(tick)
     for it in range(0, n_iter):
         buf = it % STAGES
+        if TIMED:
+            u0 = _clock(tick)
         mbarrier.wait(p_ready, it & 1)
+        if TIMED:
+            u1 = _clock(tick)
+            q0 += u1 - u0
         alpha = row_smem.load(ROW_O)
         acc = acc * alpha[:, None]
         acc = warpgroup_mma(p_smem, kv_smem.index(buf).slice(D_HALF, D_HALF, dim=1), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        if TIMED:
+            u2 = _clock(tick)
+            q1 += u2 - u1
         gl.thread_barrier()  # every thread's reads of P and the factors done
         mbarrier.arrive(p_free, count=1)
+        if TIMED:
+            u3 = _clock(tick)
+            q2 += u3 - u2
         if it + STAGES < n_iter:  # refill the buffer once warpgroup 0 is done with it too
             pos0 = start + (it + STAGES) * BLOCK_N
             if not PREFETCH:
                 nx_slot, nx_slot_pe = _tile_slots(TOKEN_TABLE, pos0, end, BLOCK_N, LD, LD_PE)
             mbarrier.wait(kv_free.index(buf), (it // STAGES) & 1)
+            if TIMED:
+                u4 = _clock(tick)
+                q3 += u4 - u3
             _issue_tile(KV, kv_smem.index(buf), pe_smem.index(buf), nx_slot, nx_slot_pe, pos0, end, stride_kv,
                         BLOCK_N, D_NOPE, D_PE, LD, LD_PE)
             async_copy.mbarrier_arrive(kv_ready.index(buf), increment_count=False)
             if PREFETCH:
                 nx_slot, nx_slot_pe = _tile_slots(TOKEN_TABLE, pos0 + BLOCK_N, end, BLOCK_N, LD, LD_PE)
+            if TIMED:
+                q4 += _clock(tick) - u4
+    if TIMED:
+        base = TIMES + (prog.to(gl.int64) * 2 + 1) * (8 * 32 * WARPS) + tick
+        gl.store(base + 0 * 32 * WARPS, q0)
+        gl.store(base + 1 * 32 * WARPS, q1)
+        gl.store(base + 2 * 32 * WARPS, q2)
+        gl.store(base + 3 * 32 * WARPS, q3)
+        gl.store(base + 4 * 32 * WARPS, q4)
+        gl.store(base + 6 * 32 * WARPS, _clock(tick) - t_loop)
+        gl.store(base + 7 * 32 * WARPS, gl.full([32 * WARPS], 0, gl.int64, layout=tick.type.layout) + n_iter)
 
     mbarrier.wait(l_ready, 0)
     l_o = row_smem.load(ROW_O)
@@ -233,11 +336,12 @@ def _pv_loader_partition(kv_smem, pe_smem, p_smem, row_smem, kv_ready, kv_free, 
 
 
 @gluon.jit
-def _ws_partial_kernel(Q, KV, TOKEN_TABLE, MASK, O_PART, LSE_PART,
+def _ws_partial_kernel(Q, KV, TOKEN_TABLE, MASK, O_PART, LSE_PART, TIMES,
                        qk_scale, n_prefix, n_kv, n_draft, n_heads, n_rows, tokens_per_split, stride_kv,
                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                        D_NOPE: gl.constexpr, D_PE: gl.constexpr, D_HALF: gl.constexpr, num_warps: gl.constexpr,
-                       WORKER_REGS: gl.constexpr, PREFETCH: gl.constexpr, OVERLAP: gl.constexpr):
+                       WORKER_REGS: gl.constexpr, PREFETCH: gl.constexpr, OVERLAP: gl.constexpr,
+                       DRAFT_BRANCH: gl.constexpr, TIMED: gl.constexpr):
     """One program per (64-row tile, split): Q to shared memory, then the two partitions (module doc)."""
     pid_m = gl.program_id(0)
     pid_s = gl.program_id(1)
@@ -282,20 +386,41 @@ def _ws_partial_kernel(Q, KV, TOKEN_TABLE, MASK, O_PART, LSE_PART,
     start = pid_s * tokens_per_split
     end = gl.minimum(start + tokens_per_split, n_kv)
     n_iter = gl.cdiv(gl.maximum(end - start, 0), BLOCK_N)
+    prog = pid_s * gl.num_programs(0) + pid_m
     gl.warp_specialize([
         (_softmax_partition, (q_smem, qpe_smem, kv_smem, pe_smem, p_smem, row_smem, kv_ready, kv_free, p_ready,
-                              p_free, l_ready, MASK, O_PART, LSE_PART, qk_scale, n_prefix, n_draft, n_heads, n_rows,
-                              start, end, n_iter, pid_m, pid_s, BLOCK_M, BLOCK_N, STAGES, D_NOPE, D_HALF, num_warps,
-                              OVERLAP)),
+                              p_free, l_ready, MASK, O_PART, LSE_PART, TIMES, qk_scale, n_prefix, n_draft, n_heads,
+                              n_rows, start, end, n_iter, pid_m, pid_s, prog, BLOCK_M, BLOCK_N, STAGES, D_NOPE,
+                              D_HALF, num_warps, OVERLAP, DRAFT_BRANCH, TIMED)),
         (_pv_loader_partition, (kv_smem, pe_smem, p_smem, row_smem, kv_ready, kv_free, p_ready, p_free, l_ready, KV,
-                                TOKEN_TABLE, O_PART, n_rows, start, end, n_iter, pid_m, pid_s, stride_kv, BLOCK_M,
-                                BLOCK_N, STAGES, D_NOPE, D_PE, D_HALF, num_warps, PREFETCH)),
+                                TOKEN_TABLE, O_PART, TIMES, n_rows, start, end, n_iter, pid_m, pid_s, prog, stride_kv,
+                                BLOCK_M, BLOCK_N, STAGES, D_NOPE, D_PE, D_HALF, num_warps, PREFETCH, TIMED)),
     ], [num_warps], [WORKER_REGS])
 
 
+def phase_buffer(inputs: VerifyInputs, block_n: int = 64, stages: int = 2, num_sms: int | None = None) -> torch.Tensor:
+    """The int64 buffer a timed call writes its phase cycles into: [programs, 2 partitions, 8 slots, 128 threads]
+    (slots 0-5 the phases of ``PHASES``, 6 the whole loop, 7 the tiles); programs in the order pid_s * tiles + pid_m."""
+    from specdiag.kernels.triton_splitkv import sm_count  # noqa: PLC0415
+
+    plan = plan_splits(inputs.heads * inputs.draft_tokens, inputs.n_kv, gluon_config(block_n, stages),
+                       num_sms or sm_count(inputs.q.device.index or 0))
+    return torch.zeros(plan.n_tiles * plan.n_splits, 2, 8, 32 * WS_PARTITION_WARPS, dtype=torch.int64,
+                       device=inputs.q.device)
+
+
+#: what the timed kernel's slots 0-5 hold, per partition (SM cycles summed over the loop's iterations)
+PHASES: dict[str, tuple[str, ...]] = {
+    "softmax_wg": ("copy_wait", "scores", "softmax", "p_free_wait", "publish", "pv"),
+    "copy_pv_wg": ("p_ready_wait", "pv", "p_free", "buffer_wait", "refill_issue"),
+}
+
+
 def split_kv_gluon_ws(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 64, stages: int = 2,
-                      num_sms: int | None = None, prefetch: bool = False, overlap: bool = False) -> torch.Tensor:
-    """Split-KV verify attention with the warp-specialized partial kernel and triton_splitkv's merge; writes ``out``."""
+                      num_sms: int | None = None, prefetch: bool = False, overlap: bool = False,
+                      draft_branch: bool = False, times: torch.Tensor | None = None) -> torch.Tensor:
+    """Split-KV verify attention with the warp-specialized partial kernel and triton_splitkv's merge; writes ``out``.
+    ``times`` (from ``phase_buffer``) runs the kernel with its phases timed (not with ``overlap``)."""
     from specdiag.kernels.triton_splitkv import merge_partials, sm_count  # noqa: PLC0415
 
     q, cache = inputs.q, inputs.cache
@@ -305,36 +430,42 @@ def split_kv_gluon_ws(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 64
         raise ValueError("split_kv_gluon_ws needs contiguous q [T, H, 576] and cache rows [pool, 576]")
     if q.dtype != cache.dtype:
         raise ValueError(f"split_kv_gluon_ws needs q and the cache in one dtype; got {q.dtype} and {cache.dtype}")
+    if times is not None and overlap:
+        raise ValueError("split_kv_gluon_ws times the loop without the overlap only: pass overlap=False with times")
     T, H = inputs.draft_tokens, inputs.heads
     rows, n_kv = T * H, inputs.n_kv
     cfg = gluon_config(block_n, stages)
     plan = plan_splits(rows, n_kv, cfg, num_sms or sm_count(q.device.index or 0))
     o_part = torch.empty(plan.n_splits, rows, D_V, device=q.device, dtype=torch.float32)
     lse_part = torch.empty(plan.n_splits, rows, device=q.device, dtype=torch.float32)
+    if times is not None and times.shape != (plan.n_tiles * plan.n_splits, 2, 8, 32 * WS_PARTITION_WARPS):
+        raise ValueError(f"times has shape {tuple(times.shape)}; make it with phase_buffer(inputs, {block_n}, {stages})")
     _ws_partial_kernel[(plan.n_tiles, plan.n_splits)](
-        q, cache, inputs.token_table, inputs.mask_u8, o_part, lse_part,
+        q, cache, inputs.token_table, inputs.mask_u8, o_part, lse_part, lse_part if times is None else times,
         inputs.sm_scale * LOG2E, inputs.n_prefix, n_kv, T, H, rows, plan.tokens_per_split, cache.stride(0),
         BLOCK_M=GLUON_BLOCK_M, BLOCK_N=block_n, STAGES=stages, D_NOPE=D_NOPE, D_PE=D_PE, D_HALF=D_HALF,
         num_warps=WS_PARTITION_WARPS, WORKER_REGS=WS_WORKER_REGS, PREFETCH=prefetch, OVERLAP=overlap,
+        DRAFT_BRANCH=draft_branch, TIMED=times is not None,
     )
     merge_partials(o_part, lse_part, out.view(rows, D_V), cfg)
     return out
 
 
 def compile_sm90(block_n: int = 64, stages: int = 2, dtype: str = "bf16", worker_regs: int = WS_WORKER_REGS,
-                 prefetch: bool = False, overlap: bool = False) -> "triton.compiler.CompiledKernel":
+                 prefetch: bool = False, overlap: bool = False, draft_branch: bool = False,
+                 timed: bool = False) -> "triton.compiler.CompiledKernel":
     """The partial kernel compiled ahead of time for sm_90 (no GPU needed): for tests and the compile report."""
     from triton.backends.compiler import GPUTarget  # noqa: PLC0415
     from triton.experimental.gluon._runtime import GluonASTSource  # noqa: PLC0415
 
     sig = {"Q": f"*{dtype}", "KV": f"*{dtype}", "TOKEN_TABLE": "*i64", "MASK": "*u8", "O_PART": "*fp32",
-           "LSE_PART": "*fp32", "qk_scale": "fp32", "n_prefix": "i32", "n_kv": "i32", "n_draft": "i32",
+           "LSE_PART": "*fp32", "TIMES": "*i64" if timed else "*fp32", "qk_scale": "fp32", "n_prefix": "i32", "n_kv": "i32", "n_draft": "i32",
            "n_heads": "i32", "n_rows": "i32", "tokens_per_split": "i32", "stride_kv": "i32"}
     const = {"BLOCK_M": GLUON_BLOCK_M, "BLOCK_N": block_n, "STAGES": stages, "D_NOPE": D_NOPE, "D_PE": D_PE,
              "D_HALF": D_HALF, "num_warps": WS_PARTITION_WARPS, "WORKER_REGS": worker_regs, "PREFETCH": prefetch,
-             "OVERLAP": overlap}
+             "OVERLAP": overlap, "DRAFT_BRANCH": draft_branch, "TIMED": timed}
     sig.update({k: "constexpr" for k in const})
     attrs = {(i,): [["tt.divisibility", 16]] for i, k in enumerate(sig) if k in ("Q", "KV", "TOKEN_TABLE", "O_PART",
-                                                                                 "LSE_PART", "stride_kv")}
+                                                                                 "LSE_PART", "TIMES", "stride_kv")}
     return triton.compile(GluonASTSource(_ws_partial_kernel, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": WS_PARTITION_WARPS})

@@ -1,0 +1,147 @@
+"""Where the warp-specialized kernel's time goes per KV tile: each partition's loop phases in SM cycles (issue 13).
+
+    python -m specdiag.kernels.ws_phases --out DIR --cases 131072:16:64,131072:8:8 [--variant split_gwp_p1]
+
+For each case (context:heads:draft_tokens, page_size 1 on a token-shuffled cache, chain drafts) the variant's partial
+kernel (lib/specdiag/kernels/gluon_ws.py) runs with ``TIMED``: every thread of both warpgroups reads ``%clock64``
+around each phase of its loop and sums the cycles (``gluon_ws.PHASES``):
+
+- warpgroup 0 (``softmax_wg``): waiting for the tile's copy, the scores (issue and wait), the mask and softmax,
+  waiting for the worker to have read the last P, publishing P and the factors, its half of P V;
+- warpgroup 1 (``copy_pv_wg``): waiting for P, its half of P V, freeing P, waiting for warpgroup 0 to free the buffer,
+  issuing the refill's copy.
+
+Rows (table ``kernel_ws_phases``, one per case and partition): cycles per tile of each phase and of the whole loop
+(medians over programs of each program's median thread), the tiles per program, and the call's time untimed and timed
+(CUDA events, medians of ``--n-runs``; the clock reads cost a little: the two show how much). The timed kernel spills a
+few bytes (the untimed one does not); its phases are a reading of the design, not of the untimed kernel's exact time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import os
+import sys
+import time
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import torch
+
+from specdiag.kernels.mla import VerifyShape, make_inputs
+
+TABLE = "kernel_ws_phases"
+
+
+def phase_cycles(times: np.ndarray, phases: dict[str, tuple[str, ...]]) -> list[dict[str, Any]]:
+    """Per partition: cycles per tile of each phase and of the loop, from a timed call's buffer.
+
+    ``times``: [programs, 2, 8, threads] int64 (slots 0-5 the phases summed over the loop, 6 the loop, 7 the tiles).
+    Each program's value is its median thread; the row holds the median (and p10/p90) over programs with tiles.
+    """
+    arr = np.asarray(times, dtype=np.int64)
+    if arr.ndim != 4 or arr.shape[1] != 2 or arr.shape[2] != 8:
+        raise ValueError(f"phase_cycles needs [programs, 2, 8, threads]; got shape {arr.shape}")
+    rows = []
+    for part, (name, names) in enumerate(phases.items()):
+        per_prog = np.median(arr[:, part], axis=-1)  # [programs, 8]
+        tiles = per_prog[:, 7]
+        ok = tiles > 0
+        if not ok.any():
+            raise ValueError("no program of the timed call ran a tile")
+        per_tile = per_prog[ok, :7] / tiles[ok, None]
+        row: dict[str, Any] = {"partition": name, "programs": int(ok.sum()), "tiles_per_program": float(np.median(tiles[ok]))}
+        for k, phase in enumerate(names):
+            row[f"{phase}_cycles"] = float(np.median(per_tile[:, k]))
+        row["loop_cycles"] = float(np.median(per_tile[:, 6]))
+        row["loop_cycles_p10"] = float(np.quantile(per_tile[:, 6], 0.1))
+        row["loop_cycles_p90"] = float(np.quantile(per_tile[:, 6], 0.9))
+        row["phases_sum_cycles"] = float(sum(row[f"{p}_cycles"] for p in names))
+        rows.append(row)
+    return rows
+
+
+def parse_cases(text: str) -> list[VerifyShape]:
+    out = []
+    for item in filter(None, (c.strip() for c in text.split(","))):
+        parts = item.split(":")
+        if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise ValueError(f"case {item!r}: write context:heads:draft_tokens, e.g. 131072:8:8")
+        out.append(VerifyShape(int(parts[0]), int(parts[1]), int(parts[2]), "shuffled_p1"))
+    if not out:
+        raise ValueError("--cases is empty: give context:heads:draft_tokens, comma-separated")
+    return out
+
+
+def measure_case(shape: VerifyShape, variant_name: str, device: torch.device, n_runs: int) -> list[dict[str, Any]]:
+    """The variant untimed and timed on one case (event times), and the timed call's phases per partition."""
+    from specdiag.kernels.dispatch import resolve_config, variant  # noqa: PLC0415
+    from specdiag.kernels.gluon_ws import PHASES, phase_buffer, split_kv_gluon_ws  # noqa: PLC0415
+    from specdiag.kernels.timing import summarize_ms, time_calls  # noqa: PLC0415
+
+    v = variant(variant_name)
+    if v.impl != "gluon_ws" or v.gluon_overlap:
+        raise ValueError(f"{variant_name} is not a warp-specialized arm without the overlap; use split_gwp_p1 or "
+                         "split_gws_p1")
+    cfg = resolve_config(variant_name, shape.heads * shape.draft_tokens)
+    x = make_inputs(shape, device=device, seed=shape.context_tokens)
+    out = x.out_like()
+    kw = dict(block_n=cfg.block_n, stages=cfg.num_stages, prefetch=v.gluon_prefetch, draft_branch=v.gluon_draft_branch)
+    times = phase_buffer(x, cfg.block_n, cfg.num_stages)
+    untimed = summarize_ms(time_calls([lambda: split_kv_gluon_ws(x, out, **kw)], n_runs=n_runs, device=device))
+    timed = summarize_ms(time_calls([lambda: split_kv_gluon_ws(x, out, times=times, **kw)], n_runs=n_runs,
+                                    device=device))
+    torch.cuda.synchronize(device)
+    base = {"context_tokens": shape.context_tokens, "heads": shape.heads, "draft_tokens": shape.draft_tokens,
+            "layout": shape.layout, "kernel": variant_name, "untimed_us": untimed["ms_median"] * 1e3,
+            "timed_us": timed["ms_median"] * 1e3, "ts_unix_s": time.time(), "error": None}
+    return [{**base, **r} for r in phase_cycles(times.cpu().numpy(), PHASES)]
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m specdiag.kernels.ws_phases", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="run folder (created if absent; rows appended to kernel_ws_phases)")
+    ap.add_argument("--cases", required=True, help="context:heads:draft_tokens, comma-separated")
+    ap.add_argument("--variant", default="split_gwp_p1", help="a warp-specialized arm without the overlap")
+    ap.add_argument("--n-runs", type=int, default=20)
+    args = ap.parse_args(argv)
+    shapes = parse_cases(args.cases)  # bad input fails before the GPU is touched
+    if not torch.cuda.is_available():
+        print("ws_phases times a CUDA kernel: no CUDA device here", file=sys.stderr)
+        return 2
+    from tqdm import tqdm  # noqa: PLC0415
+
+    from specdiag.kernels.gluon_ws import PHASES  # noqa: PLC0415
+    from specdiag.kernels.harness import device_provenance  # noqa: PLC0415
+    from specdiag.runs import Run  # noqa: PLC0415
+
+    device = torch.device("cuda")
+    run = Run.create(args.out, label="kernel-ws-phases")
+    command = " ".join([os.path.basename(sys.executable), "-m", "specdiag.kernels.ws_phases", *(argv or sys.argv[1:])])
+    if not run.meta.get("device"):
+        run.update(kind="kernel_ws_phases", device=device_provenance(device))
+    run.update(ws_phases_command=command)
+    for shape in tqdm(shapes, desc="ws phases", file=sys.stdout):
+        try:
+            rows = measure_case(shape, args.variant, device, args.n_runs)
+        except Exception as exc:  # noqa: BLE001 - a failed case is a row; the others still run
+            rows = [{"context_tokens": shape.context_tokens, "heads": shape.heads, "draft_tokens": shape.draft_tokens,
+                     "kernel": args.variant, "error": repr(exc)[:500], "ts_unix_s": time.time()}]
+        for row in rows:
+            run.append_row(TABLE, row)
+            if row.get("error"):
+                print(f"P={shape.context_tokens} H={shape.heads} T={shape.draft_tokens}: error {row['error']}")
+                continue
+            names = PHASES[row["partition"]]
+            print(f"P={shape.context_tokens:>6} H={shape.heads:>3} T={shape.draft_tokens:>2} {row['partition']:<10} "
+                  f"untimed {row['untimed_us']:.1f} us timed {row['timed_us']:.1f} us, {row['tiles_per_program']:.0f} "
+                  f"tiles/program; per tile: loop {row['loop_cycles']:.0f} cycles = "
+                  + " + ".join(f"{p} {row[p + '_cycles']:.0f}" for p in names), flush=True)
+        torch.cuda.empty_cache()
+    run.update(ws_phases_finished_utc=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
