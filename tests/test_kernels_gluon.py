@@ -120,11 +120,11 @@ def test_ptxas_serializes_the_wgmmas_only_when_p_v_crosses_iterations() -> None:
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed here")
-@pytest.mark.parametrize("block_n, stages, prefetch, overlap",
-                         [(64, 2, False, False), (64, 2, True, False), (64, 2, True, True), (32, 4, True, False),
-                          (32, 4, True, True)])
+@pytest.mark.parametrize("block_n, stages, prefetch, overlap, fold",
+                         [(64, 2, False, False, False), (64, 2, True, False, False), (64, 2, True, True, False),
+                          (32, 4, True, False, False), (32, 4, True, True, False), (64, 2, True, False, True)])
 def test_warp_specialized_kernel_compiles_for_sm90_as_designed(block_n: int, stages: int, prefetch: bool,
-                                                               overlap: bool) -> None:
+                                                               overlap: bool, fold: bool) -> None:
     """Runs 15-16's kernel (gluon_ws) for sm_90: two partitions of one warpgroup each; warpgroup 0's scores as
     whole-tile m64nBLOCK_Nk16 wgmmas (36 per tile: no score computed twice, no cross-warpgroup reduction), both halves
     of P V as m64n256k16, warpgroup 0's with P from registers; the cp.async copies arrive on the ring's mbarriers
@@ -138,7 +138,7 @@ def test_warp_specialized_kernel_compiles_for_sm90_as_designed(block_n: int, sta
 
     from specdiag.kernels.gluon_ws import compile_sm90
 
-    k = compile_sm90(block_n, stages, prefetch=prefetch, overlap=overlap)
+    k = compile_sm90(block_n, stages, prefetch=prefetch, overlap=overlap, draft_branch=fold, fold=fold)
     assert 0 < k.metadata.shared <= SHARED_LIMIT_SM90, k.metadata.shared
     assert k.metadata.num_warps == 8
     ptx = k.asm["ptx"]
@@ -163,7 +163,7 @@ def test_warp_specialized_kernel_compiles_for_sm90_as_designed(block_n: int, sta
 
 def test_warp_specialized_variants_resolve_and_fall_back_on_the_cpu() -> None:
     tiles = {"split_gws_p1": (64, 2), "split_gwp_p1": (64, 2), "split_gwo_p1": (64, 2), "split_gwp32_p1": (32, 4),
-             "split_gwo32_p1": (32, 4)}
+             "split_gwo32_p1": (32, 4), "split_gwm_p1": (64, 2), "split_gwf_p1": (64, 2)}
     x = make_inputs(VerifyShape(300, 4, 4, "shuffled_p1"), seed=3)
     ref = reference_verify(x)
     for name, tile in tiles.items():
@@ -174,6 +174,7 @@ def test_warp_specialized_variants_resolve_and_fall_back_on_the_cpu() -> None:
         run_variant(name, x, out)
         assert relative_error(out, ref) < 1e-2
     assert KERNEL_VARIANTS["split_gwo_p1"].gluon_overlap and not KERNEL_VARIANTS["split_gwp_p1"].gluon_overlap
+    assert KERNEL_VARIANTS["split_gwf_p1"].gluon_fold and KERNEL_VARIANTS["split_gwf_p1"].gluon_draft_branch
     pytest.importorskip("triton.experimental.gluon")
     from specdiag.kernels.gluon_ws import split_kv_gluon_ws
 

@@ -17,7 +17,8 @@ warpgroups (gluon_ws: one computes the scores, the softmax and half of P V, the 
 half; they meet at mbarriers). Run 16: ``split_gwp*`` prefetch the copies' token-table rows a tile ahead,
 ``split_gwo*`` also overlap tile i's P V with tile i + 1's softmax in warpgroup 0. ``split_auto_ws_p1``: split_p1 up
 to 32 rows, split_gwp_p1 above (run 16's fastest of ours from 33 rows on). Run 18: ``split_gwm_p1`` loads the tree
-mask only on the tiles that reach the draft tokens. On CUDA the Triton kernels run; on the CPU the
+mask only on the tiles that reach the draft tokens; run 19's ``split_gwf_p1`` also leaves interior tiles unmasked and
+folds the scale into the exponent. On CUDA the Triton kernels run; on the CPU the
 torch fallbacks of the same designs (reference.py) run, so tests and CI exercise the same code paths
 around them.
 """
@@ -65,6 +66,8 @@ class KernelVariant:
     gluon_overlap: bool = False
     #: impl "gluon_ws" only: the tree mask loaded only on tiles that reach the draft tokens (run 18)
     gluon_draft_branch: bool = False
+    #: impl "gluon_ws" only: interior tiles unmasked, the scale folded into the exponent, the sum before rounding
+    gluon_fold: bool = False
 
 
 KERNEL_VARIANTS: dict[str, KernelVariant] = {
@@ -131,6 +134,9 @@ KERNEL_VARIANTS: dict[str, KernelVariant] = {
     # run 18: split_gwp_p1 with the tree mask loaded only on the tiles that reach the draft tokens
     "split_gwm_p1": KernelVariant("split_gwm_p1", "split_kv", 1, impl="gluon_ws", gluon_tile=(64, 2),
                                   gluon_prefetch=True, gluon_draft_branch=True),
+    # run 19: split_gwm_p1 with the softmax of interior tiles unmasked and the scale folded into the exponent
+    "split_gwf_p1": KernelVariant("split_gwf_p1", "split_kv", 1, impl="gluon_ws", gluon_tile=(64, 2),
+                                  gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True),
     "split_auto_p1": KernelVariant("split_auto_p1", "split_kv", 1, impl="auto", gluon_tile=(64, 2)),
     # run 17: split_p1 up to 32 rows, the warp-specialized kernel with prefetched token-table rows (split_gwp_p1) above
     "split_auto_ws_p1": KernelVariant("split_auto_ws_p1", "split_kv", 1, impl="auto_ws", gluon_tile=(64, 2),
@@ -202,7 +208,7 @@ def run_variant(name: str, inputs: VerifyInputs, out: torch.Tensor, config: Opti
 
             return split_kv_gluon_ws(inputs, out, block_n=config.block_n, stages=config.num_stages,
                                      prefetch=v.gluon_prefetch, overlap=v.gluon_overlap,
-                                     draft_branch=v.gluon_draft_branch)
+                                     draft_branch=v.gluon_draft_branch, fold=v.gluon_fold)
         if v.impl == "gluon" or (v.impl == "auto" and rows >= AUTO_GLUON_MIN_ROWS):
             from specdiag.kernels.gluon_splitkv import split_kv_gluon  # noqa: PLC0415
 

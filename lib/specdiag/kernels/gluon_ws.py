@@ -94,15 +94,34 @@ def _issue_scores(q_smem, qpe_smem, kv_smem, pe_smem, it, STAGES: gl.constexpr, 
 @gluon.jit
 def _online_softmax(s, m_i, l_i, it, MASK, qk_scale, n_prefix, n_draft, n_heads, n_rows, start, end, pid_m,
                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, S_L: gl.constexpr, A_L: gl.constexpr,
-                    dtype: gl.constexpr, DRAFT_BRANCH: gl.constexpr):
+                    dtype: gl.constexpr, DRAFT_BRANCH: gl.constexpr, FOLD: gl.constexpr):
     """Tile ``it``'s mask (prefix, split end, tree) and online softmax step: P (``dtype``, as P V's A operand), the
     rescale factor of the rows' earlier sum, the new running max and sum. With DRAFT_BRANCH the tree mask is loaded
-    only on tiles that reach the draft tokens (one scalar branch; a prefix tile's mask is its key range)."""
+    only on tiles that reach the draft tokens (one scalar branch; a prefix tile's mask is its key range). With FOLD
+    (and DRAFT_BRANCH) a tile wholly inside the split and the prefix is not masked at all, its scale is folded into
+    the exponent (one FMA per score) and the row sum is taken before P is rounded to ``dtype``."""
     rows_s = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, S_L))
     kpos = start + it * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_L))
     j = kpos - n_prefix
+    tile0 = start + it * BLOCK_N
+    if FOLD:
+        if tile0 + BLOCK_N <= gl.minimum(end, n_prefix):  # every key of the tile visible to every row
+            m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+            p32 = gl.exp2(s * qk_scale - m_use[:, None])
+        else:
+            tree = gl.load(MASK + (rows_s // n_heads)[:, None] * n_draft + j[None, :],
+                           mask=(rows_s < n_rows)[:, None] & (kpos < end)[None, :] & (j >= 0)[None, :], other=0)
+            visible = (kpos < end)[None, :] & ((kpos < n_prefix)[None, :] | (tree != 0))
+            sm = gl.where(visible, s * qk_scale, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(sm, 1))
+            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+            p32 = gl.exp2(sm - m_use[:, None])
+        alpha = gl.exp2(m_i - m_use)
+        l_new = l_i * alpha + gl.sum(p32, 1)
+        return gl.convert_layout(p32.to(dtype), A_L), alpha, m_new, l_new
     if DRAFT_BRANCH:
-        if start + it * BLOCK_N + BLOCK_N > n_prefix:
+        if tile0 + BLOCK_N > n_prefix:
             tree = gl.load(MASK + (rows_s // n_heads)[:, None] * n_draft + j[None, :],
                            mask=(rows_s < n_rows)[:, None] & (kpos < end)[None, :] & (j >= 0)[None, :], other=0)
             visible = (kpos < end)[None, :] & ((kpos < n_prefix)[None, :] | (tree != 0))
@@ -138,7 +157,7 @@ def _softmax_partition(q_smem, qpe_smem, kv_smem, pe_smem, p_smem, row_smem, kv_
                        end, n_iter, pid_m, pid_s, prog,
                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, D_NOPE: gl.constexpr,
                        D_HALF: gl.constexpr, WARPS: gl.constexpr, OVERLAP: gl.constexpr, DRAFT_BRANCH: gl.constexpr,
-                       TIMED: gl.constexpr):
+                       TIMED: gl.constexpr, FOLD: gl.constexpr):
     """Warpgroup 0: scores, softmax, P and the rescale factors to the worker, the first half of O (module doc).
     With OVERLAP (run 16) tile i's P V runs on the tensor cores under tile i + 1's softmax (FA3's intra-warpgroup
     overlap): tile i + 1's scores are issued first, then tile i's P V, and the wait for the scores leaves the P V in
@@ -163,7 +182,7 @@ def _softmax_partition(q_smem, qpe_smem, kv_smem, pe_smem, p_smem, row_smem, kv_
         s = warpgroup_mma_wait(num_outstanding=0, deps=(_issue_scores(q_smem, qpe_smem, kv_smem, pe_smem, 0, STAGES,
                                                                       BLOCK_M, BLOCK_N, S_L),))
         p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, 0, MASK, qk_scale, n_prefix, n_draft, n_heads, n_rows,
-                                             start, end, pid_m, BLOCK_M, BLOCK_N, S_L, A_L, dtype, DRAFT_BRANCH)
+                                             start, end, pid_m, BLOCK_M, BLOCK_N, S_L, A_L, dtype, DRAFT_BRANCH, FOLD)
         mbarrier.wait(p_free, 1)
         _publish(p, alpha, p_smem, row_smem, p_ready)
         for it in range(0, n_iter - 1):
@@ -174,7 +193,7 @@ def _softmax_partition(q_smem, qpe_smem, kv_smem, pe_smem, p_smem, row_smem, kv_
             s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))  # tile it + 1's scores; tile it's P V may run on
             p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, it + 1, MASK, qk_scale, n_prefix, n_draft, n_heads,
                                                  n_rows, start, end, pid_m, BLOCK_M, BLOCK_N, S_L, A_L, dtype,
-                                                 DRAFT_BRANCH)
+                                                 DRAFT_BRANCH, FOLD)
             mbarrier.wait(p_free, ((it + 1) & 1) ^ 1)
             _publish(p, alpha, p_smem, row_smem, p_ready)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
@@ -208,7 +227,7 @@ def _softmax_partition(q_smem, qpe_smem, kv_smem, pe_smem, p_smem, row_smem, kv_
                 ph1 += t2 - t1
             p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, it, MASK, qk_scale, n_prefix, n_draft, n_heads,
                                                  n_rows, start, end, pid_m, BLOCK_M, BLOCK_N, S_L, A_L, dtype,
-                                                 DRAFT_BRANCH)
+                                                 DRAFT_BRANCH, FOLD)
             if TIMED:
                 t3 = _clock(tick)
                 ph2 += t3 - t2
@@ -341,7 +360,7 @@ def _ws_partial_kernel(Q, KV, TOKEN_TABLE, MASK, O_PART, LSE_PART, TIMES,
                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                        D_NOPE: gl.constexpr, D_PE: gl.constexpr, D_HALF: gl.constexpr, num_warps: gl.constexpr,
                        WORKER_REGS: gl.constexpr, PREFETCH: gl.constexpr, OVERLAP: gl.constexpr,
-                       DRAFT_BRANCH: gl.constexpr, TIMED: gl.constexpr):
+                       DRAFT_BRANCH: gl.constexpr, TIMED: gl.constexpr, FOLD: gl.constexpr):
     """One program per (64-row tile, split): Q to shared memory, then the two partitions (module doc)."""
     pid_m = gl.program_id(0)
     pid_s = gl.program_id(1)
@@ -391,7 +410,7 @@ def _ws_partial_kernel(Q, KV, TOKEN_TABLE, MASK, O_PART, LSE_PART, TIMES,
         (_softmax_partition, (q_smem, qpe_smem, kv_smem, pe_smem, p_smem, row_smem, kv_ready, kv_free, p_ready,
                               p_free, l_ready, MASK, O_PART, LSE_PART, TIMES, qk_scale, n_prefix, n_draft, n_heads,
                               n_rows, start, end, n_iter, pid_m, pid_s, prog, BLOCK_M, BLOCK_N, STAGES, D_NOPE,
-                              D_HALF, num_warps, OVERLAP, DRAFT_BRANCH, TIMED)),
+                              D_HALF, num_warps, OVERLAP, DRAFT_BRANCH, TIMED, FOLD)),
         (_pv_loader_partition, (kv_smem, pe_smem, p_smem, row_smem, kv_ready, kv_free, p_ready, p_free, l_ready, KV,
                                 TOKEN_TABLE, O_PART, TIMES, n_rows, start, end, n_iter, pid_m, pid_s, prog, stride_kv,
                                 BLOCK_M, BLOCK_N, STAGES, D_NOPE, D_PE, D_HALF, num_warps, PREFETCH, TIMED)),
@@ -418,7 +437,8 @@ PHASES: dict[str, tuple[str, ...]] = {
 
 def split_kv_gluon_ws(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 64, stages: int = 2,
                       num_sms: int | None = None, prefetch: bool = False, overlap: bool = False,
-                      draft_branch: bool = False, times: torch.Tensor | None = None) -> torch.Tensor:
+                      draft_branch: bool = False, fold: bool = False,
+                      times: torch.Tensor | None = None) -> torch.Tensor:
     """Split-KV verify attention with the warp-specialized partial kernel and triton_splitkv's merge; writes ``out``.
     ``times`` (from ``phase_buffer``) runs the kernel with its phases timed (not with ``overlap``)."""
     from specdiag.kernels.triton_splitkv import merge_partials, sm_count  # noqa: PLC0415
@@ -445,7 +465,7 @@ def split_kv_gluon_ws(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 64
         inputs.sm_scale * LOG2E, inputs.n_prefix, n_kv, T, H, rows, plan.tokens_per_split, cache.stride(0),
         BLOCK_M=GLUON_BLOCK_M, BLOCK_N=block_n, STAGES=stages, D_NOPE=D_NOPE, D_PE=D_PE, D_HALF=D_HALF,
         num_warps=WS_PARTITION_WARPS, WORKER_REGS=WS_WORKER_REGS, PREFETCH=prefetch, OVERLAP=overlap,
-        DRAFT_BRANCH=draft_branch, TIMED=times is not None,
+        DRAFT_BRANCH=draft_branch, TIMED=times is not None, FOLD=fold,
     )
     merge_partials(o_part, lse_part, out.view(rows, D_V), cfg)
     return out
@@ -453,7 +473,7 @@ def split_kv_gluon_ws(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 64
 
 def compile_sm90(block_n: int = 64, stages: int = 2, dtype: str = "bf16", worker_regs: int = WS_WORKER_REGS,
                  prefetch: bool = False, overlap: bool = False, draft_branch: bool = False,
-                 timed: bool = False) -> "triton.compiler.CompiledKernel":
+                 timed: bool = False, fold: bool = False) -> "triton.compiler.CompiledKernel":
     """The partial kernel compiled ahead of time for sm_90 (no GPU needed): for tests and the compile report."""
     from triton.backends.compiler import GPUTarget  # noqa: PLC0415
     from triton.experimental.gluon._runtime import GluonASTSource  # noqa: PLC0415
@@ -463,7 +483,7 @@ def compile_sm90(block_n: int = 64, stages: int = 2, dtype: str = "bf16", worker
            "n_heads": "i32", "n_rows": "i32", "tokens_per_split": "i32", "stride_kv": "i32"}
     const = {"BLOCK_M": GLUON_BLOCK_M, "BLOCK_N": block_n, "STAGES": stages, "D_NOPE": D_NOPE, "D_PE": D_PE,
              "D_HALF": D_HALF, "num_warps": WS_PARTITION_WARPS, "WORKER_REGS": worker_regs, "PREFETCH": prefetch,
-             "OVERLAP": overlap, "DRAFT_BRANCH": draft_branch, "TIMED": timed}
+             "OVERLAP": overlap, "DRAFT_BRANCH": draft_branch, "TIMED": timed, "FOLD": fold}
     sig.update({k: "constexpr" for k in const})
     attrs = {(i,): [["tt.divisibility", 16]] for i, k in enumerate(sig) if k in ("Q", "KV", "TOKEN_TABLE", "O_PART",
                                                                                  "LSE_PART", "TIMES", "stride_kv")}

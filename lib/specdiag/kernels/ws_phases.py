@@ -87,7 +87,8 @@ def measure_case(shape: VerifyShape, variant_name: str, device: torch.device, n_
     cfg = resolve_config(variant_name, shape.heads * shape.draft_tokens)
     x = make_inputs(shape, device=device, seed=shape.context_tokens)
     out = x.out_like()
-    kw = dict(block_n=cfg.block_n, stages=cfg.num_stages, prefetch=v.gluon_prefetch, draft_branch=v.gluon_draft_branch)
+    kw = dict(block_n=cfg.block_n, stages=cfg.num_stages, prefetch=v.gluon_prefetch, draft_branch=v.gluon_draft_branch,
+              fold=v.gluon_fold)
     times = phase_buffer(x, cfg.block_n, cfg.num_stages)
     untimed = summarize_ms(time_calls([lambda: split_kv_gluon_ws(x, out, **kw)], n_runs=n_runs, device=device))
     timed = summarize_ms(time_calls([lambda: split_kv_gluon_ws(x, out, times=times, **kw)], n_runs=n_runs,
