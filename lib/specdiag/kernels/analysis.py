@@ -129,13 +129,18 @@ def target_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def target_summary(targets: pd.DataFrame) -> pd.DataFrame:
-    """Per target: cases, cases met, worst and best value."""
+    """Per target: rows (kernel x case) and rows met, worst and best value; ``best_cases`` / ``best_met``: the cases
+    (context, heads, draft tokens, layout) and how many of them the best kernel of the case meets (a run with several
+    split kernels per case meets a target on a case when any of them does)."""
     if targets.empty:
         return targets
     g = targets.groupby("target")
+    case_keys = ["target", "context_tokens", "heads", "draft_tokens", "layout"]
+    by_case = targets.groupby(case_keys)["met"].any().groupby("target")
     return pd.DataFrame({"cases": g.size(), "met": g["met"].sum(), "min_value": g["value"].min(),
                          "max_value": g["value"].max(), "threshold": g["threshold"].first(),
-                         "unit": g["unit"].first()}).reset_index()
+                         "unit": g["unit"].first(), "best_cases": by_case.size(),
+                         "best_met": by_case.sum()}).reset_index()
 
 
 def fixed_cost_fit(df: pd.DataFrame, kernel: str = "split_p1", layout: str = "shuffled_p1") -> pd.DataFrame:
@@ -240,15 +245,19 @@ def findings(df: pd.DataFrame, peaks: Mapping[str, Any], copy_rows: Iterable[Map
         out.append(baseline_finding(base, copy_gbps, peaks.get("sm_count")))
     targets = target_table(df)
     for _, s in target_summary(targets).iterrows():
-        met_all = int(s.met) == int(s.cases)
+        met_all = int(s.best_met) == int(s.best_cases)  # judged on each case's best kernel, as the issue-13 verdicts
+        rows_note = (f"; {int(s.met)} of {int(s.cases)} kernel rows meet it" if int(s.cases) != int(s.best_cases)
+                     else "")
         out.append(Finding(
             id=f"kernel_ab.target.{s.target.split(':')[0].split(' ')[0].replace('-', '_').lower()}",
             title=f"Target {s.target}", severity="ok" if met_all else "warning",
-            verdict=(f"{'Met' if met_all else 'Missed'}: {int(s.met)} of {int(s.cases)} cases meet it "
-                     f"(values {s.min_value:.3g}-{s.max_value:.3g} {s.unit}, threshold {s.threshold:g})."),
+            verdict=(f"{'Met' if met_all else 'Missed'}: {int(s.best_met)} of {int(s.best_cases)} cases meet it"
+                     + (" by their best split kernel" if rows_note else "") + rows_note
+                     + f" (values {s.min_value:.3g}-{s.max_value:.3g} {s.unit}, threshold {s.threshold:g})."),
             evidence=[f"Split-KV on shuffled layouts at contexts >= 64k; copy {copy_gbps:.0f} GB/s and matmul "
                       f"{mm:.0f} TFLOP/s measured in the same run."],
-            numbers={"cases": int(s.cases), "met": int(s.met), "min_value": float(s.min_value),
+            numbers={"cases": int(s.cases), "met": int(s.met), "best_cases": int(s.best_cases),
+                     "best_met": int(s.best_met), "min_value": float(s.min_value),
                      "max_value": float(s.max_value), "threshold": float(s.threshold)},
         ))
     fit = fixed_cost_fit(df)
@@ -281,7 +290,7 @@ def findings(df: pd.DataFrame, peaks: Mapping[str, Any], copy_rows: Iterable[Map
     big = fit[fit["rows"] >= 64]
     if not big.empty:
         out.append(Finding(
-            id="kernel_ab.split_inner_loop", title="With 64+ rows the split kernel is bound by its tensor-core loop",
+            id="kernel_ab.split_inner_loop", title="With 64+ rows split_p1 (Triton) is bound by its tensor-core loop",
             verdict=((f"At the one shape of 64+ rows measured (H={int(big['heads'].iloc[0])} "
                       f"T={int(big['draft_tokens'].iloc[0])}) the inner loop runs at {big['marginal_tflops'].iloc[0]:.0f} "
                       f"TFLOP/s, {100 * big['marginal_tflops'].iloc[0] / mm:.0f}% " if len(big) == 1 else
@@ -297,6 +306,8 @@ def findings(df: pd.DataFrame, peaks: Mapping[str, Any], copy_rows: Iterable[Map
             severity="info",
             evidence=[f"H={int(r.heads)} T={int(r.draft_tokens)}: {r.marginal_tflops:.0f} TFLOP/s marginal, "
                       f"{r.fixed_us:.0f} us fixed (least squares over contexts)" for r in big.itertuples()]
+                     + ["split_p1 on shuffled_p1 only; the other kernels of the run are judged per case in the issue-13 "
+                        "verdicts (section 8)."]
                      + [f"matmul {mm:.0f} TFLOP/s measured in the same run; 'whatever the shape' means a max/min spread "
                         f"under {FLAT_RATIO:g}x; the compute target is {COMPUTE_TARGET_PCT:g}% of matmul."],
             numbers={"marginal_tflops_min": float(big["marginal_tflops"].min()),
@@ -406,6 +417,9 @@ def verdict_finding(verdicts: pd.DataFrame) -> Optional[Finding]:
     n = int(len(verdicts))
     short = verdicts.assign(gap=verdicts["threshold"] - verdicts["ours_value"]).sort_values("gap", ascending=False)
     worst = short.iloc[0]
+    family = verdicts["target"].str.split(":").str[0]
+    met_by = verdicts["ours_met"].fillna(False).astype(bool).groupby(family, sort=True)
+    per_target = ", ".join(f"{name} {int(m.sum())} of {len(m)}" for name, m in met_by)
     ev = [f"{r.target} at {int(r.context_tokens) // 1024}k, {int(r.heads)} x {int(r.draft_tokens)}: ours "
           f"{r.ours_value:.1f} ({r.ours_kernel})" + (f", {r.anchor_kernel} {r.anchor_value:.1f}" if isinstance(r.anchor_kernel, str)
                                                     else "") + f", threshold {r.threshold:g}"
@@ -413,7 +427,7 @@ def verdict_finding(verdicts: pd.DataFrame) -> Optional[Finding]:
     return Finding(
         id="kernel_ab.issue13_verdicts", title="Issue 13's targets: our kernel and the anchors, case by case",
         severity="ok" if ours_met == n else "warning",
-        verdict=(f"Our fastest kernel meets {ours_met} of {n} target cases"
+        verdict=(f"Our fastest kernel per case meets {ours_met} of {n} target cases ({per_target})"
                  + (f"; the best anchor meets {anchor_met} of the {len(with_anchor)} it ran" if len(with_anchor) else
                     "; no anchor ran on them")
                  + (f". Furthest from its threshold: {worst.target.split(':')[0]} at {int(worst.context_tokens) // 1024}k, "
