@@ -39,19 +39,20 @@ def test_auto_variant_picks_triton_up_to_32_rows_and_gluon_above() -> None:
     from specdiag.kernels.dispatch import AUTO_GLUON_MIN_ROWS
 
     assert AUTO_GLUON_MIN_ROWS == 33
-    for name in ("split_auto_p1", "split_auto_ws_p1"):
+    for name in ("split_auto_p1", "split_auto_ws_p1", "split_auto_gwf_p1"):
         for rows in (8, 16, 32):
             assert resolve_config(name, rows) is None  # split_p1's own default, chosen in the launcher
         for rows in (33, 64, 1024):
             assert resolve_config(name, rows) == gluon_config(64, 2)
-    assert KERNEL_VARIANTS["split_auto_ws_p1"].gluon_prefetch
+    assert KERNEL_VARIANTS["split_auto_ws_p1"].gluon_prefetch and not KERNEL_VARIANTS["split_auto_ws_p1"].gluon_fold
+    assert KERNEL_VARIANTS["split_auto_gwf_p1"].gluon_fold and KERNEL_VARIANTS["split_auto_gwf_p1"].impl == "auto_ws"
 
 
 def test_gluon_variants_fall_back_to_the_torch_design_on_the_cpu() -> None:
     x = make_inputs(VerifyShape(300, 4, 4, "shuffled_p1"), seed=2)
     ref = reference_verify(x)
     for name in ("split_glo_p1", "split_glo32_p1", "split_glw_p1", "split_glw32_p1", "split_auto_p1", "split_glx_p1",
-                 "split_auto_ws_p1"):
+                 "split_auto_ws_p1", "split_auto_gwf_p1"):
         out = x.out_like()
         run_variant(name, x, out)
         assert relative_error(out, ref) < 1e-2

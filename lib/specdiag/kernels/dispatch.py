@@ -18,9 +18,9 @@ half; they meet at mbarriers). Run 16: ``split_gwp*`` prefetch the copies' token
 ``split_gwo*`` also overlap tile i's P V with tile i + 1's softmax in warpgroup 0. ``split_auto_ws_p1``: split_p1 up
 to 32 rows, split_gwp_p1 above (run 16's fastest of ours from 33 rows on). Run 18: ``split_gwm_p1`` loads the tree
 mask only on the tiles that reach the draft tokens; run 19's ``split_gwf_p1`` also leaves interior tiles unmasked and
-folds the scale into the exponent. On CUDA the Triton kernels run; on the CPU the
-torch fallbacks of the same designs (reference.py) run, so tests and CI exercise the same code paths
-around them.
+folds the scale into the exponent; ``split_auto_gwf_p1`` is split_p1 up to 32 rows and split_gwf_p1 above. On CUDA
+the Triton kernels run; on the CPU the torch fallbacks of the same designs (reference.py) run, so tests and CI
+exercise the same code paths around them.
 """
 
 from __future__ import annotations
@@ -137,6 +137,9 @@ KERNEL_VARIANTS: dict[str, KernelVariant] = {
     # run 19: split_gwm_p1 with the softmax of interior tiles unmasked and the scale folded into the exponent
     "split_gwf_p1": KernelVariant("split_gwf_p1", "split_kv", 1, impl="gluon_ws", gluon_tile=(64, 2),
                                   gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True),
+    # run 20: split_p1 up to 32 rows, split_gwf_p1 above (run 19's fastest of ours from 33 rows on)
+    "split_auto_gwf_p1": KernelVariant("split_auto_gwf_p1", "split_kv", 1, impl="auto_ws", gluon_tile=(64, 2),
+                                       gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True),
     "split_auto_p1": KernelVariant("split_auto_p1", "split_kv", 1, impl="auto", gluon_tile=(64, 2)),
     # run 17: split_p1 up to 32 rows, the warp-specialized kernel with prefetched token-table rows (split_gwp_p1) above
     "split_auto_ws_p1": KernelVariant("split_auto_ws_p1", "split_kv", 1, impl="auto_ws", gluon_tile=(64, 2),
