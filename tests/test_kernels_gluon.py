@@ -139,7 +139,8 @@ def test_warp_specialized_kernel_compiles_for_sm90_as_designed(block_n: int, sta
 
     from specdiag.kernels.gluon_ws import compile_sm90
 
-    k = compile_sm90(block_n, stages, prefetch=prefetch, overlap=overlap, draft_branch=fold, fold=fold)
+    k = compile_sm90(block_n, stages, prefetch=prefetch, overlap=overlap, draft_branch=fold, fold=fold,
+                     partial="bf16" if fold else "fp32")
     assert 0 < k.metadata.shared <= SHARED_LIMIT_SM90, k.metadata.shared
     assert k.metadata.num_warps == 8
     ptx = k.asm["ptx"]
@@ -164,7 +165,8 @@ def test_warp_specialized_kernel_compiles_for_sm90_as_designed(block_n: int, sta
 
 def test_warp_specialized_variants_resolve_and_fall_back_on_the_cpu() -> None:
     tiles = {"split_gws_p1": (64, 2), "split_gwp_p1": (64, 2), "split_gwo_p1": (64, 2), "split_gwp32_p1": (32, 4),
-             "split_gwo32_p1": (32, 4), "split_gwm_p1": (64, 2), "split_gwf_p1": (64, 2)}
+             "split_gwo32_p1": (32, 4), "split_gwm_p1": (64, 2), "split_gwf_p1": (64, 2), "split_gwb_p1": (64, 2),
+             "split_gwbp_p1": (64, 2)}
     x = make_inputs(VerifyShape(300, 4, 4, "shuffled_p1"), seed=3)
     ref = reference_verify(x)
     for name, tile in tiles.items():
@@ -176,6 +178,8 @@ def test_warp_specialized_variants_resolve_and_fall_back_on_the_cpu() -> None:
         assert relative_error(out, ref) < 1e-2
     assert KERNEL_VARIANTS["split_gwo_p1"].gluon_overlap and not KERNEL_VARIANTS["split_gwp_p1"].gluon_overlap
     assert KERNEL_VARIANTS["split_gwf_p1"].gluon_fold and KERNEL_VARIANTS["split_gwf_p1"].gluon_draft_branch
+    assert KERNEL_VARIANTS["split_gwb_p1"].gluon_bf16_partials and not KERNEL_VARIANTS["split_gwb_p1"].gluon_pdl_merge
+    assert KERNEL_VARIANTS["split_gwbp_p1"].gluon_pdl_merge
     pytest.importorskip("triton.experimental.gluon")
     from specdiag.kernels.gluon_ws import split_kv_gluon_ws
 

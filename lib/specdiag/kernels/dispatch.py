@@ -18,7 +18,8 @@ half; they meet at mbarriers). Run 16: ``split_gwp*`` prefetch the copies' token
 ``split_gwo*`` also overlap tile i's P V with tile i + 1's softmax in warpgroup 0. ``split_auto_ws_p1``: split_p1 up
 to 32 rows, split_gwp_p1 above (run 16's fastest of ours from 33 rows on). Run 18: ``split_gwm_p1`` loads the tree
 mask only on the tiles that reach the draft tokens; run 19's ``split_gwf_p1`` also leaves interior tiles unmasked and
-folds the scale into the exponent; ``split_auto_gwf_p1`` is split_p1 up to 32 rows and split_gwf_p1 above. On CUDA
+folds the scale into the exponent; ``split_auto_gwf_p1`` is split_p1 up to 32 rows and split_gwf_p1 above. Run 22:
+``split_gwb_p1`` (bf16 partials) and ``split_gwbp_p1`` (and the merge as a programmatic dependent launch). On CUDA
 the Triton kernels run; on the CPU the torch fallbacks of the same designs (reference.py) run, so tests and CI
 exercise the same code paths around them.
 """
@@ -68,6 +69,10 @@ class KernelVariant:
     gluon_draft_branch: bool = False
     #: impl "gluon_ws" only: interior tiles unmasked, the scale folded into the exponent, the sum before rounding
     gluon_fold: bool = False
+    #: impl "gluon_ws" only: bf16 split partials (run 22)
+    gluon_bf16_partials: bool = False
+    #: impl "gluon_ws" only: the merge as a programmatic dependent launch (run 22)
+    gluon_pdl_merge: bool = False
 
 
 KERNEL_VARIANTS: dict[str, KernelVariant] = {
@@ -137,6 +142,13 @@ KERNEL_VARIANTS: dict[str, KernelVariant] = {
     # run 19: split_gwm_p1 with the softmax of interior tiles unmasked and the scale folded into the exponent
     "split_gwf_p1": KernelVariant("split_gwf_p1", "split_kv", 1, impl="gluon_ws", gluon_tile=(64, 2),
                                   gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True),
+    # run 22: split_gwf_p1 with bf16 partials (gwb), and with the merge as a programmatic dependent launch (gwbp)
+    "split_gwb_p1": KernelVariant("split_gwb_p1", "split_kv", 1, impl="gluon_ws", gluon_tile=(64, 2),
+                                  gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True,
+                                  gluon_bf16_partials=True),
+    "split_gwbp_p1": KernelVariant("split_gwbp_p1", "split_kv", 1, impl="gluon_ws", gluon_tile=(64, 2),
+                                   gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True,
+                                   gluon_bf16_partials=True, gluon_pdl_merge=True),
     # run 20: split_p1 up to 32 rows, split_gwf_p1 above (run 19's fastest of ours from 33 rows on)
     "split_auto_gwf_p1": KernelVariant("split_auto_gwf_p1", "split_kv", 1, impl="auto_ws", gluon_tile=(64, 2),
                                        gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True),
@@ -211,7 +223,8 @@ def run_variant(name: str, inputs: VerifyInputs, out: torch.Tensor, config: Opti
 
             return split_kv_gluon_ws(inputs, out, block_n=config.block_n, stages=config.num_stages,
                                      prefetch=v.gluon_prefetch, overlap=v.gluon_overlap,
-                                     draft_branch=v.gluon_draft_branch, fold=v.gluon_fold)
+                                     draft_branch=v.gluon_draft_branch, fold=v.gluon_fold,
+                                     bf16_partials=v.gluon_bf16_partials, pdl_merge=v.gluon_pdl_merge)
         if v.impl == "gluon" or (v.impl == "auto" and rows >= AUTO_GLUON_MIN_ROWS):
             from specdiag.kernels.gluon_splitkv import split_kv_gluon  # noqa: PLC0415
 

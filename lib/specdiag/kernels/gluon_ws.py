@@ -265,7 +265,8 @@ def _softmax_partition(q_smem, qpe_smem, kv_smem, pe_smem, p_smem, row_smem, kv_
     rows_o = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=ROW_O)
     offs_v = gl.arange(0, D_HALF, layout=gl.SliceLayout(0, O_L))
     part_row = pid_s.to(gl.int64) * n_rows + rows_o
-    gl.store(O_PART + part_row[:, None] * (2 * D_HALF) + offs_v[None, :], o, mask=(rows_o < n_rows)[:, None])
+    gl.store(O_PART + part_row[:, None] * (2 * D_HALF) + offs_v[None, :], o.to(O_PART.dtype.element_ty),
+             mask=(rows_o < n_rows)[:, None])
     lse = gl.where(l_i > 0, m_i + gl.log2(gl.where(l_i > 0, l_i, 1.0)), float("-inf"))
     gl.store(LSE_PART + pid_s.to(gl.int64) * n_rows + rows_s, lse, mask=rows_s < n_rows)
 
@@ -351,7 +352,8 @@ def _pv_loader_partition(kv_smem, pe_smem, p_smem, row_smem, kv_ready, kv_free, 
     rows_o = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=ROW_O)
     offs_v = D_HALF + gl.arange(0, D_HALF, layout=gl.SliceLayout(0, O_L))
     part_row = pid_s.to(gl.int64) * n_rows + rows_o
-    gl.store(O_PART + part_row[:, None] * (2 * D_HALF) + offs_v[None, :], o, mask=(rows_o < n_rows)[:, None])
+    gl.store(O_PART + part_row[:, None] * (2 * D_HALF) + offs_v[None, :], o.to(O_PART.dtype.element_ty),
+             mask=(rows_o < n_rows)[:, None])
 
 
 @gluon.jit
@@ -437,10 +439,12 @@ PHASES: dict[str, tuple[str, ...]] = {
 
 def split_kv_gluon_ws(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 64, stages: int = 2,
                       num_sms: int | None = None, prefetch: bool = False, overlap: bool = False,
-                      draft_branch: bool = False, fold: bool = False,
-                      times: torch.Tensor | None = None) -> torch.Tensor:
+                      draft_branch: bool = False, fold: bool = False, bf16_partials: bool = False,
+                      pdl_merge: bool = False, times: torch.Tensor | None = None) -> torch.Tensor:
     """Split-KV verify attention with the warp-specialized partial kernel and triton_splitkv's merge; writes ``out``.
-    ``times`` (from ``phase_buffer``) runs the kernel with its phases timed (not with ``overlap``)."""
+    ``bf16_partials`` stores each split's normalized output in bf16 (half the partial bytes written and merged);
+    ``pdl_merge`` launches the merge as a programmatic dependent launch. ``times`` (from ``phase_buffer``) runs the
+    kernel with its phases timed (not with ``overlap``)."""
     from specdiag.kernels.triton_splitkv import merge_partials, sm_count  # noqa: PLC0415
 
     q, cache = inputs.q, inputs.cache
@@ -456,7 +460,8 @@ def split_kv_gluon_ws(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 64
     rows, n_kv = T * H, inputs.n_kv
     cfg = gluon_config(block_n, stages)
     plan = plan_splits(rows, n_kv, cfg, num_sms or sm_count(q.device.index or 0))
-    o_part = torch.empty(plan.n_splits, rows, D_V, device=q.device, dtype=torch.float32)
+    o_part = torch.empty(plan.n_splits, rows, D_V, device=q.device,
+                         dtype=torch.bfloat16 if bf16_partials else torch.float32)
     lse_part = torch.empty(plan.n_splits, rows, device=q.device, dtype=torch.float32)
     if times is not None and times.shape != (plan.n_tiles * plan.n_splits, 2, 8, 32 * WS_PARTITION_WARPS):
         raise ValueError(f"times has shape {tuple(times.shape)}; make it with phase_buffer(inputs, {block_n}, {stages})")
@@ -467,18 +472,18 @@ def split_kv_gluon_ws(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 64
         num_warps=WS_PARTITION_WARPS, WORKER_REGS=WS_WORKER_REGS, PREFETCH=prefetch, OVERLAP=overlap,
         DRAFT_BRANCH=draft_branch, TIMED=times is not None, FOLD=fold,
     )
-    merge_partials(o_part, lse_part, out.view(rows, D_V), cfg)
+    merge_partials(o_part, lse_part, out.view(rows, D_V), cfg, pdl=pdl_merge)
     return out
 
 
 def compile_sm90(block_n: int = 64, stages: int = 2, dtype: str = "bf16", worker_regs: int = WS_WORKER_REGS,
                  prefetch: bool = False, overlap: bool = False, draft_branch: bool = False,
-                 timed: bool = False, fold: bool = False) -> "triton.compiler.CompiledKernel":
+                 timed: bool = False, fold: bool = False, partial: str = "fp32") -> "triton.compiler.CompiledKernel":
     """The partial kernel compiled ahead of time for sm_90 (no GPU needed): for tests and the compile report."""
     from triton.backends.compiler import GPUTarget  # noqa: PLC0415
     from triton.experimental.gluon._runtime import GluonASTSource  # noqa: PLC0415
 
-    sig = {"Q": f"*{dtype}", "KV": f"*{dtype}", "TOKEN_TABLE": "*i64", "MASK": "*u8", "O_PART": "*fp32",
+    sig = {"Q": f"*{dtype}", "KV": f"*{dtype}", "TOKEN_TABLE": "*i64", "MASK": "*u8", "O_PART": f"*{partial}",
            "LSE_PART": "*fp32", "TIMES": "*i64" if timed else "*fp32", "qk_scale": "fp32", "n_prefix": "i32", "n_kv": "i32", "n_draft": "i32",
            "n_heads": "i32", "n_rows": "i32", "tokens_per_split": "i32", "stride_kv": "i32"}
     const = {"BLOCK_M": GLUON_BLOCK_M, "BLOCK_N": block_n, "STAGES": stages, "D_NOPE": D_NOPE, "D_PE": D_PE,
