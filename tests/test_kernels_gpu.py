@@ -205,3 +205,15 @@ def test_run18_timed_kernel_writes_its_phases_and_stays_correct(shape: VerifySha
     assert (t[:, :, 7] > 0).all() and (t[:, :, 6] > 0).all()  # tiles and loop cycles in every program, both partitions
     for row in phase_cycles(t, PHASES):
         assert 0 < row["phases_sum_cycles"] <= row["loop_cycles"] * 1.001, row
+
+
+def test_run18_ws_phases_rows_carry_phases_and_the_calls_kernels() -> None:
+    """ws_phases' rows for one case: both warpgroups, the phases summing within the loop, and the profiler's partial
+    kernel, gap and merge kernel of the untimed call (the partial kernel the longest part of it)."""
+    from specdiag.kernels.ws_phases import measure_case
+
+    rows = measure_case(VerifyShape(20000, 16, 16, "shuffled_p1"), "split_gwf_p1", torch.device("cuda"), n_runs=3)
+    assert [r["partition"] for r in rows] == ["softmax_wg", "copy_pv_wg"]
+    for r in rows:
+        assert 0 < r["phases_sum_cycles"] <= r["loop_cycles"] * 1.001 and r["error"] is None
+        assert 0 < r["prof_merge_us"] < r["prof_partial_us"] < r["untimed_us"] * 1.5 and r["prof_calls"] == 10

@@ -13,7 +13,9 @@ around each phase of its loop and sums the cycles (``gluon_ws.PHASES``):
 
 Rows (table ``kernel_ws_phases``, one per case and partition): cycles per tile of each phase and of the whole loop
 (medians over programs of each program's median thread), the tiles per program, and the call's time untimed and timed
-(CUDA events, medians of ``--n-runs``; the clock reads cost a little: the two show how much). The timed kernel spills a
+(CUDA events, medians of ``--n-runs``; the clock reads cost a little: the two show how much) and, from the torch
+profiler, the untimed call's partial kernel, the gap and the merge kernel on the GPU (``prof_*_us``, medians of 10
+calls): what a call pays beside its loop. The timed kernel spills a
 few bytes (the untimed one does not); its phases are a reading of the design, not of the untimed kernel's exact time.
 """
 
@@ -94,9 +96,12 @@ def measure_case(shape: VerifyShape, variant_name: str, device: torch.device, n_
     timed = summarize_ms(time_calls([lambda: split_kv_gluon_ws(x, out, times=times, **kw)], n_runs=n_runs,
                                     device=device))
     torch.cuda.synchronize(device)
+    from specdiag.kernels.anatomy import profiled_kernel_us  # noqa: PLC0415
+
+    prof = profiled_kernel_us([lambda: split_kv_gluon_ws(x, out, **kw)], 10, device)
     base = {"context_tokens": shape.context_tokens, "heads": shape.heads, "draft_tokens": shape.draft_tokens,
             "layout": shape.layout, "kernel": variant_name, "untimed_us": untimed["ms_median"] * 1e3,
-            "timed_us": timed["ms_median"] * 1e3, "ts_unix_s": time.time(), "error": None}
+            "timed_us": timed["ms_median"] * 1e3, "ts_unix_s": time.time(), "error": None, **prof}
     return [{**base, **r} for r in phase_cycles(times.cpu().numpy(), PHASES)]
 
 
@@ -136,7 +141,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 continue
             names = PHASES[row["partition"]]
             print(f"P={shape.context_tokens:>6} H={shape.heads:>3} T={shape.draft_tokens:>2} {row['partition']:<10} "
-                  f"untimed {row['untimed_us']:.1f} us timed {row['timed_us']:.1f} us, {row['tiles_per_program']:.0f} "
+                  f"untimed {row['untimed_us']:.1f} us timed {row['timed_us']:.1f} us (GPU: partial "
+                  f"{row['prof_partial_us']:.1f} gap {row['prof_gap_us']:.1f} merge {row['prof_merge_us']:.1f}), "
+                  f"{row['tiles_per_program']:.0f} "
                   f"tiles/program; per tile: loop {row['loop_cycles']:.0f} cycles = "
                   + " + ".join(f"{p} {row[p + '_cycles']:.0f}" for p in names), flush=True)
         torch.cuda.empty_cache()
