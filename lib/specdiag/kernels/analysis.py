@@ -288,10 +288,14 @@ def findings(df: pd.DataFrame, peaks: Mapping[str, Any], copy_rows: Iterable[Map
             source="computed",
         ))
     big = fit[fit["rows"] >= 64]
+    p1 = df[(df["kernel"] == "split_p1") & (df["layout"] == "shuffled_p1")]
+    unfitted = (p1[p1["heads"] * p1["draft_tokens"] >= 64].groupby(["heads", "draft_tokens"])
+                .filter(lambda g: g["context_tokens"].nunique() < 2))  # 64+ row shapes at one context: no fit
     if not big.empty:
         out.append(Finding(
             id="kernel_ab.split_inner_loop", title="With 64+ rows split_p1 (Triton) is bound by its tensor-core loop",
-            verdict=((f"At the one shape of 64+ rows measured (H={int(big['heads'].iloc[0])} "
+            verdict=((f"At the one shape of 64+ rows measured{' at two or more contexts' if len(unfitted) else ''} "
+                      f"(H={int(big['heads'].iloc[0])} "
                       f"T={int(big['draft_tokens'].iloc[0])}) the inner loop runs at {big['marginal_tflops'].iloc[0]:.0f} "
                       f"TFLOP/s, {100 * big['marginal_tflops'].iloc[0] / mm:.0f}% " if len(big) == 1 else
                       f"From 64 rows up the inner loop runs at {big['marginal_tflops'].min():.0f}-"
@@ -306,6 +310,8 @@ def findings(df: pd.DataFrame, peaks: Mapping[str, Any], copy_rows: Iterable[Map
             severity="info",
             evidence=[f"H={int(r.heads)} T={int(r.draft_tokens)}: {r.marginal_tflops:.0f} TFLOP/s marginal, "
                       f"{r.fixed_us:.0f} us fixed (least squares over contexts)" for r in big.itertuples()]
+                     + [f"H={int(r.heads)} T={int(r.draft_tokens)}: measured at {int(r.context_tokens) // 1024}k only "
+                        f"({r.pct_matmul:.0f}% of matmul), no fit" for r in unfitted.itertuples()]
                      + ["split_p1 on shuffled_p1 only; the other kernels of the run are judged per case in the issue-13 "
                         "verdicts (section 8)."]
                      + [f"matmul {mm:.0f} TFLOP/s measured in the same run; 'whatever the shape' means a max/min spread "
@@ -539,20 +545,19 @@ def time_ratios(df: pd.DataFrame, base: str = "split_p1", base_df: pd.DataFrame 
     return out.reset_index(drop=True)
 
 
-#: Kernels fitted by :func:`fixed_cost_by_kernel` unless told otherwise (those absent from a run are left out).
-FIT_KERNELS = ("split_p1", "fused_p1", "fused_self_p1", "fused_fp8_p1", "split_n32s5_p1", "split_qk1_p1",
-               "flashinfer_mla_p1", "sglang_splitkv_p1")
-
-
-def fixed_cost_by_kernel(df: pd.DataFrame, kernels: Iterable[str] = FIT_KERNELS,
+def fixed_cost_by_kernel(df: pd.DataFrame, kernels: Iterable[str] | None = None,
                          layout: str = "shuffled_p1") -> pd.DataFrame:
-    """:func:`fixed_cost_fit` for each kernel of ``kernels`` on ``layout``: one row per (kernel, heads, draft tokens).
+    """:func:`fixed_cost_fit` for each kernel of ``kernels`` (default: every kernel of ``df`` but the baseline, ours and
+    the anchors, in row order) on ``layout``: one row per (kernel, heads, draft tokens).
 
     Says whether a kernel differs from another by a per-call fixed cost (``fixed_us``) or by its streaming rate
     (``marginal_gbps``, counting the bf16 KV bytes n_kv x 1,152 B as every row does). For an fp8-KV kernel, which
     reads half those bytes, ``marginal_actual_gbps`` is the rate of the bytes it reads (half of ``marginal_gbps``).
     Shapes measured at fewer than two contexts are left out.
     """
+    if kernels is None:
+        sel = df[df["design"] != "baseline"] if "design" in df else df
+        kernels = list(pd.unique(sel["kernel"])) if "kernel" in sel else []
     out = []
     for k in kernels:
         fit = fixed_cost_fit(df, kernel=k, layout=layout)
