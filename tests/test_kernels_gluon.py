@@ -8,6 +8,7 @@ CPU fallback of the variants computes the right function. Correctness on the GPU
 from __future__ import annotations
 
 import collections
+from dataclasses import replace
 import importlib.util
 import re
 import subprocess
@@ -166,13 +167,14 @@ def test_warp_specialized_kernel_compiles_for_sm90_as_designed(block_n: int, sta
 def test_warp_specialized_variants_resolve_and_fall_back_on_the_cpu() -> None:
     tiles = {"split_gws_p1": (64, 2), "split_gwp_p1": (64, 2), "split_gwo_p1": (64, 2), "split_gwp32_p1": (32, 4),
              "split_gwo32_p1": (32, 4), "split_gwm_p1": (64, 2), "split_gwf_p1": (64, 2), "split_gwb_p1": (64, 2),
-             "split_gwbp_p1": (64, 2)}
+             "split_gwbp_p1": (64, 2), "split_gwf64_p1": (64, 2), "split_gwf128_p1": (64, 2)}
     x = make_inputs(VerifyShape(300, 4, 4, "shuffled_p1"), seed=3)
     ref = reference_verify(x)
     for name, tile in tiles.items():
         assert KERNEL_VARIANTS[name].impl == "gluon_ws"
         for rows in (8, 64, 1024):
-            assert resolve_config(name, rows) == gluon_config(*tile)
+            assert resolve_config(name, rows) == replace(gluon_config(*tile),
+                                                         merge_block_dv=KERNEL_VARIANTS[name].gluon_merge_block_dv)
         out = x.out_like()
         run_variant(name, x, out)
         assert relative_error(out, ref) < 1e-2
@@ -180,6 +182,8 @@ def test_warp_specialized_variants_resolve_and_fall_back_on_the_cpu() -> None:
     assert KERNEL_VARIANTS["split_gwf_p1"].gluon_fold and KERNEL_VARIANTS["split_gwf_p1"].gluon_draft_branch
     assert KERNEL_VARIANTS["split_gwb_p1"].gluon_bf16_partials and not KERNEL_VARIANTS["split_gwb_p1"].gluon_pdl_merge
     assert KERNEL_VARIANTS["split_gwbp_p1"].gluon_pdl_merge
+    assert resolve_config("split_gwf128_p1", 64).merge_block_dv == 128
+    assert resolve_config("split_gwf_p1", 64).merge_block_dv == 16
     pytest.importorskip("triton.experimental.gluon")
     from specdiag.kernels.gluon_ws import split_kv_gluon_ws
 

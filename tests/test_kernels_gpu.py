@@ -184,7 +184,7 @@ def test_run15_warp_specialized_kernel_matches_reference(shape: VerifyShape) -> 
     result, a missing fence as a wrong result; correct and every row written, twice."""
     _check_arms_twice(shape, ("split_gws_p1", "split_gwp_p1", "split_gwo_p1", "split_gwp32_p1", "split_gwo32_p1",
                               "split_auto_ws_p1", "split_gwm_p1", "split_gwf_p1", "split_auto_gwf_p1",
-                              "split_gwb_p1", "split_gwbp_p1"))
+                              "split_gwb_p1", "split_gwbp_p1", "split_gwf64_p1", "split_gwf128_p1"))
 
 
 @pytest.mark.parametrize("shape", [VerifyShape(4096, 8, 8, "shuffled_p1"), VerifyShape(20000, 16, 16, "shuffled_p1")],

@@ -20,14 +20,14 @@ from specdiag.kernels.timing import summarize_ms, time_calls
 TABLE = "kernel_ab"
 TUNING_TABLE = "kernel_ab_tuning"  #: written by specdiag.kernels.tuning
 #: which kernel variants run on each layout (a block table exists only for 64-token layouts)
-#: the arms of runs 7-22 (dispatch.py)
+#: the arms of runs 7-24 (dispatch.py)
 RUN7: tuple[str, ...] = ("split_pdl_p1", "split_m32_p1", "split_m16_p1", "split_n32c_p1", "split_qk1c_p1",
                          "split_bf16p_p1", "split_ef_p1", "split_bfef_p1",
                          "split_glo_p1", "split_glo32_p1", "split_glw_p1",
                          "split_glw32_p1", "split_auto_p1", "split_glx_p1", "split_gws_p1",
                          "split_gwp_p1", "split_gwo_p1", "split_gwp32_p1", "split_gwo32_p1",
                          "split_auto_ws_p1", "split_gwm_p1", "split_gwf_p1",
-                         "split_auto_gwf_p1", "split_gwb_p1", "split_gwbp_p1")
+                         "split_auto_gwf_p1", "split_gwb_p1", "split_gwbp_p1", "split_gwf64_p1", "split_gwf128_p1")
 VARIANTS_BY_LAYOUT: dict[str, tuple[str, ...]] = {
     "contiguous": ("baseline_p1", "split_p1", "split_b64", "fused_p1", "fused_b64", "fused_fp8_p1", "fused_fp8_b64",
                    "fused_self_p1", "split_n32s5_p1", "split_qk1_p1", *RUN7),

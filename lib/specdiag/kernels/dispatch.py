@@ -19,7 +19,8 @@ half; they meet at mbarriers). Run 16: ``split_gwp*`` prefetch the copies' token
 to 32 rows, split_gwp_p1 above (run 16's fastest of ours from 33 rows on). Run 18: ``split_gwm_p1`` loads the tree
 mask only on the tiles that reach the draft tokens; run 19's ``split_gwf_p1`` also leaves interior tiles unmasked and
 folds the scale into the exponent; ``split_auto_gwf_p1`` is split_p1 up to 32 rows and split_gwf_p1 above. Run 22:
-``split_gwb_p1`` (bf16 partials) and ``split_gwbp_p1`` (and the merge as a programmatic dependent launch). On CUDA
+``split_gwb_p1`` (bf16 partials) and ``split_gwbp_p1`` (and the merge as a programmatic dependent launch). Run 24:
+``split_gwf64_p1`` / ``split_gwf128_p1``, wider merge programs. On CUDA
 the Triton kernels run; on the CPU the torch fallbacks of the same designs (reference.py) run, so tests and CI
 exercise the same code paths around them.
 """
@@ -73,6 +74,8 @@ class KernelVariant:
     gluon_bf16_partials: bool = False
     #: impl "gluon_ws" only: the merge as a programmatic dependent launch (run 22)
     gluon_pdl_merge: bool = False
+    #: impl "gluon_ws" / "auto_ws" only: value dims per merge program (run 24; 16 is the plan's default)
+    gluon_merge_block_dv: int = 16
 
 
 KERNEL_VARIANTS: dict[str, KernelVariant] = {
@@ -149,6 +152,13 @@ KERNEL_VARIANTS: dict[str, KernelVariant] = {
     "split_gwbp_p1": KernelVariant("split_gwbp_p1", "split_kv", 1, impl="gluon_ws", gluon_tile=(64, 2),
                                    gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True,
                                    gluon_bf16_partials=True, gluon_pdl_merge=True),
+    # run 24: split_gwf_p1 with wider merge programs (64 or 128 of the 512 value dims each, not 16)
+    "split_gwf64_p1": KernelVariant("split_gwf64_p1", "split_kv", 1, impl="gluon_ws", gluon_tile=(64, 2),
+                                    gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True,
+                                    gluon_merge_block_dv=64),
+    "split_gwf128_p1": KernelVariant("split_gwf128_p1", "split_kv", 1, impl="gluon_ws", gluon_tile=(64, 2),
+                                     gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True,
+                                     gluon_merge_block_dv=128),
     # run 20: split_p1 up to 32 rows, split_gwf_p1 above (run 19's fastest of ours from 33 rows on)
     "split_auto_gwf_p1": KernelVariant("split_auto_gwf_p1", "split_kv", 1, impl="auto_ws", gluon_tile=(64, 2),
                                        gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True),
@@ -158,7 +168,8 @@ KERNEL_VARIANTS: dict[str, KernelVariant] = {
                                       gluon_prefetch=True),
 }
 
-#: split_auto_p1 / split_auto_ws_p1 run their Gluon kernel from this many packed rows on (below: split_p1's Triton kernel)
+#: split_auto_p1 / split_auto_ws_p1 / split_auto_gwf_p1 run their Gluon kernel from this many packed rows on (below:
+#: split_p1's Triton kernel)
 AUTO_GLUON_MIN_ROWS = 33
 
 
@@ -173,9 +184,12 @@ def resolve_config(name: str, rows: int, config: Optional[Any] = None) -> Option
     else the variant's own 64-row tile (splitkv_plan.tile64_config) where it has one, else None (the default)."""
     v = variant(name)
     if v.impl in ("gluon", "gluon_ws") or (v.impl in ("auto", "auto_ws") and rows >= AUTO_GLUON_MIN_ROWS):
+        from dataclasses import replace  # noqa: PLC0415
+
         from specdiag.kernels.splitkv_plan import gluon_config  # noqa: PLC0415
 
-        return gluon_config(*v.gluon_tile)
+        cfg = gluon_config(*v.gluon_tile)
+        return cfg if v.gluon_merge_block_dv == cfg.merge_block_dv else replace(cfg, merge_block_dv=v.gluon_merge_block_dv)
     if config is not None or (v.tile64 is None and not v.overrides and not v.overrides64 and not v.overrides_many):
         return config
     from dataclasses import replace  # noqa: PLC0415
@@ -224,7 +238,8 @@ def run_variant(name: str, inputs: VerifyInputs, out: torch.Tensor, config: Opti
             return split_kv_gluon_ws(inputs, out, block_n=config.block_n, stages=config.num_stages,
                                      prefetch=v.gluon_prefetch, overlap=v.gluon_overlap,
                                      draft_branch=v.gluon_draft_branch, fold=v.gluon_fold,
-                                     bf16_partials=v.gluon_bf16_partials, pdl_merge=v.gluon_pdl_merge)
+                                     bf16_partials=v.gluon_bf16_partials, pdl_merge=v.gluon_pdl_merge,
+                                     merge_block_dv=v.gluon_merge_block_dv)
         if v.impl == "gluon" or (v.impl == "auto" and rows >= AUTO_GLUON_MIN_ROWS):
             from specdiag.kernels.gluon_splitkv import split_kv_gluon  # noqa: PLC0415
 

@@ -24,6 +24,8 @@ Chain or tree drafts, page_size 1 (token table), bf16 or fp16. CUDA sm_90 only: 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import triton
 from triton.experimental import gluon
@@ -440,11 +442,13 @@ PHASES: dict[str, tuple[str, ...]] = {
 def split_kv_gluon_ws(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 64, stages: int = 2,
                       num_sms: int | None = None, prefetch: bool = False, overlap: bool = False,
                       draft_branch: bool = False, fold: bool = False, bf16_partials: bool = False,
-                      pdl_merge: bool = False, times: torch.Tensor | None = None) -> torch.Tensor:
+                      pdl_merge: bool = False, merge_block_dv: int = 16,
+                      times: torch.Tensor | None = None) -> torch.Tensor:
     """Split-KV verify attention with the warp-specialized partial kernel and triton_splitkv's merge; writes ``out``.
     ``bf16_partials`` stores each split's normalized output in bf16 (half the partial bytes written and merged);
-    ``pdl_merge`` launches the merge as a programmatic dependent launch. ``times`` (from ``phase_buffer``) runs the
-    kernel with its phases timed (not with ``overlap``)."""
+    ``pdl_merge`` launches the merge as a programmatic dependent launch; ``merge_block_dv`` value dims per merge
+    program (16: one row's 512 dims in 32 programs, the plan's default for 8-16 rows). ``times`` (from
+    ``phase_buffer``) runs the kernel with its phases timed (not with ``overlap``)."""
     from specdiag.kernels.triton_splitkv import merge_partials, sm_count  # noqa: PLC0415
 
     q, cache = inputs.q, inputs.cache
@@ -458,13 +462,16 @@ def split_kv_gluon_ws(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 64
         raise ValueError("split_kv_gluon_ws times the loop without the overlap only: pass overlap=False with times")
     T, H = inputs.draft_tokens, inputs.heads
     rows, n_kv = T * H, inputs.n_kv
-    cfg = gluon_config(block_n, stages)
+    if D_V % merge_block_dv:
+        raise ValueError(f"merge_block_dv must divide the {D_V} value dims; got {merge_block_dv}")
+    cfg = replace(gluon_config(block_n, stages), merge_block_dv=merge_block_dv)
     plan = plan_splits(rows, n_kv, cfg, num_sms or sm_count(q.device.index or 0))
     o_part = torch.empty(plan.n_splits, rows, D_V, device=q.device,
                          dtype=torch.bfloat16 if bf16_partials else torch.float32)
     lse_part = torch.empty(plan.n_splits, rows, device=q.device, dtype=torch.float32)
     if times is not None and times.shape != (plan.n_tiles * plan.n_splits, 2, 8, 32 * WS_PARTITION_WARPS):
-        raise ValueError(f"times has shape {tuple(times.shape)}; make it with phase_buffer(inputs, {block_n}, {stages})")
+        raise ValueError(f"times has shape {tuple(times.shape)}; make it with "
+                         f"phase_buffer(inputs, {block_n}, {stages})")
     _ws_partial_kernel[(plan.n_tiles, plan.n_splits)](
         q, cache, inputs.token_table, inputs.mask_u8, o_part, lse_part, lse_part if times is None else times,
         inputs.sm_scale * LOG2E, inputs.n_prefix, n_kv, T, H, rows, plan.tokens_per_split, cache.stride(0),
@@ -484,7 +491,8 @@ def compile_sm90(block_n: int = 64, stages: int = 2, dtype: str = "bf16", worker
     from triton.experimental.gluon._runtime import GluonASTSource  # noqa: PLC0415
 
     sig = {"Q": f"*{dtype}", "KV": f"*{dtype}", "TOKEN_TABLE": "*i64", "MASK": "*u8", "O_PART": f"*{partial}",
-           "LSE_PART": "*fp32", "TIMES": "*i64" if timed else "*fp32", "qk_scale": "fp32", "n_prefix": "i32", "n_kv": "i32", "n_draft": "i32",
+           "LSE_PART": "*fp32", "TIMES": "*i64" if timed else "*fp32", "qk_scale": "fp32", "n_prefix": "i32",
+           "n_kv": "i32", "n_draft": "i32",
            "n_heads": "i32", "n_rows": "i32", "tokens_per_split": "i32", "stride_kv": "i32"}
     const = {"BLOCK_M": GLUON_BLOCK_M, "BLOCK_N": block_n, "STAGES": stages, "D_NOPE": D_NOPE, "D_PE": D_PE,
              "D_HALF": D_HALF, "num_warps": WS_PARTITION_WARPS, "WORKER_REGS": worker_regs, "PREFETCH": prefetch,
