@@ -19,6 +19,14 @@ copy into buffer s landed; 128 arrivals, one per worker thread), ``kv_free[s]`` 
 s), ``p_ready`` / ``p_free`` (P and the rescale factors written / read), ``l_ready`` (the row sums for the worker's
 normalization). Partials (normalized, fp32) and base-2 LSE per split as gluon_splitkv; the merge is triton_splitkv's.
 
+Options (constexprs; the arms of dispatch.py, measured in runs 15-24, docs/kernel-notes.md): PREFETCH loads the next
+refill's token-table rows a tile ahead; DRAFT_BRANCH loads the tree mask only on tiles that reach the draft tokens;
+FOLD leaves tiles wholly inside the split and the prefix unmasked and folds the scale into the exponent; OVERLAP
+issues tile i + 1's scores before tile i's P V (slower with two buffers: run 16); TIMED sums each phase's SM cycles
+per thread into a buffer (``phase_buffer``, read by ws_phases). The launcher also takes bf16 partials, a PDL merge and
+the merge's value dims per program. `split_auto_gwf_p1` (split_p1 up to 32 rows, PREFETCH + DRAFT_BRANCH + FOLD above)
+is the suite's pick since run 20.
+
 Chain or tree drafts, page_size 1 (token table), bf16 or fp16. CUDA sm_90 only: the CPU test compiles it for sm_90.
 """
 
@@ -94,6 +102,16 @@ def _issue_scores(q_smem, qpe_smem, kv_smem, pe_smem, it, STAGES: gl.constexpr, 
 
 
 @gluon.jit
+def _tree_masked(s, rows_s, kpos, j, MASK, qk_scale, n_prefix, n_draft, n_heads, n_rows, end):
+    """The scaled scores with -inf where a key is past the split's end or a draft key (``j`` = kpos - n_prefix) the
+    row's tree hides."""
+    tree = gl.load(MASK + (rows_s // n_heads)[:, None] * n_draft + j[None, :],
+                   mask=(rows_s < n_rows)[:, None] & (kpos < end)[None, :] & (j >= 0)[None, :], other=0)
+    visible = (kpos < end)[None, :] & ((kpos < n_prefix)[None, :] | (tree != 0))
+    return gl.where(visible, s * qk_scale, float("-inf"))
+
+
+@gluon.jit
 def _online_softmax(s, m_i, l_i, it, MASK, qk_scale, n_prefix, n_draft, n_heads, n_rows, start, end, pid_m,
                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, S_L: gl.constexpr, A_L: gl.constexpr,
                     dtype: gl.constexpr, DRAFT_BRANCH: gl.constexpr, FOLD: gl.constexpr):
@@ -112,10 +130,7 @@ def _online_softmax(s, m_i, l_i, it, MASK, qk_scale, n_prefix, n_draft, n_heads,
             m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
             p32 = gl.exp2(s * qk_scale - m_use[:, None])
         else:
-            tree = gl.load(MASK + (rows_s // n_heads)[:, None] * n_draft + j[None, :],
-                           mask=(rows_s < n_rows)[:, None] & (kpos < end)[None, :] & (j >= 0)[None, :], other=0)
-            visible = (kpos < end)[None, :] & ((kpos < n_prefix)[None, :] | (tree != 0))
-            sm = gl.where(visible, s * qk_scale, float("-inf"))
+            sm = _tree_masked(s, rows_s, kpos, j, MASK, qk_scale, n_prefix, n_draft, n_heads, n_rows, end)
             m_new = gl.maximum(m_i, gl.max(sm, 1))
             m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
             p32 = gl.exp2(sm - m_use[:, None])
@@ -124,17 +139,11 @@ def _online_softmax(s, m_i, l_i, it, MASK, qk_scale, n_prefix, n_draft, n_heads,
         return gl.convert_layout(p32.to(dtype), A_L), alpha, m_new, l_new
     if DRAFT_BRANCH:
         if tile0 + BLOCK_N > n_prefix:
-            tree = gl.load(MASK + (rows_s // n_heads)[:, None] * n_draft + j[None, :],
-                           mask=(rows_s < n_rows)[:, None] & (kpos < end)[None, :] & (j >= 0)[None, :], other=0)
-            visible = (kpos < end)[None, :] & ((kpos < n_prefix)[None, :] | (tree != 0))
-            s = gl.where(visible, s * qk_scale, float("-inf"))
+            s = _tree_masked(s, rows_s, kpos, j, MASK, qk_scale, n_prefix, n_draft, n_heads, n_rows, end)
         else:
             s = gl.where((kpos < end)[None, :], s * qk_scale, float("-inf"))
     else:
-        tree = gl.load(MASK + (rows_s // n_heads)[:, None] * n_draft + j[None, :],
-                       mask=(rows_s < n_rows)[:, None] & (kpos < end)[None, :] & (j >= 0)[None, :], other=0)
-        visible = (kpos < end)[None, :] & ((kpos < n_prefix)[None, :] | (tree != 0))
-        s = gl.where(visible, s * qk_scale, float("-inf"))
+        s = _tree_masked(s, rows_s, kpos, j, MASK, qk_scale, n_prefix, n_draft, n_heads, n_rows, end)
     m_new = gl.maximum(m_i, gl.max(s, 1))
     m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = gl.exp2(m_i - m_use)
