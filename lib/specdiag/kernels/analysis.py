@@ -159,7 +159,8 @@ def fixed_cost_fit(df: pd.DataFrame, kernel: str = "split_p1", layout: str = "sh
         out.append({"heads": h, "draft_tokens": t, "rows": h * t, "fixed_us": icpt * 1e6,
                     "marginal_gbps": 1 / slope / 1e9 if slope > 0 else float("inf"),
                     "marginal_tflops": (2 * h * t * 1088 / 1152) / slope / 1e12 if slope > 0 else float("inf")})
-    return pd.DataFrame(out)
+    # the columns even when nothing fits (the kernel absent, or one context per shape): callers index them
+    return pd.DataFrame(out, columns=["heads", "draft_tokens", "rows", "fixed_us", "marginal_gbps", "marginal_tflops"])
 
 
 #: Baseline severity thresholds on its best share of the copy bandwidth at contexts >= 64k (%).
