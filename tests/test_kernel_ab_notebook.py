@@ -608,6 +608,13 @@ def test_06_replays_the_ws_phases_alone(run_notebook: Callable[..., Path], tmp_p
     w = m["ws_phases"]
     assert w["cases"] == len(tiles) == 10 and len(rows) == 28
     assert w["kernels"] == sorted({r["kernel"] for r in rows})
+    newest_rows = [r for r in rows if r["ts_unix_s"] == max(x["ts_unix_s"] for x in rows if x["kernel"] == r["kernel"]
+                                                            and (x["context_tokens"], x["heads"], x["draft_tokens"])
+                                                            == (r["context_tokens"], r["heads"], r["draft_tokens"]))]
+    cost = [100 * (r["timed_us"] / r["untimed_us"] - 1) for r in newest_rows]
+    assert len(newest_rows) == 20
+    assert w["clock_cost_pct_min"] == pytest.approx(min(cost)) and w["clock_cost_pct_max"] == pytest.approx(max(cost))
+    assert f"the clock reads cost {min(cost):.1f} to {max(cost):.1f} % of the call" in text
     for name, parts in tiles.items():
         for part, (loop, top, pct) in parts.items():
             got = w["tiles"][name][part]

@@ -49,6 +49,7 @@ def test_phase_table_reads_the_rows_per_warpgroup() -> None:
     w0 = tab[(tab["partition"] == "softmax_wg") & (tab["heads"] == 16)].iloc[0]
     assert w0["loop_cycles"] == sum(WG0_COMPUTE) + 100 and w0["rest_cycles"] == pytest.approx(100)
     assert w0["scores_cycles"] == 1500 and np.isnan(w0["refill_issue_cycles"])  # the other warpgroup's phase
+    assert w0["clock_cost_pct"] == pytest.approx(3.0)  # timed 1.03x untimed
     assert w0["scores_pct"] == pytest.approx(100 * 1500 / (sum(WG0_COMPUTE) + 100))
     assert (w0["dominant_phase"], w0["dominant_pct"]) == ("scores", pytest.approx(w0["scores_pct"]))
     w1 = tab[(tab["partition"] == "copy_pv_wg") & (tab["heads"] == 16)].iloc[0]
@@ -113,6 +114,7 @@ def test_the_finding_names_what_leads_each_case() -> None:
     # the metrics: per kernel and case, each warpgroup's loop, largest phase and phases
     m = wa.ws_phases_metrics(tab, prof)
     assert m["cases"] == 5 and m["kernels"] == ["split_gwf_p1", "split_gwp_p1"]
+    assert m["clock_cost_pct_min"] == pytest.approx(3.0) and f.numbers["clock_cost_pct_max"] == pytest.approx(3.0)
     t = m["tiles"]["split_gwf_p1 P131072 h16 t64"]
     assert t["softmax_wg"]["loop_cycles"] == loop and t["softmax_wg"]["dominant_phase"] == "scores"
     assert t["copy_pv_wg"]["phases_cycles"] == dict(zip(PHASES["copy_pv_wg"], map(float, WG1_COMPUTE)))
@@ -128,8 +130,8 @@ def test_rows_of_an_unknown_warpgroup_are_refused() -> None:
 
 def test_no_rows_give_empty_tables() -> None:
     assert wa.phase_table([]).empty and wa.profiler_split([]).empty and wa.last_kernel(wa.phase_table([])) is None
-    assert wa.ws_phases_metrics(wa.phase_table([]), wa.profiler_split([])) == {"cases": 0, "kernels": [], "tiles": {},
-                                                                               "profiler": {}}
+    assert wa.ws_phases_metrics(wa.phase_table([]), wa.profiler_split([])) == {
+        "cases": 0, "clock_cost_pct_min": None, "clock_cost_pct_max": None, "kernels": [], "tiles": {}, "profiler": {}}
 
 
 def test_stacked_bars_one_per_case_kernel_and_warpgroup() -> None:

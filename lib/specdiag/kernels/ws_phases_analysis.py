@@ -8,7 +8,8 @@ Nothing here measures.
   replaces its older rows.
 - :func:`phase_table`: one row per case, kernel and warpgroup: cycles per tile of each phase, ``rest_cycles`` (the loop
   minus the sum of its phases' medians: clock reads and loop bookkeeping; medians of separate columns need not add up
-  exactly), each phase's share of the loop (``<phase>_pct``) and the largest phase.
+  exactly), each phase's share of the loop (``<phase>_pct``), the largest phase, and what the clock reads cost the
+  call (``clock_cost_pct`` = 100 (timed / untimed - 1), CUDA events).
 - :func:`profiler_split`: per case and kernel with the torch profiler's columns (rows from run 23 on): the untimed call
   (CUDA events) beside the GPU time of the partial kernel, the gap and the merge kernel, and the merge + gap share of
   the call (``merge_gap_pct`` = 100 (gap + merge) / call).
@@ -70,7 +71,7 @@ def newest(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
 def phase_table(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
     """One row per case, kernel and warpgroup of the newest calls (module doc): ``<phase>_cycles`` (NaN for the other
     warpgroup's phases), ``rest_cycles``, ``loop_cycles``, ``<phase>_pct`` of the loop, ``dominant_phase`` and
-    ``dominant_pct``."""
+    ``dominant_pct``, ``untimed_us``, ``timed_us`` and ``clock_cost_pct``."""
     df = newest(rows)
     if df.empty:
         return pd.DataFrame()
@@ -90,6 +91,8 @@ def phase_table(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
             t[f"{p}_pct"] = 100 * t[f"{p}_cycles"] / loop
         top = max(names, key=lambda p: t[f"{p}_cycles"])
         t["dominant_phase"], t["dominant_pct"] = top, t[f"{top}_pct"]
+        t["untimed_us"], t["timed_us"] = float(r["untimed_us"]), float(r["timed_us"])
+        t["clock_cost_pct"] = 100 * (t["timed_us"] / t["untimed_us"] - 1)
         out.append(t)
     return pd.DataFrame(out)
 
@@ -147,6 +150,7 @@ def ws_phases_finding(table: pd.DataFrame, prof: pd.DataFrame, kernel: str) -> O
                                "compute_dominant_phase": big["dominant_phase"],
                                "compute_dominant_pct": float(big["dominant_pct"]),
                                "compute_copy_wait_pct": float(big["copy_wait_pct"])}
+    cost = table[table["kernel"] == kernel]["clock_cost_pct"]
     ev = [f"{bcase}: warpgroup 0's loop {big['loop_cycles']:,.0f} cycles per tile over {big['tiles_per_program']:.0f} "
           f"tiles per program; largest phases {_phases_text(big)} (measured, %clock64, medians over "
           f"{int(big['programs'])} programs)."]
@@ -165,6 +169,10 @@ def ws_phases_finding(table: pd.DataFrame, prof: pd.DataFrame, kernel: str) -> O
         verdict += (f" At H=8 x T=8 it waits for its copy {', '.join(parts)}; at "
                     f"{format_tokens(int(lead['context_tokens']))} its largest phase is {lead['dominant_phase']} "
                     f"({lead['dominant_pct']:.0f} % of {lead['loop_cycles']:,.0f} cycles).")
+    ev.append(f"The timed kernel's clock reads cost {cost.min():.1f} to {cost.max():.1f} % of {kernel}'s call on these "
+              "cases (timed over untimed call, CUDA events, computed): its phases read the design, not the untimed "
+              "kernel's exact time.")
+    numbers.update(clock_cost_pct_min=float(cost.min()), clock_cost_pct_max=float(cost.max()))
     p = prof[prof["kernel"] == kernel] if not prof.empty else prof
     if not p.empty:
         verdict += (" Beside the loop, the merge kernel and the gap before it take "
@@ -198,6 +206,8 @@ def ws_phases_metrics(table: pd.DataFrame, prof: pd.DataFrame) -> dict[str, Any]
             "rest_cycles": float(r["rest_cycles"])}
     return {
         "cases": int(len(table.drop_duplicates(KEY))) if not table.empty else 0,
+        "clock_cost_pct_min": _num(table["clock_cost_pct"].min()) if not table.empty else None,
+        "clock_cost_pct_max": _num(table["clock_cost_pct"].max()) if not table.empty else None,
         "kernels": sorted(set(table["kernel"])) if not table.empty else [],
         "tiles": tiles,
         "profiler": {f"{r.kernel} P{int(r.context_tokens)} h{int(r.heads)} t{int(r.draft_tokens)}":
