@@ -108,6 +108,10 @@ def test_the_finding_names_what_leads_each_case() -> None:
     assert f.numbers["h8t8_P131072_dominant_phase"] == "copy_wait"
     assert f"led by scores ({100 * 1500 / loop:.0f} %)" in f.verdict and f"{loop:,.0f} cycles" in f.verdict
     assert f"waits for its copy {100 * 1900 / h8_loop:.0f} % of a tile at 128k" in f.verdict
+    assert "compute-bound case with the most rows (128k H=16 x T=64" in f.verdict
+    only_h8t8 = wa.phase_table(_rows(131072, 8, 8, "split_gwf_p1", 1.0, WG0_H8T8, WG1_H8T8))
+    alone = wa.ws_phases_finding(only_h8t8, wa.profiler_split([]), "split_gwf_p1")
+    assert "compute-bound" not in alone.verdict and "At H=8 x T=8" not in alone.verdict  # 64 rows: said once
     assert f"{100 * 9.6 / 66.4:.0f} % at 128k H=8 x T=8" in f.verdict and "P65536" not in str(f.numbers)  # gwf: 128k only
     assert f.numbers["P131072 h16 t64 merge_gap_pct"] == pytest.approx(100 * 25.9 / 560.0)
     assert wa.ws_phases_finding(tab, prof, "split_gwx_p1") is None

@@ -42,6 +42,9 @@ PHASE_LABELS: dict[str, str] = {
 }
 PARTITION_LABELS: dict[str, str] = {"softmax_wg": "warpgroup 0 (softmax)", "copy_pv_wg": "warpgroup 1 (copy, P V)"}
 PROF_COLUMNS: tuple[str, ...] = ("prof_partial_us", "prof_gap_us", "prof_merge_us")
+#: Rows (heads x draft tokens) from which a case is compute-bound, as issue 5's compute target counts them
+#: (specdiag.kernels.analysis: >= 50 % of bf16 matmul where H x T >= 256).
+COMPUTE_MIN_ROWS = 256
 
 
 def measured(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
@@ -142,7 +145,8 @@ def ws_phases_finding(table: pd.DataFrame, prof: pd.DataFrame, kernel: str) -> O
     big = w0.sort_values(["rows", "context_tokens"]).iloc[-1]
     h8t8 = w0[(w0["heads"] == 8) & (w0["draft_tokens"] == 8)].sort_values("context_tokens")
     bcase = case_name(int(big["context_tokens"]), int(big["heads"]), int(big["draft_tokens"]))
-    verdict = (f"In {kernel}'s case with the most rows ({bcase}, {int(big['rows']):,} rows) warpgroup 0's tile is "
+    bound = "compute-bound " if big["rows"] >= COMPUTE_MIN_ROWS else ""
+    verdict = (f"In {kernel}'s {bound}case with the most rows ({bcase}, {int(big['rows']):,} rows) warpgroup 0's tile is "
                f"{big['loop_cycles']:,.0f} cycles, led by {big['dominant_phase']} ({big['dominant_pct']:.0f} %); it waits "
                f"for its copy {big['copy_wait_pct']:.0f} % of a tile.")
     numbers: dict[str, Any] = {"kernel": kernel, "compute_case": bcase, "compute_rows": int(big["rows"]),
@@ -175,10 +179,10 @@ def ws_phases_finding(table: pd.DataFrame, prof: pd.DataFrame, kernel: str) -> O
     numbers.update(clock_cost_pct_min=float(cost.min()), clock_cost_pct_max=float(cost.max()))
     p = prof[prof["kernel"] == kernel] if not prof.empty else prof
     if not p.empty:
-        verdict += (" Beside the loop, the merge kernel and the gap before it take "
+        verdict += (" Beside the loop, the merge kernel and the gap before it take this share of the call: "
                     + ", ".join(f"{r.merge_gap_pct:.0f} % at {case_name(int(r.context_tokens), int(r.heads), int(r.draft_tokens))}"
                                 for r in p.sort_values(["rows", "context_tokens"]).itertuples())
-                    + " of the call.")
+                    + ".")
         for r in p.itertuples():
             ev.append(f"{case_name(int(r.context_tokens), int(r.heads), int(r.draft_tokens))}: call {r.call_us:.1f} us "
                       f"(CUDA events) = partial kernel {r.partial_us:.1f} + gap {r.gap_us:.1f} + merge {r.merge_us:.1f} "
