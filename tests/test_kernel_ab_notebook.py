@@ -97,6 +97,7 @@ def test_06_replays_run4_with_the_anchor_single_launch_and_fp8(run_notebook: Cal
     assert m["source_dir"] == "data/reference/kernel-ab-h200-run4"
     assert m["gpu"] == "NVIDIA H200" and m["cases"] == len(measured) == 102
     assert m["speedup_128k_h8_t8_min"] is None and m["baseline_max_pct_copy"] is None  # no baseline rows in run 4
+    assert m["ws_phases"] == {} and "kernel_ab.ws_phases" not in {f["id"] for f in res["findings"]}  # no such rows in run 4
     text = out.read_text()
     assert "nan-nanx" not in text and "has no baseline_p1 rows" in text
 
@@ -560,3 +561,126 @@ def test_06_replays_compute_target_met_by_ours(run_notebook: Callable[..., Path]
             assert r["config"] == gluon_config(64, 2).as_dict()
         else:
             assert r["config"] == p1["config"] and r["config"] is None
+
+
+WS_PHASES = REFERENCE_DIR / "kernel-ws-phases-h200"
+
+
+def _ws_expected(rows: list[dict]) -> tuple[dict, dict]:
+    """Straight from the raw kernel_ws_phases rows: per kernel and case the newest call's warpgroups (loop cycles,
+    largest phase and its share), and the profiler's merge + gap share of the call where the call carries it."""
+    from specdiag.kernels.gluon_ws import PHASES
+
+    ok = [r for r in rows if r.get("error") is None and r.get("partition")]
+    last: dict[tuple, float] = {}
+    for r in ok:
+        k = (r["kernel"], r["context_tokens"], r["heads"], r["draft_tokens"])
+        last[k] = max(last.get(k, r["ts_unix_s"]), r["ts_unix_s"])
+    tiles: dict[str, dict] = {}
+    prof: dict[str, float] = {}
+    for r in ok:
+        k = (r["kernel"], r["context_tokens"], r["heads"], r["draft_tokens"])
+        if r["ts_unix_s"] != last[k]:
+            continue
+        name = f"{k[0]} P{k[1]} h{k[2]} t{k[3]}"
+        top = max(PHASES[r["partition"]], key=lambda p: r[f"{p}_cycles"])
+        tiles.setdefault(name, {})[r["partition"]] = (r["loop_cycles"], top, 100 * r[f"{top}_cycles"] / r["loop_cycles"])
+        if r.get("prof_merge_us") is not None:
+            prof[name] = 100 * (r["prof_gap_us"] + r["prof_merge_us"]) / r["untimed_us"]
+    return tiles, prof
+
+
+@pytest.mark.notebook
+def test_06_replays_the_ws_phases_alone(run_notebook: Callable[..., Path], tmp_path: Path) -> None:
+    """06 on the warp-specialized kernel's phases (data/reference/kernel-ws-phases-h200: kernel_ws_phases rows only):
+    sections 2-9 say what is absent, section 10's numbers equal what the raw rows say."""
+    out = run_notebook("06_kernel_ab", replay_dir=str(WS_PHASES), cpu_smoke=False)
+    res = json.loads((tmp_path / "run" / "findings" / "06_kernel_ab.json").read_text())
+    m = res["metrics"]
+    rows = _jsonl(WS_PHASES / "kernel_ws_phases.jsonl")
+    assert m["source_dir"] == "data/reference/kernel-ws-phases-h200" and m["gpu"] == "NVIDIA H200"
+    assert m["kernel_ab_rows"] is False and m["cases"] == 0 and m["anatomy"] == {}
+    text = out.read_text()
+    assert text.count("has no kernel_ab rows (no harness grid was run)") >= 10 and "has no kernel_anatomy rows" in text
+    assert '"ename"' not in text and text.count("image/png") == 1  # the stacked bars
+
+    tiles, prof = _ws_expected(rows)
+    w = m["ws_phases"]
+    assert w["cases"] == len(tiles) == 10 and len(rows) == 28
+    assert w["kernels"] == sorted({r["kernel"] for r in rows})
+    newest_rows = [r for r in rows if r["ts_unix_s"] == max(x["ts_unix_s"] for x in rows if x["kernel"] == r["kernel"]
+                                                            and (x["context_tokens"], x["heads"], x["draft_tokens"])
+                                                            == (r["context_tokens"], r["heads"], r["draft_tokens"]))]
+    cost = [100 * (r["timed_us"] / r["untimed_us"] - 1) for r in newest_rows]
+    assert len(newest_rows) == 20
+    assert w["clock_cost_pct_min"] == pytest.approx(min(cost)) and w["clock_cost_pct_max"] == pytest.approx(max(cost))
+    assert f"the clock reads cost {min(cost):.1f} to {max(cost):.1f} % of the call" in text
+    for name, parts in tiles.items():
+        for part, (loop, top, pct) in parts.items():
+            got = w["tiles"][name][part]
+            assert got["loop_cycles"] == pytest.approx(loop)
+            assert got["dominant_phase"] == top and got["dominant_pct"] == pytest.approx(pct)
+    assert set(w["profiler"]) == set(prof) and len(prof) == 5  # run 23's call: split_gwf_p1 on five cases
+    for name, pct in prof.items():
+        assert w["profiler"][name]["merge_gap_pct"] == pytest.approx(pct)
+
+    # the finding judges the kernel measured last, in its case with the most rows and at H=8 x T=8
+    newest = max(rows, key=lambda r: r["ts_unix_s"])
+    found = {f["id"]: f for f in res["findings"]}
+    f = found["kernel_ab.ws_phases"]
+    n = f["numbers"]
+    assert n["kernel"] == newest["kernel"]
+    mine = {k: v for k, v in tiles.items() if k.startswith(newest["kernel"] + " ")}
+    big = max(mine, key=lambda k: (int(k.split()[2][1:]) * int(k.split()[3][1:]), int(k.split()[1][1:])))
+    loop, top, pct = mine[big]["softmax_wg"]
+    assert n["compute_loop_cycles"] == pytest.approx(loop) and n["compute_dominant_phase"] == top
+    assert f"led by {top} ({pct:.0f} %)" in f["verdict"]
+    raw: dict[tuple, dict] = {}  # warpgroup 0 of each case's newest call of that kernel
+    for r in sorted(rows, key=lambda r: r["ts_unix_s"]):
+        if r["kernel"] == newest["kernel"] and r["partition"] == "softmax_wg":
+            raw[(r["context_tokens"], r["heads"], r["draft_tokens"])] = r
+    h8t8 = sorted(c for c in raw if c[1:] == (8, 8))
+    assert h8t8 == [(65536, 8, 8), (131072, 8, 8), (262144, 8, 8)]
+    for ctx, _, _ in h8t8:
+        r = raw[(ctx, 8, 8)]
+        assert n[f"h8t8_P{ctx}_copy_wait_pct"] == pytest.approx(100 * r["copy_wait_cycles"] / r["loop_cycles"])
+    r128 = raw[(131072, 8, 8)]
+    assert f"waits for its copy {100 * raw[(65536, 8, 8)]['copy_wait_cycles'] / raw[(65536, 8, 8)]['loop_cycles']:.0f} % " \
+           f"of a tile at 64k, {100 * r128['copy_wait_cycles'] / r128['loop_cycles']:.0f} % at 128k" in f["verdict"]
+
+
+@pytest.mark.notebook
+def test_make_replay_of_the_ws_phases_runs_06_and_07(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """`make replay RUN=data/reference/kernel-ws-phases-h200`: 06 and 07 run, the rest are skipped with what is absent."""
+    from specdiag import report
+    from specdiag.runs import Run
+
+    out = tmp_path / "replay"
+    assert report.main(["replay", "--run", str(WS_PHASES), "--run-dir", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert "01_baseline_sweep: skipped (kernel-ws-phases-h200 has no sweep rows)" in said
+    assert "2 of 2 notebooks ok" in said
+    assert set(Run.open(out).results()) == {"06_kernel_ab", "07_findings"}
+    assert "kernel_ab.ws_phases" in {f["id"] for f in Run.open(out).results()["06_kernel_ab"]["findings"]}
+
+
+@pytest.mark.notebook
+def test_06_shows_ws_phases_beside_a_kernel_ab_run(run_notebook: Callable[..., Path], tmp_path: Path) -> None:
+    """A kernel A/B run folder (run 5's tables) that also holds kernel_ws_phases rows gets section 10 beside its
+    sections 2-8; the A/B numbers are those of run 5 alone."""
+    import shutil
+
+    folder = tmp_path / "ab-with-phases"
+    folder.mkdir()
+    for name in ("run.json", "kernel_ab.jsonl", "kernel_ab_copy.jsonl"):
+        shutil.copy(RUN5 / name, folder / name)
+    shutil.copy(WS_PHASES / "kernel_ws_phases.jsonl", folder / "kernel_ws_phases.jsonl")
+    out = run_notebook("06_kernel_ab", replay_dir=str(folder), cpu_smoke=False)
+    res = json.loads((tmp_path / "run" / "findings" / "06_kernel_ab.json").read_text())
+    m = res["metrics"]
+    assert m["kernel_ab_rows"] is True and m["cases"] == 45  # run 5's rows, as in test_06_replays_run5_...
+    tiles, prof = _ws_expected(_jsonl(WS_PHASES / "kernel_ws_phases.jsonl"))
+    assert m["ws_phases"]["cases"] == len(tiles) and set(m["ws_phases"]["profiler"]) == set(prof)
+    ids = {f["id"] for f in res["findings"]}
+    assert {"kernel_ab.ws_phases", "kernel_ab.split_inner_loop"} <= ids
+    assert '"ename"' not in out.read_text()

@@ -186,3 +186,44 @@ def timeline_plot(ax: Any, programs: pd.DataFrame, title: str = "", source: str 
     ax.grid(True, axis="x", alpha=0.3)
     ax.legend(fontsize=7, loc="upper left")
     source_note(ax, source)
+
+
+#: One colour per phase of the warp-specialized kernel (``pv`` the same in both warpgroups), waits in greys/reds.
+WS_PHASE_COLORS = {
+    "copy_wait": "#c62828", "scores": "#1565c0", "softmax": "#6a1b9a", "p_free_wait": "#ef9a9a", "publish": "#f9a825",
+    "pv": "#2e7d32", "p_ready_wait": "#e57373", "p_free": "#8d6e63", "buffer_wait": "#ffcc80",
+    "refill_issue": "#00838f", "rest": "#bdbdbd",
+}
+
+
+def ws_phase_bars(ax: Any, table: pd.DataFrame, source: str = "measured") -> None:
+    """Where each warpgroup's KV tile goes (:func:`specdiag.kernels.ws_phases_analysis.phase_table`): one horizontal
+    bar per case, kernel and warpgroup, its phases stacked in the kernel's order and the rest of the loop last, so each
+    bar is the loop's cycles per tile; the first bar at the top."""
+    from specdiag.kernels.gluon_ws import PHASES  # noqa: PLC0415
+    from specdiag.kernels.ws_phases_analysis import PARTITION_LABELS, PHASE_LABELS, case_name  # noqa: PLC0415
+
+    labelled: set[str] = set()
+    labels = []
+    for i, r in enumerate(table.to_dict("records")):
+        left = 0.0
+        for p in (*PHASES[r["partition"]], "rest"):
+            v = max(float(r[f"{p}_cycles"]), 0.0)  # a negative rest (medians need not add up) is not drawn
+            ax.barh(i, v, left=left, height=0.75, color=WS_PHASE_COLORS[p], edgecolor="white", linewidth=0.5,
+                    label=None if p in labelled else PHASE_LABELS[p])
+            labelled.add(p)
+            left += v
+        ax.text(left, i, f" {r['loop_cycles']:,.0f}", va="center", fontsize=7)
+        labels.append(f"{r['kernel']}  {case_name(int(r['context_tokens']), int(r['heads']), int(r['draft_tokens']))}  "
+                      f"{PARTITION_LABELS[r['partition']]}")
+    ax.set_yticks(range(len(labels)), labels, fontsize=8)
+    ax.set_ylim(len(labels) - 0.5, -0.5)
+    ax.set_xlabel("SM cycles per KV tile (%clock64; medians over programs); number: the whole loop")
+    ax.set_title("Warp-specialized kernel: where each warpgroup's tile goes")
+    ax.grid(True, axis="x", alpha=0.3)
+    order = [p for p in PHASE_LABELS if p in labelled]
+    handles, names = ax.get_legend_handles_labels()
+    by_name = dict(zip(names, handles))
+    ax.legend([by_name[PHASE_LABELS[p]] for p in order], [PHASE_LABELS[p] for p in order], fontsize=8,
+              loc="upper left", bbox_to_anchor=(1.01, 1.0), title="phase")
+    source_note(ax, source)

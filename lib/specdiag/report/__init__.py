@@ -52,7 +52,7 @@ REPLAY_NEEDS: dict[str, tuple[str, ...] | None] = {
     "03_drafter_inspection": ("run.json:server",),
     "04_commit_probe": ("commit_probe",),
     "05_bandwidth_analysis": ("sweep",),
-    "06_kernel_ab": ("kernel_ab|kernel_anatomy",),
+    "06_kernel_ab": ("kernel_ab|kernel_anatomy|kernel_ws_phases",),
     "07_findings": (),
     "08_compare_runs": None,
 }
