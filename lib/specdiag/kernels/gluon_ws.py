@@ -85,6 +85,17 @@ def _clock(tick):
 
 
 @gluon.jit
+def _store_phases(TIMES, prog, part: gl.constexpr, tick, phases, t_loop, n_iter, WARPS: gl.constexpr):
+    """A timed partition's sums into ``TIMES[prog, part]``: slots 0.. the phases, 6 the loop's cycles, 7 the tiles
+    (``phase_buffer``'s layout; one value per thread)."""
+    base = TIMES + (prog.to(gl.int64) * 2 + part) * (8 * 32 * WARPS) + tick
+    for k in gl.static_range(len(phases)):
+        gl.store(base + k * 32 * WARPS, phases[k])
+    gl.store(base + 6 * 32 * WARPS, _clock(tick) - t_loop)
+    gl.store(base + 7 * 32 * WARPS, gl.full([32 * WARPS], 0, gl.int64, layout=tick.type.layout) + n_iter)
+
+
+@gluon.jit
 def _wait_tile(kv_ready, it, STAGES: gl.constexpr):
     """Until tile ``it``'s copy has landed in its ring buffer."""
     mbarrier.wait(kv_ready.index(it % STAGES), (it // STAGES) & 1)
@@ -257,15 +268,7 @@ def _softmax_partition(q_smem, qpe_smem, kv_smem, pe_smem, p_smem, row_smem, kv_
             if TIMED:
                 ph5 += _clock(tick) - t5
         if TIMED:
-            base = TIMES + prog.to(gl.int64) * (2 * 8 * 32 * WARPS) + tick
-            gl.store(base + 0 * 32 * WARPS, ph0)
-            gl.store(base + 1 * 32 * WARPS, ph1)
-            gl.store(base + 2 * 32 * WARPS, ph2)
-            gl.store(base + 3 * 32 * WARPS, ph3)
-            gl.store(base + 4 * 32 * WARPS, ph4)
-            gl.store(base + 5 * 32 * WARPS, ph5)
-            gl.store(base + 6 * 32 * WARPS, _clock(tick) - t_loop)
-            gl.store(base + 7 * 32 * WARPS, gl.full([32 * WARPS], 0, gl.int64, layout=tick.type.layout) + n_iter)
+            _store_phases(TIMES, prog, 0, tick, (ph0, ph1, ph2, ph3, ph4, ph5), t_loop, n_iter, WARPS)
 
     mbarrier.wait(p_free, (n_iter & 1) ^ 1)  # the worker has read the last factors: the row sums go where they were
     row_smem.store(l_i)
@@ -348,14 +351,7 @@ def _pv_loader_partition(kv_smem, pe_smem, p_smem, row_smem, kv_ready, kv_free, 
             if TIMED:
                 q4 += _clock(tick) - u4
     if TIMED:
-        base = TIMES + (prog.to(gl.int64) * 2 + 1) * (8 * 32 * WARPS) + tick
-        gl.store(base + 0 * 32 * WARPS, q0)
-        gl.store(base + 1 * 32 * WARPS, q1)
-        gl.store(base + 2 * 32 * WARPS, q2)
-        gl.store(base + 3 * 32 * WARPS, q3)
-        gl.store(base + 4 * 32 * WARPS, q4)
-        gl.store(base + 6 * 32 * WARPS, _clock(tick) - t_loop)
-        gl.store(base + 7 * 32 * WARPS, gl.full([32 * WARPS], 0, gl.int64, layout=tick.type.layout) + n_iter)
+        _store_phases(TIMES, prog, 1, tick, (q0, q1, q2, q3, q4), t_loop, n_iter, WARPS)
 
     mbarrier.wait(l_ready, 0)
     l_o = row_smem.load(ROW_O)
