@@ -49,6 +49,17 @@ def _issue_slots(KV, kv_buf, pe_buf, slot, slot_pe, ok, ok_pe, stride_kv,
 
 
 @gluon.jit
+def load_q_cols(Q, pid_m, n_rows, COL0: gl.constexpr, BLOCK_M: gl.constexpr, WIDTH: gl.constexpr,
+                ROW_LEN: gl.constexpr, L: gl.constexpr):
+    """Columns COL0 .. COL0 + WIDTH - 1 of the query rows pid_m * BLOCK_M .. (Q is [rows, ROW_LEN]) in layout L; rows
+    past ``n_rows`` are 0. Both Gluon kernels put Q in shared memory with it."""
+    rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, L))
+    return gl.load(Q + rows[:, None].to(gl.int64) * ROW_LEN + COL0
+                   + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, L))[None, :],
+                   mask=(rows < n_rows)[:, None], other=0.0)
+
+
+@gluon.jit
 def _gl_partial_kernel(Q, KV, TOKEN_TABLE, MASK, O_PART, LSE_PART,
                           qk_scale, n_prefix, n_kv, n_draft, n_heads, n_rows, tokens_per_split, stride_kv,
                           BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
@@ -79,16 +90,10 @@ def _gl_partial_kernel(Q, KV, TOKEN_TABLE, MASK, O_PART, LSE_PART,
     pe_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_PE], dtype)
     p_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype)
 
-    rows_ld = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=POS_LD)
-    q_nope = gl.load(Q + rows_ld[:, None].to(gl.int64) * (D_NOPE + D_PE)
-                     + gl.arange(0, D_NOPE, layout=gl.SliceLayout(0, LD))[None, :],
-                     mask=(rows_ld < n_rows)[:, None], other=0.0)
-    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, D_NOPE], q_sl, q_nope)
-    rows_pe = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=POS_PE)
-    q_pe = gl.load(Q + rows_pe[:, None].to(gl.int64) * (D_NOPE + D_PE) + D_NOPE
-                   + gl.arange(0, D_PE, layout=gl.SliceLayout(0, LD_PE))[None, :],
-                   mask=(rows_pe < n_rows)[:, None], other=0.0)
-    qpe_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, D_PE], qpe_sl, q_pe)
+    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, D_NOPE], q_sl,
+                                       load_q_cols(Q, pid_m, n_rows, 0, BLOCK_M, D_NOPE, D_NOPE + D_PE, LD))
+    qpe_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, D_PE], qpe_sl,
+                                         load_q_cols(Q, pid_m, n_rows, D_NOPE, BLOCK_M, D_PE, D_NOPE + D_PE, LD_PE))
     kv_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_NOPE], kv_sl)
     pe_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_PE], pe_sl)
     p_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], p_sl)

@@ -42,6 +42,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
+from specdiag.kernels.gluon_splitkv import load_q_cols
 from specdiag.kernels.mla import D_NOPE, D_PE, D_QK, D_V, VerifyInputs
 from specdiag.kernels.splitkv_plan import GLUON_BLOCK_M, gluon_config, plan_splits
 
@@ -383,16 +384,10 @@ def _ws_partial_kernel(Q, KV, TOKEN_TABLE, MASK, O_PART, LSE_PART, TIMES,
     p_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype)
     row_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
 
-    rows_ld = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LD))
-    q_nope = gl.load(Q + rows_ld[:, None].to(gl.int64) * (D_NOPE + D_PE)
-                     + gl.arange(0, D_NOPE, layout=gl.SliceLayout(0, LD))[None, :],
-                     mask=(rows_ld < n_rows)[:, None], other=0.0)
-    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, D_NOPE], q_sl, q_nope)
-    rows_pe = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LD_PE))
-    q_pe = gl.load(Q + rows_pe[:, None].to(gl.int64) * (D_NOPE + D_PE) + D_NOPE
-                   + gl.arange(0, D_PE, layout=gl.SliceLayout(0, LD_PE))[None, :],
-                   mask=(rows_pe < n_rows)[:, None], other=0.0)
-    qpe_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, D_PE], qpe_sl, q_pe)
+    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, D_NOPE], q_sl,
+                                       load_q_cols(Q, pid_m, n_rows, 0, BLOCK_M, D_NOPE, D_NOPE + D_PE, LD))
+    qpe_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, D_PE], qpe_sl,
+                                         load_q_cols(Q, pid_m, n_rows, D_NOPE, BLOCK_M, D_PE, D_NOPE + D_PE, LD_PE))
     kv_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_NOPE], kv_sl)
     pe_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_PE], pe_sl)
     p_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], p_sl)
