@@ -159,6 +159,26 @@ def _rows(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "kernel_ab.jsonl").read_text().splitlines()]
 
 
+def _replay_h200_run(run_notebook: Callable[..., Path], tmp_path: Path, run: Path, n_rows: int,
+                     copy_gbps: int) -> tuple[dict, dict, list[dict], list[dict], str]:
+    """06 on one committed H200 run: its findings, metrics, raw rows, measured rows and rendered text, after the
+    checks every such
+    replay shares (the folder, the GPU, every row measured and correct, the copy peak, no page-size or compute-bound
+    section without its rows, no NaN range)."""
+    out = run_notebook("06_kernel_ab", replay_dir=str(run), cpu_smoke=False)
+    res = json.loads((tmp_path / "run" / "findings" / "06_kernel_ab.json").read_text())
+    m = res["metrics"]
+    rows = _rows(run)
+    measured = [r for r in rows if not r.get("skipped") and r.get("error") is None and r.get("correct")]
+    assert m["source_dir"] == f"data/reference/{run.name}"
+    assert m["gpu"] == "NVIDIA H200" and m["cases"] == len(measured) == len(rows) == n_rows
+    meta = json.loads((run / "run.json").read_text())
+    assert m["copy_gbps"] == pytest.approx(meta["peaks"]["copy_gbps"]) and round(m["copy_gbps"]) == copy_gbps
+    text = out.read_text()
+    assert "no page-size comparison" in text and "no compute-bound case" in text and "nan-nanx" not in text
+    return res, m, rows, measured, text
+
+
 def _fit(rows: list[dict], kernel: str, h: int, t: int) -> tuple[float, float]:
     """(fixed us, marginal GB/s) by least squares of ms on KV bytes over contexts, straight from the rows."""
     import numpy as np
@@ -173,17 +193,7 @@ def _fit(rows: list[dict], kernel: str, h: int, t: int) -> tuple[float, float]:
 def test_06_replays_run5_with_flashinfer_beside_ours(run_notebook: Callable[..., Path], tmp_path: Path) -> None:
     """06 on run 5 (issue 13, data/reference/kernel-ab-h200-run5): FlashInfer measured beside ours; section 8's
     numbers equal what the raw rows say."""
-    out = run_notebook("06_kernel_ab", replay_dir=str(RUN5), cpu_smoke=False)
-    res = json.loads((tmp_path / "run" / "findings" / "06_kernel_ab.json").read_text())
-    m = res["metrics"]
-    rows = _rows(RUN5)
-    measured = [r for r in rows if not r.get("skipped") and r.get("error") is None and r.get("correct")]
-    assert m["source_dir"] == "data/reference/kernel-ab-h200-run5"
-    assert m["gpu"] == "NVIDIA H200" and m["cases"] == len(measured) == len(rows) == 45
-    meta = json.loads((RUN5 / "run.json").read_text())
-    assert m["copy_gbps"] == pytest.approx(meta["peaks"]["copy_gbps"]) and round(m["copy_gbps"]) == 4152
-    text = out.read_text()
-    assert "no page-size comparison" in text and "no compute-bound case" in text and "nan-nanx" not in text
+    res, m, rows, measured, text = _replay_h200_run(run_notebook, tmp_path, RUN5, n_rows=45, copy_gbps=4152)
     found = {f["id"]: f for f in res["findings"]}
     assert found["kernel_ab.split_inner_loop"]["verdict"].startswith("At the one shape of 64+ rows measured (H=8 T=8)")
 
@@ -277,17 +287,7 @@ RUN6 = REFERENCE_DIR / "kernel-ab-h200-run6"
 def test_06_replays_run6_tile_arms_beside_split_p1_without_anchors(run_notebook: Callable[..., Path], tmp_path: Path) -> None:
     """06 on run 6 (issue 13, data/reference/kernel-ab-h200-run6): the two arms on the 64-row tile beside split_p1, no
     anchor in the run (form A); section 8's numbers equal what the raw rows say."""
-    out = run_notebook("06_kernel_ab", replay_dir=str(RUN6), cpu_smoke=False)
-    res = json.loads((tmp_path / "run" / "findings" / "06_kernel_ab.json").read_text())
-    m = res["metrics"]
-    rows = _rows(RUN6)
-    measured = [r for r in rows if not r.get("skipped") and r.get("error") is None and r.get("correct")]
-    assert m["source_dir"] == "data/reference/kernel-ab-h200-run6"
-    assert m["gpu"] == "NVIDIA H200" and m["cases"] == len(measured) == len(rows) == 12
-    meta = json.loads((RUN6 / "run.json").read_text())
-    assert m["copy_gbps"] == pytest.approx(meta["peaks"]["copy_gbps"]) and round(m["copy_gbps"]) == 4220
-    text = out.read_text()
-    assert "no page-size comparison" in text and "no compute-bound case" in text and "nan-nanx" not in text
+    res, m, rows, measured, text = _replay_h200_run(run_notebook, tmp_path, RUN6, n_rows=12, copy_gbps=4220)
 
     # no anchor in this run: said, and nothing is compared with one
     assert not any(r["design"] == "anchor" for r in rows)
