@@ -60,6 +60,27 @@ def load_q_cols(Q, pid_m, n_rows, COL0: gl.constexpr, BLOCK_M: gl.constexpr, WID
 
 
 @gluon.jit
+def q_and_ring_smem(Q, pid_m, n_rows, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                    D_NOPE: gl.constexpr, D_PE: gl.constexpr, LD: gl.constexpr, LD_PE: gl.constexpr):
+    """The shared memory both Gluon kernels share: the row tile's Q (no-PE and PE parts, loaded), the ring of STAGES
+    KV tiles (no-PE and PE parts) and one P tile, each in the wgmma's default swizzled layout."""
+    dtype: gl.constexpr = Q.dtype.element_ty
+    q_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, D_NOPE], dtype)
+    qpe_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, D_PE], dtype)
+    kv_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_NOPE], dtype)
+    pe_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_PE], dtype)
+    p_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype)
+    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, D_NOPE], q_sl,
+                                       load_q_cols(Q, pid_m, n_rows, 0, BLOCK_M, D_NOPE, D_NOPE + D_PE, LD))
+    qpe_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, D_PE], qpe_sl,
+                                         load_q_cols(Q, pid_m, n_rows, D_NOPE, BLOCK_M, D_PE, D_NOPE + D_PE, LD_PE))
+    kv_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_NOPE], kv_sl)
+    pe_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_PE], pe_sl)
+    p_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], p_sl)
+    return q_smem, qpe_smem, kv_smem, pe_smem, p_smem
+
+
+@gluon.jit
 def _gl_partial_kernel(Q, KV, TOKEN_TABLE, MASK, O_PART, LSE_PART,
                           qk_scale, n_prefix, n_kv, n_draft, n_heads, n_rows, tokens_per_split, stride_kv,
                           BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
@@ -84,19 +105,9 @@ def _gl_partial_kernel(Q, KV, TOKEN_TABLE, MASK, O_PART, LSE_PART,
     ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
     POS_LD: gl.constexpr = gl.SliceLayout(1, LD)
     POS_PE: gl.constexpr = gl.SliceLayout(1, LD_PE)
-    q_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, D_NOPE], dtype)
-    qpe_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, D_PE], dtype)
-    kv_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_NOPE], dtype)
-    pe_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_PE], dtype)
-    p_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype)
 
-    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, D_NOPE], q_sl,
-                                       load_q_cols(Q, pid_m, n_rows, 0, BLOCK_M, D_NOPE, D_NOPE + D_PE, LD))
-    qpe_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, D_PE], qpe_sl,
-                                         load_q_cols(Q, pid_m, n_rows, D_NOPE, BLOCK_M, D_PE, D_NOPE + D_PE, LD_PE))
-    kv_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_NOPE], kv_sl)
-    pe_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_PE], pe_sl)
-    p_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], p_sl)
+    q_smem, qpe_smem, kv_smem, pe_smem, p_smem = q_and_ring_smem(Q, pid_m, n_rows, BLOCK_M, BLOCK_N, STAGES, D_NOPE,
+                                                                 D_PE, LD, LD_PE)
 
     start = pid_s * tokens_per_split
     end = gl.minimum(start + tokens_per_split, n_kv)

@@ -42,7 +42,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from specdiag.kernels.gluon_splitkv import load_q_cols
+from specdiag.kernels.gluon_splitkv import q_and_ring_smem
 from specdiag.kernels.mla import D_NOPE, D_PE, D_QK, D_V, VerifyInputs
 from specdiag.kernels.splitkv_plan import GLUON_BLOCK_M, gluon_config, plan_splits
 
@@ -374,23 +374,12 @@ def _ws_partial_kernel(Q, KV, TOKEN_TABLE, MASK, O_PART, LSE_PART, TIMES,
     """One program per (64-row tile, split): Q to shared memory, then the two partitions (module doc)."""
     pid_m = gl.program_id(0)
     pid_s = gl.program_id(1)
-    dtype: gl.constexpr = Q.dtype.element_ty
     LD: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
     LD_PE: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
-    q_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, D_NOPE], dtype)
-    qpe_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, D_PE], dtype)
-    kv_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_NOPE], dtype)
-    pe_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_PE], dtype)
-    p_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype)
     row_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
 
-    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, D_NOPE], q_sl,
-                                       load_q_cols(Q, pid_m, n_rows, 0, BLOCK_M, D_NOPE, D_NOPE + D_PE, LD))
-    qpe_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, D_PE], qpe_sl,
-                                         load_q_cols(Q, pid_m, n_rows, D_NOPE, BLOCK_M, D_PE, D_NOPE + D_PE, LD_PE))
-    kv_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_NOPE], kv_sl)
-    pe_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_PE], pe_sl)
-    p_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], p_sl)
+    q_smem, qpe_smem, kv_smem, pe_smem, p_smem = q_and_ring_smem(Q, pid_m, n_rows, BLOCK_M, BLOCK_N, STAGES, D_NOPE,
+                                                                 D_PE, LD, LD_PE)
     row_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M], row_sl)
     kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     kv_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
