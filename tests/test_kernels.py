@@ -131,6 +131,25 @@ def test_split_plan_covers_the_cache(rows: int, n_kv: int) -> None:
         assert d["partial_bytes"] == (0 if plan.n_splits == 1 else plan.n_splits * rows * (512 * 4 + 4))
 
 
+def test_coresident_plan_holds_one_program_per_sm_and_covers_the_cache() -> None:
+    """gluon_ws's grid merge waits for every program of its grid, so its plan must fit the SMs: plan_splits rounds
+    the splits per row tile to the nearest integer (7 row tiles on 132 SMs: 19 splits, 133 programs)."""
+    from specdiag.kernels.splitkv_plan import gluon_config, plan_splits_coresident
+
+    cfg = gluon_config(64, 2)
+    assert plan_splits(7 * 64, 131_072, cfg, 132).programs == 133  # the case the co-resident plan exists for
+    for tiles in range(1, 20):
+        for n_kv in (1_000, 65_544, 131_072, 262_208):
+            plan = plan_splits_coresident(tiles * 64, n_kv, cfg, 132)
+            assert plan.programs <= 132 and plan.tokens_per_split % 64 == 0
+            assert (plan.n_splits - 1) * plan.tokens_per_split < n_kv <= plan.n_splits * plan.tokens_per_split
+            if plan_splits(tiles * 64, n_kv, cfg, 132).programs <= 132:  # unchanged where it fits
+                assert plan == plan_splits(tiles * 64, n_kv, cfg, 132)
+    assert describe_plan(7 * 64, 131_072, cfg, 132, coresident=True)["programs"] == 126
+    with pytest.raises(ValueError, match="two-launch merge"):
+        plan_splits_coresident(200 * 64, 131_072, cfg, 132)
+
+
 def test_timing_on_cpu_returns_samples() -> None:
     ms = time_calls([lambda: sum(range(1000))], n_runs=5, n_warmup=1, device="cpu")
     assert len(ms) == 5 and all(m > 0 for m in ms)

@@ -40,11 +40,12 @@ def test_auto_variant_picks_triton_up_to_32_rows_and_gluon_above() -> None:
     from specdiag.kernels.dispatch import AUTO_GLUON_MIN_ROWS
 
     assert AUTO_GLUON_MIN_ROWS == 33
-    for name in ("split_auto_p1", "split_auto_ws_p1", "split_auto_gwf_p1"):
+    for name in ("split_auto_p1", "split_auto_ws_p1", "split_auto_gwf_p1", "split_auto_gwf64_p1", "split_auto_gwg_p1"):
         for rows in (8, 16, 32):
             assert resolve_config(name, rows) is None  # split_p1's own default, chosen in the launcher
         for rows in (33, 64, 1024):
-            assert resolve_config(name, rows) == gluon_config(64, 2)
+            assert resolve_config(name, rows) == replace(
+                gluon_config(64, 2), merge_block_dv=KERNEL_VARIANTS[name].gluon_merge_block_dv)
     assert KERNEL_VARIANTS["split_auto_ws_p1"].gluon_prefetch and not KERNEL_VARIANTS["split_auto_ws_p1"].gluon_fold
     assert KERNEL_VARIANTS["split_auto_gwf_p1"].gluon_fold and KERNEL_VARIANTS["split_auto_gwf_p1"].impl == "auto_ws"
 
@@ -53,7 +54,7 @@ def test_gluon_variants_fall_back_to_the_torch_design_on_the_cpu() -> None:
     x = make_inputs(VerifyShape(300, 4, 4, "shuffled_p1"), seed=2)
     ref = reference_verify(x)
     for name in ("split_glo_p1", "split_glo32_p1", "split_glw_p1", "split_glw32_p1", "split_auto_p1", "split_glx_p1",
-                 "split_auto_ws_p1", "split_auto_gwf_p1"):
+                 "split_auto_ws_p1", "split_auto_gwf_p1", "split_auto_gwf64_p1", "split_auto_gwg_p1"):
         out = x.out_like()
         run_variant(name, x, out)
         assert relative_error(out, ref) < 1e-2
@@ -167,7 +168,7 @@ def test_warp_specialized_kernel_compiles_for_sm90_as_designed(block_n: int, sta
 def test_warp_specialized_variants_resolve_and_fall_back_on_the_cpu() -> None:
     tiles = {"split_gws_p1": (64, 2), "split_gwp_p1": (64, 2), "split_gwo_p1": (64, 2), "split_gwp32_p1": (32, 4),
              "split_gwo32_p1": (32, 4), "split_gwm_p1": (64, 2), "split_gwf_p1": (64, 2), "split_gwb_p1": (64, 2),
-             "split_gwbp_p1": (64, 2), "split_gwf64_p1": (64, 2), "split_gwf128_p1": (64, 2)}
+             "split_gwbp_p1": (64, 2), "split_gwf64_p1": (64, 2), "split_gwf128_p1": (64, 2), "split_gwg_p1": (64, 2)}
     x = make_inputs(VerifyShape(300, 4, 4, "shuffled_p1"), seed=3)
     ref = reference_verify(x)
     for name, tile in tiles.items():
@@ -182,6 +183,8 @@ def test_warp_specialized_variants_resolve_and_fall_back_on_the_cpu() -> None:
     assert KERNEL_VARIANTS["split_gwf_p1"].gluon_fold and KERNEL_VARIANTS["split_gwf_p1"].gluon_draft_branch
     assert KERNEL_VARIANTS["split_gwb_p1"].gluon_bf16_partials and not KERNEL_VARIANTS["split_gwb_p1"].gluon_pdl_merge
     assert KERNEL_VARIANTS["split_gwbp_p1"].gluon_pdl_merge
+    assert KERNEL_VARIANTS["split_gwg_p1"].gluon_grid_merge and KERNEL_VARIANTS["split_auto_gwg_p1"].gluon_grid_merge
+    assert not KERNEL_VARIANTS["split_gwf_p1"].gluon_grid_merge
     assert resolve_config("split_gwf128_p1", 64).merge_block_dv == 128
     assert resolve_config("split_gwf_p1", 64).merge_block_dv == 16
     pytest.importorskip("triton.experimental.gluon")
@@ -189,3 +192,48 @@ def test_warp_specialized_variants_resolve_and_fall_back_on_the_cpu() -> None:
 
     with pytest.raises(ValueError, match="CUDA"):
         split_kv_gluon_ws(x, x.out_like())
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed here")
+@pytest.mark.parametrize("n_splits", [128, 8])
+def test_grid_merge_form_compiles_with_its_wait_and_reset(n_splits: int) -> None:
+    """Run 25's form of gluon_ws that merges inside its grid, for sm_90: after both partitions join (a whole-CTA
+    barrier), one thread releases its arrival (atom.release.add at gpu scope) and the warpgroup spins on an acquire
+    load of the counter, broadcast through shared memory; the merge reads partials with .cg loads (L2, not a stale
+    L1); the departure count and the reset are relaxed atomics. Same shared memory as the two-launch form, no
+    spill. Correctness and the counters' reset between calls: tests/test_kernels_gpu.py (run15, run25)."""
+    import tempfile
+    from pathlib import Path
+
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    from specdiag.kernels.gluon_ws import compile_sm90, grid_merge_block
+
+    k = compile_sm90(prefetch=True, draft_branch=True, fold=True, grid_merge_splits=n_splits)
+    two_launch = compile_sm90(prefetch=True, draft_branch=True, fold=True)
+    assert k.metadata.shared == two_launch.metadata.shared <= SHARED_LIMIT_SM90
+    ptx = k.asm["ptx"]
+    assert len(re.findall(r"atom\.global\.gpu\.release\.add\.u32", ptx)) == 1
+    assert len(re.findall(r"ld\.global\.gpu\.acquire\.b32", ptx)) == 2  # before the loop and in it
+    assert len(re.findall(r"atom\.global\.gpu\.relaxed\.(add|exch)", ptx)) == 3
+    assert "atom." not in two_launch.asm["ptx"]
+    assert re.search(r"ld\.global\.cg\.v4", ptx)  # the merge's 16-byte partial loads bypass L1
+    merge_s, merge_f, tpw_f = grid_merge_block(n_splits)
+    assert merge_s >= n_splits and merge_s * merge_f <= 8192 and merge_f % (4 * tpw_f) == 0
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "k.ptx").write_text(ptx)
+        res = subprocess.run([get_ptxas(90).path, "-v", "-arch=sm_90a", str(Path(tmp) / "k.ptx"), "-o",
+                              str(Path(tmp) / "k.cubin")], capture_output=True, text=True)
+    spills = [int(m) for m in re.findall(r"(\d+) bytes spill stores", res.stderr + res.stdout)]
+    assert res.returncode == 0 and spills == [0], res.stderr[-2000:]
+
+
+def test_grid_merge_block_loads_every_split_at_once() -> None:
+    pytest.importorskip("triton.experimental.gluon")
+    from specdiag.kernels.gluon_ws import grid_merge_block
+
+    assert grid_merge_block(128) == (128, 64, 16)
+    assert grid_merge_block(8) == (8, 1024, 32)
+    assert grid_merge_block(1) == (2, 1024, 32)
+    with pytest.raises(ValueError, match="at most 512 splits"):
+        grid_merge_block(600)

@@ -184,7 +184,35 @@ def test_run15_warp_specialized_kernel_matches_reference(shape: VerifyShape) -> 
     result, a missing fence as a wrong result; correct and every row written, twice."""
     _check_arms_twice(shape, ("split_gws_p1", "split_gwp_p1", "split_gwo_p1", "split_gwp32_p1", "split_gwo32_p1",
                               "split_auto_ws_p1", "split_gwm_p1", "split_gwf_p1", "split_auto_gwf_p1",
-                              "split_gwb_p1", "split_gwbp_p1", "split_gwf64_p1", "split_gwf128_p1"))
+                              "split_gwb_p1", "split_gwbp_p1", "split_gwf64_p1", "split_gwf128_p1",
+                              "split_gwg_p1", "split_auto_gwf64_p1", "split_auto_gwg_p1"))
+
+
+@pytest.mark.parametrize("shape", [VerifyShape(4096, 8, 8, "shuffled_p1"), VerifyShape(131072, 8, 8, "shuffled_p1"),
+                                   VerifyShape(20000, 7, 64, "shuffled_p1"), VerifyShape(9000, 3, 100, "contiguous"),
+                                   VerifyShape(131072, 16, 64, "shuffled_p1")],
+                         ids=lambda s: f"run25-P{s.context_tokens}-H{s.heads}-T{s.draft_tokens}-{s.layout}")
+def test_run25_grid_merge_is_correct_and_leaves_its_counters_at_zero(shape: VerifyShape) -> None:
+    """The merge inside the grid (split_gwg_p1): the co-resident plan (7 row tiles: 18 splits, 126 programs, where
+    plan_splits would launch 133 and the cooperative launch would refuse), a row count that leaves the last slice
+    short (300 rows), many splits (131,072 tokens: 128) and many row tiles; correct on five calls in a row, every row
+    written, and both counters back at 0 after each call (a program that missed the reset would hang the next call:
+    the gate's timeout)."""
+    from specdiag.kernels.gluon_ws import split_kv_gluon_ws
+    from specdiag.kernels.splitkv_plan import gluon_config, plan_splits_coresident
+    from specdiag.kernels.triton_splitkv import sm_count
+
+    x = make_inputs(shape, device="cuda", seed=shape.context_tokens)
+    ref = reference_verify(x)
+    plan = plan_splits_coresident(shape.rows, shape.n_kv, gluon_config(64, 2), sm_count(0))
+    assert plan.programs <= sm_count(0)
+    for _ in range(5):
+        out = torch.full_like(x.out_like(), float("nan"))
+        split_kv_gluon_ws(x, out, prefetch=True, draft_branch=True, fold=True, grid_merge=True)
+        torch.cuda.synchronize()
+        assert not out.isnan().any()
+        assert (out.float() - ref).norm() / ref.norm() <= 1e-2
+        assert x.grid_sync.tolist() == [0, 0]
 
 
 @pytest.mark.parametrize("shape", [VerifyShape(4096, 8, 8, "shuffled_p1"), VerifyShape(20000, 16, 16, "shuffled_p1")],

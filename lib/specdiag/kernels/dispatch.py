@@ -20,7 +20,9 @@ to 32 rows, split_gwp_p1 above (run 16's fastest of ours from 33 rows on). Run 1
 mask only on the tiles that reach the draft tokens; run 19's ``split_gwf_p1`` also leaves interior tiles unmasked and
 folds the scale into the exponent; ``split_auto_gwf_p1`` is split_p1 up to 32 rows and split_gwf_p1 above. Run 22:
 ``split_gwb_p1`` (bf16 partials) and ``split_gwbp_p1`` (and the merge as a programmatic dependent launch). Run 24:
-``split_gwf64_p1`` / ``split_gwf128_p1``, wider merge programs. On CUDA
+``split_gwf64_p1`` / ``split_gwf128_p1``, wider merge programs. Run 25: ``split_gwg_p1`` merges inside its own grid
+(one cooperative launch, no merge kernel); ``split_auto_gwf64_p1`` / ``split_auto_gwg_p1`` are split_p1 up to 32 rows
+and split_gwf64_p1 / split_gwg_p1 above. On CUDA
 the Triton kernels run; on the CPU the torch fallbacks of the same designs (reference.py) run, so tests and CI
 exercise the same code paths around them.
 """
@@ -76,6 +78,8 @@ class KernelVariant:
     gluon_pdl_merge: bool = False
     #: impl "gluon_ws" / "auto_ws" only: value dims per merge program (run 24; 16 is the plan's default)
     gluon_merge_block_dv: int = 16
+    #: impl "gluon_ws" / "auto_ws" only: the merge inside the partial grid, one cooperative launch (run 25)
+    gluon_grid_merge: bool = False
 
 
 KERNEL_VARIANTS: dict[str, KernelVariant] = {
@@ -159,6 +163,16 @@ KERNEL_VARIANTS: dict[str, KernelVariant] = {
     "split_gwf128_p1": KernelVariant("split_gwf128_p1", "split_kv", 1, impl="gluon_ws", gluon_tile=(64, 2),
                                      gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True,
                                      gluon_merge_block_dv=128),
+    # run 25: split_gwf_p1 with the merge inside its grid (every program merges a slice once all have stored their
+    # partials; one cooperative launch), and split_p1 up to 32 rows with split_gwf64_p1 / split_gwg_p1 above
+    "split_gwg_p1": KernelVariant("split_gwg_p1", "split_kv", 1, impl="gluon_ws", gluon_tile=(64, 2),
+                                  gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True, gluon_grid_merge=True),
+    "split_auto_gwf64_p1": KernelVariant("split_auto_gwf64_p1", "split_kv", 1, impl="auto_ws", gluon_tile=(64, 2),
+                                         gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True,
+                                         gluon_merge_block_dv=64),
+    "split_auto_gwg_p1": KernelVariant("split_auto_gwg_p1", "split_kv", 1, impl="auto_ws", gluon_tile=(64, 2),
+                                       gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True,
+                                       gluon_grid_merge=True),
     # run 20: split_p1 up to 32 rows, split_gwf_p1 above (run 19's fastest of ours from 33 rows on)
     "split_auto_gwf_p1": KernelVariant("split_auto_gwf_p1", "split_kv", 1, impl="auto_ws", gluon_tile=(64, 2),
                                        gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True),
@@ -239,7 +253,7 @@ def run_variant(name: str, inputs: VerifyInputs, out: torch.Tensor, config: Opti
                                      prefetch=v.gluon_prefetch, overlap=v.gluon_overlap,
                                      draft_branch=v.gluon_draft_branch, fold=v.gluon_fold,
                                      bf16_partials=v.gluon_bf16_partials, pdl_merge=v.gluon_pdl_merge,
-                                     merge_block_dv=v.gluon_merge_block_dv)
+                                     merge_block_dv=v.gluon_merge_block_dv, grid_merge=v.gluon_grid_merge)
         if v.impl == "gluon" or (v.impl == "auto" and rows >= AUTO_GLUON_MIN_ROWS):
             from specdiag.kernels.gluon_splitkv import split_kv_gluon  # noqa: PLC0415
 

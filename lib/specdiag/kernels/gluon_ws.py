@@ -44,7 +44,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from specdiag.kernels.gluon_splitkv import q_and_ring_smem
 from specdiag.kernels.mla import D_NOPE, D_PE, D_QK, D_V, VerifyInputs
-from specdiag.kernels.splitkv_plan import GLUON_BLOCK_M, gluon_config, plan_splits
+from specdiag.kernels.splitkv_plan import GLUON_BLOCK_M, gluon_config, plan_splits, plan_splits_coresident
 
 LOG2E = 1.4426950408889634
 #: warps of each partition (one warpgroup each) and the worker's register budget per thread (its 64 x 256 fp32
@@ -365,13 +365,16 @@ def _pv_loader_partition(kv_smem, pe_smem, p_smem, row_smem, kv_ready, kv_free, 
 
 
 @gluon.jit
-def _ws_partial_kernel(Q, KV, TOKEN_TABLE, MASK, O_PART, LSE_PART, TIMES,
-                       qk_scale, n_prefix, n_kv, n_draft, n_heads, n_rows, tokens_per_split, stride_kv,
+def _ws_partial_kernel(Q, KV, TOKEN_TABLE, MASK, O_PART, LSE_PART, TIMES, OUT, SYNC,
+                       qk_scale, n_prefix, n_kv, n_draft, n_heads, n_rows, tokens_per_split, stride_kv, n_splits,
                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                        D_NOPE: gl.constexpr, D_PE: gl.constexpr, D_HALF: gl.constexpr, num_warps: gl.constexpr,
                        WORKER_REGS: gl.constexpr, PREFETCH: gl.constexpr, OVERLAP: gl.constexpr,
-                       DRAFT_BRANCH: gl.constexpr, TIMED: gl.constexpr, FOLD: gl.constexpr):
-    """One program per (64-row tile, split): Q to shared memory, then the two partitions (module doc)."""
+                       DRAFT_BRANCH: gl.constexpr, TIMED: gl.constexpr, FOLD: gl.constexpr,
+                       GRID_MERGE: gl.constexpr = False, MERGE_S: gl.constexpr = 2, MERGE_F: gl.constexpr = 64,
+                       MERGE_TPW_F: gl.constexpr = 16):
+    """One program per (64-row tile, split): Q to shared memory, then the two partitions (module doc); with
+    GRID_MERGE every program then merges its slice of the output (``_grid_merge``; OUT and SYNC unused without)."""
     pid_m = gl.program_id(0)
     pid_s = gl.program_id(1)
     LD: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
@@ -408,6 +411,46 @@ def _ws_partial_kernel(Q, KV, TOKEN_TABLE, MASK, O_PART, LSE_PART, TIMES,
                                 TOKEN_TABLE, O_PART, TIMES, n_rows, start, end, n_iter, pid_m, pid_s, prog, stride_kv,
                                 BLOCK_M, BLOCK_N, STAGES, D_NOPE, D_PE, D_HALF, num_warps, PREFETCH, TIMED)),
     ], [num_warps], [WORKER_REGS])
+    if GRID_MERGE:
+        _grid_merge(O_PART, LSE_PART, OUT, SYNC, n_splits, n_rows, prog, 2 * D_HALF, MERGE_S, MERGE_F, MERGE_TPW_F,
+                    num_warps)
+
+
+@gluon.jit
+def _grid_merge(O_PART, LSE_PART, OUT, SYNC, n_splits, n_rows, prog, D_V: gl.constexpr, MERGE_S: gl.constexpr,
+                MERGE_F: gl.constexpr, TPW_F: gl.constexpr, WARPS: gl.constexpr):
+    """The merge inside the partial grid (issue 13's "one launch"): every program of the (co-resident, cooperatively
+    launched) grid arrives on SYNC[0] once its partial is stored, waits until all have, then merges one contiguous
+    slice of the flattened output [rows x 512]: all splits of MERGE_F outputs at once ([MERGE_S, MERGE_F] loads,
+    MERGE_S >= n_splits), weighted by exp2(lse - max lse). SYNC[1] counts the programs done waiting; the last one
+    puts both counters back to 0 for the next call (calls on one stream are ordered)."""
+    n_prog = gl.num_programs(0) * gl.num_programs(1)
+    gl.thread_barrier()  # both partitions' partial stores issued by every thread of this program
+    gl.atomic_add(SYNC, 1, sem="release", scope="gpu")
+    arrived = gl.atomic_add(SYNC, 0, sem="acquire", scope="gpu")
+    while arrived < n_prog:
+        arrived = gl.atomic_add(SYNC, 0, sem="acquire", scope="gpu")
+    L: gl.constexpr = gl.BlockedLayout([1, 4], [32 // TPW_F, TPW_F], [WARPS, 1], [1, 0])
+    offs_s = gl.arange(0, MERGE_S, layout=gl.SliceLayout(1, L))
+    offs_f = gl.arange(0, MERGE_F, layout=gl.SliceLayout(0, L))
+    split_ok = offs_s < n_splits
+    total = n_rows * D_V
+    per = gl.cdiv(gl.cdiv(total, n_prog), MERGE_F) * MERGE_F
+    lo = prog * per
+    for f0 in range(lo, gl.minimum(lo + per, total), MERGE_F):
+        f = f0 + offs_f
+        ok = split_ok[:, None] & (f < total)[None, :]
+        lse = gl.load(LSE_PART + offs_s.to(gl.int64)[:, None] * n_rows + (f // D_V)[None, :], mask=ok,
+                      other=float("-inf"), cache_modifier=".cg")
+        o = gl.load(O_PART + offs_s.to(gl.int64)[:, None] * total + f[None, :], mask=ok, other=0.0,
+                    cache_modifier=".cg")
+        w = gl.exp2(lse - gl.max(lse, 0)[None, :])
+        merged = gl.sum(w * o.to(gl.float32), 0) / gl.sum(w, 0)
+        gl.store(OUT + f, merged.to(OUT.dtype.element_ty), mask=f < total)
+    left = gl.atomic_add(SYNC + 1, 1, sem="relaxed", scope="gpu")
+    if left == n_prog - 1:  # every program is past its wait: reset for the next call
+        gl.atomic_xchg(SYNC, 0, sem="relaxed", scope="gpu")
+        gl.atomic_xchg(SYNC + 1, 0, sem="relaxed", scope="gpu")
 
 
 def phase_buffer(inputs: VerifyInputs, block_n: int = 64, stages: int = 2, num_sms: int | None = None) -> torch.Tensor:
@@ -431,13 +474,14 @@ PHASES: dict[str, tuple[str, ...]] = {
 def split_kv_gluon_ws(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 64, stages: int = 2,
                       num_sms: int | None = None, prefetch: bool = False, overlap: bool = False,
                       draft_branch: bool = False, fold: bool = False, bf16_partials: bool = False,
-                      pdl_merge: bool = False, merge_block_dv: int = 16,
+                      pdl_merge: bool = False, merge_block_dv: int = 16, grid_merge: bool = False,
                       times: torch.Tensor | None = None) -> torch.Tensor:
     """Split-KV verify attention with the warp-specialized partial kernel and triton_splitkv's merge; writes ``out``.
     ``bf16_partials`` stores each split's normalized output in bf16 (half the partial bytes written and merged);
     ``pdl_merge`` launches the merge as a programmatic dependent launch; ``merge_block_dv`` value dims per merge
     program (16: one row's 512 dims in 32 programs, the plan's default for 8-16 rows). ``times`` (from
-    ``phase_buffer``) runs the kernel with its phases timed (not with ``overlap``)."""
+    ``phase_buffer``) runs the kernel with its phases timed (not with ``overlap``). ``grid_merge`` merges inside the
+    partial kernel's grid (one cooperative launch of at most one program per SM, ``_grid_merge``; no merge kernel)."""
     from specdiag.kernels.triton_splitkv import merge_partials, sm_count  # noqa: PLC0415
 
     q, cache = inputs.q, inputs.cache
@@ -453,41 +497,71 @@ def split_kv_gluon_ws(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 64
     rows, n_kv = T * H, inputs.n_kv
     if D_V % merge_block_dv:
         raise ValueError(f"merge_block_dv must divide the {D_V} value dims; got {merge_block_dv}")
+    if grid_merge and (bf16_partials or pdl_merge or times is not None):
+        raise ValueError("grid_merge merges fp32 partials inside the partial grid: not with bf16_partials, pdl_merge "
+                         "or times")
     cfg = replace(gluon_config(block_n, stages), merge_block_dv=merge_block_dv)
-    plan = plan_splits(rows, n_kv, cfg, num_sms or sm_count(q.device.index or 0))
+    n_sms = num_sms or sm_count(q.device.index or 0)
+    plan = (plan_splits_coresident if grid_merge else plan_splits)(rows, n_kv, cfg, n_sms)
     o_part = torch.empty(plan.n_splits, rows, D_V, device=q.device,
                          dtype=torch.bfloat16 if bf16_partials else torch.float32)
     lse_part = torch.empty(plan.n_splits, rows, device=q.device, dtype=torch.float32)
     if times is not None and times.shape != (plan.n_tiles * plan.n_splits, 2, 8, 32 * WS_PARTITION_WARPS):
         raise ValueError(f"times has shape {tuple(times.shape)}; make it with "
                          f"phase_buffer(inputs, {block_n}, {stages})")
+    merge_s, merge_f, merge_tpw_f = grid_merge_block(plan.n_splits)
+    extra = {"launch_cooperative_grid": True} if grid_merge else {}
     _ws_partial_kernel[(plan.n_tiles, plan.n_splits)](
         q, cache, inputs.token_table, inputs.mask_u8, o_part, lse_part, lse_part if times is None else times,
+        out, inputs.grid_sync,
         inputs.sm_scale * LOG2E, inputs.n_prefix, n_kv, T, H, rows, plan.tokens_per_split, cache.stride(0),
+        plan.n_splits,
         BLOCK_M=GLUON_BLOCK_M, BLOCK_N=block_n, STAGES=stages, D_NOPE=D_NOPE, D_PE=D_PE, D_HALF=D_HALF,
         num_warps=WS_PARTITION_WARPS, WORKER_REGS=WS_WORKER_REGS, PREFETCH=prefetch, OVERLAP=overlap,
         DRAFT_BRANCH=draft_branch, TIMED=times is not None, FOLD=fold,
+        GRID_MERGE=grid_merge, MERGE_S=merge_s, MERGE_F=merge_f, MERGE_TPW_F=merge_tpw_f, **extra,
     )
-    merge_partials(o_part, lse_part, out.view(rows, D_V), cfg, pdl=pdl_merge)
+    if not grid_merge:
+        merge_partials(o_part, lse_part, out.view(rows, D_V), cfg, pdl=pdl_merge)
     return out
+
+
+#: fp32 values a program of the grid merge loads at once ([splits, outputs]; 64 per thread of its warpgroup)
+GRID_MERGE_ELEMS = 8192
+
+
+def grid_merge_block(n_splits: int) -> tuple[int, int, int]:
+    """The grid merge's block for ``n_splits`` splits: (splits padded to a power of two, outputs per block, threads of
+    a warp along the outputs); every split of an output is loaded at once, 4 outputs (16 B) per thread."""
+    merge_s = max(2, triton.next_power_of_2(n_splits))
+    if merge_s > GRID_MERGE_ELEMS // 16:
+        raise ValueError(f"the grid merge takes at most {GRID_MERGE_ELEMS // 16} splits; the plan has {n_splits}")
+    merge_f = min(1024, GRID_MERGE_ELEMS // merge_s)
+    return merge_s, merge_f, min(32, merge_f // 4)
 
 
 def compile_sm90(block_n: int = 64, stages: int = 2, dtype: str = "bf16", worker_regs: int = WS_WORKER_REGS,
                  prefetch: bool = False, overlap: bool = False, draft_branch: bool = False,
-                 timed: bool = False, fold: bool = False, partial: str = "fp32") -> "triton.compiler.CompiledKernel":
-    """The partial kernel compiled ahead of time for sm_90 (no GPU needed): for tests and the compile report."""
+                 timed: bool = False, fold: bool = False, partial: str = "fp32",
+                 grid_merge_splits: int = 0) -> "triton.compiler.CompiledKernel":
+    """The partial kernel compiled ahead of time for sm_90 (no GPU needed): for tests and the compile report.
+    ``grid_merge_splits`` > 0: the form that merges inside its grid, with the merge block of that many splits."""
     from triton.backends.compiler import GPUTarget  # noqa: PLC0415
     from triton.experimental.gluon._runtime import GluonASTSource  # noqa: PLC0415
 
     sig = {"Q": f"*{dtype}", "KV": f"*{dtype}", "TOKEN_TABLE": "*i64", "MASK": "*u8", "O_PART": f"*{partial}",
-           "LSE_PART": "*fp32", "TIMES": "*i64" if timed else "*fp32", "qk_scale": "fp32", "n_prefix": "i32",
-           "n_kv": "i32", "n_draft": "i32",
-           "n_heads": "i32", "n_rows": "i32", "tokens_per_split": "i32", "stride_kv": "i32"}
+           "LSE_PART": "*fp32", "TIMES": "*i64" if timed else "*fp32", "OUT": f"*{dtype}", "SYNC": "*i32",
+           "qk_scale": "fp32", "n_prefix": "i32", "n_kv": "i32", "n_draft": "i32",
+           "n_heads": "i32", "n_rows": "i32", "tokens_per_split": "i32", "stride_kv": "i32", "n_splits": "i32"}
     const = {"BLOCK_M": GLUON_BLOCK_M, "BLOCK_N": block_n, "STAGES": stages, "D_NOPE": D_NOPE, "D_PE": D_PE,
              "D_HALF": D_HALF, "num_warps": WS_PARTITION_WARPS, "WORKER_REGS": worker_regs, "PREFETCH": prefetch,
              "OVERLAP": overlap, "DRAFT_BRANCH": draft_branch, "TIMED": timed, "FOLD": fold}
+    if grid_merge_splits:
+        merge_s, merge_f, merge_tpw_f = grid_merge_block(grid_merge_splits)
+        const.update({"GRID_MERGE": True, "MERGE_S": merge_s, "MERGE_F": merge_f, "MERGE_TPW_F": merge_tpw_f})
     sig.update({k: "constexpr" for k in const})
     attrs = {(i,): [["tt.divisibility", 16]] for i, k in enumerate(sig) if k in ("Q", "KV", "TOKEN_TABLE", "O_PART",
-                                                                                 "LSE_PART", "TIMES", "stride_kv")}
+                                                                                 "LSE_PART", "TIMES", "OUT", "SYNC",
+                                                                                 "stride_kv")}
     return triton.compile(GluonASTSource(_ws_partial_kernel, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": WS_PARTITION_WARPS})

@@ -140,9 +140,27 @@ def plan_splits(rows: int, n_kv: int, cfg: SplitKVConfig, num_sms: int) -> Split
     return SplitPlan(n_tiles=n_tiles, n_splits=-(-n_kv // per_split), tokens_per_split=per_split)
 
 
-def describe_plan(rows: int, n_kv: int, cfg: SplitKVConfig, num_sms: int) -> dict:
-    """The plan as a dict for result rows (tiles, splits, tokens per split, partial bytes)."""
+def plan_splits_coresident(rows: int, n_kv: int, cfg: SplitKVConfig, num_sms: int) -> SplitPlan:
+    """``plan_splits`` with at most ``num_sms`` programs (one per SM): the plan of a grid whose programs all run at
+    once and wait for each other (gluon_ws's merge inside the grid, a cooperative launch). plan_splits rounds the
+    splits per row tile to the nearest integer, so 7 row tiles on 132 SMs get 19 splits (133 programs); here the
+    splits per row tile are rounded down (18: 126 programs)."""
     plan = plan_splits(rows, n_kv, cfg, num_sms)
+    if plan.n_tiles * plan.n_splits <= num_sms:
+        return plan
+    if plan.n_tiles > num_sms:
+        raise ValueError(f"{rows} rows make {plan.n_tiles} row tiles, more than the {num_sms} SMs a co-resident grid "
+                         "can hold: use the two-launch merge for this shape")
+    want = num_sms // plan.n_tiles
+    per_split = max(-(-n_kv // want), cfg.min_split_tokens)
+    per_split = -(-per_split // BLOCK_TOKENS) * BLOCK_TOKENS
+    return SplitPlan(n_tiles=plan.n_tiles, n_splits=-(-n_kv // per_split), tokens_per_split=per_split)
+
+
+def describe_plan(rows: int, n_kv: int, cfg: SplitKVConfig, num_sms: int, coresident: bool = False) -> dict:
+    """The plan as a dict for result rows (tiles, splits, tokens per split, partial bytes); ``coresident``: the plan
+    of a grid that merges inside itself (``plan_splits_coresident``)."""
+    plan = (plan_splits_coresident if coresident else plan_splits)(rows, n_kv, cfg, num_sms)
     partial_elem_bytes = 2 if cfg.partial_bf16 else 4
     partial_bytes = 0 if plan.n_splits == 1 else plan.n_splits * rows * (D_V * partial_elem_bytes + 4)
     programs = plan.programs * cfg.dv_split
