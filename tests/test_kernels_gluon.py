@@ -212,6 +212,7 @@ def test_grid_merge_form_compiles_with_its_wait_and_reset(n_splits: int) -> None
     k = compile_sm90(prefetch=True, draft_branch=True, fold=True, grid_merge_splits=n_splits)
     two_launch = compile_sm90(prefetch=True, draft_branch=True, fold=True)
     assert k.metadata.shared == two_launch.metadata.shared <= SHARED_LIMIT_SM90
+    assert k.metadata.launch_cooperative_grid and not two_launch.metadata.launch_cooperative_grid
     ptx = k.asm["ptx"]
     assert len(re.findall(r"atom\.global\.gpu\.release\.add\.u32", ptx)) == 1
     assert len(re.findall(r"ld\.global\.gpu\.acquire\.b32", ptx)) == 2  # before the loop and in it

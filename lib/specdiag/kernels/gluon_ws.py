@@ -23,8 +23,9 @@ Options (constexprs; the arms of dispatch.py, measured in runs 15-24, docs/kerne
 refill's token-table rows a tile ahead; DRAFT_BRANCH loads the tree mask only on tiles that reach the draft tokens;
 FOLD leaves tiles wholly inside the split and the prefix unmasked and folds the scale into the exponent; OVERLAP
 issues tile i + 1's scores before tile i's P V (slower with two buffers: run 16); TIMED sums each phase's SM cycles
-per thread into a buffer (``phase_buffer``, read by ws_phases). The launcher also takes bf16 partials, a PDL merge and
-the merge's value dims per program. `split_auto_gwf_p1` (split_p1 up to 32 rows, PREFETCH + DRAFT_BRANCH + FOLD above)
+per thread into a buffer (``phase_buffer``, read by ws_phases); GRID_MERGE merges inside the grid (``_grid_merge``: a
+cooperative launch of at most one program per SM, no merge kernel; run 25, built and compiled here, not yet run on a
+GPU). The launcher also takes bf16 partials, a PDL merge and the merge's value dims per program. `split_auto_gwf_p1` (split_p1 up to 32 rows, PREFETCH + DRAFT_BRANCH + FOLD above)
 is the suite's pick since run 20.
 
 Chain or tree drafts, page_size 1 (token table), bf16 or fp16. CUDA sm_90 only: the CPU test compiles it for sm_90.
@@ -564,4 +565,4 @@ def compile_sm90(block_n: int = 64, stages: int = 2, dtype: str = "bf16", worker
                                                                                  "LSE_PART", "TIMES", "OUT", "SYNC",
                                                                                  "stride_kv")}
     return triton.compile(GluonASTSource(_ws_partial_kernel, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": WS_PARTITION_WARPS})
+                          options={"num_warps": WS_PARTITION_WARPS, "launch_cooperative_grid": grid_merge_splits > 0})
