@@ -25,8 +25,8 @@ FOLD leaves tiles wholly inside the split and the prefix unmasked and folds the 
 issues tile i + 1's scores before tile i's P V (slower with two buffers: run 16); TIMED sums each phase's SM cycles
 per thread into a buffer (``phase_buffer``, read by ws_phases); GRID_MERGE merges inside the grid (``_grid_merge``: a
 cooperative launch of at most one program per SM, no merge kernel; run 25, built and compiled here, not yet run on a
-GPU). The launcher also takes bf16 partials, a PDL merge and the merge's value dims per program. `split_auto_gwf_p1` (split_p1 up to 32 rows, PREFETCH + DRAFT_BRANCH + FOLD above)
-is the suite's pick since run 20.
+GPU). The launcher also takes bf16 partials, a PDL merge and the merge's value dims per program.
+`split_auto_gwf_p1` (split_p1 up to 32 rows, PREFETCH + DRAFT_BRANCH + FOLD above) is the suite's pick since run 20.
 
 Chain or tree drafts, page_size 1 (token table), bf16 or fp16. CUDA sm_90 only: the CPU test compiles it for sm_90.
 """
@@ -510,8 +510,9 @@ def split_kv_gluon_ws(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 64
     if times is not None and times.shape != (plan.n_tiles * plan.n_splits, 2, 8, 32 * WS_PARTITION_WARPS):
         raise ValueError(f"times has shape {tuple(times.shape)}; make it with "
                          f"phase_buffer(inputs, {block_n}, {stages})")
-    merge_s, merge_f, merge_tpw_f = grid_merge_block(plan.n_splits)
-    extra = {"launch_cooperative_grid": True} if grid_merge else {}
+    # the grid merge's block and launch only where it runs: the two-launch form keeps one compiled kernel per option set
+    extra = {"GRID_MERGE": True, "launch_cooperative_grid": True,
+             **dict(zip(("MERGE_S", "MERGE_F", "MERGE_TPW_F"), grid_merge_block(plan.n_splits)))} if grid_merge else {}
     _ws_partial_kernel[(plan.n_tiles, plan.n_splits)](
         q, cache, inputs.token_table, inputs.mask_u8, o_part, lse_part, lse_part if times is None else times,
         out, inputs.grid_sync,
@@ -520,7 +521,7 @@ def split_kv_gluon_ws(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 64
         BLOCK_M=GLUON_BLOCK_M, BLOCK_N=block_n, STAGES=stages, D_NOPE=D_NOPE, D_PE=D_PE, D_HALF=D_HALF,
         num_warps=WS_PARTITION_WARPS, WORKER_REGS=WS_WORKER_REGS, PREFETCH=prefetch, OVERLAP=overlap,
         DRAFT_BRANCH=draft_branch, TIMED=times is not None, FOLD=fold,
-        GRID_MERGE=grid_merge, MERGE_S=merge_s, MERGE_F=merge_f, MERGE_TPW_F=merge_tpw_f, **extra,
+        **extra,
     )
     if not grid_merge:
         merge_partials(o_part, lse_part, out.view(rows, D_V), cfg, pdl=pdl_merge)
