@@ -215,6 +215,23 @@ def test_run25_grid_merge_is_correct_and_leaves_its_counters_at_zero(shape: Veri
         assert x.grid_sync.tolist() == [0, 0]
 
 
+def test_run25_grid_merge_gives_up_a_wait_that_cannot_end() -> None:
+    """The grid merge's safety net: with the arrival counter started below zero no wait can end, so each program gives
+    up after GRID_MERGE_MAX_POLLS polls (seconds, not a hung GPU) and leaves its slice unwritten; the departures still
+    put both counters back to 0, and the next call is correct."""
+    from specdiag.kernels.gluon_ws import split_kv_gluon_ws
+
+    x = make_inputs(VerifyShape(4096, 8, 8, "shuffled_p1"), device="cuda", seed=5)
+    ref = reference_verify(x)
+    x.grid_sync[0] = -1_000_000
+    out = torch.full_like(x.out_like(), float("nan"))
+    split_kv_gluon_ws(x, out, prefetch=True, draft_branch=True, fold=True, grid_merge=True)
+    torch.cuda.synchronize()
+    assert out.isnan().all() and x.grid_sync.tolist() == [0, 0]
+    split_kv_gluon_ws(x, out, prefetch=True, draft_branch=True, fold=True, grid_merge=True)
+    assert (out.float() - ref).norm() / ref.norm() <= 1e-2
+
+
 @pytest.mark.parametrize("shape", [VerifyShape(4096, 8, 8, "shuffled_p1"), VerifyShape(20000, 16, 16, "shuffled_p1")],
                          ids=lambda s: f"run18-P{s.context_tokens}-H{s.heads}-T{s.draft_tokens}")
 def test_run18_timed_kernel_writes_its_phases_and_stays_correct(shape: VerifyShape) -> None:

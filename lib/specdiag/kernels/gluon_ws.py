@@ -48,6 +48,8 @@ from specdiag.kernels.mla import D_NOPE, D_PE, D_QK, D_V, VerifyInputs
 from specdiag.kernels.splitkv_plan import GLUON_BLOCK_M, gluon_config, plan_splits, plan_splits_coresident
 
 LOG2E = 1.4426950408889634
+#: polls of the grid merge's arrival counter before a program gives up waiting (each an L2 round trip, ~0.5-1 us)
+GRID_MERGE_MAX_POLLS: gl.constexpr = gl.constexpr(1 << 22)
 #: warps of each partition (one warpgroup each) and the worker's register budget per thread (its 64 x 256 fp32
 #: accumulator is 128 of them); the default partition gets the rest of the kernel's
 WS_PARTITION_WARPS = 4
@@ -424,20 +426,24 @@ def _grid_merge(O_PART, LSE_PART, OUT, SYNC, n_splits, n_rows, prog, D_V: gl.con
     launched) grid arrives on SYNC[0] once its partial is stored, waits until all have, then merges one contiguous
     slice of the flattened output [rows x 512]: all splits of MERGE_F outputs at once ([MERGE_S, MERGE_F] loads,
     MERGE_S >= n_splits), weighted by exp2(lse - max lse). SYNC[1] counts the programs done waiting; the last one
-    puts both counters back to 0 for the next call (calls on one stream are ordered)."""
+    puts both counters back to 0 for the next call (calls on one stream are ordered). The wait gives up after
+    GRID_MERGE_MAX_POLLS polls (seconds; the whole grid arrives within microseconds when it is co-resident): its slice
+    is then left unwritten, a wrong result the harness's check reports, instead of a hung GPU."""
     n_prog = gl.num_programs(0) * gl.num_programs(1)
     gl.thread_barrier()  # both partitions' partial stores issued by every thread of this program
     gl.atomic_add(SYNC, 1, sem="release", scope="gpu")
     arrived = gl.atomic_add(SYNC, 0, sem="acquire", scope="gpu")
-    while arrived < n_prog:
+    polls = 0
+    while (arrived < n_prog) & (polls < GRID_MERGE_MAX_POLLS):
         arrived = gl.atomic_add(SYNC, 0, sem="acquire", scope="gpu")
+        polls += 1
     L: gl.constexpr = gl.BlockedLayout([1, 4], [32 // TPW_F, TPW_F], [WARPS, 1], [1, 0])
     offs_s = gl.arange(0, MERGE_S, layout=gl.SliceLayout(1, L))
     offs_f = gl.arange(0, MERGE_F, layout=gl.SliceLayout(0, L))
     split_ok = offs_s < n_splits
     total = n_rows * D_V
     per = gl.cdiv(gl.cdiv(total, n_prog), MERGE_F) * MERGE_F
-    lo = prog * per
+    lo = gl.where(arrived < n_prog, total, prog * per)  # nothing to merge after a wait that gave up
     for f0 in range(lo, gl.minimum(lo + per, total), MERGE_F):
         f = f0 + offs_f
         ok = split_ok[:, None] & (f < total)[None, :]
