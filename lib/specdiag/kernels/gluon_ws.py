@@ -89,6 +89,15 @@ def _clock(tick):
 
 
 @gluon.jit
+def _phase_counters(WARPS: gl.constexpr):
+    """A TIMED partition's start: each thread's index (the clock reads' dependency), a zero int64 per thread for its
+    phase sums, and the loop's start clock."""
+    tick = gl.arange(0, 32 * WARPS, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
+    zero = gl.zeros([32 * WARPS], gl.int64, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
+    return tick, zero, _clock(tick)
+
+
+@gluon.jit
 def _store_phases(TIMES, prog, part: gl.constexpr, tick, phases, t_loop, n_iter, WARPS: gl.constexpr):
     """A timed partition's sums into ``TIMES[prog, part]``: slots 0.. the phases, 6 the loop's cycles, 7 the tiles
     (``phase_buffer``'s layout; one value per thread)."""
@@ -231,14 +240,12 @@ def _softmax_partition(q_smem, qpe_smem, kv_smem, pe_smem, p_smem, row_smem, kv_
             mbarrier.arrive(kv_free.index((n_iter - 1) % STAGES), count=1)
     else:
         if TIMED:  # phases: copy wait, scores, softmax, wait for the worker to free P, publish, P V
-            tick = gl.arange(0, 32 * WARPS, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
-            ph0 = gl.zeros([32 * WARPS], gl.int64, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
+            tick, ph0, t_loop = _phase_counters(WARPS)
             ph1 = ph0
             ph2 = ph0
             ph3 = ph0
             ph4 = ph0
             ph5 = ph0
-            t_loop = _clock(tick)
         for it in range(0, n_iter):
             if TIMED:
                 t0 = _clock(tick)
@@ -312,13 +319,11 @@ def _pv_loader_partition(kv_smem, pe_smem, p_smem, row_smem, kv_ready, kv_free, 
     nx_slot, nx_slot_pe = _tile_slots(TOKEN_TABLE, start + STAGES * BLOCK_N, end, BLOCK_N, LD, LD_PE)
     acc = gl.zeros([BLOCK_M, D_HALF], gl.float32, layout=O_L)
     if TIMED:  # phases: wait for P, P V, free P, wait for the buffer, the refill's copy
-        tick = gl.arange(0, 32 * WARPS, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
-        q0 = gl.zeros([32 * WARPS], gl.int64, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
+        tick, q0, t_loop = _phase_counters(WARPS)
         q1 = q0
         q2 = q0
         q3 = q0
         q4 = q0
-        t_loop = _clock(tick)
     for it in range(0, n_iter):
         buf = it % STAGES
         if TIMED:
