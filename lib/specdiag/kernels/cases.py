@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from specdiag.kernels.dispatch import AUTO_GLUON_MIN_ROWS, run_variant, variant
+from specdiag.kernels.dispatch import run_variant, runs_gluon_ws, variant
 from specdiag.kernels.mla import (VerifyInputs, VerifyShape, arithmetic_intensity_flop_per_byte, kv_bytes,
                                   verify_flops, with_fresh_data)
 from specdiag.kernels.timing import summarize_ms, time_calls
@@ -187,8 +187,7 @@ def plan_fields(name: str, shape: VerifyShape, config: Any, device: torch.device
     from specdiag.kernels.triton_splitkv import default_config, describe_plan, sm_count  # noqa: PLC0415
 
     if v.design == "split_kv":
-        grid_merge = v.gluon_grid_merge and (v.impl == "gluon_ws" or (v.impl == "auto_ws"
-                                                                      and shape.rows >= AUTO_GLUON_MIN_ROWS))
+        grid_merge = v.gluon_grid_merge and runs_gluon_ws(v, shape.rows)
         plan = describe_plan(shape.rows, shape.n_kv, config or default_config(shape.rows),
                              sm_count(device.index or 0), coresident=grid_merge)
         return {**plan, "merge": "grid"} if grid_merge else plan

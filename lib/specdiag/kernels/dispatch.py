@@ -187,6 +187,11 @@ KERNEL_VARIANTS: dict[str, KernelVariant] = {
 AUTO_GLUON_MIN_ROWS = 33
 
 
+def runs_gluon_ws(v: KernelVariant, rows: int) -> bool:
+    """True when variant ``v`` runs gluon_ws's warp-specialized kernel at ``rows`` packed rows (CUDA)."""
+    return v.impl == "gluon_ws" or (v.impl == "auto_ws" and rows >= AUTO_GLUON_MIN_ROWS)
+
+
 def variant(name: str) -> KernelVariant:
     if name not in KERNEL_VARIANTS:
         raise ValueError(f"unknown kernel {name!r}; choose one of {sorted(KERNEL_VARIANTS)}")
@@ -246,7 +251,7 @@ def run_variant(name: str, inputs: VerifyInputs, out: torch.Tensor, config: Opti
 
             return baseline_triton(inputs, out)
         rows = inputs.heads * inputs.draft_tokens
-        if v.impl == "gluon_ws" or (v.impl == "auto_ws" and rows >= AUTO_GLUON_MIN_ROWS):
+        if runs_gluon_ws(v, rows):
             from specdiag.kernels.gluon_ws import split_kv_gluon_ws  # noqa: PLC0415
 
             return split_kv_gluon_ws(inputs, out, block_n=config.block_n, stages=config.num_stages,
