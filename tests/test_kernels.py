@@ -289,3 +289,25 @@ def test_tuning_runs_every_candidate_and_picks_a_correct_one(tmp_path) -> None:
     assert tuned[shape.rows] in candidate_configs(shape.rows)
     assert config_picker(tuned)(16) == tuned[shape.rows]
     assert config_picker(tuned)(1024).block_m == 64  # no tuned config in that regime: the default
+
+
+def test_every_registered_kernel_runs_on_some_layout_and_the_harness_refuses_one_that_would_not(tmp_path) -> None:
+    """Run 25's first call asked for split_gwg_p1, which a hand-kept layout list lacked: the harness wrote 6 rows of
+    12 without a word. The lists are now derived from the registry, and a request no layout runs stops the harness
+    before any work, naming the kernel."""
+    from specdiag.kernels.cases import VARIANTS_BY_LAYOUT, kernels_not_run
+    from specdiag.kernels.dispatch import KERNEL_VARIANTS
+    from specdiag.kernels.harness import main
+
+    for name, v in KERNEL_VARIANTS.items():
+        assert name in VARIANTS_BY_LAYOUT["shuffled_b64"] and name in VARIANTS_BY_LAYOUT["contiguous"]
+        assert (name in VARIANTS_BY_LAYOUT["shuffled_p1"]) == (v.page_size == 1), name
+    assert kernels_not_run(["split_gwg_p1", "split_auto_gwg_p1"], ["shuffled_p1"]) == []
+    assert kernels_not_run(["split_p1", "split_b64", "nope"], ["shuffled_p1"]) == ["split_b64", "nope"]
+    assert kernels_not_run(["split_b64"], ["shuffled_p1", "shuffled_b64"]) == []
+    for argv, named in ((["--kernels", "split_p1,nope_p1"], "nope_p1"),
+                        (["--kernels", "split_b64", "--layouts", "shuffled_p1"], "split_b64"),
+                        (["--layouts", "shuffled_p2"], "shuffled_p2")):
+        with pytest.raises(SystemExit, match=named):
+            main(["--out", str(tmp_path / "run"), *argv])
+    assert not (tmp_path / "run").exists()

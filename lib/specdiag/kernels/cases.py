@@ -12,30 +12,30 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from specdiag.kernels.dispatch import run_variant, runs_gluon_ws, variant
+from specdiag.kernels.dispatch import KERNEL_VARIANTS, run_variant, runs_gluon_ws, variant
 from specdiag.kernels.mla import (VerifyInputs, VerifyShape, arithmetic_intensity_flop_per_byte, kv_bytes,
                                   verify_flops, with_fresh_data)
 from specdiag.kernels.timing import summarize_ms, time_calls
 
 TABLE = "kernel_ab"
 TUNING_TABLE = "kernel_ab_tuning"  #: written by specdiag.kernels.tuning
-#: which kernel variants run on each layout (a block table exists only for 64-token layouts)
-#: the arms of runs 7-24 (dispatch.py)
-RUN7: tuple[str, ...] = ("split_pdl_p1", "split_m32_p1", "split_m16_p1", "split_n32c_p1", "split_qk1c_p1",
-                         "split_bf16p_p1", "split_ef_p1", "split_bfef_p1",
-                         "split_glo_p1", "split_glo32_p1", "split_glw_p1",
-                         "split_glw32_p1", "split_auto_p1", "split_glx_p1", "split_gws_p1",
-                         "split_gwp_p1", "split_gwo_p1", "split_gwp32_p1", "split_gwo32_p1",
-                         "split_auto_ws_p1", "split_gwm_p1", "split_gwf_p1",
-                         "split_auto_gwf_p1", "split_gwb_p1", "split_gwbp_p1", "split_gwf64_p1", "split_gwf128_p1")
+#: which kernel variants run on each layout: every registered variant (dispatch.KERNEL_VARIANTS, registry order),
+#: except that a block table exists only for 64-token layouts, so page-size-64 variants skip shuffled_p1. Derived,
+#: not listed: run 25's hand-kept list lacked its three new arms and the harness dropped them without a word.
+LAYOUTS: tuple[str, ...] = ("contiguous", "shuffled_p1", "shuffled_b64")
 VARIANTS_BY_LAYOUT: dict[str, tuple[str, ...]] = {
-    "contiguous": ("baseline_p1", "split_p1", "split_b64", "fused_p1", "fused_b64", "fused_fp8_p1", "fused_fp8_b64",
-                   "fused_self_p1", "split_n32s5_p1", "split_qk1_p1", *RUN7),
-    "shuffled_p1": ("baseline_p1", "split_p1", "fused_p1", "fused_fp8_p1", "fused_self_p1", "split_n32s5_p1",
-                    "split_qk1_p1", *RUN7),
-    "shuffled_b64": ("baseline_p1", "split_p1", "split_b64", "fused_p1", "fused_b64", "fused_fp8_p1", "fused_fp8_b64",
-                     "fused_self_p1", "split_n32s5_p1", "split_qk1_p1", *RUN7),
+    layout: tuple(name for name, v in KERNEL_VARIANTS.items() if v.page_size == 1 or layout != "shuffled_p1")
+    for layout in LAYOUTS
 }
+
+
+def kernels_not_run(kernels: Sequence[str], layouts: Sequence[str]) -> list[str]:
+    """The names in ``kernels`` that no layout in ``layouts`` runs (unknown names, or 64-token kernels on shuffled_p1
+    alone): the harness refuses them before any work, so a requested arm never goes missing from the rows."""
+    runnable = set().union(*(VARIANTS_BY_LAYOUT.get(x, ()) for x in layouts)) if layouts else set()
+    return [k for k in kernels if k not in runnable]
+
+
 FP8_TOL = 0.1  #: largest accepted relative error of an fp8-KV kernel vs the fp32 reference of the bf16 cache
 
 

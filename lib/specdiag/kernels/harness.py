@@ -29,7 +29,7 @@ import torch
 
 # The case (shapes, inputs, check, timing, row fields) lives in cases.py, shared with tuning.py; its public
 # names stay importable from here (the notebook and the recorded command use specdiag.kernels.harness).
-from specdiag.kernels.cases import (FP8_TOL, TABLE, TUNING_TABLE, VARIANTS_BY_LAYOUT, GridSpec, check_once,  # noqa: F401
+from specdiag.kernels.cases import (FP8_TOL, TABLE, TUNING_TABLE, VARIANTS_BY_LAYOUT, GridSpec, check_once, kernels_not_run,  # noqa: F401
                                     config_dict, derived_metrics, fp8_case, full_grid, measure_variant, plan_fields,
                                     progress_line, relative_error, rotation_sets, shape_fields, smoke_grid)
 from specdiag.kernels.dispatch import implementation, resolve_config, supports, variant
@@ -331,6 +331,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         spec.cases = [tuple(int(v) for v in c.split(":")) for c in args.cases.split(",") if c.strip()]
     if args.n_runs:
         spec.n_runs = args.n_runs
+    bad_layouts = [x for x in spec.layouts if x not in VARIANTS_BY_LAYOUT]
+    if bad_layouts:
+        raise SystemExit(f"unknown layout(s) {bad_layouts}; choose from {sorted(VARIANTS_BY_LAYOUT)} (--layouts)")
+    missing = kernels_not_run(spec.kernels, spec.layouts)
+    if missing:
+        raise SystemExit(f"kernel(s) {missing} would not run on layouts {spec.layouts}: unknown names, or 64-token "
+                         f"kernels on shuffled_p1 alone; fix --kernels or --layouts (known kernels: "
+                         f"{', '.join(VARIANTS_BY_LAYOUT['shuffled_b64'])})")
     run = Run.create(args.out, label="kernel-ab")
     command = " ".join([os.path.basename(sys.executable), "-m", "specdiag.kernels.harness", *(argv or sys.argv[1:])])
     run.update(command=command)
