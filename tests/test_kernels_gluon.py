@@ -220,7 +220,10 @@ def test_grid_merge_form_compiles_with_its_wait_and_reset(n_splits: int) -> None
     assert "atom." not in two_launch.asm["ptx"]
     assert re.search(r"ld\.global\.cg\.v4", ptx)  # the merge's 16-byte partial loads bypass L1
     merge_s, merge_f, tpw_f = grid_merge_block(n_splits)
-    assert merge_s >= n_splits and merge_s * merge_f <= 8192 and merge_f % (4 * tpw_f) == 0
+    assert merge_s >= n_splits and merge_s * merge_f <= 8192 and merge_f % (4 * tpw_f) == 0 and 512 % merge_f == 0
+    ex2 = len(re.findall(r"ex2\.approx", ptx)) - len(re.findall(r"ex2\.approx", two_launch.asm["ptx"]))
+    # one weight per split of a row, spread over the warpgroup: not one exp2 per output (64 per thread; run 25)
+    assert ex2 == max(1, merge_s // ((32 // tpw_f) * 4))
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "k.ptx").write_text(ptx)
         res = subprocess.run([get_ptxas(90).path, "-v", "-arch=sm_90a", str(Path(tmp) / "k.ptx"), "-o",
@@ -234,7 +237,9 @@ def test_grid_merge_block_loads_every_split_at_once() -> None:
     from specdiag.kernels.gluon_ws import grid_merge_block
 
     assert grid_merge_block(128) == (128, 64, 16)
-    assert grid_merge_block(8) == (8, 1024, 32)
-    assert grid_merge_block(1) == (2, 1024, 32)
+    assert grid_merge_block(8) == (8, 512, 32)  # a block never spans two rows: one weight per split
+    assert grid_merge_block(1) == (2, 512, 32)
+    for n in range(1, 513):
+        assert 512 % grid_merge_block(n)[1] == 0
     with pytest.raises(ValueError, match="at most 512 splits"):
         grid_merge_block(600)

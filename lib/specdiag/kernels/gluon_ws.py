@@ -449,15 +449,15 @@ def _grid_merge(O_PART, LSE_PART, OUT, SYNC, n_splits, n_rows, prog, D_V: gl.con
     total = n_rows * D_V
     per = gl.cdiv(gl.cdiv(total, n_prog), MERGE_F) * MERGE_F
     lo = gl.where(arrived < n_prog, total, prog * per)  # nothing to merge after a wait that gave up
-    for f0 in range(lo, gl.minimum(lo + per, total), MERGE_F):
+    for f0 in range(lo, gl.minimum(lo + per, total), MERGE_F):  # MERGE_F divides D_V: a block lies in one row
         f = f0 + offs_f
         ok = split_ok[:, None] & (f < total)[None, :]
-        lse = gl.load(LSE_PART + offs_s.to(gl.int64)[:, None] * n_rows + (f // D_V)[None, :], mask=ok,
-                      other=float("-inf"), cache_modifier=".cg")
+        lse = gl.load(LSE_PART + offs_s.to(gl.int64) * n_rows + f0 // D_V, mask=split_ok, other=float("-inf"),
+                      cache_modifier=".cg")  # one weight per split of the row, not one per output
+        w = gl.exp2(lse - gl.max(lse, 0))
         o = gl.load(O_PART + offs_s.to(gl.int64)[:, None] * total + f[None, :], mask=ok, other=0.0,
                     cache_modifier=".cg")
-        w = gl.exp2(lse - gl.max(lse, 0)[None, :])
-        merged = gl.sum(w * o.to(gl.float32), 0) / gl.sum(w, 0)
+        merged = gl.sum(w[:, None] * o.to(gl.float32), 0) / gl.sum(w, 0)
         gl.store(OUT + f, merged.to(OUT.dtype.element_ty), mask=f < total)
     left = gl.atomic_add(SYNC + 1, 1, sem="relaxed", scope="gpu")
     if left == n_prog - 1:  # every program is past its wait: reset for the next call
@@ -541,6 +541,7 @@ def split_kv_gluon_ws(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 64
 
 #: fp32 values a program of the grid merge loads at once ([splits, outputs]; 64 per thread of its warpgroup)
 GRID_MERGE_ELEMS = 8192
+D_V_MERGE = 512  #: value dims of a row (the latent width): a grid-merge block never spans two rows
 
 
 def grid_merge_block(n_splits: int) -> tuple[int, int, int]:
@@ -549,7 +550,7 @@ def grid_merge_block(n_splits: int) -> tuple[int, int, int]:
     merge_s = max(2, triton.next_power_of_2(n_splits))
     if merge_s > GRID_MERGE_ELEMS // 16:
         raise ValueError(f"the grid merge takes at most {GRID_MERGE_ELEMS // 16} splits; the plan has {n_splits}")
-    merge_f = min(1024, GRID_MERGE_ELEMS // merge_s)
+    merge_f = min(D_V_MERGE, GRID_MERGE_ELEMS // merge_s)  # at most one row of outputs: one weight per split
     return merge_s, merge_f, min(32, merge_f // 4)
 
 
