@@ -483,20 +483,22 @@ def test_06_replays_run13_verdicts_ours_beside_flashinfer(run_notebook: Callable
 
 RUN17 = REFERENCE_DIR / "kernel-ab-h200-run17"
 RUN20 = REFERENCE_DIR / "kernel-ab-h200-run20"
+RUN27 = REFERENCE_DIR / "kernel-ab-h200-run27"
 
 
 @pytest.mark.parametrize(("run", "auto_kernel", "n_rows"), [
     (RUN17, "split_auto_ws_p1", 60),  # run 17: the warp-specialized kernel split_gwp_p1 from 33 rows
     (RUN20, "split_auto_gwf_p1", 48),  # run 20: split_gwf_p1 (prefetched table rows, tree mask on draft tiles only,
                                        # folded softmax) from 33 rows
-], ids=["run17", "run20"])
+    (RUN27, "split_auto_gwf64_p1", 60),  # run 27: the same with 64-dim merge programs; the suite's pick since run 27
+], ids=["run17", "run20", "run27"])
 def test_06_replays_compute_target_met_by_ours(run_notebook: Callable[..., Path], tmp_path: Path, run: Path,
                                                 auto_kernel: str, n_rows: int) -> None:
     """06 on runs 17 and 20 (every issue-13 target case, our auto kernel with a warp-specialized Gluon kernel from 33
     rows, FlashInfer beside): the verdicts equal what the raw rows say, met or missed against each threshold, and the
     finding counts the cases met per target."""
     from specdiag.kernels import analysis
-    from specdiag.kernels.dispatch import AUTO_GLUON_MIN_ROWS
+    from specdiag.kernels.dispatch import AUTO_GLUON_MIN_ROWS, resolve_config
     from specdiag.kernels.splitkv_plan import gluon_config
 
     run_notebook("06_kernel_ab", replay_dir=str(run), cpu_smoke=False)
@@ -524,8 +526,8 @@ def test_06_replays_compute_target_met_by_ours(run_notebook: Callable[..., Path]
         assert got["anchor_met"] is (fi[field] >= threshold)
         family = target.split(":")[0]
         expected_met[family] = expected_met.get(family, 0) + int(ours[field] >= threshold)
-    # measured: ours meets exactly the three compute-bound cases (run 17: 54.1-60.9 % of matmul, run 20: 58.6-67.5 %),
-    # none of the bandwidth ones
+    # measured: ours meets exactly the three compute-bound cases (run 17: 54.1-60.9 % of matmul, run 20: 58.6-67.5 %,
+    # run 27: 62.1-69.4 %), none of the bandwidth ones
     met_cases = {k for k, got in v.items() if got["ours_met"]}
     assert met_cases == {k for k in v if k.startswith("compute")} and len(met_cases) == 3
     found = {f["id"]: f for f in res["findings"]}
@@ -558,7 +560,8 @@ def test_06_replays_compute_target_met_by_ours(run_notebook: Callable[..., Path]
         p1 = next(x for x in rows if x["kernel"] == "split_p1" and
                   (x["context_tokens"], x["heads"], x["draft_tokens"]) == (r["context_tokens"], r["heads"], r["draft_tokens"]))
         if r["heads"] * r["draft_tokens"] >= AUTO_GLUON_MIN_ROWS:
-            assert r["config"] == gluon_config(64, 2).as_dict()
+            assert r["config"] == resolve_config(auto_kernel, r["rows"]).as_dict()
+            assert r["config"]["block_m"] == gluon_config(64, 2).block_m
         else:
             assert r["config"] == p1["config"] and r["config"] is None
 

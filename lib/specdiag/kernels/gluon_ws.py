@@ -24,9 +24,10 @@ refill's token-table rows a tile ahead; DRAFT_BRANCH loads the tree mask only on
 FOLD leaves tiles wholly inside the split and the prefix unmasked and folds the scale into the exponent; OVERLAP
 issues tile i + 1's scores before tile i's P V (slower with two buffers: run 16); TIMED sums each phase's SM cycles
 per thread into a buffer (``phase_buffer``, read by ws_phases); GRID_MERGE merges inside the grid (``_grid_merge``: a
-cooperative launch of at most one program per SM, no merge kernel; run 25, built and compiled here, not yet run on a
-GPU). The launcher also takes bf16 partials, a PDL merge and the merge's value dims per program.
-`split_auto_gwf_p1` (split_p1 up to 32 rows, PREFETCH + DRAFT_BRANCH + FOLD above) is the suite's pick since run 20.
+cooperative launch of at most one program per SM, no merge kernel; runs 25-26: correct on the H200, 0.99-1.07 of the
+merge kernel's time, not adopted). The launcher also takes bf16 partials, a PDL merge and the merge's value dims per program.
+`split_auto_gwf64_p1` (split_p1 up to 32 rows, PREFETCH + DRAFT_BRANCH + FOLD with 64-dim merge programs above) is the
+suite's pick since run 27 (runs 20-26: `split_auto_gwf_p1`).
 
 Chain or tree drafts, page_size 1 (token table), bf16 or fp16. CUDA sm_90 only: the CPU test compiles it for sm_90.
 """
