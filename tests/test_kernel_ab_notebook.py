@@ -494,7 +494,7 @@ RUN27 = REFERENCE_DIR / "kernel-ab-h200-run27"
 ], ids=["run17", "run20", "run27"])
 def test_06_replays_compute_target_met_by_ours(run_notebook: Callable[..., Path], tmp_path: Path, run: Path,
                                                 auto_kernel: str, n_rows: int) -> None:
-    """06 on runs 17 and 20 (every issue-13 target case, our auto kernel with a warp-specialized Gluon kernel from 33
+    """06 on runs 17, 20 and 27 (every issue-13 target case, our auto kernel with a warp-specialized Gluon kernel from 33
     rows, FlashInfer beside): the verdicts equal what the raw rows say, met or missed against each threshold, and the
     finding counts the cases met per target."""
     from specdiag.kernels import analysis

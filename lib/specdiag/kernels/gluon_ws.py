@@ -25,7 +25,8 @@ FOLD leaves tiles wholly inside the split and the prefix unmasked and folds the 
 issues tile i + 1's scores before tile i's P V (slower with two buffers: run 16); TIMED sums each phase's SM cycles
 per thread into a buffer (``phase_buffer``, read by ws_phases); GRID_MERGE merges inside the grid (``_grid_merge``: a
 cooperative launch of at most one program per SM, no merge kernel; runs 25-26: correct on the H200, 0.99-1.07 of the
-merge kernel's time, not adopted). The launcher also takes bf16 partials, a PDL merge and the merge's value dims per program.
+merge kernel's time, not adopted). The launcher also takes bf16 partials, a PDL merge and the merge's value dims per
+program.
 `split_auto_gwf64_p1` (split_p1 up to 32 rows, PREFETCH + DRAFT_BRANCH + FOLD with 64-dim merge programs above) is the
 suite's pick since run 27 (runs 20-26: `split_auto_gwf_p1`).
 
@@ -542,7 +543,6 @@ def split_kv_gluon_ws(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 64
 
 #: fp32 values a program of the grid merge loads at once ([splits, outputs]; 64 per thread of its warpgroup)
 GRID_MERGE_ELEMS = 8192
-D_V_MERGE = 512  #: value dims of a row (the latent width): a grid-merge block never spans two rows
 
 
 def grid_merge_block(n_splits: int) -> tuple[int, int, int]:
@@ -551,7 +551,7 @@ def grid_merge_block(n_splits: int) -> tuple[int, int, int]:
     merge_s = max(2, triton.next_power_of_2(n_splits))
     if merge_s > GRID_MERGE_ELEMS // 16:
         raise ValueError(f"the grid merge takes at most {GRID_MERGE_ELEMS // 16} splits; the plan has {n_splits}")
-    merge_f = min(D_V_MERGE, GRID_MERGE_ELEMS // merge_s)  # at most one row of outputs: one weight per split
+    merge_f = min(D_V, GRID_MERGE_ELEMS // merge_s)  # within one row of outputs: one weight per split
     return merge_s, merge_f, min(32, merge_f // 4)
 
 

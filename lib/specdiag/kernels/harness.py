@@ -29,9 +29,9 @@ import torch
 
 # The case (shapes, inputs, check, timing, row fields) lives in cases.py, shared with tuning.py; its public
 # names stay importable from here (the notebook and the recorded command use specdiag.kernels.harness).
-from specdiag.kernels.cases import (FP8_TOL, TABLE, TUNING_TABLE, VARIANTS_BY_LAYOUT, GridSpec, check_once, kernels_not_run,  # noqa: F401
-                                    config_dict, derived_metrics, fp8_case, full_grid, measure_variant, plan_fields,
-                                    progress_line, relative_error, rotation_sets, shape_fields, smoke_grid)
+from specdiag.kernels.cases import (FP8_TOL, TABLE, TUNING_TABLE, VARIANTS_BY_LAYOUT, GridSpec, check_once,  # noqa: F401
+                                    config_dict, derived_metrics, fp8_case, full_grid, kernels_not_run, measure_variant,
+                                    plan_fields, progress_line, relative_error, rotation_sets, shape_fields, smoke_grid)
 from specdiag.kernels.dispatch import implementation, resolve_config, supports, variant
 from specdiag.kernels.mla import VerifyInputs, VerifyShape, kv_bytes, make_inputs
 from specdiag.kernels.reference import reference_verify
