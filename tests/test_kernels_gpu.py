@@ -185,7 +185,18 @@ def test_run15_warp_specialized_kernel_matches_reference(shape: VerifyShape) -> 
     _check_arms_twice(shape, ("split_gws_p1", "split_gwp_p1", "split_gwo_p1", "split_gwp32_p1", "split_gwo32_p1",
                               "split_auto_ws_p1", "split_gwm_p1", "split_gwf_p1", "split_auto_gwf_p1",
                               "split_gwb_p1", "split_gwbp_p1", "split_gwf64_p1", "split_gwf128_p1",
-                              "split_gwg_p1", "split_auto_gwf64_p1", "split_auto_gwg_p1"))
+                              "split_gwg_p1", "split_auto_gwf64_p1", "split_auto_gwg_p1", "split_gwf1_p1",
+                              "split_auto_gwf1_p1"))
+
+
+@pytest.mark.parametrize("shape", [VerifyShape(131072, 8, 1, "shuffled_p1"), VerifyShape(131072, 8, 8, "shuffled_p1"),
+                                   VerifyShape(20000, 16, 64, "shuffled_p1"), VerifyShape(3001, 5, 8, "contiguous"),
+                                   VerifyShape(200000, 2, 3, "shuffled_p1")],
+                         ids=lambda s: f"run28-P{s.context_tokens}-H{s.heads}-T{s.draft_tokens}-{s.layout}")
+def test_run28_one_pass_merge_matches_reference(shape: VerifyShape) -> None:
+    """The merge kernel in one pass (every split of its outputs at once) after split_p1's partials and the Gluon
+    kernel's, at split counts from a few to ~130 (one row tile over 132 SMs), partial row tiles, a tree mask."""
+    _check_arms_twice(shape, ("split_m1_p1", "split_gwf1_p1", "split_auto_gwf1_p1"))
 
 
 @pytest.mark.parametrize("shape", [VerifyShape(4096, 8, 8, "shuffled_p1"), VerifyShape(131072, 8, 8, "shuffled_p1"),

@@ -59,7 +59,7 @@ def test_harness_rows_record_the_run6_tile(tmp_path) -> None:
         if r["kernel"] == "split_p1":
             assert r["config"] is None  # the default, chosen inside the launcher
         elif r["rows"] != 64:
-            assert r["config"] == default_config(r["rows"]).as_dict()  # h2 T8: 16-row tiles, split_p1's own
+            assert SplitKVConfig(**r["config"]) == default_config(r["rows"])  # h2 T8: 16-row tiles, split_p1's own
         else:
             assert (r["config"]["block_m"], r["config"]["block_n"], r["config"]["num_stages"], r["config"]["qk_once"]) \
                 == (64, *RUN6[r["kernel"]])

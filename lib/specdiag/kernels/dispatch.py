@@ -47,7 +47,8 @@ class KernelVariant:
     merge: str = "auto"  #: fused_split_kv only: "auto" (self-merge under 64-row tiles, else run 2's merge kernel), "self"
     #: split_kv only: (block_n, num_stages, qk_once) of the 64-row tile (33-128 rows) instead of the default's (run 6)
     tile64: Optional[tuple[int, int, bool]] = None
-    #: split_kv only: fields of the default launch configuration replaced at every row count (run 7: ("pdl", True))
+    #: split_kv only: fields of the launch configuration replaced at every row count (run 7: ("pdl", True)); on a Gluon
+    #: kernel too (run 28: ("merge_one_pass", True))
     overrides: tuple[tuple[str, Any], ...] = ()
     #: split_kv only: fields replaced at 33-128 rows only, where the default is the 64-row tile (run 7's h8T8 arms)
     overrides64: tuple[tuple[str, Any], ...] = ()
@@ -173,6 +174,15 @@ KERNEL_VARIANTS: dict[str, KernelVariant] = {
     "split_auto_gwg_p1": KernelVariant("split_auto_gwg_p1", "split_kv", 1, impl="auto_ws", gluon_tile=(64, 2),
                                        gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True,
                                        gluon_grid_merge=True),
+    # run 28: the merge kernel in one pass (every split of its outputs at once, lse and partials in one round trip):
+    # after split_p1's partials, after split_gwf_p1's, and split_p1 up to 32 rows with split_gwf1_p1 above
+    "split_m1_p1": KernelVariant("split_m1_p1", "split_kv", 1, overrides=(("merge_one_pass", True),)),
+    "split_gwf1_p1": KernelVariant("split_gwf1_p1", "split_kv", 1, impl="gluon_ws", gluon_tile=(64, 2),
+                                   gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True,
+                                   overrides=(("merge_one_pass", True),)),
+    "split_auto_gwf1_p1": KernelVariant("split_auto_gwf1_p1", "split_kv", 1, impl="auto_ws", gluon_tile=(64, 2),
+                                        gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True,
+                                        overrides=(("merge_one_pass", True),)),
     # run 20: split_p1 up to 32 rows, split_gwf_p1 above (run 19's fastest of ours from 33 rows on)
     "split_auto_gwf_p1": KernelVariant("split_auto_gwf_p1", "split_kv", 1, impl="auto_ws", gluon_tile=(64, 2),
                                        gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True),
@@ -208,7 +218,9 @@ def resolve_config(name: str, rows: int, config: Optional[Any] = None) -> Option
         from specdiag.kernels.splitkv_plan import gluon_config  # noqa: PLC0415
 
         cfg = gluon_config(*v.gluon_tile)
-        return cfg if v.gluon_merge_block_dv == cfg.merge_block_dv else replace(cfg, merge_block_dv=v.gluon_merge_block_dv)
+        if v.gluon_merge_block_dv != cfg.merge_block_dv:
+            cfg = replace(cfg, merge_block_dv=v.gluon_merge_block_dv)
+        return replace(cfg, **dict(v.overrides)) if v.overrides else cfg  # e.g. the merge's one pass (run 28)
     if config is not None or (v.tile64 is None and not v.overrides and not v.overrides64 and not v.overrides_many):
         return config
     from dataclasses import replace  # noqa: PLC0415
@@ -258,7 +270,8 @@ def run_variant(name: str, inputs: VerifyInputs, out: torch.Tensor, config: Opti
                                      prefetch=v.gluon_prefetch, overlap=v.gluon_overlap,
                                      draft_branch=v.gluon_draft_branch, fold=v.gluon_fold,
                                      bf16_partials=v.gluon_bf16_partials, pdl_merge=v.gluon_pdl_merge,
-                                     merge_block_dv=v.gluon_merge_block_dv, grid_merge=v.gluon_grid_merge)
+                                     merge_block_dv=v.gluon_merge_block_dv, grid_merge=v.gluon_grid_merge,
+                                     merge_one_pass=config.merge_one_pass)
         if v.impl == "gluon" or (v.impl == "auto" and rows >= AUTO_GLUON_MIN_ROWS):
             from specdiag.kernels.gluon_splitkv import split_kv_gluon  # noqa: PLC0415
 

@@ -33,6 +33,9 @@ class SplitKVConfig:
                       Triton does not compute Q K^T in both warpgroups of a 64-row, 8-warp tile (run 6)
     pdl:              split kernel only: launch the merge as a programmatic dependent launch (sm_90), its launch
                       overlapping the partial grid's drain (run 7)
+    merge_one_pass:   the merge loads every split of its outputs at once, lse and partials together, in one round
+                      trip (8,192 fp32 per program, 8 warps; merge_block_dv then follows from the split count), where
+                      the default reads the lse in one pass and the partials in another, 64 splits at a time (run 28)
     """
 
     block_m: int = 64
@@ -47,6 +50,7 @@ class SplitKVConfig:
     merge_block_dv: int = 64
     qk_once: bool = False
     pdl: bool = False
+    merge_one_pass: bool = False
 
     def as_dict(self) -> dict:
         return asdict(self)

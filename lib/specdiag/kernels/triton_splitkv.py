@@ -213,30 +213,40 @@ def _split_partial_kernel(
 
 @triton.jit
 def _merge_kernel(O_PART, LSE_PART, OUT, n_splits, n_rows,
-                  BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr, D_V: tl.constexpr, PDL: tl.constexpr = False):
+                  BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr, D_V: tl.constexpr, PDL: tl.constexpr = False,
+                  ONE_PASS: tl.constexpr = False):
     row = tl.program_id(0)
     if PDL:  # launched early (programmatic dependent launch): wait for the partial grid's completion and stores
         gdc_wait()
     dv = tl.program_id(1) * BLOCK_DV + tl.arange(0, BLOCK_DV)
     offs_s = tl.arange(0, BLOCK_S)
-    m_vec = tl.full([BLOCK_S], float("-inf"), tl.float32)
-    for s0 in range(0, n_splits, BLOCK_S):
-        split = s0 + offs_s
-        lse = tl.load(LSE_PART + split.to(tl.int64) * n_rows + row, mask=split < n_splits, other=float("-inf"))
-        m_vec = tl.maximum(m_vec, lse)
-    m = tl.max(m_vec, 0)
-    acc = tl.zeros([BLOCK_DV], tl.float32)
-    w_sum = tl.zeros([BLOCK_S], tl.float32)
-    for s0 in range(0, n_splits, BLOCK_S):
-        split = s0 + offs_s
-        split_ok = split < n_splits
-        part_row = split.to(tl.int64) * n_rows + row
+    if ONE_PASS:  # BLOCK_S >= n_splits: the row's lse and this block's partials in one round trip
+        split_ok = offs_s < n_splits
+        part_row = offs_s.to(tl.int64) * n_rows + row
         lse = tl.load(LSE_PART + part_row, mask=split_ok, other=float("-inf"))
-        w = tl.exp2(lse - m)
         o = tl.load(O_PART + part_row[:, None] * D_V + dv[None, :], mask=split_ok[:, None], other=0.0)
-        acc += tl.sum(w[:, None] * o.to(tl.float32), 0)
-        w_sum += w
-    tl.store(OUT + row.to(tl.int64) * D_V + dv, (acc / tl.sum(w_sum, 0)).to(OUT.dtype.element_ty))
+        w = tl.exp2(lse - tl.max(lse, 0))
+        merged = tl.sum(w[:, None] * o.to(tl.float32), 0) / tl.sum(w, 0)
+        tl.store(OUT + row.to(tl.int64) * D_V + dv, merged.to(OUT.dtype.element_ty))
+    else:  # the lse max over every split first, then the weighted partials, BLOCK_S splits at a time
+        m_vec = tl.full([BLOCK_S], float("-inf"), tl.float32)
+        for s0 in range(0, n_splits, BLOCK_S):
+            split = s0 + offs_s
+            lse = tl.load(LSE_PART + split.to(tl.int64) * n_rows + row, mask=split < n_splits, other=float("-inf"))
+            m_vec = tl.maximum(m_vec, lse)
+        m = tl.max(m_vec, 0)
+        acc = tl.zeros([BLOCK_DV], tl.float32)
+        w_sum = tl.zeros([BLOCK_S], tl.float32)
+        for s0 in range(0, n_splits, BLOCK_S):
+            split = s0 + offs_s
+            split_ok = split < n_splits
+            part_row = split.to(tl.int64) * n_rows + row
+            lse = tl.load(LSE_PART + part_row, mask=split_ok, other=float("-inf"))
+            w = tl.exp2(lse - m)
+            o = tl.load(O_PART + part_row[:, None] * D_V + dv[None, :], mask=split_ok[:, None], other=0.0)
+            acc += tl.sum(w[:, None] * o.to(tl.float32), 0)
+            w_sum += w
+        tl.store(OUT + row.to(tl.int64) * D_V + dv, (acc / tl.sum(w_sum, 0)).to(OUT.dtype.element_ty))
 
 
 
@@ -311,11 +321,28 @@ def merge_partials(o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tens
     """
     pdl = pdl and not _interpreting()
     n_splits, rows = lse_part.shape
-    block_dv = cfg.merge_block_dv
-    block_s = max(2, min(triton.next_power_of_2(n_splits), 4096 // block_dv))
+    block_s, block_dv, one_pass = merge_block(n_splits, cfg)
     extra = {"launch_pdl": True} if pdl else {}
     _merge_kernel[(rows, D_V // block_dv)](
         o_part, lse_part, out, n_splits, rows,
-        BLOCK_S=block_s, BLOCK_DV=block_dv, D_V=D_V, PDL=pdl, num_warps=4, **extra,
+        BLOCK_S=block_s, BLOCK_DV=block_dv, D_V=D_V, PDL=pdl, ONE_PASS=one_pass, num_warps=8 if one_pass else 4,
+        **extra,
     )
     return out
+
+
+#: fp32 partial values a one-pass merge program loads at once (32 per thread of its 8 warps)
+MERGE_ONE_PASS_ELEMS = 8192
+
+
+def merge_block(n_splits: int, cfg: SplitKVConfig) -> tuple[int, int, bool]:
+    """The merge kernel's (splits, value dims, one pass) per program for ``n_splits`` splits.
+
+    The default: ``cfg.merge_block_dv`` dims, up to 4,096 / that splits at a time, the lse read in a pass of its own.
+    ``cfg.merge_one_pass``: every split at once (padded to a power of two) and 8,192 / that dims, between 16 and 512,
+    in one round trip; past 512 splits the default.
+    """
+    splits = max(2, triton.next_power_of_2(n_splits))
+    if cfg.merge_one_pass and splits * 16 <= MERGE_ONE_PASS_ELEMS:
+        return splits, min(D_V, MERGE_ONE_PASS_ELEMS // splits), True
+    return max(2, min(splits, 4096 // cfg.merge_block_dv)), cfg.merge_block_dv, False

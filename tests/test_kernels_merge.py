@@ -1,0 +1,72 @@
+"""The split-KV merge kernel (triton_splitkv._merge_kernel): its block per split count, and both of its forms run by
+Triton's CPU interpreter against the merge written in torch."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed here")
+
+
+def test_merge_block_takes_every_split_at_once_only_in_one_pass() -> None:
+    from specdiag.kernels.splitkv_plan import SplitKVConfig
+    from specdiag.kernels.triton_splitkv import MERGE_ONE_PASS_ELEMS, merge_block
+
+    two, one = SplitKVConfig(merge_block_dv=64), SplitKVConfig(merge_block_dv=64, merge_one_pass=True)
+    assert merge_block(129, two) == (64, 64, False)  # 3 steps of 64 splits, after a pass over the lse
+    assert merge_block(129, one) == (256, 32, True)  # run 27's 128k h8T8: 129 splits in one round trip
+    assert merge_block(8, one) == (8, 512, True)  # a whole row of values per program
+    assert merge_block(1, one) == (2, 512, True)
+    assert merge_block(600, one) == (64, 64, False)  # past 512 splits: the default
+    for n in range(1, 513):
+        s, dv, single = merge_block(n, one)
+        assert single and s >= n and s * dv <= MERGE_ONE_PASS_ELEMS and 512 % dv == 0 and dv >= 16
+
+
+MERGE_SCRIPT = r"""
+import torch
+from specdiag.kernels.splitkv_plan import SplitKVConfig
+from specdiag.kernels.triton_splitkv import merge_partials
+
+g = torch.Generator().manual_seed(7)
+for n_splits, rows in ((1, 3), (3, 5), (129, 2), (300, 1)):
+    o = torch.randn(n_splits, rows, 512, generator=g)
+    lse = torch.randn(n_splits, rows, generator=g) * 4
+    if n_splits > 2:
+        lse[1] = float("-inf")  # an empty split weighs nothing
+    w = torch.softmax(lse * torch.log(torch.tensor(2.0)), 0)  # lse is base 2
+    ref = (w[..., None] * o).sum(0)
+    for one_pass in (False, True):
+        out = torch.full((rows, 512), float("nan"), dtype=torch.float16)
+        merge_partials(o, lse, out, SplitKVConfig(merge_block_dv=64, merge_one_pass=one_pass))
+        err = float((out.float() - ref).norm() / ref.norm())
+        print(n_splits, rows, one_pass, err)
+        assert err < 2e-3, (n_splits, rows, one_pass, err)
+print("ok")
+"""
+
+
+def test_both_merge_forms_match_the_torch_merge_in_the_interpreter() -> None:
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT / "lib"))
+    res = subprocess.run([sys.executable, "-c", MERGE_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stdout[-3000:] + res.stderr[-3000:]
+    assert res.stdout.count("True") == 4  # the one-pass form ran on every case
+
+
+def test_the_one_pass_arms_carry_it_to_both_kernels() -> None:
+    from specdiag.kernels.dispatch import AUTO_GLUON_MIN_ROWS, resolve_config
+
+    assert resolve_config("split_m1_p1", 8).merge_one_pass
+    assert resolve_config("split_gwf1_p1", 64).merge_one_pass
+    assert resolve_config("split_auto_gwf1_p1", 8).merge_one_pass  # split_p1's kernel, its merge in one pass
+    assert resolve_config("split_auto_gwf1_p1", AUTO_GLUON_MIN_ROWS).merge_one_pass
+    assert resolve_config("split_auto_gwf1_p1", AUTO_GLUON_MIN_ROWS).block_m == 64  # the Gluon kernel's tile
+    assert not resolve_config("split_gwf64_p1", 64).merge_one_pass
+    assert resolve_config("split_p1", 8) is None
