@@ -196,7 +196,7 @@ def test_run15_warp_specialized_kernel_matches_reference(shape: VerifyShape) -> 
 def test_run28_one_pass_merge_matches_reference(shape: VerifyShape) -> None:
     """The merge kernel in one pass (every split of its outputs at once) after split_p1's partials and the Gluon
     kernel's, at split counts from a few to ~130 (one row tile over 132 SMs), partial row tiles, a tree mask."""
-    _check_arms_twice(shape, ("split_m1_p1", "split_gwf1_p1", "split_auto_gwf1_p1"))
+    _check_arms_twice(shape, ("split_m1_p1", "split_gwf1_p1", "split_auto_gwf1_p1", "split_auto_gwfm_p1"))
 
 
 @pytest.mark.parametrize("shape", [VerifyShape(4096, 8, 8, "shuffled_p1"), VerifyShape(131072, 8, 8, "shuffled_p1"),

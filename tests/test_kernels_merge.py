@@ -70,3 +70,20 @@ def test_the_one_pass_arms_carry_it_to_both_kernels() -> None:
     assert resolve_config("split_auto_gwf1_p1", AUTO_GLUON_MIN_ROWS).block_m == 64  # the Gluon kernel's tile
     assert not resolve_config("split_gwf64_p1", 64).merge_one_pass
     assert resolve_config("split_p1", 8) is None
+
+
+def test_the_auto_arm_of_run29_takes_one_pass_below_33_rows_and_up_to_16_splits_above() -> None:
+    from specdiag.kernels.dispatch import resolve_config
+    from specdiag.kernels.splitkv_plan import SplitKVConfig
+    from specdiag.kernels.triton_splitkv import merge_block
+
+    t1, h8t8 = resolve_config("split_auto_gwfm_p1", 8), resolve_config("split_auto_gwfm_p1", 64)
+    assert t1.merge_one_pass and t1.merge_one_pass_max_splits == 512 and t1.block_m == 16
+    assert h8t8.merge_one_pass and h8t8.merge_one_pass_max_splits == 16 and h8t8.merge_block_dv == 64
+    assert merge_block(132, t1) == (256, 32, True)  # 128k h8T1's splits: one pass
+    assert merge_block(129, h8t8) == (64, 64, False)  # 128k h8T8: two passes, as split_auto_gwf64_p1
+    assert merge_block(33, h8t8) == (64, 64, False)  # 128k h16T16
+    assert merge_block(8, h8t8) == (8, 512, True)  # 128k h16T64 and h128T8
+    assert merge_block(8, SplitKVConfig(merge_one_pass=True, merge_one_pass_max_splits=4)) == (8, 64, False)
+    gwf64 = resolve_config("split_auto_gwf64_p1", 64)
+    assert (gwf64.merge_block_dv, gwf64.merge_one_pass) == (64, False)

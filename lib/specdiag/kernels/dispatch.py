@@ -81,6 +81,9 @@ class KernelVariant:
     gluon_merge_block_dv: int = 16
     #: impl "gluon_ws" / "auto_ws" only: the merge inside the partial grid, one cooperative launch (run 25)
     gluon_grid_merge: bool = False
+    #: impl "gluon" / "gluon_ws" / "auto*" from 33 rows: fields of the Gluon kernel's configuration replaced after
+    #: ``overrides`` (run 29: the merge's one pass up to 16 splits there, at every split count below 33 rows)
+    gluon_overrides: tuple[tuple[str, Any], ...] = ()
 
 
 KERNEL_VARIANTS: dict[str, KernelVariant] = {
@@ -183,6 +186,12 @@ KERNEL_VARIANTS: dict[str, KernelVariant] = {
     "split_auto_gwf1_p1": KernelVariant("split_auto_gwf1_p1", "split_kv", 1, impl="auto_ws", gluon_tile=(64, 2),
                                         gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True,
                                         overrides=(("merge_one_pass", True),)),
+    # run 29: run 28's one-pass merge where it paid: split_m1_p1 up to 32 rows, split_gwf64_p1 above with the merge
+    # in one pass up to 16 splits (the compute-bound shapes; h8T8's 129 and h16T16's 33 splits keep the two passes)
+    "split_auto_gwfm_p1": KernelVariant("split_auto_gwfm_p1", "split_kv", 1, impl="auto_ws", gluon_tile=(64, 2),
+                                        gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True,
+                                        gluon_merge_block_dv=64, overrides=(("merge_one_pass", True),),
+                                        gluon_overrides=(("merge_one_pass_max_splits", 16),)),
     # run 20: split_p1 up to 32 rows, split_gwf_p1 above (run 19's fastest of ours from 33 rows on)
     "split_auto_gwf_p1": KernelVariant("split_auto_gwf_p1", "split_kv", 1, impl="auto_ws", gluon_tile=(64, 2),
                                        gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True),
@@ -217,10 +226,9 @@ def resolve_config(name: str, rows: int, config: Optional[Any] = None) -> Option
 
         from specdiag.kernels.splitkv_plan import gluon_config  # noqa: PLC0415
 
-        cfg = gluon_config(*v.gluon_tile)
-        if v.gluon_merge_block_dv != cfg.merge_block_dv:
-            cfg = replace(cfg, merge_block_dv=v.gluon_merge_block_dv)
-        return replace(cfg, **dict(v.overrides)) if v.overrides else cfg  # e.g. the merge's one pass (run 28)
+        # the variant's merge width, then its overrides (e.g. the merge's one pass, runs 28-29)
+        return replace(gluon_config(*v.gluon_tile), **{"merge_block_dv": v.gluon_merge_block_dv, **dict(v.overrides),
+                                                       **dict(v.gluon_overrides)})
     if config is not None or (v.tile64 is None and not v.overrides and not v.overrides64 and not v.overrides_many):
         return config
     from dataclasses import replace  # noqa: PLC0415
@@ -271,7 +279,8 @@ def run_variant(name: str, inputs: VerifyInputs, out: torch.Tensor, config: Opti
                                      draft_branch=v.gluon_draft_branch, fold=v.gluon_fold,
                                      bf16_partials=v.gluon_bf16_partials, pdl_merge=v.gluon_pdl_merge,
                                      merge_block_dv=v.gluon_merge_block_dv, grid_merge=v.gluon_grid_merge,
-                                     merge_one_pass=config.merge_one_pass)
+                                     merge_one_pass=config.merge_one_pass,
+                                     merge_one_pass_max_splits=config.merge_one_pass_max_splits)
         if v.impl == "gluon" or (v.impl == "auto" and rows >= AUTO_GLUON_MIN_ROWS):
             from specdiag.kernels.gluon_splitkv import split_kv_gluon  # noqa: PLC0415
 

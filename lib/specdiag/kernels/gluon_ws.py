@@ -489,14 +489,16 @@ def split_kv_gluon_ws(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 64
                       num_sms: int | None = None, prefetch: bool = False, overlap: bool = False,
                       draft_branch: bool = False, fold: bool = False, bf16_partials: bool = False,
                       pdl_merge: bool = False, merge_block_dv: int = 16, grid_merge: bool = False,
-                      merge_one_pass: bool = False, times: torch.Tensor | None = None) -> torch.Tensor:
+                      merge_one_pass: bool = False, merge_one_pass_max_splits: int = 512,
+                      times: torch.Tensor | None = None) -> torch.Tensor:
     """Split-KV verify attention with the warp-specialized partial kernel and triton_splitkv's merge; writes ``out``.
     ``bf16_partials`` stores each split's normalized output in bf16 (half the partial bytes written and merged);
     ``pdl_merge`` launches the merge as a programmatic dependent launch; ``merge_block_dv`` value dims per merge
     program (16: one row's 512 dims in 32 programs, the plan's default for 8-16 rows). ``times`` (from
     ``phase_buffer``) runs the kernel with its phases timed (not with ``overlap``). ``grid_merge`` merges inside the
     partial kernel's grid (one cooperative launch of at most one program per SM, ``_grid_merge``; no merge kernel);
-    ``merge_one_pass`` runs the merge kernel with every split of its outputs at once (``triton_splitkv.merge_block``)."""
+    ``merge_one_pass`` runs the merge kernel with every split of its outputs at once, up to
+    ``merge_one_pass_max_splits`` splits (``triton_splitkv.merge_block``)."""
     from specdiag.kernels.triton_splitkv import merge_partials, sm_count  # noqa: PLC0415
 
     q, cache = inputs.q, inputs.cache
@@ -515,7 +517,8 @@ def split_kv_gluon_ws(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 64
     if grid_merge and (bf16_partials or pdl_merge or times is not None):
         raise ValueError("grid_merge merges fp32 partials inside the partial grid: not with bf16_partials, pdl_merge "
                          "or times")
-    cfg = replace(gluon_config(block_n, stages), merge_block_dv=merge_block_dv, merge_one_pass=merge_one_pass)
+    cfg = replace(gluon_config(block_n, stages), merge_block_dv=merge_block_dv, merge_one_pass=merge_one_pass,
+                  merge_one_pass_max_splits=merge_one_pass_max_splits)
     n_sms = num_sms or sm_count(q.device.index or 0)
     plan = (plan_splits_coresident if grid_merge else plan_splits)(rows, n_kv, cfg, n_sms)
     o_part = torch.empty(plan.n_splits, rows, D_V, device=q.device,

@@ -340,9 +340,9 @@ def merge_block(n_splits: int, cfg: SplitKVConfig) -> tuple[int, int, bool]:
 
     The default: ``cfg.merge_block_dv`` dims, up to 4,096 / that splits at a time, the lse read in a pass of its own.
     ``cfg.merge_one_pass``: every split at once (padded to a power of two) and 8,192 / that dims, between 16 and 512,
-    in one round trip; past 512 splits the default.
+    in one round trip; past 512 splits or ``cfg.merge_one_pass_max_splits`` the default.
     """
     splits = max(2, triton.next_power_of_2(n_splits))
-    if cfg.merge_one_pass and splits * 16 <= MERGE_ONE_PASS_ELEMS:
+    if cfg.merge_one_pass and splits <= min(cfg.merge_one_pass_max_splits, MERGE_ONE_PASS_ELEMS // 16):
         return splits, min(D_V, MERGE_ONE_PASS_ELEMS // splits), True
     return max(2, min(splits, 4096 // cfg.merge_block_dv)), cfg.merge_block_dv, False
