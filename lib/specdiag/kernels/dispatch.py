@@ -278,8 +278,8 @@ def run_variant(name: str, inputs: VerifyInputs, out: torch.Tensor, config: Opti
                                      prefetch=v.gluon_prefetch, overlap=v.gluon_overlap,
                                      draft_branch=v.gluon_draft_branch, fold=v.gluon_fold,
                                      bf16_partials=v.gluon_bf16_partials, pdl_merge=v.gluon_pdl_merge,
-                                     merge_block_dv=v.gluon_merge_block_dv, grid_merge=v.gluon_grid_merge,
-                                     merge_one_pass=config.merge_one_pass,
+                                     grid_merge=v.gluon_grid_merge, merge_block_dv=config.merge_block_dv,
+                                     merge_one_pass=config.merge_one_pass,  # the merge as resolve_config made it
                                      merge_one_pass_max_splits=config.merge_one_pass_max_splits)
         if v.impl == "gluon" or (v.impl == "auto" and rows >= AUTO_GLUON_MIN_ROWS):
             from specdiag.kernels.gluon_splitkv import split_kv_gluon  # noqa: PLC0415

@@ -36,8 +36,9 @@ class SplitKVConfig:
     merge_one_pass:   the merge loads every split of its outputs at once, lse and partials together, in one round
                       trip (8,192 fp32 per program, 8 warps; merge_block_dv then follows from the split count), where
                       the default reads the lse in one pass and the partials in another, 64 splits at a time (run 28)
-    merge_one_pass_max_splits: the one pass only up to this many splits (padded to a power of two; run 28 measured it
-                      1.00-1.04x the two-pass merge at 33-129 splits from 64 rows, 0.96-0.98x at 8 and at 8-16 rows)
+    merge_one_pass_max_splits: the one pass only up to this many splits (padded to a power of two; run 28 measured
+                      calls with it 1.00-1.04x those with two passes at 33-129 splits from 64 rows, 0.96-0.98x at 8
+                      splits and at 8-16 rows)
     """
 
     block_m: int = 64
