@@ -87,3 +87,47 @@ def test_the_auto_arm_of_run29_takes_one_pass_below_33_rows_and_up_to_16_splits_
     assert merge_block(8, SplitKVConfig(merge_one_pass=True, merge_one_pass_max_splits=4)) == (8, 64, False)
     gwf64 = resolve_config("split_auto_gwf64_p1", 64)
     assert (gwf64.merge_block_dv, gwf64.merge_one_pass) == (64, False)
+
+
+def _compile_sm90(kernel, ptr: dict, const: dict, warps: int):
+    """``kernel`` compiled ahead of time for sm_90 (needs triton, no GPU): its PTX, assembled by ptxas."""
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import get_ptxas
+    from triton.compiler import ASTSource
+
+    names = kernel.arg_names
+    sig = {n: "constexpr" if n in const else ptr.get(n, "i32") for n in names}
+    k = triton.compile(ASTSource(kernel, sig, const), target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "k.ptx").write_text(k.asm["ptx"])
+        res = subprocess.run([get_ptxas(90).path, "-v", "-arch=sm_90a", str(Path(tmp) / "k.ptx"), "-o",
+                              str(Path(tmp) / "k.cubin")], capture_output=True, text=True)
+    spills = [int(m) for m in re.findall(r"(\d+) bytes spill stores", res.stderr + res.stdout)]
+    return res.returncode, spills, k.asm["ptx"]
+
+
+@pytest.mark.parametrize("one_pass", [False, True], ids=["two_pass", "one_pass"])
+def test_both_merge_kernels_compile_for_sm90_through_the_shared_merge(one_pass: bool) -> None:
+    """The split kernel's merge (both forms, the blocks merge_block picks at 129 splits) and the plugin's ragged merge
+    (two passes) call split_merge's functions: each compiles for sm_90; the split kernel's merge with no spill, the
+    ragged one with the 8 bytes it spilled before (compiled the same way from the previous commit)."""
+    from specdiag.kernels.splitkv_plan import SplitKVConfig
+    from specdiag.kernels.triton_splitkv import _merge_kernel, merge_block
+    from specdiag.kernels.triton_splitkv_ragged import _ragged_merge_kernel
+
+    block_s, block_dv, single = merge_block(129, SplitKVConfig(merge_block_dv=64, merge_one_pass=one_pass))
+    assert single == one_pass
+    ptr = {"O_PART": "*fp32", "LSE_PART": "*fp32", "OUT": "*bf16"}
+    rc, spills, ptx = _compile_sm90(_merge_kernel, ptr, {"BLOCK_S": block_s, "BLOCK_DV": block_dv, "D_V": 512,
+                                                          "PDL": False, "ONE_PASS": one_pass}, 8 if one_pass else 4)
+    assert rc == 0 and spills == [0]
+    assert ("ld.global" in ptx) and (ptx.count("ex2.approx") >= 1)
+    if not one_pass:
+        rc, spills, _ = _compile_sm90(_ragged_merge_kernel, {**ptr, "QO_INDPTR": "*i32", "KV_INDPTR": "*i64"},
+                                      {"BLOCK_S": 64, "BLOCK_DV": 64, "D_V": 512, "ROUND": 64}, 4)
+        assert rc == 0 and spills == [8]  # 8 bytes, as the ragged merge spilled before it called split_merge

@@ -39,6 +39,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from specdiag.kernels.mla import BLOCK_TOKENS, D_NOPE, D_PE, D_QK, D_V, VerifyInputs
+from specdiag.kernels.split_merge import merge_one_pass, merge_two_pass
 from specdiag.kernels.splitkv_plan import SplitKVConfig, default_config, describe_plan, plan_splits  # noqa: F401
 
 LOG2E = 1.4426950408889634
@@ -219,35 +220,11 @@ def _merge_kernel(O_PART, LSE_PART, OUT, n_splits, n_rows,
     if PDL:  # launched early (programmatic dependent launch): wait for the partial grid's completion and stores
         gdc_wait()
     dv = tl.program_id(1) * BLOCK_DV + tl.arange(0, BLOCK_DV)
-    offs_s = tl.arange(0, BLOCK_S)
-    if ONE_PASS:  # BLOCK_S >= n_splits: the row's lse and this block's partials in one round trip
-        split_ok = offs_s < n_splits
-        part_row = offs_s.to(tl.int64) * n_rows + row
-        lse = tl.load(LSE_PART + part_row, mask=split_ok, other=float("-inf"))
-        o = tl.load(O_PART + part_row[:, None] * D_V + dv[None, :], mask=split_ok[:, None], other=0.0)
-        w = tl.exp2(lse - tl.max(lse, 0))
-        merged = tl.sum(w[:, None] * o.to(tl.float32), 0) / tl.sum(w, 0)
-        tl.store(OUT + row.to(tl.int64) * D_V + dv, merged.to(OUT.dtype.element_ty))
-    else:  # the lse max over every split first, then the weighted partials, BLOCK_S splits at a time
-        m_vec = tl.full([BLOCK_S], float("-inf"), tl.float32)
-        for s0 in range(0, n_splits, BLOCK_S):
-            split = s0 + offs_s
-            lse = tl.load(LSE_PART + split.to(tl.int64) * n_rows + row, mask=split < n_splits, other=float("-inf"))
-            m_vec = tl.maximum(m_vec, lse)
-        m = tl.max(m_vec, 0)
-        acc = tl.zeros([BLOCK_DV], tl.float32)
-        w_sum = tl.zeros([BLOCK_S], tl.float32)
-        for s0 in range(0, n_splits, BLOCK_S):
-            split = s0 + offs_s
-            split_ok = split < n_splits
-            part_row = split.to(tl.int64) * n_rows + row
-            lse = tl.load(LSE_PART + part_row, mask=split_ok, other=float("-inf"))
-            w = tl.exp2(lse - m)
-            o = tl.load(O_PART + part_row[:, None] * D_V + dv[None, :], mask=split_ok[:, None], other=0.0)
-            acc += tl.sum(w[:, None] * o.to(tl.float32), 0)
-            w_sum += w
-        tl.store(OUT + row.to(tl.int64) * D_V + dv, (acc / tl.sum(w_sum, 0)).to(OUT.dtype.element_ty))
-
+    if ONE_PASS:  # BLOCK_S >= n_splits: the row's lse and this block's partials in one round trip (run 28)
+        merged = merge_one_pass(O_PART, LSE_PART, 0, n_splits, n_rows, row, dv, BLOCK_S, D_V)
+    else:
+        merged = merge_two_pass(O_PART, LSE_PART, 0, n_splits, n_rows, row, dv, BLOCK_S, BLOCK_DV, D_V)
+    tl.store(OUT + row.to(tl.int64) * D_V + dv, merged.to(OUT.dtype.element_ty))
 
 
 def split_kv_triton(inputs: VerifyInputs, out: torch.Tensor, page_size: int = 1,

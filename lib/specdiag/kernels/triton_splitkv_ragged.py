@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from specdiag.kernels.mla import BLOCK_TOKENS, D_NOPE, D_PE, D_QK, D_V
+from specdiag.kernels.split_merge import merge_two_pass
 from specdiag.kernels.splitkv_plan import SHARED_LIMIT_SM90, SplitKVConfig, fitting_ladder
 
 LOG2E = 1.4426950408889634
@@ -161,29 +162,12 @@ def _ragged_merge_kernel(
     per_split = tl.cdiv(per_split, ROUND) * ROUND
     n_active = tl.cdiv(n_kv, per_split)
     dv = tl.program_id(1) * BLOCK_DV + tl.arange(0, BLOCK_DV)
-    offs_s = tl.arange(0, BLOCK_S)
-    base = (b * n_splits).to(tl.int64)
-    m_vec = tl.full([BLOCK_S], float("-inf"), tl.float32)
-    for s0 in range(0, n_active, BLOCK_S):
-        split = s0 + offs_s
-        lse = tl.load(LSE_PART + (base + split) * max_rows + row, mask=split < n_active, other=float("-inf"))
-        m_vec = tl.maximum(m_vec, lse)
-    m = tl.max(m_vec, 0)
-    acc = tl.zeros([BLOCK_DV], tl.float32)
-    w_sum = tl.zeros([BLOCK_S], tl.float32)
-    for s0 in range(0, n_active, BLOCK_S):
-        split = s0 + offs_s
-        split_ok = split < n_active
-        part_row = (base + split) * max_rows + row
-        lse = tl.load(LSE_PART + part_row, mask=split_ok, other=float("-inf"))
-        w = tl.where(split_ok, tl.exp2(lse - m), 0.0)
-        o = tl.load(O_PART + part_row[:, None] * D_V + dv[None, :], mask=split_ok[:, None], other=0.0)
-        acc += tl.sum(w[:, None] * o, 0)
-        w_sum += w
+    merged = merge_two_pass(O_PART, LSE_PART, (b * n_splits).to(tl.int64), n_active, max_rows, row, dv, BLOCK_S,
+                            BLOCK_DV, D_V)
     t = row // n_heads
     h = row % n_heads
     dst = OUT + (q_start + t).to(tl.int64) * stride_o_tok + h * stride_o_head + dv
-    tl.store(dst, (acc / tl.sum(w_sum, 0)).to(OUT.dtype.element_ty))
+    tl.store(dst, merged.to(OUT.dtype.element_ty))
 
 
 def shared_limit(device: torch.device) -> int:
