@@ -199,6 +199,30 @@ def test_run28_one_pass_merge_matches_reference(shape: VerifyShape) -> None:
     _check_arms_twice(shape, ("split_m1_p1", "split_gwf1_p1", "split_auto_gwf1_p1", "split_auto_gwfm_p1"))
 
 
+@pytest.mark.parametrize("shape", [VerifyShape(131072, 8, 1, "shuffled_p1"), VerifyShape(131072, 8, 8, "shuffled_p1"),
+                                   VerifyShape(65536, 16, 1, "shuffled_p1"), VerifyShape(20000, 16, 64, "shuffled_p1"),
+                                   VerifyShape(3001, 5, 8, "contiguous"), VerifyShape(200000, 2, 3, "shuffled_p1")],
+                         ids=lambda s: f"run30-P{s.context_tokens}-H{s.heads}-T{s.draft_tokens}-{s.layout}")
+def test_run30_joined_tail_and_ragged_arms_match_reference(shape: VerifyShape) -> None:
+    """The arms that join a tail split to the one before it (both kernels: 257 -> 256 splits at 128k h8T1, 129 -> 128
+    at h8T8) and the plugin's ragged kernel in both merge forms, each by run_variant (the check) and by the call the
+    harness times (dispatch.prepared_call: the ragged layout made once), twice."""
+    from specdiag.kernels.dispatch import prepared_call
+
+    names = ("split_auto_gwfmj_p1", "split_auto_gwfmj1_p1", "ragged_p1", "ragged2_p1")
+    _check_arms_twice(shape, names)
+    inputs = make_inputs(shape, device="cuda", seed=shape.context_tokens + 1)
+    ref = reference_verify(inputs)
+    for name in names:
+        out = inputs.out_like()
+        call = prepared_call(name, inputs, out)
+        for _ in range(2):
+            out.fill_(float("nan"))
+            call()
+            torch.cuda.synchronize()
+            assert not out.isnan().any() and (out.float() - ref).norm() / ref.norm() <= 1e-2, name
+
+
 @pytest.mark.parametrize("shape", [VerifyShape(4096, 8, 8, "shuffled_p1"), VerifyShape(131072, 8, 8, "shuffled_p1"),
                                    VerifyShape(20000, 7, 64, "shuffled_p1"), VerifyShape(9000, 3, 100, "contiguous"),
                                    VerifyShape(131072, 16, 64, "shuffled_p1")],

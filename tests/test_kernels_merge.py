@@ -113,11 +113,11 @@ def _compile_sm90(kernel, ptr: dict, const: dict, warps: int):
 
 @pytest.mark.parametrize("one_pass", [False, True], ids=["two_pass", "one_pass"])
 def test_both_merge_kernels_compile_for_sm90_through_the_shared_merge(one_pass: bool) -> None:
-    """The split kernel's merge (both forms, the blocks merge_block picks at 129 splits) and the plugin's ragged merge
-    (two passes) call split_merge's functions: each compiles for sm_90; the split kernel's merge with no spill, the
-    ragged one with the 8 bytes it spilled before (compiled the same way from the previous commit)."""
+    """The split kernel's merge and the plugin's ragged merge (both forms each, the blocks merge_block picks) call
+    split_merge's functions: each compiles for sm_90 with no spill at the blocks picked for 129 and 264 splits."""
     from specdiag.kernels.splitkv_plan import SplitKVConfig
-    from specdiag.kernels.triton_splitkv import _merge_kernel, merge_block
+    from specdiag.kernels.split_merge import merge_block
+    from specdiag.kernels.triton_splitkv import _merge_kernel
     from specdiag.kernels.triton_splitkv_ragged import _ragged_merge_kernel
 
     block_s, block_dv, single = merge_block(129, SplitKVConfig(merge_block_dv=64, merge_one_pass=one_pass))
@@ -127,7 +127,11 @@ def test_both_merge_kernels_compile_for_sm90_through_the_shared_merge(one_pass: 
                                                           "PDL": False, "ONE_PASS": one_pass}, 8 if one_pass else 4)
     assert rc == 0 and spills == [0]
     assert ("ld.global" in ptx) and (ptx.count("ex2.approx") >= 1)
-    if not one_pass:
-        rc, spills, _ = _compile_sm90(_ragged_merge_kernel, {**ptr, "QO_INDPTR": "*i32", "KV_INDPTR": "*i64"},
-                                      {"BLOCK_S": 64, "BLOCK_DV": 64, "D_V": 512, "ROUND": 64}, 4)
-        assert rc == 0 and spills == [8]  # 8 bytes, as the ragged merge spilled before it called split_merge
+    # the plugin's merge at 128k h8T1 (264 splits in the grid): two passes of 256 x 16, or one of 512 x 16 (run 30)
+    block_s, block_dv, single = merge_block(264, SplitKVConfig(merge_block_dv=16, merge_one_pass=one_pass))
+    assert (block_s, block_dv, single) == ((512, 16, True) if one_pass else (256, 16, False))
+    rc, spills, ptx = _compile_sm90(_ragged_merge_kernel, {**ptr, "QO_INDPTR": "*i32", "KV_INDPTR": "*i64"},
+                                    {"BLOCK_S": block_s, "BLOCK_DV": block_dv, "D_V": 512, "ROUND": 64,
+                                     "ONE_PASS": one_pass}, 8 if one_pass else 4)
+    # no spill at these blocks (a 64 x 64 two-pass block spills 8 bytes, as it did before split_merge)
+    assert rc == 0 and spills == [0] and ptx.count("ex2.approx") >= 1

@@ -8,11 +8,13 @@ passes marked divisible by 16), 2026-11-30. (64, 64, 8 warps, 3 stages) is the f
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from specdiag.kernels.splitkv_plan import (SHARED_LIMIT_SM90, SHARED_MARGIN, ConfigLadder, SplitKVConfig,
                                            default_config, fitting_ladder, is_out_of_resources,
-                                           ragged_config_ladder, ragged_shared_bytes)
+                                           one_pass_merge_fields, ragged_config_ladder, ragged_shared_bytes)
 
 # (block_m, block_n, num_stages) -> bytes, compiled (see the module docstring)
 COMPILED = {
@@ -65,7 +67,8 @@ def test_ladder_first_fitting_rung_for_the_h200_shapes():
 def test_ladder_rungs_shrink_and_keep_the_split_settings():
     for rows in (16, 32, 64, 1024):
         ladder = ragged_config_ladder(rows)
-        assert ladder[0] == default_config(rows)
+        assert ladder[0] == replace(default_config(rows), **one_pass_merge_fields(rows))  # runs 28-29's merge
+        assert all(c.merge_one_pass_max_splits == ladder[0].merge_one_pass_max_splits for c in ladder)
         assert len(set(ladder)) == len(ladder)
         needs = [ragged_shared_bytes(c) for c in ladder[1:]]
         assert needs == sorted(needs, reverse=True)

@@ -329,7 +329,7 @@ def findings(df: pd.DataFrame, peaks: Mapping[str, Any], copy_rows: Iterable[Map
 #: Issue 13's targets (H200, batch 1, % of the copy bandwidth / matmul rate measured in the same run).
 ISSUE13_MEMORY = ((131072, 85.0), (262144, 85.0), (65536, 75.0))  #: (context, % of copy) for H*T <= 16
 ISSUE13_H8T8_PCT = 70.0  #: 8 heads x 8 draft tokens at 128k, % of copy
-OURS_DESIGNS = ("split_kv", "fused_split_kv")
+OURS_DESIGNS = ("split_kv", "fused_split_kv", "ragged_split_kv")  #: ragged: the plugin's kernel
 
 
 def _ours(df: pd.DataFrame, bf16_only: bool = True) -> pd.DataFrame:

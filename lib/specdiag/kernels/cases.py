@@ -12,7 +12,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from specdiag.kernels.dispatch import KERNEL_VARIANTS, run_variant, runs_gluon_ws, variant
+from specdiag.kernels.dispatch import (KERNEL_VARIANTS, prepared_call, resolve_config, run_variant, runs_gluon_ws,
+                                      variant)
 from specdiag.kernels.mla import (VerifyInputs, VerifyShape, arithmetic_intensity_flop_per_byte, kv_bytes,
                                   verify_flops, with_fresh_data)
 from specdiag.kernels.timing import summarize_ms, time_calls
@@ -156,9 +157,7 @@ def measure_variant(name: str, sets: Sequence[VerifyInputs], ref: torch.Tensor, 
     first = sets[0]
     row: dict[str, Any] = check_once(name, first, ref, config, spec.tol)
     outs = [s.out_like() for s in sets]
-    calls: list[Callable[[], object]] = [
-        (lambda s=s, o=o: run_variant(name, s, o, config)) for s, o in zip(sets, outs)
-    ]
+    calls: list[Callable[[], object]] = [prepared_call(name, s, o, config) for s, o in zip(sets, outs)]
     samples = time_calls(calls, n_runs=spec.n_runs, n_warmup=spec.n_warmup, device=first.q.device)
     row.update(summarize_ms(samples))
     row["ms_samples"] = [round(x, 5) for x in samples]
@@ -181,6 +180,12 @@ def plan_fields(name: str, shape: VerifyShape, config: Any, device: torch.device
         from specdiag.kernels.triton_baseline import grid_programs  # noqa: PLC0415
 
         return {"programs": grid_programs(shape.heads, shape.draft_tokens)}
+    if v.design == "ragged_split_kv":
+        from specdiag.kernels.triton_splitkv import sm_count  # noqa: PLC0415
+        from specdiag.kernels.triton_splitkv_ragged import describe_ragged_plan  # noqa: PLC0415
+
+        return describe_ragged_plan(shape.rows, shape.n_kv, resolve_config(name, shape.rows, config),
+                                    sm_count(device.index or 0))
     if v.design not in ("split_kv", "fused_split_kv"):
         return {}
     from specdiag.kernels.splitkv_plan import SELF_MERGE_MAX_BLOCK_M, default_fused_config  # noqa: PLC0415

@@ -22,7 +22,10 @@ folds the scale into the exponent; ``split_auto_gwf_p1`` is split_p1 up to 32 ro
 ``split_gwb_p1`` (bf16 partials) and ``split_gwbp_p1`` (and the merge as a programmatic dependent launch). Run 24:
 ``split_gwf64_p1`` / ``split_gwf128_p1``, wider merge programs. Run 25: ``split_gwg_p1`` merges inside its own grid
 (one cooperative launch, no merge kernel); ``split_auto_gwf64_p1`` / ``split_auto_gwg_p1`` are split_p1 up to 32 rows
-and split_gwf64_p1 / split_gwg_p1 above. On CUDA
+and split_gwf64_p1 / split_gwg_p1 above. Runs 28-29: ``split_*1*`` and ``split_auto_gwfm_p1`` merge in one pass (the
+pick since run 29). Run 30: ``split_auto_gwfmj*_p1`` join a last split of at most 64 tokens to the one before it;
+``ragged_p1`` / ``ragged2_p1`` are the SGLang plugin's kernel (triton_splitkv_ragged) with its merge in one pass by
+runs 28-29's rule / in two passes, as it served before. On CUDA
 the Triton kernels run; on the CPU the torch fallbacks of the same designs (reference.py) run, so tests and CI
 exercise the same code paths around them.
 """
@@ -30,7 +33,7 @@ exercise the same code paths around them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -41,7 +44,7 @@ from specdiag.kernels.reference import baseline_torch, split_kv_torch
 @dataclass(frozen=True)
 class KernelVariant:
     name: str  #: result rows' ``kernel`` field
-    design: str  #: "baseline" or "split_kv"
+    design: str  #: "baseline", "split_kv", "fused_split_kv" or "ragged_split_kv" (the plugin's kernel)
     page_size: int  #: 1 (token index table) or 64 (block table)
     kv_fp8: bool = False  #: reads the fp8 e4m3 cache (inputs.cache_fp8, per-tensor kv_scale)
     merge: str = "auto"  #: fused_split_kv only: "auto" (self-merge under 64-row tiles, else run 2's merge kernel), "self"
@@ -192,6 +195,24 @@ KERNEL_VARIANTS: dict[str, KernelVariant] = {
                                         gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True,
                                         gluon_merge_block_dv=64, overrides=(("merge_one_pass", True),),
                                         gluon_overrides=(("merge_one_pass_max_splits", 16),)),
+    # run 30: the pick with a last split of at most one 64-token tile joined to the one before it (the draft tokens
+    # past a prefix that fills whole splits: 257 -> 256 splits at 64k-256k T1, 129 -> 128 at h8T8), and the same with
+    # the merge in one pass up to 128 splits from 33 rows (h8T8's 128 splits without padding)
+    "split_auto_gwfmj_p1": KernelVariant("split_auto_gwfmj_p1", "split_kv", 1, impl="auto_ws", gluon_tile=(64, 2),
+                                         gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True,
+                                         gluon_merge_block_dv=64,
+                                         overrides=(("merge_one_pass", True), ("join_tail_tokens", 64)),
+                                         gluon_overrides=(("merge_one_pass_max_splits", 16),)),
+    "split_auto_gwfmj1_p1": KernelVariant("split_auto_gwfmj1_p1", "split_kv", 1, impl="auto_ws", gluon_tile=(64, 2),
+                                          gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True,
+                                          gluon_merge_block_dv=64,
+                                          overrides=(("merge_one_pass", True), ("join_tail_tokens", 64)),
+                                          gluon_overrides=(("merge_one_pass_max_splits", 128),)),
+    # the plugin's kernel (triton_splitkv_ragged, SGLang's ragged layout, lengths read on the device) with the
+    # configuration its ladder serves: the merge in one pass by runs 28-29's rule; ragged2_p1: the two-pass merge it
+    # served before run 30
+    "ragged_p1": KernelVariant("ragged_p1", "ragged_split_kv", 1),
+    "ragged2_p1": KernelVariant("ragged2_p1", "ragged_split_kv", 1, overrides=(("merge_one_pass", False),)),
     # run 20: split_p1 up to 32 rows, split_gwf_p1 above (run 19's fastest of ours from 33 rows on)
     "split_auto_gwf_p1": KernelVariant("split_auto_gwf_p1", "split_kv", 1, impl="auto_ws", gluon_tile=(64, 2),
                                        gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True),
@@ -221,6 +242,12 @@ def resolve_config(name: str, rows: int, config: Optional[Any] = None) -> Option
     """The launch configuration variant ``name`` runs with at ``rows`` packed rows: ``config`` when given (tuning),
     else the variant's own 64-row tile (splitkv_plan.tile64_config) where it has one, else None (the default)."""
     v = variant(name)
+    if v.design == "ragged_split_kv":
+        from dataclasses import replace  # noqa: PLC0415
+
+        from specdiag.kernels.splitkv_plan import fitting_ladder  # noqa: PLC0415
+
+        return config if config is not None else replace(fitting_ladder(rows)[0], **dict(v.overrides))
     if v.impl in ("gluon", "gluon_ws") or (v.impl in ("auto", "auto_ws") and rows >= AUTO_GLUON_MIN_ROWS):
         from dataclasses import replace  # noqa: PLC0415
 
@@ -262,6 +289,11 @@ def run_variant(name: str, inputs: VerifyInputs, out: torch.Tensor, config: Opti
     if v.kv_fp8 and inputs.cache_fp8 is None:
         raise ValueError(f"{name} reads the fp8 cache: make the inputs with mla.with_fp8_cache(inputs)")
     if inputs.q.is_cuda:
+        if v.design == "ragged_split_kv":
+            from specdiag.kernels.triton_splitkv_ragged import ragged_args, ragged_split_kv_triton  # noqa: PLC0415
+
+            ragged_split_kv_triton(**ragged_args(inputs, out.view(inputs.draft_tokens, inputs.heads, -1)), cfg=config)
+            return out
         if v.design == "fused_split_kv":
             from specdiag.kernels.triton_fused import fused_split_kv_triton  # noqa: PLC0415
 
@@ -280,7 +312,8 @@ def run_variant(name: str, inputs: VerifyInputs, out: torch.Tensor, config: Opti
                                      bf16_partials=v.gluon_bf16_partials, pdl_merge=v.gluon_pdl_merge,
                                      grid_merge=v.gluon_grid_merge, merge_block_dv=config.merge_block_dv,
                                      merge_one_pass=config.merge_one_pass,  # the merge as resolve_config made it
-                                     merge_one_pass_max_splits=config.merge_one_pass_max_splits)
+                                     merge_one_pass_max_splits=config.merge_one_pass_max_splits,
+                                     join_tail_tokens=config.join_tail_tokens)
         if v.impl == "gluon" or (v.impl == "auto" and rows >= AUTO_GLUON_MIN_ROWS):
             from specdiag.kernels.gluon_splitkv import split_kv_gluon  # noqa: PLC0415
 
@@ -293,3 +326,17 @@ def run_variant(name: str, inputs: VerifyInputs, out: torch.Tensor, config: Opti
         return baseline_torch(inputs, out)
     n_splits = 4 if config is None else int(getattr(config, "n_splits", 4))
     return split_kv_torch(dequantized(inputs) if v.kv_fp8 else inputs, out, n_splits=n_splits)
+
+
+def prepared_call(name: str, inputs: VerifyInputs, out: torch.Tensor,
+                  config: Optional[Any] = None) -> Callable[[], object]:
+    """A call that runs variant ``name`` on ``inputs`` into ``out``, for timing: what can be made once is made here
+    (the ragged arms' SGLang layout, ``triton_splitkv_ragged.ragged_args``), so the timed call is the kernel's."""
+    v = variant(name)
+    if v.design == "ragged_split_kv" and inputs.q.is_cuda:
+        from specdiag.kernels.triton_splitkv_ragged import ragged_args, ragged_split_kv_triton  # noqa: PLC0415
+
+        cfg = resolve_config(name, inputs.heads * inputs.draft_tokens, config)
+        args = ragged_args(inputs, out.view(inputs.draft_tokens, inputs.heads, -1))
+        return lambda: ragged_split_kv_triton(**args, cfg=cfg)
+    return lambda: run_variant(name, inputs, out, config)

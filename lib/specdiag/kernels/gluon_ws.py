@@ -411,6 +411,8 @@ def _ws_partial_kernel(Q, KV, TOKEN_TABLE, MASK, O_PART, LSE_PART, TIMES, OUT, S
 
     start = pid_s * tokens_per_split
     end = gl.minimum(start + tokens_per_split, n_kv)
+    if pid_s == n_splits - 1:  # the last split ends at n_kv: with join_tail_tokens, past its share
+        end = n_kv
     n_iter = gl.cdiv(gl.maximum(end - start, 0), BLOCK_N)
     prog = pid_s * gl.num_programs(0) + pid_m
     gl.warp_specialize([
@@ -491,7 +493,7 @@ def split_kv_gluon_ws(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 64
                       draft_branch: bool = False, fold: bool = False, bf16_partials: bool = False,
                       pdl_merge: bool = False, merge_block_dv: int = 16, grid_merge: bool = False,
                       merge_one_pass: bool = False, merge_one_pass_max_splits: int = 512,
-                      times: torch.Tensor | None = None) -> torch.Tensor:
+                      join_tail_tokens: int = 0, times: torch.Tensor | None = None) -> torch.Tensor:
     """Split-KV verify attention with the warp-specialized partial kernel and triton_splitkv's merge; writes ``out``.
     ``bf16_partials`` stores each split's normalized output in bf16 (half the partial bytes written and merged);
     ``pdl_merge`` launches the merge as a programmatic dependent launch; ``merge_block_dv`` value dims per merge
@@ -499,7 +501,8 @@ def split_kv_gluon_ws(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 64
     ``phase_buffer``) runs the kernel with its phases timed (not with ``overlap``). ``grid_merge`` merges inside the
     partial kernel's grid (one cooperative launch of at most one program per SM, ``_grid_merge``; no merge kernel);
     ``merge_one_pass`` runs the merge kernel with every split of its outputs at once, up to
-    ``merge_one_pass_max_splits`` splits (``triton_splitkv.merge_block``)."""
+    ``merge_one_pass_max_splits`` splits (``split_merge.merge_block``); ``join_tail_tokens``: a last split of that
+    many tokens or fewer joins the one before it (``splitkv_plan.split_count``)."""
     from specdiag.kernels.triton_splitkv import merge_partials, sm_count  # noqa: PLC0415
 
     q, cache = inputs.q, inputs.cache
@@ -519,7 +522,7 @@ def split_kv_gluon_ws(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 64
         raise ValueError("grid_merge merges fp32 partials inside the partial grid: not with bf16_partials, pdl_merge "
                          "or times")
     cfg = replace(gluon_config(block_n, stages), merge_block_dv=merge_block_dv, merge_one_pass=merge_one_pass,
-                  merge_one_pass_max_splits=merge_one_pass_max_splits)
+                  merge_one_pass_max_splits=merge_one_pass_max_splits, join_tail_tokens=join_tail_tokens)
     n_sms = num_sms or sm_count(q.device.index or 0)
     plan = (plan_splits_coresident if grid_merge else plan_splits)(rows, n_kv, cfg, n_sms)
     o_part = torch.empty(plan.n_splits, rows, D_V, device=q.device,

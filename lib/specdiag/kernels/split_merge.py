@@ -3,13 +3,17 @@
 Each split s of a query row left a normalized partial output O_s [512] and its log-sum-exp L_s (base 2); the row's
 output is sum_s 2^(L_s - M) O_s / sum_s 2^(L_s - M) with M = max_s L_s. :func:`merge_two_pass` reads the L_s in a
 pass of its own, then the weighted partials BLOCK_S splits at a time; :func:`merge_one_pass` (BLOCK_S >= the split
-count) reads both in one round trip (run 28, docs/kernel-notes.md).
+count) reads both in one round trip (run 28, docs/kernel-notes.md). :func:`merge_block` picks the form and the block
+of a merge launch from the split count and the configuration's merge fields.
 """
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from specdiag.kernels.mla import D_V
+from specdiag.kernels.splitkv_plan import SplitKVConfig
 
 
 @triton.jit
@@ -50,3 +54,20 @@ def merge_one_pass(O_PART, LSE_PART, base, n_splits, stride_split, row, dv, BLOC
     o = tl.load(O_PART + part_row[:, None] * D_V + dv[None, :], mask=split_ok[:, None], other=0.0)
     w = tl.exp2(lse - tl.max(lse, 0))
     return tl.sum(w[:, None] * o.to(tl.float32), 0) / tl.sum(w, 0)
+
+
+#: fp32 partial values a one-pass merge program loads at once (32 per thread of its 8 warps)
+MERGE_ONE_PASS_ELEMS = 8192
+
+
+def merge_block(n_splits: int, cfg: SplitKVConfig) -> tuple[int, int, bool]:
+    """The merge kernel's (splits, value dims, one pass) per program for ``n_splits`` splits.
+
+    The default: ``cfg.merge_block_dv`` dims, up to 4,096 / that splits at a time, the lse read in a pass of its own.
+    ``cfg.merge_one_pass``: every split at once (padded to a power of two) and 8,192 / that dims, between 16 and 512,
+    in one round trip; past 512 splits or ``cfg.merge_one_pass_max_splits`` the default.
+    """
+    splits = max(2, triton.next_power_of_2(n_splits))
+    if cfg.merge_one_pass and splits <= min(cfg.merge_one_pass_max_splits, MERGE_ONE_PASS_ELEMS // 16):
+        return splits, min(D_V, MERGE_ONE_PASS_ELEMS // splits), True
+    return max(2, min(splits, 4096 // cfg.merge_block_dv)), cfg.merge_block_dv, False

@@ -39,6 +39,11 @@ class SplitKVConfig:
     merge_one_pass_max_splits: the one pass only up to this many splits (padded to a power of two; run 28 measured
                       calls with it 1.00-1.04x those with two passes at 33-129 splits from 64 rows, 0.96-0.98x at 8
                       splits and at 8-16 rows)
+    join_tail_tokens: when the last split would hold this many tokens or fewer, the split before it takes them and
+                      the plan has one split fewer (0: never). n_kv = prefix + draft tokens, so a prefix that is a
+                      multiple of the split leaves the draft tokens a split of their own (128k h8T8: 129 splits, the
+                      last of 8 tokens, which the merge pads to 256). split_kv_triton and split_kv_gluon_ws only
+                      (their last split ends at n_kv; run 30)
     """
 
     block_m: int = 64
@@ -55,6 +60,7 @@ class SplitKVConfig:
     pdl: bool = False
     merge_one_pass: bool = False
     merge_one_pass_max_splits: int = 512
+    join_tail_tokens: int = 0
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -145,7 +151,30 @@ def plan_splits(rows: int, n_kv: int, cfg: SplitKVConfig, num_sms: int) -> Split
     per_split = -(-n_kv // want)
     per_split = max(per_split, cfg.min_split_tokens)
     per_split = -(-per_split // BLOCK_TOKENS) * BLOCK_TOKENS
-    return SplitPlan(n_tiles=n_tiles, n_splits=-(-n_kv // per_split), tokens_per_split=per_split)
+    return SplitPlan(n_tiles=n_tiles, n_splits=split_count(n_kv, per_split, cfg.join_tail_tokens),
+                     tokens_per_split=per_split)
+
+
+def split_count(n_kv: int, per_split: int, join_tail_tokens: int = 0) -> int:
+    """Splits of ``per_split`` tokens over ``n_kv`` tokens; the last one (which always ends at ``n_kv``) takes the
+    remainder when that is at most ``join_tail_tokens`` tokens, instead of a split of its own."""
+    n_splits = -(-n_kv // per_split)
+    if n_splits > 1 and n_kv - (n_splits - 1) * per_split <= join_tail_tokens:
+        return n_splits - 1
+    return n_splits
+
+
+#: Runs 28-29 (docs/kernel-notes.md): the merge kernel in one pass paid below 33 rows (8-16 rows, 132-257 splits:
+#: 0.96-0.97 of the two-pass call at 64k-128k) and at 8 splits from 64 rows (0.98); from 33 rows at 33-129 splits
+#: it did not (1.00-1.04). The rule the suite's pick (split_auto_gwfm_p1) and the plugin's ragged kernel follow.
+ONE_PASS_MAX_SPLITS_FROM_33_ROWS = 16
+
+
+def one_pass_merge_fields(rows: int) -> dict:
+    """The merge fields of runs 28-29's rule at ``rows`` packed rows: one pass at every split count up to 32 rows,
+    up to ``ONE_PASS_MAX_SPLITS_FROM_33_ROWS`` splits above."""
+    return {"merge_one_pass": True,
+            "merge_one_pass_max_splits": 512 if rows <= 32 else ONE_PASS_MAX_SPLITS_FROM_33_ROWS}
 
 
 def plan_splits_coresident(rows: int, n_kv: int, cfg: SplitKVConfig, num_sms: int) -> SplitPlan:
@@ -162,7 +191,8 @@ def plan_splits_coresident(rows: int, n_kv: int, cfg: SplitKVConfig, num_sms: in
     want = num_sms // plan.n_tiles
     per_split = max(-(-n_kv // want), cfg.min_split_tokens)
     per_split = -(-per_split // BLOCK_TOKENS) * BLOCK_TOKENS
-    return SplitPlan(n_tiles=plan.n_tiles, n_splits=-(-n_kv // per_split), tokens_per_split=per_split)
+    return SplitPlan(n_tiles=plan.n_tiles, n_splits=split_count(n_kv, per_split, cfg.join_tail_tokens),
+                     tokens_per_split=per_split)
 
 
 def describe_plan(rows: int, n_kv: int, cfg: SplitKVConfig, num_sms: int, coresident: bool = False) -> dict:
@@ -211,10 +241,11 @@ def ragged_shared_bytes(cfg: SplitKVConfig, elem_bytes: int = 2) -> int:
 def ragged_config_ladder(rows: int) -> list[SplitKVConfig]:
     """Configurations to try for the ragged kernel, fastest first, each needing less shared memory.
 
-    The first is the tuned default of the non-ragged kernel (default_config); the rungs below halve
-    the KV tile, then the row tile, then drop pipelining, ending at 16 x 16 tiles (about 51 KiB).
+    The first is the tuned default of the non-ragged kernel (default_config) with runs 28-29's merge
+    (``one_pass_merge_fields``); the rungs below halve the KV tile, then the row tile, then drop
+    pipelining, ending at 16 x 16 tiles (about 51 KiB).
     """
-    first = default_config(rows)
+    first = replace(default_config(rows), **one_pass_merge_fields(rows))
     rungs = [first]
     for bm, bn, warps, stages in ((64, 64, 8, 2), (64, 32, 8, 3), (64, 32, 4, 2), (32, 32, 4, 2),
                                   (16, 32, 4, 2), (16, 16, 4, 2), (16, 16, 4, 1)):
@@ -222,7 +253,8 @@ def ragged_config_ladder(rows: int) -> list[SplitKVConfig]:
             continue
         cfg = SplitKVConfig(block_m=bm, block_n=bn, num_warps=warps, num_stages=stages,
                             programs_per_sm=first.programs_per_sm, min_split_tokens=first.min_split_tokens,
-                            merge_block_dv=first.merge_block_dv)
+                            merge_block_dv=first.merge_block_dv, merge_one_pass=first.merge_one_pass,
+                            merge_one_pass_max_splits=first.merge_one_pass_max_splits)
         if cfg not in rungs:
             rungs.append(cfg)
     return rungs

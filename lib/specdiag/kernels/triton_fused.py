@@ -265,6 +265,9 @@ def fused_split_kv_triton(inputs: VerifyInputs, out: torch.Tensor, page_size: in
         num_sms = sm_count(q.device.index or 0)
     if merge not in ("auto", "self", "kernel"):
         raise ValueError(f"merge must be 'auto', 'self' or 'kernel'; got {merge!r}")
+    if cfg.join_tail_tokens:
+        raise ValueError("join_tail_tokens is for split_kv_triton and split_kv_gluon_ws, whose last split ends at "
+                         "n_kv; the fused kernel's splits all end at their share: use join_tail_tokens 0")
     self_merge = merge == "self" or (merge == "auto" and cfg.block_m < SELF_MERGE_MAX_BLOCK_M)
     plan = plan_splits(rows, n_kv, cfg, num_sms)
     direct = plan.n_splits == 1

@@ -39,7 +39,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from specdiag.kernels.mla import BLOCK_TOKENS, D_NOPE, D_PE, D_QK, D_V, VerifyInputs
-from specdiag.kernels.split_merge import merge_one_pass, merge_two_pass
+from specdiag.kernels.split_merge import MERGE_ONE_PASS_ELEMS, merge_block, merge_one_pass, merge_two_pass  # noqa: F401
 from specdiag.kernels.splitkv_plan import SplitKVConfig, default_config, describe_plan, plan_splits  # noqa: F401
 
 LOG2E = 1.4426950408889634
@@ -110,6 +110,8 @@ def _split_partial_kernel(
 
     start = pid_s * tokens_per_split
     end = tl.minimum(start + tokens_per_split, n_kv)
+    if pid_s == tl.num_programs(1) - 1:  # the last split ends at n_kv: with join_tail_tokens, past its share
+        end = n_kv
     n_full = tl.maximum(tl.minimum(end, n_prefix) - start, 0) // BLOCK_N
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -306,20 +308,3 @@ def merge_partials(o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tens
         **extra,
     )
     return out
-
-
-#: fp32 partial values a one-pass merge program loads at once (32 per thread of its 8 warps)
-MERGE_ONE_PASS_ELEMS = 8192
-
-
-def merge_block(n_splits: int, cfg: SplitKVConfig) -> tuple[int, int, bool]:
-    """The merge kernel's (splits, value dims, one pass) per program for ``n_splits`` splits.
-
-    The default: ``cfg.merge_block_dv`` dims, up to 4,096 / that splits at a time, the lse read in a pass of its own.
-    ``cfg.merge_one_pass``: every split at once (padded to a power of two) and 8,192 / that dims, between 16 and 512,
-    in one round trip; past 512 splits or ``cfg.merge_one_pass_max_splits`` the default.
-    """
-    splits = max(2, triton.next_power_of_2(n_splits))
-    if cfg.merge_one_pass and splits <= min(cfg.merge_one_pass_max_splits, MERGE_ONE_PASS_ELEMS // 16):
-        return splits, min(D_V, MERGE_ONE_PASS_ELEMS // splits), True
-    return max(2, min(splits, 4096 // cfg.merge_block_dv)), cfg.merge_block_dv, False

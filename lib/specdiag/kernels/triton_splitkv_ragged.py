@@ -16,7 +16,10 @@ replays correctly at another:
 - The grid is fixed by the launch (row tiles x ``n_splits`` x batch); each program derives its token
   range from the request's length: ``per_split = roundup64(max(ceil(n_kv / n_splits), min_split))``,
   so short contexts use fewer splits and programs past the end return at once. The merge reads the
-  same count.
+  same count; in one pass (the lse and the partials in one round trip, split_merge.merge_one_pass) where the
+  configuration says so, as the plugin's ladder does by runs 28-29's rule (splitkv_plan.one_pass_merge_fields).
+- :func:`ragged_args` lays one specdiag VerifyInputs out this way, so the kernel A/B harness times the plugin's kernel
+  (the ``ragged_p1`` arms) on the same cases as the others.
 - Scores: ``s = (q . k) * sm_scale``, then ``cap * tanh(s / cap)`` when a logit cap is set (SGLang's
   definition, natural-log units), then the softmax in base 2.
 """
@@ -27,8 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
-from specdiag.kernels.mla import BLOCK_TOKENS, D_NOPE, D_PE, D_QK, D_V
-from specdiag.kernels.split_merge import merge_two_pass
+from specdiag.kernels.mla import BLOCK_TOKENS, D_NOPE, D_PE, D_QK, D_V, VerifyInputs
+from specdiag.kernels.split_merge import merge_block, merge_one_pass, merge_two_pass
 from specdiag.kernels.splitkv_plan import SHARED_LIMIT_SM90, SplitKVConfig, fitting_ladder
 
 LOG2E = 1.4426950408889634
@@ -149,6 +152,7 @@ def _ragged_merge_kernel(
     O_PART, LSE_PART, OUT, QO_INDPTR, KV_INDPTR, n_heads, n_splits, max_rows, min_split_tokens,
     stride_o_tok, stride_o_head,
     BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr, D_V: tl.constexpr, ROUND: tl.constexpr,
+    ONE_PASS: tl.constexpr = False,
 ):
     row = tl.program_id(0)
     b = tl.program_id(2)
@@ -162,8 +166,11 @@ def _ragged_merge_kernel(
     per_split = tl.cdiv(per_split, ROUND) * ROUND
     n_active = tl.cdiv(n_kv, per_split)
     dv = tl.program_id(1) * BLOCK_DV + tl.arange(0, BLOCK_DV)
-    merged = merge_two_pass(O_PART, LSE_PART, (b * n_splits).to(tl.int64), n_active, max_rows, row, dv, BLOCK_S,
-                            BLOCK_DV, D_V)
+    base = (b * n_splits).to(tl.int64)
+    if ONE_PASS:  # BLOCK_S >= n_splits >= n_active: the lse and the partials in one round trip (runs 28-29)
+        merged = merge_one_pass(O_PART, LSE_PART, base, n_active, max_rows, row, dv, BLOCK_S, D_V)
+    else:
+        merged = merge_two_pass(O_PART, LSE_PART, base, n_active, max_rows, row, dv, BLOCK_S, BLOCK_DV, D_V)
     t = row // n_heads
     h = row % n_heads
     dst = OUT + (q_start + t).to(tl.int64) * stride_o_tok + h * stride_o_head + dv
@@ -185,6 +192,21 @@ def n_splits_for(rows_per_request: int, batch: int, num_sms: int, cfg: SplitKVCo
     """KV splits per request of the fixed grid: about ``programs_per_sm`` x SMs programs in all."""
     n_tiles = -(-rows_per_request // cfg.block_m)
     return max(1, round(cfg.programs_per_sm * num_sms / (n_tiles * max(1, batch))))
+
+
+def describe_ragged_plan(rows: int, n_kv: int, cfg: SplitKVConfig, num_sms: int, batch: int = 1) -> dict:
+    """The plan the ragged kernel makes on the device for a request of ``n_kv`` tokens (prefix + draft) in a batch of
+    ``batch`` such requests, as splitkv_plan.describe_plan's fields: the grid's splits (``grid_splits``), those that
+    hold tokens (``n_splits``: the merge's), tokens per split, programs of the grid, fp32 partial bytes, waves."""
+    n_tiles = -(-rows // cfg.block_m)
+    grid_splits = n_splits_for(rows, batch, num_sms, cfg)
+    per_split = max(-(-n_kv // grid_splits), cfg.min_split_tokens)
+    per_split = -(-per_split // BLOCK_TOKENS) * BLOCK_TOKENS
+    n_active = -(-n_kv // per_split)
+    programs = n_tiles * grid_splits * batch
+    return {"n_tiles": n_tiles, "n_splits": n_active, "grid_splits": grid_splits, "tokens_per_split": per_split,
+            "programs": programs, "partial_bytes": n_active * rows * (D_V * 4 + 4) * batch,
+            "waves": programs / max(1, num_sms)}
 
 
 def ragged_split_kv_triton(q: torch.Tensor, k_ext: torch.Tensor, v_ext: torch.Tensor, kv: torch.Tensor,
@@ -229,11 +251,30 @@ def ragged_split_kv_triton(q: torch.Tensor, k_ext: torch.Tensor, v_ext: torch.Te
         LOGIT_CAP=bool(logit_cap and logit_cap > 0), ROUND=BLOCK_TOKENS,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    block_dv = cfg.merge_block_dv
-    block_s = max(2, min(triton.next_power_of_2(n_splits), 4096 // block_dv))
+    block_s, block_dv, one_pass = merge_block(n_splits, cfg)  # the grid's splits: every request's n_active or fewer
     _ragged_merge_kernel[(max_rows, D_V // block_dv, batch)](
         o_part, lse_part, o, qo_indptr, kv_indptr, heads, n_splits, max_rows, cfg.min_split_tokens,
         o.stride(0), o.stride(1),
-        BLOCK_S=block_s, BLOCK_DV=block_dv, D_V=D_V, ROUND=BLOCK_TOKENS, num_warps=4,
+        BLOCK_S=block_s, BLOCK_DV=block_dv, D_V=D_V, ROUND=BLOCK_TOKENS, ONE_PASS=one_pass,
+        num_warps=8 if one_pass else 4,
     )
     return o
+
+
+def ragged_args(inputs: VerifyInputs, out: torch.Tensor) -> dict:
+    """``inputs`` (one request) in SGLang's ragged layout, as :func:`ragged_split_kv_triton`'s keyword arguments
+    writing ``out`` [T, H, 512]: the prefix's slots as ``kv_indices``, the draft rows copied out of the cache as
+    ``k_ext`` (``v_ext`` their first 512 dims, as SGLang passes MLA's), the tree mask as the flattened custom mask of
+    [T, P + T] with every prefix column set. Made once per input set, so a timed call is the kernel's two launches.
+    """
+    p, t = inputs.n_prefix, inputs.draft_tokens
+    dev = inputs.q.device
+    k_ext = inputs.cache[inputs.token_table[p:p + t]].contiguous()
+    mask = torch.ones(t, p + t, dtype=torch.uint8, device=dev)
+    mask[:, p:] = inputs.mask_u8
+    return {"q": inputs.q, "k_ext": k_ext, "v_ext": k_ext[:, :D_V], "kv": inputs.cache, "o": out,
+            "qo_indptr": torch.tensor([0, t], dtype=torch.int32, device=dev),
+            "kv_indptr": torch.tensor([0, p], dtype=torch.int32, device=dev),
+            "kv_indices": inputs.token_table[:p], "mask": mask.reshape(-1),
+            "mask_indptr": torch.zeros(1, dtype=torch.int32, device=dev),
+            "max_draft": t, "sm_scale": inputs.sm_scale}
