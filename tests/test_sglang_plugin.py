@@ -266,7 +266,7 @@ for lens, draft, heads, chain, cap in [([150], 8, 2, True, 0.0), ([70, 3, 200], 
                                        ([90], 4, 2, False, 5.0)]:
     batch, _ = make_batch(lens, draft, heads, chain, seed=5, dtype=torch.float16, logit_cap=cap)
     out = torch.full((batch.q.shape[0], heads, 512), float("nan"), dtype=torch.float16)
-    ragged_split_kv_triton(batch.q, batch.k_ext, batch.v_ext, batch.kv_buffer, out, batch.qo_indptr,
+    ragged_split_kv_triton(batch.q, batch.k_ext, batch.kv_buffer, out, batch.qo_indptr,
                            batch.kv_indptr, batch.kv_indices, batch.custom_mask, batch.mask_indptr,
                            max_draft=draft, sm_scale=batch.sm_scale, logit_cap=cap, cfg=cfg, num_sms=16)
     err = rel_err(out, sglang_reference(batch))

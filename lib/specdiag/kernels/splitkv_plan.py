@@ -211,44 +211,65 @@ def describe_plan(rows: int, n_kv: int, cfg: SplitKVConfig, num_sms: int, coresi
 #: The H200's (sm_90) shared memory per block with opt-in, as Triton reported it in the failed launch
 #: (OutOfResources "Hardware limit: 232448"; /work/devres/plugin1 gpu-tests.log, 2026-11-30).
 SHARED_LIMIT_SM90 = 232448
-#: Room kept below the limit when a configuration is chosen by the estimate (compiler versions differ).
+#: Room kept below the limit when a configuration is chosen by the formula (tiles not in RAGGED_SHARED_SM90).
 SHARED_MARGIN = 16384
+
+#: Shared memory of the ragged partial kernel (run 30's form: one tile serves as keys and values), compiled with
+#: Triton 3.6.0 for sm_90, bf16, by (block_m, block_n, num_warps, num_stages): every rung of ragged_config_ladder and
+#: default_config's tiles (pointers and the strides SGLang passes marked divisible by 16, as at run time; 2026-12-01,
+#: tests/test_splitkv_shared.py compiles them again). The form before run 30 loaded a separate value tile: 295,936 B
+#: at (64, 64, 8, 3), the failed H200 launch of session 2, and 227,328 B at (16, 64, 4, 2).
+RAGGED_SHARED_SM90: dict[tuple[int, int, int, int], int] = {
+    (64, 64, 8, 3): 230400, (64, 64, 8, 2): 229376, (64, 64, 8, 1): 147456,
+    (64, 32, 8, 3): 156160, (64, 32, 8, 2): 155648, (64, 32, 4, 2): 155648, (64, 32, 8, 1): 131072,
+    (64, 16, 8, 2): 131072,
+    (32, 64, 4, 2): 118784, (32, 64, 4, 3): 119808, (32, 32, 4, 2): 77824,
+    (16, 64, 4, 2): 96256, (16, 64, 4, 3): 97280, (16, 32, 4, 2): 57344, (16, 16, 4, 2): 37888, (16, 16, 4, 1): 51200,
+}
 
 
 def ragged_shared_bytes(cfg: SplitKVConfig, elem_bytes: int = 2) -> int:
     """Shared memory the ragged partial kernel needs with ``cfg`` (bytes; bf16/fp16 when elem_bytes is 2).
 
-    From the kernel's tiles (D_QK = 576 latent+rope dims, D_V = 512):
-      q tile ``block_m x 576`` (dot operand, loop-invariant)
-      + key tile ``block_n x 576`` and value tile ``block_n x 512`` (the tail loop's dot operands)
-      + with ``num_stages >= 2``, the full-tile loop's async-copy buffer: one more key tile and the
-        q rope part ``block_m x 64``
+    The compiled number where the tile is in ``RAGGED_SHARED_SM90`` (scaled by ``elem_bytes`` / 2); otherwise a
+    formula from the kernel's tiles (D_QK = 576 latent+rope dims) that reproduces the compiled numbers of the
+    pipelined 32- and 64-token tiles:
+      64-row tiles (wgmma): the q tile ``block_m x 576`` + one KV tile ``block_n x 576``, and with ``num_stages``
+        >= 2 a second KV tile (the async copy's buffer) and the q rope part ``block_m x 64``;
+      smaller row tiles (mma.sync): the q tile + one KV tile + the scores in fp32 ``block_m x block_n x 4``;
       + 16 bytes per key per stage beyond the second (the slot indices' buffers).
-    Checked by compiling the kernel with Triton 3.6.0 for sm_90 offline (tt.divisibility 16 on the
-    pointers and on strides as SGLang passes them): exact for block_m 64 and block_n 32 or 64, e.g.
-    (64, 64, 3 stages) -> 295,936 B, the number of the failed H200 launch, (64, 32, 3) -> 188,928 B,
-    (64, 64, 1) -> 212,992 B; an upper bound (at most 8 KiB over) for smaller tiles, e.g. (32, 64, 2):
-    253,952 estimated, 245,760 compiled. tests/test_splitkv_shared.py holds the compiled numbers.
+    The formula is short of the compiler by up to 20,480 B for 16-token tiles and one stage (in the table), so
+    fitting_ladder keeps SHARED_MARGIN below the limit for a tile the table lacks.
     """
+    known = RAGGED_SHARED_SM90.get((cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages))
+    if known is not None:
+        return known * elem_bytes // 2
     d_qk, d_pe = D_V + 64, 64
-    need = cfg.block_m * d_qk * elem_bytes + cfg.block_n * d_qk * elem_bytes + cfg.block_n * D_V * elem_bytes
-    if cfg.num_stages >= 2:
-        need += cfg.block_n * d_qk * elem_bytes + cfg.block_m * d_pe * elem_bytes
-        need += (cfg.num_stages - 2) * cfg.block_n * 16
-    return need
+    need = cfg.block_m * d_qk * elem_bytes + cfg.block_n * d_qk * elem_bytes
+    if cfg.block_m >= 64:
+        if cfg.num_stages >= 2:
+            need += cfg.block_n * d_qk * elem_bytes + cfg.block_m * d_pe * elem_bytes
+    else:
+        need += cfg.block_m * cfg.block_n * 4
+    return need + max(0, cfg.num_stages - 2) * cfg.block_n * 16
+
+
+def ragged_shared_is_compiled(cfg: SplitKVConfig) -> bool:
+    """Whether ``ragged_shared_bytes(cfg)`` is a compiled number (RAGGED_SHARED_SM90) rather than the formula."""
+    return (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages) in RAGGED_SHARED_SM90
 
 
 def ragged_config_ladder(rows: int) -> list[SplitKVConfig]:
     """Configurations to try for the ragged kernel, fastest first, each needing less shared memory.
 
     The first is the tuned default of the non-ragged kernel (default_config) with runs 28-29's merge
-    (``one_pass_merge_fields``); the rungs below halve the KV tile, then the row tile, then drop
-    pipelining, ending at 16 x 16 tiles (about 51 KiB).
+    (``one_pass_merge_fields``); the rungs below halve the KV tile, then the row tile, ending at 16 x 16
+    tiles (37,888 B compiled; without pipelining that tile needs more, 51,200 B, so no rung drops it).
     """
     first = replace(default_config(rows), **one_pass_merge_fields(rows))
     rungs = [first]
     for bm, bn, warps, stages in ((64, 64, 8, 2), (64, 32, 8, 3), (64, 32, 4, 2), (32, 32, 4, 2),
-                                  (16, 32, 4, 2), (16, 16, 4, 2), (16, 16, 4, 1)):
+                                  (16, 32, 4, 2), (16, 16, 4, 2)):
         if bm > first.block_m:
             continue
         cfg = SplitKVConfig(block_m=bm, block_n=bn, num_warps=warps, num_stages=stages,
@@ -262,12 +283,14 @@ def ragged_config_ladder(rows: int) -> list[SplitKVConfig]:
 
 def fitting_ladder(rows: int, shared_limit: int = SHARED_LIMIT_SM90, elem_bytes: int = 2,
                    margin: int = SHARED_MARGIN) -> list[SplitKVConfig]:
-    """The ladder without the rungs the estimate says cannot fit (``need > limit - margin``).
+    """The ladder without the rungs that cannot fit: ``need > limit`` for a compiled number, ``need > limit -
+    margin`` for the formula's (ragged_shared_bytes).
 
     Never empty: if no rung fits by the estimate, the smallest one is kept (the launch decides).
     """
     ladder = ragged_config_ladder(rows)
-    fit = [c for c in ladder if ragged_shared_bytes(c, elem_bytes) <= shared_limit - margin]
+    fit = [c for c in ladder
+           if ragged_shared_bytes(c, elem_bytes) <= shared_limit - (0 if ragged_shared_is_compiled(c) else margin)]
     return fit or ladder[-1:]
 
 

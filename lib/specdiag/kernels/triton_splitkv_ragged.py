@@ -7,9 +7,13 @@ replays correctly at another:
 
 - Request b's draft queries are rows ``qo_indptr[b] .. qo_indptr[b+1]`` of ``q`` [tokens, H, 576];
   its prefix is ``kv_indices[kv_indptr[b] .. kv_indptr[b+1]]``, page_size 1 slots of the latent
-  cache ``kv`` [slots, 1, 576] (values: its first 512 dims); its draft keys and values are rows
-  ``qo_indptr[b] ..`` of ``k_ext`` [tokens, 1, 576] and ``v_ext`` [tokens, 1, 512] (SGLang passes
-  the draft block's K/V as tensors, not through the index).
+  cache ``kv`` [slots, 1, 576] (values: its first 512 dims); its draft keys are rows ``qo_indptr[b] ..``
+  of ``k_ext`` [tokens, 1, 576] (SGLang passes the draft block's K as a tensor, not through the index),
+  and their values are those rows' first 512 dims too: what SGLang's MLA pool keeps of them
+  (``MLATokenToKVPool.set_kv_buffer`` stores ``cache_k`` only; DeepSeek passes ``v = k_nope``, the
+  first 512 dims of ``k``). One tile serves as keys and values, as in triton_splitkv: run 30 measured
+  the form that loaded a separate value tile from ``v_ext`` at 1.5-1.7x the split kernel's time at one
+  draft token (its shared memory, 122,880 B at 16 x 32 tiles, left one program per SM).
 - The verify tree's mask is SGLang's flattened custom mask: request b's row t starts at
   ``mask_indptr[b] + t * (P + T)``; its column ``P + j`` says whether draft token t sees draft token j.
   The prefix columns are not read (SGLang's ``skip_prefix_custom_mask``: the prefix is fully visible).
@@ -57,9 +61,9 @@ def _scores(q_nope, q_pe, k_nope, k_pe, sm_scale, logit_cap, LOGIT_CAP: tl.const
 
 @triton.jit
 def _ragged_partial_kernel(
-    Q, K_EXT, V_EXT, KV, QO_INDPTR, KV_INDPTR, KV_INDICES, MASK, MASK_INDPTR, O_PART, LSE_PART,
+    Q, K_EXT, KV, QO_INDPTR, KV_INDPTR, KV_INDICES, MASK, MASK_INDPTR, O_PART, LSE_PART,
     sm_scale, logit_cap, n_heads, n_splits, max_rows, min_split_tokens,
-    stride_q_tok, stride_q_head, stride_kext, stride_vext, stride_kv,
+    stride_q_tok, stride_q_head, stride_kext, stride_kv,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_NOPE: tl.constexpr, D_PE: tl.constexpr,
     LOGIT_CAP: tl.constexpr, ROUND: tl.constexpr,
 ):
@@ -125,8 +129,6 @@ def _ragged_partial_kernel(
         row = tl.where(in_prefix, KV + slot.to(tl.int64) * stride_kv, K_EXT + ext * stride_kext)
         k_nope = tl.load(row[:, None] + offs_d[None, :], mask=ok[:, None], other=0.0)
         k_pe = tl.load(row[:, None] + offs_pe[None, :], mask=ok[:, None], other=0.0)
-        v_draft = tl.load(V_EXT + ext[:, None] * stride_vext + offs_d[None, :], mask=in_draft[:, None], other=0.0)
-        v = tl.where(in_draft[:, None], v_draft, k_nope)  # prefix values: the first 512 latent dims
         s = _scores(q_nope, q_pe, k_nope, k_pe, sm_scale, logit_cap, LOGIT_CAP)
         tree = tl.load(mask_row[:, None] + j[None, :], mask=row_ok[:, None] & in_draft[None, :], other=0)
         visible = in_prefix[None, :] | (in_draft[None, :] & (tree != 0))
@@ -137,7 +139,7 @@ def _ragged_partial_kernel(
         p = tl.exp2(s - m_use[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(v.dtype), v, acc)
+        acc = tl.dot(p.to(k_nope.dtype), k_nope, acc)  # values: the first 512 latent dims, prefix and draft alike
         m_i = m_new
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)
@@ -209,27 +211,26 @@ def describe_ragged_plan(rows: int, n_kv: int, cfg: SplitKVConfig, num_sms: int,
             "waves": programs / max(1, num_sms)}
 
 
-def ragged_split_kv_triton(q: torch.Tensor, k_ext: torch.Tensor, v_ext: torch.Tensor, kv: torch.Tensor,
-                           o: torch.Tensor, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
+def ragged_split_kv_triton(q: torch.Tensor, k_ext: torch.Tensor, kv: torch.Tensor, o: torch.Tensor, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
                            kv_indices: torch.Tensor, mask: torch.Tensor, mask_indptr: torch.Tensor,
                            max_draft: int, sm_scale: float, logit_cap: float = 0.0,
                            cfg: SplitKVConfig | None = None, num_sms: int | None = None) -> torch.Tensor:
     """Verify attention for a batch in SGLang's layout; writes ``o`` [tokens, H, 512] and returns it.
 
-    ``q`` [tokens, H, 576]; ``k_ext`` [tokens, 576] or [tokens, 1, 576]; ``v_ext`` [tokens, (1,) 512];
-    ``kv`` [slots, (1,) 576] the latent cache of this layer; ``mask`` the flattened custom mask (bool or
+    ``q`` [tokens, H, 576]; ``k_ext`` [tokens, 576] or [tokens, 1, 576], the draft tokens' latent rows (their
+    values: the first 512 dims, as the MLA pool stores them; module doc); ``kv`` [slots, (1,) 576] the latent
+    cache of this layer; ``mask`` the flattened custom mask (bool or
     uint8); ``max_draft`` the most draft tokens of any request (sets the row tiles; SGLang's
     ``max_extend_len``). No host synchronisation: safe under CUDA-graph capture.
     """
     if q.dim() != 3 or q.shape[-1] != D_QK or q.stride(-1) != 1:
         raise ValueError(f"q must be [tokens, heads, {D_QK}] with unit inner stride; got {tuple(q.shape)}")
     k2 = k_ext.reshape(k_ext.shape[0], -1)
-    v2 = v_ext.reshape(v_ext.shape[0], -1)
     kv2 = kv.reshape(kv.shape[0], -1)
-    if k2.shape[1] != D_QK or v2.shape[1] != D_V or kv2.shape[1] != D_QK:
-        raise ValueError("k_ext/kv rows must hold 576 values and v_ext rows 512 (one MLA latent head)")
-    if k2.stride(1) != 1 or v2.stride(1) != 1 or kv2.stride(1) != 1:
-        raise ValueError("k_ext, v_ext and kv need unit inner stride")
+    if k2.shape[1] != D_QK or kv2.shape[1] != D_QK:
+        raise ValueError("k_ext and kv rows must hold 576 values (one MLA latent head: 512 latent + 64 rope)")
+    if k2.stride(1) != 1 or kv2.stride(1) != 1:
+        raise ValueError("k_ext and kv need unit inner stride")
     if o.dim() != 3 or o.shape[-1] != D_V or o.stride(-1) != 1:
         raise ValueError(f"o must be [tokens, heads, {D_V}] with unit inner stride; got {tuple(o.shape)}")
     heads = q.shape[1]
@@ -244,9 +245,9 @@ def ragged_split_kv_triton(q: torch.Tensor, k_ext: torch.Tensor, v_ext: torch.Te
     o_part = torch.empty(batch, n_splits, max_rows, D_V, device=q.device, dtype=torch.float32)
     lse_part = torch.empty(batch, n_splits, max_rows, device=q.device, dtype=torch.float32)
     _ragged_partial_kernel[(n_tiles, n_splits, batch)](
-        q, k2, v2, kv2, qo_indptr, kv_indptr, kv_indices, mask_u8, mask_indptr, o_part, lse_part,
+        q, k2, kv2, qo_indptr, kv_indptr, kv_indices, mask_u8, mask_indptr, o_part, lse_part,
         float(sm_scale), float(logit_cap) if logit_cap else 1.0, heads, n_splits, max_rows, cfg.min_split_tokens,
-        q.stride(0), q.stride(1), k2.stride(0), v2.stride(0), kv2.stride(0),
+        q.stride(0), q.stride(1), k2.stride(0), kv2.stride(0),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, D_NOPE=D_NOPE, D_PE=D_PE,
         LOGIT_CAP=bool(logit_cap and logit_cap > 0), ROUND=BLOCK_TOKENS,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
@@ -264,7 +265,7 @@ def ragged_split_kv_triton(q: torch.Tensor, k_ext: torch.Tensor, v_ext: torch.Te
 def ragged_args(inputs: VerifyInputs, out: torch.Tensor) -> dict:
     """``inputs`` (one request) in SGLang's ragged layout, as :func:`ragged_split_kv_triton`'s keyword arguments
     writing ``out`` [T, H, 512]: the prefix's slots as ``kv_indices``, the draft rows copied out of the cache as
-    ``k_ext`` (``v_ext`` their first 512 dims, as SGLang passes MLA's), the tree mask as the flattened custom mask of
+    ``k_ext``, the tree mask as the flattened custom mask of
     [T, P + T] with every prefix column set. Made once per input set, so a timed call is the kernel's two launches.
     """
     p, t = inputs.n_prefix, inputs.draft_tokens
@@ -272,7 +273,7 @@ def ragged_args(inputs: VerifyInputs, out: torch.Tensor) -> dict:
     k_ext = inputs.cache[inputs.token_table[p:p + t]].contiguous()
     mask = torch.ones(t, p + t, dtype=torch.uint8, device=dev)
     mask[:, p:] = inputs.mask_u8
-    return {"q": inputs.q, "k_ext": k_ext, "v_ext": k_ext[:, :D_V], "kv": inputs.cache, "o": out,
+    return {"q": inputs.q, "k_ext": k_ext, "kv": inputs.cache, "o": out,
             "qo_indptr": torch.tensor([0, t], dtype=torch.int32, device=dev),
             "kv_indptr": torch.tensor([0, p], dtype=torch.int32, device=dev),
             "kv_indices": inputs.token_table[:p], "mask": mask.reshape(-1),

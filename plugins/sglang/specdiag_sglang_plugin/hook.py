@@ -171,7 +171,8 @@ def _serve(backend, q, k, v, layer, forward_batch, save_kv_cache):
 
     def launch(cfg):
         return ragged_split_kv_triton(
-            q.view(-1, heads, layer.qk_head_dim), k.reshape(k.shape[0], -1), v.reshape(v.shape[0], -1),
+            # the draft values are k's first 512 dims: what the MLA pool stores of them (set_kv_buffer keeps k)
+            q.view(-1, heads, layer.qk_head_dim), k.reshape(k.shape[0], -1),
             backend.token_to_kv_pool.get_key_buffer(layer.layer_id), o.view(-1, heads, layer.v_head_dim),
             meta.qo_indptr, meta.kv_indptr, meta.kv_indices, meta.custom_mask, meta.mask_indptr,
             max_draft=max_draft, sm_scale=layer.scaling, logit_cap=logit_cap, cfg=cfg,
