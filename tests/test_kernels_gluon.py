@@ -243,3 +243,56 @@ def test_grid_merge_block_loads_every_split_at_once() -> None:
         assert 512 % grid_merge_block(n)[1] == 0
     with pytest.raises(ValueError, match="at most 512 splits"):
         grid_merge_block(600)
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed here")
+def test_ragged_warp_specialized_kernel_compiles_for_sm90_as_the_picks() -> None:
+    """Run 32's entry (gluon_ws_ragged: SGLang's ragged layout, lengths read on the device) around gluon_ws's two
+    partitions, for sm_90: the same wgmma shapes and counts as the pick's dense kernel (PREFETCH, DRAFT_BRANCH, FOLD),
+    its copies arriving on the ring's mbarriers, shared memory within 64 B of the dense kernel's, no spill; its copy
+    partition reads the prefix's and the draft tokens' cache rows from two tables (twice the dense kernel's index
+    loads at most)."""
+    import tempfile
+    from pathlib import Path
+
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    from specdiag.kernels.gluon_ws import compile_sm90 as dense_sm90
+    from specdiag.kernels.gluon_ws_ragged import compile_sm90
+
+    k, dense = compile_sm90(), dense_sm90(64, 2, prefetch=True, draft_branch=True, fold=True)
+    assert k.metadata.num_warps == 8 and 0 < k.metadata.shared <= SHARED_LIMIT_SM90
+    assert abs(k.metadata.shared - dense.metadata.shared) <= 64, (k.metadata.shared, dense.metadata.shared)
+    ptx, dptx = k.asm["ptx"], dense.asm["ptx"]
+    shapes = collections.Counter(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx))
+    assert shapes == collections.Counter(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", dptx))
+    assert shapes == {"m64n64k16": 36, "m64n256k16": 8}, shapes
+    assert ptx.count("cp.async.mbarrier.arrive.noinc") >= 2 and "setmaxnreg" in ptx
+    index_loads = len(re.findall(r"ld\.global(?:\.[a-z0-9]+)*\.b64", ptx))
+    assert len(re.findall(r"ld\.global(?:\.[a-z0-9]+)*\.b64", dptx)) < index_loads
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "k.ptx").write_text(ptx)
+        res = subprocess.run([get_ptxas(90).path, "-v", "-arch=sm_90a", str(Path(tmp) / "k.ptx"), "-o",
+                              str(Path(tmp) / "k.cubin")], capture_output=True, text=True)
+    spills = [int(m) for m in re.findall(r"(\d+) bytes spill stores", res.stderr + res.stdout)]
+    assert res.returncode == 0 and spills == [0] and "C7514" not in res.stderr + res.stdout, res.stderr[-2000:]
+
+
+def test_the_plugins_arm_runs_gluon_from_33_rows_and_the_triton_ragged_kernel_below() -> None:
+    from specdiag.kernels.splitkv_plan import fitting_ladder
+
+    pytest.importorskip("triton.experimental.gluon")
+    from specdiag.kernels.gluon_ws_ragged import gluon_ragged_supported, ragged_gluon_config
+
+    assert resolve_config("ragged_gw_p1", 8) == fitting_ladder(8)[0]
+    assert resolve_config("ragged_gw_p1", 32) == fitting_ladder(32)[0]
+    for rows in (33, 64, 256, 1024):
+        cfg = resolve_config("ragged_gw_p1", rows)
+        assert cfg == ragged_gluon_config(rows)
+        assert (cfg.block_m, cfg.block_n, cfg.num_stages, cfg.merge_block_dv) == (64, 64, 2, 64)
+        assert cfg.merge_one_pass and cfg.merge_one_pass_max_splits == 16
+    x = make_inputs(VerifyShape(300, 8, 8, "shuffled_p1"), seed=5)
+    out = x.out_like()
+    run_variant("ragged_gw_p1", x, out)  # the CPU: the torch fallback, as every arm
+    assert relative_error(out, reference_verify(x)) < 1e-2
+    assert gluon_ragged_supported(x.q, x.cache) == (False, "not a CUDA device")

@@ -199,6 +199,28 @@ def test_run28_one_pass_merge_matches_reference(shape: VerifyShape) -> None:
     _check_arms_twice(shape, ("split_m1_p1", "split_gwf1_p1", "split_auto_gwf1_p1", "split_auto_gwfm_p1"))
 
 
+@pytest.mark.parametrize("shape", [VerifyShape(131072, 8, 8, "shuffled_p1"), VerifyShape(3001, 5, 8, "contiguous"),
+                                   VerifyShape(20000, 16, 64, "shuffled_p1"), VerifyShape(65536, 8, 1, "shuffled_p1"),
+                                   VerifyShape(200, 16, 16, "shuffled_p1")],
+                         ids=lambda s: f"run32-P{s.context_tokens}-H{s.heads}-T{s.draft_tokens}-{s.layout}")
+def test_run32_plugins_gluon_arm_matches_reference(shape: VerifyShape) -> None:
+    """ragged_gw_p1 (the plugin's serving since run 32: the Gluon kernel on the ragged layout from 33 rows, the Triton
+    ragged kernel below), by run_variant and by the call the harness times, twice each; 40 rows (a partial row tile)
+    and a context shorter than two splits' minimum."""
+    from specdiag.kernels.dispatch import prepared_call
+
+    _check_arms_twice(shape, ("ragged_gw_p1",))
+    inputs = make_inputs(shape, device="cuda", seed=shape.context_tokens + 2)
+    ref = reference_verify(inputs)
+    out = inputs.out_like()
+    call = prepared_call("ragged_gw_p1", inputs, out)
+    for _ in range(2):
+        out.fill_(float("nan"))
+        call()
+        torch.cuda.synchronize()
+        assert not out.isnan().any() and (out.float() - ref).norm() / ref.norm() <= 1e-2
+
+
 @pytest.mark.parametrize("shape", [VerifyShape(131072, 8, 1, "shuffled_p1"), VerifyShape(131072, 8, 8, "shuffled_p1"),
                                    VerifyShape(65536, 16, 1, "shuffled_p1"), VerifyShape(20000, 16, 64, "shuffled_p1"),
                                    VerifyShape(3001, 5, 8, "contiguous"), VerifyShape(200000, 2, 3, "shuffled_p1")],

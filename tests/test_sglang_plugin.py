@@ -324,3 +324,32 @@ def test_hook_sends_an_unservable_verify_call_to_sglang():
     out = hook.forward_extend_hook(lambda *a, **kw: "sglang-out", backend, q, k, v, layer, fb)
     assert out == "sglang-out" and hook.STATS["fallback"]["not on a CUDA device"] == before + 1
     assert "fallback:not on a CUDA device" in hook._logged  # logged once
+
+
+def test_gluon_switch_from_env():
+    assert hook.gluon_from_env({}) and hook.gluon_from_env({hook.GLUON_ENV: "1"})
+    assert not hook.gluon_from_env({hook.GLUON_ENV: "0"})
+    with pytest.raises(ValueError, match=hook.GLUON_ENV):
+        hook.gluon_from_env({hook.GLUON_ENV: "yes"})
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed here")
+def test_gluon_kernel_serves_only_from_33_rows_where_it_can_run(monkeypatch):
+    """The hook's choice of kernel: below 33 rows or with SPECDIAG_SGLANG_GLUON=0 the Triton ragged kernel; from 33
+    rows the Gluon kernel where it can run, else the reason is kept per shape (here: CPU tensors), logged once and
+    reported in the stats."""
+    pytest.importorskip("triton.experimental.gluon")
+    backend, q, k, v, layer, fb = _fake_sglang_call()
+    fb.out_cache_loc = torch.arange(q.shape[0])
+    monkeypatch.setattr(hook, "_GLUON", {})
+    assert not hook._gluon_serves((8, torch.bfloat16, False, None), q, backend, layer, fb, 0.0)
+    assert hook._GLUON == {}  # below 33 rows nothing is asked
+    monkeypatch.setenv(hook.GLUON_ENV, "0")
+    assert not hook._gluon_serves((64, torch.bfloat16, False, None), q, backend, layer, fb, 0.0)
+    assert hook._GLUON == {}
+    monkeypatch.setenv(hook.GLUON_ENV, "1")
+    key = (64, torch.bfloat16, False, None)
+    assert not hook._gluon_serves(key, q, backend, layer, fb, 0.0)
+    assert hook._GLUON == {key: "not a CUDA device"}
+    assert "gluon:" + repr(key) in hook._logged
+    assert hook.stats_snapshot()["gluon"] == {repr(key): "not a CUDA device"}

@@ -141,3 +141,89 @@ def test_ragged_kernel_replays_in_a_cuda_graph_at_other_lengths():
                               custom_mask=mask_short.cpu(), mask_indptr=mask_indptr.cpu(), sm_scale=g.sm_scale)
         assert rel_err(out.cpu(), sglang_reference(trimmed)) < 1e-2, p
     assert math.isfinite(float(out.float().abs().max()))
+
+
+# ---- run 32: the warp-specialized Gluon kernel on the ragged layout (gluon_ws_ragged), what the plugin serves from
+# 33 rows on sm_90; it reads the draft rows from the cache at their slots (out_cache_loc), where the hook stores them
+
+def with_draft_in_cache(batch: VerifyBatch) -> tuple[VerifyBatch, torch.Tensor]:
+    """``batch`` with its draft rows (k_ext) appended to the cache, as SGLang's set_kv_buffer stores them, and their
+    slots (SGLang's out_cache_loc)."""
+    pool = batch.kv_buffer.shape[0]
+    kv = torch.cat([batch.kv_buffer, batch.k_ext.reshape(-1, 1, batch.k_ext.shape[-1])], dim=0)
+    loc = torch.arange(pool, pool + batch.k_ext.shape[0], dtype=torch.int64, device=kv.device)
+    return VerifyBatch(**{**batch.__dict__, "kv_buffer": kv}), loc
+
+
+def run_gluon(batch: VerifyBatch, draft: int) -> torch.Tensor:
+    from specdiag.kernels.gluon_ws_ragged import ragged_split_kv_gluon_ws
+
+    g, loc = with_draft_in_cache(batch)
+    out = torch.full((g.q.shape[0], g.q.shape[1], 512), float("nan"), dtype=g.q.dtype, device=g.q.device)
+    return ragged_split_kv_gluon_ws(g.q, g.kv_buffer, out, g.qo_indptr, g.kv_indptr, g.kv_indices, loc,
+                                    g.custom_mask, g.mask_indptr, max_draft=draft, sm_scale=g.sm_scale)
+
+
+@pytest.mark.parametrize("prefix_lens, draft, heads, chain, dtype", [
+    ([1000], 8, 8, True, torch.bfloat16),
+    ([131072], 8, 8, False, torch.bfloat16),
+    ([5, 40000, 64, 129], 8, 8, False, torch.bfloat16),  # prefixes shorter than a tile: splits past their end
+    ([3000, 17], 8, 16, False, torch.bfloat16),  # 128 rows: two row tiles
+    ([20000], 64, 16, False, torch.bfloat16),  # 1,024 rows: 16 row tiles, few splits
+    ([7000, 300], 8, 8, False, torch.float16),
+    ([2500] * 8, 4, 16, True, torch.bfloat16),  # a batch of 8: fewer splits per request
+], ids=lambda v: "x".join(map(str, v[:3])) + f"-{len(v)}" if isinstance(v, list) else str(v))
+def test_gluon_ragged_kernel_matches_sglang_definition(prefix_lens, draft, heads, chain, dtype):
+    batch, _ = make_batch(prefix_lens, draft, heads, chain, seed=sum(prefix_lens) % 89, dtype=dtype)
+    out = run_gluon(to_cuda(batch), draft)
+    assert not out.isnan().any()
+    assert rel_err(out.cpu(), sglang_reference(batch)) < 1e-2
+
+
+@pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="sglang is not importable")
+@pytest.mark.parametrize("prefix_lens, chain", [([2000], True), ([70000], False), ([300, 5000, 11], False)])
+def test_gluon_ragged_kernel_matches_sglang_extend_attention(prefix_lens, chain):
+    from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
+
+    draft, heads = 8, 8
+    batch, _ = make_batch(prefix_lens, draft, heads, chain, seed=9)
+    g = to_cuda(batch)
+    ours = run_gluon(g, draft)
+    theirs = torch.empty_like(ours)
+    kv = g.kv_buffer
+    extend_attention_fwd(g.q, g.k_ext, g.v_ext, theirs, kv, kv[..., :512], g.qo_indptr, g.kv_indptr, g.kv_indices,
+                         g.custom_mask, True, g.mask_indptr, draft, 1.0, 1.0, g.sm_scale, logit_cap=0.0)
+    assert rel_err(ours, theirs) < 1e-2
+
+
+def test_gluon_ragged_kernel_replays_in_a_cuda_graph_at_other_lengths():
+    """As the Triton kernel's test: captured at 20,000 prefix tokens, replayed at others; lengths read on the device."""
+    from specdiag.kernels.gluon_ws_ragged import ragged_split_kv_gluon_ws
+
+    draft, heads = 8, 8
+    long_batch, _ = make_batch([20000], draft, heads, chain=False, seed=4)
+    g, loc = with_draft_in_cache(to_cuda(long_batch))
+    kv_indptr = g.kv_indptr.clone()
+    mask_short = g.custom_mask.clone()
+    out = torch.empty(draft, heads, 512, dtype=g.q.dtype, device="cuda")
+
+    def call():
+        ragged_split_kv_gluon_ws(g.q, g.kv_buffer, out, g.qo_indptr, kv_indptr, g.kv_indices, loc, mask_short,
+                                 g.mask_indptr, max_draft=draft, sm_scale=g.sm_scale)
+
+    call()  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    to_cpu = {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in long_batch.__dict__.items()}
+    for p in (20000, 700, 12345, 40):
+        kv_indptr[1] = p
+        tree = g.custom_mask.view(draft, 20000 + draft)[:, 20000:]
+        block = torch.ones(draft, p + draft, dtype=torch.bool, device="cuda")
+        block[:, p:] = tree
+        mask_short[: block.numel()] = block.reshape(-1)
+        graph.replay()
+        torch.cuda.synchronize()
+        trimmed = VerifyBatch(**{**to_cpu, "kv_indptr": kv_indptr.cpu(), "custom_mask": mask_short.cpu()})
+        assert rel_err(out.cpu(), sglang_reference(trimmed)) < 1e-2, p

@@ -25,7 +25,9 @@ folds the scale into the exponent; ``split_auto_gwf_p1`` is split_p1 up to 32 ro
 and split_gwf64_p1 / split_gwg_p1 above. Runs 28-29: ``split_*1*`` and ``split_auto_gwfm_p1`` merge in one pass (the
 pick since run 29). Run 30: ``split_auto_gwfmj*_p1`` join a last split of at most 64 tokens to the one before it;
 ``ragged_p1`` / ``ragged2_p1`` are the SGLang plugin's kernel (triton_splitkv_ragged) with its merge in one pass by
-runs 28-29's rule / in two passes, as it served before. On CUDA
+runs 28-29's rule / in two passes, as it served before; run 32's ``ragged_gw_p1`` is what the plugin serves since:
+``ragged_p1`` up to 32 rows and the warp-specialized Gluon kernel on the ragged layout above (gluon_ws_ragged). On
+CUDA
 the Triton kernels run; on the CPU the torch fallbacks of the same designs (reference.py) run, so tests and CI
 exercise the same code paths around them.
 """
@@ -213,6 +215,9 @@ KERNEL_VARIANTS: dict[str, KernelVariant] = {
     # served before run 30
     "ragged_p1": KernelVariant("ragged_p1", "ragged_split_kv", 1),
     "ragged2_p1": KernelVariant("ragged2_p1", "ragged_split_kv", 1, overrides=(("merge_one_pass", False),)),
+    # run 32: what the plugin serves since: ragged_p1 up to 32 rows, the warp-specialized Gluon kernel on the ragged
+    # layout above (gluon_ws_ragged: the pick's kernel, split_gwf64_p1's merge width, the one pass by runs 28-29's rule)
+    "ragged_gw_p1": KernelVariant("ragged_gw_p1", "ragged_split_kv", 1, impl="auto_ws"),
     # run 20: split_p1 up to 32 rows, split_gwf_p1 above (run 19's fastest of ours from 33 rows on)
     "split_auto_gwf_p1": KernelVariant("split_auto_gwf_p1", "split_kv", 1, impl="auto_ws", gluon_tile=(64, 2),
                                        gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True),
@@ -247,7 +252,13 @@ def resolve_config(name: str, rows: int, config: Optional[Any] = None) -> Option
 
         from specdiag.kernels.splitkv_plan import fitting_ladder  # noqa: PLC0415
 
-        return config if config is not None else replace(fitting_ladder(rows)[0], **dict(v.overrides))
+        if config is not None:
+            return config
+        if runs_gluon_ws(v, rows):
+            from specdiag.kernels.gluon_ws_ragged import ragged_gluon_config  # noqa: PLC0415
+
+            return replace(ragged_gluon_config(rows), **dict(v.overrides))
+        return replace(fitting_ladder(rows)[0], **dict(v.overrides))
     if v.impl in ("gluon", "gluon_ws") or (v.impl in ("auto", "auto_ws") and rows >= AUTO_GLUON_MIN_ROWS):
         from dataclasses import replace  # noqa: PLC0415
 
@@ -290,9 +301,7 @@ def run_variant(name: str, inputs: VerifyInputs, out: torch.Tensor, config: Opti
         raise ValueError(f"{name} reads the fp8 cache: make the inputs with mla.with_fp8_cache(inputs)")
     if inputs.q.is_cuda:
         if v.design == "ragged_split_kv":
-            from specdiag.kernels.triton_splitkv_ragged import ragged_args, ragged_split_kv_triton  # noqa: PLC0415
-
-            ragged_split_kv_triton(**ragged_args(inputs, out.view(inputs.draft_tokens, inputs.heads, -1)), cfg=config)
+            _ragged_call(v, inputs, out, config)()
             return out
         if v.design == "fused_split_kv":
             from specdiag.kernels.triton_fused import fused_split_kv_triton  # noqa: PLC0415
@@ -334,9 +343,21 @@ def prepared_call(name: str, inputs: VerifyInputs, out: torch.Tensor,
     (the ragged arms' SGLang layout, ``triton_splitkv_ragged.ragged_args``), so the timed call is the kernel's."""
     v = variant(name)
     if v.design == "ragged_split_kv" and inputs.q.is_cuda:
-        from specdiag.kernels.triton_splitkv_ragged import ragged_args, ragged_split_kv_triton  # noqa: PLC0415
-
-        cfg = resolve_config(name, inputs.heads * inputs.draft_tokens, config)
-        args = ragged_args(inputs, out.view(inputs.draft_tokens, inputs.heads, -1))
-        return lambda: ragged_split_kv_triton(**args, cfg=cfg)
+        return _ragged_call(v, inputs, out, resolve_config(name, inputs.heads * inputs.draft_tokens, config))
     return lambda: run_variant(name, inputs, out, config)
+
+
+def _ragged_call(v: KernelVariant, inputs: VerifyInputs, out: torch.Tensor, cfg: Any) -> Callable[[], object]:
+    """The plugin's kernel on ``inputs`` laid out as SGLang passes them (made here, once): the Gluon kernel on the
+    ragged layout where variant ``v`` runs it (from 33 rows for impl auto_ws), else the Triton ragged kernel."""
+    from specdiag.kernels.triton_splitkv_ragged import ragged_args, ragged_split_kv_triton  # noqa: PLC0415
+
+    args = ragged_args(inputs, out.view(inputs.draft_tokens, inputs.heads, -1))
+    draft_loc = args.pop("draft_loc")
+    if runs_gluon_ws(v, inputs.heads * inputs.draft_tokens):
+        from specdiag.kernels.gluon_ws_ragged import ragged_split_kv_gluon_ws  # noqa: PLC0415
+
+        gl_args = {k: args[k] for k in ("q", "kv", "o", "qo_indptr", "kv_indptr", "kv_indices", "mask", "mask_indptr",
+                                       "max_draft", "sm_scale")}
+        return lambda: ragged_split_kv_gluon_ws(**gl_args, draft_loc=draft_loc, cfg=cfg)
+    return lambda: ragged_split_kv_triton(**args, cfg=cfg)

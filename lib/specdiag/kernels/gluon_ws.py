@@ -61,13 +61,24 @@ D_HALF = 256  # value dims per warpgroup
 
 
 @gluon.jit
-def _tile_slots(TOKEN_TABLE, pos0, end, BLOCK_N: gl.constexpr, LD: gl.constexpr, LD_PE: gl.constexpr):
-    """The cache rows of tokens pos0 .. pos0 + BLOCK_N - 1 through the token table, in the two copy layouts (0 past
-    ``end``)."""
+def _table_rows(TOKEN_TABLE, DRAFT_TABLE, n_prefix, pos, end, RAGGED: gl.constexpr):
+    """Cache rows of tokens ``pos`` (0 past ``end``): TOKEN_TABLE[pos]; with RAGGED (SGLang's layout, gluon_ws_ragged)
+    the prefix's from TOKEN_TABLE (the request's kv_indices) and the draft tokens' from DRAFT_TABLE (their slots)."""
+    if RAGGED:
+        pre = gl.load(TOKEN_TABLE + pos, mask=pos < gl.minimum(end, n_prefix), other=0).to(gl.int64)
+        drf = gl.load(DRAFT_TABLE + (pos - n_prefix), mask=(pos >= n_prefix) & (pos < end), other=0).to(gl.int64)
+        return gl.where(pos < n_prefix, pre, drf)
+    return gl.load(TOKEN_TABLE + pos, mask=pos < end, other=0).to(gl.int64)
+
+
+@gluon.jit
+def _tile_slots(TOKEN_TABLE, DRAFT_TABLE, n_prefix, pos0, end, BLOCK_N: gl.constexpr, LD: gl.constexpr,
+                LD_PE: gl.constexpr, RAGGED: gl.constexpr):
+    """The cache rows of tokens pos0 .. pos0 + BLOCK_N - 1 (``_table_rows``), in the two copy layouts."""
     pos = pos0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LD))
     pos_pe = pos0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LD_PE))
-    return (gl.load(TOKEN_TABLE + pos, mask=pos < end, other=0).to(gl.int64),
-            gl.load(TOKEN_TABLE + pos_pe, mask=pos_pe < end, other=0).to(gl.int64))
+    return (_table_rows(TOKEN_TABLE, DRAFT_TABLE, n_prefix, pos, end, RAGGED),
+            _table_rows(TOKEN_TABLE, DRAFT_TABLE, n_prefix, pos_pe, end, RAGGED))
 
 
 @gluon.jit
@@ -129,17 +140,18 @@ def _issue_scores(q_smem, qpe_smem, kv_smem, pe_smem, it, STAGES: gl.constexpr, 
 
 
 @gluon.jit
-def _tree_masked(s, rows_s, kpos, j, MASK, qk_scale, n_prefix, n_draft, n_heads, n_rows, end):
+def _tree_masked(s, rows_s, kpos, j, MASK, qk_scale, n_prefix, mask_stride, n_heads, n_rows, end):
     """The scaled scores with -inf where a key is past the split's end or a draft key (``j`` = kpos - n_prefix) the
-    row's tree hides."""
-    tree = gl.load(MASK + (rows_s // n_heads)[:, None] * n_draft + j[None, :],
+    row's tree hides: draft token t's row of the mask starts at MASK + t * ``mask_stride`` (the [T, T] tree: T;
+    SGLang's [T, P + T] custom mask, offset by P: P + T)."""
+    tree = gl.load(MASK + (rows_s // n_heads)[:, None] * mask_stride + j[None, :],
                    mask=(rows_s < n_rows)[:, None] & (kpos < end)[None, :] & (j >= 0)[None, :], other=0)
     visible = (kpos < end)[None, :] & ((kpos < n_prefix)[None, :] | (tree != 0))
     return gl.where(visible, s * qk_scale, float("-inf"))
 
 
 @gluon.jit
-def _online_softmax(s, m_i, l_i, it, MASK, qk_scale, n_prefix, n_draft, n_heads, n_rows, start, end, pid_m,
+def _online_softmax(s, m_i, l_i, it, MASK, qk_scale, n_prefix, mask_stride, n_heads, n_rows, start, end, pid_m,
                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, S_L: gl.constexpr, A_L: gl.constexpr,
                     dtype: gl.constexpr, DRAFT_BRANCH: gl.constexpr, FOLD: gl.constexpr):
     """Tile ``it``'s mask (prefix, split end, tree) and online softmax step: P (``dtype``, as P V's A operand), the
@@ -157,7 +169,7 @@ def _online_softmax(s, m_i, l_i, it, MASK, qk_scale, n_prefix, n_draft, n_heads,
             m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
             p32 = gl.exp2(s * qk_scale - m_use[:, None])
         else:
-            sm = _tree_masked(s, rows_s, kpos, j, MASK, qk_scale, n_prefix, n_draft, n_heads, n_rows, end)
+            sm = _tree_masked(s, rows_s, kpos, j, MASK, qk_scale, n_prefix, mask_stride, n_heads, n_rows, end)
             m_new = gl.maximum(m_i, gl.max(sm, 1))
             m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
             p32 = gl.exp2(sm - m_use[:, None])
@@ -166,11 +178,11 @@ def _online_softmax(s, m_i, l_i, it, MASK, qk_scale, n_prefix, n_draft, n_heads,
         return gl.convert_layout(p32.to(dtype), A_L), alpha, m_new, l_new
     if DRAFT_BRANCH:
         if tile0 + BLOCK_N > n_prefix:
-            s = _tree_masked(s, rows_s, kpos, j, MASK, qk_scale, n_prefix, n_draft, n_heads, n_rows, end)
+            s = _tree_masked(s, rows_s, kpos, j, MASK, qk_scale, n_prefix, mask_stride, n_heads, n_rows, end)
         else:
             s = gl.where((kpos < end)[None, :], s * qk_scale, float("-inf"))
     else:
-        s = _tree_masked(s, rows_s, kpos, j, MASK, qk_scale, n_prefix, n_draft, n_heads, n_rows, end)
+        s = _tree_masked(s, rows_s, kpos, j, MASK, qk_scale, n_prefix, mask_stride, n_heads, n_rows, end)
     m_new = gl.maximum(m_i, gl.max(s, 1))
     m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = gl.exp2(m_i - m_use)
@@ -191,8 +203,8 @@ def _publish(p, alpha, p_smem, row_smem, p_ready):
 
 @gluon.jit
 def _softmax_partition(q_smem, qpe_smem, kv_smem, pe_smem, p_smem, row_smem, kv_ready, kv_free, p_ready, p_free,
-                       l_ready, MASK, O_PART, LSE_PART, TIMES, qk_scale, n_prefix, n_draft, n_heads, n_rows, start,
-                       end, n_iter, pid_m, pid_s, prog,
+                       l_ready, MASK, O_PART, LSE_PART, TIMES, qk_scale, n_prefix, mask_stride, n_heads, n_rows,
+                       part_stride, start, end, n_iter, pid_m, pid_s, prog,
                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, D_NOPE: gl.constexpr,
                        D_HALF: gl.constexpr, WARPS: gl.constexpr, OVERLAP: gl.constexpr, DRAFT_BRANCH: gl.constexpr,
                        TIMED: gl.constexpr, FOLD: gl.constexpr):
@@ -219,7 +231,7 @@ def _softmax_partition(q_smem, qpe_smem, kv_smem, pe_smem, p_smem, row_smem, kv_
         _wait_tile(kv_ready, 0, STAGES)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(_issue_scores(q_smem, qpe_smem, kv_smem, pe_smem, 0, STAGES,
                                                                       BLOCK_M, BLOCK_N, S_L),))
-        p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, 0, MASK, qk_scale, n_prefix, n_draft, n_heads, n_rows,
+        p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, 0, MASK, qk_scale, n_prefix, mask_stride, n_heads, n_rows,
                                              start, end, pid_m, BLOCK_M, BLOCK_N, S_L, A_L, dtype, DRAFT_BRANCH, FOLD)
         mbarrier.wait(p_free, 1)
         _publish(p, alpha, p_smem, row_smem, p_ready)
@@ -229,7 +241,7 @@ def _softmax_partition(q_smem, qpe_smem, kv_smem, pe_smem, p_smem, row_smem, kv_
             acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
             acc = warpgroup_mma(p, kv_smem.index(it % STAGES).slice(0, D_HALF, dim=1), acc, is_async=True)
             s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))  # tile it + 1's scores; tile it's P V may run on
-            p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, it + 1, MASK, qk_scale, n_prefix, n_draft, n_heads,
+            p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, it + 1, MASK, qk_scale, n_prefix, mask_stride, n_heads,
                                                  n_rows, start, end, pid_m, BLOCK_M, BLOCK_N, S_L, A_L, dtype,
                                                  DRAFT_BRANCH, FOLD)
             mbarrier.wait(p_free, ((it + 1) & 1) ^ 1)
@@ -261,7 +273,7 @@ def _softmax_partition(q_smem, qpe_smem, kv_smem, pe_smem, p_smem, row_smem, kv_
             if TIMED:
                 t2 = _clock(tick)
                 ph1 += t2 - t1
-            p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, it, MASK, qk_scale, n_prefix, n_draft, n_heads,
+            p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, it, MASK, qk_scale, n_prefix, mask_stride, n_heads,
                                                  n_rows, start, end, pid_m, BLOCK_M, BLOCK_N, S_L, A_L, dtype,
                                                  DRAFT_BRANCH, FOLD)
             if TIMED:
@@ -292,19 +304,20 @@ def _softmax_partition(q_smem, qpe_smem, kv_smem, pe_smem, p_smem, row_smem, kv_
     o = acc / gl.where(l_o > 0, l_o, 1.0)[:, None]
     rows_o = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=ROW_O)
     offs_v = gl.arange(0, D_HALF, layout=gl.SliceLayout(0, O_L))
-    part_row = pid_s.to(gl.int64) * n_rows + rows_o
+    part_row = pid_s.to(gl.int64) * part_stride + rows_o
     gl.store(O_PART + part_row[:, None] * (2 * D_HALF) + offs_v[None, :], o.to(O_PART.dtype.element_ty),
              mask=(rows_o < n_rows)[:, None])
     lse = gl.where(l_i > 0, m_i + gl.log2(gl.where(l_i > 0, l_i, 1.0)), float("-inf"))
-    gl.store(LSE_PART + pid_s.to(gl.int64) * n_rows + rows_s, lse, mask=rows_s < n_rows)
+    gl.store(LSE_PART + pid_s.to(gl.int64) * part_stride + rows_s, lse, mask=rows_s < n_rows)
 
 
 @gluon.jit
 def _pv_loader_partition(kv_smem, pe_smem, p_smem, row_smem, kv_ready, kv_free, p_ready, p_free, l_ready, KV,
-                         TOKEN_TABLE, O_PART, TIMES, n_rows, start, end, n_iter, pid_m, pid_s, prog, stride_kv,
+                         TOKEN_TABLE, DRAFT_TABLE, n_prefix, O_PART, TIMES, n_rows, part_stride, start, end, n_iter,
+                         pid_m, pid_s, prog, stride_kv,
                          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, D_NOPE: gl.constexpr,
                          D_PE: gl.constexpr, D_HALF: gl.constexpr, WARPS: gl.constexpr, PREFETCH: gl.constexpr,
-                         TIMED: gl.constexpr):
+                         TIMED: gl.constexpr, RAGGED: gl.constexpr = False):
     """Warpgroup 1: every KV tile's copy into the ring, and the second half of O (module doc). With TIMED each
     thread sums the SM cycles of its loop's phases into TIMES (``phase_cycles``)."""
     LD: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [WARPS, 1], [1, 0])
@@ -314,12 +327,14 @@ def _pv_loader_partition(kv_smem, pe_smem, p_smem, row_smem, kv_ready, kv_free, 
     ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
 
     for k in gl.static_range(STAGES):  # the first STAGES tiles (nothing past the split's end)
-        slot, slot_pe = _tile_slots(TOKEN_TABLE, start + k * BLOCK_N, end, BLOCK_N, LD, LD_PE)
+        slot, slot_pe = _tile_slots(TOKEN_TABLE, DRAFT_TABLE, n_prefix, start + k * BLOCK_N, end, BLOCK_N, LD, LD_PE,
+                                    RAGGED)
         _issue_tile(KV, kv_smem.index(k), pe_smem.index(k), slot, slot_pe, start + k * BLOCK_N, end, stride_kv,
                     BLOCK_N, D_NOPE, D_PE, LD, LD_PE)
         async_copy.mbarrier_arrive(kv_ready.index(k), increment_count=False)
     # with PREFETCH the token-table rows of the next refill are loaded a tile ahead, off the copy's critical path
-    nx_slot, nx_slot_pe = _tile_slots(TOKEN_TABLE, start + STAGES * BLOCK_N, end, BLOCK_N, LD, LD_PE)
+    nx_slot, nx_slot_pe = _tile_slots(TOKEN_TABLE, DRAFT_TABLE, n_prefix, start + STAGES * BLOCK_N, end, BLOCK_N, LD,
+                                      LD_PE, RAGGED)
     acc = gl.zeros([BLOCK_M, D_HALF], gl.float32, layout=O_L)
     if TIMED:  # phases: wait for P, P V, free P, wait for the buffer, the refill's copy
         tick, q0, t_loop = _phase_counters(WARPS)
@@ -350,7 +365,8 @@ def _pv_loader_partition(kv_smem, pe_smem, p_smem, row_smem, kv_ready, kv_free, 
         if it + STAGES < n_iter:  # refill the buffer once warpgroup 0 is done with it too
             pos0 = start + (it + STAGES) * BLOCK_N
             if not PREFETCH:
-                nx_slot, nx_slot_pe = _tile_slots(TOKEN_TABLE, pos0, end, BLOCK_N, LD, LD_PE)
+                nx_slot, nx_slot_pe = _tile_slots(TOKEN_TABLE, DRAFT_TABLE, n_prefix, pos0, end, BLOCK_N, LD, LD_PE,
+                                                  RAGGED)
             mbarrier.wait(kv_free.index(buf), (it // STAGES) & 1)
             if TIMED:
                 u4 = _clock(tick)
@@ -359,7 +375,8 @@ def _pv_loader_partition(kv_smem, pe_smem, p_smem, row_smem, kv_ready, kv_free, 
                         BLOCK_N, D_NOPE, D_PE, LD, LD_PE)
             async_copy.mbarrier_arrive(kv_ready.index(buf), increment_count=False)
             if PREFETCH:
-                nx_slot, nx_slot_pe = _tile_slots(TOKEN_TABLE, pos0 + BLOCK_N, end, BLOCK_N, LD, LD_PE)
+                nx_slot, nx_slot_pe = _tile_slots(TOKEN_TABLE, DRAFT_TABLE, n_prefix, pos0 + BLOCK_N, end, BLOCK_N,
+                                                  LD, LD_PE, RAGGED)
             if TIMED:
                 q4 += _clock(tick) - u4
     if TIMED:
@@ -370,7 +387,7 @@ def _pv_loader_partition(kv_smem, pe_smem, p_smem, row_smem, kv_ready, kv_free, 
     o = acc / gl.where(l_o > 0, l_o, 1.0)[:, None]
     rows_o = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=ROW_O)
     offs_v = D_HALF + gl.arange(0, D_HALF, layout=gl.SliceLayout(0, O_L))
-    part_row = pid_s.to(gl.int64) * n_rows + rows_o
+    part_row = pid_s.to(gl.int64) * part_stride + rows_o
     gl.store(O_PART + part_row[:, None] * (2 * D_HALF) + offs_v[None, :], o.to(O_PART.dtype.element_ty),
              mask=(rows_o < n_rows)[:, None])
 
@@ -418,11 +435,12 @@ def _ws_partial_kernel(Q, KV, TOKEN_TABLE, MASK, O_PART, LSE_PART, TIMES, OUT, S
     gl.warp_specialize([
         (_softmax_partition, (q_smem, qpe_smem, kv_smem, pe_smem, p_smem, row_smem, kv_ready, kv_free, p_ready,
                               p_free, l_ready, MASK, O_PART, LSE_PART, TIMES, qk_scale, n_prefix, n_draft, n_heads,
-                              n_rows, start, end, n_iter, pid_m, pid_s, prog, BLOCK_M, BLOCK_N, STAGES, D_NOPE,
+                              n_rows, n_rows, start, end, n_iter, pid_m, pid_s, prog, BLOCK_M, BLOCK_N, STAGES, D_NOPE,
                               D_HALF, num_warps, OVERLAP, DRAFT_BRANCH, TIMED, FOLD)),
         (_pv_loader_partition, (kv_smem, pe_smem, p_smem, row_smem, kv_ready, kv_free, p_ready, p_free, l_ready, KV,
-                                TOKEN_TABLE, O_PART, TIMES, n_rows, start, end, n_iter, pid_m, pid_s, prog, stride_kv,
-                                BLOCK_M, BLOCK_N, STAGES, D_NOPE, D_PE, D_HALF, num_warps, PREFETCH, TIMED)),
+                                TOKEN_TABLE, TOKEN_TABLE, n_prefix, O_PART, TIMES, n_rows, n_rows, start, end, n_iter,
+                                pid_m, pid_s, prog, stride_kv, BLOCK_M, BLOCK_N, STAGES, D_NOPE, D_PE, D_HALF,
+                                num_warps, PREFETCH, TIMED)),
     ], [num_warps], [WORKER_REGS])
     if GRID_MERGE:
         _grid_merge(O_PART, LSE_PART, OUT, SYNC, n_splits, n_rows, prog, 2 * D_HALF, MERGE_S, MERGE_F, MERGE_TPW_F,

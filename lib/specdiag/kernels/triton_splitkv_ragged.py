@@ -252,9 +252,18 @@ def ragged_split_kv_triton(q: torch.Tensor, k_ext: torch.Tensor, kv: torch.Tenso
         LOGIT_CAP=bool(logit_cap and logit_cap > 0), ROUND=BLOCK_TOKENS,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
+    return ragged_merge(o_part, lse_part, o, qo_indptr, kv_indptr, cfg)
+
+
+def ragged_merge(o_part: torch.Tensor, lse_part: torch.Tensor, o: torch.Tensor, qo_indptr: torch.Tensor,
+                 kv_indptr: torch.Tensor, cfg: SplitKVConfig) -> torch.Tensor:
+    """The second launch of a ragged call: each request's ``o_part`` [batch, splits, max_rows, 512] weighted by
+    ``lse_part`` [batch, splits, max_rows] into its rows of ``o`` [tokens, H, 512]; the splits that hold tokens are
+    counted on the device from the request's length and ``cfg.min_split_tokens``, as the partial kernel cut them."""
+    batch, n_splits, max_rows = lse_part.shape
     block_s, block_dv, one_pass = merge_block(n_splits, cfg)  # the grid's splits: every request's n_active or fewer
     _ragged_merge_kernel[(max_rows, D_V // block_dv, batch)](
-        o_part, lse_part, o, qo_indptr, kv_indptr, heads, n_splits, max_rows, cfg.min_split_tokens,
+        o_part, lse_part, o, qo_indptr, kv_indptr, o.shape[1], n_splits, max_rows, cfg.min_split_tokens,
         o.stride(0), o.stride(1),
         BLOCK_S=block_s, BLOCK_DV=block_dv, D_V=D_V, ROUND=BLOCK_TOKENS, ONE_PASS=one_pass,
         num_warps=8 if one_pass else 4,
@@ -265,7 +274,8 @@ def ragged_split_kv_triton(q: torch.Tensor, k_ext: torch.Tensor, kv: torch.Tenso
 def ragged_args(inputs: VerifyInputs, out: torch.Tensor) -> dict:
     """``inputs`` (one request) in SGLang's ragged layout, as :func:`ragged_split_kv_triton`'s keyword arguments
     writing ``out`` [T, H, 512]: the prefix's slots as ``kv_indices``, the draft rows copied out of the cache as
-    ``k_ext``, the tree mask as the flattened custom mask of
+    ``k_ext`` and their slots as ``draft_loc`` (SGLang's out_cache_loc, for gluon_ws_ragged; not an argument of
+    :func:`ragged_split_kv_triton`), the tree mask as the flattened custom mask of
     [T, P + T] with every prefix column set. Made once per input set, so a timed call is the kernel's two launches.
     """
     p, t = inputs.n_prefix, inputs.draft_tokens
@@ -273,7 +283,7 @@ def ragged_args(inputs: VerifyInputs, out: torch.Tensor) -> dict:
     k_ext = inputs.cache[inputs.token_table[p:p + t]].contiguous()
     mask = torch.ones(t, p + t, dtype=torch.uint8, device=dev)
     mask[:, p:] = inputs.mask_u8
-    return {"q": inputs.q, "k_ext": k_ext, "kv": inputs.cache, "o": out,
+    return {"q": inputs.q, "k_ext": k_ext, "draft_loc": inputs.token_table[p:p + t], "kv": inputs.cache, "o": out,
             "qo_indptr": torch.tensor([0, t], dtype=torch.int32, device=dev),
             "kv_indptr": torch.tensor([0, p], dtype=torch.int32, device=dev),
             "kv_indices": inputs.token_table[:p], "mask": mask.reshape(-1),

@@ -17,6 +17,12 @@ NGRAM's draft preparation reads only the prompt's tail instead of copying the wh
 Python list twice per verify step (ngram_tail.py). The same token lists, so the same drafts; the
 hooks check on first use that SGLang's methods are the 0.5.17 code they copy, else SGLang's run.
 
+Which kernel serves (``SPECDIAG_SGLANG_GLUON``, ``1`` by default): from 33 query rows (heads x draft
+tokens) on sm_90, the warp-specialized Gluon kernel (specdiag.kernels.gluon_ws_ragged: the suite's pick
+from 33 rows, reading the draft rows from the cache at ``out_cache_loc``); below, or where it cannot run
+(another GPU, a logit cap, a non-contiguous q) or failed once, the Triton ragged kernel through its
+configuration ladder. ``0``: the Triton kernel only.
+
 Counts (``STATS``): calls served and fallen back per reason, in this process. Under CUDA graphs
 only captures and eager calls pass through Python, so these count calls of the hook, not replays.
 With ``SPECDIAG_SGLANG_STATS=DIR`` each process writes ``DIR/stats-<pid>.json`` (at most once a
@@ -41,15 +47,17 @@ MODE_ENV = "SPECDIAG_SGLANG_VERIFY"
 STATS_ENV = "SPECDIAG_SGLANG_STATS"
 CHECK_ENV = "SPECDIAG_SGLANG_CHECK"
 NGRAM_TAIL_ENV = "SPECDIAG_SGLANG_NGRAM_TAIL"
+GLUON_ENV = "SPECDIAG_SGLANG_GLUON"
 MODES = ("splitkv", "upstream", "off")
 FORWARD_EXTEND = "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.forward_extend"
 BACKEND_INIT = "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.__init__"
 
-STATS: dict = {"mode": None, "served": 0, "served_in_capture": 0, "fallback": Counter(),
+STATS: dict = {"mode": None, "served": 0, "served_in_capture": 0, "served_gluon": 0, "fallback": Counter(),
                "upstream_served": 0, "upstream_declined": 0, "ngram_tail": Counter()}
 _logged: set = set()
 _last_write = [0.0]
 _LADDER: list = []  # the ConfigLadder of this process, made on first use (specdiag.kernels.splitkv_plan)
+_GLUON: dict = {}  # shape key -> None (the Gluon kernel serves it) or why not (cannot run, or failed once)
 
 
 def _on_config_choice(key, cfg, shared_bytes, failed) -> None:
@@ -86,7 +94,8 @@ def log_once(key: str, message: str, *args) -> None:
 
 def stats_snapshot() -> dict:
     return {"pid": os.getpid(), "mode": STATS["mode"], "served": STATS["served"],
-            "served_in_capture": STATS["served_in_capture"], "fallback": dict(STATS["fallback"]),
+            "served_in_capture": STATS["served_in_capture"], "served_gluon": STATS["served_gluon"],
+            "gluon": {repr(k): (why or "serves") for k, why in _GLUON.items()}, "fallback": dict(STATS["fallback"]),
             "upstream_served": STATS["upstream_served"], "upstream_declined": STATS["upstream_declined"],
             "ngram_tail": dict(STATS["ngram_tail"]),
             "check": STATS.get("check", []), "configs": STATS.get("configs", [])}
@@ -169,6 +178,25 @@ def _serve(backend, q, k, v, layer, forward_batch, save_kv_cache):
     ladder.elem_bytes = q.element_size()
     key = (heads * max_draft, q.dtype, bool(logit_cap and logit_cap > 0), q.device.index)
 
+    if _gluon_serves(key, q, backend, layer, forward_batch, logit_cap):
+        from specdiag.kernels.gluon_ws_ragged import ragged_split_kv_gluon_ws  # noqa: PLC0415
+
+        try:
+            ragged_split_kv_gluon_ws(
+                q.view(-1, heads, layer.qk_head_dim), backend.token_to_kv_pool.get_key_buffer(layer.layer_id),
+                o.view(-1, heads, layer.v_head_dim), meta.qo_indptr, meta.kv_indptr, meta.kv_indices,
+                forward_batch.out_cache_loc, meta.custom_mask, meta.mask_indptr, max_draft=max_draft,
+                sm_scale=layer.scaling)
+            STATS["served"] += 1
+            STATS["served_gluon"] += 1
+            if torch.cuda.is_current_stream_capturing():
+                STATS["served_in_capture"] += 1
+            return o
+        except Exception as exc:  # noqa: BLE001  compile or launch: the Triton kernel serves this shape from now on
+            _GLUON[key] = f"failed: {type(exc).__name__}: {str(exc)[:300]}"
+            log_once("gluon-failed:" + repr(key), "Gluon kernel failed for %s, the Triton kernel serves it: %s", key,
+                     _GLUON[key])
+
     def launch(cfg):
         return ragged_split_kv_triton(
             # the draft values are k's first 512 dims: what the MLA pool stores of them (set_kv_buffer keeps k)
@@ -183,6 +211,31 @@ def _serve(backend, q, k, v, layer, forward_batch, save_kv_cache):
     if torch.cuda.is_current_stream_capturing():
         STATS["served_in_capture"] += 1
     return o
+
+
+def gluon_from_env(environ=os.environ) -> bool:
+    value = environ.get(GLUON_ENV, "1").strip() or "1"
+    if value not in ("0", "1"):
+        raise ValueError(f"{GLUON_ENV}={value!r}: 1 (the Gluon kernel from 33 rows on sm_90) or 0 (Triton only)")
+    return value == "1"
+
+
+def _gluon_serves(key, q, backend, layer, forward_batch, logit_cap) -> bool:
+    """Whether the Gluon kernel serves this call (module doc); each reason it does not is logged once per shape."""
+    from specdiag.kernels.dispatch import AUTO_GLUON_MIN_ROWS  # noqa: PLC0415
+    from specdiag.kernels.gluon_ws_ragged import gluon_ragged_supported  # noqa: PLC0415
+
+    if key[0] < AUTO_GLUON_MIN_ROWS or not gluon_from_env():
+        return False
+    if key not in _GLUON:
+        loc = getattr(forward_batch, "out_cache_loc", None)
+        ok, why = gluon_ragged_supported(q, backend.token_to_kv_pool.get_key_buffer(layer.layer_id), logit_cap)
+        if ok and (loc is None or loc.shape[0] < q.shape[0]):
+            ok, why = False, "no out_cache_loc slot per draft token"
+        _GLUON[key] = None if ok else why
+        log_once("gluon:" + repr(key), "verify kernel for %s: %s", key,
+                 "warp-specialized Gluon (sm_90)" if ok else f"Triton ragged ({why})")
+    return _GLUON[key] is None
 
 
 def _check(original, backend, q, k, v, layer, forward_batch, save_kv_cache, kwargs):

@@ -1,0 +1,190 @@
+"""The suite's pick on SGLang's ragged batch layout: the warp-specialized Gluon kernel (gluon_ws) for the plugin.
+
+From 33 query rows (heads x draft tokens) the suite's pick, ``split_auto_gwfm_p1``, runs gluon_ws's warp-specialized
+partial kernel; the plugin served Triton's 64-row loop there (triton_splitkv_ragged), 1.4-2.2x its time (run 31,
+docs/kernel-notes.md). This is the same kernel, its partitions unchanged (gluon_ws ``_softmax_partition`` and
+``_pv_loader_partition``), behind an entry that reads every length on the device, as triton_splitkv_ragged does, so
+one launch serves any context length and a CUDA graph captured at one length replays at another:
+
+- the grid is (64-row tiles of ``max_draft`` x H, splits, requests); request b's queries are rows
+  ``qo_indptr[b] ..`` of ``q`` [tokens, H, 576] (contiguous: the request's rows are one block of Q);
+- its prefix is ``kv_indices[kv_indptr[b] ..]`` and its draft tokens are cache slots ``draft_loc[qo_indptr[b] ..]``
+  (SGLang's ``out_cache_loc``: the plugin stores the draft rows there before the kernel, as SGLang's backend does),
+  both page_size 1 slots of the latent cache ``kv`` [slots, 576]; the copy partition gathers from either table
+  (gluon_ws ``_table_rows`` with RAGGED);
+- the tree mask is SGLang's flattened custom mask: row t of request b at ``mask_indptr[b] + t * (P + T) + P``;
+- the split of a program: ``per_split = roundup64(max(ceil(n_kv / splits), min_split_tokens))`` tokens, as
+  triton_splitkv_ragged cuts them, so the merge is that module's (``ragged_merge``): partials [requests, splits,
+  max rows, 512] fp32, the merge in one pass by runs 28-29's rule and 64 value dims per program otherwise (the pick's).
+
+The pick's options: PREFETCH (the token-table rows of the next refill a tile ahead), DRAFT_BRANCH (the tree mask only
+on tiles that reach the draft tokens), FOLD (interior tiles unmasked, the scale in the exponent). No logit cap (the
+Triton ragged kernel has one). CUDA sm_90 only (wgmma); the CPU test compiles it for sm_90.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
+
+from specdiag.kernels.gluon_splitkv import q_and_ring_smem
+from specdiag.kernels.gluon_ws import (D_HALF, LOG2E, WS_PARTITION_WARPS, WS_WORKER_REGS, _pv_loader_partition,
+                                       _softmax_partition)
+from specdiag.kernels.mla import BLOCK_TOKENS, D_NOPE, D_PE, D_QK, D_V
+from specdiag.kernels.splitkv_plan import GLUON_BLOCK_M, SplitKVConfig, gluon_config, one_pass_merge_fields
+
+#: the pick's merge width from 33 rows (split_gwf64_p1, run 24)
+MERGE_BLOCK_DV = 64
+
+
+@gluon.jit
+def _ws_ragged_partial_kernel(Q, KV, KV_INDICES, DRAFT_LOC, MASK, QO_INDPTR, KV_INDPTR, MASK_INDPTR, O_PART,
+                              LSE_PART, qk_scale, n_heads, n_splits, max_rows, min_split_tokens, stride_kv,
+                              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                              D_NOPE: gl.constexpr, D_PE: gl.constexpr, D_HALF: gl.constexpr,
+                              num_warps: gl.constexpr, WORKER_REGS: gl.constexpr, PREFETCH: gl.constexpr,
+                              DRAFT_BRANCH: gl.constexpr, FOLD: gl.constexpr, ROUND: gl.constexpr):
+    """One program per (64-row tile, split, request): the request's lengths from the device, then gluon_ws's two
+    partitions on its rows, its tables and its slice of the partials (module doc)."""
+    pid_m = gl.program_id(0)
+    pid_s = gl.program_id(1)
+    b = gl.program_id(2)
+    LD: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
+    LD_PE: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+    row_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
+
+    q_start = gl.load(QO_INDPTR + b)
+    n_draft = gl.load(QO_INDPTR + b + 1) - q_start
+    kv_start = gl.load(KV_INDPTR + b).to(gl.int64)
+    n_prefix = (gl.load(KV_INDPTR + b + 1) - kv_start).to(gl.int32)
+    n_kv = n_prefix + n_draft
+    n_rows = n_draft * n_heads
+    per_split = gl.maximum(gl.cdiv(n_kv, n_splits), min_split_tokens)
+    per_split = gl.cdiv(per_split, ROUND) * ROUND
+    start = pid_s * per_split
+    end = gl.minimum(start + per_split, n_kv)
+    # a split past the request's end, or a row tile past its rows, runs no tile (its partial is never merged)
+    n_iter = gl.where(pid_m * BLOCK_M < n_rows, gl.cdiv(gl.maximum(end - start, 0), BLOCK_N), 0)
+
+    q_b = Q + q_start.to(gl.int64) * n_heads * (D_NOPE + D_PE)
+    q_smem, qpe_smem, kv_smem, pe_smem, p_smem = q_and_ring_smem(q_b, pid_m, n_rows, BLOCK_M, BLOCK_N, STAGES, D_NOPE,
+                                                                 D_PE, LD, LD_PE)
+    row_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M], row_sl)
+    kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kv_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    p_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    p_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    l_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    for k in gl.static_range(STAGES):
+        mbarrier.init(kv_ready.index(k), count=32 * num_warps)  # one cp.async arrival per worker thread
+        mbarrier.init(kv_free.index(k), count=1)
+    mbarrier.init(p_ready, count=1)
+    mbarrier.init(p_free, count=1)
+    mbarrier.init(l_ready, count=1)
+    fence_async_shared()  # Q visible to the tensor cores
+    gl.thread_barrier()
+
+    mask_b = MASK + gl.load(MASK_INDPTR + b).to(gl.int64) + n_prefix  # row t of the draft block: + t * n_kv
+    part = (b * n_splits).to(gl.int64) * max_rows  # this request's [splits, max_rows] block of the partials
+    o_part_b = O_PART + part * (2 * D_HALF)
+    lse_part_b = LSE_PART + part
+    prog = (b * n_splits + pid_s) * gl.num_programs(0) + pid_m
+    gl.warp_specialize([
+        (_softmax_partition, (q_smem, qpe_smem, kv_smem, pe_smem, p_smem, row_smem, kv_ready, kv_free, p_ready,
+                              p_free, l_ready, mask_b, o_part_b, lse_part_b, lse_part_b, qk_scale, n_prefix, n_kv,
+                              n_heads, n_rows, max_rows, start, end, n_iter, pid_m, pid_s, prog, BLOCK_M, BLOCK_N,
+                              STAGES, D_NOPE, D_HALF, num_warps, False, DRAFT_BRANCH, False, FOLD)),
+        (_pv_loader_partition, (kv_smem, pe_smem, p_smem, row_smem, kv_ready, kv_free, p_ready, p_free, l_ready, KV,
+                                KV_INDICES + kv_start, DRAFT_LOC + q_start, n_prefix, o_part_b, lse_part_b, n_rows,
+                                max_rows, start, end, n_iter, pid_m, pid_s, prog, stride_kv, BLOCK_M, BLOCK_N, STAGES,
+                                D_NOPE, D_PE, D_HALF, num_warps, PREFETCH, False, True)),
+    ], [num_warps], [WORKER_REGS])
+
+
+def ragged_gluon_config(rows: int) -> SplitKVConfig:
+    """The plan and merge fields of the ragged Gluon call at ``rows`` packed rows: gluon_config's 64 x 64 tile and two
+    stages, one program per SM, 64 value dims per merge program, the merge in one pass by runs 28-29's rule."""
+    return replace(gluon_config(64, 2), merge_block_dv=MERGE_BLOCK_DV, **one_pass_merge_fields(rows))
+
+
+def gluon_ragged_supported(q: torch.Tensor, kv: torch.Tensor, logit_cap: float = 0.0) -> tuple[bool, str]:
+    """(runs, why not): the Gluon kernel serves CUDA sm_90 (wgmma), bf16 or fp16 q and cache in one dtype, contiguous
+    q, no logit cap."""
+    if not q.is_cuda or torch.version.hip is not None:
+        return False, "not a CUDA device"
+    if torch.cuda.get_device_capability(q.device) != (9, 0):
+        return False, f"compute capability {torch.cuda.get_device_capability(q.device)}, the kernel is sm_90's (wgmma)"
+    if q.dtype not in (torch.bfloat16, torch.float16) or kv.dtype != q.dtype:
+        return False, f"dtypes q {q.dtype} / kv {kv.dtype}: needs both bf16 or both fp16"
+    if not q.is_contiguous():
+        return False, "q is not contiguous (a request's rows must be one block)"
+    if logit_cap and logit_cap > 0:
+        return False, "logit cap (the Triton ragged kernel has it)"
+    return True, "warp-specialized Gluon kernel (sm_90)"
+
+
+def ragged_split_kv_gluon_ws(q: torch.Tensor, kv: torch.Tensor, o: torch.Tensor, qo_indptr: torch.Tensor,
+                             kv_indptr: torch.Tensor, kv_indices: torch.Tensor, draft_loc: torch.Tensor,
+                             mask: torch.Tensor, mask_indptr: torch.Tensor, max_draft: int, sm_scale: float,
+                             cfg: SplitKVConfig | None = None, num_sms: int | None = None) -> torch.Tensor:
+    """Verify attention for a batch in SGLang's layout with the warp-specialized kernel; writes ``o`` [tokens, H, 512]
+    and returns it. ``q`` [tokens, H, 576] contiguous; ``kv`` [slots, (1,) 576] the layer's latent cache, holding the
+    draft rows at ``draft_loc`` [tokens] (SGLang's out_cache_loc); ``mask`` the flattened custom mask (bool or uint8);
+    ``max_draft`` the most draft tokens of any request (SGLang's ``max_extend_len``). No host synchronisation: safe
+    under CUDA-graph capture."""
+    from specdiag.kernels.triton_splitkv_ragged import n_splits_for, ragged_merge  # noqa: PLC0415
+
+    if q.dim() != 3 or q.shape[-1] != D_QK or not q.is_contiguous():
+        raise ValueError(f"q must be a contiguous [tokens, heads, {D_QK}]; got {tuple(q.shape)}")
+    kv2 = kv.reshape(kv.shape[0], -1)
+    if kv2.shape[1] != D_QK or kv2.stride(1) != 1:
+        raise ValueError("kv rows must hold 576 values (512 latent + 64 rope) with unit inner stride")
+    if kv2.dtype != q.dtype or q.dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"q and kv must both be bf16 or both fp16; got {q.dtype} and {kv2.dtype}")
+    if o.dim() != 3 or o.shape[-1] != D_V or o.stride(-1) != 1:
+        raise ValueError(f"o must be [tokens, heads, {D_V}] with unit inner stride; got {tuple(o.shape)}")
+    if draft_loc.shape[0] < q.shape[0]:
+        raise ValueError(f"draft_loc needs a cache slot per query token ({q.shape[0]}); got {draft_loc.shape[0]}")
+    heads = q.shape[1]
+    batch = qo_indptr.shape[0] - 1
+    max_rows = max_draft * heads
+    cfg = cfg or ragged_gluon_config(max_rows)
+    if num_sms is None:
+        num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    n_splits = n_splits_for(max_rows, batch, num_sms, cfg)
+    n_tiles = -(-max_rows // GLUON_BLOCK_M)
+    mask_u8 = mask.view(torch.uint8) if mask.dtype == torch.bool else mask
+    o_part = torch.empty(batch, n_splits, max_rows, D_V, device=q.device, dtype=torch.float32)
+    lse_part = torch.empty(batch, n_splits, max_rows, device=q.device, dtype=torch.float32)
+    _ws_ragged_partial_kernel[(n_tiles, n_splits, batch)](
+        q, kv2, kv_indices, draft_loc, mask_u8, qo_indptr, kv_indptr, mask_indptr, o_part, lse_part,
+        float(sm_scale) * LOG2E, heads, n_splits, max_rows, cfg.min_split_tokens, kv2.stride(0),
+        BLOCK_M=GLUON_BLOCK_M, BLOCK_N=cfg.block_n, STAGES=cfg.num_stages, D_NOPE=D_NOPE, D_PE=D_PE, D_HALF=D_HALF,
+        num_warps=WS_PARTITION_WARPS, WORKER_REGS=WS_WORKER_REGS, PREFETCH=True, DRAFT_BRANCH=True, FOLD=True,
+        ROUND=BLOCK_TOKENS,
+    )
+    return ragged_merge(o_part, lse_part, o, qo_indptr, kv_indptr, cfg)
+
+
+def compile_sm90(dtype: str = "bf16") -> "triton.compiler.CompiledKernel":
+    """The ragged partial kernel compiled ahead of time for sm_90 (no GPU needed), as the plugin launches it."""
+    from triton.backends.compiler import GPUTarget  # noqa: PLC0415
+    from triton.experimental.gluon._runtime import GluonASTSource  # noqa: PLC0415
+
+    sig = {"Q": f"*{dtype}", "KV": f"*{dtype}", "KV_INDICES": "*i64", "DRAFT_LOC": "*i64", "MASK": "*u8",
+           "QO_INDPTR": "*i32", "KV_INDPTR": "*i32", "MASK_INDPTR": "*i64", "O_PART": "*fp32", "LSE_PART": "*fp32",
+           "qk_scale": "fp32", "n_heads": "i32", "n_splits": "i32", "max_rows": "i32", "min_split_tokens": "i32",
+           "stride_kv": "i32"}
+    const = {"BLOCK_M": GLUON_BLOCK_M, "BLOCK_N": 64, "STAGES": 2, "D_NOPE": D_NOPE, "D_PE": D_PE, "D_HALF": D_HALF,
+             "num_warps": WS_PARTITION_WARPS, "WORKER_REGS": WS_WORKER_REGS, "PREFETCH": True, "DRAFT_BRANCH": True,
+             "FOLD": True, "ROUND": BLOCK_TOKENS}
+    sig.update({k: "constexpr" for k in const})
+    attrs = {(i,): [["tt.divisibility", 16]] for i, k in enumerate(sig)
+             if k in ("Q", "KV", "KV_INDICES", "DRAFT_LOC", "O_PART", "LSE_PART", "stride_kv", "min_split_tokens")}
+    return triton.compile(GluonASTSource(_ws_ragged_partial_kernel, sig, const, attrs),
+                          target=GPUTarget("cuda", 90, 32), options={"num_warps": WS_PARTITION_WARPS})
