@@ -274,7 +274,8 @@ def summary(work: Path, runs: dict[str, Run], results: dict[str, Any], failures:
     for arm in ARMS:
         for s in read_stats(work, arm):
             lines.append(f"plugin stats {arm} pid {s['pid']}: mode {s['mode']}, served {s['served']} "
-                         f"(in capture {s['served_in_capture']}), upstream served {s['upstream_served']} declined "
+                         f"(in capture {s['served_in_capture']}, by the Gluon kernel {s.get('served_gluon', 0)}; "
+                         f"Gluon per shape {s.get('gluon', {})}), upstream served {s['upstream_served']} declined "
                          f"{s['upstream_declined']}, fallback {s['fallback']}")
     lines.append(f"failures: {failures or 'none'}")
     return "\n".join(lines)

@@ -10,9 +10,9 @@
 #     dist-info with the same entry point) and check that importlib finds the entry point SGLang loads;
 #  2. make the random-weight MLA model (data/models/make_mla_model.py, 2 layers, seed 0) in /tmp/mla-model;
 #  3. FIRST, in the foreground (at most GPU_TESTS_S, default 60 s): the GPU tests (the ragged kernel with the
-#     ladder's config at the TP 1 and TP 2 shapes, a real OutOfResources stepped down, vs SGLang's definition
-#     and its extend_attention_fwd, CUDA-graph replay), the shared-memory/ladder tests and the plugin's tests
-#     with SGLang importable. If the kernel does not launch at the TP 1 shape (8 heads x 8 draft tokens),
+#     ladder's config at the TP 1 and TP 2 shapes, the ladder's first rung launching, both ragged kernels, Triton
+#     and Gluon, vs SGLang's definition and its extend_attention_fwd, CUDA-graph replay), the shared-memory/ladder
+#     tests and the plugin's tests with SGLang importable. If the kernel does not launch at the TP 1 shape (8 heads x 8 draft tokens),
 #     the job stops here and says why: no device time goes to servers that would only fall back;
 #  4. scripts/sglang_plugin_check.py, TP 1: four servers (stock, upstream split-KV forced, plugin, plugin in
 #     check mode), (a) per-call comparison inside SGLang, (b) greedy identity over 20 short + 3 long prompts,
