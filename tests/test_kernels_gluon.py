@@ -278,6 +278,17 @@ def test_ragged_warp_specialized_kernel_compiles_for_sm90_as_the_picks() -> None
     assert res.returncode == 0 and len(spills) == 1 and spills[0] <= 32 and "C7514" not in res.stderr + res.stdout
 
 
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed here")
+@pytest.mark.parametrize("qo, kv, mask", [("i64", "i32", "i64"), ("i64", "i64", "i32"), ("i32", "i64", "i64")])
+def test_ragged_kernel_compiles_with_every_index_dtype_sglang_passes(qo: str, kv: str, mask: str) -> None:
+    """SGLang's CUDA-graph buffers hold qo_indptr and mask_indptr as int64 (eager calls: int32 qo_indptr): the first
+    form of the entry failed to compile with an int64 qo_indptr inside a real SGLang (session 9's plugin call)."""
+    from specdiag.kernels.gluon_ws_ragged import compile_sm90
+
+    k = compile_sm90(qo_indptr=qo, kv_indptr=kv, mask_indptr=mask)
+    assert k.metadata.num_warps == 8 and 0 < k.metadata.shared <= SHARED_LIMIT_SM90
+
+
 def test_the_plugins_arm_runs_gluon_from_33_rows_and_the_triton_ragged_kernel_below() -> None:
     from specdiag.kernels.splitkv_plan import fitting_ladder
 

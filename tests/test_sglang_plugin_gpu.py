@@ -155,10 +155,13 @@ def with_draft_in_cache(batch: VerifyBatch) -> tuple[VerifyBatch, torch.Tensor]:
     return VerifyBatch(**{**batch.__dict__, "kv_buffer": kv}), loc
 
 
-def run_gluon(batch: VerifyBatch, draft: int) -> torch.Tensor:
+def run_gluon(batch: VerifyBatch, draft: int, qo_int64: bool = False) -> torch.Tensor:
+    """The Gluon ragged kernel on ``batch``; ``qo_int64``: qo_indptr as int64, as in SGLang's CUDA-graph buffers."""
     from specdiag.kernels.gluon_ws_ragged import ragged_split_kv_gluon_ws
 
     g, loc = with_draft_in_cache(batch)
+    if qo_int64:
+        g = VerifyBatch(**{**g.__dict__, "qo_indptr": g.qo_indptr.to(torch.int64)})
     out = torch.full((g.q.shape[0], g.q.shape[1], 512), float("nan"), dtype=g.q.dtype, device=g.q.device)
     return ragged_split_kv_gluon_ws(g.q, g.kv_buffer, out, g.qo_indptr, g.kv_indptr, g.kv_indices, loc,
                                     g.custom_mask, g.mask_indptr, max_draft=draft, sm_scale=g.sm_scale)
@@ -173,9 +176,10 @@ def run_gluon(batch: VerifyBatch, draft: int) -> torch.Tensor:
     ([7000, 300], 8, 8, False, torch.float16),
     ([2500] * 8, 4, 16, True, torch.bfloat16),  # a batch of 8: fewer splits per request
 ], ids=lambda v: "x".join(map(str, v[:3])) + f"-{len(v)}" if isinstance(v, list) else str(v))
-def test_gluon_ragged_kernel_matches_sglang_definition(prefix_lens, draft, heads, chain, dtype):
+@pytest.mark.parametrize("qo_int64", [False, True], ids=["qo-int32", "qo-int64"])
+def test_gluon_ragged_kernel_matches_sglang_definition(prefix_lens, draft, heads, chain, dtype, qo_int64):
     batch, _ = make_batch(prefix_lens, draft, heads, chain, seed=sum(prefix_lens) % 89, dtype=dtype)
-    out = run_gluon(to_cuda(batch), draft)
+    out = run_gluon(to_cuda(batch), draft, qo_int64)
     assert not out.isnan().any()
     assert rel_err(out.cpu(), sglang_reference(batch)) < 1e-2
 
@@ -203,6 +207,7 @@ def test_gluon_ragged_kernel_replays_in_a_cuda_graph_at_other_lengths():
     draft, heads = 8, 8
     long_batch, _ = make_batch([20000], draft, heads, chain=False, seed=4)
     g, loc = with_draft_in_cache(to_cuda(long_batch))
+    g = VerifyBatch(**{**g.__dict__, "qo_indptr": g.qo_indptr.to(torch.int64)})  # as SGLang's CUDA-graph buffer
     kv_indptr = g.kv_indptr.clone()
     mask_short = g.custom_mask.clone()
     out = torch.empty(draft, heads, 512, dtype=g.q.dtype, device="cuda")

@@ -58,8 +58,10 @@ def _ws_ragged_partial_kernel(Q, KV, KV_INDICES, DRAFT_LOC, MASK, QO_INDPTR, KV_
     LD_PE: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
     row_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
 
-    q_start = gl.load(QO_INDPTR + b)
-    n_draft = gl.load(QO_INDPTR + b + 1) - q_start
+    # lengths as int32 whatever the indptr dtypes (SGLang's qo_indptr is int32 in eager calls, int64 in the CUDA-graph
+    # buffers): the partitions' loop bounds must have one type (run 32's plugin call: int64 failed to compile there)
+    q_start = gl.load(QO_INDPTR + b).to(gl.int32)
+    n_draft = gl.load(QO_INDPTR + b + 1).to(gl.int32) - q_start
     kv_start = gl.load(KV_INDPTR + b).to(gl.int64)
     n_prefix = (gl.load(KV_INDPTR + b + 1) - kv_start).to(gl.int32)
     n_kv = n_prefix + n_draft
@@ -171,13 +173,16 @@ def ragged_split_kv_gluon_ws(q: torch.Tensor, kv: torch.Tensor, o: torch.Tensor,
     return ragged_merge(o_part, lse_part, o, qo_indptr, kv_indptr, cfg)
 
 
-def compile_sm90(dtype: str = "bf16") -> "triton.compiler.CompiledKernel":
-    """The ragged partial kernel compiled ahead of time for sm_90 (no GPU needed), as the plugin launches it."""
+def compile_sm90(dtype: str = "bf16", qo_indptr: str = "i32", kv_indptr: str = "i32",
+                 mask_indptr: str = "i64") -> "triton.compiler.CompiledKernel":
+    """The ragged partial kernel compiled ahead of time for sm_90 (no GPU needed), as the plugin launches it, with the
+    index dtypes SGLang passes (int32 qo_indptr in eager calls, int64 in its CUDA-graph buffers)."""
     from triton.backends.compiler import GPUTarget  # noqa: PLC0415
     from triton.experimental.gluon._runtime import GluonASTSource  # noqa: PLC0415
 
     sig = {"Q": f"*{dtype}", "KV": f"*{dtype}", "KV_INDICES": "*i64", "DRAFT_LOC": "*i64", "MASK": "*u8",
-           "QO_INDPTR": "*i32", "KV_INDPTR": "*i32", "MASK_INDPTR": "*i64", "O_PART": "*fp32", "LSE_PART": "*fp32",
+           "QO_INDPTR": f"*{qo_indptr}", "KV_INDPTR": f"*{kv_indptr}", "MASK_INDPTR": f"*{mask_indptr}",
+           "O_PART": "*fp32", "LSE_PART": "*fp32",
            "qk_scale": "fp32", "n_heads": "i32", "n_splits": "i32", "max_rows": "i32", "min_split_tokens": "i32",
            "stride_kv": "i32"}
     const = {"BLOCK_M": GLUON_BLOCK_M, "BLOCK_N": 64, "STAGES": 2, "D_NOPE": D_NOPE, "D_PE": D_PE, "D_HALF": D_HALF,
