@@ -193,7 +193,8 @@ def _serve(backend, q, k, v, layer, forward_batch, save_kv_cache):
                 STATS["served_in_capture"] += 1
             return o
         except Exception as exc:  # noqa: BLE001  compile or launch: the Triton kernel serves this shape from now on
-            _GLUON[key] = f"failed: {type(exc).__name__}: {str(exc)[:300]}"
+            cause = f" (cause: {type(exc.__cause__).__name__}: {str(exc.__cause__)[:300]})" if exc.__cause__ else ""
+            _GLUON[key] = f"failed: {type(exc).__name__}: {' '.join(str(exc).split())[-300:]}{cause}"
             log_once("gluon-failed:" + repr(key), "Gluon kernel failed for %s, the Triton kernel serves it: %s", key,
                      _GLUON[key])
 
