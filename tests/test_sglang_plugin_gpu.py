@@ -28,12 +28,38 @@ def to_cuda(batch: VerifyBatch) -> VerifyBatch:
     return VerifyBatch(**moved)
 
 
-def run_kernel(batch: VerifyBatch, draft: int) -> torch.Tensor:
+def with_draft_in_cache(batch: VerifyBatch) -> tuple[VerifyBatch, torch.Tensor]:
+    """``batch`` with its draft rows (k_ext) appended to the cache, as SGLang's set_kv_buffer stores them, and their
+    slots (SGLang's out_cache_loc): the Gluon kernel (run 32) reads the draft rows there."""
+    pool = batch.kv_buffer.shape[0]
+    kv = torch.cat([batch.kv_buffer, batch.k_ext.reshape(-1, 1, batch.k_ext.shape[-1])], dim=0)
+    loc = torch.arange(pool, pool + batch.k_ext.shape[0], dtype=torch.int64, device=kv.device)
+    return VerifyBatch(**{**batch.__dict__, "kv_buffer": kv}), loc
+
+
+def ragged_call(kind: str, batch: VerifyBatch, draft: int, out: torch.Tensor, qo_int64: bool = False):
+    """A call of the plugin's kernel ``kind`` on ``batch`` into ``out``: "triton" (triton_splitkv_ragged, draft rows
+    from k_ext) or "gluon" (gluon_ws_ragged, the pick's kernel from 33 rows: draft rows from the cache at their
+    slots). ``qo_int64``: qo_indptr as int64, as in SGLang's CUDA-graph buffers (eager calls: int32)."""
+    if qo_int64:
+        batch = VerifyBatch(**{**batch.__dict__, "qo_indptr": batch.qo_indptr.to(torch.int64)})
+    if kind == "triton":
+        return lambda: ragged_split_kv_triton(batch.q, batch.k_ext, batch.kv_buffer, out, batch.qo_indptr,
+                                              batch.kv_indptr, batch.kv_indices, batch.custom_mask,
+                                              batch.mask_indptr, max_draft=draft, sm_scale=batch.sm_scale,
+                                              logit_cap=batch.logit_cap)
+    from specdiag.kernels.gluon_ws_ragged import ragged_split_kv_gluon_ws
+
+    g, loc = with_draft_in_cache(batch)
+    return lambda: ragged_split_kv_gluon_ws(g.q, g.kv_buffer, out, g.qo_indptr, g.kv_indptr, g.kv_indices, loc,
+                                            g.custom_mask, g.mask_indptr, max_draft=draft, sm_scale=g.sm_scale)
+
+
+def run_kernel(batch: VerifyBatch, draft: int, kind: str = "triton", qo_int64: bool = False) -> torch.Tensor:
     out = torch.full((batch.q.shape[0], batch.q.shape[1], 512), float("nan"), dtype=batch.q.dtype,
                      device=batch.q.device)
-    return ragged_split_kv_triton(batch.q, batch.k_ext, batch.kv_buffer, out, batch.qo_indptr,
-                                  batch.kv_indptr, batch.kv_indices, batch.custom_mask, batch.mask_indptr,
-                                  max_draft=draft, sm_scale=batch.sm_scale, logit_cap=batch.logit_cap)
+    ragged_call(kind, batch, draft, out, qo_int64)()
+    return out
 
 
 @pytest.mark.parametrize("heads", [8, 4, 16])  # TP 1, TP 2's local heads, and 128 rows
@@ -92,14 +118,15 @@ def test_ragged_kernel_matches_sglang_definition(prefix_lens, draft, heads, chai
 
 
 @pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="sglang is not importable")
+@pytest.mark.parametrize("kind", ["triton", "gluon"])
 @pytest.mark.parametrize("prefix_lens, chain", [([2000], True), ([70000], False), ([300, 5000, 11], False)])
-def test_ragged_kernel_matches_sglang_extend_attention(prefix_lens, chain):
+def test_ragged_kernel_matches_sglang_extend_attention(prefix_lens, chain, kind):
     from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
 
     draft, heads = 8, 8
-    batch, _ = make_batch(prefix_lens, draft, heads, chain, seed=7)
+    batch, _ = make_batch(prefix_lens, draft, heads, chain, seed=7 if kind == "triton" else 9)
     g = to_cuda(batch)
-    ours = run_kernel(g, draft)
+    ours = run_kernel(g, draft, kind)
     theirs = torch.empty_like(ours)
     kv = g.kv_buffer
     extend_attention_fwd(g.q, g.k_ext, g.v_ext, theirs, kv, kv[..., :512], g.qo_indptr, g.kv_indptr, g.kv_indices,
@@ -107,8 +134,10 @@ def test_ragged_kernel_matches_sglang_extend_attention(prefix_lens, chain):
     assert rel_err(ours, theirs) < 1e-2
 
 
-def test_ragged_kernel_replays_in_a_cuda_graph_at_other_lengths():
-    """Captured at one prefix length, replayed after the indptr buffers change: lengths are read on the device."""
+@pytest.mark.parametrize("kind, qo_int64", [("triton", False), ("gluon", True)])
+def test_ragged_kernel_replays_in_a_cuda_graph_at_other_lengths(kind, qo_int64):
+    """Captured at one prefix length, replayed after the indptr buffers change: lengths are read on the device. The
+    Gluon kernel with qo_indptr int64, as SGLang's CUDA-graph buffer holds it."""
     draft, heads = 8, 8
     long_batch, _ = make_batch([20000], draft, heads, chain=False, seed=3)
     g = to_cuda(long_batch)
@@ -117,17 +146,14 @@ def test_ragged_kernel_replays_in_a_cuda_graph_at_other_lengths():
     short_p = 700
     mask_short = g.custom_mask.clone()
     out = torch.empty(draft, heads, 512, dtype=g.q.dtype, device="cuda")
-
-    def call():
-        ragged_split_kv_triton(g.q, g.k_ext, g.kv_buffer, out, g.qo_indptr, kv_indptr, g.kv_indices,
-                               mask_short, mask_indptr, max_draft=draft, sm_scale=g.sm_scale)
-
+    call = ragged_call(kind, VerifyBatch(**{**g.__dict__, "kv_indptr": kv_indptr, "custom_mask": mask_short,
+                                            "mask_indptr": mask_indptr}), draft, out, qo_int64)
     call()  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         call()
-    for p in (20000, short_p, 12345):
+    for p in (20000, short_p, 12345, 40):
         kv_indptr[1] = p
         # the request's mask block: T rows of P + T entries, draft part at columns P..P+T-1
         tree = g.custom_mask.view(draft, 20000 + draft)[:, 20000:]
@@ -146,27 +172,6 @@ def test_ragged_kernel_replays_in_a_cuda_graph_at_other_lengths():
 # ---- run 32: the warp-specialized Gluon kernel on the ragged layout (gluon_ws_ragged), what the plugin serves from
 # 33 rows on sm_90; it reads the draft rows from the cache at their slots (out_cache_loc), where the hook stores them
 
-def with_draft_in_cache(batch: VerifyBatch) -> tuple[VerifyBatch, torch.Tensor]:
-    """``batch`` with its draft rows (k_ext) appended to the cache, as SGLang's set_kv_buffer stores them, and their
-    slots (SGLang's out_cache_loc)."""
-    pool = batch.kv_buffer.shape[0]
-    kv = torch.cat([batch.kv_buffer, batch.k_ext.reshape(-1, 1, batch.k_ext.shape[-1])], dim=0)
-    loc = torch.arange(pool, pool + batch.k_ext.shape[0], dtype=torch.int64, device=kv.device)
-    return VerifyBatch(**{**batch.__dict__, "kv_buffer": kv}), loc
-
-
-def run_gluon(batch: VerifyBatch, draft: int, qo_int64: bool = False) -> torch.Tensor:
-    """The Gluon ragged kernel on ``batch``; ``qo_int64``: qo_indptr as int64, as in SGLang's CUDA-graph buffers."""
-    from specdiag.kernels.gluon_ws_ragged import ragged_split_kv_gluon_ws
-
-    g, loc = with_draft_in_cache(batch)
-    if qo_int64:
-        g = VerifyBatch(**{**g.__dict__, "qo_indptr": g.qo_indptr.to(torch.int64)})
-    out = torch.full((g.q.shape[0], g.q.shape[1], 512), float("nan"), dtype=g.q.dtype, device=g.q.device)
-    return ragged_split_kv_gluon_ws(g.q, g.kv_buffer, out, g.qo_indptr, g.kv_indptr, g.kv_indices, loc,
-                                    g.custom_mask, g.mask_indptr, max_draft=draft, sm_scale=g.sm_scale)
-
-
 @pytest.mark.parametrize("prefix_lens, draft, heads, chain, dtype", [
     ([1000], 8, 8, True, torch.bfloat16),
     ([131072], 8, 8, False, torch.bfloat16),
@@ -179,56 +184,6 @@ def run_gluon(batch: VerifyBatch, draft: int, qo_int64: bool = False) -> torch.T
 @pytest.mark.parametrize("qo_int64", [False, True], ids=["qo-int32", "qo-int64"])
 def test_gluon_ragged_kernel_matches_sglang_definition(prefix_lens, draft, heads, chain, dtype, qo_int64):
     batch, _ = make_batch(prefix_lens, draft, heads, chain, seed=sum(prefix_lens) % 89, dtype=dtype)
-    out = run_gluon(to_cuda(batch), draft, qo_int64)
+    out = run_kernel(to_cuda(batch), draft, "gluon", qo_int64)
     assert not out.isnan().any()
     assert rel_err(out.cpu(), sglang_reference(batch)) < 1e-2
-
-
-@pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="sglang is not importable")
-@pytest.mark.parametrize("prefix_lens, chain", [([2000], True), ([70000], False), ([300, 5000, 11], False)])
-def test_gluon_ragged_kernel_matches_sglang_extend_attention(prefix_lens, chain):
-    from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
-
-    draft, heads = 8, 8
-    batch, _ = make_batch(prefix_lens, draft, heads, chain, seed=9)
-    g = to_cuda(batch)
-    ours = run_gluon(g, draft)
-    theirs = torch.empty_like(ours)
-    kv = g.kv_buffer
-    extend_attention_fwd(g.q, g.k_ext, g.v_ext, theirs, kv, kv[..., :512], g.qo_indptr, g.kv_indptr, g.kv_indices,
-                         g.custom_mask, True, g.mask_indptr, draft, 1.0, 1.0, g.sm_scale, logit_cap=0.0)
-    assert rel_err(ours, theirs) < 1e-2
-
-
-def test_gluon_ragged_kernel_replays_in_a_cuda_graph_at_other_lengths():
-    """As the Triton kernel's test: captured at 20,000 prefix tokens, replayed at others; lengths read on the device."""
-    from specdiag.kernels.gluon_ws_ragged import ragged_split_kv_gluon_ws
-
-    draft, heads = 8, 8
-    long_batch, _ = make_batch([20000], draft, heads, chain=False, seed=4)
-    g, loc = with_draft_in_cache(to_cuda(long_batch))
-    g = VerifyBatch(**{**g.__dict__, "qo_indptr": g.qo_indptr.to(torch.int64)})  # as SGLang's CUDA-graph buffer
-    kv_indptr = g.kv_indptr.clone()
-    mask_short = g.custom_mask.clone()
-    out = torch.empty(draft, heads, 512, dtype=g.q.dtype, device="cuda")
-
-    def call():
-        ragged_split_kv_gluon_ws(g.q, g.kv_buffer, out, g.qo_indptr, kv_indptr, g.kv_indices, loc, mask_short,
-                                 g.mask_indptr, max_draft=draft, sm_scale=g.sm_scale)
-
-    call()  # compile outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        call()
-    to_cpu = {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in long_batch.__dict__.items()}
-    for p in (20000, 700, 12345, 40):
-        kv_indptr[1] = p
-        tree = g.custom_mask.view(draft, 20000 + draft)[:, 20000:]
-        block = torch.ones(draft, p + draft, dtype=torch.bool, device="cuda")
-        block[:, p:] = tree
-        mask_short[: block.numel()] = block.reshape(-1)
-        graph.replay()
-        torch.cuda.synchronize()
-        trimmed = VerifyBatch(**{**to_cpu, "kv_indptr": kv_indptr.cpu(), "custom_mask": mask_short.cpu()})
-        assert rel_err(out.cpu(), sglang_reference(trimmed)) < 1e-2, p

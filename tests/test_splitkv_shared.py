@@ -10,18 +10,14 @@ before run 30 (a separate value tile) needed 295,936 B at (64, 64, 8 warps, 3 st
 from __future__ import annotations
 
 import importlib.util
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
-from specdiag.kernels.splitkv_plan import (RAGGED_SHARED_SM90, SHARED_LIMIT_SM90, SHARED_MARGIN, ConfigLadder,
+from specdiag.kernels.splitkv_plan import (RAGGED_SHARED_SM90, SHARED_LIMIT_SM90, ConfigLadder,
                                            SplitKVConfig, default_config, fitting_ladder, is_out_of_resources,
                                            one_pass_merge_fields, ragged_config_ladder, ragged_shared_bytes,
                                            ragged_shared_is_compiled)
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def cfg(bm, bn, stages, warps=4):

@@ -402,22 +402,13 @@ def _pv_loader_partition(kv_smem, pe_smem, p_smem, row_smem, kv_ready, kv_free, 
 
 
 @gluon.jit
-def _ws_partial_kernel(Q, KV, TOKEN_TABLE, MASK, O_PART, LSE_PART, TIMES, OUT, SYNC,
-                       qk_scale, n_prefix, n_kv, n_draft, n_heads, n_rows, tokens_per_split, stride_kv, n_splits,
-                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                       D_NOPE: gl.constexpr, D_PE: gl.constexpr, D_HALF: gl.constexpr, num_warps: gl.constexpr,
-                       WORKER_REGS: gl.constexpr, PREFETCH: gl.constexpr, OVERLAP: gl.constexpr,
-                       DRAFT_BRANCH: gl.constexpr, TIMED: gl.constexpr, FOLD: gl.constexpr,
-                       GRID_MERGE: gl.constexpr = False, MERGE_S: gl.constexpr = 2, MERGE_F: gl.constexpr = 64,
-                       MERGE_TPW_F: gl.constexpr = 16):
-    """One program per (64-row tile, split): Q to shared memory, then the two partitions (module doc); with
-    GRID_MERGE every program then merges its slice of the output (``_grid_merge``; OUT and SYNC unused without)."""
-    pid_m = gl.program_id(0)
-    pid_s = gl.program_id(1)
+def ws_shared_state(Q, pid_m, n_rows, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                    D_NOPE: gl.constexpr, D_PE: gl.constexpr, num_warps: gl.constexpr):
+    """Both entries' shared memory before the partitions (this module's and gluon_ws_ragged's): the row tile's Q
+    (rows past ``n_rows`` 0), the KV ring, P, the row factors, and the barriers, initialized and visible to all."""
     LD: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
     LD_PE: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
     row_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
-
     q_smem, qpe_smem, kv_smem, pe_smem, p_smem = q_and_ring_smem(Q, pid_m, n_rows, BLOCK_M, BLOCK_N, STAGES, D_NOPE,
                                                                  D_PE, LD, LD_PE)
     row_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M], row_sl)
@@ -434,6 +425,24 @@ def _ws_partial_kernel(Q, KV, TOKEN_TABLE, MASK, O_PART, LSE_PART, TIMES, OUT, S
     mbarrier.init(l_ready, count=1)
     fence_async_shared()  # Q visible to the tensor cores
     gl.thread_barrier()
+    return q_smem, qpe_smem, kv_smem, pe_smem, p_smem, row_smem, kv_ready, kv_free, p_ready, p_free, l_ready
+
+
+@gluon.jit
+def _ws_partial_kernel(Q, KV, TOKEN_TABLE, MASK, O_PART, LSE_PART, TIMES, OUT, SYNC,
+                       qk_scale, n_prefix, n_kv, n_draft, n_heads, n_rows, tokens_per_split, stride_kv, n_splits,
+                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                       D_NOPE: gl.constexpr, D_PE: gl.constexpr, D_HALF: gl.constexpr, num_warps: gl.constexpr,
+                       WORKER_REGS: gl.constexpr, PREFETCH: gl.constexpr, OVERLAP: gl.constexpr,
+                       DRAFT_BRANCH: gl.constexpr, TIMED: gl.constexpr, FOLD: gl.constexpr,
+                       GRID_MERGE: gl.constexpr = False, MERGE_S: gl.constexpr = 2, MERGE_F: gl.constexpr = 64,
+                       MERGE_TPW_F: gl.constexpr = 16):
+    """One program per (64-row tile, split): Q to shared memory, then the two partitions (module doc); with
+    GRID_MERGE every program then merges its slice of the output (``_grid_merge``; OUT and SYNC unused without)."""
+    pid_m = gl.program_id(0)
+    pid_s = gl.program_id(1)
+    (q_smem, qpe_smem, kv_smem, pe_smem, p_smem, row_smem, kv_ready, kv_free, p_ready, p_free,
+     l_ready) = ws_shared_state(Q, pid_m, n_rows, BLOCK_M, BLOCK_N, STAGES, D_NOPE, D_PE, num_warps)
 
     start = pid_s * tokens_per_split
     end = gl.minimum(start + tokens_per_split, n_kv)

@@ -30,11 +30,9 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
-from specdiag.kernels.gluon_splitkv import q_and_ring_smem
 from specdiag.kernels.gluon_ws import (D_HALF, LOG2E, WS_PARTITION_WARPS, WS_WORKER_REGS, _pv_loader_partition,
-                                       _softmax_partition)
+                                       _softmax_partition, ws_shared_state)
 from specdiag.kernels.mla import BLOCK_TOKENS, D_NOPE, D_PE, D_QK, D_V
 from specdiag.kernels.splitkv_plan import GLUON_BLOCK_M, SplitKVConfig, gluon_config, one_pass_merge_fields
 
@@ -54,9 +52,6 @@ def _ws_ragged_partial_kernel(Q, KV, KV_INDICES, DRAFT_LOC, MASK, QO_INDPTR, KV_
     pid_m = gl.program_id(0)
     pid_s = gl.program_id(1)
     b = gl.program_id(2)
-    LD: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
-    LD_PE: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
-    row_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
 
     # lengths as int32 whatever the indptr dtypes (SGLang's qo_indptr is int32 in eager calls, int64 in the CUDA-graph
     # buffers): the partitions' loop bounds must have one type (run 32's plugin call: int64 failed to compile there)
@@ -73,23 +68,9 @@ def _ws_ragged_partial_kernel(Q, KV, KV_INDICES, DRAFT_LOC, MASK, QO_INDPTR, KV_
     # a split past the request's end, or a row tile past its rows, runs no tile (its partial is never merged)
     n_iter = gl.where(pid_m * BLOCK_M < n_rows, gl.cdiv(gl.maximum(end - start, 0), BLOCK_N), 0)
 
-    q_b = Q + q_start.to(gl.int64) * n_heads * (D_NOPE + D_PE)
-    q_smem, qpe_smem, kv_smem, pe_smem, p_smem = q_and_ring_smem(q_b, pid_m, n_rows, BLOCK_M, BLOCK_N, STAGES, D_NOPE,
-                                                                 D_PE, LD, LD_PE)
-    row_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M], row_sl)
-    kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    kv_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    p_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    p_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    l_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    for k in gl.static_range(STAGES):
-        mbarrier.init(kv_ready.index(k), count=32 * num_warps)  # one cp.async arrival per worker thread
-        mbarrier.init(kv_free.index(k), count=1)
-    mbarrier.init(p_ready, count=1)
-    mbarrier.init(p_free, count=1)
-    mbarrier.init(l_ready, count=1)
-    fence_async_shared()  # Q visible to the tensor cores
-    gl.thread_barrier()
+    q_b = Q + q_start.to(gl.int64) * n_heads * (D_NOPE + D_PE)  # the request's rows: one block of a contiguous q
+    (q_smem, qpe_smem, kv_smem, pe_smem, p_smem, row_smem, kv_ready, kv_free, p_ready, p_free,
+     l_ready) = ws_shared_state(q_b, pid_m, n_rows, BLOCK_M, BLOCK_N, STAGES, D_NOPE, D_PE, num_warps)
 
     mask_b = MASK + gl.load(MASK_INDPTR + b).to(gl.int64) + n_prefix  # row t of the draft block: + t * n_kv
     part = (b * n_splits).to(gl.int64) * max_rows  # this request's [splits, max_rows] block of the partials
