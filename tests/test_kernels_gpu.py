@@ -245,6 +245,30 @@ def test_run30_joined_tail_and_ragged_arms_match_reference(shape: VerifyShape) -
             assert not out.isnan().any() and (out.float() - ref).norm() / ref.norm() <= 1e-2, name
 
 
+@pytest.mark.parametrize("shape", [VerifyShape(131072, 8, 4, "shuffled_p1"), VerifyShape(20000, 4, 8, "shuffled_p1"),
+                                   VerifyShape(3001, 8, 3, "contiguous"), VerifyShape(65536, 16, 2, "shuffled_p1"),
+                                   VerifyShape(200, 8, 1, "shuffled_p1")],
+                         ids=lambda s: f"run33-P{s.context_tokens}-H{s.heads}-T{s.draft_tokens}-{s.layout}")
+def test_run33_gluon_kernels_below_33_rows_match_reference(shape: VerifyShape) -> None:
+    """The Gluon kernels at 8-32 rows, where the pick and the plugin serve Triton (run 33 measures whether they should
+    not): most of the 64-row tile empty, a tree mask, a context shorter than one split's minimum; by run_variant and
+    by the call the harness times, twice each."""
+    from specdiag.kernels.dispatch import prepared_call
+
+    names = ("split_gwfm_p1", "ragged_gwa_p1")
+    _check_arms_twice(shape, names)
+    inputs = make_inputs(shape, device="cuda", seed=shape.context_tokens + 3)
+    ref = reference_verify(inputs)
+    for name in names:
+        out = inputs.out_like()
+        call = prepared_call(name, inputs, out)
+        for _ in range(2):
+            out.fill_(float("nan"))
+            call()
+            torch.cuda.synchronize()
+            assert not out.isnan().any() and (out.float() - ref).norm() / ref.norm() <= 1e-2, name
+
+
 @pytest.mark.parametrize("shape", [VerifyShape(4096, 8, 8, "shuffled_p1"), VerifyShape(131072, 8, 8, "shuffled_p1"),
                                    VerifyShape(20000, 7, 64, "shuffled_p1"), VerifyShape(9000, 3, 100, "contiguous"),
                                    VerifyShape(131072, 16, 64, "shuffled_p1")],

@@ -26,9 +26,8 @@ and split_gwf64_p1 / split_gwg_p1 above. Runs 28-29: ``split_*1*`` and ``split_a
 pick since run 29). Run 30: ``split_auto_gwfmj*_p1`` join a last split of at most 64 tokens to the one before it;
 ``ragged_p1`` / ``ragged2_p1`` are the SGLang plugin's kernel (triton_splitkv_ragged) with its merge in one pass by
 runs 28-29's rule / in two passes, as it served before; run 32's ``ragged_gw_p1`` is what the plugin serves since:
-``ragged_p1`` up to 32 rows and the warp-specialized Gluon kernel on the ragged layout above (gluon_ws_ragged). On
-CUDA
-the Triton kernels run; on the CPU the torch fallbacks of the same designs (reference.py) run, so tests and CI
+``ragged_p1`` up to 32 rows and the warp-specialized Gluon kernel on the ragged layout above (gluon_ws_ragged). Run
+33: ``split_gwfm_p1`` and ``ragged_gwa_p1`` run those Gluon kernels at every row count. On CUDA the Triton kernels run; on the CPU the torch fallbacks of the same designs (reference.py) run, so tests and CI
 exercise the same code paths around them.
 """
 
@@ -218,6 +217,13 @@ KERNEL_VARIANTS: dict[str, KernelVariant] = {
     # run 32: what the plugin serves since: ragged_p1 up to 32 rows, the warp-specialized Gluon kernel on the ragged
     # layout above (gluon_ws_ragged: the pick's kernel, split_gwf64_p1's merge width, the one pass by runs 28-29's rule)
     "ragged_gw_p1": KernelVariant("ragged_gw_p1", "ragged_split_kv", 1, impl="auto_ws"),
+    # run 33: the Gluon kernels at every row count (where the Triton kernels serve below 33 rows), to measure where
+    # the switch pays: the pick's Gluon kernel with its options (split_gwfm_p1) and the plugin's (ragged_gwa_p1)
+    "split_gwfm_p1": KernelVariant("split_gwfm_p1", "split_kv", 1, impl="gluon_ws", gluon_tile=(64, 2),
+                                   gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True,
+                                   gluon_merge_block_dv=64, overrides=(("merge_one_pass", True),),
+                                   gluon_overrides=(("merge_one_pass_max_splits", 16),)),
+    "ragged_gwa_p1": KernelVariant("ragged_gwa_p1", "ragged_split_kv", 1, impl="gluon_ws"),
     # run 20: split_p1 up to 32 rows, split_gwf_p1 above (run 19's fastest of ours from 33 rows on)
     "split_auto_gwf_p1": KernelVariant("split_auto_gwf_p1", "split_kv", 1, impl="auto_ws", gluon_tile=(64, 2),
                                        gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True),
