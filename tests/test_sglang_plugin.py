@@ -334,22 +334,25 @@ def test_gluon_switch_from_env():
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed here")
-def test_gluon_kernel_serves_only_from_33_rows_where_it_can_run(monkeypatch):
-    """The hook's choice of kernel: below 33 rows or with SPECDIAG_SGLANG_GLUON=0 the Triton ragged kernel; from 33
-    rows the Gluon kernel where it can run, else the reason is kept per shape (here: CPU tensors), logged once and
-    reported in the stats."""
+def test_gluon_kernel_serves_at_every_row_count_where_it_can_run(monkeypatch):
+    """The hook's choice of kernel: with SPECDIAG_SGLANG_GLUON=0 the Triton ragged kernel without asking; else the
+    Gluon kernel at every row count (runs 33-34: 8 rows and one draft token too) where it can run, and where it
+    cannot the reason is kept per shape (here: CPU tensors), logged once and reported in the stats."""
     pytest.importorskip("triton.experimental.gluon")
+    from specdiag.kernels.dispatch import PLUGIN_GLUON_MIN_ROWS
+
+    assert PLUGIN_GLUON_MIN_ROWS == 1
     backend, q, k, v, layer, fb = _fake_sglang_call()
     fb.out_cache_loc = torch.arange(q.shape[0])
     monkeypatch.setattr(hook, "_GLUON", {})
-    assert not hook._gluon_serves((8, torch.bfloat16, False, None), q, backend, layer, fb, 0.0)
-    assert hook._GLUON == {}  # below 33 rows nothing is asked
     monkeypatch.setenv(hook.GLUON_ENV, "0")
     assert not hook._gluon_serves((64, torch.bfloat16, False, None), q, backend, layer, fb, 0.0)
+    assert not hook._gluon_serves((8, torch.bfloat16, False, None), q, backend, layer, fb, 0.0)
     assert hook._GLUON == {}
     monkeypatch.setenv(hook.GLUON_ENV, "1")
-    key = (64, torch.bfloat16, False, None)
+    key, key8 = (64, torch.bfloat16, False, None), (8, torch.bfloat16, False, None)
     assert not hook._gluon_serves(key, q, backend, layer, fb, 0.0)
-    assert hook._GLUON == {key: "not a CUDA device"}
+    assert not hook._gluon_serves(key8, q, backend, layer, fb, 0.0)  # one draft token x 8 heads is asked too
+    assert hook._GLUON == {key: "not a CUDA device", key8: "not a CUDA device"}
     assert "gluon:" + repr(key) in hook._logged
-    assert hook.stats_snapshot()["gluon"] == {repr(key): "not a CUDA device"}
+    assert hook.stats_snapshot()["gluon"] == {repr(key): "not a CUDA device", repr(key8): "not a CUDA device"}

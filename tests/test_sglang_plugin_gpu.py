@@ -39,7 +39,7 @@ def with_draft_in_cache(batch: VerifyBatch) -> tuple[VerifyBatch, torch.Tensor]:
 
 def ragged_call(kind: str, batch: VerifyBatch, draft: int, out: torch.Tensor, qo_int64: bool = False):
     """A call of the plugin's kernel ``kind`` on ``batch`` into ``out``: "triton" (triton_splitkv_ragged, draft rows
-    from k_ext) or "gluon" (gluon_ws_ragged, the pick's kernel from 33 rows: draft rows from the cache at their
+    from k_ext) or "gluon" (gluon_ws_ragged, what the plugin serves on sm_90: draft rows from the cache at their
     slots). ``qo_int64``: qo_indptr as int64, as in SGLang's CUDA-graph buffers (eager calls: int32)."""
     if qo_int64:
         batch = VerifyBatch(**{**batch.__dict__, "qo_indptr": batch.qo_indptr.to(torch.int64)})
@@ -169,8 +169,8 @@ def test_ragged_kernel_replays_in_a_cuda_graph_at_other_lengths(kind, qo_int64):
     assert math.isfinite(float(out.float().abs().max()))
 
 
-# ---- run 32: the warp-specialized Gluon kernel on the ragged layout (gluon_ws_ragged), what the plugin serves from
-# 33 rows on sm_90; it reads the draft rows from the cache at their slots (out_cache_loc), where the hook stores them
+# ---- run 32: the warp-specialized Gluon kernel on the ragged layout (gluon_ws_ragged), what the plugin serves on
+# sm_90 (from 33 rows in run 32, at every row count since run 35); it reads the draft rows from the cache at their slots (out_cache_loc), where the hook stores them
 
 @pytest.mark.parametrize("prefix_lens, draft, heads, chain, dtype", [
     ([1000], 8, 8, True, torch.bfloat16),
@@ -180,6 +180,9 @@ def test_ragged_kernel_replays_in_a_cuda_graph_at_other_lengths(kind, qo_int64):
     ([20000], 64, 16, False, torch.bfloat16),  # 1,024 rows: 16 row tiles, few splits
     ([7000, 300], 8, 8, False, torch.float16),
     ([2500] * 8, 4, 16, True, torch.bfloat16),  # a batch of 8: fewer splits per request
+    ([131072], 1, 8, True, torch.bfloat16),  # 8 rows, one draft token: served by the Gluon kernel since run 35
+    ([3000, 50000], 2, 8, False, torch.bfloat16),  # 16 rows
+    ([60000], 8, 4, False, torch.bfloat16),  # 32 rows: the investigation's shape at tensor parallel 2
 ], ids=lambda v: "x".join(map(str, v[:3])) + f"-{len(v)}" if isinstance(v, list) else str(v))
 @pytest.mark.parametrize("qo_int64", [False, True], ids=["qo-int32", "qo-int64"])
 def test_gluon_ragged_kernel_matches_sglang_definition(prefix_lens, draft, heads, chain, dtype, qo_int64):

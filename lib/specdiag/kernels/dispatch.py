@@ -27,7 +27,8 @@ pick since run 29). Run 30: ``split_auto_gwfmj*_p1`` join a last split of at mos
 ``ragged_p1`` / ``ragged2_p1`` are the SGLang plugin's kernel (triton_splitkv_ragged) with its merge in one pass by
 runs 28-29's rule / in two passes, as it served before; run 32's ``ragged_gw_p1`` is what the plugin serves since:
 ``ragged_p1`` up to 32 rows and the warp-specialized Gluon kernel on the ragged layout above (gluon_ws_ragged). Run
-33: ``split_gwfm_p1`` and ``ragged_gwa_p1`` run those Gluon kernels at every row count. On CUDA the Triton kernels run; on the CPU the torch fallbacks of the same designs (reference.py) run, so tests and CI
+33: ``split_gwfm_p1`` and ``ragged_gwa_p1`` run those Gluon kernels at every row count; run 35's ``split_gwr_p1`` the
+Gluon kernel at every row count with the merge's one pass by the row rule. On CUDA the Triton kernels run; on the CPU the torch fallbacks of the same designs (reference.py) run, so tests and CI
 exercise the same code paths around them.
 """
 
@@ -88,6 +89,9 @@ class KernelVariant:
     #: impl "gluon" / "gluon_ws" / "auto*" from 33 rows: fields of the Gluon kernel's configuration replaced after
     #: ``overrides`` (run 29: the merge's one pass up to 16 splits there, at every split count below 33 rows)
     gluon_overrides: tuple[tuple[str, Any], ...] = ()
+    #: impl "gluon_ws" only: the merge's one pass by runs 28-29's rule at the call's row count
+    #: (splitkv_plan.one_pass_merge_fields: every split count up to 32 rows, up to 16 splits above), after the above
+    gluon_merge_by_rows: bool = False
 
 
 KERNEL_VARIANTS: dict[str, KernelVariant] = {
@@ -224,6 +228,11 @@ KERNEL_VARIANTS: dict[str, KernelVariant] = {
                                    gluon_merge_block_dv=64, overrides=(("merge_one_pass", True),),
                                    gluon_overrides=(("merge_one_pass_max_splits", 16),)),
     "ragged_gwa_p1": KernelVariant("ragged_gwa_p1", "ragged_split_kv", 1, impl="gluon_ws"),
+    # run 35: the Gluon kernel at every row count with the merge by runs 28-29's row rule (what ragged_gwa_p1 does on
+    # the ragged layout: runs 33-34 measured it 0.88-0.96 of split_auto_gwfm_p1 at 8-32 rows)
+    "split_gwr_p1": KernelVariant("split_gwr_p1", "split_kv", 1, impl="gluon_ws", gluon_tile=(64, 2),
+                                  gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True,
+                                  gluon_merge_block_dv=64, gluon_merge_by_rows=True),
     # run 20: split_p1 up to 32 rows, split_gwf_p1 above (run 19's fastest of ours from 33 rows on)
     "split_auto_gwf_p1": KernelVariant("split_auto_gwf_p1", "split_kv", 1, impl="auto_ws", gluon_tile=(64, 2),
                                        gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True),
@@ -234,8 +243,12 @@ KERNEL_VARIANTS: dict[str, KernelVariant] = {
 }
 
 #: split_auto_p1 / split_auto_ws_p1 / split_auto_gwf_p1 run their Gluon kernel from this many packed rows on (below:
-#: split_p1's Triton kernel)
+#: split_p1's Triton kernel); the arms keep it, so their committed rows keep their meaning
 AUTO_GLUON_MIN_ROWS = 33
+#: the SGLang plugin serves the warp-specialized Gluon kernel on sm_90 from this many packed rows on: every row count,
+#: since runs 33-34 measured it faster than the Triton kernels at 8-32 rows too (0.83-0.90 of the Triton ragged kernel,
+#: 0.69-0.72 at 24-32 rows; docs/kernel-notes.md, "Run 34 outcome")
+PLUGIN_GLUON_MIN_ROWS = 1
 
 
 def runs_gluon_ws(v: KernelVariant, rows: int) -> bool:
@@ -270,9 +283,13 @@ def resolve_config(name: str, rows: int, config: Optional[Any] = None) -> Option
 
         from specdiag.kernels.splitkv_plan import gluon_config  # noqa: PLC0415
 
-        # the variant's merge width, then its overrides (e.g. the merge's one pass, runs 28-29)
+        from specdiag.kernels.splitkv_plan import one_pass_merge_fields  # noqa: PLC0415
+
+        # the variant's merge width, then its overrides (e.g. the merge's one pass, runs 28-29), then the row rule
         return replace(gluon_config(*v.gluon_tile), **{"merge_block_dv": v.gluon_merge_block_dv, **dict(v.overrides),
-                                                       **dict(v.gluon_overrides)})
+                                                       **dict(v.gluon_overrides),
+                                                       **(one_pass_merge_fields(rows) if v.gluon_merge_by_rows
+                                                          else {})})
     if config is not None or (v.tile64 is None and not v.overrides and not v.overrides64 and not v.overrides_many):
         return config
     from dataclasses import replace  # noqa: PLC0415

@@ -17,9 +17,10 @@ NGRAM's draft preparation reads only the prompt's tail instead of copying the wh
 Python list twice per verify step (ngram_tail.py). The same token lists, so the same drafts; the
 hooks check on first use that SGLang's methods are the 0.5.17 code they copy, else SGLang's run.
 
-Which kernel serves (``SPECDIAG_SGLANG_GLUON``, ``1`` by default): from 33 query rows (heads x draft
-tokens) on sm_90, the warp-specialized Gluon kernel (specdiag.kernels.gluon_ws_ragged: the suite's pick
-from 33 rows, reading the draft rows from the cache at ``out_cache_loc``); below, or where it cannot run
+Which kernel serves (``SPECDIAG_SGLANG_GLUON``, ``1`` by default): on sm_90, at every row count (heads x
+draft tokens; ``dispatch.PLUGIN_GLUON_MIN_ROWS``), the warp-specialized Gluon kernel
+(specdiag.kernels.gluon_ws_ragged, reading the draft rows from the cache at ``out_cache_loc``): runs 33-34
+measured it faster than the Triton ragged kernel from 8 rows up (docs/kernel-notes.md). Where it cannot run
 (another GPU, a logit cap, a non-contiguous q) or failed once, the Triton ragged kernel through its
 configuration ladder. ``0``: the Triton kernel only.
 
@@ -217,16 +218,16 @@ def _serve(backend, q, k, v, layer, forward_batch, save_kv_cache):
 def gluon_from_env(environ=os.environ) -> bool:
     value = environ.get(GLUON_ENV, "1").strip() or "1"
     if value not in ("0", "1"):
-        raise ValueError(f"{GLUON_ENV}={value!r}: 1 (the Gluon kernel from 33 rows on sm_90) or 0 (Triton only)")
+        raise ValueError(f"{GLUON_ENV}={value!r}: 1 (the Gluon kernel on sm_90) or 0 (Triton only)")
     return value == "1"
 
 
 def _gluon_serves(key, q, backend, layer, forward_batch, logit_cap) -> bool:
     """Whether the Gluon kernel serves this call (module doc); each reason it does not is logged once per shape."""
-    from specdiag.kernels.dispatch import AUTO_GLUON_MIN_ROWS  # noqa: PLC0415
+    from specdiag.kernels.dispatch import PLUGIN_GLUON_MIN_ROWS  # noqa: PLC0415
     from specdiag.kernels.gluon_ws_ragged import gluon_ragged_supported  # noqa: PLC0415
 
-    if key[0] < AUTO_GLUON_MIN_ROWS or not gluon_from_env():
+    if key[0] < PLUGIN_GLUON_MIN_ROWS or not gluon_from_env():
         return False
     if key not in _GLUON:
         loc = getattr(forward_batch, "out_cache_loc", None)
