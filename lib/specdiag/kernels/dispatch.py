@@ -233,6 +233,17 @@ KERNEL_VARIANTS: dict[str, KernelVariant] = {
     "split_gwr_p1": KernelVariant("split_gwr_p1", "split_kv", 1, impl="gluon_ws", gluon_tile=(64, 2),
                                   gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True,
                                   gluon_merge_block_dv=64, gluon_merge_by_rows=True),
+    # run 36: split_gwr_p1 with the merge as a programmatic dependent launch (gwrp), with bf16 partials (gwrb), and
+    # with a ring of four 32-token tiles (gwr32): the fixed costs and the copies in flight at one draft token
+    "split_gwrp_p1": KernelVariant("split_gwrp_p1", "split_kv", 1, impl="gluon_ws", gluon_tile=(64, 2),
+                                   gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True,
+                                   gluon_merge_block_dv=64, gluon_merge_by_rows=True, gluon_pdl_merge=True),
+    "split_gwrb_p1": KernelVariant("split_gwrb_p1", "split_kv", 1, impl="gluon_ws", gluon_tile=(64, 2),
+                                   gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True,
+                                   gluon_merge_block_dv=64, gluon_merge_by_rows=True, gluon_bf16_partials=True),
+    "split_gwr32_p1": KernelVariant("split_gwr32_p1", "split_kv", 1, impl="gluon_ws", gluon_tile=(32, 4),
+                                    gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True,
+                                    gluon_merge_block_dv=64, gluon_merge_by_rows=True),
     # run 20: split_p1 up to 32 rows, split_gwf_p1 above (run 19's fastest of ours from 33 rows on)
     "split_auto_gwf_p1": KernelVariant("split_auto_gwf_p1", "split_kv", 1, impl="auto_ws", gluon_tile=(64, 2),
                                        gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True),
