@@ -254,7 +254,8 @@ def test_run33_gluon_kernels_below_33_rows_match_reference(shape: VerifyShape) -
     by the call the harness times, twice each."""
     from specdiag.kernels.dispatch import prepared_call
 
-    names = ("split_gwfm_p1", "ragged_gwa_p1", "split_gwr_p1", "split_gwrp_p1", "split_gwrb_p1", "split_gwr32_p1")
+    names = ("split_gwfm_p1", "ragged_gwa_p1", "split_gwr_p1", "split_gwrp_p1", "split_gwrb_p1", "split_gwr32_p1",
+             "ragged_gwap_p1")
     _check_arms_twice(shape, names)
     inputs = make_inputs(shape, device="cuda", seed=shape.context_tokens + 3)
     ref = reference_verify(inputs)

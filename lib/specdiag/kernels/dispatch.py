@@ -241,6 +241,8 @@ KERNEL_VARIANTS: dict[str, KernelVariant] = {
     "split_gwrb_p1": KernelVariant("split_gwrb_p1", "split_kv", 1, impl="gluon_ws", gluon_tile=(64, 2),
                                    gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True,
                                    gluon_merge_block_dv=64, gluon_merge_by_rows=True, gluon_bf16_partials=True),
+    # run 37: the plugin's Gluon kernel with its merge as a programmatic dependent launch
+    "ragged_gwap_p1": KernelVariant("ragged_gwap_p1", "ragged_split_kv", 1, impl="gluon_ws", overrides=(("pdl", True),)),
     "split_gwr32_p1": KernelVariant("split_gwr32_p1", "split_kv", 1, impl="gluon_ws", gluon_tile=(32, 4),
                                     gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True,
                                     gluon_merge_block_dv=64, gluon_merge_by_rows=True),

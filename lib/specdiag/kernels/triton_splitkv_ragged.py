@@ -30,9 +30,12 @@ replays correctly at another:
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
 
 from specdiag.kernels.mla import BLOCK_TOKENS, D_NOPE, D_PE, D_QK, D_V, VerifyInputs
 from specdiag.kernels.split_merge import merge_block, merge_one_pass, merge_two_pass
@@ -154,10 +157,12 @@ def _ragged_merge_kernel(
     O_PART, LSE_PART, OUT, QO_INDPTR, KV_INDPTR, n_heads, n_splits, max_rows, min_split_tokens,
     stride_o_tok, stride_o_head,
     BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr, D_V: tl.constexpr, ROUND: tl.constexpr,
-    ONE_PASS: tl.constexpr = False,
+    ONE_PASS: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     row = tl.program_id(0)
     b = tl.program_id(2)
+    if PDL:  # launched early (programmatic dependent launch, run 37): wait for the partial grid's completion and stores
+        gdc_wait()
     q_start = tl.load(QO_INDPTR + b)
     n_draft = tl.load(QO_INDPTR + b + 1) - q_start
     if row >= n_draft * n_heads:
@@ -262,11 +267,12 @@ def ragged_merge(o_part: torch.Tensor, lse_part: torch.Tensor, o: torch.Tensor, 
     counted on the device from the request's length and ``cfg.min_split_tokens``, as the partial kernel cut them."""
     batch, n_splits, max_rows = lse_part.shape
     block_s, block_dv, one_pass = merge_block(n_splits, cfg)  # the grid's splits: every request's n_active or fewer
+    pdl = cfg.pdl and os.environ.get("TRITON_INTERPRET") != "1"  # cfg.pdl: the merge as a programmatic dependent launch (sm_90)
     _ragged_merge_kernel[(max_rows, D_V // block_dv, batch)](
         o_part, lse_part, o, qo_indptr, kv_indptr, o.shape[1], n_splits, max_rows, cfg.min_split_tokens,
         o.stride(0), o.stride(1),
-        BLOCK_S=block_s, BLOCK_DV=block_dv, D_V=D_V, ROUND=BLOCK_TOKENS, ONE_PASS=one_pass,
-        num_warps=8 if one_pass else 4,
+        BLOCK_S=block_s, BLOCK_DV=block_dv, D_V=D_V, ROUND=BLOCK_TOKENS, ONE_PASS=one_pass, PDL=pdl,
+        num_warps=8 if one_pass else 4, **({"launch_pdl": True} if pdl else {}),
     )
     return o
 
