@@ -299,7 +299,8 @@ def test_the_plugins_arm_runs_gluon_from_33_rows_and_the_triton_ragged_kernel_be
     assert resolve_config("ragged_gw_p1", 32) == fitting_ladder(32)[0]
     for rows in (33, 64, 256, 1024):
         cfg = resolve_config("ragged_gw_p1", rows)
-        assert cfg == ragged_gluon_config(rows)
+        assert cfg == replace(ragged_gluon_config(rows), pdl=False)  # the merge ragged_gw_p1 was measured with (run 32)
+        assert resolve_config("ragged_gwap_p1", rows) == ragged_gluon_config(rows)  # the plugin's since run 37
         assert (cfg.block_m, cfg.block_n, cfg.num_stages, cfg.merge_block_dv) == (64, 64, 2, 64)
         assert cfg.merge_one_pass and cfg.merge_one_pass_max_splits == 16
     x = make_inputs(VerifyShape(300, 8, 8, "shuffled_p1"), seed=5)

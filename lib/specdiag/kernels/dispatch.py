@@ -220,14 +220,14 @@ KERNEL_VARIANTS: dict[str, KernelVariant] = {
     "ragged2_p1": KernelVariant("ragged2_p1", "ragged_split_kv", 1, overrides=(("merge_one_pass", False),)),
     # run 32: what the plugin serves since: ragged_p1 up to 32 rows, the warp-specialized Gluon kernel on the ragged
     # layout above (gluon_ws_ragged: the pick's kernel, split_gwf64_p1's merge width, the one pass by runs 28-29's rule)
-    "ragged_gw_p1": KernelVariant("ragged_gw_p1", "ragged_split_kv", 1, impl="auto_ws"),
+    "ragged_gw_p1": KernelVariant("ragged_gw_p1", "ragged_split_kv", 1, impl="auto_ws", overrides=(("pdl", False),)),
     # run 33: the Gluon kernels at every row count (where the Triton kernels serve below 33 rows), to measure where
     # the switch pays: the pick's Gluon kernel with its options (split_gwfm_p1) and the plugin's (ragged_gwa_p1)
     "split_gwfm_p1": KernelVariant("split_gwfm_p1", "split_kv", 1, impl="gluon_ws", gluon_tile=(64, 2),
                                    gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True,
                                    gluon_merge_block_dv=64, overrides=(("merge_one_pass", True),),
                                    gluon_overrides=(("merge_one_pass_max_splits", 16),)),
-    "ragged_gwa_p1": KernelVariant("ragged_gwa_p1", "ragged_split_kv", 1, impl="gluon_ws"),
+    "ragged_gwa_p1": KernelVariant("ragged_gwa_p1", "ragged_split_kv", 1, impl="gluon_ws", overrides=(("pdl", False),)),
     # run 35: the Gluon kernel at every row count with the merge by runs 28-29's row rule (what ragged_gwa_p1 does on
     # the ragged layout: runs 33-34 measured it 0.88-0.96 of split_auto_gwfm_p1 at 8-32 rows)
     "split_gwr_p1": KernelVariant("split_gwr_p1", "split_kv", 1, impl="gluon_ws", gluon_tile=(64, 2),
@@ -241,7 +241,8 @@ KERNEL_VARIANTS: dict[str, KernelVariant] = {
     "split_gwrb_p1": KernelVariant("split_gwrb_p1", "split_kv", 1, impl="gluon_ws", gluon_tile=(64, 2),
                                    gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True,
                                    gluon_merge_block_dv=64, gluon_merge_by_rows=True, gluon_bf16_partials=True),
-    # run 37: the plugin's Gluon kernel with its merge as a programmatic dependent launch
+    # run 37: the plugin's Gluon kernel with its merge as a programmatic dependent launch (what the plugin serves
+    # since; ragged_gw_p1 and ragged_gwa_p1 keep the merge they were measured with)
     "ragged_gwap_p1": KernelVariant("ragged_gwap_p1", "ragged_split_kv", 1, impl="gluon_ws", overrides=(("pdl", True),)),
     "split_gwr32_p1": KernelVariant("split_gwr32_p1", "split_kv", 1, impl="gluon_ws", gluon_tile=(32, 4),
                                     gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True,
