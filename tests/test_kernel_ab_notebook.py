@@ -487,6 +487,8 @@ RUN17 = REFERENCE_DIR / "kernel-ab-h200-run17"
 RUN20 = REFERENCE_DIR / "kernel-ab-h200-run20"
 RUN27 = REFERENCE_DIR / "kernel-ab-h200-run27"
 RUN29 = REFERENCE_DIR / "kernel-ab-h200-run29"
+RUN35 = REFERENCE_DIR / "kernel-ab-h200-run35"
+RUN37 = REFERENCE_DIR / "kernel-ab-h200-run37"
 
 
 @pytest.mark.parametrize(("run", "auto_kernel", "n_rows"), [
@@ -494,15 +496,17 @@ RUN29 = REFERENCE_DIR / "kernel-ab-h200-run29"
     (RUN20, "split_auto_gwf_p1", 48),  # run 20: split_gwf_p1 (prefetched table rows, tree mask on draft tiles only,
                                        # folded softmax) from 33 rows
     (RUN27, "split_auto_gwf64_p1", 60),  # run 27: the same with 64-dim merge programs; the suite's pick in run 27
-    (RUN29, "split_auto_gwfm_p1", 36),  # run 29: the merge in one pass below 33 rows and up to 16 splits; the pick
-], ids=["run17", "run20", "run27", "run29"])
+    (RUN29, "split_auto_gwfm_p1", 36),  # run 29: the merge in one pass below 33 rows and up to 16 splits
+    (RUN35, "split_gwr_p1", 48),  # run 35: the Gluon kernel at every row count, the merge by the row rule
+    (RUN37, "split_gwrp_p1", 60),  # run 37: the same with the merge as a programmatic dependent launch; the pick
+], ids=["run17", "run20", "run27", "run29", "run35", "run37"])
 def test_06_replays_compute_target_met_by_ours(run_notebook: Callable[..., Path], tmp_path: Path, run: Path,
                                                 auto_kernel: str, n_rows: int) -> None:
-    """06 on runs 17, 20, 27 and 29 (every issue-13 target case, our auto kernel with a warp-specialized Gluon kernel from 33
-    rows, FlashInfer beside): the verdicts equal what the raw rows say, met or missed against each threshold, and the
+    """06 on runs 17, 20, 27, 29, 35 and 37 (every issue-13 target case, our kernel with a warp-specialized Gluon kernel
+    from 33 rows, or at every row count from run 35, FlashInfer beside): the verdicts equal what the raw rows say, met or missed against each threshold, and the
     finding counts the cases met per target."""
     from specdiag.kernels import analysis
-    from specdiag.kernels.dispatch import AUTO_GLUON_MIN_ROWS, resolve_config
+    from specdiag.kernels.dispatch import resolve_config, runs_gluon_ws, variant
     from specdiag.kernels.splitkv_plan import default_config, gluon_config
 
     run_notebook("06_kernel_ab", replay_dir=str(run), cpu_smoke=False)
@@ -531,7 +535,7 @@ def test_06_replays_compute_target_met_by_ours(run_notebook: Callable[..., Path]
         family = target.split(":")[0]
         expected_met[family] = expected_met.get(family, 0) + int(ours[field] >= threshold)
     # measured: ours meets exactly the three compute-bound cases (run 17: 54.1-60.9 % of matmul, run 20: 58.6-67.5 %,
-    # run 27: 62.1-69.4 %, run 29: 60.2-68.2 %), none of the bandwidth ones
+    # run 27: 62.1-69.4 %, run 29: 60.2-68.2 %, run 35: 61.6-70.4 %, run 37: 63.2-72.0 %), none of the bandwidth ones
     met_cases = {k for k, got in v.items() if got["ours_met"]}
     assert met_cases == {k for k in v if k.startswith("compute")} and len(met_cases) == 3
     found = {f["id"]: f for f in res["findings"]}
@@ -561,13 +565,14 @@ def test_06_replays_compute_target_met_by_ours(run_notebook: Callable[..., Path]
     for n in m["target_needs"]:
         fixed_us, _ = _fit(rows, n["ours_kernel"], int(n["heads"]), int(n["draft_tokens"]))
         assert n["ours_fixed_us"] == pytest.approx(fixed_us, rel=1e-6)
-    # the auto kernel ran the warp-specialized Gluon kernel from 33 rows and split_p1's kernel below: with its default
-    # (no config, as the run's split_p1 rows) or, for run 29's pick, the default with the merge in one pass
+    # the kernel ran the warp-specialized Gluon kernel from 33 rows (at every row count from run 35) and split_p1's
+    # kernel below: with its default (no config, as the run's split_p1 rows) or, for run 29's, the default with the
+    # merge in one pass
     auto = [r for r in rows if r["kernel"] == auto_kernel]
     assert len(auto) == 12
     for r in auto:
         expected = resolve_config(auto_kernel, r["rows"])
-        if r["heads"] * r["draft_tokens"] >= AUTO_GLUON_MIN_ROWS:
+        if runs_gluon_ws(variant(auto_kernel), r["heads"] * r["draft_tokens"]):
             assert SplitKVConfig(**r["config"]) == expected and r["config"]["block_m"] == gluon_config(64, 2).block_m
         elif expected is None:
             p1 = [x for x in rows if x["kernel"] == "split_p1" and x["rows"] == r["rows"]]
