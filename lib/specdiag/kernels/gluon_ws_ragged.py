@@ -1,8 +1,8 @@
 """The suite's pick on SGLang's ragged batch layout: the warp-specialized Gluon kernel (gluon_ws) for the plugin.
 
-From 33 query rows (heads x draft tokens) the suite's pick, ``split_auto_gwfm_p1``, runs gluon_ws's warp-specialized
-partial kernel; the plugin served Triton's 64-row loop there (triton_splitkv_ragged), 1.4-2.2x its time (run 31,
-docs/kernel-notes.md). This is the same kernel, its partitions unchanged (gluon_ws ``_softmax_partition`` and
+The suite's pick, ``split_gwrp_p1`` (run 37), runs gluon_ws's warp-specialized partial kernel at every row count
+(heads x draft tokens); the plugin served Triton's loop (triton_splitkv_ragged) at 1.4-2.2x its time from 33 rows
+(run 31) and 1.1-1.6x below (runs 33-34, docs/kernel-notes.md). This is the same kernel, its partitions unchanged (gluon_ws ``_softmax_partition`` and
 ``_pv_loader_partition``), behind an entry that reads every length on the device, as triton_splitkv_ragged does, so
 one launch serves any context length and a CUDA graph captured at one length replays at another:
 
