@@ -104,3 +104,18 @@ def test_plugin_diag_sweep_order_is_repeat_major():
     reqs = [{"context_tokens": c, "repeat": r} for c in (16384, 65536, 131072) for r in range(3)]
     order = [(q["repeat"], q["context_tokens"]) for q in diag.round_robin(reqs)]
     assert order == [(r, c) for r in range(3) for c in (16384, 65536, 131072)]
+
+
+@pytest.mark.parametrize(("env", "needle"), [({"GPU_TESTS_S": "20"}, "GPU_TESTS_S >= 35"),
+                                             ({"GPU_TESTS_S": "x"}, "GPU_TESTS_S >= 35"),
+                                             ({"TOTAL": "350"}, "TOTAL >= 400")])
+def test_plugin_job_refuses_budgets_too_small_to_start_a_server(tmp_path: Path, env: dict, needle: str) -> None:
+    """Session 10: GPU_TESTS_S=20 left the launch gate 5 s and the job stopped with no server; TOTAL=350 left four
+    servers no time to capture and start. The job refuses both before any work, naming the setting and the fix."""
+    import os
+
+    job = PROJECT_ROOT / "scripts" / "device" / "sglang_plugin_job.sh"
+    res = subprocess.run(["bash", str(job)], cwd=tmp_path, capture_output=True, text=True,
+                         env={**os.environ, "OUT": str(tmp_path / "out"), **env})
+    assert res.returncode == 2 and needle in res.stderr and "set " in res.stderr
+    assert not (tmp_path / "out").exists()  # nothing written: refused before the work starts

@@ -30,6 +30,17 @@ TP2_MIN_S=${TP2_MIN_S:-90}
 SITE=${SITE:-/tmp/site}
 PLUGIN=${PLUGIN_TARGET:-/tmp/plugin}
 EXTRA=${EXTRA:-}
+# the launch gate gets GPU_TESTS_S - 15 s and needs about 15 s to import and run (session 10, call 22: 5 s was too
+# little, and the job stopped with no server started); TOTAL below 400 s leaves four servers no time to start and
+# capture (session 10, call 23: an 80 s target-verify capture)
+if ! [[ "$GPU_TESTS_S" =~ ^[0-9]+$ ]] || [ "$GPU_TESTS_S" -lt 35 ]; then
+  echo "[plugin-job] GPU_TESTS_S=$GPU_TESTS_S: the launch gate needs GPU_TESTS_S >= 35 (it gets GPU_TESTS_S - 15 s); set GPU_TESTS_S=35 or more" >&2
+  exit 2
+fi
+if ! [[ "$TOTAL" =~ ^[0-9]+$ ]] || [ "$TOTAL" -lt 400 ]; then
+  echo "[plugin-job] TOTAL=$TOTAL: four servers need TOTAL >= 400 s to start, capture and measure; set TOTAL=400 or more" >&2
+  exit 2
+fi
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1
 work=/tmp/sglang-plugin-job
 rm -rf "$work"; mkdir -p "$work"
