@@ -308,3 +308,41 @@ def test_the_plugins_arm_runs_gluon_from_33_rows_and_the_triton_ragged_kernel_be
     run_variant("ragged_gw_p1", x, out)  # the CPU: the torch fallback, as every arm
     assert relative_error(out, reference_verify(x)) < 1e-2
     assert gluon_ragged_supported(x.q, x.cache) == (False, "not a CUDA device")
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed here")
+def test_read_only_kernel_of_the_picks_launch_shape_compiles_without_math() -> None:
+    """Session 10's read floor of the pick's launch shape (gluon_ws_read) for sm_90: the pick's copy code (as many
+    cp.async and ring arrivals as the pick's kernel), no wgmma at all, two partitions, and shared memory over half an
+    SM's, so one program per SM as the pick."""
+    from specdiag.kernels.gluon_ws import compile_sm90 as compile_pick
+    from specdiag.kernels.gluon_ws_read import compile_sm90
+
+    k, pick = compile_sm90(), compile_pick(prefetch=True, draft_branch=True, fold=True)
+    ptx, pick_ptx = k.asm["ptx"], pick.asm["ptx"]
+    assert "wgmma" not in ptx
+    assert ptx.count("cp.async.ca") + ptx.count("cp.async.cg") == \
+        pick_ptx.count("cp.async.ca") + pick_ptx.count("cp.async.cg") > 0
+    assert ptx.count("cp.async.mbarrier.arrive.noinc") == pick_ptx.count("cp.async.mbarrier.arrive.noinc")
+    assert "setmaxnreg" in ptx and k.metadata.num_warps == 8
+    assert SHARED_LIMIT_SM90 // 2 < k.metadata.shared <= SHARED_LIMIT_SM90, k.metadata.shared
+
+
+def test_read_only_kernel_plans_the_picks_splits() -> None:
+    """expected_tiles: the pick's plan (one row tile per 64 rows, the splits of plan_splits), every token of the case
+    in exactly one program's tiles, the last split running to the end."""
+    from specdiag.kernels.gluon_ws_read import expected_tiles, read_plan
+    from specdiag.kernels.mla import BLOCK_TOKENS, VerifyShape, make_inputs
+
+    for shape in (VerifyShape(3001, 8, 1, "shuffled_p1"), VerifyShape(20000, 16, 8, "shuffled_p1"),
+                  VerifyShape(100, 8, 8, "contiguous")):
+        x = make_inputs(shape, seed=1)
+        plan = read_plan(x, num_sms=132)
+        tiles = expected_tiles(x, num_sms=132)
+        assert len(tiles) == plan.n_tiles * plan.n_splits and plan.n_tiles == -(-shape.rows // 64)
+        per_split = [tiles[s * plan.n_tiles] for s in range(plan.n_splits)]
+        assert all(tiles[s * plan.n_tiles + m] == per_split[s] for s in range(plan.n_splits)
+                   for m in range(plan.n_tiles))
+        # every token in some tile, and at most one partly filled tile per split
+        assert BLOCK_TOKENS * sum(per_split) >= x.n_kv
+        assert sum(per_split) <= x.n_kv // BLOCK_TOKENS + plan.n_splits

@@ -343,3 +343,30 @@ def test_run18_ws_phases_rows_carry_phases_and_the_calls_kernels() -> None:
     for r in rows:
         assert 0 < r["phases_sum_cycles"] <= r["loop_cycles"] * 1.001 and r["error"] is None
         assert 0 < r["prof_merge_us"] < r["prof_partial_us"] < r["untimed_us"] * 1.5 and r["prof_calls"] == 10
+
+
+@pytest.mark.parametrize("shape", [VerifyShape(131072, 8, 1, "shuffled_p1"), VerifyShape(3001, 16, 8, "contiguous"),
+                                   VerifyShape(20000, 16, 64, "shuffled_p1"), VerifyShape(100, 8, 8, "shuffled_p1")],
+                         ids=lambda s: f"ws-read-P{s.context_tokens}-H{s.heads}-T{s.draft_tokens}-{s.layout}")
+def test_ws_read_kernel_streams_every_tile_of_the_picks_plan(shape: VerifyShape) -> None:
+    """gluon_ws_read on the H200: every program of the pick's grid waits for exactly the tiles its split holds
+    (several row tiles, a split shorter than the ring, one row tile), twice in a row (the ring's barrier phases)."""
+    from specdiag.kernels.gluon_ws_read import expected_tiles, read_kv_ws, read_sink
+
+    x = make_inputs(shape, device="cuda", seed=3)
+    for _ in range(2):
+        sink = read_sink(x)
+        read_kv_ws(x, sink)
+        torch.cuda.synchronize()
+        assert sink[:, 0].tolist() == expected_tiles(x) and bool((sink == sink[:, :1]).all())
+
+
+def test_anatomy_ws_parts_time_the_pick_and_its_read_floor() -> None:
+    """anatomy.measure_ws on a small case: both parts measured, the read kernel's tiles as planned, the pick correct."""
+    from specdiag.kernels.anatomy import WS_PARTS, measure_ws
+
+    rows = measure_ws(VerifyShape(65536, 8, 1, "shuffled_p1"), torch.device("cuda"), n_runs=3,
+                      rotate_bytes=1 << 28)
+    assert [r["part"] for r in rows] == list(WS_PARTS)
+    for r in rows:
+        assert r["error"] is None and r["correct"] and r["us_median"] > 0, r

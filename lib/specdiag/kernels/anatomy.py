@@ -19,6 +19,9 @@ a sleep queued first, rotating input sets so the KV is cold), these parts of a s
   loop and when done, and its SM (:func:`timeline_stats`: launch ramp, per-program durations, the tail); CUDA only.
 - The ``full`` row also carries the GPU's own durations of its two kernels and the gap between them, from the
   torch profiler (CUPTI): ``prof_partial_us``, ``prof_merge_us``, ``prof_gap_us`` (medians over the profiled calls).
+- With ``--ws`` (session 10, :func:`measure_ws`): ``pick_ws``, the pick since run 37 (``split_gwrp_p1``, the
+  warp-specialized Gluon kernel), and ``read_ws``, the read-only kernel of its launch shape (gluon_ws_read): what the
+  pick's one program per SM, copy warpgroup and 64-token ring cost before any math.
 
 :func:`anatomy_fits` fits each part over the contexts of a shape (least squares of time on KV bytes), so each
 part's fixed cost and rate sit side by side. Rows go to the run folder's ``kernel_anatomy`` table; a part that
@@ -48,6 +51,10 @@ TABLE = "kernel_anatomy"
 #: the parts of a call, in the order measured (module doc)
 PARTS: tuple[str, ...] = ("empty_1", "empty_2", "read_torch", "read_gather", "read_contig", "partial", "merge", "full", "full_pdl",
                           "timeline")
+
+
+#: the parts ``--ws`` adds (session 10): the read floor of the pick's launch shape, and the pick since run 37
+WS_PARTS: tuple[str, ...] = ("read_ws", "pick_ws")
 
 
 def timeline_stats(start_ns: Sequence[int], loop_end_ns: Sequence[int], done_ns: Sequence[int],
@@ -109,7 +116,9 @@ def fixed_cost_shares(fits: pd.DataFrame) -> pd.DataFrame:
 
     ``<part>_us`` is each timed part's fitted fixed cost (``empty_2_us``: two launches; the timeline has none);
     ``partial_over_read_us`` is what the partial kernel's math adds to the read-only kernel of the same grid
-    (``read_gather_us``); ``pdl_saves_us`` = full - full_pdl.
+    (``read_gather_us``); ``pdl_saves_us`` = full - full_pdl. Where ``--ws`` measured them (:func:`measure_ws`),
+    ``pick_over_read_ws_us`` is what the pick's math, epilogue and merge add to the read-only kernel of its own
+    launch shape (``pick_ws_us`` - ``read_ws_us``).
     """
     out = []
     for (h, t), g in fits.groupby(["heads", "draft_tokens"], sort=False):
@@ -117,6 +126,9 @@ def fixed_cost_shares(fits: pd.DataFrame) -> pd.DataFrame:
         row = {"heads": h, "draft_tokens": t, **{f"{p}_us": f.get(p, float("nan")) for p in PARTS if p != "timeline"}}
         row["partial_over_read_us"] = row["partial_us"] - row["read_gather_us"]
         row["pdl_saves_us"] = row["full_us"] - row["full_pdl_us"]
+        if all(p in f for p in WS_PARTS):
+            row.update({f"{p}_us": f[p] for p in WS_PARTS})
+            row["pick_over_read_ws_us"] = f["pick_ws"] - f["read_ws"]
         out.append(row)
     return pd.DataFrame(out)
 
@@ -262,6 +274,57 @@ def measure_anchor(shape: VerifyShape, device: torch.device, n_runs: int = 20, r
                            "us_samples": [round(1e3 * x, 2) for x in ms], "mask": "chain"}
     row.update(profile_kernels(calls, profile_runs, device))
     return row
+
+
+def measure_ws(shape: VerifyShape, device: torch.device, n_runs: int = 20, rotate_bytes: int = 1 << 30,
+               seed: int = 0, pick: str = "split_gwrp_p1") -> list[dict[str, Any]]:
+    """The pick's call and the read-only kernel of its launch shape (gluon_ws_read: the same grid, shared memory,
+    split, ring and copies, no math), timed like the parts on the same rotating inputs: parts ``read_ws`` (each
+    program's tile count checked against the plan) and ``pick_ws`` (checked against fp32). CUDA sm_90 only; a part
+    that fails is a row with its error."""
+    from specdiag.kernels.cases import relative_error, rotation_sets  # noqa: PLC0415
+    from specdiag.kernels.dispatch import prepared_call  # noqa: PLC0415
+    from specdiag.kernels.gluon_ws_read import expected_tiles, read_kv_ws, read_plan, read_sink  # noqa: PLC0415
+    from specdiag.kernels.reference import reference_verify  # noqa: PLC0415
+    from specdiag.kernels.timing import summarize_ms, time_calls  # noqa: PLC0415
+
+    inputs = make_inputs(shape, device=device, seed=seed)
+    sets = rotation_sets(inputs, rotate_bytes, seed)
+    plan = read_plan(inputs)
+    base = {"context_tokens": shape.context_tokens, "heads": shape.heads, "draft_tokens": shape.draft_tokens,
+            "layout": shape.layout, "n_kv": shape.n_kv, "kv_bytes": kv_bytes(shape.n_kv), "n_tiles": plan.n_tiles,
+            "n_splits": plan.n_splits, "tokens_per_split": plan.tokens_per_split, "grid": [plan.n_tiles, plan.n_splits],
+            "n_rotation_sets": len(sets)}
+    sinks = [read_sink(s) for s in sets]
+    outs = [s.out_like() for s in sets]
+    calls = {"read_ws": [(lambda s=s, k=k: read_kv_ws(s, k)) for s, k in zip(sets, sinks)],
+             "pick_ws": [prepared_call(pick, s, o) for s, o in zip(sets, outs)]}
+    rows: list[dict[str, Any]] = []
+    for part in WS_PARTS:
+        row: dict[str, Any] = {**base, "part": part, "kernel": pick if part == "pick_ws" else "gluon_ws_read",
+                               "error": None, "ts_unix_s": time.time()}
+        try:
+            calls[part][0]()
+            torch.cuda.synchronize(device)
+            if part == "read_ws":
+                want = expected_tiles(sets[0])
+                got = sinks[0][:, 0].tolist()
+                row["tiles_ok"] = bool(got == want and bool((sinks[0] == sinks[0][:, :1]).all()))
+                row["correct"] = row["tiles_ok"]
+            else:
+                outs[0].fill_(float("nan"))
+                calls[part][0]()
+                torch.cuda.synchronize(device)
+                row["rel_err"] = relative_error(outs[0], reference_verify(sets[0]))
+                row["correct"] = bool(row["rel_err"] <= 1e-2 and not torch.isnan(outs[0]).any())
+            ms = time_calls(calls[part], n_runs=n_runs, n_warmup=3, device=device)
+            st = summarize_ms(ms)
+            row.update(us_median=1e3 * st["ms_median"], us_p10=1e3 * st["ms_p10"], us_p90=1e3 * st["ms_p90"],
+                       n_runs=st["n_runs"], us_samples=[round(1e3 * x, 2) for x in ms])
+        except Exception as exc:  # noqa: BLE001 - a part that fails is a row; the other still runs
+            row["error"] = repr(exc)[:500]
+        rows.append(row)
+    return rows
 
 
 def measure_case(shape: VerifyShape, device: torch.device, n_runs: int = 20, rotate_bytes: int = 1 << 30,
@@ -418,6 +481,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--max-minutes", type=float, default=None, help="stop starting cases after this long")
     ap.add_argument("--flashinfer", action="store_true",
                     help="also time and profile FlashInfer's MLA on each case (part flashinfer; needs flashinfer)")
+    ap.add_argument("--ws", action="store_true",
+                    help="also time the pick (split_gwrp_p1) and the read-only kernel of its launch shape on each case "
+                         "(parts read_ws and pick_ws; CUDA sm_90)")
     ap.add_argument("--peaks", action="store_true",
                     help="measure the copy and matmul ceilings and a copy of each context's KV bytes first (the "
                          "harness's peaks and kernel_ab_copy; use when the folder has no harness run)")
@@ -461,6 +527,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             except Exception as exc:  # noqa: BLE001 - the anchor's failure is a row
                 fi["error"] = repr(exc)[:500]
             rows.append(fi)
+        if args.ws:
+            rows += measure_ws(shape, device, n_runs=args.n_runs)
         for row in rows:
             run.append_row(TABLE, row)
             print(f"P={shape.context_tokens:>6} H={shape.heads:>3} T={shape.draft_tokens:>2} {row['part']:<12} "

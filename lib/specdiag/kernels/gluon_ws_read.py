@@ -1,0 +1,162 @@
+"""The read floor of the pick's launch shape: gluon_ws's grid, split, ring and copies, without the attention.
+
+Session 5's anatomy (``anatomy.read_gather``) measured a read-only kernel of split_p1's grid (two 16-row programs per
+SM) at 41.9 us for 128k tokens, the 85 % target's whole allowance. Since run 37 the pick is the warp-specialized Gluon
+kernel at every row count (one program per SM, a copy warpgroup, 64-token tiles in a ring of two), which takes
+52.3 us there (docs/kernel-notes.md, "Where issue 13 stands after session 10"); what its launch shape costs before
+any math was never measured. This is that kernel with the math taken out:
+
+- the same shared-memory setup (``gluon_ws.ws_shared_state``), the same plan (``splitkv_plan.plan_splits`` with
+  ``gluon_config``) and split bounds; nothing reads Q or P here, so the compiler drops them: 147,604 B of shared
+  memory compiled for sm_90 (the pick: 229,900 B), still over half an SM's, so one program per SM as the pick;
+- warpgroup 1 issues every tile's copy as the pick's copy partition does (``_tile_slots`` / ``_issue_tile``, the
+  token-table rows a tile ahead with PREFETCH), refilling a buffer once warpgroup 0 frees it;
+- warpgroup 0 waits for each tile to land and frees it at once (no scores, no softmax, no P V), then writes the
+  number of tiles it saw to ``sink`` [programs, 128] (int32): the test's proof that every program ran its split.
+
+No partials, no merge: the time of a call is what streaming the case's KV through this launch shape costs.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier
+
+from specdiag.kernels.gluon_ws import (WS_PARTITION_WARPS, WS_WORKER_REGS, _issue_tile, _tile_slots, _wait_tile,
+                                       ws_shared_state)
+from specdiag.kernels.mla import D_NOPE, D_PE, D_QK, VerifyInputs
+from specdiag.kernels.splitkv_plan import GLUON_BLOCK_M, SplitPlan, gluon_config, plan_splits
+
+
+@gluon.jit
+def _drain_partition(kv_ready, kv_free, SINK, n_iter, prog, STAGES: gl.constexpr, WARPS: gl.constexpr):
+    """Warpgroup 0: each tile waited for and freed, then the count of tiles into the sink."""
+    for it in range(0, n_iter):
+        _wait_tile(kv_ready, it, STAGES)
+        mbarrier.arrive(kv_free.index(it % STAGES), count=1)
+    tid = gl.arange(0, 32 * WARPS, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
+    gl.store(SINK + prog.to(gl.int64) * (32 * WARPS) + tid,
+             gl.full([32 * WARPS], 0, gl.int32, layout=tid.type.layout) + n_iter)
+
+
+@gluon.jit
+def _copy_partition(kv_smem, pe_smem, kv_ready, kv_free, KV, TOKEN_TABLE, n_prefix, start, end, n_iter, stride_kv,
+                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, D_NOPE: gl.constexpr, D_PE: gl.constexpr,
+                    WARPS: gl.constexpr, PREFETCH: gl.constexpr):
+    """Warpgroup 1: the pick's copy loop (gluon_ws ``_pv_loader_partition``) without its P V."""
+    LD: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [WARPS, 1], [1, 0])
+    LD_PE: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
+    for k in gl.static_range(STAGES):
+        slot, slot_pe = _tile_slots(TOKEN_TABLE, TOKEN_TABLE, n_prefix, start + k * BLOCK_N, end, BLOCK_N, LD, LD_PE,
+                                    False)
+        _issue_tile(KV, kv_smem.index(k), pe_smem.index(k), slot, slot_pe, start + k * BLOCK_N, end, stride_kv,
+                    BLOCK_N, D_NOPE, D_PE, LD, LD_PE)
+        async_copy.mbarrier_arrive(kv_ready.index(k), increment_count=False)
+    nx_slot, nx_slot_pe = _tile_slots(TOKEN_TABLE, TOKEN_TABLE, n_prefix, start + STAGES * BLOCK_N, end, BLOCK_N, LD,
+                                      LD_PE, False)
+    for it in range(0, n_iter):
+        buf = it % STAGES
+        if it + STAGES < n_iter:
+            pos0 = start + (it + STAGES) * BLOCK_N
+            if not PREFETCH:
+                nx_slot, nx_slot_pe = _tile_slots(TOKEN_TABLE, TOKEN_TABLE, n_prefix, pos0, end, BLOCK_N, LD, LD_PE,
+                                                  False)
+            mbarrier.wait(kv_free.index(buf), (it // STAGES) & 1)
+            _issue_tile(KV, kv_smem.index(buf), pe_smem.index(buf), nx_slot, nx_slot_pe, pos0, end, stride_kv,
+                        BLOCK_N, D_NOPE, D_PE, LD, LD_PE)
+            async_copy.mbarrier_arrive(kv_ready.index(buf), increment_count=False)
+            if PREFETCH:
+                nx_slot, nx_slot_pe = _tile_slots(TOKEN_TABLE, TOKEN_TABLE, n_prefix, pos0 + BLOCK_N, end, BLOCK_N,
+                                                  LD, LD_PE, False)
+
+
+@gluon.jit
+def _ws_read_kernel(Q, KV, TOKEN_TABLE, SINK, n_prefix, n_kv, n_rows, tokens_per_split, stride_kv, n_splits,
+                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, D_NOPE: gl.constexpr,
+                    D_PE: gl.constexpr, num_warps: gl.constexpr, WORKER_REGS: gl.constexpr, PREFETCH: gl.constexpr):
+    """One program per (64-row tile, split), as gluon_ws ``_ws_partial_kernel``: its shared memory, its split, its
+    copies; no math (module doc)."""
+    pid_m = gl.program_id(0)
+    pid_s = gl.program_id(1)
+    (q_smem, qpe_smem, kv_smem, pe_smem, p_smem, row_smem, kv_ready, kv_free, p_ready, p_free,
+     l_ready) = ws_shared_state(Q, pid_m, n_rows, BLOCK_M, BLOCK_N, STAGES, D_NOPE, D_PE, num_warps)
+    start = pid_s * tokens_per_split
+    end = gl.minimum(start + tokens_per_split, n_kv)
+    if pid_s == n_splits - 1:
+        end = n_kv
+    n_iter = gl.cdiv(gl.maximum(end - start, 0), BLOCK_N)
+    prog = pid_s * gl.num_programs(0) + pid_m
+    gl.warp_specialize([
+        (_drain_partition, (kv_ready, kv_free, SINK, n_iter, prog, STAGES, num_warps)),
+        (_copy_partition, (kv_smem, pe_smem, kv_ready, kv_free, KV, TOKEN_TABLE, n_prefix, start, end, n_iter,
+                           stride_kv, BLOCK_N, STAGES, D_NOPE, D_PE, num_warps, PREFETCH)),
+    ], [num_warps], [WORKER_REGS])
+
+
+def read_plan(inputs: VerifyInputs, block_n: int = 64, stages: int = 2, num_sms: int | None = None) -> SplitPlan:
+    """The pick's plan on ``inputs`` (gluon_ws's: ``plan_splits`` with ``gluon_config``)."""
+    from specdiag.kernels.triton_splitkv import sm_count  # noqa: PLC0415
+
+    return plan_splits(inputs.heads * inputs.draft_tokens, inputs.n_kv, gluon_config(block_n, stages),
+                       num_sms or sm_count(inputs.q.device.index or 0))
+
+
+def read_sink(inputs: VerifyInputs, block_n: int = 64, stages: int = 2, num_sms: int | None = None) -> torch.Tensor:
+    """The int32 buffer a read call writes its tile counts into: [programs, 128]."""
+    plan = read_plan(inputs, block_n, stages, num_sms)
+    return torch.zeros(plan.n_tiles * plan.n_splits, 32 * WS_PARTITION_WARPS, dtype=torch.int32,
+                       device=inputs.q.device)
+
+
+def read_kv_ws(inputs: VerifyInputs, sink: torch.Tensor, block_n: int = 64, stages: int = 2, prefetch: bool = True,
+               num_sms: int | None = None) -> torch.Tensor:
+    """Stream the case's KV through the pick's launch shape with no math (module doc); returns ``sink`` (from
+    :func:`read_sink`), each program's row holding the tiles it waited for. CUDA sm_90 only."""
+    q, cache = inputs.q, inputs.cache
+    if not q.is_cuda:
+        raise ValueError("read_kv_ws runs on CUDA (sm_90) only")
+    if not (q.is_contiguous() and q.shape[-1] == D_QK and cache.shape[-1] == D_QK and cache.stride(1) == 1):
+        raise ValueError("read_kv_ws needs contiguous q [T, H, 576] and cache rows [pool, 576]")
+    plan = read_plan(inputs, block_n, stages, num_sms)
+    if sink.shape != (plan.n_tiles * plan.n_splits, 32 * WS_PARTITION_WARPS) or sink.dtype != torch.int32:
+        raise ValueError(f"sink is {tuple(sink.shape)} {sink.dtype}; make it with read_sink(inputs, {block_n}, "
+                         f"{stages})")
+    _ws_read_kernel[(plan.n_tiles, plan.n_splits)](
+        q, cache, inputs.token_table, sink, inputs.n_prefix, inputs.n_kv, inputs.heads * inputs.draft_tokens,
+        plan.tokens_per_split, cache.stride(0), plan.n_splits,
+        BLOCK_M=GLUON_BLOCK_M, BLOCK_N=block_n, STAGES=stages, D_NOPE=D_NOPE, D_PE=D_PE,
+        num_warps=WS_PARTITION_WARPS, WORKER_REGS=WS_WORKER_REGS, PREFETCH=prefetch,
+    )
+    return sink
+
+
+def expected_tiles(inputs: VerifyInputs, block_n: int = 64, stages: int = 2, num_sms: int | None = None) -> list[int]:
+    """The tiles each program of a read call streams, in the kernel's program order (pid_s * tiles + pid_m)."""
+    plan = read_plan(inputs, block_n, stages, num_sms)
+    out = []
+    for s in range(plan.n_splits):
+        start = s * plan.tokens_per_split
+        end = inputs.n_kv if s == plan.n_splits - 1 else min(start + plan.tokens_per_split, inputs.n_kv)
+        out += [-(-max(end - start, 0) // block_n)] * plan.n_tiles
+    return out
+
+
+def compile_sm90(block_n: int = 64, stages: int = 2, dtype: str = "bf16",
+                 prefetch: bool = True) -> "triton.compiler.CompiledKernel":
+    """The read kernel compiled ahead of time for sm_90 (no GPU needed), for the CPU tests."""
+    from triton.backends.compiler import GPUTarget  # noqa: PLC0415
+    from triton.experimental.gluon._runtime import GluonASTSource  # noqa: PLC0415
+
+    sig = {"Q": f"*{dtype}", "KV": f"*{dtype}", "TOKEN_TABLE": "*i64", "SINK": "*i32", "n_prefix": "i32",
+           "n_kv": "i32", "n_rows": "i32", "tokens_per_split": "i32", "stride_kv": "i32", "n_splits": "i32"}
+    const = {"BLOCK_M": GLUON_BLOCK_M, "BLOCK_N": block_n, "STAGES": stages, "D_NOPE": D_NOPE, "D_PE": D_PE,
+             "num_warps": WS_PARTITION_WARPS, "WORKER_REGS": WS_WORKER_REGS, "PREFETCH": prefetch}
+    sig.update({k: "constexpr" for k in const})
+    attrs = {(i,): [["tt.divisibility", 16]] for i, k in enumerate(sig)
+             if k in ("Q", "KV", "TOKEN_TABLE", "SINK", "stride_kv")}
+    return triton.compile(GluonASTSource(_ws_read_kernel, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": WS_PARTITION_WARPS})
