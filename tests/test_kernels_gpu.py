@@ -33,6 +33,23 @@ def _check_arms_twice(shape: VerifyShape, names: tuple[str, ...]) -> None:
             assert res["unwritten"] == 0 and res["rel_err"] <= 1e-2, f"{name} call {attempt}: {res}"
 
 
+def _check_timed_calls_twice(shape: VerifyShape, names: tuple[str, ...], seed: int) -> None:
+    """Each variant of ``names`` by the call the harness times (dispatch.prepared_call: what can be made once is made
+    there, e.g. the ragged arms' SGLang layout), on fresh inputs: correct and every row written, twice in a row."""
+    from specdiag.kernels.dispatch import prepared_call
+
+    inputs = make_inputs(shape, device="cuda", seed=seed)
+    ref = reference_verify(inputs)
+    for name in names:
+        out = inputs.out_like()
+        call = prepared_call(name, inputs, out)
+        for _ in range(2):
+            out.fill_(float("nan"))
+            call()
+            torch.cuda.synchronize()
+            assert not out.isnan().any() and (out.float() - ref).norm() / ref.norm() <= 1e-2, name
+
+
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"P{s.context_tokens}-H{s.heads}-T{s.draft_tokens}-{s.layout}")
 def test_triton_kernels_match_reference(shape: VerifyShape) -> None:
     inputs = make_inputs(shape, device="cuda", seed=shape.context_tokens)
@@ -207,18 +224,8 @@ def test_run32_plugins_gluon_arm_matches_reference(shape: VerifyShape) -> None:
     """ragged_gw_p1 (the plugin's serving since run 32: the Gluon kernel on the ragged layout from 33 rows, the Triton
     ragged kernel below), by run_variant and by the call the harness times, twice each; 40 rows (a partial row tile)
     and a context shorter than two splits' minimum."""
-    from specdiag.kernels.dispatch import prepared_call
-
     _check_arms_twice(shape, ("ragged_gw_p1",))
-    inputs = make_inputs(shape, device="cuda", seed=shape.context_tokens + 2)
-    ref = reference_verify(inputs)
-    out = inputs.out_like()
-    call = prepared_call("ragged_gw_p1", inputs, out)
-    for _ in range(2):
-        out.fill_(float("nan"))
-        call()
-        torch.cuda.synchronize()
-        assert not out.isnan().any() and (out.float() - ref).norm() / ref.norm() <= 1e-2
+    _check_timed_calls_twice(shape, ("ragged_gw_p1",), seed=shape.context_tokens + 2)
 
 
 @pytest.mark.parametrize("shape", [VerifyShape(131072, 8, 1, "shuffled_p1"), VerifyShape(131072, 8, 8, "shuffled_p1"),
@@ -229,20 +236,9 @@ def test_run30_joined_tail_and_ragged_arms_match_reference(shape: VerifyShape) -
     """The arms that join a tail split to the one before it (both kernels: 257 -> 256 splits at 128k h8T1, 129 -> 128
     at h8T8) and the plugin's ragged kernel in both merge forms, each by run_variant (the check) and by the call the
     harness times (dispatch.prepared_call: the ragged layout made once), twice."""
-    from specdiag.kernels.dispatch import prepared_call
-
     names = ("split_auto_gwfmj_p1", "split_auto_gwfmj1_p1", "ragged_p1", "ragged2_p1")
     _check_arms_twice(shape, names)
-    inputs = make_inputs(shape, device="cuda", seed=shape.context_tokens + 1)
-    ref = reference_verify(inputs)
-    for name in names:
-        out = inputs.out_like()
-        call = prepared_call(name, inputs, out)
-        for _ in range(2):
-            out.fill_(float("nan"))
-            call()
-            torch.cuda.synchronize()
-            assert not out.isnan().any() and (out.float() - ref).norm() / ref.norm() <= 1e-2, name
+    _check_timed_calls_twice(shape, names, seed=shape.context_tokens + 1)
 
 
 @pytest.mark.parametrize("shape", [VerifyShape(131072, 8, 4, "shuffled_p1"), VerifyShape(20000, 4, 8, "shuffled_p1"),
@@ -252,21 +248,10 @@ def test_run30_joined_tail_and_ragged_arms_match_reference(shape: VerifyShape) -
 def test_run33_gluon_kernels_below_33_rows_match_reference(shape: VerifyShape) -> None:
     """The Gluon kernels at 8-32 rows, where the pick and the plugin served Triton until runs 33-35 measured them: most of the 64-row tile empty, a tree mask, a context shorter than one split's minimum; by run_variant and
     by the call the harness times, twice each."""
-    from specdiag.kernels.dispatch import prepared_call
-
     names = ("split_gwfm_p1", "ragged_gwa_p1", "split_gwr_p1", "split_gwrp_p1", "split_gwrb_p1", "split_gwr32_p1",
              "ragged_gwap_p1")
     _check_arms_twice(shape, names)
-    inputs = make_inputs(shape, device="cuda", seed=shape.context_tokens + 3)
-    ref = reference_verify(inputs)
-    for name in names:
-        out = inputs.out_like()
-        call = prepared_call(name, inputs, out)
-        for _ in range(2):
-            out.fill_(float("nan"))
-            call()
-            torch.cuda.synchronize()
-            assert not out.isnan().any() and (out.float() - ref).norm() / ref.norm() <= 1e-2, name
+    _check_timed_calls_twice(shape, names, seed=shape.context_tokens + 3)
 
 
 @pytest.mark.parametrize("shape", [VerifyShape(4096, 8, 8, "shuffled_p1"), VerifyShape(131072, 8, 8, "shuffled_p1"),

@@ -107,6 +107,36 @@ def _issue_tile(KV, kv_buf, pe_buf, slot, slot_pe, pos0, end, stride_kv,
 
 
 @gluon.jit
+def _issue_first_tiles(KV, kv_smem, pe_smem, kv_ready, TOKEN_TABLE, DRAFT_TABLE, n_prefix, start, end, stride_kv,
+                       BLOCK_N: gl.constexpr, STAGES: gl.constexpr, D_NOPE: gl.constexpr, D_PE: gl.constexpr,
+                       LD: gl.constexpr, LD_PE: gl.constexpr, RAGGED: gl.constexpr):
+    """The copy warpgroup's start: the ring's first STAGES tiles issued (nothing past the split's end), each on its
+    buffer's ready barrier; returns the token-table rows of the first refill."""
+    for k in gl.static_range(STAGES):
+        slot, slot_pe = _tile_slots(TOKEN_TABLE, DRAFT_TABLE, n_prefix, start + k * BLOCK_N, end, BLOCK_N, LD, LD_PE,
+                                    RAGGED)
+        _issue_tile(KV, kv_smem.index(k), pe_smem.index(k), slot, slot_pe, start + k * BLOCK_N, end, stride_kv,
+                    BLOCK_N, D_NOPE, D_PE, LD, LD_PE)
+        async_copy.mbarrier_arrive(kv_ready.index(k), increment_count=False)
+    return _tile_slots(TOKEN_TABLE, DRAFT_TABLE, n_prefix, start + STAGES * BLOCK_N, end, BLOCK_N, LD, LD_PE, RAGGED)
+
+
+@gluon.jit
+def _refill(KV, kv_smem, pe_smem, kv_ready, buf, slot, slot_pe, TOKEN_TABLE, DRAFT_TABLE, n_prefix, pos0, end,
+            stride_kv, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_PE: gl.constexpr, LD: gl.constexpr,
+            LD_PE: gl.constexpr, PREFETCH: gl.constexpr, RAGGED: gl.constexpr):
+    """Buffer ``buf`` refilled with the tile at ``pos0`` (its rows ``slot`` / ``slot_pe``; the buffer freed by the
+    caller); returns the rows of the next refill when PREFETCH loads them a tile ahead, else these."""
+    _issue_tile(KV, kv_smem.index(buf), pe_smem.index(buf), slot, slot_pe, pos0, end, stride_kv,
+                BLOCK_N, D_NOPE, D_PE, LD, LD_PE)
+    async_copy.mbarrier_arrive(kv_ready.index(buf), increment_count=False)
+    if PREFETCH:
+        slot, slot_pe = _tile_slots(TOKEN_TABLE, DRAFT_TABLE, n_prefix, pos0 + BLOCK_N, end, BLOCK_N, LD, LD_PE,
+                                    RAGGED)
+    return slot, slot_pe
+
+
+@gluon.jit
 def _clock(tick):
     """This thread's SM cycle counter (%clock64), one per element of ``tick`` (one element per thread)."""
     return gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l,r", [tick], dtype=gl.int64, is_pure=False, pack=1)
@@ -336,15 +366,10 @@ def _pv_loader_partition(kv_smem, pe_smem, p_smem, row_smem, kv_ready, kv_free, 
                                                   instr_shape=[16, D_HALF, 16])
     ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
 
-    for k in gl.static_range(STAGES):  # the first STAGES tiles (nothing past the split's end)
-        slot, slot_pe = _tile_slots(TOKEN_TABLE, DRAFT_TABLE, n_prefix, start + k * BLOCK_N, end, BLOCK_N, LD, LD_PE,
-                                    RAGGED)
-        _issue_tile(KV, kv_smem.index(k), pe_smem.index(k), slot, slot_pe, start + k * BLOCK_N, end, stride_kv,
-                    BLOCK_N, D_NOPE, D_PE, LD, LD_PE)
-        async_copy.mbarrier_arrive(kv_ready.index(k), increment_count=False)
-    # with PREFETCH the token-table rows of the next refill are loaded a tile ahead, off the copy's critical path
-    nx_slot, nx_slot_pe = _tile_slots(TOKEN_TABLE, DRAFT_TABLE, n_prefix, start + STAGES * BLOCK_N, end, BLOCK_N, LD,
-                                      LD_PE, RAGGED)
+    # the first STAGES tiles; with PREFETCH the token-table rows of the next refill are loaded a tile ahead, off the
+    # copy's critical path
+    nx_slot, nx_slot_pe = _issue_first_tiles(KV, kv_smem, pe_smem, kv_ready, TOKEN_TABLE, DRAFT_TABLE, n_prefix, start,
+                                             end, stride_kv, BLOCK_N, STAGES, D_NOPE, D_PE, LD, LD_PE, RAGGED)
     acc = gl.zeros([BLOCK_M, D_HALF], gl.float32, layout=O_L)
     if TIMED:  # phases: wait for P, P V, free P, wait for the buffer, the refill's copy
         tick, q0, t_loop = _phase_counters(WARPS)
@@ -381,12 +406,9 @@ def _pv_loader_partition(kv_smem, pe_smem, p_smem, row_smem, kv_ready, kv_free, 
             if TIMED:
                 u4 = _clock(tick)
                 q3 += u4 - u3
-            _issue_tile(KV, kv_smem.index(buf), pe_smem.index(buf), nx_slot, nx_slot_pe, pos0, end, stride_kv,
-                        BLOCK_N, D_NOPE, D_PE, LD, LD_PE)
-            async_copy.mbarrier_arrive(kv_ready.index(buf), increment_count=False)
-            if PREFETCH:
-                nx_slot, nx_slot_pe = _tile_slots(TOKEN_TABLE, DRAFT_TABLE, n_prefix, pos0 + BLOCK_N, end, BLOCK_N,
-                                                  LD, LD_PE, RAGGED)
+            nx_slot, nx_slot_pe = _refill(KV, kv_smem, pe_smem, kv_ready, buf, nx_slot, nx_slot_pe, TOKEN_TABLE,
+                                          DRAFT_TABLE, n_prefix, pos0, end, stride_kv, BLOCK_N, D_NOPE, D_PE, LD, LD_PE,
+                                          PREFETCH, RAGGED)
             if TIMED:
                 q4 += _clock(tick) - u4
     if TIMED:

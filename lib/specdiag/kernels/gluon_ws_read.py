@@ -23,11 +23,10 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
-from specdiag.kernels.gluon_ws import (WS_PARTITION_WARPS, WS_WORKER_REGS, _issue_tile, _tile_slots, _wait_tile,
-                                       ws_shared_state)
+from specdiag.kernels.gluon_ws import (WS_PARTITION_WARPS, WS_WORKER_REGS, _issue_first_tiles, _refill, _tile_slots,
+                                       _wait_tile, ws_shared_state)
 from specdiag.kernels.mla import D_NOPE, D_PE, D_QK, VerifyInputs
 from specdiag.kernels.splitkv_plan import GLUON_BLOCK_M, SplitPlan, gluon_config, plan_splits
 
@@ -50,14 +49,8 @@ def _copy_partition(kv_smem, pe_smem, kv_ready, kv_free, KV, TOKEN_TABLE, n_pref
     """Warpgroup 1: the pick's copy loop (gluon_ws ``_pv_loader_partition``) without its P V."""
     LD: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [WARPS, 1], [1, 0])
     LD_PE: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
-    for k in gl.static_range(STAGES):
-        slot, slot_pe = _tile_slots(TOKEN_TABLE, TOKEN_TABLE, n_prefix, start + k * BLOCK_N, end, BLOCK_N, LD, LD_PE,
-                                    False)
-        _issue_tile(KV, kv_smem.index(k), pe_smem.index(k), slot, slot_pe, start + k * BLOCK_N, end, stride_kv,
-                    BLOCK_N, D_NOPE, D_PE, LD, LD_PE)
-        async_copy.mbarrier_arrive(kv_ready.index(k), increment_count=False)
-    nx_slot, nx_slot_pe = _tile_slots(TOKEN_TABLE, TOKEN_TABLE, n_prefix, start + STAGES * BLOCK_N, end, BLOCK_N, LD,
-                                      LD_PE, False)
+    nx_slot, nx_slot_pe = _issue_first_tiles(KV, kv_smem, pe_smem, kv_ready, TOKEN_TABLE, TOKEN_TABLE, n_prefix, start,
+                                             end, stride_kv, BLOCK_N, STAGES, D_NOPE, D_PE, LD, LD_PE, False)
     for it in range(0, n_iter):
         buf = it % STAGES
         if it + STAGES < n_iter:
@@ -66,12 +59,9 @@ def _copy_partition(kv_smem, pe_smem, kv_ready, kv_free, KV, TOKEN_TABLE, n_pref
                 nx_slot, nx_slot_pe = _tile_slots(TOKEN_TABLE, TOKEN_TABLE, n_prefix, pos0, end, BLOCK_N, LD, LD_PE,
                                                   False)
             mbarrier.wait(kv_free.index(buf), (it // STAGES) & 1)
-            _issue_tile(KV, kv_smem.index(buf), pe_smem.index(buf), nx_slot, nx_slot_pe, pos0, end, stride_kv,
-                        BLOCK_N, D_NOPE, D_PE, LD, LD_PE)
-            async_copy.mbarrier_arrive(kv_ready.index(buf), increment_count=False)
-            if PREFETCH:
-                nx_slot, nx_slot_pe = _tile_slots(TOKEN_TABLE, TOKEN_TABLE, n_prefix, pos0 + BLOCK_N, end, BLOCK_N,
-                                                  LD, LD_PE, False)
+            nx_slot, nx_slot_pe = _refill(KV, kv_smem, pe_smem, kv_ready, buf, nx_slot, nx_slot_pe, TOKEN_TABLE,
+                                          TOKEN_TABLE, n_prefix, pos0, end, stride_kv, BLOCK_N, D_NOPE, D_PE, LD, LD_PE,
+                                          PREFETCH, False)
 
 
 @gluon.jit
