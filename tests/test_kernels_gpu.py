@@ -246,8 +246,9 @@ def test_run30_joined_tail_and_ragged_arms_match_reference(shape: VerifyShape) -
                                    VerifyShape(200, 8, 1, "shuffled_p1")],
                          ids=lambda s: f"run33-P{s.context_tokens}-H{s.heads}-T{s.draft_tokens}-{s.layout}")
 def test_run33_gluon_kernels_below_33_rows_match_reference(shape: VerifyShape) -> None:
-    """The Gluon kernels at 8-32 rows, where the pick and the plugin served Triton until runs 33-35 measured them: most of the 64-row tile empty, a tree mask, a context shorter than one split's minimum; by run_variant and
-    by the call the harness times, twice each."""
+    """The Gluon kernels at 8-32 rows, where the pick and the plugin served Triton until runs 33-35 measured them:
+    most of the 64-row tile empty, a tree mask, a context shorter than one split's minimum; by run_variant and by the
+    call the harness times, twice each."""
     names = ("split_gwfm_p1", "ragged_gwa_p1", "split_gwr_p1", "split_gwrp_p1", "split_gwrb_p1", "split_gwr32_p1",
              "ragged_gwap_p1")
     _check_arms_twice(shape, names)

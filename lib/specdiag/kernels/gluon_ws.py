@@ -137,6 +137,17 @@ def _refill(KV, kv_smem, pe_smem, kv_ready, buf, slot, slot_pe, TOKEN_TABLE, DRA
 
 
 @gluon.jit
+def split_bounds(pid_s, tokens_per_split, n_kv, n_splits, BLOCK_N: gl.constexpr):
+    """Split ``pid_s``'s tokens [start, end) and its tile count; the last split ends at n_kv (with join_tail_tokens,
+    past its share). The pick's kernel and its read floor (gluon_ws_read) cut the same splits through this."""
+    start = pid_s * tokens_per_split
+    end = gl.minimum(start + tokens_per_split, n_kv)
+    if pid_s == n_splits - 1:
+        end = n_kv
+    return start, end, gl.cdiv(gl.maximum(end - start, 0), BLOCK_N)
+
+
+@gluon.jit
 def _clock(tick):
     """This thread's SM cycle counter (%clock64), one per element of ``tick`` (one element per thread)."""
     return gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l,r", [tick], dtype=gl.int64, is_pure=False, pack=1)
@@ -467,11 +478,7 @@ def _ws_partial_kernel(Q, KV, TOKEN_TABLE, MASK, O_PART, LSE_PART, TIMES, OUT, S
     (q_smem, qpe_smem, kv_smem, pe_smem, p_smem, row_smem, kv_ready, kv_free, p_ready, p_free,
      l_ready) = ws_shared_state(Q, pid_m, n_rows, BLOCK_M, BLOCK_N, STAGES, D_NOPE, D_PE, num_warps)
 
-    start = pid_s * tokens_per_split
-    end = gl.minimum(start + tokens_per_split, n_kv)
-    if pid_s == n_splits - 1:  # the last split ends at n_kv: with join_tail_tokens, past its share
-        end = n_kv
-    n_iter = gl.cdiv(gl.maximum(end - start, 0), BLOCK_N)
+    start, end, n_iter = split_bounds(pid_s, tokens_per_split, n_kv, n_splits, BLOCK_N)
     prog = pid_s * gl.num_programs(0) + pid_m
     gl.warp_specialize([
         (_softmax_partition, (q_smem, qpe_smem, kv_smem, pe_smem, p_smem, row_smem, kv_ready, kv_free, p_ready,

@@ -26,7 +26,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from specdiag.kernels.gluon_ws import (WS_PARTITION_WARPS, WS_WORKER_REGS, _issue_first_tiles, _refill, _tile_slots,
-                                       _wait_tile, ws_shared_state)
+                                       _wait_tile, split_bounds, ws_shared_state)
 from specdiag.kernels.mla import D_NOPE, D_PE, D_QK, VerifyInputs
 from specdiag.kernels.splitkv_plan import GLUON_BLOCK_M, SplitPlan, gluon_config, plan_splits
 
@@ -74,11 +74,7 @@ def _ws_read_kernel(Q, KV, TOKEN_TABLE, SINK, n_prefix, n_kv, n_rows, tokens_per
     pid_s = gl.program_id(1)
     (q_smem, qpe_smem, kv_smem, pe_smem, p_smem, row_smem, kv_ready, kv_free, p_ready, p_free,
      l_ready) = ws_shared_state(Q, pid_m, n_rows, BLOCK_M, BLOCK_N, STAGES, D_NOPE, D_PE, num_warps)
-    start = pid_s * tokens_per_split
-    end = gl.minimum(start + tokens_per_split, n_kv)
-    if pid_s == n_splits - 1:
-        end = n_kv
-    n_iter = gl.cdiv(gl.maximum(end - start, 0), BLOCK_N)
+    start, end, n_iter = split_bounds(pid_s, tokens_per_split, n_kv, n_splits, BLOCK_N)
     prog = pid_s * gl.num_programs(0) + pid_m
     gl.warp_specialize([
         (_drain_partition, (kv_ready, kv_free, SINK, n_iter, prog, STAGES, num_warps)),
