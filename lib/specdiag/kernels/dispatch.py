@@ -41,6 +41,7 @@ import torch
 
 from specdiag.kernels.mla import VerifyInputs, dequantized
 from specdiag.kernels.reference import baseline_torch, split_kv_torch
+from specdiag.kernels.splitkv_plan import SplitKVConfig
 
 
 @dataclass(frozen=True)
@@ -265,6 +266,16 @@ AUTO_GLUON_MIN_ROWS = 33
 PLUGIN_GLUON_MIN_ROWS = 1
 
 
+def gluon_ws_kwargs(v: KernelVariant, config: SplitKVConfig) -> dict[str, Any]:
+    """The keyword arguments of ``gluon_ws.split_kv_gluon_ws`` for a warp-specialized arm at its resolved config (the
+    merge as ``resolve_config`` made it): one mapping for the A/B's call and for ws_phases' profile of the same arm."""
+    return dict(block_n=config.block_n, stages=config.num_stages, prefetch=v.gluon_prefetch,
+                overlap=v.gluon_overlap, draft_branch=v.gluon_draft_branch, fold=v.gluon_fold,
+                bf16_partials=v.gluon_bf16_partials, pdl_merge=v.gluon_pdl_merge, grid_merge=v.gluon_grid_merge,
+                merge_block_dv=config.merge_block_dv, merge_one_pass=config.merge_one_pass,
+                merge_one_pass_max_splits=config.merge_one_pass_max_splits, join_tail_tokens=config.join_tail_tokens)
+
+
 def runs_gluon_ws(v: KernelVariant, rows: int) -> bool:
     """True when variant ``v`` runs gluon_ws's warp-specialized kernel at ``rows`` packed rows (CUDA)."""
     return v.impl == "gluon_ws" or (v.impl == "auto_ws" and rows >= AUTO_GLUON_MIN_ROWS)
@@ -352,14 +363,7 @@ def run_variant(name: str, inputs: VerifyInputs, out: torch.Tensor, config: Opti
         if runs_gluon_ws(v, rows):
             from specdiag.kernels.gluon_ws import split_kv_gluon_ws  # noqa: PLC0415
 
-            return split_kv_gluon_ws(inputs, out, block_n=config.block_n, stages=config.num_stages,
-                                     prefetch=v.gluon_prefetch, overlap=v.gluon_overlap,
-                                     draft_branch=v.gluon_draft_branch, fold=v.gluon_fold,
-                                     bf16_partials=v.gluon_bf16_partials, pdl_merge=v.gluon_pdl_merge,
-                                     grid_merge=v.gluon_grid_merge, merge_block_dv=config.merge_block_dv,
-                                     merge_one_pass=config.merge_one_pass,  # the merge as resolve_config made it
-                                     merge_one_pass_max_splits=config.merge_one_pass_max_splits,
-                                     join_tail_tokens=config.join_tail_tokens)
+            return split_kv_gluon_ws(inputs, out, **gluon_ws_kwargs(v, config))
         if v.impl == "gluon" or (v.impl == "auto" and rows >= AUTO_GLUON_MIN_ROWS):
             from specdiag.kernels.gluon_splitkv import split_kv_gluon  # noqa: PLC0415
 

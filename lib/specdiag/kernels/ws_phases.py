@@ -78,7 +78,7 @@ def parse_cases(text: str) -> list[VerifyShape]:
 
 def measure_case(shape: VerifyShape, variant_name: str, device: torch.device, n_runs: int) -> list[dict[str, Any]]:
     """The variant untimed and timed on one case (event times), and the timed call's phases per partition."""
-    from specdiag.kernels.dispatch import resolve_config, variant  # noqa: PLC0415
+    from specdiag.kernels.dispatch import gluon_ws_kwargs, resolve_config, variant  # noqa: PLC0415
     from specdiag.kernels.gluon_ws import PHASES, phase_buffer, split_kv_gluon_ws  # noqa: PLC0415
     from specdiag.kernels.timing import summarize_ms, time_calls  # noqa: PLC0415
 
@@ -89,8 +89,7 @@ def measure_case(shape: VerifyShape, variant_name: str, device: torch.device, n_
     cfg = resolve_config(variant_name, shape.heads * shape.draft_tokens)
     x = make_inputs(shape, device=device, seed=shape.context_tokens)
     out = x.out_like()
-    kw = dict(block_n=cfg.block_n, stages=cfg.num_stages, prefetch=v.gluon_prefetch, draft_branch=v.gluon_draft_branch,
-              fold=v.gluon_fold)
+    kw = gluon_ws_kwargs(v, cfg)  # the arm's own call, its merge included (the profile's merge and gap are the arm's)
     times = phase_buffer(x, cfg.block_n, cfg.num_stages)
     untimed = summarize_ms(time_calls([lambda: split_kv_gluon_ws(x, out, **kw)], n_runs=n_runs, device=device))
     timed = summarize_ms(time_calls([lambda: split_kv_gluon_ws(x, out, times=times, **kw)], n_runs=n_runs,
