@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from specdiag.kernels.anatomy import PARTS, anatomy_fits, fixed_cost_shares, parse_cases
+from specdiag.kernels.anatomy import (PARTS, anatomy_fits, fixed_cost_shares, parse_cases, parse_ring_shapes,
+                                      ws_read_part)
+from specdiag.kernels.anatomy import main as anatomy_main
 from specdiag.kernels.dispatch import resolve_config
 from specdiag.kernels.mla import kv_bytes
 from specdiag.kernels.splitkv_plan import default_config
@@ -87,6 +89,26 @@ def test_cases_are_checked_before_any_work() -> None:
         parse_cases("131072:8", "shuffled_p1")
     with pytest.raises(ValueError, match="no cases"):
         parse_cases(" , ", "shuffled_p1")
+
+
+def test_ring_shapes_are_checked_before_any_work() -> None:
+    """--ws-read-shapes: BLOCK_NxSTAGES items, each ring of two tiles or more within 221 KB (192 rows of 1,152 B)."""
+    assert parse_ring_shapes("64x3, 32x6,16x12") == [(64, 3), (32, 6), (16, 12)]
+    assert parse_ring_shapes("") == []
+    assert [ws_read_part(*r) for r in [(64, 2), (64, 3), (32, 4)]] == ["read_ws", "read_ws_64x3", "read_ws_32x4"]
+    for bad, why in [("64", "BLOCK_NxSTAGES"), ("64x", "BLOCK_NxSTAGES"), ("64x4", "at most 192"),
+                     ("128x2", "16, 32 or 64"), ("32x1", "at least 2"), ("48x2", "16, 32 or 64")]:
+        with pytest.raises(ValueError, match=why):
+            parse_ring_shapes(bad)
+
+
+def test_anatomy_cli_refuses_read_shapes_without_ws(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit):
+        anatomy_main(["--out", "/nonexistent/x", "--cases", "65536:8:1", "--ws-read-shapes", "64x3"])
+    assert "add --ws" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        anatomy_main(["--out", "/nonexistent/x", "--cases", "65536:8:1", "--ws", "--ws-read-shapes", "64x4"])
+    assert "at most 192" in capsys.readouterr().err
 
 
 def test_run7_arms_resolve_to_their_configuration() -> None:

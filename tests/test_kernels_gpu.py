@@ -356,3 +356,16 @@ def test_anatomy_ws_parts_time_the_pick_and_its_read_floor() -> None:
     assert [r["part"] for r in rows] == list(WS_PARTS)
     for r in rows:
         assert r["error"] is None and r["correct"] and r["us_median"] > 0, r
+
+
+def test_anatomy_ws_read_rings_stream_every_tile_of_their_plans() -> None:
+    """The read-only kernel with other rings (--ws-read-shapes): each ring's row after the pick's two, every program's
+    tile count as its own plan says (a 32-token ring plans other splits than the pick's 64-token one)."""
+    from specdiag.kernels.anatomy import measure_ws
+
+    rows = measure_ws(VerifyShape(65536, 8, 8, "shuffled_p1"), torch.device("cuda"), n_runs=3, rotate_bytes=1 << 28,
+                      read_rings=[(64, 3), (32, 6), (16, 12), (64, 2)])
+    assert [r["part"] for r in rows] == ["read_ws", "pick_ws", "read_ws_64x3", "read_ws_32x6", "read_ws_16x12"]
+    for r in rows:
+        assert r["error"] is None and r["correct"] and r["us_median"] > 0, r
+    assert [(r["block_n"], r["stages"]) for r in rows if r["part"] != "pick_ws"] == [(64, 2), (64, 3), (32, 6), (16, 12)]

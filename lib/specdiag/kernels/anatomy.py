@@ -55,6 +55,7 @@ PARTS: tuple[str, ...] = ("empty_1", "empty_2", "read_torch", "read_gather", "re
 
 #: the parts ``--ws`` adds (session 10): the read floor of the pick's launch shape, and the pick since run 37
 WS_PARTS: tuple[str, ...] = ("read_ws", "pick_ws")
+WS_PICK_RING: tuple[int, int] = (64, 2)  #: the pick's ring (gluon_tile of split_gwrp_p1): 64-token tiles, two of them
 
 
 def timeline_stats(start_ns: Sequence[int], loop_end_ns: Sequence[int], done_ns: Sequence[int],
@@ -276,12 +277,37 @@ def measure_anchor(shape: VerifyShape, device: torch.device, n_runs: int = 20, r
     return row
 
 
+def ws_read_part(block_n: int, stages: int) -> str:
+    """The part name of a read-only call with a ``block_n``-token ring of ``stages`` tiles: ``read_ws`` for the pick's
+    own (64 x 2), ``read_ws_<block_n>x<stages>`` for another ring."""
+    return "read_ws" if (block_n, stages) == WS_PICK_RING else f"read_ws_{block_n}x{stages}"
+
+
+def parse_ring_shapes(text: str) -> list[tuple[int, int]]:
+    """``"64x3,32x6"`` -> [(64, 3), (32, 6)]: rings of ``block_n`` tokens x ``stages`` tiles for ``--ws-read-shapes``.
+    A ring holds at least two tiles (one landing while one drains) and fits an SM's shared memory: at most 192 tokens
+    of 1,152 B rows (221 KB)."""
+    out = []
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        try:
+            bn, st = (int(v) for v in item.lower().split("x"))
+        except ValueError:
+            raise ValueError(f"ring shape {item!r} is not BLOCK_NxSTAGES (e.g. 64x3)") from None
+        if bn not in (16, 32, 64) or st < 2 or bn * st > 192:
+            raise ValueError(f"ring shape {item!r}: block_n must be 16, 32 or 64, stages at least 2, and block_n x "
+                             "stages at most 192 tokens (221 KB of shared memory)")
+        out.append((bn, st))
+    return out
+
+
 def measure_ws(shape: VerifyShape, device: torch.device, n_runs: int = 20, rotate_bytes: int = 1 << 30,
-               seed: int = 0, pick: str = "split_gwrp_p1") -> list[dict[str, Any]]:
+               seed: int = 0, pick: str = "split_gwrp_p1",
+               read_rings: Sequence[tuple[int, int]] = ()) -> list[dict[str, Any]]:
     """The pick's call and the read-only kernel of its launch shape (gluon_ws_read: the same grid, shared memory,
     split, ring and copies, no math), timed like the parts on the same rotating inputs: parts ``read_ws`` (each
-    program's tile count checked against the plan) and ``pick_ws`` (checked against fp32). CUDA sm_90 only; a part
-    that fails is a row with its error."""
+    program's tile count checked against the plan) and ``pick_ws`` (checked against fp32); then the read-only kernel
+    with each other ring of ``read_rings`` ((block_n, stages): more bytes in flight per SM; parts
+    ``read_ws_<block_n>x<stages>``, :func:`ws_read_part`). CUDA sm_90 only; a part that fails is a row with its error."""
     from specdiag.kernels.cases import relative_error, rotation_sets  # noqa: PLC0415
     from specdiag.kernels.dispatch import prepared_call  # noqa: PLC0415
     from specdiag.kernels.gluon_ws_read import expected_tiles, read_kv_ws, read_plan, read_sink  # noqa: PLC0415
@@ -295,21 +321,25 @@ def measure_ws(shape: VerifyShape, device: torch.device, n_runs: int = 20, rotat
             "layout": shape.layout, "n_kv": shape.n_kv, "kv_bytes": kv_bytes(shape.n_kv), "n_tiles": plan.n_tiles,
             "n_splits": plan.n_splits, "tokens_per_split": plan.tokens_per_split, "grid": [plan.n_tiles, plan.n_splits],
             "n_rotation_sets": len(sets)}
-    sinks = [read_sink(s) for s in sets]
     outs = [s.out_like() for s in sets]
-    calls = {"read_ws": [(lambda s=s, k=k: read_kv_ws(s, k)) for s, k in zip(sets, sinks)],
-             "pick_ws": [prepared_call(pick, s, o) for s, o in zip(sets, outs)]}
+    rings = {ws_read_part(*r): r for r in [WS_PICK_RING, *read_rings]}  # the pick's ring first, each ring once
+    sinks = {part: [read_sink(s, *r) for s in sets] for part, r in rings.items()}
+    calls = {"pick_ws": [prepared_call(pick, s, o) for s, o in zip(sets, outs)],
+             **{part: [(lambda s=s, k=k, r=r: read_kv_ws(s, k, *r)) for s, k in zip(sets, sinks[part])]
+                for part, r in rings.items()}}
     rows: list[dict[str, Any]] = []
-    for part in WS_PARTS:
+    for part in [*WS_PARTS, *(p for p in rings if p not in WS_PARTS)]:
         row: dict[str, Any] = {**base, "part": part, "kernel": pick if part == "pick_ws" else "gluon_ws_read",
                                "error": None, "ts_unix_s": time.time()}
+        if part in rings:
+            row.update(block_n=rings[part][0], stages=rings[part][1])
         try:
             calls[part][0]()
             torch.cuda.synchronize(device)
-            if part == "read_ws":
-                want = expected_tiles(sets[0])
-                got = sinks[0][:, 0].tolist()
-                row["tiles_ok"] = bool(got == want and bool((sinks[0] == sinks[0][:, :1]).all()))
+            if part in rings:
+                sink = sinks[part][0]
+                want = expected_tiles(sets[0], *rings[part])
+                row["tiles_ok"] = bool(sink[:, 0].tolist() == want and bool((sink == sink[:, :1]).all()))
                 row["correct"] = row["tiles_ok"]
             else:
                 outs[0].fill_(float("nan"))
@@ -484,11 +514,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--ws", action="store_true",
                     help="also time the pick (split_gwrp_p1) and the read-only kernel of its launch shape on each case "
                          "(parts read_ws and pick_ws; CUDA sm_90)")
+    ap.add_argument("--ws-read-shapes", default="",
+                    help="with --ws: also the read-only kernel with these rings, BLOCK_NxSTAGES comma-separated "
+                         "(e.g. 64x3,32x6: more bytes in flight per SM; parts read_ws_<BLOCK_N>x<STAGES>)")
     ap.add_argument("--peaks", action="store_true",
                     help="measure the copy and matmul ceilings and a copy of each context's KV bytes first (the "
                          "harness's peaks and kernel_ab_copy; use when the folder has no harness run)")
     args = ap.parse_args(argv)
     shapes = parse_cases(args.cases, args.layout)  # bad input fails before the GPU is touched
+    try:
+        read_rings = parse_ring_shapes(args.ws_read_shapes)
+    except ValueError as exc:
+        ap.error(f"--ws-read-shapes: {exc}")
+    if read_rings and not args.ws:
+        ap.error("--ws-read-shapes times the read-only kernel beside the pick: add --ws")
     if not torch.cuda.is_available():
         print("the anatomy times CUDA kernels: no CUDA device here", file=sys.stderr)
         return 2
@@ -528,7 +567,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 fi["error"] = repr(exc)[:500]
             rows.append(fi)
         if args.ws:
-            rows += measure_ws(shape, device, n_runs=args.n_runs)
+            rows += measure_ws(shape, device, n_runs=args.n_runs, read_rings=read_rings)
         for row in rows:
             run.append_row(TABLE, row)
             print(f"P={shape.context_tokens:>6} H={shape.heads:>3} T={shape.draft_tokens:>2} {row['part']:<12} "
