@@ -427,6 +427,38 @@ def test_06_replays_the_anatomy_alone(run_notebook: Callable[..., Path], tmp_pat
     assert f"{icpt['full_us']:.1f} us fixed cost" in fx["verdict"]
 
 
+ANATOMY_RINGS = REFERENCE_DIR / "kernel-anatomy-h200-ws-rings"
+
+
+@pytest.mark.notebook
+def test_06_puts_the_picks_read_floor_against_the_target(run_notebook: Callable[..., Path], tmp_path: Path) -> None:
+    """06 on data/reference/kernel-anatomy-h200-ws-rings (anatomy --ws --ws-read-shapes, session 11): the pick's
+    read-floor finding at 128k 8 x 1 and the ring table, every number the raw rows'."""
+    out = run_notebook("06_kernel_ab", replay_dir=str(ANATOMY_RINGS), cpu_smoke=False)
+    res = json.loads((tmp_path / "run" / "findings" / "06_kernel_ab.json").read_text())
+    rows = _jsonl(ANATOMY_RINGS / "kernel_anatomy.jsonl")
+    copy_gbps = json.loads((ANATOMY_RINGS / "run.json").read_text())["peaks"]["copy_gbps"]
+    by = {(r["context_tokens"], r["heads"], r["draft_tokens"], r["part"]): r for r in rows}
+    rings = {p: r for (c, h, t, p), r in by.items() if (c, h, t) == (131072, 8, 1) and p.startswith("read_ws")}
+    assert sorted(rings) == ["read_ws", "read_ws_16x12", "read_ws_16x8", "read_ws_32x4", "read_ws_32x6",
+                             "read_ws_64x3"] and all(r["correct"] and r["error"] is None for r in rings.values())
+    pick = by[(131072, 8, 1, "pick_ws")]
+    target_us = pick["kv_bytes"] / (0.85 * copy_gbps * 1e9) * 1e6
+    f = {x["id"]: x for x in res["findings"]}["kernel_ab.anatomy.pick_read_floor"]
+    n = f["numbers"]
+    assert n["target_us"] == pytest.approx(target_us) and n["read_ws_us"] == rings["read_ws"]["us_median"]
+    assert n["pick_us"] == pick["us_median"] and n["pick_over_read_ws_us"] == pytest.approx(
+        pick["us_median"] - rings["read_ws"]["us_median"])
+    assert n["rings_us"] == {f"{r['block_n']}x{r['stages']}": r["us_median"] for r in rings.values()}
+    fastest = min(rings.values(), key=lambda r: r["us_median"])
+    assert n["fastest_ring"] == f"{fastest['block_n']}x{fastest['stages']}"
+    assert f["severity"] == ("ok" if pick["us_median"] <= target_us else "warning")
+    assert (rings["read_ws"]["us_p10"] > target_us) == ("no kernel of this launch shape can meet" in f["verdict"])
+    assert f"takes {rings['read_ws']['us_median']:.1f} us" in f["verdict"]
+    text = out.read_text()
+    assert "The pick's launch shape without the math" in text and '"ename"' not in text
+
+
 @pytest.mark.notebook
 def test_make_replay_of_the_anatomy_runs_06_and_07_and_says_what_it_skips(tmp_path: Path,
                                                                          capsys: pytest.CaptureFixture) -> None:

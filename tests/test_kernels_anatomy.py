@@ -383,6 +383,52 @@ def test_read_floor_finding_reads_the_read_only_kernel_against_the_target(read, 
     assert read_floor_finding(decomposition(_case_rows(32768), [], copy_gbps), 32768, 8, 1) is None  # no target
 
 
+def _ws_rows(ctx: int, read: dict[str, tuple[float, float, float]], pick_us: float) -> list[dict]:
+    """anatomy --ws rows at one case: the read-only kernel per ring ((median, p10, p90) by part) and the pick."""
+    base = {"context_tokens": ctx, "heads": 8, "draft_tokens": 1, "kv_bytes": kv_bytes(ctx + 1), "error": None}
+    rows = [{**base, "part": "pick_ws", "kernel": "split_gwrp_p1", "us_median": pick_us, "us_p10": pick_us - 1,
+             "us_p90": pick_us + 1}]
+    for part, (med, lo, hi) in read.items():
+        ring = (64, 2) if part == "read_ws" else tuple(int(v) for v in part.split("_")[-1].split("x"))
+        rows.append({**base, "part": part, "kernel": "gluon_ws_read", "us_median": med, "us_p10": lo, "us_p90": hi,
+                     "block_n": ring[0], "stages": ring[1]})
+    return rows
+
+
+@pytest.mark.parametrize("read, says, severity", [((43.4, 42.3, 44.6), "no kernel of this launch shape can meet", "warning"),
+                                                   ((42.0, 41.0, 43.0), "holds the target", "warning"),
+                                                   ((30.0, 29.0, 31.0), "leaving 12.0 us for the attention", "ok")])
+def test_pick_read_floor_finding_puts_the_picks_read_floor_against_the_target(read, says, severity) -> None:
+    """anatomy --ws rows at 128k 8 x 1: the pick's read floor against the target (42 us here), the pick over its
+    floor, and the other rings: faster or not."""
+    from specdiag.kernels.anatomy_analysis import decomposition, pick_read_floor_finding, ws_read_rings
+
+    copy_gbps = kv_bytes(131073) / (0.85 * 42e-6) / 1e9  # the 85 % target allows exactly 42 us
+    pick = 52.4 if severity == "warning" else 41.0
+    rows = _case_rows(131072) + _ws_rows(131072, {"read_ws": read, "read_ws_64x3": (45.2, 44.4, 46.3),
+                                                  "read_ws_16x8": (59.5, 58.9, 60.2)}, pick)
+    d = decomposition(rows, _copy_rows([131072]), copy_gbps)
+    f = pick_read_floor_finding(rows, d, 131072, 8, 1)
+    assert f.id == "kernel_ab.anatomy.pick_read_floor" and f.severity == severity and says in f.verdict, f.verdict
+    assert f.numbers["target_us"] == pytest.approx(42.0) and f.numbers["read_ws_us"] == read[0]
+    assert f.numbers["pick_over_read_ws_us"] == pytest.approx(pick - read[0])
+    assert f.numbers["rings_us"] == {"64x2": read[0], "64x3": 45.2, "16x8": 59.5}
+    assert f"split_gwrp_p1 takes {pick:.1f} us, {pick - read[0]:.1f} us over its own read floor" in f.verdict
+    assert "None of the 2 other rings timed reads faster (the nearest, 64 x 3, 45.2 us)" in f.verdict
+    assert len([e for e in f.evidence if e.startswith("Read-only kernel, ring of")]) == 3
+    # a faster ring is named with its distance to the target
+    fast = read[0] - 2.0
+    faster = rows + _ws_rows(131072, {"read_ws_32x4": (fast, fast - 0.5, fast + 0.5)}, pick)[1:]
+    g = pick_read_floor_finding(faster, d, 131072, 8, 1)
+    assert f"The fastest ring timed, 32 x 4, reads it in {fast:.1f} us ({fast - 42.0:+.1f} us against the target)" \
+        in g.verdict
+    assert list(ws_read_rings(faster, 131072, 8, 1)["part"])[0] == "read_ws_32x4"
+    # no finding without the pick's ring, without the pick, or at a case with no target
+    assert pick_read_floor_finding(_case_rows(131072), d, 131072, 8, 1) is None
+    assert pick_read_floor_finding([r for r in rows if r["part"] != "pick_ws"], d, 131072, 8, 1) is None
+    assert pick_read_floor_finding(rows, d, 65536, 8, 1) is None
+
+
 def test_fixed_cost_finding_names_each_part_and_the_sum() -> None:
     from specdiag.kernels.anatomy_analysis import decomposition, fixed_cost_finding, fixed_cost_parts
 

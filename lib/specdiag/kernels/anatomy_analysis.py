@@ -32,7 +32,7 @@ import pandas as pd
 
 from specdiag.findings import Finding
 from specdiag.kernels.analysis import issue13_bandwidth_target
-from specdiag.kernels.anatomy import PARTS, anatomy_fits
+from specdiag.kernels.anatomy import PARTS, WS_PICK_RING, anatomy_fits
 from specdiag.plots import format_tokens
 from specdiag.stats import fit_line
 
@@ -279,10 +279,97 @@ def fixed_cost_finding(parts: pd.DataFrame, fits: pd.DataFrame, heads: int, draf
                    verdict=verdict, severity="info", evidence=ev, numbers=numbers, source="computed")
 
 
+def ws_read_rings(rows: Iterable[Mapping[str, Any]], context_tokens: int, heads: int,
+                  draft_tokens: int) -> pd.DataFrame:
+    """The read-only kernel of the pick's launch shape at one case, one row per ring it was timed with (parts
+    ``read_ws`` and ``read_ws_<block_n>x<stages>``, :func:`specdiag.kernels.anatomy.ws_read_part`): part, block_n,
+    stages (64 x 2 where a row predates them: the pick's ring), median, p10 and p90 in us, fastest first."""
+    df = measured_parts(rows)
+    if df.empty:
+        return pd.DataFrame()
+    sel = df[df["part"].astype(str).str.startswith("read_ws") & (df["context_tokens"] == context_tokens)
+             & (df["heads"] == heads) & (df["draft_tokens"] == draft_tokens)].drop_duplicates("part", keep="last")
+    if sel.empty:
+        return pd.DataFrame()
+    out = pd.DataFrame({"part": sel["part"].astype(str),
+                        "block_n": [int(b) if b is not None and not pd.isna(b) else WS_PICK_RING[0]
+                                    for b in sel.get("block_n", pd.Series([None] * len(sel)))],
+                        "stages": [int(x) if x is not None and not pd.isna(x) else WS_PICK_RING[1]
+                                   for x in sel.get("stages", pd.Series([None] * len(sel)))],
+                        "us_median": sel["us_median"].astype(float), "us_p10": sel["us_p10"].astype(float),
+                        "us_p90": sel["us_p90"].astype(float)})
+    return out.sort_values("us_median", kind="stable").reset_index(drop=True)
+
+
+def pick_read_floor_finding(rows: Iterable[Mapping[str, Any]], decomp: pd.DataFrame, context_tokens: int, heads: int,
+                            draft_tokens: int) -> Optional[Finding]:
+    """The read-only kernel of the pick's launch shape (``read_ws``, and other rings where timed) against issue 13's
+    target and the pick's own call (``pick_ws``) at one case; None without a ``read_ws`` row, a ``pick_ws`` row or a
+    target at the case."""
+    rows = list(rows)
+    rings = ws_read_rings(rows, context_tokens, heads, draft_tokens)
+    if rings.empty or "read_ws" not in set(rings["part"]) or decomp.empty:
+        return None
+    d = decomp[(decomp["context_tokens"] == context_tokens) & (decomp["heads"] == heads)
+               & (decomp["draft_tokens"] == draft_tokens)]
+    df = measured_parts(rows)
+    pk = df[(df["part"] == "pick_ws") & (df["context_tokens"] == context_tokens) & (df["heads"] == heads)
+            & (df["draft_tokens"] == draft_tokens)]
+    if d.empty or pk.empty or not math.isfinite(float(d["target_us"].iloc[0])):
+        return None
+    r, p = d.iloc[0], pk.iloc[-1]
+    tgt, pick, kernel = float(r["target_us"]), float(p["us_median"]), str(p.get("kernel") or "the pick")
+    own = rings[rings["part"] == "read_ws"].iloc[0]
+    best = rings.iloc[0]
+    case = _case_name(context_tokens, heads, draft_tokens)
+    read, lo, hi = float(own["us_median"]), float(own["us_p10"]), float(own["us_p90"])
+    if lo > tgt:
+        read_says = f"over it even at p10 ({lo:.1f} us): no kernel of this launch shape can meet the target"
+    elif hi < tgt:
+        read_says = f"under it even at p90 ({hi:.1f} us), leaving {tgt - read:.1f} us for the attention and the merge"
+    else:
+        read_says = f"its p10-p90 ({lo:.1f}-{hi:.1f} us) holds the target: the loads alone use the whole budget"
+    verdict = (f"At {case}, issue 13's target ({r['target_pct']:g}% of copy) allows {tgt:.1f} us per call; the "
+               f"read-only kernel of the pick's launch shape (one program per SM, a ring of two 64-token tiles, no math) "
+               f"takes {read:.1f} us ({100 * (read / tgt - 1):+.1f}%), {read_says}. {kernel} takes {pick:.1f} us, "
+               f"{pick - read:.1f} us over its own read floor" + (" and meets the target." if pick <= tgt else "."))
+    others = rings[rings["part"] != "read_ws"]
+    if not others.empty:
+        if best["part"] == "read_ws":
+            verdict += (f" None of the {len(others)} other rings timed reads faster (the nearest, "
+                        f"{int(others.iloc[0]['block_n'])} x {int(others.iloc[0]['stages'])}, "
+                        f"{float(others.iloc[0]['us_median']):.1f} us): more bytes in flight per SM do not lower the floor.")
+        else:
+            verdict += (f" The fastest ring timed, {int(best['block_n'])} x {int(best['stages'])}, reads it in "
+                        f"{float(best['us_median']):.1f} us ({float(best['us_median']) - tgt:+.1f} us against the target).")
+    ev = [f"Target: {r['target']}; the case's {r['kv_bytes'] / 1e6:.1f} MB of KV at {r['target_pct']:g}% of the run's "
+          f"copy bandwidth (computed)."]
+    ev += [f"Read-only kernel, ring of {int(g.stages)} x {int(g.block_n)}-token tiles ({g.part}): median "
+           f"{g.us_median:.2f} us, p10 {g.us_p10:.2f}, p90 {g.us_p90:.2f} (measured, CUDA events, cold KV)."
+           for g in rings.itertuples()]
+    ev.append(f"{kernel} (pick_ws): median {pick:.2f} us, p10 {float(p['us_p10']):.2f}, p90 {float(p['us_p90']):.2f} "
+              f"(measured, the same inputs).")
+    if math.isfinite(float(r["copy_us"])):
+        ev.append(f"A plain device copy moving the same bytes: {float(r['copy_us']):.2f} us (measured, kernel_ab_copy).")
+    return Finding(
+        id="kernel_ab.anatomy.pick_read_floor",
+        title=f"The pick's launch shape without the math, against issue 13's target at {case}",
+        verdict=verdict, severity="ok" if pick <= tgt else "warning", evidence=ev,
+        numbers={"context_tokens": context_tokens, "heads": heads, "draft_tokens": draft_tokens, "target_us": tgt,
+                 "read_ws_us": read, "read_ws_p10_us": lo, "read_ws_p90_us": hi, "pick_us": pick,
+                 "pick_over_read_ws_us": pick - read, "fastest_ring": f"{int(best['block_n'])}x{int(best['stages'])}",
+                 "fastest_ring_us": float(best["us_median"]),
+                 "rings_us": {f"{int(g.block_n)}x{int(g.stages)}": float(g.us_median) for g in rings.itertuples()}},
+        source="computed",
+    )
+
+
 def anatomy_findings(decomp: pd.DataFrame, parts: pd.DataFrame, fits: pd.DataFrame, context_tokens: int, heads: int,
-                     draft_tokens: int) -> list[Finding]:
-    """The section's findings at the chosen case and its shape (those the rows can support)."""
+                     draft_tokens: int, rows: Iterable[Mapping[str, Any]] = ()) -> list[Finding]:
+    """The section's findings at the chosen case and its shape (those the rows can support); ``rows`` (the anatomy
+    rows) add the pick's read floor where the run timed it (``anatomy --ws``)."""
     out = [read_floor_finding(decomp, context_tokens, heads, draft_tokens),
+           pick_read_floor_finding(rows, decomp, context_tokens, heads, draft_tokens),
            fixed_cost_finding(parts, fits, heads, draft_tokens)]
     return [f for f in out if f is not None]
 
