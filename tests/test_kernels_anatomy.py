@@ -91,6 +91,22 @@ def test_cases_are_checked_before_any_work() -> None:
         parse_cases(" , ", "shuffled_p1")
 
 
+def test_ws_timeline_stats_read_start_latency_stream_and_tail() -> None:
+    """gluon_ws_read's timeline rows (start, first tile, loop end, done ns; SM) summed up: the first tile's latency,
+    the stream from it to the loop's end, and timeline_stats' span, ramp and tail."""
+    from specdiag.kernels.anatomy import ws_timeline_stats
+
+    table = [[1_000, 3_000, 40_000, 40_500, 0], [1_200, 2_800, 41_000, 41_200, 1], [1_100, 4_100, 45_000, 45_900, 2]]
+    st = ws_timeline_stats(table)
+    assert st["tl_programs"] == 3 and st["tl_sms"] == 3
+    assert st["tl_span_us"] == pytest.approx(44.9) and st["tl_ramp_us"] == pytest.approx(0.2)
+    assert st["tl_first_p50_us"] == pytest.approx(2.0) and st["tl_first_max_us"] == pytest.approx(3.0)
+    assert st["tl_stream_p50_us"] == pytest.approx(38.2)  # 37.0, 38.2, 40.9
+    assert st["tl_tail_us"] == pytest.approx(44.9 - 40.2)
+    with pytest.raises(ValueError, match="one row per program"):
+        ws_timeline_stats([])
+
+
 def test_ring_shapes_are_checked_before_any_work() -> None:
     """--ws-read-shapes: BLOCK_NxSTAGES items, each ring of two tiles or more within 221 KB (192 rows of 1,152 B)."""
     assert parse_ring_shapes("64x3, 32x6,16x12") == [(64, 3), (32, 6), (16, 12)]

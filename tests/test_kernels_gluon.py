@@ -326,6 +326,12 @@ def test_read_only_kernel_of_the_picks_launch_shape_compiles_without_math() -> N
     assert ptx.count("cp.async.mbarrier.arrive.noinc") == pick_ptx.count("cp.async.mbarrier.arrive.noinc")
     assert "setmaxnreg" in ptx and k.metadata.num_warps == 8
     assert SHARED_LIMIT_SM90 // 2 < k.metadata.shared <= SHARED_LIMIT_SM90, k.metadata.shared
+    assert "globaltimer" not in ptx and "%smid" not in ptx  # the timeline is compiled in only when asked for
+    timed = compile_sm90(timeline=True)
+    tptx = timed.asm["ptx"]
+    assert tptx.count("%globaltimer") == 4 and tptx.count("%smid") == 1 and "wgmma" not in tptx
+    assert tptx.count("cp.async.mbarrier.arrive.noinc") == ptx.count("cp.async.mbarrier.arrive.noinc")
+    assert timed.metadata.shared == k.metadata.shared
 
 
 def test_read_only_kernel_plans_the_picks_splits() -> None:

@@ -353,9 +353,15 @@ def test_anatomy_ws_parts_time_the_pick_and_its_read_floor() -> None:
 
     rows = measure_ws(VerifyShape(65536, 8, 1, "shuffled_p1"), torch.device("cuda"), n_runs=3,
                       rotate_bytes=1 << 28)
-    assert [r["part"] for r in rows] == list(WS_PARTS)
-    for r in rows:
+    assert [r["part"] for r in rows] == [*WS_PARTS, "timeline_ws"]
+    for r in rows[:-1]:
         assert r["error"] is None and r["correct"] and r["us_median"] > 0, r
+    tl = rows[-1]
+    assert tl["error"] is None and tl["tl_programs"] == rows[0]["n_splits"] and tl["tl_sms"] >= tl["tl_programs"] - 4
+    raw = tl["tl_raw"]
+    assert all(a <= f <= e <= d for a, f, e, d in zip(raw["start_us"], raw["first_tile_us"], raw["loop_end_us"],
+                                                       raw["done_us"])), raw
+    assert 0 < tl["tl_first_p50_us"] < tl["tl_span_us"] and tl["tl_span_us"] < rows[0]["us_median"] + 5
 
 
 def test_anatomy_ws_read_rings_stream_every_tile_of_their_plans() -> None:
@@ -365,7 +371,9 @@ def test_anatomy_ws_read_rings_stream_every_tile_of_their_plans() -> None:
 
     rows = measure_ws(VerifyShape(65536, 8, 8, "shuffled_p1"), torch.device("cuda"), n_runs=3, rotate_bytes=1 << 28,
                       read_rings=[(64, 3), (32, 6), (16, 12), (64, 2)])
-    assert [r["part"] for r in rows] == ["read_ws", "pick_ws", "read_ws_64x3", "read_ws_32x6", "read_ws_16x12"]
+    assert [r["part"] for r in rows] == ["read_ws", "pick_ws", "read_ws_64x3", "read_ws_32x6", "read_ws_16x12",
+                                         "timeline_ws"]
+    rows = rows[:-1]
     for r in rows:
         assert r["error"] is None and r["correct"] and r["us_median"] > 0, r
     assert [(r["block_n"], r["stages"]) for r in rows if r["part"] != "pick_ws"] == [(64, 2), (64, 3), (32, 6), (16, 12)]

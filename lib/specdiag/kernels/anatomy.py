@@ -21,7 +21,10 @@ a sleep queued first, rotating input sets so the KV is cold), these parts of a s
   torch profiler (CUPTI): ``prof_partial_us``, ``prof_merge_us``, ``prof_gap_us`` (medians over the profiled calls).
 - With ``--ws`` (session 10, :func:`measure_ws`): ``pick_ws``, the pick since run 37 (``split_gwrp_p1``, the
   warp-specialized Gluon kernel), and ``read_ws``, the read-only kernel of its launch shape (gluon_ws_read): what the
-  pick's one program per SM, copy warpgroup and 64-token ring cost before any math.
+  pick's one program per SM, copy warpgroup and 64-token ring cost before any math; ``timeline_ws``, the same
+  read-only kernel with each program writing %globaltimer at its start, when its first tile lands, after its last
+  and when done, and its SM (:func:`ws_timeline_stats`: the stream's start latency, the stream, the tail);
+  ``--ws-read-shapes`` adds the read-only kernel with other rings (``read_ws_<block_n>x<stages>``, session 11).
 
 :func:`anatomy_fits` fits each part over the contexts of a shape (least squares of time on KV bytes), so each
 part's fixed cost and rate sit side by side. Rows go to the run folder's ``kernel_anatomy`` table; a part that
@@ -354,7 +357,56 @@ def measure_ws(shape: VerifyShape, device: torch.device, n_runs: int = 20, rotat
         except Exception as exc:  # noqa: BLE001 - a part that fails is a row; the other still runs
             row["error"] = repr(exc)[:500]
         rows.append(row)
+    row = {**base, "part": "timeline_ws", "kernel": "gluon_ws_read", "block_n": WS_PICK_RING[0],
+           "stages": WS_PICK_RING[1], "error": None, "ts_unix_s": time.time()}
+    try:
+        row.update(measure_ws_timeline(sets, n_runs, device))
+    except Exception as exc:  # noqa: BLE001 - the timeline's failure is a row
+        row["error"] = repr(exc)[:500]
+    rows.append(row)
     return rows
+
+
+def ws_timeline_stats(table: Sequence[Sequence[int]]) -> dict[str, Any]:
+    """One timed read launch (gluon_ws_read ``TIMELINE_COLUMNS`` rows: start, first tile landed, loop end, done ns,
+    SM) as :func:`timeline_stats`, plus when each program's first tile lands after its start (``tl_first_p50_us``,
+    ``tl_first_max_us``: the stream's start latency, index load then row copies) and each program's loop from its
+    first tile to its last (``tl_stream_p50_us``)."""
+    if not table:
+        raise ValueError("ws_timeline_stats needs one row per program")
+    start, first, loop_end, done, sm = (list(c) for c in zip(*table))
+    out = timeline_stats(start, loop_end, done, sm)
+    lat = sorted((f - a) / 1e3 for a, f in zip(start, first))
+    stream = sorted((e - f) / 1e3 for f, e in zip(first, loop_end))
+    out.update(tl_first_p50_us=quantile(lat, 0.5), tl_first_max_us=lat[-1], tl_stream_p50_us=quantile(stream, 0.5))
+    return out
+
+
+def measure_ws_timeline(sets: Sequence[Any], n_runs: int, device: torch.device) -> dict[str, Any]:
+    """``n_runs`` timed launches of the pick's read floor (gluon_ws_read with its timeline, rotating ``sets``) back to
+    back behind a sleep, as :func:`measure_timeline` does for split_p1: the median of each
+    :func:`ws_timeline_stats` field and the raw per-program times (us from the first start) of the median-span run."""
+    from specdiag.kernels.gluon_ws_read import read_kv_ws, read_sink, timeline_buffer  # noqa: PLC0415
+
+    sinks = [read_sink(s) for s in sets]
+    bufs = [timeline_buffer(sets[0]) for _ in range(n_runs)]
+    read_kv_ws(sets[0], sinks[0], timeline=bufs[0])
+    torch.cuda.synchronize(device)
+    torch.cuda._sleep(300_000 * n_runs)
+    for i, b in enumerate(bufs):
+        k = (i + 1) % len(sets)
+        read_kv_ws(sets[k], sinks[k], timeline=b)
+    torch.cuda.synchronize(device)
+    runs = [(ws_timeline_stats(t), t) for t in (b.cpu().tolist() for b in bufs)]
+    out: dict[str, Any] = {k: statistics.median(r[0][k] for r in runs) for k in runs[0][0]}
+    mid = sorted(runs, key=lambda r: r[0]["tl_span_us"])[len(runs) // 2][1]
+    t0 = min(r[0] for r in mid)
+    out["tl_runs"] = len(runs)
+    out["tl_raw"] = {"start_us": [round((r[0] - t0) / 1e3, 3) for r in mid],
+                     "first_tile_us": [round((r[1] - t0) / 1e3, 3) for r in mid],
+                     "loop_end_us": [round((r[2] - t0) / 1e3, 3) for r in mid],
+                     "done_us": [round((r[3] - t0) / 1e3, 3) for r in mid], "sm": [r[4] for r in mid]}
+    return out
 
 
 def measure_case(shape: VerifyShape, device: torch.device, n_runs: int = 20, rotate_bytes: int = 1 << 30,

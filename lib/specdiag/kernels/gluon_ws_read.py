@@ -31,15 +31,52 @@ from specdiag.kernels.mla import D_NOPE, D_PE, D_QK, VerifyInputs
 from specdiag.kernels.splitkv_plan import GLUON_BLOCK_M, SplitPlan, gluon_config, plan_splits
 
 
+#: Columns of a timeline row (one per program, int64): %globaltimer ns at warpgroup 0's start, when the first tile
+#: has landed, after the last tile, after the sink's store; then the program's %smid.
+TIMELINE_COLUMNS: tuple[str, ...] = ("start_ns", "first_tile_ns", "loop_end_ns", "done_ns", "sm")
+
+
 @gluon.jit
-def _drain_partition(kv_ready, kv_free, SINK, n_iter, prog, STAGES: gl.constexpr, WARPS: gl.constexpr):
-    """Warpgroup 0: each tile waited for and freed, then the count of tiles into the sink."""
+def _globaltimer(tick):
+    """The GPU's global nanosecond timer (%globaltimer, one clock for every SM), one per element of ``tick``."""
+    return gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [tick], dtype=gl.int64, is_pure=False,
+                                     pack=1)
+
+
+@gluon.jit
+def _smid(tick):
+    """The SM this thread runs on (%smid), one per element of ``tick``."""
+    return gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [tick], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _drain_partition(kv_ready, kv_free, SINK, TL, n_iter, prog, STAGES: gl.constexpr, WARPS: gl.constexpr,
+                     TIMELINE: gl.constexpr):
+    """Warpgroup 0: each tile waited for and freed, then the count of tiles into the sink; with TIMELINE, thread 0
+    writes the program's row of ``TL`` (:data:`TIMELINE_COLUMNS`)."""
+    tid = gl.arange(0, 32 * WARPS, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
+    if TIMELINE:
+        t_start = _globaltimer(tid)
+        t_first = t_start
     for it in range(0, n_iter):
         _wait_tile(kv_ready, it, STAGES)
+        if TIMELINE:
+            if it == 0:
+                t_first = _globaltimer(tid)
         mbarrier.arrive(kv_free.index(it % STAGES), count=1)
-    tid = gl.arange(0, 32 * WARPS, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
+    if TIMELINE:
+        t_loop = _globaltimer(tid)
     gl.store(SINK + prog.to(gl.int64) * (32 * WARPS) + tid,
              gl.full([32 * WARPS], 0, gl.int32, layout=tid.type.layout) + n_iter)
+    if TIMELINE:
+        t_done = _globaltimer(tid)
+        row = TL + prog.to(gl.int64) * 5
+        first = tid == 0
+        gl.store(row + 0 + tid * 0, t_start, mask=first)
+        gl.store(row + 1 + tid * 0, t_first, mask=first)
+        gl.store(row + 2 + tid * 0, t_loop, mask=first)
+        gl.store(row + 3 + tid * 0, t_done, mask=first)
+        gl.store(row + 4 + tid * 0, _smid(tid).to(gl.int64), mask=first)
 
 
 @gluon.jit
@@ -65,9 +102,10 @@ def _copy_partition(kv_smem, pe_smem, kv_ready, kv_free, KV, TOKEN_TABLE, n_pref
 
 
 @gluon.jit
-def _ws_read_kernel(Q, KV, TOKEN_TABLE, SINK, n_prefix, n_kv, n_rows, tokens_per_split, stride_kv, n_splits,
+def _ws_read_kernel(Q, KV, TOKEN_TABLE, SINK, TL, n_prefix, n_kv, n_rows, tokens_per_split, stride_kv, n_splits,
                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, D_NOPE: gl.constexpr,
-                    D_PE: gl.constexpr, num_warps: gl.constexpr, WORKER_REGS: gl.constexpr, PREFETCH: gl.constexpr):
+                    D_PE: gl.constexpr, num_warps: gl.constexpr, WORKER_REGS: gl.constexpr, PREFETCH: gl.constexpr,
+                    TIMELINE: gl.constexpr):
     """One program per (64-row tile, split), as gluon_ws ``_ws_partial_kernel``: its shared memory, its split, its
     copies; no math (module doc)."""
     pid_m = gl.program_id(0)
@@ -77,7 +115,7 @@ def _ws_read_kernel(Q, KV, TOKEN_TABLE, SINK, n_prefix, n_kv, n_rows, tokens_per
     start, end, n_iter = split_bounds(pid_s, tokens_per_split, n_kv, n_splits, BLOCK_N)
     prog = pid_s * gl.num_programs(0) + pid_m
     gl.warp_specialize([
-        (_drain_partition, (kv_ready, kv_free, SINK, n_iter, prog, STAGES, num_warps)),
+        (_drain_partition, (kv_ready, kv_free, SINK, TL, n_iter, prog, STAGES, num_warps, TIMELINE)),
         (_copy_partition, (kv_smem, pe_smem, kv_ready, kv_free, KV, TOKEN_TABLE, n_prefix, start, end, n_iter,
                            stride_kv, BLOCK_N, STAGES, D_NOPE, D_PE, num_warps, PREFETCH)),
     ], [num_warps], [WORKER_REGS])
@@ -98,10 +136,18 @@ def read_sink(inputs: VerifyInputs, block_n: int = 64, stages: int = 2, num_sms:
                        device=inputs.q.device)
 
 
+def timeline_buffer(inputs: VerifyInputs, block_n: int = 64, stages: int = 2,
+                    num_sms: int | None = None) -> torch.Tensor:
+    """The int64 buffer a timed read call writes: one row per program, :data:`TIMELINE_COLUMNS`."""
+    plan = read_plan(inputs, block_n, stages, num_sms)
+    return torch.zeros(plan.n_tiles * plan.n_splits, len(TIMELINE_COLUMNS), dtype=torch.int64, device=inputs.q.device)
+
+
 def read_kv_ws(inputs: VerifyInputs, sink: torch.Tensor, block_n: int = 64, stages: int = 2, prefetch: bool = True,
-               num_sms: int | None = None) -> torch.Tensor:
+               num_sms: int | None = None, timeline: torch.Tensor | None = None) -> torch.Tensor:
     """Stream the case's KV through the pick's launch shape with no math (module doc); returns ``sink`` (from
-    :func:`read_sink`), each program's row holding the tiles it waited for. CUDA sm_90 only."""
+    :func:`read_sink`), each program's row holding the tiles it waited for. ``timeline`` (from
+    :func:`timeline_buffer`) also gets each program's times (:data:`TIMELINE_COLUMNS`). CUDA sm_90 only."""
     q, cache = inputs.q, inputs.cache
     if not q.is_cuda:
         raise ValueError("read_kv_ws runs on CUDA (sm_90) only")
@@ -111,11 +157,15 @@ def read_kv_ws(inputs: VerifyInputs, sink: torch.Tensor, block_n: int = 64, stag
     if sink.shape != (plan.n_tiles * plan.n_splits, 32 * WS_PARTITION_WARPS) or sink.dtype != torch.int32:
         raise ValueError(f"sink is {tuple(sink.shape)} {sink.dtype}; make it with read_sink(inputs, {block_n}, "
                          f"{stages})")
+    if timeline is not None and (timeline.shape != (plan.n_tiles * plan.n_splits, len(TIMELINE_COLUMNS))
+                                 or timeline.dtype != torch.int64):
+        raise ValueError(f"timeline is {tuple(timeline.shape)} {timeline.dtype}; make it with timeline_buffer(inputs, "
+                         f"{block_n}, {stages})")
     _ws_read_kernel[(plan.n_tiles, plan.n_splits)](
-        q, cache, inputs.token_table, sink, inputs.n_prefix, inputs.n_kv, inputs.heads * inputs.draft_tokens,
+        q, cache, inputs.token_table, sink, sink if timeline is None else timeline, inputs.n_prefix, inputs.n_kv, inputs.heads * inputs.draft_tokens,
         plan.tokens_per_split, cache.stride(0), plan.n_splits,
         BLOCK_M=GLUON_BLOCK_M, BLOCK_N=block_n, STAGES=stages, D_NOPE=D_NOPE, D_PE=D_PE,
-        num_warps=WS_PARTITION_WARPS, WORKER_REGS=WS_WORKER_REGS, PREFETCH=prefetch,
+        num_warps=WS_PARTITION_WARPS, WORKER_REGS=WS_WORKER_REGS, PREFETCH=prefetch, TIMELINE=timeline is not None,
     )
     return sink
 
@@ -131,18 +181,20 @@ def expected_tiles(inputs: VerifyInputs, block_n: int = 64, stages: int = 2, num
     return out
 
 
-def compile_sm90(block_n: int = 64, stages: int = 2, dtype: str = "bf16",
-                 prefetch: bool = True) -> "triton.compiler.CompiledKernel":
+def compile_sm90(block_n: int = 64, stages: int = 2, dtype: str = "bf16", prefetch: bool = True,
+                 timeline: bool = False) -> "triton.compiler.CompiledKernel":
     """The read kernel compiled ahead of time for sm_90 (no GPU needed), for the CPU tests."""
     from triton.backends.compiler import GPUTarget  # noqa: PLC0415
     from triton.experimental.gluon._runtime import GluonASTSource  # noqa: PLC0415
 
-    sig = {"Q": f"*{dtype}", "KV": f"*{dtype}", "TOKEN_TABLE": "*i64", "SINK": "*i32", "n_prefix": "i32",
+    sig = {"Q": f"*{dtype}", "KV": f"*{dtype}", "TOKEN_TABLE": "*i64", "SINK": "*i32",
+           "TL": "*i64" if timeline else "*i32", "n_prefix": "i32",
            "n_kv": "i32", "n_rows": "i32", "tokens_per_split": "i32", "stride_kv": "i32", "n_splits": "i32"}
     const = {"BLOCK_M": GLUON_BLOCK_M, "BLOCK_N": block_n, "STAGES": stages, "D_NOPE": D_NOPE, "D_PE": D_PE,
-             "num_warps": WS_PARTITION_WARPS, "WORKER_REGS": WS_WORKER_REGS, "PREFETCH": prefetch}
+             "num_warps": WS_PARTITION_WARPS, "WORKER_REGS": WS_WORKER_REGS, "PREFETCH": prefetch,
+             "TIMELINE": timeline}
     sig.update({k: "constexpr" for k in const})
     attrs = {(i,): [["tt.divisibility", 16]] for i, k in enumerate(sig)
-             if k in ("Q", "KV", "TOKEN_TABLE", "SINK", "stride_kv")}
+             if k in ("Q", "KV", "TOKEN_TABLE", "SINK", "TL", "stride_kv")}
     return triton.compile(GluonASTSource(_ws_read_kernel, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": WS_PARTITION_WARPS})
