@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -317,6 +318,10 @@ def test_run18_timed_kernel_writes_its_phases_and_stays_correct(shape: VerifySha
     assert (t[:, :, 7] > 0).all() and (t[:, :, 6] > 0).all()  # tiles and loop cycles in every program, both partitions
     for row in phase_cycles(t, PHASES):
         assert 0 < row["phases_sum_cycles"] <= row["loop_cycles"] * 1.001, row
+    # warpgroup 0's timeline (TIMELINE_SLOTS): in order in every program, on the SMs of the grid
+    stamps = np.median(t[:, 0, 8:13], axis=-1)
+    assert (np.diff(stamps, axis=1) >= 0).all() and (stamps[:, 0] > 0).all()
+    assert (stamps[:, -1] - stamps[:, 0]).max() < 1e7  # each program done within 10 ms of its entry
 
 
 def test_run18_ws_phases_rows_carry_phases_and_the_calls_kernels() -> None:
@@ -329,6 +334,13 @@ def test_run18_ws_phases_rows_carry_phases_and_the_calls_kernels() -> None:
     for r in rows:
         assert 0 < r["phases_sum_cycles"] <= r["loop_cycles"] * 1.001 and r["error"] is None
         assert 0 < r["prof_merge_us"] < r["prof_partial_us"] < r["untimed_us"] * 1.5 and r["prof_calls"] == 10
+    tl = rows[0]  # warpgroup 0's timeline of the timed call, on its row only
+    assert "tl_span_us" not in rows[1]
+    assert 0 < tl["tl_q_p50_us"] < tl["tl_first_p50_us"] < tl["tl_span_us"] <= tl["timed_us"] * 1.2
+    assert tl["tl_stream_p50_us"] > 0 and tl["tl_epilogue_p50_us"] > 0 and tl["tl_programs"] > 0
+    # the pick (split_gwrp_p1): its own merge in the profile (by rows, under PDL: the gap may be negative)
+    pick = measure_case(VerifyShape(65536, 8, 1, "shuffled_p1"), "split_gwrp_p1", torch.device("cuda"), n_runs=3)
+    assert pick[0]["error"] is None and 0 < pick[0]["prof_merge_us"] < pick[0]["prof_partial_us"]
 
 
 @pytest.mark.parametrize("shape", [VerifyShape(131072, 8, 1, "shuffled_p1"), VerifyShape(3001, 16, 8, "contiguous"),

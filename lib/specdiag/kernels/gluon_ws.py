@@ -162,11 +162,34 @@ def _phase_counters(WARPS: gl.constexpr):
     return tick, zero, _clock(tick)
 
 
+#: Slots per partition and thread of a timed call's buffer (``phase_buffer``): 0-5 the phases, 6 the loop's cycles,
+#: 7 the tiles; warpgroup 0 also writes its program's timeline into 8-13 (``TIMELINE_SLOTS``).
+PHASE_SLOTS = 16
+_PHASE_SLOTS = gl.constexpr(PHASE_SLOTS)
+#: Warpgroup 0's timeline in a timed call (%globaltimer ns, then %smid), slots 8-13 of partition 0: the program's
+#: entry, warpgroup 0's start (Q and the barriers ready), its first tile landed, its loop's end, its partial stored.
+TIMELINE_SLOTS: dict[str, int] = {"entry_ns": 8, "start_ns": 9, "first_tile_ns": 10, "loop_end_ns": 11,
+                                  "done_ns": 12, "sm": 13}
+
+
+@gluon.jit
+def _globaltimer(tick):
+    """The GPU's global nanosecond timer (%globaltimer, one clock for every SM), one per element of ``tick``."""
+    return gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [tick], dtype=gl.int64, is_pure=False,
+                                     pack=1)
+
+
+@gluon.jit
+def _stamp(TIMES, prog, slot: gl.constexpr, tick, value, WARPS: gl.constexpr):
+    """``value`` (one per thread) into slot ``slot`` of partition 0 of ``TIMES[prog]``."""
+    gl.store(TIMES + prog.to(gl.int64) * (2 * _PHASE_SLOTS * 32 * WARPS) + slot * 32 * WARPS + tick, value)
+
+
 @gluon.jit
 def _store_phases(TIMES, prog, part: gl.constexpr, tick, phases, t_loop, n_iter, WARPS: gl.constexpr):
     """A timed partition's sums into ``TIMES[prog, part]``: slots 0.. the phases, 6 the loop's cycles, 7 the tiles
     (``phase_buffer``'s layout; one value per thread)."""
-    base = TIMES + (prog.to(gl.int64) * 2 + part) * (8 * 32 * WARPS) + tick
+    base = TIMES + (prog.to(gl.int64) * 2 + part) * (_PHASE_SLOTS * 32 * WARPS) + tick
     for k in gl.static_range(len(phases)):
         gl.store(base + k * 32 * WARPS, phases[k])
     gl.store(base + 6 * 32 * WARPS, _clock(tick) - t_loop)
@@ -307,6 +330,8 @@ def _softmax_partition(q_smem, qpe_smem, kv_smem, pe_smem, p_smem, row_smem, kv_
     else:
         if TIMED:  # phases: copy wait, scores, softmax, wait for the worker to free P, publish, P V
             tick, ph0, t_loop = _phase_counters(WARPS)
+            g_start = _globaltimer(tick)
+            g_first = g_start
             ph1 = ph0
             ph2 = ph0
             ph3 = ph0
@@ -319,6 +344,8 @@ def _softmax_partition(q_smem, qpe_smem, kv_smem, pe_smem, p_smem, row_smem, kv_
             if TIMED:
                 t1 = _clock(tick)
                 ph0 += t1 - t0
+                if it == 0:
+                    g_first = _globaltimer(tick)
             s = warpgroup_mma_wait(num_outstanding=0, deps=(_issue_scores(q_smem, qpe_smem, kv_smem, pe_smem, it,
                                                                           STAGES, BLOCK_M, BLOCK_N, S_L),))
             if TIMED:
@@ -345,6 +372,7 @@ def _softmax_partition(q_smem, qpe_smem, kv_smem, pe_smem, p_smem, row_smem, kv_
             if TIMED:
                 ph5 += _clock(tick) - t5
         if TIMED:
+            g_loop = _globaltimer(tick)
             _store_phases(TIMES, prog, 0, tick, (ph0, ph1, ph2, ph3, ph4, ph5), t_loop, n_iter, WARPS)
 
     mbarrier.wait(p_free, (n_iter & 1) ^ 1)  # the worker has read the last factors: the row sums go where they were
@@ -360,6 +388,16 @@ def _softmax_partition(q_smem, qpe_smem, kv_smem, pe_smem, p_smem, row_smem, kv_
              mask=(rows_o < n_rows)[:, None])
     lse = gl.where(l_i > 0, m_i + gl.log2(gl.where(l_i > 0, l_i, 1.0)), float("-inf"))
     gl.store(LSE_PART + pid_s.to(gl.int64) * part_stride + rows_s, lse, mask=rows_s < n_rows)
+    if TIMED:
+        if not OVERLAP:
+            g_done = _globaltimer(tick)
+            _stamp(TIMES, prog, 9, tick, g_start, WARPS)
+            _stamp(TIMES, prog, 10, tick, g_first, WARPS)
+            _stamp(TIMES, prog, 11, tick, g_loop, WARPS)
+            _stamp(TIMES, prog, 12, tick, g_done, WARPS)
+            _stamp(TIMES, prog, 13, tick, gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [tick],
+                                                                    dtype=gl.int32, is_pure=False,
+                                                                    pack=1).to(gl.int64), WARPS)
 
 
 @gluon.jit
@@ -475,6 +513,9 @@ def _ws_partial_kernel(Q, KV, TOKEN_TABLE, MASK, O_PART, LSE_PART, TIMES, OUT, S
     GRID_MERGE every program then merges its slice of the output (``_grid_merge``; OUT and SYNC unused without)."""
     pid_m = gl.program_id(0)
     pid_s = gl.program_id(1)
+    if TIMED:  # the program's entry, before Q's load (TIMELINE_SLOTS)
+        tick0 = gl.arange(0, 32 * num_warps, layout=gl.BlockedLayout([1], [32], [num_warps], [0]))
+        _stamp(TIMES, pid_s * gl.num_programs(0) + pid_m, 8, tick0, _globaltimer(tick0), num_warps)
     (q_smem, qpe_smem, kv_smem, pe_smem, p_smem, row_smem, kv_ready, kv_free, p_ready, p_free,
      l_ready) = ws_shared_state(Q, pid_m, n_rows, BLOCK_M, BLOCK_N, STAGES, D_NOPE, D_PE, num_warps)
 
@@ -537,13 +578,14 @@ def _grid_merge(O_PART, LSE_PART, OUT, SYNC, n_splits, n_rows, prog, D_V: gl.con
 
 
 def phase_buffer(inputs: VerifyInputs, block_n: int = 64, stages: int = 2, num_sms: int | None = None) -> torch.Tensor:
-    """The int64 buffer a timed call writes its phase cycles into: [programs, 2 partitions, 8 slots, 128 threads]
-    (slots 0-5 the phases of ``PHASES``, 6 the whole loop, 7 the tiles); programs in the order pid_s * tiles + pid_m."""
+    """The int64 buffer a timed call writes its phase cycles into: [programs, 2 partitions, PHASE_SLOTS, 128 threads]
+    (slots 0-5 the phases of ``PHASES``, 6 the whole loop, 7 the tiles; partition 0's slots 8-13 its program's timeline,
+    ``TIMELINE_SLOTS``); programs in the order pid_s * tiles + pid_m."""
     from specdiag.kernels.triton_splitkv import sm_count  # noqa: PLC0415
 
     plan = plan_splits(inputs.heads * inputs.draft_tokens, inputs.n_kv, gluon_config(block_n, stages),
                        num_sms or sm_count(inputs.q.device.index or 0))
-    return torch.zeros(plan.n_tiles * plan.n_splits, 2, 8, 32 * WS_PARTITION_WARPS, dtype=torch.int64,
+    return torch.zeros(plan.n_tiles * plan.n_splits, 2, PHASE_SLOTS, 32 * WS_PARTITION_WARPS, dtype=torch.int64,
                        device=inputs.q.device)
 
 
@@ -594,7 +636,7 @@ def split_kv_gluon_ws(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 64
     o_part = torch.empty(plan.n_splits, rows, D_V, device=q.device,
                          dtype=torch.bfloat16 if bf16_partials else torch.float32)
     lse_part = torch.empty(plan.n_splits, rows, device=q.device, dtype=torch.float32)
-    if times is not None and times.shape != (plan.n_tiles * plan.n_splits, 2, 8, 32 * WS_PARTITION_WARPS):
+    if times is not None and times.shape != (plan.n_tiles * plan.n_splits, 2, PHASE_SLOTS, 32 * WS_PARTITION_WARPS):
         raise ValueError(f"times has shape {tuple(times.shape)}; make it with "
                          f"phase_buffer(inputs, {block_n}, {stages})")
     # the grid merge's block and launch only where it runs: the two-launch form keeps one compiled kernel per option set

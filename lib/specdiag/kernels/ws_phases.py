@@ -43,8 +43,9 @@ def phase_cycles(times: np.ndarray, phases: dict[str, tuple[str, ...]]) -> list[
     Each program's value is its median thread; the row holds the median (and p10/p90) over programs with tiles.
     """
     arr = np.asarray(times, dtype=np.int64)
-    if arr.ndim != 4 or arr.shape[1] != 2 or arr.shape[2] != 8:
-        raise ValueError(f"phase_cycles needs [programs, 2, 8, threads]; got shape {arr.shape}")
+    if arr.ndim != 4 or arr.shape[1] != 2 or arr.shape[2] < 8:
+        raise ValueError(f"phase_cycles needs [programs, 2, 8 or more slots, threads]; got shape {arr.shape}")
+    arr = arr[:, :, :8]
     rows = []
     for part, (name, names) in enumerate(phases.items()):
         per_prog = np.median(arr[:, part], axis=-1)  # [programs, 8]
@@ -64,6 +65,34 @@ def phase_cycles(times: np.ndarray, phases: dict[str, tuple[str, ...]]) -> list[
     return rows
 
 
+def timeline_from_phases(times: Any, slots: dict[str, int]) -> dict[str, Any]:
+    """Warpgroup 0's timeline in a timed call (``gluon_ws.TIMELINE_SLOTS`` of partition 0; each program's median
+    thread), as ``anatomy.timeline_stats`` (entry to done: span, ramp, tail) plus, medians over programs in us:
+    ``tl_q_p50_us`` entry to warpgroup 0's start (Q's load and the barriers), ``tl_first_p50_us`` entry to the first
+    tile landed, ``tl_stream_p50_us`` first tile to the loop's end, ``tl_epilogue_p50_us`` the loop's end to the partial
+    stored. Programs without tiles are left out."""
+    from specdiag.kernels.anatomy import timeline_stats  # noqa: PLC0415
+    from specdiag.stats import quantile  # noqa: PLC0415
+
+    arr = np.asarray(times, dtype=np.int64)
+    if arr.ndim != 4 or arr.shape[2] <= max(slots.values()):
+        raise ValueError(f"timeline_from_phases needs [programs, 2, slots, threads] with slots {sorted(slots.values())}; "
+                         f"got shape {arr.shape}")
+    prog = np.median(arr[:, 0], axis=-1).astype(np.int64)  # [programs, slots]
+    ok = prog[:, 7] > 0
+    if not ok.any():
+        raise ValueError("no program of the timed call ran a tile")
+    col = {k: prog[ok, v].tolist() for k, v in slots.items()}
+    out = timeline_stats(col["entry_ns"], col["loop_end_ns"], col["done_ns"], col["sm"])
+
+    def p50(a: str, b: str) -> float:
+        return quantile(sorted((y - x) / 1e3 for x, y in zip(col[a], col[b])), 0.5)
+
+    out.update(tl_q_p50_us=p50("entry_ns", "start_ns"), tl_first_p50_us=p50("entry_ns", "first_tile_ns"),
+               tl_stream_p50_us=p50("first_tile_ns", "loop_end_ns"), tl_epilogue_p50_us=p50("loop_end_ns", "done_ns"))
+    return out
+
+
 def parse_cases(text: str) -> list[VerifyShape]:
     out = []
     for item in filter(None, (c.strip() for c in text.split(","))):
@@ -79,7 +108,7 @@ def parse_cases(text: str) -> list[VerifyShape]:
 def measure_case(shape: VerifyShape, variant_name: str, device: torch.device, n_runs: int) -> list[dict[str, Any]]:
     """The variant untimed and timed on one case (event times), and the timed call's phases per partition."""
     from specdiag.kernels.dispatch import gluon_ws_kwargs, resolve_config, variant  # noqa: PLC0415
-    from specdiag.kernels.gluon_ws import PHASES, phase_buffer, split_kv_gluon_ws  # noqa: PLC0415
+    from specdiag.kernels.gluon_ws import PHASES, TIMELINE_SLOTS, phase_buffer, split_kv_gluon_ws  # noqa: PLC0415
     from specdiag.kernels.timing import summarize_ms, time_calls  # noqa: PLC0415
 
     v = variant(variant_name)
@@ -101,7 +130,9 @@ def measure_case(shape: VerifyShape, variant_name: str, device: torch.device, n_
     base = {"context_tokens": shape.context_tokens, "heads": shape.heads, "draft_tokens": shape.draft_tokens,
             "layout": shape.layout, "kernel": variant_name, "untimed_us": untimed["ms_median"] * 1e3,
             "timed_us": timed["ms_median"] * 1e3, "ts_unix_s": time.time(), "error": None, **prof}
-    return [{**base, **r} for r in phase_cycles(times.cpu().numpy(), PHASES)]
+    arr = times.cpu().numpy()
+    tl = timeline_from_phases(arr, TIMELINE_SLOTS)  # warpgroup 0's, on its row
+    return [{**base, **r, **(tl if r["partition"] == "softmax_wg" else {})} for r in phase_cycles(arr, PHASES)]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -144,7 +175,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   f"{row['prof_partial_us']:.1f} gap {row['prof_gap_us']:.1f} merge {row['prof_merge_us']:.1f}), "
                   f"{row['tiles_per_program']:.0f} "
                   f"tiles/program; per tile: loop {row['loop_cycles']:.0f} cycles = "
-                  + " + ".join(f"{p} {row[p + '_cycles']:.0f}" for p in names), flush=True)
+                  + " + ".join(f"{p} {row[p + '_cycles']:.0f}" for p in names)
+                  + (f"\n    timeline (timed call, us from the first entry): span {row['tl_span_us']:.1f}, entry to "
+                     f"start (Q) {row['tl_q_p50_us']:.1f}, to first tile {row['tl_first_p50_us']:.1f}, stream "
+                     f"{row['tl_stream_p50_us']:.1f}, epilogue {row['tl_epilogue_p50_us']:.1f}, done p50 "
+                     f"{row['tl_done_p50_us']:.1f}, tail {row['tl_tail_us']:.1f}, ramp {row['tl_ramp_us']:.2f}"
+                     if "tl_span_us" in row else ""), flush=True)
         torch.cuda.empty_cache()
     run.update(ws_phases_finished_utc=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
     return 0
