@@ -459,6 +459,45 @@ def test_06_puts_the_picks_read_floor_against_the_target(run_notebook: Callable[
     assert "The pick's launch shape without the math" in text and '"ename"' not in text
 
 
+ANATOMY_WS_TIMELINE = REFERENCE_DIR / "kernel-anatomy-h200-ws-timeline"
+
+
+@pytest.mark.notebook
+def test_06_reads_the_read_floors_timeline_into_its_finding(run_notebook: Callable[..., Path], tmp_path: Path) -> None:
+    """06 on data/reference/kernel-anatomy-h200-ws-timeline (session 11 call 7): the pick's read-floor finding at 128k
+    8 x 1 carries the read floor's timeline (first tile, stream, tail) as the raw timeline_ws row has it."""
+    run_notebook("06_kernel_ab", replay_dir=str(ANATOMY_WS_TIMELINE), cpu_smoke=False)
+    res = json.loads((tmp_path / "run" / "findings" / "06_kernel_ab.json").read_text())
+    tl = next(r for r in _jsonl(ANATOMY_WS_TIMELINE / "kernel_anatomy.jsonl")
+              if (r["part"], r["context_tokens"], r["heads"], r["draft_tokens"]) == ("timeline_ws", 131072, 8, 1))
+    f = {x["id"]: x for x in res["findings"]}["kernel_ab.anatomy.pick_read_floor"]
+    line = next(e for e in f["evidence"] if e.startswith("Inside the read floor"))
+    assert f"first tile lands {tl['tl_first_p50_us']:.2f} us" in line and f"takes {tl['tl_stream_p50_us']:.2f} us" in line
+    assert f"{tl['tl_tail_us']:.2f} us after the median one" in line and f"spans {tl['tl_span_us']:.1f} us" in line
+
+
+PICK_TIMELINE = REFERENCE_DIR / "kernel-ws-phases-h200-pick-timeline"
+
+
+@pytest.mark.notebook
+def test_06_shows_the_picks_timeline_from_its_timed_call(run_notebook: Callable[..., Path], tmp_path: Path) -> None:
+    """06 on data/reference/kernel-ws-phases-h200-pick-timeline (session 11 call 8): warpgroup 0's timeline table and
+    metrics, every number the raw softmax_wg rows'."""
+    out = run_notebook("06_kernel_ab", replay_dir=str(PICK_TIMELINE), cpu_smoke=False)
+    res = json.loads((tmp_path / "run" / "findings" / "06_kernel_ab.json").read_text())
+    rows = [r for r in _jsonl(PICK_TIMELINE / "kernel_ws_phases.jsonl") if r["partition"] == "softmax_wg"]
+    assert len(rows) == 4 and all(r["kernel"] == "split_gwrp_p1" for r in rows)
+    tl = res["metrics"]["ws_phases"]["timeline"]
+    assert set(tl) == {f"split_gwrp_p1 P{r['context_tokens']} h{r['heads']} t{r['draft_tokens']}" for r in rows}
+    for r in rows:
+        got = tl[f"split_gwrp_p1 P{r['context_tokens']} h{r['heads']} t{r['draft_tokens']}"]
+        assert got["tl_span_us"] == pytest.approx(r["tl_span_us"]) and got["timed_us"] == pytest.approx(r["timed_us"])
+        assert got["tl_first_p50_us"] == pytest.approx(r["tl_first_p50_us"])
+        assert got["tl_q_p50_us"] < got["tl_first_p50_us"] < got["tl_span_us"]
+    text = out.read_text()
+    assert "Warpgroup 0's timeline in the timed call" in text and '"ename"' not in text
+
+
 @pytest.mark.notebook
 def test_make_replay_of_the_anatomy_runs_06_and_07_and_says_what_it_skips(tmp_path: Path,
                                                                          capsys: pytest.CaptureFixture) -> None:

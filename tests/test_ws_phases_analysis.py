@@ -125,6 +125,23 @@ def test_the_finding_names_what_leads_each_case() -> None:
     assert m["profiler"]["split_gwf_p1 P131072 h8 t8"]["merge_gap_pct"] == pytest.approx(100 * 9.6 / 66.4)
 
 
+def test_timeline_table_reads_warpgroup_0s_timeline_of_the_newest_call() -> None:
+    """Rows since session 11 carry warpgroup 0's timeline on its row: one table row per case and kernel of the newest
+    call, in the metrics too; rows without it (before session 11) give none."""
+    tl = {"tl_span_us": 46.6, "tl_q_p50_us": 1.54, "tl_first_p50_us": 4.61, "tl_stream_p50_us": 38.4,
+          "tl_epilogue_p50_us": 1.02, "tl_tail_us": 2.56, "tl_ramp_us": 0.26}
+    new = _rows(131072, 8, 1, "split_gwrp_p1", 200.0, WG0_H8T8, WG1_H8T8, prof=(47.4, -0.1, 2.3), untimed_us=51.9)
+    new[0].update(tl)  # ws_phases writes it on the softmax_wg row only
+    older = _rows(131072, 8, 1, "split_gwrp_p1", 150.0, WG0_H8T8, WG1_H8T8)
+    older[0].update({k: 99.0 for k in tl})
+    tab = wa.timeline_table(older + new + _old_rows())
+    assert len(tab) == 1 and tab.iloc[0]["kernel"] == "split_gwrp_p1" and tab.iloc[0]["tl_span_us"] == 46.6
+    assert tab.iloc[0]["timed_us"] == pytest.approx(51.9 * 1.03)
+    m = wa.ws_phases_metrics(wa.phase_table(new), wa.profiler_split(new), tab)["timeline"]
+    assert m == {"split_gwrp_p1 P131072 h8 t1": {"timed_us": pytest.approx(51.9 * 1.03), **tl}}
+    assert wa.timeline_table(_old_rows()).empty
+
+
 def test_rows_of_an_unknown_warpgroup_are_refused() -> None:
     rows = _old_rows()
     rows[0] = {**rows[0], "partition": "producer_wg"}
@@ -135,7 +152,9 @@ def test_rows_of_an_unknown_warpgroup_are_refused() -> None:
 def test_no_rows_give_empty_tables() -> None:
     assert wa.phase_table([]).empty and wa.profiler_split([]).empty and wa.last_kernel(wa.phase_table([])) is None
     assert wa.ws_phases_metrics(wa.phase_table([]), wa.profiler_split([])) == {
-        "cases": 0, "clock_cost_pct_min": None, "clock_cost_pct_max": None, "kernels": [], "tiles": {}, "profiler": {}}
+        "cases": 0, "clock_cost_pct_min": None, "clock_cost_pct_max": None, "kernels": [], "tiles": {}, "profiler": {},
+        "timeline": {}}
+    assert wa.timeline_table([]).empty
 
 
 def test_stacked_bars_one_per_case_kernel_and_warpgroup() -> None:

@@ -351,6 +351,15 @@ def pick_read_floor_finding(rows: Iterable[Mapping[str, Any]], decomp: pd.DataFr
               f"(measured, the same inputs).")
     if math.isfinite(float(r["copy_us"])):
         ev.append(f"A plain device copy moving the same bytes: {float(r['copy_us']):.2f} us (measured, kernel_ab_copy).")
+    tl = df[(df["part"] == "timeline_ws") & (df["context_tokens"] == context_tokens) & (df["heads"] == heads)
+            & (df["draft_tokens"] == draft_tokens)] if "tl_first_p50_us" in df else df.iloc[0:0]
+    if not tl.empty:
+        t = tl.iloc[-1]
+        ev.append(f"Inside the read floor (timeline_ws, %globaltimer, medians of {int(t['tl_runs'])} launches): it spans "
+                  f"{float(t['tl_span_us']):.1f} us on the GPU; each program's first tile lands "
+                  f"{float(t['tl_first_p50_us']):.2f} us after it starts, the stream to its last tile takes "
+                  f"{float(t['tl_stream_p50_us']):.2f} us and the last program ends {float(t['tl_tail_us']):.2f} us "
+                  f"after the median one (measured).")
     return Finding(
         id="kernel_ab.anatomy.pick_read_floor",
         title=f"The pick's launch shape without the math, against issue 13's target at {case}",

@@ -117,6 +117,25 @@ def profiler_split(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
+#: Warpgroup 0's timeline of a timed call (ws_phases.timeline_from_phases, rows since session 11), in display order.
+TIMELINE_COLUMNS: dict[str, str] = {
+    "tl_span_us": "span (first entry to last done)", "tl_q_p50_us": "entry to start (Q, barriers)",
+    "tl_first_p50_us": "entry to first tile", "tl_stream_p50_us": "first tile to loop end",
+    "tl_epilogue_p50_us": "epilogue (partial stored)", "tl_tail_us": "tail (last done - median)",
+    "tl_ramp_us": "ramp (last entry - first)"}
+
+
+def timeline_table(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
+    """Per case and kernel of the newest calls whose warpgroup 0 row carries a timeline: ``timed_us`` (the timed call,
+    CUDA events) and :data:`TIMELINE_COLUMNS` (us, medians over programs). Empty for rows before session 11."""
+    df = newest(rows)
+    cols = list(TIMELINE_COLUMNS)
+    if df.empty or not set(cols) <= set(df.columns):
+        return pd.DataFrame()
+    df = df[df["partition"] == "softmax_wg"].dropna(subset=cols)
+    return df[[*KEY, "timed_us", *cols]].reset_index(drop=True)
+
+
 def case_name(ctx: int, h: int, t: int) -> str:
     return f"{format_tokens(ctx)} H={h} x T={t}"
 
@@ -197,9 +216,9 @@ def _num(x: Any) -> Any:
     return float(x) if isinstance(x, (int, float)) and math.isfinite(float(x)) else None
 
 
-def ws_phases_metrics(table: pd.DataFrame, prof: pd.DataFrame) -> dict[str, Any]:
+def ws_phases_metrics(table: pd.DataFrame, prof: pd.DataFrame, timeline: Optional[pd.DataFrame] = None) -> dict[str, Any]:
     """The section's numbers keyed ``<kernel> P<context> h<heads> t<draft>``: per warpgroup the loop cycles per tile,
-    the largest phase and its share, each phase's cycles; the profiler split where present."""
+    the largest phase and its share, each phase's cycles; the profiler split and warpgroup 0's timeline where present."""
     tiles: dict[str, Any] = {}
     for r in table.to_dict("records"):
         key = f"{r['kernel']} P{int(r['context_tokens'])} h{int(r['heads'])} t{int(r['draft_tokens'])}"
@@ -218,4 +237,7 @@ def ws_phases_metrics(table: pd.DataFrame, prof: pd.DataFrame) -> dict[str, Any]
                      {"call_us": _num(r.call_us), "partial_us": _num(r.partial_us), "gap_us": _num(r.gap_us),
                       "merge_us": _num(r.merge_us), "merge_gap_pct": _num(r.merge_gap_pct)}
                      for r in prof.itertuples()} if not prof.empty else {},
+        "timeline": {f"{r['kernel']} P{int(r['context_tokens'])} h{int(r['heads'])} t{int(r['draft_tokens'])}":
+                     {k: _num(r[k]) for k in ("timed_us", *TIMELINE_COLUMNS)}
+                     for r in timeline.to_dict("records")} if timeline is not None and not timeline.empty else {},
     }
