@@ -334,6 +334,36 @@ def test_read_only_kernel_of_the_picks_launch_shape_compiles_without_math() -> N
     assert timed.metadata.shared == k.metadata.shared
 
 
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed here")
+def test_early_q_kernel_loads_q_in_warpgroup_0_and_leaves_the_pick_alone() -> None:
+    """split_gwrpq_p1 (session 11): the pick's kernel with EARLY_Q compiles for sm_90 with the pick's tensor-core
+    instructions and shared memory, and loads Q with more, narrower loads inside warpgroup 0 (four 128-column pieces
+    and the PE part); the arm is the pick's with early_q, and its call's keyword arguments say so."""
+    import collections
+    import re
+
+    from specdiag.kernels.dispatch import gluon_ws_kwargs, resolve_config
+    from specdiag.kernels.gluon_ws import compile_sm90
+
+    pick = compile_sm90(prefetch=True, draft_branch=True, fold=True)
+    early = compile_sm90(prefetch=True, draft_branch=True, fold=True, early_q=True)
+
+    def wgmma(k) -> collections.Counter:
+        return collections.Counter(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", k.asm["ptx"]))
+
+    assert wgmma(early) == wgmma(pick) == {"m64n64k16": 36, "m64n256k16": 8}
+    assert early.metadata.shared == pick.metadata.shared
+    assert early.asm["ptx"].count("ld.global") > pick.asm["ptx"].count("ld.global")
+    a, b = KERNEL_VARIANTS["split_gwrp_p1"], KERNEL_VARIANTS["split_gwrpq_p1"]
+    assert b.gluon_early_q and not a.gluon_early_q
+    assert {f: getattr(b, f) for f in b.__dataclass_fields__ if f not in ("name", "gluon_early_q")} == \
+        {f: getattr(a, f) for f in a.__dataclass_fields__ if f not in ("name", "gluon_early_q")}
+    for rows in (8, 64):
+        kw_a = gluon_ws_kwargs(a, resolve_config("split_gwrp_p1", rows))
+        kw_b = gluon_ws_kwargs(b, resolve_config("split_gwrpq_p1", rows))
+        assert kw_b == {**kw_a, "early_q": True} and kw_a["early_q"] is False
+
+
 def test_read_only_kernel_plans_the_picks_splits() -> None:
     """expected_tiles: the pick's plan (one row tile per 64 rows, the splits of plan_splits), every token of the case
     in exactly one program's tiles, the last split running to the end."""

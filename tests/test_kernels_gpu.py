@@ -246,14 +246,34 @@ def test_run30_joined_tail_and_ragged_arms_match_reference(shape: VerifyShape) -
                                    VerifyShape(3001, 8, 3, "contiguous"), VerifyShape(65536, 16, 2, "shuffled_p1"),
                                    VerifyShape(200, 8, 1, "shuffled_p1")],
                          ids=lambda s: f"run33-P{s.context_tokens}-H{s.heads}-T{s.draft_tokens}-{s.layout}")
-def test_run33_gluon_kernels_below_33_rows_match_reference(shape: VerifyShape) -> None:
+def test_run33_gluon_kernels_below_33_rows_match_reference(shape: VerifyShape) -> None:  # + split_gwrpq_p1
     """The Gluon kernels at 8-32 rows, where the pick and the plugin served Triton until runs 33-35 measured them:
     most of the 64-row tile empty, a tree mask, a context shorter than one split's minimum; by run_variant and by the
     call the harness times, twice each."""
     names = ("split_gwfm_p1", "ragged_gwa_p1", "split_gwr_p1", "split_gwrp_p1", "split_gwrb_p1", "split_gwr32_p1",
-             "ragged_gwap_p1")
+             "ragged_gwap_p1", "split_gwrpq_p1")
     _check_arms_twice(shape, names)
     _check_timed_calls_twice(shape, names, seed=shape.context_tokens + 3)
+
+
+@pytest.mark.parametrize("shape", [VerifyShape(131072, 8, 8, "shuffled_p1"), VerifyShape(9000, 3, 100, "contiguous"),
+                                   VerifyShape(20000, 16, 64, "shuffled_p1"), VerifyShape(100, 8, 8, "shuffled_p1")],
+                         ids=lambda s: f"earlyq-P{s.context_tokens}-H{s.heads}-T{s.draft_tokens}-{s.layout}")
+def test_early_q_matches_reference_from_64_rows_and_times_its_phases(shape: VerifyShape) -> None:
+    """split_gwrpq_p1 where every row of the Q tile is real and where there are several row tiles (300, 1,024 rows):
+    by run_variant and by the timed call, twice each; and its timed form (ws_phases) correct with warpgroup 0's
+    stamps in order (Q's load now inside warpgroup 0: its start comes before Q is in shared memory)."""
+    from specdiag.kernels.gluon_ws import phase_buffer, split_kv_gluon_ws
+
+    _check_arms_twice(shape, ("split_gwrpq_p1",))
+    _check_timed_calls_twice(shape, ("split_gwrpq_p1",), seed=shape.context_tokens + 5)
+    x = make_inputs(shape, device="cuda", seed=5)
+    out, times = x.out_like(), phase_buffer(x)
+    split_kv_gluon_ws(x, out, prefetch=True, draft_branch=True, fold=True, early_q=True, times=times)
+    ref = reference_verify(x)
+    assert (out.float() - ref).norm() / ref.norm() <= 1e-2
+    stamps = np.median(times.cpu().numpy()[:, 0, 8:13], axis=-1)
+    assert (np.diff(stamps, axis=1) >= 0).all()
 
 
 @pytest.mark.parametrize("shape", [VerifyShape(4096, 8, 8, "shuffled_p1"), VerifyShape(131072, 8, 8, "shuffled_p1"),

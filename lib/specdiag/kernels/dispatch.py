@@ -93,6 +93,8 @@ class KernelVariant:
     #: impl "gluon_ws" only: the merge's one pass by runs 28-29's rule at the call's row count
     #: (splitkv_plan.one_pass_merge_fields: every split count up to 32 rows, up to 16 splits above), after the above
     gluon_merge_by_rows: bool = False
+    #: gluon_ws only: warpgroup 0 loads Q while warpgroup 1 issues the first tiles (session 11: the copies waited for Q)
+    gluon_early_q: bool = False
 
 
 KERNEL_VARIANTS: dict[str, KernelVariant] = {
@@ -242,6 +244,11 @@ KERNEL_VARIANTS: dict[str, KernelVariant] = {
     "split_gwrb_p1": KernelVariant("split_gwrb_p1", "split_kv", 1, impl="gluon_ws", gluon_tile=(64, 2),
                                    gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True,
                                    gluon_merge_block_dv=64, gluon_merge_by_rows=True, gluon_bf16_partials=True),
+    # session 11: the pick with warpgroup 0 loading Q under the first tiles' copies (the timelines of calls 7-8)
+    "split_gwrpq_p1": KernelVariant("split_gwrpq_p1", "split_kv", 1, impl="gluon_ws", gluon_tile=(64, 2),
+                                    gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True,
+                                    gluon_merge_block_dv=64, gluon_merge_by_rows=True, gluon_pdl_merge=True,
+                                    gluon_early_q=True),
     # run 37: the plugin's Gluon kernel with its merge as a programmatic dependent launch (what the plugin serves
     # since; ragged_gw_p1 and ragged_gwa_p1 keep the merge they were measured with)
     "ragged_gwap_p1": KernelVariant("ragged_gwap_p1", "ragged_split_kv", 1, impl="gluon_ws", overrides=(("pdl", True),)),
@@ -273,7 +280,8 @@ def gluon_ws_kwargs(v: KernelVariant, config: SplitKVConfig) -> dict[str, Any]:
                 overlap=v.gluon_overlap, draft_branch=v.gluon_draft_branch, fold=v.gluon_fold,
                 bf16_partials=v.gluon_bf16_partials, pdl_merge=v.gluon_pdl_merge, grid_merge=v.gluon_grid_merge,
                 merge_block_dv=config.merge_block_dv, merge_one_pass=config.merge_one_pass,
-                merge_one_pass_max_splits=config.merge_one_pass_max_splits, join_tail_tokens=config.join_tail_tokens)
+                merge_one_pass_max_splits=config.merge_one_pass_max_splits, join_tail_tokens=config.join_tail_tokens,
+                early_q=v.gluon_early_q)
 
 
 def runs_gluon_ws(v: KernelVariant, rows: int) -> bool:

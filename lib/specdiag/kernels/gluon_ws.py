@@ -47,7 +47,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from specdiag.kernels.gluon_splitkv import q_and_ring_smem
+from specdiag.kernels.gluon_splitkv import q_and_ring_smem, store_q
 from specdiag.kernels.mla import D_NOPE, D_PE, D_QK, D_V, VerifyInputs
 from specdiag.kernels.splitkv_plan import GLUON_BLOCK_M, gluon_config, plan_splits, plan_splits_coresident
 
@@ -281,13 +281,16 @@ def _softmax_partition(q_smem, qpe_smem, kv_smem, pe_smem, p_smem, row_smem, kv_
                        part_stride, start, end, n_iter, pid_m, pid_s, prog,
                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, D_NOPE: gl.constexpr,
                        D_HALF: gl.constexpr, WARPS: gl.constexpr, OVERLAP: gl.constexpr, DRAFT_BRANCH: gl.constexpr,
-                       TIMED: gl.constexpr, FOLD: gl.constexpr):
+                       TIMED: gl.constexpr, FOLD: gl.constexpr, Q=None, EARLY_Q: gl.constexpr = False):
     """Warpgroup 0: scores, softmax, P and the rescale factors to the worker, the first half of O (module doc).
     With OVERLAP (run 16) tile i's P V runs on the tensor cores under tile i + 1's softmax (FA3's intra-warpgroup
     overlap): tile i + 1's scores are issued first, then tile i's P V, and the wait for the scores leaves the P V in
     flight; both are waited for inside the iteration (no accumulator crosses the loop's back edge). With TIMED (not
-    with OVERLAP) each thread sums the SM cycles of its loop's phases into TIMES (``phase_cycles``)."""
+    with OVERLAP) each thread sums the SM cycles of its loop's phases into TIMES (``phase_cycles``). With EARLY_Q this
+    warpgroup first puts the row tile's Q into shared memory (``store_q``) while the worker's first copies fly."""
     dtype: gl.constexpr = p_smem.dtype
+    if EARLY_Q:
+        store_q(Q, q_smem, qpe_smem, pid_m, n_rows, BLOCK_M, D_NOPE, qpe_smem.shape[1], WARPS)
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                   instr_shape=[16, BLOCK_N, 16])
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
@@ -475,14 +478,15 @@ def _pv_loader_partition(kv_smem, pe_smem, p_smem, row_smem, kv_ready, kv_free, 
 
 @gluon.jit
 def ws_shared_state(Q, pid_m, n_rows, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                    D_NOPE: gl.constexpr, D_PE: gl.constexpr, num_warps: gl.constexpr):
+                    D_NOPE: gl.constexpr, D_PE: gl.constexpr, num_warps: gl.constexpr, LOAD_Q: gl.constexpr = True):
     """Both entries' shared memory before the partitions (this module's and gluon_ws_ragged's): the row tile's Q
-    (rows past ``n_rows`` 0), the KV ring, P, the row factors, and the barriers, initialized and visible to all."""
+    (rows past ``n_rows`` 0; with LOAD_Q False left to warpgroup 0, EARLY_Q), the KV ring, P, the row factors, and the
+    barriers, initialized and visible to all."""
     LD: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
     LD_PE: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
     row_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
     q_smem, qpe_smem, kv_smem, pe_smem, p_smem = q_and_ring_smem(Q, pid_m, n_rows, BLOCK_M, BLOCK_N, STAGES, D_NOPE,
-                                                                 D_PE, LD, LD_PE)
+                                                                 D_PE, LD, LD_PE, LOAD_Q)
     row_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M], row_sl)
     kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     kv_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -508,16 +512,18 @@ def _ws_partial_kernel(Q, KV, TOKEN_TABLE, MASK, O_PART, LSE_PART, TIMES, OUT, S
                        WORKER_REGS: gl.constexpr, PREFETCH: gl.constexpr, OVERLAP: gl.constexpr,
                        DRAFT_BRANCH: gl.constexpr, TIMED: gl.constexpr, FOLD: gl.constexpr,
                        GRID_MERGE: gl.constexpr = False, MERGE_S: gl.constexpr = 2, MERGE_F: gl.constexpr = 64,
-                       MERGE_TPW_F: gl.constexpr = 16):
+                       MERGE_TPW_F: gl.constexpr = 16, EARLY_Q: gl.constexpr = False):
     """One program per (64-row tile, split): Q to shared memory, then the two partitions (module doc); with
-    GRID_MERGE every program then merges its slice of the output (``_grid_merge``; OUT and SYNC unused without)."""
+    GRID_MERGE every program then merges its slice of the output (``_grid_merge``; OUT and SYNC unused without). With
+    EARLY_Q (session 11) warpgroup 0 loads Q itself while warpgroup 1 already issues the first tiles' copies (session
+    11's timelines: the copies waited 1.0-2.1 us for Q)."""
     pid_m = gl.program_id(0)
     pid_s = gl.program_id(1)
     if TIMED:  # the program's entry, before Q's load (TIMELINE_SLOTS)
         tick0 = gl.arange(0, 32 * num_warps, layout=gl.BlockedLayout([1], [32], [num_warps], [0]))
         _stamp(TIMES, pid_s * gl.num_programs(0) + pid_m, 8, tick0, _globaltimer(tick0), num_warps)
     (q_smem, qpe_smem, kv_smem, pe_smem, p_smem, row_smem, kv_ready, kv_free, p_ready, p_free,
-     l_ready) = ws_shared_state(Q, pid_m, n_rows, BLOCK_M, BLOCK_N, STAGES, D_NOPE, D_PE, num_warps)
+     l_ready) = ws_shared_state(Q, pid_m, n_rows, BLOCK_M, BLOCK_N, STAGES, D_NOPE, D_PE, num_warps, not EARLY_Q)
 
     start, end, n_iter = split_bounds(pid_s, tokens_per_split, n_kv, n_splits, BLOCK_N)
     prog = pid_s * gl.num_programs(0) + pid_m
@@ -525,7 +531,7 @@ def _ws_partial_kernel(Q, KV, TOKEN_TABLE, MASK, O_PART, LSE_PART, TIMES, OUT, S
         (_softmax_partition, (q_smem, qpe_smem, kv_smem, pe_smem, p_smem, row_smem, kv_ready, kv_free, p_ready,
                               p_free, l_ready, MASK, O_PART, LSE_PART, TIMES, qk_scale, n_prefix, n_draft, n_heads,
                               n_rows, n_rows, start, end, n_iter, pid_m, pid_s, prog, BLOCK_M, BLOCK_N, STAGES, D_NOPE,
-                              D_HALF, num_warps, OVERLAP, DRAFT_BRANCH, TIMED, FOLD)),
+                              D_HALF, num_warps, OVERLAP, DRAFT_BRANCH, TIMED, FOLD, Q, EARLY_Q)),
         (_pv_loader_partition, (kv_smem, pe_smem, p_smem, row_smem, kv_ready, kv_free, p_ready, p_free, l_ready, KV,
                                 TOKEN_TABLE, TOKEN_TABLE, n_prefix, O_PART, TIMES, n_rows, n_rows, start, end, n_iter,
                                 pid_m, pid_s, prog, stride_kv, BLOCK_M, BLOCK_N, STAGES, D_NOPE, D_PE, D_HALF,
@@ -601,7 +607,8 @@ def split_kv_gluon_ws(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 64
                       draft_branch: bool = False, fold: bool = False, bf16_partials: bool = False,
                       pdl_merge: bool = False, merge_block_dv: int = 16, grid_merge: bool = False,
                       merge_one_pass: bool = False, merge_one_pass_max_splits: int = 512,
-                      join_tail_tokens: int = 0, times: torch.Tensor | None = None) -> torch.Tensor:
+                      join_tail_tokens: int = 0, times: torch.Tensor | None = None,
+                      early_q: bool = False) -> torch.Tensor:
     """Split-KV verify attention with the warp-specialized partial kernel and triton_splitkv's merge; writes ``out``.
     ``bf16_partials`` stores each split's normalized output in bf16 (half the partial bytes written and merged);
     ``pdl_merge`` launches the merge as a programmatic dependent launch; ``merge_block_dv`` value dims per merge
@@ -610,7 +617,8 @@ def split_kv_gluon_ws(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 64
     partial kernel's grid (one cooperative launch of at most one program per SM, ``_grid_merge``; no merge kernel);
     ``merge_one_pass`` runs the merge kernel with every split of its outputs at once, up to
     ``merge_one_pass_max_splits`` splits (``split_merge.merge_block``); ``join_tail_tokens``: a last split of that
-    many tokens or fewer joins the one before it (``splitkv_plan.split_count``)."""
+    many tokens or fewer joins the one before it (``splitkv_plan.split_count``); ``early_q``: warpgroup 0 loads Q
+    while warpgroup 1 issues the first tiles (EARLY_Q; not with ``overlap``)."""
     from specdiag.kernels.triton_splitkv import merge_partials, sm_count  # noqa: PLC0415
 
     q, cache = inputs.q, inputs.cache
@@ -622,6 +630,9 @@ def split_kv_gluon_ws(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 64
         raise ValueError(f"split_kv_gluon_ws needs q and the cache in one dtype; got {q.dtype} and {cache.dtype}")
     if times is not None and overlap:
         raise ValueError("split_kv_gluon_ws times the loop without the overlap only: pass overlap=False with times")
+    if early_q and overlap:
+        raise ValueError("early_q loads Q in warpgroup 0 before its loop, which the overlap form does not have: pass "
+                         "overlap=False with early_q")
     T, H = inputs.draft_tokens, inputs.heads
     rows, n_kv = T * H, inputs.n_kv
     if D_V % merge_block_dv:
@@ -649,7 +660,7 @@ def split_kv_gluon_ws(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 64
         plan.n_splits,
         BLOCK_M=GLUON_BLOCK_M, BLOCK_N=block_n, STAGES=stages, D_NOPE=D_NOPE, D_PE=D_PE, D_HALF=D_HALF,
         num_warps=WS_PARTITION_WARPS, WORKER_REGS=WS_WORKER_REGS, PREFETCH=prefetch, OVERLAP=overlap,
-        DRAFT_BRANCH=draft_branch, TIMED=times is not None, FOLD=fold,
+        DRAFT_BRANCH=draft_branch, TIMED=times is not None, FOLD=fold, EARLY_Q=early_q,
         **extra,
     )
     if not grid_merge:
@@ -674,7 +685,7 @@ def grid_merge_block(n_splits: int) -> tuple[int, int, int]:
 def compile_sm90(block_n: int = 64, stages: int = 2, dtype: str = "bf16", worker_regs: int = WS_WORKER_REGS,
                  prefetch: bool = False, overlap: bool = False, draft_branch: bool = False,
                  timed: bool = False, fold: bool = False, partial: str = "fp32",
-                 grid_merge_splits: int = 0) -> "triton.compiler.CompiledKernel":
+                 grid_merge_splits: int = 0, early_q: bool = False) -> "triton.compiler.CompiledKernel":
     """The partial kernel compiled ahead of time for sm_90 (no GPU needed): for tests and the compile report.
     ``grid_merge_splits`` > 0: the form that merges inside its grid, with the merge block of that many splits."""
     from triton.backends.compiler import GPUTarget  # noqa: PLC0415
@@ -687,6 +698,8 @@ def compile_sm90(block_n: int = 64, stages: int = 2, dtype: str = "bf16", worker
     const = {"BLOCK_M": GLUON_BLOCK_M, "BLOCK_N": block_n, "STAGES": stages, "D_NOPE": D_NOPE, "D_PE": D_PE,
              "D_HALF": D_HALF, "num_warps": WS_PARTITION_WARPS, "WORKER_REGS": worker_regs, "PREFETCH": prefetch,
              "OVERLAP": overlap, "DRAFT_BRANCH": draft_branch, "TIMED": timed, "FOLD": fold}
+    if early_q:
+        const["EARLY_Q"] = True
     if grid_merge_splits:
         merge_s, merge_f, merge_tpw_f = grid_merge_block(grid_merge_splits)
         const.update({"GRID_MERGE": True, "MERGE_S": merge_s, "MERGE_F": merge_f, "MERGE_TPW_F": merge_tpw_f})
