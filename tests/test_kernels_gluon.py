@@ -358,10 +358,12 @@ def test_early_q_kernel_loads_q_in_warpgroup_0_and_leaves_the_pick_alone() -> No
     assert b.gluon_early_q and not a.gluon_early_q
     assert {f: getattr(b, f) for f in b.__dataclass_fields__ if f not in ("name", "gluon_early_q")} == \
         {f: getattr(a, f) for f in a.__dataclass_fields__ if f not in ("name", "gluon_early_q")}
-    for rows in (8, 64):
-        kw_a = gluon_ws_kwargs(a, resolve_config("split_gwrp_p1", rows))
-        kw_b = gluon_ws_kwargs(b, resolve_config("split_gwrpq_p1", rows))
+    for rows in (8, 64, 1024):
+        kw_a = gluon_ws_kwargs(a, resolve_config("split_gwrp_p1", rows), rows)
+        kw_b = gluon_ws_kwargs(b, resolve_config("split_gwrpq_p1", rows), rows)
+        kw_r = gluon_ws_kwargs(KERNEL_VARIANTS["split_gwrpqr_p1"], resolve_config("split_gwrpqr_p1", rows), rows)
         assert kw_b == {**kw_a, "early_q": True} and kw_a["early_q"] is False
+        assert kw_r == (kw_b if rows <= 64 else kw_a)  # run 39's arm: early Q up to 64 rows (one row tile), the pick's above
 
 
 def test_read_only_kernel_plans_the_picks_splits() -> None:

@@ -251,7 +251,7 @@ def test_run33_gluon_kernels_below_33_rows_match_reference(shape: VerifyShape) -
     most of the 64-row tile empty, a tree mask, a context shorter than one split's minimum; by run_variant and by the
     call the harness times, twice each."""
     names = ("split_gwfm_p1", "ragged_gwa_p1", "split_gwr_p1", "split_gwrp_p1", "split_gwrb_p1", "split_gwr32_p1",
-             "ragged_gwap_p1", "split_gwrpq_p1")
+             "ragged_gwap_p1", "split_gwrpq_p1", "split_gwrpqr_p1")
     _check_arms_twice(shape, names)
     _check_timed_calls_twice(shape, names, seed=shape.context_tokens + 3)
 
@@ -265,8 +265,8 @@ def test_early_q_matches_reference_from_64_rows_and_times_its_phases(shape: Veri
     stamps in order (Q's load now inside warpgroup 0: its start comes before Q is in shared memory)."""
     from specdiag.kernels.gluon_ws import phase_buffer, split_kv_gluon_ws
 
-    _check_arms_twice(shape, ("split_gwrpq_p1",))
-    _check_timed_calls_twice(shape, ("split_gwrpq_p1",), seed=shape.context_tokens + 5)
+    _check_arms_twice(shape, ("split_gwrpq_p1", "split_gwrpqr_p1"))
+    _check_timed_calls_twice(shape, ("split_gwrpq_p1", "split_gwrpqr_p1"), seed=shape.context_tokens + 5)
     x = make_inputs(shape, device="cuda", seed=5)
     out, times = x.out_like(), phase_buffer(x)
     split_kv_gluon_ws(x, out, prefetch=True, draft_branch=True, fold=True, early_q=True, times=times)

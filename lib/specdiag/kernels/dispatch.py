@@ -95,7 +95,14 @@ class KernelVariant:
     gluon_merge_by_rows: bool = False
     #: gluon_ws only: warpgroup 0 loads Q while warpgroup 1 issues the first tiles (session 11: the copies waited for Q)
     gluon_early_q: bool = False
+    #: with gluon_early_q: only up to this many packed rows (run 38: faster up to 64 rows, one row tile; slower from
+    #: 256); None: at every row count
+    gluon_early_q_max_rows: Optional[int] = None
 
+
+#: run 38: warpgroup 0's early load of Q paid on every case of up to 64 packed rows (0.968-0.992 of the pick) and lost
+#: from 256 (1.009-1.014), where several row tiles each load their Q
+EARLY_Q_MAX_ROWS = 64
 
 KERNEL_VARIANTS: dict[str, KernelVariant] = {
     "baseline_p1": KernelVariant("baseline_p1", "baseline", 1),
@@ -249,6 +256,12 @@ KERNEL_VARIANTS: dict[str, KernelVariant] = {
                                     gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True,
                                     gluon_merge_block_dv=64, gluon_merge_by_rows=True, gluon_pdl_merge=True,
                                     gluon_early_q=True),
+    # run 39: split_gwrpq_p1's early Q only where run 38 measured it faster (up to 64 rows: one row tile), the pick's
+    # call above
+    "split_gwrpqr_p1": KernelVariant("split_gwrpqr_p1", "split_kv", 1, impl="gluon_ws", gluon_tile=(64, 2),
+                                     gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True,
+                                     gluon_merge_block_dv=64, gluon_merge_by_rows=True, gluon_pdl_merge=True,
+                                     gluon_early_q=True, gluon_early_q_max_rows=EARLY_Q_MAX_ROWS),
     # run 37: the plugin's Gluon kernel with its merge as a programmatic dependent launch (what the plugin serves
     # since; ragged_gw_p1 and ragged_gwa_p1 keep the merge they were measured with)
     "ragged_gwap_p1": KernelVariant("ragged_gwap_p1", "ragged_split_kv", 1, impl="gluon_ws", overrides=(("pdl", True),)),
@@ -273,15 +286,17 @@ AUTO_GLUON_MIN_ROWS = 33
 PLUGIN_GLUON_MIN_ROWS = 1
 
 
-def gluon_ws_kwargs(v: KernelVariant, config: SplitKVConfig) -> dict[str, Any]:
+def gluon_ws_kwargs(v: KernelVariant, config: SplitKVConfig, rows: int) -> dict[str, Any]:
     """The keyword arguments of ``gluon_ws.split_kv_gluon_ws`` for a warp-specialized arm at its resolved config (the
-    merge as ``resolve_config`` made it): one mapping for the A/B's call and for ws_phases' profile of the same arm."""
+    merge as ``resolve_config`` made it) and ``rows`` packed rows: one mapping for the A/B's call and for ws_phases'
+    profile of the same arm."""
+    early_q = v.gluon_early_q and (v.gluon_early_q_max_rows is None or rows <= v.gluon_early_q_max_rows)
     return dict(block_n=config.block_n, stages=config.num_stages, prefetch=v.gluon_prefetch,
                 overlap=v.gluon_overlap, draft_branch=v.gluon_draft_branch, fold=v.gluon_fold,
                 bf16_partials=v.gluon_bf16_partials, pdl_merge=v.gluon_pdl_merge, grid_merge=v.gluon_grid_merge,
                 merge_block_dv=config.merge_block_dv, merge_one_pass=config.merge_one_pass,
                 merge_one_pass_max_splits=config.merge_one_pass_max_splits, join_tail_tokens=config.join_tail_tokens,
-                early_q=v.gluon_early_q)
+                early_q=early_q)
 
 
 def runs_gluon_ws(v: KernelVariant, rows: int) -> bool:
@@ -371,7 +386,7 @@ def run_variant(name: str, inputs: VerifyInputs, out: torch.Tensor, config: Opti
         if runs_gluon_ws(v, rows):
             from specdiag.kernels.gluon_ws import split_kv_gluon_ws  # noqa: PLC0415
 
-            return split_kv_gluon_ws(inputs, out, **gluon_ws_kwargs(v, config))
+            return split_kv_gluon_ws(inputs, out, **gluon_ws_kwargs(v, config, rows))
         if v.impl == "gluon" or (v.impl == "auto" and rows >= AUTO_GLUON_MIN_ROWS):
             from specdiag.kernels.gluon_splitkv import split_kv_gluon  # noqa: PLC0415
 

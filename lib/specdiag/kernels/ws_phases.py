@@ -118,7 +118,7 @@ def measure_case(shape: VerifyShape, variant_name: str, device: torch.device, n_
     cfg = resolve_config(variant_name, shape.heads * shape.draft_tokens)
     x = make_inputs(shape, device=device, seed=shape.context_tokens)
     out = x.out_like()
-    kw = gluon_ws_kwargs(v, cfg)  # the arm's own call, its merge included (the profile's merge and gap are the arm's)
+    kw = gluon_ws_kwargs(v, cfg, shape.heads * shape.draft_tokens)  # the arm's own call, its merge included (the profile's merge and gap are the arm's)
     times = phase_buffer(x, cfg.block_n, cfg.num_stages)
     untimed = summarize_ms(time_calls([lambda: split_kv_gluon_ws(x, out, **kw)], n_runs=n_runs, device=device))
     timed = summarize_ms(time_calls([lambda: split_kv_gluon_ws(x, out, times=times, **kw)], n_runs=n_runs,
