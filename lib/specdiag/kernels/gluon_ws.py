@@ -27,10 +27,11 @@ per thread into a buffer (``phase_buffer``, read by ws_phases); GRID_MERGE merge
 cooperative launch of at most one program per SM, no merge kernel; runs 25-26: correct on the H200, 0.99-1.07 of the
 merge kernel's time, not adopted). The launcher also takes bf16 partials, a PDL merge and the merge's value dims per
 program.
-`split_gwrp_p1` (this kernel at every row count with PREFETCH + DRAFT_BRANCH + FOLD, 64-dim merge programs, the
-merge in one pass up to 32 rows and up to 16 splits above, launched as a programmatic dependent launch) is the suite's
-pick since run 37 (runs 20-26: `split_auto_gwf_p1`, run 27: `split_auto_gwf64_p1`, runs 29-34: `split_auto_gwfm_p1`,
-which ran split_p1 up to 32 rows; runs 33-35 measured this kernel faster there).
+`split_gwrpqr_p1` (this kernel at every row count with PREFETCH + DRAFT_BRANCH + FOLD, 64-dim merge programs, the
+merge in one pass up to 32 rows and up to 16 splits above, launched as a programmatic dependent launch, and EARLY_Q up
+to 64 rows: warpgroup 0 loads Q while warpgroup 1 issues the first tiles) is the suite's pick since run 39 (runs
+37-38: `split_gwrp_p1`, the same without EARLY_Q; runs 20-26: `split_auto_gwf_p1`, run 27: `split_auto_gwf64_p1`,
+runs 29-34: `split_auto_gwfm_p1`, which ran split_p1 up to 32 rows; runs 33-35 measured this kernel faster there).
 
 Chain or tree drafts, page_size 1 (token table), bf16 or fp16. CUDA sm_90 only: the CPU test compiles it for sm_90.
 """

@@ -1,6 +1,7 @@
 """The suite's pick on SGLang's ragged batch layout: the warp-specialized Gluon kernel (gluon_ws) for the plugin.
 
-The suite's pick, ``split_gwrp_p1`` (run 37), runs gluon_ws's warp-specialized partial kernel at every row count
+The suite's pick (``split_gwrp_p1`` in run 37; ``split_gwrpqr_p1`` since run 39, which also loads Q in warpgroup 0
+up to 64 rows, not done here) runs gluon_ws's warp-specialized partial kernel at every row count
 (heads x draft tokens); the plugin served Triton's loop (triton_splitkv_ragged) at 1.4-2.2x its time from 33 rows
 (run 31) and 1.1-1.6x below (runs 33-34, docs/kernel-notes.md). This is the same kernel, its partitions unchanged (gluon_ws ``_softmax_partition`` and
 ``_pv_loader_partition``), behind an entry that reads every length on the device, as triton_splitkv_ragged does, so

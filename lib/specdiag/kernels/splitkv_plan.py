@@ -166,7 +166,8 @@ def split_count(n_kv: int, per_split: int, join_tail_tokens: int = 0) -> int:
 
 #: Runs 28-29 (docs/kernel-notes.md): the merge kernel in one pass paid below 33 rows (8-16 rows, 132-257 splits:
 #: 0.96-0.97 of the two-pass call at 64k-128k) and at 8 splits from 64 rows (0.98); from 33 rows at 33-129 splits
-#: it did not (1.00-1.04). The rule the suite's pick (split_gwrp_p1 since run 37) and the plugin's ragged kernels follow.
+#: it did not (1.00-1.04). The rule the suite's pick (split_gwrp_p1 in run 37, split_gwrpqr_p1 since run 39) and the plugin's ragged
+#: kernels follow.
 ONE_PASS_MAX_SPLITS_FROM_33_ROWS = 16
 
 
