@@ -366,6 +366,28 @@ def test_early_q_kernel_loads_q_in_warpgroup_0_and_leaves_the_pick_alone() -> No
         assert kw_r == (kw_b if rows <= 64 else kw_a)  # run 39's arm: early Q up to 64 rows (one row tile), the pick's above
 
 
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed here")
+def test_swap_kernel_puts_the_rows_on_the_wgmmas_n() -> None:
+    """gluon_ws_swap for sm_90: every wgmma m64n16k16 (scores 576 / 16 = 36, each warpgroup's O^T half 256 / 64 x
+    64 / 16 = 16), Q of 16 rows so the shared memory is the ring's two tiles plus 20 KB (one program per SM still);
+    split_gwsw_p1 runs it up to 16 rows and the pick's call above."""
+    import collections
+    import re
+
+    from specdiag.kernels.dispatch import runs_gluon_swap, runs_gluon_ws
+    from specdiag.kernels.gluon_ws_swap import SWAP_MAX_ROWS, compile_sm90
+
+    k = compile_sm90()
+    shapes = collections.Counter(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", k.asm["ptx"]))
+    assert shapes == {"m64n16k16": 36 + 2 * 16}
+    ring = 2 * 64 * 576 * 2
+    assert ring < k.metadata.shared <= ring + 16 * 576 * 2 + 64 * 16 * 2 + 4096, k.metadata.shared
+    assert k.metadata.shared > SHARED_LIMIT_SM90 // 2
+    v = KERNEL_VARIANTS["split_gwsw_p1"]
+    assert [runs_gluon_swap(v, r) for r in (1, 8, 16, 17, 64)] == [True, True, True, False, False] and SWAP_MAX_ROWS == 16
+    assert runs_gluon_ws(v, 17) and not any(runs_gluon_swap(KERNEL_VARIANTS["split_gwrpqr_p1"], r) for r in (8, 16))
+
+
 def test_read_only_kernel_plans_the_picks_splits() -> None:
     """expected_tiles: the pick's plan (one row tile per 64 rows, the splits of plan_splits), every token of the case
     in exactly one program's tiles, the last split running to the end."""

@@ -98,6 +98,9 @@ class KernelVariant:
     #: with gluon_early_q: only up to this many packed rows (run 38: faster up to 64 rows, one row tile; slower from
     #: 256); None: at every row count
     gluon_early_q_max_rows: Optional[int] = None
+    #: gluon_ws only: up to this many packed rows run gluon_ws_swap's kernel instead (the rows as the wgmma's N, at
+    #: most gluon_ws_swap.SWAP_MAX_ROWS), with the arm's merge; 0: never
+    gluon_swap_max_rows: int = 0
 
 
 #: run 38: warpgroup 0's early load of Q paid on every case of up to 64 packed rows (0.968-0.992 of the pick) and lost
@@ -262,6 +265,13 @@ KERNEL_VARIANTS: dict[str, KernelVariant] = {
                                      gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True,
                                      gluon_merge_block_dv=64, gluon_merge_by_rows=True, gluon_pdl_merge=True,
                                      gluon_early_q=True, gluon_early_q_max_rows=EARLY_Q_MAX_ROWS),
+    # run 40: up to 16 rows the rows as the wgmma's N (gluon_ws_swap: a quarter of the math per tile, the ring's
+    # buffers held shorter), split_gwrpqr_p1 above
+    "split_gwsw_p1": KernelVariant("split_gwsw_p1", "split_kv", 1, impl="gluon_ws", gluon_tile=(64, 2),
+                                   gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True,
+                                   gluon_merge_block_dv=64, gluon_merge_by_rows=True, gluon_pdl_merge=True,
+                                   gluon_early_q=True, gluon_early_q_max_rows=EARLY_Q_MAX_ROWS,
+                                   gluon_swap_max_rows=16),
     # run 37: the plugin's Gluon kernel with its merge as a programmatic dependent launch (what the plugin serves
     # since; ragged_gw_p1 and ragged_gwa_p1 keep the merge they were measured with)
     "ragged_gwap_p1": KernelVariant("ragged_gwap_p1", "ragged_split_kv", 1, impl="gluon_ws", overrides=(("pdl", True),)),
@@ -297,6 +307,11 @@ def gluon_ws_kwargs(v: KernelVariant, config: SplitKVConfig, rows: int) -> dict[
                 merge_block_dv=config.merge_block_dv, merge_one_pass=config.merge_one_pass,
                 merge_one_pass_max_splits=config.merge_one_pass_max_splits, join_tail_tokens=config.join_tail_tokens,
                 early_q=early_q)
+
+
+def runs_gluon_swap(v: KernelVariant, rows: int) -> bool:
+    """True when variant ``v`` runs gluon_ws_swap's kernel (the rows as the wgmma's N) at ``rows`` packed rows (CUDA)."""
+    return runs_gluon_ws(v, rows) and 0 < rows <= v.gluon_swap_max_rows
 
 
 def runs_gluon_ws(v: KernelVariant, rows: int) -> bool:
@@ -383,6 +398,13 @@ def run_variant(name: str, inputs: VerifyInputs, out: torch.Tensor, config: Opti
 
             return baseline_triton(inputs, out)
         rows = inputs.heads * inputs.draft_tokens
+        if runs_gluon_swap(v, rows):
+            from specdiag.kernels.gluon_ws_swap import split_kv_gluon_swap  # noqa: PLC0415
+
+            return split_kv_gluon_swap(inputs, out, block_n=config.block_n, stages=config.num_stages,
+                                       pdl_merge=v.gluon_pdl_merge, merge_block_dv=config.merge_block_dv,
+                                       merge_one_pass=config.merge_one_pass,
+                                       merge_one_pass_max_splits=config.merge_one_pass_max_splits)
         if runs_gluon_ws(v, rows):
             from specdiag.kernels.gluon_ws import split_kv_gluon_ws  # noqa: PLC0415
 
