@@ -386,6 +386,11 @@ def test_swap_kernel_puts_the_rows_on_the_wgmmas_n() -> None:
     v = KERNEL_VARIANTS["split_gwsw_p1"]
     assert [runs_gluon_swap(v, r) for r in (1, 8, 16, 17, 64)] == [True, True, True, False, False] and SWAP_MAX_ROWS == 16
     assert runs_gluon_ws(v, 17) and not any(runs_gluon_swap(KERNEL_VARIANTS["split_gwrpqr_p1"], r) for r in (8, 16))
+    # run 41's N of 8 for up to 8 rows: the same count of m64n8k16, 8 rows of Q and P^T fewer
+    k8 = compile_sm90(rn=8)
+    assert collections.Counter(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", k8.asm["ptx"])) == \
+        {"m64n8k16": 68}
+    assert k8.metadata.shared < k.metadata.shared and KERNEL_VARIANTS["split_gwsw8_p1"].gluon_swap_fit_rows
 
 
 def test_read_only_kernel_plans_the_picks_splits() -> None:

@@ -279,14 +279,15 @@ def test_early_q_matches_reference_from_64_rows_and_times_its_phases(shape: Veri
 @pytest.mark.parametrize("shape", [VerifyShape(131072, 8, 1, "shuffled_p1"), VerifyShape(65536, 16, 1, "shuffled_p1"),
                                    VerifyShape(20000, 4, 4, "shuffled_p1"), VerifyShape(3001, 8, 2, "contiguous"),
                                    VerifyShape(200, 8, 1, "shuffled_p1"), VerifyShape(100, 5, 3, "shuffled_p1"),
-                                   VerifyShape(4096, 8, 8, "shuffled_p1")],
+                                   VerifyShape(5000, 5, 1, "contiguous"), VerifyShape(4096, 8, 8, "shuffled_p1")],
                          ids=lambda s: f"swap-P{s.context_tokens}-H{s.heads}-T{s.draft_tokens}-{s.layout}")
 def test_swap_kernel_matches_reference(shape: VerifyShape) -> None:
-    """split_gwsw_p1 (gluon_ws_swap up to 16 rows): 8 and 16 rows at long contexts, a tree mask on 2-4 draft tokens,
+    """split_gwsw_p1 and split_gwsw8_p1 (gluon_ws_swap up to 16 rows, the second with an N of 8 up to 8 rows): 8 and 16
+    rows at long contexts, a tree mask on 2-4 draft tokens,
     a context shorter than a split's minimum, 15 rows (a padded column), and 64 rows (the pick's call instead); by
     run_variant and by the timed call, twice each."""
-    _check_arms_twice(shape, ("split_gwsw_p1",))
-    _check_timed_calls_twice(shape, ("split_gwsw_p1",), seed=shape.context_tokens + 7)
+    _check_arms_twice(shape, ("split_gwsw_p1", "split_gwsw8_p1"))
+    _check_timed_calls_twice(shape, ("split_gwsw_p1", "split_gwsw8_p1"), seed=shape.context_tokens + 7)
 
 
 @pytest.mark.parametrize("shape", [VerifyShape(4096, 8, 8, "shuffled_p1"), VerifyShape(131072, 8, 8, "shuffled_p1"),

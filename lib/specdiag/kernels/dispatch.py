@@ -101,6 +101,8 @@ class KernelVariant:
     #: gluon_ws only: up to this many packed rows run gluon_ws_swap's kernel instead (the rows as the wgmma's N, at
     #: most gluon_ws_swap.SWAP_MAX_ROWS), with the arm's merge; 0: never
     gluon_swap_max_rows: int = 0
+    #: with gluon_swap_max_rows: an N of 8 where the rows fit it (gluon_ws_swap ``fit_rows``), else 16
+    gluon_swap_fit_rows: bool = False
 
 
 #: run 38: warpgroup 0's early load of Q paid on every case of up to 64 packed rows (0.968-0.992 of the pick) and lost
@@ -272,6 +274,12 @@ KERNEL_VARIANTS: dict[str, KernelVariant] = {
                                    gluon_merge_block_dv=64, gluon_merge_by_rows=True, gluon_pdl_merge=True,
                                    gluon_early_q=True, gluon_early_q_max_rows=EARLY_Q_MAX_ROWS,
                                    gluon_swap_max_rows=16),
+    # run 41: split_gwsw_p1 with an N of 8 up to 8 rows (run 40: the 8-row cases gained more than the 16-row ones)
+    "split_gwsw8_p1": KernelVariant("split_gwsw8_p1", "split_kv", 1, impl="gluon_ws", gluon_tile=(64, 2),
+                                    gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True,
+                                    gluon_merge_block_dv=64, gluon_merge_by_rows=True, gluon_pdl_merge=True,
+                                    gluon_early_q=True, gluon_early_q_max_rows=EARLY_Q_MAX_ROWS,
+                                    gluon_swap_max_rows=16, gluon_swap_fit_rows=True),
     # run 37: the plugin's Gluon kernel with its merge as a programmatic dependent launch (what the plugin serves
     # since; ragged_gw_p1 and ragged_gwa_p1 keep the merge they were measured with)
     "ragged_gwap_p1": KernelVariant("ragged_gwap_p1", "ragged_split_kv", 1, impl="gluon_ws", overrides=(("pdl", True),)),
@@ -404,7 +412,8 @@ def run_variant(name: str, inputs: VerifyInputs, out: torch.Tensor, config: Opti
             return split_kv_gluon_swap(inputs, out, block_n=config.block_n, stages=config.num_stages,
                                        pdl_merge=v.gluon_pdl_merge, merge_block_dv=config.merge_block_dv,
                                        merge_one_pass=config.merge_one_pass,
-                                       merge_one_pass_max_splits=config.merge_one_pass_max_splits)
+                                       merge_one_pass_max_splits=config.merge_one_pass_max_splits,
+                                       fit_rows=v.gluon_swap_fit_rows)
         if runs_gluon_ws(v, rows):
             from specdiag.kernels.gluon_ws import split_kv_gluon_ws  # noqa: PLC0415
 

@@ -210,9 +210,11 @@ def _swap_partial_kernel(Q, KV, TOKEN_TABLE, MASK, O_PART, LSE_PART,
 
 def split_kv_gluon_swap(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 64, stages: int = 2,
                         num_sms: int | None = None, pdl_merge: bool = True, merge_block_dv: int = 64,
-                        merge_one_pass: bool = True, merge_one_pass_max_splits: int = 512) -> torch.Tensor:
+                        merge_one_pass: bool = True, merge_one_pass_max_splits: int = 512,
+                        fit_rows: bool = False) -> torch.Tensor:
     """Split-KV verify attention with the rows as the wgmma's N (module doc) for up to ``SWAP_MAX_ROWS`` packed rows,
-    then triton_splitkv's merge (one pass, as a programmatic dependent launch by default: the pick's); writes ``out``."""
+    then triton_splitkv's merge (one pass, as a programmatic dependent launch by default: the pick's); writes ``out``.
+    ``fit_rows``: an N of 8 where the rows fit it (half the math of 16 at 1-8 rows), else 16."""
     from specdiag.kernels.triton_splitkv import merge_partials, sm_count  # noqa: PLC0415
 
     q, cache = inputs.q, inputs.cache
@@ -236,14 +238,15 @@ def split_kv_gluon_swap(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 
         q, cache, inputs.token_table, inputs.mask_u8, o_part, lse_part,
         inputs.sm_scale * LOG2E, inputs.n_prefix, n_kv, T, H, rows, plan.tokens_per_split, cache.stride(0),
         plan.n_splits,
-        BLOCK_N=block_n, STAGES=stages, RN=SWAP_MAX_ROWS, D_NOPE=D_NOPE, D_PE=D_PE, D_HALF=D_HALF,
+        BLOCK_N=block_n, STAGES=stages, RN=8 if fit_rows and rows <= 8 else SWAP_MAX_ROWS, D_NOPE=D_NOPE, D_PE=D_PE, D_HALF=D_HALF,
         num_warps=WS_PARTITION_WARPS, WORKER_REGS=WS_WORKER_REGS,
     )
     merge_partials(o_part, lse_part, out.view(rows, D_V), cfg, pdl=pdl_merge)
     return out
 
 
-def compile_sm90(block_n: int = 64, stages: int = 2, dtype: str = "bf16") -> "triton.compiler.CompiledKernel":
+def compile_sm90(block_n: int = 64, stages: int = 2, dtype: str = "bf16",
+                 rn: int = SWAP_MAX_ROWS) -> "triton.compiler.CompiledKernel":
     """The partial kernel compiled ahead of time for sm_90 (no GPU needed), for the CPU tests."""
     from triton.backends.compiler import GPUTarget  # noqa: PLC0415
     from triton.experimental.gluon._runtime import GluonASTSource  # noqa: PLC0415
@@ -251,7 +254,7 @@ def compile_sm90(block_n: int = 64, stages: int = 2, dtype: str = "bf16") -> "tr
     sig = {"Q": f"*{dtype}", "KV": f"*{dtype}", "TOKEN_TABLE": "*i64", "MASK": "*u8", "O_PART": "*fp32",
            "LSE_PART": "*fp32", "qk_scale": "fp32", "n_prefix": "i32", "n_kv": "i32", "n_draft": "i32",
            "n_heads": "i32", "n_rows": "i32", "tokens_per_split": "i32", "stride_kv": "i32", "n_splits": "i32"}
-    const = {"BLOCK_N": block_n, "STAGES": stages, "RN": SWAP_MAX_ROWS, "D_NOPE": D_NOPE, "D_PE": D_PE,
+    const = {"BLOCK_N": block_n, "STAGES": stages, "RN": rn, "D_NOPE": D_NOPE, "D_PE": D_PE,
              "D_HALF": D_HALF, "num_warps": WS_PARTITION_WARPS, "WORKER_REGS": WS_WORKER_REGS}
     sig.update({k: "constexpr" for k in const})
     attrs = {(i,): [["tt.divisibility", 16]] for i, k in enumerate(sig)
