@@ -19,7 +19,7 @@ a sleep queued first, rotating input sets so the KV is cold), these parts of a s
   loop and when done, and its SM (:func:`timeline_stats`: launch ramp, per-program durations, the tail); CUDA only.
 - The ``full`` row also carries the GPU's own durations of its two kernels and the gap between them, from the
   torch profiler (CUPTI): ``prof_partial_us``, ``prof_merge_us``, ``prof_gap_us`` (medians over the profiled calls).
-- With ``--ws`` (session 10, :func:`measure_ws`): ``pick_ws``, the pick (``split_gwrpqr_p1`` since run 39; session
+- With ``--ws`` (session 10, :func:`measure_ws`): ``pick_ws``, the pick (``split_gwsw8_p1`` since run 41; session
   11's calls 1, 2 and 7 timed run 37's ``split_gwrp_p1``: each row names its kernel), and ``read_ws``, the read-only kernel of its launch shape (gluon_ws_read): what the
   pick's one program per SM, copy warpgroup and 64-token ring cost before any math; ``timeline_ws``, the same
   read-only kernel with each program writing %globaltimer at its start, when its first tile lands, after its last
@@ -304,7 +304,7 @@ def parse_ring_shapes(text: str) -> list[tuple[int, int]]:
 
 
 def measure_ws(shape: VerifyShape, device: torch.device, n_runs: int = 20, rotate_bytes: int = 1 << 30,
-               seed: int = 0, pick: str = "split_gwrpqr_p1",
+               seed: int = 0, pick: str = "split_gwsw8_p1",
                read_rings: Sequence[tuple[int, int]] = ()) -> list[dict[str, Any]]:
     """The pick's call and the read-only kernel of its launch shape (gluon_ws_read: the same grid, shared memory,
     split, ring and copies, no math), timed like the parts on the same rotating inputs: parts ``read_ws`` (each
@@ -564,7 +564,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--flashinfer", action="store_true",
                     help="also time and profile FlashInfer's MLA on each case (part flashinfer; needs flashinfer)")
     ap.add_argument("--ws", action="store_true",
-                    help="also time the pick (split_gwrpqr_p1) and the read-only kernel of its launch shape on each case "
+                    help="also time the pick (split_gwsw8_p1) and the read-only kernel of its launch shape on each case "
                          "(parts read_ws and pick_ws; CUDA sm_90)")
     ap.add_argument("--ws-read-shapes", default="",
                     help="with --ws: also the read-only kernel with these rings, BLOCK_NxSTAGES comma-separated "

@@ -29,7 +29,8 @@ merge kernel's time, not adopted). The launcher also takes bf16 partials, a PDL 
 program.
 `split_gwrpqr_p1` (this kernel at every row count with PREFETCH + DRAFT_BRANCH + FOLD, 64-dim merge programs, the
 merge in one pass up to 32 rows and up to 16 splits above, launched as a programmatic dependent launch, and EARLY_Q up
-to 64 rows: warpgroup 0 loads Q while warpgroup 1 issues the first tiles) is the suite's pick since run 39 (runs
+to 64 rows: warpgroup 0 loads Q while warpgroup 1 issues the first tiles) was the suite's pick in run 39; since run 41
+the pick, `split_gwsw8_p1`, runs gluon_ws_swap (the rows as the wgmma's N) up to 16 rows and this call above (runs
 37-38: `split_gwrp_p1`, the same without EARLY_Q; runs 20-26: `split_auto_gwf_p1`, run 27: `split_auto_gwf64_p1`,
 runs 29-34: `split_auto_gwfm_p1`, which ran split_p1 up to 32 rows; runs 33-35 measured this kernel faster there).
 
