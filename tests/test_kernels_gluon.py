@@ -393,6 +393,27 @@ def test_swap_kernel_puts_the_rows_on_the_wgmmas_n() -> None:
     assert k8.metadata.shared < k.metadata.shared and KERNEL_VARIANTS["split_gwsw8_p1"].gluon_swap_fit_rows
 
 
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed here")
+def test_ragged_swap_kernel_compiles_with_sglangs_index_dtypes() -> None:
+    """The plugin's rows-as-N form on SGLang's ragged layout (gluon_ws_ragged with swap) for sm_90: 68 wgmmas of N 16
+    or 8 per tile with int32 and int64 qo_indptr, the dense form's shared memory; only run 42's ragged arm runs it
+    (ragged_gwap_p1 keeps the row-major form its rows were measured with)."""
+    import collections
+    import re
+
+    from specdiag.kernels.dispatch import runs_gluon_swap
+    from specdiag.kernels.gluon_ws_ragged import compile_sm90 as compile_ragged
+    from specdiag.kernels.gluon_ws_swap import compile_sm90 as compile_dense
+
+    for rn, qo in ((16, "i32"), (16, "i64"), (8, "i32")):
+        k = compile_ragged(qo_indptr=qo, kv_indptr=qo, swap_rn=rn)
+        got = collections.Counter(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", k.asm["ptx"]))
+        assert got == {f"m64n{rn}k16": 68}, got
+        assert abs(k.metadata.shared - compile_dense(rn=rn).metadata.shared) <= 64
+    assert [runs_gluon_swap(KERNEL_VARIANTS["ragged_gwsw_p1"], r) for r in (8, 16, 17)] == [True, True, False]
+    assert not runs_gluon_swap(KERNEL_VARIANTS["ragged_gwap_p1"], 8)
+
+
 def test_read_only_kernel_plans_the_picks_splits() -> None:
     """expected_tiles: the pick's plan (one row tile per 64 rows, the splits of plan_splits), every token of the case
     in exactly one program's tiles, the last split running to the end."""

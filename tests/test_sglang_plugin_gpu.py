@@ -37,10 +37,12 @@ def with_draft_in_cache(batch: VerifyBatch) -> tuple[VerifyBatch, torch.Tensor]:
     return VerifyBatch(**{**batch.__dict__, "kv_buffer": kv}), loc
 
 
-def ragged_call(kind: str, batch: VerifyBatch, draft: int, out: torch.Tensor, qo_int64: bool = False):
+def ragged_call(kind: str, batch: VerifyBatch, draft: int, out: torch.Tensor, qo_int64: bool = False,
+                swap: bool | None = None):
     """A call of the plugin's kernel ``kind`` on ``batch`` into ``out``: "triton" (triton_splitkv_ragged, draft rows
     from k_ext) or "gluon" (gluon_ws_ragged, what the plugin serves on sm_90: draft rows from the cache at their
-    slots). ``qo_int64``: qo_indptr as int64, as in SGLang's CUDA-graph buffers (eager calls: int32)."""
+    slots). ``qo_int64``: qo_indptr as int64, as in SGLang's CUDA-graph buffers (eager calls: int32). ``swap``: the
+    Gluon kernel's form (None: as the plugin calls it, the rows as the wgmma's N up to 16 rows)."""
     if qo_int64:
         batch = VerifyBatch(**{**batch.__dict__, "qo_indptr": batch.qo_indptr.to(torch.int64)})
     if kind == "triton":
@@ -52,13 +54,15 @@ def ragged_call(kind: str, batch: VerifyBatch, draft: int, out: torch.Tensor, qo
 
     g, loc = with_draft_in_cache(batch)
     return lambda: ragged_split_kv_gluon_ws(g.q, g.kv_buffer, out, g.qo_indptr, g.kv_indptr, g.kv_indices, loc,
-                                            g.custom_mask, g.mask_indptr, max_draft=draft, sm_scale=g.sm_scale)
+                                            g.custom_mask, g.mask_indptr, max_draft=draft, sm_scale=g.sm_scale,
+                                            swap=swap)
 
 
-def run_kernel(batch: VerifyBatch, draft: int, kind: str = "triton", qo_int64: bool = False) -> torch.Tensor:
+def run_kernel(batch: VerifyBatch, draft: int, kind: str = "triton", qo_int64: bool = False,
+               swap: bool | None = None) -> torch.Tensor:
     out = torch.full((batch.q.shape[0], batch.q.shape[1], 512), float("nan"), dtype=batch.q.dtype,
                      device=batch.q.device)
-    ragged_call(kind, batch, draft, out, qo_int64)()
+    ragged_call(kind, batch, draft, out, qo_int64, swap)()
     return out
 
 
@@ -134,11 +138,13 @@ def test_ragged_kernel_matches_sglang_extend_attention(prefix_lens, chain, kind)
     assert rel_err(ours, theirs) < 1e-2
 
 
-@pytest.mark.parametrize("kind, qo_int64", [("triton", False), ("gluon", True)])
-def test_ragged_kernel_replays_in_a_cuda_graph_at_other_lengths(kind, qo_int64):
+@pytest.mark.parametrize("kind, qo_int64, draft", [("triton", False, 8), ("gluon", True, 8), ("gluon", True, 2),
+                                                   ("gluon", False, 1)])
+def test_ragged_kernel_replays_in_a_cuda_graph_at_other_lengths(kind, qo_int64, draft):
     """Captured at one prefix length, replayed after the indptr buffers change: lengths are read on the device. The
-    Gluon kernel with qo_indptr int64, as SGLang's CUDA-graph buffer holds it."""
-    draft, heads = 8, 8
+    Gluon kernel with qo_indptr int64, as SGLang's CUDA-graph buffer holds it; at 16 and 8 rows its rows-as-N form
+    (session 11), with an N of 16 and of 8."""
+    heads = 8
     long_batch, _ = make_batch([20000], draft, heads, chain=False, seed=3)
     g = to_cuda(long_batch)
     kv_indptr = g.kv_indptr.clone()
@@ -190,3 +196,23 @@ def test_gluon_ragged_kernel_matches_sglang_definition(prefix_lens, draft, heads
     out = run_kernel(to_cuda(batch), draft, "gluon", qo_int64)
     assert not out.isnan().any()
     assert rel_err(out.cpu(), sglang_reference(batch)) < 1e-2
+
+
+@pytest.mark.parametrize("prefix_lens, draft, heads, chain", [
+    ([131072], 1, 8, True),  # 8 rows: an N of 8
+    ([3000, 50000], 2, 8, False),  # 16 rows: an N of 16
+    ([5, 40000, 64, 129], 1, 16, False),  # 16 rows, prefixes shorter than a tile
+    ([2500] * 8, 3, 5, False),  # 15 rows, a batch of 8, a tree mask
+    ([7000], 1, 5, True),  # 5 rows
+], ids=lambda v: "x".join(map(str, v[:3])) + f"-{len(v)}" if isinstance(v, list) else str(v))
+@pytest.mark.parametrize("swap", [True, False], ids=["rows-as-n", "row-major"])
+def test_gluon_ragged_kernel_both_forms_up_to_16_rows(prefix_lens, draft, heads, chain, swap):
+    """Up to 16 rows the plugin serves the rows-as-N form (gluon_ws_swap's partitions on the ragged layout, session
+    11); the row-major form (what it served before, ragged_gwap_p1's) stays correct too; int64 qo_indptr for both."""
+    batch, _ = make_batch(prefix_lens, draft, heads, chain, seed=sum(prefix_lens) % 83)
+    out = run_kernel(to_cuda(batch), draft, "gluon", qo_int64=True, swap=swap)
+    assert not out.isnan().any()
+    assert rel_err(out.cpu(), sglang_reference(batch)) < 1e-2
+    if swap:
+        with pytest.raises(ValueError, match="one tile of 16"):
+            run_kernel(to_cuda(make_batch([100], 4, 8, True, seed=1)[0]), 4, "gluon", swap=True)  # 32 rows

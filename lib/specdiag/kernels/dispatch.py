@@ -280,6 +280,9 @@ KERNEL_VARIANTS: dict[str, KernelVariant] = {
                                     gluon_merge_block_dv=64, gluon_merge_by_rows=True, gluon_pdl_merge=True,
                                     gluon_early_q=True, gluon_early_q_max_rows=EARLY_Q_MAX_ROWS,
                                     gluon_swap_max_rows=16, gluon_swap_fit_rows=True),
+    # run 42: the plugin's Gluon kernel with the rows as the wgmma's N up to 16 rows (what the plugin serves since)
+    "ragged_gwsw_p1": KernelVariant("ragged_gwsw_p1", "ragged_split_kv", 1, impl="gluon_ws", overrides=(("pdl", True),),
+                                    gluon_swap_max_rows=16, gluon_swap_fit_rows=True),
     # run 37: the plugin's Gluon kernel with its merge as a programmatic dependent launch (what the plugin serves
     # since; ragged_gw_p1 and ragged_gwa_p1 keep the merge they were measured with)
     "ragged_gwap_p1": KernelVariant("ragged_gwap_p1", "ragged_split_kv", 1, impl="gluon_ws", overrides=(("pdl", True),)),
@@ -454,5 +457,6 @@ def _ragged_call(v: KernelVariant, inputs: VerifyInputs, out: torch.Tensor, cfg:
 
         gl_args = {k: args[k] for k in ("q", "kv", "o", "qo_indptr", "kv_indptr", "kv_indices", "mask", "mask_indptr",
                                        "max_draft", "sm_scale")}
-        return lambda: ragged_split_kv_gluon_ws(**gl_args, draft_loc=draft_loc, cfg=cfg)
+        swap = runs_gluon_swap(v, inputs.heads * inputs.draft_tokens)  # arms before run 42: the row-major kernel
+        return lambda: ragged_split_kv_gluon_ws(**gl_args, draft_loc=draft_loc, cfg=cfg, swap=swap)
     return lambda: ragged_split_kv_triton(**args, cfg=cfg)

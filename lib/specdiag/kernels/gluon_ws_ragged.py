@@ -34,6 +34,8 @@ from triton.experimental.gluon import language as gl
 
 from specdiag.kernels.gluon_ws import (D_HALF, LOG2E, WS_PARTITION_WARPS, WS_WORKER_REGS, _pv_loader_partition,
                                        _softmax_partition, ws_shared_state)
+from specdiag.kernels.gluon_ws_swap import (SWAP_MAX_ROWS, _swap_pv_loader_partition, _swap_shared_state,
+                                            _swap_softmax_partition)
 from specdiag.kernels.mla import BLOCK_TOKENS, D_NOPE, D_PE, D_QK, D_V
 from specdiag.kernels.splitkv_plan import GLUON_BLOCK_M, SplitKVConfig, gluon_config, one_pass_merge_fields
 
@@ -90,6 +92,48 @@ def _ws_ragged_partial_kernel(Q, KV, KV_INDICES, DRAFT_LOC, MASK, QO_INDPTR, KV_
     ], [num_warps], [WORKER_REGS])
 
 
+@gluon.jit
+def _swap_ragged_partial_kernel(Q, KV, KV_INDICES, DRAFT_LOC, MASK, QO_INDPTR, KV_INDPTR, MASK_INDPTR, O_PART,
+                                LSE_PART, qk_scale, n_heads, n_splits, max_rows, min_split_tokens, stride_kv,
+                                BLOCK_N: gl.constexpr, STAGES: gl.constexpr, RN: gl.constexpr, D_NOPE: gl.constexpr,
+                                D_PE: gl.constexpr, D_HALF: gl.constexpr, num_warps: gl.constexpr,
+                                WORKER_REGS: gl.constexpr, ROUND: gl.constexpr):
+    """One program per (split, request) of a batch whose requests have at most RN rows each: the request's lengths
+    from the device as ``_ws_ragged_partial_kernel``'s, then gluon_ws_swap's partitions (the rows as the wgmma's N)
+    on its rows, its tables and its slice of the partials."""
+    pid_s = gl.program_id(0)
+    b = gl.program_id(1)
+    q_start = gl.load(QO_INDPTR + b).to(gl.int32)
+    n_draft = gl.load(QO_INDPTR + b + 1).to(gl.int32) - q_start
+    kv_start = gl.load(KV_INDPTR + b).to(gl.int64)
+    n_prefix = (gl.load(KV_INDPTR + b + 1) - kv_start).to(gl.int32)
+    n_kv = n_prefix + n_draft
+    n_rows = n_draft * n_heads
+    per_split = gl.maximum(gl.cdiv(n_kv, n_splits), min_split_tokens)
+    per_split = gl.cdiv(per_split, ROUND) * ROUND
+    start = pid_s * per_split
+    end = gl.minimum(start + per_split, n_kv)
+    n_iter = gl.cdiv(gl.maximum(end - start, 0), BLOCK_N)  # a split past the request's end runs no tile
+
+    q_b = Q + q_start.to(gl.int64) * n_heads * (D_NOPE + D_PE)
+    (q_smem, qpe_smem, kv_smem, pe_smem, pt_smem, row_smem, kv_ready, kv_free, p_ready, p_free,
+     l_ready) = _swap_shared_state(Q.dtype.element_ty, BLOCK_N, STAGES, RN, D_NOPE, D_PE, num_warps)
+    mask_b = MASK + gl.load(MASK_INDPTR + b).to(gl.int64) + n_prefix  # row t of the draft block: + t * n_kv
+    part = (b * n_splits).to(gl.int64) * max_rows  # this request's [splits, max_rows] block of the partials
+    o_part_b = O_PART + part * (2 * D_HALF)
+    lse_part_b = LSE_PART + part
+    gl.warp_specialize([
+        (_swap_softmax_partition, (q_b, q_smem, qpe_smem, kv_smem, pe_smem, pt_smem, row_smem, kv_ready, kv_free,
+                                   p_ready, p_free, l_ready, mask_b, o_part_b, lse_part_b, qk_scale, n_prefix, n_kv,
+                                   n_heads, n_rows, max_rows, start, end, n_iter, pid_s, BLOCK_N, STAGES, RN, D_NOPE,
+                                   D_PE, D_HALF, num_warps)),
+        (_swap_pv_loader_partition, (kv_smem, pe_smem, pt_smem, row_smem, kv_ready, kv_free, p_ready, p_free, l_ready,
+                                     KV, KV_INDICES + kv_start, DRAFT_LOC + q_start, o_part_b, n_prefix, n_rows,
+                                     max_rows, start, end, n_iter, pid_s, stride_kv, BLOCK_N, STAGES, RN, D_NOPE, D_PE,
+                                     D_HALF, num_warps, True)),
+    ], [num_warps], [WORKER_REGS])
+
+
 def ragged_gluon_config(rows: int) -> SplitKVConfig:
     """The plan and merge fields of the ragged Gluon call at ``rows`` packed rows: gluon_config's 64 x 64 tile and two
     stages, one program per SM, 64 value dims per merge program, the merge in one pass by runs 28-29's rule and
@@ -116,9 +160,12 @@ def gluon_ragged_supported(q: torch.Tensor, kv: torch.Tensor, logit_cap: float =
 def ragged_split_kv_gluon_ws(q: torch.Tensor, kv: torch.Tensor, o: torch.Tensor, qo_indptr: torch.Tensor,
                              kv_indptr: torch.Tensor, kv_indices: torch.Tensor, draft_loc: torch.Tensor,
                              mask: torch.Tensor, mask_indptr: torch.Tensor, max_draft: int, sm_scale: float,
-                             cfg: SplitKVConfig | None = None, num_sms: int | None = None) -> torch.Tensor:
+                             cfg: SplitKVConfig | None = None, num_sms: int | None = None,
+                             swap: bool | None = None) -> torch.Tensor:
     """Verify attention for a batch in SGLang's layout with the warp-specialized kernel; writes ``o`` [tokens, H, 512]
-    and returns it. ``q`` [tokens, H, 576] contiguous; ``kv`` [slots, (1,) 576] the layer's latent cache, holding the
+    and returns it. ``swap``: the rows as the wgmma's N (gluon_ws_swap; runs 40-41: 0.94-0.96 of the row-major kernel
+    at 8-16 rows); None: where every request's rows fit one tile of ``SWAP_MAX_ROWS`` (heads x ``max_draft``), an N
+    of 8 up to 8 rows. ``q`` [tokens, H, 576] contiguous; ``kv`` [slots, (1,) 576] the layer's latent cache, holding the
     draft rows at ``draft_loc`` [tokens] (SGLang's out_cache_loc); ``mask`` the flattened custom mask (bool or uint8);
     ``max_draft`` the most draft tokens of any request (SGLang's ``max_extend_len``). No host synchronisation: safe
     under CUDA-graph capture."""
@@ -146,6 +193,19 @@ def ragged_split_kv_gluon_ws(q: torch.Tensor, kv: torch.Tensor, o: torch.Tensor,
     mask_u8 = mask.view(torch.uint8) if mask.dtype == torch.bool else mask
     o_part = torch.empty(batch, n_splits, max_rows, D_V, device=q.device, dtype=torch.float32)
     lse_part = torch.empty(batch, n_splits, max_rows, device=q.device, dtype=torch.float32)
+    if swap is None:
+        swap = max_rows <= SWAP_MAX_ROWS
+    if swap and max_rows > SWAP_MAX_ROWS:
+        raise ValueError(f"swap holds a request's rows in one tile of {SWAP_MAX_ROWS}; this batch has up to {max_rows} "
+                         "(heads x max_draft)")
+    if swap:
+        _swap_ragged_partial_kernel[(n_splits, batch)](
+            q, kv2, kv_indices, draft_loc, mask_u8, qo_indptr, kv_indptr, mask_indptr, o_part, lse_part,
+            float(sm_scale) * LOG2E, heads, n_splits, max_rows, cfg.min_split_tokens, kv2.stride(0),
+            BLOCK_N=cfg.block_n, STAGES=cfg.num_stages, RN=8 if max_rows <= 8 else SWAP_MAX_ROWS, D_NOPE=D_NOPE,
+            D_PE=D_PE, D_HALF=D_HALF, num_warps=WS_PARTITION_WARPS, WORKER_REGS=WS_WORKER_REGS, ROUND=BLOCK_TOKENS,
+        )
+        return ragged_merge(o_part, lse_part, o, qo_indptr, kv_indptr, cfg)
     _ws_ragged_partial_kernel[(n_tiles, n_splits, batch)](
         q, kv2, kv_indices, draft_loc, mask_u8, qo_indptr, kv_indptr, mask_indptr, o_part, lse_part,
         float(sm_scale) * LOG2E, heads, n_splits, max_rows, cfg.min_split_tokens, kv2.stride(0),
@@ -157,9 +217,10 @@ def ragged_split_kv_gluon_ws(q: torch.Tensor, kv: torch.Tensor, o: torch.Tensor,
 
 
 def compile_sm90(dtype: str = "bf16", qo_indptr: str = "i32", kv_indptr: str = "i32",
-                 mask_indptr: str = "i64") -> "triton.compiler.CompiledKernel":
+                 mask_indptr: str = "i64", swap_rn: int = 0) -> "triton.compiler.CompiledKernel":
     """The ragged partial kernel compiled ahead of time for sm_90 (no GPU needed), as the plugin launches it, with the
-    index dtypes SGLang passes (int32 qo_indptr in eager calls, int64 in its CUDA-graph buffers)."""
+    index dtypes SGLang passes (int32 qo_indptr in eager calls, int64 in its CUDA-graph buffers); ``swap_rn`` 8 or 16:
+    the rows-as-N kernel with that N instead."""
     from triton.backends.compiler import GPUTarget  # noqa: PLC0415
     from triton.experimental.gluon._runtime import GluonASTSource  # noqa: PLC0415
 
@@ -168,11 +229,16 @@ def compile_sm90(dtype: str = "bf16", qo_indptr: str = "i32", kv_indptr: str = "
            "O_PART": "*fp32", "LSE_PART": "*fp32",
            "qk_scale": "fp32", "n_heads": "i32", "n_splits": "i32", "max_rows": "i32", "min_split_tokens": "i32",
            "stride_kv": "i32"}
-    const = {"BLOCK_M": GLUON_BLOCK_M, "BLOCK_N": 64, "STAGES": 2, "D_NOPE": D_NOPE, "D_PE": D_PE, "D_HALF": D_HALF,
-             "num_warps": WS_PARTITION_WARPS, "WORKER_REGS": WS_WORKER_REGS, "PREFETCH": True, "DRAFT_BRANCH": True,
-             "FOLD": True, "ROUND": BLOCK_TOKENS}
+    if swap_rn:
+        const = {"BLOCK_N": 64, "STAGES": 2, "RN": swap_rn, "D_NOPE": D_NOPE, "D_PE": D_PE, "D_HALF": D_HALF,
+                 "num_warps": WS_PARTITION_WARPS, "WORKER_REGS": WS_WORKER_REGS, "ROUND": BLOCK_TOKENS}
+    else:
+        const = {"BLOCK_M": GLUON_BLOCK_M, "BLOCK_N": 64, "STAGES": 2, "D_NOPE": D_NOPE, "D_PE": D_PE,
+                 "D_HALF": D_HALF, "num_warps": WS_PARTITION_WARPS, "WORKER_REGS": WS_WORKER_REGS, "PREFETCH": True,
+                 "DRAFT_BRANCH": True, "FOLD": True, "ROUND": BLOCK_TOKENS}
     sig.update({k: "constexpr" for k in const})
     attrs = {(i,): [["tt.divisibility", 16]] for i, k in enumerate(sig)
              if k in ("Q", "KV", "KV_INDICES", "DRAFT_LOC", "O_PART", "LSE_PART", "stride_kv", "min_split_tokens")}
-    return triton.compile(GluonASTSource(_ws_ragged_partial_kernel, sig, const, attrs),
-                          target=GPUTarget("cuda", 90, 32), options={"num_warps": WS_PARTITION_WARPS})
+    kernel = _swap_ragged_partial_kernel if swap_rn else _ws_ragged_partial_kernel
+    return triton.compile(GluonASTSource(kernel, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": WS_PARTITION_WARPS})

@@ -71,11 +71,13 @@ def _softmax_t(s, m_i, l_i, it, MASK, qk_scale, n_prefix, mask_stride, n_heads, 
 @gluon.jit
 def _swap_softmax_partition(Q, q_smem, qpe_smem, kv_smem, pe_smem, pt_smem, row_smem, kv_ready, kv_free, p_ready,
                             p_free, l_ready, MASK, O_PART, LSE_PART, qk_scale, n_prefix, mask_stride, n_heads, n_rows,
-                            start, end, n_iter, pid_s,
+                            part_stride, start, end, n_iter, pid_s,
                             BLOCK_N: gl.constexpr, STAGES: gl.constexpr, RN: gl.constexpr, D_NOPE: gl.constexpr,
                             D_PE: gl.constexpr, D_HALF: gl.constexpr, WARPS: gl.constexpr):
     """Warpgroup 0: Q to shared memory, then per tile the scores S^T, the softmax down the keys, P^T and the factors
-    to the worker, and O^T's first half; the partial's first half and the rows' LSE at the end (module doc)."""
+    to the worker, and O^T's first half; the partial's first half and the rows' LSE at the end (module doc). Split
+    ``pid_s``'s partial rows start at ``pid_s * part_stride`` (the dense call: its rows; the ragged one: the batch's
+    most rows, in the request's block)."""
     dtype: gl.constexpr = pt_smem.dtype
     LDQ: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [WARPS, 1], [1, 0])
     LDQ_PE: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
@@ -119,27 +121,29 @@ def _swap_softmax_partition(Q, q_smem, qpe_smem, kv_smem, pe_smem, pt_smem, row_
     o = acc / gl.where(l_o > 0, l_o, 1.0)[None, :]
     rows_o = gl.arange(0, RN, layout=COL_O)
     dims = gl.arange(0, D_HALF, layout=gl.SliceLayout(1, S_L))
-    gl.store(O_PART + (pid_s.to(gl.int64) * n_rows + rows_o)[None, :] * (2 * D_HALF) + dims[:, None],
+    gl.store(O_PART + (pid_s.to(gl.int64) * part_stride + rows_o)[None, :] * (2 * D_HALF) + dims[:, None],
              o.to(O_PART.dtype.element_ty), mask=(rows_o < n_rows)[None, :])
     rows = gl.arange(0, RN, layout=COL)
     lse = gl.where(l_i > 0, m_i + gl.log2(gl.where(l_i > 0, l_i, 1.0)), float("-inf"))
-    gl.store(LSE_PART + pid_s.to(gl.int64) * n_rows + rows, lse, mask=rows < n_rows)
+    gl.store(LSE_PART + pid_s.to(gl.int64) * part_stride + rows, lse, mask=rows < n_rows)
 
 
 @gluon.jit
 def _swap_pv_loader_partition(kv_smem, pe_smem, pt_smem, row_smem, kv_ready, kv_free, p_ready, p_free, l_ready, KV,
-                              TOKEN_TABLE, O_PART, n_prefix, n_rows, start, end, n_iter, pid_s, stride_kv,
+                              TOKEN_TABLE, DRAFT_TABLE, O_PART, n_prefix, n_rows, part_stride, start, end, n_iter,
+                              pid_s, stride_kv,
                               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, RN: gl.constexpr, D_NOPE: gl.constexpr,
-                              D_PE: gl.constexpr, D_HALF: gl.constexpr, WARPS: gl.constexpr):
-    """Warpgroup 1: every KV tile's copy into the ring (the pick's, token-table rows prefetched a tile ahead) and
-    O^T's second half; its half of the partial at the end."""
+                              D_PE: gl.constexpr, D_HALF: gl.constexpr, WARPS: gl.constexpr, RAGGED: gl.constexpr):
+    """Warpgroup 1: every KV tile's copy into the ring (the pick's, token-table rows prefetched a tile ahead; with
+    RAGGED the prefix's rows from TOKEN_TABLE and the draft tokens' from DRAFT_TABLE, as gluon_ws_ragged) and O^T's
+    second half; its half of the partial at the end."""
     LD: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [WARPS, 1], [1, 0])
     LD_PE: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, RN, 16])
     COL_O: gl.constexpr = gl.SliceLayout(0, S_L)
 
-    nx_slot, nx_slot_pe = _issue_first_tiles(KV, kv_smem, pe_smem, kv_ready, TOKEN_TABLE, TOKEN_TABLE, n_prefix, start,
-                                             end, stride_kv, BLOCK_N, STAGES, D_NOPE, D_PE, LD, LD_PE, False)
+    nx_slot, nx_slot_pe = _issue_first_tiles(KV, kv_smem, pe_smem, kv_ready, TOKEN_TABLE, DRAFT_TABLE, n_prefix, start,
+                                             end, stride_kv, BLOCK_N, STAGES, D_NOPE, D_PE, LD, LD_PE, RAGGED)
     acc = gl.zeros([D_HALF, RN], gl.float32, layout=S_L)
     for it in range(0, n_iter):
         buf = it % STAGES
@@ -155,26 +159,22 @@ def _swap_pv_loader_partition(kv_smem, pe_smem, pt_smem, row_smem, kv_ready, kv_
             pos0 = start + (it + STAGES) * BLOCK_N
             mbarrier.wait(kv_free.index(buf), (it // STAGES) & 1)
             nx_slot, nx_slot_pe = _refill(KV, kv_smem, pe_smem, kv_ready, buf, nx_slot, nx_slot_pe, TOKEN_TABLE,
-                                          TOKEN_TABLE, n_prefix, pos0, end, stride_kv, BLOCK_N, D_NOPE, D_PE, LD, LD_PE,
-                                          True, False)
+                                          DRAFT_TABLE, n_prefix, pos0, end, stride_kv, BLOCK_N, D_NOPE, D_PE, LD, LD_PE,
+                                          True, RAGGED)
     mbarrier.wait(l_ready, 0)
     l_o = row_smem.load(COL_O)
     o = acc / gl.where(l_o > 0, l_o, 1.0)[None, :]
     rows_o = gl.arange(0, RN, layout=COL_O)
     dims = D_HALF + gl.arange(0, D_HALF, layout=gl.SliceLayout(1, S_L))
-    gl.store(O_PART + (pid_s.to(gl.int64) * n_rows + rows_o)[None, :] * (2 * D_HALF) + dims[:, None],
+    gl.store(O_PART + (pid_s.to(gl.int64) * part_stride + rows_o)[None, :] * (2 * D_HALF) + dims[:, None],
              o.to(O_PART.dtype.element_ty), mask=(rows_o < n_rows)[None, :])
 
 
 @gluon.jit
-def _swap_partial_kernel(Q, KV, TOKEN_TABLE, MASK, O_PART, LSE_PART,
-                         qk_scale, n_prefix, n_kv, n_draft, n_heads, n_rows, tokens_per_split, stride_kv, n_splits,
-                         BLOCK_N: gl.constexpr, STAGES: gl.constexpr, RN: gl.constexpr, D_NOPE: gl.constexpr,
-                         D_PE: gl.constexpr, D_HALF: gl.constexpr, num_warps: gl.constexpr,
-                         WORKER_REGS: gl.constexpr):
-    """One program per split (every row in one tile of RN): the shared memory and barriers, then the partitions."""
-    pid_s = gl.program_id(0)
-    dtype: gl.constexpr = Q.dtype.element_ty
+def _swap_shared_state(dtype: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, RN: gl.constexpr,
+                       D_NOPE: gl.constexpr, D_PE: gl.constexpr, num_warps: gl.constexpr):
+    """Both entries' shared memory and barriers, initialized and visible to all: Q (filled by warpgroup 0), the KV
+    ring, P^T, the rows' factors, and the pick's barriers."""
     q_smem = gl.allocate_shared_memory(dtype, [RN, D_NOPE], gl.NVMMASharedLayout.get_default_for([RN, D_NOPE], dtype))
     qpe_smem = gl.allocate_shared_memory(dtype, [RN, D_PE], gl.NVMMASharedLayout.get_default_for([RN, D_PE], dtype))
     kv_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_NOPE],
@@ -196,15 +196,29 @@ def _swap_partial_kernel(Q, KV, TOKEN_TABLE, MASK, O_PART, LSE_PART,
     mbarrier.init(l_ready, count=1)
     fence_async_shared()
     gl.thread_barrier()
+    return q_smem, qpe_smem, kv_smem, pe_smem, pt_smem, row_smem, kv_ready, kv_free, p_ready, p_free, l_ready
+
+
+@gluon.jit
+def _swap_partial_kernel(Q, KV, TOKEN_TABLE, MASK, O_PART, LSE_PART,
+                         qk_scale, n_prefix, n_kv, n_draft, n_heads, n_rows, tokens_per_split, stride_kv, n_splits,
+                         BLOCK_N: gl.constexpr, STAGES: gl.constexpr, RN: gl.constexpr, D_NOPE: gl.constexpr,
+                         D_PE: gl.constexpr, D_HALF: gl.constexpr, num_warps: gl.constexpr,
+                         WORKER_REGS: gl.constexpr):
+    """One program per split (every row in one tile of RN): the shared memory and barriers, then the partitions."""
+    pid_s = gl.program_id(0)
+    (q_smem, qpe_smem, kv_smem, pe_smem, pt_smem, row_smem, kv_ready, kv_free, p_ready, p_free,
+     l_ready) = _swap_shared_state(Q.dtype.element_ty, BLOCK_N, STAGES, RN, D_NOPE, D_PE, num_warps)
     start, end, n_iter = split_bounds(pid_s, tokens_per_split, n_kv, n_splits, BLOCK_N)
     gl.warp_specialize([
         (_swap_softmax_partition, (Q, q_smem, qpe_smem, kv_smem, pe_smem, pt_smem, row_smem, kv_ready, kv_free,
                                    p_ready, p_free, l_ready, MASK, O_PART, LSE_PART, qk_scale, n_prefix, n_draft,
-                                   n_heads, n_rows, start, end, n_iter, pid_s, BLOCK_N, STAGES, RN, D_NOPE, D_PE,
-                                   D_HALF, num_warps)),
+                                   n_heads, n_rows, n_rows, start, end, n_iter, pid_s, BLOCK_N, STAGES, RN, D_NOPE,
+                                   D_PE, D_HALF, num_warps)),
         (_swap_pv_loader_partition, (kv_smem, pe_smem, pt_smem, row_smem, kv_ready, kv_free, p_ready, p_free, l_ready,
-                                     KV, TOKEN_TABLE, O_PART, n_prefix, n_rows, start, end, n_iter, pid_s, stride_kv,
-                                     BLOCK_N, STAGES, RN, D_NOPE, D_PE, D_HALF, num_warps)),
+                                     KV, TOKEN_TABLE, TOKEN_TABLE, O_PART, n_prefix, n_rows, n_rows, start, end,
+                                     n_iter, pid_s, stride_kv, BLOCK_N, STAGES, RN, D_NOPE, D_PE, D_HALF, num_warps,
+                                     False)),
     ], [num_warps], [WORKER_REGS])
 
 

@@ -20,7 +20,8 @@ hooks check on first use that SGLang's methods are the 0.5.17 code they copy, el
 Which kernel serves (``SPECDIAG_SGLANG_GLUON``, ``1`` by default): on sm_90, at every row count (heads x
 draft tokens; ``dispatch.PLUGIN_GLUON_MIN_ROWS``), the warp-specialized Gluon kernel
 (specdiag.kernels.gluon_ws_ragged, reading the draft rows from the cache at ``out_cache_loc``): runs 33-34
-measured it faster than the Triton ragged kernel from 8 rows up (docs/kernel-notes.md). Where it cannot run
+measured it faster than the Triton ragged kernel from 8 rows up (docs/kernel-notes.md); up to 16 rows in its
+rows-as-N form (gluon_ws_swap's partitions: session 11's runs 40-42). Where it cannot run
 (another GPU, a logit cap, a non-contiguous q) or failed once, the Triton ragged kernel through its
 configuration ladder. ``0``: the Triton kernel only.
 
@@ -226,6 +227,7 @@ def _gluon_serves(key, q, backend, layer, forward_batch, logit_cap) -> bool:
     """Whether the Gluon kernel serves this call (module doc); each reason it does not is logged once per shape."""
     from specdiag.kernels.dispatch import PLUGIN_GLUON_MIN_ROWS  # noqa: PLC0415
     from specdiag.kernels.gluon_ws_ragged import gluon_ragged_supported  # noqa: PLC0415
+    from specdiag.kernels.gluon_ws_swap import SWAP_MAX_ROWS  # noqa: PLC0415
 
     if key[0] < PLUGIN_GLUON_MIN_ROWS or not gluon_from_env():
         return False
@@ -236,7 +238,8 @@ def _gluon_serves(key, q, backend, layer, forward_batch, logit_cap) -> bool:
             ok, why = False, "no out_cache_loc slot per draft token"
         _GLUON[key] = None if ok else why
         log_once("gluon:" + repr(key), "verify kernel for %s: %s", key,
-                 "warp-specialized Gluon (sm_90)" if ok else f"Triton ragged ({why})")
+                 ("warp-specialized Gluon (sm_90)" + (", the rows as the wgmma's N" if key[0] <= SWAP_MAX_ROWS else ""))
+                 if ok else f"Triton ragged ({why})")
     return _GLUON[key] is None
 
 
