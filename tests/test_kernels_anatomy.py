@@ -107,6 +107,21 @@ def test_ws_timeline_stats_read_start_latency_stream_and_tail() -> None:
         ws_timeline_stats([])
 
 
+def test_timeline_runs_summary_takes_medians_and_the_median_span_launch() -> None:
+    """Three timed launches of two programs: each stat's median over launches, and the raw rows of the launch whose
+    span is the median one, in us from its first stamp, one list per stamp, then the SMs."""
+    from specdiag.kernels.anatomy import timeline_runs_summary
+
+    launches = [[[1_000, 5_000, 9_000, 0], [1_500, 6_000, 11_000, 3]],
+                [[2_000, 4_000, 6_000, 1], [2_000, 3_000, 7_000, 2]],
+                [[0, 10_000, 20_000, 5], [500, 9_000, 30_000, 4]]]
+    runs = [({"tl_span_us": (max(r[2] for r in a) - min(r[0] for r in a)) / 1e3, "tl_x": float(i)}, a)
+            for i, a in enumerate(launches)]
+    out = timeline_runs_summary(runs, ("start", "mid", "done"))
+    assert out["tl_span_us"] == 10.0 and out["tl_x"] == 1.0 and out["tl_runs"] == 3
+    assert out["tl_raw"] == {"start_us": [0.0, 0.5], "mid_us": [4.0, 5.0], "done_us": [8.0, 10.0], "sm": [0, 3]}
+
+
 def test_ring_shapes_are_checked_before_any_work() -> None:
     """--ws-read-shapes: BLOCK_NxSTAGES items, each ring of two tiles or more within 221 KB (192 rows of 1,152 B)."""
     assert parse_ring_shapes("64x3, 32x6,16x12") == [(64, 3), (32, 6), (16, 12)]

@@ -367,6 +367,20 @@ def measure_ws(shape: VerifyShape, device: torch.device, n_runs: int = 20, rotat
     return rows
 
 
+def timeline_runs_summary(runs: Sequence[tuple[Mapping[str, Any], Sequence[Sequence[int]]]],
+                          stamps: Sequence[str]) -> dict[str, Any]:
+    """Timed launches summed up: ``runs`` holds each launch's stats and its per-program rows (``stamps`` in ns, then the
+    SM). The median of each stat over the launches, ``tl_runs``, and ``tl_raw``: the median-span launch's rows as
+    ``<stamp>_us`` from its first program's first stamp, and ``sm``."""
+    out: dict[str, Any] = {k: statistics.median(r[0][k] for r in runs) for k in runs[0][0]}
+    mid = sorted(runs, key=lambda r: r[0]["tl_span_us"])[len(runs) // 2][1]
+    t0 = min(r[0] for r in mid)
+    out["tl_runs"] = len(runs)
+    out["tl_raw"] = {**{f"{name}_us": [round((r[k] - t0) / 1e3, 3) for r in mid] for k, name in enumerate(stamps)},
+                     "sm": [r[len(stamps)] for r in mid]}
+    return out
+
+
 def ws_timeline_stats(table: Sequence[Sequence[int]]) -> dict[str, Any]:
     """One timed read launch (gluon_ws_read ``TIMELINE_COLUMNS`` rows: start, first tile landed, loop end, done ns,
     SM) as :func:`timeline_stats`, plus when each program's first tile lands after its start (``tl_first_p50_us``,
@@ -397,16 +411,8 @@ def measure_ws_timeline(sets: Sequence[Any], n_runs: int, device: torch.device) 
         k = (i + 1) % len(sets)
         read_kv_ws(sets[k], sinks[k], timeline=b)
     torch.cuda.synchronize(device)
-    runs = [(ws_timeline_stats(t), t) for t in (b.cpu().tolist() for b in bufs)]
-    out: dict[str, Any] = {k: statistics.median(r[0][k] for r in runs) for k in runs[0][0]}
-    mid = sorted(runs, key=lambda r: r[0]["tl_span_us"])[len(runs) // 2][1]
-    t0 = min(r[0] for r in mid)
-    out["tl_runs"] = len(runs)
-    out["tl_raw"] = {"start_us": [round((r[0] - t0) / 1e3, 3) for r in mid],
-                     "first_tile_us": [round((r[1] - t0) / 1e3, 3) for r in mid],
-                     "loop_end_us": [round((r[2] - t0) / 1e3, 3) for r in mid],
-                     "done_us": [round((r[3] - t0) / 1e3, 3) for r in mid], "sm": [r[4] for r in mid]}
-    return out
+    return timeline_runs_summary([(ws_timeline_stats(t), t) for t in (b.cpu().tolist() for b in bufs)],
+                                 ("start", "first_tile", "loop_end", "done"))
 
 
 def measure_case(shape: VerifyShape, device: torch.device, n_runs: int = 20, rotate_bytes: int = 1 << 30,
@@ -525,18 +531,8 @@ def measure_timeline(sets: Sequence[Any], cfg: Any, num_sms: int, n_runs: int, d
         k = (i + 1) % len(sets)
         split_kv_triton(sets[k], outs[k], page_size=1, cfg=cfg, num_sms=num_sms, partial_only=True, timeline=b)
     torch.cuda.synchronize(device)
-    runs = []
-    for b in bufs:
-        a = b.cpu().tolist()
-        runs.append((timeline_stats([r[0] for r in a], [r[1] for r in a], [r[2] for r in a], [r[3] for r in a]), a))
-    out: dict[str, Any] = {k: statistics.median(r[0][k] for r in runs) for k in runs[0][0]}
-    mid = sorted(runs, key=lambda r: r[0]["tl_span_us"])[len(runs) // 2][1]
-    t0 = min(r[0] for r in mid)
-    out["tl_runs"] = len(runs)
-    out["tl_raw"] = {"start_us": [round((r[0] - t0) / 1e3, 3) for r in mid],
-                     "loop_end_us": [round((r[1] - t0) / 1e3, 3) for r in mid],
-                     "done_us": [round((r[2] - t0) / 1e3, 3) for r in mid], "sm": [r[3] for r in mid]}
-    return out
+    runs = [(timeline_stats(*(list(c) for c in zip(*a))), a) for a in (b.cpu().tolist() for b in bufs)]
+    return timeline_runs_summary(runs, ("start", "loop_end", "done"))
 
 
 def parse_cases(text: str, layout: str) -> list[VerifyShape]:

@@ -490,6 +490,16 @@ def ws_shared_state(Q, pid_m, n_rows, BLOCK_M: gl.constexpr, BLOCK_N: gl.constex
     q_smem, qpe_smem, kv_smem, pe_smem, p_smem = q_and_ring_smem(Q, pid_m, n_rows, BLOCK_M, BLOCK_N, STAGES, D_NOPE,
                                                                  D_PE, LD, LD_PE, LOAD_Q)
     row_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M], row_sl)
+    kv_ready, kv_free, p_ready, p_free, l_ready = ws_barriers(STAGES, num_warps)
+    fence_async_shared()  # Q visible to the tensor cores
+    gl.thread_barrier()
+    return q_smem, qpe_smem, kv_smem, pe_smem, p_smem, row_smem, kv_ready, kv_free, p_ready, p_free, l_ready
+
+
+@gluon.jit
+def ws_barriers(STAGES: gl.constexpr, num_warps: gl.constexpr):
+    """The two partitions' mbarriers (module doc), allocated and initialized: kv_ready[s] (one cp.async arrival per
+    worker thread), kv_free[s], p_ready, p_free, l_ready. The caller fences and barriers before the partitions."""
     kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     kv_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     p_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -501,9 +511,7 @@ def ws_shared_state(Q, pid_m, n_rows, BLOCK_M: gl.constexpr, BLOCK_N: gl.constex
     mbarrier.init(p_ready, count=1)
     mbarrier.init(p_free, count=1)
     mbarrier.init(l_ready, count=1)
-    fence_async_shared()  # Q visible to the tensor cores
-    gl.thread_barrier()
-    return q_smem, qpe_smem, kv_smem, pe_smem, p_smem, row_smem, kv_ready, kv_free, p_ready, p_free, l_ready
+    return kv_ready, kv_free, p_ready, p_free, l_ready
 
 
 @gluon.jit

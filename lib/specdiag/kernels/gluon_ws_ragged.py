@@ -44,6 +44,32 @@ MERGE_BLOCK_DV = 64
 
 
 @gluon.jit
+def _request_bounds(QO_INDPTR, KV_INDPTR, b, pid_s, n_heads, n_splits, min_split_tokens, ROUND: gl.constexpr):
+    """Request ``b``'s lengths in a ragged batch, read on the device (both entries): where its query rows and tokens
+    start, its prefix and token counts, its packed rows, and split ``pid_s``'s tokens [start, end)."""
+    # lengths as int32 whatever the indptr dtypes (SGLang's qo_indptr is int32 in eager calls, int64 in the CUDA-graph
+    # buffers): the partitions' loop bounds must have one type (run 32's plugin call: int64 failed to compile there)
+    q_start = gl.load(QO_INDPTR + b).to(gl.int32)
+    n_draft = gl.load(QO_INDPTR + b + 1).to(gl.int32) - q_start
+    kv_start = gl.load(KV_INDPTR + b).to(gl.int64)
+    n_prefix = (gl.load(KV_INDPTR + b + 1) - kv_start).to(gl.int32)
+    n_kv = n_prefix + n_draft
+    per_split = gl.maximum(gl.cdiv(n_kv, n_splits), min_split_tokens)
+    per_split = gl.cdiv(per_split, ROUND) * ROUND
+    start = pid_s * per_split
+    return q_start, kv_start, n_prefix, n_kv, n_draft * n_heads, start, gl.minimum(start + per_split, n_kv)
+
+
+@gluon.jit
+def _request_blocks(MASK, O_PART, LSE_PART, MASK_INDPTR, b, n_splits, max_rows, n_prefix, D_HALF: gl.constexpr):
+    """Request ``b``'s block of the custom mask (row t of its draft block at + t * n_kv) and of the partials
+    ([splits, max_rows] rows of 2 x D_HALF, and their LSE)."""
+    mask_b = MASK + gl.load(MASK_INDPTR + b).to(gl.int64) + n_prefix
+    part = (b * n_splits).to(gl.int64) * max_rows
+    return mask_b, O_PART + part * (2 * D_HALF), LSE_PART + part
+
+
+@gluon.jit
 def _ws_ragged_partial_kernel(Q, KV, KV_INDICES, DRAFT_LOC, MASK, QO_INDPTR, KV_INDPTR, MASK_INDPTR, O_PART,
                               LSE_PART, qk_scale, n_heads, n_splits, max_rows, min_split_tokens, stride_kv,
                               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
@@ -55,30 +81,16 @@ def _ws_ragged_partial_kernel(Q, KV, KV_INDICES, DRAFT_LOC, MASK, QO_INDPTR, KV_
     pid_m = gl.program_id(0)
     pid_s = gl.program_id(1)
     b = gl.program_id(2)
-
-    # lengths as int32 whatever the indptr dtypes (SGLang's qo_indptr is int32 in eager calls, int64 in the CUDA-graph
-    # buffers): the partitions' loop bounds must have one type (run 32's plugin call: int64 failed to compile there)
-    q_start = gl.load(QO_INDPTR + b).to(gl.int32)
-    n_draft = gl.load(QO_INDPTR + b + 1).to(gl.int32) - q_start
-    kv_start = gl.load(KV_INDPTR + b).to(gl.int64)
-    n_prefix = (gl.load(KV_INDPTR + b + 1) - kv_start).to(gl.int32)
-    n_kv = n_prefix + n_draft
-    n_rows = n_draft * n_heads
-    per_split = gl.maximum(gl.cdiv(n_kv, n_splits), min_split_tokens)
-    per_split = gl.cdiv(per_split, ROUND) * ROUND
-    start = pid_s * per_split
-    end = gl.minimum(start + per_split, n_kv)
+    q_start, kv_start, n_prefix, n_kv, n_rows, start, end = _request_bounds(QO_INDPTR, KV_INDPTR, b, pid_s, n_heads,
+                                                                            n_splits, min_split_tokens, ROUND)
     # a split past the request's end, or a row tile past its rows, runs no tile (its partial is never merged)
     n_iter = gl.where(pid_m * BLOCK_M < n_rows, gl.cdiv(gl.maximum(end - start, 0), BLOCK_N), 0)
 
     q_b = Q + q_start.to(gl.int64) * n_heads * (D_NOPE + D_PE)  # the request's rows: one block of a contiguous q
     (q_smem, qpe_smem, kv_smem, pe_smem, p_smem, row_smem, kv_ready, kv_free, p_ready, p_free,
      l_ready) = ws_shared_state(q_b, pid_m, n_rows, BLOCK_M, BLOCK_N, STAGES, D_NOPE, D_PE, num_warps)
-
-    mask_b = MASK + gl.load(MASK_INDPTR + b).to(gl.int64) + n_prefix  # row t of the draft block: + t * n_kv
-    part = (b * n_splits).to(gl.int64) * max_rows  # this request's [splits, max_rows] block of the partials
-    o_part_b = O_PART + part * (2 * D_HALF)
-    lse_part_b = LSE_PART + part
+    mask_b, o_part_b, lse_part_b = _request_blocks(MASK, O_PART, LSE_PART, MASK_INDPTR, b, n_splits, max_rows, n_prefix,
+                                                   D_HALF)
     prog = (b * n_splits + pid_s) * gl.num_programs(0) + pid_m
     gl.warp_specialize([
         (_softmax_partition, (q_smem, qpe_smem, kv_smem, pe_smem, p_smem, row_smem, kv_ready, kv_free, p_ready,
@@ -103,25 +115,15 @@ def _swap_ragged_partial_kernel(Q, KV, KV_INDICES, DRAFT_LOC, MASK, QO_INDPTR, K
     on its rows, its tables and its slice of the partials."""
     pid_s = gl.program_id(0)
     b = gl.program_id(1)
-    q_start = gl.load(QO_INDPTR + b).to(gl.int32)
-    n_draft = gl.load(QO_INDPTR + b + 1).to(gl.int32) - q_start
-    kv_start = gl.load(KV_INDPTR + b).to(gl.int64)
-    n_prefix = (gl.load(KV_INDPTR + b + 1) - kv_start).to(gl.int32)
-    n_kv = n_prefix + n_draft
-    n_rows = n_draft * n_heads
-    per_split = gl.maximum(gl.cdiv(n_kv, n_splits), min_split_tokens)
-    per_split = gl.cdiv(per_split, ROUND) * ROUND
-    start = pid_s * per_split
-    end = gl.minimum(start + per_split, n_kv)
+    q_start, kv_start, n_prefix, n_kv, n_rows, start, end = _request_bounds(QO_INDPTR, KV_INDPTR, b, pid_s, n_heads,
+                                                                            n_splits, min_split_tokens, ROUND)
     n_iter = gl.cdiv(gl.maximum(end - start, 0), BLOCK_N)  # a split past the request's end runs no tile
 
     q_b = Q + q_start.to(gl.int64) * n_heads * (D_NOPE + D_PE)
     (q_smem, qpe_smem, kv_smem, pe_smem, pt_smem, row_smem, kv_ready, kv_free, p_ready, p_free,
      l_ready) = _swap_shared_state(Q.dtype.element_ty, BLOCK_N, STAGES, RN, D_NOPE, D_PE, num_warps)
-    mask_b = MASK + gl.load(MASK_INDPTR + b).to(gl.int64) + n_prefix  # row t of the draft block: + t * n_kv
-    part = (b * n_splits).to(gl.int64) * max_rows  # this request's [splits, max_rows] block of the partials
-    o_part_b = O_PART + part * (2 * D_HALF)
-    lse_part_b = LSE_PART + part
+    mask_b, o_part_b, lse_part_b = _request_blocks(MASK, O_PART, LSE_PART, MASK_INDPTR, b, n_splits, max_rows, n_prefix,
+                                                   D_HALF)
     gl.warp_specialize([
         (_swap_softmax_partition, (q_b, q_smem, qpe_smem, kv_smem, pe_smem, pt_smem, row_smem, kv_ready, kv_free,
                                    p_ready, p_free, l_ready, mask_b, o_part_b, lse_part_b, qk_scale, n_prefix, n_kv,

@@ -32,7 +32,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from specdiag.kernels.gluon_splitkv import load_q_cols
 from specdiag.kernels.gluon_ws import (LOG2E, WS_PARTITION_WARPS, WS_WORKER_REGS, _issue_first_tiles, _refill,
-                                       _wait_tile, split_bounds)
+                                       _wait_tile, split_bounds, ws_barriers)
 from specdiag.kernels.mla import D_NOPE, D_PE, D_QK, D_V, VerifyInputs
 from specdiag.kernels.splitkv_plan import gluon_config, plan_splits
 
@@ -183,17 +183,7 @@ def _swap_shared_state(dtype: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.co
                                         gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_PE], dtype))
     pt_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, RN], gl.NVMMASharedLayout.get_default_for([BLOCK_N, RN], dtype))
     row_smem = gl.allocate_shared_memory(gl.float32, [RN], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
-    kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    kv_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    p_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    p_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    l_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    for k in gl.static_range(STAGES):
-        mbarrier.init(kv_ready.index(k), count=32 * num_warps)  # one cp.async arrival per worker thread
-        mbarrier.init(kv_free.index(k), count=1)
-    mbarrier.init(p_ready, count=1)
-    mbarrier.init(p_free, count=1)
-    mbarrier.init(l_ready, count=1)
+    kv_ready, kv_free, p_ready, p_free, l_ready = ws_barriers(STAGES, num_warps)
     fence_async_shared()
     gl.thread_barrier()
     return q_smem, qpe_smem, kv_smem, pe_smem, pt_smem, row_smem, kv_ready, kv_free, p_ready, p_free, l_ready
