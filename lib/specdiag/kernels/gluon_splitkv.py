@@ -212,20 +212,27 @@ def _gl_partial_kernel(Q, KV, TOKEN_TABLE, MASK, O_PART, LSE_PART,
     gl.store(LSE_PART + pid_s.to(gl.int64) * n_rows + rows_s, lse, mask=rows_s < n_rows)
 
 
+def check_gluon_inputs(inputs: VerifyInputs, who: str) -> None:
+    """The dense Gluon launchers' common input check, before any launch: CUDA (sm_90), contiguous q [T, H, 576] and
+    cache rows [pool, 576], q and the cache in one dtype; ``who`` names the launcher in the message."""
+    q, cache = inputs.q, inputs.cache
+    if not q.is_cuda:
+        raise ValueError(f"{who} runs on CUDA (sm_90) only; on the CPU use split_kv_torch")
+    if not (q.is_contiguous() and q.shape[-1] == D_QK and cache.shape[-1] == D_QK and cache.stride(1) == 1):
+        raise ValueError(f"{who} needs contiguous q [T, H, 576] and cache rows [pool, 576]")
+    if q.dtype != cache.dtype:
+        raise ValueError(f"{who} needs q and the cache in one dtype; got {q.dtype} and {cache.dtype}")
+
+
 def split_kv_gluon(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 64, stages: int = 2,
                    num_sms: int | None = None, pv_across: bool = False, early_copy: bool = False) -> torch.Tensor:
     """Split-KV verify attention with the Gluon partial kernel and triton_splitkv's merge; writes ``out`` [T, H, 512]."""
     from specdiag.kernels.triton_splitkv import merge_partials, sm_count  # noqa: PLC0415
 
-    q, cache = inputs.q, inputs.cache
-    if not q.is_cuda:
-        raise ValueError("split_kv_gluon runs on CUDA (sm_90) only; on the CPU use split_kv_torch")
-    if not (q.is_contiguous() and q.shape[-1] == D_QK and cache.shape[-1] == D_QK and cache.stride(1) == 1):
-        raise ValueError("split_kv_gluon needs contiguous q [T, H, 576] and cache rows [pool, 576]")
+    check_gluon_inputs(inputs, "split_kv_gluon")
     if early_copy and pv_across:
         raise ValueError("early_copy needs pv_across=False (each P V waited for in its own iteration)")
-    if q.dtype != cache.dtype:
-        raise ValueError(f"split_kv_gluon needs q and the cache in one dtype; got {q.dtype} and {cache.dtype}")
+    q, cache = inputs.q, inputs.cache
     T, H = inputs.draft_tokens, inputs.heads
     rows, n_kv = T * H, inputs.n_kv
     cfg = gluon_config(block_n, stages)

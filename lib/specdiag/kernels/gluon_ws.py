@@ -49,8 +49,8 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from specdiag.kernels.gluon_splitkv import q_and_ring_smem, store_q
-from specdiag.kernels.mla import D_NOPE, D_PE, D_QK, D_V, VerifyInputs
+from specdiag.kernels.gluon_splitkv import check_gluon_inputs, q_and_ring_smem, store_q
+from specdiag.kernels.mla import D_NOPE, D_PE, D_V, VerifyInputs
 from specdiag.kernels.splitkv_plan import GLUON_BLOCK_M, gluon_config, plan_splits, plan_splits_coresident
 
 LOG2E = 1.4426950408889634
@@ -631,13 +631,8 @@ def split_kv_gluon_ws(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 64
     while warpgroup 1 issues the first tiles (EARLY_Q; not with ``overlap``)."""
     from specdiag.kernels.triton_splitkv import merge_partials, sm_count  # noqa: PLC0415
 
+    check_gluon_inputs(inputs, "split_kv_gluon_ws")
     q, cache = inputs.q, inputs.cache
-    if not q.is_cuda:
-        raise ValueError("split_kv_gluon_ws runs on CUDA (sm_90) only; on the CPU use split_kv_torch")
-    if not (q.is_contiguous() and q.shape[-1] == D_QK and cache.shape[-1] == D_QK and cache.stride(1) == 1):
-        raise ValueError("split_kv_gluon_ws needs contiguous q [T, H, 576] and cache rows [pool, 576]")
-    if q.dtype != cache.dtype:
-        raise ValueError(f"split_kv_gluon_ws needs q and the cache in one dtype; got {q.dtype} and {cache.dtype}")
     if times is not None and overlap:
         raise ValueError("split_kv_gluon_ws times the loop without the overlap only: pass overlap=False with times")
     if early_q and overlap:

@@ -27,7 +27,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from specdiag.kernels.gluon_ws import (WS_PARTITION_WARPS, WS_WORKER_REGS, _issue_first_tiles, _refill, _tile_slots,
                                        _wait_tile, split_bounds, ws_shared_state)
-from specdiag.kernels.mla import D_NOPE, D_PE, D_QK, VerifyInputs
+from specdiag.kernels.mla import D_NOPE, D_PE, VerifyInputs
 from specdiag.kernels.splitkv_plan import GLUON_BLOCK_M, SplitPlan, gluon_config, plan_splits
 
 
@@ -148,11 +148,8 @@ def read_kv_ws(inputs: VerifyInputs, sink: torch.Tensor, block_n: int = 64, stag
     """Stream the case's KV through the pick's launch shape with no math (module doc); returns ``sink`` (from
     :func:`read_sink`), each program's row holding the tiles it waited for. ``timeline`` (from
     :func:`timeline_buffer`) also gets each program's times (:data:`TIMELINE_COLUMNS`). CUDA sm_90 only."""
+    check_gluon_inputs(inputs, "read_kv_ws")
     q, cache = inputs.q, inputs.cache
-    if not q.is_cuda:
-        raise ValueError("read_kv_ws runs on CUDA (sm_90) only")
-    if not (q.is_contiguous() and q.shape[-1] == D_QK and cache.shape[-1] == D_QK and cache.stride(1) == 1):
-        raise ValueError("read_kv_ws needs contiguous q [T, H, 576] and cache rows [pool, 576]")
     plan = read_plan(inputs, block_n, stages, num_sms)
     if sink.shape != (plan.n_tiles * plan.n_splits, 32 * WS_PARTITION_WARPS) or sink.dtype != torch.int32:
         raise ValueError(f"sink is {tuple(sink.shape)} {sink.dtype}; make it with read_sink(inputs, {block_n}, "

@@ -30,10 +30,10 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from specdiag.kernels.gluon_splitkv import load_q_cols
+from specdiag.kernels.gluon_splitkv import check_gluon_inputs, load_q_cols
 from specdiag.kernels.gluon_ws import (LOG2E, WS_PARTITION_WARPS, WS_WORKER_REGS, _issue_first_tiles, _refill,
                                        _wait_tile, split_bounds, ws_barriers)
-from specdiag.kernels.mla import D_NOPE, D_PE, D_QK, D_V, VerifyInputs
+from specdiag.kernels.mla import D_NOPE, D_PE, D_V, VerifyInputs
 from specdiag.kernels.splitkv_plan import gluon_config, plan_splits
 
 #: query rows per program (the wgmma's N): every call of up to this many packed rows runs one row tile
@@ -88,8 +88,7 @@ def _swap_softmax_partition(Q, q_smem, qpe_smem, kv_smem, pe_smem, pt_smem, row_
     gl.thread_barrier()
 
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, RN, 16])
-    COL: gl.constexpr = gl.SliceLayout(0, S_L)
-    COL_O: gl.constexpr = gl.SliceLayout(0, S_L)  # O^T's accumulator has S^T's layout (N = RN): one column per row
+    COL: gl.constexpr = gl.SliceLayout(0, S_L)  # one per row; O^T's accumulator has S^T's layout too (N = RN)
     m_i = gl.full([RN], float("-inf"), gl.float32, layout=COL)
     l_i = gl.zeros([RN], gl.float32, layout=COL)
     acc = gl.zeros([D_HALF, RN], gl.float32, layout=S_L)
@@ -108,7 +107,7 @@ def _swap_softmax_partition(Q, q_smem, qpe_smem, kv_smem, pe_smem, pt_smem, row_
         fence_async_shared()  # P^T visible to both warpgroups' tensor cores
         gl.thread_barrier()
         mbarrier.arrive(p_ready, count=1)
-        acc = acc * gl.convert_layout(alpha, COL_O)[None, :]
+        acc = acc * alpha[None, :]
         acc = warpgroup_mma(kv_smem.index(buf).slice(0, D_HALF, dim=1).permute((1, 0)), pt_smem, acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(kv_free.index(buf), count=1)  # this warpgroup is done with the buffer
@@ -117,9 +116,8 @@ def _swap_softmax_partition(Q, q_smem, qpe_smem, kv_smem, pe_smem, pt_smem, row_
     row_smem.store(l_i)
     gl.thread_barrier()
     mbarrier.arrive(l_ready, count=1)
-    l_o = gl.convert_layout(l_i, COL_O)
-    o = acc / gl.where(l_o > 0, l_o, 1.0)[None, :]
-    rows_o = gl.arange(0, RN, layout=COL_O)
+    o = acc / gl.where(l_i > 0, l_i, 1.0)[None, :]
+    rows_o = gl.arange(0, RN, layout=COL)
     dims = gl.arange(0, D_HALF, layout=gl.SliceLayout(1, S_L))
     gl.store(O_PART + (pid_s.to(gl.int64) * part_stride + rows_o)[None, :] * (2 * D_HALF) + dims[:, None],
              o.to(O_PART.dtype.element_ty), mask=(rows_o < n_rows)[None, :])
@@ -221,13 +219,8 @@ def split_kv_gluon_swap(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 
     ``fit_rows``: an N of 8 where the rows fit it (half the math of 16 at 1-8 rows), else 16."""
     from specdiag.kernels.triton_splitkv import merge_partials, sm_count  # noqa: PLC0415
 
+    check_gluon_inputs(inputs, "split_kv_gluon_swap")
     q, cache = inputs.q, inputs.cache
-    if not q.is_cuda:
-        raise ValueError("split_kv_gluon_swap runs on CUDA (sm_90) only; on the CPU use split_kv_torch")
-    if not (q.is_contiguous() and q.shape[-1] == D_QK and cache.shape[-1] == D_QK and cache.stride(1) == 1):
-        raise ValueError("split_kv_gluon_swap needs contiguous q [T, H, 576] and cache rows [pool, 576]")
-    if q.dtype != cache.dtype:
-        raise ValueError(f"split_kv_gluon_swap needs q and the cache in one dtype; got {q.dtype} and {cache.dtype}")
     T, H = inputs.draft_tokens, inputs.heads
     rows, n_kv = T * H, inputs.n_kv
     if rows > SWAP_MAX_ROWS:
