@@ -394,6 +394,48 @@ def test_swap_kernel_puts_the_rows_on_the_wgmmas_n() -> None:
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed here")
+def test_session12_swap_forms_compile_within_the_shared_memory() -> None:
+    """Session 12's rows-as-N forms for sm_90: three ring buffers fit beside an 8-row Q (under the H200's 232,448 B)
+    and not beside a 16-row one, which is why ``fit_stages`` applies to the N of 8 only; the late row sums take one
+    warpgroup barrier (the cross-warp reduction of the sums) out of the loop; the timed form keeps the 68 wgmmas and
+    spills nothing to local memory; the arms ask for what they are named for."""
+    import collections
+    import re
+
+    from specdiag.kernels.dispatch import gluon_swap_kwargs, resolve_config
+    from specdiag.kernels.gluon_ws_swap import FIT_STAGES_MAX, compile_sm90
+
+    def wgmmas(k):
+        return collections.Counter(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", k.asm["ptx"]))
+
+    k3 = compile_sm90(rn=8, stages=FIT_STAGES_MAX)
+    assert 3 * 64 * 576 * 2 < k3.metadata.shared <= SHARED_LIMIT_SM90 and wgmmas(k3) == {"m64n8k16": 68}
+    assert compile_sm90(rn=16, stages=FIT_STAGES_MAX).metadata.shared > SHARED_LIMIT_SM90
+    base, late = compile_sm90(rn=16), compile_sm90(rn=16, late_sum=True)
+    assert late.asm["ptx"].count("bar.sync") == base.asm["ptx"].count("bar.sync") - 1
+    for rn in (8, 16):
+        timed = compile_sm90(rn=rn, timed=True)
+        assert sum(wgmmas(timed).values()) == 68 and ".local" not in timed.asm["ptx"]
+        assert "%globaltimer" in timed.asm["ptx"] and "%globaltimer" not in compile_sm90(rn=rn).asm["ptx"]
+    kw = {name: gluon_swap_kwargs(KERNEL_VARIANTS[name], resolve_config(name, 8))
+          for name in ("split_gwsw8_p1", "split_gwsw8s3_p1", "split_gwsw8l_p1", "split_gwsw8s3l_p1")}
+    assert kw["split_gwsw8s3_p1"] == {**kw["split_gwsw8_p1"], "fit_stages": 3}
+    assert kw["split_gwsw8l_p1"] == {**kw["split_gwsw8_p1"], "late_sum": True}
+    assert kw["split_gwsw8s3l_p1"] == {**kw["split_gwsw8_p1"], "fit_stages": 3, "late_sum": True}
+
+
+def test_swap_launcher_names_a_bad_ring_depth_before_any_work() -> None:
+    """split_kv_gluon_swap's ``fit_stages``: anything but 0, 2 or 3 is refused with the values it takes, before the
+    inputs are looked at (a CPU tensor would otherwise fail first, for another reason)."""
+    from specdiag.kernels.gluon_ws_swap import split_kv_gluon_swap
+    from specdiag.kernels.mla import VerifyShape, make_inputs
+
+    x = make_inputs(VerifyShape(256, 2, 1, "contiguous"), device="cpu", seed=0)
+    with pytest.raises(ValueError, match="fit_stages must be 0 .* 2 or 3; got 4"):
+        split_kv_gluon_swap(x, x.out_like(), fit_rows=True, fit_stages=4)
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed here")
 def test_ragged_swap_kernel_compiles_with_sglangs_index_dtypes() -> None:
     """The plugin's rows-as-N form on SGLang's ragged layout (gluon_ws_ragged with swap) for sm_90: 68 wgmmas of N 16
     or 8 per tile with int32 and int64 qo_indptr, the dense form's shared memory; only run 42's ragged arm runs it

@@ -290,6 +290,56 @@ def test_swap_kernel_matches_reference(shape: VerifyShape) -> None:
     _check_timed_calls_twice(shape, ("split_gwsw_p1", "split_gwsw8_p1"), seed=shape.context_tokens + 7)
 
 
+@pytest.mark.parametrize("shape", [VerifyShape(131072, 8, 1, "shuffled_p1"), VerifyShape(65536, 16, 1, "shuffled_p1"),
+                                   VerifyShape(20000, 4, 2, "shuffled_p1"), VerifyShape(200, 8, 1, "shuffled_p1"),
+                                   VerifyShape(100, 5, 3, "shuffled_p1"), VerifyShape(5000, 7, 1, "contiguous")],
+                         ids=lambda s: f"s12-P{s.context_tokens}-H{s.heads}-T{s.draft_tokens}-{s.layout}")
+def test_session12_swap_arms_match_reference_and_time_their_phases(shape: VerifyShape) -> None:
+    """Session 12's rows-as-N arms: three ring buffers beside an 8-row Q (split_gwsw8s3_p1; 16 rows keep two), the
+    rows' sums reduced once after the loop (split_gwsw8l_p1) and both; 8 and 16 rows at long contexts, a tree mask on
+    two draft tokens, a context shorter than a split's minimum, 15 rows and 7 rows (padded columns); by run_variant and
+    by the timed call, twice each. Then the timed rows-as-N kernel (ws_phases): the same output, every program's
+    phases within its loop, warpgroup 0's stamps in order."""
+    from specdiag.kernels.gluon_ws import PHASES, phase_buffer
+    from specdiag.kernels.gluon_ws_swap import split_kv_gluon_swap
+    from specdiag.kernels.ws_phases import phase_cycles
+
+    arms = ("split_gwsw8s3_p1", "split_gwsw8l_p1", "split_gwsw8s3l_p1")
+    _check_arms_twice(shape, arms)
+    _check_timed_calls_twice(shape, arms, seed=shape.context_tokens + 11)
+    x = make_inputs(shape, device="cuda", seed=11)
+    ref = reference_verify(x)
+    for kw in (dict(fit_rows=True, fit_stages=3), dict(fit_rows=False, late_sum=True)):
+        out, times = x.out_like(), phase_buffer(x)
+        split_kv_gluon_swap(x, out, times=times, **kw)
+        assert (out.float() - ref).norm() / ref.norm() <= 1e-2, kw
+        t = times.cpu().numpy()
+        ran = t[:, 0, 7] > 0
+        assert ran.any() and (t[ran, :, 6] > 0).all()
+        for row in phase_cycles(t, PHASES):
+            assert 0 < row["phases_sum_cycles"] <= row["loop_cycles"] * 1.001, (kw, row)
+        stamps = np.median(t[ran, 0, 8:13], axis=-1)
+        assert (np.diff(stamps, axis=1) >= 0).all() and (stamps[:, 0] > 0).all(), kw
+
+
+def test_session12_ws_phases_times_the_rows_as_n_kernel() -> None:
+    """ws_phases on a rows-as-N arm at 8 and 16 rows: the rows say which kernel ran (``kernel_form``), carry both
+    warpgroups' phases within their loops and the profiler's partial and merge kernels; at 64 rows the same arm runs
+    the row-major kernel and says so."""
+    from specdiag.kernels.ws_phases import measure_case
+
+    for shape, form in ((VerifyShape(65536, 8, 1, "shuffled_p1"), "rows_as_n"),
+                        (VerifyShape(65536, 16, 1, "shuffled_p1"), "rows_as_n"),
+                        (VerifyShape(4096, 8, 8, "shuffled_p1"), "row_major")):
+        rows = measure_case(shape, "split_gwsw8s3_p1", torch.device("cuda"), n_runs=3)
+        assert [r["partition"] for r in rows] == ["softmax_wg", "copy_pv_wg"]
+        for r in rows:
+            assert r["error"] is None and r["kernel_form"] == form
+            assert 0 < r["phases_sum_cycles"] <= r["loop_cycles"] * 1.001
+            assert 0 < r["prof_merge_us"] < r["prof_partial_us"]
+        assert 0 < rows[0]["tl_first_p50_us"] < rows[0]["tl_span_us"]
+
+
 @pytest.mark.parametrize("shape", [VerifyShape(4096, 8, 8, "shuffled_p1"), VerifyShape(131072, 8, 8, "shuffled_p1"),
                                    VerifyShape(20000, 7, 64, "shuffled_p1"), VerifyShape(9000, 3, 100, "contiguous"),
                                    VerifyShape(131072, 16, 64, "shuffled_p1")],

@@ -103,6 +103,10 @@ class KernelVariant:
     gluon_swap_max_rows: int = 0
     #: with gluon_swap_max_rows: an N of 8 where the rows fit it (gluon_ws_swap ``fit_rows``), else 16
     gluon_swap_fit_rows: bool = False
+    #: with gluon_swap_fit_rows: the ring's buffers at that N of 8 (gluon_ws_swap ``fit_stages``; 0: the arm's)
+    gluon_swap_fit_stages: int = 0
+    #: with gluon_swap_max_rows: the rows' sums kept per key lane, reduced once after the loop (``late_sum``)
+    gluon_swap_late_sum: bool = False
 
 
 #: run 38: warpgroup 0's early load of Q paid on every case of up to 64 packed rows (0.968-0.992 of the pick) and lost
@@ -280,6 +284,24 @@ KERNEL_VARIANTS: dict[str, KernelVariant] = {
                                     gluon_merge_block_dv=64, gluon_merge_by_rows=True, gluon_pdl_merge=True,
                                     gluon_early_q=True, gluon_early_q_max_rows=EARLY_Q_MAX_ROWS,
                                     gluon_swap_max_rows=16, gluon_swap_fit_rows=True),
+    # session 12: split_gwsw8_p1 with three ring buffers beside the 8-row Q (s3), the rows' sums reduced once after
+    # the loop (l), and both
+    "split_gwsw8s3_p1": KernelVariant("split_gwsw8s3_p1", "split_kv", 1, impl="gluon_ws", gluon_tile=(64, 2),
+                                      gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True,
+                                      gluon_merge_block_dv=64, gluon_merge_by_rows=True, gluon_pdl_merge=True,
+                                      gluon_early_q=True, gluon_early_q_max_rows=EARLY_Q_MAX_ROWS,
+                                      gluon_swap_max_rows=16, gluon_swap_fit_rows=True, gluon_swap_fit_stages=3),
+    "split_gwsw8l_p1": KernelVariant("split_gwsw8l_p1", "split_kv", 1, impl="gluon_ws", gluon_tile=(64, 2),
+                                     gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True,
+                                     gluon_merge_block_dv=64, gluon_merge_by_rows=True, gluon_pdl_merge=True,
+                                     gluon_early_q=True, gluon_early_q_max_rows=EARLY_Q_MAX_ROWS,
+                                     gluon_swap_max_rows=16, gluon_swap_fit_rows=True, gluon_swap_late_sum=True),
+    "split_gwsw8s3l_p1": KernelVariant("split_gwsw8s3l_p1", "split_kv", 1, impl="gluon_ws", gluon_tile=(64, 2),
+                                       gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True,
+                                       gluon_merge_block_dv=64, gluon_merge_by_rows=True, gluon_pdl_merge=True,
+                                       gluon_early_q=True, gluon_early_q_max_rows=EARLY_Q_MAX_ROWS,
+                                       gluon_swap_max_rows=16, gluon_swap_fit_rows=True, gluon_swap_fit_stages=3,
+                                       gluon_swap_late_sum=True),
     # run 42: the plugin's Gluon kernel with the rows as the wgmma's N up to 16 rows (what the plugin serves since)
     "ragged_gwsw_p1": KernelVariant("ragged_gwsw_p1", "ragged_split_kv", 1, impl="gluon_ws", overrides=(("pdl", True),),
                                     gluon_swap_max_rows=16, gluon_swap_fit_rows=True),
@@ -318,6 +340,15 @@ def gluon_ws_kwargs(v: KernelVariant, config: SplitKVConfig, rows: int) -> dict[
                 merge_block_dv=config.merge_block_dv, merge_one_pass=config.merge_one_pass,
                 merge_one_pass_max_splits=config.merge_one_pass_max_splits, join_tail_tokens=config.join_tail_tokens,
                 early_q=early_q)
+
+
+def gluon_swap_kwargs(v: KernelVariant, config: SplitKVConfig) -> dict[str, Any]:
+    """The keyword arguments of ``gluon_ws_swap.split_kv_gluon_swap`` for an arm that runs it (``runs_gluon_swap``) at
+    its resolved config: one mapping for the A/B's call and for ws_phases' timed one."""
+    return dict(block_n=config.block_n, stages=config.num_stages, pdl_merge=v.gluon_pdl_merge,
+                merge_block_dv=config.merge_block_dv, merge_one_pass=config.merge_one_pass,
+                merge_one_pass_max_splits=config.merge_one_pass_max_splits, fit_rows=v.gluon_swap_fit_rows,
+                fit_stages=v.gluon_swap_fit_stages, late_sum=v.gluon_swap_late_sum)
 
 
 def runs_gluon_swap(v: KernelVariant, rows: int) -> bool:
@@ -412,11 +443,7 @@ def run_variant(name: str, inputs: VerifyInputs, out: torch.Tensor, config: Opti
         if runs_gluon_swap(v, rows):
             from specdiag.kernels.gluon_ws_swap import split_kv_gluon_swap  # noqa: PLC0415
 
-            return split_kv_gluon_swap(inputs, out, block_n=config.block_n, stages=config.num_stages,
-                                       pdl_merge=v.gluon_pdl_merge, merge_block_dv=config.merge_block_dv,
-                                       merge_one_pass=config.merge_one_pass,
-                                       merge_one_pass_max_splits=config.merge_one_pass_max_splits,
-                                       fit_rows=v.gluon_swap_fit_rows)
+            return split_kv_gluon_swap(inputs, out, **gluon_swap_kwargs(v, config))
         if runs_gluon_ws(v, rows):
             from specdiag.kernels.gluon_ws import split_kv_gluon_ws  # noqa: PLC0415
 

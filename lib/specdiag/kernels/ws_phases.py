@@ -107,28 +107,36 @@ def parse_cases(text: str) -> list[VerifyShape]:
 
 def measure_case(shape: VerifyShape, variant_name: str, device: torch.device, n_runs: int) -> list[dict[str, Any]]:
     """The variant untimed and timed on one case (event times), and the timed call's phases per partition."""
-    from specdiag.kernels.dispatch import gluon_ws_kwargs, resolve_config, variant  # noqa: PLC0415
+    from specdiag.kernels.dispatch import (gluon_swap_kwargs, gluon_ws_kwargs, resolve_config,  # noqa: PLC0415
+                                           runs_gluon_swap, variant)
     from specdiag.kernels.gluon_ws import PHASES, TIMELINE_SLOTS, phase_buffer, split_kv_gluon_ws  # noqa: PLC0415
+    from specdiag.kernels.gluon_ws_swap import split_kv_gluon_swap  # noqa: PLC0415
     from specdiag.kernels.timing import summarize_ms, time_calls  # noqa: PLC0415
 
     v = variant(variant_name)
     if v.impl != "gluon_ws" or v.gluon_overlap:
         raise ValueError(f"{variant_name} is not a warp-specialized arm without the overlap; use split_gwp_p1 or "
                          "split_gws_p1")
-    cfg = resolve_config(variant_name, shape.heads * shape.draft_tokens)
+    rows = shape.heads * shape.draft_tokens
+    cfg = resolve_config(variant_name, rows)
     x = make_inputs(shape, device=device, seed=shape.context_tokens)
     out = x.out_like()
-    kw = gluon_ws_kwargs(v, cfg, shape.heads * shape.draft_tokens)  # the arm's own call, its merge included (the profile's merge and gap are the arm's)
+    # the arm's own call, its merge included (the profile's merge and gap are the arm's): the rows-as-N kernel where
+    # the arm runs it at these rows (gluon_ws_swap, timed the same way), else gluon_ws's
+    if runs_gluon_swap(v, rows):
+        kernel, kw = split_kv_gluon_swap, gluon_swap_kwargs(v, cfg)
+    else:
+        kernel, kw = split_kv_gluon_ws, gluon_ws_kwargs(v, cfg, rows)
     times = phase_buffer(x, cfg.block_n, cfg.num_stages)
-    untimed = summarize_ms(time_calls([lambda: split_kv_gluon_ws(x, out, **kw)], n_runs=n_runs, device=device))
-    timed = summarize_ms(time_calls([lambda: split_kv_gluon_ws(x, out, times=times, **kw)], n_runs=n_runs,
-                                    device=device))
+    untimed = summarize_ms(time_calls([lambda: kernel(x, out, **kw)], n_runs=n_runs, device=device))
+    timed = summarize_ms(time_calls([lambda: kernel(x, out, times=times, **kw)], n_runs=n_runs, device=device))
     torch.cuda.synchronize(device)
     from specdiag.kernels.anatomy import profiled_kernel_us  # noqa: PLC0415
 
-    prof = profiled_kernel_us([lambda: split_kv_gluon_ws(x, out, **kw)], 10, device)
+    prof = profiled_kernel_us([lambda: kernel(x, out, **kw)], 10, device)
+    form = "rows_as_n" if kernel is split_kv_gluon_swap else "row_major"
     base = {"context_tokens": shape.context_tokens, "heads": shape.heads, "draft_tokens": shape.draft_tokens,
-            "layout": shape.layout, "kernel": variant_name, "untimed_us": untimed["ms_median"] * 1e3,
+            "layout": shape.layout, "kernel": variant_name, "kernel_form": form, "untimed_us": untimed["ms_median"] * 1e3,
             "timed_us": timed["ms_median"] * 1e3, "ts_unix_s": time.time(), "error": None, **prof}
     arr = times.cpu().numpy()
     tl = timeline_from_phases(arr, TIMELINE_SLOTS)  # warpgroup 0's, on its row
