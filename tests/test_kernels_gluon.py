@@ -424,6 +424,23 @@ def test_session12_swap_forms_compile_within_the_shared_memory() -> None:
     assert kw["split_gwsw8s3l_p1"] == {**kw["split_gwsw8_p1"], "fit_stages": 3, "late_sum": True}
 
 
+def test_warp_softmax_form_reduces_inside_each_warp() -> None:
+    """The rows-as-N kernel with each warp's keys on their own (``warp_softmax``) for sm_90: the same 68 wgmmas, the
+    warp's max by butterfly shuffles over lanes 4, 8, 16 (the wgmma accumulator's key rows; 6 per asm, two asms per
+    softmax path and one for the sums), fewer warpgroup barriers than the late-sum form and no local memory; the
+    arm asks for it and for nothing else."""
+    from specdiag.kernels.dispatch import gluon_swap_kwargs
+    from specdiag.kernels.gluon_ws_swap import compile_sm90
+
+    for rn in (8, 16):
+        ptx = compile_sm90(rn=rn, warp_softmax=True).asm["ptx"]
+        assert sum(collections.Counter(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx)).values()) == 68
+        assert ptx.count("shfl.sync.bfly.b32") >= 6 * 3 * (rn // 8) and ".local" not in ptx
+        assert ptx.count("bar.sync") < compile_sm90(rn=rn, late_sum=True).asm["ptx"].count("bar.sync")
+    pick, warp = (gluon_swap_kwargs(KERNEL_VARIANTS[n], resolve_config(n, 8)) for n in ("split_gwsw8_p1", "split_gwsw8w_p1"))
+    assert warp == {**pick, "warp_softmax": True}
+
+
 def test_swap_launcher_names_a_bad_ring_depth_before_any_work() -> None:
     """split_kv_gluon_swap's ``fit_stages``: anything but 0, 2 or 3 is refused with the values it takes, before the
     inputs are looked at (a CPU tensor would otherwise fail first, for another reason)."""

@@ -107,6 +107,8 @@ class KernelVariant:
     gluon_swap_fit_stages: int = 0
     #: with gluon_swap_max_rows: the rows' sums kept per key lane, reduced once after the loop (``late_sum``)
     gluon_swap_late_sum: bool = False
+    #: with gluon_swap_max_rows: each warp's keys a softmax of their own, four accumulators (``warp_softmax``)
+    gluon_swap_warp_softmax: bool = False
 
 
 #: run 38: warpgroup 0's early load of Q paid on every case of up to 64 packed rows (0.968-0.992 of the pick) and lost
@@ -302,6 +304,13 @@ KERNEL_VARIANTS: dict[str, KernelVariant] = {
                                        gluon_early_q=True, gluon_early_q_max_rows=EARLY_Q_MAX_ROWS,
                                        gluon_swap_max_rows=16, gluon_swap_fit_rows=True, gluon_swap_fit_stages=3,
                                        gluon_swap_late_sum=True),
+    # session 12 (after run 43): split_gwsw8_p1 with each warp's keys a softmax of their own (no reduction across the
+    # warpgroup's warps per tile; four accumulators per warpgroup merged after the loop)
+    "split_gwsw8w_p1": KernelVariant("split_gwsw8w_p1", "split_kv", 1, impl="gluon_ws", gluon_tile=(64, 2),
+                                     gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True,
+                                     gluon_merge_block_dv=64, gluon_merge_by_rows=True, gluon_pdl_merge=True,
+                                     gluon_early_q=True, gluon_early_q_max_rows=EARLY_Q_MAX_ROWS,
+                                     gluon_swap_max_rows=16, gluon_swap_fit_rows=True, gluon_swap_warp_softmax=True),
     # run 42: the plugin's Gluon kernel with the rows as the wgmma's N up to 16 rows (what the plugin serves since)
     "ragged_gwsw_p1": KernelVariant("ragged_gwsw_p1", "ragged_split_kv", 1, impl="gluon_ws", overrides=(("pdl", True),),
                                     gluon_swap_max_rows=16, gluon_swap_fit_rows=True),
@@ -348,7 +357,8 @@ def gluon_swap_kwargs(v: KernelVariant, config: SplitKVConfig) -> dict[str, Any]
     return dict(block_n=config.block_n, stages=config.num_stages, pdl_merge=v.gluon_pdl_merge,
                 merge_block_dv=config.merge_block_dv, merge_one_pass=config.merge_one_pass,
                 merge_one_pass_max_splits=config.merge_one_pass_max_splits, fit_rows=v.gluon_swap_fit_rows,
-                fit_stages=v.gluon_swap_fit_stages, late_sum=v.gluon_swap_late_sum)
+                fit_stages=v.gluon_swap_fit_stages, late_sum=v.gluon_swap_late_sum,
+                warp_softmax=v.gluon_swap_warp_softmax)
 
 
 def runs_gluon_swap(v: KernelVariant, rows: int) -> bool:
