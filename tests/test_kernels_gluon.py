@@ -441,6 +441,33 @@ def test_warp_softmax_form_reduces_inside_each_warp() -> None:
     assert warp == {**pick, "warp_softmax": True}
 
 
+def test_producer_form_gives_the_copies_a_partition_of_their_own() -> None:
+    """The three-partition rows-as-N kernel for sm_90: 12 warps (softmax, P V, copies), the same 68 wgmmas, registers
+    redistributed by setmaxnreg to the copying warpgroup's PRODUCER_REGS and warpgroup 1's PV_REGS within the
+    register file (65,536 per SM: 128 threads each), shared memory as the two-partition form at two and three buffers;
+    the arms ask for it and nothing else; its launcher refuses the timed and softmax variants it does not have."""
+    from specdiag.kernels.dispatch import gluon_swap_kwargs
+    from specdiag.kernels.gluon_ws_swap import PRODUCER_REGS, PV_REGS, compile_sm90, split_kv_gluon_swap
+    from specdiag.kernels.mla import VerifyShape, make_inputs
+
+    for rn, stages in ((8, 2), (8, 3), (16, 2)):
+        k = compile_sm90(rn=rn, stages=stages, producer=True)
+        ptx = k.asm["ptx"]
+        assert k.metadata.num_warps == 12
+        assert sum(collections.Counter(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx)).values()) == 68
+        dec = {int(n) for n in re.findall(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+(\d+)", ptx)}
+        inc = {int(n) for n in re.findall(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+)", ptx)}
+        assert PRODUCER_REGS in dec and PV_REGS in dec | inc, (dec, inc)
+        assert abs(k.metadata.shared - compile_sm90(rn=rn, stages=stages).metadata.shared) <= 64
+    assert 128 * (PRODUCER_REGS + PV_REGS) + 128 * 224 <= 65536
+    pick, prod, prod3 = (gluon_swap_kwargs(KERNEL_VARIANTS[n], resolve_config(n, 8))
+                         for n in ("split_gwsw8_p1", "split_gwsw8p_p1", "split_gwsw8ps3_p1"))
+    assert prod == {**pick, "producer": True} and prod3 == {**pick, "producer": True, "fit_stages": 3}
+    x = make_inputs(VerifyShape(256, 2, 1, "contiguous"), device="cpu", seed=0)
+    with pytest.raises(ValueError, match="producer form has no timed, late_sum or warp_softmax"):
+        split_kv_gluon_swap(x, x.out_like(), producer=True, late_sum=True)
+
+
 def test_swap_launcher_names_a_bad_ring_depth_before_any_work() -> None:
     """split_kv_gluon_swap's ``fit_stages``: anything but 0, 2 or 3 is refused with the values it takes, before the
     inputs are looked at (a CPU tensor would otherwise fail first, for another reason)."""

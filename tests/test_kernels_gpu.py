@@ -324,6 +324,20 @@ def test_session12_swap_arms_match_reference_and_time_their_phases(shape: Verify
         assert (np.diff(stamps, axis=1) >= 0).all() and (stamps[:, 0] > 0).all(), kw
 
 
+@pytest.mark.parametrize("shape", [VerifyShape(131072, 8, 1, "shuffled_p1"), VerifyShape(65536, 16, 1, "shuffled_p1"),
+                                   VerifyShape(20000, 4, 2, "shuffled_p1"), VerifyShape(200, 8, 1, "shuffled_p1"),
+                                   VerifyShape(100, 5, 3, "shuffled_p1")],
+                         ids=lambda s: f"s12p-P{s.context_tokens}-H{s.heads}-T{s.draft_tokens}-{s.layout}")
+def test_session12_producer_arms_match_reference(shape: VerifyShape) -> None:
+    """The rows-as-N kernel with its copies in a third partition (split_gwsw8p_p1; split_gwsw8ps3_p1 with three ring
+    buffers at up to 8 rows): 8 and 16 rows at long contexts, a tree mask on two draft tokens, a context shorter than a
+    split's minimum (programs without a tile: the copying partition's loop does not run), 15 rows; by run_variant and
+    by the timed call, twice each (a buffer released twice or never would hang or show on the second call)."""
+    arms = ("split_gwsw8p_p1", "split_gwsw8ps3_p1")
+    _check_arms_twice(shape, arms)
+    _check_timed_calls_twice(shape, arms, seed=shape.context_tokens + 13)
+
+
 def test_session12_ws_phases_times_the_rows_as_n_kernel() -> None:
     """ws_phases on a rows-as-N arm at 8 and 16 rows: the rows say which kernel ran (``kernel_form``), carry both
     warpgroups' phases within their loops and the profiler's partial and merge kernels; at 64 rows the same arm runs

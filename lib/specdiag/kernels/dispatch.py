@@ -109,6 +109,8 @@ class KernelVariant:
     gluon_swap_late_sum: bool = False
     #: with gluon_swap_max_rows: each warp's keys a softmax of their own, four accumulators (``warp_softmax``)
     gluon_swap_warp_softmax: bool = False
+    #: with gluon_swap_max_rows: the copies in a third partition of their own (``producer``)
+    gluon_swap_producer: bool = False
 
 
 #: run 38: warpgroup 0's early load of Q paid on every case of up to 64 packed rows (0.968-0.992 of the pick) and lost
@@ -311,6 +313,19 @@ KERNEL_VARIANTS: dict[str, KernelVariant] = {
                                      gluon_merge_block_dv=64, gluon_merge_by_rows=True, gluon_pdl_merge=True,
                                      gluon_early_q=True, gluon_early_q_max_rows=EARLY_Q_MAX_ROWS,
                                      gluon_swap_max_rows=16, gluon_swap_fit_rows=True, gluon_swap_warp_softmax=True),
+    # session 12 (after run 44): split_gwsw8_p1 with the copies in a third partition of their own (p), and with three
+    # ring buffers beside an 8-row Q as well (ps3)
+    "split_gwsw8p_p1": KernelVariant("split_gwsw8p_p1", "split_kv", 1, impl="gluon_ws", gluon_tile=(64, 2),
+                                     gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True,
+                                     gluon_merge_block_dv=64, gluon_merge_by_rows=True, gluon_pdl_merge=True,
+                                     gluon_early_q=True, gluon_early_q_max_rows=EARLY_Q_MAX_ROWS,
+                                     gluon_swap_max_rows=16, gluon_swap_fit_rows=True, gluon_swap_producer=True),
+    "split_gwsw8ps3_p1": KernelVariant("split_gwsw8ps3_p1", "split_kv", 1, impl="gluon_ws", gluon_tile=(64, 2),
+                                       gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True,
+                                       gluon_merge_block_dv=64, gluon_merge_by_rows=True, gluon_pdl_merge=True,
+                                       gluon_early_q=True, gluon_early_q_max_rows=EARLY_Q_MAX_ROWS,
+                                       gluon_swap_max_rows=16, gluon_swap_fit_rows=True, gluon_swap_producer=True,
+                                       gluon_swap_fit_stages=3),
     # run 42: the plugin's Gluon kernel with the rows as the wgmma's N up to 16 rows (what the plugin serves since)
     "ragged_gwsw_p1": KernelVariant("ragged_gwsw_p1", "ragged_split_kv", 1, impl="gluon_ws", overrides=(("pdl", True),),
                                     gluon_swap_max_rows=16, gluon_swap_fit_rows=True),
@@ -358,7 +373,7 @@ def gluon_swap_kwargs(v: KernelVariant, config: SplitKVConfig) -> dict[str, Any]
                 merge_block_dv=config.merge_block_dv, merge_one_pass=config.merge_one_pass,
                 merge_one_pass_max_splits=config.merge_one_pass_max_splits, fit_rows=v.gluon_swap_fit_rows,
                 fit_stages=v.gluon_swap_fit_stages, late_sum=v.gluon_swap_late_sum,
-                warp_softmax=v.gluon_swap_warp_softmax)
+                warp_softmax=v.gluon_swap_warp_softmax, producer=v.gluon_swap_producer)
 
 
 def runs_gluon_swap(v: KernelVariant, rows: int) -> bool:

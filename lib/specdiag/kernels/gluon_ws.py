@@ -497,9 +497,10 @@ def ws_shared_state(Q, pid_m, n_rows, BLOCK_M: gl.constexpr, BLOCK_N: gl.constex
 
 
 @gluon.jit
-def ws_barriers(STAGES: gl.constexpr, num_warps: gl.constexpr):
+def ws_barriers(STAGES: gl.constexpr, num_warps: gl.constexpr, FREE_COUNT: gl.constexpr = 1):
     """The two partitions' mbarriers (module doc), allocated and initialized: kv_ready[s] (one cp.async arrival per
-    worker thread), kv_free[s], p_ready, p_free, l_ready. The caller fences and barriers before the partitions."""
+    worker thread), kv_free[s] (FREE_COUNT arrivals: the partitions that release a buffer besides the copying one),
+    p_ready, p_free, l_ready. The caller fences and barriers before the partitions."""
     kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     kv_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     p_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -507,7 +508,7 @@ def ws_barriers(STAGES: gl.constexpr, num_warps: gl.constexpr):
     l_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     for k in gl.static_range(STAGES):
         mbarrier.init(kv_ready.index(k), count=32 * num_warps)  # one cp.async arrival per worker thread
-        mbarrier.init(kv_free.index(k), count=1)
+        mbarrier.init(kv_free.index(k), count=FREE_COUNT)
     mbarrier.init(p_ready, count=1)
     mbarrier.init(p_free, count=1)
     mbarrier.init(l_ready, count=1)

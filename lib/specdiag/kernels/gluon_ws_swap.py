@@ -255,7 +255,7 @@ def _swap_pv_loader_partition(kv_smem, pe_smem, pt_smem, row_smem, kv_ready, kv_
 
 @gluon.jit
 def _swap_shared_state(dtype: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, RN: gl.constexpr,
-                       D_NOPE: gl.constexpr, D_PE: gl.constexpr, num_warps: gl.constexpr):
+                       D_NOPE: gl.constexpr, D_PE: gl.constexpr, num_warps: gl.constexpr, FREE_COUNT: gl.constexpr = 1):
     """Both entries' shared memory and barriers, initialized and visible to all: Q (filled by warpgroup 0), the KV
     ring, P^T, the rows' factors, and the pick's barriers."""
     q_smem = gl.allocate_shared_memory(dtype, [RN, D_NOPE], gl.NVMMASharedLayout.get_default_for([RN, D_NOPE], dtype))
@@ -266,7 +266,7 @@ def _swap_shared_state(dtype: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.co
                                         gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_PE], dtype))
     pt_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, RN], gl.NVMMASharedLayout.get_default_for([BLOCK_N, RN], dtype))
     row_smem = gl.allocate_shared_memory(gl.float32, [RN], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
-    kv_ready, kv_free, p_ready, p_free, l_ready = ws_barriers(STAGES, num_warps)
+    kv_ready, kv_free, p_ready, p_free, l_ready = ws_barriers(STAGES, num_warps, FREE_COUNT)
     fence_async_shared()
     gl.thread_barrier()
     return q_smem, qpe_smem, kv_smem, pe_smem, pt_smem, row_smem, kv_ready, kv_free, p_ready, p_free, l_ready
@@ -622,24 +622,108 @@ def _swapw_partial_kernel(Q, KV, TOKEN_TABLE, MASK, O_PART, LSE_PART, TIMES,
     ], [num_warps], [WORKER_REGS])
 
 
+# ---- session 12: a third partition that only copies (the producer), so P V never waits behind a refill's issue ----
+# Runs 43-44's phases: warpgroup 1 spends 1,400-2,100 cycles a tile issuing the refill's cp.async (longer with a
+# third buffer, when the copies queue at the memory system), and its next tile's P V, so warpgroup 0's next publish,
+# waits behind it. Here warpgroup 1 only does its half of P V, and warpgroup 2 (PRODUCER_REGS registers) only issues
+# copies, each as soon as both others have freed the buffer (kv_free counts two arrivals).
+PRODUCER_REGS = 88  # the copying warpgroup's registers (token-table rows a tile ahead and the copies' addresses)
+PV_REGS = 192  # warpgroup 1's: its half of O^T (16-32 registers at N 8-16) and P^T's reads
+
+
+@gluon.jit
+def _swap_pv_partition(kv_smem, pt_smem, row_smem, kv_free, p_ready, p_free, l_ready, O_PART, n_rows, part_stride,
+                       n_iter, pid_s, STAGES: gl.constexpr, RN: gl.constexpr, D_HALF: gl.constexpr,
+                       WARPS: gl.constexpr):
+    """Warpgroup 1 of the three-partition form: O^T's second half per tile, then the buffer released (one of
+    kv_free's two arrivals); its half of the partial at the end."""
+    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, RN, 16])
+    COL_O: gl.constexpr = gl.SliceLayout(0, S_L)
+    acc = gl.zeros([D_HALF, RN], gl.float32, layout=S_L)
+    for it in range(0, n_iter):
+        buf = it % STAGES
+        mbarrier.wait(p_ready, it & 1)
+        alpha = row_smem.load(COL_O)
+        acc = acc * alpha[None, :]
+        acc = warpgroup_mma(kv_smem.index(buf).slice(D_HALF, D_HALF, dim=1).permute((1, 0)), pt_smem, acc,
+                            is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        gl.thread_barrier()  # every thread's reads of P^T and the factors done
+        mbarrier.arrive(p_free, count=1)
+        mbarrier.arrive(kv_free.index(buf), count=1)
+    mbarrier.wait(l_ready, 0)
+    l_o = row_smem.load(COL_O)
+    o = acc / gl.where(l_o > 0, l_o, 1.0)[None, :]
+    rows_o = gl.arange(0, RN, layout=COL_O)
+    dims = D_HALF + gl.arange(0, D_HALF, layout=gl.SliceLayout(1, S_L))
+    gl.store(O_PART + (pid_s.to(gl.int64) * part_stride + rows_o)[None, :] * (2 * D_HALF) + dims[:, None],
+             o.to(O_PART.dtype.element_ty), mask=(rows_o < n_rows)[None, :])
+
+
+@gluon.jit
+def _swap_copy_partition(kv_smem, pe_smem, kv_ready, kv_free, KV, TOKEN_TABLE, DRAFT_TABLE, n_prefix, start, end,
+                         n_iter, stride_kv, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, D_NOPE: gl.constexpr,
+                         D_PE: gl.constexpr, WARPS: gl.constexpr, RAGGED: gl.constexpr):
+    """Warpgroup 2 of the three-partition form: the ring's first tiles, then each refill as soon as warpgroups 0 and
+    1 have both released the buffer (the pick's copies: token-table rows prefetched a tile ahead)."""
+    LD: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [WARPS, 1], [1, 0])
+    LD_PE: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
+    nx_slot, nx_slot_pe = _issue_first_tiles(KV, kv_smem, pe_smem, kv_ready, TOKEN_TABLE, DRAFT_TABLE, n_prefix, start,
+                                             end, stride_kv, BLOCK_N, STAGES, D_NOPE, D_PE, LD, LD_PE, RAGGED)
+    for it in range(0, n_iter - STAGES):
+        buf = it % STAGES
+        mbarrier.wait(kv_free.index(buf), (it // STAGES) & 1)
+        nx_slot, nx_slot_pe = _refill(KV, kv_smem, pe_smem, kv_ready, buf, nx_slot, nx_slot_pe, TOKEN_TABLE,
+                                      DRAFT_TABLE, n_prefix, start + (it + STAGES) * BLOCK_N, end, stride_kv, BLOCK_N,
+                                      D_NOPE, D_PE, LD, LD_PE, True, RAGGED)
+
+
+@gluon.jit
+def _swap3_partial_kernel(Q, KV, TOKEN_TABLE, MASK, O_PART, LSE_PART,
+                          qk_scale, n_prefix, n_kv, n_draft, n_heads, n_rows, tokens_per_split, stride_kv, n_splits,
+                          BLOCK_N: gl.constexpr, STAGES: gl.constexpr, RN: gl.constexpr, D_NOPE: gl.constexpr,
+                          D_PE: gl.constexpr, D_HALF: gl.constexpr, num_warps: gl.constexpr,
+                          PV_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+    """``_swap_partial_kernel`` with the copies in a partition of their own (the section's note)."""
+    pid_s = gl.program_id(0)
+    (q_smem, qpe_smem, kv_smem, pe_smem, pt_smem, row_smem, kv_ready, kv_free, p_ready, p_free,
+     l_ready) = _swap_shared_state(Q.dtype.element_ty, BLOCK_N, STAGES, RN, D_NOPE, D_PE, num_warps, 2)
+    start, end, n_iter = split_bounds(pid_s, tokens_per_split, n_kv, n_splits, BLOCK_N)
+    gl.warp_specialize([
+        (_swap_softmax_partition, (Q, q_smem, qpe_smem, kv_smem, pe_smem, pt_smem, row_smem, kv_ready, kv_free,
+                                   p_ready, p_free, l_ready, MASK, O_PART, LSE_PART, qk_scale, n_prefix, n_draft,
+                                   n_heads, n_rows, n_rows, start, end, n_iter, pid_s, BLOCK_N, STAGES, RN, D_NOPE,
+                                   D_PE, D_HALF, num_warps)),
+        (_swap_pv_partition, (kv_smem, pt_smem, row_smem, kv_free, p_ready, p_free, l_ready, O_PART, n_rows, n_rows,
+                              n_iter, pid_s, STAGES, RN, D_HALF, num_warps)),
+        (_swap_copy_partition, (kv_smem, pe_smem, kv_ready, kv_free, KV, TOKEN_TABLE, TOKEN_TABLE, n_prefix, start,
+                                end, n_iter, stride_kv, BLOCK_N, STAGES, D_NOPE, D_PE, num_warps, False)),
+    ], [num_warps, num_warps], [PV_REGS, PRODUCER_REGS])
+
+
 def split_kv_gluon_swap(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 64, stages: int = 2,
                         num_sms: int | None = None, pdl_merge: bool = True, merge_block_dv: int = 64,
                         merge_one_pass: bool = True, merge_one_pass_max_splits: int = 512,
                         fit_rows: bool = False, fit_stages: int = 0, late_sum: bool = False,
-                        warp_softmax: bool = False, times: torch.Tensor | None = None) -> torch.Tensor:
+                        warp_softmax: bool = False, producer: bool = False,
+                        times: torch.Tensor | None = None) -> torch.Tensor:
     """Split-KV verify attention with the rows as the wgmma's N (module doc) for up to ``SWAP_MAX_ROWS`` packed rows,
     then triton_splitkv's merge (one pass, as a programmatic dependent launch by default: the pick's); writes ``out``.
     ``fit_rows``: an N of 8 where the rows fit it (half the math of 16 at 1-8 rows), else 16; ``fit_stages``: the
     ring's buffers with that N of 8 (0: ``stages``; 3 fits beside an 8-row Q, 692 B under the H200's limit, not beside
     a 16-row one). ``late_sum``: the rows' sums kept per key lane, reduced once after the loop (``_softmax_t``).
     ``warp_softmax``: each warp's keys a softmax of their own, four accumulators merged after the loop (session 12's
-    section above; its sums are late anyway).
+    section above; its sums are late anyway). ``producer``: the copies in a third partition of their own (session 12's
+    section: warpgroup 1 only does its half of P V; not with ``times``, ``late_sum`` or ``warp_softmax``).
     ``times`` (``gluon_ws.phase_buffer(inputs)``): the timed kernel writes each partition's loop phases in SM cycles
     and warpgroup 0's timeline into it (``ws_phases``)."""
     from specdiag.kernels.triton_splitkv import merge_partials, sm_count  # noqa: PLC0415
 
     if fit_stages not in (0, 2, FIT_STAGES_MAX):
         raise ValueError(f"fit_stages must be 0 (the arm's stages), 2 or {FIT_STAGES_MAX}; got {fit_stages}")
+    if producer and (times is not None or late_sum or warp_softmax):
+        raise ValueError("split_kv_gluon_swap's producer form has no timed, late_sum or warp_softmax variant: pass "
+                         "producer=False with those")
     check_gluon_inputs(inputs, "split_kv_gluon_swap")
     q, cache = inputs.q, inputs.cache
     T, H = inputs.draft_tokens, inputs.heads
@@ -662,7 +746,11 @@ def split_kv_gluon_swap(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 
             plan.n_splits)
     const = dict(BLOCK_N=block_n, STAGES=n_stages, RN=rn, D_NOPE=D_NOPE, D_PE=D_PE, D_HALF=D_HALF,
                  num_warps=WS_PARTITION_WARPS, WORKER_REGS=WS_WORKER_REGS, TIMED=times is not None)
-    if warp_softmax:
+    if producer:
+        const.pop("TIMED")
+        _swap3_partial_kernel[(plan.n_splits,)](*args[:6], *args[7:], PV_REGS=PV_REGS, PRODUCER_REGS=PRODUCER_REGS,
+                                                **{k: v for k, v in const.items() if k != "WORKER_REGS"})
+    elif warp_softmax:
         _swapw_partial_kernel[(plan.n_splits,)](*args, **const)
     else:
         _swap_partial_kernel[(plan.n_splits,)](*args, LATE_SUM=late_sum, **const)
@@ -671,22 +759,26 @@ def split_kv_gluon_swap(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 
 
 
 def compile_sm90(block_n: int = 64, stages: int = 2, dtype: str = "bf16", rn: int = SWAP_MAX_ROWS,
-                 timed: bool = False, late_sum: bool = False,
-                 warp_softmax: bool = False) -> "triton.compiler.CompiledKernel":
+                 timed: bool = False, late_sum: bool = False, warp_softmax: bool = False,
+                 producer: bool = False) -> "triton.compiler.CompiledKernel":
     """The partial kernel compiled ahead of time for sm_90 (no GPU needed), for the CPU tests."""
     from triton.backends.compiler import GPUTarget  # noqa: PLC0415
     from triton.experimental.gluon._runtime import GluonASTSource  # noqa: PLC0415
 
     sig = {"Q": f"*{dtype}", "KV": f"*{dtype}", "TOKEN_TABLE": "*i64", "MASK": "*u8", "O_PART": "*fp32",
            "LSE_PART": "*fp32", "TIMES": "*i64" if timed else "*fp32", "qk_scale": "fp32", "n_prefix": "i32",
-           "n_kv": "i32", "n_draft": "i32", "n_heads": "i32", "n_rows": "i32", "tokens_per_split": "i32", "stride_kv": "i32", "n_splits": "i32"}
+           "n_kv": "i32", "n_draft": "i32", "n_heads": "i32", "n_rows": "i32", "tokens_per_split": "i32",
+           "stride_kv": "i32", "n_splits": "i32"}
     const = {"BLOCK_N": block_n, "STAGES": stages, "RN": rn, "D_NOPE": D_NOPE, "D_PE": D_PE,
              "D_HALF": D_HALF, "num_warps": WS_PARTITION_WARPS, "WORKER_REGS": WS_WORKER_REGS, "TIMED": timed}
-    if not warp_softmax:
+    if producer:  # no TIMES parameter, no timed form; the two workers' registers
+        del sig["TIMES"], const["TIMED"], const["WORKER_REGS"]
+        const.update(PV_REGS=PV_REGS, PRODUCER_REGS=PRODUCER_REGS)
+    elif not warp_softmax:
         const["LATE_SUM"] = late_sum
     sig.update({k: "constexpr" for k in const})
     attrs = {(i,): [["tt.divisibility", 16]] for i, k in enumerate(sig)
              if k in ("Q", "KV", "TOKEN_TABLE", "O_PART", "LSE_PART", "TIMES", "stride_kv")}
-    kernel = _swapw_partial_kernel if warp_softmax else _swap_partial_kernel
+    kernel = _swap3_partial_kernel if producer else _swapw_partial_kernel if warp_softmax else _swap_partial_kernel
     return triton.compile(GluonASTSource(kernel, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": WS_PARTITION_WARPS})
