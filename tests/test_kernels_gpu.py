@@ -338,6 +338,19 @@ def test_session12_producer_arms_match_reference(shape: VerifyShape) -> None:
     _check_timed_calls_twice(shape, arms, seed=shape.context_tokens + 13)
 
 
+@pytest.mark.parametrize("shape", [VerifyShape(131072, 8, 1, "shuffled_p1"), VerifyShape(65536, 16, 1, "shuffled_p1"),
+                                   VerifyShape(20000, 4, 2, "shuffled_p1"), VerifyShape(200, 8, 1, "shuffled_p1"),
+                                   VerifyShape(100, 5, 3, "shuffled_p1")],
+                         ids=lambda s: f"s12l1-P{s.context_tokens}-H{s.heads}-T{s.draft_tokens}-{s.layout}")
+def test_session12_l1_share_arms_match_reference(shape: VerifyShape) -> None:
+    """Run 46's arms: P^T in each tile's rope part (split_gwsw8pt_p1: written after the tile's scores, read by both
+    warpgroups' P V, before the refill) and 32 KB of unused shared memory (split_gwsw8pad_p1); 8 and 16 rows, a tree
+    mask, a short context, 15 rows; by run_variant and by the timed call, twice each."""
+    arms = ("split_gwsw8pt_p1", "split_gwsw8pad_p1")
+    _check_arms_twice(shape, arms)
+    _check_timed_calls_twice(shape, arms, seed=shape.context_tokens + 17)
+
+
 def test_session12_ws_phases_times_the_rows_as_n_kernel() -> None:
     """ws_phases on a rows-as-N arm at 8 and 16 rows: the rows say which kernel ran (``kernel_form``), carry both
     warpgroups' phases within their loops and the profiler's partial and merge kernels; at 64 rows the same arm runs
