@@ -111,8 +111,6 @@ class KernelVariant:
     gluon_swap_warp_softmax: bool = False
     #: with gluon_swap_max_rows: the copies in a third partition of their own (``producer``)
     gluon_swap_producer: bool = False
-    #: with gluon_swap_max_rows: P^T in each tile's rope part (``pt_in_pe``: 2 KB of shared memory less)
-    gluon_swap_pt_in_pe: bool = False
     #: with gluon_swap_max_rows: bytes of shared memory more, unused (``smem_pad``: run 46's knob)
     gluon_swap_smem_pad: int = 0
 
@@ -330,13 +328,9 @@ KERNEL_VARIANTS: dict[str, KernelVariant] = {
                                        gluon_early_q=True, gluon_early_q_max_rows=EARLY_Q_MAX_ROWS,
                                        gluon_swap_max_rows=16, gluon_swap_fit_rows=True, gluon_swap_producer=True,
                                        gluon_swap_fit_stages=3),
-    # session 12 (after run 45): does the L1 cache's share of the SM matter? P^T in the tile's rope part (pt: 16 rows
-    # fit under 164 KB of shared memory, so the L1 keeps ~92 KB, not ~60), and 32 KB of unused shared memory (pad)
-    "split_gwsw8pt_p1": KernelVariant("split_gwsw8pt_p1", "split_kv", 1, impl="gluon_ws", gluon_tile=(64, 2),
-                                      gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True,
-                                      gluon_merge_block_dv=64, gluon_merge_by_rows=True, gluon_pdl_merge=True,
-                                      gluon_early_q=True, gluon_early_q_max_rows=EARLY_Q_MAX_ROWS,
-                                      gluon_swap_max_rows=16, gluon_swap_fit_rows=True, gluon_swap_pt_in_pe=True),
+    # session 12 (run 46): does the L1 cache's share of the SM matter? 32 KB of unused shared memory (the 8-row kernel
+    # over the 164 KB carveout step, the 16-row one over 196 KB); run 46's split_gwsw8pt_p1 (P^T in the tile's rope
+    # part) crashed at 16 rows and was removed (docs/kernel-notes.md, "Run 46 outcome")
     "split_gwsw8pad_p1": KernelVariant("split_gwsw8pad_p1", "split_kv", 1, impl="gluon_ws", gluon_tile=(64, 2),
                                        gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True,
                                        gluon_merge_block_dv=64, gluon_merge_by_rows=True, gluon_pdl_merge=True,
@@ -390,7 +384,7 @@ def gluon_swap_kwargs(v: KernelVariant, config: SplitKVConfig) -> dict[str, Any]
                 merge_one_pass_max_splits=config.merge_one_pass_max_splits, fit_rows=v.gluon_swap_fit_rows,
                 fit_stages=v.gluon_swap_fit_stages, late_sum=v.gluon_swap_late_sum,
                 warp_softmax=v.gluon_swap_warp_softmax, producer=v.gluon_swap_producer,
-                pt_in_pe=v.gluon_swap_pt_in_pe, smem_pad=v.gluon_swap_smem_pad)
+                smem_pad=v.gluon_swap_smem_pad)
 
 
 def runs_gluon_swap(v: KernelVariant, rows: int) -> bool:

@@ -80,24 +80,12 @@ def _softmax_t(s, m_i, l_i, it, MASK, qk_scale, n_prefix, mask_stride, n_heads, 
 
 
 @gluon.jit
-def _pt_tile(pt_smem, pe_smem, buf, PT_IN_PE: gl.constexpr):
-    """Where tile ``buf``'s P^T lives: ``pt_smem``, or with PT_IN_PE the rope part of the tile's own ring buffer (read
-    by the scores only, so free once they are done, and refilled only after both warpgroups' P V: 2 KB of shared
-    memory less; ``pt_smem`` is then a view giving the shape and layout)."""
-    if PT_IN_PE:
-        return pe_smem.index(buf)._reinterpret(pt_smem.dtype, pt_smem.shape, pt_smem.layout)
-    else:
-        return pt_smem
-
-
-@gluon.jit
 def _swap_softmax_partition(Q, q_smem, qpe_smem, kv_smem, pe_smem, pt_smem, row_smem, kv_ready, kv_free, p_ready,
                             p_free, l_ready, MASK, O_PART, LSE_PART, qk_scale, n_prefix, mask_stride, n_heads, n_rows,
                             part_stride, start, end, n_iter, pid_s,
                             BLOCK_N: gl.constexpr, STAGES: gl.constexpr, RN: gl.constexpr, D_NOPE: gl.constexpr,
                             D_PE: gl.constexpr, D_HALF: gl.constexpr, WARPS: gl.constexpr, TIMES=None,
-                            TIMED: gl.constexpr = False, LATE_SUM: gl.constexpr = False,
-                            PT_IN_PE: gl.constexpr = False):
+                            TIMED: gl.constexpr = False, LATE_SUM: gl.constexpr = False):
     """Warpgroup 0: Q to shared memory, then per tile the scores S^T, the softmax down the keys, P^T and the factors
     to the worker, and O^T's first half; the partial's first half and the rows' LSE at the end (module doc). Split
     ``pid_s``'s partial rows start at ``pid_s * part_stride`` (the dense call: its rows; the ragged one: the batch's
@@ -156,8 +144,7 @@ def _swap_softmax_partition(Q, q_smem, qpe_smem, kv_smem, pe_smem, pt_smem, row_
         if TIMED:
             t4 = _clock(tick)
             ph3 += t4 - t3
-        pt = _pt_tile(pt_smem, pe_smem, buf, PT_IN_PE)
-        pt.store(p)
+        pt_smem.store(p)
         row_smem.store(alpha)
         fence_async_shared()  # P^T visible to both warpgroups' tensor cores
         gl.thread_barrier()
@@ -166,7 +153,7 @@ def _swap_softmax_partition(Q, q_smem, qpe_smem, kv_smem, pe_smem, pt_smem, row_
             t5 = _clock(tick)
             ph4 += t5 - t4
         acc = acc * alpha[None, :]
-        acc = warpgroup_mma(kv_smem.index(buf).slice(0, D_HALF, dim=1).permute((1, 0)), pt, acc, is_async=True)
+        acc = warpgroup_mma(kv_smem.index(buf).slice(0, D_HALF, dim=1).permute((1, 0)), pt_smem, acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(kv_free.index(buf), count=1)  # this warpgroup is done with the buffer
         if TIMED:
@@ -204,7 +191,7 @@ def _swap_pv_loader_partition(kv_smem, pe_smem, pt_smem, row_smem, kv_ready, kv_
                               pid_s, stride_kv,
                               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, RN: gl.constexpr, D_NOPE: gl.constexpr,
                               D_PE: gl.constexpr, D_HALF: gl.constexpr, WARPS: gl.constexpr, RAGGED: gl.constexpr,
-                              TIMES=None, TIMED: gl.constexpr = False, PT_IN_PE: gl.constexpr = False):
+                              TIMES=None, TIMED: gl.constexpr = False):
     """Warpgroup 1: every KV tile's copy into the ring (the pick's, token-table rows prefetched a tile ahead; with
     RAGGED the prefix's rows from TOKEN_TABLE and the draft tokens' from DRAFT_TABLE, as gluon_ws_ragged) and O^T's
     second half; its half of the partial at the end. With TIMED each thread sums its loop's phases in SM cycles into
@@ -233,8 +220,8 @@ def _swap_pv_loader_partition(kv_smem, pe_smem, pt_smem, row_smem, kv_ready, kv_
             q0 += u1 - u0
         alpha = row_smem.load(COL_O)
         acc = acc * alpha[None, :]
-        acc = warpgroup_mma(kv_smem.index(buf).slice(D_HALF, D_HALF, dim=1).permute((1, 0)),
-                            _pt_tile(pt_smem, pe_smem, buf, PT_IN_PE), acc, is_async=True)
+        acc = warpgroup_mma(kv_smem.index(buf).slice(D_HALF, D_HALF, dim=1).permute((1, 0)), pt_smem, acc,
+                            is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         if TIMED:
             u2 = _clock(tick)
@@ -268,8 +255,7 @@ def _swap_pv_loader_partition(kv_smem, pe_smem, pt_smem, row_smem, kv_ready, kv_
 
 @gluon.jit
 def _swap_shared_state(dtype: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, RN: gl.constexpr,
-                       D_NOPE: gl.constexpr, D_PE: gl.constexpr, num_warps: gl.constexpr, FREE_COUNT: gl.constexpr = 1,
-                       PT_IN_PE: gl.constexpr = False):
+                       D_NOPE: gl.constexpr, D_PE: gl.constexpr, num_warps: gl.constexpr, FREE_COUNT: gl.constexpr = 1):
     """Both entries' shared memory and barriers, initialized and visible to all: Q (filled by warpgroup 0), the KV
     ring, P^T, the rows' factors, and the pick's barriers."""
     q_smem = gl.allocate_shared_memory(dtype, [RN, D_NOPE], gl.NVMMASharedLayout.get_default_for([RN, D_NOPE], dtype))
@@ -278,11 +264,7 @@ def _swap_shared_state(dtype: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.co
                                         gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_NOPE], dtype))
     pe_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_PE],
                                         gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_PE], dtype))
-    PT_L: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, RN], dtype)
-    if PT_IN_PE:  # a view only: P^T goes into each tile's rope part (_pt_tile)
-        pt_smem = pe_smem.index(0)._reinterpret(dtype, [BLOCK_N, RN], PT_L)
-    else:
-        pt_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, RN], PT_L)
+    pt_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, RN], gl.NVMMASharedLayout.get_default_for([BLOCK_N, RN], dtype))
     row_smem = gl.allocate_shared_memory(gl.float32, [RN], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
     kv_ready, kv_free, p_ready, p_free, l_ready = ws_barriers(STAGES, num_warps, FREE_COUNT)
     fence_async_shared()
@@ -296,7 +278,7 @@ def _swap_partial_kernel(Q, KV, TOKEN_TABLE, MASK, O_PART, LSE_PART, TIMES,
                          BLOCK_N: gl.constexpr, STAGES: gl.constexpr, RN: gl.constexpr, D_NOPE: gl.constexpr,
                          D_PE: gl.constexpr, D_HALF: gl.constexpr, num_warps: gl.constexpr,
                          WORKER_REGS: gl.constexpr, TIMED: gl.constexpr = False, LATE_SUM: gl.constexpr = False,
-                         PT_IN_PE: gl.constexpr = False, SMEM_PAD: gl.constexpr = 0):
+                         SMEM_PAD: gl.constexpr = 0):
     """One program per split (every row in one tile of RN): the shared memory and barriers, then the partitions
     (TIMES unused unless TIMED). SMEM_PAD: that many bytes of shared memory more, unused but for one store (an
     experiment's knob: the SM's L1 cache gets what shared memory leaves)."""
@@ -309,17 +291,17 @@ def _swap_partial_kernel(Q, KV, TOKEN_TABLE, MASK, O_PART, LSE_PART, TIMES,
         pad = gl.allocate_shared_memory(gl.int32, [SMEM_PAD // 4], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
         pad.slice(0, 32 * num_warps).store(gl.zeros([32 * num_warps], gl.int32, layout=PAD_L))
     (q_smem, qpe_smem, kv_smem, pe_smem, pt_smem, row_smem, kv_ready, kv_free, p_ready, p_free,
-     l_ready) = _swap_shared_state(Q.dtype.element_ty, BLOCK_N, STAGES, RN, D_NOPE, D_PE, num_warps, 1, PT_IN_PE)
+     l_ready) = _swap_shared_state(Q.dtype.element_ty, BLOCK_N, STAGES, RN, D_NOPE, D_PE, num_warps)
     start, end, n_iter = split_bounds(pid_s, tokens_per_split, n_kv, n_splits, BLOCK_N)
     gl.warp_specialize([
         (_swap_softmax_partition, (Q, q_smem, qpe_smem, kv_smem, pe_smem, pt_smem, row_smem, kv_ready, kv_free,
                                    p_ready, p_free, l_ready, MASK, O_PART, LSE_PART, qk_scale, n_prefix, n_draft,
                                    n_heads, n_rows, n_rows, start, end, n_iter, pid_s, BLOCK_N, STAGES, RN, D_NOPE,
-                                   D_PE, D_HALF, num_warps, TIMES, TIMED, LATE_SUM, PT_IN_PE)),
+                                   D_PE, D_HALF, num_warps, TIMES, TIMED, LATE_SUM)),
         (_swap_pv_loader_partition, (kv_smem, pe_smem, pt_smem, row_smem, kv_ready, kv_free, p_ready, p_free, l_ready,
                                      KV, TOKEN_TABLE, TOKEN_TABLE, O_PART, n_prefix, n_rows, n_rows, start, end,
                                      n_iter, pid_s, stride_kv, BLOCK_N, STAGES, RN, D_NOPE, D_PE, D_HALF, num_warps,
-                                     False, TIMES, TIMED, PT_IN_PE)),
+                                     False, TIMES, TIMED)),
     ], [num_warps], [WORKER_REGS])
     if SMEM_PAD > 0:
         gl.thread_barrier()
@@ -732,8 +714,8 @@ def split_kv_gluon_swap(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 
                         num_sms: int | None = None, pdl_merge: bool = True, merge_block_dv: int = 64,
                         merge_one_pass: bool = True, merge_one_pass_max_splits: int = 512,
                         fit_rows: bool = False, fit_stages: int = 0, late_sum: bool = False,
-                        warp_softmax: bool = False, producer: bool = False, pt_in_pe: bool = False,
-                        smem_pad: int = 0, times: torch.Tensor | None = None) -> torch.Tensor:
+                        warp_softmax: bool = False, producer: bool = False, smem_pad: int = 0,
+                        times: torch.Tensor | None = None) -> torch.Tensor:
     """Split-KV verify attention with the rows as the wgmma's N (module doc) for up to ``SWAP_MAX_ROWS`` packed rows,
     then triton_splitkv's merge (one pass, as a programmatic dependent launch by default: the pick's); writes ``out``.
     ``fit_rows``: an N of 8 where the rows fit it (half the math of 16 at 1-8 rows), else 16; ``fit_stages``: the
@@ -742,8 +724,7 @@ def split_kv_gluon_swap(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 
     ``warp_softmax``: each warp's keys a softmax of their own, four accumulators merged after the loop (session 12's
     section above; its sums are late anyway). ``producer``: the copies in a third partition of their own (session 12's
     section: warpgroup 1 only does its half of P V; not with ``times``, ``late_sum`` or ``warp_softmax``).
-    ``pt_in_pe``: P^T in each tile's rope part (``_pt_tile``: 2 KB less); ``smem_pad``: bytes of shared memory more,
-    unused (run 46's knob); both for the two-partition form only.
+    ``smem_pad``: bytes of shared memory more, unused (run 46's knob; the two-partition form only).
     ``times`` (``gluon_ws.phase_buffer(inputs)``): the timed kernel writes each partition's loop phases in SM cycles
     and warpgroup 0's timeline into it (``ws_phases``)."""
     from specdiag.kernels.triton_splitkv import merge_partials, sm_count  # noqa: PLC0415
@@ -752,9 +733,9 @@ def split_kv_gluon_swap(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 
         raise ValueError(f"fit_stages must be 0 (the arm's stages), 2 or {FIT_STAGES_MAX}; got {fit_stages}")
     if smem_pad and (smem_pad < 512 or smem_pad & (smem_pad - 1)):
         raise ValueError(f"smem_pad must be 0 or a power of two from 512 bytes; got {smem_pad}")
-    if (pt_in_pe or smem_pad) and (producer or warp_softmax):
-        raise ValueError("pt_in_pe and smem_pad belong to the two-partition form: pass producer=False and "
-                         "warp_softmax=False with them")
+    if smem_pad and (producer or warp_softmax):
+        raise ValueError("smem_pad belongs to the two-partition form: pass producer=False and warp_softmax=False "
+                         "with it")
     if producer and (times is not None or late_sum or warp_softmax):
         raise ValueError("split_kv_gluon_swap's producer form has no timed, late_sum or warp_softmax variant: pass "
                          "producer=False with those")
@@ -787,15 +768,14 @@ def split_kv_gluon_swap(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 
     elif warp_softmax:
         _swapw_partial_kernel[(plan.n_splits,)](*args, **const)
     else:
-        _swap_partial_kernel[(plan.n_splits,)](*args, LATE_SUM=late_sum, PT_IN_PE=pt_in_pe, SMEM_PAD=smem_pad, **const)
+        _swap_partial_kernel[(plan.n_splits,)](*args, LATE_SUM=late_sum, SMEM_PAD=smem_pad, **const)
     merge_partials(o_part, lse_part, out.view(rows, D_V), cfg, pdl=pdl_merge)
     return out
 
 
 def compile_sm90(block_n: int = 64, stages: int = 2, dtype: str = "bf16", rn: int = SWAP_MAX_ROWS,
                  timed: bool = False, late_sum: bool = False, warp_softmax: bool = False,
-                 producer: bool = False, pt_in_pe: bool = False,
-                 smem_pad: int = 0) -> "triton.compiler.CompiledKernel":
+                 producer: bool = False, smem_pad: int = 0) -> "triton.compiler.CompiledKernel":
     """The partial kernel compiled ahead of time for sm_90 (no GPU needed), for the CPU tests."""
     from triton.backends.compiler import GPUTarget  # noqa: PLC0415
     from triton.experimental.gluon._runtime import GluonASTSource  # noqa: PLC0415
@@ -810,7 +790,7 @@ def compile_sm90(block_n: int = 64, stages: int = 2, dtype: str = "bf16", rn: in
         del sig["TIMES"], const["TIMED"], const["WORKER_REGS"]
         const.update(PV_REGS=PV_REGS, PRODUCER_REGS=PRODUCER_REGS)
     elif not warp_softmax:
-        const.update(LATE_SUM=late_sum, PT_IN_PE=pt_in_pe, SMEM_PAD=smem_pad)
+        const.update(LATE_SUM=late_sum, SMEM_PAD=smem_pad)
     sig.update({k: "constexpr" for k in const})
     attrs = {(i,): [["tt.divisibility", 16]] for i, k in enumerate(sig)
              if k in ("Q", "KV", "TOKEN_TABLE", "O_PART", "LSE_PART", "TIMES", "stride_kv")}
