@@ -425,33 +425,39 @@ def test_session12_swap_forms_compile_within_the_shared_memory() -> None:
 
 
 def test_warp_softmax_form_reduces_inside_each_warp() -> None:
-    """The rows-as-N kernel with each warp's keys on their own (``warp_softmax``) for sm_90: the same 68 wgmmas, the
-    warp's max by butterfly shuffles over lanes 4, 8, 16 (the wgmma accumulator's key rows; 6 per asm, two asms per
-    softmax path and one for the sums), fewer warpgroup barriers than the late-sum form and no local memory; the
-    arm asks for it and for nothing else."""
-    from specdiag.kernels.dispatch import gluon_swap_kwargs
+    """gluon_ws_swap_alt's form with each warp's keys on their own, for sm_90: the same 68 wgmmas, the warp's max by
+    butterfly shuffles over lanes 4, 8, 16 (the wgmma accumulator's key rows; 6 per asm, two asms per softmax path
+    and one for the sums), fewer warpgroup barriers than the late-sum form and no local memory; the arm asks for that
+    form through gluon_swap_call and for nothing else."""
+    from specdiag.kernels.dispatch import gluon_swap_call
     from specdiag.kernels.gluon_ws_swap import compile_sm90
+    from specdiag.kernels.gluon_ws_swap_alt import compile_sm90 as compile_alt
+    from specdiag.kernels.gluon_ws_swap_alt import split_kv_gluon_swap_alt
 
     for rn in (8, 16):
-        ptx = compile_sm90(rn=rn, warp_softmax=True).asm["ptx"]
+        ptx = compile_alt("warp_softmax", rn=rn).asm["ptx"]
         assert sum(collections.Counter(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx)).values()) == 68
         assert ptx.count("shfl.sync.bfly.b32") >= 6 * 3 * (rn // 8) and ".local" not in ptx
         assert ptx.count("bar.sync") < compile_sm90(rn=rn, late_sum=True).asm["ptx"].count("bar.sync")
-    pick, warp = (gluon_swap_kwargs(KERNEL_VARIANTS[n], resolve_config(n, 8)) for n in ("split_gwsw8_p1", "split_gwsw8w_p1"))
-    assert warp == {**pick, "warp_softmax": True}
+    (pick_fn, pick), (warp_fn, warp) = (gluon_swap_call(KERNEL_VARIANTS[n], resolve_config(n, 8))
+                                        for n in ("split_gwsw8_p1", "split_gwsw8w_p1"))
+    assert warp_fn is split_kv_gluon_swap_alt and pick_fn is not warp_fn
+    assert warp == {k: v for k, v in {**pick, "form": "warp_softmax"}.items() if k not in ("late_sum", "smem_pad")}
 
 
 def test_producer_form_gives_the_copies_a_partition_of_their_own() -> None:
-    """The three-partition rows-as-N kernel for sm_90: 12 warps (softmax, P V, copies), the same 68 wgmmas, registers
-    redistributed by setmaxnreg to the copying warpgroup's PRODUCER_REGS and warpgroup 1's PV_REGS within the
-    register file (65,536 per SM: 128 threads each), shared memory as the two-partition form at two and three buffers;
-    the arms ask for it and nothing else; its launcher refuses the timed and softmax variants it does not have."""
+    """gluon_ws_swap_alt's three-partition form for sm_90: 12 warps (softmax, P V, copies), the same 68 wgmmas,
+    registers redistributed by setmaxnreg to the copying warpgroup's PRODUCER_REGS and warpgroup 1's PV_REGS within
+    the register file (65,536 per SM: 128 threads each), shared memory as the two-partition form at two and three
+    buffers; the arms ask for it and nothing else; its launcher refuses what it does not have, before any work."""
     from specdiag.kernels.dispatch import gluon_swap_kwargs
-    from specdiag.kernels.gluon_ws_swap import PRODUCER_REGS, PV_REGS, compile_sm90, split_kv_gluon_swap
+    from specdiag.kernels.gluon_ws_swap import compile_sm90
+    from specdiag.kernels.gluon_ws_swap_alt import PRODUCER_REGS, PV_REGS, split_kv_gluon_swap_alt
+    from specdiag.kernels.gluon_ws_swap_alt import compile_sm90 as compile_alt
     from specdiag.kernels.mla import VerifyShape, make_inputs
 
     for rn, stages in ((8, 2), (8, 3), (16, 2)):
-        k = compile_sm90(rn=rn, stages=stages, producer=True)
+        k = compile_alt("producer", rn=rn, stages=stages)
         ptx = k.asm["ptx"]
         assert k.metadata.num_warps == 12
         assert sum(collections.Counter(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx)).values()) == 68
@@ -462,10 +468,13 @@ def test_producer_form_gives_the_copies_a_partition_of_their_own() -> None:
     assert 128 * (PRODUCER_REGS + PV_REGS) + 128 * 224 <= 65536
     pick, prod, prod3 = (gluon_swap_kwargs(KERNEL_VARIANTS[n], resolve_config(n, 8))
                          for n in ("split_gwsw8_p1", "split_gwsw8p_p1", "split_gwsw8ps3_p1"))
-    assert prod == {**pick, "producer": True} and prod3 == {**pick, "producer": True, "fit_stages": 3}
+    base = {k: v for k, v in pick.items() if k not in ("late_sum", "smem_pad")}
+    assert prod == {**base, "form": "producer"} and prod3 == {**base, "form": "producer", "fit_stages": 3}
     x = make_inputs(VerifyShape(256, 2, 1, "contiguous"), device="cpu", seed=0)
-    with pytest.raises(ValueError, match="producer form has no timed, late_sum or warp_softmax"):
-        split_kv_gluon_swap(x, x.out_like(), producer=True, late_sum=True)
+    with pytest.raises(ValueError, match="the producer form has no timed variant"):
+        split_kv_gluon_swap_alt(x, x.out_like(), "producer", times=torch.zeros(1))
+    with pytest.raises(ValueError, match="form must be one of"):
+        split_kv_gluon_swap_alt(x, x.out_like(), "fast")
 
 
 def test_l1_share_knob_moves_the_shared_memory_across_the_carveout_steps() -> None:

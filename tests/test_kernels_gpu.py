@@ -301,8 +301,11 @@ def test_session12_swap_arms_match_reference_and_time_their_phases(shape: Verify
     two draft tokens, a context shorter than a split's minimum, 15 rows and 7 rows (padded columns); by run_variant and
     by the timed call, twice each. Then the timed rows-as-N kernel (ws_phases): the same output, every program's
     phases within its loop, warpgroup 0's stamps in order."""
+    from functools import partial
+
     from specdiag.kernels.gluon_ws import PHASES, phase_buffer
     from specdiag.kernels.gluon_ws_swap import split_kv_gluon_swap
+    from specdiag.kernels.gluon_ws_swap_alt import split_kv_gluon_swap_alt
     from specdiag.kernels.ws_phases import phase_cycles
 
     arms = ("split_gwsw8s3_p1", "split_gwsw8l_p1", "split_gwsw8s3l_p1", "split_gwsw8w_p1")
@@ -310,10 +313,12 @@ def test_session12_swap_arms_match_reference_and_time_their_phases(shape: Verify
     _check_timed_calls_twice(shape, arms, seed=shape.context_tokens + 11)
     x = make_inputs(shape, device="cuda", seed=11)
     ref = reference_verify(x)
-    for kw in (dict(fit_rows=True, fit_stages=3), dict(fit_rows=False, late_sum=True),
-               dict(fit_rows=True, warp_softmax=True), dict(fit_rows=False, warp_softmax=True)):
+    warp = partial(split_kv_gluon_swap_alt, form="warp_softmax")
+    for launcher, kw in ((split_kv_gluon_swap, dict(fit_rows=True, fit_stages=3)),
+                         (split_kv_gluon_swap, dict(fit_rows=False, late_sum=True)),
+                         (warp, dict(fit_rows=True)), (warp, dict(fit_rows=False))):
         out, times = x.out_like(), phase_buffer(x)
-        split_kv_gluon_swap(x, out, times=times, **kw)
+        launcher(x, out, times=times, **kw)
         assert (out.float() - ref).norm() / ref.norm() <= 1e-2, kw
         t = times.cpu().numpy()
         ran = np.median(t[:, 0, 7], axis=-1) > 0  # programs with tiles (a short context leaves some without)

@@ -377,14 +377,27 @@ def gluon_ws_kwargs(v: KernelVariant, config: SplitKVConfig, rows: int) -> dict[
 
 
 def gluon_swap_kwargs(v: KernelVariant, config: SplitKVConfig) -> dict[str, Any]:
-    """The keyword arguments of ``gluon_ws_swap.split_kv_gluon_swap`` for an arm that runs it (``runs_gluon_swap``) at
-    its resolved config: one mapping for the A/B's call and for ws_phases' timed one."""
-    return dict(block_n=config.block_n, stages=config.num_stages, pdl_merge=v.gluon_pdl_merge,
-                merge_block_dv=config.merge_block_dv, merge_one_pass=config.merge_one_pass,
-                merge_one_pass_max_splits=config.merge_one_pass_max_splits, fit_rows=v.gluon_swap_fit_rows,
-                fit_stages=v.gluon_swap_fit_stages, late_sum=v.gluon_swap_late_sum,
-                warp_softmax=v.gluon_swap_warp_softmax, producer=v.gluon_swap_producer,
-                smem_pad=v.gluon_swap_smem_pad)
+    """The keyword arguments of the rows-as-N launcher an arm runs (``gluon_swap_call``) at its resolved config."""
+    kw = dict(block_n=config.block_n, stages=config.num_stages, pdl_merge=v.gluon_pdl_merge,
+              merge_block_dv=config.merge_block_dv, merge_one_pass=config.merge_one_pass,
+              merge_one_pass_max_splits=config.merge_one_pass_max_splits, fit_rows=v.gluon_swap_fit_rows,
+              fit_stages=v.gluon_swap_fit_stages)
+    if v.gluon_swap_warp_softmax or v.gluon_swap_producer:
+        return {**kw, "form": "warp_softmax" if v.gluon_swap_warp_softmax else "producer"}
+    return {**kw, "late_sum": v.gluon_swap_late_sum, "smem_pad": v.gluon_swap_smem_pad}
+
+
+def gluon_swap_call(v: KernelVariant, config: SplitKVConfig) -> tuple[Callable[..., torch.Tensor], dict[str, Any]]:
+    """The rows-as-N launcher an arm runs and its keyword arguments: gluon_ws_swap's (the pick's form and its knobs)
+    or gluon_ws_swap_alt's (the other forms, by ``form``): one mapping for the A/B's call and ws_phases' timed one."""
+    kw = gluon_swap_kwargs(v, config)
+    if "form" in kw:
+        from specdiag.kernels.gluon_ws_swap_alt import split_kv_gluon_swap_alt  # noqa: PLC0415
+
+        return split_kv_gluon_swap_alt, kw
+    from specdiag.kernels.gluon_ws_swap import split_kv_gluon_swap  # noqa: PLC0415
+
+    return split_kv_gluon_swap, kw
 
 
 def runs_gluon_swap(v: KernelVariant, rows: int) -> bool:
@@ -477,9 +490,8 @@ def run_variant(name: str, inputs: VerifyInputs, out: torch.Tensor, config: Opti
             return baseline_triton(inputs, out)
         rows = inputs.heads * inputs.draft_tokens
         if runs_gluon_swap(v, rows):
-            from specdiag.kernels.gluon_ws_swap import split_kv_gluon_swap  # noqa: PLC0415
-
-            return split_kv_gluon_swap(inputs, out, **gluon_swap_kwargs(v, config))
+            launcher, kw = gluon_swap_call(v, config)
+            return launcher(inputs, out, **kw)
         if runs_gluon_ws(v, rows):
             from specdiag.kernels.gluon_ws import split_kv_gluon_ws  # noqa: PLC0415
 

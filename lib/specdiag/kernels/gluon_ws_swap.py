@@ -17,11 +17,17 @@ The ring, its barriers, the copies (gluon_ws ``_issue_first_tiles`` / ``_refill`
 layout are the pick's, so the merge is triton_splitkv's. Rows are packed as the pick's (row = draft token x heads +
 head; tree mask by the row's draft token). Chain or tree drafts, page_size 1, bf16 or fp16, CUDA sm_90 only (the CPU
 test compiles it for sm_90).
+
+Knobs measured in session 12 (docs/kernel-notes.md, runs 43-46; none is the pick's): a timed form (``times``: both
+partitions' phases and warpgroup 0's timeline, for ws_phases), three ring buffers beside an 8-row Q (``fit_stages``),
+the rows' sums reduced once after the loop (``late_sum``) and unused shared memory (``smem_pad``). Two other forms of
+the kernel, each warp's keys a softmax of their own and a partition that only copies, are in gluon_ws_swap_alt.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 import triton
@@ -35,7 +41,7 @@ from specdiag.kernels.gluon_ws import (LOG2E, PHASE_SLOTS, WS_PARTITION_WARPS, W
                                        _issue_first_tiles, _phase_counters, _refill, _stamp, _store_phases, _wait_tile,
                                        split_bounds, ws_barriers)
 from specdiag.kernels.mla import D_NOPE, D_PE, D_V, VerifyInputs
-from specdiag.kernels.splitkv_plan import gluon_config, plan_splits
+from specdiag.kernels.splitkv_plan import SplitKVConfig, SplitPlan, gluon_config, plan_splits
 
 #: query rows per program (the wgmma's N): every call of up to this many packed rows runs one row tile
 SWAP_MAX_ROWS = 16
@@ -308,446 +314,43 @@ def _swap_partial_kernel(Q, KV, TOKEN_TABLE, MASK, O_PART, LSE_PART, TIMES,
         pad.slice(0, 32 * num_warps).store(pad.slice(0, 32 * num_warps).load(PAD_L) + 1)
 
 
-# ---- session 12: each warp's keys a softmax of their own (no reduction across the warpgroup's warps per tile) ----
-# S^T's wgmma accumulator gives warp w the keys 16w..16w+15 of a tile, and P V's four k-steps of 16 keys are those
-# same four groups. So each warp can keep its own running max and sum per row over its keys (a "sub-split" of the
-# split: keys 16w..16w+15 of every tile) with shuffles inside the warp only, if P V accumulates each k-step into an
-# accumulator of its own (four per warpgroup: the same 16 wgmmas, 4x the accumulator registers); the four are merged
-# once after the loop as a merge kernel merges splits. The register order the asm below relies on is the wgmma
-# accumulator's (Triton's MMAv3 layout): per thread and 8 columns, (r, 2c), (r, 2c + 1), (r + 8, 2c), (r + 8, 2c + 1),
-# r = lane / 4, c = lane % 4.
-WARP_KEYS = 16  # keys per warp in a tile of S^T (the wgmma's 16 rows per warp) and per P V k-step
+@dataclass(frozen=True)
+class SwapLaunch:
+    """What every rows-as-N launcher sets up the same way (``swap_launch``): the N, the merge's config, the plan, the
+    partial buffers, the partial kernels' leading arguments (Q .. n_splits, TIMES in its slot) and their shared
+    constexprs."""
 
-_WARP_MAX_ASM_TEXT = """{
-.reg .f32 a, b, t;
-max.f32 a, $4, $6;
-max.f32 b, $5, $7;
-shfl.sync.bfly.b32 t, a, 4, 0x1f, 0xffffffff;
-max.f32 a, a, t;
-shfl.sync.bfly.b32 t, b, 4, 0x1f, 0xffffffff;
-max.f32 b, b, t;
-shfl.sync.bfly.b32 t, a, 8, 0x1f, 0xffffffff;
-max.f32 a, a, t;
-shfl.sync.bfly.b32 t, b, 8, 0x1f, 0xffffffff;
-max.f32 b, b, t;
-shfl.sync.bfly.b32 t, a, 16, 0x1f, 0xffffffff;
-max.f32 a, a, t;
-shfl.sync.bfly.b32 t, b, 16, 0x1f, 0xffffffff;
-max.f32 b, b, t;
-mov.b32 $0, a;
-mov.b32 $1, b;
-mov.b32 $2, a;
-mov.b32 $3, b;
-}"""
-_WARP_MAX_ASM = gl.constexpr(_WARP_MAX_ASM_TEXT)
-_WARP_SUM_ASM = gl.constexpr(_WARP_MAX_ASM_TEXT.replace("max.f32", "add.f32"))
-WARP_KEYS_C = gl.constexpr(16)
+    rn: int
+    rows: int
+    cfg: SplitKVConfig
+    plan: SplitPlan
+    o_part: torch.Tensor
+    lse_part: torch.Tensor
+    args: tuple
+    const: dict
+
+    def merge(self, out: torch.Tensor, pdl: bool) -> torch.Tensor:
+        """triton_splitkv's merge of the partials into ``out`` (one pass by the config, under PDL when ``pdl``)."""
+        from specdiag.kernels.triton_splitkv import merge_partials  # noqa: PLC0415
+
+        merge_partials(self.o_part, self.lse_part, out.view(self.rows, D_V), self.cfg, pdl=pdl)
+        return out
 
 
-@gluon.jit
-def _warp_keys_max(x):
-    """The max over each warp's 16 keys of x [keys, rows] (S^T's layout), per row, back in every key of the warp."""
-    return gl.inline_asm_elementwise(_WARP_MAX_ASM, "=f,=f,=f,=f,f,f,f,f", [x], dtype=gl.float32, is_pure=False,
-                                     pack=4)
+def swap_launch(inputs: VerifyInputs, caller: str, block_n: int, stages: int, num_sms: int | None,
+                merge_block_dv: int, merge_one_pass: bool, merge_one_pass_max_splits: int, fit_rows: bool,
+                times: torch.Tensor | None) -> SwapLaunch:
+    """The inputs checked for ``caller`` (every row in one tile of ``SWAP_MAX_ROWS``, ``times`` of this call's shape),
+    then the launch's set-up: an N of 8 where ``fit_rows`` and the rows fit it, else 16; the plan; the partials."""
+    from specdiag.kernels.triton_splitkv import sm_count  # noqa: PLC0415
 
-
-@gluon.jit
-def _warp_keys_sum(x):
-    """As ``_warp_keys_max``, the sum."""
-    return gl.inline_asm_elementwise(_WARP_SUM_ASM, "=f,=f,=f,=f,f,f,f,f", [x], dtype=gl.float32, is_pure=False,
-                                     pack=4)
-
-
-@gluon.jit
-def _rows_view(buf):
-    """A plain row-major [..., keys, rows] fp32 buffer seen as its rows, ``.index(k)`` giving row k as [rows]."""
-    n: gl.constexpr = buf.numel // buf.shape[buf.rank - 1]
-    return buf._reinterpret(gl.float32, [n, buf.shape[buf.rank - 1]], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
-
-
-@gluon.jit
-def _softmax_w(s, m_i, l_i, it, MASK, qk_scale, n_prefix, mask_stride, n_heads, n_rows, start, end,
-               BLOCK_N: gl.constexpr, RN: gl.constexpr, S_L: gl.constexpr, dtype: gl.constexpr):
-    """``_softmax_t`` with each warp's keys on their own: the running max ``m_i`` [keys, rows] is per warp (the same in
-    all 16 keys of a warp), the sum per key lane (late); returns P^T, the factors [keys, rows], max and sum."""
-    rows = gl.arange(0, RN, layout=gl.SliceLayout(0, S_L))
-    kpos = start + it * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, S_L))
-    tile0 = start + it * BLOCK_N
-    if tile0 + BLOCK_N <= gl.minimum(end, n_prefix):  # every key of the tile visible to every row
-        m_new = gl.maximum(m_i, _warp_keys_max(s) * qk_scale)
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-        p32 = gl.exp2(s * qk_scale - m_use)
-    else:
-        j = kpos - n_prefix
-        tree = gl.load(MASK + (rows // n_heads)[None, :] * mask_stride + j[:, None],
-                       mask=(rows < n_rows)[None, :] & (kpos < end)[:, None] & (j >= 0)[:, None], other=0)
-        visible = (kpos < end)[:, None] & ((kpos < n_prefix)[:, None] | (tree != 0))
-        sm = gl.where(visible, s * qk_scale, float("-inf"))
-        m_new = gl.maximum(m_i, _warp_keys_max(sm))
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-        p32 = gl.exp2(sm - m_use)
-    alpha = gl.exp2(m_i - m_use)
-    return p32.to(dtype), alpha, m_new, l_i * alpha + p32
-
-
-@gluon.jit
-def _pv_four(kv_smem, pt_smem, alpha_smem, buf, acc0, acc1, acc2, acc3, D0: gl.constexpr, D_HALF: gl.constexpr,
-             COL: gl.constexpr):
-    """One warpgroup's P V of a tile into the four warps' accumulators (value dims D0..D0 + D_HALF): each rescaled by
-    its warp's factors (``alpha_smem`` row 16w), then the k-step of that warp's 16 keys; waits for all four. The four
-    rescales come before the first wgmma is issued (a rescale between two would make ptxas wait for the first)."""
-    kv = kv_smem.index(buf).slice(D0, D_HALF, dim=1)
-    alpha_smem = _rows_view(alpha_smem)
-    acc0 = acc0 * alpha_smem.index(0).load(COL)[None, :]
-    acc1 = acc1 * alpha_smem.index(WARP_KEYS_C).load(COL)[None, :]
-    acc2 = acc2 * alpha_smem.index(2 * WARP_KEYS_C).load(COL)[None, :]
-    acc3 = acc3 * alpha_smem.index(3 * WARP_KEYS_C).load(COL)[None, :]
-    acc0 = warpgroup_mma(kv.slice(0, WARP_KEYS_C, dim=0).permute((1, 0)), pt_smem.slice(0, WARP_KEYS_C, dim=0), acc0,
-                         is_async=True)
-    acc1 = warpgroup_mma(kv.slice(WARP_KEYS_C, WARP_KEYS_C, dim=0).permute((1, 0)),
-                         pt_smem.slice(WARP_KEYS_C, WARP_KEYS_C, dim=0), acc1, is_async=True)
-    acc2 = warpgroup_mma(kv.slice(2 * WARP_KEYS_C, WARP_KEYS_C, dim=0).permute((1, 0)),
-                         pt_smem.slice(2 * WARP_KEYS_C, WARP_KEYS_C, dim=0), acc2, is_async=True)
-    acc3 = warpgroup_mma(kv.slice(3 * WARP_KEYS_C, WARP_KEYS_C, dim=0).permute((1, 0)),
-                         pt_smem.slice(3 * WARP_KEYS_C, WARP_KEYS_C, dim=0), acc3, is_async=True)
-    return warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1, acc2, acc3))
-
-
-@gluon.jit
-def _merge_four(acc0, acc1, acc2, acc3, ml_smem, COL: gl.constexpr):
-    """The four warps' accumulators merged with their maxima and sums (``ml_smem`` [2, keys, rows], rows 16w): the
-    normalized O^T half and the rows' LSE (log2 units; -inf for a row that saw no key)."""
-    NK: gl.constexpr = ml_smem.shape[1]
-    ml_smem = _rows_view(ml_smem)  # row k: the maxima at k, the sums at NK + k
-    m0 = ml_smem.index(0).load(COL)
-    m1 = ml_smem.index(WARP_KEYS_C).load(COL)
-    m2 = ml_smem.index(2 * WARP_KEYS_C).load(COL)
-    m3 = ml_smem.index(3 * WARP_KEYS_C).load(COL)
-    m = gl.maximum(gl.maximum(m0, m1), gl.maximum(m2, m3))
-    m_use = gl.where(m == float("-inf"), 0.0, m)
-    f0 = gl.exp2(m0 - m_use)
-    f1 = gl.exp2(m1 - m_use)
-    f2 = gl.exp2(m2 - m_use)
-    f3 = gl.exp2(m3 - m_use)
-    l_tot = (f0 * ml_smem.index(NK).load(COL) + f1 * ml_smem.index(NK + WARP_KEYS_C).load(COL)
-             + f2 * ml_smem.index(NK + 2 * WARP_KEYS_C).load(COL)
-             + f3 * ml_smem.index(NK + 3 * WARP_KEYS_C).load(COL))
-    l_safe = gl.where(l_tot > 0, l_tot, 1.0)
-    o = (acc0 * f0[None, :] + acc1 * f1[None, :] + acc2 * f2[None, :] + acc3 * f3[None, :]) / l_safe[None, :]
-    lse = gl.where(l_tot > 0, m + gl.log2(l_safe), float("-inf"))
-    return o, lse
-
-
-@gluon.jit
-def _swapw_softmax_partition(Q, q_smem, qpe_smem, kv_smem, pe_smem, pt_smem, alpha_smem, ml_smem, kv_ready, kv_free,
-                             p_ready, p_free, l_ready, MASK, O_PART, LSE_PART, qk_scale, n_prefix, mask_stride,
-                             n_heads, n_rows, part_stride, start, end, n_iter, pid_s,
-                             BLOCK_N: gl.constexpr, STAGES: gl.constexpr, RN: gl.constexpr, D_NOPE: gl.constexpr,
-                             D_PE: gl.constexpr, D_HALF: gl.constexpr, WARPS: gl.constexpr, TIMES=None,
-                             TIMED: gl.constexpr = False):
-    """``_swap_softmax_partition`` with each warp's keys on their own (the section's note): per tile the scores, the
-    warp's softmax, P^T and the [keys, rows] factors to the worker, O^T's first half into four accumulators; after
-    the loop the warps' maxima and sums to shared memory for both warpgroups' merge of their four."""
-    dtype: gl.constexpr = pt_smem.dtype
-    LDQ: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [WARPS, 1], [1, 0])
-    LDQ_PE: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
-    for c in gl.static_range(D_NOPE // 128):
-        q_smem.slice(c * 128, 128, dim=1).store(load_q_cols(Q, 0, n_rows, c * 128, RN, 128, D_NOPE + D_PE, LDQ))
-    qpe_smem.store(load_q_cols(Q, 0, n_rows, D_NOPE, RN, D_PE, D_NOPE + D_PE, LDQ_PE))
-    fence_async_shared()
-    gl.thread_barrier()
-
-    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, RN, 16])
-    COL: gl.constexpr = gl.SliceLayout(0, S_L)
-    m_i = gl.full([BLOCK_N, RN], float("-inf"), gl.float32, layout=S_L)
-    l_i = gl.zeros([BLOCK_N, RN], gl.float32, layout=S_L)
-    acc0 = gl.zeros([D_HALF, RN], gl.float32, layout=S_L)
-    acc1 = acc0
-    acc2 = acc0
-    acc3 = acc0
-    if TIMED:  # phases: copy wait, scores, softmax, wait for the worker to free P^T, publish, P V
-        tick, ph0, t_loop = _phase_counters(WARPS)
-        g_start = _globaltimer(tick)
-        g_first = g_start
-        ph1 = ph0
-        ph2 = ph0
-        ph3 = ph0
-        ph4 = ph0
-        ph5 = ph0
-    for it in range(0, n_iter):
-        buf = it % STAGES
-        if TIMED:
-            t0 = _clock(tick)
-        _wait_tile(kv_ready, it, STAGES)
-        if TIMED:
-            t1 = _clock(tick)
-            ph0 += t1 - t0
-            if it == 0:
-                g_first = _globaltimer(tick)
-        s = warpgroup_mma(kv_smem.index(buf), q_smem.permute((1, 0)), gl.zeros([BLOCK_N, RN], gl.float32, layout=S_L),
-                          use_acc=False, is_async=True)
-        s = warpgroup_mma(pe_smem.index(buf), qpe_smem.permute((1, 0)), s, is_async=True)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-        if TIMED:
-            t2 = _clock(tick)
-            ph1 += t2 - t1
-        p, alpha, m_i, l_i = _softmax_w(s, m_i, l_i, it, MASK, qk_scale, n_prefix, mask_stride, n_heads, n_rows,
-                                        start, end, BLOCK_N, RN, S_L, dtype)
-        if TIMED:
-            t3 = _clock(tick)
-            ph2 += t3 - t2
-        mbarrier.wait(p_free, (it & 1) ^ 1)  # the worker has read P^T and the factors of tile it - 1
-        if TIMED:
-            t4 = _clock(tick)
-            ph3 += t4 - t3
-        pt_smem.store(p)
-        alpha_smem.store(alpha)
-        fence_async_shared()  # P^T visible to both warpgroups' tensor cores
-        gl.thread_barrier()  # and every warp's factors to this warpgroup's threads
-        mbarrier.arrive(p_ready, count=1)
-        if TIMED:
-            t5 = _clock(tick)
-            ph4 += t5 - t4
-        acc0, acc1, acc2, acc3 = _pv_four(kv_smem, pt_smem, alpha_smem, buf, acc0, acc1, acc2, acc3, 0, D_HALF, COL)
-        mbarrier.arrive(kv_free.index(buf), count=1)  # this warpgroup is done with the buffer
-        if TIMED:
-            ph5 += _clock(tick) - t5
-    if TIMED:
-        g_loop = _globaltimer(tick)
-        _store_phases(TIMES, pid_s, 0, tick, (ph0, ph1, ph2, ph3, ph4, ph5), t_loop, n_iter, WARPS)
-
-    l_w = _warp_keys_sum(l_i)
-    mbarrier.wait(p_free, (n_iter & 1) ^ 1)  # the worker has read the last factors
-    ml_smem.index(0).store(m_i)
-    ml_smem.index(1).store(l_w)
-    gl.thread_barrier()
-    mbarrier.arrive(l_ready, count=1)
-    o, lse = _merge_four(acc0, acc1, acc2, acc3, ml_smem, COL)
-    rows_o = gl.arange(0, RN, layout=COL)
-    dims = gl.arange(0, D_HALF, layout=gl.SliceLayout(1, S_L))
-    gl.store(O_PART + (pid_s.to(gl.int64) * part_stride + rows_o)[None, :] * (2 * D_HALF) + dims[:, None],
-             o.to(O_PART.dtype.element_ty), mask=(rows_o < n_rows)[None, :])
-    gl.store(LSE_PART + pid_s.to(gl.int64) * part_stride + rows_o, lse, mask=rows_o < n_rows)
-    if TIMED:
-        _stamp(TIMES, pid_s, 9, tick, g_start, WARPS)
-        _stamp(TIMES, pid_s, 10, tick, g_first, WARPS)
-        _stamp(TIMES, pid_s, 11, tick, g_loop, WARPS)
-        _stamp(TIMES, pid_s, 12, tick, _globaltimer(tick), WARPS)
-        _stamp(TIMES, pid_s, 13, tick, gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [tick], dtype=gl.int32,
-                                                                 is_pure=False, pack=1).to(gl.int64), WARPS)
-
-
-@gluon.jit
-def _swapw_pv_loader_partition(kv_smem, pe_smem, pt_smem, alpha_smem, ml_smem, kv_ready, kv_free, p_ready, p_free,
-                               l_ready, KV, TOKEN_TABLE, DRAFT_TABLE, O_PART, n_prefix, n_rows, part_stride, start,
-                               end, n_iter, pid_s, stride_kv,
-                               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, RN: gl.constexpr, D_NOPE: gl.constexpr,
-                               D_PE: gl.constexpr, D_HALF: gl.constexpr, WARPS: gl.constexpr, RAGGED: gl.constexpr,
-                               TIMES=None, TIMED: gl.constexpr = False):
-    """``_swap_pv_loader_partition`` with four accumulators (the warps' keys on their own): the copies as before, O^T's
-    second half per warp's k-step, merged after the loop with warpgroup 0's maxima and sums."""
-    LD: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [WARPS, 1], [1, 0])
-    LD_PE: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
-    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, RN, 16])
-    COL_O: gl.constexpr = gl.SliceLayout(0, S_L)
-
-    nx_slot, nx_slot_pe = _issue_first_tiles(KV, kv_smem, pe_smem, kv_ready, TOKEN_TABLE, DRAFT_TABLE, n_prefix, start,
-                                             end, stride_kv, BLOCK_N, STAGES, D_NOPE, D_PE, LD, LD_PE, RAGGED)
-    acc0 = gl.zeros([D_HALF, RN], gl.float32, layout=S_L)
-    acc1 = acc0
-    acc2 = acc0
-    acc3 = acc0
-    if TIMED:  # phases: wait for P^T, P V, free P^T, wait for the buffer, the refill's copy
-        tick, q0, t_loop = _phase_counters(WARPS)
-        q1 = q0
-        q2 = q0
-        q3 = q0
-        q4 = q0
-    for it in range(0, n_iter):
-        buf = it % STAGES
-        if TIMED:
-            u0 = _clock(tick)
-        mbarrier.wait(p_ready, it & 1)
-        if TIMED:
-            u1 = _clock(tick)
-            q0 += u1 - u0
-        acc0, acc1, acc2, acc3 = _pv_four(kv_smem, pt_smem, alpha_smem, buf, acc0, acc1, acc2, acc3, D_HALF, D_HALF,
-                                          COL_O)
-        if TIMED:
-            u2 = _clock(tick)
-            q1 += u2 - u1
-        gl.thread_barrier()  # every thread's reads of P^T and the factors done
-        mbarrier.arrive(p_free, count=1)
-        if TIMED:
-            u3 = _clock(tick)
-            q2 += u3 - u2
-        if it + STAGES < n_iter:  # refill the buffer once warpgroup 0 is done with it too
-            pos0 = start + (it + STAGES) * BLOCK_N
-            mbarrier.wait(kv_free.index(buf), (it // STAGES) & 1)
-            if TIMED:
-                u4 = _clock(tick)
-                q3 += u4 - u3
-            nx_slot, nx_slot_pe = _refill(KV, kv_smem, pe_smem, kv_ready, buf, nx_slot, nx_slot_pe, TOKEN_TABLE,
-                                          DRAFT_TABLE, n_prefix, pos0, end, stride_kv, BLOCK_N, D_NOPE, D_PE, LD, LD_PE,
-                                          True, RAGGED)
-            if TIMED:
-                q4 += _clock(tick) - u4
-    if TIMED:
-        _store_phases(TIMES, pid_s, 1, tick, (q0, q1, q2, q3, q4), t_loop, n_iter, WARPS)
-    mbarrier.wait(l_ready, 0)
-    o, lse = _merge_four(acc0, acc1, acc2, acc3, ml_smem, COL_O)
-    rows_o = gl.arange(0, RN, layout=COL_O)
-    dims = D_HALF + gl.arange(0, D_HALF, layout=gl.SliceLayout(1, S_L))
-    gl.store(O_PART + (pid_s.to(gl.int64) * part_stride + rows_o)[None, :] * (2 * D_HALF) + dims[:, None],
-             o.to(O_PART.dtype.element_ty), mask=(rows_o < n_rows)[None, :])
-
-
-@gluon.jit
-def _swapw_partial_kernel(Q, KV, TOKEN_TABLE, MASK, O_PART, LSE_PART, TIMES,
-                          qk_scale, n_prefix, n_kv, n_draft, n_heads, n_rows, tokens_per_split, stride_kv, n_splits,
-                          BLOCK_N: gl.constexpr, STAGES: gl.constexpr, RN: gl.constexpr, D_NOPE: gl.constexpr,
-                          D_PE: gl.constexpr, D_HALF: gl.constexpr, num_warps: gl.constexpr,
-                          WORKER_REGS: gl.constexpr, TIMED: gl.constexpr = False):
-    """``_swap_partial_kernel`` with each warp's keys on their own (the section's note); TIMES unused unless TIMED."""
-    pid_s = gl.program_id(0)
-    if TIMED:  # the program's entry (gluon_ws.TIMELINE_SLOTS)
-        tick0 = gl.arange(0, 32 * num_warps, layout=gl.BlockedLayout([1], [32], [num_warps], [0]))
-        _stamp(TIMES, pid_s, 8, tick0, _globaltimer(tick0), num_warps)
-    (q_smem, qpe_smem, kv_smem, pe_smem, pt_smem, row_smem, kv_ready, kv_free, p_ready, p_free,
-     l_ready) = _swap_shared_state(Q.dtype.element_ty, BLOCK_N, STAGES, RN, D_NOPE, D_PE, num_warps)
-    PLAIN: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
-    alpha_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_N, RN], PLAIN)  # the factors of the last tile
-    ml_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_N, RN], PLAIN)  # the warps' maxima and sums, at the end
-    start, end, n_iter = split_bounds(pid_s, tokens_per_split, n_kv, n_splits, BLOCK_N)
-    gl.warp_specialize([
-        (_swapw_softmax_partition, (Q, q_smem, qpe_smem, kv_smem, pe_smem, pt_smem, alpha_smem, ml_smem, kv_ready,
-                                    kv_free, p_ready, p_free, l_ready, MASK, O_PART, LSE_PART, qk_scale, n_prefix,
-                                    n_draft, n_heads, n_rows, n_rows, start, end, n_iter, pid_s, BLOCK_N, STAGES, RN,
-                                    D_NOPE, D_PE, D_HALF, num_warps, TIMES, TIMED)),
-        (_swapw_pv_loader_partition, (kv_smem, pe_smem, pt_smem, alpha_smem, ml_smem, kv_ready, kv_free, p_ready,
-                                      p_free, l_ready, KV, TOKEN_TABLE, TOKEN_TABLE, O_PART, n_prefix, n_rows, n_rows,
-                                      start, end, n_iter, pid_s, stride_kv, BLOCK_N, STAGES, RN, D_NOPE, D_PE, D_HALF,
-                                      num_warps, False, TIMES, TIMED)),
-    ], [num_warps], [WORKER_REGS])
-
-
-# ---- session 12: a third partition that only copies (the producer), so P V never waits behind a refill's issue ----
-# Runs 43-44's phases: warpgroup 1 spends 1,400-2,100 cycles a tile issuing the refill's cp.async (longer with a
-# third buffer, when the copies queue at the memory system), and its next tile's P V, so warpgroup 0's next publish,
-# waits behind it. Here warpgroup 1 only does its half of P V, and warpgroup 2 (PRODUCER_REGS registers) only issues
-# copies, each as soon as both others have freed the buffer (kv_free counts two arrivals).
-PRODUCER_REGS = 88  # the copying warpgroup's registers (token-table rows a tile ahead and the copies' addresses)
-PV_REGS = 192  # warpgroup 1's: its half of O^T (16-32 registers at N 8-16) and P^T's reads
-
-
-@gluon.jit
-def _swap_pv_partition(kv_smem, pt_smem, row_smem, kv_free, p_ready, p_free, l_ready, O_PART, n_rows, part_stride,
-                       n_iter, pid_s, STAGES: gl.constexpr, RN: gl.constexpr, D_HALF: gl.constexpr,
-                       WARPS: gl.constexpr):
-    """Warpgroup 1 of the three-partition form: O^T's second half per tile, then the buffer released (one of
-    kv_free's two arrivals); its half of the partial at the end."""
-    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, RN, 16])
-    COL_O: gl.constexpr = gl.SliceLayout(0, S_L)
-    acc = gl.zeros([D_HALF, RN], gl.float32, layout=S_L)
-    for it in range(0, n_iter):
-        buf = it % STAGES
-        mbarrier.wait(p_ready, it & 1)
-        alpha = row_smem.load(COL_O)
-        acc = acc * alpha[None, :]
-        acc = warpgroup_mma(kv_smem.index(buf).slice(D_HALF, D_HALF, dim=1).permute((1, 0)), pt_smem, acc,
-                            is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        gl.thread_barrier()  # every thread's reads of P^T and the factors done
-        mbarrier.arrive(p_free, count=1)
-        mbarrier.arrive(kv_free.index(buf), count=1)
-    mbarrier.wait(l_ready, 0)
-    l_o = row_smem.load(COL_O)
-    o = acc / gl.where(l_o > 0, l_o, 1.0)[None, :]
-    rows_o = gl.arange(0, RN, layout=COL_O)
-    dims = D_HALF + gl.arange(0, D_HALF, layout=gl.SliceLayout(1, S_L))
-    gl.store(O_PART + (pid_s.to(gl.int64) * part_stride + rows_o)[None, :] * (2 * D_HALF) + dims[:, None],
-             o.to(O_PART.dtype.element_ty), mask=(rows_o < n_rows)[None, :])
-
-
-@gluon.jit
-def _swap_copy_partition(kv_smem, pe_smem, kv_ready, kv_free, KV, TOKEN_TABLE, DRAFT_TABLE, n_prefix, start, end,
-                         n_iter, stride_kv, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, D_NOPE: gl.constexpr,
-                         D_PE: gl.constexpr, WARPS: gl.constexpr, RAGGED: gl.constexpr):
-    """Warpgroup 2 of the three-partition form: the ring's first tiles, then each refill as soon as warpgroups 0 and
-    1 have both released the buffer (the pick's copies: token-table rows prefetched a tile ahead)."""
-    LD: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [WARPS, 1], [1, 0])
-    LD_PE: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
-    nx_slot, nx_slot_pe = _issue_first_tiles(KV, kv_smem, pe_smem, kv_ready, TOKEN_TABLE, DRAFT_TABLE, n_prefix, start,
-                                             end, stride_kv, BLOCK_N, STAGES, D_NOPE, D_PE, LD, LD_PE, RAGGED)
-    for it in range(0, n_iter - STAGES):
-        buf = it % STAGES
-        mbarrier.wait(kv_free.index(buf), (it // STAGES) & 1)
-        nx_slot, nx_slot_pe = _refill(KV, kv_smem, pe_smem, kv_ready, buf, nx_slot, nx_slot_pe, TOKEN_TABLE,
-                                      DRAFT_TABLE, n_prefix, start + (it + STAGES) * BLOCK_N, end, stride_kv, BLOCK_N,
-                                      D_NOPE, D_PE, LD, LD_PE, True, RAGGED)
-
-
-@gluon.jit
-def _swap3_partial_kernel(Q, KV, TOKEN_TABLE, MASK, O_PART, LSE_PART,
-                          qk_scale, n_prefix, n_kv, n_draft, n_heads, n_rows, tokens_per_split, stride_kv, n_splits,
-                          BLOCK_N: gl.constexpr, STAGES: gl.constexpr, RN: gl.constexpr, D_NOPE: gl.constexpr,
-                          D_PE: gl.constexpr, D_HALF: gl.constexpr, num_warps: gl.constexpr,
-                          PV_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
-    """``_swap_partial_kernel`` with the copies in a partition of their own (the section's note)."""
-    pid_s = gl.program_id(0)
-    (q_smem, qpe_smem, kv_smem, pe_smem, pt_smem, row_smem, kv_ready, kv_free, p_ready, p_free,
-     l_ready) = _swap_shared_state(Q.dtype.element_ty, BLOCK_N, STAGES, RN, D_NOPE, D_PE, num_warps, 2)
-    start, end, n_iter = split_bounds(pid_s, tokens_per_split, n_kv, n_splits, BLOCK_N)
-    gl.warp_specialize([
-        (_swap_softmax_partition, (Q, q_smem, qpe_smem, kv_smem, pe_smem, pt_smem, row_smem, kv_ready, kv_free,
-                                   p_ready, p_free, l_ready, MASK, O_PART, LSE_PART, qk_scale, n_prefix, n_draft,
-                                   n_heads, n_rows, n_rows, start, end, n_iter, pid_s, BLOCK_N, STAGES, RN, D_NOPE,
-                                   D_PE, D_HALF, num_warps)),
-        (_swap_pv_partition, (kv_smem, pt_smem, row_smem, kv_free, p_ready, p_free, l_ready, O_PART, n_rows, n_rows,
-                              n_iter, pid_s, STAGES, RN, D_HALF, num_warps)),
-        (_swap_copy_partition, (kv_smem, pe_smem, kv_ready, kv_free, KV, TOKEN_TABLE, TOKEN_TABLE, n_prefix, start,
-                                end, n_iter, stride_kv, BLOCK_N, STAGES, D_NOPE, D_PE, num_warps, False)),
-    ], [num_warps, num_warps], [PV_REGS, PRODUCER_REGS])
-
-
-def split_kv_gluon_swap(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 64, stages: int = 2,
-                        num_sms: int | None = None, pdl_merge: bool = True, merge_block_dv: int = 64,
-                        merge_one_pass: bool = True, merge_one_pass_max_splits: int = 512,
-                        fit_rows: bool = False, fit_stages: int = 0, late_sum: bool = False,
-                        warp_softmax: bool = False, producer: bool = False, smem_pad: int = 0,
-                        times: torch.Tensor | None = None) -> torch.Tensor:
-    """Split-KV verify attention with the rows as the wgmma's N (module doc) for up to ``SWAP_MAX_ROWS`` packed rows,
-    then triton_splitkv's merge (one pass, as a programmatic dependent launch by default: the pick's); writes ``out``.
-    ``fit_rows``: an N of 8 where the rows fit it (half the math of 16 at 1-8 rows), else 16; ``fit_stages``: the
-    ring's buffers with that N of 8 (0: ``stages``; 3 fits beside an 8-row Q, 692 B under the H200's limit, not beside
-    a 16-row one). ``late_sum``: the rows' sums kept per key lane, reduced once after the loop (``_softmax_t``).
-    ``warp_softmax``: each warp's keys a softmax of their own, four accumulators merged after the loop (session 12's
-    section above; its sums are late anyway). ``producer``: the copies in a third partition of their own (session 12's
-    section: warpgroup 1 only does its half of P V; not with ``times``, ``late_sum`` or ``warp_softmax``).
-    ``smem_pad``: bytes of shared memory more, unused (run 46's knob; the two-partition form only).
-    ``times`` (``gluon_ws.phase_buffer(inputs)``): the timed kernel writes each partition's loop phases in SM cycles
-    and warpgroup 0's timeline into it (``ws_phases``)."""
-    from specdiag.kernels.triton_splitkv import merge_partials, sm_count  # noqa: PLC0415
-
-    if fit_stages not in (0, 2, FIT_STAGES_MAX):
-        raise ValueError(f"fit_stages must be 0 (the arm's stages), 2 or {FIT_STAGES_MAX}; got {fit_stages}")
-    if smem_pad and (smem_pad < 512 or smem_pad & (smem_pad - 1)):
-        raise ValueError(f"smem_pad must be 0 or a power of two from 512 bytes; got {smem_pad}")
-    if smem_pad and (producer or warp_softmax):
-        raise ValueError("smem_pad belongs to the two-partition form: pass producer=False and warp_softmax=False "
-                         "with it")
-    if producer and (times is not None or late_sum or warp_softmax):
-        raise ValueError("split_kv_gluon_swap's producer form has no timed, late_sum or warp_softmax variant: pass "
-                         "producer=False with those")
-    check_gluon_inputs(inputs, "split_kv_gluon_swap")
+    check_gluon_inputs(inputs, caller)
     q, cache = inputs.q, inputs.cache
     T, H = inputs.draft_tokens, inputs.heads
     rows, n_kv = T * H, inputs.n_kv
     if rows > SWAP_MAX_ROWS:
-        raise ValueError(f"split_kv_gluon_swap holds every row in one tile of {SWAP_MAX_ROWS}; this call has {rows} "
+        raise ValueError(f"{caller} holds every row in one tile of {SWAP_MAX_ROWS}; this call has {rows} "
                          "(heads x draft tokens): use gluon_ws.split_kv_gluon_ws")
-    rn = FIT_ROWS if fit_rows and rows <= FIT_ROWS else SWAP_MAX_ROWS
-    n_stages = fit_stages if rn == FIT_ROWS and fit_stages else stages
     cfg = replace(gluon_config(block_n, stages), merge_block_dv=merge_block_dv, merge_one_pass=merge_one_pass,
                   merge_one_pass_max_splits=merge_one_pass_max_splits)
     plan = plan_splits(rows, n_kv, cfg, num_sms or sm_count(q.device.index or 0))
@@ -759,41 +362,66 @@ def split_kv_gluon_swap(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 
     args = (q, cache, inputs.token_table, inputs.mask_u8, o_part, lse_part, lse_part if times is None else times,
             inputs.sm_scale * LOG2E, inputs.n_prefix, n_kv, T, H, rows, plan.tokens_per_split, cache.stride(0),
             plan.n_splits)
-    const = dict(BLOCK_N=block_n, STAGES=n_stages, RN=rn, D_NOPE=D_NOPE, D_PE=D_PE, D_HALF=D_HALF,
-                 num_warps=WS_PARTITION_WARPS, WORKER_REGS=WS_WORKER_REGS, TIMED=times is not None)
-    if producer:
-        const.pop("TIMED")
-        _swap3_partial_kernel[(plan.n_splits,)](*args[:6], *args[7:], PV_REGS=PV_REGS, PRODUCER_REGS=PRODUCER_REGS,
-                                                **{k: v for k, v in const.items() if k != "WORKER_REGS"})
-    elif warp_softmax:
-        _swapw_partial_kernel[(plan.n_splits,)](*args, **const)
-    else:
-        _swap_partial_kernel[(plan.n_splits,)](*args, LATE_SUM=late_sum, SMEM_PAD=smem_pad, **const)
-    merge_partials(o_part, lse_part, out.view(rows, D_V), cfg, pdl=pdl_merge)
-    return out
+    rn = FIT_ROWS if fit_rows and rows <= FIT_ROWS else SWAP_MAX_ROWS
+    const = dict(BLOCK_N=block_n, STAGES=stages, RN=rn, D_NOPE=D_NOPE, D_PE=D_PE, D_HALF=D_HALF,
+                 num_warps=WS_PARTITION_WARPS)
+    return SwapLaunch(rn, rows, cfg, plan, o_part, lse_part, args, const)
 
 
-def compile_sm90(block_n: int = 64, stages: int = 2, dtype: str = "bf16", rn: int = SWAP_MAX_ROWS,
-                 timed: bool = False, late_sum: bool = False, warp_softmax: bool = False,
-                 producer: bool = False, smem_pad: int = 0) -> "triton.compiler.CompiledKernel":
-    """The partial kernel compiled ahead of time for sm_90 (no GPU needed), for the CPU tests."""
-    from triton.backends.compiler import GPUTarget  # noqa: PLC0415
-    from triton.experimental.gluon._runtime import GluonASTSource  # noqa: PLC0415
+def split_kv_gluon_swap(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 64, stages: int = 2,
+                        num_sms: int | None = None, pdl_merge: bool = True, merge_block_dv: int = 64,
+                        merge_one_pass: bool = True, merge_one_pass_max_splits: int = 512,
+                        fit_rows: bool = False, fit_stages: int = 0, late_sum: bool = False, smem_pad: int = 0,
+                        times: torch.Tensor | None = None) -> torch.Tensor:
+    """Split-KV verify attention with the rows as the wgmma's N (module doc) for up to ``SWAP_MAX_ROWS`` packed rows,
+    then triton_splitkv's merge (one pass, as a programmatic dependent launch by default: the pick's); writes ``out``.
+    ``fit_rows``: an N of 8 where the rows fit it (half the math of 16 at 1-8 rows), else 16; ``fit_stages``: the
+    ring's buffers with that N of 8 (0: ``stages``; 3 fits beside an 8-row Q, 692 B under the H200's limit, not beside
+    a 16-row one). ``late_sum``: the rows' sums kept per key lane, reduced once after the loop (``_softmax_t``).
+    ``smem_pad``: bytes of shared memory more, unused (run 46's knob). ``times`` (``gluon_ws.phase_buffer(inputs)``):
+    the timed kernel writes each partition's loop phases in SM cycles and warpgroup 0's timeline into it
+    (``ws_phases``)."""
+    if fit_stages not in (0, 2, FIT_STAGES_MAX):
+        raise ValueError(f"fit_stages must be 0 (the arm's stages), 2 or {FIT_STAGES_MAX}; got {fit_stages}")
+    if smem_pad and (smem_pad < 512 or smem_pad & (smem_pad - 1)):
+        raise ValueError(f"smem_pad must be 0 or a power of two from 512 bytes; got {smem_pad}")
+    launch = swap_launch(inputs, "split_kv_gluon_swap", block_n, stages, num_sms, merge_block_dv, merge_one_pass,
+                         merge_one_pass_max_splits, fit_rows, times)
+    const = {**launch.const, "STAGES": fit_stages if launch.rn == FIT_ROWS and fit_stages else stages}
+    _swap_partial_kernel[(launch.plan.n_splits,)](*launch.args, WORKER_REGS=WS_WORKER_REGS, TIMED=times is not None,
+                                                  LATE_SUM=late_sum, SMEM_PAD=smem_pad, **const)
+    return launch.merge(out, pdl_merge)
 
+
+def compile_signature(dtype: str, timed: bool, block_n: int, stages: int, rn: int) -> tuple[dict, dict]:
+    """The rows-as-N partial kernels' signature (TIMES int64 when ``timed``) and shared constexprs, for compiling them
+    ahead of time for sm_90 (``compile_sm90`` here and in gluon_ws_swap_alt)."""
     sig = {"Q": f"*{dtype}", "KV": f"*{dtype}", "TOKEN_TABLE": "*i64", "MASK": "*u8", "O_PART": "*fp32",
            "LSE_PART": "*fp32", "TIMES": "*i64" if timed else "*fp32", "qk_scale": "fp32", "n_prefix": "i32",
            "n_kv": "i32", "n_draft": "i32", "n_heads": "i32", "n_rows": "i32", "tokens_per_split": "i32",
            "stride_kv": "i32", "n_splits": "i32"}
-    const = {"BLOCK_N": block_n, "STAGES": stages, "RN": rn, "D_NOPE": D_NOPE, "D_PE": D_PE,
-             "D_HALF": D_HALF, "num_warps": WS_PARTITION_WARPS, "WORKER_REGS": WS_WORKER_REGS, "TIMED": timed}
-    if producer:  # no TIMES parameter, no timed form; the two workers' registers
-        del sig["TIMES"], const["TIMED"], const["WORKER_REGS"]
-        const.update(PV_REGS=PV_REGS, PRODUCER_REGS=PRODUCER_REGS)
-    elif not warp_softmax:
-        const.update(LATE_SUM=late_sum, SMEM_PAD=smem_pad)
-    sig.update({k: "constexpr" for k in const})
+    const = {"BLOCK_N": block_n, "STAGES": stages, "RN": rn, "D_NOPE": D_NOPE, "D_PE": D_PE, "D_HALF": D_HALF,
+             "num_warps": WS_PARTITION_WARPS}
+    return sig, const
+
+
+def compile_kernel(kernel: Any, sig: dict, const: dict) -> "triton.compiler.CompiledKernel":
+    """``kernel`` compiled for sm_90 with ``sig`` (constexprs from ``const``; the pointers and the KV stride marked
+    divisible by 16, as at run time)."""
+    from triton.backends.compiler import GPUTarget  # noqa: PLC0415
+    from triton.experimental.gluon._runtime import GluonASTSource  # noqa: PLC0415
+
+    sig = {**sig, **{k: "constexpr" for k in const}}
     attrs = {(i,): [["tt.divisibility", 16]] for i, k in enumerate(sig)
              if k in ("Q", "KV", "TOKEN_TABLE", "O_PART", "LSE_PART", "TIMES", "stride_kv")}
-    kernel = _swap3_partial_kernel if producer else _swapw_partial_kernel if warp_softmax else _swap_partial_kernel
     return triton.compile(GluonASTSource(kernel, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": WS_PARTITION_WARPS})
+
+
+def compile_sm90(block_n: int = 64, stages: int = 2, dtype: str = "bf16", rn: int = SWAP_MAX_ROWS,
+                 timed: bool = False, late_sum: bool = False,
+                 smem_pad: int = 0) -> "triton.compiler.CompiledKernel":
+    """The partial kernel compiled ahead of time for sm_90 (no GPU needed), for the CPU tests."""
+    sig, const = compile_signature(dtype, timed, block_n, stages, rn)
+    const.update(WORKER_REGS=WS_WORKER_REGS, TIMED=timed, LATE_SUM=late_sum, SMEM_PAD=smem_pad)
+    return compile_kernel(_swap_partial_kernel, sig, const)

@@ -107,10 +107,9 @@ def parse_cases(text: str) -> list[VerifyShape]:
 
 def measure_case(shape: VerifyShape, variant_name: str, device: torch.device, n_runs: int) -> list[dict[str, Any]]:
     """The variant untimed and timed on one case (event times), and the timed call's phases per partition."""
-    from specdiag.kernels.dispatch import (gluon_swap_kwargs, gluon_ws_kwargs, resolve_config,  # noqa: PLC0415
+    from specdiag.kernels.dispatch import (gluon_swap_call, gluon_ws_kwargs, resolve_config,  # noqa: PLC0415
                                            runs_gluon_swap, variant)
     from specdiag.kernels.gluon_ws import PHASES, TIMELINE_SLOTS, phase_buffer, split_kv_gluon_ws  # noqa: PLC0415
-    from specdiag.kernels.gluon_ws_swap import split_kv_gluon_swap  # noqa: PLC0415
     from specdiag.kernels.timing import summarize_ms, time_calls  # noqa: PLC0415
 
     v = variant(variant_name)
@@ -123,10 +122,8 @@ def measure_case(shape: VerifyShape, variant_name: str, device: torch.device, n_
     out = x.out_like()
     # the arm's own call, its merge included (the profile's merge and gap are the arm's): the rows-as-N kernel where
     # the arm runs it at these rows (gluon_ws_swap, timed the same way), else gluon_ws's
-    if runs_gluon_swap(v, rows):
-        kernel, kw = split_kv_gluon_swap, gluon_swap_kwargs(v, cfg)
-    else:
-        kernel, kw = split_kv_gluon_ws, gluon_ws_kwargs(v, cfg, rows)
+    swap = runs_gluon_swap(v, rows)
+    kernel, kw = gluon_swap_call(v, cfg) if swap else (split_kv_gluon_ws, gluon_ws_kwargs(v, cfg, rows))
     times = phase_buffer(x, cfg.block_n, cfg.num_stages)
     untimed = summarize_ms(time_calls([lambda: kernel(x, out, **kw)], n_runs=n_runs, device=device))
     timed = summarize_ms(time_calls([lambda: kernel(x, out, times=times, **kw)], n_runs=n_runs, device=device))
@@ -134,7 +131,7 @@ def measure_case(shape: VerifyShape, variant_name: str, device: torch.device, n_
     from specdiag.kernels.anatomy import profiled_kernel_us  # noqa: PLC0415
 
     prof = profiled_kernel_us([lambda: kernel(x, out, **kw)], 10, device)
-    form = "rows_as_n" if kernel is split_kv_gluon_swap else "row_major"
+    form = "rows_as_n" if swap else "row_major"
     base = {"context_tokens": shape.context_tokens, "heads": shape.heads, "draft_tokens": shape.draft_tokens,
             "layout": shape.layout, "kernel": variant_name, "kernel_form": form, "untimed_us": untimed["ms_median"] * 1e3,
             "timed_us": timed["ms_median"] * 1e3, "ts_unix_s": time.time(), "error": None, **prof}
