@@ -329,9 +329,14 @@ def test_session12_swap_arms_match_reference_and_time_their_phases(shape: Verify
         assert (np.diff(stamps, axis=1) >= 0).all() and (stamps[:, 0] > 0).all(), kw
 
 
-@pytest.mark.parametrize("shape", [VerifyShape(131072, 8, 1, "shuffled_p1"), VerifyShape(65536, 16, 1, "shuffled_p1"),
-                                   VerifyShape(20000, 4, 2, "shuffled_p1"), VerifyShape(200, 8, 1, "shuffled_p1"),
-                                   VerifyShape(100, 5, 3, "shuffled_p1")],
+#: session 12's later arms' shapes: 8 and 16 rows at long contexts, a tree mask on two draft tokens, a context shorter
+#: than a split's minimum (programs without a tile), 15 rows (a padded column)
+SESSION12_SHAPES = [VerifyShape(131072, 8, 1, "shuffled_p1"), VerifyShape(65536, 16, 1, "shuffled_p1"),
+                    VerifyShape(20000, 4, 2, "shuffled_p1"), VerifyShape(200, 8, 1, "shuffled_p1"),
+                    VerifyShape(100, 5, 3, "shuffled_p1")]
+
+
+@pytest.mark.parametrize("shape", SESSION12_SHAPES,
                          ids=lambda s: f"s12p-P{s.context_tokens}-H{s.heads}-T{s.draft_tokens}-{s.layout}")
 def test_session12_producer_arms_match_reference(shape: VerifyShape) -> None:
     """The rows-as-N kernel with its copies in a third partition (split_gwsw8p_p1; split_gwsw8ps3_p1 with three ring
@@ -343,9 +348,7 @@ def test_session12_producer_arms_match_reference(shape: VerifyShape) -> None:
     _check_timed_calls_twice(shape, arms, seed=shape.context_tokens + 13)
 
 
-@pytest.mark.parametrize("shape", [VerifyShape(131072, 8, 1, "shuffled_p1"), VerifyShape(65536, 16, 1, "shuffled_p1"),
-                                   VerifyShape(20000, 4, 2, "shuffled_p1"), VerifyShape(200, 8, 1, "shuffled_p1"),
-                                   VerifyShape(100, 5, 3, "shuffled_p1")],
+@pytest.mark.parametrize("shape", SESSION12_SHAPES,
                          ids=lambda s: f"s12l1-P{s.context_tokens}-H{s.heads}-T{s.draft_tokens}-{s.layout}")
 def test_session12_l1_share_arms_match_reference(shape: VerifyShape) -> None:
     """Run 46's arm with 32 KB of unused shared memory kept live (split_gwsw8pad_p1); 8 and 16 rows, a tree mask, a

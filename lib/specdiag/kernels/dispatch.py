@@ -34,7 +34,7 @@ exercise the same code paths around them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional
 
 import torch
@@ -118,6 +118,20 @@ class KernelVariant:
 #: run 38: warpgroup 0's early load of Q paid on every case of up to 64 packed rows (0.968-0.992 of the pick) and lost
 #: from 256 (1.009-1.014), where several row tiles each load their Q
 EARLY_Q_MAX_ROWS = 64
+
+#: the suite's pick since run 41 (split_gwsw8_p1): gluon_ws's warp-specialized kernel with its prefetched token-table
+#: rows, draft branch, folded scale, 64-dim PDL merge by rows and early Q up to 64 rows, and up to 16 rows the rows as
+#: the wgmma's N (gluon_ws_swap), an N of 8 up to 8 rows
+_PICK = KernelVariant("split_gwsw8_p1", "split_kv", 1, impl="gluon_ws", gluon_tile=(64, 2), gluon_prefetch=True,
+                      gluon_draft_branch=True, gluon_fold=True, gluon_merge_block_dv=64, gluon_merge_by_rows=True,
+                      gluon_pdl_merge=True, gluon_early_q=True, gluon_early_q_max_rows=EARLY_Q_MAX_ROWS,
+                      gluon_swap_max_rows=16, gluon_swap_fit_rows=True)
+
+
+def _pick_with(name: str, **fields: Any) -> KernelVariant:
+    """The pick (``_PICK``) named ``name`` with ``fields`` changed: session 12's arms, each one change from it."""
+    return replace(_PICK, name=name, **fields)
+
 
 KERNEL_VARIANTS: dict[str, KernelVariant] = {
     "baseline_p1": KernelVariant("baseline_p1", "baseline", 1),
@@ -285,57 +299,23 @@ KERNEL_VARIANTS: dict[str, KernelVariant] = {
                                    gluon_early_q=True, gluon_early_q_max_rows=EARLY_Q_MAX_ROWS,
                                    gluon_swap_max_rows=16),
     # run 41: split_gwsw_p1 with an N of 8 up to 8 rows (run 40: the 8-row cases gained more than the 16-row ones)
-    "split_gwsw8_p1": KernelVariant("split_gwsw8_p1", "split_kv", 1, impl="gluon_ws", gluon_tile=(64, 2),
-                                    gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True,
-                                    gluon_merge_block_dv=64, gluon_merge_by_rows=True, gluon_pdl_merge=True,
-                                    gluon_early_q=True, gluon_early_q_max_rows=EARLY_Q_MAX_ROWS,
-                                    gluon_swap_max_rows=16, gluon_swap_fit_rows=True),
-    # session 12: split_gwsw8_p1 with three ring buffers beside the 8-row Q (s3), the rows' sums reduced once after
-    # the loop (l), and both
-    "split_gwsw8s3_p1": KernelVariant("split_gwsw8s3_p1", "split_kv", 1, impl="gluon_ws", gluon_tile=(64, 2),
-                                      gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True,
-                                      gluon_merge_block_dv=64, gluon_merge_by_rows=True, gluon_pdl_merge=True,
-                                      gluon_early_q=True, gluon_early_q_max_rows=EARLY_Q_MAX_ROWS,
-                                      gluon_swap_max_rows=16, gluon_swap_fit_rows=True, gluon_swap_fit_stages=3),
-    "split_gwsw8l_p1": KernelVariant("split_gwsw8l_p1", "split_kv", 1, impl="gluon_ws", gluon_tile=(64, 2),
-                                     gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True,
-                                     gluon_merge_block_dv=64, gluon_merge_by_rows=True, gluon_pdl_merge=True,
-                                     gluon_early_q=True, gluon_early_q_max_rows=EARLY_Q_MAX_ROWS,
-                                     gluon_swap_max_rows=16, gluon_swap_fit_rows=True, gluon_swap_late_sum=True),
-    "split_gwsw8s3l_p1": KernelVariant("split_gwsw8s3l_p1", "split_kv", 1, impl="gluon_ws", gluon_tile=(64, 2),
-                                       gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True,
-                                       gluon_merge_block_dv=64, gluon_merge_by_rows=True, gluon_pdl_merge=True,
-                                       gluon_early_q=True, gluon_early_q_max_rows=EARLY_Q_MAX_ROWS,
-                                       gluon_swap_max_rows=16, gluon_swap_fit_rows=True, gluon_swap_fit_stages=3,
-                                       gluon_swap_late_sum=True),
-    # session 12 (after run 43): split_gwsw8_p1 with each warp's keys a softmax of their own (no reduction across the
+    "split_gwsw8_p1": _PICK,
+    # session 12: the pick with three ring buffers beside the 8-row Q (s3), the rows' sums reduced once after the loop
+    # (l), and both (runs 43-44)
+    "split_gwsw8s3_p1": _pick_with("split_gwsw8s3_p1", gluon_swap_fit_stages=3),
+    "split_gwsw8l_p1": _pick_with("split_gwsw8l_p1", gluon_swap_late_sum=True),
+    "split_gwsw8s3l_p1": _pick_with("split_gwsw8s3l_p1", gluon_swap_fit_stages=3, gluon_swap_late_sum=True),
+    # session 12 (run 44): each warp's keys a softmax of their own (gluon_ws_swap_alt: no reduction across the
     # warpgroup's warps per tile; four accumulators per warpgroup merged after the loop)
-    "split_gwsw8w_p1": KernelVariant("split_gwsw8w_p1", "split_kv", 1, impl="gluon_ws", gluon_tile=(64, 2),
-                                     gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True,
-                                     gluon_merge_block_dv=64, gluon_merge_by_rows=True, gluon_pdl_merge=True,
-                                     gluon_early_q=True, gluon_early_q_max_rows=EARLY_Q_MAX_ROWS,
-                                     gluon_swap_max_rows=16, gluon_swap_fit_rows=True, gluon_swap_warp_softmax=True),
-    # session 12 (after run 44): split_gwsw8_p1 with the copies in a third partition of their own (p), and with three
-    # ring buffers beside an 8-row Q as well (ps3)
-    "split_gwsw8p_p1": KernelVariant("split_gwsw8p_p1", "split_kv", 1, impl="gluon_ws", gluon_tile=(64, 2),
-                                     gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True,
-                                     gluon_merge_block_dv=64, gluon_merge_by_rows=True, gluon_pdl_merge=True,
-                                     gluon_early_q=True, gluon_early_q_max_rows=EARLY_Q_MAX_ROWS,
-                                     gluon_swap_max_rows=16, gluon_swap_fit_rows=True, gluon_swap_producer=True),
-    "split_gwsw8ps3_p1": KernelVariant("split_gwsw8ps3_p1", "split_kv", 1, impl="gluon_ws", gluon_tile=(64, 2),
-                                       gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True,
-                                       gluon_merge_block_dv=64, gluon_merge_by_rows=True, gluon_pdl_merge=True,
-                                       gluon_early_q=True, gluon_early_q_max_rows=EARLY_Q_MAX_ROWS,
-                                       gluon_swap_max_rows=16, gluon_swap_fit_rows=True, gluon_swap_producer=True,
-                                       gluon_swap_fit_stages=3),
+    "split_gwsw8w_p1": _pick_with("split_gwsw8w_p1", gluon_swap_warp_softmax=True),
+    # session 12 (run 45): the copies in a third partition of their own (p; gluon_ws_swap_alt), and with three ring
+    # buffers beside an 8-row Q as well (ps3)
+    "split_gwsw8p_p1": _pick_with("split_gwsw8p_p1", gluon_swap_producer=True),
+    "split_gwsw8ps3_p1": _pick_with("split_gwsw8ps3_p1", gluon_swap_producer=True, gluon_swap_fit_stages=3),
     # session 12 (run 46): does the L1 cache's share of the SM matter? 32 KB of unused shared memory (the 8-row kernel
     # over the 164 KB carveout step, the 16-row one over 196 KB); run 46's split_gwsw8pt_p1 (P^T in the tile's rope
     # part) crashed at 16 rows and was removed (docs/kernel-notes.md, "Run 46 outcome")
-    "split_gwsw8pad_p1": KernelVariant("split_gwsw8pad_p1", "split_kv", 1, impl="gluon_ws", gluon_tile=(64, 2),
-                                       gluon_prefetch=True, gluon_draft_branch=True, gluon_fold=True,
-                                       gluon_merge_block_dv=64, gluon_merge_by_rows=True, gluon_pdl_merge=True,
-                                       gluon_early_q=True, gluon_early_q_max_rows=EARLY_Q_MAX_ROWS,
-                                       gluon_swap_max_rows=16, gluon_swap_fit_rows=True, gluon_swap_smem_pad=32768),
+    "split_gwsw8pad_p1": _pick_with("split_gwsw8pad_p1", gluon_swap_smem_pad=32768),
     # run 42: the plugin's Gluon kernel with the rows as the wgmma's N up to 16 rows (what the plugin serves since)
     "ragged_gwsw_p1": KernelVariant("ragged_gwsw_p1", "ragged_split_kv", 1, impl="gluon_ws", overrides=(("pdl", True),),
                                     gluon_swap_max_rows=16, gluon_swap_fit_rows=True),

@@ -188,6 +188,18 @@ def _stamp(TIMES, prog, slot: gl.constexpr, tick, value, WARPS: gl.constexpr):
 
 
 @gluon.jit
+def _stamp_timeline(TIMES, prog, tick, g_start, g_first, g_loop, g_done, WARPS: gl.constexpr):
+    """Warpgroup 0's timeline into slots 9-13 of ``TIMES[prog]`` (``TIMELINE_SLOTS``): its start, its first tile, its
+    loop's end, ``g_done`` (read by the caller once its partial is stored) and its SM."""
+    _stamp(TIMES, prog, 9, tick, g_start, WARPS)
+    _stamp(TIMES, prog, 10, tick, g_first, WARPS)
+    _stamp(TIMES, prog, 11, tick, g_loop, WARPS)
+    _stamp(TIMES, prog, 12, tick, g_done, WARPS)
+    _stamp(TIMES, prog, 13, tick, gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [tick], dtype=gl.int32,
+                                                            is_pure=False, pack=1).to(gl.int64), WARPS)
+
+
+@gluon.jit
 def _store_phases(TIMES, prog, part: gl.constexpr, tick, phases, t_loop, n_iter, WARPS: gl.constexpr):
     """A timed partition's sums into ``TIMES[prog, part]``: slots 0.. the phases, 6 the loop's cycles, 7 the tiles
     (``phase_buffer``'s layout; one value per thread)."""
@@ -395,14 +407,7 @@ def _softmax_partition(q_smem, qpe_smem, kv_smem, pe_smem, p_smem, row_smem, kv_
     gl.store(LSE_PART + pid_s.to(gl.int64) * part_stride + rows_s, lse, mask=rows_s < n_rows)
     if TIMED:
         if not OVERLAP:
-            g_done = _globaltimer(tick)
-            _stamp(TIMES, prog, 9, tick, g_start, WARPS)
-            _stamp(TIMES, prog, 10, tick, g_first, WARPS)
-            _stamp(TIMES, prog, 11, tick, g_loop, WARPS)
-            _stamp(TIMES, prog, 12, tick, g_done, WARPS)
-            _stamp(TIMES, prog, 13, tick, gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [tick],
-                                                                    dtype=gl.int32, is_pure=False,
-                                                                    pack=1).to(gl.int64), WARPS)
+            _stamp_timeline(TIMES, prog, tick, g_start, g_first, g_loop, _globaltimer(tick), WARPS)
 
 
 @gluon.jit

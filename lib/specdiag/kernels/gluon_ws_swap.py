@@ -36,10 +36,10 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from specdiag.kernels.gluon_splitkv import check_gluon_inputs, load_q_cols
+from specdiag.kernels.gluon_splitkv import check_gluon_inputs, store_q
 from specdiag.kernels.gluon_ws import (LOG2E, PHASE_SLOTS, WS_PARTITION_WARPS, WS_WORKER_REGS, _clock, _globaltimer,
-                                       _issue_first_tiles, _phase_counters, _refill, _stamp, _store_phases, _wait_tile,
-                                       split_bounds, ws_barriers)
+                                       _issue_first_tiles, _phase_counters, _refill, _stamp, _stamp_timeline,
+                                       _store_phases, _wait_tile, split_bounds, ws_barriers)
 from specdiag.kernels.mla import D_NOPE, D_PE, D_V, VerifyInputs
 from specdiag.kernels.splitkv_plan import SplitKVConfig, SplitPlan, gluon_config, plan_splits
 
@@ -99,13 +99,7 @@ def _swap_softmax_partition(Q, q_smem, qpe_smem, kv_smem, pe_smem, pt_smem, row_
     into ``TIMES[pid_s, 0]`` (gluon_ws.PHASES' names) and stamps the program's timeline (gluon_ws.TIMELINE_SLOTS);
     LATE_SUM: ``_softmax_t``'s per-lane sums."""
     dtype: gl.constexpr = pt_smem.dtype
-    LDQ: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [WARPS, 1], [1, 0])
-    LDQ_PE: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
-    for c in gl.static_range(D_NOPE // 128):
-        q_smem.slice(c * 128, 128, dim=1).store(load_q_cols(Q, 0, n_rows, c * 128, RN, 128, D_NOPE + D_PE, LDQ))
-    qpe_smem.store(load_q_cols(Q, 0, n_rows, D_NOPE, RN, D_PE, D_NOPE + D_PE, LDQ_PE))
-    fence_async_shared()
-    gl.thread_barrier()
+    store_q(Q, q_smem, qpe_smem, 0, n_rows, RN, D_NOPE, D_PE, WARPS)
 
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, RN, 16])
     COL: gl.constexpr = gl.SliceLayout(0, S_L)  # one per row; O^T's accumulator has S^T's layout too (N = RN)
@@ -183,12 +177,7 @@ def _swap_softmax_partition(Q, q_smem, qpe_smem, kv_smem, pe_smem, pt_smem, row_
     lse = gl.where(l_i > 0, m_i + gl.log2(gl.where(l_i > 0, l_i, 1.0)), float("-inf"))
     gl.store(LSE_PART + pid_s.to(gl.int64) * part_stride + rows, lse, mask=rows < n_rows)
     if TIMED:
-        _stamp(TIMES, pid_s, 9, tick, g_start, WARPS)
-        _stamp(TIMES, pid_s, 10, tick, g_first, WARPS)
-        _stamp(TIMES, pid_s, 11, tick, g_loop, WARPS)
-        _stamp(TIMES, pid_s, 12, tick, _globaltimer(tick), WARPS)
-        _stamp(TIMES, pid_s, 13, tick, gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [tick], dtype=gl.int32,
-                                                                 is_pure=False, pack=1).to(gl.int64), WARPS)
+        _stamp_timeline(TIMES, pid_s, tick, g_start, g_first, g_loop, _globaltimer(tick), WARPS)
 
 
 @gluon.jit

@@ -22,9 +22,9 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from specdiag.kernels.gluon_splitkv import load_q_cols
+from specdiag.kernels.gluon_splitkv import store_q
 from specdiag.kernels.gluon_ws import (WS_WORKER_REGS, _clock, _globaltimer, _issue_first_tiles, _phase_counters,
-                                       _refill, _stamp, _store_phases, _wait_tile, split_bounds)
+                                       _refill, _stamp, _stamp_timeline, _store_phases, _wait_tile, split_bounds)
 from specdiag.kernels.gluon_ws_swap import (_swap_shared_state, _swap_softmax_partition, compile_kernel,
                                             compile_signature, swap_launch)
 from specdiag.kernels.mla import VerifyInputs
@@ -175,13 +175,7 @@ def _swapw_softmax_partition(Q, q_smem, qpe_smem, kv_smem, pe_smem, pt_smem, alp
     warp's softmax, P^T and the [keys, rows] factors to the worker, O^T's first half into four accumulators; after
     the loop the warps' maxima and sums to shared memory for both warpgroups' merge of their four."""
     dtype: gl.constexpr = pt_smem.dtype
-    LDQ: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [WARPS, 1], [1, 0])
-    LDQ_PE: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
-    for c in gl.static_range(D_NOPE // 128):
-        q_smem.slice(c * 128, 128, dim=1).store(load_q_cols(Q, 0, n_rows, c * 128, RN, 128, D_NOPE + D_PE, LDQ))
-    qpe_smem.store(load_q_cols(Q, 0, n_rows, D_NOPE, RN, D_PE, D_NOPE + D_PE, LDQ_PE))
-    fence_async_shared()
-    gl.thread_barrier()
+    store_q(Q, q_smem, qpe_smem, 0, n_rows, RN, D_NOPE, D_PE, WARPS)
 
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, RN, 16])
     COL: gl.constexpr = gl.SliceLayout(0, S_L)
@@ -255,12 +249,7 @@ def _swapw_softmax_partition(Q, q_smem, qpe_smem, kv_smem, pe_smem, pt_smem, alp
              o.to(O_PART.dtype.element_ty), mask=(rows_o < n_rows)[None, :])
     gl.store(LSE_PART + pid_s.to(gl.int64) * part_stride + rows_o, lse, mask=rows_o < n_rows)
     if TIMED:
-        _stamp(TIMES, pid_s, 9, tick, g_start, WARPS)
-        _stamp(TIMES, pid_s, 10, tick, g_first, WARPS)
-        _stamp(TIMES, pid_s, 11, tick, g_loop, WARPS)
-        _stamp(TIMES, pid_s, 12, tick, _globaltimer(tick), WARPS)
-        _stamp(TIMES, pid_s, 13, tick, gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [tick], dtype=gl.int32,
-                                                                 is_pure=False, pack=1).to(gl.int64), WARPS)
+        _stamp_timeline(TIMES, pid_s, tick, g_start, g_first, g_loop, _globaltimer(tick), WARPS)
 
 
 @gluon.jit
