@@ -42,7 +42,6 @@ FORMS: tuple[str, ...] = ("warp_softmax", "producer")
 # once after the loop as a merge kernel merges splits. The register order the asm below relies on is the wgmma
 # accumulator's (Triton's MMAv3 layout): per thread and 8 columns, (r, 2c), (r, 2c + 1), (r + 8, 2c), (r + 8, 2c + 1),
 # r = lane / 4, c = lane % 4.
-WARP_KEYS = 16  # keys per warp in a tile of S^T (the wgmma's 16 rows per warp) and per P V k-step
 
 _WARP_MAX_ASM_TEXT = """{
 .reg .f32 a, b, t;
@@ -67,7 +66,8 @@ mov.b32 $3, b;
 }"""
 _WARP_MAX_ASM = gl.constexpr(_WARP_MAX_ASM_TEXT)
 _WARP_SUM_ASM = gl.constexpr(_WARP_MAX_ASM_TEXT.replace("max.f32", "add.f32"))
-WARP_KEYS_C = gl.constexpr(16)
+#: keys per warp in a tile of S^T (the wgmma's 16 rows per warp) and per P V k-step
+WARP_KEYS = gl.constexpr(16)
 
 
 @gluon.jit
@@ -125,17 +125,17 @@ def _pv_four(kv_smem, pt_smem, alpha_smem, buf, acc0, acc1, acc2, acc3, D0: gl.c
     kv = kv_smem.index(buf).slice(D0, D_HALF, dim=1)
     alpha_smem = _rows_view(alpha_smem)
     acc0 = acc0 * alpha_smem.index(0).load(COL)[None, :]
-    acc1 = acc1 * alpha_smem.index(WARP_KEYS_C).load(COL)[None, :]
-    acc2 = acc2 * alpha_smem.index(2 * WARP_KEYS_C).load(COL)[None, :]
-    acc3 = acc3 * alpha_smem.index(3 * WARP_KEYS_C).load(COL)[None, :]
-    acc0 = warpgroup_mma(kv.slice(0, WARP_KEYS_C, dim=0).permute((1, 0)), pt_smem.slice(0, WARP_KEYS_C, dim=0), acc0,
+    acc1 = acc1 * alpha_smem.index(WARP_KEYS).load(COL)[None, :]
+    acc2 = acc2 * alpha_smem.index(2 * WARP_KEYS).load(COL)[None, :]
+    acc3 = acc3 * alpha_smem.index(3 * WARP_KEYS).load(COL)[None, :]
+    acc0 = warpgroup_mma(kv.slice(0, WARP_KEYS, dim=0).permute((1, 0)), pt_smem.slice(0, WARP_KEYS, dim=0), acc0,
                          is_async=True)
-    acc1 = warpgroup_mma(kv.slice(WARP_KEYS_C, WARP_KEYS_C, dim=0).permute((1, 0)),
-                         pt_smem.slice(WARP_KEYS_C, WARP_KEYS_C, dim=0), acc1, is_async=True)
-    acc2 = warpgroup_mma(kv.slice(2 * WARP_KEYS_C, WARP_KEYS_C, dim=0).permute((1, 0)),
-                         pt_smem.slice(2 * WARP_KEYS_C, WARP_KEYS_C, dim=0), acc2, is_async=True)
-    acc3 = warpgroup_mma(kv.slice(3 * WARP_KEYS_C, WARP_KEYS_C, dim=0).permute((1, 0)),
-                         pt_smem.slice(3 * WARP_KEYS_C, WARP_KEYS_C, dim=0), acc3, is_async=True)
+    acc1 = warpgroup_mma(kv.slice(WARP_KEYS, WARP_KEYS, dim=0).permute((1, 0)),
+                         pt_smem.slice(WARP_KEYS, WARP_KEYS, dim=0), acc1, is_async=True)
+    acc2 = warpgroup_mma(kv.slice(2 * WARP_KEYS, WARP_KEYS, dim=0).permute((1, 0)),
+                         pt_smem.slice(2 * WARP_KEYS, WARP_KEYS, dim=0), acc2, is_async=True)
+    acc3 = warpgroup_mma(kv.slice(3 * WARP_KEYS, WARP_KEYS, dim=0).permute((1, 0)),
+                         pt_smem.slice(3 * WARP_KEYS, WARP_KEYS, dim=0), acc3, is_async=True)
     return warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1, acc2, acc3))
 
 
@@ -146,18 +146,18 @@ def _merge_four(acc0, acc1, acc2, acc3, ml_smem, COL: gl.constexpr):
     NK: gl.constexpr = ml_smem.shape[1]
     ml_smem = _rows_view(ml_smem)  # row k: the maxima at k, the sums at NK + k
     m0 = ml_smem.index(0).load(COL)
-    m1 = ml_smem.index(WARP_KEYS_C).load(COL)
-    m2 = ml_smem.index(2 * WARP_KEYS_C).load(COL)
-    m3 = ml_smem.index(3 * WARP_KEYS_C).load(COL)
+    m1 = ml_smem.index(WARP_KEYS).load(COL)
+    m2 = ml_smem.index(2 * WARP_KEYS).load(COL)
+    m3 = ml_smem.index(3 * WARP_KEYS).load(COL)
     m = gl.maximum(gl.maximum(m0, m1), gl.maximum(m2, m3))
     m_use = gl.where(m == float("-inf"), 0.0, m)
     f0 = gl.exp2(m0 - m_use)
     f1 = gl.exp2(m1 - m_use)
     f2 = gl.exp2(m2 - m_use)
     f3 = gl.exp2(m3 - m_use)
-    l_tot = (f0 * ml_smem.index(NK).load(COL) + f1 * ml_smem.index(NK + WARP_KEYS_C).load(COL)
-             + f2 * ml_smem.index(NK + 2 * WARP_KEYS_C).load(COL)
-             + f3 * ml_smem.index(NK + 3 * WARP_KEYS_C).load(COL))
+    l_tot = (f0 * ml_smem.index(NK).load(COL) + f1 * ml_smem.index(NK + WARP_KEYS).load(COL)
+             + f2 * ml_smem.index(NK + 2 * WARP_KEYS).load(COL)
+             + f3 * ml_smem.index(NK + 3 * WARP_KEYS).load(COL))
     l_safe = gl.where(l_tot > 0, l_tot, 1.0)
     o = (acc0 * f0[None, :] + acc1 * f1[None, :] + acc2 * f2[None, :] + acc3 * f3[None, :]) / l_safe[None, :]
     lse = gl.where(l_tot > 0, m + gl.log2(l_safe), float("-inf"))
