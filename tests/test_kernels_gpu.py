@@ -509,3 +509,91 @@ def test_anatomy_ws_read_rings_stream_every_tile_of_their_plans() -> None:
     for r in rows:
         assert r["error"] is None and r["correct"] and r["us_median"] > 0, r
     assert [(r["block_n"], r["stages"]) for r in rows if r["part"] != "pick_ws"] == [(64, 2), (64, 3), (32, 6), (16, 12)]
+
+
+#: session 13's fp8 rows-as-N shapes: 8 and 16 rows at long contexts, a tree mask on two draft tokens, a context
+#: shorter than a split's minimum (programs without a tile), 15 rows and 7 rows (padded columns)
+FP8_SHAPES = [VerifyShape(131072, 8, 1, "shuffled_p1"), VerifyShape(65536, 16, 1, "shuffled_p1"),
+              VerifyShape(20000, 4, 2, "shuffled_p1"), VerifyShape(200, 8, 1, "shuffled_p1"),
+              VerifyShape(100, 5, 3, "shuffled_p1"), VerifyShape(5000, 7, 1, "contiguous")]
+
+
+@pytest.mark.parametrize("shape", FP8_SHAPES, ids=lambda s: f"fp8-P{s.context_tokens}-H{s.heads}-T{s.draft_tokens}-{s.layout}")
+def test_fp8_rows_as_n_kernel_matches_reference(shape: VerifyShape) -> None:
+    """gluon_ws_fp8 (the pick's rows-as-N kernel on the fp8 cache): against the fp32 reference of the dequantized
+    cache within the bf16 kernels' 1e-2 and against the bf16 cache's within FP8_TOL, every row written, by run_variant
+    and by the timed call, twice each; every ring that fits the rows by the launcher itself, on fresh inputs."""
+    from specdiag.kernels.cases import FP8_TOL
+    from specdiag.kernels.dispatch import prepared_call
+    from specdiag.kernels.gluon_ws_fp8 import CONVERSIONS, FP8_RINGS, split_kv_gluon_fp8
+    from specdiag.kernels.mla import dequantized, with_fp8_cache
+
+    x = make_inputs(shape, device="cuda", seed=shape.context_tokens + 19)
+    ref16 = reference_verify(x)
+    x8 = with_fp8_cache(x)
+    ref8 = reference_verify(dequantized(x8))
+    for name in ("split_gwsw8_fp8_p1", "split_gwsw8_fp8r13_p1", "split_gwsw8_fp8d_p1", "split_gwsw8_fp8d2_p1",
+                 "split_gwsw8_fp8i_p1", "split_gwsw8_fp8di_p1", "split_gwsw8_fp8w_p1", "split_gwsw8_fp8dw_p1",
+                 "split_gwsw8_fp8p_p1"):
+        for attempt in range(2):
+            res = check_once(name, x8, ref8, None, tol=1e-2)
+            assert res["unwritten"] == 0 and res["rel_err"] <= 1e-2, f"{name} call {attempt}: {res}"
+            vs16 = check_once(name, x8, ref16, None, tol=FP8_TOL)
+            assert vs16["correct"], f"{name} vs the bf16 cache's reference: {vs16}"
+        out = x.out_like()
+        call = prepared_call(name, x8, out)
+        for _ in range(2):
+            out.fill_(float("nan"))
+            call()
+            torch.cuda.synchronize()
+            assert not out.isnan().any() and (out.float() - ref8).norm() / ref8.norm() <= 1e-2, name
+    rows = shape.heads * shape.draft_tokens
+    for ring, spec in FP8_RINGS.items():
+        if rows > spec.max_rows:  # its shared memory fits only a smaller N
+            with pytest.raises(ValueError, match="fits sm_90's shared memory only"):
+                split_kv_gluon_fp8(x8, x.out_like(), rings=ring)
+            continue
+        y8 = with_fp8_cache(make_inputs(shape, device="cuda", seed=shape.context_tokens + 23))
+        r = reference_verify(dequantized(y8))
+        outs = {}
+        for conversion in CONVERSIONS:
+            out = y8.out_like().fill_(float("nan"))
+            split_kv_gluon_fp8(y8, out, rings=ring, conversion=conversion)
+            assert not out.isnan().any() and (out.float() - r).norm() / r.norm() <= 1e-2, (ring, conversion)
+            outs[conversion] = out
+        assert torch.equal(outs["cvt"], outs["int"]), ring  # the two conversions give the same fp16 values
+        if spec.max_rows < 16:  # the warp softmax's 12 KB do not fit beside these rings
+            with pytest.raises(ValueError, match="warp softmax"):
+                split_kv_gluon_fp8(y8, y8.out_like(), rings=ring, softmax="warp")
+        elif spec.s8 == 0 and rows > 8:  # nor its accumulators in the direct form's registers at 16 rows
+            with pytest.raises(ValueError, match="at most 8 rows"):
+                split_kv_gluon_fp8(y8, y8.out_like(), rings=ring, softmax="warp")
+
+
+def test_fp8_rows_as_n_kernel_refuses_more_rows_and_the_harness_says_so(tmp_path) -> None:
+    """Past 16 rows the fp8 rows-as-N arm refuses before any launch, and the harness records a skipped row with the
+    reason where the bf16 pick measures the case."""
+    from specdiag.kernels.dispatch import run_variant
+    from specdiag.kernels.mla import with_fp8_cache
+
+    x8 = with_fp8_cache(make_inputs(VerifyShape(4096, 8, 8, "shuffled_p1"), device="cuda", seed=3))
+    with pytest.raises(ValueError, match="holds up to 16 packed rows"):
+        run_variant("split_gwsw8_fp8_p1", x8, x8.out_like())
+    run = Run.create(tmp_path / "run", label="fp8 skip")
+    spec = GridSpec(contexts=[4096], heads=[8], draft_tokens=[8], layouts=["shuffled_p1"], n_runs=3,
+                    kernels=["split_gwsw8_p1", "split_gwsw8_fp8_p1"], chain=True)
+    run_grid(spec, run, {"copy_gbps": 4000.0, "matmul_tflops": 700.0}, device="cuda")
+    rows = {r["kernel"]: r for r in run.rows("kernel_ab")}
+    assert rows["split_gwsw8_p1"]["correct"] and "holds up to 16" in rows["split_gwsw8_fp8_p1"]["skipped"]
+    assert rows["split_gwsw8_fp8_p1"]["kv_dtype"] == "fp8_e4m3"
+
+
+def test_fp8_ws_phases_time_both_forms() -> None:
+    """ws_phases on the fp8 arms (staged and direct): both partitions' phases within their loops, the call timed."""
+    from specdiag.kernels.ws_phases import measure_case
+
+    for name in ("split_gwsw8_fp8_p1", "split_gwsw8_fp8di_p1", "split_gwsw8_fp8w_p1"):
+        rows = measure_case(VerifyShape(65536, 16, 1, "shuffled_p1"), name, torch.device("cuda"), 3)
+        assert [r["partition"] for r in rows] == ["softmax_wg", "convert_wg"], name
+        for r in rows:
+            assert r["kernel_form"] == "rows_as_n_fp8" and 0 < r["phases_sum_cycles"] <= r["loop_cycles"] * 1.001, r

@@ -28,7 +28,9 @@ pick since run 29). Run 30: ``split_auto_gwfmj*_p1`` join a last split of at mos
 runs 28-29's rule / in two passes, as it served before; run 32's ``ragged_gw_p1`` is what the plugin serves since:
 ``ragged_p1`` up to 32 rows and the warp-specialized Gluon kernel on the ragged layout above (gluon_ws_ragged). Run
 33: ``split_gwfm_p1`` and ``ragged_gwa_p1`` run those Gluon kernels at every row count; run 35's ``split_gwr_p1`` the
-Gluon kernel at every row count with the merge's one pass by the row rule. On CUDA the Triton kernels run; on the CPU the torch fallbacks of the same designs (reference.py) run, so tests and CI
+Gluon kernel at every row count with the merge's one pass by the row rule. Session 13: ``split_gwsw8_fp8*_p1``, the
+pick's rows-as-N kernel on the fp8 cache (gluon_ws_fp8, up to 16 rows), ``split_gwsw8_fp8p_p1`` the fp8 pick. On CUDA
+the Triton kernels run; on the CPU the torch fallbacks of the same designs (reference.py) run, so tests and CI
 exercise the same code paths around them.
 """
 
@@ -113,6 +115,13 @@ class KernelVariant:
     gluon_swap_producer: bool = False
     #: with gluon_swap_max_rows: bytes of shared memory more, unused (``smem_pad``: run 46's knob)
     gluon_swap_smem_pad: int = 0
+    #: with kv_fp8 and impl gluon_ws (gluon_ws_fp8, up to 16 rows): the rings (names of gluon_ws_fp8.FP8_RINGS) up to
+    #: 8 rows and above; None: the kernel's default by the rows (gluon_ws_fp8.DEFAULT_RINGS)
+    gluon_fp8_rings: Optional[tuple[str, str]] = None
+    #: with kv_fp8 and impl gluon_ws: the e4m3 -> fp16 conversion's instructions (gluon_ws_fp8.CONVERSIONS)
+    gluon_fp8_conversion: str = "cvt"
+    #: with kv_fp8 and impl gluon_ws: warpgroups 0 and 1's softmax form (gluon_ws_fp8.SOFTMAXES)
+    gluon_fp8_softmax: str = "rows"
 
 
 #: run 38: warpgroup 0's early load of Q paid on every case of up to 64 packed rows (0.968-0.992 of the pick) and lost
@@ -316,6 +325,27 @@ KERNEL_VARIANTS: dict[str, KernelVariant] = {
     # over the 164 KB carveout step, the 16-row one over 196 KB); run 46's split_gwsw8pt_p1 (P^T in the tile's rope
     # part) crashed at 16 rows and was removed (docs/kernel-notes.md, "Run 46 outcome")
     "split_gwsw8pad_p1": _pick_with("split_gwsw8pad_p1", gluon_swap_smem_pad=32768),
+    # session 13: the pick's rows-as-N kernel on the fp8 e4m3 cache (gluon_ws_fp8, up to 16 rows, the math in fp16):
+    # run 47's staged form (a third warpgroup copies fp8 tiles into a staging ring and converts them) with s22 up to
+    # 8 rows and s13 above, and with s13 everywhere (r13); run 48's direct form (two warpgroups load fp8 into registers
+    # and convert, no staging) with three fp16 tiles up to 8 rows and two above (d), and with two everywhere (d2)
+    "split_gwsw8_fp8_p1": _pick_with("split_gwsw8_fp8_p1", kv_fp8=True, gluon_fp8_rings=("s22", "s13")),
+    "split_gwsw8_fp8r13_p1": _pick_with("split_gwsw8_fp8r13_p1", kv_fp8=True, gluon_fp8_rings=("s13", "s13")),
+    "split_gwsw8_fp8d_p1": _pick_with("split_gwsw8_fp8d_p1", kv_fp8=True, gluon_fp8_rings=("d3", "d2")),
+    "split_gwsw8_fp8d2_p1": _pick_with("split_gwsw8_fp8d2_p1", kv_fp8=True, gluon_fp8_rings=("d2", "d2")),
+    # session 13 (run 49): the conversion by integer instructions instead of the cvt pipe, in both forms
+    "split_gwsw8_fp8i_p1": _pick_with("split_gwsw8_fp8i_p1", kv_fp8=True, gluon_fp8_conversion="int"),
+    "split_gwsw8_fp8di_p1": _pick_with("split_gwsw8_fp8di_p1", kv_fp8=True, gluon_fp8_rings=("d3", "d2"),
+                                       gluon_fp8_conversion="int"),
+    # session 13 (run 50): each warp's keys a softmax of their own (run 49: warpgroup 0's softmax took 1,200-1,800
+    # cycles a tile beside a converting warpgroup, 722 in the bf16 pick), staged (s13) and direct up to 8 rows
+    "split_gwsw8_fp8w_p1": _pick_with("split_gwsw8_fp8w_p1", kv_fp8=True, gluon_fp8_rings=("s13", "s13"),
+                                      gluon_fp8_softmax="warp"),
+    "split_gwsw8_fp8dw_p1": _pick_with("split_gwsw8_fp8dw_p1", kv_fp8=True, gluon_fp8_rings=("d2", "s13"),
+                                       gluon_fp8_softmax="warp"),
+    # the fp8 pick (runs 47-51): the fastest ring measured at each N, s22 up to 8 rows and d2 above, the pick's
+    # softmax and the cvt conversion (gluon_ws_fp8.DEFAULT_RINGS)
+    "split_gwsw8_fp8p_p1": _pick_with("split_gwsw8_fp8p_p1", kv_fp8=True, gluon_fp8_rings=("s22", "d2")),
     # run 42: the plugin's Gluon kernel with the rows as the wgmma's N up to 16 rows (what the plugin serves since)
     "ragged_gwsw_p1": KernelVariant("ragged_gwsw_p1", "ragged_split_kv", 1, impl="gluon_ws", overrides=(("pdl", True),),
                                     gluon_swap_max_rows=16, gluon_swap_fit_rows=True),
@@ -443,6 +473,25 @@ def supports(name: str, inputs: VerifyInputs) -> bool:
     return not (variant(name).page_size == 64 and inputs.block_table is None)
 
 
+def unsupported_shape(name: str, rows: int) -> Optional[str]:
+    """Why variant ``name`` cannot run a call of ``rows`` packed rows, or None: the fp8 rows-as-N kernel holds at most
+    gluon_ws_swap.SWAP_MAX_ROWS rows (the harness records the reason in a skipped row)."""
+    v = variant(name)
+    if v.kv_fp8 and v.impl == "gluon_ws" and rows > v.gluon_swap_max_rows:
+        return (f"{name} (gluon_ws_fp8, the rows as the wgmma's N) holds up to {v.gluon_swap_max_rows} packed rows "
+                f"(heads x draft tokens); this case has {rows}")
+    return None
+
+
+def gluon_fp8_kwargs(v: KernelVariant, config: SplitKVConfig, rows: int) -> dict[str, Any]:
+    """The keyword arguments of ``gluon_ws_fp8.split_kv_gluon_fp8`` for an fp8 rows-as-N arm at its resolved config
+    and ``rows`` packed rows (its rings by the rows: the first up to 8, the second above)."""
+    rings = None if v.gluon_fp8_rings is None else v.gluon_fp8_rings[0 if rows <= 8 else 1]
+    return dict(block_n=config.block_n, pdl_merge=v.gluon_pdl_merge, merge_block_dv=config.merge_block_dv,
+                merge_one_pass=config.merge_one_pass, merge_one_pass_max_splits=config.merge_one_pass_max_splits,
+                rings=rings, conversion=v.gluon_fp8_conversion, softmax=v.gluon_fp8_softmax)
+
+
 def implementation(inputs: VerifyInputs) -> str:
     """'triton' when the inputs are on CUDA, else 'torch'."""
     return "triton" if inputs.q.is_cuda else "torch"
@@ -469,6 +518,13 @@ def run_variant(name: str, inputs: VerifyInputs, out: torch.Tensor, config: Opti
 
             return baseline_triton(inputs, out)
         rows = inputs.heads * inputs.draft_tokens
+        if v.kv_fp8 and v.impl == "gluon_ws":
+            reason = unsupported_shape(name, rows)
+            if reason:
+                raise ValueError(reason)
+            from specdiag.kernels.gluon_ws_fp8 import split_kv_gluon_fp8  # noqa: PLC0415
+
+            return split_kv_gluon_fp8(inputs, out, **gluon_fp8_kwargs(v, config, rows))
         if runs_gluon_swap(v, rows):
             launcher, kw = gluon_swap_call(v, config)
             return launcher(inputs, out, **kw)

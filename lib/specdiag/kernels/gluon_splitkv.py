@@ -63,12 +63,14 @@ def load_q_cols(Q, pid_m, n_rows, COL0: gl.constexpr, BLOCK_M: gl.constexpr, WID
 def store_q(Q, q_smem, qpe_smem, pid_m, n_rows, BLOCK_M: gl.constexpr, D_NOPE: gl.constexpr, D_PE: gl.constexpr,
             WARPS: gl.constexpr):
     """The row tile's Q into ``q_smem`` / ``qpe_smem`` (allocated with LOAD_Q False) by the calling warps, 128 columns
-    at a time (a quarter of the registers of one load), then fenced for the tensor cores and barrier'd among them."""
+    at a time (a quarter of the registers of one load), converted to the buffers' dtype (the same as Q's in the bf16
+    kernels: no conversion; fp16 in gluon_ws_fp8), then fenced for the tensor cores and barrier'd among them."""
     LD: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [WARPS, 1], [1, 0])
     LD_PE: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
     for c in gl.static_range(D_NOPE // 128):
-        q_smem.slice(c * 128, 128, dim=1).store(load_q_cols(Q, pid_m, n_rows, c * 128, BLOCK_M, 128, D_NOPE + D_PE, LD))
-    qpe_smem.store(load_q_cols(Q, pid_m, n_rows, D_NOPE, BLOCK_M, D_PE, D_NOPE + D_PE, LD_PE))
+        q_smem.slice(c * 128, 128, dim=1).store(
+            load_q_cols(Q, pid_m, n_rows, c * 128, BLOCK_M, 128, D_NOPE + D_PE, LD).to(q_smem.dtype))
+    qpe_smem.store(load_q_cols(Q, pid_m, n_rows, D_NOPE, BLOCK_M, D_PE, D_NOPE + D_PE, LD_PE).to(qpe_smem.dtype))
     fence_async_shared()
     gl.thread_barrier()
 

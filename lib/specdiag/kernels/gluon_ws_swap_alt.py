@@ -318,6 +318,35 @@ def _swapw_pv_loader_partition(kv_smem, pe_smem, pt_smem, alpha_smem, ml_smem, k
 
 
 @gluon.jit
+def _swapw_pv_partition(kv_smem, pt_smem, alpha_smem, ml_smem, kv_free, p_ready, p_free, l_ready, O_PART, n_rows,
+                        part_stride, n_iter, pid_s, STAGES: gl.constexpr, RN: gl.constexpr, D_HALF: gl.constexpr,
+                        WARPS: gl.constexpr):
+    """``_swapw_pv_loader_partition`` without the copies (another partition fills the ring, as gluon_ws_fp8's
+    converting warpgroups): O^T's second half per warp's k-step, then the buffer released (one of kv_free's two
+    arrivals); merged after the loop with warpgroup 0's maxima and sums."""
+    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, RN, 16])
+    COL_O: gl.constexpr = gl.SliceLayout(0, S_L)
+    acc0 = gl.zeros([D_HALF, RN], gl.float32, layout=S_L)
+    acc1 = acc0
+    acc2 = acc0
+    acc3 = acc0
+    for it in range(0, n_iter):
+        buf = it % STAGES
+        mbarrier.wait(p_ready, it & 1)
+        acc0, acc1, acc2, acc3 = _pv_four(kv_smem, pt_smem, alpha_smem, buf, acc0, acc1, acc2, acc3, D_HALF, D_HALF,
+                                          COL_O)
+        gl.thread_barrier()  # every thread's reads of P^T and the factors done
+        mbarrier.arrive(p_free, count=1)
+        mbarrier.arrive(kv_free.index(buf), count=1)
+    mbarrier.wait(l_ready, 0)
+    o, lse = _merge_four(acc0, acc1, acc2, acc3, ml_smem, COL_O)
+    rows_o = gl.arange(0, RN, layout=COL_O)
+    dims = D_HALF + gl.arange(0, D_HALF, layout=gl.SliceLayout(1, S_L))
+    gl.store(O_PART + (pid_s.to(gl.int64) * part_stride + rows_o)[None, :] * (2 * D_HALF) + dims[:, None],
+             o.to(O_PART.dtype.element_ty), mask=(rows_o < n_rows)[None, :])
+
+
+@gluon.jit
 def _swapw_partial_kernel(Q, KV, TOKEN_TABLE, MASK, O_PART, LSE_PART, TIMES,
                           qk_scale, n_prefix, n_kv, n_draft, n_heads, n_rows, tokens_per_split, stride_kv, n_splits,
                           BLOCK_N: gl.constexpr, STAGES: gl.constexpr, RN: gl.constexpr, D_NOPE: gl.constexpr,

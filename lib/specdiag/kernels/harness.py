@@ -32,7 +32,7 @@ import torch
 from specdiag.kernels.cases import (FP8_TOL, TABLE, TUNING_TABLE, VARIANTS_BY_LAYOUT, GridSpec, check_once,  # noqa: F401
                                     config_dict, derived_metrics, fp8_case, full_grid, kernels_not_run, measure_variant,
                                     plan_fields, progress_line, relative_error, rotation_sets, shape_fields, smoke_grid)
-from specdiag.kernels.dispatch import implementation, resolve_config, supports, variant
+from specdiag.kernels.dispatch import implementation, resolve_config, supports, unsupported_shape, variant
 from specdiag.kernels.mla import VerifyInputs, VerifyShape, kv_bytes, make_inputs
 from specdiag.kernels.reference import reference_verify
 from specdiag.kernels.timing import copy_bandwidth_gbps, matmul_tflops, summarize_ms, time_calls  # noqa: F401
@@ -70,6 +70,13 @@ def run_grid(spec: GridSpec, run: Run, peaks: dict[str, float], device: torch.de
             if name not in spec.kernels or not supports(name, inputs):
                 continue
             v = variant(name)
+            reason = unsupported_shape(name, shape.rows)
+            if reason:  # a kernel that cannot hold the case: a row that says so, no work
+                run.append_row(TABLE, {**base, "ts_unix_s": time.time(), "kernel": name, "design": v.design,
+                                       "page_size": v.page_size, "impl": implementation(inputs),
+                                       "kv_dtype": "fp8_e4m3" if v.kv_fp8 else "bf16", "skipped": reason})
+                n_rows += 1
+                continue
             config = configs(shape.rows) if (configs and v.design == "split_kv") else None
             if configs and v.design == "fused_split_kv":  # the tuned tile, with bf16 partials
                 from dataclasses import replace  # noqa: PLC0415

@@ -120,10 +120,24 @@ def measure_case(shape: VerifyShape, variant_name: str, device: torch.device, n_
     cfg = resolve_config(variant_name, rows)
     x = make_inputs(shape, device=device, seed=shape.context_tokens)
     out = x.out_like()
-    # the arm's own call, its merge included (the profile's merge and gap are the arm's): the rows-as-N kernel where
-    # the arm runs it at these rows (gluon_ws_swap, timed the same way), else gluon_ws's
-    swap = runs_gluon_swap(v, rows)
-    kernel, kw = gluon_swap_call(v, cfg) if swap else (split_kv_gluon_ws, gluon_ws_kwargs(v, cfg, rows))
+    # the arm's own call, its merge included (the profile's merge and gap are the arm's): the fp8 rows-as-N kernel
+    # for an fp8 arm (gluon_ws_fp8, on the fp8 copy of the inputs), the rows-as-N kernel where the arm runs it at these
+    # rows (gluon_ws_swap, timed the same way), else gluon_ws's
+    phases = PHASES
+    if v.kv_fp8:
+        from specdiag.kernels.dispatch import gluon_fp8_kwargs, unsupported_shape  # noqa: PLC0415
+        from specdiag.kernels.gluon_ws_fp8 import FP8_PHASES, split_kv_gluon_fp8  # noqa: PLC0415
+        from specdiag.kernels.mla import with_fp8_cache  # noqa: PLC0415
+
+        reason = unsupported_shape(variant_name, rows)
+        if reason:
+            raise ValueError(reason)
+        x = with_fp8_cache(x)
+        kernel, kw, phases, form = split_kv_gluon_fp8, gluon_fp8_kwargs(v, cfg, rows), FP8_PHASES, "rows_as_n_fp8"
+    elif runs_gluon_swap(v, rows):
+        (kernel, kw), form = gluon_swap_call(v, cfg), "rows_as_n"
+    else:
+        kernel, kw, form = split_kv_gluon_ws, gluon_ws_kwargs(v, cfg, rows), "row_major"
     times = phase_buffer(x, cfg.block_n, cfg.num_stages)
     untimed = summarize_ms(time_calls([lambda: kernel(x, out, **kw)], n_runs=n_runs, device=device))
     timed = summarize_ms(time_calls([lambda: kernel(x, out, times=times, **kw)], n_runs=n_runs, device=device))
@@ -131,13 +145,12 @@ def measure_case(shape: VerifyShape, variant_name: str, device: torch.device, n_
     from specdiag.kernels.anatomy import profiled_kernel_us  # noqa: PLC0415
 
     prof = profiled_kernel_us([lambda: kernel(x, out, **kw)], 10, device)
-    form = "rows_as_n" if swap else "row_major"
     base = {"context_tokens": shape.context_tokens, "heads": shape.heads, "draft_tokens": shape.draft_tokens,
             "layout": shape.layout, "kernel": variant_name, "kernel_form": form, "untimed_us": untimed["ms_median"] * 1e3,
             "timed_us": timed["ms_median"] * 1e3, "ts_unix_s": time.time(), "error": None, **prof}
     arr = times.cpu().numpy()
     tl = timeline_from_phases(arr, TIMELINE_SLOTS)  # warpgroup 0's, on its row
-    return [{**base, **r, **(tl if r["partition"] == "softmax_wg" else {})} for r in phase_cycles(arr, PHASES)]
+    return [{**base, **r, **(tl if r["partition"] == "softmax_wg" else {})} for r in phase_cycles(arr, phases)]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -154,6 +167,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from tqdm import tqdm  # noqa: PLC0415
 
     from specdiag.kernels.gluon_ws import PHASES  # noqa: PLC0415
+    from specdiag.kernels.gluon_ws_fp8 import FP8_PHASES  # noqa: PLC0415
     from specdiag.kernels.harness import device_provenance  # noqa: PLC0415
     from specdiag.runs import Run  # noqa: PLC0415
 
@@ -174,7 +188,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if row.get("error"):
                 print(f"P={shape.context_tokens} H={shape.heads} T={shape.draft_tokens}: error {row['error']}")
                 continue
-            names = PHASES[row["partition"]]
+            names = {**PHASES, **FP8_PHASES}[row["partition"]]
             print(f"P={shape.context_tokens:>6} H={shape.heads:>3} T={shape.draft_tokens:>2} {row['partition']:<10} "
                   f"untimed {row['untimed_us']:.1f} us timed {row['timed_us']:.1f} us (GPU: partial "
                   f"{row['prof_partial_us']:.1f} gap {row['prof_gap_us']:.1f} merge {row['prof_merge_us']:.1f}), "

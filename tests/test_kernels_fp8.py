@@ -1,0 +1,237 @@
+"""Session 13 on the CPU: the pick's rows-as-N kernel on the fp8 cache (gluon_ws_fp8). Triton's interpreter does not
+run Gluon, so here: each form compiles for sm_90 with the shared memory, tensor-core instructions, conversions and
+registers its design says; bad calls are refused before any launch; the integer conversion's algorithm gives torch's
+float8_e4m3fn values for every byte; the harness, the A/B tables and the phase tables read fp8 rows. Correctness and
+times on the GPU: tests/test_kernels_gpu.py (fp8), docs/kernel-notes.md runs 47-51.
+"""
+
+from __future__ import annotations
+
+import collections
+import importlib.util
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from specdiag.kernels import analysis
+from specdiag.kernels.dispatch import KERNEL_VARIANTS, gluon_fp8_kwargs, resolve_config, unsupported_shape
+from specdiag.kernels.splitkv_plan import SHARED_LIMIT_SM90
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed here")
+FP8_ARMS = sorted(k for k, v in KERNEL_VARIANTS.items() if v.kv_fp8 and v.impl == "gluon_ws")
+
+
+def _ptxas_spill_bytes(ptx: str) -> int:
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "k.ptx"
+        src.write_text(ptx)
+        res = subprocess.run([get_ptxas(90).path, "-v", "-arch=sm_90a", str(src), "-o", str(Path(tmp) / "k.cubin")],
+                             capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    spills = [int(m) for m in re.findall(r"(\d+) bytes spill stores", res.stderr + res.stdout)]
+    assert spills, res.stderr[-2000:]
+    return max(spills)
+
+
+@needs_triton
+@pytest.mark.parametrize("rn, rings, conversion, softmax, max_spill", [
+    (8, "s22", "cvt", "rows", 0), (16, "s13", "cvt", "rows", 0), (16, "d2", "cvt", "rows", 0),
+    (8, "d2", "int", "rows", 0), (16, "s13", "cvt", "warp", 64), (8, "d2", "cvt", "warp", 0),
+])
+def test_fp8_kernel_compiles_for_sm90_as_designed(rn: int, rings: str, conversion: str, softmax: str,
+                                                  max_spill: int) -> None:
+    """Shared memory under sm_90's limit and as ``smem_bytes`` counts it (Triton adds a few hundred bytes); 68 fp16
+    wgmmas a tile with the rows as N (scores 36, P V 16 per warpgroup); 144 conversions per thread of each converting
+    warpgroup (one in the staged form, two in the direct form), by the conversion's own instruction; no cp.async in
+    the direct form; the partitions' register split; no spill (the warp softmax's 16-row staged form: a few words)."""
+    from specdiag.kernels.gluon_ws_fp8 import FP8_RINGS, compile_sm90, partition_regs, smem_bytes
+
+    ring = FP8_RINGS[rings]
+    k = compile_sm90(rn, rings, conversion=conversion, softmax=softmax)
+    shared = k.metadata.shared
+    extra = (12 * 1024 if rn == 16 else 6 * 1024) if softmax == "warp" else 0
+    assert shared <= SHARED_LIMIT_SM90 and 0 <= shared - smem_bytes(rn, ring) - extra < 1024, shared
+    ptx = k.asm["ptx"]
+    assert collections.Counter(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+\.f32\.f16\.f16)", ptx)) == {
+        f"m64n{rn}k16.f32.f16.f16": 68}
+    converting = 1 if ring.s8 else 2
+    op = r"cvt\.rn\.f16x2\.e4m3x2" if conversion == "cvt" else r"prmt\.b32"
+    assert len(re.findall(op, ptx)) == 144 * converting
+    assert (ptx.count("cp.async.cg") > 0) == (ring.s8 > 0)
+    pv, conv = partition_regs(ring, softmax, rn)
+    regs = [int(n) for n in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32 \t?(\d+)", ptx)]
+    assert pv in regs and conv in regs
+    assert _ptxas_spill_bytes(ptx) <= max_spill
+
+
+def test_rings_and_refusals_are_decided_before_any_launch() -> None:
+    """N 8 up to 8 rows, 16 above; the default rings are the fastest measured (s22, d2); rows past 16, an unknown
+    ring, a ring that does not fit the rows' N, the warp softmax beside the 8-row rings or in the direct form at 16
+    rows are refused with a message that names the fix."""
+    from specdiag.kernels.gluon_ws_fp8 import DEFAULT_RINGS, FP8_RINGS, partition_regs, ring_for
+
+    assert DEFAULT_RINGS == {8: "s22", 16: "d2"}
+    assert ring_for(8, None) == (8, FP8_RINGS["s22"]) and ring_for(9, None) == (16, FP8_RINGS["d2"])
+    assert ring_for(1, "s13") == (8, FP8_RINGS["s13"])
+    for rows, rings, match in ((17, None, "1 to 16 packed rows"), (0, None, "1 to 16 packed rows"),
+                               (8, "x9", "rings must be one of"), (16, "s22", "only at an N of 8"),
+                               (12, "d3", "only at an N of 8")):
+        with pytest.raises(ValueError, match=match):
+            ring_for(rows, rings)
+    with pytest.raises(ValueError, match="at most 8 rows"):
+        partition_regs(FP8_RINGS["d2"], "warp", 16)
+
+
+def test_fp8_launcher_refuses_the_cpu_and_a_missing_fp8_cache() -> None:
+    pytest.importorskip("triton.experimental.gluon")
+    from specdiag.kernels.gluon_ws_fp8 import split_kv_gluon_fp8
+    from specdiag.kernels.mla import VerifyShape, make_inputs, with_fp8_cache
+
+    x = make_inputs(VerifyShape(200, 8, 1, "shuffled_p1"))
+    with pytest.raises(ValueError, match="CUDA"):
+        split_kv_gluon_fp8(with_fp8_cache(x), x.out_like())
+
+
+def _model_int_conversion(words: np.ndarray) -> np.ndarray:
+    """The integer conversion of ``_e4m3x4_to_f16`` (CVT 1) in numpy, instruction for instruction: two prmt, a shift,
+    the sign moved up a bit; returns the four fp16 values of each word times 256."""
+    def prmt(x: np.ndarray, sel: int) -> np.ndarray:
+        out = np.zeros_like(x)
+        for i in range(4):
+            s = (sel >> (4 * i)) & 0xF
+            out |= (((x >> (8 * s)) & 0xFF) if s < 4 else 0) << (8 * i)
+        return out
+
+    halves = []
+    for sel in (0x1404, 0x3424):
+        a = prmt(words, sel) >> 1
+        a = (a + (a & 0x40004000)) & 0xFFFFFFFF
+        halves += [a & 0xFFFF, a >> 16]
+    h = np.stack(halves, -1).astype(np.uint16).view(np.float16).astype(np.float32)
+    return h * 256.0
+
+
+def test_integer_conversion_gives_torchs_e4m3_values_for_every_byte() -> None:
+    """Every e4m3 byte in every position of a word: the model of the asm (its selectors and masks are the ones in the
+    kernel's asm string) equals torch's float8_e4m3fn -> float32; NaN bytes become +-480."""
+    from specdiag.kernels import gluon_ws_fp8
+
+    src = open(gluon_ws_fp8.__file__).read()
+    for token in ("0x1404", "0x3424", "0x40004000", "shr.b32 a, a, 1", "add.u32 a, a, sa"):
+        assert token in src, token
+    b = np.arange(256, dtype=np.uint32)
+    words = b | (b << 8) | ((255 - b) << 16) | (((b * 7) & 255) << 24)
+    got = _model_int_conversion(words)
+    byts = np.stack([words & 255, (words >> 8) & 255, (words >> 16) & 255, words >> 24], -1).astype(np.uint8)
+    ref = torch.from_numpy(byts).view(torch.float8_e4m3fn).float().numpy()
+    finite = np.isfinite(ref)
+    assert finite.sum() == 4 * 254 and np.array_equal(got[finite], ref[finite])
+    assert set(np.abs(got[~finite]).tolist()) == {480.0}
+
+
+def test_fp16_pair_bits_hold_the_rounded_scale_in_both_halves() -> None:
+    from specdiag.kernels.gluon_ws_fp8 import MAX_KV_SCALE, fp16_pair_bits
+
+    assert fp16_pair_bits(1.0) == 0x3C003C00
+    assert fp16_pair_bits(2.0) & 0xFFFF == 0x4000 and (fp16_pair_bits(2.0) >> 16) & 0xFFFF == 0x4000
+    assert fp16_pair_bits(0.1) & 0xFFFF == int(torch.tensor(0.1, dtype=torch.float16).view(torch.int16))
+    assert fp16_pair_bits(40000.0) == 0x78E278E2  # 40,000 rounds to 40,000 in fp16 (0x78E2)
+    assert abs(MAX_KV_SCALE * 448.0 - 65504.0) < 1e-6
+    for bad in (0.0, -1.0, 70000.0):
+        with pytest.raises(ValueError, match="fp16 multiplier"):
+            fp16_pair_bits(bad)
+
+
+def test_fp8_arms_hold_up_to_16_rows_and_say_so_past_it() -> None:
+    assert "split_gwsw8_fp8p_p1" in FP8_ARMS and len(FP8_ARMS) >= 8
+    for name in FP8_ARMS:
+        assert unsupported_shape(name, 16) is None
+        assert "holds up to 16 packed rows" in unsupported_shape(name, 64)
+    assert unsupported_shape("split_gwsw8_p1", 64) is None and unsupported_shape("fused_fp8_p1", 64) is None
+    v = KERNEL_VARIANTS["split_gwsw8_fp8p_p1"]
+    assert gluon_fp8_kwargs(v, resolve_config("split_gwsw8_fp8p_p1", 8), 8)["rings"] == "s22"
+    assert gluon_fp8_kwargs(v, resolve_config("split_gwsw8_fp8p_p1", 16), 16)["rings"] == "d2"
+
+
+def test_harness_records_a_skipped_row_for_an_fp8_arm_past_16_rows_and_measures_it_below(tmp_path: Path) -> None:
+    """On the CPU (the torch fallback of the design): at 8 x 1 the fp8 arm is measured on the fp8 cache and checked
+    against both references; at 8 x 8 it gets a row saying why it did not run."""
+    from specdiag.kernels.harness import GridSpec, run_grid
+    from specdiag.runs import Run
+
+    run = Run.create(tmp_path / "run", label="fp8 cpu")
+    spec = GridSpec(contexts=[300], heads=[8], draft_tokens=[1, 8], layouts=["shuffled_p1"], n_runs=2, n_warmup=1,
+                    kernels=["split_p1", "split_gwsw8_fp8p_p1"], chain=True, required=[])
+    run_grid(spec, run, {"copy_gbps": 100.0, "matmul_tflops": 1.0}, device="cpu")
+    rows = {(r["draft_tokens"], r["kernel"]): r for r in run.rows("kernel_ab")}
+    fp8 = rows[(1, "split_gwsw8_fp8p_p1")]
+    assert fp8["kv_dtype"] == "fp8_e4m3" and fp8["correct"] and fp8["rel_err_vs_bf16_ref"] < 0.1
+    skipped = rows[(8, "split_gwsw8_fp8p_p1")]
+    assert skipped["kv_dtype"] == "fp8_e4m3" and "holds up to 16 packed rows" in skipped["skipped"]
+    assert rows[(8, "split_p1")]["correct"]
+
+
+def _ab_rows() -> pd.DataFrame:
+    base = {"heads": 8, "draft_tokens": 1, "layout": "shuffled_p1", "rel_err": 1.7e-3, "pct_copy_bw": 80.0,
+            "actual_gbps": 1700.0}
+    rows = []
+    for ctx, pick_ms, fp8_ms, fused8_ms, fused_ms in ((131072, 0.048, 0.042, 0.167, 0.060),
+                                                      (262144, 0.084, 0.090, 0.295, 0.099)):
+        rows += [
+            {**base, "context_tokens": ctx, "kernel": "split_gwsw8_p1", "kv_dtype": "bf16", "ms_median": pick_ms},
+            {**base, "context_tokens": ctx, "kernel": "split_gwsw8_fp8p_p1", "kv_dtype": "fp8_e4m3",
+             "ms_median": fp8_ms, "rel_err_vs_bf16_ref": 0.01},
+            {**base, "context_tokens": ctx, "kernel": "fused_p1", "kv_dtype": "bf16", "ms_median": fused_ms},
+            {**base, "context_tokens": ctx, "kernel": "fused_fp8_p1", "kv_dtype": "fp8_e4m3", "ms_median": fused8_ms,
+             "rel_err_vs_bf16_ref": 0.011},
+        ]
+    rows.append({**base, "context_tokens": 131072, "heads": 8, "draft_tokens": 8, "kernel": "split_gwsw8_fp8p_p1",
+                 "kv_dtype": "fp8_e4m3", "ms_median": float("nan"), "rel_err": float("nan"),
+                 "rel_err_vs_bf16_ref": float("nan"), "skipped": "holds up to 16 packed rows"})
+    return pd.DataFrame(rows)
+
+
+def test_fp8_table_pairs_each_fp8_kernel_with_its_bf16_twin_and_the_finding_reads_the_numbers() -> None:
+    assert analysis.bf16_twin("fused_fp8_b64") == "fused_b64"
+    assert analysis.bf16_twin("split_gwsw8_fp8r13_p1") == "split_gwsw8_p1"
+    assert analysis.bf16_twin("split_gwsw8_p1") == "split_gwsw8_p1"
+    t = analysis.fp8_table(_ab_rows())
+    assert len(t) == 4  # the skipped row left out
+    got = {(r.context_tokens, r.kernel): (r.bf16_kernel, round(r.fp8_over_bf16_time, 3)) for r in t.itertuples()}
+    assert got[(131072, "split_gwsw8_fp8p_p1")] == ("split_gwsw8_p1", round(0.042 / 0.048, 3))
+    assert got[(262144, "fused_fp8_p1")] == ("fused_p1", round(0.295 / 0.099, 3))
+    f = analysis.fp8_finding(t)
+    assert f.numbers["cases"] == 2 and f.numbers["faster_cases"] == 1 and f.severity == "warning"
+    assert abs(f.numbers["best_ratio_min"] - 0.042 / 0.048) < 1e-9
+    assert abs(f.numbers["best_ratio_max"] - 0.090 / 0.084) < 1e-9
+    assert "bound by their own work" in f.verdict and "1 of 2" in f.verdict
+    fast = _ab_rows()
+    fast.loc[fast["kernel"] == "split_gwsw8_fp8p_p1", "ms_median"] = [0.025, 0.045, float("nan")]
+    f2 = analysis.fp8_finding(analysis.fp8_table(fast))
+    assert f2.severity == "ok" and "bound by their own work" not in f2.verdict
+    assert analysis.fp8_finding(pd.DataFrame()) is None
+
+
+def test_phase_table_reads_the_fp8_kernels_converting_warpgroup() -> None:
+    from specdiag.kernels.gluon_ws_fp8 import FP8_PHASES
+    from specdiag.kernels.ws_phases_analysis import phase_table
+
+    base = {"context_tokens": 131072, "heads": 8, "draft_tokens": 1, "kernel": "split_gwsw8_fp8_p1", "programs": 132,
+            "tiles_per_program": 16.0, "ts_unix_s": 1.0, "untimed_us": 41.5, "timed_us": 43.7, "error": None}
+    wg0 = dict(zip(FP8_PHASES["softmax_wg"], (386, 813, 1817, 69, 233, 402)))
+    conv = dict(zip(FP8_PHASES["convert_wg"], (98, 151, 2191, 144, 834)))
+    rows = [{**base, "partition": "softmax_wg", "loop_cycles": 3857, **{f"{k}_cycles": v for k, v in wg0.items()}},
+            {**base, "partition": "convert_wg", "loop_cycles": 3830, **{f"{k}_cycles": v for k, v in conv.items()}}]
+    t = phase_table(rows).set_index("partition")
+    assert t.loc["convert_wg", "dominant_phase"] == "convert" and t.loc["softmax_wg", "dominant_phase"] == "softmax"
+    assert abs(t.loc["convert_wg", "rest_cycles"] - (3830 - sum(conv.values()))) < 1e-9
+    assert np.isnan(t.loc["softmax_wg", "convert_cycles"]) and np.isnan(t.loc["convert_wg", "scores_cycles"])
