@@ -13,6 +13,8 @@ Targets (issue 5, H200, batch 1), each checked on the shuffled layouts at contex
 
 from __future__ import annotations
 
+import re
+
 from typing import Any, Iterable, Mapping, Optional
 
 import pandas as pd
@@ -485,23 +487,70 @@ def anchor_status(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
         subset=["kernel", "why"]).reset_index(drop=True)
 
 
+def bf16_twin(kernel: str) -> str:
+    """The bf16-KV kernel an fp8-KV kernel is the fp8 form of, by name: ``fused_fp8_p1`` -> ``fused_p1``,
+    ``split_gwsw8_fp8p_p1`` -> ``split_gwsw8_p1`` (the fp8 rows-as-N arms of session 13 are the pick's)."""
+    return re.sub(r"_fp8[a-z0-9]*(?=_(p1|b64)$)", "", kernel)
+
+
 def fp8_table(df: pd.DataFrame) -> pd.DataFrame:
-    """fp8-KV rows beside the same kernel's bf16 rows: time ratio and accuracy (vs the fp32 reference of the bf16 cache)."""
+    """fp8-KV rows beside their bf16 twin's rows (``bf16_twin``) of the same case and run: time ratio and accuracy
+    (vs the fp32 reference of the dequantized cache and of the bf16 cache). Skipped fp8 rows are left out."""
     if df.empty or "kv_dtype" not in df:
         return pd.DataFrame()
-    f8 = df[df["kv_dtype"] == "fp8_e4m3"]
+    f8 = df[(df["kv_dtype"] == "fp8_e4m3") & df["ms_median"].notna()].copy()
     if f8.empty:
         return pd.DataFrame()
     keys = ["context_tokens", "heads", "draft_tokens", "layout"]
-    bf = df[(df["design"] == "fused_split_kv") & (df["kv_dtype"] == "bf16")].copy()
-    bf["pair"] = bf["kernel"].str.replace("fused_", "fused_fp8_", regex=False)
-    bf = bf[keys + ["pair", "ms_median", "rel_err"]].rename(columns={"ms_median": "bf16_ms", "rel_err": "bf16_rel_err",
-                                                                     "pair": "kernel"})
-    out = f8[keys + ["kernel", "ms_median", "rel_err", "rel_err_vs_bf16_ref", "actual_gbps", "pct_copy_bw"]].merge(
-        bf, on=keys + ["kernel"], how="left")
+    f8["bf16_kernel"] = f8["kernel"].map(bf16_twin)
+    bf = df[(df["kv_dtype"].fillna("bf16") == "bf16") & df["kernel"].isin(set(f8["bf16_kernel"]))]
+    bf = bf[keys + ["kernel", "ms_median", "rel_err"]].rename(columns={"kernel": "bf16_kernel", "ms_median": "bf16_ms",
+                                                                       "rel_err": "bf16_rel_err"})
+    out = f8[keys + ["kernel", "bf16_kernel", "ms_median", "rel_err", "rel_err_vs_bf16_ref", "actual_gbps",
+                     "pct_copy_bw"]].merge(bf, on=keys + ["bf16_kernel"], how="left")
     out["fp8_over_bf16_time"] = out["ms_median"] / out["bf16_ms"]
     out["actual_pct_copy"] = out["pct_copy_bw"] / 2  # the bytes it actually reads: half the bf16 cache
     return out.rename(columns={"ms_median": "fp8_ms", "rel_err": "rel_err_vs_dequantized_ref"}).reset_index(drop=True)
+
+
+def fp8_finding(f8: pd.DataFrame) -> Optional[Finding]:
+    """One finding from :func:`fp8_table`: per case the fastest fp8-KV kernel's time over its bf16 twin's (the bytes
+    alone would allow 0.5), and the fp8 rows' error against the dequantized cache's fp32 reference (the kernel's own)
+    and the bf16 cache's (with the quantization). Severity "ok" when the fastest fp8 kernel beats its twin on every
+    case, else "warning". None without fp8 rows paired with a bf16 twin."""
+    if f8.empty:
+        return None
+    paired = f8.dropna(subset=["fp8_over_bf16_time"])
+    if paired.empty:
+        return None
+    keys = ["context_tokens", "heads", "draft_tokens", "layout"]
+    best = paired.loc[paired.groupby(keys)["fp8_over_bf16_time"].idxmin()].sort_values(keys)
+    faster = int((best["fp8_over_bf16_time"] < 1.0).sum())
+    ev = [f"{int(r.context_tokens) // 1024}k, {int(r.heads)} x {int(r.draft_tokens)} ({r.layout}): {r.kernel} "
+          f"{1e3 * r.fp8_ms:.1f} us, {r.fp8_over_bf16_time:.2f}x {r.bf16_kernel}'s {1e3 * r.bf16_ms:.1f} us"
+          for r in best.itertuples()]
+    ev.append(f"error of the fp8 rows: {paired['rel_err_vs_dequantized_ref'].min():.2e}-"
+              f"{paired['rel_err_vs_dequantized_ref'].max():.2e} against the fp32 reference of the dequantized cache, "
+              f"{paired['rel_err_vs_bf16_ref'].min():.2e}-{paired['rel_err_vs_bf16_ref'].max():.2e} against the bf16 "
+              "cache's (the quantization's own)")
+    return Finding(
+        id="kernel_ab.fp8_kv", title="The fp8 KV cache: what half the bytes buy",
+        severity="ok" if faster == len(best) else "warning",
+        verdict=(f"The fastest fp8-KV kernel takes {best['fp8_over_bf16_time'].min():.2f}-"
+                 f"{best['fp8_over_bf16_time'].max():.2f}x its bf16 twin's time (faster on {faster} of {len(best)} "
+                 "cases), where reading half the bytes alone would allow 0.5x: the fp8 kernels here are bound by their "
+                 "own work (the conversion and the math), not by the bytes they read."
+                 if best["fp8_over_bf16_time"].min() > 0.7 else
+                 f"The fastest fp8-KV kernel takes {best['fp8_over_bf16_time'].min():.2f}-"
+                 f"{best['fp8_over_bf16_time'].max():.2f}x its bf16 twin's time (faster on {faster} of {len(best)} "
+                 "cases); half the bytes alone would allow 0.5x."),
+        evidence=ev,
+        numbers={"cases": int(len(best)), "faster_cases": faster,
+                 "best_ratio_min": float(best["fp8_over_bf16_time"].min()),
+                 "best_ratio_max": float(best["fp8_over_bf16_time"].max()),
+                 "rel_err_vs_bf16_ref_max": float(paired["rel_err_vs_bf16_ref"].max())},
+        source="computed",
+    )
 
 
 def fused_vs_two_launch(df: pd.DataFrame) -> pd.DataFrame:

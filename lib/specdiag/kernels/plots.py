@@ -192,7 +192,8 @@ def timeline_plot(ax: Any, programs: pd.DataFrame, title: str = "", source: str 
 WS_PHASE_COLORS = {
     "copy_wait": "#c62828", "scores": "#1565c0", "softmax": "#6a1b9a", "p_free_wait": "#ef9a9a", "publish": "#f9a825",
     "pv": "#2e7d32", "p_ready_wait": "#e57373", "p_free": "#8d6e63", "buffer_wait": "#ffcc80",
-    "refill_issue": "#00838f", "rest": "#bdbdbd",
+    "refill_issue": "#00838f", "rest": "#bdbdbd", "stage_wait": "#d84315", "free_wait": "#ffe0b2",
+    "convert": "#4527a0",
 }
 
 
@@ -200,8 +201,7 @@ def ws_phase_bars(ax: Any, table: pd.DataFrame, source: str = "measured") -> Non
     """Where each warpgroup's KV tile goes (:func:`specdiag.kernels.ws_phases_analysis.phase_table`): one horizontal
     bar per case, kernel and warpgroup, its phases stacked in the kernel's order and the rest of the loop last, so each
     bar is the loop's cycles per tile; the first bar at the top."""
-    from specdiag.kernels.gluon_ws import PHASES  # noqa: PLC0415
-    from specdiag.kernels.ws_phases_analysis import PARTITION_LABELS, PHASE_LABELS, case_name  # noqa: PLC0415
+    from specdiag.kernels.ws_phases_analysis import PARTITION_LABELS, PHASE_LABELS, PHASES, case_name  # noqa: PLC0415
 
     labelled: set[str] = set()
     labels = []

@@ -25,13 +25,17 @@ from typing import Any, Iterable, Mapping, Optional
 import pandas as pd
 
 from specdiag.findings import Finding
-from specdiag.kernels.gluon_ws import PHASES
+from specdiag.kernels.gluon_ws import PHASES as _WS_PHASES
+from specdiag.kernels.gluon_ws_fp8 import FP8_PHASES
 from specdiag.plots import format_tokens
 
 TABLE = "kernel_ws_phases"  # the table specdiag.kernels.ws_phases writes
 CASE = ["context_tokens", "heads", "draft_tokens"]
 KEY = [*CASE, "kernel"]
-#: Every phase of both warpgroups, in the kernel's order (``pv`` belongs to both).
+#: Each partition's phases: the bf16 kernels' two (gluon_ws.PHASES) and the fp8 kernel's converting warpgroup
+#: (gluon_ws_fp8.FP8_PHASES; its warpgroup 0 is the pick's).
+PHASES: dict[str, tuple[str, ...]] = {**_WS_PHASES, **FP8_PHASES}
+#: Every phase of every warpgroup, in the kernels' order (``pv`` belongs to two).
 ALL_PHASES: tuple[str, ...] = tuple(dict.fromkeys(p for names in PHASES.values() for p in names))
 #: What each phase is, for tables and legends.
 PHASE_LABELS: dict[str, str] = {
@@ -39,8 +43,11 @@ PHASE_LABELS: dict[str, str] = {
     "p_free_wait": "wait for P to be free", "publish": "publish P and factors", "pv": "P V (its half)",
     "p_ready_wait": "wait for P", "p_free": "free P", "buffer_wait": "wait for the buffer",
     "refill_issue": "issue the refill's copy", "rest": "rest of the loop (loop - sum of phases)",
+    "stage_wait": "wait for the fp8 tile's copy", "free_wait": "wait for the fp16 buffer",
+    "convert": "convert fp8 to fp16 (with the loads, direct form)",
 }
-PARTITION_LABELS: dict[str, str] = {"softmax_wg": "warpgroup 0 (softmax)", "copy_pv_wg": "warpgroup 1 (copy, P V)"}
+PARTITION_LABELS: dict[str, str] = {"softmax_wg": "warpgroup 0 (softmax)", "copy_pv_wg": "warpgroup 1 (copy, P V)",
+                                    "convert_wg": "converting warpgroup (fp8)"}
 PROF_COLUMNS: tuple[str, ...] = ("prof_partial_us", "prof_gap_us", "prof_merge_us")
 #: Rows (heads x draft tokens) from which a case is compute-bound, as issue 5's compute target counts them
 #: (specdiag.kernels.analysis: >= 50 % of bf16 matmul where H x T >= 256).
@@ -83,7 +90,8 @@ def phase_table(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
         names = PHASES.get(r["partition"])
         if names is None:
             raise ValueError(f"kernel_ws_phases row with partition {r['partition']!r}: expected one of {list(PHASES)} "
-                             "(gluon_ws.PHASES); a row of another kernel version cannot be read here")
+                             "(gluon_ws.PHASES, gluon_ws_fp8.FP8_PHASES); a row of another kernel version cannot be "
+                             "read here")
         t: dict[str, Any] = {k: r[k] for k in (*KEY, "partition", "rows", "programs", "tiles_per_program", "ts_unix_s")}
         loop = float(r["loop_cycles"])
         for p in ALL_PHASES:
