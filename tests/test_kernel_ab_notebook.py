@@ -782,3 +782,25 @@ def test_06_shows_ws_phases_beside_a_kernel_ab_run(run_notebook: Callable[..., P
     ids = {f["id"] for f in res["findings"]}
     assert {"kernel_ab.ws_phases", "kernel_ab.split_inner_loop"} <= ids
     assert '"ename"' not in out.read_text()
+
+
+FP8_PHASES_RUN = REFERENCE_DIR / "kernel-ws-phases-h200-fp8"
+
+
+@pytest.mark.notebook
+def test_06_replays_the_fp8_kernels_phases(run_notebook: Callable[..., Path], tmp_path: Path) -> None:
+    """06 on data/reference/kernel-ws-phases-h200-fp8 (session 13, call 3): both partitions of every fp8 arm and case
+    in the metrics, each number the raw row's, the converting warpgroup's phases by their own names."""
+    out = run_notebook("06_kernel_ab", replay_dir=str(FP8_PHASES_RUN), cpu_smoke=False)
+    res = json.loads((tmp_path / "run" / "findings" / "06_kernel_ab.json").read_text())
+    rows = _jsonl(FP8_PHASES_RUN / "kernel_ws_phases.jsonl")
+    tiles = res["metrics"]["ws_phases"]["tiles"]
+    assert len(rows) == 12 and len(tiles) == 6
+    for r in rows:
+        got = tiles[f"{r['kernel']} P{r['context_tokens']} h{r['heads']} t{r['draft_tokens']}"][r["partition"]]
+        assert got["loop_cycles"] == pytest.approx(r["loop_cycles"])
+        names = ("stage_wait", "free_wait", "convert", "publish", "refill_issue") if r["partition"] == "convert_wg" else (
+            "copy_wait", "scores", "softmax", "p_free_wait", "publish", "pv")
+        assert set(got["phases_cycles"]) == set(names)
+        assert all(got["phases_cycles"][p] == pytest.approx(r[f"{p}_cycles"]) for p in names)
+    assert "converting warpgroup (fp8)" in out.read_text() and '"ename"' not in out.read_text()

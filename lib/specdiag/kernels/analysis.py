@@ -538,8 +538,8 @@ def fp8_finding(f8: pd.DataFrame) -> Optional[Finding]:
         severity="ok" if faster == len(best) else "warning",
         verdict=(f"The fastest fp8-KV kernel takes {best['fp8_over_bf16_time'].min():.2f}-"
                  f"{best['fp8_over_bf16_time'].max():.2f}x its bf16 twin's time (faster on {faster} of {len(best)} "
-                 "cases), where reading half the bytes alone would allow 0.5x: the fp8 kernels here are bound by their "
-                 "own work (the conversion and the math), not by the bytes they read."
+                 "cases), where reading half the bytes alone would allow 0.5x: the bytes read do not set these fp8 "
+                 "kernels' time (their phases, `ws_phases` rows, say what does)."
                  if best["fp8_over_bf16_time"].min() > 0.7 else
                  f"The fastest fp8-KV kernel takes {best['fp8_over_bf16_time'].min():.2f}-"
                  f"{best['fp8_over_bf16_time'].max():.2f}x its bf16 twin's time (faster on {faster} of {len(best)} "
