@@ -253,6 +253,21 @@ def _swapw_softmax_partition(Q, q_smem, qpe_smem, kv_smem, pe_smem, pt_smem, alp
 
 
 @gluon.jit
+def _swapw_store_second_half(acc0, acc1, acc2, acc3, ml_smem, l_ready, O_PART, n_rows, part_stride, pid_s,
+                             RN: gl.constexpr, D_HALF: gl.constexpr, WARPS: gl.constexpr):
+    """Warpgroup 1's end in the warp-softmax forms: once warpgroup 0's maxima and sums are in ``ml_smem``, its four
+    accumulators merged (``_merge_four``) and its half of the split's partial stored."""
+    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, RN, 16])
+    COL_O: gl.constexpr = gl.SliceLayout(0, S_L)
+    mbarrier.wait(l_ready, 0)
+    o, lse = _merge_four(acc0, acc1, acc2, acc3, ml_smem, COL_O)
+    rows_o = gl.arange(0, RN, layout=COL_O)
+    dims = D_HALF + gl.arange(0, D_HALF, layout=gl.SliceLayout(1, S_L))
+    gl.store(O_PART + (pid_s.to(gl.int64) * part_stride + rows_o)[None, :] * (2 * D_HALF) + dims[:, None],
+             o.to(O_PART.dtype.element_ty), mask=(rows_o < n_rows)[None, :])
+
+
+@gluon.jit
 def _swapw_pv_loader_partition(kv_smem, pe_smem, pt_smem, alpha_smem, ml_smem, kv_ready, kv_free, p_ready, p_free,
                                l_ready, KV, TOKEN_TABLE, DRAFT_TABLE, O_PART, n_prefix, n_rows, part_stride, start,
                                end, n_iter, pid_s, stride_kv,
@@ -309,12 +324,8 @@ def _swapw_pv_loader_partition(kv_smem, pe_smem, pt_smem, alpha_smem, ml_smem, k
                 q4 += _clock(tick) - u4
     if TIMED:
         _store_phases(TIMES, pid_s, 1, tick, (q0, q1, q2, q3, q4), t_loop, n_iter, WARPS)
-    mbarrier.wait(l_ready, 0)
-    o, lse = _merge_four(acc0, acc1, acc2, acc3, ml_smem, COL_O)
-    rows_o = gl.arange(0, RN, layout=COL_O)
-    dims = D_HALF + gl.arange(0, D_HALF, layout=gl.SliceLayout(1, S_L))
-    gl.store(O_PART + (pid_s.to(gl.int64) * part_stride + rows_o)[None, :] * (2 * D_HALF) + dims[:, None],
-             o.to(O_PART.dtype.element_ty), mask=(rows_o < n_rows)[None, :])
+    _swapw_store_second_half(acc0, acc1, acc2, acc3, ml_smem, l_ready, O_PART, n_rows, part_stride, pid_s, RN, D_HALF,
+                             WARPS)
 
 
 @gluon.jit
@@ -338,12 +349,8 @@ def _swapw_pv_partition(kv_smem, pt_smem, alpha_smem, ml_smem, kv_free, p_ready,
         gl.thread_barrier()  # every thread's reads of P^T and the factors done
         mbarrier.arrive(p_free, count=1)
         mbarrier.arrive(kv_free.index(buf), count=1)
-    mbarrier.wait(l_ready, 0)
-    o, lse = _merge_four(acc0, acc1, acc2, acc3, ml_smem, COL_O)
-    rows_o = gl.arange(0, RN, layout=COL_O)
-    dims = D_HALF + gl.arange(0, D_HALF, layout=gl.SliceLayout(1, S_L))
-    gl.store(O_PART + (pid_s.to(gl.int64) * part_stride + rows_o)[None, :] * (2 * D_HALF) + dims[:, None],
-             o.to(O_PART.dtype.element_ty), mask=(rows_o < n_rows)[None, :])
+    _swapw_store_second_half(acc0, acc1, acc2, acc3, ml_smem, l_ready, O_PART, n_rows, part_stride, pid_s, RN, D_HALF,
+                             WARPS)
 
 
 @gluon.jit
