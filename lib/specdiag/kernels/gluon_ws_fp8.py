@@ -46,7 +46,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from specdiag.kernels.gluon_ws import (LOG2E, PHASE_SLOTS, WS_PARTITION_WARPS, _clock, _globaltimer,
                                        _issue_first_tiles, _phase_counters, _refill, _stamp, _store_phases,
                                        _tile_slots, split_bounds)
-from specdiag.kernels.gluon_ws_swap import D_HALF, FIT_ROWS, SWAP_MAX_ROWS, _swap_shared_state, _swap_softmax_partition
+from specdiag.kernels.gluon_ws_swap import D_HALF, FIT_ROWS, SWAP_MAX_ROWS, _swap_softmax_partition
 from specdiag.kernels.gluon_ws_swap_alt import _swap_pv_partition, _swapw_pv_partition, _swapw_softmax_partition
 from specdiag.kernels.mla import D_NOPE, D_PE, D_QK, D_V, VerifyInputs
 from specdiag.kernels.splitkv_plan import SplitKVConfig, SplitPlan, gluon_config, plan_splits
@@ -144,7 +144,7 @@ def _fp8_copy_convert_partition(st_nope, st_pe, st_ready, kv_smem, pe_smem, kv_r
         if TIMED:
             u3 = _clock(tick)
             q2 += u3 - u2
-        _publish_tile(kv_ready, b, WARPS)  # its barrier also orders every thread's reads of staging buffer s first
+        _publish_tile(kv_ready, b)  # its barrier also orders every thread's reads of staging buffer s before the refill
         if TIMED:
             u4 = _clock(tick)
             q3 += u4 - u3
@@ -253,7 +253,7 @@ def _fp8_loader_partition(kv_smem, pe_smem, kv_ready, kv_free, KV8, TOKEN_TABLE,
         if TIMING:
             u3 = _clock(tick)
             q2 += u3 - u2
-        _publish_tile(kv_ready, b, WARPS)
+        _publish_tile(kv_ready, b)
         if TIMING:
             q3 += _clock(tick) - u3
     if TIMING:
@@ -261,13 +261,40 @@ def _fp8_loader_partition(kv_smem, pe_smem, kv_ready, kv_free, KV8, TOKEN_TABLE,
 
 
 @gluon.jit
-def _publish_tile(kv_ready, b, WARPS: gl.constexpr):
+def _publish_tile(kv_ready, b):
     """The converted tile in buffer ``b`` to warpgroups 0 and 1: fenced for the tensor cores, every thread's part
-    written, then one arrival that counts for the warpgroup's 32 x WARPS threads (the ring's ready barrier expects a
-    cp.async arrival per thread in the bf16 kernels, gluon_ws.ws_barriers)."""
+    written, one arrival."""
     fence_async_shared()
     gl.thread_barrier()
-    mbarrier.arrive(kv_ready.index(b), count=32 * WARPS)
+    mbarrier.arrive(kv_ready.index(b), count=1)
+
+
+@gluon.jit
+def _fp8_core_state(dtype: gl.constexpr, BLOCK_N: gl.constexpr, SB: gl.constexpr, RN: gl.constexpr,
+                    D_NOPE: gl.constexpr, D_PE: gl.constexpr):
+    """What both forms share, allocated and initialized: Q (filled by warpgroup 0, ``dtype``), the ``dtype`` ring of
+    SB tiles the tensor cores read, P^T and the rows' factors; kv_ready[b] (one arrival: the converted tile),
+    kv_free[b] (two: warpgroups 0 and 1), p_ready, p_free, l_ready. The caller fences and barriers."""
+    q_smem = gl.allocate_shared_memory(dtype, [RN, D_NOPE], gl.NVMMASharedLayout.get_default_for([RN, D_NOPE], dtype))
+    qpe_smem = gl.allocate_shared_memory(dtype, [RN, D_PE], gl.NVMMASharedLayout.get_default_for([RN, D_PE], dtype))
+    kv_smem = gl.allocate_shared_memory(dtype, [SB, BLOCK_N, D_NOPE],
+                                        gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_NOPE], dtype))
+    pe_smem = gl.allocate_shared_memory(dtype, [SB, BLOCK_N, D_PE],
+                                        gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_PE], dtype))
+    pt_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, RN], gl.NVMMASharedLayout.get_default_for([BLOCK_N, RN], dtype))
+    row_smem = gl.allocate_shared_memory(gl.float32, [RN], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+    kv_ready = gl.allocate_shared_memory(gl.int64, [SB, 1], mbarrier.MBarrierLayout())
+    kv_free = gl.allocate_shared_memory(gl.int64, [SB, 1], mbarrier.MBarrierLayout())
+    p_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    p_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    l_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    for k in gl.static_range(SB):
+        mbarrier.init(kv_ready.index(k), count=1)
+        mbarrier.init(kv_free.index(k), count=2)
+    mbarrier.init(p_ready, count=1)
+    mbarrier.init(p_free, count=1)
+    mbarrier.init(l_ready, count=1)
+    return q_smem, qpe_smem, kv_smem, pe_smem, pt_smem, row_smem, kv_ready, kv_free, p_ready, p_free, l_ready
 
 
 @gluon.jit
@@ -291,7 +318,7 @@ def _fp8_partial_kernel(Q, KV8, TOKEN_TABLE, MASK, O_PART, LSE_PART, TIMES,
         _stamp(TIMES, pid_s, 8, tick0, _globaltimer(tick0), num_warps)
     dtype: gl.constexpr = gl.float16
     (q_smem, qpe_smem, kv_smem, pe_smem, pt_smem, row_smem, kv_ready, kv_free, p_ready, p_free,
-     l_ready) = _swap_shared_state(dtype, BLOCK_N, SB, RN, D_NOPE, D_PE, num_warps, 2)  # kv_free: warpgroups 0 and 1
+     l_ready) = _fp8_core_state(dtype, BLOCK_N, SB, RN, D_NOPE, D_PE)
     if S8 > 0:
         fp8: gl.constexpr = gl.float8e4nv
         st_nope = gl.allocate_shared_memory(fp8, [S8, BLOCK_N, D_NOPE],
@@ -301,8 +328,8 @@ def _fp8_partial_kernel(Q, KV8, TOKEN_TABLE, MASK, O_PART, LSE_PART, TIMES,
         st_ready = gl.allocate_shared_memory(gl.int64, [S8, 1], mbarrier.MBarrierLayout())
         for k in gl.static_range(S8):
             mbarrier.init(st_ready.index(k), count=32 * num_warps)  # one cp.async arrival per thread of warpgroup 2
-        fence_async_shared()
-        gl.thread_barrier()
+    fence_async_shared()
+    gl.thread_barrier()
     start, end, n_iter = split_bounds(pid_s, tokens_per_split, n_kv, n_splits, BLOCK_N)
     if SOFTMAX_W:  # the last tile's factors [keys, rows] and, at the end, the warps' maxima and sums
         PLAIN: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
