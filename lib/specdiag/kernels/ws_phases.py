@@ -9,7 +9,10 @@ around each phase of its loop and sums the cycles (``gluon_ws.PHASES``):
 - warpgroup 0 (``softmax_wg``): waiting for the tile's copy, the scores (issue and wait), the mask and softmax,
   waiting for the worker to have read the last P, publishing P and the factors, its half of P V;
 - warpgroup 1 (``copy_pv_wg``): waiting for P, its half of P V, freeing P, waiting for warpgroup 0 to free the buffer,
-  issuing the refill's copy.
+  issuing the refill's copy;
+- for an fp8 arm (gluon_ws_fp8, on the fp8 copy of the case's inputs): warpgroup 0 as above, its copy wait the wait
+  for a converted tile, and the converting warpgroup (``convert_wg``, ``gluon_ws_fp8.FP8_PHASES``) in place of
+  warpgroup 1.
 
 Rows (table ``kernel_ws_phases``, one per case and partition): cycles per tile of each phase and of the whole loop
 (medians over programs of each program's median thread), the tiles per program, and the call's time untimed and timed
@@ -166,9 +169,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     from tqdm import tqdm  # noqa: PLC0415
 
-    from specdiag.kernels.gluon_ws import PHASES  # noqa: PLC0415
-    from specdiag.kernels.gluon_ws_fp8 import FP8_PHASES  # noqa: PLC0415
     from specdiag.kernels.harness import device_provenance  # noqa: PLC0415
+    from specdiag.kernels.ws_phases_analysis import PHASES as ALL_PARTITION_PHASES  # noqa: PLC0415
     from specdiag.runs import Run  # noqa: PLC0415
 
     device = torch.device("cuda")
@@ -188,7 +190,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if row.get("error"):
                 print(f"P={shape.context_tokens} H={shape.heads} T={shape.draft_tokens}: error {row['error']}")
                 continue
-            names = {**PHASES, **FP8_PHASES}[row["partition"]]
+            names = ALL_PARTITION_PHASES[row["partition"]]
             print(f"P={shape.context_tokens:>6} H={shape.heads:>3} T={shape.draft_tokens:>2} {row['partition']:<10} "
                   f"untimed {row['untimed_us']:.1f} us timed {row['timed_us']:.1f} us (GPU: partial "
                   f"{row['prof_partial_us']:.1f} gap {row['prof_gap_us']:.1f} merge {row['prof_merge_us']:.1f}), "
