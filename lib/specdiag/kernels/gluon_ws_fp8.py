@@ -43,6 +43,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
+from specdiag.kernels.gluon_ws import PHASES as WS_PHASES
 from specdiag.kernels.gluon_ws import (LOG2E, PHASE_SLOTS, WS_PARTITION_WARPS, _clock, _globaltimer,
                                        _issue_first_tiles, _phase_counters, _refill, _stamp, _store_phases,
                                        _tile_slots, split_bounds)
@@ -503,7 +504,7 @@ def split_kv_gluon_fp8(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 6
 #: (gluon_ws.PHASES); the converting warpgroup's (the staged form's, or the direct form's even warpgroup, whose
 #: conversion includes waiting for its loads and which has no staging wait or refill)
 FP8_PHASES: dict[str, tuple[str, ...]] = {
-    "softmax_wg": ("copy_wait", "scores", "softmax", "p_free_wait", "publish", "pv"),
+    "softmax_wg": WS_PHASES["softmax_wg"],
     "convert_wg": ("stage_wait", "free_wait", "convert", "publish", "refill_issue"),
 }
 
