@@ -22,8 +22,9 @@ def sh(cmd: str, cwd: Path, **env: str) -> subprocess.CompletedProcess:
                           env={"PATH": "/usr/bin:/bin", **env})
 
 
-def fake_parts(tmp: Path, sums_ok: bool = True) -> tuple[Path, Path]:
-    """A site tarball (sglang/version.py) in two pieces: stage/part.00 and work/.rs2/part.01 + SHA256SUMS."""
+def fake_parts(tmp: Path, sums_ok: bool = True, staged: int = 1) -> tuple[Path, Path]:
+    """A site tarball (sglang/version.py) in pieces: ``staged`` of them in stage/ (part.00 ..) and the last in
+    work/.rs2/ (with SHA256SUMS)."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         data = b"__version__ = '0.5.17'\n"
@@ -34,22 +35,26 @@ def fake_parts(tmp: Path, sums_ok: bool = True) -> tuple[Path, Path]:
     stage, work = tmp / "stage", tmp / "work"
     (work / ".rs2").mkdir(parents=True)
     stage.mkdir()
-    half = len(blob) // 2
-    (stage / "part.00").write_bytes(blob[:half])
-    (work / ".rs2" / "part.01").write_bytes(blob[half:])
+    cuts = [len(blob) * i // (staged + 1) for i in range(staged + 2)]
+    for i in range(staged):
+        (stage / f"part.{i:02d}").write_bytes(blob[cuts[i]:cuts[i + 1]])
+    (work / ".rs2" / f"part.{staged:02d}").write_bytes(blob[cuts[staged]:])
     digest = hashlib.sha256(blob if sums_ok else b"other").hexdigest()
     (work / ".rs2" / "SHA256SUMS").write_text(f"{digest}  sglang-0.5.17-site.tar.xz\n")
     return stage, work
 
 
-def test_stage_joins_checks_and_extracts(tmp_path: Path) -> None:
-    stage, work = fake_parts(tmp_path)
+@pytest.mark.parametrize("staged", [1, 3])
+def test_stage_joins_checks_and_extracts(tmp_path: Path, staged: int) -> None:
+    """Two pieces (.rs1 then .rs2) or four (.rsA-.rsC staged, then .rs2: a checkout of 41 MB leaves a call ~20 MB)."""
+    stage, work = fake_parts(tmp_path, staged=staged)
     r = sh(f"stage_sglang_site {tmp_path}/site {tmp_path}/log t", work, STAGE_DIR=str(stage))
     assert r.returncode == 0, r.stdout + r.stderr
     assert (tmp_path / "site/sglang/version.py").read_text().startswith("__version__")
     assert "extracted SGLang" in (tmp_path / "log").read_text()
     # a second call finds the site and does nothing
-    (stage / "part.00").unlink()
+    for part in stage.glob("part.*"):
+        part.unlink()
     assert sh(f"stage_sglang_site {tmp_path}/site {tmp_path}/log t", work, STAGE_DIR=str(stage)).returncode == 0
 
 
@@ -119,3 +124,26 @@ def test_plugin_job_refuses_budgets_too_small_to_start_a_server(tmp_path: Path, 
                          env={**os.environ, "OUT": str(tmp_path / "out"), **env})
     assert res.returncode == 2 and needle in res.stderr and "set " in res.stderr
     assert not (tmp_path / "out").exists()  # nothing written: refused before the work starts
+
+
+def test_check_summary_judges_fp8_calls_against_the_exact_reference():
+    """On a bf16 cache the check server's calls are judged against SGLang's output; on an fp8 cache against the exact
+    fp32 reference of the fp8 cache (SGLang's kernel casts q and P to fp8: its own error is reported beside)."""
+    import importlib  # noqa: PLC0415
+
+    sys.path.insert(0, str(PROJECT_ROOT / "scripts"))
+    try:
+        check = importlib.import_module("sglang_plugin_check")
+    finally:
+        sys.path.remove(str(PROJECT_ROOT / "scripts"))
+    base = {"layer": 0, "prefix_tokens": [1000], "draft_tokens": 2, "heads": 8, "finite": True}
+    bf16 = check.check_summary([{**base, "rel_err": 1.6e-3}, {**base, "rel_err": 1.8e-3}])
+    assert bf16["passed"] and bf16["judged_by"] == "SGLang's output" and bf16["max_judged_err"] == 1.8e-3
+    assert bf16["fp8_calls"] == 0 and bf16["max_sglang_rel_err_ref"] is None
+    fp8 = [{**base, "rel_err": 3e-2, "rel_err_ref": 1.7e-3, "sglang_rel_err_ref": 3e-2},
+           {**base, "rel_err": 2.5e-2, "rel_err_ref": 1.6e-3, "sglang_rel_err_ref": 2.4e-2}]
+    got = check.check_summary(fp8)
+    assert got["passed"] and got["judged_by"] == "the fp32 reference of the fp8 cache"
+    assert got["max_judged_err"] == 1.7e-3 and got["max_rel_err"] == 3e-2 and got["max_sglang_rel_err_ref"] == 3e-2
+    assert not check.check_summary([{**fp8[0], "rel_err_ref": 2e-2}])["passed"]
+    assert not check.check_summary([])["passed"]

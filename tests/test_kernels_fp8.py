@@ -73,6 +73,72 @@ def test_fp8_kernel_compiles_for_sm90_as_designed(rn: int, rings: str, conversio
     assert _ptxas_spill_bytes(ptx) <= max_spill
 
 
+@needs_triton
+@pytest.mark.parametrize("rows, qo, max_spill", [(8, "i32", 0), (8, "i64", 0), (16, "i32", 8), (16, "i64", 8), (5, "i64", 0)])
+def test_ragged_fp8_kernel_compiles_for_sm90_as_the_dense_fp8_pick(rows: int, qo: str, max_spill: int) -> None:
+    """The plugin's fp8 kernel (gluon_ws_ragged ``_fp8_ragged_partial_kernel``: SGLang's ragged layout, lengths read on
+    the device) with the index dtypes SGLang passes: the dense fp8 pick's ring for the rows (s22 at N 8, d2 at N 16),
+    its 68 fp16 wgmmas, conversions and copies, shared memory within 64 B of the dense kernel's, more 64-bit index
+    loads (the prefix's and the draft tokens' tables). ptxas spills 8 B at N 16 (the dense kernel none), as the bf16
+    ragged kernel spills 32 B beside its dense one: the request's offsets kept live."""
+    from specdiag.kernels.gluon_ws_fp8 import DEFAULT_RINGS, compile_sm90 as dense_sm90
+    from specdiag.kernels.gluon_ws_ragged import compile_sm90
+
+    rn = 8 if rows <= 8 else 16
+    k, dense = compile_sm90(qo_indptr=qo, kv_indptr=qo, fp8_rows=rows), dense_sm90(rn, DEFAULT_RINGS[rn])
+    assert abs(k.metadata.shared - dense.metadata.shared) <= 64 and k.metadata.shared <= SHARED_LIMIT_SM90
+    ptx, dptx = k.asm["ptx"], dense.asm["ptx"]
+    wgmma = r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+\.f32\.f16\.f16)"
+    assert collections.Counter(re.findall(wgmma, ptx)) == {f"m64n{rn}k16.f32.f16.f16": 68}
+    for op in (r"cvt\.rn\.f16x2\.e4m3x2", r"cp\.async\.cg", r"setmaxnreg"):
+        assert len(re.findall(op, ptx)) == len(re.findall(op, dptx)), op
+    b64 = r"ld\.global(?:\.[a-z0-9]+)*\.b64"
+    assert len(re.findall(b64, ptx)) > len(re.findall(b64, dptx))
+    assert _ptxas_spill_bytes(ptx) <= max_spill
+
+
+def test_ragged_fp8_launcher_refuses_bad_calls_before_any_launch() -> None:
+    """A bf16 cache, fp16 q, more than 16 rows, a scale past fp16's range, too few draft slots: refused with the fix,
+    before any allocation or launch (CPU tensors: a launch would fail otherwise); off sm_90 the plugin's check says
+    why the fp8 kernel cannot run."""
+    pytest.importorskip("triton.experimental.gluon")
+    from specdiag.kernels.gluon_ws_ragged import gluon_fp8_ragged_supported, ragged_split_kv_gluon_fp8
+
+    def call(heads=8, draft=1, qd=torch.bfloat16, kvd=torch.float8_e4m3fn, scale=1.0, loc_n=None):
+        tokens = draft
+        q = torch.zeros(tokens, heads, 576, dtype=qd)
+        kv = torch.zeros(100, 1, 576, dtype=torch.uint8).view(kvd) if kvd == torch.float8_e4m3fn else \
+            torch.zeros(100, 1, 576, dtype=kvd)
+        o = torch.zeros(tokens, heads, 512, dtype=qd)
+        i32 = torch.tensor([0, tokens], dtype=torch.int32)
+        loc = torch.arange(tokens if loc_n is None else loc_n)
+        ragged_split_kv_gluon_fp8(q, kv, o, i32, torch.tensor([0, 50], dtype=torch.int32), torch.arange(50), loc,
+                                  torch.ones(tokens * (50 + tokens), dtype=torch.bool), torch.tensor([0, 0]),
+                                  max_draft=draft, sm_scale=0.1, kv_scale=scale, num_sms=4)
+
+    for kw, match in ((dict(kvd=torch.bfloat16), "float8_e4m3fn cache"), (dict(qd=torch.float16), "bf16"),
+                      (dict(draft=4), "1 to 16 packed rows"), (dict(scale=200.0), "kv_scale must be in"),
+                      (dict(loc_n=0), "a cache slot per query token")):
+        with pytest.raises(ValueError, match=match):
+            call(**kw)
+    ok, why = gluon_fp8_ragged_supported(torch.zeros(1, 8, 576, dtype=torch.bfloat16),
+                                         torch.zeros(4, 576, dtype=torch.uint8).view(torch.float8_e4m3fn), 8)
+    assert not ok and why == "not a CUDA device"
+
+
+def test_the_plugins_fp8_arm_is_the_ragged_fp8_kernel_with_the_plugins_merge() -> None:
+    """``ragged_gwsw_fp8_p1``: the fp8 cache, up to 16 rows (a skipped row past), the plugin's ragged Gluon config
+    with the PDL merge; its bf16 twin in 06's fp8 table is the plugin's bf16 kernel (``ragged_gwsw_p1``)."""
+    pytest.importorskip("triton.experimental.gluon")
+    from specdiag.kernels.gluon_ws_ragged import ragged_gluon_config
+
+    v = KERNEL_VARIANTS["ragged_gwsw_fp8_p1"]
+    assert v.kv_fp8 and v.design == "ragged_split_kv" and "ragged_gwsw_fp8_p1" in FP8_ARMS
+    assert resolve_config("ragged_gwsw_fp8_p1", 16) == ragged_gluon_config(16)
+    assert "gluon_ws_ragged's fp8 kernel" in unsupported_shape("ragged_gwsw_fp8_p1", 17)
+    assert analysis.bf16_twin("ragged_gwsw_fp8_p1") == "ragged_gwsw_p1"
+
+
 def test_rings_and_refusals_are_decided_before_any_launch() -> None:
     """N 8 up to 8 rows, 16 above; the default rings are the fastest measured (s22, d2); rows past 16, an unknown
     ring, a ring that does not fit the rows' N, the warp softmax beside the 8-row rings or in the direct form at 16

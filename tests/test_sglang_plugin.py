@@ -22,8 +22,8 @@ import torch
 
 from specdiag.kernels.mla import D_QK, D_V, tree_mask as random_tree
 from specdiag_sglang_plugin import hook
-from specdiag_sglang_plugin.translate import (CallFacts, VerifyBatch, decide, max_draft_tokens, request_inputs,
-                                              run_torch, tree_mask)
+from specdiag_sglang_plugin.translate import (FP8_MAX_ROWS, CallFacts, VerifyBatch, decide, fp8_reference,
+                                              max_draft_tokens, request_inputs, run_torch, tree_mask)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -159,12 +159,59 @@ def test_decide_serves_the_mla_verify_call():
     assert decide(servable()) == (True, "split-KV verify (MLA latent, page_size 1, custom mask)")
 
 
+def test_decide_serves_an_fp8_cache_up_to_16_rows_with_one_scale():
+    """SGLang's fp8_e4m3 pool (float8_e4m3fn, bf16 q): served up to the fp8 kernel's 16 rows, with or without the
+    layer's k_scale as long as v_scale is the same number (the latent cache holds one scale)."""
+    fp8 = dict(kv_dtype=torch.float8_e4m3fn)
+    reason = "split-KV verify (MLA latent, page_size 1, custom mask, fp8 e4m3 cache)"
+    for rows in (1, 8, FP8_MAX_ROWS):
+        assert decide(servable(rows=rows, **fp8)) == (True, reason)
+    assert decide(servable(rows=16, kv_scaled=True, kv_scales_equal=True, **fp8)) == (True, reason)
+    assert FP8_MAX_ROWS == 16
+
+
+def fp8_batch(prefix_lens: list[int], draft: int, heads: int, chain: bool, scale: float, seed: int = 0):
+    """A verify call on an fp8 pool as SGLang 0.5.17 makes it: the pool quantized (``(x / scale).to(e4m3)``), the
+    draft rows stored the same way at new slots (out_cache_loc). Returns the fp8 batch, those slots, and the same call
+    dequantized (pool and draft rows = e4m3 x scale) for the definition's reference."""
+    batch, _ = make_batch(prefix_lens, draft, heads, chain, seed=seed)
+    drafts = batch.k_ext.float()
+    pool = torch.cat([batch.kv_buffer.float(), drafts], dim=0)
+    pool8 = (pool / scale).to(torch.float8_e4m3fn)
+    loc = torch.arange(batch.kv_buffer.shape[0], pool.shape[0], dtype=torch.int64)
+    deq = pool8.float() * scale
+    b8 = dataclasses.replace(batch, kv_buffer=pool8)
+    deq_batch = dataclasses.replace(batch, kv_buffer=deq[: batch.kv_buffer.shape[0]], k_ext=deq[loc],
+                                    v_ext=deq[loc][..., :D_V].clone())
+    return b8, loc, deq_batch
+
+
+@pytest.mark.parametrize("prefix_lens, draft, heads, chain, scale", [
+    ([37], 1, 8, True, 1.0), ([300, 5], 2, 8, False, 0.05), ([1000, 64, 129], 3, 5, False, 2.5),
+])
+def test_fp8_reference_is_the_definition_on_the_dequantized_cache(prefix_lens, draft, heads, chain, scale):
+    """What the plugin's fp8 kernel computes (translate.fp8_reference: every row from the fp8 pool, draft rows at
+    their slots, times the scale) is SGLang's definition on the dequantized call; and it differs from the bf16 call
+    by the quantization's error, so the reference does read the fp8 bytes."""
+    b8, loc, deq = fp8_batch(prefix_lens, draft, heads, chain, scale, seed=len(prefix_lens))
+    ref = fp8_reference(b8, loc, scale)
+    assert rel_err(ref, sglang_reference(deq)) < 1e-5
+    bf16, _ = make_batch(prefix_lens, draft, heads, chain, seed=len(prefix_lens))
+    assert 1e-3 < rel_err(ref, sglang_reference(bf16)) < 0.1
+    with pytest.raises(ValueError, match="float8_e4m3fn"):
+        fp8_reference(bf16, loc, scale)
+
+
 @pytest.mark.parametrize("over, words", [
     (dict(forward_mode_verify=False), "not a target-verify"),
     (dict(page_size=64), "page_size 64"),
     (dict(use_mla=False, qk_head_dim=128, v_head_dim=128), "not an MLA layer"),
     (dict(qk_head_dim=192, v_head_dim=128), "head dims 192/128"),
-    (dict(kv_scaled=True, kv_dtype=torch.float8_e4m3fn), "fp8 KV"),
+    (dict(kv_scaled=True, kv_dtype=torch.float8_e4m3fn, kv_scales_equal=False), "k_scale != v_scale"),
+    (dict(kv_dtype=torch.float8_e4m3fn, rows=17), "fp8 KV cache at 17 rows"),
+    (dict(kv_dtype=torch.float8_e4m3fn, q_dtype=torch.float16), "fp8 KV cache with q torch.float16"),
+    (dict(kv_dtype=torch.float8_e5m2), "dtypes"),
+    (dict(kv_scaled=True), "k_scale/v_scale on a torch.bfloat16 KV cache"),
     (dict(sliding_window=True), "sliding-window"),
     (dict(sinks=True), "sinks"),
     (dict(score_mod=True), "score_mod"),
@@ -286,15 +333,23 @@ def test_ragged_triton_kernel_in_the_interpreter():
     assert res.returncode == 0 and "ok" in res.stdout, res.stdout + res.stderr
 
 
-def _fake_sglang_call(verify: bool = True, page_size: int = 1, swa: int = -1):
-    """Objects with the attribute names SGLang 0.5.17's backend, layer and batch carry (triton_backend.py)."""
+def _fake_sglang_call(verify: bool = True, page_size: int = 1, swa: int = -1, kv_dtype=torch.bfloat16,
+                      scales: tuple = (None, None)):
+    """Objects with the attribute names SGLang 0.5.17's backend, layer and batch carry (triton_backend.py): one
+    request of 8 draft tokens x 8 heads; ``kv_dtype`` float8_e4m3fn: the fp8 pool as get_key_buffer returns it (a view
+    of its uint8 storage); ``scales``: the layer's (k_scale_float, v_scale_float), None: no scale."""
     from types import SimpleNamespace as NS
 
-    kv = torch.zeros(100, 1, D_QK, dtype=torch.bfloat16)
+    kv = torch.zeros(100, 1, D_QK, dtype=torch.uint8 if kv_dtype == torch.float8_e4m3fn else kv_dtype)
+    kv = kv.view(kv_dtype)
     pool = NS(get_key_buffer=lambda i: kv, get_value_buffer=lambda i: kv[..., :D_V])
     backend = NS(token_to_kv_pool=pool, page_size=page_size, use_mla=True, dcp_size=1, enable_deterministic=False,
-                 forward_metadata=NS(custom_mask=torch.ones(8, dtype=torch.bool)))
-    layer = NS(layer_id=0, qk_head_dim=576, v_head_dim=512, k_scale=None, v_scale=None, sliding_window_size=swa,
+                 forward_metadata=NS(custom_mask=torch.ones(8, dtype=torch.bool), max_extend_len=8,
+                                     qo_indptr=torch.tensor([0, 8], dtype=torch.int32)))
+    k_scale = None if scales[0] is None else torch.tensor(scales[0])
+    v_scale = None if scales[1] is None else torch.tensor(scales[1])
+    layer = NS(layer_id=0, qk_head_dim=576, v_head_dim=512, k_scale=k_scale, v_scale=v_scale,
+               k_scale_float=scales[0], v_scale_float=scales[1], sliding_window_size=swa, tp_q_head_num=8,
                is_cross_attention=False, attn_type=NS(name="DECODER"), xai_temperature_len=-1)
     fb = NS(forward_mode=_Mode(verify))
     q = torch.zeros(8, 8, D_QK, dtype=torch.bfloat16)
@@ -356,3 +411,55 @@ def test_gluon_kernel_serves_at_every_row_count_where_it_can_run(monkeypatch):
     assert hook._GLUON == {key: "not a CUDA device", key8: "not a CUDA device"}
     assert "gluon:" + repr(key) in hook._logged
     assert hook.stats_snapshot()["gluon"] == {repr(key): "not a CUDA device", repr(key8): "not a CUDA device"}
+
+
+def test_facts_of_an_fp8_call_carry_its_rows_and_scales():
+    """The fp8 pool's dtype, the call's rows (8 heads x max_extend_len 8 = 64: past the fp8 kernel's 16, so SGLang's),
+    and whether k_scale and v_scale are one number."""
+    fp8 = torch.float8_e4m3fn
+    backend, q, k, v, layer, fb = _fake_sglang_call(kv_dtype=fp8)
+    facts = dataclasses.replace(hook._facts(backend, q, k, v, layer, fb, None, None), is_cuda=True)
+    assert facts.kv_dtype == fp8 and facts.rows == 64 and not facts.kv_scaled and facts.kv_scales_equal
+    assert decide(facts) == (False, "fp8 KV cache at 64 rows (heads x draft tokens): the fp8 kernel holds up to 16")
+    backend.forward_metadata.max_extend_len = 2
+    assert decide(dataclasses.replace(hook._facts(backend, q, k, v, layer, fb, None, None), is_cuda=True))[0]
+    for scales, equal in (((0.5, 0.5), True), ((0.5, 0.25), False)):
+        backend, q, k, v, layer, fb = _fake_sglang_call(kv_dtype=fp8, scales=scales)
+        backend.forward_metadata.max_extend_len = 1
+        facts = dataclasses.replace(hook._facts(backend, q, k, v, layer, fb, None, None), is_cuda=True)
+        assert facts.kv_scaled and facts.kv_scales_equal == equal and decide(facts)[0] == equal
+        assert hook.kv_scale_of(layer) == scales[0]
+    assert hook.kv_scale_of(_fake_sglang_call()[4]) == 1.0
+
+
+def test_an_fp8_call_no_kernel_here_can_run_goes_to_sglang_with_its_reason(monkeypatch):
+    """decide() serves it but the fp8 kernel cannot run (here: SPECDIAG_SGLANG_GLUON=0, then CPU tensors): _serve
+    raises Unservable before anything is stored, the hook counts the reason and returns SGLang's own output."""
+    pytest.importorskip("triton.experimental.gluon")
+    fp8 = torch.float8_e4m3fn
+    backend, q, k, v, layer, fb = _fake_sglang_call(kv_dtype=fp8)
+    fb.out_cache_loc = torch.arange(q.shape[0])
+    kv = backend.token_to_kv_pool.get_key_buffer(0)
+    monkeypatch.setattr(hook, "_GLUON", {})
+    key = (16, torch.bfloat16, fp8, False, None)
+    monkeypatch.setenv(hook.GLUON_ENV, "0")
+    assert not hook._gluon_fp8_serves(key, q, kv, 1.0, fb, 0.0)
+    assert hook._GLUON[key] == f"{hook.GLUON_ENV}=0 (the fp8 kernel is the Gluon one)"
+    monkeypatch.setenv(hook.GLUON_ENV, "1")
+    key8 = (8, torch.bfloat16, fp8, False, None)
+    assert not hook._gluon_fp8_serves(key8, q, kv, 1.0, fb, 0.0) and hook._GLUON[key8] == "not a CUDA device"
+
+    served = dataclasses.replace(hook._facts(backend, q, k, v, layer, fb, None, None), is_cuda=True, rows=16)
+    monkeypatch.setattr(hook, "_facts", lambda *a: served)
+    stored = []
+    monkeypatch.setattr(hook, "_store_draft_kv", lambda *a: stored.append(a))
+
+    def no_kernel(*a, **kw):
+        raise hook.Unservable("fp8 KV cache: not a CUDA device")
+
+    monkeypatch.setattr(hook, "_serve", no_kernel)
+    before = hook.STATS["fallback"]["fp8 KV cache: not a CUDA device"]
+    out = hook.forward_extend_hook(lambda *a, **kw: "sglang-out", backend, q, k, v, layer, fb)
+    assert out == "sglang-out" and stored == []
+    assert hook.STATS["fallback"]["fp8 KV cache: not a CUDA device"] == before + 1
+    assert not any(r.startswith("kernel error") for r in hook._logged)

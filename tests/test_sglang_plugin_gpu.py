@@ -216,3 +216,119 @@ def test_gluon_ragged_kernel_both_forms_up_to_16_rows(prefix_lens, draft, heads,
     if swap:
         with pytest.raises(ValueError, match="one tile of 16"):
             run_kernel(to_cuda(make_batch([100], 4, 8, True, seed=1)[0]), 4, "gluon", swap=True)  # 32 rows
+
+
+# ---- session 14: the fp8 kernel on the ragged layout (gluon_ws_ragged.ragged_split_kv_gluon_fp8), what the plugin
+# serves on an fp8_e4m3 cache up to 16 rows: every row read from the fp8 pool, draft rows at their slots
+
+FP8_CASES = [
+    ([131072], 1, 8, True, 1.0),  # 8 rows: the staged s22 ring
+    ([3000, 50000], 2, 8, False, 0.05),  # 16 rows: the direct d2 ring, a scale
+    ([5, 40000, 64, 129], 1, 16, False, 1.0),  # 16 rows, prefixes shorter than a tile
+    ([2500] * 8, 3, 5, False, 2.0),  # 15 rows, a batch of 8, a tree mask
+    ([7000], 1, 5, True, 1.0),  # 5 rows
+    ([100000], 2, 4, False, 0.5),  # 8 rows of two draft tokens
+]
+
+
+def fp8_on_cuda(prefix_lens, draft, heads, chain, scale, seed):
+    from test_sglang_plugin import fp8_batch
+
+    b8, loc, deq = fp8_batch(prefix_lens, draft, heads, chain, scale, seed=seed)
+    return to_cuda(b8), loc.cuda(), to_cuda(deq)
+
+
+def fp8_call(g8: VerifyBatch, loc: torch.Tensor, draft: int, scale: float, out: torch.Tensor, qo_int64: bool = False):
+    from specdiag.kernels.gluon_ws_ragged import ragged_split_kv_gluon_fp8
+
+    qo = g8.qo_indptr.to(torch.int64) if qo_int64 else g8.qo_indptr
+    return lambda: ragged_split_kv_gluon_fp8(g8.q, g8.kv_buffer, out, qo, g8.kv_indptr, g8.kv_indices, loc,
+                                             g8.custom_mask, g8.mask_indptr, max_draft=draft, sm_scale=g8.sm_scale,
+                                             kv_scale=scale)
+
+
+@pytest.mark.parametrize("prefix_lens, draft, heads, chain, scale", FP8_CASES,
+                         ids=lambda v: "x".join(map(str, v[:3])) + f"-{len(v)}" if isinstance(v, list) else str(v))
+@pytest.mark.parametrize("qo_int64", [False, True], ids=["qo-int32", "qo-int64"])
+def test_fp8_ragged_kernel_matches_the_exact_reference(prefix_lens, draft, heads, chain, scale, qo_int64):
+    """Against translate.fp8_reference (fp32 on the dequantized pool, drafts from their slots): the bf16 output's
+    rounding only (the dense fp8 pick measured 1.65-1.75e-3 in session 13)."""
+    from specdiag_sglang_plugin.translate import fp8_reference
+
+    g8, loc, _ = fp8_on_cuda(prefix_lens, draft, heads, chain, scale, seed=sum(prefix_lens) % 79)
+    out = torch.full((g8.q.shape[0], heads, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    fp8_call(g8, loc, draft, scale, out, qo_int64)()
+    err = rel_err(out, fp8_reference(g8, loc, scale))
+    print(f"fp8 ragged {prefix_lens[:3]} x{len(prefix_lens)} T{draft} H{heads} scale {scale}: rel. error {err:.3e}")
+    assert not out.isnan().any() and err < 4e-3
+
+
+@pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="sglang is not importable")
+@pytest.mark.parametrize("prefix_lens, draft, heads, scale", [([20000], 1, 8, 1.0), ([3000, 60000], 2, 8, 0.05)])
+def test_fp8_ragged_kernel_beside_sglangs_fp8_extend_attention(prefix_lens, draft, heads, scale):
+    """SGLang 0.5.17's own kernel on the same fp8 pool (its k_descale = v_descale = the scale; its draft block from the
+    bf16 k/v): both against the exact reference of the fp8 cache. SGLang's casts q and P to fp8 for the prefix's dots,
+    so its error is the larger; the two outputs agree within both errors."""
+    from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
+
+    from specdiag_sglang_plugin.translate import fp8_reference
+
+    g8, loc, _ = fp8_on_cuda(prefix_lens, draft, heads, False, scale, seed=5)
+    exact = fp8_reference(g8, loc, scale)
+    ours = torch.empty(g8.q.shape[0], heads, 512, dtype=torch.bfloat16, device="cuda")
+    fp8_call(g8, loc, draft, scale, ours)()
+    theirs = torch.empty_like(ours)
+    kv = g8.kv_buffer
+    extend_attention_fwd(g8.q, g8.k_ext, g8.v_ext, theirs, kv, kv[..., :512], g8.qo_indptr, g8.kv_indptr,
+                         g8.kv_indices, g8.custom_mask, True, g8.mask_indptr, draft, scale, scale, g8.sm_scale,
+                         logit_cap=0.0)
+    ours_err, theirs_err, between = rel_err(ours, exact), rel_err(theirs, exact), rel_err(ours, theirs)
+    print(f"fp8 {prefix_lens} T{draft}: ours vs exact {ours_err:.3e}, SGLang's vs exact {theirs_err:.3e}, "
+          f"ours vs SGLang's {between:.3e}")
+    assert ours_err < 4e-3 and ours_err < theirs_err and between <= ours_err + theirs_err + 1e-6
+
+
+@pytest.mark.parametrize("draft, qo_int64", [(1, True), (2, True), (2, False)])
+def test_fp8_ragged_kernel_replays_in_a_cuda_graph_at_other_lengths(draft, qo_int64):
+    """Captured at one prefix length, replayed after the indptr buffers change (SGLang's CUDA graphs): at 8 and 16
+    rows (N 8 with the staged ring, N 16 with the direct one)."""
+    from specdiag_sglang_plugin.translate import fp8_reference
+
+    heads, scale = 8, 0.25
+    g8, loc, _ = fp8_on_cuda([20000], draft, heads, False, scale, seed=4)
+    kv_indptr, mask_indptr, mask = g8.kv_indptr.clone(), g8.mask_indptr.clone(), g8.custom_mask.clone()
+    live = VerifyBatch(**{**g8.__dict__, "kv_indptr": kv_indptr, "custom_mask": mask, "mask_indptr": mask_indptr})
+    out = torch.empty(draft, heads, 512, dtype=torch.bfloat16, device="cuda")
+    call = fp8_call(live, loc, draft, scale, out, qo_int64)
+    call()  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    tree = g8.custom_mask.view(draft, 20000 + draft)[:, 20000:]
+    for p in (20000, 700, 12345, 40):
+        kv_indptr[1] = p
+        block = torch.ones(draft, p + draft, dtype=torch.bool, device="cuda")
+        block[:, p:] = tree
+        mask[: block.numel()] = block.reshape(-1)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert rel_err(out, fp8_reference(live, loc, scale)) < 4e-3, p
+
+
+def test_the_plugins_fp8_arm_in_the_harness_matches_the_dequantized_reference():
+    """``ragged_gwsw_fp8_p1`` through dispatch (the harness's call, SGLang's layout made once) on an fp8 cache at 8 and
+    16 rows, against the fp32 reference of the dequantized cache, and its refusal past 16 rows."""
+    from specdiag.kernels.dispatch import prepared_call, run_variant
+    from specdiag.kernels.mla import VerifyShape, dequantized, make_inputs, with_fp8_cache
+    from specdiag.kernels.reference import reference_verify
+
+    for shape in (VerifyShape(131072, 8, 1, "shuffled_p1"), VerifyShape(65536, 8, 2, "shuffled_p1"),
+                  VerifyShape(3001, 16, 1, "shuffled_p1")):
+        x = with_fp8_cache(make_inputs(shape, device="cuda", seed=3))
+        out = x.out_like()
+        prepared_call("ragged_gwsw_fp8_p1", x, out)()
+        assert rel_err(out, reference_verify(dequantized(x))) < 4e-3, shape
+    y = with_fp8_cache(make_inputs(VerifyShape(500, 8, 8, "shuffled_p1"), device="cuda"))
+    with pytest.raises(ValueError, match="holds up to 16 packed rows"):
+        run_variant("ragged_gwsw_fp8_p1", y, y.out_like())

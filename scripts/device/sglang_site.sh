@@ -1,8 +1,9 @@
 # Sourced by the SGLang device jobs (sglang_job.sh, sglang_plugin_job.sh, sglang_plugin_diag.sh): SGLang 0.5.17's
 # site tree and the plugin, put in place the same way for every job. Run from the repository root.
 #
-# stage_sglang_site SITE LOG TAG: nothing if SITE already holds sglang; otherwise joins $STAGE_DIR/part.00 (default /tmp/stage; staged by
-#   an earlier call carrying .rs1) with .rs2/part.* (carried now), checks the sha256 against .rs2/SHA256SUMS and
+# stage_sglang_site SITE LOG TAG: nothing if SITE already holds sglang; otherwise joins $STAGE_DIR/part.* (default /tmp/stage;
+#   staged by earlier calls: part.00 carried in .rs1, or part.00-part.02 in .rsA-.rsC when the checkout leaves each call
+#   only ~20 MB to carry) with .rs2/part.* (carried now), in name order, checks the sha256 against .rs2/SHA256SUMS and
 #   extracts into SITE. Returns 2 (parts missing), 3 (sha256 unknown) or 4 (extract failed), saying why in LOG.
 # install_plugin TARGET LOG TAG: plugins/sglang into TARGET with pip, offline; where pip cannot, the package and a
 #   hand-written dist-info with the same entry point (sglang.srt.plugins: specdiag_splitkv).
@@ -15,9 +16,9 @@ stage_sglang_site() {
       "(../shared/engines/README.md)" | tee -a "$log"
     return 2
   fi
-  h=$(cat "$stage/part.00" .rs2/part.* | sha256sum | cut -c1-64)
+  h=$(cat "$stage"/part.* .rs2/part.* | sha256sum | cut -c1-64)
   grep -q "^$h  sglang" .rs2/SHA256SUMS || { echo "[$tag] FAILED: sha256 $h not in .rs2/SHA256SUMS" | tee -a "$log"; return 3; }
-  mkdir -p "$site" && cat "$stage/part.00" .rs2/part.* | xz -d | tar -x -C "$site" \
+  mkdir -p "$site" && cat "$stage"/part.* .rs2/part.* | xz -d | tar -x -C "$site" \
     || { echo "[$tag] FAILED: extract" | tee -a "$log"; return 4; }
   echo "[$tag] extracted SGLang into $site (sha256 $h)" | tee -a "$log"
 }

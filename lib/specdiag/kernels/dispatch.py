@@ -349,6 +349,10 @@ KERNEL_VARIANTS: dict[str, KernelVariant] = {
     # run 42: the plugin's Gluon kernel with the rows as the wgmma's N up to 16 rows (what the plugin serves since)
     "ragged_gwsw_p1": KernelVariant("ragged_gwsw_p1", "ragged_split_kv", 1, impl="gluon_ws", overrides=(("pdl", True),),
                                     gluon_swap_max_rows=16, gluon_swap_fit_rows=True),
+    # session 14: the plugin's fp8 kernel (gluon_ws_ragged.ragged_split_kv_gluon_fp8: the fp8 pick's partitions on
+    # SGLang's ragged layout, s22 up to 8 rows, d2 above; what the plugin serves on an fp8_e4m3 cache up to 16 rows)
+    "ragged_gwsw_fp8_p1": KernelVariant("ragged_gwsw_fp8_p1", "ragged_split_kv", 1, kv_fp8=True, impl="gluon_ws",
+                                        overrides=(("pdl", True),), gluon_swap_max_rows=16, gluon_swap_fit_rows=True),
     # run 37: the plugin's Gluon kernel with its merge as a programmatic dependent launch (what the plugin serves
     # since; ragged_gw_p1 and ragged_gwa_p1 keep the merge they were measured with)
     "ragged_gwap_p1": KernelVariant("ragged_gwap_p1", "ragged_split_kv", 1, impl="gluon_ws", overrides=(("pdl", True),)),
@@ -478,7 +482,8 @@ def unsupported_shape(name: str, rows: int) -> Optional[str]:
     gluon_ws_swap.SWAP_MAX_ROWS rows (the harness records the reason in a skipped row)."""
     v = variant(name)
     if v.kv_fp8 and v.impl == "gluon_ws" and rows > v.gluon_swap_max_rows:
-        return (f"{name} (gluon_ws_fp8, the rows as the wgmma's N) holds up to {v.gluon_swap_max_rows} packed rows "
+        kernel = "gluon_ws_ragged's fp8 kernel" if v.design == "ragged_split_kv" else "gluon_ws_fp8"
+        return (f"{name} ({kernel}, the rows as the wgmma's N) holds up to {v.gluon_swap_max_rows} packed rows "
                 f"(heads x draft tokens); this case has {rows}")
     return None
 
@@ -507,6 +512,9 @@ def run_variant(name: str, inputs: VerifyInputs, out: torch.Tensor, config: Opti
         raise ValueError(f"{name} reads the fp8 cache: make the inputs with mla.with_fp8_cache(inputs)")
     if inputs.q.is_cuda:
         if v.design == "ragged_split_kv":
+            reason = unsupported_shape(name, inputs.heads * inputs.draft_tokens)
+            if reason:
+                raise ValueError(reason)
             _ragged_call(v, inputs, out, config)()
             return out
         if v.design == "fused_split_kv":
@@ -563,6 +571,13 @@ def _ragged_call(v: KernelVariant, inputs: VerifyInputs, out: torch.Tensor, cfg:
 
     args = ragged_args(inputs, out.view(inputs.draft_tokens, inputs.heads, -1))
     draft_loc = args.pop("draft_loc")
+    if v.kv_fp8:  # the fp8 cache as SGLang's fp8_e4m3 pool holds it: e4m3 values and one scale, drafts included
+        from specdiag.kernels.gluon_ws_ragged import ragged_split_kv_gluon_fp8  # noqa: PLC0415
+
+        fp8_args = {k: args[k] for k in ("q", "o", "qo_indptr", "kv_indptr", "kv_indices", "mask", "mask_indptr",
+                                         "max_draft", "sm_scale")}
+        return lambda: ragged_split_kv_gluon_fp8(**fp8_args, kv=inputs.cache_fp8, draft_loc=draft_loc,
+                                                 kv_scale=inputs.kv_scale, cfg=cfg)
     if runs_gluon_ws(v, inputs.heads * inputs.draft_tokens):
         from specdiag.kernels.gluon_ws_ragged import ragged_split_kv_gluon_ws  # noqa: PLC0415
 

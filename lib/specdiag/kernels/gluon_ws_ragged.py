@@ -18,6 +18,11 @@ one launch serves any context length and a CUDA graph captured at one length rep
   triton_splitkv_ragged cuts them, so the merge is that module's (``ragged_merge``): partials [requests, splits,
   max rows, 512] fp32, the merge in one pass by runs 28-29's rule and 64 value dims per program otherwise (the pick's).
 
+On an fp8 e4m3 cache (SGLang's ``--kv-cache-dtype fp8_e4m3``; ``ragged_split_kv_gluon_fp8``) up to 16 rows:
+the fp8 pick's kernel (gluon_ws_fp8: the staged s22 ring up to 8 rows, the direct d2 ring above, the math in fp16)
+behind the same entry (``_fp8_ragged_partial_kernel``), the draft rows read from the fp8 cache where the hook stored
+them, the cache's one scale applied to each converted tile.
+
 The pick's options: PREFETCH (the token-table rows of the next refill a tile ahead), DRAFT_BRANCH (the tree mask only
 on tiles that reach the draft tokens), FOLD (interior tiles unmasked, the scale in the exponent). No logit cap (the
 Triton ragged kernel has one). CUDA sm_90 only (wgmma); the CPU test compiles it for sm_90.
@@ -31,11 +36,15 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
 from specdiag.kernels.gluon_ws import (D_HALF, LOG2E, WS_PARTITION_WARPS, WS_WORKER_REGS, _pv_loader_partition,
                                        _softmax_partition, ws_shared_state)
+from specdiag.kernels.gluon_ws_fp8 import (CONVERSIONS, MAX_KV_SCALE, _fp8_copy_convert_partition, _fp8_core_state,
+                                           _fp8_loader_partition, fp16_pair_bits, partition_regs, ring_for)
 from specdiag.kernels.gluon_ws_swap import (SWAP_MAX_ROWS, _swap_pv_loader_partition, _swap_shared_state,
                                             _swap_softmax_partition)
+from specdiag.kernels.gluon_ws_swap_alt import _swap_pv_partition
 from specdiag.kernels.mla import BLOCK_TOKENS, D_NOPE, D_PE, D_QK, D_V
 from specdiag.kernels.splitkv_plan import GLUON_BLOCK_M, SplitKVConfig, gluon_config, one_pass_merge_fields
 
@@ -136,6 +145,73 @@ def _swap_ragged_partial_kernel(Q, KV, KV_INDICES, DRAFT_LOC, MASK, QO_INDPTR, K
     ], [num_warps], [WORKER_REGS])
 
 
+@gluon.jit
+def _fp8_ragged_partial_kernel(Q, KV8, KV_INDICES, DRAFT_LOC, MASK, QO_INDPTR, KV_INDPTR, MASK_INDPTR, O_PART,
+                               LSE_PART, qk_scale, kv_scale2, n_heads, n_splits, max_rows, min_split_tokens, stride_kv,
+                               BLOCK_N: gl.constexpr, SB: gl.constexpr, S8: gl.constexpr, RN: gl.constexpr,
+                               D_NOPE: gl.constexpr, D_PE: gl.constexpr, D_HALF: gl.constexpr, num_warps: gl.constexpr,
+                               PV_REGS: gl.constexpr, CONVERT_REGS: gl.constexpr, CVT: gl.constexpr,
+                               ROUND: gl.constexpr):
+    """One program per (split, request) of a batch whose requests have at most RN rows each, on the fp8 cache: the
+    request's lengths from the device as ``_swap_ragged_partial_kernel``'s, then gluon_ws_fp8's partitions (the fp8
+    pick's: the rows-as-N softmax, the three-partition P V, and with S8 > 0 the staged copy-and-convert warpgroup,
+    else the direct form's two loading warpgroups) on its rows, its tables and its slice of the partials. The
+    partitions read the prefix's rows through ``KV_INDICES`` and the draft rows through ``DRAFT_LOC`` (RAGGED)."""
+    pid_s = gl.program_id(0)
+    b = gl.program_id(1)
+    q_start, kv_start, n_prefix, n_kv, n_rows, start, end = _request_bounds(QO_INDPTR, KV_INDPTR, b, pid_s, n_heads,
+                                                                            n_splits, min_split_tokens, ROUND)
+    n_iter = gl.cdiv(gl.maximum(end - start, 0), BLOCK_N)  # a split past the request's end runs no tile
+
+    q_b = Q + q_start.to(gl.int64) * n_heads * (D_NOPE + D_PE)
+    (q_smem, qpe_smem, kv_smem, pe_smem, pt_smem, row_smem, kv_ready, kv_free, p_ready, p_free,
+     l_ready) = _fp8_core_state(gl.float16, BLOCK_N, SB, RN, D_NOPE, D_PE)
+    if S8 > 0:
+        fp8: gl.constexpr = gl.float8e4nv
+        st_nope = gl.allocate_shared_memory(fp8, [S8, BLOCK_N, D_NOPE],
+                                            gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_NOPE], fp8))
+        st_pe = gl.allocate_shared_memory(fp8, [S8, BLOCK_N, D_PE],
+                                          gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_PE], fp8))
+        st_ready = gl.allocate_shared_memory(gl.int64, [S8, 1], mbarrier.MBarrierLayout())
+        for k in gl.static_range(S8):
+            mbarrier.init(st_ready.index(k), count=32 * num_warps)  # one cp.async arrival per thread of warpgroup 2
+    fence_async_shared()
+    gl.thread_barrier()
+    mask_b, o_part_b, lse_part_b = _request_blocks(MASK, O_PART, LSE_PART, MASK_INDPTR, b, n_splits, max_rows, n_prefix,
+                                                   D_HALF)
+    table_b = KV_INDICES + kv_start
+    draft_b = DRAFT_LOC + q_start
+    # one warp_specialize per form: a partition list cannot be built from variables (LSE_PART stands in for the
+    # untimed kernel's unused TIMES)
+    if S8 > 0:
+        gl.warp_specialize([
+            (_swap_softmax_partition, (q_b, q_smem, qpe_smem, kv_smem, pe_smem, pt_smem, row_smem, kv_ready, kv_free,
+                                       p_ready, p_free, l_ready, mask_b, o_part_b, lse_part_b, qk_scale, n_prefix, n_kv,
+                                       n_heads, n_rows, max_rows, start, end, n_iter, pid_s, BLOCK_N, SB, RN, D_NOPE,
+                                       D_PE, D_HALF, num_warps)),
+            (_swap_pv_partition, (kv_smem, pt_smem, row_smem, kv_free, p_ready, p_free, l_ready, o_part_b, n_rows,
+                                  max_rows, n_iter, pid_s, SB, RN, D_HALF, num_warps)),
+            (_fp8_copy_convert_partition, (st_nope, st_pe, st_ready, kv_smem, pe_smem, kv_ready, kv_free, KV8, table_b,
+                                           draft_b, kv_scale2, n_prefix, start, end, n_iter, stride_kv, LSE_PART,
+                                           pid_s, BLOCK_N, SB, S8, D_NOPE, D_PE, num_warps, True, CVT, False)),
+        ], [num_warps, num_warps], [PV_REGS, CONVERT_REGS])
+    else:
+        gl.warp_specialize([
+            (_swap_softmax_partition, (q_b, q_smem, qpe_smem, kv_smem, pe_smem, pt_smem, row_smem, kv_ready, kv_free,
+                                       p_ready, p_free, l_ready, mask_b, o_part_b, lse_part_b, qk_scale, n_prefix, n_kv,
+                                       n_heads, n_rows, max_rows, start, end, n_iter, pid_s, BLOCK_N, SB, RN, D_NOPE,
+                                       D_PE, D_HALF, num_warps)),
+            (_swap_pv_partition, (kv_smem, pt_smem, row_smem, kv_free, p_ready, p_free, l_ready, o_part_b, n_rows,
+                                  max_rows, n_iter, pid_s, SB, RN, D_HALF, num_warps)),
+            (_fp8_loader_partition, (kv_smem, pe_smem, kv_ready, kv_free, KV8, table_b, draft_b, kv_scale2, n_prefix,
+                                     start, end, n_iter, stride_kv, LSE_PART, pid_s, 0, BLOCK_N, SB, D_NOPE, D_PE,
+                                     num_warps, True, CVT, False)),
+            (_fp8_loader_partition, (kv_smem, pe_smem, kv_ready, kv_free, KV8, table_b, draft_b, kv_scale2, n_prefix,
+                                     start, end, n_iter, stride_kv, LSE_PART, pid_s, 1, BLOCK_N, SB, D_NOPE, D_PE,
+                                     num_warps, True, CVT, False)),
+        ], [num_warps, num_warps, num_warps], [PV_REGS, CONVERT_REGS, CONVERT_REGS])
+
+
 def ragged_gluon_config(rows: int) -> SplitKVConfig:
     """The plan and merge fields of the ragged Gluon call at ``rows`` packed rows: gluon_config's 64 x 64 tile and two
     stages, one program per SM, 64 value dims per merge program, the merge in one pass by runs 28-29's rule and
@@ -218,11 +294,88 @@ def ragged_split_kv_gluon_ws(q: torch.Tensor, kv: torch.Tensor, o: torch.Tensor,
     return ragged_merge(o_part, lse_part, o, qo_indptr, kv_indptr, cfg)
 
 
+def gluon_fp8_ragged_supported(q: torch.Tensor, kv: torch.Tensor, rows: int, kv_scale: float = 1.0,
+                                logit_cap: float = 0.0) -> tuple[bool, str]:
+    """(runs, why not) for an fp8 cache: CUDA sm_90, bf16 contiguous q, a float8_e4m3fn cache, 1 to 16 packed rows
+    (heads x the most draft tokens of a request: the fp8 kernel's one tile), a scale whose e4m3 range fits fp16's,
+    no logit cap."""
+    if not q.is_cuda or torch.version.hip is not None:
+        return False, "not a CUDA device"
+    if torch.cuda.get_device_capability(q.device) != (9, 0):
+        return False, f"compute capability {torch.cuda.get_device_capability(q.device)}, the kernel is sm_90's (wgmma)"
+    if q.dtype != torch.bfloat16 or kv.dtype != torch.float8_e4m3fn:
+        return False, f"dtypes q {q.dtype} / kv {kv.dtype}: the fp8 kernel takes bf16 q and a float8_e4m3fn cache"
+    if not q.is_contiguous():
+        return False, "q is not contiguous (a request's rows must be one block)"
+    if not 1 <= rows <= SWAP_MAX_ROWS:
+        return False, (f"{rows} rows (heads x draft tokens): the fp8 kernel holds 1 to {SWAP_MAX_ROWS} in one tile")
+    if not 0 < kv_scale <= MAX_KV_SCALE:
+        return False, f"KV scale {kv_scale}: the fp8 kernel converts to fp16 and needs one in (0, {MAX_KV_SCALE:.1f}]"
+    if logit_cap and logit_cap > 0:
+        return False, "logit cap (not in the fp8 kernel)"
+    return True, "warp-specialized Gluon fp8 kernel (sm_90)"
+
+
+def ragged_split_kv_gluon_fp8(q: torch.Tensor, kv: torch.Tensor, o: torch.Tensor, qo_indptr: torch.Tensor,
+                              kv_indptr: torch.Tensor, kv_indices: torch.Tensor, draft_loc: torch.Tensor,
+                              mask: torch.Tensor, mask_indptr: torch.Tensor, max_draft: int, sm_scale: float,
+                              kv_scale: float = 1.0, cfg: SplitKVConfig | None = None,
+                              num_sms: int | None = None, rings: str | None = None) -> torch.Tensor:
+    """Verify attention for a batch in SGLang's layout on an fp8 e4m3 cache (the module doc's fp8 paragraph); writes
+    ``o`` [tokens, H, 512] (bf16) and returns it. ``kv`` [slots, (1,) 576] float8_e4m3fn holds the prefix rows and
+    the draft rows at ``draft_loc`` (SGLang's out_cache_loc), each value ``kv_scale`` x its e4m3 (SGLang: the layer's
+    k_scale, 1.0 without one); up to 16 packed rows (heads x ``max_draft``); ``rings``: gluon_ws_fp8's ring name
+    (None: the fp8 pick's, s22 up to 8 rows, d2 above). Every other argument as ``ragged_split_kv_gluon_ws``'s; no
+    host synchronisation: safe under CUDA-graph capture."""
+    from specdiag.kernels.triton_splitkv_ragged import n_splits_for, ragged_merge  # noqa: PLC0415
+
+    if q.dim() != 3 or q.shape[-1] != D_QK or not q.is_contiguous() or q.dtype != torch.bfloat16:
+        raise ValueError(f"q must be a contiguous bf16 [tokens, heads, {D_QK}]; got {q.dtype} {tuple(q.shape)}")
+    kv2 = kv.reshape(kv.shape[0], -1)
+    if kv2.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"kv must be the float8_e4m3fn cache (SGLang's fp8_e4m3 pool, viewed as its dtype); got "
+                         f"{kv2.dtype}: for a bf16 cache use ragged_split_kv_gluon_ws")
+    if kv2.shape[1] != D_QK or kv2.stride(1) != 1 or kv2.stride(0) % 16:
+        raise ValueError("kv rows must hold 576 fp8 values (512 latent + 64 rope), unit inner stride, rows 16-byte "
+                         "aligned")
+    if o.dim() != 3 or o.shape[-1] != D_V or o.stride(-1) != 1 or o.dtype != q.dtype:
+        raise ValueError(f"o must be bf16 [tokens, heads, {D_V}] with unit inner stride; got {o.dtype} "
+                         f"{tuple(o.shape)}")
+    if draft_loc.shape[0] < q.shape[0]:
+        raise ValueError(f"draft_loc needs a cache slot per query token ({q.shape[0]}); got {draft_loc.shape[0]}")
+    if not 0 < kv_scale <= MAX_KV_SCALE:
+        raise ValueError(f"kv_scale must be in (0, {MAX_KV_SCALE:.1f}] (448 x scale within fp16's range, the tile's "
+                         f"dtype); got {kv_scale}")
+    heads = q.shape[1]
+    batch = qo_indptr.shape[0] - 1
+    max_rows = max_draft * heads
+    rn, ring = ring_for(max_rows, rings)  # refuses past 16 rows, before any allocation
+    pv_regs, convert_regs = partition_regs(ring, "rows", rn)
+    cfg = cfg or ragged_gluon_config(max_rows)
+    if num_sms is None:
+        num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    n_splits = n_splits_for(max_rows, batch, num_sms, cfg)
+    mask_u8 = mask.view(torch.uint8) if mask.dtype == torch.bool else mask
+    o_part = torch.empty(batch, n_splits, max_rows, D_V, device=q.device, dtype=torch.float32)
+    lse_part = torch.empty(batch, n_splits, max_rows, device=q.device, dtype=torch.float32)
+    _fp8_ragged_partial_kernel[(n_splits, batch)](
+        q, kv2, kv_indices, draft_loc, mask_u8, qo_indptr, kv_indptr, mask_indptr, o_part, lse_part,
+        float(sm_scale) * LOG2E, fp16_pair_bits(float(kv_scale)), heads, n_splits, max_rows, cfg.min_split_tokens,
+        kv2.stride(0), BLOCK_N=cfg.block_n, SB=ring.sb, S8=ring.s8, RN=rn, D_NOPE=D_NOPE, D_PE=D_PE, D_HALF=D_HALF,
+        num_warps=WS_PARTITION_WARPS, PV_REGS=pv_regs, CONVERT_REGS=convert_regs, CVT=CONVERSIONS["cvt"],
+        ROUND=BLOCK_TOKENS,
+    )
+    return ragged_merge(o_part, lse_part, o, qo_indptr, kv_indptr, cfg)
+
+
 def compile_sm90(dtype: str = "bf16", qo_indptr: str = "i32", kv_indptr: str = "i32",
-                 mask_indptr: str = "i64", swap_rn: int = 0) -> "triton.compiler.CompiledKernel":
+                 mask_indptr: str = "i64", swap_rn: int = 0, fp8_rows: int = 0) -> "triton.compiler.CompiledKernel":
     """The ragged partial kernel compiled ahead of time for sm_90 (no GPU needed), as the plugin launches it, with the
     index dtypes SGLang passes (int32 qo_indptr in eager calls, int64 in its CUDA-graph buffers); ``swap_rn`` 8 or 16:
-    the rows-as-N kernel with that N instead."""
+    the rows-as-N kernel with that N instead; ``fp8_rows`` 1-16: the fp8 kernel as a call of that many rows launches
+    it (its N and the fp8 pick's ring for them; bf16 q)."""
+    if fp8_rows:
+        return _compile_fp8_sm90(fp8_rows, qo_indptr, kv_indptr, mask_indptr)
     from triton.backends.compiler import GPUTarget  # noqa: PLC0415
     from triton.experimental.gluon._runtime import GluonASTSource  # noqa: PLC0415
 
@@ -244,3 +397,23 @@ def compile_sm90(dtype: str = "bf16", qo_indptr: str = "i32", kv_indptr: str = "
     kernel = _swap_ragged_partial_kernel if swap_rn else _ws_ragged_partial_kernel
     return triton.compile(GluonASTSource(kernel, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": WS_PARTITION_WARPS})
+
+
+def _compile_fp8_sm90(rows: int, qo_indptr: str, kv_indptr: str, mask_indptr: str) -> "triton.compiler.CompiledKernel":
+    from triton.backends.compiler import GPUTarget  # noqa: PLC0415
+    from triton.experimental.gluon._runtime import GluonASTSource  # noqa: PLC0415
+
+    rn, ring = ring_for(rows, None)
+    pv_regs, convert_regs = partition_regs(ring, "rows", rn)
+    sig = {"Q": "*bf16", "KV8": "*fp8e4nv", "KV_INDICES": "*i64", "DRAFT_LOC": "*i64", "MASK": "*u8",
+           "QO_INDPTR": f"*{qo_indptr}", "KV_INDPTR": f"*{kv_indptr}", "MASK_INDPTR": f"*{mask_indptr}",
+           "O_PART": "*fp32", "LSE_PART": "*fp32", "qk_scale": "fp32", "kv_scale2": "i32", "n_heads": "i32",
+           "n_splits": "i32", "max_rows": "i32", "min_split_tokens": "i32", "stride_kv": "i32"}
+    const = {"BLOCK_N": 64, "SB": ring.sb, "S8": ring.s8, "RN": rn, "D_NOPE": D_NOPE, "D_PE": D_PE, "D_HALF": D_HALF,
+             "num_warps": WS_PARTITION_WARPS, "PV_REGS": pv_regs, "CONVERT_REGS": convert_regs,
+             "CVT": CONVERSIONS["cvt"], "ROUND": BLOCK_TOKENS}
+    sig.update({k: "constexpr" for k in const})
+    attrs = {(i,): [["tt.divisibility", 16]] for i, k in enumerate(sig)
+             if k in ("Q", "KV8", "KV_INDICES", "DRAFT_LOC", "O_PART", "LSE_PART", "stride_kv", "min_split_tokens")}
+    return triton.compile(GluonASTSource(_fp8_ragged_partial_kernel, sig, const, attrs),
+                          target=GPUTarget("cuda", 90, 32), options={"num_warps": WS_PARTITION_WARPS})

@@ -25,11 +25,19 @@ rows-as-N form (gluon_ws_swap's partitions: session 11's runs 40-42). Where it c
 (another GPU, a logit cap, a non-contiguous q) or failed once, the Triton ragged kernel through its
 configuration ladder. ``0``: the Triton kernel only.
 
+On an fp8 e4m3 cache (``--kv-cache-dtype fp8_e4m3``) up to 16 rows on sm_90: the fp8 pick's kernel
+(gluon_ws_ragged ``ragged_split_kv_gluon_fp8``: the cache converted exactly to fp16 tile by tile, the layer's
+k_scale applied, 1.0 without one). There is no Triton fp8 path: where the fp8 kernel cannot run (another GPU, more
+than 16 rows, a logit cap, ``SPECDIAG_SGLANG_GLUON=0``, k_scale != v_scale) SGLang's own kernel serves the call, with
+the reason logged once and counted, before anything is stored.
+
 Counts (``STATS``): calls served and fallen back per reason, in this process. Under CUDA graphs
 only captures and eager calls pass through Python, so these count calls of the hook, not replays.
 With ``SPECDIAG_SGLANG_STATS=DIR`` each process writes ``DIR/stats-<pid>.json`` (at most once a
 second while counts change). ``SPECDIAG_SGLANG_CHECK=1`` (eager servers only, e.g. decode CUDA graphs
-off) runs SGLang's own kernel and the plugin's on every served call and records their relative error.
+off) runs SGLang's own kernel and the plugin's on every served call and records their relative error; on an fp8 cache
+also each one's error against the fp32 reference of what the fp8 kernel computes (translate.fp8_reference), since
+SGLang's own kernel casts q and P to fp8 and so is not the reference there.
 """
 
 from __future__ import annotations
@@ -60,6 +68,11 @@ _logged: set = set()
 _last_write = [0.0]
 _LADDER: list = []  # the ConfigLadder of this process, made on first use (specdiag.kernels.splitkv_plan)
 _GLUON: dict = {}  # shape key -> None (the Gluon kernel serves it) or why not (cannot run, or failed once)
+
+
+class Unservable(Exception):
+    """A call decide() passes that no kernel of the plugin can run here (an fp8 cache where the fp8 kernel cannot
+    run): raised before anything is stored, so SGLang's own path serves it; the message is the reason counted."""
 
 
 def _on_config_choice(key, cfg, shared_bytes, failed) -> None:
@@ -128,7 +141,13 @@ def _facts(backend, q, k, v, layer, forward_batch, sinks, score_mod):
     if not verify:  # cheap exit for prefill/decode: the rest is not needed
         return CallFacts(False, 0, False, 0, 0, False, False, False, False, False, False, 1, False, True, False,
                          q.dtype, q.dtype, False, q.is_cuda)
+    from specdiag_sglang_plugin.translate import max_draft_tokens  # noqa: PLC0415
+
     pool = backend.token_to_kv_pool
+    meta = backend.forward_metadata
+    rows = int(layer.tp_q_head_num) * max_draft_tokens(getattr(meta, "max_extend_len", None), q.shape[0],
+                                                        int(meta.qo_indptr.shape[0]) - 1)
+    k_scale, v_scale = getattr(layer, "k_scale_float", None), getattr(layer, "v_scale_float", None)
     k_buf = pool.get_key_buffer(layer.layer_id)
     v_buf = pool.get_value_buffer(layer.layer_id)
     swa = getattr(layer, "sliding_window_size", None)
@@ -156,11 +175,34 @@ def _facts(backend, q, k, v, layer, forward_batch, sinks, score_mod):
         value_is_latent_view=(v_buf.data_ptr() == k_buf.data_ptr() and v_buf.stride() == k_buf.stride()
                               and v_buf.shape[-1] == 512),
         is_cuda=q.is_cuda and torch.version.hip is None,
+        rows=rows,
+        kv_scales_equal=(getattr(layer, "k_scale", None) is None) or (k_scale is not None and k_scale == v_scale),
     )
 
 
+def kv_scale_of(layer) -> float:
+    """The fp8 cache's dequantization scale: the layer's k_scale (a Python float SGLang keeps beside the
+    parameter), 1.0 when it has none (SGLang then stores ``k.to(fp8)`` and its kernel multiplies by 1.0)."""
+    return 1.0 if getattr(layer, "k_scale", None) is None else float(layer.k_scale_float)
+
+
+def _store_draft_kv(backend, layer, forward_batch, k, v) -> None:
+    """The draft block's KV into the pool as SGLang's forward_extend stores it (no DCP: decide() keeps it SGLang's):
+    plainly without a k_scale; with one (an fp8 latent cache: decide() serves no other), ``k / k_scale``."""
+    from sglang.srt.layers.attention import triton_backend as tb  # noqa: PLC0415
+
+    meta = backend.forward_metadata
+    loc_info = tb.KVWriteLoc(forward_batch.out_cache_loc, meta.swa_out_cache_loc,
+                             full_loc=meta.out_cache_loc_full_physical)
+    if getattr(layer, "k_scale", None) is None:
+        backend._set_kv_buffer(forward_batch, layer, loc_info, k, v)
+    else:
+        backend.token_to_kv_pool.set_kv_buffer(layer, loc_info, k.clone().div_(layer.k_scale), v)
+
+
 def _serve(backend, q, k, v, layer, forward_batch, save_kv_cache):
-    """Store the draft KV as SGLang does (no fp8 scales, no DCP), then the ragged split-KV kernel."""
+    """The kernel for this call chosen (an fp8 cache: the fp8 kernel or ``Unservable``, before anything is stored),
+    the draft KV stored as SGLang stores it, then the kernel: on sm_90 the Gluon kernel, else the ragged Triton one."""
     from sglang.srt.layers.attention import triton_backend as tb  # noqa: PLC0415
     from specdiag.kernels.triton_splitkv_ragged import ragged_split_kv_triton  # noqa: PLC0415
     from specdiag_sglang_plugin.translate import max_draft_tokens  # noqa: PLC0415
@@ -168,31 +210,48 @@ def _serve(backend, q, k, v, layer, forward_batch, save_kv_cache):
     attn_out = getattr(forward_batch, "_attn_output", None)
     o = attn_out if attn_out is not None else q.new_empty((q.shape[0], layer.tp_q_head_num * layer.v_head_dim))
     meta = backend.forward_metadata
-    if save_kv_cache:
-        loc_info = tb.KVWriteLoc(forward_batch.out_cache_loc, meta.swa_out_cache_loc,
-                                 full_loc=meta.out_cache_loc_full_physical)
-        backend._set_kv_buffer(forward_batch, layer, loc_info, k, v)
     logit_cap = tb.logit_capping_mod(layer.logit_capping_method, layer.logit_cap)
     heads = layer.tp_q_head_num
     batch = meta.qo_indptr.shape[0] - 1
     max_draft = max_draft_tokens(meta.max_extend_len, q.shape[0], batch)
+    kv_buf = backend.token_to_kv_pool.get_key_buffer(layer.layer_id)
+    key = (heads * max_draft, q.dtype, kv_buf.dtype, bool(logit_cap and logit_cap > 0), q.device.index)
+
+    if kv_buf.dtype == torch.float8_e4m3fn:
+        scale = kv_scale_of(layer)
+        if not _gluon_fp8_serves(key, q, kv_buf, scale, forward_batch, logit_cap):
+            raise Unservable(f"fp8 KV cache: {_GLUON[key]}")
+        from specdiag.kernels.gluon_ws_ragged import ragged_split_kv_gluon_fp8  # noqa: PLC0415
+
+        if save_kv_cache:
+            _store_draft_kv(backend, layer, forward_batch, k, v)
+        try:
+            ragged_split_kv_gluon_fp8(
+                q.view(-1, heads, layer.qk_head_dim), kv_buf, o.view(-1, heads, layer.v_head_dim), meta.qo_indptr,
+                meta.kv_indptr, meta.kv_indices, forward_batch.out_cache_loc, meta.custom_mask, meta.mask_indptr,
+                max_draft=max_draft, sm_scale=layer.scaling, kv_scale=scale)
+        except Exception as exc:  # noqa: BLE001  compile or launch: SGLang's kernel serves this shape from now on
+            _GLUON[key] = f"failed: {type(exc).__name__}: {' '.join(str(exc).split())[-300:]}"
+            log_once("gluon-failed:" + repr(key), "fp8 Gluon kernel failed for %s, SGLang's kernel serves it: %s",
+                     key, _GLUON[key])
+            raise
+        _count_served(gluon=True)
+        return o
+
+    if save_kv_cache:
+        _store_draft_kv(backend, layer, forward_batch, k, v)
     ladder = config_ladder(q.device)
     ladder.elem_bytes = q.element_size()
-    key = (heads * max_draft, q.dtype, bool(logit_cap and logit_cap > 0), q.device.index)
 
     if _gluon_serves(key, q, backend, layer, forward_batch, logit_cap):
         from specdiag.kernels.gluon_ws_ragged import ragged_split_kv_gluon_ws  # noqa: PLC0415
 
         try:
             ragged_split_kv_gluon_ws(
-                q.view(-1, heads, layer.qk_head_dim), backend.token_to_kv_pool.get_key_buffer(layer.layer_id),
-                o.view(-1, heads, layer.v_head_dim), meta.qo_indptr, meta.kv_indptr, meta.kv_indices,
-                forward_batch.out_cache_loc, meta.custom_mask, meta.mask_indptr, max_draft=max_draft,
-                sm_scale=layer.scaling)
-            STATS["served"] += 1
-            STATS["served_gluon"] += 1
-            if torch.cuda.is_current_stream_capturing():
-                STATS["served_in_capture"] += 1
+                q.view(-1, heads, layer.qk_head_dim), kv_buf, o.view(-1, heads, layer.v_head_dim), meta.qo_indptr,
+                meta.kv_indptr, meta.kv_indices, forward_batch.out_cache_loc, meta.custom_mask, meta.mask_indptr,
+                max_draft=max_draft, sm_scale=layer.scaling)
+            _count_served(gluon=True)
             return o
         except Exception as exc:  # noqa: BLE001  compile or launch: the Triton kernel serves this shape from now on
             cause = f" (cause: {type(exc.__cause__).__name__}: {str(exc.__cause__)[:300]})" if exc.__cause__ else ""
@@ -210,10 +269,15 @@ def _serve(backend, q, k, v, layer, forward_batch, save_kv_cache):
         )
 
     ladder.run(key, heads * max_draft, launch)
+    _count_served(gluon=False)
+    return o
+
+
+def _count_served(gluon: bool) -> None:
     STATS["served"] += 1
+    STATS["served_gluon"] += int(gluon)
     if torch.cuda.is_current_stream_capturing():
         STATS["served_in_capture"] += 1
-    return o
 
 
 def gluon_from_env(environ=os.environ) -> bool:
@@ -243,6 +307,26 @@ def _gluon_serves(key, q, backend, layer, forward_batch, logit_cap) -> bool:
     return _GLUON[key] is None
 
 
+def _gluon_fp8_serves(key, q, kv_buf, kv_scale, forward_batch, logit_cap) -> bool:
+    """Whether the fp8 kernel serves this call (an fp8 cache has no other kernel here: where it does not, SGLang's
+    does); each reason it does not is kept per shape and logged once."""
+    if key not in _GLUON:
+        from specdiag.kernels.gluon_ws_ragged import gluon_fp8_ragged_supported  # noqa: PLC0415
+
+        if not gluon_from_env():
+            ok, why = False, f"{GLUON_ENV}=0 (the fp8 kernel is the Gluon one)"
+        else:
+            ok, why = gluon_fp8_ragged_supported(q, kv_buf, key[0], kv_scale, logit_cap)
+        loc = getattr(forward_batch, "out_cache_loc", None)
+        if ok and (loc is None or loc.shape[0] < q.shape[0]):
+            ok, why = False, "no out_cache_loc slot per draft token"
+        _GLUON[key] = None if ok else why
+        log_once("gluon:" + repr(key), "verify kernel for %s: %s", key,
+                 f"warp-specialized Gluon on the fp8 cache (sm_90, the rows as the wgmma's N, scale {kv_scale})"
+                 if ok else f"SGLang's own ({why})")
+    return _GLUON[key] is None
+
+
 def _check(original, backend, q, k, v, layer, forward_batch, save_kv_cache, kwargs):
     """Check mode (eager calls only): SGLang's own output, then the kernel's on the same inputs.
 
@@ -254,13 +338,29 @@ def _check(original, backend, q, k, v, layer, forward_batch, save_kv_cache, kwar
     ours = _serve(backend, q, k, v, layer, forward_batch, save_kv_cache=False)
     meta = backend.forward_metadata
     prefix = (meta.kv_indptr[1:] - meta.kv_indptr[:-1]).tolist()
-    err = float((ours.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30))
     checks = STATS.setdefault("check", [])
     if len(checks) < 2000:
-        checks.append({"layer": int(layer.layer_id), "prefix_tokens": prefix, "draft_tokens": int(q.shape[0]),
-                       "heads": int(layer.tp_q_head_num), "rel_err": err,
-                       "finite": bool(torch.isfinite(ours).all())})
+        row = {"layer": int(layer.layer_id), "prefix_tokens": prefix, "draft_tokens": int(q.shape[0]),
+               "heads": int(layer.tp_q_head_num), "rel_err": _rel_err(ours, ref),
+               "finite": bool(torch.isfinite(ours).all())}
+        kv_buf = backend.token_to_kv_pool.get_key_buffer(layer.layer_id)
+        if kv_buf.dtype == torch.float8_e4m3fn:  # SGLang's kernel casts q and P to fp8: the fp32 reference too
+            from specdiag_sglang_plugin.translate import VerifyBatch, fp8_reference  # noqa: PLC0415
+
+            heads = layer.tp_q_head_num
+            batch = VerifyBatch(q=q.view(-1, heads, layer.qk_head_dim), k_ext=k, v_ext=v, kv_buffer=kv_buf,
+                                qo_indptr=meta.qo_indptr, kv_indptr=meta.kv_indptr, kv_indices=meta.kv_indices,
+                                custom_mask=meta.custom_mask, mask_indptr=meta.mask_indptr, sm_scale=layer.scaling)
+            exact = fp8_reference(batch, forward_batch.out_cache_loc, kv_scale_of(layer)).reshape(ours.shape)
+            row.update(kv_dtype="float8_e4m3fn", rel_err_ref=_rel_err(ours, exact),
+                       sglang_rel_err_ref=_rel_err(ref, exact))
+        checks.append(row)
     return ours
+
+
+def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """||a - b|| / ||b||, in fp32."""
+    return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
 
 
 def forward_extend_hook(original, backend, q, k, v, layer, forward_batch, save_kv_cache=True,
@@ -270,7 +370,7 @@ def forward_extend_hook(original, backend, q, k, v, layer, forward_batch, save_k
 
     serve, reason = decide(_facts(backend, q, k, v, layer, forward_batch, sinks, score_mod))
     if serve:
-        log_once("serve", "verify attention runs on specdiag's split-KV kernel: %s", reason)
+        log_once("serve:" + reason, "verify attention runs on specdiag's split-KV kernel: %s", reason)
         try:
             if os.environ.get(CHECK_ENV) == "1" and not torch.cuda.is_current_stream_capturing():
                 out = _check(original, backend, q, k, v, layer, forward_batch, save_kv_cache,
@@ -280,6 +380,8 @@ def forward_extend_hook(original, backend, q, k, v, layer, forward_batch, save_k
             out = _serve(backend, q, k, v, layer, forward_batch, save_kv_cache)
             _maybe_write_stats()
             return out
+        except Unservable as exc:  # nothing stored: SGLang's path, counted under the reason
+            reason = str(exc)
         except Exception as exc:  # noqa: BLE001  SGLang's path instead (it stores the same KV again)
             reason = f"kernel error: {type(exc).__name__}: {exc}"
             if reason not in _logged:  # the traceback once per distinct error, not once per layer and step

@@ -14,6 +14,13 @@ What SGLang 0.5.17 passes to ``extend_attention_fwd`` on a target-verify step of
   ``P + T`` entries; entry ``[t, P + j]`` says whether draft token t sees draft token j. SGLang's
   kernel skips the prefix columns (``skip_prefix_custom_mask=True``): the prefix is fully visible.
 - ``layer.scaling`` (softmax scale) and ``logit_cap`` (tanh cap on the scaled scores, 0 = none).
+- an fp8 cache (``--kv-cache-dtype fp8_e4m3``): ``get_key_buffer`` returns the pool viewed as float8_e4m3fn (stored
+  as uint8); ``forward_extend`` stores the draft rows as ``k.to(fp8)``, or ``(k / k_scale).to(fp8)`` when the layer
+  has a ``k_scale`` (a checkpoint's calibrated scales), and its kernel multiplies the scores by ``k_scale`` and P V by
+  ``v_scale``: for the one latent buffer that is the dequantized cache only when the two are equal. SGLang's kernel
+  reads the draft block from the bf16 ``k``/``v`` and casts q and P to fp8 for the prefix's dots
+  (``tl.dot(q.to(k.dtype), k)``); the plugin's fp8 kernel reads every row from the cache, draft rows included,
+  converts them exactly to fp16 and keeps q in fp16 (``fp8_reference`` is what it computes).
 
 This module holds the plugin's decision (serve or fall back, and why), the per-request view of
 such a batch as specdiag's :class:`VerifyInputs`, and the torch path that runs the kernel's CPU
@@ -31,6 +38,8 @@ from specdiag.kernels.mla import D_QK, D_V, VerifyInputs
 from specdiag.kernels.reference import split_kv_torch
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
+#: the fp8 kernel's most packed rows (heads x draft tokens; gluon_ws_swap.SWAP_MAX_ROWS, not imported: no triton here)
+FP8_MAX_ROWS = 16
 
 
 @dataclass
@@ -74,6 +83,8 @@ class CallFacts:
     q_dtype, kv_dtype:   tensor dtypes
     value_is_latent_view: the value buffer is the first 512 dims of the key buffer (same storage)
     is_cuda:             tensors are on a CUDA (not ROCm) device
+    rows:                packed rows of the call (heads x the most draft tokens of a request)
+    kv_scales_equal:     the layer's k_scale and v_scale are one number (or absent)
     """
 
     forward_mode_verify: bool
@@ -95,6 +106,8 @@ class CallFacts:
     kv_dtype: torch.dtype
     value_is_latent_view: bool
     is_cuda: bool
+    rows: int = 0
+    kv_scales_equal: bool = True
 
 
 def decide(facts: CallFacts) -> tuple[bool, str]:
@@ -111,7 +124,6 @@ def decide(facts: CallFacts) -> tuple[bool, str]:
          f"head dims {facts.qk_head_dim}/{facts.v_head_dim}, the kernel needs {D_QK}/{D_V}"),
         (facts.page_size == 1, f"page_size {facts.page_size}, the kernel reads page_size 1 token indices"),
         (facts.has_kv_tensors, "k/v not passed (the draft block's latent rows are needed)"),
-        (not facts.kv_scaled, "fp8 KV cache (k_scale/v_scale) not supported"),
         (not facts.sliding_window, "sliding-window attention not supported"),
         (not facts.sinks, "attention sinks not supported"),
         (not facts.score_mod, "score_mod not supported"),
@@ -120,13 +132,27 @@ def decide(facts: CallFacts) -> tuple[bool, str]:
         (not facts.deterministic, "deterministic mode (the backend's unified kernel) kept"),
         (facts.causal, "non-causal attention"),
         (facts.has_custom_mask, "no custom mask passed"),
-        (facts.q_dtype in SUPPORTED_DTYPES and facts.kv_dtype == facts.q_dtype,
-         f"dtypes q {facts.q_dtype} / kv {facts.kv_dtype}, the kernel needs both bf16 or both fp16"),
         (facts.value_is_latent_view, "the value buffer is not the first 512 dims of the latent key buffer"),
     ]
+    if facts.kv_dtype == torch.float8_e4m3fn:
+        checks += [
+            (facts.q_dtype == torch.bfloat16, f"fp8 KV cache with q {facts.q_dtype}: the fp8 kernel takes bf16 queries"),
+            (facts.rows <= FP8_MAX_ROWS, f"fp8 KV cache at {facts.rows} rows (heads x draft tokens): the fp8 kernel "
+                                         f"holds up to {FP8_MAX_ROWS}"),
+            (facts.kv_scales_equal, "fp8 KV cache with k_scale != v_scale: the latent cache has one scale"),
+        ]
+    else:
+        checks += [
+            (not facts.kv_scaled, f"k_scale/v_scale on a {facts.kv_dtype} KV cache not supported"),
+            (facts.q_dtype in SUPPORTED_DTYPES and facts.kv_dtype == facts.q_dtype,
+             f"dtypes q {facts.q_dtype} / kv {facts.kv_dtype}, the kernel needs both bf16 or both fp16, or bf16 q "
+             "and a float8_e4m3fn cache"),
+        ]
     for ok, reason in checks:
         if not ok:
             return False, reason
+    if facts.kv_dtype == torch.float8_e4m3fn:
+        return True, "split-KV verify (MLA latent, page_size 1, custom mask, fp8 e4m3 cache)"
     return True, "split-KV verify (MLA latent, page_size 1, custom mask)"
 
 
@@ -156,6 +182,28 @@ def request_inputs(batch: VerifyBatch, b: int) -> VerifyInputs:
     token_table = torch.arange(pool.shape[0], dtype=torch.int64, device=pool.device)
     return VerifyInputs(q=batch.q[q0:q1], cache=pool, token_table=token_table, block_table=None,
                         mask=tree_mask(batch, b), n_prefix=k1 - k0, sm_scale=batch.sm_scale)
+
+
+def fp8_reference(batch: VerifyBatch, draft_loc: torch.Tensor, kv_scale: float) -> torch.Tensor:
+    """[tokens, H, 512] fp32: what the plugin's fp8 kernel computes, exactly: every row (the prefix's at kv_indices,
+    the draft tokens' at ``draft_loc``, where SGLang stored them) from the fp8 cache, times ``kv_scale``, in fp32
+    (specdiag.kernels.reference.reference_verify), the draft block under the tree mask."""
+    from specdiag.kernels.reference import reference_verify  # noqa: PLC0415
+
+    out = torch.empty(batch.q.shape[0], batch.q.shape[1], D_V, dtype=torch.float32, device=batch.q.device)
+    cache = batch.kv_buffer.reshape(batch.kv_buffer.shape[0], D_QK)
+    if cache.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"fp8_reference reads a float8_e4m3fn cache; got {cache.dtype}")
+    for b in range(batch.batch_size):
+        q0, q1 = int(batch.qo_indptr[b]), int(batch.qo_indptr[b + 1])
+        k0, k1 = int(batch.kv_indptr[b]), int(batch.kv_indptr[b + 1])
+        rows = torch.cat([batch.kv_indices[k0:k1].long(), draft_loc[q0:q1].long()])
+        pool = cache.view(torch.uint8)[rows].view(torch.float8_e4m3fn).float() * kv_scale  # bytes: any device
+        inputs = VerifyInputs(q=batch.q[q0:q1], cache=pool,
+                              token_table=torch.arange(pool.shape[0], dtype=torch.int64, device=pool.device),
+                              block_table=None, mask=tree_mask(batch, b), n_prefix=k1 - k0, sm_scale=batch.sm_scale)
+        out[q0:q1] = reference_verify(inputs)
+    return out
 
 
 def run_torch(batch: VerifyBatch, out: torch.Tensor, n_splits: int = 4) -> torch.Tensor:
