@@ -73,6 +73,46 @@ def test_fp8_kernel_compiles_for_sm90_as_designed(rn: int, rings: str, conversio
     assert _ptxas_spill_bytes(ptx) <= max_spill
 
 
+def test_fp8_row_tiles_start_at_a_draft_token_or_stay_inside_one() -> None:
+    """Up to 32 rows one tile; above, whole draft tokens' rows (8 heads: 32, 5 heads: 30), or with more heads than 32
+    the largest divisor of the heads (40: 20, 128: 32), so every tile's first row is a draft token's first row or
+    every row of the tile belongs to one draft token; bad counts are refused."""
+    from specdiag.kernels.gluon_ws_ragged import FP8_TILE_MAX_ROWS, fp8_tile_rows
+
+    assert FP8_TILE_MAX_ROWS == 32
+    assert [fp8_tile_rows(h, r) for h, r in ((8, 8), (8, 32), (8, 64), (16, 1024), (5, 40), (40, 40), (128, 256),
+                                             (7, 49))] == [8, 32, 32, 32, 30, 20, 32, 28]
+    for heads in range(1, 130):
+        for draft in (1, 2, 3, 8):
+            rows = heads * draft
+            tr = fp8_tile_rows(heads, rows)
+            assert 1 <= tr <= 32
+            for row0 in range(0, rows, tr):
+                same_token = row0 // heads == (min(row0 + tr, rows) - 1) // heads
+                assert rows <= 32 or row0 % heads == 0 or same_token, (heads, draft, row0)
+    with pytest.raises(ValueError, match="positive"):
+        fp8_tile_rows(0, 8)
+
+
+@needs_triton
+@pytest.mark.parametrize("rows, ring, max_spill", [(32, "s13", 0), (64, "d2", 80)])
+def test_ragged_fp8_kernel_at_an_n_of_32(rows: int, ring: str, max_spill: int) -> None:
+    """Above 16 rows the fp8 ragged kernel's tiles are 32 rows (68 m64n32k16 fp16 wgmmas a tile) in either ring of
+    ``FP8_N32_RINGS``, within sm_90's shared memory: s13 without spills, d2 with at most 80 B (76 at its best split)."""
+    from specdiag.kernels.gluon_ws_ragged import FP8_N32_RINGS, compile_sm90
+
+    assert set(FP8_N32_RINGS) == {"d2", "s13"}
+    k = compile_sm90(qo_indptr="i64", kv_indptr="i32", fp8_rows=rows, fp8_rings=ring)
+    assert k.metadata.shared <= SHARED_LIMIT_SM90
+    ptx = k.asm["ptx"]
+    wgmma = r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+\.f32\.f16\.f16)"
+    assert collections.Counter(re.findall(wgmma, ptx)) == {"m64n32k16.f32.f16.f16": 68}
+    assert (ptx.count("cp.async.cg") > 0) == (ring == "s13")
+    regs = [int(n) for n in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32 \t?(\d+)", ptx)]
+    assert set(FP8_N32_RINGS[ring]) <= set(regs)
+    assert _ptxas_spill_bytes(ptx) <= max_spill
+
+
 @needs_triton
 @pytest.mark.parametrize("rows, qo, max_spill", [(8, "i32", 0), (8, "i64", 0), (16, "i32", 8), (16, "i64", 8), (5, "i64", 0)])
 def test_ragged_fp8_kernel_compiles_for_sm90_as_the_dense_fp8_pick(rows: int, qo: str, max_spill: int) -> None:
@@ -98,13 +138,13 @@ def test_ragged_fp8_kernel_compiles_for_sm90_as_the_dense_fp8_pick(rows: int, qo
 
 
 def test_ragged_fp8_launcher_refuses_bad_calls_before_any_launch() -> None:
-    """A bf16 cache, fp16 q, more than 16 rows, a scale past fp16's range, too few draft slots: refused with the fix,
-    before any allocation or launch (CPU tensors: a launch would fail otherwise); off sm_90 the plugin's check says
-    why the fp8 kernel cannot run."""
+    """A bf16 cache, fp16 q, a ring that does not hold the call's row tile, a scale past fp16's range, too few draft
+    slots: refused with the fix, before any allocation or launch (CPU tensors: a launch would fail otherwise); off
+    sm_90 the plugin's check says why the fp8 kernel cannot run."""
     pytest.importorskip("triton.experimental.gluon")
     from specdiag.kernels.gluon_ws_ragged import gluon_fp8_ragged_supported, ragged_split_kv_gluon_fp8
 
-    def call(heads=8, draft=1, qd=torch.bfloat16, kvd=torch.float8_e4m3fn, scale=1.0, loc_n=None):
+    def call(heads=8, draft=1, qd=torch.bfloat16, kvd=torch.float8_e4m3fn, scale=1.0, loc_n=None, rings=None):
         tokens = draft
         q = torch.zeros(tokens, heads, 576, dtype=qd)
         kv = torch.zeros(100, 1, 576, dtype=torch.uint8).view(kvd) if kvd == torch.float8_e4m3fn else \
@@ -114,10 +154,11 @@ def test_ragged_fp8_launcher_refuses_bad_calls_before_any_launch() -> None:
         loc = torch.arange(tokens if loc_n is None else loc_n)
         ragged_split_kv_gluon_fp8(q, kv, o, i32, torch.tensor([0, 50], dtype=torch.int32), torch.arange(50), loc,
                                   torch.ones(tokens * (50 + tokens), dtype=torch.bool), torch.tensor([0, 0]),
-                                  max_draft=draft, sm_scale=0.1, kv_scale=scale, num_sms=4)
+                                  max_draft=draft, sm_scale=0.1, kv_scale=scale, num_sms=4, rings=rings)
 
     for kw, match in ((dict(kvd=torch.bfloat16), "float8_e4m3fn cache"), (dict(qd=torch.float16), "bf16"),
-                      (dict(draft=4), "1 to 16 packed rows"), (dict(scale=200.0), "kv_scale must be in"),
+                      (dict(draft=2, rings="s22"), "only at an N of 8"), (dict(scale=200.0), "kv_scale must be in"),
+                      (dict(draft=4, rings="d3"), "an N of 32 runs the rings"),
                       (dict(loc_n=0), "a cache slot per query token")):
         with pytest.raises(ValueError, match=match):
             call(**kw)
@@ -127,16 +168,20 @@ def test_ragged_fp8_launcher_refuses_bad_calls_before_any_launch() -> None:
 
 
 def test_the_plugins_fp8_arm_is_the_ragged_fp8_kernel_with_the_plugins_merge() -> None:
-    """``ragged_gwsw_fp8_p1``: the fp8 cache, up to 16 rows (a skipped row past), the plugin's ragged Gluon config
-    with the PDL merge; its bf16 twin in 06's fp8 table is the plugin's bf16 kernel (``ragged_gwsw_p1``)."""
+    """``ragged_gwsw_fp8_p1``: the fp8 cache at every row count, the plugin's ragged Gluon config with the PDL merge;
+    ``ragged_gwsw_fp8w13_p1`` the same with the staged s13 ring at its 32-row tiles; their bf16 twin in 06's fp8 table
+    is the plugin's bf16 kernel (``ragged_gwsw_p1``)."""
     pytest.importorskip("triton.experimental.gluon")
     from specdiag.kernels.gluon_ws_ragged import ragged_gluon_config
 
     v = KERNEL_VARIANTS["ragged_gwsw_fp8_p1"]
     assert v.kv_fp8 and v.design == "ragged_split_kv" and "ragged_gwsw_fp8_p1" in FP8_ARMS
     assert resolve_config("ragged_gwsw_fp8_p1", 16) == ragged_gluon_config(16)
-    assert "gluon_ws_ragged's fp8 kernel" in unsupported_shape("ragged_gwsw_fp8_p1", 17)
-    assert analysis.bf16_twin("ragged_gwsw_fp8_p1") == "ragged_gwsw_p1"
+    for rows in (17, 64, 1024):  # row tiles of 32 above 32 rows: any count
+        assert unsupported_shape("ragged_gwsw_fp8_p1", rows) is None
+    assert KERNEL_VARIANTS["ragged_gwsw_fp8w13_p1"].gluon_fp8_wide_ring == "s13"
+    for arm in ("ragged_gwsw_fp8_p1", "ragged_gwsw_fp8w13_p1"):
+        assert analysis.bf16_twin(arm) == "ragged_gwsw_p1"
 
 
 def test_rings_and_refusals_are_decided_before_any_launch() -> None:
@@ -218,10 +263,14 @@ def test_fp16_pair_bits_hold_the_rounded_scale_in_both_halves() -> None:
 
 
 def test_fp8_arms_hold_up_to_16_rows_and_say_so_past_it() -> None:
+    """The dense fp8 arms (gluon_ws_fp8) hold up to 16 rows; the plugin's (ragged) fp8 arms any count."""
     assert "split_gwsw8_fp8p_p1" in FP8_ARMS and len(FP8_ARMS) >= 8
     for name in FP8_ARMS:
         assert unsupported_shape(name, 16) is None
-        assert "holds up to 16 packed rows" in unsupported_shape(name, 64)
+        if KERNEL_VARIANTS[name].design == "ragged_split_kv":
+            assert unsupported_shape(name, 64) is None
+        else:
+            assert "holds up to 16 packed rows" in unsupported_shape(name, 64)
     assert unsupported_shape("split_gwsw8_p1", 64) is None and unsupported_shape("fused_fp8_p1", 64) is None
     v = KERNEL_VARIANTS["split_gwsw8_fp8p_p1"]
     assert gluon_fp8_kwargs(v, resolve_config("split_gwsw8_fp8p_p1", 8), 8)["rings"] == "s22"

@@ -228,6 +228,12 @@ FP8_CASES = [
     ([2500] * 8, 3, 5, False, 2.0),  # 15 rows, a batch of 8, a tree mask
     ([7000], 1, 5, True, 1.0),  # 5 rows
     ([100000], 2, 4, False, 0.5),  # 8 rows of two draft tokens
+    ([131072], 8, 8, False, 1.0),  # 64 rows: two row tiles of 32 (the investigation's shape)
+    ([5000, 300], 4, 8, False, 0.25),  # 32 rows: one tile at an N of 32
+    ([3000, 60000], 8, 16, True, 1.0),  # 128 rows: four tiles
+    ([2500] * 4, 8, 5, False, 1.0),  # 40 rows of 5 heads: tiles of 30 (6 whole draft tokens)
+    ([20000], 2, 40, False, 1.0),  # 80 rows of 40 heads: tiles of 20 inside a draft token
+    ([20000], 64, 16, False, 1.0),  # 1,024 rows: 32 tiles
 ]
 
 
@@ -238,33 +244,40 @@ def fp8_on_cuda(prefix_lens, draft, heads, chain, scale, seed):
     return to_cuda(b8), loc.cuda(), to_cuda(deq)
 
 
-def fp8_call(g8: VerifyBatch, loc: torch.Tensor, draft: int, scale: float, out: torch.Tensor, qo_int64: bool = False):
+def fp8_call(g8: VerifyBatch, loc: torch.Tensor, draft: int, scale: float, out: torch.Tensor, qo_int64: bool = False,
+             rings: str | None = None):
     from specdiag.kernels.gluon_ws_ragged import ragged_split_kv_gluon_fp8
 
     qo = g8.qo_indptr.to(torch.int64) if qo_int64 else g8.qo_indptr
     return lambda: ragged_split_kv_gluon_fp8(g8.q, g8.kv_buffer, out, qo, g8.kv_indptr, g8.kv_indices, loc,
                                              g8.custom_mask, g8.mask_indptr, max_draft=draft, sm_scale=g8.sm_scale,
-                                             kv_scale=scale)
+                                             kv_scale=scale, rings=rings)
 
 
 @pytest.mark.parametrize("prefix_lens, draft, heads, chain, scale", FP8_CASES,
                          ids=lambda v: "x".join(map(str, v[:3])) + f"-{len(v)}" if isinstance(v, list) else str(v))
-@pytest.mark.parametrize("qo_int64", [False, True], ids=["qo-int32", "qo-int64"])
-def test_fp8_ragged_kernel_matches_the_exact_reference(prefix_lens, draft, heads, chain, scale, qo_int64):
+@pytest.mark.parametrize("qo_int64, rings", [(False, None), (True, None), (True, "s13")],
+                         ids=["qo-int32", "qo-int64", "qo-int64-s13"])
+def test_fp8_ragged_kernel_matches_the_exact_reference(prefix_lens, draft, heads, chain, scale, qo_int64, rings):
     """Against translate.fp8_reference (fp32 on the dequantized pool, drafts from their slots): the bf16 output's
-    rounding only (the dense fp8 pick measured 1.65-1.75e-3 in session 13)."""
+    rounding only (the dense fp8 pick measured 1.65-1.75e-3 in session 13); above 16 rows in both rings of the 32-row
+    tiles (``rings`` s13; None: the default d2)."""
     from specdiag_sglang_plugin.translate import fp8_reference
 
+    if rings is not None and heads * draft <= 16:
+        pytest.skip("the 32-row tiles' ring: calls of more than 16 rows")
     g8, loc, _ = fp8_on_cuda(prefix_lens, draft, heads, chain, scale, seed=sum(prefix_lens) % 79)
     out = torch.full((g8.q.shape[0], heads, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
-    fp8_call(g8, loc, draft, scale, out, qo_int64)()
+    fp8_call(g8, loc, draft, scale, out, qo_int64, rings)()
     err = rel_err(out, fp8_reference(g8, loc, scale))
-    print(f"fp8 ragged {prefix_lens[:3]} x{len(prefix_lens)} T{draft} H{heads} scale {scale}: rel. error {err:.3e}")
+    print(f"fp8 ragged {prefix_lens[:3]} x{len(prefix_lens)} T{draft} H{heads} scale {scale} rings {rings}: "
+          f"rel. error {err:.3e}")
     assert not out.isnan().any() and err < 4e-3
 
 
 @pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="sglang is not importable")
-@pytest.mark.parametrize("prefix_lens, draft, heads, scale", [([20000], 1, 8, 1.0), ([3000, 60000], 2, 8, 0.05)])
+@pytest.mark.parametrize("prefix_lens, draft, heads, scale", [([20000], 1, 8, 1.0), ([3000, 60000], 2, 8, 0.05),
+                                                               ([60000], 8, 8, 1.0)])
 def test_fp8_ragged_kernel_beside_sglangs_fp8_extend_attention(prefix_lens, draft, heads, scale):
     """SGLang 0.5.17's own kernel on the same fp8 pool (its k_descale = v_descale = the scale; its draft block from the
     bf16 k/v): both against the exact reference of the fp8 cache. SGLang's casts q and P to fp8 for the prefix's dots,
@@ -288,10 +301,10 @@ def test_fp8_ragged_kernel_beside_sglangs_fp8_extend_attention(prefix_lens, draf
     assert ours_err < 4e-3 and ours_err < theirs_err and between <= ours_err + theirs_err + 1e-6
 
 
-@pytest.mark.parametrize("draft, qo_int64", [(1, True), (2, True), (2, False)])
+@pytest.mark.parametrize("draft, qo_int64", [(1, True), (2, True), (2, False), (8, True)])
 def test_fp8_ragged_kernel_replays_in_a_cuda_graph_at_other_lengths(draft, qo_int64):
-    """Captured at one prefix length, replayed after the indptr buffers change (SGLang's CUDA graphs): at 8 and 16
-    rows (N 8 with the staged ring, N 16 with the direct one)."""
+    """Captured at one prefix length, replayed after the indptr buffers change (SGLang's CUDA graphs): at 8, 16 and
+    64 rows (N 8 with the staged ring, N 16 with the direct one, two row tiles of 32)."""
     from specdiag_sglang_plugin.translate import fp8_reference
 
     heads, scale = 8, 0.25
@@ -317,18 +330,21 @@ def test_fp8_ragged_kernel_replays_in_a_cuda_graph_at_other_lengths(draft, qo_in
 
 
 def test_the_plugins_fp8_arm_in_the_harness_matches_the_dequantized_reference():
-    """``ragged_gwsw_fp8_p1`` through dispatch (the harness's call, SGLang's layout made once) on an fp8 cache at 8 and
-    16 rows, against the fp32 reference of the dequantized cache, and its refusal past 16 rows."""
+    """``ragged_gwsw_fp8_p1`` and ``ragged_gwsw_fp8w13_p1`` through dispatch (the harness's call, SGLang's layout made
+    once) on an fp8 cache at 8, 16, 64 and 128 rows, against the fp32 reference of the dequantized cache."""
     from specdiag.kernels.dispatch import prepared_call, run_variant
     from specdiag.kernels.mla import VerifyShape, dequantized, make_inputs, with_fp8_cache
     from specdiag.kernels.reference import reference_verify
 
     for shape in (VerifyShape(131072, 8, 1, "shuffled_p1"), VerifyShape(65536, 8, 2, "shuffled_p1"),
-                  VerifyShape(3001, 16, 1, "shuffled_p1")):
+                  VerifyShape(3001, 16, 1, "shuffled_p1"), VerifyShape(65536, 8, 8, "shuffled_p1"),
+                  VerifyShape(20000, 16, 8, "shuffled_p1")):
         x = with_fp8_cache(make_inputs(shape, device="cuda", seed=3))
+        ref = reference_verify(dequantized(x))
+        for arm in ("ragged_gwsw_fp8_p1", "ragged_gwsw_fp8w13_p1"):
+            out = x.out_like()
+            prepared_call(arm, x, out)()
+            assert rel_err(out, ref) < 4e-3, (arm, shape)
         out = x.out_like()
-        prepared_call("ragged_gwsw_fp8_p1", x, out)()
-        assert rel_err(out, reference_verify(dequantized(x))) < 4e-3, shape
-    y = with_fp8_cache(make_inputs(VerifyShape(500, 8, 8, "shuffled_p1"), device="cuda"))
-    with pytest.raises(ValueError, match="holds up to 16 packed rows"):
-        run_variant("ragged_gwsw_fp8_p1", y, y.out_like())
+        run_variant("ragged_gwsw_fp8_p1", x, out)
+        assert rel_err(out, ref) < 4e-3, shape

@@ -122,6 +122,9 @@ class KernelVariant:
     gluon_fp8_conversion: str = "cvt"
     #: with kv_fp8 and impl gluon_ws: warpgroups 0 and 1's softmax form (gluon_ws_fp8.SOFTMAXES)
     gluon_fp8_softmax: str = "rows"
+    #: the plugin's fp8 arm only (ragged_split_kv, kv_fp8): the ring of its 32-row tiles above 16 rows
+    #: (gluon_ws_ragged.FP8_N32_RINGS' names; None: its default)
+    gluon_fp8_wide_ring: Optional[str] = None
 
 
 #: run 38: warpgroup 0's early load of Q paid on every case of up to 64 packed rows (0.968-0.992 of the pick) and lost
@@ -350,9 +353,13 @@ KERNEL_VARIANTS: dict[str, KernelVariant] = {
     "ragged_gwsw_p1": KernelVariant("ragged_gwsw_p1", "ragged_split_kv", 1, impl="gluon_ws", overrides=(("pdl", True),),
                                     gluon_swap_max_rows=16, gluon_swap_fit_rows=True),
     # session 14: the plugin's fp8 kernel (gluon_ws_ragged.ragged_split_kv_gluon_fp8: the fp8 pick's partitions on
-    # SGLang's ragged layout, s22 up to 8 rows, d2 above; what the plugin serves on an fp8_e4m3 cache up to 16 rows)
+    # SGLang's ragged layout, s22 up to 8 rows, d2 up to 16, 32-row tiles above in d2; what the plugin serves on an
+    # fp8_e4m3 cache), and the same with the staged s13 ring at its 32-row tiles
     "ragged_gwsw_fp8_p1": KernelVariant("ragged_gwsw_fp8_p1", "ragged_split_kv", 1, kv_fp8=True, impl="gluon_ws",
                                         overrides=(("pdl", True),), gluon_swap_max_rows=16, gluon_swap_fit_rows=True),
+    "ragged_gwsw_fp8w13_p1": KernelVariant("ragged_gwsw_fp8w13_p1", "ragged_split_kv", 1, kv_fp8=True,
+                                           impl="gluon_ws", overrides=(("pdl", True),), gluon_swap_max_rows=16,
+                                           gluon_swap_fit_rows=True, gluon_fp8_wide_ring="s13"),
     # run 37: the plugin's Gluon kernel with its merge as a programmatic dependent launch (what the plugin serves
     # since; ragged_gw_p1 and ragged_gwa_p1 keep the merge they were measured with)
     "ragged_gwap_p1": KernelVariant("ragged_gwap_p1", "ragged_split_kv", 1, impl="gluon_ws", overrides=(("pdl", True),)),
@@ -478,12 +485,12 @@ def supports(name: str, inputs: VerifyInputs) -> bool:
 
 
 def unsupported_shape(name: str, rows: int) -> Optional[str]:
-    """Why variant ``name`` cannot run a call of ``rows`` packed rows, or None: the fp8 rows-as-N kernel holds at most
-    gluon_ws_swap.SWAP_MAX_ROWS rows (the harness records the reason in a skipped row)."""
+    """Why variant ``name`` cannot run a call of ``rows`` packed rows, or None: the dense fp8 rows-as-N kernel holds at
+    most gluon_ws_swap.SWAP_MAX_ROWS rows (the harness records the reason in a skipped row); the plugin's fp8 kernel
+    runs row tiles above 32 and holds any count."""
     v = variant(name)
-    if v.kv_fp8 and v.impl == "gluon_ws" and rows > v.gluon_swap_max_rows:
-        kernel = "gluon_ws_ragged's fp8 kernel" if v.design == "ragged_split_kv" else "gluon_ws_fp8"
-        return (f"{name} ({kernel}, the rows as the wgmma's N) holds up to {v.gluon_swap_max_rows} packed rows "
+    if v.kv_fp8 and v.impl == "gluon_ws" and v.design != "ragged_split_kv" and rows > v.gluon_swap_max_rows:
+        return (f"{name} (gluon_ws_fp8, the rows as the wgmma's N) holds up to {v.gluon_swap_max_rows} packed rows "
                 f"(heads x draft tokens); this case has {rows}")
     return None
 
@@ -576,8 +583,9 @@ def _ragged_call(v: KernelVariant, inputs: VerifyInputs, out: torch.Tensor, cfg:
 
         fp8_args = {k: args[k] for k in ("q", "o", "qo_indptr", "kv_indptr", "kv_indices", "mask", "mask_indptr",
                                          "max_draft", "sm_scale")}
+        rings = v.gluon_fp8_wide_ring if inputs.heads * inputs.draft_tokens > 16 else None
         return lambda: ragged_split_kv_gluon_fp8(**fp8_args, kv=inputs.cache_fp8, draft_loc=draft_loc,
-                                                 kv_scale=inputs.kv_scale, cfg=cfg)
+                                                 kv_scale=inputs.kv_scale, cfg=cfg, rings=rings)
     if runs_gluon_ws(v, inputs.heads * inputs.draft_tokens):
         from specdiag.kernels.gluon_ws_ragged import ragged_split_kv_gluon_ws  # noqa: PLC0415
 

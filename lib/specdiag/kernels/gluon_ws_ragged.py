@@ -18,10 +18,11 @@ one launch serves any context length and a CUDA graph captured at one length rep
   triton_splitkv_ragged cuts them, so the merge is that module's (``ragged_merge``): partials [requests, splits,
   max rows, 512] fp32, the merge in one pass by runs 28-29's rule and 64 value dims per program otherwise (the pick's).
 
-On an fp8 e4m3 cache (SGLang's ``--kv-cache-dtype fp8_e4m3``; ``ragged_split_kv_gluon_fp8``) up to 16 rows:
-the fp8 pick's kernel (gluon_ws_fp8: the staged s22 ring up to 8 rows, the direct d2 ring above, the math in fp16)
-behind the same entry (``_fp8_ragged_partial_kernel``), the draft rows read from the fp8 cache where the hook stored
-them, the cache's one scale applied to each converted tile.
+On an fp8 e4m3 cache (SGLang's ``--kv-cache-dtype fp8_e4m3``; ``ragged_split_kv_gluon_fp8``): the fp8 pick's
+kernel (gluon_ws_fp8: the staged s22 ring up to 8 rows, the direct d2 ring up to 16, the math in fp16) behind the same
+entry (``_fp8_ragged_partial_kernel``), the draft rows read from the fp8 cache where the hook stored them, the cache's
+one scale applied to each converted tile; above 16 rows an N of 32 (``FP8_N32_RINGS``) and, above 32, row tiles of
+whole draft tokens (``fp8_tile_rows``; 8 heads x 8 draft tokens: two tiles of 32), each reading the split's KV.
 
 The pick's options: PREFETCH (the token-table rows of the next refill a tile ahead), DRAFT_BRANCH (the tree mask only
 on tiles that reach the draft tokens), FOLD (interior tiles unmasked, the scale in the exponent). No logit cap (the
@@ -40,8 +41,9 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from specdiag.kernels.gluon_ws import (D_HALF, LOG2E, WS_PARTITION_WARPS, WS_WORKER_REGS, _pv_loader_partition,
                                        _softmax_partition, ws_shared_state)
-from specdiag.kernels.gluon_ws_fp8 import (CONVERSIONS, MAX_KV_SCALE, _fp8_copy_convert_partition, _fp8_core_state,
-                                           _fp8_loader_partition, fp16_pair_bits, partition_regs, ring_for)
+from specdiag.kernels.gluon_ws_fp8 import (CONVERSIONS, FP8_RINGS, MAX_KV_SCALE, Fp8Ring, _fp8_copy_convert_partition,
+                                           _fp8_core_state, _fp8_loader_partition, fp16_pair_bits, partition_regs,
+                                           ring_for)
 from specdiag.kernels.gluon_ws_swap import (SWAP_MAX_ROWS, _swap_pv_loader_partition, _swap_shared_state,
                                             _swap_softmax_partition)
 from specdiag.kernels.gluon_ws_swap_alt import _swap_pv_partition
@@ -148,22 +150,28 @@ def _swap_ragged_partial_kernel(Q, KV, KV_INDICES, DRAFT_LOC, MASK, QO_INDPTR, K
 @gluon.jit
 def _fp8_ragged_partial_kernel(Q, KV8, KV_INDICES, DRAFT_LOC, MASK, QO_INDPTR, KV_INDPTR, MASK_INDPTR, O_PART,
                                LSE_PART, qk_scale, kv_scale2, n_heads, n_splits, max_rows, min_split_tokens, stride_kv,
-                               BLOCK_N: gl.constexpr, SB: gl.constexpr, S8: gl.constexpr, RN: gl.constexpr,
+                               tile_rows, BLOCK_N: gl.constexpr, SB: gl.constexpr, S8: gl.constexpr, RN: gl.constexpr,
                                D_NOPE: gl.constexpr, D_PE: gl.constexpr, D_HALF: gl.constexpr, num_warps: gl.constexpr,
                                PV_REGS: gl.constexpr, CONVERT_REGS: gl.constexpr, CVT: gl.constexpr,
                                ROUND: gl.constexpr):
-    """One program per (split, request) of a batch whose requests have at most RN rows each, on the fp8 cache: the
-    request's lengths from the device as ``_swap_ragged_partial_kernel``'s, then gluon_ws_fp8's partitions (the fp8
-    pick's: the rows-as-N softmax, the three-partition P V, and with S8 > 0 the staged copy-and-convert warpgroup,
-    else the direct form's two loading warpgroups) on its rows, its tables and its slice of the partials. The
-    partitions read the prefix's rows through ``KV_INDICES`` and the draft rows through ``DRAFT_LOC`` (RAGGED)."""
+    """One program per (split, request, row tile) on the fp8 cache: the request's lengths from the device as
+    ``_swap_ragged_partial_kernel``'s, then gluon_ws_fp8's partitions (the fp8 pick's: the rows-as-N softmax, the
+    three-partition P V, and with S8 > 0 the staged copy-and-convert warpgroup, else the direct form's two loading
+    warpgroups) on rows ``pid_m * tile_rows ..`` (at most ``tile_rows`` <= RN of them), its tables and its slice of the
+    partials. A row tile starts at a draft token's first row or holds rows of one draft token only (``fp8_tile_rows``),
+    so the partitions' tree mask, read by the tile's own rows // heads, is offset by whole mask rows. The partitions
+    read the prefix's rows through ``KV_INDICES`` and the draft rows through ``DRAFT_LOC`` (RAGGED)."""
     pid_s = gl.program_id(0)
     b = gl.program_id(1)
-    q_start, kv_start, n_prefix, n_kv, n_rows, start, end = _request_bounds(QO_INDPTR, KV_INDPTR, b, pid_s, n_heads,
-                                                                            n_splits, min_split_tokens, ROUND)
-    n_iter = gl.cdiv(gl.maximum(end - start, 0), BLOCK_N)  # a split past the request's end runs no tile
+    pid_m = gl.program_id(2)
+    q_start, kv_start, n_prefix, n_kv, req_rows, start, end = _request_bounds(QO_INDPTR, KV_INDPTR, b, pid_s, n_heads,
+                                                                              n_splits, min_split_tokens, ROUND)
+    row0 = pid_m * tile_rows
+    n_rows = gl.maximum(gl.minimum(req_rows - row0, tile_rows), 0)
+    # a split past the request's end, or a row tile past its rows, runs no tile (its partial is never merged)
+    n_iter = gl.where(n_rows > 0, gl.cdiv(gl.maximum(end - start, 0), BLOCK_N), 0)
 
-    q_b = Q + q_start.to(gl.int64) * n_heads * (D_NOPE + D_PE)
+    q_b = Q + (q_start.to(gl.int64) * n_heads + row0) * (D_NOPE + D_PE)
     (q_smem, qpe_smem, kv_smem, pe_smem, pt_smem, row_smem, kv_ready, kv_free, p_ready, p_free,
      l_ready) = _fp8_core_state(gl.float16, BLOCK_N, SB, RN, D_NOPE, D_PE)
     if S8 > 0:
@@ -179,6 +187,9 @@ def _fp8_ragged_partial_kernel(Q, KV8, KV_INDICES, DRAFT_LOC, MASK, QO_INDPTR, K
     gl.thread_barrier()
     mask_b, o_part_b, lse_part_b = _request_blocks(MASK, O_PART, LSE_PART, MASK_INDPTR, b, n_splits, max_rows, n_prefix,
                                                    D_HALF)
+    mask_b += (row0 // n_heads).to(gl.int64) * n_kv  # the tile's first draft token's mask row (n_kv entries a row)
+    o_part_b += row0.to(gl.int64) * (2 * D_HALF)
+    lse_part_b += row0
     table_b = KV_INDICES + kv_start
     draft_b = DRAFT_LOC + q_start
     # one warp_specialize per form: a partition list cannot be built from variables (LSE_PART stands in for the
@@ -294,11 +305,50 @@ def ragged_split_kv_gluon_ws(q: torch.Tensor, kv: torch.Tensor, o: torch.Tensor,
     return ragged_merge(o_part, lse_part, o, qo_indptr, kv_indptr, cfg)
 
 
+#: the fp8 ragged kernel's widest row tile (the wgmma's N): calls of more rows run several row tiles, each reading the
+#: split's KV (32 rows: twice the fp8 bytes of a 64-row call, the bf16 cache's)
+FP8_TILE_MAX_ROWS = 32
+#: the rings a 32-row tile can run (gluon_ws_fp8.FP8_RINGS' names) and each one's registers per thread of warpgroup 1
+#: and of each converting warpgroup, chosen by compiling for sm_90 here: d2 (two fp16 tiles, two loading warpgroups,
+#: 189,144 B of shared memory) spills 76 B at its best split, (104, 120); s13 (one fp16 tile, three staging tiles, one
+#: converting warpgroup, 226,032 B) none at (112, 160)
+FP8_N32_RINGS: dict[str, tuple[int, int]] = {"d2": (104, 120), "s13": (112, 160)}
+FP8_N32_DEFAULT = "d2"
+
+
+def fp8_tile_rows(heads: int, rows: int) -> int:
+    """Rows per program of the fp8 ragged kernel for ``rows`` packed rows (heads x the most draft tokens): all of them
+    up to ``FP8_TILE_MAX_ROWS``; above, the most whole draft tokens' rows that fit (heads x floor(32 / heads)), or with
+    more heads than 32 the largest divisor of the heads that fits, so that every tile starts at a draft token's first
+    row or lies inside one draft token (the tree mask is read by the tile's own rows)."""
+    if heads < 1 or rows < 1:
+        raise ValueError(f"heads and rows must be positive; got {heads} and {rows}")
+    if rows <= FP8_TILE_MAX_ROWS:
+        return rows
+    if heads <= FP8_TILE_MAX_ROWS:
+        return (FP8_TILE_MAX_ROWS // heads) * heads
+    return max(d for d in range(1, FP8_TILE_MAX_ROWS + 1) if heads % d == 0)
+
+
+def fp8_ragged_launch(tile_rows: int, rings: str | None = None) -> tuple[int, Fp8Ring, int, int]:
+    """(N, ring, warpgroup 1's registers, each converting warpgroup's) of a row tile of ``tile_rows``: up to 16 rows
+    the fp8 pick's (gluon_ws_fp8.ring_for: s22 at N 8, d2 at N 16; or the ring named), above an N of 32 with
+    ``rings`` (one of ``FP8_N32_RINGS``; None: ``FP8_N32_DEFAULT``)."""
+    if tile_rows <= SWAP_MAX_ROWS:
+        rn, ring = ring_for(tile_rows, rings)
+        return (rn, ring, *partition_regs(ring, "rows", rn))
+    if tile_rows > FP8_TILE_MAX_ROWS:
+        raise ValueError(f"a row tile holds at most {FP8_TILE_MAX_ROWS} rows; got {tile_rows}")
+    name = rings if rings is not None else FP8_N32_DEFAULT
+    if name not in FP8_N32_RINGS:
+        raise ValueError(f"an N of 32 runs the rings {sorted(FP8_N32_RINGS)}; got {name!r}")
+    return (FP8_TILE_MAX_ROWS, FP8_RINGS[name], *FP8_N32_RINGS[name])
+
+
 def gluon_fp8_ragged_supported(q: torch.Tensor, kv: torch.Tensor, rows: int, kv_scale: float = 1.0,
                                 logit_cap: float = 0.0) -> tuple[bool, str]:
-    """(runs, why not) for an fp8 cache: CUDA sm_90, bf16 contiguous q, a float8_e4m3fn cache, 1 to 16 packed rows
-    (heads x the most draft tokens of a request: the fp8 kernel's one tile), a scale whose e4m3 range fits fp16's,
-    no logit cap."""
+    """(runs, why not) for an fp8 cache: CUDA sm_90, bf16 contiguous q, a float8_e4m3fn cache, a scale whose e4m3
+    range fits fp16's, no logit cap (any row count: ``rows`` is kept for the callers' logs)."""
     if not q.is_cuda or torch.version.hip is not None:
         return False, "not a CUDA device"
     if torch.cuda.get_device_capability(q.device) != (9, 0):
@@ -307,8 +357,6 @@ def gluon_fp8_ragged_supported(q: torch.Tensor, kv: torch.Tensor, rows: int, kv_
         return False, f"dtypes q {q.dtype} / kv {kv.dtype}: the fp8 kernel takes bf16 q and a float8_e4m3fn cache"
     if not q.is_contiguous():
         return False, "q is not contiguous (a request's rows must be one block)"
-    if not 1 <= rows <= SWAP_MAX_ROWS:
-        return False, (f"{rows} rows (heads x draft tokens): the fp8 kernel holds 1 to {SWAP_MAX_ROWS} in one tile")
     if not 0 < kv_scale <= MAX_KV_SCALE:
         return False, f"KV scale {kv_scale}: the fp8 kernel converts to fp16 and needs one in (0, {MAX_KV_SCALE:.1f}]"
     if logit_cap and logit_cap > 0:
@@ -324,10 +372,11 @@ def ragged_split_kv_gluon_fp8(q: torch.Tensor, kv: torch.Tensor, o: torch.Tensor
     """Verify attention for a batch in SGLang's layout on an fp8 e4m3 cache (the module doc's fp8 paragraph); writes
     ``o`` [tokens, H, 512] (bf16) and returns it. ``kv`` [slots, (1,) 576] float8_e4m3fn holds the prefix rows and
     the draft rows at ``draft_loc`` (SGLang's out_cache_loc), each value ``kv_scale`` x its e4m3 (SGLang: the layer's
-    k_scale, 1.0 without one); up to 16 packed rows (heads x ``max_draft``); ``rings``: gluon_ws_fp8's ring name
-    (None: the fp8 pick's, s22 up to 8 rows, d2 above). Every other argument as ``ragged_split_kv_gluon_ws``'s; no
-    host synchronisation: safe under CUDA-graph capture."""
-    from specdiag.kernels.triton_splitkv_ragged import n_splits_for, ragged_merge  # noqa: PLC0415
+    k_scale, 1.0 without one); any row count (heads x ``max_draft``): up to 32 rows one row tile, more in tiles of
+    ``fp8_tile_rows``, the splits shared out over the tiles so that the grid stays one program per SM; ``rings``: the
+    ring of the call's row tiles (``fp8_ragged_launch``; None: the fp8 pick's up to 16 rows, d2 at 32). Every other
+    argument as ``ragged_split_kv_gluon_ws``'s; no host synchronisation: safe under CUDA-graph capture."""
+    from specdiag.kernels.triton_splitkv_ragged import ragged_merge  # noqa: PLC0415
 
     if q.dim() != 3 or q.shape[-1] != D_QK or not q.is_contiguous() or q.dtype != torch.bfloat16:
         raise ValueError(f"q must be a contiguous bf16 [tokens, heads, {D_QK}]; got {q.dtype} {tuple(q.shape)}")
@@ -349,19 +398,21 @@ def ragged_split_kv_gluon_fp8(q: torch.Tensor, kv: torch.Tensor, o: torch.Tensor
     heads = q.shape[1]
     batch = qo_indptr.shape[0] - 1
     max_rows = max_draft * heads
-    rn, ring = ring_for(max_rows, rings)  # refuses past 16 rows, before any allocation
-    pv_regs, convert_regs = partition_regs(ring, "rows", rn)
+    tile_rows = fp8_tile_rows(heads, max_rows)
+    n_row_tiles = -(-max_rows // tile_rows)
+    rn, ring, pv_regs, convert_regs = fp8_ragged_launch(tile_rows, rings)  # a ring's refusals before any allocation
     cfg = cfg or ragged_gluon_config(max_rows)
     if num_sms is None:
         num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-    n_splits = n_splits_for(max_rows, batch, num_sms, cfg)
+    # one program per SM in all (its shared memory holds one): the splits shared out over the row tiles
+    n_splits = max(1, round(cfg.programs_per_sm * num_sms / (n_row_tiles * max(1, batch))))
     mask_u8 = mask.view(torch.uint8) if mask.dtype == torch.bool else mask
     o_part = torch.empty(batch, n_splits, max_rows, D_V, device=q.device, dtype=torch.float32)
     lse_part = torch.empty(batch, n_splits, max_rows, device=q.device, dtype=torch.float32)
-    _fp8_ragged_partial_kernel[(n_splits, batch)](
+    _fp8_ragged_partial_kernel[(n_splits, batch, n_row_tiles)](
         q, kv2, kv_indices, draft_loc, mask_u8, qo_indptr, kv_indptr, mask_indptr, o_part, lse_part,
         float(sm_scale) * LOG2E, fp16_pair_bits(float(kv_scale)), heads, n_splits, max_rows, cfg.min_split_tokens,
-        kv2.stride(0), BLOCK_N=cfg.block_n, SB=ring.sb, S8=ring.s8, RN=rn, D_NOPE=D_NOPE, D_PE=D_PE, D_HALF=D_HALF,
+        kv2.stride(0), tile_rows, BLOCK_N=cfg.block_n, SB=ring.sb, S8=ring.s8, RN=rn, D_NOPE=D_NOPE, D_PE=D_PE, D_HALF=D_HALF,
         num_warps=WS_PARTITION_WARPS, PV_REGS=pv_regs, CONVERT_REGS=convert_regs, CVT=CONVERSIONS["cvt"],
         ROUND=BLOCK_TOKENS,
     )
@@ -369,13 +420,14 @@ def ragged_split_kv_gluon_fp8(q: torch.Tensor, kv: torch.Tensor, o: torch.Tensor
 
 
 def compile_sm90(dtype: str = "bf16", qo_indptr: str = "i32", kv_indptr: str = "i32",
-                 mask_indptr: str = "i64", swap_rn: int = 0, fp8_rows: int = 0) -> "triton.compiler.CompiledKernel":
+                 mask_indptr: str = "i64", swap_rn: int = 0, fp8_rows: int = 0,
+                 fp8_rings: str | None = None) -> "triton.compiler.CompiledKernel":
     """The ragged partial kernel compiled ahead of time for sm_90 (no GPU needed), as the plugin launches it, with the
     index dtypes SGLang passes (int32 qo_indptr in eager calls, int64 in its CUDA-graph buffers); ``swap_rn`` 8 or 16:
-    the rows-as-N kernel with that N instead; ``fp8_rows`` 1-16: the fp8 kernel as a call of that many rows launches
-    it (its N and the fp8 pick's ring for them; bf16 q)."""
+    the rows-as-N kernel with that N instead; ``fp8_rows``: the fp8 kernel as a call of that many rows launches it
+    (its row tile's N and ring, ``fp8_rings`` as ``ragged_split_kv_gluon_fp8``'s ``rings``; bf16 q)."""
     if fp8_rows:
-        return _compile_fp8_sm90(fp8_rows, qo_indptr, kv_indptr, mask_indptr)
+        return _compile_fp8_sm90(fp8_rows, qo_indptr, kv_indptr, mask_indptr, fp8_rings)
     from triton.backends.compiler import GPUTarget  # noqa: PLC0415
     from triton.experimental.gluon._runtime import GluonASTSource  # noqa: PLC0415
 
@@ -399,16 +451,16 @@ def compile_sm90(dtype: str = "bf16", qo_indptr: str = "i32", kv_indptr: str = "
                           options={"num_warps": WS_PARTITION_WARPS})
 
 
-def _compile_fp8_sm90(rows: int, qo_indptr: str, kv_indptr: str, mask_indptr: str) -> "triton.compiler.CompiledKernel":
+def _compile_fp8_sm90(rows: int, qo_indptr: str, kv_indptr: str, mask_indptr: str,
+                      rings: str | None = None) -> "triton.compiler.CompiledKernel":
     from triton.backends.compiler import GPUTarget  # noqa: PLC0415
     from triton.experimental.gluon._runtime import GluonASTSource  # noqa: PLC0415
 
-    rn, ring = ring_for(rows, None)
-    pv_regs, convert_regs = partition_regs(ring, "rows", rn)
+    rn, ring, pv_regs, convert_regs = fp8_ragged_launch(min(rows, FP8_TILE_MAX_ROWS), rings)
     sig = {"Q": "*bf16", "KV8": "*fp8e4nv", "KV_INDICES": "*i64", "DRAFT_LOC": "*i64", "MASK": "*u8",
            "QO_INDPTR": f"*{qo_indptr}", "KV_INDPTR": f"*{kv_indptr}", "MASK_INDPTR": f"*{mask_indptr}",
            "O_PART": "*fp32", "LSE_PART": "*fp32", "qk_scale": "fp32", "kv_scale2": "i32", "n_heads": "i32",
-           "n_splits": "i32", "max_rows": "i32", "min_split_tokens": "i32", "stride_kv": "i32"}
+           "n_splits": "i32", "max_rows": "i32", "min_split_tokens": "i32", "stride_kv": "i32", "tile_rows": "i32"}
     const = {"BLOCK_N": 64, "SB": ring.sb, "S8": ring.s8, "RN": rn, "D_NOPE": D_NOPE, "D_PE": D_PE, "D_HALF": D_HALF,
              "num_warps": WS_PARTITION_WARPS, "PV_REGS": pv_regs, "CONVERT_REGS": convert_regs,
              "CVT": CONVERSIONS["cvt"], "ROUND": BLOCK_TOKENS}

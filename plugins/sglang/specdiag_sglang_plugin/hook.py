@@ -25,11 +25,11 @@ rows-as-N form (gluon_ws_swap's partitions: session 11's runs 40-42). Where it c
 (another GPU, a logit cap, a non-contiguous q) or failed once, the Triton ragged kernel through its
 configuration ladder. ``0``: the Triton kernel only.
 
-On an fp8 e4m3 cache (``--kv-cache-dtype fp8_e4m3``) up to 16 rows on sm_90: the fp8 pick's kernel
-(gluon_ws_ragged ``ragged_split_kv_gluon_fp8``: the cache converted exactly to fp16 tile by tile, the layer's
-k_scale applied, 1.0 without one). There is no Triton fp8 path: where the fp8 kernel cannot run (another GPU, more
-than 16 rows, a logit cap, ``SPECDIAG_SGLANG_GLUON=0``, k_scale != v_scale) SGLang's own kernel serves the call, with
-the reason logged once and counted, before anything is stored.
+On an fp8 e4m3 cache (``--kv-cache-dtype fp8_e4m3``) on sm_90: the fp8 pick's kernel (gluon_ws_ragged
+``ragged_split_kv_gluon_fp8``: the cache converted exactly to fp16 tile by tile, the layer's k_scale applied, 1.0
+without one; above 32 rows in row tiles of whole draft tokens). There is no Triton fp8 path: where the fp8 kernel
+cannot run (another GPU, a logit cap, ``SPECDIAG_SGLANG_GLUON=0``, k_scale != v_scale) SGLang's own kernel serves the
+call, with the reason logged once and counted, before anything is stored.
 
 Counts (``STATS``): calls served and fallen back per reason, in this process. Under CUDA graphs
 only captures and eager calls pass through Python, so these count calls of the hook, not replays.

@@ -38,8 +38,6 @@ from specdiag.kernels.mla import D_QK, D_V, VerifyInputs
 from specdiag.kernels.reference import split_kv_torch
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
-#: the fp8 kernel's most packed rows (heads x draft tokens; gluon_ws_swap.SWAP_MAX_ROWS, not imported: no triton here)
-FP8_MAX_ROWS = 16
 
 
 @dataclass
@@ -137,8 +135,6 @@ def decide(facts: CallFacts) -> tuple[bool, str]:
     if facts.kv_dtype == torch.float8_e4m3fn:
         checks += [
             (facts.q_dtype == torch.bfloat16, f"fp8 KV cache with q {facts.q_dtype}: the fp8 kernel takes bf16 queries"),
-            (facts.rows <= FP8_MAX_ROWS, f"fp8 KV cache at {facts.rows} rows (heads x draft tokens): the fp8 kernel "
-                                         f"holds up to {FP8_MAX_ROWS}"),
             (facts.kv_scales_equal, "fp8 KV cache with k_scale != v_scale: the latent cache has one scale"),
         ]
     else:
