@@ -804,3 +804,26 @@ def test_06_replays_the_fp8_kernels_phases(run_notebook: Callable[..., Path], tm
         assert set(got["phases_cycles"]) == set(names)
         assert all(got["phases_cycles"][p] == pytest.approx(r[f"{p}_cycles"]) for p in names)
     assert "converting warpgroup (fp8)" in out.read_text() and '"ename"' not in out.read_text()
+
+
+RUN55 = REFERENCE_DIR / "kernel-ab-h200-run55"
+
+
+@pytest.mark.notebook
+def test_06_replays_the_plugins_fp8_kernel_above_16_rows(run_notebook: Callable[..., Path], tmp_path: Path) -> None:
+    """06 on run 55 (session 14, call 6): both plugin fp8 arms beside the plugin's bf16 kernel on every case, the fp8
+    table's ratios the raw rows', slower than bf16 from 32 rows (each 32-row tile converts the KV again), and the
+    finding saying so with its severity."""
+    run_notebook("06_kernel_ab", replay_dir=str(RUN55), cpu_smoke=False)
+    res = json.loads((tmp_path / "run" / "findings" / "06_kernel_ab.json").read_text())
+    rows = _rows(RUN55)
+    f8 = [r for r in rows if r["kv_dtype"] == "fp8_e4m3"]
+    ratios = [r["ms_median"] / _ms(rows, "ragged_gwsw_p1", r["context_tokens"], r["heads"], r["draft_tokens"],
+                                   r["layout"]) for r in f8]
+    m = res["metrics"]["fp8"]
+    assert len(f8) == 10 and {r["kernel"] for r in f8} == {"ragged_gwsw_fp8_p1", "ragged_gwsw_fp8w13_p1"}
+    assert m["cases"] == 10 and m["over_bf16_time_min"] == pytest.approx(min(ratios))
+    assert m["over_bf16_time_max"] == pytest.approx(max(ratios)) and min(ratios) > 1.0
+    assert all(r["rel_err"] < 2e-3 for r in f8)
+    (found,) = [f for f in res["findings"] if f["id"] == "kernel_ab.fp8_kv"]
+    assert found["severity"] == "warning" and found["numbers"]["faster_cases"] == 0
