@@ -299,6 +299,21 @@ def _fp8_core_state(dtype: gl.constexpr, BLOCK_N: gl.constexpr, SB: gl.constexpr
 
 
 @gluon.jit
+def _fp8_staging_state(BLOCK_N: gl.constexpr, S8: gl.constexpr, D_NOPE: gl.constexpr, D_PE: gl.constexpr,
+                       WARPS: gl.constexpr):
+    """The staged form's ring: S8 fp8 staging tiles (latent and rope parts) and st_ready[s], which expects one
+    cp.async arrival per thread of the copying warpgroup. The caller fences and barriers."""
+    fp8: gl.constexpr = gl.float8e4nv
+    st_nope = gl.allocate_shared_memory(fp8, [S8, BLOCK_N, D_NOPE],
+                                        gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_NOPE], fp8))
+    st_pe = gl.allocate_shared_memory(fp8, [S8, BLOCK_N, D_PE], gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_PE], fp8))
+    st_ready = gl.allocate_shared_memory(gl.int64, [S8, 1], mbarrier.MBarrierLayout())
+    for k in gl.static_range(S8):
+        mbarrier.init(st_ready.index(k), count=32 * WARPS)
+    return st_nope, st_pe, st_ready
+
+
+@gluon.jit
 def _fp8_partial_kernel(Q, KV8, TOKEN_TABLE, MASK, O_PART, LSE_PART, TIMES,
                         qk_scale, kv_scale2, n_prefix, n_kv, n_draft, n_heads, n_rows, tokens_per_split, stride_kv,
                         n_splits,
@@ -321,14 +336,7 @@ def _fp8_partial_kernel(Q, KV8, TOKEN_TABLE, MASK, O_PART, LSE_PART, TIMES,
     (q_smem, qpe_smem, kv_smem, pe_smem, pt_smem, row_smem, kv_ready, kv_free, p_ready, p_free,
      l_ready) = _fp8_core_state(dtype, BLOCK_N, SB, RN, D_NOPE, D_PE)
     if S8 > 0:
-        fp8: gl.constexpr = gl.float8e4nv
-        st_nope = gl.allocate_shared_memory(fp8, [S8, BLOCK_N, D_NOPE],
-                                            gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_NOPE], fp8))
-        st_pe = gl.allocate_shared_memory(fp8, [S8, BLOCK_N, D_PE],
-                                          gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_PE], fp8))
-        st_ready = gl.allocate_shared_memory(gl.int64, [S8, 1], mbarrier.MBarrierLayout())
-        for k in gl.static_range(S8):
-            mbarrier.init(st_ready.index(k), count=32 * num_warps)  # one cp.async arrival per thread of warpgroup 2
+        st_nope, st_pe, st_ready = _fp8_staging_state(BLOCK_N, S8, D_NOPE, D_PE, num_warps)
     fence_async_shared()
     gl.thread_barrier()
     start, end, n_iter = split_bounds(pid_s, tokens_per_split, n_kv, n_splits, BLOCK_N)

@@ -42,8 +42,8 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from specdiag.kernels.gluon_ws import (D_HALF, LOG2E, WS_PARTITION_WARPS, WS_WORKER_REGS, _pv_loader_partition,
                                        _softmax_partition, ws_shared_state)
 from specdiag.kernels.gluon_ws_fp8 import (CONVERSIONS, FP8_RINGS, MAX_KV_SCALE, Fp8Ring, _fp8_copy_convert_partition,
-                                           _fp8_core_state, _fp8_loader_partition, fp16_pair_bits, partition_regs,
-                                           ring_for)
+                                           _fp8_core_state, _fp8_loader_partition, _fp8_staging_state, fp16_pair_bits,
+                                           partition_regs, ring_for)
 from specdiag.kernels.gluon_ws_swap import (SWAP_MAX_ROWS, _swap_pv_loader_partition, _swap_shared_state,
                                             _swap_softmax_partition)
 from specdiag.kernels.gluon_ws_swap_alt import _swap_pv_partition
@@ -175,14 +175,7 @@ def _fp8_ragged_partial_kernel(Q, KV8, KV_INDICES, DRAFT_LOC, MASK, QO_INDPTR, K
     (q_smem, qpe_smem, kv_smem, pe_smem, pt_smem, row_smem, kv_ready, kv_free, p_ready, p_free,
      l_ready) = _fp8_core_state(gl.float16, BLOCK_N, SB, RN, D_NOPE, D_PE)
     if S8 > 0:
-        fp8: gl.constexpr = gl.float8e4nv
-        st_nope = gl.allocate_shared_memory(fp8, [S8, BLOCK_N, D_NOPE],
-                                            gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_NOPE], fp8))
-        st_pe = gl.allocate_shared_memory(fp8, [S8, BLOCK_N, D_PE],
-                                          gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_PE], fp8))
-        st_ready = gl.allocate_shared_memory(gl.int64, [S8, 1], mbarrier.MBarrierLayout())
-        for k in gl.static_range(S8):
-            mbarrier.init(st_ready.index(k), count=32 * num_warps)  # one cp.async arrival per thread of warpgroup 2
+        st_nope, st_pe, st_ready = _fp8_staging_state(BLOCK_N, S8, D_NOPE, D_PE, num_warps)
     fence_async_shared()
     gl.thread_barrier()
     mask_b, o_part_b, lse_part_b = _request_blocks(MASK, O_PART, LSE_PART, MASK_INDPTR, b, n_splits, max_rows, n_prefix,
@@ -376,7 +369,7 @@ def ragged_split_kv_gluon_fp8(q: torch.Tensor, kv: torch.Tensor, o: torch.Tensor
     ``fp8_tile_rows``, the splits shared out over the tiles so that the grid stays one program per SM; ``rings``: the
     ring of the call's row tiles (``fp8_ragged_launch``; None: the fp8 pick's up to 16 rows, d2 at 32). Every other
     argument as ``ragged_split_kv_gluon_ws``'s; no host synchronisation: safe under CUDA-graph capture."""
-    from specdiag.kernels.triton_splitkv_ragged import ragged_merge  # noqa: PLC0415
+    from specdiag.kernels.triton_splitkv_ragged import n_splits_for, ragged_merge  # noqa: PLC0415
 
     if q.dim() != 3 or q.shape[-1] != D_QK or not q.is_contiguous() or q.dtype != torch.bfloat16:
         raise ValueError(f"q must be a contiguous bf16 [tokens, heads, {D_QK}]; got {q.dtype} {tuple(q.shape)}")
@@ -404,8 +397,7 @@ def ragged_split_kv_gluon_fp8(q: torch.Tensor, kv: torch.Tensor, o: torch.Tensor
     cfg = cfg or ragged_gluon_config(max_rows)
     if num_sms is None:
         num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-    # one program per SM in all (its shared memory holds one): the splits shared out over the row tiles
-    n_splits = max(1, round(cfg.programs_per_sm * num_sms / (n_row_tiles * max(1, batch))))
+    n_splits = n_splits_for(max_rows, batch, num_sms, cfg, tile_rows=tile_rows)  # shared out over the row tiles
     mask_u8 = mask.view(torch.uint8) if mask.dtype == torch.bool else mask
     o_part = torch.empty(batch, n_splits, max_rows, D_V, device=q.device, dtype=torch.float32)
     lse_part = torch.empty(batch, n_splits, max_rows, device=q.device, dtype=torch.float32)

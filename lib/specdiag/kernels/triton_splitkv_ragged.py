@@ -195,9 +195,11 @@ def ragged_default_config(rows: int, device: torch.device, elem_bytes: int = 2) 
     return fitting_ladder(rows, shared_limit(device), elem_bytes)[0]
 
 
-def n_splits_for(rows_per_request: int, batch: int, num_sms: int, cfg: SplitKVConfig) -> int:
-    """KV splits per request of the fixed grid: about ``programs_per_sm`` x SMs programs in all."""
-    n_tiles = -(-rows_per_request // cfg.block_m)
+def n_splits_for(rows_per_request: int, batch: int, num_sms: int, cfg: SplitKVConfig,
+                 tile_rows: int | None = None) -> int:
+    """KV splits per request of the fixed grid: about ``programs_per_sm`` x SMs programs in all, over the request's
+    row tiles of ``tile_rows`` (None: ``cfg.block_m``)."""
+    n_tiles = -(-rows_per_request // (tile_rows or cfg.block_m))
     return max(1, round(cfg.programs_per_sm * num_sms / (n_tiles * max(1, batch))))
 
 

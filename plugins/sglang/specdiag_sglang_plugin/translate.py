@@ -162,43 +162,43 @@ def tree_mask(batch: VerifyBatch, b: int) -> torch.Tensor:
     return block[:, p:].to(torch.bool)
 
 
-def request_inputs(batch: VerifyBatch, b: int) -> VerifyInputs:
+def request_inputs(batch: VerifyBatch, b: int, draft_loc: Optional[torch.Tensor] = None,
+                   kv_scale: float = 1.0) -> VerifyInputs:
     """Request b as specdiag's VerifyInputs: a pool of its prefix rows then its draft rows, in order.
 
-    The draft values must be the first 512 dims of the draft keys (true for MLA); checked here,
-    since VerifyInputs reads values from the latent rows.
+    Without ``draft_loc`` the draft rows are the call's k (bf16); the draft values must be the first 512 dims of the
+    draft keys (true for MLA), checked here, since VerifyInputs reads values from the latent rows. With ``draft_loc``
+    (an fp8 pool: what the plugin's fp8 kernel reads) every row comes from the cache, the draft tokens' at their slots
+    where SGLang stored them, as fp32 e4m3 x ``kv_scale``.
     """
     q0, q1 = int(batch.qo_indptr[b]), int(batch.qo_indptr[b + 1])
     k0, k1 = int(batch.kv_indptr[b]), int(batch.kv_indptr[b + 1])
-    k_draft = batch.k_ext[q0:q1].reshape(q1 - q0, D_QK)
-    if not torch.equal(batch.v_ext[q0:q1].reshape(q1 - q0, D_V), k_draft[:, :D_V]):
-        raise ValueError("draft values differ from the first 512 dims of the draft keys: not an MLA latent call")
-    prefix = batch.kv_buffer.reshape(batch.kv_buffer.shape[0], D_QK)[batch.kv_indices[k0:k1]]
-    pool = torch.cat([prefix, k_draft], dim=0)
+    cache = batch.kv_buffer.reshape(batch.kv_buffer.shape[0], D_QK)
+    if draft_loc is None:
+        k_draft = batch.k_ext[q0:q1].reshape(q1 - q0, D_QK)
+        if not torch.equal(batch.v_ext[q0:q1].reshape(q1 - q0, D_V), k_draft[:, :D_V]):
+            raise ValueError("draft values differ from the first 512 dims of the draft keys: not an MLA latent call")
+        pool = torch.cat([cache[batch.kv_indices[k0:k1]], k_draft], dim=0)
+    else:
+        if cache.dtype != torch.float8_e4m3fn:
+            raise ValueError(f"draft rows from the cache: the fp8 path reads a float8_e4m3fn cache; got {cache.dtype}")
+        rows = torch.cat([batch.kv_indices[k0:k1].long(), draft_loc[q0:q1].long()])
+        pool = cache.view(torch.uint8)[rows].view(torch.float8_e4m3fn).float() * kv_scale  # bytes: any device
     token_table = torch.arange(pool.shape[0], dtype=torch.int64, device=pool.device)
     return VerifyInputs(q=batch.q[q0:q1], cache=pool, token_table=token_table, block_table=None,
                         mask=tree_mask(batch, b), n_prefix=k1 - k0, sm_scale=batch.sm_scale)
 
 
 def fp8_reference(batch: VerifyBatch, draft_loc: torch.Tensor, kv_scale: float) -> torch.Tensor:
-    """[tokens, H, 512] fp32: what the plugin's fp8 kernel computes, exactly: every row (the prefix's at kv_indices,
-    the draft tokens' at ``draft_loc``, where SGLang stored them) from the fp8 cache, times ``kv_scale``, in fp32
-    (specdiag.kernels.reference.reference_verify), the draft block under the tree mask."""
+    """[tokens, H, 512] fp32: what the plugin's fp8 kernel computes, exactly: every row from the fp8 pool
+    (``request_inputs`` with ``draft_loc``) in fp32 (specdiag.kernels.reference.reference_verify), the draft block under
+    the tree mask."""
     from specdiag.kernels.reference import reference_verify  # noqa: PLC0415
 
     out = torch.empty(batch.q.shape[0], batch.q.shape[1], D_V, dtype=torch.float32, device=batch.q.device)
-    cache = batch.kv_buffer.reshape(batch.kv_buffer.shape[0], D_QK)
-    if cache.dtype != torch.float8_e4m3fn:
-        raise ValueError(f"fp8_reference reads a float8_e4m3fn cache; got {cache.dtype}")
     for b in range(batch.batch_size):
         q0, q1 = int(batch.qo_indptr[b]), int(batch.qo_indptr[b + 1])
-        k0, k1 = int(batch.kv_indptr[b]), int(batch.kv_indptr[b + 1])
-        rows = torch.cat([batch.kv_indices[k0:k1].long(), draft_loc[q0:q1].long()])
-        pool = cache.view(torch.uint8)[rows].view(torch.float8_e4m3fn).float() * kv_scale  # bytes: any device
-        inputs = VerifyInputs(q=batch.q[q0:q1], cache=pool,
-                              token_table=torch.arange(pool.shape[0], dtype=torch.int64, device=pool.device),
-                              block_table=None, mask=tree_mask(batch, b), n_prefix=k1 - k0, sm_scale=batch.sm_scale)
-        out[q0:q1] = reference_verify(inputs)
+        out[q0:q1] = reference_verify(request_inputs(batch, b, draft_loc, kv_scale))
     return out
 
 
