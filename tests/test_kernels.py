@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import math
 import statistics
 
@@ -122,13 +124,48 @@ def test_bad_shapes_are_refused_with_the_field_named() -> None:
 
 @pytest.mark.parametrize("rows,n_kv", [(8, 131_080), (64, 65_544), (8192, 262_208), (16, 8_193)])
 def test_split_plan_covers_the_cache(rows: int, n_kv: int) -> None:
-    for cfg in (SplitKVConfig(), SplitKVConfig(block_m=16, programs_per_sm=2.0), SplitKVConfig(dv_split=2)):
+    for cfg in (SplitKVConfig(), SplitKVConfig(block_m=16, programs_per_sm=2.0), SplitKVConfig(dv_split=2),
+                SplitKVConfig(split_round_tokens=1), SplitKVConfig(block_m=16, split_round_tokens=16)):
         plan = plan_splits(rows, n_kv, cfg, num_sms=132)
-        assert plan.tokens_per_split % 64 == 0 and plan.tokens_per_split >= cfg.min_split_tokens
+        assert plan.tokens_per_split % cfg.split_round_tokens == 0 and plan.tokens_per_split >= cfg.min_split_tokens
         assert (plan.n_splits - 1) * plan.tokens_per_split < n_kv <= plan.n_splits * plan.tokens_per_split
         d = describe_plan(rows, n_kv, cfg, 132)
         assert d["programs"] == plan.n_tiles * plan.n_splits * cfg.dv_split
         assert d["partial_bytes"] == (0 if plan.n_splits == 1 else plan.n_splits * rows * (512 * 4 + 4))
+
+
+def test_equal_token_splits_fill_every_sm_where_64_token_splits_leave_some_idle() -> None:
+    """Session 15: a 64-token round cuts 128k + 1 draft token into 129 splits of 1,024 (3 of 132 SMs idle, the rest
+    3 % over an equal share), 256k into 129 of 2,048; a round of 1 gives 132 splits of 993 and 1,986, the last the
+    shortest; the plan's splits still cover every token once, and the ragged plan cuts the same."""
+    from specdiag.kernels.splitkv_plan import gluon_config, split_tokens
+    from specdiag.kernels.triton_splitkv_ragged import describe_ragged_plan
+
+    tile, equal = gluon_config(64, 2), replace(gluon_config(64, 2), split_round_tokens=1)
+    for n_kv, (n64, t64), (n1, t1) in [(131_073, (129, 1024), (132, 993)), (262_145, (129, 2048), (132, 1986)),
+                                       (65_537, (129, 512), (132, 497)), (131_080, (129, 1024), (132, 994))]:
+        assert (plan_splits(8, n_kv, tile, 132).n_splits, plan_splits(8, n_kv, tile, 132).tokens_per_split) == (n64, t64)
+        plan = plan_splits(8, n_kv, equal, 132)
+        assert (plan.n_splits, plan.tokens_per_split) == (n1, t1)
+        assert 0 < n_kv - (plan.n_splits - 1) * plan.tokens_per_split <= plan.tokens_per_split
+        rag = describe_ragged_plan(8, n_kv, replace(equal, pdl=True), 132)
+        assert (rag["n_splits"], rag["tokens_per_split"]) == (n1, t1)
+    assert split_tokens(1_000, 132, equal) == equal.min_split_tokens  # short contexts keep the split's minimum
+    with pytest.raises(ValueError, match="split_round_tokens must be a positive"):
+        SplitKVConfig(split_round_tokens=0)
+
+
+def test_block_table_kernels_refuse_splits_inside_a_page() -> None:
+    """The page-table path reads a tile's slots as one page's (triton_splitkv, triton_fused): a split round that is
+    not a multiple of 64 would start splits inside a page, so both refuse it before any launch, naming the fix."""
+    from specdiag.kernels.triton_fused import fused_split_kv_triton
+    from specdiag.kernels.triton_splitkv import split_kv_triton
+
+    x = make_inputs(VerifyShape(300, 2, 2, "shuffled_b64"))
+    cfg = replace(SplitKVConfig(block_n=64), split_round_tokens=16)
+    for call in (split_kv_triton, fused_split_kv_triton):
+        with pytest.raises(ValueError, match="multiple of 64"):
+            call(x, x.out_like(), page_size=64, cfg=cfg)
 
 
 def test_coresident_plan_holds_one_program_per_sm_and_covers_the_cache() -> None:

@@ -123,12 +123,16 @@ def test_timeline_runs_summary_takes_medians_and_the_median_span_launch() -> Non
 
 
 def test_ring_shapes_are_checked_before_any_work() -> None:
-    """--ws-read-shapes: BLOCK_NxSTAGES items, each ring of two tiles or more within 221 KB (192 rows of 1,152 B)."""
-    assert parse_ring_shapes("64x3, 32x6,16x12") == [(64, 3), (32, 6), (16, 12)]
+    """--ws-read-shapes: BLOCK_NxSTAGES[tROUND] items, each ring of two tiles or more within 221 KB (192 rows of
+    1,152 B), the splits a multiple of 64 tokens unless a round follows (session 15: 64x2t1, equal shares)."""
+    assert parse_ring_shapes("64x3, 32x6,16x12") == [(64, 3, 64), (32, 6, 64), (16, 12, 64)]
+    assert parse_ring_shapes("64x2t1,32x4T16") == [(64, 2, 1), (32, 4, 16)]
     assert parse_ring_shapes("") == []
-    assert [ws_read_part(*r) for r in [(64, 2), (64, 3), (32, 4)]] == ["read_ws", "read_ws_64x3", "read_ws_32x4"]
+    assert [ws_read_part(*r) for r in [(64, 2), (64, 3), (32, 4), (64, 2, 64), (64, 2, 1)]] == [
+        "read_ws", "read_ws_64x3", "read_ws_32x4", "read_ws", "read_ws_64x2t1"]
     for bad, why in [("64", "BLOCK_NxSTAGES"), ("64x", "BLOCK_NxSTAGES"), ("64x4", "at most 192"),
-                     ("128x2", "16, 32 or 64"), ("32x1", "at least 2"), ("48x2", "16, 32 or 64")]:
+                     ("128x2", "16, 32 or 64"), ("32x1", "at least 2"), ("48x2", "16, 32 or 64"),
+                     ("64x2t", "BLOCK_NxSTAGES"), ("64x2t0", "at least 1 token")]:
         with pytest.raises(ValueError, match=why):
             parse_ring_shapes(bad)
 

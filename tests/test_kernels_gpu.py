@@ -597,3 +597,76 @@ def test_fp8_ws_phases_time_both_forms() -> None:
         assert [r["partition"] for r in rows] == ["softmax_wg", "convert_wg"], name
         for r in rows:
             assert r["kernel_form"] == "rows_as_n_fp8" and 0 < r["phases_sum_cycles"] <= r["loop_cycles"] * 1.001, r
+
+
+#: session 15's equal-token splits (split_round_tokens 1): one and eight draft tokens at long contexts (132 splits
+#: where a 64-token round gives 129), a tree mask, contexts shorter than a split's minimum, rows of odd counts
+EQUAL_SPLIT_SHAPES = [VerifyShape(131072, 8, 1, "shuffled_p1"), VerifyShape(262144, 16, 1, "shuffled_p1"),
+                      VerifyShape(131072, 8, 8, "shuffled_p1"), VerifyShape(20000, 4, 2, "shuffled_p1"),
+                      VerifyShape(200, 8, 1, "shuffled_p1"), VerifyShape(3001, 5, 8, "contiguous"),
+                      VerifyShape(9001, 16, 8, "shuffled_p1")]
+
+
+@pytest.mark.parametrize("shape", EQUAL_SPLIT_SHAPES,
+                         ids=lambda s: f"equal-P{s.context_tokens}-H{s.heads}-T{s.draft_tokens}-{s.layout}")
+def test_equal_token_split_arms_match_reference(shape: VerifyShape) -> None:
+    """The pick and the plugin's kernels with the KV cut into equal shares of tokens (splits that start and end inside
+    a 64-token tile): bf16 arms against fp32 by run_variant and by the harness's call, twice each; the fp8 arm against
+    the dequantized cache's fp32 reference."""
+    from specdiag.kernels.dispatch import prepared_call
+    from specdiag.kernels.mla import dequantized, with_fp8_cache
+
+    names = ("split_gwsw8t_p1", "ragged_gwsw_t_p1")
+    _check_arms_twice(shape, names)
+    _check_timed_calls_twice(shape, names, seed=shape.context_tokens + 5)
+    x = with_fp8_cache(make_inputs(shape, device="cuda", seed=shape.context_tokens + 6))
+    ref = reference_verify(dequantized(x))
+    out = x.out_like()
+    call = prepared_call("ragged_gwsw_fp8t_p1", x, out)
+    for _ in range(2):
+        out.fill_(float("nan"))
+        call()
+        torch.cuda.synchronize()
+        assert not out.isnan().any() and (out.float() - ref).norm() / ref.norm() < 4e-3, shape
+
+
+def test_equal_token_splits_in_a_ragged_batch() -> None:
+    """A batch of requests of other lengths (the splits cut per request on the device, ROUND 1): the bf16 and fp8
+    Gluon ragged kernels against SGLang's definition / the exact fp8 reference, at 8, 16 and 64 rows."""
+    from dataclasses import replace
+
+    from test_sglang_plugin import fp8_batch, make_batch, rel_err, sglang_reference
+    from test_sglang_plugin_gpu import to_cuda, with_draft_in_cache
+
+    from specdiag.kernels.gluon_ws_ragged import (ragged_gluon_config, ragged_split_kv_gluon_fp8,
+                                                  ragged_split_kv_gluon_ws)
+    from specdiag_sglang_plugin.translate import fp8_reference
+
+    for lens, draft, heads in [([5, 40000, 64, 129], 1, 8), ([3000, 50000, 700], 2, 8), ([60000, 333], 8, 8)]:
+        cfg = replace(ragged_gluon_config(draft * heads), pdl=True, split_round_tokens=1)
+        batch, _ = make_batch(lens, draft, heads, False, seed=sum(lens) % 71)
+        g, loc = with_draft_in_cache(to_cuda(batch))
+        out = torch.full((g.q.shape[0], heads, 512), float("nan"), dtype=g.q.dtype, device="cuda")
+        ragged_split_kv_gluon_ws(g.q, g.kv_buffer, out, g.qo_indptr, g.kv_indptr, g.kv_indices, loc, g.custom_mask,
+                                 g.mask_indptr, max_draft=draft, sm_scale=g.sm_scale, cfg=cfg)
+        assert not out.isnan().any() and rel_err(out.cpu(), sglang_reference(batch)) < 1e-2, (lens, draft)
+        b8, loc8, _ = fp8_batch(lens, draft, heads, False, 0.5, seed=sum(lens) % 73)
+        g8, loc8 = to_cuda(b8), loc8.cuda()
+        out8 = torch.full((g8.q.shape[0], heads, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+        ragged_split_kv_gluon_fp8(g8.q, g8.kv_buffer, out8, g8.qo_indptr, g8.kv_indptr, g8.kv_indices, loc8,
+                                  g8.custom_mask, g8.mask_indptr, max_draft=draft, sm_scale=g8.sm_scale, kv_scale=0.5,
+                                  cfg=cfg)
+        assert not out8.isnan().any() and rel_err(out8, fp8_reference(g8, loc8, 0.5)) < 4e-3, (lens, draft)
+
+
+def test_read_floor_with_equal_token_splits_streams_every_tile_of_its_plan() -> None:
+    """anatomy --ws-read-shapes 64x2t1: the read-only kernel with the pick's ring, its splits equal shares of tokens
+    (132 programs at 128k, against 129 with 64-token splits), every program's tile count as its own plan says."""
+    from specdiag.kernels.anatomy import measure_ws
+
+    rows = measure_ws(VerifyShape(131072, 8, 1, "shuffled_p1"), torch.device("cuda"), n_runs=3, rotate_bytes=1 << 28,
+                      read_rings=[(64, 2, 1)])
+    assert [r["part"] for r in rows] == ["read_ws", "pick_ws", "read_ws_64x2t1", "timeline_ws"]
+    for r in rows[:-1]:
+        assert r["error"] is None and r["correct"] and r["us_median"] > 0, r
+    assert rows[0]["n_splits"] < rows[2]["n_splits"] and rows[2]["round_tokens"] == 1

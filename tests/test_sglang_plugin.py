@@ -317,6 +317,18 @@ for lens, draft, heads, chain, cap in [([150], 8, 2, True, 0.0), ([70, 3, 200], 
     err = rel_err(out, sglang_reference(batch))
     print(lens, draft, heads, chain, cap, err)
     assert err < 1e-2, err
+# session 15: splits of any number of tokens (split_round_tokens), their bounds inside tiles and across the draft rows
+from dataclasses import replace
+for rnd in (1, 7):
+    eq = replace(cfg, min_split_tokens=1, split_round_tokens=rnd)
+    batch, _ = make_batch([150, 37], 4, 2, False, seed=6, dtype=torch.float16)
+    out = torch.full((batch.q.shape[0], 2, 512), float("nan"), dtype=torch.float16)
+    ragged_split_kv_triton(batch.q, batch.k_ext, batch.kv_buffer, out, batch.qo_indptr, batch.kv_indptr,
+                           batch.kv_indices, batch.custom_mask, batch.mask_indptr, max_draft=4,
+                           sm_scale=batch.sm_scale, cfg=eq, num_sms=32)
+    err = rel_err(out, sglang_reference(batch))
+    print("round", rnd, err)
+    assert err < 1e-2, err
 print("ok")
 """
 

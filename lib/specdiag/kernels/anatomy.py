@@ -47,7 +47,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 import pandas as pd
 import torch
 
-from specdiag.kernels.mla import D_NOPE, D_PE, VerifyShape, kv_bytes, make_inputs
+from specdiag.kernels.mla import BLOCK_TOKENS, D_NOPE, D_PE, VerifyShape, kv_bytes, make_inputs
 from specdiag.stats import fit_line, quantile
 
 TABLE = "kernel_anatomy"
@@ -280,37 +280,46 @@ def measure_anchor(shape: VerifyShape, device: torch.device, n_runs: int = 20, r
     return row
 
 
-def ws_read_part(block_n: int, stages: int) -> str:
-    """The part name of a read-only call with a ``block_n``-token ring of ``stages`` tiles: ``read_ws`` for the pick's
-    own (64 x 2), ``read_ws_<block_n>x<stages>`` for another ring."""
-    return "read_ws" if (block_n, stages) == WS_PICK_RING else f"read_ws_{block_n}x{stages}"
+def ws_read_part(block_n: int, stages: int, round_tokens: int = BLOCK_TOKENS) -> str:
+    """The part name of a read-only call with a ``block_n``-token ring of ``stages`` tiles, its splits a multiple of
+    ``round_tokens``: ``read_ws`` for the pick's own (64 x 2, 64-token splits), ``read_ws_<block_n>x<stages>`` for
+    another ring, ``..t<round_tokens>`` after it for another round (session 15: ``read_ws_64x2t1``)."""
+    if (block_n, stages) == WS_PICK_RING and round_tokens == BLOCK_TOKENS:
+        return "read_ws"
+    return f"read_ws_{block_n}x{stages}" + ("" if round_tokens == BLOCK_TOKENS else f"t{round_tokens}")
 
 
-def parse_ring_shapes(text: str) -> list[tuple[int, int]]:
-    """``"64x3,32x6"`` -> [(64, 3), (32, 6)]: rings of ``block_n`` tokens x ``stages`` tiles for ``--ws-read-shapes``.
-    A ring holds at least two tiles (one landing while one drains) and fits an SM's shared memory: at most 192 tokens
-    of 1,152 B rows (221 KB)."""
+def parse_ring_shapes(text: str) -> list[tuple[int, int, int]]:
+    """``"64x3,32x6,64x2t1"`` -> [(64, 3, 64), (32, 6, 64), (64, 2, 1)]: rings of ``block_n`` tokens x ``stages``
+    tiles for ``--ws-read-shapes``, the splits a multiple of 64 tokens or of the ``t`` suffix's
+    (``SplitKVConfig.split_round_tokens``). A ring holds at least two tiles (one landing while one drains) and fits an
+    SM's shared memory: at most 192 tokens of 1,152 B rows (221 KB)."""
     out = []
     for item in filter(None, (t.strip() for t in text.split(","))):
+        ring, sep, rnd = item.lower().partition("t")
         try:
-            bn, st = (int(v) for v in item.lower().split("x"))
+            bn, st = (int(v) for v in ring.split("x"))
+            round_tokens = int(rnd) if sep else BLOCK_TOKENS
         except ValueError:
-            raise ValueError(f"ring shape {item!r} is not BLOCK_NxSTAGES (e.g. 64x3)") from None
+            raise ValueError(f"ring shape {item!r} is not BLOCK_NxSTAGES[tROUND] (e.g. 64x3, 64x2t1)") from None
         if bn not in (16, 32, 64) or st < 2 or bn * st > 192:
             raise ValueError(f"ring shape {item!r}: block_n must be 16, 32 or 64, stages at least 2, and block_n x "
                              "stages at most 192 tokens (221 KB of shared memory)")
-        out.append((bn, st))
+        if round_tokens < 1:
+            raise ValueError(f"ring shape {item!r}: the splits' round must be at least 1 token")
+        out.append((bn, st, round_tokens))
     return out
 
 
 def measure_ws(shape: VerifyShape, device: torch.device, n_runs: int = 20, rotate_bytes: int = 1 << 30,
                seed: int = 0, pick: str = "split_gwsw8_p1",
-               read_rings: Sequence[tuple[int, int]] = ()) -> list[dict[str, Any]]:
+               read_rings: Sequence[tuple[int, ...]] = ()) -> list[dict[str, Any]]:
     """The pick's call and the read-only kernel of its launch shape (gluon_ws_read: the same grid, shared memory,
     split, ring and copies, no math), timed like the parts on the same rotating inputs: parts ``read_ws`` (each
     program's tile count checked against the plan) and ``pick_ws`` (checked against fp32); then the read-only kernel
-    with each other ring of ``read_rings`` ((block_n, stages): more bytes in flight per SM; parts
-    ``read_ws_<block_n>x<stages>``, :func:`ws_read_part`). CUDA sm_90 only; a part that fails is a row with its error."""
+    with each other ring of ``read_rings`` ((block_n, stages[, round_tokens]): more bytes in flight per SM, or the
+    splits cut at another round; parts ``read_ws_<block_n>x<stages>[t<round>]``, :func:`ws_read_part`, each row with
+    its own plan's splits). CUDA sm_90 only; a part that fails is a row with its error."""
     from specdiag.kernels.cases import relative_error, rotation_sets  # noqa: PLC0415
     from specdiag.kernels.dispatch import prepared_call  # noqa: PLC0415
     from specdiag.kernels.gluon_ws_read import expected_tiles, read_kv_ws, read_plan, read_sink  # noqa: PLC0415
@@ -325,23 +334,29 @@ def measure_ws(shape: VerifyShape, device: torch.device, n_runs: int = 20, rotat
             "n_splits": plan.n_splits, "tokens_per_split": plan.tokens_per_split, "grid": [plan.n_tiles, plan.n_splits],
             "n_rotation_sets": len(sets)}
     outs = [s.out_like() for s in sets]
-    rings = {ws_read_part(*r): r for r in [WS_PICK_RING, *read_rings]}  # the pick's ring first, each ring once
-    sinks = {part: [read_sink(s, *r) for s in sets] for part, r in rings.items()}
+    # the pick's ring first, each ring once, as (block_n, stages, round_tokens)
+    rings = {ws_read_part(*r): r for r in [(*WS_PICK_RING, BLOCK_TOKENS),
+                                           *((r[0], r[1], r[2] if len(r) > 2 else BLOCK_TOKENS) for r in read_rings)]}
+    sinks = {part: [read_sink(s, bn, st, round_tokens=rnd) for s in sets] for part, (bn, st, rnd) in rings.items()}
     calls = {"pick_ws": [prepared_call(pick, s, o) for s, o in zip(sets, outs)],
-             **{part: [(lambda s=s, k=k, r=r: read_kv_ws(s, k, *r)) for s, k in zip(sets, sinks[part])]
+             **{part: [(lambda s=s, k=k, r=r: read_kv_ws(s, k, r[0], r[1], round_tokens=r[2]))
+                       for s, k in zip(sets, sinks[part])]
                 for part, r in rings.items()}}
     rows: list[dict[str, Any]] = []
     for part in [*WS_PARTS, *(p for p in rings if p not in WS_PARTS)]:
         row: dict[str, Any] = {**base, "part": part, "kernel": pick if part == "pick_ws" else "gluon_ws_read",
                                "error": None, "ts_unix_s": time.time()}
         if part in rings:
-            row.update(block_n=rings[part][0], stages=rings[part][1])
+            bn, st, rnd = rings[part]
+            own = read_plan(inputs, bn, st, round_tokens=rnd)
+            row.update(block_n=bn, stages=st, round_tokens=rnd, n_splits=own.n_splits,
+                       tokens_per_split=own.tokens_per_split, grid=[own.n_tiles, own.n_splits])
         try:
             calls[part][0]()
             torch.cuda.synchronize(device)
             if part in rings:
                 sink = sinks[part][0]
-                want = expected_tiles(sets[0], *rings[part])
+                want = expected_tiles(sets[0], bn, st, round_tokens=rnd)
                 row["tiles_ok"] = bool(sink[:, 0].tolist() == want and bool((sink == sink[:, :1]).all()))
                 row["correct"] = row["tiles_ok"]
             else:
@@ -563,8 +578,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     help="also time the pick (split_gwsw8_p1) and the read-only kernel of its launch shape on each case "
                          "(parts read_ws and pick_ws; CUDA sm_90)")
     ap.add_argument("--ws-read-shapes", default="",
-                    help="with --ws: also the read-only kernel with these rings, BLOCK_NxSTAGES comma-separated "
-                         "(e.g. 64x3,32x6: more bytes in flight per SM; parts read_ws_<BLOCK_N>x<STAGES>)")
+                    help="with --ws: also the read-only kernel with these rings, BLOCK_NxSTAGES[tROUND] comma-separated "
+                         "(e.g. 64x3,32x6: more bytes in flight per SM; 64x2t1: the pick's ring, the splits equal "
+                         "shares of tokens; parts read_ws_<BLOCK_N>x<STAGES>[t<ROUND>])")
     ap.add_argument("--peaks", action="store_true",
                     help="measure the copy and matmul ceilings and a copy of each context's KV bytes first (the "
                          "harness's peaks and kernel_ab_copy; use when the folder has no harness run)")

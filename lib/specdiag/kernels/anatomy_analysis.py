@@ -33,6 +33,7 @@ import pandas as pd
 from specdiag.findings import Finding
 from specdiag.kernels.analysis import issue13_bandwidth_target
 from specdiag.kernels.anatomy import PARTS, WS_PICK_RING, anatomy_fits
+from specdiag.kernels.mla import BLOCK_TOKENS
 from specdiag.plots import format_tokens
 from specdiag.stats import fit_line
 
@@ -282,8 +283,9 @@ def fixed_cost_finding(parts: pd.DataFrame, fits: pd.DataFrame, heads: int, draf
 def ws_read_rings(rows: Iterable[Mapping[str, Any]], context_tokens: int, heads: int,
                   draft_tokens: int) -> pd.DataFrame:
     """The read-only kernel of the pick's launch shape at one case, one row per ring it was timed with (parts
-    ``read_ws`` and ``read_ws_<block_n>x<stages>``, :func:`specdiag.kernels.anatomy.ws_read_part`): part, block_n,
-    stages (64 x 2 where a row predates them: the pick's ring), median, p10 and p90 in us, fastest first."""
+    ``read_ws`` and ``read_ws_<block_n>x<stages>[t<round>]``, :func:`specdiag.kernels.anatomy.ws_read_part`): part,
+    block_n, stages (64 x 2 where a row predates them: the pick's ring), round_tokens (the splits' round, 64 where a
+    row predates it), median, p10 and p90 in us, fastest first."""
     df = measured_parts(rows)
     if df.empty:
         return pd.DataFrame()
@@ -296,9 +298,23 @@ def ws_read_rings(rows: Iterable[Mapping[str, Any]], context_tokens: int, heads:
                                     for b in sel.get("block_n", pd.Series([None] * len(sel)))],
                         "stages": [int(x) if x is not None and not pd.isna(x) else WS_PICK_RING[1]
                                    for x in sel.get("stages", pd.Series([None] * len(sel)))],
+                        "round_tokens": [int(x) if x is not None and not pd.isna(x) else BLOCK_TOKENS
+                                         for x in sel.get("round_tokens", pd.Series([None] * len(sel)))],
                         "us_median": sel["us_median"].astype(float), "us_p10": sel["us_p10"].astype(float),
                         "us_p90": sel["us_p90"].astype(float)})
     return out.sort_values("us_median", kind="stable").reset_index(drop=True)
+
+
+def ring_label(block_n: int, stages: int, round_tokens: int = BLOCK_TOKENS) -> str:
+    """A ring of :func:`ws_read_rings` in words: ``64 x 2``, or ``64 x 2, splits rounded to 1 token`` where its
+    splits are cut at another round than the tile's 64 tokens."""
+    return f"{block_n} x {stages}" + ("" if round_tokens == BLOCK_TOKENS else f", splits rounded to {round_tokens} "
+                                      f"token{'s' if round_tokens != 1 else ''}")
+
+
+def ring_key(block_n: int, stages: int, round_tokens: int = BLOCK_TOKENS) -> str:
+    """A ring's key in the finding's numbers: ``64x2``, ``64x2t1``."""
+    return f"{block_n}x{stages}" + ("" if round_tokens == BLOCK_TOKENS else f"t{round_tokens}")
 
 
 def pick_read_floor_finding(rows: Iterable[Mapping[str, Any]], decomp: pd.DataFrame, context_tokens: int, heads: int,
@@ -336,15 +352,20 @@ def pick_read_floor_finding(rows: Iterable[Mapping[str, Any]], decomp: pd.DataFr
     others = rings[rings["part"] != "read_ws"]
     if not others.empty:
         if best["part"] == "read_ws":
+            o = others.iloc[0]
             verdict += (f" None of the {len(others)} other rings timed reads faster (the nearest, "
-                        f"{int(others.iloc[0]['block_n'])} x {int(others.iloc[0]['stages'])}, "
-                        f"{float(others.iloc[0]['us_median']):.1f} us): more bytes in flight per SM do not lower the floor.")
+                        f"{ring_label(int(o['block_n']), int(o['stages']), int(o['round_tokens']))}, "
+                        f"{float(o['us_median']):.1f} us): neither more bytes in flight per SM nor another cut of the "
+                        "splits lowers the floor.")
         else:
-            verdict += (f" The fastest ring timed, {int(best['block_n'])} x {int(best['stages'])}, reads it in "
-                        f"{float(best['us_median']):.1f} us ({float(best['us_median']) - tgt:+.1f} us against the target).")
+            verdict += (f" The fastest ring timed, "
+                        f"{ring_label(int(best['block_n']), int(best['stages']), int(best['round_tokens']))}, reads it "
+                        f"in {float(best['us_median']):.1f} us ({float(best['us_median']) - tgt:+.1f} us against the "
+                        "target).")
     ev = [f"Target: {r['target']}; the case's {r['kv_bytes'] / 1e6:.1f} MB of KV at {r['target_pct']:g}% of the run's "
           f"copy bandwidth (computed)."]
-    ev += [f"Read-only kernel, ring of {int(g.stages)} x {int(g.block_n)}-token tiles ({g.part}): median "
+    ev += [f"Read-only kernel, ring of {int(g.stages)} x {int(g.block_n)}-token tiles"
+           f"{'' if g.round_tokens == BLOCK_TOKENS else f', splits rounded to {g.round_tokens} tokens'} ({g.part}): median "
            f"{g.us_median:.2f} us, p10 {g.us_p10:.2f}, p90 {g.us_p90:.2f} (measured, CUDA events, cold KV)."
            for g in rings.itertuples()]
     ev.append(f"{kernel} (pick_ws): median {pick:.2f} us, p10 {float(p['us_p10']):.2f}, p90 {float(p['us_p90']):.2f} "
@@ -366,9 +387,11 @@ def pick_read_floor_finding(rows: Iterable[Mapping[str, Any]], decomp: pd.DataFr
         verdict=verdict, severity="ok" if pick <= tgt else "warning", evidence=ev,
         numbers={"context_tokens": context_tokens, "heads": heads, "draft_tokens": draft_tokens, "target_us": tgt,
                  "read_ws_us": read, "read_ws_p10_us": lo, "read_ws_p90_us": hi, "pick_us": pick,
-                 "pick_over_read_ws_us": pick - read, "fastest_ring": f"{int(best['block_n'])}x{int(best['stages'])}",
+                 "pick_over_read_ws_us": pick - read,
+                 "fastest_ring": ring_key(int(best["block_n"]), int(best["stages"]), int(best["round_tokens"])),
                  "fastest_ring_us": float(best["us_median"]),
-                 "rings_us": {f"{int(g.block_n)}x{int(g.stages)}": float(g.us_median) for g in rings.itertuples()}},
+                 "rings_us": {ring_key(int(g.block_n), int(g.stages), int(g.round_tokens)): float(g.us_median)
+                              for g in rings.itertuples()}},
         source="computed",
     )
 

@@ -360,6 +360,16 @@ KERNEL_VARIANTS: dict[str, KernelVariant] = {
     "ragged_gwsw_fp8w13_p1": KernelVariant("ragged_gwsw_fp8w13_p1", "ragged_split_kv", 1, kv_fp8=True,
                                            impl="gluon_ws", overrides=(("pdl", True),), gluon_swap_max_rows=16,
                                            gluon_swap_fit_rows=True, gluon_fp8_wide_ring="s13"),
+    # session 15: the pick and the plugin's kernels with the KV cut into equal shares of tokens (split_round_tokens
+    # 1): a 64-token round left 129 splits of 1,024 tokens at 128k (3 of 132 SMs idle, the others 3 % over an equal
+    # share of 993) and 129 of 2,048 at 256k
+    "split_gwsw8t_p1": _pick_with("split_gwsw8t_p1", overrides=(("split_round_tokens", 1),)),
+    "ragged_gwsw_t_p1": KernelVariant("ragged_gwsw_t_p1", "ragged_split_kv", 1, impl="gluon_ws",
+                                      overrides=(("pdl", True), ("split_round_tokens", 1)), gluon_swap_max_rows=16,
+                                      gluon_swap_fit_rows=True),
+    "ragged_gwsw_fp8t_p1": KernelVariant("ragged_gwsw_fp8t_p1", "ragged_split_kv", 1, kv_fp8=True, impl="gluon_ws",
+                                         overrides=(("pdl", True), ("split_round_tokens", 1)), gluon_swap_max_rows=16,
+                                         gluon_swap_fit_rows=True),
     # run 37: the plugin's Gluon kernel with its merge as a programmatic dependent launch (what the plugin serves
     # since; ragged_gw_p1 and ragged_gwa_p1 keep the merge they were measured with)
     "ragged_gwap_p1": KernelVariant("ragged_gwap_p1", "ragged_split_kv", 1, impl="gluon_ws", overrides=(("pdl", True),)),
@@ -394,7 +404,7 @@ def gluon_ws_kwargs(v: KernelVariant, config: SplitKVConfig, rows: int) -> dict[
                 bf16_partials=v.gluon_bf16_partials, pdl_merge=v.gluon_pdl_merge, grid_merge=v.gluon_grid_merge,
                 merge_block_dv=config.merge_block_dv, merge_one_pass=config.merge_one_pass,
                 merge_one_pass_max_splits=config.merge_one_pass_max_splits, join_tail_tokens=config.join_tail_tokens,
-                early_q=early_q)
+                early_q=early_q, split_round_tokens=config.split_round_tokens)
 
 
 def gluon_swap_kwargs(v: KernelVariant, config: SplitKVConfig) -> dict[str, Any]:
@@ -402,7 +412,7 @@ def gluon_swap_kwargs(v: KernelVariant, config: SplitKVConfig) -> dict[str, Any]
     kw = dict(block_n=config.block_n, stages=config.num_stages, pdl_merge=v.gluon_pdl_merge,
               merge_block_dv=config.merge_block_dv, merge_one_pass=config.merge_one_pass,
               merge_one_pass_max_splits=config.merge_one_pass_max_splits, fit_rows=v.gluon_swap_fit_rows,
-              fit_stages=v.gluon_swap_fit_stages)
+              fit_stages=v.gluon_swap_fit_stages, split_round_tokens=config.split_round_tokens)
     if v.gluon_swap_warp_softmax or v.gluon_swap_producer:
         return {**kw, "form": "warp_softmax" if v.gluon_swap_warp_softmax else "producer"}
     return {**kw, "late_sum": v.gluon_swap_late_sum, "smem_pad": v.gluon_swap_smem_pad}
@@ -501,7 +511,8 @@ def gluon_fp8_kwargs(v: KernelVariant, config: SplitKVConfig, rows: int) -> dict
     rings = None if v.gluon_fp8_rings is None else v.gluon_fp8_rings[0 if rows <= 8 else 1]
     return dict(block_n=config.block_n, pdl_merge=v.gluon_pdl_merge, merge_block_dv=config.merge_block_dv,
                 merge_one_pass=config.merge_one_pass, merge_one_pass_max_splits=config.merge_one_pass_max_splits,
-                rings=rings, conversion=v.gluon_fp8_conversion, softmax=v.gluon_fp8_softmax)
+                rings=rings, conversion=v.gluon_fp8_conversion, softmax=v.gluon_fp8_softmax,
+                split_round_tokens=config.split_round_tokens)
 
 
 def implementation(inputs: VerifyInputs) -> str:

@@ -50,7 +50,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from specdiag.kernels.gluon_splitkv import check_gluon_inputs, q_and_ring_smem, store_q
-from specdiag.kernels.mla import D_NOPE, D_PE, D_V, VerifyInputs
+from specdiag.kernels.mla import BLOCK_TOKENS, D_NOPE, D_PE, D_V, VerifyInputs
 from specdiag.kernels.splitkv_plan import GLUON_BLOCK_M, gluon_config, plan_splits, plan_splits_coresident
 
 LOG2E = 1.4426950408889634
@@ -599,13 +599,15 @@ def _grid_merge(O_PART, LSE_PART, OUT, SYNC, n_splits, n_rows, prog, D_V: gl.con
         gl.atomic_xchg(SYNC + 1, 0, sem="relaxed", scope="gpu")
 
 
-def phase_buffer(inputs: VerifyInputs, block_n: int = 64, stages: int = 2, num_sms: int | None = None) -> torch.Tensor:
+def phase_buffer(inputs: VerifyInputs, block_n: int = 64, stages: int = 2, num_sms: int | None = None,
+                 split_round_tokens: int = BLOCK_TOKENS) -> torch.Tensor:
     """The int64 buffer a timed call writes its phase cycles into: [programs, 2 partitions, PHASE_SLOTS, 128 threads]
     (slots 0-5 the phases of ``PHASES``, 6 the whole loop, 7 the tiles; partition 0's slots 8-13 its program's timeline,
     ``TIMELINE_SLOTS``); programs in the order pid_s * tiles + pid_m."""
     from specdiag.kernels.triton_splitkv import sm_count  # noqa: PLC0415
 
-    plan = plan_splits(inputs.heads * inputs.draft_tokens, inputs.n_kv, gluon_config(block_n, stages),
+    plan = plan_splits(inputs.heads * inputs.draft_tokens, inputs.n_kv,
+                       replace(gluon_config(block_n, stages), split_round_tokens=split_round_tokens),
                        num_sms or sm_count(inputs.q.device.index or 0))
     return torch.zeros(plan.n_tiles * plan.n_splits, 2, PHASE_SLOTS, 32 * WS_PARTITION_WARPS, dtype=torch.int64,
                        device=inputs.q.device)
@@ -624,7 +626,7 @@ def split_kv_gluon_ws(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 64
                       pdl_merge: bool = False, merge_block_dv: int = 16, grid_merge: bool = False,
                       merge_one_pass: bool = False, merge_one_pass_max_splits: int = 512,
                       join_tail_tokens: int = 0, times: torch.Tensor | None = None,
-                      early_q: bool = False) -> torch.Tensor:
+                      early_q: bool = False, split_round_tokens: int = BLOCK_TOKENS) -> torch.Tensor:
     """Split-KV verify attention with the warp-specialized partial kernel and triton_splitkv's merge; writes ``out``.
     ``bf16_partials`` stores each split's normalized output in bf16 (half the partial bytes written and merged);
     ``pdl_merge`` launches the merge as a programmatic dependent launch; ``merge_block_dv`` value dims per merge
@@ -634,7 +636,8 @@ def split_kv_gluon_ws(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 64
     ``merge_one_pass`` runs the merge kernel with every split of its outputs at once, up to
     ``merge_one_pass_max_splits`` splits (``split_merge.merge_block``); ``join_tail_tokens``: a last split of that
     many tokens or fewer joins the one before it (``splitkv_plan.split_count``); ``early_q``: warpgroup 0 loads Q
-    while warpgroup 1 issues the first tiles (EARLY_Q; not with ``overlap``)."""
+    while warpgroup 1 issues the first tiles (EARLY_Q; not with ``overlap``); ``split_round_tokens``: each split's
+    tokens a multiple of this (``SplitKVConfig.split_round_tokens``; 1: equal shares)."""
     from specdiag.kernels.triton_splitkv import merge_partials, sm_count  # noqa: PLC0415
 
     check_gluon_inputs(inputs, "split_kv_gluon_ws")
@@ -652,7 +655,8 @@ def split_kv_gluon_ws(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 64
         raise ValueError("grid_merge merges fp32 partials inside the partial grid: not with bf16_partials, pdl_merge "
                          "or times")
     cfg = replace(gluon_config(block_n, stages), merge_block_dv=merge_block_dv, merge_one_pass=merge_one_pass,
-                  merge_one_pass_max_splits=merge_one_pass_max_splits, join_tail_tokens=join_tail_tokens)
+                  merge_one_pass_max_splits=merge_one_pass_max_splits, join_tail_tokens=join_tail_tokens,
+                  split_round_tokens=split_round_tokens)
     n_sms = num_sms or sm_count(q.device.index or 0)
     plan = (plan_splits_coresident if grid_merge else plan_splits)(rows, n_kv, cfg, n_sms)
     o_part = torch.empty(plan.n_splits, rows, D_V, device=q.device,

@@ -49,7 +49,7 @@ from specdiag.kernels.gluon_ws import (LOG2E, PHASE_SLOTS, WS_PARTITION_WARPS, _
                                        _tile_slots, split_bounds)
 from specdiag.kernels.gluon_ws_swap import D_HALF, FIT_ROWS, SWAP_MAX_ROWS, _swap_softmax_partition
 from specdiag.kernels.gluon_ws_swap_alt import _swap_pv_partition, _swapw_pv_partition, _swapw_softmax_partition
-from specdiag.kernels.mla import D_NOPE, D_PE, D_QK, D_V, VerifyInputs
+from specdiag.kernels.mla import BLOCK_TOKENS, D_NOPE, D_PE, D_QK, D_V, VerifyInputs
 from specdiag.kernels.splitkv_plan import SplitKVConfig, SplitPlan, gluon_config, plan_splits
 
 #: registers per thread of warpgroup 1 (its half of O^T: 16-32 at N 8-16, P^T's reads) and of the staged form's
@@ -464,14 +464,16 @@ SOFTMAXES: tuple[str, ...] = ("rows", "warp")
 def split_kv_gluon_fp8(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 64, num_sms: int | None = None,
                        pdl_merge: bool = True, merge_block_dv: int = 64, merge_one_pass: bool = True,
                        merge_one_pass_max_splits: int = 512, rings: str | None = None, conversion: str = "cvt",
-                       softmax: str = "rows", times: torch.Tensor | None = None) -> torch.Tensor:
+                       softmax: str = "rows", times: torch.Tensor | None = None,
+                       split_round_tokens: int = BLOCK_TOKENS) -> torch.Tensor:
     """Split-KV verify attention on the fp8 cache (module doc) for up to ``SWAP_MAX_ROWS`` packed rows, then
     triton_splitkv's merge (one pass, under PDL: the pick's); writes ``out`` [T, H, 512] in q's dtype. ``rings``: a
     name of ``FP8_RINGS`` (None: ``DEFAULT_RINGS``' for the rows); ``conversion``: a name of ``CONVERSIONS``;
     ``softmax``: "rows" (the pick's: each row's softmax over the tile's keys) or "warp" (each warp's keys their own,
     gluon_ws_swap_alt's warp-softmax form: 12 KB more shared memory at 16 rows, so not with the s22 and d3 rings);
     ``times`` (``gluon_ws.phase_buffer(inputs)``): the timed kernel writes warpgroup 0's phases and timeline and the
-    converting warpgroup's phases (``FP8_PHASES``) into it."""
+    converting warpgroup's phases (``FP8_PHASES``) into it; ``split_round_tokens``: each split's tokens a multiple of
+    this (``SplitKVConfig``'s field)."""
     from specdiag.kernels.triton_splitkv import merge_partials, sm_count  # noqa: PLC0415
 
     check_fp8_inputs(inputs, "split_kv_gluon_fp8")
@@ -488,7 +490,8 @@ def split_kv_gluon_fp8(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 6
                          f"{sorted(k for k, r in FP8_RINGS.items() if r.max_rows == SWAP_MAX_ROWS)}")
     pv_regs, convert_regs = partition_regs(ring, softmax, rn)
     cfg: SplitKVConfig = replace(gluon_config(block_n, 2), merge_block_dv=merge_block_dv,
-                                 merge_one_pass=merge_one_pass, merge_one_pass_max_splits=merge_one_pass_max_splits)
+                                 merge_one_pass=merge_one_pass, merge_one_pass_max_splits=merge_one_pass_max_splits,
+                                 split_round_tokens=split_round_tokens)
     plan: SplitPlan = plan_splits(rows, n_kv, cfg, num_sms or sm_count(q.device.index or 0))
     if times is not None and tuple(times.shape) != (plan.n_splits, 2, PHASE_SLOTS, 32 * WS_PARTITION_WARPS):
         raise ValueError(f"times has shape {tuple(times.shape)}; make it with gluon_ws.phase_buffer(inputs) "

@@ -285,7 +285,8 @@ def ragged_split_kv_gluon_ws(q: torch.Tensor, kv: torch.Tensor, o: torch.Tensor,
             q, kv2, kv_indices, draft_loc, mask_u8, qo_indptr, kv_indptr, mask_indptr, o_part, lse_part,
             float(sm_scale) * LOG2E, heads, n_splits, max_rows, cfg.min_split_tokens, kv2.stride(0),
             BLOCK_N=cfg.block_n, STAGES=cfg.num_stages, RN=8 if max_rows <= 8 else SWAP_MAX_ROWS, D_NOPE=D_NOPE,
-            D_PE=D_PE, D_HALF=D_HALF, num_warps=WS_PARTITION_WARPS, WORKER_REGS=WS_WORKER_REGS, ROUND=BLOCK_TOKENS,
+            D_PE=D_PE, D_HALF=D_HALF, num_warps=WS_PARTITION_WARPS, WORKER_REGS=WS_WORKER_REGS,
+            ROUND=cfg.split_round_tokens,
         )
         return ragged_merge(o_part, lse_part, o, qo_indptr, kv_indptr, cfg)
     _ws_ragged_partial_kernel[(n_tiles, n_splits, batch)](
@@ -293,7 +294,7 @@ def ragged_split_kv_gluon_ws(q: torch.Tensor, kv: torch.Tensor, o: torch.Tensor,
         float(sm_scale) * LOG2E, heads, n_splits, max_rows, cfg.min_split_tokens, kv2.stride(0),
         BLOCK_M=GLUON_BLOCK_M, BLOCK_N=cfg.block_n, STAGES=cfg.num_stages, D_NOPE=D_NOPE, D_PE=D_PE, D_HALF=D_HALF,
         num_warps=WS_PARTITION_WARPS, WORKER_REGS=WS_WORKER_REGS, PREFETCH=True, DRAFT_BRANCH=True, FOLD=True,
-        ROUND=BLOCK_TOKENS,
+        ROUND=cfg.split_round_tokens,
     )
     return ragged_merge(o_part, lse_part, o, qo_indptr, kv_indptr, cfg)
 
@@ -406,20 +407,21 @@ def ragged_split_kv_gluon_fp8(q: torch.Tensor, kv: torch.Tensor, o: torch.Tensor
         float(sm_scale) * LOG2E, fp16_pair_bits(float(kv_scale)), heads, n_splits, max_rows, cfg.min_split_tokens,
         kv2.stride(0), tile_rows, BLOCK_N=cfg.block_n, SB=ring.sb, S8=ring.s8, RN=rn, D_NOPE=D_NOPE, D_PE=D_PE, D_HALF=D_HALF,
         num_warps=WS_PARTITION_WARPS, PV_REGS=pv_regs, CONVERT_REGS=convert_regs, CVT=CONVERSIONS["cvt"],
-        ROUND=BLOCK_TOKENS,
+        ROUND=cfg.split_round_tokens,
     )
     return ragged_merge(o_part, lse_part, o, qo_indptr, kv_indptr, cfg)
 
 
 def compile_sm90(dtype: str = "bf16", qo_indptr: str = "i32", kv_indptr: str = "i32",
                  mask_indptr: str = "i64", swap_rn: int = 0, fp8_rows: int = 0,
-                 fp8_rings: str | None = None) -> "triton.compiler.CompiledKernel":
+                 fp8_rings: str | None = None, round_tokens: int = BLOCK_TOKENS) -> "triton.compiler.CompiledKernel":
     """The ragged partial kernel compiled ahead of time for sm_90 (no GPU needed), as the plugin launches it, with the
     index dtypes SGLang passes (int32 qo_indptr in eager calls, int64 in its CUDA-graph buffers); ``swap_rn`` 8 or 16:
     the rows-as-N kernel with that N instead; ``fp8_rows``: the fp8 kernel as a call of that many rows launches it
-    (its row tile's N and ring, ``fp8_rings`` as ``ragged_split_kv_gluon_fp8``'s ``rings``; bf16 q)."""
+    (its row tile's N and ring, ``fp8_rings`` as ``ragged_split_kv_gluon_fp8``'s ``rings``; bf16 q); ``round_tokens``:
+    the splits' round (``SplitKVConfig.split_round_tokens``)."""
     if fp8_rows:
-        return _compile_fp8_sm90(fp8_rows, qo_indptr, kv_indptr, mask_indptr, fp8_rings)
+        return _compile_fp8_sm90(fp8_rows, qo_indptr, kv_indptr, mask_indptr, fp8_rings, round_tokens)
     from triton.backends.compiler import GPUTarget  # noqa: PLC0415
     from triton.experimental.gluon._runtime import GluonASTSource  # noqa: PLC0415
 
@@ -430,11 +432,11 @@ def compile_sm90(dtype: str = "bf16", qo_indptr: str = "i32", kv_indptr: str = "
            "stride_kv": "i32"}
     if swap_rn:
         const = {"BLOCK_N": 64, "STAGES": 2, "RN": swap_rn, "D_NOPE": D_NOPE, "D_PE": D_PE, "D_HALF": D_HALF,
-                 "num_warps": WS_PARTITION_WARPS, "WORKER_REGS": WS_WORKER_REGS, "ROUND": BLOCK_TOKENS}
+                 "num_warps": WS_PARTITION_WARPS, "WORKER_REGS": WS_WORKER_REGS, "ROUND": round_tokens}
     else:
         const = {"BLOCK_M": GLUON_BLOCK_M, "BLOCK_N": 64, "STAGES": 2, "D_NOPE": D_NOPE, "D_PE": D_PE,
                  "D_HALF": D_HALF, "num_warps": WS_PARTITION_WARPS, "WORKER_REGS": WS_WORKER_REGS, "PREFETCH": True,
-                 "DRAFT_BRANCH": True, "FOLD": True, "ROUND": BLOCK_TOKENS}
+                 "DRAFT_BRANCH": True, "FOLD": True, "ROUND": round_tokens}
     sig.update({k: "constexpr" for k in const})
     attrs = {(i,): [["tt.divisibility", 16]] for i, k in enumerate(sig)
              if k in ("Q", "KV", "KV_INDICES", "DRAFT_LOC", "O_PART", "LSE_PART", "stride_kv", "min_split_tokens")}
@@ -444,7 +446,7 @@ def compile_sm90(dtype: str = "bf16", qo_indptr: str = "i32", kv_indptr: str = "
 
 
 def _compile_fp8_sm90(rows: int, qo_indptr: str, kv_indptr: str, mask_indptr: str,
-                      rings: str | None = None) -> "triton.compiler.CompiledKernel":
+                      rings: str | None = None, round_tokens: int = BLOCK_TOKENS) -> "triton.compiler.CompiledKernel":
     from triton.backends.compiler import GPUTarget  # noqa: PLC0415
     from triton.experimental.gluon._runtime import GluonASTSource  # noqa: PLC0415
 
@@ -455,7 +457,7 @@ def _compile_fp8_sm90(rows: int, qo_indptr: str, kv_indptr: str, mask_indptr: st
            "n_splits": "i32", "max_rows": "i32", "min_split_tokens": "i32", "stride_kv": "i32", "tile_rows": "i32"}
     const = {"BLOCK_N": 64, "SB": ring.sb, "S8": ring.s8, "RN": rn, "D_NOPE": D_NOPE, "D_PE": D_PE, "D_HALF": D_HALF,
              "num_warps": WS_PARTITION_WARPS, "PV_REGS": pv_regs, "CONVERT_REGS": convert_regs,
-             "CVT": CONVERSIONS["cvt"], "ROUND": BLOCK_TOKENS}
+             "CVT": CONVERSIONS["cvt"], "ROUND": round_tokens}
     sig.update({k: "constexpr" for k in const})
     attrs = {(i,): [["tt.divisibility", 16]] for i, k in enumerate(sig)
              if k in ("Q", "KV8", "KV_INDICES", "DRAFT_LOC", "O_PART", "LSE_PART", "stride_kv", "min_split_tokens")}

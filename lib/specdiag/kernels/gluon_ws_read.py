@@ -19,6 +19,8 @@ No partials, no merge: the time of a call is what streaming the case's KV throug
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import triton
 from triton.experimental import gluon
@@ -27,7 +29,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from specdiag.kernels.gluon_ws import (WS_PARTITION_WARPS, WS_WORKER_REGS, _issue_first_tiles, _refill, _tile_slots,
                                        _wait_tile, split_bounds, ws_shared_state)
-from specdiag.kernels.mla import D_NOPE, D_PE, VerifyInputs
+from specdiag.kernels.mla import BLOCK_TOKENS, D_NOPE, D_PE, VerifyInputs
 from specdiag.kernels.splitkv_plan import GLUON_BLOCK_M, SplitPlan, gluon_config, plan_splits
 
 
@@ -121,17 +123,21 @@ def _ws_read_kernel(Q, KV, TOKEN_TABLE, SINK, TL, n_prefix, n_kv, n_rows, tokens
     ], [num_warps], [WORKER_REGS])
 
 
-def read_plan(inputs: VerifyInputs, block_n: int = 64, stages: int = 2, num_sms: int | None = None) -> SplitPlan:
-    """The pick's plan on ``inputs`` (gluon_ws's: ``plan_splits`` with ``gluon_config``)."""
+def read_plan(inputs: VerifyInputs, block_n: int = 64, stages: int = 2, num_sms: int | None = None,
+              round_tokens: int = BLOCK_TOKENS) -> SplitPlan:
+    """The pick's plan on ``inputs`` (gluon_ws's: ``plan_splits`` with ``gluon_config``), its splits a multiple of
+    ``round_tokens`` (``SplitKVConfig.split_round_tokens``)."""
     from specdiag.kernels.triton_splitkv import sm_count  # noqa: PLC0415
 
-    return plan_splits(inputs.heads * inputs.draft_tokens, inputs.n_kv, gluon_config(block_n, stages),
+    return plan_splits(inputs.heads * inputs.draft_tokens, inputs.n_kv,
+                       replace(gluon_config(block_n, stages), split_round_tokens=round_tokens),
                        num_sms or sm_count(inputs.q.device.index or 0))
 
 
-def read_sink(inputs: VerifyInputs, block_n: int = 64, stages: int = 2, num_sms: int | None = None) -> torch.Tensor:
+def read_sink(inputs: VerifyInputs, block_n: int = 64, stages: int = 2, num_sms: int | None = None,
+              round_tokens: int = BLOCK_TOKENS) -> torch.Tensor:
     """The int32 buffer a read call writes its tile counts into: [programs, 128]."""
-    plan = read_plan(inputs, block_n, stages, num_sms)
+    plan = read_plan(inputs, block_n, stages, num_sms, round_tokens)
     return torch.zeros(plan.n_tiles * plan.n_splits, 32 * WS_PARTITION_WARPS, dtype=torch.int32,
                        device=inputs.q.device)
 
@@ -144,16 +150,18 @@ def timeline_buffer(inputs: VerifyInputs, block_n: int = 64, stages: int = 2,
 
 
 def read_kv_ws(inputs: VerifyInputs, sink: torch.Tensor, block_n: int = 64, stages: int = 2, prefetch: bool = True,
-               num_sms: int | None = None, timeline: torch.Tensor | None = None) -> torch.Tensor:
+               num_sms: int | None = None, timeline: torch.Tensor | None = None,
+               round_tokens: int = BLOCK_TOKENS) -> torch.Tensor:
     """Stream the case's KV through the pick's launch shape with no math (module doc); returns ``sink`` (from
     :func:`read_sink`), each program's row holding the tiles it waited for. ``timeline`` (from
-    :func:`timeline_buffer`) also gets each program's times (:data:`TIMELINE_COLUMNS`). CUDA sm_90 only."""
+    :func:`timeline_buffer`) also gets each program's times (:data:`TIMELINE_COLUMNS`); ``round_tokens``: the splits'
+    round (``SplitKVConfig.split_round_tokens``). CUDA sm_90 only."""
     check_gluon_inputs(inputs, "read_kv_ws")
     q, cache = inputs.q, inputs.cache
-    plan = read_plan(inputs, block_n, stages, num_sms)
+    plan = read_plan(inputs, block_n, stages, num_sms, round_tokens)
     if sink.shape != (plan.n_tiles * plan.n_splits, 32 * WS_PARTITION_WARPS) or sink.dtype != torch.int32:
         raise ValueError(f"sink is {tuple(sink.shape)} {sink.dtype}; make it with read_sink(inputs, {block_n}, "
-                         f"{stages})")
+                         f"{stages}, round_tokens={round_tokens})")
     if timeline is not None and (timeline.shape != (plan.n_tiles * plan.n_splits, len(TIMELINE_COLUMNS))
                                  or timeline.dtype != torch.int64):
         raise ValueError(f"timeline is {tuple(timeline.shape)} {timeline.dtype}; make it with timeline_buffer(inputs, "
@@ -167,9 +175,10 @@ def read_kv_ws(inputs: VerifyInputs, sink: torch.Tensor, block_n: int = 64, stag
     return sink
 
 
-def expected_tiles(inputs: VerifyInputs, block_n: int = 64, stages: int = 2, num_sms: int | None = None) -> list[int]:
+def expected_tiles(inputs: VerifyInputs, block_n: int = 64, stages: int = 2, num_sms: int | None = None,
+                   round_tokens: int = BLOCK_TOKENS) -> list[int]:
     """The tiles each program of a read call streams, in the kernel's program order (pid_s * tiles + pid_m)."""
-    plan = read_plan(inputs, block_n, stages, num_sms)
+    plan = read_plan(inputs, block_n, stages, num_sms, round_tokens)
     out = []
     for s in range(plan.n_splits):
         start = s * plan.tokens_per_split

@@ -40,7 +40,7 @@ from specdiag.kernels.gluon_splitkv import check_gluon_inputs, store_q
 from specdiag.kernels.gluon_ws import (LOG2E, PHASE_SLOTS, WS_PARTITION_WARPS, WS_WORKER_REGS, _clock, _globaltimer,
                                        _issue_first_tiles, _phase_counters, _refill, _stamp, _stamp_timeline,
                                        _store_phases, _wait_tile, split_bounds, ws_barriers)
-from specdiag.kernels.mla import D_NOPE, D_PE, D_V, VerifyInputs
+from specdiag.kernels.mla import BLOCK_TOKENS, D_NOPE, D_PE, D_V, VerifyInputs
 from specdiag.kernels.splitkv_plan import SplitKVConfig, SplitPlan, gluon_config, plan_splits
 
 #: query rows per program (the wgmma's N): every call of up to this many packed rows runs one row tile
@@ -328,9 +328,10 @@ class SwapLaunch:
 
 def swap_launch(inputs: VerifyInputs, caller: str, block_n: int, stages: int, num_sms: int | None,
                 merge_block_dv: int, merge_one_pass: bool, merge_one_pass_max_splits: int, fit_rows: bool,
-                times: torch.Tensor | None) -> SwapLaunch:
+                times: torch.Tensor | None, split_round_tokens: int = BLOCK_TOKENS) -> SwapLaunch:
     """The inputs checked for ``caller`` (every row in one tile of ``SWAP_MAX_ROWS``, ``times`` of this call's shape),
-    then the launch's set-up: an N of 8 where ``fit_rows`` and the rows fit it, else 16; the plan; the partials."""
+    then the launch's set-up: an N of 8 where ``fit_rows`` and the rows fit it, else 16; the plan (its splits a
+    multiple of ``split_round_tokens``); the partials."""
     from specdiag.kernels.triton_splitkv import sm_count  # noqa: PLC0415
 
     check_gluon_inputs(inputs, caller)
@@ -341,7 +342,7 @@ def swap_launch(inputs: VerifyInputs, caller: str, block_n: int, stages: int, nu
         raise ValueError(f"{caller} holds every row in one tile of {SWAP_MAX_ROWS}; this call has {rows} "
                          "(heads x draft tokens): use gluon_ws.split_kv_gluon_ws")
     cfg = replace(gluon_config(block_n, stages), merge_block_dv=merge_block_dv, merge_one_pass=merge_one_pass,
-                  merge_one_pass_max_splits=merge_one_pass_max_splits)
+                  merge_one_pass_max_splits=merge_one_pass_max_splits, split_round_tokens=split_round_tokens)
     plan = plan_splits(rows, n_kv, cfg, num_sms or sm_count(q.device.index or 0))
     if times is not None and tuple(times.shape) != (plan.n_splits, 2, PHASE_SLOTS, 32 * WS_PARTITION_WARPS):
         raise ValueError(f"times has shape {tuple(times.shape)}; make it with gluon_ws.phase_buffer(inputs) "
@@ -361,7 +362,7 @@ def split_kv_gluon_swap(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 
                         num_sms: int | None = None, pdl_merge: bool = True, merge_block_dv: int = 64,
                         merge_one_pass: bool = True, merge_one_pass_max_splits: int = 512,
                         fit_rows: bool = False, fit_stages: int = 0, late_sum: bool = False, smem_pad: int = 0,
-                        times: torch.Tensor | None = None) -> torch.Tensor:
+                        times: torch.Tensor | None = None, split_round_tokens: int = BLOCK_TOKENS) -> torch.Tensor:
     """Split-KV verify attention with the rows as the wgmma's N (module doc) for up to ``SWAP_MAX_ROWS`` packed rows,
     then triton_splitkv's merge (one pass, as a programmatic dependent launch by default: the pick's); writes ``out``.
     ``fit_rows``: an N of 8 where the rows fit it (half the math of 16 at 1-8 rows), else 16; ``fit_stages``: the
@@ -369,13 +370,13 @@ def split_kv_gluon_swap(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 
     a 16-row one). ``late_sum``: the rows' sums kept per key lane, reduced once after the loop (``_softmax_t``).
     ``smem_pad``: bytes of shared memory more, unused (run 46's knob). ``times`` (``gluon_ws.phase_buffer(inputs)``):
     the timed kernel writes each partition's loop phases in SM cycles and warpgroup 0's timeline into it
-    (``ws_phases``)."""
+    (``ws_phases``). ``split_round_tokens``: each split's tokens a multiple of this (``SplitKVConfig``'s field)."""
     if fit_stages not in (0, 2, FIT_STAGES_MAX):
         raise ValueError(f"fit_stages must be 0 (the arm's stages), 2 or {FIT_STAGES_MAX}; got {fit_stages}")
     if smem_pad and (smem_pad < 512 or smem_pad & (smem_pad - 1)):
         raise ValueError(f"smem_pad must be 0 or a power of two from 512 bytes; got {smem_pad}")
     launch = swap_launch(inputs, "split_kv_gluon_swap", block_n, stages, num_sms, merge_block_dv, merge_one_pass,
-                         merge_one_pass_max_splits, fit_rows, times)
+                         merge_one_pass_max_splits, fit_rows, times, split_round_tokens)
     const = {**launch.const, "STAGES": fit_stages if launch.rn == FIT_ROWS and fit_stages else stages}
     _swap_partial_kernel[(launch.plan.n_splits,)](*launch.args, WORKER_REGS=WS_WORKER_REGS, TIMED=times is not None,
                                                   LATE_SUM=late_sum, SMEM_PAD=smem_pad, **const)

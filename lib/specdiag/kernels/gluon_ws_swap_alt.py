@@ -27,7 +27,7 @@ from specdiag.kernels.gluon_ws import (WS_WORKER_REGS, _clock, _globaltimer, _is
                                        _refill, _stamp, _stamp_timeline, _store_phases, _wait_tile, split_bounds)
 from specdiag.kernels.gluon_ws_swap import (_swap_shared_state, _swap_softmax_partition, compile_kernel,
                                             compile_signature, swap_launch)
-from specdiag.kernels.mla import VerifyInputs
+from specdiag.kernels.mla import BLOCK_TOKENS, VerifyInputs
 
 #: the forms this module launches
 Form = Literal["warp_softmax", "producer"]
@@ -465,7 +465,7 @@ def split_kv_gluon_swap_alt(inputs: VerifyInputs, out: torch.Tensor, form: Form,
                             num_sms: int | None = None, pdl_merge: bool = True, merge_block_dv: int = 64,
                             merge_one_pass: bool = True, merge_one_pass_max_splits: int = 512,
                             fit_rows: bool = False, fit_stages: int = 0,
-                            times: torch.Tensor | None = None) -> torch.Tensor:
+                            times: torch.Tensor | None = None, split_round_tokens: int = BLOCK_TOKENS) -> torch.Tensor:
     """gluon_ws_swap.split_kv_gluon_swap in one of this module's forms (module doc): ``warp_softmax`` (timed too, with
     ``times``) or ``producer`` (``fit_stages`` its ring's buffers at an N of 8, as the pick's knob; no timed form);
     the same set-up (``swap_launch``) and merge; writes ``out``."""
@@ -478,7 +478,7 @@ def split_kv_gluon_swap_alt(inputs: VerifyInputs, out: torch.Tensor, form: Form,
     if fit_stages not in (0, 2, 3):
         raise ValueError(f"fit_stages must be 0 (the arm's stages), 2 or 3; got {fit_stages}")
     launch = swap_launch(inputs, "split_kv_gluon_swap_alt", block_n, stages, num_sms, merge_block_dv,
-                         merge_one_pass, merge_one_pass_max_splits, fit_rows, times)
+                         merge_one_pass, merge_one_pass_max_splits, fit_rows, times, split_round_tokens)
     grid = (launch.plan.n_splits,)
     if form == "producer":
         const = {**launch.const, "STAGES": fit_stages if launch.rn == 8 and fit_stages else stages}

@@ -1,7 +1,8 @@
 """Split-KV launch parameters and the split plan (no Triton needed: the CPU code reads these too).
 
 The plan: row tiles = ceil(rows / block_m); KV splits so that tiles x splits is about
-``programs_per_sm`` x SM count, each split a multiple of 64 tokens and at least ``min_split_tokens``.
+``programs_per_sm`` x SM count, each split a multiple of ``split_round_tokens`` (64 by default) and at least
+``min_split_tokens``.
 Partial bytes written and read back by the merge = splits x rows x (512 x 4 + 4) B with fp32
 partials: at batch 1 with 64 rows and 132 splits that is 17 MB, which sets a floor on what a
 split kernel can reach at short contexts (see docs/kernel-notes.md).
@@ -44,6 +45,11 @@ class SplitKVConfig:
                       multiple of the split leaves the draft tokens a split of their own (128k h8T8: 129 splits, the
                       last of 8 tokens, which the merge pads to 256). split_kv_triton and split_kv_gluon_ws only
                       (their last split ends at n_kv; run 30)
+    split_round_tokens: each split's tokens a multiple of this (64: a tile's, and a page's of the block layout, which
+                      the block-table kernels need). 1 cuts the KV into equal shares of tokens: at 128k and one
+                      draft token a 64-token round gives 129 splits of 1,024 tokens (3 of 132 SMs idle, the rest
+                      3 % over an equal share of 993), a round of 1 gives 132 of 993 (the last split's last tile
+                      partly filled). Token-table kernels only (page_size 1); session 15.
     """
 
     block_m: int = 64
@@ -61,6 +67,11 @@ class SplitKVConfig:
     merge_one_pass: bool = False
     merge_one_pass_max_splits: int = 512
     join_tail_tokens: int = 0
+    split_round_tokens: int = BLOCK_TOKENS
+
+    def __post_init__(self) -> None:
+        if self.split_round_tokens < 1:
+            raise ValueError(f"split_round_tokens must be a positive number of tokens; got {self.split_round_tokens}")
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -145,14 +156,20 @@ def default_fused_config(rows: int, kv_fp8: bool = False) -> SplitKVConfig:
 
 
 def plan_splits(rows: int, n_kv: int, cfg: SplitKVConfig, num_sms: int) -> SplitPlan:
-    """How many row tiles and KV splits, and how many tokens per split (a multiple of 64)."""
+    """How many row tiles and KV splits, and how many tokens per split (a multiple of ``cfg.split_round_tokens``)."""
     n_tiles = -(-rows // cfg.block_m)
     want = max(1, round(cfg.programs_per_sm * num_sms / (n_tiles * cfg.dv_split)))
-    per_split = -(-n_kv // want)
-    per_split = max(per_split, cfg.min_split_tokens)
-    per_split = -(-per_split // BLOCK_TOKENS) * BLOCK_TOKENS
+    per_split = split_tokens(n_kv, want, cfg)
     return SplitPlan(n_tiles=n_tiles, n_splits=split_count(n_kv, per_split, cfg.join_tail_tokens),
                      tokens_per_split=per_split)
+
+
+def split_tokens(n_kv: int, want_splits: int, cfg: SplitKVConfig) -> int:
+    """Tokens per split for about ``want_splits`` splits of ``n_kv`` tokens: an equal share, at least
+    ``cfg.min_split_tokens``, rounded up to a multiple of ``cfg.split_round_tokens`` (the ragged kernels compute the
+    same on the device, from their ROUND)."""
+    per_split = max(-(-n_kv // want_splits), cfg.min_split_tokens)
+    return -(-per_split // cfg.split_round_tokens) * cfg.split_round_tokens
 
 
 def split_count(n_kv: int, per_split: int, join_tail_tokens: int = 0) -> int:
@@ -189,9 +206,7 @@ def plan_splits_coresident(rows: int, n_kv: int, cfg: SplitKVConfig, num_sms: in
     if plan.n_tiles > num_sms:
         raise ValueError(f"{rows} rows make {plan.n_tiles} row tiles, more than the {num_sms} SMs a co-resident grid "
                          "can hold: use the two-launch merge for this shape")
-    want = num_sms // plan.n_tiles
-    per_split = max(-(-n_kv // want), cfg.min_split_tokens)
-    per_split = -(-per_split // BLOCK_TOKENS) * BLOCK_TOKENS
+    per_split = split_tokens(n_kv, num_sms // plan.n_tiles, cfg)
     return SplitPlan(n_tiles=plan.n_tiles, n_splits=split_count(n_kv, per_split, cfg.join_tail_tokens),
                      tokens_per_split=per_split)
 

@@ -255,6 +255,9 @@ def split_kv_triton(inputs: VerifyInputs, out: torch.Tensor, page_size: int = 1,
             raise ValueError("page_size 64 needs a block table: this layout (shuffled_p1) has none; use page_size 1")
         if BLOCK_TOKENS % cfg.block_n:
             raise ValueError(f"block_n {cfg.block_n} must divide the 64-token page")
+        if cfg.split_round_tokens % BLOCK_TOKENS:
+            raise ValueError(f"split_round_tokens {cfg.split_round_tokens} would start a split inside a 64-token page; "
+                             "the block table needs splits of whole pages: use a multiple of 64")
         block_table = inputs.block_table
     elif page_size == 1:
         block_table = inputs.token_table  # unused by the kernel

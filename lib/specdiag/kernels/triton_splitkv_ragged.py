@@ -37,9 +37,9 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
-from specdiag.kernels.mla import BLOCK_TOKENS, D_NOPE, D_PE, D_QK, D_V, VerifyInputs
+from specdiag.kernels.mla import D_NOPE, D_PE, D_QK, D_V, VerifyInputs
 from specdiag.kernels.split_merge import merge_block, merge_one_pass, merge_two_pass
-from specdiag.kernels.splitkv_plan import SHARED_LIMIT_SM90, SplitKVConfig, fitting_ladder
+from specdiag.kernels.splitkv_plan import SHARED_LIMIT_SM90, SplitKVConfig, fitting_ladder, split_tokens
 
 LOG2E = 1.4426950408889634
 
@@ -209,8 +209,7 @@ def describe_ragged_plan(rows: int, n_kv: int, cfg: SplitKVConfig, num_sms: int,
     hold tokens (``n_splits``: the merge's), tokens per split, programs of the grid, fp32 partial bytes, waves."""
     n_tiles = -(-rows // cfg.block_m)
     grid_splits = n_splits_for(rows, batch, num_sms, cfg)
-    per_split = max(-(-n_kv // grid_splits), cfg.min_split_tokens)
-    per_split = -(-per_split // BLOCK_TOKENS) * BLOCK_TOKENS
+    per_split = split_tokens(n_kv, grid_splits, cfg)
     n_active = -(-n_kv // per_split)
     programs = n_tiles * grid_splits * batch
     return {"n_tiles": n_tiles, "n_splits": n_active, "grid_splits": grid_splits, "tokens_per_split": per_split,
@@ -256,7 +255,7 @@ def ragged_split_kv_triton(q: torch.Tensor, k_ext: torch.Tensor, kv: torch.Tenso
         float(sm_scale), float(logit_cap) if logit_cap else 1.0, heads, n_splits, max_rows, cfg.min_split_tokens,
         q.stride(0), q.stride(1), k2.stride(0), kv2.stride(0),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, D_NOPE=D_NOPE, D_PE=D_PE,
-        LOGIT_CAP=bool(logit_cap and logit_cap > 0), ROUND=BLOCK_TOKENS,
+        LOGIT_CAP=bool(logit_cap and logit_cap > 0), ROUND=cfg.split_round_tokens,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return ragged_merge(o_part, lse_part, o, qo_indptr, kv_indptr, cfg)
@@ -273,7 +272,7 @@ def ragged_merge(o_part: torch.Tensor, lse_part: torch.Tensor, o: torch.Tensor, 
     _ragged_merge_kernel[(max_rows, D_V // block_dv, batch)](
         o_part, lse_part, o, qo_indptr, kv_indptr, o.shape[1], n_splits, max_rows, cfg.min_split_tokens,
         o.stride(0), o.stride(1),
-        BLOCK_S=block_s, BLOCK_DV=block_dv, D_V=D_V, ROUND=BLOCK_TOKENS, ONE_PASS=one_pass, PDL=pdl,
+        BLOCK_S=block_s, BLOCK_DV=block_dv, D_V=D_V, ROUND=cfg.split_round_tokens, ONE_PASS=one_pass, PDL=pdl,
         num_warps=8 if one_pass else 4, **({"launch_pdl": True} if pdl else {}),
     )
     return o

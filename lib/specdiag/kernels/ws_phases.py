@@ -141,7 +141,7 @@ def measure_case(shape: VerifyShape, variant_name: str, device: torch.device, n_
         (kernel, kw), form = gluon_swap_call(v, cfg), "rows_as_n"
     else:
         kernel, kw, form = split_kv_gluon_ws, gluon_ws_kwargs(v, cfg, rows), "row_major"
-    times = phase_buffer(x, cfg.block_n, cfg.num_stages)
+    times = phase_buffer(x, cfg.block_n, cfg.num_stages, split_round_tokens=cfg.split_round_tokens)
     untimed = summarize_ms(time_calls([lambda: kernel(x, out, **kw)], n_runs=n_runs, device=device))
     timed = summarize_ms(time_calls([lambda: kernel(x, out, times=times, **kw)], n_runs=n_runs, device=device))
     torch.cuda.synchronize(device)
