@@ -548,3 +548,18 @@ def test_read_only_kernel_plans_the_picks_splits() -> None:
         # every token in some tile, and at most one partly filled tile per split
         assert BLOCK_TOKENS * sum(per_split) >= x.n_kv
         assert sum(per_split) <= x.n_kv // BLOCK_TOKENS + plan.n_splits
+
+
+def test_read_only_kernel_checks_its_inputs_before_any_launch() -> None:
+    """read_kv_ws refuses CPU inputs with the dense Gluon launchers' message (gluon_splitkv.check_gluon_inputs): the
+    check is reached on the CPU, so a name the module fails to import shows here, not on the device (session 15's
+    call 1 met a NameError there, left since session 11's review moved the check)."""
+    from specdiag.kernels.gluon_ws_read import read_kv_ws, read_plan
+    from specdiag.kernels.mla import VerifyShape, make_inputs
+
+    x = make_inputs(VerifyShape(3001, 8, 1, "shuffled_p1"), seed=1)
+    sink = torch.zeros(read_plan(x, num_sms=132).programs, 128, dtype=torch.int32)
+    with pytest.raises(ValueError, match="read_kv_ws runs on CUDA"):
+        read_kv_ws(x, sink, num_sms=132)
+    with pytest.raises(ValueError, match="read_kv_ws runs on CUDA"):
+        read_kv_ws(x, sink, num_sms=132, round_tokens=1)

@@ -27,6 +27,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
+from specdiag.kernels.gluon_splitkv import check_gluon_inputs
 from specdiag.kernels.gluon_ws import (WS_PARTITION_WARPS, WS_WORKER_REGS, _issue_first_tiles, _refill, _tile_slots,
                                        _wait_tile, split_bounds, ws_shared_state)
 from specdiag.kernels.mla import BLOCK_TOKENS, D_NOPE, D_PE, VerifyInputs
