@@ -827,3 +827,54 @@ def test_06_replays_the_plugins_fp8_kernel_above_16_rows(run_notebook: Callable[
     assert all(r["rel_err"] < 2e-3 for r in f8)
     (found,) = [f for f in res["findings"] if f["id"] == "kernel_ab.fp8_kv"]
     assert found["severity"] == "warning" and found["numbers"]["faster_cases"] == 0
+
+
+RUN56 = REFERENCE_DIR / "kernel-ab-h200-run56"
+
+
+@pytest.mark.notebook
+def test_06_replays_the_equal_token_splits_beside_64_token_splits(run_notebook: Callable[..., Path],
+                                                                   tmp_path: Path) -> None:
+    """06 on run 56 (session 15, call 1): each equal-splits arm beside its 64-token twin on all 8 cases, the ratios
+    the raw rows', 132 splits against 129, and the finding's severity as the rows say (slower on most pairs)."""
+    out = run_notebook("06_kernel_ab", replay_dir=str(RUN56), cpu_smoke=False)
+    res = json.loads((tmp_path / "run" / "findings" / "06_kernel_ab.json").read_text())
+    rows = _rows(RUN56)
+    twins = {"split_gwsw8t_p1": "split_gwsw8_p1", "ragged_gwsw_t_p1": "ragged_gwsw_p1",
+             "ragged_gwsw_fp8t_p1": "ragged_gwsw_fp8_p1"}
+    eq = [r for r in rows if r["kernel"] in twins]
+    ratios = [r["ms_median"] / _ms(rows, twins[r["kernel"]], r["context_tokens"], r["heads"], r["draft_tokens"],
+                                   r["layout"]) for r in eq]
+    assert len(eq) == 24 and {r["n_splits"] for r in eq} == {132}
+    assert {r["n_splits"] for r in rows if r["kernel"] in twins.values()} == {129}
+    assert all(r["config"]["split_round_tokens"] == 1 for r in eq)
+    (f,) = [x for x in res["findings"] if x["id"] == "kernel_ab.split_round"]
+    n = f["numbers"]
+    assert n["pairs"] == 24 and n["ratio_min"] == pytest.approx(min(ratios)) and n["ratio_max"] == pytest.approx(max(ratios))
+    assert n["faster_pairs"] == sum(x < 1.0 for x in ratios) and f["severity"] == ("ok" if min(ratios) > 1 else "info")
+    assert "(132 splits against 129)" in f["verdict"] and '"ename"' not in out.read_text()
+
+
+ANATOMY_EQUAL = REFERENCE_DIR / "kernel-anatomy-h200-ws-equal-splits"
+
+
+@pytest.mark.notebook
+def test_06_puts_the_read_floor_with_equal_splits_beside_the_picks(run_notebook: Callable[..., Path],
+                                                                    tmp_path: Path) -> None:
+    """06 on data/reference/kernel-anatomy-h200-ws-equal-splits (session 15, call 2): the read floor's ring table at
+    128k 8 x 1 holds the pick's ring with 64-, 16- and 1-token splits, each timed as the raw rows say, with its own
+    plan's splits (129, 131, 132), and the finding names the fastest."""
+    run_notebook("06_kernel_ab", replay_dir=str(ANATOMY_EQUAL), cpu_smoke=False)
+    res = json.loads((tmp_path / "run" / "findings" / "06_kernel_ab.json").read_text())
+    rows = _jsonl(ANATOMY_EQUAL / "kernel_anatomy.jsonl")
+    rings = {r["part"]: r for r in rows if (r["context_tokens"], r["heads"], r["draft_tokens"]) == (131072, 8, 1)
+             and str(r["part"]).startswith("read_ws")}
+    assert sorted(rings) == ["read_ws", "read_ws_64x2t1", "read_ws_64x2t16"]
+    assert [rings[p]["n_splits"] for p in ("read_ws", "read_ws_64x2t16", "read_ws_64x2t1")] == [129, 131, 132]
+    f = {x["id"]: x for x in res["findings"]}["kernel_ab.anatomy.pick_read_floor"]
+    keys = {"read_ws": "64x2", "read_ws_64x2t16": "64x2t16", "read_ws_64x2t1": "64x2t1"}
+    assert f["numbers"]["rings_us"] == {keys[p]: r["us_median"] for p, r in rings.items()}
+    fastest = min(rings, key=lambda p: rings[p]["us_median"])
+    assert f["numbers"]["fastest_ring"] == keys[fastest]
+    if fastest == "read_ws":
+        assert "nor another cut of the splits lowers the floor" in f["verdict"]

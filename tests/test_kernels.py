@@ -348,3 +348,45 @@ def test_every_registered_kernel_runs_on_some_layout_and_the_harness_refuses_one
         with pytest.raises(SystemExit, match=named):
             main(["--out", str(tmp_path / "run"), *argv])
     assert not (tmp_path / "run").exists()
+
+
+def test_equal_split_twins_change_only_the_split_round() -> None:
+    """analysis.EQUAL_SPLIT_TWINS (06's pairs, pure data) against dispatch: each arm is its twin with the KV cut into
+    equal shares of tokens and nothing else (the same variant fields, the same config at 8, 16 and 64 rows but the
+    round), and the fp8 arm's bf16 twin is the bf16 arm with the same splits."""
+    from dataclasses import asdict
+
+    from specdiag.kernels.dispatch import KERNEL_VARIANTS, resolve_config
+
+    for arm, twin in analysis.EQUAL_SPLIT_TWINS.items():
+        a, b = asdict(KERNEL_VARIANTS[arm]), asdict(KERNEL_VARIANTS[twin])
+        assert {k for k in a if a[k] != b[k]} == {"name", "overrides"}, arm
+        for rows in (8, 16, 64):
+            ca, cb = resolve_config(arm, rows), resolve_config(twin, rows)
+            assert ca.split_round_tokens == 1 and cb.split_round_tokens == 64
+            assert replace(ca, split_round_tokens=64) == cb, (arm, rows)
+    assert analysis.bf16_twin("ragged_gwsw_fp8t_p1") == "ragged_gwsw_t_p1"
+    assert analysis.bf16_twin("ragged_gwsw_fp8_p1") == "ragged_gwsw_p1"
+
+
+def test_split_round_table_pairs_each_arm_with_its_twin_and_the_finding_reads_the_numbers() -> None:
+    import pandas as pd
+
+    def row(kernel: str, ctx: int, ms: float, splits: int) -> dict:
+        return {"kernel": kernel, "context_tokens": ctx, "heads": 8, "draft_tokens": 1, "layout": "shuffled_p1",
+                "ms_median": ms, "n_splits": splits}
+
+    df = pd.DataFrame([row("split_gwsw8_p1", 131072, 0.0479, 129), row("split_gwsw8t_p1", 131072, 0.0489, 132),
+                       row("split_gwsw8_p1", 262144, 0.0832, 129), row("split_gwsw8t_p1", 262144, 0.0849, 132),
+                       row("ragged_gwsw_t_p1", 65536, 0.0302, 132)])  # no twin row: left out
+    t = analysis.split_round_table(df)
+    assert list(t["context_tokens"]) == [131072, 262144] and set(t["twin"]) == {"split_gwsw8_p1"}
+    assert t["equal_over_64"].tolist() == pytest.approx([0.0489 / 0.0479, 0.0849 / 0.0832])
+    f = analysis.split_round_finding(t)
+    assert f.severity == "info" and f.numbers["faster_pairs"] == 0 and f.numbers["pairs"] == 2
+    assert "(132 splits against 129)" in f.verdict and "cost nothing the stream could use" in f.verdict
+    assert f.numbers["ratio_max"] == pytest.approx(max(0.0489 / 0.0479, 0.0849 / 0.0832)) and len(f.evidence) == 2
+    faster = df.assign(ms_median=[0.05, 0.049, 0.09, 0.085, 0.03])
+    assert analysis.split_round_finding(analysis.split_round_table(faster)).severity == "ok"
+    assert analysis.split_round_table(df[df["kernel"] != "split_gwsw8_p1"]).empty
+    assert analysis.split_round_finding(pd.DataFrame()) is None

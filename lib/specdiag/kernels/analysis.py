@@ -487,10 +487,70 @@ def anchor_status(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
         subset=["kernel", "why"]).reset_index(drop=True)
 
 
+#: session 15's arms whose KV splits are equal shares of tokens (``SplitKVConfig.split_round_tokens`` 1), each beside
+#: the arm it changes only that of (64-token splits); tests/test_kernels.py checks the pairs against dispatch's arms
+EQUAL_SPLIT_TWINS: dict[str, str] = {"split_gwsw8t_p1": "split_gwsw8_p1", "ragged_gwsw_t_p1": "ragged_gwsw_p1",
+                                     "ragged_gwsw_fp8t_p1": "ragged_gwsw_fp8_p1"}
+#: fp8 arms whose bf16 twin the name rule below would miss (a letter after ``fp8`` that is not an fp8 change)
+BF16_TWIN_OVERRIDES: dict[str, str] = {"ragged_gwsw_fp8t_p1": "ragged_gwsw_t_p1"}
+
+
 def bf16_twin(kernel: str) -> str:
     """The bf16-KV kernel an fp8-KV kernel is the fp8 form of, by name: ``fused_fp8_p1`` -> ``fused_p1``,
-    ``split_gwsw8_fp8p_p1`` -> ``split_gwsw8_p1`` (the fp8 rows-as-N arms of session 13 are the pick's)."""
-    return re.sub(r"_fp8[a-z0-9]*(?=_(p1|b64)$)", "", kernel)
+    ``split_gwsw8_fp8p_p1`` -> ``split_gwsw8_p1`` (the fp8 rows-as-N arms of session 13 are the pick's);
+    ``BF16_TWIN_OVERRIDES`` first (``ragged_gwsw_fp8t_p1`` -> ``ragged_gwsw_t_p1``: the same equal splits)."""
+    return BF16_TWIN_OVERRIDES.get(kernel) or re.sub(r"_fp8[a-z0-9]*(?=_(p1|b64)$)", "", kernel)
+
+
+def split_round_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per case, each arm of ``EQUAL_SPLIT_TWINS`` beside its twin with 64-token splits (same run, case, layout and
+    cache dtype): both times, their ratio, and each one's split count where the rows carry it. Empty without pairs."""
+    if df.empty or "kernel" not in df:
+        return pd.DataFrame()
+    keys = ["context_tokens", "heads", "draft_tokens", "layout"]
+    ok = df[df["ms_median"].notna()] if "ms_median" in df else df.iloc[0:0]
+    cols = keys + ["kernel", "ms_median"] + (["n_splits"] if "n_splits" in ok else [])
+    eq = ok[ok["kernel"].isin(set(EQUAL_SPLIT_TWINS))][cols].copy()
+    if eq.empty:
+        return pd.DataFrame()
+    eq["twin"] = eq["kernel"].map(EQUAL_SPLIT_TWINS)
+    tw = ok[ok["kernel"].isin(set(EQUAL_SPLIT_TWINS.values()))][cols].rename(
+        columns={"kernel": "twin", "ms_median": "twin_ms", "n_splits": "twin_n_splits"})
+    out = eq.merge(tw, on=keys + ["twin"], how="inner")
+    if out.empty:
+        return pd.DataFrame()
+    out["equal_over_64"] = out["ms_median"] / out["twin_ms"]
+    return out.rename(columns={"ms_median": "equal_ms"}).sort_values(keys + ["kernel"]).reset_index(drop=True)
+
+
+def split_round_finding(t: pd.DataFrame) -> Optional[Finding]:
+    """One finding from :func:`split_round_table`: what cutting the KV into equal shares of tokens (every SM busy)
+    did to each arm's time against 64-token splits (some SMs idle, the rest over an equal share). "ok" when the equal
+    shares are faster on every pair, else "info" (the default, 64-token splits, stays). None without pairs."""
+    if t.empty:
+        return None
+    faster = int((t["equal_over_64"] < 1.0).sum())
+    splits = ""
+    if {"n_splits", "twin_n_splits"} <= set(t.columns):
+        def span(col: str) -> str:
+            lo, hi = int(t[col].min()), int(t[col].max())
+            return f"{lo}" if lo == hi else f"{lo}-{hi}"
+
+        splits = f" ({span('n_splits')} splits against {span('twin_n_splits')})"
+    ev = [f"{int(r.context_tokens) // 1024}k, {int(r.heads)} x {int(r.draft_tokens)} ({r.layout}): {r.kernel} "
+          f"{1e3 * r.equal_ms:.1f} us, {r.equal_over_64:.3f}x {r.twin}'s {1e3 * r.twin_ms:.1f} us" for r in t.itertuples()]
+    return Finding(
+        id="kernel_ab.split_round", title="Splits of equal shares of tokens against 64-token splits",
+        severity="ok" if faster == len(t) else "info",
+        verdict=(f"Cutting the KV into equal shares of tokens{splits} took {t['equal_over_64'].min():.3f}-"
+                 f"{t['equal_over_64'].max():.3f}x the time of the same kernel on 64-token splits (faster on {faster} "
+                 f"of {len(t)} pairs)" + (": the SMs a 64-token cut leaves idle cost nothing the stream could use."
+                                          if faster == 0 else ".")),
+        evidence=ev,
+        numbers={"pairs": int(len(t)), "faster_pairs": faster, "ratio_min": float(t["equal_over_64"].min()),
+                 "ratio_max": float(t["equal_over_64"].max())},
+        source="computed",
+    )
 
 
 def fp8_table(df: pd.DataFrame) -> pd.DataFrame:

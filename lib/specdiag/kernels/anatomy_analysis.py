@@ -308,8 +308,14 @@ def ws_read_rings(rows: Iterable[Mapping[str, Any]], context_tokens: int, heads:
 def ring_label(block_n: int, stages: int, round_tokens: int = BLOCK_TOKENS) -> str:
     """A ring of :func:`ws_read_rings` in words: ``64 x 2``, or ``64 x 2, splits rounded to 1 token`` where its
     splits are cut at another round than the tile's 64 tokens."""
-    return f"{block_n} x {stages}" + ("" if round_tokens == BLOCK_TOKENS else f", splits rounded to {round_tokens} "
-                                      f"token{'s' if round_tokens != 1 else ''}")
+    return f"{block_n} x {stages}" + _round_words(round_tokens)
+
+
+def _round_words(round_tokens: int) -> str:
+    """``, splits rounded to 1 token`` (16 tokens, ...); nothing for the tile's own 64."""
+    if round_tokens == BLOCK_TOKENS:
+        return ""
+    return f", splits rounded to {round_tokens} token{'s' if round_tokens != 1 else ''}"
 
 
 def ring_key(block_n: int, stages: int, round_tokens: int = BLOCK_TOKENS) -> str:
@@ -364,8 +370,8 @@ def pick_read_floor_finding(rows: Iterable[Mapping[str, Any]], decomp: pd.DataFr
                         "target).")
     ev = [f"Target: {r['target']}; the case's {r['kv_bytes'] / 1e6:.1f} MB of KV at {r['target_pct']:g}% of the run's "
           f"copy bandwidth (computed)."]
-    ev += [f"Read-only kernel, ring of {int(g.stages)} x {int(g.block_n)}-token tiles"
-           f"{'' if g.round_tokens == BLOCK_TOKENS else f', splits rounded to {g.round_tokens} tokens'} ({g.part}): median "
+    ev += [f"Read-only kernel, ring of {int(g.stages)} x {int(g.block_n)}-token tiles{_round_words(int(g.round_tokens))} "
+           f"({g.part}): median "
            f"{g.us_median:.2f} us, p10 {g.us_p10:.2f}, p90 {g.us_p90:.2f} (measured, CUDA events, cold KV)."
            for g in rings.itertuples()]
     ev.append(f"{kernel} (pick_ws): median {pick:.2f} us, p10 {float(p['us_p10']):.2f}, p90 {float(p['us_p90']):.2f} "
