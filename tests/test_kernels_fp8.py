@@ -350,3 +350,49 @@ def test_phase_table_reads_the_fp8_kernels_converting_warpgroup() -> None:
     assert t.loc["convert_wg", "dominant_phase"] == "convert" and t.loc["softmax_wg", "dominant_phase"] == "softmax"
     assert abs(t.loc["convert_wg", "rest_cycles"] - (3830 - sum(conv.values()))) < 1e-9
     assert np.isnan(t.loc["softmax_wg", "convert_cycles"]) and np.isnan(t.loc["convert_wg", "scores_cycles"])
+
+
+def test_fp8_wide_row_tiles_hold_64_rows_in_the_s12_ring() -> None:
+    """Session 15: with the s12 ring (``FP8_N64_RINGS``) a call's row tiles hold up to 64 rows (8 x 8: one tile, so
+    each KV tile is converted once), still whole draft tokens or a divisor of the heads; a call of 32 rows or fewer
+    keeps its own tile's defaults; a 64-row tile without an N-64 ring, or a tile over 64 rows, is refused."""
+    from specdiag.kernels.gluon_ws_ragged import (FP8_N64_RINGS, FP8_WIDE_TILE_MAX_ROWS, fp8_call_tiles,
+                                                  fp8_ragged_launch, fp8_tile_rows)
+
+    assert set(FP8_N64_RINGS) == {"s12"} and FP8_WIDE_TILE_MAX_ROWS == 64
+    assert [fp8_call_tiles(h, r, "s12") for h, r in ((8, 64), (16, 128), (5, 40), (40, 80), (8, 32), (8, 8))] == [
+        (64, "s12"), (64, "s12"), (40, "s12"), (40, "s12"), (32, None), (8, None)]
+    assert fp8_call_tiles(8, 64) == (32, None) and fp8_call_tiles(8, 64, "s13") == (32, "s13")
+    for heads in range(1, 130):
+        for draft in (1, 2, 3, 8, 16):
+            rows = heads * draft
+            tr = fp8_tile_rows(heads, rows, 64)
+            assert 1 <= tr <= 64
+            for row0 in range(0, rows, tr):
+                same_token = row0 // heads == (min(row0 + tr, rows) - 1) // heads
+                assert rows <= 64 or row0 % heads == 0 or same_token, (heads, draft, row0)
+    assert fp8_ragged_launch(64, "s12")[0] == 64 and fp8_ragged_launch(40, "s12")[2:] == FP8_N64_RINGS["s12"]
+    for tile, rings in ((64, None), (64, "d2"), (65, "s12")):
+        with pytest.raises(ValueError, match="a row tile holds at most 32 rows, or 64"):
+            fp8_ragged_launch(tile, rings)
+    with pytest.raises(ValueError, match="32 or 64 rows"):
+        fp8_tile_rows(8, 64, 48)
+
+
+@needs_triton
+def test_ragged_fp8_kernel_at_an_n_of_64() -> None:
+    """The 64-row tile: 68 m64n64k16 fp16 wgmmas a tile, the staged copies (cp.async), within sm_90's shared memory
+    (230,752 B), warpgroup 1 and the converting warpgroup at FP8_N64_RINGS' registers; ptxas spills at most 768 B
+    (752 B with int32 qo_indptr, 760 with int64: three warpgroups' accumulators and a 64-column softmax in 64K
+    registers)."""
+    from specdiag.kernels.gluon_ws_ragged import FP8_N64_RINGS, compile_sm90
+
+    k = compile_sm90(qo_indptr="i64", kv_indptr="i32", fp8_rows=64, fp8_rings="s12")
+    assert k.metadata.shared <= SHARED_LIMIT_SM90
+    ptx = k.asm["ptx"]
+    wgmma = r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+\.f32\.f16\.f16)"
+    assert collections.Counter(re.findall(wgmma, ptx)) == {"m64n64k16.f32.f16.f16": 68}
+    assert ptx.count("cp.async.cg") > 0
+    regs = [int(n) for n in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32 \t?(\d+)", ptx)]
+    assert set(FP8_N64_RINGS["s12"]) <= set(regs)
+    assert _ptxas_spill_bytes(ptx) <= 768

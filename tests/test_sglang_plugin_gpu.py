@@ -256,16 +256,16 @@ def fp8_call(g8: VerifyBatch, loc: torch.Tensor, draft: int, scale: float, out: 
 
 @pytest.mark.parametrize("prefix_lens, draft, heads, chain, scale", FP8_CASES,
                          ids=lambda v: "x".join(map(str, v[:3])) + f"-{len(v)}" if isinstance(v, list) else str(v))
-@pytest.mark.parametrize("qo_int64, rings", [(False, None), (True, None), (True, "s13")],
-                         ids=["qo-int32", "qo-int64", "qo-int64-s13"])
+@pytest.mark.parametrize("qo_int64, rings", [(False, None), (True, None), (True, "s13"), (True, "s12")],
+                         ids=["qo-int32", "qo-int64", "qo-int64-s13", "qo-int64-s12"])
 def test_fp8_ragged_kernel_matches_the_exact_reference(prefix_lens, draft, heads, chain, scale, qo_int64, rings):
     """Against translate.fp8_reference (fp32 on the dequantized pool, drafts from their slots): the bf16 output's
     rounding only (the dense fp8 pick measured 1.65-1.75e-3 in session 13); above 16 rows in both rings of the 32-row
-    tiles (``rings`` s13; None: the default d2)."""
+    tiles (``rings`` s13; None: the default d2) and in the 64-row tiles of s12 above 32 rows (session 15)."""
     from specdiag_sglang_plugin.translate import fp8_reference
 
-    if rings is not None and heads * draft <= 16:
-        pytest.skip("the 32-row tiles' ring: calls of more than 16 rows")
+    if rings is not None and heads * draft <= (32 if rings == "s12" else 16):
+        pytest.skip(f"the ring {rings}'s tiles: calls of more than {32 if rings == 's12' else 16} rows")
     g8, loc, _ = fp8_on_cuda(prefix_lens, draft, heads, chain, scale, seed=sum(prefix_lens) % 79)
     out = torch.full((g8.q.shape[0], heads, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
     fp8_call(g8, loc, draft, scale, out, qo_int64, rings)()
@@ -301,10 +301,11 @@ def test_fp8_ragged_kernel_beside_sglangs_fp8_extend_attention(prefix_lens, draf
     assert ours_err < 4e-3 and ours_err < theirs_err and between <= ours_err + theirs_err + 1e-6
 
 
-@pytest.mark.parametrize("draft, qo_int64", [(1, True), (2, True), (2, False), (8, True)])
-def test_fp8_ragged_kernel_replays_in_a_cuda_graph_at_other_lengths(draft, qo_int64):
+@pytest.mark.parametrize("draft, qo_int64, rings", [(1, True, None), (2, True, None), (2, False, None), (8, True, None),
+                                                    (8, True, "s12")])
+def test_fp8_ragged_kernel_replays_in_a_cuda_graph_at_other_lengths(draft, qo_int64, rings):
     """Captured at one prefix length, replayed after the indptr buffers change (SGLang's CUDA graphs): at 8, 16 and
-    64 rows (N 8 with the staged ring, N 16 with the direct one, two row tiles of 32)."""
+    64 rows (N 8 with the staged ring, N 16 with the direct one, two row tiles of 32, or one of 64 in s12)."""
     from specdiag_sglang_plugin.translate import fp8_reference
 
     heads, scale = 8, 0.25
@@ -312,7 +313,7 @@ def test_fp8_ragged_kernel_replays_in_a_cuda_graph_at_other_lengths(draft, qo_in
     kv_indptr, mask_indptr, mask = g8.kv_indptr.clone(), g8.mask_indptr.clone(), g8.custom_mask.clone()
     live = VerifyBatch(**{**g8.__dict__, "kv_indptr": kv_indptr, "custom_mask": mask, "mask_indptr": mask_indptr})
     out = torch.empty(draft, heads, 512, dtype=torch.bfloat16, device="cuda")
-    call = fp8_call(live, loc, draft, scale, out, qo_int64)
+    call = fp8_call(live, loc, draft, scale, out, qo_int64, rings)
     call()  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -341,7 +342,7 @@ def test_the_plugins_fp8_arm_in_the_harness_matches_the_dequantized_reference():
                   VerifyShape(20000, 16, 8, "shuffled_p1")):
         x = with_fp8_cache(make_inputs(shape, device="cuda", seed=3))
         ref = reference_verify(dequantized(x))
-        for arm in ("ragged_gwsw_fp8_p1", "ragged_gwsw_fp8w13_p1"):
+        for arm in ("ragged_gwsw_fp8_p1", "ragged_gwsw_fp8w13_p1", "ragged_gwsw_fp8w12_p1"):
             out = x.out_like()
             prepared_call(arm, x, out)()
             assert rel_err(out, ref) < 4e-3, (arm, shape)

@@ -123,7 +123,7 @@ class KernelVariant:
     #: with kv_fp8 and impl gluon_ws: warpgroups 0 and 1's softmax form (gluon_ws_fp8.SOFTMAXES)
     gluon_fp8_softmax: str = "rows"
     #: the plugin's fp8 arm only (ragged_split_kv, kv_fp8): the ring of its 32-row tiles above 16 rows
-    #: (gluon_ws_ragged.FP8_N32_RINGS' names; None: its default)
+    #: (gluon_ws_ragged.FP8_N32_RINGS' names; None: its default), or of 64-row tiles above 32 rows (FP8_N64_RINGS')
     gluon_fp8_wide_ring: Optional[str] = None
 
 
@@ -370,6 +370,11 @@ KERNEL_VARIANTS: dict[str, KernelVariant] = {
     "ragged_gwsw_fp8t_p1": KernelVariant("ragged_gwsw_fp8t_p1", "ragged_split_kv", 1, kv_fp8=True, impl="gluon_ws",
                                          overrides=(("pdl", True), ("split_round_tokens", 1)), gluon_swap_max_rows=16,
                                          gluon_swap_fit_rows=True),
+    # session 15: the plugin's fp8 kernel with row tiles of up to 64 rows in the s12 ring above 32 rows (one conversion
+    # of each KV tile at 8 heads x 8 draft tokens, where 32-row tiles convert it twice), its defaults up to 32
+    "ragged_gwsw_fp8w12_p1": KernelVariant("ragged_gwsw_fp8w12_p1", "ragged_split_kv", 1, kv_fp8=True,
+                                           impl="gluon_ws", overrides=(("pdl", True),), gluon_swap_max_rows=16,
+                                           gluon_swap_fit_rows=True, gluon_fp8_wide_ring="s12"),
     # run 37: the plugin's Gluon kernel with its merge as a programmatic dependent launch (what the plugin serves
     # since; ragged_gw_p1 and ragged_gwa_p1 keep the merge they were measured with)
     "ragged_gwap_p1": KernelVariant("ragged_gwap_p1", "ragged_split_kv", 1, impl="gluon_ws", overrides=(("pdl", True),)),

@@ -76,6 +76,9 @@ FP8_RINGS: dict[str, Fp8Ring] = {
     "s22": Fp8Ring(2, 2, FIT_ROWS),  # staged: two of each, at an N of 8 (runs 47-51)
     "d2": Fp8Ring(2, 0, SWAP_MAX_ROWS),  # direct: two fp16 tiles, two loading warpgroups (runs 48-50)
     "d3": Fp8Ring(3, 0, FIT_ROWS),  # direct: three fp16 tiles, two loading warpgroups, at an N of 8 (runs 48-49)
+    # staged: one fp16 tile, two staging tiles; what fits beside a 64-row Q, for the plugin's 64-row tiles
+    # (gluon_ws_ragged.FP8_N64_RINGS: 230,752 B at an N of 64; session 15)
+    "s12": Fp8Ring(1, 2, SWAP_MAX_ROWS),
 }
 #: columns of the tile converted at once (a register chunk of the converting warpgroup)
 CONVERT_COLS: gl.constexpr = gl.constexpr(128)

@@ -308,31 +308,54 @@ FP8_TILE_MAX_ROWS = 32
 #: converting warpgroup, 226,032 B) none at (112, 160)
 FP8_N32_RINGS: dict[str, tuple[int, int]] = {"d2": (104, 120), "s13": (112, 160)}
 FP8_N32_DEFAULT = "d2"
+#: session 15: row tiles of up to 64 rows at an N of 64, so a 64-row call (8 heads x 8 draft tokens) converts each KV
+#: tile once instead of once per 32-row tile; only the staged ring with one fp16 tile fits beside the 64-row Q (s12:
+#: 230,752 B), its conversion and math in series. Registers of warpgroup 1 and of the converting warpgroup, chosen by
+#: compiling for sm_90 here: (160, 96) spills the least, 752 B (WG0's 64-column softmax and its half of O^T, 128
+#: registers, beside a third warpgroup; 760 B with int64 qo_indptr)
+FP8_N64_RINGS: dict[str, tuple[int, int]] = {"s12": (160, 96)}
+FP8_WIDE_TILE_MAX_ROWS = 64
 
 
-def fp8_tile_rows(heads: int, rows: int) -> int:
+def fp8_tile_rows(heads: int, rows: int, max_tile: int = FP8_TILE_MAX_ROWS) -> int:
     """Rows per program of the fp8 ragged kernel for ``rows`` packed rows (heads x the most draft tokens): all of them
-    up to ``FP8_TILE_MAX_ROWS``; above, the most whole draft tokens' rows that fit (heads x floor(32 / heads)), or with
-    more heads than 32 the largest divisor of the heads that fits, so that every tile starts at a draft token's first
-    row or lies inside one draft token (the tree mask is read by the tile's own rows)."""
+    up to ``max_tile`` (32, or ``FP8_WIDE_TILE_MAX_ROWS`` with an ``FP8_N64_RINGS`` ring); above, the most whole draft
+    tokens' rows that fit (heads x floor(max_tile / heads)), or with more heads than that the largest divisor of the
+    heads that fits, so that every tile starts at a draft token's first row or lies inside one draft token (the tree
+    mask is read by the tile's own rows)."""
     if heads < 1 or rows < 1:
         raise ValueError(f"heads and rows must be positive; got {heads} and {rows}")
-    if rows <= FP8_TILE_MAX_ROWS:
+    if max_tile not in (FP8_TILE_MAX_ROWS, FP8_WIDE_TILE_MAX_ROWS):
+        raise ValueError(f"a row tile holds {FP8_TILE_MAX_ROWS} or {FP8_WIDE_TILE_MAX_ROWS} rows; got {max_tile}")
+    if rows <= max_tile:
         return rows
-    if heads <= FP8_TILE_MAX_ROWS:
-        return (FP8_TILE_MAX_ROWS // heads) * heads
-    return max(d for d in range(1, FP8_TILE_MAX_ROWS + 1) if heads % d == 0)
+    if heads <= max_tile:
+        return (max_tile // heads) * heads
+    return max(d for d in range(1, max_tile + 1) if heads % d == 0)
+
+
+def fp8_call_tiles(heads: int, rows: int, rings: str | None = None) -> tuple[int, str | None]:
+    """(rows per row tile, the ring ``fp8_ragged_launch`` gets) of a call: with an ``FP8_N64_RINGS`` ring tiles of up
+    to 64 rows in it, and a call of 32 rows or fewer the defaults of its own tile; else ``fp8_tile_rows``' 32."""
+    if rings in FP8_N64_RINGS:
+        tile_rows = fp8_tile_rows(heads, rows, FP8_WIDE_TILE_MAX_ROWS)
+        return tile_rows, rings if tile_rows > FP8_TILE_MAX_ROWS else None
+    return fp8_tile_rows(heads, rows), rings
 
 
 def fp8_ragged_launch(tile_rows: int, rings: str | None = None) -> tuple[int, Fp8Ring, int, int]:
     """(N, ring, warpgroup 1's registers, each converting warpgroup's) of a row tile of ``tile_rows``: up to 16 rows
-    the fp8 pick's (gluon_ws_fp8.ring_for: s22 at N 8, d2 at N 16; or the ring named), above an N of 32 with
-    ``rings`` (one of ``FP8_N32_RINGS``; None: ``FP8_N32_DEFAULT``)."""
+    the fp8 pick's (gluon_ws_fp8.ring_for: s22 at N 8, d2 at N 16; or the ring named), up to 32 an N of 32 with
+    ``rings`` (one of ``FP8_N32_RINGS``; None: ``FP8_N32_DEFAULT``), up to 64 an N of 64 with one of
+    ``FP8_N64_RINGS`` (named: no default)."""
     if tile_rows <= SWAP_MAX_ROWS:
         rn, ring = ring_for(tile_rows, rings)
         return (rn, ring, *partition_regs(ring, "rows", rn))
     if tile_rows > FP8_TILE_MAX_ROWS:
-        raise ValueError(f"a row tile holds at most {FP8_TILE_MAX_ROWS} rows; got {tile_rows}")
+        if tile_rows > FP8_WIDE_TILE_MAX_ROWS or rings not in FP8_N64_RINGS:
+            raise ValueError(f"a row tile holds at most {FP8_TILE_MAX_ROWS} rows, or {FP8_WIDE_TILE_MAX_ROWS} in one of "
+                             f"the rings {sorted(FP8_N64_RINGS)}; got {tile_rows} rows, rings {rings!r}")
+        return (FP8_WIDE_TILE_MAX_ROWS, FP8_RINGS[rings], *FP8_N64_RINGS[rings])
     name = rings if rings is not None else FP8_N32_DEFAULT
     if name not in FP8_N32_RINGS:
         raise ValueError(f"an N of 32 runs the rings {sorted(FP8_N32_RINGS)}; got {name!r}")
@@ -368,7 +391,8 @@ def ragged_split_kv_gluon_fp8(q: torch.Tensor, kv: torch.Tensor, o: torch.Tensor
     the draft rows at ``draft_loc`` (SGLang's out_cache_loc), each value ``kv_scale`` x its e4m3 (SGLang: the layer's
     k_scale, 1.0 without one); any row count (heads x ``max_draft``): up to 32 rows one row tile, more in tiles of
     ``fp8_tile_rows``, the splits shared out over the tiles so that the grid stays one program per SM; ``rings``: the
-    ring of the call's row tiles (``fp8_ragged_launch``; None: the fp8 pick's up to 16 rows, d2 at 32). Every other
+    ring of the call's row tiles (``fp8_ragged_launch``; None: the fp8 pick's up to 16 rows, d2 at 32; one of
+    ``FP8_N64_RINGS``: tiles of up to 64 rows in it, ``fp8_call_tiles``). Every other
     argument as ``ragged_split_kv_gluon_ws``'s; no host synchronisation: safe under CUDA-graph capture."""
     from specdiag.kernels.triton_splitkv_ragged import n_splits_for, ragged_merge  # noqa: PLC0415
 
@@ -392,9 +416,9 @@ def ragged_split_kv_gluon_fp8(q: torch.Tensor, kv: torch.Tensor, o: torch.Tensor
     heads = q.shape[1]
     batch = qo_indptr.shape[0] - 1
     max_rows = max_draft * heads
-    tile_rows = fp8_tile_rows(heads, max_rows)
+    tile_rows, tile_rings = fp8_call_tiles(heads, max_rows, rings)
     n_row_tiles = -(-max_rows // tile_rows)
-    rn, ring, pv_regs, convert_regs = fp8_ragged_launch(tile_rows, rings)  # a ring's refusals before any allocation
+    rn, ring, pv_regs, convert_regs = fp8_ragged_launch(tile_rows, tile_rings)  # refusals before any allocation
     cfg = cfg or ragged_gluon_config(max_rows)
     if num_sms is None:
         num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count
@@ -450,7 +474,8 @@ def _compile_fp8_sm90(rows: int, qo_indptr: str, kv_indptr: str, mask_indptr: st
     from triton.backends.compiler import GPUTarget  # noqa: PLC0415
     from triton.experimental.gluon._runtime import GluonASTSource  # noqa: PLC0415
 
-    rn, ring, pv_regs, convert_regs = fp8_ragged_launch(min(rows, FP8_TILE_MAX_ROWS), rings)
+    rn, ring, pv_regs, convert_regs = fp8_ragged_launch(
+        min(rows, FP8_WIDE_TILE_MAX_ROWS if rings in FP8_N64_RINGS else FP8_TILE_MAX_ROWS), rings)
     sig = {"Q": "*bf16", "KV8": "*fp8e4nv", "KV_INDICES": "*i64", "DRAFT_LOC": "*i64", "MASK": "*u8",
            "QO_INDPTR": f"*{qo_indptr}", "KV_INDPTR": f"*{kv_indptr}", "MASK_INDPTR": f"*{mask_indptr}",
            "O_PART": "*fp32", "LSE_PART": "*fp32", "qk_scale": "fp32", "kv_scale2": "i32", "n_heads": "i32",
