@@ -396,3 +396,21 @@ def test_ragged_fp8_kernel_at_an_n_of_64() -> None:
     regs = [int(n) for n in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32 \t?(\d+)", ptx)]
     assert set(FP8_N64_RINGS["s12"]) <= set(regs)
     assert _ptxas_spill_bytes(ptx) <= 768
+
+
+def test_the_fp8_rows_plan_fields_follow_their_row_tiles() -> None:
+    """The harness's plan fields of the plugin's fp8 arm (cases.plan_fields -> describe_ragged_plan with the fp8
+    kernel's tile rows): at 8 x 8 two 32-row tiles share the 132 programs (66 splits of 2,048 tokens at 128k, half
+    the partial bytes of one 64-row tile's 129 splits of 1,024); the s12 arm's one 64-row tile plans as the bf16
+    kernel. Rows recorded before session 15 (runs 55 and 57) carry the bf16 plan for the fp8 arms above 32 rows."""
+    from specdiag.kernels.dispatch import resolve_config
+    from specdiag.kernels.gluon_ws_ragged import fp8_call_tiles
+    from specdiag.kernels.triton_splitkv_ragged import describe_ragged_plan
+
+    cfg = resolve_config("ragged_gwsw_fp8_p1", 64)
+    two = describe_ragged_plan(64, 131_080, cfg, 132, tile_rows=fp8_call_tiles(8, 64)[0])
+    one = describe_ragged_plan(64, 131_080, cfg, 132, tile_rows=fp8_call_tiles(8, 64, "s12")[0])
+    assert (two["n_tiles"], two["grid_splits"], two["n_splits"], two["tokens_per_split"]) == (2, 66, 65, 2048)
+    assert (one["n_tiles"], one["grid_splits"], one["n_splits"], one["tokens_per_split"]) == (1, 132, 129, 1024)
+    assert one == describe_ragged_plan(64, 131_080, cfg, 132) and two["programs"] == one["programs"] == 132
+    assert two["partial_bytes"] * 2 == pytest.approx(one["partial_bytes"], rel=0.02)

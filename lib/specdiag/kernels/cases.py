@@ -184,8 +184,14 @@ def plan_fields(name: str, shape: VerifyShape, config: Any, device: torch.device
         from specdiag.kernels.triton_splitkv import sm_count  # noqa: PLC0415
         from specdiag.kernels.triton_splitkv_ragged import describe_ragged_plan  # noqa: PLC0415
 
+        tile_rows = None
+        if v.kv_fp8:  # the fp8 kernel's row tiles (32 rows, or 64 in an FP8_N64_RINGS ring), as _ragged_call runs it
+            from specdiag.kernels.gluon_ws_ragged import fp8_call_tiles  # noqa: PLC0415
+
+            tile_rows = fp8_call_tiles(shape.heads, shape.rows,
+                                       v.gluon_fp8_wide_ring if shape.rows > 16 else None)[0]
         return describe_ragged_plan(shape.rows, shape.n_kv, resolve_config(name, shape.rows, config),
-                                    sm_count(device.index or 0))
+                                    sm_count(device.index or 0), tile_rows=tile_rows)
     if v.design not in ("split_kv", "fused_split_kv"):
         return {}
     from specdiag.kernels.splitkv_plan import SELF_MERGE_MAX_BLOCK_M, default_fused_config  # noqa: PLC0415

@@ -203,12 +203,15 @@ def n_splits_for(rows_per_request: int, batch: int, num_sms: int, cfg: SplitKVCo
     return max(1, round(cfg.programs_per_sm * num_sms / (n_tiles * max(1, batch))))
 
 
-def describe_ragged_plan(rows: int, n_kv: int, cfg: SplitKVConfig, num_sms: int, batch: int = 1) -> dict:
+def describe_ragged_plan(rows: int, n_kv: int, cfg: SplitKVConfig, num_sms: int, batch: int = 1,
+                         tile_rows: int | None = None) -> dict:
     """The plan the ragged kernel makes on the device for a request of ``n_kv`` tokens (prefix + draft) in a batch of
     ``batch`` such requests, as splitkv_plan.describe_plan's fields: the grid's splits (``grid_splits``), those that
-    hold tokens (``n_splits``: the merge's), tokens per split, programs of the grid, fp32 partial bytes, waves."""
-    n_tiles = -(-rows // cfg.block_m)
-    grid_splits = n_splits_for(rows, batch, num_sms, cfg)
+    hold tokens (``n_splits``: the merge's), tokens per split, programs of the grid, fp32 partial bytes, waves.
+    ``tile_rows``: rows per row tile where the kernel's are not ``cfg.block_m`` (the fp8 kernel's, gluon_ws_ragged
+    ``fp8_call_tiles``: the splits are shared out over them)."""
+    n_tiles = -(-rows // (tile_rows or cfg.block_m))
+    grid_splits = n_splits_for(rows, batch, num_sms, cfg, tile_rows=tile_rows)
     per_split = split_tokens(n_kv, grid_splits, cfg)
     n_active = -(-n_kv // per_split)
     programs = n_tiles * grid_splits * batch
