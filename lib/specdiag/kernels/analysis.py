@@ -96,6 +96,11 @@ def _best_split(df: pd.DataFrame) -> pd.DataFrame:
     return df[(df["design"] == "split_kv") & df["layout"].isin(["shuffled_p1", "shuffled_b64"])]
 
 
+#: target_table's columns
+TARGET_TABLE_COLUMNS = ["target", "context_tokens", "heads", "draft_tokens", "kernel", "layout", "ms", "value", "unit",
+                        "threshold", "met"]
+
+
 def target_table(df: pd.DataFrame) -> pd.DataFrame:
     """One row per (target, shape, context, kernel, layout) with the value, the threshold and met/missed."""
     out: list[dict[str, Any]] = []
@@ -127,7 +132,7 @@ def target_table(df: pd.DataFrame) -> pd.DataFrame:
                             "heads": r.heads, "draft_tokens": r.draft_tokens, "kernel": kernel, "layout": r.layout,
                             "ms": r[f"{kernel}_ms"], "value": r[col], "unit": "x", "threshold": SPEEDUP_TARGET,
                             "met": bool(r[col] >= SPEEDUP_TARGET)})
-    return pd.DataFrame(out)
+    return pd.DataFrame(out, columns=TARGET_TABLE_COLUMNS)  # the columns even without a row (a run of ragged arms only)
 
 
 def target_summary(targets: pd.DataFrame) -> pd.DataFrame:
