@@ -414,3 +414,13 @@ def test_the_fp8_rows_plan_fields_follow_their_row_tiles() -> None:
     assert (one["n_tiles"], one["grid_splits"], one["n_splits"], one["tokens_per_split"]) == (1, 132, 129, 1024)
     assert one == describe_ragged_plan(64, 131_080, cfg, 132) and two["programs"] == one["programs"] == 132
     assert two["partial_bytes"] * 2 == pytest.approx(one["partial_bytes"], rel=0.02)
+
+
+def test_the_fp8_arms_name_their_wide_ring_above_16_rows_only() -> None:
+    """dispatch.fp8_wide_ring: the one rule the harness's call and its plan fields share (an arm's wide ring names
+    its 32- or 64-row tiles; up to 16 rows the fp8 pick's ring by the rows)."""
+    from specdiag.kernels.dispatch import KERNEL_VARIANTS, fp8_wide_ring
+
+    v12, v13, v = (KERNEL_VARIANTS[k] for k in ("ragged_gwsw_fp8w12_p1", "ragged_gwsw_fp8w13_p1", "ragged_gwsw_fp8_p1"))
+    assert [fp8_wide_ring(v12, r) for r in (8, 16, 17, 64)] == [None, None, "s12", "s12"]
+    assert fp8_wide_ring(v13, 32) == "s13" and fp8_wide_ring(v, 64) is None

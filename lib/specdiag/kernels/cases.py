@@ -12,8 +12,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from specdiag.kernels.dispatch import (KERNEL_VARIANTS, prepared_call, resolve_config, run_variant, runs_gluon_ws,
-                                      variant)
+from specdiag.kernels.dispatch import (KERNEL_VARIANTS, fp8_wide_ring, prepared_call, resolve_config, run_variant,
+                                      runs_gluon_ws, variant)
 from specdiag.kernels.mla import (VerifyInputs, VerifyShape, arithmetic_intensity_flop_per_byte, kv_bytes,
                                   verify_flops, with_fresh_data)
 from specdiag.kernels.timing import summarize_ms, time_calls
@@ -188,8 +188,7 @@ def plan_fields(name: str, shape: VerifyShape, config: Any, device: torch.device
         if v.kv_fp8:  # the fp8 kernel's row tiles (32 rows, or 64 in an FP8_N64_RINGS ring), as _ragged_call runs it
             from specdiag.kernels.gluon_ws_ragged import fp8_call_tiles  # noqa: PLC0415
 
-            tile_rows = fp8_call_tiles(shape.heads, shape.rows,
-                                       v.gluon_fp8_wide_ring if shape.rows > 16 else None)[0]
+            tile_rows = fp8_call_tiles(shape.heads, shape.rows, fp8_wide_ring(v, shape.rows))[0]
         return describe_ragged_plan(shape.rows, shape.n_kv, resolve_config(name, shape.rows, config),
                                     sm_count(device.index or 0), tile_rows=tile_rows)
     if v.design not in ("split_kv", "fused_split_kv"):

@@ -520,6 +520,13 @@ def gluon_fp8_kwargs(v: KernelVariant, config: SplitKVConfig, rows: int) -> dict
                 split_round_tokens=config.split_round_tokens)
 
 
+def fp8_wide_ring(v: KernelVariant, rows: int) -> Optional[str]:
+    """The ring the plugin's fp8 arm ``v`` names for a call of ``rows`` packed rows (gluon_ws_ragged
+    ``ragged_split_kv_gluon_fp8``'s ``rings``): its ``gluon_fp8_wide_ring`` above 16 rows (the 32- or 64-row tiles'),
+    None up to 16 (the fp8 pick's ring by the rows). One rule for the harness's call and its plan fields."""
+    return v.gluon_fp8_wide_ring if rows > 16 else None
+
+
 def implementation(inputs: VerifyInputs) -> str:
     """'triton' when the inputs are on CUDA, else 'torch'."""
     return "triton" if inputs.q.is_cuda else "torch"
@@ -596,7 +603,7 @@ def _ragged_call(v: KernelVariant, inputs: VerifyInputs, out: torch.Tensor, cfg:
 
         fp8_args = {k: args[k] for k in ("q", "o", "qo_indptr", "kv_indptr", "kv_indices", "mask", "mask_indptr",
                                          "max_draft", "sm_scale")}
-        rings = v.gluon_fp8_wide_ring if inputs.heads * inputs.draft_tokens > 16 else None
+        rings = fp8_wide_ring(v, inputs.heads * inputs.draft_tokens)
         return lambda: ragged_split_kv_gluon_fp8(**fp8_args, kv=inputs.cache_fp8, draft_loc=draft_loc,
                                                  kv_scale=inputs.kv_scale, cfg=cfg, rings=rings)
     if runs_gluon_ws(v, inputs.heads * inputs.draft_tokens):
