@@ -328,24 +328,3 @@ def test_fp8_ragged_kernel_replays_in_a_cuda_graph_at_other_lengths(draft, qo_in
         graph.replay()
         torch.cuda.synchronize()
         assert rel_err(out, fp8_reference(live, loc, scale)) < 4e-3, p
-
-
-def test_the_plugins_fp8_arm_in_the_harness_matches_the_dequantized_reference():
-    """``ragged_gwsw_fp8_p1`` and ``ragged_gwsw_fp8w13_p1`` through dispatch (the harness's call, SGLang's layout made
-    once) on an fp8 cache at 8, 16, 64 and 128 rows, against the fp32 reference of the dequantized cache."""
-    from specdiag.kernels.dispatch import prepared_call, run_variant
-    from specdiag.kernels.mla import VerifyShape, dequantized, make_inputs, with_fp8_cache
-    from specdiag.kernels.reference import reference_verify
-
-    for shape in (VerifyShape(131072, 8, 1, "shuffled_p1"), VerifyShape(65536, 8, 2, "shuffled_p1"),
-                  VerifyShape(3001, 16, 1, "shuffled_p1"), VerifyShape(65536, 8, 8, "shuffled_p1"),
-                  VerifyShape(20000, 16, 8, "shuffled_p1")):
-        x = with_fp8_cache(make_inputs(shape, device="cuda", seed=3))
-        ref = reference_verify(dequantized(x))
-        for arm in ("ragged_gwsw_fp8_p1", "ragged_gwsw_fp8w13_p1", "ragged_gwsw_fp8w12_p1"):
-            out = x.out_like()
-            prepared_call(arm, x, out)()
-            assert rel_err(out, ref) < 4e-3, (arm, shape)
-        out = x.out_like()
-        run_variant("ragged_gwsw_fp8_p1", x, out)
-        assert rel_err(out, ref) < 4e-3, shape

@@ -7,7 +7,7 @@ import pytest
 
 from specdiag import spec, stats
 from specdiag.steps.gpu_utilization import analysis as utilization
-from specdiag.kernels.timing import summarize_ms
+from specdiag.steps.kernel_ab.timing import summarize_ms
 
 
 @pytest.mark.parametrize("q", [0.0, 0.1, 0.25, 0.5, 0.9, 1.0])
@@ -30,14 +30,14 @@ def test_every_summary_uses_the_one_quantile() -> None:
 def test_fit_line_and_the_kernel_fixed_cost_fit_agree() -> None:
     import pandas as pd
 
-    from specdiag.kernels import analysis
     from specdiag.steps.baseline_sweep import summary
+    from specdiag.steps.kernel_ab import analysis
 
     assert summary.fit_line is stats.fit_line
     fit = stats.fit_line([0, 1, 2, 3], [1.0, 3.0, 5.0, 7.0])
     assert (fit.slope, fit.intercept, fit.r2, fit.n) == pytest.approx((2.0, 1.0, 1.0, 4))
     # kernel fit: ms = 20 us + bytes / 2,000 GB/s over three contexts
-    rows = pd.DataFrame([{"kernel": "split_p1", "layout": "shuffled_p1", "heads": 8, "draft_tokens": 1,
+    rows = pd.DataFrame([{"arm": "pick", "layout": "shuffled_p1", "heads": 8, "draft_tokens": 1,
                           "context_tokens": c, "kv_bytes": c * 1152, "ms_median": 1e3 * (20e-6 + c * 1152 / 2e12)}
                          for c in (8192, 65536, 131072)])
     (row,) = analysis.fixed_cost_fit(rows).to_dict("records")
@@ -45,18 +45,17 @@ def test_fit_line_and_the_kernel_fixed_cost_fit_agree() -> None:
 
 
 def test_kernel_peaks_come_from_the_hardware_measurement(monkeypatch) -> None:
-    """One copy and one matmul measurement: the kernel harness records hardware's, converted to ms."""
-    from specdiag import hardware
-    from specdiag.kernels import timing
+    """One copy and one matmul measurement in the project: the kernel A/B records hardware's, as medians."""
+    import torch
 
-    assert timing.measure_copy_bandwidth is hardware.measure_copy_bandwidth
-    assert timing.measure_matmul_rate is hardware.measure_matmul_rate
-    monkeypatch.setattr(timing, "measure_copy_bandwidth", lambda device, n_bytes, repeats, warmup: [4e12, 2e12, 4e12])
-    out = timing.copy_bandwidth_gbps("cpu", n_bytes=2 << 30, n_runs=3)
-    assert out["copy_gbps"] == pytest.approx(4000.0)  # median time: 2 x 2 GiB at 4 TB/s
-    assert out["copy_ms_samples"][1] == pytest.approx(2 * (2 << 30) / 2e12 * 1e3)
-    monkeypatch.setattr(timing, "measure_matmul_rate", lambda device, n, repeats, warmup: [8e14] * 3)
-    assert timing.matmul_tflops("cpu", n=1024, n_runs=3)["matmul_tflops"] == pytest.approx(800.0)
+    from specdiag import hardware
+    from specdiag.steps.kernel_ab.harness import measure_peaks
+
+    monkeypatch.setattr(hardware, "measure_copy_bandwidth", lambda device, n_bytes, repeats, warmup: [4e12, 2e12, 4e12])
+    monkeypatch.setattr(hardware, "measure_matmul_rate", lambda device, n, repeats, warmup: [8e14] * 3)
+    out = measure_peaks(torch.device("cuda"))
+    assert out["copy_gbps"] == pytest.approx(4000.0) and out["matmul_tflops"] == pytest.approx(800.0)
+    assert measure_peaks(torch.device("cpu"))["copy_gbps"] is None
 
 
 def test_median_diff_test_exact_mann_whitney() -> None:

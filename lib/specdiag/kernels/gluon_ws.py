@@ -49,8 +49,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from specdiag.kernels.gluon_splitkv import check_gluon_inputs, q_and_ring_smem, store_q
-from specdiag.kernels.mla import BLOCK_TOKENS, D_NOPE, D_PE, D_V, VerifyInputs
+from specdiag.kernels.mla import BLOCK_TOKENS, D_NOPE, D_PE, D_QK, D_V, VerifyInputs
 from specdiag.kernels.splitkv_plan import GLUON_BLOCK_M, gluon_config, plan_splits, plan_splits_coresident
 
 LOG2E = 1.4426950408889634
@@ -61,6 +60,61 @@ GRID_MERGE_MAX_POLLS: gl.constexpr = gl.constexpr(1 << 22)
 WS_PARTITION_WARPS = 4
 WS_WORKER_REGS = 232
 D_HALF = 256  # value dims per warpgroup
+
+
+
+@gluon.jit
+def load_q_cols(Q, pid_m, n_rows, COL0: gl.constexpr, BLOCK_M: gl.constexpr, WIDTH: gl.constexpr,
+                ROW_LEN: gl.constexpr, L: gl.constexpr):
+    """Columns COL0 .. COL0 + WIDTH - 1 of the query rows pid_m * BLOCK_M .. (Q is [rows, ROW_LEN]) in layout L; rows
+    past ``n_rows`` are 0. Both Gluon kernels put Q in shared memory with it."""
+    rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, L))
+    return gl.load(Q + rows[:, None].to(gl.int64) * ROW_LEN + COL0
+                   + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, L))[None, :],
+                   mask=(rows < n_rows)[:, None], other=0.0)
+
+
+@gluon.jit
+def store_q(Q, q_smem, qpe_smem, pid_m, n_rows, BLOCK_M: gl.constexpr, D_NOPE: gl.constexpr, D_PE: gl.constexpr,
+            WARPS: gl.constexpr):
+    """The row tile's Q into ``q_smem`` / ``qpe_smem`` (allocated with LOAD_Q False) by the calling warps, 128 columns
+    at a time (a quarter of the registers of one load), converted to the buffers' dtype (the same as Q's in the bf16
+    kernels: no conversion; fp16 in gluon_ws_fp8), then fenced for the tensor cores and barrier'd among them."""
+    LD: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [WARPS, 1], [1, 0])
+    LD_PE: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
+    for c in gl.static_range(D_NOPE // 128):
+        q_smem.slice(c * 128, 128, dim=1).store(
+            load_q_cols(Q, pid_m, n_rows, c * 128, BLOCK_M, 128, D_NOPE + D_PE, LD).to(q_smem.dtype))
+    qpe_smem.store(load_q_cols(Q, pid_m, n_rows, D_NOPE, BLOCK_M, D_PE, D_NOPE + D_PE, LD_PE).to(qpe_smem.dtype))
+    fence_async_shared()
+    gl.thread_barrier()
+
+
+@gluon.jit
+def q_and_ring_smem(Q, pid_m, n_rows, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                    D_NOPE: gl.constexpr, D_PE: gl.constexpr, LD: gl.constexpr, LD_PE: gl.constexpr,
+                    LOAD_Q: gl.constexpr = True):
+    """The shared memory both Gluon kernels share: the row tile's Q (no-PE and PE parts, loaded; with LOAD_Q False
+    left for the caller to fill, ``store_q``), the ring of STAGES KV tiles (no-PE and PE parts) and one P tile, each in
+    the wgmma's default swizzled layout."""
+    dtype: gl.constexpr = Q.dtype.element_ty
+    q_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, D_NOPE], dtype)
+    qpe_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, D_PE], dtype)
+    kv_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_NOPE], dtype)
+    pe_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_PE], dtype)
+    p_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype)
+    if LOAD_Q:
+        q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, D_NOPE], q_sl,
+                                           load_q_cols(Q, pid_m, n_rows, 0, BLOCK_M, D_NOPE, D_NOPE + D_PE, LD))
+        qpe_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, D_PE], qpe_sl,
+                                             load_q_cols(Q, pid_m, n_rows, D_NOPE, BLOCK_M, D_PE, D_NOPE + D_PE, LD_PE))
+    else:
+        q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, D_NOPE], q_sl)
+        qpe_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, D_PE], qpe_sl)
+    kv_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_NOPE], kv_sl)
+    pe_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_PE], pe_sl)
+    p_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], p_sl)
+    return q_smem, qpe_smem, kv_smem, pe_smem, p_smem
 
 
 @gluon.jit
@@ -597,6 +651,18 @@ def _grid_merge(O_PART, LSE_PART, OUT, SYNC, n_splits, n_rows, prog, D_V: gl.con
     if left == n_prog - 1:  # every program is past its wait: reset for the next call
         gl.atomic_xchg(SYNC, 0, sem="relaxed", scope="gpu")
         gl.atomic_xchg(SYNC + 1, 0, sem="relaxed", scope="gpu")
+
+
+def check_gluon_inputs(inputs: VerifyInputs, who: str) -> None:
+    """The dense Gluon launchers' common input check, before any launch: CUDA (sm_90), contiguous q [T, H, 576] and
+    cache rows [pool, 576], q and the cache in one dtype; ``who`` names the launcher in the message."""
+    q, cache = inputs.q, inputs.cache
+    if not q.is_cuda:
+        raise ValueError(f"{who} runs on CUDA (sm_90) only; on the CPU use split_kv_torch")
+    if not (q.is_contiguous() and q.shape[-1] == D_QK and cache.shape[-1] == D_QK and cache.stride(1) == 1):
+        raise ValueError(f"{who} needs contiguous q [T, H, 576] and cache rows [pool, 576]")
+    if q.dtype != cache.dtype:
+        raise ValueError(f"{who} needs q and the cache in one dtype; got {q.dtype} and {cache.dtype}")
 
 
 def phase_buffer(inputs: VerifyInputs, block_n: int = 64, stages: int = 2, num_sms: int | None = None,

@@ -14,9 +14,8 @@ as the wgmma's N, up to 16 rows) with a partition that brings fp8 tiles in and c
   converted into one of ``sb`` fp16 tiles once warpgroups 0 and 1 have freed it.
 - **the direct form** (``s8 == 0``; ``_fp8_loader_partition``, warpgroups 2 and 3): each loads every other tile into
   registers two tiles ahead and converts it there; no staging buffer.
-- **warpgroups 0 and 1**: the pick's rows-as-N softmax partition and the three-partition form's P V partition
-  (gluon_ws_swap, gluon_ws_swap_alt), or, with ``softmax="warp"``, the warp-softmax form's (each warp's keys a softmax
-  of their own), reading the fp16 tiles as the bf16 kernel reads its own.
+- **warpgroups 0 and 1**: the pick's rows-as-N softmax partition and the P V partition of warpgroup 1
+  (gluon_ws_swap), reading the fp16 tiles as the bf16 kernel reads its own.
 
 Rings (``FP8_RINGS``; shared memory compiled for sm_90 here, 232,448 B the limit): s13 (one fp16 tile, three staging
 tiles: 205,232 B at 16 rows), s22 (two of each, 231,808 B at 8 rows), d2 (two fp16 tiles, 168,344 B at 16 rows), d3
@@ -47,8 +46,7 @@ from specdiag.kernels.gluon_ws import PHASES as WS_PHASES
 from specdiag.kernels.gluon_ws import (LOG2E, PHASE_SLOTS, WS_PARTITION_WARPS, _clock, _globaltimer,
                                        _issue_first_tiles, _phase_counters, _refill, _stamp, _store_phases,
                                        _tile_slots, split_bounds)
-from specdiag.kernels.gluon_ws_swap import D_HALF, FIT_ROWS, SWAP_MAX_ROWS, _swap_softmax_partition
-from specdiag.kernels.gluon_ws_swap_alt import _swap_pv_partition, _swapw_pv_partition, _swapw_softmax_partition
+from specdiag.kernels.gluon_ws_swap import D_HALF, FIT_ROWS, SWAP_MAX_ROWS, _swap_pv_partition, _swap_softmax_partition
 from specdiag.kernels.mla import BLOCK_TOKENS, D_NOPE, D_PE, D_QK, D_V, VerifyInputs
 from specdiag.kernels.splitkv_plan import SplitKVConfig, SplitPlan, gluon_config, plan_splits
 
@@ -323,13 +321,11 @@ def _fp8_partial_kernel(Q, KV8, TOKEN_TABLE, MASK, O_PART, LSE_PART, TIMES,
                         BLOCK_N: gl.constexpr, SB: gl.constexpr, S8: gl.constexpr, RN: gl.constexpr,
                         D_NOPE: gl.constexpr, D_PE: gl.constexpr, D_HALF: gl.constexpr, num_warps: gl.constexpr,
                         PV_REGS: gl.constexpr, CONVERT_REGS: gl.constexpr, CVT: gl.constexpr,
-                        SOFTMAX_W: gl.constexpr = False, TIMED: gl.constexpr = False):
+                        TIMED: gl.constexpr = False):
     """One program per split (every row in one tile of RN): the shared memory and barriers, then the partitions
     (module doc): with S8 > 0 the staged form (a ring of S8 fp8 staging tiles filled by cp.async, one converting
     warpgroup), with S8 = 0 the direct form (two warpgroups each loading its tiles into registers and converting them;
-    CONVERT_REGS is then each one's). CVT: the conversion's instructions (``_e4m3x4_to_f16``). SOFTMAX_W: warpgroups
-    0 and 1 in gluon_ws_swap_alt's form where each warp's keys are a softmax of their own (no reduction across the
-    warps per tile). TIMES is used only with TIMED: warpgroup 0's phases and timeline (gluon_ws_swap's), the converting
+    CONVERT_REGS is then each one's). CVT: the conversion's instructions (``_e4m3x4_to_f16``). TIMES is used only with TIMED: warpgroup 0's phases and timeline (gluon_ws_swap's), the converting
     warpgroup's phases."""
     pid_s = gl.program_id(0)
     if TIMED:  # the program's entry (gluon_ws.TIMELINE_SLOTS)
@@ -343,69 +339,35 @@ def _fp8_partial_kernel(Q, KV8, TOKEN_TABLE, MASK, O_PART, LSE_PART, TIMES,
     fence_async_shared()
     gl.thread_barrier()
     start, end, n_iter = split_bounds(pid_s, tokens_per_split, n_kv, n_splits, BLOCK_N)
-    if SOFTMAX_W:  # the last tile's factors [keys, rows] and, at the end, the warps' maxima and sums
-        PLAIN: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
-        alpha_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_N, RN], PLAIN)
-        ml_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_N, RN], PLAIN)
-    # one warp_specialize per (form, softmax): a partition list cannot be built from variables
+    # one warp_specialize per form: a partition list cannot be built from variables
     if S8 > 0:
-        if SOFTMAX_W:
-            gl.warp_specialize([
-                (_swapw_softmax_partition, (Q, q_smem, qpe_smem, kv_smem, pe_smem, pt_smem, alpha_smem, ml_smem, kv_ready,
-                                            kv_free, p_ready, p_free, l_ready, MASK, O_PART, LSE_PART, qk_scale, n_prefix,
-                                            n_draft, n_heads, n_rows, n_rows, start, end, n_iter, pid_s, BLOCK_N, SB, RN,
-                                            D_NOPE, D_PE, D_HALF, num_warps, TIMES, TIMED)),
-                (_swapw_pv_partition, (kv_smem, pt_smem, alpha_smem, ml_smem, kv_free, p_ready, p_free, l_ready, O_PART,
-                                       n_rows, n_rows, n_iter, pid_s, SB, RN, D_HALF, num_warps)),
-                (_fp8_copy_convert_partition, (st_nope, st_pe, st_ready, kv_smem, pe_smem, kv_ready, kv_free, KV8,
-                                               TOKEN_TABLE, TOKEN_TABLE, kv_scale2, n_prefix, start, end, n_iter,
-                                               stride_kv, TIMES, pid_s, BLOCK_N, SB, S8, D_NOPE, D_PE, num_warps, False,
-                                               CVT, TIMED)),
-            ], [num_warps, num_warps], [PV_REGS, CONVERT_REGS])
-        else:
-            gl.warp_specialize([
-                (_swap_softmax_partition, (Q, q_smem, qpe_smem, kv_smem, pe_smem, pt_smem, row_smem, kv_ready, kv_free,
-                                           p_ready, p_free, l_ready, MASK, O_PART, LSE_PART, qk_scale, n_prefix, n_draft,
-                                           n_heads, n_rows, n_rows, start, end, n_iter, pid_s, BLOCK_N, SB, RN, D_NOPE,
-                                           D_PE, D_HALF, num_warps, TIMES, TIMED)),
-                (_swap_pv_partition, (kv_smem, pt_smem, row_smem, kv_free, p_ready, p_free, l_ready, O_PART, n_rows,
-                                      n_rows, n_iter, pid_s, SB, RN, D_HALF, num_warps)),
-                (_fp8_copy_convert_partition, (st_nope, st_pe, st_ready, kv_smem, pe_smem, kv_ready, kv_free, KV8,
-                                               TOKEN_TABLE, TOKEN_TABLE, kv_scale2, n_prefix, start, end, n_iter,
-                                               stride_kv, TIMES, pid_s, BLOCK_N, SB, S8, D_NOPE, D_PE, num_warps, False,
-                                               CVT, TIMED)),
-            ], [num_warps, num_warps], [PV_REGS, CONVERT_REGS])
+        gl.warp_specialize([
+            (_swap_softmax_partition, (Q, q_smem, qpe_smem, kv_smem, pe_smem, pt_smem, row_smem, kv_ready, kv_free,
+                                       p_ready, p_free, l_ready, MASK, O_PART, LSE_PART, qk_scale, n_prefix, n_draft,
+                                       n_heads, n_rows, n_rows, start, end, n_iter, pid_s, BLOCK_N, SB, RN, D_NOPE,
+                                       D_PE, D_HALF, num_warps, TIMES, TIMED)),
+            (_swap_pv_partition, (kv_smem, pt_smem, row_smem, kv_free, p_ready, p_free, l_ready, O_PART, n_rows,
+                                  n_rows, n_iter, pid_s, SB, RN, D_HALF, num_warps)),
+            (_fp8_copy_convert_partition, (st_nope, st_pe, st_ready, kv_smem, pe_smem, kv_ready, kv_free, KV8,
+                                           TOKEN_TABLE, TOKEN_TABLE, kv_scale2, n_prefix, start, end, n_iter,
+                                           stride_kv, TIMES, pid_s, BLOCK_N, SB, S8, D_NOPE, D_PE, num_warps, False,
+                                           CVT, TIMED)),
+        ], [num_warps, num_warps], [PV_REGS, CONVERT_REGS])
     else:
-        if SOFTMAX_W:
-            gl.warp_specialize([
-                (_swapw_softmax_partition, (Q, q_smem, qpe_smem, kv_smem, pe_smem, pt_smem, alpha_smem, ml_smem, kv_ready,
-                                            kv_free, p_ready, p_free, l_ready, MASK, O_PART, LSE_PART, qk_scale, n_prefix,
-                                            n_draft, n_heads, n_rows, n_rows, start, end, n_iter, pid_s, BLOCK_N, SB, RN,
-                                            D_NOPE, D_PE, D_HALF, num_warps, TIMES, TIMED)),
-                (_swapw_pv_partition, (kv_smem, pt_smem, alpha_smem, ml_smem, kv_free, p_ready, p_free, l_ready, O_PART,
-                                       n_rows, n_rows, n_iter, pid_s, SB, RN, D_HALF, num_warps)),
-                (_fp8_loader_partition, (kv_smem, pe_smem, kv_ready, kv_free, KV8, TOKEN_TABLE, TOKEN_TABLE, kv_scale2,
-                                         n_prefix, start, end, n_iter, stride_kv, TIMES, pid_s, 0, BLOCK_N, SB, D_NOPE,
-                                         D_PE, num_warps, False, CVT, TIMED)),
-                (_fp8_loader_partition, (kv_smem, pe_smem, kv_ready, kv_free, KV8, TOKEN_TABLE, TOKEN_TABLE, kv_scale2,
-                                         n_prefix, start, end, n_iter, stride_kv, TIMES, pid_s, 1, BLOCK_N, SB, D_NOPE,
-                                         D_PE, num_warps, False, CVT, TIMED)),
-            ], [num_warps, num_warps, num_warps], [PV_REGS, CONVERT_REGS, CONVERT_REGS])
-        else:
-            gl.warp_specialize([
-                (_swap_softmax_partition, (Q, q_smem, qpe_smem, kv_smem, pe_smem, pt_smem, row_smem, kv_ready, kv_free,
-                                           p_ready, p_free, l_ready, MASK, O_PART, LSE_PART, qk_scale, n_prefix, n_draft,
-                                           n_heads, n_rows, n_rows, start, end, n_iter, pid_s, BLOCK_N, SB, RN, D_NOPE,
-                                           D_PE, D_HALF, num_warps, TIMES, TIMED)),
-                (_swap_pv_partition, (kv_smem, pt_smem, row_smem, kv_free, p_ready, p_free, l_ready, O_PART, n_rows,
-                                      n_rows, n_iter, pid_s, SB, RN, D_HALF, num_warps)),
-                (_fp8_loader_partition, (kv_smem, pe_smem, kv_ready, kv_free, KV8, TOKEN_TABLE, TOKEN_TABLE, kv_scale2,
-                                         n_prefix, start, end, n_iter, stride_kv, TIMES, pid_s, 0, BLOCK_N, SB, D_NOPE,
-                                         D_PE, num_warps, False, CVT, TIMED)),
-                (_fp8_loader_partition, (kv_smem, pe_smem, kv_ready, kv_free, KV8, TOKEN_TABLE, TOKEN_TABLE, kv_scale2,
-                                         n_prefix, start, end, n_iter, stride_kv, TIMES, pid_s, 1, BLOCK_N, SB, D_NOPE,
-                                         D_PE, num_warps, False, CVT, TIMED)),
-            ], [num_warps, num_warps, num_warps], [PV_REGS, CONVERT_REGS, CONVERT_REGS])
+        gl.warp_specialize([
+            (_swap_softmax_partition, (Q, q_smem, qpe_smem, kv_smem, pe_smem, pt_smem, row_smem, kv_ready, kv_free,
+                                       p_ready, p_free, l_ready, MASK, O_PART, LSE_PART, qk_scale, n_prefix, n_draft,
+                                       n_heads, n_rows, n_rows, start, end, n_iter, pid_s, BLOCK_N, SB, RN, D_NOPE,
+                                       D_PE, D_HALF, num_warps, TIMES, TIMED)),
+            (_swap_pv_partition, (kv_smem, pt_smem, row_smem, kv_free, p_ready, p_free, l_ready, O_PART, n_rows,
+                                  n_rows, n_iter, pid_s, SB, RN, D_HALF, num_warps)),
+            (_fp8_loader_partition, (kv_smem, pe_smem, kv_ready, kv_free, KV8, TOKEN_TABLE, TOKEN_TABLE, kv_scale2,
+                                     n_prefix, start, end, n_iter, stride_kv, TIMES, pid_s, 0, BLOCK_N, SB, D_NOPE,
+                                     D_PE, num_warps, False, CVT, TIMED)),
+            (_fp8_loader_partition, (kv_smem, pe_smem, kv_ready, kv_free, KV8, TOKEN_TABLE, TOKEN_TABLE, kv_scale2,
+                                     n_prefix, start, end, n_iter, stride_kv, TIMES, pid_s, 1, BLOCK_N, SB, D_NOPE,
+                                     D_PE, num_warps, False, CVT, TIMED)),
+        ], [num_warps, num_warps, num_warps], [PV_REGS, CONVERT_REGS, CONVERT_REGS])
 
 
 def smem_bytes(rn: int, ring: Fp8Ring, block_n: int = 64) -> int:
@@ -460,20 +422,16 @@ def check_fp8_inputs(inputs: VerifyInputs, who: str) -> None:
 
 #: the conversion's instructions by name (``_e4m3x4_to_f16``'s CVT): the cvt pipe, or integer instructions
 CONVERSIONS: dict[str, int] = {"cvt": 0, "int": 1}
-#: warpgroups 0 and 1's forms: the pick's softmax over each row's keys, or each warp's keys a softmax of their own
-SOFTMAXES: tuple[str, ...] = ("rows", "warp")
 
 
 def split_kv_gluon_fp8(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 64, num_sms: int | None = None,
                        pdl_merge: bool = True, merge_block_dv: int = 64, merge_one_pass: bool = True,
                        merge_one_pass_max_splits: int = 512, rings: str | None = None, conversion: str = "cvt",
-                       softmax: str = "rows", times: torch.Tensor | None = None,
+                       times: torch.Tensor | None = None,
                        split_round_tokens: int = BLOCK_TOKENS) -> torch.Tensor:
     """Split-KV verify attention on the fp8 cache (module doc) for up to ``SWAP_MAX_ROWS`` packed rows, then
     triton_splitkv's merge (one pass, under PDL: the pick's); writes ``out`` [T, H, 512] in q's dtype. ``rings``: a
     name of ``FP8_RINGS`` (None: ``DEFAULT_RINGS``' for the rows); ``conversion``: a name of ``CONVERSIONS``;
-    ``softmax``: "rows" (the pick's: each row's softmax over the tile's keys) or "warp" (each warp's keys their own,
-    gluon_ws_swap_alt's warp-softmax form: 12 KB more shared memory at 16 rows, so not with the s22 and d3 rings);
     ``times`` (``gluon_ws.phase_buffer(inputs)``): the timed kernel writes warpgroup 0's phases and timeline and the
     converting warpgroup's phases (``FP8_PHASES``) into it; ``split_round_tokens``: each split's tokens a multiple of
     this (``SplitKVConfig``'s field)."""
@@ -482,16 +440,11 @@ def split_kv_gluon_fp8(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 6
     check_fp8_inputs(inputs, "split_kv_gluon_fp8")
     if conversion not in CONVERSIONS:
         raise ValueError(f"conversion must be one of {sorted(CONVERSIONS)}; got {conversion!r}")
-    if softmax not in SOFTMAXES:
-        raise ValueError(f"softmax must be one of {SOFTMAXES}; got {softmax!r}")
     q, cache8 = inputs.q, inputs.cache_fp8
     T, H = inputs.draft_tokens, inputs.heads
     rows, n_kv = T * H, inputs.n_kv
     rn, ring = ring_for(rows, rings)
-    if softmax == "warp" and ring.max_rows < SWAP_MAX_ROWS:
-        raise ValueError(f"the warp softmax's 12 KB do not fit beside the ring {rings!r} on sm_90: use one of "
-                         f"{sorted(k for k, r in FP8_RINGS.items() if r.max_rows == SWAP_MAX_ROWS)}")
-    pv_regs, convert_regs = partition_regs(ring, softmax, rn)
+    pv_regs, convert_regs = partition_regs(ring)
     cfg: SplitKVConfig = replace(gluon_config(block_n, 2), merge_block_dv=merge_block_dv,
                                  merge_one_pass=merge_one_pass, merge_one_pass_max_splits=merge_one_pass_max_splits,
                                  split_round_tokens=split_round_tokens)
@@ -508,7 +461,7 @@ def split_kv_gluon_fp8(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 6
         cache8.stride(0), plan.n_splits,
         BLOCK_N=block_n, SB=ring.sb, S8=ring.s8, RN=rn, D_NOPE=D_NOPE, D_PE=D_PE, D_HALF=D_HALF,
         num_warps=WS_PARTITION_WARPS, PV_REGS=pv_regs, CONVERT_REGS=convert_regs,
-        CVT=CONVERSIONS[conversion], SOFTMAX_W=softmax == "warp", TIMED=times is not None,
+        CVT=CONVERSIONS[conversion], TIMED=times is not None,
     )
     merge_partials(o_part, lse_part, out.view(rows, D_V), cfg, pdl=pdl_merge)
     return out
@@ -532,24 +485,15 @@ def fp16_pair_bits(scale: float) -> int:
     return half | (half << 16)
 
 
-def partition_regs(ring: Fp8Ring, softmax: str, rn: int) -> tuple[int, int]:
+def partition_regs(ring: Fp8Ring) -> tuple[int, int]:
     """Registers per thread of warpgroup 1 and of each converting warpgroup (warpgroup 0 gets the rest of the 64K:
-    504 a thread's worth over three warpgroups, 512 over four), chosen by compiling for sm_90 here: the staged form
-    (96, 168) and the direct form (88, 128) with the pick's softmax, no spill; with the warp softmax, whose P V keeps
-    four accumulators, the staged form (160, 104) at 16 rows (36 B of spill) and (96, 168) at 8, the direct form
-    (104, 120) at 8 rows, no spill. The direct form with the warp softmax at 16 rows does not fit its registers."""
-    if softmax == "warp":
-        if ring.s8:
-            return (160, 104) if rn > FIT_ROWS else (PV_REGS, CONVERT_REGS)
-        if rn > FIT_ROWS:
-            raise ValueError("the direct form with the warp softmax holds at most 8 rows: its four warpgroups' "
-                             "registers do not fit the 16-row accumulators; use a staged ring (s13) or softmax='rows'")
-        return 104, 120
+    504 a thread's worth over three warpgroups, 512 over four), chosen by compiling for sm_90: the staged form
+    (96, 168) and the direct form (88, 128), no spill."""
     return (PV_REGS, CONVERT_REGS) if ring.s8 else (DIRECT_PV_REGS, LOADER_REGS)
 
 
 def compile_sm90(rn: int = SWAP_MAX_ROWS, rings: str = "s13", block_n: int = 64, conversion: str = "cvt",
-                 softmax: str = "rows", timed: bool = False) -> "triton.compiler.CompiledKernel":
+                 timed: bool = False) -> "triton.compiler.CompiledKernel":
     """The partial kernel compiled ahead of time for sm_90 (no GPU needed), for the CPU tests and the compile report."""
     from triton.backends.compiler import GPUTarget  # noqa: PLC0415
     from triton.experimental.gluon._runtime import GluonASTSource  # noqa: PLC0415
@@ -559,11 +503,10 @@ def compile_sm90(rn: int = SWAP_MAX_ROWS, rings: str = "s13", block_n: int = 64,
            "LSE_PART": "*fp32", "TIMES": "*i64" if timed else "*fp32", "qk_scale": "fp32", "kv_scale2": "i32",
            "n_prefix": "i32", "n_kv": "i32", "n_draft": "i32", "n_heads": "i32", "n_rows": "i32",
            "tokens_per_split": "i32", "stride_kv": "i32", "n_splits": "i32"}
-    pv_regs, convert_regs = partition_regs(ring, softmax, rn)
+    pv_regs, convert_regs = partition_regs(ring)
     const = {"BLOCK_N": block_n, "SB": ring.sb, "S8": ring.s8, "RN": rn, "D_NOPE": D_NOPE, "D_PE": D_PE,
              "D_HALF": D_HALF, "num_warps": WS_PARTITION_WARPS, "PV_REGS": pv_regs,
-             "CONVERT_REGS": convert_regs, "CVT": CONVERSIONS[conversion], "SOFTMAX_W": softmax == "warp",
-             "TIMED": timed}
+             "CONVERT_REGS": convert_regs, "CVT": CONVERSIONS[conversion], "TIMED": timed}
     sig.update({k: "constexpr" for k in const})
     attrs = {(i,): [["tt.divisibility", 16]] for i, k in enumerate(sig)
              if k in ("Q", "KV8", "TOKEN_TABLE", "O_PART", "LSE_PART", "TIMES", "stride_kv")}

@@ -37,16 +37,15 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared
 
 from specdiag.kernels.gluon_ws import (D_HALF, LOG2E, WS_PARTITION_WARPS, WS_WORKER_REGS, _pv_loader_partition,
                                        _softmax_partition, ws_shared_state)
 from specdiag.kernels.gluon_ws_fp8 import (CONVERSIONS, FP8_RINGS, MAX_KV_SCALE, Fp8Ring, _fp8_copy_convert_partition,
                                            _fp8_core_state, _fp8_loader_partition, _fp8_staging_state, fp16_pair_bits,
                                            partition_regs, ring_for)
-from specdiag.kernels.gluon_ws_swap import (SWAP_MAX_ROWS, _swap_pv_loader_partition, _swap_shared_state,
-                                            _swap_softmax_partition)
-from specdiag.kernels.gluon_ws_swap_alt import _swap_pv_partition
+from specdiag.kernels.gluon_ws_swap import (SWAP_MAX_ROWS, _swap_pv_loader_partition, _swap_pv_partition,
+                                            _swap_shared_state, _swap_softmax_partition)
 from specdiag.kernels.mla import BLOCK_TOKENS, D_NOPE, D_PE, D_QK, D_V
 from specdiag.kernels.splitkv_plan import GLUON_BLOCK_M, SplitKVConfig, gluon_config, one_pass_merge_fields
 
@@ -350,7 +349,7 @@ def fp8_ragged_launch(tile_rows: int, rings: str | None = None) -> tuple[int, Fp
     ``FP8_N64_RINGS`` (named: no default)."""
     if tile_rows <= SWAP_MAX_ROWS:
         rn, ring = ring_for(tile_rows, rings)
-        return (rn, ring, *partition_regs(ring, "rows", rn))
+        return (rn, ring, *partition_regs(ring))
     if tile_rows > FP8_TILE_MAX_ROWS:
         if tile_rows > FP8_WIDE_TILE_MAX_ROWS or rings not in FP8_N64_RINGS:
             raise ValueError(f"a row tile holds at most {FP8_TILE_MAX_ROWS} rows, or {FP8_WIDE_TILE_MAX_ROWS} in one of "

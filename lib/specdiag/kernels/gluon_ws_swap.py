@@ -36,10 +36,10 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from specdiag.kernels.gluon_splitkv import check_gluon_inputs, store_q
 from specdiag.kernels.gluon_ws import (LOG2E, PHASE_SLOTS, WS_PARTITION_WARPS, WS_WORKER_REGS, _clock, _globaltimer,
                                        _issue_first_tiles, _phase_counters, _refill, _stamp, _stamp_timeline,
-                                       _store_phases, _wait_tile, split_bounds, ws_barriers)
+                                       _store_phases, _wait_tile, check_gluon_inputs, split_bounds, store_q,
+                                       ws_barriers)
 from specdiag.kernels.mla import BLOCK_TOKENS, D_NOPE, D_PE, D_V, VerifyInputs
 from specdiag.kernels.splitkv_plan import SplitKVConfig, SplitPlan, gluon_config, plan_splits
 
@@ -324,6 +324,35 @@ class SwapLaunch:
 
         merge_partials(self.o_part, self.lse_part, out.view(self.rows, D_V), self.cfg, pdl=pdl)
         return out
+
+
+@gluon.jit
+def _swap_pv_partition(kv_smem, pt_smem, row_smem, kv_free, p_ready, p_free, l_ready, O_PART, n_rows, part_stride,
+                       n_iter, pid_s, STAGES: gl.constexpr, RN: gl.constexpr, D_HALF: gl.constexpr,
+                       WARPS: gl.constexpr):
+    """Warpgroup 1 of the three-partition form: O^T's second half per tile, then the buffer released (one of
+    kv_free's two arrivals); its half of the partial at the end."""
+    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, RN, 16])
+    COL_O: gl.constexpr = gl.SliceLayout(0, S_L)
+    acc = gl.zeros([D_HALF, RN], gl.float32, layout=S_L)
+    for it in range(0, n_iter):
+        buf = it % STAGES
+        mbarrier.wait(p_ready, it & 1)
+        alpha = row_smem.load(COL_O)
+        acc = acc * alpha[None, :]
+        acc = warpgroup_mma(kv_smem.index(buf).slice(D_HALF, D_HALF, dim=1).permute((1, 0)), pt_smem, acc,
+                            is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        gl.thread_barrier()  # every thread's reads of P^T and the factors done
+        mbarrier.arrive(p_free, count=1)
+        mbarrier.arrive(kv_free.index(buf), count=1)
+    mbarrier.wait(l_ready, 0)
+    l_o = row_smem.load(COL_O)
+    o = acc / gl.where(l_o > 0, l_o, 1.0)[None, :]
+    rows_o = gl.arange(0, RN, layout=COL_O)
+    dims = D_HALF + gl.arange(0, D_HALF, layout=gl.SliceLayout(1, S_L))
+    gl.store(O_PART + (pid_s.to(gl.int64) * part_stride + rows_o)[None, :] * (2 * D_HALF) + dims[:, None],
+             o.to(O_PART.dtype.element_ty), mask=(rows_o < n_rows)[None, :])
 
 
 def swap_launch(inputs: VerifyInputs, caller: str, block_n: int, stages: int, num_sms: int | None,

@@ -115,3 +115,11 @@ def split_kv_torch(inputs: VerifyInputs, out: torch.Tensor, n_splits: int = 4) -
     merged = (w[:, :, None] * torch.stack(partials)).sum(dim=0)
     out.copy_(merged.reshape(T, H, D_V).to(out.dtype))
     return out
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref|| in fp32; inf when ``out`` holds a NaN or an inf."""
+    out32 = out.float()
+    if not torch.isfinite(out32).all():
+        return float("inf")
+    return float((out32 - ref.float()).norm() / ref.float().norm())

@@ -104,25 +104,7 @@ def default_config(rows: int) -> SplitKVConfig:
     return SplitKVConfig(block_m=64, block_n=64, num_warps=8, num_stages=2, programs_per_sm=1.0, merge_block_dv=16)
 
 
-def tile64_config(rows: int, block_n: int, num_stages: int, qk_once: bool = False) -> SplitKVConfig:
-    """default_config(rows) with another KV tile, pipeline depth and score layout where the row tile is 64 rows
-    (33-128 rows); other row counts get the default unchanged. Run 6's arms at h8T8 (docs/kernel-notes.md
-    "Run 6 (planned)").
-
-    Triton 3.6.0 for sm_90 (scripts/kernel_compile_report.py, split kernel, 64-row tiles, 8 warps):
-    (64, 3) -> 230,400 B, two buffers, the next tile's copy waited for at the top of the next iteration
-    (async_wait 0): only the P V dot overlaps it; both warpgroups compute all of Q K^T (m64n32k16 wgmmas).
-    (32, 5) -> 193,536 B, three buffers, async_wait 4: the copy two tiles ahead stays in flight through a whole
-    iteration; Q K^T m64n16k16, still in both warpgroups. (32, 5, qk_once) -> 193,536 B, the same pipeline, Q K^T
-    split between the warpgroups (each 16 of the 32 keys). qk_once at 64-token tiles needs 238,592 B: over 232,448.
-    """
-    base = default_config(rows)
-    if base.block_m != 64 or rows > 128:
-        return base
-    return replace(base, block_n=block_n, num_stages=num_stages, qk_once=qk_once)
-
-
-#: The Gluon kernel's tile (gluon_splitkv): 64 rows, 8 warps (two warpgroups: warps [4, 2] for both products)
+#: The Gluon kernels' tile: 64 rows, 8 warps (two warpgroups)
 GLUON_BLOCK_M = 64
 GLUON_NUM_WARPS = 8
 
@@ -133,26 +115,6 @@ def gluon_config(block_n: int = 64, stages: int = 2) -> SplitKVConfig:
     ``stages`` tiles in the ring."""
     return SplitKVConfig(block_m=GLUON_BLOCK_M, block_n=block_n, num_warps=GLUON_NUM_WARPS, num_stages=stages,
                          programs_per_sm=1.0, merge_block_dv=16)
-
-
-def default_fused_config(rows: int, kv_fp8: bool = False) -> SplitKVConfig:
-    """Launch parameters of the single-launch kernel (triton_fused): run 2's winners with bf16 partials.
-
-    bf16 partials halve the partial traffic (17 MB -> 8.5 MB at 64 rows and 130 splits); they add one bf16
-    rounding of each split's normalized output before the merge, which the correctness check bounds.
-
-    fp8 KV (Triton 3.6.0 sm_90 compiles, scripts/kernel_compile_report.py; docs/kernel-notes.md "Run 5 (planned)"):
-    under 64 rows 32-token tiles with 3 stages (the scores-as-K-Q^T form: every fp8 tile async-copied; 28 B of
-    spill stores at 16 rows, where 64-token tiles spill 2,260 B); 64-row tiles 5 stages, which gives the fp8 tile
-    two buffers as bf16 has at 3 (3 and 4 stages give one: Triton splits the stages between the index load and
-    the row load; 223,232 B of shared memory).
-    """
-    base = replace(default_config(rows), partial_bf16=True)
-    if not kv_fp8:
-        return base
-    if base.block_m < 64:
-        return replace(base, block_n=32, num_stages=3)
-    return replace(base, num_stages=5)
 
 
 def plan_splits(rows: int, n_kv: int, cfg: SplitKVConfig, num_sms: int) -> SplitPlan:
@@ -356,52 +318,3 @@ class ConfigLadder:
             return out
         self.exhausted[key] = f"every rung ran out of resources (last: {last})"
         raise last
-
-
-# ---- shared memory of the single-launch kernel (triton_fused._fused_kernel, issue 13) ----
-
-def fused_shared_bytes(cfg: SplitKVConfig, kv_elem_bytes: int = 2) -> int:
-    """Shared memory the single-launch kernel needs with ``cfg`` on sm_90 (bytes); kv_elem_bytes 1 for the fp8 cache.
-
-    From the kernel's tiles (576 = 512 latent + 64 rope dims; queries bf16):
-      q tile ``block_m x 576`` x 2 B (dot operand, loop-invariant) + one KV tile ``block_n x 576`` x kv_elem_bytes;
-      with ``num_stages >= 2``: the q rope part ``block_m x 64`` x 2 B and, for 64-row tiles (Hopper's wgmma
-      path), a second KV tile (the async-copy buffer), + 16 B per key per stage beyond the second;
-      fp8 at 64-row tiles: the upcast tile's staging, ``block_n x 448`` B, and from 5 stages a second fp8 tile;
-      fp8 under 64 rows (the scores-as-K-Q^T form): fitted, 2,368 B per row (q and its transpose) + 1,104 B per key
-      (the latent tile twice, rope, index) + 1,024 B;
-      tiles under 64 rows: at least 51,200 B (a layout-conversion scratch) and the self-merge loop's prefetch
-      buffers, (merge_stages - 1) x block_m x 2,056 B (65,792 B at 16 rows).
-    Checked against Triton 3.6.0 compiles for sm_90 (tests/test_kernels_fused.py holds them): exact for 64-row
-    tiles with <= 3 stages and page_size 1 (e.g. bf16 64 x 64, 3 stages: 230,400 B, 2,048 B under the H200's
-    232,448 B; fp8: 185,344 B) and for the bf16 tiles under 64 rows; otherwise an upper bound at most 2 KiB over.
-    """
-    if kv_elem_bytes == 1 and cfg.block_m < 64:  # the fp8 scores-as-K-Q^T form (triton_fused FP8_KQ), fitted
-        return 2368 * cfg.block_m + 1104 * cfg.block_n + 1024
-    need = cfg.block_m * 576 * 2 + cfg.block_n * 576 * kv_elem_bytes
-    if cfg.num_stages >= 2:
-        need += cfg.block_m * 64 * 2 + max(0, cfg.num_stages - 2) * cfg.block_n * 16
-        if cfg.block_m >= 64:
-            need += cfg.block_n * 576 * kv_elem_bytes
-    if kv_elem_bytes == 1:
-        need += cfg.block_n * 448
-        if cfg.num_stages >= 5:  # the fp8 tile's second async-copy buffer (one at 3-4 stages)
-            need += cfg.block_n * 576
-    if cfg.block_m < 64:  # the self-merge loop's prefetch buffers (fp32 partial rows and LSEs), or a fixed scratch
-        need = max(need, 51200, (merge_stages(cfg.block_m) - 1) * cfg.block_m * (D_V * 4 + 8))
-    return need
-
-
-#: triton_fused's merge="auto" merges inside the launch (the last program of each group / tile) only for row
-#: tiles under this size; 64-row tiles get run 2's merge kernel as a second launch. Why (docs/kernel-notes.md "Run 5 (planned)"):
-#: run 4's fits put the single launch's extra fixed cost at +43 us at h8T8 against 9.8 us for run 2's whole merge
-#: and launch gap; the self-merge there reads ~2.2 MB through one SM (16 x 64 KB bf16 partials, then 9 x 128 KB
-#: fp32 group partials), ~11-22 us at one SM's 100-200 GB/s even when pipelined: it cannot win at 64-row tiles.
-SELF_MERGE_MAX_BLOCK_M = 64
-
-
-def merge_stages(block_m: int) -> int:
-    """Pipeline depth of the single-launch kernel's self-merge loops (triton_fused): 3 for tiles of <= 16 rows, 2
-    above. Triton 3.6.0 for sm_90: at the default 16 x 64 tile 3 stages keep the main loop's 94,208 B; 32-row tiles
-    with 3 would need 131,584 B (one program per SM instead of two), 64-row tiles 263,168 B (over 232,448 B)."""
-    return 3 if block_m <= 16 else 2

@@ -18,10 +18,9 @@ Python list twice per verify step (ngram_tail.py). The same token lists, so the 
 hooks check on first use that SGLang's methods are the 0.5.17 code they copy, else SGLang's run.
 
 Which kernel serves (``SPECDIAG_SGLANG_GLUON``, ``1`` by default): on sm_90, at every row count (heads x
-draft tokens; ``dispatch.PLUGIN_GLUON_MIN_ROWS``), the warp-specialized Gluon kernel
-(specdiag.kernels.gluon_ws_ragged, reading the draft rows from the cache at ``out_cache_loc``): runs 33-34
-measured it faster than the Triton ragged kernel from 8 rows up (docs/kernel-notes.md); up to 16 rows in its
-rows-as-N form (gluon_ws_swap's partitions: session 11's runs 40-42). Where it cannot run
+draft tokens; ``GLUON_MIN_ROWS``), the warp-specialized Gluon kernel (specdiag.kernels.gluon_ws_ragged, reading the
+draft rows from the cache at ``out_cache_loc``), faster than the Triton ragged kernel from 8 rows up on the H200;
+up to 16 rows in its rows-as-N form (gluon_ws_swap's partitions). Where it cannot run
 (another GPU, a logit cap, a non-contiguous q) or failed once, the Triton ragged kernel through its
 configuration ladder. ``0``: the Triton kernel only.
 
@@ -59,6 +58,9 @@ CHECK_ENV = "SPECDIAG_SGLANG_CHECK"
 NGRAM_TAIL_ENV = "SPECDIAG_SGLANG_NGRAM_TAIL"
 GLUON_ENV = "SPECDIAG_SGLANG_GLUON"
 MODES = ("splitkv", "upstream", "off")
+#: the Gluon kernel serves from this many packed rows (heads x draft tokens) on sm_90: every row count (measured on
+#: the H200 at 0.83-0.90 of the Triton ragged kernel's time at 8-16 rows, 0.69-0.72 at 24-32)
+GLUON_MIN_ROWS = 1
 FORWARD_EXTEND = "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.forward_extend"
 BACKEND_INIT = "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.__init__"
 
@@ -289,11 +291,10 @@ def gluon_from_env(environ=os.environ) -> bool:
 
 def _gluon_serves(key, q, backend, layer, forward_batch, logit_cap) -> bool:
     """Whether the Gluon kernel serves this call (module doc); each reason it does not is logged once per shape."""
-    from specdiag.kernels.dispatch import PLUGIN_GLUON_MIN_ROWS  # noqa: PLC0415
     from specdiag.kernels.gluon_ws_ragged import gluon_ragged_supported  # noqa: PLC0415
     from specdiag.kernels.gluon_ws_swap import SWAP_MAX_ROWS  # noqa: PLC0415
 
-    if key[0] < PLUGIN_GLUON_MIN_ROWS or not gluon_from_env():
+    if key[0] < GLUON_MIN_ROWS or not gluon_from_env():
         return False
     if key not in _GLUON:
         loc = getattr(forward_batch, "out_cache_loc", None)

@@ -1,5 +1,5 @@
 """Plots of the bandwidth analysis (notebook 05): the step against its floors, the effective bandwidth, the
-verify attention on the roofline (drawn by :func:`specdiag.kernels.plots.roofline`, the kernel A/B's own).
+verify attention on the roofline (:func:`roof`, which 06 draws its kernels under too).
 
 Each panel function draws on the Axes it is given; :func:`figure` puts the three side by side.
 """
@@ -9,11 +9,11 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 
 from specdiag import plots
 from specdiag.hardware import HardwarePeaks
-from specdiag.kernels import plots as kplots
 from specdiag.steps.bandwidth_analysis.roofline import StepRoofline
 
 
@@ -57,6 +57,21 @@ def effective_bandwidth(ax: Any, steps: Sequence[StepRoofline], peaks: HardwareP
 POINT_LABEL = "verify attention FLOPs / measured step"
 
 
+def roof(ax: Any, intensity_range: tuple[float, float], bandwidth_gbps: float, matmul_tflops: float | None) -> None:
+    """The roof over ``intensity_range`` (FLOP per byte): min(matmul peak, intensity x bandwidth); only the memory
+    slope when no matmul peak is known. Log axes, units on both."""
+    lo, hi = intensity_range
+    xs = np.logspace(np.log10(lo), np.log10(hi), 200)
+    ys = xs * bandwidth_gbps / 1e3 if matmul_tflops is None else np.minimum(matmul_tflops, xs * bandwidth_gbps / 1e3)
+    ax.plot(xs, ys, color="k", label=(f"roof: I x {bandwidth_gbps:,.0f} GB/s" if matmul_tflops is None else
+                                      f"roof: min({matmul_tflops:,.0f} TFLOP/s, I x {bandwidth_gbps:,.0f} GB/s)"))
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP per KV byte, log)")
+    ax.set_ylabel("achieved (TFLOP/s, log)")
+    ax.grid(True, which="both", alpha=0.3)
+
+
 def verify_points(steps: Sequence[StepRoofline]) -> pd.DataFrame:
     """One roofline point per context: intensity = verify FLOPs / KV bytes, achieved = FLOPs / measured step
     (TFLOP/s; an upper bound on what the attention reached, since the step holds more than the attention)."""
@@ -70,9 +85,14 @@ def verify_roofline(ax: Any, steps: Sequence[StepRoofline], peaks: HardwarePeaks
     """The verify attention of each measured step on the roofline of the device's peaks, first and last
     context labelled."""
     pts = verify_points(steps)
-    kplots.roofline(ax, pts, peaks.memory_bandwidth_gb_s, peaks.matmul_tflops,
-                    source="computed from the geometry, the peaks and the measured step", group="series",
-                    styles={POINT_LABEL: {"color": "C3", "label": POINT_LABEL}})
+    bw, mm = peaks.memory_bandwidth_gb_s, peaks.matmul_tflops
+    x = pts["intensity_flop_per_byte"] if len(pts) else pd.Series([1.0])
+    ridge = [mm * 1e3 / bw] if mm else []
+    roof(ax, (max(0.05, min([float(x.min())] + ridge) / 4), max([float(x.max())] + ridge) * 4), bw, mm)
+    ax.scatter(pts.get("intensity_flop_per_byte", []), pts.get("tflops", []), s=30, color="C3", label=POINT_LABEL,
+               zorder=3)
+    ax.legend(fontsize=7)
+    plots.source_note(ax, "computed from the geometry, the peaks and the measured step")
     for _, p in pts.iloc[[0, -1]].iterrows() if len(pts) else []:
         ax.annotate(plots.format_tokens(p["context_tokens"]), (p["intensity_flop_per_byte"], p["tflops"]), fontsize=7,
                     xytext=(3, 3), textcoords="offset points")
