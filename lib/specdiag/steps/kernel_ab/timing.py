@@ -130,9 +130,23 @@ def copy_elements(n_bytes: int) -> int:
     return max(1, n_bytes // 4)
 
 
-def time_copy(n_bytes: int, flush: L2Flush, n_runs: int = 20) -> Timing:
-    """A device copy reading and writing ``n_bytes`` in all (``copy_elements``), timed as :func:`time_replays`."""
+#: the ways a same-bytes floor is timed (module doc): ``memcpy`` torch's copy_ (a cudaMemcpyAsync, a memcpy node in a
+#: graph), ``kernel`` an elementwise kernel on the SMs (torch.neg) reading and writing the same bytes, ``read`` a
+#: read-only pass over all ``n_bytes`` (a sum): what reading the bytes alone costs, the verify kernels' own traffic
+COPY_FORMS: tuple[str, ...] = ("memcpy", "kernel", "read")
+
+
+def time_copy(n_bytes: int, flush: L2Flush, n_runs: int = 20, form: str = "memcpy") -> Timing:
+    """A plain memory-bound launch over ``n_bytes`` (``COPY_FORMS``), timed as :func:`time_replays`."""
+    if form not in COPY_FORMS:
+        raise ValueError(f"form must be one of {COPY_FORMS}; got {form!r}")
+    if form == "read":
+        buf = torch.randn(max(1, n_bytes // 2), device=flush.device).to(torch.bfloat16)
+        sink = torch.empty((), dtype=torch.float32, device=flush.device)
+        return time_replays(lambda: torch.sum(buf, dtype=torch.float32, out=sink), flush, n_runs=n_runs)
     n = copy_elements(n_bytes)
     src = torch.randn(n, device=flush.device).to(torch.bfloat16)
     dst = torch.empty_like(src)
+    if form == "kernel":
+        return time_replays(lambda: torch.neg(src, out=dst), flush, n_runs=n_runs)
     return time_replays(lambda: dst.copy_(src), flush, n_runs=n_runs)
