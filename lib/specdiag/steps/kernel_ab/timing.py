@@ -143,7 +143,7 @@ def time_copy(n_bytes: int, flush: L2Flush, n_runs: int = 20, form: str = "memcp
     if form == "read":
         buf = torch.randn(max(1, n_bytes // 2), device=flush.device).to(torch.bfloat16)
         sink = torch.empty((), dtype=torch.float32, device=flush.device)
-        return time_replays(lambda: torch.sum(buf, dtype=torch.float32, out=sink), flush, n_runs=n_runs)
+        return time_replays(lambda: torch.sum(buf, dim=0, dtype=torch.float32, out=sink), flush, n_runs=n_runs)
     n = copy_elements(n_bytes)
     src = torch.randn(n, device=flush.device).to(torch.bfloat16)
     dst = torch.empty_like(src)
