@@ -124,3 +124,30 @@ def test_tables_pair_each_arm_with_its_twin() -> None:
     nm = analysis.not_measured(bad)
     assert list(nm["arm"]) == ["plugin"] and "sm_90" in nm["why"].iloc[0]
     assert isinstance(analysis.fixed_cost_fit(df), pd.DataFrame)
+
+
+@pytest.mark.notebook
+def test_06_replays_the_canonical_run_and_shows_its_targets(run_notebook, tmp_path) -> None:
+    """Without CUDA, 06 replays data/reference/kernel-ab-h200: the page states the run's GPU and ceilings, a target
+    table from the rows, the tables without NaN, the findings marked as the recorded run's, and its key numbers."""
+    import json
+
+    from specdiag.paths import REFERENCE_DIR
+
+    ref = Run.open(REFERENCE_DIR / "kernel-ab-h200")
+    out = run_notebook("06_kernel_ab")
+    res = json.loads((tmp_path / "run" / "findings" / "06_kernel_ab.json").read_text())
+    assert res["recorded_from"] == "data/reference/kernel-ab-h200"
+    m = res["metrics"]
+    df = analysis.measured(ref.rows(TABLE))
+    assert m["rows_measured"] == len(df) and m["cases"] == 15 and m["copy_gbps"] == ref.meta["peaks"]["copy_gbps"]
+    pick = df[(df["arm"] == "pick") & (df["context_tokens"] == 131072) & (df["heads"] == 8) & (df["draft_tokens"] == 8)]
+    assert m["us"]["pick 128k, 8 x 8"] == pytest.approx(float(pick["us"].iloc[0]))
+    tt = analysis.target_table(df)
+    for (target, arm_name), g in tt.groupby(["target_id", "arm"]):
+        assert m["targets"][f"{target}/{arm_name}"]["met"] == int(g["met"].sum())
+    ids = {f["id"] for f in res["findings"]}
+    assert {"kernel_ab.baseline", "kernel_ab.split_kv", "kernel_ab.targets", "kernel_ab.flashinfer"} <= ids
+    page = out.read_text()
+    assert "NVIDIA H200" in page and "4,248 GB/s" in page and "recorded run" in page
+    assert "128k, 8 x 8" in page and "% short" in page and ">nan<" not in page.lower()

@@ -72,6 +72,7 @@ def case_table(df: pd.DataFrame, value: str = "us", arms: Optional[Iterable[str]
 
 @dataclass(frozen=True)
 class Target:
+    id: str  #: short machine name (metrics keys)
     name: str
     applies: Callable[[int, int, int], bool]  #: (context, heads, draft tokens) -> whether the target covers the case
     metric: str  #: the row's column judged
@@ -81,12 +82,12 @@ class Target:
 
 
 TARGETS: tuple[Target, ...] = (
-    Target("one draft token, 128k-256k", lambda c, h, t: c in (131072, 262144) and t == 1, "over_copy", 1.15, True,
+    Target("one_draft_128k_256k", "one draft token, 128k-256k", lambda c, h, t: c in (131072, 262144) and t == 1, "over_copy", 1.15, True,
            "x copy"),
-    Target("8 heads x 8 draft tokens, 128k", lambda c, h, t: c == 131072 and h == 8 and t == 8, "over_copy", 1.35,
+    Target("h8_t8_128k", "8 heads x 8 draft tokens, 128k", lambda c, h, t: c == 131072 and h == 8 and t == 8, "over_copy", 1.35,
            True, "x copy"),
-    Target("compute-bound (>= 256 rows)", lambda c, h, t: h * t >= 256, "pct_matmul", 70.0, False, "% of matmul"),
-    Target("faster than FlashInfer", lambda c, h, t: True, "over_flashinfer", 1.0, True, "x FlashInfer"),
+    Target("compute_bound", "compute-bound (>= 256 rows)", lambda c, h, t: h * t >= 256, "pct_matmul", 70.0, False, "% of matmul"),
+    Target("faster_than_flashinfer", "faster than FlashInfer", lambda c, h, t: True, "over_flashinfer", 1.0, True, "x FlashInfer"),
 )
 
 
@@ -94,7 +95,7 @@ def target_table(df: pd.DataFrame, arms: Iterable[str] = OURS) -> pd.DataFrame:
     """Every target on every case it covers, for each of ``arms``: value, limit, met, and by how much it misses
     (``gap``: the share of time to remove, or of the rate to add)."""
     if df.empty:
-        return pd.DataFrame(columns=["target", "case", "arm", "value", "limit", "unit", "met", "gap"])
+        return pd.DataFrame(columns=["target", "target_id", "case", "arm", "value", "limit", "unit", "met", "gap"])
     fi = df[df["arm"] == "flashinfer_mla"].set_index(CASE)["us"] if "flashinfer_mla" in set(df["arm"]) else None
     out = []
     for _, r in df[df["arm"].isin(list(arms))].iterrows():
@@ -113,7 +114,7 @@ def target_table(df: pd.DataFrame, arms: Iterable[str] = OURS) -> pd.DataFrame:
                 value = float(value)
             met = value <= t.limit if t.at_most else value >= t.limit
             gap = 0.0 if met else (1 - t.limit / value if t.at_most else t.limit / value - 1)
-            out.append({"target": t.name, "case": case_label(*key), **dict(zip(CASE, key)), "arm": r["arm"],
+            out.append({"target": t.name, "target_id": t.id, "case": case_label(*key), **dict(zip(CASE, key)), "arm": r["arm"],
                         "value": value, "limit": t.limit, "unit": t.unit, "met": bool(met), "gap": gap})
     return pd.DataFrame(out)
 
@@ -121,12 +122,12 @@ def target_table(df: pd.DataFrame, arms: Iterable[str] = OURS) -> pd.DataFrame:
 def target_summary(tt: pd.DataFrame) -> pd.DataFrame:
     """Per target and arm: cases met of cases judged, and the worst value."""
     if tt.empty:
-        return pd.DataFrame(columns=["target", "arm", "met", "cases", "worst"])
+        return pd.DataFrame(columns=["target", "target_id", "arm", "met", "cases", "worst", "limit", "unit"])
     rows = []
     for (target, arm_name), g in tt.groupby(["target", "arm"], sort=False):
         t = next(x for x in TARGETS if x.name == target)
         worst = g["value"].max() if t.at_most else g["value"].min()
-        rows.append({"target": target, "arm": arm_name, "met": int(g["met"].sum()), "cases": len(g), "worst": worst,
+        rows.append({"target": target, "target_id": t.id, "arm": arm_name, "met": int(g["met"].sum()), "cases": len(g), "worst": worst,
                      "limit": t.limit, "unit": t.unit})
     return pd.DataFrame(rows)
 
@@ -273,7 +274,7 @@ def metrics(df: pd.DataFrame, tt: pd.DataFrame, peaks: Mapping[str, Any]) -> dic
         "rows_measured": int(len(df)), "copy_gbps": peaks.get("copy_gbps"), "matmul_tflops": peaks.get("matmul_tflops"),
         "us": {f"{r.arm} {case_label(int(r.context_tokens), int(r.heads), int(r.draft_tokens))}": float(r.us)
                for r in df.itertuples()} if not df.empty else {},
-        "targets": {f"{r.target} | {r.arm}": {"met": int(r.met), "cases": int(r.cases), "worst": float(r.worst)}
+        "targets": {f"{r.target_id}/{r.arm}": {"met": int(r.met), "cases": int(r.cases), "worst": float(r.worst)}
                     for r in summary.itertuples()},
         "speedup_over_baseline_max": float(su.max().max()) if not su.empty else None,
     }
