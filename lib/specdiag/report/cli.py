@@ -28,31 +28,67 @@ any notebook runs.
 """
 
 
-def build_parser() -> argparse.ArgumentParser:
+def add_run_arguments(p: argparse.ArgumentParser, notebook_positional: bool = False) -> None:
+    """``run``'s options (``notebook_positional``: one notebook named first, as ``specdiag notebook NB``)."""
     from specdiag.launchers.cli import add_engine_arguments  # noqa: PLC0415
 
+    if notebook_positional:
+        p.add_argument("notebook", metavar="NB", help="the notebook to run, e.g. 04_commit_probe (or 04)")
+    p.add_argument("--server", default="", help="SGLang or vLLM server URL (the engine is recognised); empty starts --engine (default: embedded)")
+    p.add_argument("--params", default="", help="YAML file of papermill parameters (see params/)")
+    if not notebook_positional:
+        p.add_argument("--notebooks", nargs="*", help="notebooks to run (default: all but 08_compare_runs)")
+    p.add_argument("--run-dir", default="", help="run folder (default: a new one under data/runs/)")
+    add_engine_arguments(p, title="engine to start when no --server is given")
+
+
+def add_replay_arguments(p: argparse.ArgumentParser, run_positional: bool = False) -> None:
+    """``replay``'s options (``run_positional``: the recorded run named first, as ``specdiag replay RUN``)."""
+    run_help = "recorded run folder, e.g. data/reference/ct200-kimi-k26"
+    if run_positional:
+        p.add_argument("run", metavar="RUN", help=run_help)
+    else:
+        p.add_argument("--run", required=True, help=run_help)
+    p.add_argument("--params", default="", help="YAML file of papermill parameters (see params/)")
+    p.add_argument("--notebooks", nargs="*", help="notebooks to run (default: every one the recorded run can feed)")
+    p.add_argument("--run-dir", default="", help="run folder (default: a new one under data/runs/)")
+
+
+def add_compare_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--run-a", default="", help="run folder A, the reference, e.g. data/reference/h200-sglang-mla-stock")
+    p.add_argument("--run-b", default="", help="run folder B, judged against A")
+    p.add_argument("--params", default="", help="YAML file that may name run_a and run_b (params/compare-plugin.yaml)")
+    p.add_argument("--run-dir", default="", help="run folder (default: a new one under data/runs/)")
+
+
+#: Each command: (one line of help, the function that adds its options, the function that runs it).
+COMMANDS = {
+    "run": ("measure: execute notebooks against a server (default: the embedded one)", add_run_arguments, cmd_run),
+    "replay": ("analyse a recorded run with every notebook that can replay it", add_replay_arguments, cmd_replay),
+    "compare": ("08_compare_runs on two run folders (A before, B after), no server", add_compare_arguments, cmd_compare),
+}
+
+
+def command_parser(command: str, prog: str, description: str = "", positional: bool = False) -> argparse.ArgumentParser:
+    """A parser of one command alone, named ``prog``: what ``specdiag report|notebook|replay|compare --help`` shows.
+    ``positional``: the notebook (run) or the recorded run (replay) is named first, without its option."""
+    help_, add, _ = COMMANDS[command]
+    p = argparse.ArgumentParser(prog=prog, description=description or help_)
+    if positional:
+        add(p, True)
+    else:
+        add(p)
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m specdiag.report", description=USAGE,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run", help="measure: execute notebooks against a server (default: the embedded one)")
-    r.add_argument("--server", default="", help="SGLang or vLLM server URL (the engine is recognised); empty starts --engine (default: embedded)")
-    r.add_argument("--params", default="", help="YAML file of papermill parameters (see params/)")
-    r.add_argument("--notebooks", nargs="*", help="notebooks to run (default: all but 08_compare_runs)")
-    r.add_argument("--run-dir", default="", help="run folder (default: a new one under data/runs/)")
-    add_engine_arguments(r, title="engine to start when no --server is given")
-    r.set_defaults(func=cmd_run)
-    rp = sub.add_parser("replay", help="analyse a recorded run with every notebook that can replay it")
-    rp.add_argument("--run", required=True, help="recorded run folder, e.g. data/reference/ct200-kimi-k26")
-    rp.add_argument("--params", default="")
-    rp.add_argument("--notebooks", nargs="*")
-    rp.add_argument("--run-dir", default="")
-    rp.set_defaults(func=cmd_replay)
-    cp = sub.add_parser("compare", help="08_compare_runs on two run folders (A before, B after), no server")
-    cp.add_argument("--run-a", default="", help="run folder A, the reference, e.g. data/reference/h200-sglang-mla-stock")
-    cp.add_argument("--run-b", default="", help="run folder B, judged against A")
-    cp.add_argument("--params", default="", help="YAML file that may name run_a and run_b (params/compare-plugin.yaml)")
-    cp.add_argument("--run-dir", default="")
-    cp.set_defaults(func=cmd_compare)
+    for name, (help_, add, func) in COMMANDS.items():
+        s = sub.add_parser(name, help=help_)
+        add(s)
+        s.set_defaults(func=func)
     rd = sub.add_parser("render", help="render HTML and the index of an executed run folder again")
     rd.add_argument("--run-dir", required=True)
     rd.set_defaults(func=cmd_render)
