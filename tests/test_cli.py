@@ -112,3 +112,20 @@ def test_serve_help_shows_the_engine_options_and_plugin(calls, capsys) -> None:
     shown = capsys.readouterr().out
     assert shown.startswith("usage: specdiag serve ") and "--engine" in shown and "--log" in shown
     assert "--plugin" in shown and calls == []
+
+
+def test_make_help_lists_every_target_in_one_aligned_column() -> None:
+    """`make help`: one line per `##` target, each description starting in the same column (a long target name such
+    as test-engines widens the column instead of pushing its description out of line)."""
+    import shutil
+    import subprocess
+
+    if not shutil.which("make"):
+        pytest.skip("no make on this machine")
+    out = subprocess.run(["make", "-s", "help"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    targets = re.findall(r"^([a-zA-Z_-]+):.*## ", (PROJECT_ROOT / "Makefile").read_text(), re.MULTILINE)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("  make ")]
+    assert [line.split()[1] for line in lines] == targets and "test-engines" in targets
+    starts = {len(line) - len(line[len("  make "):].split(None, 1)[1]) for line in lines}
+    assert len(starts) == 1, f"descriptions start in columns {sorted(starts)}:\n" + "\n".join(lines)
