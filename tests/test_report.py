@@ -116,3 +116,28 @@ def test_params_files_match_the_notebooks() -> None:
             if report._is_notebook_key(key):
                 declared = report.declared_parameters(NOTEBOOKS_DIR / f"{key}.ipynb")
                 report.parameters_for(key, declared, {}, params)  # raises on an undeclared key
+
+
+def test_a_web_server_that_is_no_llm_server_gets_one_short_error(tmp_path: Path) -> None:
+    """SERVER pointing at `python -m http.server`: one short line naming what answered (status, content type, server
+    header, first bytes) and what was expected, not the HTML pages it answered; no run folder."""
+    site = tmp_path / "site"
+    site.mkdir()
+    server = subprocess.Popen([sys.executable, "-m", "http.server", "0", "--bind", "127.0.0.1"], cwd=site,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        line = server.stdout.readline()  # "Serving HTTP on 127.0.0.1 port 41234 (http://127.0.0.1:41234/) ..."
+        url = f"http://127.0.0.1:{line.split(' port ')[1].split()[0]}"
+        proc = subprocess.run([sys.executable, "-m", "specdiag.report", "run", "--server", url,
+                               "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, timeout=60)
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+    err = proc.stderr.strip()
+    assert proc.returncode == 2, err
+    assert len(err.splitlines()) == 1 and len(err) < 600, err
+    assert f"{url} is not an SGLang or vLLM server" in err
+    assert "GET /v1/models: HTTP 404, text/html, server SimpleHTTP/" in err and 'body "<!DOCTYPE HTML>' in err
+    assert "Expected SGLang's /server_info or vLLM's /v1/models" in err
+    assert "Error code explanation" not in err  # none of the HTML pages themselves
+    assert not (tmp_path / "run").exists()
