@@ -13,7 +13,8 @@ What it does, so that no notebook prints a raw pandas frame:
   128k (:func:`specdiag.plots.format_tokens`; whole numbers below 1,000 as plain integers, never '65536.0');
 - numbers rounded per column to what they mean: a column of whole numbers shows whole numbers with thousands
   separators; any other numeric column gets :data:`DIGITS` significant digits at its typical (median) size, the
-  same decimals down the column; ``formats`` (column key -> format string or function) overrides a column;
+  same decimals down the column; a column of mixed values (a settings table) rounds each number by itself;
+  ``formats`` (column key -> format string or function) overrides a column; text columns align left;
 - an empty cell (None, NaN) shows a dash, and the table then carries a note below it saying what a dash means.
 """
 
@@ -141,9 +142,14 @@ def table(rows: Iterable[Mapping[str, Any]] | pd.DataFrame, columns: Mapping[Any
     for col in df.columns:
         fmt = own.get(col)
         if fmt is None:
-            dec = column_decimals(df[col], digits)
-            if decimals is not None and dec is not None and not _whole(df[col]):
-                dec = decimals  # a column of fractions gets the fixed decimals; whole numbers stay whole
+            if df[col].dtype == object:  # mixed values (a settings table): each number rounded by itself
+                dec = None
+                if any(isinstance(v, str) for v in df[col]):
+                    style = style.set_properties(subset=[col], **{"text-align": "left"})
+            else:
+                dec = column_decimals(df[col], digits)
+                if decimals is not None and dec is not None and not _whole(df[col]):
+                    dec = decimals  # a column of fractions gets the fixed decimals; whole numbers stay whole
             style = style.format(lambda v, d=dec: cell(v, d, digits), subset=[col])
         elif isinstance(fmt, str):
             style = style.format(lambda v, f=fmt: DASH if is_empty(v) else f.format(v), subset=[col])
