@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -141,3 +142,27 @@ def test_a_web_server_that_is_no_llm_server_gets_one_short_error(tmp_path: Path)
     assert "Expected SGLang's /server_info or vLLM's /v1/models" in err
     assert "Error code explanation" not in err  # none of the HTML pages themselves
     assert not (tmp_path / "run").exists()
+
+
+def test_the_run_index_keeps_a_recorded_runs_findings_apart(tmp_path: Path) -> None:
+    """index.html: a notebook that showed a recorded run (06 without a GPU) lists its findings collapsed under the
+    recorded run's name, not as the run's; findings.json says where they came from; numbers rounded."""
+    from specdiag.findings import Finding
+    from specdiag.report.execute import NotebookResult
+    from specdiag.report.render import collect_results
+    from specdiag.report.index import write_run_index
+    from specdiag.runs import Run
+
+    run = Run.create(tmp_path / "run", server_url="http://127.0.0.1:1")
+    run.write_result("01_baseline_sweep", [Finding("sweep.decode_collapse", "Decode", "falls", "critical")],
+                     metrics={"step_ms": 9.512345678901234})
+    run.write_result("06_kernel_ab", [Finding("kernel_ab.baseline_starves", "Baseline", "starves", "critical")],
+                     recorded_from="data/reference/kernel-ab-h200")
+    results = [NotebookResult("01_baseline_sweep", "ok", 1.0), NotebookResult("06_kernel_ab", "ok", 1.0)]
+    collect_results(run, results)
+    page = write_run_index(run, results).read_text()
+    row_06 = page.split("06_kernel_ab", 1)[1]
+    assert "<details><summary><small>1 findings of the recorded run <code>data/reference/kernel-ab-h200</code>" in row_06
+    assert "9.51" in page and "9.512345678901234" not in page
+    assert json.loads((run.path / "findings.json").read_text())["06_kernel_ab"]["recorded_from"] == \
+        "data/reference/kernel-ab-h200"

@@ -24,6 +24,7 @@ class NotebookResult:
     error: str = ""
     metrics: dict[str, Any] = field(default_factory=dict)
     findings: list[dict[str, Any]] = field(default_factory=list)
+    recorded_from: str = ""  # the recorded run the notebook showed instead of measuring (its findings are not the run's)
 
 
 def execute_notebook(notebook: str, run: Run, parameters: Mapping[str, Any],

@@ -5,10 +5,11 @@ from __future__ import annotations
 import html
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from specdiag.paths import RUNS_DIR
 from specdiag.runs import Run
+from specdiag.steps.findings.page import brief
 
 if TYPE_CHECKING:
     from specdiag.report.execute import NotebookResult
@@ -20,17 +21,25 @@ code{background:#f5f5f5;padding:0 3px}.sev-critical{color:#c62828}.sev-warning{c
 .sev-info{color:#1565c0}small{color:#666}"""
 
 
-def _fmt(value: Any) -> str:
-    """Numbers to 4 significant digits, also inside lists and dicts."""
-    if isinstance(value, bool) or value is None:
-        return str(value)
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_fmt(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k}: {_fmt(v)}" for k, v in value.items()) + "}"
-    return str(value)
+#: Findings a notebook's cell lists before the rest are collapsed.
+FINDINGS_SHOWN = 5
+
+
+def _findings_cell(r: NotebookResult) -> str:
+    """A notebook's findings in the index: most severe first, the rest beyond :data:`FINDINGS_SHOWN` collapsed; a
+    recorded run's (``recorded_from``) collapsed under a line naming that run."""
+    from specdiag.findings import SEVERITY_ORDER  # noqa: PLC0415
+
+    found = sorted(r.findings, key=lambda f: SEVERITY_ORDER.get(str(f.get("severity")), 9))
+    items = [f'<li class="sev-{html.escape(f.get("severity", "info"))}">[{html.escape(f.get("severity", "").upper())}] '
+             f'{html.escape(f.get("title", ""))}: {html.escape(f.get("verdict", ""))}</li>' for f in found]
+    if r.recorded_from:
+        return (f"<details><summary><small>{len(items)} findings of the recorded run "
+                f"<code>{html.escape(r.recorded_from)}</code>: not measured in this run, not counted</small></summary>"
+                f"<ul>{''.join(items)}</ul></details>")
+    shown, rest = items[:FINDINGS_SHOWN], items[FINDINGS_SHOWN:]
+    more = f"<details><summary><small>{len(rest)} more</small></summary><ul>{''.join(rest)}</ul></details>" if rest else ""
+    return f"<ul>{''.join(shown)}</ul>{more}"
 
 
 def write_run_index(run: Run, results: Sequence[NotebookResult]) -> Path:
@@ -38,14 +47,13 @@ def write_run_index(run: Run, results: Sequence[NotebookResult]) -> Path:
     meta = run.meta
     rows = []
     for r in results:
-        metrics = "<br>".join(f"<code>{html.escape(k)}</code> = {html.escape(_fmt(v))}"
+        metrics = "<br>".join(f"<code>{html.escape(k)}</code> = {html.escape(brief(v))}"
                               for k, v in list(r.metrics.items())[:8]) or "<small>none recorded</small>"
-        fnd = "".join(f'<li class="sev-{html.escape(f.get("severity", "info"))}">[{html.escape(f.get("severity", "").upper())}] '
-                      f'{html.escape(f.get("title", ""))}: {html.escape(f.get("verdict", ""))}</li>' for f in r.findings)
+        fnd = _findings_cell(r)
         link = f'<a href="{html.escape(r.html)}">{html.escape(r.notebook)}</a>' if r.html else html.escape(r.notebook)
         err = f"<br><small>{html.escape(r.error[:300])}</small>" if r.error else ""
         rows.append(f'<tr><td>{link}</td><td class="{r.status}">{r.status}{err}</td><td>{r.duration_s:.1f}</td>'
-                    f"<td>{metrics}</td><td><ul>{fnd}</ul></td></tr>")
+                    f"<td>{metrics}</td><td>{fnd}</td></tr>")
     server = f"replay of {meta['replay_of']}" if meta.get("replay_of") else meta.get("server_url", "")
     page = f"""<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>specdiag run {html.escape(run.path.name)}</title>
 <style>{_CSS}</style></head><body>

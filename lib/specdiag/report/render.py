@@ -53,13 +53,18 @@ def network_references(html_text: str) -> list[str]:
 
 def collect_results(run: Run, results: list[NotebookResult]) -> None:
     """Attach each notebook's recorded metrics and findings, write findings.json and the run's statuses."""
+    from specdiag.steps.findings.overview import recorded_source  # noqa: PLC0415
+
     written = run.results()
     for r in results:
         rec = written.get(r.notebook, {})
         r.metrics = dict(rec.get("metrics", {}))
         r.findings = list(rec.get("findings", []))
+        r.recorded_from = recorded_source(r.notebook, rec, run.meta) or "" if rec else ""
     (run.path / "findings.json").write_text(dumps({r.notebook: {"status": r.status, "findings": r.findings,
-                                                                 "metrics": r.metrics} for r in results},
+                                                                 "metrics": r.metrics,
+                                                                 **({"recorded_from": r.recorded_from}
+                                                                    if r.recorded_from else {})} for r in results},
                                                   indent=2) + "\n")
     run.update(report={"statuses": {r.notebook: r.status for r in results},
                        "results": [asdict(r) | {"findings": len(r.findings)} for r in results]})
