@@ -62,3 +62,14 @@ def test_table_shows_no_index_context_headers_dashes_with_a_note_and_rounds_per_
     assert tables.header(512) == "512" and tables.header(131072.0) == "128k" and tables.header(1.5) == "1.5"
     assert tables.cell([0.123456, 2.0, None], 2) == "0.12, 2.00, -" and tables.cell(True, None) == "yes"
     assert tables.column_decimals([0.000123, 0.0004]) == 6 and tables.column_decimals(["x"]) is None
+
+
+def test_text_columns_align_left_and_mixed_columns_round_cell_by_cell() -> None:
+    rows = [{"setting": "context length", "value": 16384}, {"setting": "mem fraction", "value": 0.8812345},
+            {"setting": "attention backend", "value": "triton"}]
+    style = tables.table(rows)
+    html = style.to_html()
+    _, cells, _ = _cells(style)
+    assert [c[1] for c in cells] == ["16,384", "0.881", "triton"]
+    left = html.split("text-align: left")[0].rsplit("</style>", 1)[0]  # the selectors given left alignment
+    assert "_row0_col0" in left and "_row2_col1" in left  # both columns hold text

@@ -142,7 +142,8 @@ def table(rows: Iterable[Mapping[str, Any]] | pd.DataFrame, columns: Mapping[Any
     for col in df.columns:
         fmt = own.get(col)
         if fmt is None:
-            if df[col].dtype == object:  # mixed values (a settings table): each number rounded by itself
+            if not pd.api.types.is_numeric_dtype(df[col]):  # text, or mixed values (a settings table): each number
+                # rounded by itself; pandas 3 gives text its own dtype, so ask for numbers rather than for object
                 dec = None
                 if any(isinstance(v, str) for v in df[col]):
                     style = style.set_properties(subset=[col], **{"text-align": "left"})
