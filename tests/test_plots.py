@@ -4,7 +4,7 @@ import pytest
 matplotlib.use("agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from specdiag.plots import context_axis, context_tick_rows, format_tokens, pick_context_ticks  # noqa: E402
+from specdiag.plots import context_axis, context_tick_rows, format_tokens, pick_context_ticks, source_note  # noqa: E402
 
 
 def test_format_tokens() -> None:
@@ -80,6 +80,7 @@ def test_drawn_context_tick_labels_never_overlap(ladder: list[int], log: bool, w
     context_axis(ax, ladder, log=log)
     if not log:
         ax.set_xlim(left=0)  # as 01 and 03 do after context_axis: the ticks follow the final limits
+    source_note(ax, "measured; step = decode window / verify steps in it")
     fig.tight_layout()
     fig.canvas.draw()
     labels = [(t.get_text(), t.get_window_extent()) for t in ax.get_xticklabels() + ax.get_xticklabels(minor=True)
@@ -88,6 +89,8 @@ def test_drawn_context_tick_labels_never_overlap(ladder: list[int], log: bool, w
     assert not clash, f"overlapping tick labels {clash} for {ladder} ({'log' if log else 'linear'}, {width_in} in)"
     axis_label = ax.xaxis.label.get_window_extent()
     assert not [t for t, b in labels if b.overlaps(axis_label)]
+    note = ax.texts[0].get_window_extent()  # the source note sits below the axis label, clear of every tick label
+    assert not note.overlaps(axis_label) and not [t for t, b in labels if b.overlaps(note)]
     shown = {t for t, _ in labels}
     assert format_tokens(ladder[-1]) in shown
     if 131072 in ladder and 185000 in ladder:

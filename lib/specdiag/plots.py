@@ -164,7 +164,9 @@ def context_axis(ax: Any, contexts: Sequence[float] | None = None, log: bool = T
 
 def source_note(ax: Any, text: str) -> None:
     """A small grey note in the plot's corner saying where the numbers came from."""
-    ax.annotate(text, xy=(1.0, -0.16), xycoords="axes fraction", ha="right", va="top", fontsize=8, color="#666")
+    # below the x label wherever the label ends up (a second row of context ticks moves it down), right-aligned
+    ax.annotate(text, xy=(1.0, 0.0), xycoords=("axes fraction", ax.xaxis.label), xytext=(0, -3),
+                textcoords="offset points", ha="right", va="top", fontsize=8, color="#666")
 
 
 def show(fig: Any) -> None:
