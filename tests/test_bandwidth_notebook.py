@@ -143,6 +143,17 @@ def _page(executed: Path) -> str:
     return "\n".join(texts)
 
 
+def assert_tables_formatted(name: str, page: str) -> None:
+    """No raw pandas table on a page: no index column (a DataFrame's ``dataframe`` class, a Styler's row headings),
+    no 'nan' cell, no float header such as '65536.0'."""
+    import re
+
+    assert 'class="dataframe"' not in page, f"{name} shows a raw pandas DataFrame"
+    assert "row_heading" not in page, f"{name} shows a table with its index column"
+    assert not re.search(r"<td[^>]*>\s*(nan|NaN|None)\s*</td>", page), f"{name} shows an empty cell as nan/None"
+    assert not re.search(r"<th[^>]*>\s*\d+\.0\s*</th>", page), f"{name} shows a float header"
+
+
 @pytest.mark.notebook
 @pytest.mark.slow
 def test_one_run_has_one_peak_bandwidth_in_every_notebook(run_notebook: Callable[..., Path], tmp_path: Path,
@@ -170,6 +181,8 @@ def test_one_run_has_one_peak_bandwidth_in_every_notebook(run_notebook: Callable
     assert set(stated.values()) == {recorded}, f"the notebooks of one run disagree on the peak: {stated}"
     shown = hardware.gb_s(recorded)
     for name, executed in pages.items():
-        assert shown in _page(executed), f"{name} does not show the run's peak {shown}"
+        page = _page(executed)
+        assert shown in page, f"{name} does not show the run's peak {shown}"
+        assert_tables_formatted(name, page)
     (request,) = run.rows("telemetry_request")
     assert request["hardware"]["memory_bandwidth_gb_s"] == recorded

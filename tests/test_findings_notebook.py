@@ -10,6 +10,7 @@ import pytest
 from specdiag.findings import Finding
 from specdiag.runs import Run
 from specdiag.telemetry.torch_trace import record_step_profile
+from test_bandwidth_notebook import assert_tables_formatted
 from test_step_profile import write_trace
 
 pytestmark = [pytest.mark.notebook, pytest.mark.slow]
@@ -92,6 +93,7 @@ def test_the_page_opens_with_the_diagnosis_orders_by_severity_and_keeps_a_record
     assert "kernel_ab.baseline_starves" in recorded and "evidence (50 lines)</summary>" in recorded
     page = "\n".join(shown)
     assert "9.512345678901234" not in page and "[9.51, 1,430]" in page  # numbers rounded to what they mean
+    assert_tables_formatted("07_findings", page)
     assert page.index("specdiag-diagnosis") < page.index("specdiag-finding")
     result = json.loads((run.path / "findings" / "07_findings.json").read_text())
     overall = result["findings"][1]

@@ -71,5 +71,6 @@ def test_text_columns_align_left_and_mixed_columns_round_cell_by_cell() -> None:
     html = style.to_html()
     _, cells, _ = _cells(style)
     assert [c[1] for c in cells] == ["16,384", "0.881", "triton"]
-    left = html.split("text-align: left")[0].rsplit("</style>", 1)[0]  # the selectors given left alignment
-    assert "_row0_col0" in left and "_row2_col1" in left  # both columns hold text
+    css = html.split("</style>")[0]  # every rule here aligns left: cells and headers of both columns (text in both)
+    assert "text-align: left" in css and "right" not in css
+    assert all(s in css for s in ("_row0_col0", "_row2_col1", "th.col_heading.col0", "th.col_heading.col1"))

@@ -146,7 +146,9 @@ def table(rows: Iterable[Mapping[str, Any]] | pd.DataFrame, columns: Mapping[Any
                 # rounded by itself; pandas 3 gives text its own dtype, so ask for numbers rather than for object
                 dec = None
                 if any(isinstance(v, str) for v in df[col]):
-                    style = style.set_properties(subset=[col], **{"text-align": "left"})
+                    i = list(df.columns).index(col)
+                    style = style.set_properties(subset=[col], **{"text-align": "left"}).set_table_styles(
+                        [{"selector": f"th.col_heading.col{i}", "props": "text-align: left;"}], overwrite=False)
             else:
                 dec = column_decimals(df[col], digits)
                 if decimals is not None and dec is not None and not _whole(df[col]):
