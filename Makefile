@@ -72,7 +72,9 @@ STAMP := $(VENV)/.specdiag-setup
 .PHONY: help setup plugin serve report notebook compare replay test test-engines test-gpu lab clean distclean
 
 help: ## list the targets
-	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} \
+	  {name[NR] = $$1; text[NR] = $$2; if (length($$1) > w) w = length($$1)} \
+	  END {fmt = "  make %-" w "s  %s\n"; for (i = 1; i <= NR; i++) printf fmt, name[i], text[i]}'
 	@echo "  variables: SERVER=URL  PARAMS=params/full.yaml  NB=04_commit_probe  RUN=data/reference/..."
 	@echo "  engine (when SERVER is empty): ENGINE=embedded|sglang|vllm  MODEL=dir  DRAFT_MODEL=dir  ALGORITHM=STANDALONE|NGRAM|NONE|EAGLE..."
 	@echo "    DRAFT_TOKENS=8  ATTENTION_BACKEND=triton  PAGE_SIZE=1  CONTEXT_LENGTH=N  MEM_FRACTION_STATIC=0.5  TP_SIZE=1"

@@ -130,3 +130,59 @@ def test_plugin_arm_with_its_stock_pair_projects_per_layer(run_notebook: Callabl
 def test_without_a_stock_pair_there_is_no_projection(run_notebook: Callable[..., Path], tmp_path: Path) -> None:
     run_notebook("05_bandwidth_analysis", replay_dir=str(REFERENCE_DIR / "h200-sglang-mla-stock"))
     assert _result(tmp_path / "run")["metrics"]["stock_pair"] is None
+
+
+def _page(executed: Path) -> str:
+    """Every text, Markdown and HTML output of an executed notebook, joined."""
+    texts = []
+    for cell in json.loads(executed.read_text())["cells"]:
+        for o in cell.get("outputs", []):
+            data = o.get("data", {})
+            texts.append("".join(o.get("text", "")) + "".join(data.get("text/markdown", ""))
+                         + "".join(data.get("text/html", "")))
+    return "\n".join(texts)
+
+
+def assert_tables_formatted(name: str, page: str) -> None:
+    """No raw pandas table on a page: no index column (a DataFrame's ``dataframe`` class, a Styler's row headings),
+    no 'nan' cell, no float header such as '65536.0'."""
+    import re
+
+    assert 'class="dataframe"' not in page, f"{name} shows a raw pandas DataFrame"
+    assert "row_heading" not in page, f"{name} shows a table with its index column"
+    assert not re.search(r"<td[^>]*>\s*(nan|NaN|None)\s*</td>", page), f"{name} shows an empty cell as nan/None"
+    assert not re.search(r"<th[^>]*>\s*\d+\.0\s*</th>", page), f"{name} shows a float header"
+
+
+@pytest.mark.notebook
+@pytest.mark.slow
+def test_one_run_has_one_peak_bandwidth_in_every_notebook(run_notebook: Callable[..., Path], tmp_path: Path,
+                                                          embedded_server: Any) -> None:
+    """A CPU `make report` gave the peak as 13.1 GB/s in 00 and 05 and 17 GB/s in 02: 02 timed a copy of its own.
+    00, 02 and 05 of one run, live on the embedded server (a CPU: the peak is a measured host copy), must state the
+    same figure, the one run.json records."""
+    from specdiag import hardware
+    from specdiag.runs import Run
+
+    run_dir = str(tmp_path / "one")
+    pages = {
+        "00_snapshot": run_notebook("00_snapshot", server_url=embedded_server.url, run_dir=run_dir),
+        "02_gpu_utilization": run_notebook("02_gpu_utilization", server_url=embedded_server.url, run_dir=run_dir,
+                                           context_tokens=256, max_new_tokens=16, idle_s=0.2, telemetry="cpu"),
+        "05_bandwidth_analysis": run_notebook("05_bandwidth_analysis", server_url=embedded_server.url, run_dir=run_dir,
+                                              context_lengths=[256], max_new_tokens=16),
+    }
+    run = Run.open(run_dir)
+    results = run.results()
+    stated = {"00_snapshot": results["00_snapshot"]["metrics"]["memory_bandwidth_gb_s"],
+              "02_gpu_utilization": results["02_gpu_utilization"]["metrics"]["peak_gb_s"],
+              "05_bandwidth_analysis": results["05_bandwidth_analysis"]["metrics"]["peak_gb_s"]}
+    recorded = run.meta["hardware"]["memory_bandwidth_gb_s"]
+    assert set(stated.values()) == {recorded}, f"the notebooks of one run disagree on the peak: {stated}"
+    shown = hardware.gb_s(recorded)
+    for name, executed in pages.items():
+        page = _page(executed)
+        assert shown in page, f"{name} does not show the run's peak {shown}"
+        assert_tables_formatted(name, page)
+    (request,) = run.rows("telemetry_request")
+    assert request["hardware"]["memory_bandwidth_gb_s"] == recorded

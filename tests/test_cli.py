@@ -83,3 +83,49 @@ def test_plugin_option_mirrors_make_plugin(calls, monkeypatch) -> None:
     assert cli.take_plugin(["--plugin=off", "--x"]) == ("off", ["--x"]) and cli.take_plugin(["--x"]) == ("", ["--x"])
     with pytest.raises(SystemExit, match=re.escape("choose splitkv | upstream | off")):
         cli.take_plugin(["--plugin", "fast"])
+
+
+def _options(parser) -> set[str]:
+    return {s for a in parser._actions for s in a.option_strings if s.startswith("--")}
+
+
+@pytest.mark.parametrize("verb, command", [("report", "run"), ("notebook", "run"), ("replay", "replay"),
+                                           ("compare", "compare")])
+def test_verb_help_is_the_verbs_own_with_every_option(verb, command, calls, capsys) -> None:
+    """`specdiag report --help` shows `specdiag report`'s usage (not the module's it hands on to), every option the
+    report's command takes and --plugin where the verb starts servers; nothing runs."""
+    from specdiag.report.cli import build_parser
+
+    assert cli.main([verb, "--help"]) == 0
+    shown = capsys.readouterr().out
+    assert shown.startswith(f"usage: specdiag {verb} ") and "python -m specdiag.report" not in shown
+    sub = build_parser()._subparsers._group_actions[0].choices[command]  # what the verb hands its options to
+    wanted = _options(sub) - ({"--notebooks"} if verb == "notebook" else {"--run"} if verb == "replay" else set())
+    missing = {o for o in wanted if o not in shown}
+    assert not missing, f"specdiag {verb} --help leaves out {sorted(missing)}"
+    assert ("--plugin {splitkv,upstream,off}" in shown) == (verb in cli.PLUGIN_VERBS)
+    assert calls == []  # help only: nothing was handed on
+
+
+def test_serve_help_shows_the_engine_options_and_plugin(calls, capsys) -> None:
+    assert cli.main(["serve", "-h"]) == 0
+    shown = capsys.readouterr().out
+    assert shown.startswith("usage: specdiag serve ") and "--engine" in shown and "--log" in shown
+    assert "--plugin" in shown and calls == []
+
+
+def test_make_help_lists_every_target_in_one_aligned_column() -> None:
+    """`make help`: one line per `##` target, each description starting in the same column (a long target name such
+    as test-engines widens the column instead of pushing its description out of line)."""
+    import shutil
+    import subprocess
+
+    if not shutil.which("make"):
+        pytest.skip("no make on this machine")
+    out = subprocess.run(["make", "-s", "help"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    targets = re.findall(r"^([a-zA-Z_-]+):.*## ", (PROJECT_ROOT / "Makefile").read_text(), re.MULTILINE)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("  make ")]
+    assert [line.split()[1] for line in lines] == targets and "test-engines" in targets
+    starts = {len(line) - len(line[len("  make "):].split(None, 1)[1]) for line in lines}
+    assert len(starts) == 1, f"descriptions start in columns {sorted(starts)}:\n" + "\n".join(lines)

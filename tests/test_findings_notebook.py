@@ -10,6 +10,7 @@ import pytest
 from specdiag.findings import Finding
 from specdiag.runs import Run
 from specdiag.telemetry.torch_trace import record_step_profile
+from test_bandwidth_notebook import assert_tables_formatted
 from test_step_profile import write_trace
 
 pytestmark = [pytest.mark.notebook, pytest.mark.slow]
@@ -33,11 +34,73 @@ def test_findings_page_gathers_every_notebook(run_notebook, tmp_path: Path) -> N
     run = make_run(tmp_path / "run", {1000: 100.0, 4000: 10.0}, {1000: 10.0, 4000: 100.0}, "critical")
     run_notebook("07_findings", run_dir=str(run.path))
     result = json.loads((run.path / "findings" / "07_findings.json").read_text())
-    overall = result["findings"][0]
-    assert overall["id"] == "findings.overall" and overall["severity"] == "critical"
+    diagnosis, overall = result["findings"]
+    assert diagnosis["id"] == "findings.diagnosis" and overall["id"] == "findings.overall"
+    assert overall["severity"] == "critical"
     assert result["metrics"]["notebooks"] == ["00_snapshot", "01_baseline_sweep"]
     assert "02_gpu_utilization" in result["metrics"]["missing"]
     assert "Decode speed vs context" in overall["verdict"]
+
+
+def _html_outputs(executed: Path) -> list[str]:
+    """The HTML (else text) of every output, in page order."""
+    out = []
+    for cell in json.loads(executed.read_text())["cells"]:
+        for o in cell.get("outputs", []):
+            data = o.get("data", {})
+            out.append("".join(data.get("text/html", "")) or "".join(o.get("text", "")))
+    return out
+
+
+def test_the_page_opens_with_the_diagnosis_orders_by_severity_and_keeps_a_recorded_run_apart(
+        run_notebook, tmp_path: Path) -> None:
+    """What a reader sees: the diagnosis paragraph first, built from this run's numbers; findings most severe first
+    across notebooks (01's critical before 00's info, whatever the notebook order); 06's findings, replayed from a
+    recorded kernel run, in their own collapsed section labelled with that run and out of the counts."""
+    run = Run.create(tmp_path / "run", server_url="http://127.0.0.1:1")
+    run.write_result("00_snapshot", findings=[Finding("snapshot.speculation", "Speculative decoding is on", "STANDALONE",
+                                                      "info")])
+    run.write_result("01_baseline_sweep", findings=[
+        Finding("sweep.step_time_slope", "Step time vs context", "grows", "warning", ("e",),
+                {"step_ms_first": 9.5, "step_ms_last": 1430.0, "context_tokens_first": 1024,
+                 "context_tokens_last": 185000}),
+        Finding("sweep.decode_collapse", "Decode speed vs context", "falls 41x", "critical", ("e",),
+                {"decode_collapse_x": 41.2, "decode_tok_s_first": 82.4, "decode_tok_s_last": 2.0,
+                 "context_tokens_first": 1024, "context_tokens_last": 185000})],
+        metrics={"step_ms": [9.512345678901234, 1430.123456789012]})
+    run.write_result("05_bandwidth_analysis", findings=[
+        Finding("bandwidth.far_from_floor", "Measured step vs the memory floor", "far", "critical", ("e",),
+                {"context_tokens": 185000, "measured_ms": 1430.0, "floor_ms": 12.34, "measured_over_floor_x": 115.9,
+                 "pct_of_peak_total": 0.86, "peak_gb_s": 4800.0}, "computed")])
+    run.write_result("06_kernel_ab", findings=[
+        Finding("kernel_ab.baseline_starves", "The baseline kernel starves the GPU", "recorded verdict", "critical",
+                tuple(f"case {i}" for i in range(50)))], recorded_from="data/reference/kernel-ab-h200")
+    executed = run_notebook("07_findings", run_dir=str(run.path))
+    shown = _html_outputs(executed)
+    first = shown[0]
+    assert 'class="specdiag-diagnosis"' in first, f"the page does not open with the diagnosis: {first[:200]}"
+    assert "Decode falls 41.2x with context, from 82.4 tokens/s at 1k tokens to 2 at 185k tokens" in first
+    assert "116x its memory floor of 12.3 ms" in first
+    assert "This run: 2 critical, 1 warning" in first and "data/reference/kernel-ab-h200" in first
+    cards = next(h for h in shown if "specdiag-finding" in h and "specdiag-recorded" not in h)
+    order = [cards.index(i) for i in ("sweep.decode_collapse", "bandwidth.far_from_floor", "sweep.step_time_slope",
+                                      "snapshot.speculation")]
+    assert order == sorted(order), "findings are not ordered by severity across notebooks"
+    assert "kernel_ab.baseline_starves" not in cards
+    recorded = next(h for h in shown if "specdiag-recorded" in h)
+    assert recorded.lstrip().startswith("<details") and "<summary" in recorded
+    assert "findings of the recorded run <code>data/reference/kernel-ab-h200</code>" in recorded
+    assert "kernel_ab.baseline_starves" in recorded and "evidence (50 lines)</summary>" in recorded
+    page = "\n".join(shown)
+    assert "9.512345678901234" not in page and "[9.51, 1,430]" in page  # numbers rounded to what they mean
+    assert_tables_formatted("07_findings", page)
+    assert page.index("specdiag-diagnosis") < page.index("specdiag-finding")
+    result = json.loads((run.path / "findings" / "07_findings.json").read_text())
+    overall = result["findings"][1]
+    assert overall["numbers"]["critical_findings"] == 2 and overall["numbers"]["recorded"] == {
+        "06_kernel_ab": "data/reference/kernel-ab-h200"}
+    assert "06_kernel_ab" not in result["metrics"]["diagnosis_based_on"][0]
+    assert all("06_kernel_ab" not in b for b in result["metrics"]["diagnosis_based_on"])
 
 
 def test_findings_page_needs_a_run_dir(run_notebook, tmp_path: Path) -> None:

@@ -135,3 +135,32 @@ def test_peaks_for_run_precedence(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(hw, "measure_matmul_rate", lambda device="cpu", n=0, repeats=5, warmup=2: [1e11] * 5)
     p = hw.peaks_for_run(server_info={"device": "cpu"}, server_url="http://127.0.0.1:1234")
     assert p.memory_bandwidth.source == "measured" and p.memory_bandwidth_gb_s == 20
+
+
+def test_one_peak_per_run_whatever_notebook_asks_first(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """00, 02 and 05 of one CPU run gave 13.1, 17 and 13.1 GB/s: each measured its own copy. The run's peak is now
+    resolved once (a copy measured once), kept in run.json, and every later notebook reads the same figure with the
+    source it was resolved from."""
+    from specdiag.runs import Run
+    from specdiag.steps.gpu_utilization.record import peak_bandwidth
+
+    rates = iter([[13.1e9] * 5, [17.0e9] * 5, [15.0e9] * 5])  # each copy measured would give another figure
+    monkeypatch.setattr(hw, "cuda_available", lambda: False)
+    monkeypatch.setattr(hw, "measure_copy_bandwidth", lambda device="cpu", n_bytes=0, repeats=5, warmup=2: next(rates))
+    monkeypatch.setattr(hw, "measure_matmul_rate", lambda device="cpu", n=0, repeats=5, warmup=2: [1e11] * 5)
+    run = Run.create(tmp_path / "run")
+    first = hw.run_peaks(run, server_info={"device": "cpu"}, server_url="http://127.0.0.1:30000")  # 00
+    seen_02 = peak_bandwidth(run, {"kind": "cpu"}, None, 0.0, {"device": "cpu"}, "http://127.0.0.1:30000")  # 02
+    again = hw.run_peaks(Run.open(run.path), server_url="http://127.0.0.1:30000")  # 05, a later kernel
+    assert first.memory_bandwidth_gb_s == seen_02["memory_bandwidth_gb_s"] == again.memory_bandwidth_gb_s == 13.1
+    assert again.memory_bandwidth.source == "measured" and again.memory_bandwidth.label.startswith("measured")
+    assert run.meta["hardware"]["memory_bandwidth_gb_s"] == 13.1
+    assert next(rates) == [17.0e9] * 5  # the second copy was never measured
+    # a parameter that gives another figure wins, and is the run's figure from then on
+    given = hw.run_peaks(run, memory_bandwidth_gb_s=50.0)
+    assert given.memory_bandwidth.source == "parameter" and hw.run_peaks(run).memory_bandwidth_gb_s == 50.0
+    # a remote GPU seen by 02's Prometheus telemetry is named by its device when the run has no peak yet
+    remote = Run.create(tmp_path / "remote")
+    hw_02 = peak_bandwidth(remote, {"kind": "prometheus"}, "NVIDIA H200", 0.0, {}, "http://gpu-host:30000")
+    assert hw_02["memory_bandwidth_gb_s"] == 4800 and remote.meta["hardware"]["memory_bandwidth_source"] == "table"
+    assert "error" in peak_bandwidth(Run.create(tmp_path / "none"), {"kind": "cpu"}, None, 0.0, {}, "http://gpu-host:1")

@@ -82,3 +82,98 @@ def test_commit_by_kind() -> None:
             {"kind": "predictable", "context_tokens": 16000, "commit_length": 7.0}]  # a published probe row
     assert overview.commit_by_kind(rows) == {("novel", 1024): 1.0, ("predictable", 1024): pytest.approx(6.0),
                                              ("predictable", 16000): 7.0}
+
+
+# ---------------------------------------------------------------------------------------------
+# Recorded runs and the diagnosis (07)
+# ---------------------------------------------------------------------------------------------
+
+def test_a_recorded_runs_results_are_split_off(tmp_path: Path) -> None:
+    """06 on a CPU shows a recorded H200 kernel run: its result says so (recorded_from, or run.json's replays for a
+    result written before the contract); in a whole-run replay every notebook's result is the run's own."""
+    run = Run.create(tmp_path / "live", server_url="http://127.0.0.1:1")
+    run.write_result("01_baseline_sweep", [finding("sweep.decode_collapse", "critical")])
+    path = run.write_result("06_kernel_ab", [finding("kernel_ab.baseline_starves", "critical")],
+                            recorded_from="data/reference/kernel-ab-h200")
+    assert '"recorded_from": "data/reference/kernel-ab-h200"' in path.read_text()
+    own, recorded = overview.split_recorded(run.results(), run.meta)
+    assert set(own) == {"01_baseline_sweep"} and recorded == {"06_kernel_ab": "data/reference/kernel-ab-h200"}
+    assert [f["id"] for f in overview.collect_findings(own)] == ["sweep.decode_collapse"]
+    old = {"06_kernel_ab": {"findings": [finding("kernel_ab.baseline_starves", "critical")]}}
+    meta = {"server_url": "http://x", "replays": {"06_kernel_ab": "data/reference/kernel-ab-h200"}}
+    assert overview.split_recorded(old, meta)[1] == {"06_kernel_ab": "data/reference/kernel-ab-h200"}
+    whole = {"replay_of": "data/reference/x", "replays": {"01_baseline_sweep": "data/reference/x"}}
+    assert overview.split_recorded({"01_baseline_sweep": {}}, whole)[1] == {}
+    rows = {r["notebook"]: r for r in overview.notebook_overview(run.results(), recorded=recorded)}
+    assert rows["06_kernel_ab"]["result"] == "recorded run data/reference/kernel-ab-h200"
+    assert rows["06_kernel_ab"]["critical"] is None and rows["06_kernel_ab"]["most severe"] == ""
+    summary = overview.overall_finding(overview.collect_findings(own), list(rows.values()))
+    assert summary.numbers["critical_findings"] == 1 and summary.numbers["recorded"] == recorded
+    with pytest.raises(ValueError, match="recorded_from"):
+        run.write_result("06_kernel_ab", [], recorded_from="")
+
+
+def _f(fid: str, severity: str, notebook: str, **numbers) -> dict:
+    return {**finding(fid, severity), "notebook": notebook, "numbers": numbers}
+
+
+SWEEP = [_f("sweep.decode_collapse", "critical", "01_baseline_sweep", decode_collapse_x=41.2, decode_tok_s_first=82.4,
+            decode_tok_s_last=2.0, context_tokens_first=1024, context_tokens_last=185000),
+         _f("sweep.step_time_slope", "warning", "01_baseline_sweep", step_ms_first=9.5, step_ms_last=1430.0,
+            context_tokens_first=1024, context_tokens_last=185000)]
+FLOOR = [_f("bandwidth.far_from_floor", "critical", "05_bandwidth_analysis", context_tokens=185000, measured_ms=1430.0,
+            floor_ms=12.34, measured_over_floor_x=115.9, pct_of_peak_total=0.86, peak_gb_s=4800.0),
+         _f("bandwidth.slope", "critical", "05_bandwidth_analysis", measured_slope_ms_per_1k_tokens=7.7,
+            floor_slope_ms_per_1k_tokens=0.05, slope_ratio_x=154.0)]
+
+
+def test_the_diagnosis_says_what_is_slow_how_far_from_the_floor_the_cause_and_the_fix_from_the_numbers() -> None:
+    from specdiag.steps.findings.diagnosis import diagnose
+
+    d = diagnose(SWEEP + FLOOR)
+    assert d.slow.startswith("Decode falls 41.2x with context, from 82.4 tokens/s at 1k tokens to 2 at 185k tokens")
+    assert "1,430 ms" in d.slow and "116x its memory floor of 12.3 ms" in d.floor and "0.86% of the 4,800 GB/s" in d.floor
+    assert "attention over the KV cache" in d.cause and "7.7 ms" in d.cause and "154x" in d.cause
+    assert d.fix.startswith("No fix was measured in this run") and "split" in d.fix  # a pointer, not a result
+    assert d.severity == "critical" and d.numbers["slope_ratio_x"] == 154.0 and d.numbers["cause"] == "bandwidth.slope"
+    assert d.based_on[0] == "01_baseline_sweep: sweep.decode_collapse"
+    assert d.paragraph.index("Decode falls") < d.paragraph.index("floor") < d.paragraph.index("cause")
+    # other numbers, other words: nothing in the paragraph is fixed prose
+    other = diagnose([{**SWEEP[0], "numbers": {**SWEEP[0]["numbers"], "decode_collapse_x": 3.5, "decode_tok_s_last": 23.5}}])
+    assert "3.5x" in other.slow and "23.5" in other.slow and "41.2" not in other.paragraph
+    # a fix measured in the run is stated with its effect
+    fixed = diagnose(SWEEP + FLOOR + [_f("kernel_ab.split_kv_speedup", "ok", "06_kernel_ab", fix="the split-KV kernel",
+                                          fix_speedup_x=9.87, fix_context_tokens=131072)])
+    assert "The fix measured in this run, the split-KV kernel, makes it 9.87x faster at 128k tokens" in fixed.fix
+    # a flat slope with a step far from its floor: a per-step cost, not the attention
+    flat = [FLOOR[0], {**FLOOR[1], "severity": "ok", "numbers": {**FLOOR[1]["numbers"], "slope_ratio_x": 1.3}}]
+    assert "per-step cost that does not grow with context" in diagnose(flat).cause
+
+
+def test_the_diagnosis_falls_back_when_a_step_did_not_run() -> None:
+    from specdiag.steps.findings.diagnosis import diagnose
+
+    empty = diagnose([])
+    assert "measured no decode speed" in empty.slow and "No memory floor" in empty.floor
+    assert "No finding of this run points at a cause" in empty.cause and empty.fix == "No fix was measured in this run."
+    only_05 = diagnose(FLOOR)
+    assert only_05.slow.startswith("A verify step at 185k tokens takes 1,430 ms")
+    idle = diagnose([_f("utilization.decode_gpu_idle", "warning", "02_gpu_utilization", decode_gpu_util_pct_median=35.0)])
+    assert "no GPU kernel runs for about 65% of decode" in idle.cause
+
+
+def test_page_pieces_order_collapse_and_round() -> None:
+    from specdiag.steps.findings import page
+    from specdiag.steps.findings.diagnosis import diagnose
+
+    found = overview.collect_findings({"00_snapshot": {"findings": [finding("snapshot.speculation", "info")]},
+                                       "01_baseline_sweep": {"findings": SWEEP},
+                                       "05_bandwidth_analysis": {"findings": FLOOR}})
+    html = page.findings_html(found)
+    top, rest = html.split("<details style=\"margin:8px 0\">", 1)
+    assert top.index("sweep.decode_collapse") < top.index("bandwidth.far_from_floor") < top.index("sweep.step_time_slope")
+    assert "snapshot.speculation" in rest and "1 more: 1 info, 0 ok" in rest
+    box = page.diagnosis_html(diagnose(found), found, {"06_kernel_ab": "data/reference/kernel-ab-h200"})
+    assert "This run: 3 critical, 1 warning" in box and "data/reference/kernel-ab-h200" in box and "not counted" in box
+    assert page.brief(0.123456789012345) == "0.123" and page.brief(13095873024.0) == "13,095,873,024"
+    assert page.brief(list(range(20))) == "[0, 1, 2, 3, 4, 5, ...] (20)" and page.brief({"a": [1, 2]}) == "1 entries"

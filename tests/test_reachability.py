@@ -58,8 +58,8 @@ def test_a_report_run_checks_once_and_its_notebooks_do_not_repeat_it(tmp_path: P
             assert ctx.client.engine == "sglang"
         return []
 
-    monkeypatch.setattr(report, "run_notebooks", run_notebooks)
-    monkeypatch.setattr(report, "finish", lambda run, results: 0)
+    monkeypatch.setattr(report.commands, "run_notebooks", run_notebooks)  # where cmd_run looks them up
+    monkeypatch.setattr(report.commands, "finish", lambda run, results: 0)
     code = report.main(["run", "--server", "http://h:1", "--run-dir", str(tmp_path / "run"),
                         "--notebooks", "01_baseline_sweep", "04_commit_probe"])
     assert code == 0

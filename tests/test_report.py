@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -116,3 +117,52 @@ def test_params_files_match_the_notebooks() -> None:
             if report._is_notebook_key(key):
                 declared = report.declared_parameters(NOTEBOOKS_DIR / f"{key}.ipynb")
                 report.parameters_for(key, declared, {}, params)  # raises on an undeclared key
+
+
+def test_a_web_server_that_is_no_llm_server_gets_one_short_error(tmp_path: Path) -> None:
+    """SERVER pointing at `python -m http.server`: one short line naming what answered (status, content type, server
+    header, first bytes) and what was expected, not the HTML pages it answered; no run folder."""
+    site = tmp_path / "site"
+    site.mkdir()
+    server = subprocess.Popen([sys.executable, "-m", "http.server", "0", "--bind", "127.0.0.1"], cwd=site,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        line = server.stdout.readline()  # "Serving HTTP on 127.0.0.1 port 41234 (http://127.0.0.1:41234/) ..."
+        url = f"http://127.0.0.1:{line.split(' port ')[1].split()[0]}"
+        proc = subprocess.run([sys.executable, "-m", "specdiag.report", "run", "--server", url,
+                               "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, timeout=60)
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+    err = proc.stderr.strip()
+    assert proc.returncode == 2, err
+    assert len(err.splitlines()) == 1 and len(err) < 600, err
+    assert f"{url} is not an SGLang or vLLM server" in err
+    assert "GET /v1/models: HTTP 404, text/html, server SimpleHTTP/" in err and 'body "<!DOCTYPE HTML>' in err
+    assert "Expected SGLang's /server_info or vLLM's /v1/models" in err
+    assert "Error code explanation" not in err  # none of the HTML pages themselves
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_run_index_keeps_a_recorded_runs_findings_apart(tmp_path: Path) -> None:
+    """index.html: a notebook that showed a recorded run (06 without a GPU) lists its findings collapsed under the
+    recorded run's name, not as the run's; findings.json says where they came from; numbers rounded."""
+    from specdiag.findings import Finding
+    from specdiag.report.execute import NotebookResult
+    from specdiag.report.render import collect_results
+    from specdiag.report.index import write_run_index
+    from specdiag.runs import Run
+
+    run = Run.create(tmp_path / "run", server_url="http://127.0.0.1:1")
+    run.write_result("01_baseline_sweep", [Finding("sweep.decode_collapse", "Decode", "falls", "critical")],
+                     metrics={"step_ms": 9.512345678901234})
+    run.write_result("06_kernel_ab", [Finding("kernel_ab.baseline_starves", "Baseline", "starves", "critical")],
+                     recorded_from="data/reference/kernel-ab-h200")
+    results = [NotebookResult("01_baseline_sweep", "ok", 1.0), NotebookResult("06_kernel_ab", "ok", 1.0)]
+    collect_results(run, results)
+    page = write_run_index(run, results).read_text()
+    row_06 = page.split("06_kernel_ab", 1)[1]
+    assert "<details><summary><small>1 findings of the recorded run <code>data/reference/kernel-ab-h200</code>" in row_06
+    assert "9.51" in page and "9.512345678901234" not in page
+    assert json.loads((run.path / "findings.json").read_text())["06_kernel_ab"]["recorded_from"] == \
+        "data/reference/kernel-ab-h200"

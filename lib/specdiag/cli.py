@@ -8,8 +8,8 @@
     specdiag lab      [jupyter lab options]                                             (make lab)
 
 Each verb hands its options to the module the Makefile calls (``python -m specdiag.report run|replay``,
-``python -m specdiag.launchers serve``), so the options are the same ones, with the same help
-(``specdiag report --help``). Like the Makefile, it keeps Jupyter, IPython and matplotlib state in
+``python -m specdiag.launchers serve``), so the options are the same ones; ``specdiag VERB --help`` shows the
+verb's own usage with every option it takes, ``--plugin`` included (:func:`verb_parser`). Like the Makefile, it keeps Jupyter, IPython and matplotlib state in
 ``<project>/.jupyter-local`` (never HOME) unless those variables are set already.
 
 The notebooks and data are read from the project root (:data:`specdiag.paths.PROJECT_ROOT`): the checkout an
@@ -18,6 +18,7 @@ editable install points at, or ``SPECDIAG_ROOT``. ``make`` stays the documented 
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from typing import Callable, Sequence
@@ -164,6 +165,8 @@ def _lab(argv: Sequence[str]) -> int:
     return 0  # not reached
 
 
+#: Verbs that start servers, so take ``--plugin`` (make's ``PLUGIN=``).
+PLUGIN_VERBS = ("report", "notebook", "serve")
 #: verb -> (runner, needs the notebooks folder, one line of help)
 VERBS: dict[str, tuple[Callable[[Sequence[str]], int], bool, str]] = {
     "report": (_with_plugin(_report), True, "run every notebook against --server, or an engine started around "
@@ -176,6 +179,34 @@ VERBS: dict[str, tuple[Callable[[Sequence[str]], int], bool, str]] = {
     "compare": (_compare, True, "08 on two recorded run folders, no server (--run-a A --run-b B, or --params "
                                 "params/compare-plugin.yaml)"),
 }
+
+
+#: verb -> how its help names the command: (report's command, the positional it takes first), or "serve".
+HELP_OF = {"report": ("run", False), "notebook": ("run", True), "replay": ("replay", True), "compare": ("compare", False)}
+
+
+def verb_parser(verb: str) -> argparse.ArgumentParser:
+    """The parser whose help ``specdiag VERB --help`` prints: the verb's own usage (``specdiag VERB ...``) and every
+    option it takes, ``--plugin`` included where the verb starts servers."""
+    help_ = VERBS[verb][2]
+    if verb == "serve":
+        from specdiag.launchers.__main__ import add_serve_arguments  # noqa: PLC0415
+
+        parser = argparse.ArgumentParser(prog="specdiag serve", description=help_)
+        add_serve_arguments(parser)
+    elif verb in HELP_OF:
+        from specdiag.report.cli import command_parser  # noqa: PLC0415
+
+        command, positional = HELP_OF[verb]
+        parser = command_parser(command, prog=f"specdiag {verb}", description=help_, positional=positional)
+    else:
+        raise KeyError(f"{verb!r} has no options of its own")
+    if verb in PLUGIN_VERBS:
+        parser.add_argument("--plugin", choices=PLUGIN_CHOICES,
+                            help="the SGLang plugin of plugins/sglang, installed into .plugin-site and enabled for the "
+                                 "servers this command starts (make's PLUGIN=): splitkv, upstream (SGLang's own split-KV "
+                                 "forced on) or off")
+    return parser
 
 
 def usage() -> str:
@@ -193,6 +224,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"[specdiag] error: unknown verb {verb!r}\n{usage()}", file=sys.stderr)
         return 2
     run, needs_notebooks, _ = VERBS[verb]
+    if verb != "lab" and ("-h" in rest or "--help" in rest):
+        print(verb_parser(verb).format_help())  # the verb's own usage, not the module's it hands on to
+        return 0
     if needs_notebooks:
         _need_notebooks()
     _apply_environment()

@@ -47,24 +47,39 @@ def sort_findings(findings: Iterable[Finding]) -> list[Finding]:
 
 
 _BADGE = {"ok": "#2e7d32", "info": "#1565c0", "warning": "#ef6c00", "critical": "#c62828"}
+#: Evidence lists longer than this are collapsed under their count (``to_html``'s default).
+COLLAPSE_OVER = 4
 
 
-def to_html(findings: Iterable[Finding | dict[str, Any]]) -> str:
-    """Findings as self-contained HTML (no external assets), for ``IPython.display.HTML``."""
-    parts = []
-    for f in findings:
-        d = f if isinstance(f, dict) else f.__dict__
-        color = _BADGE.get(d.get("severity", "info"), "#555")
-        ev = "".join(f"<li>{html.escape(str(e))}</li>" for e in d.get("evidence", ()))
-        parts.append(
-            f'<div style="border-left:6px solid {color};padding:6px 12px;margin:8px 0;background:#fafafa">'
-            f'<div><span style="background:{color};color:white;padding:1px 6px;border-radius:3px;'
-            f'font-size:85%">{html.escape(d.get("severity", "info").upper())}</span> '
-            f'<b>{html.escape(d.get("title", ""))}</b> <code style="color:#777">{html.escape(d.get("id", ""))}</code></div>'
-            f'<div style="margin-top:4px">{html.escape(d.get("verdict", ""))}</div>'
-            f'<ul style="margin:4px 0">{ev}</ul>'
-            f'<div style="color:#777;font-size:85%">source: {html.escape(str(d.get("source", "")))}</div></div>'
-        )
+def _card(d: dict[str, Any], collapse_over: int, show_notebook: bool, note: str) -> str:
+    color = _BADGE.get(d.get("severity", "info"), "#555")
+    evidence = [str(e) for e in d.get("evidence", ())]
+    items = "".join(f"<li>{html.escape(e)}</li>" for e in evidence)
+    ev = ""
+    if evidence:
+        ev = (f'<ul style="margin:4px 0">{items}</ul>' if len(evidence) <= collapse_over else
+              f'<details style="margin-top:2px"><summary style="cursor:pointer;color:#555">evidence '
+              f'({len(evidence)} {"line" if len(evidence) == 1 else "lines"})</summary>'
+              f'<ul style="margin:4px 0">{items}</ul></details>')
+    where = " · ".join(html.escape(str(x)) for x in (
+        d.get("notebook") if show_notebook else None, d.get("source"), note or None) if x)
+    return (f'<div class="specdiag-finding sev-{html.escape(d.get("severity", "info"))}" '
+            f'style="border-left:5px solid {color};padding:4px 10px;margin:6px 0;background:#fafafa">'
+            f'<div><span style="background:{color};color:white;padding:0 6px;border-radius:3px;font-size:80%">'
+            f'{html.escape(d.get("severity", "info").upper())}</span> <b>{html.escape(d.get("title", ""))}</b>'
+            f' <span style="color:#777;font-size:85%">{where}</span></div>'
+            f'<div style="margin-top:2px">{html.escape(d.get("verdict", ""))}</div>{ev}'
+            f'<div style="color:#999;font-size:75%">{html.escape(d.get("id", ""))}</div></div>')
+
+
+def to_html(findings: Iterable[Finding | dict[str, Any]], collapse_over: int = COLLAPSE_OVER,
+            show_notebook: bool = False, note: str = "") -> str:
+    """Findings as self-contained HTML cards (no external assets), for ``IPython.display.HTML``: severity, title,
+    verdict, the evidence (collapsed under its count when longer than ``collapse_over`` lines; 0 collapses every
+    list), the id. ``show_notebook``: name each finding's notebook (07's cards gather several); ``note``: a label
+    on every card (07's recorded-run sections)."""
+    parts = [_card(f if isinstance(f, dict) else dict(f.__dict__), collapse_over, show_notebook, note)
+             for f in findings]
     return "\n".join(parts) or "<p><i>No findings.</i></p>"
 
 

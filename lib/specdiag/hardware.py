@@ -107,6 +107,12 @@ PEAK_FINDING_SOURCE: dict[str, str] = {"parameter": "parameter", "nvml": "comput
                                        "measured": "measured"}
 
 
+def gb_s(value: float) -> str:
+    """A bandwidth as every page of a run writes it, so one figure reads the same everywhere: '4,800 GB/s',
+    '13.1 GB/s' (three significant digits below 100)."""
+    return f"{value:,.0f} GB/s" if abs(value) >= 100 else f"{value:.3g} GB/s"
+
+
 def source_label(source: str | None) -> str:
     """A peak source (``Peak.source``, or a recorded ``memory_bandwidth_source``) as a page labels it."""
     return PEAK_SOURCE_LABELS.get(str(source), str(source))
@@ -345,9 +351,12 @@ def resolve_peaks(memory_bandwidth_gb_s: float | None = None, matmul_tflops: flo
     return HardwarePeaks(device_name=name, memory_bandwidth=mem, matmul=mm)
 
 
-def peaks_from_record(record: dict[str, Any]) -> HardwarePeaks:
+def peaks_from_record(record: dict[str, Any], keep_source: bool = False) -> HardwarePeaks:
     """Peaks recorded in a run's run.json ``hardware`` section (a reference run's, or what 00_snapshot
-    wrote: :meth:`HardwarePeaks.as_dict` plus context), for replay and for later notebooks of a run."""
+    wrote: :meth:`HardwarePeaks.as_dict` plus context), for replay and for later notebooks of a run.
+
+    ``keep_source``: each figure keeps the source it was resolved from (this run's own record, read back by a later
+    notebook of the run); otherwise it is ``recorded`` (another run's record, replayed)."""
     try:
         bw = float(record["memory_bandwidth_gb_s"])
     except (KeyError, TypeError, ValueError):
@@ -359,10 +368,16 @@ def peaks_from_record(record: dict[str, Any]) -> HardwarePeaks:
         parts = [str(record[k]) for k in (f"{prefix}_source", f"{prefix}_detail") if record.get(k)]
         return "run.json: " + ("; ".join(parts) if parts else "no source recorded")
 
+    def peak(value: float, prefix: str) -> Peak:
+        source = record.get(f"{prefix}_source")
+        if keep_source and source in PEAK_SOURCE_LABELS:
+            return Peak(value, source, str(record.get(f"{prefix}_detail") or ""))
+        return Peak(value, "recorded", detail(prefix))
+
     return HardwarePeaks(
         device_name=str(record.get("gpu") or record.get("device_name") or "recorded device"),
-        memory_bandwidth=Peak(bw * 1e9, "recorded", detail("memory_bandwidth")),
-        matmul=Peak(float(mm) * 1e12, "recorded", detail("matmul")) if mm else None,
+        memory_bandwidth=peak(bw * 1e9, "memory_bandwidth"),
+        matmul=peak(float(mm) * 1e12, "matmul") if mm else None,
     )
 
 
@@ -392,3 +407,38 @@ def peaks_for_run(memory_bandwidth_gb_s: float | None = None, matmul_tflops: flo
     raise ValueError(f"the server at {server_url} is not on this machine, so its GPU cannot be read here: pass "
                      f"gpu_name (e.g. 'NVIDIA H200'; known: {', '.join(s.name for s in KNOWN_GPUS)}) or "
                      f"memory_bandwidth_gb_s (and matmul_tflops)")
+
+
+# ---------------------------------------------------------------------------------------------
+# One peak per run
+# ---------------------------------------------------------------------------------------------
+
+def run_peaks(run: Any, memory_bandwidth_gb_s: float | None = 0.0, matmul_tflops: float | None = 0.0,
+              gpu_name: str = "", recorded: dict[str, Any] | None = None, server_info: dict[str, Any] | None = None,
+              server_url: str = "", device_name: str = "") -> HardwarePeaks:
+    """The run's one set of peaks, which every notebook of the run uses: resolved once, by the first notebook that
+    needs them (:func:`peaks_for_run`, so a copy is measured at most once per run), kept in run.json's ``hardware``
+    (:meth:`HardwarePeaks.as_dict`), and read back from there by every later notebook with the source each figure
+    was resolved from.
+
+    ``run``: the run folder (:class:`specdiag.runs.Run`: ``.meta``, ``.update``). Parameters (``memory_bandwidth_gb_s``,
+    ``matmul_tflops``, ``gpu_name``) that give other figures than the recorded ones win, and become the run's
+    figures from then on. ``recorded``: a replayed run's ``hardware``. ``device_name``: the server's GPU as a
+    measurement saw it (02's telemetry of a remote GPU), looked up in the table only when the run has no peaks yet
+    and nothing else gives them. Raises ValueError, naming the parameters to pass, when nothing does.
+    """
+    own = dict(run.meta.get("hardware") or {})
+    have = peaks_from_record(own, keep_source=True) if own.get("memory_bandwidth_gb_s") else None
+    if have is not None and not (memory_bandwidth_gb_s or matmul_tflops or gpu_name):
+        return have
+    try:
+        peaks = peaks_for_run(memory_bandwidth_gb_s, matmul_tflops, gpu_name, recorded, server_info, server_url)
+    except ValueError:
+        if not device_name:
+            raise
+        peaks = peaks_for_run(memory_bandwidth_gb_s, matmul_tflops, device_name)
+    if have is not None and (have.memory_bandwidth_gb_s, have.matmul_tflops) == (peaks.memory_bandwidth_gb_s,
+                                                                                 peaks.matmul_tflops):
+        return have
+    run.update(hardware=peaks.as_dict())
+    return peaks

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from specdiag import __version__
-from specdiag.paths import PROJECT_ROOT, RUNS_DIR, ShownPath
+from specdiag.paths import PROJECT_ROOT, RUNS_DIR, ShownPath, relative_to_project
 from specdiag.serving.redaction import redact
 
 def _json_default(obj: Any) -> Any:
@@ -48,6 +48,13 @@ def _json_default(obj: Any) -> Any:
 def dumps(obj: Any, **kw: Any) -> str:
     """JSON with numpy/dataclass/Path support and secrets redacted."""
     return json.dumps(redact(obj), default=_json_default, **kw)
+
+
+def _project_path(path: str | os.PathLike[str]) -> str:
+    """A path as a shared file records it: relative to the project (an absolute path inside it made relative; a
+    relative one is taken as relative to the project already, whatever the working folder)."""
+    p = Path(path)
+    return relative_to_project(p) if p.is_absolute() else p.as_posix()
 
 
 def new_run_id(label: str = "") -> str:
@@ -183,8 +190,16 @@ class Run:
 
     # --- findings ------------------------------------------------------------------------------
     def write_result(self, notebook: str, findings: Iterable[Any] = (), metrics: Mapping[str, Any] | None = None,
-                     **extra: Any) -> Path:
-        """Write one notebook's findings and key metrics to ``findings/<notebook>.json``."""
+                     recorded_from: str | os.PathLike[str] | None = None, **extra: Any) -> Path:
+        """Write one notebook's findings and key metrics to ``findings/<notebook>.json``.
+
+        ``recorded_from``: the recorded run (a reference run, project-relative) the notebook replayed instead of
+        measuring, inside a run that measured the rest live (06 on a machine without a GPU shows a recorded H200
+        kernel run). The result then says so (``"recorded_from"``), and 07 shows its findings in their own
+        section labelled with that run, out of this run's severity counts and its diagnosis.
+        """
+        if recorded_from is not None and not str(recorded_from).strip():
+            raise ValueError("recorded_from must name the recorded run (e.g. data/reference/kernel-ab-h200) or be None")
         out_dir = self.path / "findings"
         out_dir.mkdir(exist_ok=True)
         payload = {
@@ -192,6 +207,7 @@ class Run:
             "written_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "findings": [asdict(f) if is_dataclass(f) else dict(f) for f in findings],
             "metrics": dict(metrics or {}),
+            **({"recorded_from": _project_path(recorded_from)} if recorded_from is not None else {}),
             **extra,
         }
         path = out_dir / f"{notebook}.json"

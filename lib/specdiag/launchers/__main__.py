@@ -61,13 +61,21 @@ def cmd_command(args: argparse.Namespace) -> int:
     return 0
 
 
+SERVE_HELP = "start an engine and keep it running until Ctrl-C"
+
+
+def add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    """``serve``'s options: the engine and its settings, the log file."""
+    add_engine_arguments(p, default_port=30000)
+    p.add_argument("--log", help="server log file, appended to (default: data/runs/serve-ENGINE.log)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m specdiag.launchers", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
-    s = sub.add_parser("serve", help="start an engine and keep it running until Ctrl-C")
-    add_engine_arguments(s, default_port=30000)
-    s.add_argument("--log", help="server log file, appended to (default: data/runs/serve-ENGINE.log)")
+    s = sub.add_parser("serve", help=SERVE_HELP)
+    add_serve_arguments(s)
     s.set_defaults(func=cmd_serve)
     c = sub.add_parser("command", help="print the SGLang command line and environment (starts nothing)")
     add_engine_arguments(c, default_port=30000)

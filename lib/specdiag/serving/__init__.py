@@ -24,7 +24,7 @@ from typing import Any
 #: name -> the module that defines it.
 _LAZY = {
     "API_KEY_ENV": "http", "CLIENTS": "clients", "RequestTrace": "trace", "SGLangClient": "sglang",
-    "ServerError": "errors", "ServerHTTPError": "errors", "ServerSettings": "settings", "ServerTimeout": "errors",
+    "NotAnEngine": "errors", "ServerError": "errors", "ServerHTTPError": "errors", "ServerSettings": "settings", "ServerTimeout": "errors",
     "ServerUnreachable": "errors", "ServingClient": "clients", "StreamError": "errors", "VLLMClient": "vllm",
     "detect_engine": "clients", "make_client": "clients", "reach": "clients", "reached": "clients",
     "reached_engine": "clients", "REACHED_ENV": "clients",

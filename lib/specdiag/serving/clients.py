@@ -12,6 +12,8 @@ from typing import Any, Protocol, runtime_checkable
 import requests
 
 from specdiag.serving.errors import (
+    Answer,
+    NotAnEngine,
     ServerError,
     ServerHTTPError,
     ServerTimeout,
@@ -39,6 +41,7 @@ __all__ = [
     "VLLMClient",
     "detect_engine",
     "make_client",
+    "NotAnEngine",
 ]
 
 
@@ -86,40 +89,44 @@ def detect_engine(base_url: str, session: requests.Session | None = None, timeou
                   api_key: str | None = None) -> str:
     """Which engine answers at ``base_url``: ``"vllm"`` or ``"sglang"``, from the server's own answers.
 
-    Raises ServerUnreachable when nothing answers, ServerError when the answers fit no known engine.
+    Asks GET /v1/models (vLLM: ``owned_by: vllm``), /server_info (SGLang; /get_server_info on older ones; vLLM
+    in dev mode has ``vllm_config``) and /version. Raises ServerUnreachable when nothing answers, ServerError
+    naming the API key variable when the server refuses without one, and :class:`NotAnEngine` (what answered,
+    what was expected, in one line) when the answers fit no known engine: another HTTP server, for instance.
     """
     probe = SGLangClient(base_url, session=session, api_key=api_key, timeout_s=timeout_s)
     probe.check_reachable(timeout_s=timeout_s)
-    seen: list[str] = []
-    try:
-        models = probe._get_json(("/v1/models",), timeout_s=timeout_s)
+    answers: list[Answer] = []
+
+    def ask(*paths: str) -> Any:  # the first path that is not 404 (else the first path's answer is kept)
+        first = None
+        for path in paths:
+            answer, data = probe._answer(path, timeout_s=timeout_s)
+            first = first or answer
+            if answer.status != 404:
+                answers.append(answer)
+                return data if isinstance(data, Mapping) else None
+        answers.append(first)
+        return None
+
+    models = ask("/v1/models")
+    if models is not None:
         owners = {str(m.get("owned_by")).lower() for m in models.get("data") or [] if isinstance(m, Mapping)}
         if "vllm" in owners:
             return "vllm"
         if "sglang" in owners:
             return "sglang"
-        seen.append(f"/v1/models owned_by {sorted(owners)}")
-    except ServerError as exc:
-        seen.append(f"/v1/models: {exc.cause}")
-    try:
-        info = probe.server_info()
-        if "vllm_config" in info:
-            return "vllm"
-        return "sglang"
-    except ServerError as exc:
-        seen.append(f"/server_info: {exc.cause}")
-    try:
-        version = probe._get_json(("/version",), timeout_s=timeout_s)
-        if "vllm" in str(version).lower():
-            return "vllm"
-        seen.append(f"/version: {str(version)[:80]}")
-    except ServerError as exc:
-        seen.append(f"/version: {exc.cause}")
-    if any("HTTP 401" in s or "HTTP 403" in s for s in seen):
+    info = ask("/server_info", "/get_server_info")
+    if info is not None:
+        return "vllm" if "vllm_config" in info else "sglang"
+    version = ask("/version")
+    if version is not None and "vllm" in str(version).lower():
+        return "vllm"
+    if any(a.status in (401, 403) for a in answers):
         raise ServerError(probe.url("/"), "the server refuses requests without an API key ("
-                          + "; ".join(seen) + f"): put the key in the environment variable {API_KEY_ENV}")
-    raise ServerError(probe.url("/"), "the server is neither vLLM nor SGLang as far as its answers tell ("
-                      + "; ".join(seen) + "): pass engine='vllm' or engine='sglang'")
+                          + "; ".join(f"GET {a.path}: HTTP {a.status}" for a in answers)
+                          + f"): put the key in the environment variable {API_KEY_ENV}")
+    raise NotAnEngine(probe.base_url, answers)
 
 
 def make_client(base_url: str, engine: str = "auto", **kwargs: Any) -> Any:

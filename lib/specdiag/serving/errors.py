@@ -9,10 +9,14 @@ FastAPI ``{"detail": ...}``; anything else is shown as text.
 from __future__ import annotations
 
 import json
+import re
+from dataclasses import dataclass
 
 from specdiag.serving.redaction import redact_text
 
 __all__ = [
+    "Answer",
+    "NotAnEngine",
     "ServerError",
     "ServerHTTPError",
     "ServerTimeout",
@@ -73,6 +77,56 @@ class StreamError(ServerError):
 
     def _message(self) -> str:
         return f"stream from {self.url} failed: {self.cause}"
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What one GET answered, in brief: enough to tell what kind of server it is."""
+
+    path: str           # the path asked for, e.g. /v1/models
+    status: int         # HTTP status
+    content_type: str   # the Content-Type header ("" when none)
+    server: str         # the Server header ("" when none)
+    head: str           # the body's first characters, whitespace collapsed
+
+    @classmethod
+    def of(cls, path: str, status: int, headers: dict[str, str] | object, body: bytes | str,
+           n_chars: int = 60) -> "Answer":
+        get = getattr(headers, "get", lambda key, default="": default)
+        text = body.decode("utf-8", "replace") if isinstance(body, bytes) else str(body)
+        head = re.sub(r"\s+", " ", text[: 4 * n_chars]).strip()
+        return cls(path, int(status), str(get("Content-Type", "") or "").split(";")[0].strip(),
+                   str(get("Server", "") or ""), redact_text(head[:n_chars] + ("..." if len(head) > n_chars else "")))
+
+    def describe(self) -> str:
+        """'GET /v1/models: HTTP 404, text/html, server SimpleHTTP/0.6 Python/3.11, body "<!DOCTYPE HTML> ..."'."""
+        parts = [f"HTTP {self.status}", self.content_type or "no content type"]
+        if self.server:
+            parts.append(f"server {self.server}")
+        if self.head:
+            parts.append(f'body "{self.head}"')
+        return f"GET {self.path}: " + ", ".join(parts)
+
+
+class NotAnEngine(ServerError):
+    """Something answers HTTP at the URL, but not as SGLang or vLLM do. ``.answers``: what each probe got.
+
+    One short message: what answered (the first probe's status, content type, server header and first bytes;
+    the others' statuses) and what was expected."""
+
+    EXPECTED = "SGLang's /server_info or vLLM's /v1/models (owned_by vllm), as JSON"
+
+    def __init__(self, base_url: str, answers: list[Answer]) -> None:
+        self.answers = list(answers)
+        first, rest = self.answers[0], self.answers[1:]
+        what = first.describe() + "".join(f"; GET {a.path}: HTTP {a.status}" + (f" {a.content_type}" if a.content_type
+                                                                             and a.content_type != first.content_type
+                                                                             else "") for a in rest)
+        super().__init__(base_url, what)
+
+    def _message(self) -> str:
+        return (f"{self.url} is not an SGLang or vLLM server: {self.cause}. Expected {self.EXPECTED}. "
+                "Check SERVER (server_url): the host and port of the inference server.")
 
 
 def error_message_from_body(body: str) -> str:

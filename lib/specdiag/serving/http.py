@@ -19,6 +19,7 @@ import requests
 import urllib3.exceptions
 
 from specdiag.serving.errors import (
+    Answer,
     ServerError,
     ServerHTTPError,
     ServerTimeout,
@@ -240,6 +241,17 @@ class HTTPClient:
         if not isinstance(data, dict):
             raise ServerError(response.url, f"expected a JSON object, got {type(data).__name__}")
         return data
+
+    def _answer(self, path: str, timeout_s: float | None = None) -> tuple[Answer, Any]:
+        """GET ``path``: what answered (:class:`~specdiag.serving.errors.Answer`) and its JSON (None when the
+        answer is not JSON). Raises only when nothing answers (ServerUnreachable, ServerTimeout)."""
+        response = self._request("GET", path, timeout_s=timeout_s)
+        body = response.content[:4096]
+        try:
+            data = response.json() if response.ok else None
+        except ValueError:
+            data = None
+        return Answer.of(path, response.status_code, response.headers, self._scrub(body.decode("utf-8", "replace"))), data
 
     # -- info and control -------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from specdiag import plots
-from specdiag.hardware import HardwarePeaks
+from specdiag.hardware import HardwarePeaks, gb_s
 from specdiag.steps.bandwidth_analysis.roofline import StepRoofline
 
 
@@ -43,7 +43,7 @@ def effective_bandwidth(ax: Any, steps: Sequence[StepRoofline], peaks: HardwareP
     ax.plot(ctxs, [r["effective_gb_s_kv"] for r in rows], "o-", color="C3", label="effective, KV bytes")
     ax.plot(ctxs, [r["effective_gb_s_total"] for r in rows], "o--", color="C1", label="effective, all bytes")
     ax.axhline(peaks.memory_bandwidth_gb_s, color="k", lw=1,
-               label=f"peak {peaks.memory_bandwidth_gb_s:,.0f} GB/s ({peaks.memory_bandwidth.label})")
+               label=f"peak {gb_s(peaks.memory_bandwidth_gb_s)} ({peaks.memory_bandwidth.label})")
     plots.context_axis(ax, ctxs)
     ax.set_yscale("log")
     ax.set_ylabel("bandwidth (GB/s)")

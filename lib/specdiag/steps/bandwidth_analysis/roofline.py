@@ -34,7 +34,7 @@ from specdiag.geometry import (
     local_attention_heads,
     weight_bytes_per_step,
 )
-from specdiag.hardware import HardwarePeaks
+from specdiag.hardware import HardwarePeaks, gb_s
 from specdiag.stats import LineFit, fit_line
 
 
@@ -248,7 +248,7 @@ def bandwidth_findings(steps: Sequence[StepRoofline], peaks: HardwarePeaks, sour
         sev,
         (f"bytes per step (computed from the model geometry): KV {_size(last.kv_bytes)} + weights "
          f"{_size(last.weight_bytes)} = {_size(last.total_bytes)} per GPU",
-         f"peak bandwidth {peak_gb_s:,.0f} GB/s ({peaks.memory_bandwidth.label}: {peaks.memory_bandwidth.detail})",
+         f"peak bandwidth {gb_s(peak_gb_s)} ({peaks.memory_bandwidth.label}: {peaks.memory_bandwidth.detail})",
          f"memory floor {row['memory_floor_ms']:.4g} ms (KV alone {row['kv_floor_ms']:.4g} ms); compute floor "
          + (f"{row['compute_floor_ms']:.4g} ms" if row["compute_floor_ms"] is not None else "unknown (no matmul peak)")
          + " (computed)",

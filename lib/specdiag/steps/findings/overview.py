@@ -29,6 +29,35 @@ QUESTIONS: dict[str, str] = {
 SUMMARY_NOTEBOOKS = ("07_findings", "08_compare_runs")
 
 
+def recorded_source(notebook: str, result: Mapping[str, Any], run_meta: Mapping[str, Any] | None = None) -> str | None:
+    """The recorded run a notebook's result was taken from instead of measuring in this run, or None.
+
+    The result's ``recorded_from`` (:meth:`specdiag.runs.Run.write_result`); for a result written without it, the
+    run.json ``replays`` entry of a notebook that replayed another run than the one the whole run replays (a live
+    run's 06 showing a recorded kernel run on a machine without a GPU). In a replay of a run (``make replay``) every
+    notebook replays that run: those results are the run's own."""
+    if result.get("recorded_from"):
+        return str(result["recorded_from"])
+    meta = run_meta or {}
+    replayed = (meta.get("replays") or {}).get(notebook)
+    return str(replayed) if replayed and replayed != meta.get("replay_of") else None
+
+
+def split_recorded(results: Mapping[str, Mapping[str, Any]], run_meta: Mapping[str, Any] | None = None
+                   ) -> tuple[dict[str, Mapping[str, Any]], dict[str, str]]:
+    """``(this run's results, {notebook: recorded run} of the results taken from a recorded run)``: the second are
+    shown apart, labelled with their run, and counted neither in the run's severities nor in its diagnosis."""
+    own: dict[str, Mapping[str, Any]] = {}
+    recorded: dict[str, str] = {}
+    for name, res in results.items():
+        source = recorded_source(name, res, run_meta)
+        if source and name not in SUMMARY_NOTEBOOKS:
+            recorded[name] = source
+        else:
+            own[name] = res
+    return own, recorded
+
+
 def collect_findings(results: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Every finding of every notebook (summary notebooks excluded), each with its ``notebook``,
     most severe first, then in notebook order."""
@@ -41,30 +70,40 @@ def collect_findings(results: Mapping[str, Mapping[str, Any]]) -> list[dict[str,
     return sorted(out, key=lambda f: (SEVERITY_ORDER.get(f.get("severity", "info"), 9), f["notebook"]))
 
 
-def notebook_overview(results: Mapping[str, Mapping[str, Any]], statuses: Mapping[str, Any] | None = None
-                      ) -> list[dict[str, Any]]:
+def notebook_overview(results: Mapping[str, Mapping[str, Any]], statuses: Mapping[str, Any] | None = None,
+                      recorded: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     """One row per notebook (known ones first): its question, whether it wrote a result, its status in
-    the report (when the report recorded one), finding counts by severity, and its most severe verdict."""
+    the report (when the report recorded one), finding counts by severity, and its most severe verdict.
+
+    ``recorded``: notebooks whose result came from a recorded run (:func:`split_recorded`); their row says which run
+    (``result`` "recorded run <path>"), and leaves the counts and the verdict empty: they are not this run's."""
+    recorded = recorded or {}
     names = [n for n in QUESTIONS] + sorted(n for n in results if n not in QUESTIONS and n not in SUMMARY_NOTEBOOKS)
     rows = []
     for name in names:
         res = results.get(name)
         found = sorted(res.get("findings") or [], key=lambda f: SEVERITY_ORDER.get(f.get("severity"), 9)) if res else []
         row: dict[str, Any] = {"notebook": name, "question": QUESTIONS.get(name, ""),
-                               "result": "written" if res else "none",
+                               "result": (f"recorded run {recorded[name]}" if name in recorded else
+                                          "written" if res else "none"),
                                "status": (statuses or {}).get(name)}
         for sev in ("critical", "warning", "info", "ok"):
-            row[sev] = sum(1 for f in found if f.get("severity") == sev)
-        row["most severe"] = f"[{found[0].get('severity')}] {found[0].get('verdict')}" if found else ""
+            row[sev] = None if name in recorded else sum(1 for f in found if f.get("severity") == sev)
+        row["most severe"] = ("" if name in recorded else
+                              f"[{found[0].get('severity')}] {found[0].get('verdict')}" if found else "")
         rows.append(row)
     return rows
 
 
 def overall_finding(findings: Sequence[Mapping[str, Any]], overview: Sequence[Mapping[str, Any]]) -> Finding:
-    """The summary verdict of a run: how many critical and warning findings, and the most severe one."""
+    """The summary verdict of a run: how many critical and warning findings, and the most severe one. ``findings``:
+    this run's own (:func:`split_recorded`); ``overview``: :func:`notebook_overview`'s rows, whose recorded notebooks
+    are listed apart (``numbers["recorded"]``)."""
     counts = {s: sum(1 for f in findings if f.get("severity") == s) for s in ("critical", "warning", "info", "ok")}
     written = [o["notebook"] for o in overview if o["result"] == "written"]
-    missing = [o["notebook"] for o in overview if o["result"] != "written"]
+    from_records = {o["notebook"]: o["result"].removeprefix("recorded run ") for o in overview
+                    if str(o["result"]).startswith("recorded run ")}
+    missing = [o["notebook"] for o in overview if o["result"] == "none"]
     if not findings:
         return Finding("findings.overall", "No findings in this run",
                        "No notebook of this run wrote findings: run the notebooks first (make report).", "warning",
@@ -79,8 +118,10 @@ def overall_finding(findings: Sequence[Mapping[str, Any]], overview: Sequence[Ma
         severity,
         (f"notebooks with a result: {', '.join(written)}",
          f"notebooks without one: {', '.join(missing) or 'none'}",
+         *(f"{nb} showed the recorded run {src}: its findings are not counted here" for nb, src in from_records.items()),
          *(f"[{f.get('severity')}] {f.get('notebook')}: {f.get('title')}" for f in findings[:5])),
-        {**{f"{k}_findings": v for k, v in counts.items()}, "notebooks": written, "missing": missing},
+        {**{f"{k}_findings": v for k, v in counts.items()}, "notebooks": written, "missing": missing,
+         "recorded": from_records},
         "computed")
 
 

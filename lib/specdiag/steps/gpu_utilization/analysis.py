@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from specdiag.findings import Finding
+from specdiag.hardware import gb_s
 from specdiag.stats import quantile  # noqa: F401 - re-exported (utilization.quantile)
 from specdiag.telemetry.sampler import METRIC_FIELDS
 
@@ -253,15 +254,17 @@ class DecodePrediction:
 
 
 def predict_decode_bandwidth(request: Mapping[str, Any], configs: Mapping[str, Mapping[str, Any] | None],
-                             memory_bandwidth_gb_s: float = 0.0, context_tokens: int = 0) -> DecodePrediction:
+                             memory_bandwidth_gb_s: float = 0.0, context_tokens: int = 0,
+                             hardware: Mapping[str, Any] | None = None) -> DecodePrediction:
     """What the bandwidth analysis predicts for a recorded request's decode: the bytes per step at the
     mid-decode context (prompt + half the new tokens), over its measured step time, against the peak.
 
-    The peak is the request's recorded ``hardware`` unless ``memory_bandwidth_gb_s`` (a parameter) is
-    given; ``context_tokens`` stands in for a prompt length the request did not record. Never raises for a
+    The peak is ``hardware`` (the run's one peak, ``specdiag.hardware.run_peaks``, as the notebook passes it), else
+    the request's recorded ``hardware``; ``memory_bandwidth_gb_s`` (a parameter) wins over both.
+    ``context_tokens`` stands in for a prompt length the request did not record. Never raises for a
     missing input: the returned ``note`` says what is missing and which parameter supplies it.
     """
-    hardware = dict(request.get("hardware") or {})
+    hardware = dict(hardware if hardware is not None else request.get("hardware") or {})
     if memory_bandwidth_gb_s and memory_bandwidth_gb_s > 0:
         hardware = {**hardware, "memory_bandwidth_gb_s": memory_bandwidth_gb_s, "memory_bandwidth_source": "parameter",
                     "memory_bandwidth_detail": f"given as a parameter: {memory_bandwidth_gb_s:g} GB/s", "error": None}
@@ -293,7 +296,7 @@ def prediction_lines(pred: DecodePrediction, measured_dram_pct: float | None) ->
     return [
         f"bytes per step: {b['bytes_per_step'] / 1e6:,.2f} MB at {b['context_tokens']:,} tokens of context (computed); "
         f"step time {step_ms:.2f} ms (measured); effective {p['effective_bytes_per_s'] / 1e9:,.2f} GB/s against a peak "
-        f"of {hw['memory_bandwidth_gb_s']:,.0f} GB/s ({source_label(hw.get('memory_bandwidth_source'))}: "
+        f"of {gb_s(float(hw['memory_bandwidth_gb_s']))} ({source_label(hw.get('memory_bandwidth_source'))}: "
         f"{hw.get('memory_bandwidth_detail', '')})",
         f"predicted DRAM bandwidth utilization during decode: {p['predicted_bw_util_pct']:.3g} % (computed); measured "
         f"median: {'n/a (no DRAM-bandwidth counter here)' if measured_dram_pct is None else f'{measured_dram_pct:.3g} %'}",
@@ -382,7 +385,7 @@ def utilization_findings(stats: Sequence[Mapping[str, Any]], request: Mapping[st
         ev = [f"the bandwidth analysis counts {prediction['bytes_per_step'] / 1e6:,.2f} MB per decode step "
               f"(computed); at the measured {prediction['step_s'] * 1e3:.2f} ms per step that is "
               f"{prediction['effective_bytes_per_s'] / 1e9:,.2f} GB/s, {_pct(pred)} of the "
-              f"{prediction['peak_bytes_per_s'] / 1e9:,.0f} GB/s peak (computed)",
+              f"{gb_s(prediction['peak_bytes_per_s'] / 1e9)} peak (computed)",
               f"the memory floor for that step is {prediction['floor_step_s'] * 1e3:.3g} ms (computed)"]
         numbers = {"predicted_bw_util_pct": pred, "measured_dram_bw_util_pct_median": dram}
         if dram is None:

@@ -62,24 +62,23 @@ def model_config_from_parameter(model_config: str) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-def peak_bandwidth(source_info: Mapping[str, Any], device_name: str | None, memory_bandwidth_gb_s: float = 0.0,
-                   gpu_index: int = 0) -> dict[str, Any]:
-    """Peak memory bandwidth of the sampled device (``hardware.HardwarePeaks.as_dict()``).
+def peak_bandwidth(run: Any, source_info: Mapping[str, Any], device_name: str | None,
+                   memory_bandwidth_gb_s: float = 0.0, server_info: Mapping[str, Any] | None = None,
+                   server_url: str = "") -> dict[str, Any]:
+    """The run's peak memory bandwidth (``hardware.run_peaks``: the figure every notebook of the run uses, resolved
+    once and kept in run.json), as ``HardwarePeaks.as_dict()``; ``{"error": ...}`` when there is none.
 
-    A parameter wins; NVML on this machine next; a remote GPU (Prometheus) by its name in the table;
-    the CPU fallback measures a host-memory copy (``specdiag.hardware.resolve_peaks``).
+    A parameter wins; then the run's recorded peak (00's); then the server's machine when it is this one; a
+    remote GPU sampled through Prometheus is looked up by its device name.
     """
-    from specdiag.hardware import resolve_peaks  # noqa: PLC0415
+    from specdiag.hardware import run_peaks  # noqa: PLC0415
 
-    given = memory_bandwidth_gb_s if memory_bandwidth_gb_s and memory_bandwidth_gb_s > 0 else None
-    kind = source_info.get("kind")
-    if kind == "nvml":
-        peaks = resolve_peaks(given, device="cuda", gpu_index=gpu_index, allow_measure=False)
-    elif kind == "prometheus":
-        peaks = resolve_peaks(given, device_name=device_name or "unknown GPU", allow_measure=False)
-    else:
-        peaks = resolve_peaks(given, device="cpu")
-    return peaks.as_dict()
+    remote_gpu = (device_name or "") if source_info.get("kind") == "prometheus" else ""
+    try:
+        return run_peaks(run, memory_bandwidth_gb_s, server_info=dict(server_info or {}), server_url=server_url,
+                         device_name=remote_gpu).as_dict()
+    except ValueError as exc:  # recorded; the page then says why there is no prediction
+        return {"error": str(exc)}
 
 
 def request_row(trace: Any, context_tokens: int, max_new_tokens: int, **extra: Any) -> dict[str, Any]:
@@ -154,10 +153,8 @@ def measure_utilization(run: Any, client: Any, source: TelemetrySource, context_
         configs = {"target": model_config_from_parameter(model_config), "drafter": None}
     described = source.describe()
     first_name = next((d.get("name") for d in described.get("devices", [])), None)
-    try:
-        hardware = peak_bandwidth(described, first_name, memory_bandwidth_gb_s, gpu_index)
-    except ValueError as exc:  # recorded; the page then says why there is no prediction
-        hardware = {"error": str(exc)}
+    hardware = peak_bandwidth(run, described, first_name, memory_bandwidth_gb_s, server_info,
+                              getattr(client, "base_url", ""))
     warm = None
     if warmup_tokens > 0:
         client.reset_cache()

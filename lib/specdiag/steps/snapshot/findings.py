@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from specdiag.findings import Finding
-from specdiag.hardware import HardwarePeaks
+from specdiag.hardware import HardwarePeaks, gb_s
 
 #: server_info keys whose rows the attention finding cites as evidence.
 ATTENTION_KEYS = ("attention_backend", "decode_attention_backend", "page_size", "kv_cache_dtype", "tp_size",
@@ -74,7 +74,7 @@ def peak_finding(peaks: HardwarePeaks | None, error: str | None, where: str, rec
     bw = peaks.memory_bandwidth
     return Finding(
         "snapshot.peak_bandwidth", "Peak memory bandwidth",
-        f"{peaks.device_name}: {peaks.memory_bandwidth_gb_s:,.1f} GB/s per device ({bw.label}).",
+        f"{peaks.device_name}: {gb_s(peaks.memory_bandwidth_gb_s)} per device ({bw.label}).",
         "info", (bw.detail, f"hardware of: {where}"),
         {"memory_bandwidth_gb_s": peaks.memory_bandwidth_gb_s, "matmul_bf16_tflops": peaks.matmul_tflops,
          "memory_bandwidth_source": bw.source},
@@ -92,7 +92,7 @@ def snapshot_findings(server_info: Mapping[str, Any], settings: Sequence[Mapping
 def peak_rows(peaks: HardwarePeaks) -> list[dict[str, Any]]:
     """The peaks as table rows ``{peak, value, device, source, detail}`` with labelled sources."""
     return [
-        {"peak": "memory bandwidth", "value": f"{peaks.memory_bandwidth_gb_s:,.1f} GB/s", "device": peaks.device_name,
+        {"peak": "memory bandwidth", "value": gb_s(peaks.memory_bandwidth_gb_s), "device": peaks.device_name,
          "source": peaks.memory_bandwidth.label, "detail": peaks.memory_bandwidth.detail},
         {"peak": "bf16 matmul", "value": f"{peaks.matmul_tflops:,.3g} TFLOPS" if peaks.matmul else "unknown",
          "device": peaks.device_name, "source": peaks.matmul.label if peaks.matmul else "-",

@@ -1,0 +1,254 @@
+"""07's opening paragraph: what is slow, how far from its floor, the most likely cause, and the fix with its
+measured effect, from this run's findings (pure).
+
+Every clause is built from a finding's ``numbers`` (the notebook that measured them is named); a step that did not
+run, or found nothing, gives a sentence saying so, never a claim. Findings taken from a recorded run (a result's
+``recorded_from``) are not this run's and must not be passed in (``overview.split_recorded``).
+
+The parts, and the findings they read:
+
+- slow: 01's ``sweep.decode_collapse`` (decode tok/s at the shortest and longest context) and
+  ``sweep.step_time_slope`` (ms per verify step there); without 01, 05's ``bandwidth.far_from_floor`` step.
+- floor: 05's ``bandwidth.far_from_floor`` (measured step over its memory floor, % of the peak).
+- cause: the most severe of the candidates below (ties: in this order), each with the numbers of its finding:
+  the attention over the KV (05's ``bandwidth.slope``: the step grows far faster than its bytes), an idle GPU
+  (02's ``utilization.decode_gpu_idle``), a per-step cost that does not grow with context (05: far from the floor
+  while the slope follows the bytes), the drafter's cost (03's ``drafter.measured_cost``), a drafter that fails with
+  context (04's ``probe.predictable_falls``), and the text itself (04's ``probe.novel_is_text_difficulty`` beside
+  01's low commit length).
+- fix: a finding whose ``numbers`` hold ``fix`` (what was changed, in words) and ``fix_speedup_x`` (time before /
+  after, > 1 is faster; optional ``fix_context_tokens``): a fix measured in this run. Without one, the paragraph
+  says no fix was measured here and names where one would be (from the cause), as a pointer, not a result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from specdiag.findings import SEVERITY_ORDER, Finding
+
+#: Keys of a finding's numbers that mark a fix measured in the run (see the module docstring).
+FIX_KEYS = ("fix", "fix_speedup_x")
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """The four parts of 07's opening paragraph, each a sentence, and the numbers and findings they came from."""
+
+    slow: str
+    floor: str
+    cause: str
+    fix: str
+    severity: str = "info"                       # the most severe finding the paragraph rests on
+    numbers: dict[str, Any] = field(default_factory=dict)
+    based_on: tuple[str, ...] = ()               # "notebook: finding id" of every finding used
+
+    @property
+    def paragraph(self) -> str:
+        return " ".join(s for s in (self.slow, self.floor, self.cause, self.fix) if s)
+
+    def as_finding(self) -> Finding:
+        return Finding("findings.diagnosis", "Diagnosis", self.paragraph, self.severity,  # type: ignore[arg-type]
+                       tuple(f"from {b}" for b in self.based_on) or ("no finding of this run to rest on",),
+                       dict(self.numbers), "computed")
+
+
+def _tok(n: Any) -> str:
+    from specdiag.plots import format_tokens  # noqa: PLC0415 - matplotlib's ticker, only when a paragraph is made
+
+    return f"{format_tokens(float(n))} tokens"
+
+
+def _num(x: float) -> str:
+    """Three significant digits, thousands separated: 0.0123, 4.56, 78.9, 1,234."""
+    x = float(x)
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
+
+
+#: The numbers each finding must hold to be read (a finding without them, from an older run, is passed over).
+NEEDS: dict[str, tuple[str, ...]] = {
+    "sweep.decode_collapse": ("decode_collapse_x", "decode_tok_s_first", "decode_tok_s_last", "context_tokens_first",
+                              "context_tokens_last"),
+    "sweep.step_time_slope": ("step_ms_first", "step_ms_last", "context_tokens_first"),
+    "bandwidth.far_from_floor": ("context_tokens", "measured_ms", "floor_ms", "measured_over_floor_x"),
+    "bandwidth.slope": ("measured_slope_ms_per_1k_tokens", "slope_ratio_x"),
+    "drafter.measured_cost": ("growth_x", "draft_ms_first", "draft_ms_last", "context_tokens_first",
+                              "context_tokens_last"),
+    "probe.predictable_falls": ("drop_first_to_last",),
+    "sweep.commit_length_long_context": ("commit_length_last", "context_tokens_last"),
+}
+
+
+def _find(findings: Sequence[Mapping[str, Any]], fid: str) -> Mapping[str, Any] | None:
+    """The finding ``fid`` when its numbers hold what :data:`NEEDS` lists, else None."""
+    for f in findings:
+        if f.get("id") == fid and all((f.get("numbers") or {}).get(k) is not None for k in NEEDS.get(fid, ())):
+            return f
+    return None
+
+
+def _rank(f: Mapping[str, Any] | None) -> int:
+    return SEVERITY_ORDER.get(str((f or {}).get("severity")), 9)
+
+
+def _by(f: Mapping[str, Any]) -> str:
+    return f"{f.get('notebook', '?')}: {f.get('id')}"
+
+
+def _slow(findings: Sequence[Mapping[str, Any]], used: list[Mapping[str, Any]], numbers: dict[str, Any]) -> str:
+    dec, step = _find(findings, "sweep.decode_collapse"), _find(findings, "sweep.step_time_slope")
+    far = _find(findings, "bandwidth.far_from_floor")
+    if dec:
+        n = dec.get("numbers") or {}
+        used.append(dec)
+        numbers.update(decode_tok_s_first=n.get("decode_tok_s_first"), decode_tok_s_last=n.get("decode_tok_s_last"),
+                       context_tokens_first=n.get("context_tokens_first"), context_tokens_last=n.get("context_tokens_last"),
+                       decode_collapse_x=n.get("decode_collapse_x"))
+        ratio = float(n["decode_collapse_x"])
+        text = (f"Decode falls {_num(ratio)}x with context, from {_num(n['decode_tok_s_first'])} tokens/s at "
+                f"{_tok(n['context_tokens_first'])} to {_num(n['decode_tok_s_last'])} at {_tok(n['context_tokens_last'])}"
+                if ratio >= 1.05 else
+                f"Decode holds up with context: {_num(n['decode_tok_s_first'])} tokens/s at "
+                f"{_tok(n['context_tokens_first'])}, {_num(n['decode_tok_s_last'])} at {_tok(n['context_tokens_last'])}")
+        if step:
+            s = step.get("numbers") or {}
+            used.append(step)
+            numbers.update(step_ms_first=s.get("step_ms_first"), step_ms_last=s.get("step_ms_last"))
+            text += (f"; a verify step takes {_num(s['step_ms_last'])} ms there against {_num(s['step_ms_first'])} ms "
+                     f"at {_tok(s['context_tokens_first'])}")
+        return text + f" ({dec.get('source', 'measured')}, {dec.get('notebook', '01_baseline_sweep')})."
+    if far:
+        n = far.get("numbers") or {}
+        used.append(far)
+        numbers.update(step_ms_last=n.get("measured_ms"), context_tokens_last=n.get("context_tokens"))
+        return (f"A verify step at {_tok(n['context_tokens'])} takes {_num(n['measured_ms'])} ms "
+                f"({far.get('source', 'measured')}, {far.get('notebook')}); the baseline sweep's decode speeds are not "
+                f"in this run.")
+    return ("This run measured no decode speed (01_baseline_sweep wrote no decode finding: it did not run, or every "
+            "request failed), so nothing here is judged slow.")
+
+
+def _floor(findings: Sequence[Mapping[str, Any]], used: list[Mapping[str, Any]], numbers: dict[str, Any]) -> str:
+    far = _find(findings, "bandwidth.far_from_floor")
+    if not far:
+        return "No memory floor was computed for this run (05_bandwidth_analysis wrote no finding)."
+    n = far.get("numbers") or {}
+    if far not in used:
+        used.append(far)
+    numbers.update(measured_over_floor_x=n.get("measured_over_floor_x"), floor_ms=n.get("floor_ms"),
+                   pct_of_peak_total=n.get("pct_of_peak_total"), peak_gb_s=n.get("peak_gb_s"))
+    ratio = float(n["measured_over_floor_x"])
+    pct = n.get("pct_of_peak_total")
+    return (f"At {_tok(n['context_tokens'])} the step is {_num(ratio)}x its memory floor of {_num(n['floor_ms'])} ms"
+            + (f", moving its bytes at {_num(pct)}% of the {_num(n['peak_gb_s'])} GB/s peak" if pct is not None else "")
+            + f" (computed, {far.get('notebook', '05_bandwidth_analysis')}).")
+
+
+def _cause_candidates(findings: Sequence[Mapping[str, Any]]) -> list[tuple[Mapping[str, Any], str, dict[str, Any]]]:
+    """(finding, clause, numbers) of each cause the findings support, in tie-break order."""
+    out: list[tuple[Mapping[str, Any], str, dict[str, Any]]] = []
+    slope, far = _find(findings, "bandwidth.slope"), _find(findings, "bandwidth.far_from_floor")
+    if slope and _rank(slope) <= SEVERITY_ORDER["warning"]:
+        n = slope.get("numbers") or {}
+        out.append((slope, f"the work that grows with context, the attention over the KV cache: each 1,000 tokens add "
+                           f"{_num(n['measured_slope_ms_per_1k_tokens'])} ms to a step, {_num(n['slope_ratio_x'])}x what "
+                           f"the extra bytes cost at the peak",
+                    {"measured_slope_ms_per_1k_tokens": n.get("measured_slope_ms_per_1k_tokens"),
+                     "slope_ratio_x": n.get("slope_ratio_x")}))
+    idle = _find(findings, "utilization.decode_gpu_idle")
+    if idle:
+        n = idle.get("numbers") or {}
+        busy = n.get("decode_gpu_util_pct_median")
+        out.append((idle, f"the host side: no GPU kernel runs for about {_num(100 - float(busy))}% of decode"
+                    if busy is not None else "the host side: the GPU idles through much of decode",
+                    {"decode_gpu_util_pct_median": busy}))
+    if far and _rank(far) <= SEVERITY_ORDER["warning"] and slope and _rank(slope) > SEVERITY_ORDER["warning"]:
+        n, s = far.get("numbers") or {}, slope.get("numbers") or {}
+        out.append((far, f"a per-step cost that does not grow with context (framework, launches, host work): the step is "
+                         f"{_num(n['measured_over_floor_x'])}x its floor while its growth is only "
+                         f"{_num(s['slope_ratio_x'])}x what its bytes explain",
+                    {"measured_over_floor_x": n.get("measured_over_floor_x"), "slope_ratio_x": s.get("slope_ratio_x")}))
+    draft = _find(findings, "drafter.measured_cost")
+    if draft and _rank(draft) <= SEVERITY_ORDER["warning"]:
+        n = draft.get("numbers") or {}
+        out.append((draft, f"the drafter: a draft step grows {_num(n['growth_x'])}x, from {_num(n['draft_ms_first'])} to "
+                           f"{_num(n['draft_ms_last'])} ms between {_tok(n['context_tokens_first'])} and "
+                           f"{_tok(n['context_tokens_last'])}",
+                    {"draft_growth_x": n.get("growth_x")}))
+    falls = _find(findings, "probe.predictable_falls")
+    if falls:
+        n = falls.get("numbers") or {}
+        out.append((falls, f"the drafter at long context: on predictable text its commit length drops "
+                           f"{_num(100 * float(n['drop_first_to_last']))}% from the shortest to the longest context",
+                    {"predictable_drop_first_to_last": n.get("drop_first_to_last")}))
+    text, low = _find(findings, "probe.novel_is_text_difficulty"), _find(findings, "sweep.commit_length_long_context")
+    if text and low and _rank(low) <= SEVERITY_ORDER["warning"]:
+        n, c = text.get("numbers") or {}, low.get("numbers") or {}
+        out.append((low, f"the text, not a fault: novel prose commits {_num(c['commit_length_last'])} tokens per step at "
+                         f"{_tok(c['context_tokens_last'])}, and predictable text at the same contexts commits far more "
+                         f"(04), so the drafter works and the prose is hard to guess",
+                    {"commit_length_last": c.get("commit_length_last"), "text_share": n.get("text_share")}))
+    return out
+
+
+def _cause(findings: Sequence[Mapping[str, Any]], used: list[Mapping[str, Any]],
+           numbers: dict[str, Any]) -> tuple[str, str | None]:
+    candidates = _cause_candidates(findings)
+    if not candidates:
+        ran = sorted({str(f.get("notebook")) for f in findings if f.get("notebook")})
+        return ("No finding of this run points at a cause"
+                + (f" (the notebooks that ran: {', '.join(ran)})" if ran else "")
+                + ": the floor and slope (05), GPU idle time (02), drafter cost (03) and the commit probe (04) say "
+                  "where to look when they run.", None)
+    ordered = sorted(enumerate(candidates), key=lambda ic: (_rank(ic[1][0]), ic[0]))
+    (_, (finding, clause, nums)), rest = ordered[0], [c for _, c in ordered[1:]]
+    used.append(finding)
+    numbers.update(nums, cause=finding.get("id"))
+    also = [f"{c} ({f.get('notebook')})" for f, c, _ in rest if _rank(f) <= SEVERITY_ORDER["warning"]][:2]
+    return (f"The most likely cause is {clause} ({finding.get('notebook')})"
+            + (f"; also {'; '.join(also)}" if also else "") + ".", str(finding.get("id")))
+
+
+#: Where a fix for each cause would be measured: a pointer the paragraph gives when the run measured no fix.
+FIX_POINTERS = {
+    "bandwidth.slope": "a verify-attention kernel that splits the KV across the GPU (06_kernel_ab on a GPU, or the "
+                       "SGLang plugin with PLUGIN=splitkv and 08 against this run) is where one would be measured",
+    "bandwidth.far_from_floor": "a profile of the step (02's torch-profiler timeline) shows where the fixed cost sits",
+    "utilization.decode_gpu_idle": "02's torch-profiler timeline shows which host work leaves the GPU idle",
+    "drafter.measured_cost": "03 shows whether a sliding window or a draft window would bound the drafter",
+    "probe.predictable_falls": "03 shows whether the drafter's attention is bounded at long context",
+    "sweep.commit_length_long_context": "no fix is needed for the text itself",
+}
+
+
+def _fix(findings: Sequence[Mapping[str, Any]], cause: str | None, used: list[Mapping[str, Any]],
+         numbers: dict[str, Any]) -> str:
+    fixes = [f for f in findings if all(k in (f.get("numbers") or {}) for k in FIX_KEYS)]
+    if fixes:
+        best = max(fixes, key=lambda f: float(f["numbers"]["fix_speedup_x"]))
+        n = best["numbers"]
+        used.append(best)
+        numbers.update(fix=n["fix"], fix_speedup_x=n["fix_speedup_x"], fix_context_tokens=n.get("fix_context_tokens"))
+        where = f" at {_tok(n['fix_context_tokens'])}" if n.get("fix_context_tokens") else ""
+        return (f"The fix measured in this run, {n['fix']}, makes it {_num(n['fix_speedup_x'])}x faster{where} "
+                f"({best.get('source', 'measured')}, {best.get('notebook')}).")
+    pointer = FIX_POINTERS.get(cause or "")
+    return "No fix was measured in this run" + (f"; {pointer}." if pointer else ".")
+
+
+def diagnose(findings: Sequence[Mapping[str, Any]]) -> Diagnosis:
+    """The diagnosis from this run's findings (``overview.collect_findings`` of this run's own results, each
+    with its ``notebook``). Pure; see the module docstring for the findings each part reads."""
+    used: list[Mapping[str, Any]] = []
+    numbers: dict[str, Any] = {}
+    slow = _slow(findings, used, numbers)
+    floor = _floor(findings, used, numbers)
+    cause, cause_id = _cause(findings, used, numbers)
+    fix = _fix(findings, cause_id, used, numbers)
+    worst = min((f.get("severity", "info") for f in used), key=lambda s: SEVERITY_ORDER.get(s, 9), default="info")
+    seen: list[str] = []
+    for f in used:
+        if _by(f) not in seen:
+            seen.append(_by(f))
+    return Diagnosis(slow, floor, cause, fix, worst, {k: v for k, v in numbers.items() if v is not None}, tuple(seen))
