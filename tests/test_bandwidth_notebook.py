@@ -104,9 +104,10 @@ def test_live_embedded_server(run_notebook: Callable[..., Path], tmp_path: Path,
 
 @pytest.mark.notebook
 def test_plugin_arm_with_its_stock_pair_projects_per_layer(run_notebook: Callable[..., Path], tmp_path: Path) -> None:
-    """05 on a plugin run with the stock run of the same call as its pair (measured steps, computed rest), on an untraced
-    pair (data/reference/sglang-h200-mla2-plugin-check-bf16 and its stock/): the step-based projection, and one line
-    saying why there is no traced one. The traced pair with params/plugin-projection.yaml: test_plugin_reference_runs."""
+    """05 on a plugin run with the stock run of the same call as its pair (measured steps, computed rest), on an
+    untraced pair (data/reference/sglang-h200-mla2-plugin-check-bf16 and its stock/): the step-based projection, and
+    one line saying why there is no traced one. The traced pair (params/plugin-projection.yaml):
+    tests/test_plugin_reference_runs.py."""
     check = REFERENCE_DIR / "sglang-h200-mla2-plugin-check-bf16"
     run_notebook("05_bandwidth_analysis", replay_dir=str(check), stock_dir=str(check / "stock"), project_layers=61,
                  project_context=185000)

@@ -67,11 +67,12 @@ def test_each_run_opens_and_says_where_it_came_from(name: str) -> None:
     assert isinstance(run.meta, dict) and run.meta, f"{name}/run.json is empty"
     assert list(run.path.glob("*.jsonl")), f"{name} holds no table"
     readme = REFERENCE_DIR / name / "README.md"
-    assert readme.exists() and readme.read_text().startswith(f"# {name}"), f"{name}/README.md: provenance, titled by the run"
+    assert readme.exists() and readme.read_text().startswith(f"# {name}"), f"{name}/README.md: its provenance, titled"
 
 
 def test_params_files_name_runs_that_exist() -> None:
-    named = {m for p in PARAMS_DIR.glob("*.yaml") for m in re.findall(r"data/reference/([\w.-]+(?:/[\w.-]+)?)", p.read_text())}
+    pattern = r"data/reference/([\w.-]+(?:/[\w.-]+)?)"
+    named = {m for p in PARAMS_DIR.glob("*.yaml") for m in re.findall(pattern, p.read_text())}
     assert named, "params/compare-plugin*.yaml and plugin-projection.yaml name reference runs"
     for ref in sorted(named):
         assert (PROJECT_ROOT / "data" / "reference" / ref / "run.json").exists(), f"params name data/reference/{ref}"

@@ -175,7 +175,8 @@ def test_cli_traced_on_the_traced_arms(capsys):
 
 
 def test_cli_traced_without_traces_names_the_run(capsys):
-    assert vp.main(["--stock", str(PROJECT_ROOT / "data/reference/sglang-h200-mla2-stock-185k"),
-                    "--fixed", str(PROJECT_ROOT / "data/reference/sglang-h200-mla2-plugin-check-bf16"), "--traced"]) == 2
+    ref = PROJECT_ROOT / "data/reference"
+    assert vp.main(["--stock", str(ref / "sglang-h200-mla2-stock-185k"),
+                    "--fixed", str(ref / "sglang-h200-mla2-plugin-check-bf16"), "--traced"]) == 2
     err = capsys.readouterr().err
     assert "no traced projection: sglang-h200-mla2-stock-185k: no step_profile rows" in err
