@@ -104,31 +104,31 @@ def test_live_embedded_server(run_notebook: Callable[..., Path], tmp_path: Path,
 
 @pytest.mark.notebook
 def test_plugin_arm_with_its_stock_pair_projects_per_layer(run_notebook: Callable[..., Path], tmp_path: Path) -> None:
-    """Issue 12's H200 arms: 05 on the plugin run with the stock run as its pair, from params/plugin-projection.yaml
-    (measured steps, computed rest)."""
-    from specdiag import report  # noqa: PLC0415
-
-    params = report.load_params_file("params/plugin-projection.yaml")["05_bandwidth_analysis"]
-    assert params["stock_dir"] == "data/reference/h200-sglang-mla-stock"
-    run_notebook("05_bandwidth_analysis", replay_dir=str(REFERENCE_DIR / "h200-sglang-mla-plugin-splitkv"), **params)
+    """05 on a plugin run with the stock run of the same call as its pair (measured steps, computed rest), on an
+    untraced pair (data/reference/sglang-h200-mla2-plugin-check-bf16 and its stock/): the step-based projection, and
+    one line saying why there is no traced one. The traced pair (params/plugin-projection.yaml):
+    tests/test_plugin_reference_runs.py."""
+    check = REFERENCE_DIR / "sglang-h200-mla2-plugin-check-bf16"
+    run_notebook("05_bandwidth_analysis", replay_dir=str(check), stock_dir=str(check / "stock"), project_layers=61,
+                 project_context=185000)
     pair = _result(tmp_path / "run")["metrics"]["stock_pair"]
     assert pair["layers_measured"] == 2 and pair["layers_target"] == 61 and pair["extrapolated"]
     last = pair["rows"][-1]
     assert last["context_tokens"] == 131072
-    # (54.26 - 8.65 ms) / 2 layers, the measured steps of the two committed sweeps
+    # (57.77 - 5.94 ms) / 2 layers, the measured steps of the two committed sweeps
     assert last["saved_per_layer_ms"] == pytest.approx((last["stock_step_ms"] - last["fixed_step_ms"]) / 2)
-    assert last["saved_per_layer_ms"] == pytest.approx(22.81, abs=0.01)
+    assert last["saved_per_layer_ms"] == pytest.approx(25.92, abs=0.01)
     assert last["projected_saved_ms"] == pytest.approx(61 * last["saved_per_layer_ms"])
     assert pair["target_stock_growth_ms"] > pair["target_fixed_growth_ms"] > 0
     # these two runs were not traced: the traced projection says so in one line
     res = _result(tmp_path / "run")["metrics"]
     assert res["traced_projection"] is None and res["traced_vs_step_growth"] == []
-    assert res["traced_projection_missing"].startswith("no traces: h200-sglang-mla-stock has no step_profile rows")
+    assert res["traced_projection_missing"].startswith("no traces: stock has no step_profile rows")
 
 
 @pytest.mark.notebook
 def test_without_a_stock_pair_there_is_no_projection(run_notebook: Callable[..., Path], tmp_path: Path) -> None:
-    run_notebook("05_bandwidth_analysis", replay_dir=str(REFERENCE_DIR / "h200-sglang-mla-stock"))
+    run_notebook("05_bandwidth_analysis", replay_dir=str(REFERENCE_DIR / "sglang-h200-mla2-stock-185k"))
     assert _result(tmp_path / "run")["metrics"]["stock_pair"] is None
 
 

@@ -12,7 +12,7 @@ import pytest
 from specdiag.paths import REFERENCE_DIR
 from specdiag.runs import Run
 
-H200_RUN = REFERENCE_DIR / "h200-embedded-utilization"
+H200_RUN = REFERENCE_DIR / "embedded-h200-utilization"
 
 
 def result(run_dir: Path) -> dict[str, Any]:
@@ -48,11 +48,11 @@ def test_replays_the_recorded_h200_run(run_notebook: Callable[..., Path], tmp_pa
     assert (H200_RUN / "run.json").exists(), f"the recorded H200 run is missing at {H200_RUN}"
     run_dir = tmp_path / "replay"
     executed = run_notebook("02_gpu_utilization", replay_dir=str(H200_RUN), run_dir=str(run_dir))
-    assert "no torch profiler traces in data/reference/h200-embedded-utilization" in executed.read_text()
+    assert "no torch profiler traces in data/reference/embedded-h200-utilization" in executed.read_text()
     out = result(run_dir)
     m = out["metrics"]
     assert m["telemetry_source"] == "nvml" and m["device_name"] == "NVIDIA H200"
-    assert m["replay_of"] == "data/reference/h200-embedded-utilization"  # project-relative: shared pages
+    assert m["replay_of"] == "data/reference/embedded-h200-utilization"  # project-relative: shared pages
     assert (m["context_tokens"], m["completion_tokens"], m["request_error"]) == (12288, 1400, None)
     assert m["decode_s"] == pytest.approx(10.7047, abs=1e-3)
     assert m["step_ms"] == pytest.approx(39.068, abs=1e-2)
@@ -68,16 +68,16 @@ def test_replays_the_recorded_h200_run(run_notebook: Callable[..., Path], tmp_pa
     assert severities == {"utilization.decode_gpu_idle": "warning", "utilization.decode_bandwidth": "warning"}
 
 
-S3 = REFERENCE_DIR / "h200-sglang-mla-s3-plugin"
+PLUGIN_TRACED = REFERENCE_DIR / "sglang-h200-mla2-plugin-traced"
 
 
 @pytest.mark.notebook
 def test_replays_a_run_with_traces_and_no_telemetry(run_notebook: Callable[..., Path], tmp_path: Path) -> None:
-    """The s3 plugin run has no NVML telemetry, only torch profiler traces: 02 says what is missing and draws the
+    """The traced plugin run has no NVML telemetry, only torch profiler traces: 02 says what is missing and draws the
     traces. Pinned to what the committed traces give (computed by torch_trace): at 131,072 tokens the plugin's
     traced step is 5.14 ms with 0.607 ms of GPU work, 11.8 % busy (median of 11 complete steps)."""
-    run_dir = tmp_path / "s3"
-    out_nb = run_notebook("02_gpu_utilization", replay_dir=str(S3), run_dir=str(run_dir), trace_steps=4)
+    run_dir = tmp_path / "traced"
+    out_nb = run_notebook("02_gpu_utilization", replay_dir=str(PLUGIN_TRACED), run_dir=str(run_dir), trace_steps=4)
     out = result(run_dir)
     m = out["metrics"]
     assert m["telemetry_recorded"] is False and m["telemetry_source"] is None and m["decode_gpu_util_pct_median"] is None
@@ -103,7 +103,7 @@ def test_stock_trace_is_busy_and_the_page_is_offline(tmp_path: Path) -> None:
     from specdiag import report
 
     out = tmp_path / "stock"
-    assert report.main(["replay", "--run", str(REFERENCE_DIR / "h200-sglang-mla-s3-stock"), "--run-dir", str(out),
+    assert report.main(["replay", "--run", str(REFERENCE_DIR / "sglang-h200-mla2-stock-traced"), "--run-dir", str(out),
                         "--notebooks", "02_gpu_utilization"]) == 0
     m = result(out)["metrics"]
     (stock,) = m["trace_timelines"]
@@ -119,7 +119,7 @@ def test_replay_skips_02_only_without_telemetry_and_traces(tmp_path: Path) -> No
     from specdiag.report import REPLAY_NEEDS, replay_need_met
 
     (need,) = REPLAY_NEEDS["02_gpu_utilization"]
-    assert replay_need_met(Run.open(S3), need) and replay_need_met(Run.open(H200_RUN), need)
+    assert replay_need_met(Run.open(PLUGIN_TRACED), need) and replay_need_met(Run.open(H200_RUN), need)
     bare = Run.create(tmp_path / "bare")
     assert not replay_need_met(bare, need)
     (bare.path / "profiles").mkdir()

@@ -1,4 +1,5 @@
-"""specdiag.identity on synthetic rows, and on the identity rows recorded on the H200 (session 3)."""
+"""specdiag.identity on synthetic rows, and on the identity rows recorded on the H200
+(data/reference/sglang-h200-mla2-plugin-traced/device*/identity.jsonl)."""
 
 from __future__ import annotations
 
@@ -50,8 +51,8 @@ def test_summarize_counts_and_lists_the_non_ties():
 
 
 @pytest.mark.parametrize("path,prompts,identical", [
-    ("h200-sglang-mla-s3-plugin/device/identity.jsonl", 23, 16),       # TP 1, measured 2026-11-30
-    ("h200-sglang-mla-s3-plugin/device-tp2/identity.jsonl", 21, 17),   # TP 2
+    ("sglang-h200-mla2-plugin-traced/device/identity.jsonl", 23, 16),       # TP 1, measured 2026-11-30
+    ("sglang-h200-mla2-plugin-traced/device-tp2/identity.jsonl", 21, 17),   # TP 2
 ])
 def test_recorded_differences_are_all_rounding_ties(path, prompts, identical):
     rows = [json.loads(line) for line in (REFERENCE_DIR / path).read_text().splitlines()]

@@ -1,10 +1,11 @@
 """Contract tests against real SGLang 0.5.17 bytes, recorded on the H200 (tests/data/sglang-0.5.17/).
 
-scripts/record_sglang.py kept the raw exchanges of three real servers (2026-11-30, data/reference/h200-sglang-*):
-the tiny trained target with its STANDALONE drafter, the same with NGRAM, and an MLA model with NGRAM. Each test
-feeds those bytes through the client's parsing (SSE decoder, trace assembly, spec fields, settings and snapshot
-rows, metrics parser, error messages), directly and over HTTP from tests/sglang_replay_server.py (which answers
-with the recorded bytes, streams in the chunks they arrived in), and asserts the values the real server sent.
+scripts/record_sglang.py kept the raw exchanges of three real servers (2026-11-30; their runs are
+data/reference/sglang-h200-tiny-* and sglang-h200-mla2-stock-185k): the tiny trained target with its STANDALONE
+drafter, the same with NGRAM, and an MLA model with NGRAM. Each test feeds those bytes through the client's parsing
+(SSE decoder, trace assembly, spec fields, settings and snapshot rows, metrics parser, error messages), directly and
+over HTTP from tests/sglang_replay_server.py (which answers with the recorded bytes, streams in the chunks they
+arrived in), and asserts the values the real server sent.
 """
 
 from __future__ import annotations
@@ -200,7 +201,7 @@ def test_metrics_scrapes(replay) -> None:
 
 
 def test_decode_log_lines_of_the_real_server() -> None:
-    lines = (ROOT / "data/reference/h200-sglang-tiny-standalone/server.log").read_text().splitlines()
+    lines = (ROOT / "data/reference/sglang-h200-tiny-standalone/server.log").read_text().splitlines()
     decoded = parse_decode_log(lines)
     assert len(decoded) == sum("Decode batch" in line for line in lines) == 6
     assert (decoded[0].running_req, decoded[0].accept_len, decoded[0].accept_rate, decoded[0].gen_throughput_tok_s) == (
@@ -236,7 +237,7 @@ def test_probe_summary_of_the_recorded_h200_rows_is_consistent() -> None:
     from specdiag.steps.commit_probe import probe as cp
     from specdiag.runs import Run
 
-    rows = Run.open(ROOT / "data/reference/h200-sglang-tiny-standalone").rows(cp.PROBE_TABLE)
+    rows = Run.open(ROOT / "data/reference/sglang-h200-tiny-standalone").rows(cp.PROBE_TABLE)
     raw = next(r for r in rows if r["kind"] == "predictable" and r["context_tokens"] == 1024)
     assert raw["accepted_drafts"] == pytest.approx(56 / 11) and raw["commit_length"] == pytest.approx(63 / 11)
     summary = {(s["kind"], s["context_tokens"]): s for s in cp.summarize(rows)}
@@ -254,7 +255,7 @@ def test_redaction_keeps_sglang_0517_numbers_and_still_hides_keys() -> None:
     assert info["tbo_token_distribution_threshold"] == REDACTED  # as recorded, before the fix
     assert model["embedding"]["bcg"]["capture_token_budget"] == REDACTED
     # The real values, from the server log's ServerArgs line: tbo_token_distribution_threshold=0.48.
-    log = (ROOT / "data/reference/h200-sglang-tiny-standalone/server.log").read_text()
+    log = (ROOT / "data/reference/sglang-h200-tiny-standalone/server.log").read_text()
     assert "tbo_token_distribution_threshold=0.48" in log
     out = redact({"tbo_token_distribution_threshold": 0.48, "bcg": {"capture_token_budget": 8192},
                   "api_key": "abc", "admin_api_key": "def", "ssl_keyfile_password": "ghi", "hf_token": "jkl"})

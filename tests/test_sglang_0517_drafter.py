@@ -1,4 +1,4 @@
-"""03 on the real SGLang 0.5.17 run (data/reference/h200-sglang-tiny-standalone): the engine's behaviour decides.
+"""03 on the real SGLang 0.5.17 run (data/reference/sglang-h200-tiny-standalone): the engine's behaviour decides.
 
 The drafter window check recorded on the H200 (the shipped drafter and its all-full-attention copy drafted alike
 at every context) must turn the configuration's 2 sliding + 1 full layers into 3 full layers as the engine ran
@@ -16,7 +16,7 @@ from specdiag.steps.drafter_inspection import analysis as drafter
 from specdiag.runs import Run
 
 ROOT = Path(__file__).resolve().parents[1]
-RUN = ROOT / "data/reference/h200-sglang-tiny-standalone"
+RUN = ROOT / "data/reference/sglang-h200-tiny-standalone"
 
 
 def _run() -> Run:

@@ -1,5 +1,5 @@
-"""The real SGLang 0.5.17 reference runs (data/reference/h200-sglang-*) replayed through their notebooks on a CPU:
-what each page must say from the H200's numbers (issue 10)."""
+"""The real SGLang 0.5.17 reference runs (data/reference/sglang-h200-tiny-*, sglang-h200-mla2-stock-185k) replayed
+through their notebooks on a CPU: what each page must say from the H200's numbers."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 
 from specdiag.paths import REFERENCE_DIR
 
-TINY = REFERENCE_DIR / "h200-sglang-tiny-standalone"
-MLA = REFERENCE_DIR / "h200-sglang-mla-ngram"
+TINY = REFERENCE_DIR / "sglang-h200-tiny-standalone"
+MLA = REFERENCE_DIR / "sglang-h200-mla2-stock-185k"
 
 
 def _findings(tmp_path: Path, name: str) -> dict[str, Any]:

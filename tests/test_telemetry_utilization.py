@@ -254,7 +254,7 @@ def test_decode_prediction_of_the_recorded_h200_request() -> None:
     from specdiag.runs import Run
     from specdiag.steps.gpu_utilization.analysis import predict_decode_bandwidth, prediction_lines
 
-    (request,) = Run.open(REFERENCE_DIR / "h200-embedded-utilization").rows("telemetry_request")
+    (request,) = Run.open(REFERENCE_DIR / "embedded-h200-utilization").rows("telemetry_request")
     pred = predict_decode_bandwidth(request, request["model_configs"])
     assert pred.note == "" and pred.step_bytes["context_tokens"] == 12988
     assert pred.step_bytes["bytes_per_step"] / 1e6 == pytest.approx(266, abs=1)

@@ -17,8 +17,8 @@ from specdiag.steps.gpu_utilization import timeline as T
 from specdiag.telemetry import torch_trace as tt
 from specdiag.telemetry.intervals import innermost_segments, union_us
 
-S3 = REFERENCE_DIR / "h200-sglang-mla-s3-plugin"
-S3_STOCK = REFERENCE_DIR / "h200-sglang-mla-s3-stock"
+PLUGIN_TRACED = REFERENCE_DIR / "sglang-h200-mla2-plugin-traced"
+STOCK_TRACED = REFERENCE_DIR / "sglang-h200-mla2-stock-traced"
 
 
 def same(got: Any, want: Any) -> bool:
@@ -169,17 +169,17 @@ def test_find_traces(tmp_path: Path) -> None:
     assert T.find_traces(Run.create(tmp_path / "empty")) == ([], [])
 
 
-# --- the committed H200 traces (data/reference/h200-sglang-mla-s3-*) ------------------------------------------
+# --- the committed H200 traces (data/reference/sglang-h200-mla2-*-traced) ------------------------------------------
 def test_committed_traces_parse_fast_and_match_their_step_rows() -> None:
     t0 = time.perf_counter()
-    timelines, notes = T.run_timelines(Run.open(S3), 4)
+    timelines, notes = T.run_timelines(Run.open(PLUGIN_TRACED), 4)
     assert time.perf_counter() - t0 < 5.0, "two 0.9 MB traces should parse in well under 5 s"
     assert notes == [] and [(t.ref.arm, t.ref.context_tokens) for t in timelines] == [("plugin", 1024),
                                                                                       ("plugin", 131072)]
     long = timelines[1]
     assert long.steps == (0, 1, 2, 3) and len(long.boundaries_ms) == 5
     # the boundaries are the step rows' start_ms (step_profile.jsonl, computed by torch_trace from the same trace)
-    recorded = [json.loads(line) for line in (S3 / "step_profile.jsonl").read_text().splitlines()]
+    recorded = [json.loads(line) for line in (PLUGIN_TRACED / "step_profile.jsonl").read_text().splitlines()]
     starts = [r["start_ms"] for r in recorded if r["context_tokens"] == 131072][:5]
     assert long.boundaries_ms == pytest.approx(starts, abs=1e-6)
     assert {"attn_specdiag_splitkv", "kv_indices", "gemm"} <= set(long.gpu_lanes)
@@ -190,8 +190,8 @@ def test_committed_traces_parse_fast_and_match_their_step_rows() -> None:
 def test_plugin_idles_and_stock_is_busy_at_131072() -> None:
     """Computed from the committed traces: the plugin's 5.14 ms traced step has 0.607 ms of GPU work (11.8 %, most
     of it the split-KV kernel, 0.262 ms); stock's 58.0 ms step has 50.6 ms (87.2 %, SGLang's Triton kernel 50.3)."""
-    (plugin,) = [t for t in T.run_timelines(Run.open(S3))[0] if t.ref.context_tokens == 131072]
-    (stock,) = T.run_timelines(Run.open(S3_STOCK))[0]
+    (plugin,) = [t for t in T.run_timelines(Run.open(PLUGIN_TRACED))[0] if t.ref.context_tokens == 131072]
+    (stock,) = T.run_timelines(Run.open(STOCK_TRACED))[0]
     p, s = plugin.summary, stock.summary
     assert p["gpu_busy_pct"] == pytest.approx(11.82, abs=0.1) and p["steps_counted"] == 11
     assert (p["largest_class"], round(p["largest_class_ms"], 3)) == ("attn_specdiag_splitkv", 0.262)

@@ -39,18 +39,18 @@ def test_step_ms_by_context_takes_the_median_and_skips_errors():
 
 
 def test_cli_on_the_committed_h200_arms(capsys):
-    assert vp.main(["--stock", str(PROJECT_ROOT / "data/reference/h200-sglang-mla-stock"),
-                    "--fixed", str(PROJECT_ROOT / "data/reference/h200-sglang-mla-plugin-splitkv")]) == 0
+    assert vp.main(["--stock", str(PROJECT_ROOT / "data/reference/sglang-h200-mla2-stock-traced"),
+                    "--fixed", str(PROJECT_ROOT / "data/reference/sglang-h200-mla2-plugin-traced")]) == 0
     out = capsys.readouterr().out
-    # measured 131,072-token steps (stock 54.26, plugin 8.65 ms) over 2 layers: 22.81 ms saved per layer
-    assert "131,072 | 54.26 | 8.65 | 22.81" in out
+    # measured 131,072-token steps (stock 55.82, plugin 2.38 ms) over 2 layers: 26.72 ms saved per layer
+    assert "131,072 | 55.82 | 2.38 | 26.72" in out
     assert "extrapolated" in out
 
 
 def test_compare_command_names_both_runs_or_says_how(capsys):
     from specdiag import report
 
-    assert report.main(["compare", "--run-a", str(PROJECT_ROOT / "data/reference/h200-sglang-mla-stock")]) != 0
+    assert report.main(["compare", "--run-a", str(PROJECT_ROOT / "data/reference/sglang-h200-mla2-stock-traced")]) != 0
     assert "compare needs two run folders" in capsys.readouterr().err
 
 
@@ -163,9 +163,9 @@ def test_layers_of_reads_run_json_or_says_it_is_missing():
         vp.layers_of({"model": {}}, "x/run.json")
 
 
-def test_cli_traced_on_the_session_3_arms(capsys):
-    assert vp.main(["--stock", str(PROJECT_ROOT / "data/reference/h200-sglang-mla-s3-stock"),
-                    "--fixed", str(PROJECT_ROOT / "data/reference/h200-sglang-mla-s3-plugin"), "--traced"]) == 0
+def test_cli_traced_on_the_traced_arms(capsys):
+    assert vp.main(["--stock", str(PROJECT_ROOT / "data/reference/sglang-h200-mla2-stock-traced"),
+                    "--fixed", str(PROJECT_ROOT / "data/reference/sglang-h200-mla2-plugin-traced"), "--traced"]) == 0
     out = capsys.readouterr().out
     # traced, measured: stock _fwd_kernel 50.285 ms per step at 131,072; plugin split-KV 0.064 (1,024), 0.262 (131,072)
     assert "stock | 131,072 | measured (trace, 11 steps) | 50.285 | 25.1425 | 2 | 0.140" in out
@@ -175,7 +175,8 @@ def test_cli_traced_on_the_session_3_arms(capsys):
 
 
 def test_cli_traced_without_traces_names_the_run(capsys):
-    assert vp.main(["--stock", str(PROJECT_ROOT / "data/reference/h200-sglang-mla-stock"),
-                    "--fixed", str(PROJECT_ROOT / "data/reference/h200-sglang-mla-plugin-splitkv"), "--traced"]) == 2
+    ref = PROJECT_ROOT / "data/reference"
+    assert vp.main(["--stock", str(ref / "sglang-h200-mla2-stock-185k"),
+                    "--fixed", str(ref / "sglang-h200-mla2-plugin-check-bf16"), "--traced"]) == 2
     err = capsys.readouterr().err
-    assert "no traced projection: h200-sglang-mla-stock: no step_profile rows" in err
+    assert "no traced projection: sglang-h200-mla2-stock-185k: no step_profile rows" in err

@@ -394,8 +394,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m specdiag.steps.bandwidth_analysis.verify_projection", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--stock", required=True, help="run folder of the stock arm, e.g. data/reference/h200-sglang-mla-stock")
-    p.add_argument("--fixed", required=True, help="run folder of the faster arm, e.g. data/reference/h200-sglang-mla-plugin-splitkv")
+    p.add_argument("--stock", required=True, help="run folder of the stock arm, e.g. data/reference/sglang-h200-mla2-stock-traced")
+    p.add_argument("--fixed", required=True, help="run folder of the faster arm, e.g. data/reference/sglang-h200-mla2-plugin-traced")
     p.add_argument("--layers-target", type=int, default=61)
     p.add_argument("--target-context", type=int, default=185_000)
     p.add_argument("--traced", action="store_true", help="also project from the traced verify-attention kernel "
