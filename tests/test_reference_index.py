@@ -12,9 +12,6 @@ from specdiag.runs import Run
 
 INDEX = REFERENCE_DIR / "README.md"
 COLUMNS = ["run", "what it shows", "hardware", "engine, version", "model", "replays"]
-#: While the index holds this marked slot, the kernel A/B run's line is still to come and the kernel-* folders being
-#: replaced are not asked for; filling the slot with the run's line (and removing the marker) makes them count.
-KERNEL_SLOT = "KERNEL A/B RUN: the lead adds this line"
 MAX_RUNS = 20
 
 
@@ -47,7 +44,7 @@ def test_the_index_has_one_full_line_per_run() -> None:
         assert len(row) == len(COLUMNS), row
         if row[0].startswith("`"):
             assert all(row), f"{row[0]}: every column says something"
-    unnamed = [r[0] for r in rows if not r[0].startswith("`") and KERNEL_SLOT not in r[0]]
+    unnamed = [r[0] for r in rows if not r[0].startswith("`")]
     assert not unnamed, f"lines that name no run folder: {unnamed}"
 
 
@@ -55,8 +52,6 @@ def test_every_folder_is_indexed_and_every_indexed_run_is_there() -> None:
     indexed, folders = set(_indexed()), set(_folders())
     assert not indexed - folders, f"the index names runs that are not in data/reference: {sorted(indexed - folders)}"
     missing = folders - indexed
-    if KERNEL_SLOT in INDEX.read_text():
-        missing = {m for m in missing if not m.startswith("kernel-")}
     assert not missing, f"folders under data/reference missing from its README.md: {sorted(missing)}"
     assert len(indexed) <= MAX_RUNS
 

@@ -55,7 +55,7 @@ def add_replay_arguments(p: argparse.ArgumentParser, run_positional: bool = Fals
 
 
 def add_compare_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--run-a", default="", help="run folder A, the reference, e.g. data/reference/h200-sglang-mla-stock")
+    p.add_argument("--run-a", default="", help="run folder A, the reference, e.g. data/reference/sglang-h200-mla2-stock-traced")
     p.add_argument("--run-b", default="", help="run folder B, judged against A")
     p.add_argument("--params", default="", help="YAML file that may name run_a and run_b (params/compare-plugin.yaml)")
     p.add_argument("--run-dir", default="", help="run folder (default: a new one under data/runs/)")
