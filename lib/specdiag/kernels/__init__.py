@@ -18,7 +18,7 @@ the plugin's kernels, SGLang's ragged layout):
 
 Triton is imported only by the modules that launch kernels, so the CPU paths (tests, replays) never need a GPU.
 Under ``TRITON_INTERPRET=1`` (Triton's CPU interpreter, used by the tests) one compatibility fix is applied on import.
-The experiments that led here (83 arms, anatomy and phase probes) are in git history: see the README.
+Forms that were measured and not kept live only in the repository's git history.
 """
 
 import os

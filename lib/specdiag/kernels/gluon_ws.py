@@ -1,10 +1,14 @@
-"""Split-KV MLA verify attention in Gluon with warp-specialized warpgroups (FlashMLA's division of work, issue 13).
+"""Split-KV MLA verify attention in Gluon with two warp-specialized warpgroups (FlashMLA's division of work).
 
-Why (docs/kernel-notes.md, "Run 15 (planned)"): the lockstep Gluon kernel (gluon_splitkv) computes each tile's scores
-split by keys between its two warpgroups (m64n32 wgmmas, both re-reading Q from shared memory), reduces the row max
-and sum across them through shared memory, and idles the tensor cores through every softmax and CTA barrier: 3.2 us
-per 64-token tile at 1,024 rows where its 8.9 MFLOP take 1.5 us at the measured matmul rate. Here the two warpgroups
-do different work and meet only at mbarriers:
+The pick (specdiag.kernels.pick) runs this kernel above 16 packed rows (heads x draft tokens); its partitions, barriers
+and copy helpers are also the building blocks of the rows-as-N kernel (gluon_ws_swap), the fp8 kernel (gluon_ws_fp8)
+and the SGLang plugin's kernels (gluon_ws_ragged).
+
+Why two roles rather than two equal halves: when both warpgroups split each tile's scores by keys (m64n32 wgmmas, both
+re-reading Q from shared memory), reduce the row max and sum across each other through shared memory and meet at a CTA
+barrier every tile, the tensor cores idle through every softmax and every barrier. On the H200 that lockstep form took
+3.2 us per 64-token tile at 1,024 rows, where the tile's 8.9 MFLOP take 1.5 us at the measured matmul rate. Here the
+two warpgroups do different work and meet only at mbarriers:
 
 - **warpgroup 0** (the default partition, ``_softmax_partition``): the whole tile's scores S = Q K^T (m64n64k16, Q and
   K from shared memory), the mask and the online softmax inside the warpgroup (no cross-warpgroup reduction), P
@@ -14,27 +18,34 @@ do different work and meet only at mbarriers:
   O[:, 256:] += P V[:, 256:] with P from shared memory.
 
 So warpgroup 1's P V of tile i runs on the tensor cores while warpgroup 0 computes the scores and the softmax of
-tile i + 1, and each KV copy is in flight for a whole tile. Barriers (all in shared memory): ``kv_ready[s]`` (the
-copy into buffer s landed; 128 arrivals, one per worker thread), ``kv_free[s]`` (warpgroup 0 is done with buffer
-s), ``p_ready`` / ``p_free`` (P and the rescale factors written / read), ``l_ready`` (the row sums for the worker's
-normalization). Partials (normalized, fp32) and base-2 LSE per split as gluon_splitkv; the merge is triton_splitkv's.
+tile i + 1, and each KV copy is in flight for a whole tile. V is the first 512 columns of the same latent tile, so
+there is no second load. Barriers (all in shared memory): ``kv_ready[s]`` (the copy into buffer s landed; 128
+arrivals, one per worker thread), ``kv_free[s]`` (warpgroup 0 is done with buffer s), ``p_ready`` / ``p_free`` (P and
+the rescale factors written / read), ``l_ready`` (the row sums for the worker's normalization). Each split writes its
+normalized partial output (fp32, [splits, rows, 512]) and its base-2 LSE per row; the merge is triton_splitkv's
+(``merge_partials``). Registers: the worker keeps ``WS_WORKER_REGS`` (232) per thread, 128 of them its 64 x 256 fp32
+accumulator; warpgroup 0 gets the rest. Shared memory at 64-token tiles and two stages, as compiled: 229,900 B of
+sm_90's 232,448.
 
-Options (constexprs; the arms of dispatch.py, measured in runs 15-24, docs/kernel-notes.md): PREFETCH loads the next
-refill's token-table rows a tile ahead; DRAFT_BRANCH loads the tree mask only on tiles that reach the draft tokens;
-FOLD leaves tiles wholly inside the split and the prefix unmasked and folds the scale into the exponent; OVERLAP
-issues tile i + 1's scores before tile i's P V (slower with two buffers: run 16); TIMED sums each phase's SM cycles
-per thread into a buffer (``phase_buffer``, read by ws_phases); GRID_MERGE merges inside the grid (``_grid_merge``: a
-cooperative launch of at most one program per SM, no merge kernel; runs 25-26: correct on the H200, 0.99-1.07 of the
-merge kernel's time, not adopted). The launcher also takes bf16 partials, a PDL merge and the merge's value dims per
-program.
-`split_gwrpqr_p1` (this kernel at every row count with PREFETCH + DRAFT_BRANCH + FOLD, 64-dim merge programs, the
-merge in one pass up to 32 rows and up to 16 splits above, launched as a programmatic dependent launch, and EARLY_Q up
-to 64 rows: warpgroup 0 loads Q while warpgroup 1 issues the first tiles) was the suite's pick in run 39; since run 41
-the pick, `split_gwsw8_p1`, runs gluon_ws_swap (the rows as the wgmma's N) up to 16 rows and this call above (runs
-37-38: `split_gwrp_p1`, the same without EARLY_Q; runs 20-26: `split_auto_gwf_p1`, run 27: `split_auto_gwf64_p1`,
-runs 29-34: `split_auto_gwfm_p1`, which ran split_p1 up to 32 rows; runs 33-35 measured this kernel faster there).
+Options (constexprs); the pick turns on PREFETCH, DRAFT_BRANCH and FOLD, and EARLY_Q up to 64 rows, with 64 value dims
+per merge program, the merge in one pass where splitkv_plan.one_pass_merge_fields says so, launched as a programmatic
+dependent launch:
 
-Chain or tree drafts, page_size 1 (token table), bf16 or fp16. CUDA sm_90 only: the CPU test compiles it for sm_90.
+- PREFETCH: the worker loads the token-table rows of the next refill a tile ahead, off the copy's critical path;
+- DRAFT_BRANCH: the tree mask is loaded only on tiles that reach the draft tokens;
+- FOLD: tiles wholly inside the split and the prefix are not masked at all and the scale is folded into the exponent;
+- EARLY_Q: warpgroup 0 loads Q into shared memory itself while warpgroup 1 already issues the first tiles' copies
+  (with Q loaded before the partitions, the first copies waited 1.0-2.1 us for it on the H200).
+
+On the H200 this kernel was faster than the Triton split kernel (triton_splitkv) at every row count, 8-32 rows
+included; up to 16 rows the rows-as-N form (gluon_ws_swap) is faster still, which is why the pick switches there.
+
+Off in everything that ships, and kept so that the shipped kernels' compiled code stays byte-identical: OVERLAP (tile
+i + 1's scores issued before tile i's P V, FA3's intra-warpgroup overlap; slower with two ring buffers), TIMED
+(per-phase SM-cycle counters, ``phase_buffer``), GRID_MERGE (the merge inside a cooperative grid, ``_grid_merge``:
+correct, but 0.99-1.07x the time of the merge kernel), and the launcher's ``bf16_partials`` and ``join_tail_tokens``.
+
+Chain or tree drafts, page_size 1 (token table), bf16 or fp16. CUDA sm_90 only: the CPU tests compile it for sm_90.
 """
 
 from __future__ import annotations
@@ -53,7 +64,8 @@ from specdiag.kernels.mla import BLOCK_TOKENS, D_NOPE, D_PE, D_QK, D_V, VerifyIn
 from specdiag.kernels.splitkv_plan import GLUON_BLOCK_M, gluon_config, plan_splits, plan_splits_coresident
 
 LOG2E = 1.4426950408889634
-#: polls of the grid merge's arrival counter before a program gives up waiting (each an L2 round trip, ~0.5-1 us)
+#: polls of the grid merge's arrival counter before a program gives up waiting (each an L2 round trip, ~0.5-1 us);
+#: GRID_MERGE is off in everything that ships
 GRID_MERGE_MAX_POLLS: gl.constexpr = gl.constexpr(1 << 22)
 #: warps of each partition (one warpgroup each) and the worker's register budget per thread (its 64 x 256 fp32
 #: accumulator is 128 of them); the default partition gets the rest of the kernel's
@@ -67,7 +79,7 @@ D_HALF = 256  # value dims per warpgroup
 def load_q_cols(Q, pid_m, n_rows, COL0: gl.constexpr, BLOCK_M: gl.constexpr, WIDTH: gl.constexpr,
                 ROW_LEN: gl.constexpr, L: gl.constexpr):
     """Columns COL0 .. COL0 + WIDTH - 1 of the query rows pid_m * BLOCK_M .. (Q is [rows, ROW_LEN]) in layout L; rows
-    past ``n_rows`` are 0. Both Gluon kernels put Q in shared memory with it."""
+    past ``n_rows`` are 0. The Gluon kernels put Q in shared memory with it."""
     rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, L))
     return gl.load(Q + rows[:, None].to(gl.int64) * ROW_LEN + COL0
                    + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, L))[None, :],
@@ -94,9 +106,9 @@ def store_q(Q, q_smem, qpe_smem, pid_m, n_rows, BLOCK_M: gl.constexpr, D_NOPE: g
 def q_and_ring_smem(Q, pid_m, n_rows, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                     D_NOPE: gl.constexpr, D_PE: gl.constexpr, LD: gl.constexpr, LD_PE: gl.constexpr,
                     LOAD_Q: gl.constexpr = True):
-    """The shared memory both Gluon kernels share: the row tile's Q (no-PE and PE parts, loaded; with LOAD_Q False
-    left for the caller to fill, ``store_q``), the ring of STAGES KV tiles (no-PE and PE parts) and one P tile, each in
-    the wgmma's default swizzled layout."""
+    """The row-major kernels' shared memory (``ws_shared_state``): the row tile's Q (no-PE and PE parts, loaded; with
+    LOAD_Q False left for the caller to fill, ``store_q``), the ring of STAGES KV tiles (no-PE and PE parts) and one P
+    tile, each in the wgmma's default swizzled layout."""
     dtype: gl.constexpr = Q.dtype.element_ty
     q_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, D_NOPE], dtype)
     qpe_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, D_PE], dtype)
@@ -124,8 +136,8 @@ def _tile_slots(TOKEN_TABLE, DRAFT_TABLE, n_prefix, pos0, end, BLOCK_N: gl.const
     ``end``). With RAGGED (SGLang's layout, gluon_ws_ragged) the prefix's rows come from TOKEN_TABLE (the request's
     kv_indices) and the draft tokens' from DRAFT_TABLE (their slots): a tile inside the prefix (all but the last one
     or two of a request) reads only TOKEN_TABLE, so with PREFETCH its loads stay in flight until the copy a tile
-    later needs them, as in the dense kernel; a tile that reaches the draft tokens reads both and picks (run 32's
-    first form picked on every tile, which waited for both loads each tile: 1.13-1.54x the dense kernel's time)."""
+    later needs them, as in the dense kernel; a tile that reaches the draft tokens reads both and picks. Picking on
+    every tile would wait for both loads each tile: on the H200 that took 1.13-1.54x the dense kernel's time."""
     pos = pos0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LD))
     pos_pe = pos0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LD_PE))
     if RAGGED:
@@ -195,12 +207,16 @@ def _refill(KV, kv_smem, pe_smem, kv_ready, buf, slot, slot_pe, TOKEN_TABLE, DRA
 @gluon.jit
 def split_bounds(pid_s, tokens_per_split, n_kv, n_splits, BLOCK_N: gl.constexpr):
     """Split ``pid_s``'s tokens [start, end) and its tile count; the last split ends at n_kv (with join_tail_tokens,
-    past its share). The pick's kernel and its read floor (gluon_ws_read) cut the same splits through this."""
+    past its share). Every dense Gluon kernel (this one, gluon_ws_swap, gluon_ws_fp8) cuts its splits through this."""
     start = pid_s * tokens_per_split
     end = gl.minimum(start + tokens_per_split, n_kv)
     if pid_s == n_splits - 1:
         end = n_kv
     return start, end, gl.cdiv(gl.maximum(end - start, 0), BLOCK_N)
+
+
+# ---- TIMED: per-phase SM-cycle counters and a per-program timeline. Off in everything that ships (TIMED False
+# compiles none of it); kept so that the shipped kernels' compiled code stays byte-identical. ----
 
 
 @gluon.jit
@@ -351,11 +367,15 @@ def _softmax_partition(q_smem, qpe_smem, kv_smem, pe_smem, p_smem, row_smem, kv_
                        D_HALF: gl.constexpr, WARPS: gl.constexpr, OVERLAP: gl.constexpr, DRAFT_BRANCH: gl.constexpr,
                        TIMED: gl.constexpr, FOLD: gl.constexpr, Q=None, EARLY_Q: gl.constexpr = False):
     """Warpgroup 0: scores, softmax, P and the rescale factors to the worker, the first half of O (module doc).
-    With OVERLAP (run 16) tile i's P V runs on the tensor cores under tile i + 1's softmax (FA3's intra-warpgroup
-    overlap): tile i + 1's scores are issued first, then tile i's P V, and the wait for the scores leaves the P V in
-    flight; both are waited for inside the iteration (no accumulator crosses the loop's back edge). With TIMED (not
-    with OVERLAP) each thread sums the SM cycles of its loop's phases into TIMES (``phase_cycles``). With EARLY_Q this
-    warpgroup first puts the row tile's Q into shared memory (``store_q``) while the worker's first copies fly."""
+    With EARLY_Q this warpgroup first puts the row tile's Q into shared memory (``store_q``) while the worker's first
+    copies fly.
+
+    OVERLAP and TIMED are off in everything that ships (kept so the shipped kernels' compiled code stays
+    byte-identical). With OVERLAP tile i's P V runs on the tensor cores under tile i + 1's softmax (FA3's
+    intra-warpgroup overlap): tile i + 1's scores are issued first, then tile i's P V, and the wait for the scores
+    leaves the P V in flight; both are waited for inside the iteration (no accumulator crosses the loop's back edge).
+    With two ring buffers it was slower than the plain loop. With TIMED (not with OVERLAP) each thread sums the SM
+    cycles of its loop's phases into TIMES (``PHASES``)."""
     dtype: gl.constexpr = p_smem.dtype
     if EARLY_Q:
         store_q(Q, q_smem, qpe_smem, pid_m, n_rows, BLOCK_M, D_NOPE, qpe_smem.shape[1], WARPS)
@@ -471,8 +491,9 @@ def _pv_loader_partition(kv_smem, pe_smem, p_smem, row_smem, kv_ready, kv_free, 
                          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, D_NOPE: gl.constexpr,
                          D_PE: gl.constexpr, D_HALF: gl.constexpr, WARPS: gl.constexpr, PREFETCH: gl.constexpr,
                          TIMED: gl.constexpr, RAGGED: gl.constexpr = False):
-    """Warpgroup 1: every KV tile's copy into the ring, and the second half of O (module doc). With TIMED each
-    thread sums the SM cycles of its loop's phases into TIMES (``phase_cycles``)."""
+    """Warpgroup 1: every KV tile's copy into the ring, and the second half of O (module doc). With RAGGED the
+    prefix's rows come from TOKEN_TABLE and the draft tokens' from DRAFT_TABLE (gluon_ws_ragged, ``_tile_slots``).
+    TIMED (off in everything that ships) sums each thread's SM cycles per loop phase into TIMES (``PHASES``)."""
     LD: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [WARPS, 1], [1, 0])
     LD_PE: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
@@ -583,10 +604,11 @@ def _ws_partial_kernel(Q, KV, TOKEN_TABLE, MASK, O_PART, LSE_PART, TIMES, OUT, S
                        DRAFT_BRANCH: gl.constexpr, TIMED: gl.constexpr, FOLD: gl.constexpr,
                        GRID_MERGE: gl.constexpr = False, MERGE_S: gl.constexpr = 2, MERGE_F: gl.constexpr = 64,
                        MERGE_TPW_F: gl.constexpr = 16, EARLY_Q: gl.constexpr = False):
-    """One program per (64-row tile, split): Q to shared memory, then the two partitions (module doc); with
-    GRID_MERGE every program then merges its slice of the output (``_grid_merge``; OUT and SYNC unused without). With
-    EARLY_Q (session 11) warpgroup 0 loads Q itself while warpgroup 1 already issues the first tiles' copies (session
-    11's timelines: the copies waited 1.0-2.1 us for Q)."""
+    """One program per (64-row tile, split): Q to shared memory, then the two partitions (module doc). With
+    EARLY_Q warpgroup 0 loads Q itself while warpgroup 1 already issues the first tiles' copies (loaded up front, Q
+    held the first copies back by 1.0-2.1 us on the H200). TIMED and GRID_MERGE are off in everything that ships and
+    kept so the shipped kernels' compiled code stays byte-identical: with GRID_MERGE every program then merges its
+    slice of the output (``_grid_merge``; OUT and SYNC are unused without it)."""
     pid_m = gl.program_id(0)
     pid_s = gl.program_id(1)
     if TIMED:  # the program's entry, before Q's load (TIMELINE_SLOTS)
@@ -615,13 +637,14 @@ def _ws_partial_kernel(Q, KV, TOKEN_TABLE, MASK, O_PART, LSE_PART, TIMES, OUT, S
 @gluon.jit
 def _grid_merge(O_PART, LSE_PART, OUT, SYNC, n_splits, n_rows, prog, D_V: gl.constexpr, MERGE_S: gl.constexpr,
                 MERGE_F: gl.constexpr, TPW_F: gl.constexpr, WARPS: gl.constexpr):
-    """The merge inside the partial grid (issue 13's "one launch"): every program of the (co-resident, cooperatively
+    """The merge inside the partial grid, so a call is one launch (GRID_MERGE; off in everything that ships: on the
+    H200 it was correct but 0.99-1.07x the time of the merge kernel). Every program of the (co-resident, cooperatively
     launched) grid arrives on SYNC[0] once its partial is stored, waits until all have, then merges one contiguous
     slice of the flattened output [rows x 512]: all splits of MERGE_F outputs at once ([MERGE_S, MERGE_F] loads,
     MERGE_S >= n_splits), weighted by exp2(lse - max lse). SYNC[1] counts the programs done waiting; the last one
     puts both counters back to 0 for the next call (calls on one stream are ordered). The wait gives up after
     GRID_MERGE_MAX_POLLS polls (seconds; the whole grid arrives within microseconds when it is co-resident): its slice
-    is then left unwritten, a wrong result the harness's check reports, instead of a hung GPU."""
+    is then left unwritten, a wrong result that a correctness check reports, instead of a hung GPU."""
     n_prog = gl.num_programs(0) * gl.num_programs(1)
     gl.thread_barrier()  # both partitions' partial stores issued by every thread of this program
     gl.atomic_add(SYNC, 1, sem="release", scope="gpu")
@@ -667,9 +690,10 @@ def check_gluon_inputs(inputs: VerifyInputs, who: str) -> None:
 
 def phase_buffer(inputs: VerifyInputs, block_n: int = 64, stages: int = 2, num_sms: int | None = None,
                  split_round_tokens: int = BLOCK_TOKENS) -> torch.Tensor:
-    """The int64 buffer a timed call writes its phase cycles into: [programs, 2 partitions, PHASE_SLOTS, 128 threads]
-    (slots 0-5 the phases of ``PHASES``, 6 the whole loop, 7 the tiles; partition 0's slots 8-13 its program's timeline,
-    ``TIMELINE_SLOTS``); programs in the order pid_s * tiles + pid_m."""
+    """The int64 buffer a timed call (TIMED, off in everything that ships) writes its phase cycles into:
+    [programs, 2 partitions, PHASE_SLOTS, 128 threads] (slots 0-5 the phases of ``PHASES``, 6 the whole loop, 7 the
+    tiles; partition 0's slots 8-13 its program's timeline, ``TIMELINE_SLOTS``); programs in the order
+    pid_s * tiles + pid_m."""
     from specdiag.kernels.triton_splitkv import sm_count  # noqa: PLC0415
 
     plan = plan_splits(inputs.heads * inputs.draft_tokens, inputs.n_kv,
@@ -679,7 +703,7 @@ def phase_buffer(inputs: VerifyInputs, block_n: int = 64, stages: int = 2, num_s
                        device=inputs.q.device)
 
 
-#: what the timed kernel's slots 0-5 hold, per partition (SM cycles summed over the loop's iterations)
+#: what the timed kernel's slots 0-5 hold, per partition (SM cycles summed over the loop's iterations; TIMED only)
 PHASES: dict[str, tuple[str, ...]] = {
     "softmax_wg": ("copy_wait", "scores", "softmax", "p_free_wait", "publish", "pv"),
     "copy_pv_wg": ("p_ready_wait", "pv", "p_free", "buffer_wait", "refill_issue"),
@@ -694,16 +718,21 @@ def split_kv_gluon_ws(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 64
                       join_tail_tokens: int = 0, times: torch.Tensor | None = None,
                       early_q: bool = False, split_round_tokens: int = BLOCK_TOKENS) -> torch.Tensor:
     """Split-KV verify attention with the warp-specialized partial kernel and triton_splitkv's merge; writes ``out``.
-    ``bf16_partials`` stores each split's normalized output in bf16 (half the partial bytes written and merged);
-    ``pdl_merge`` launches the merge as a programmatic dependent launch; ``merge_block_dv`` value dims per merge
-    program (16: one row's 512 dims in 32 programs, the plan's default for 8-16 rows). ``times`` (from
-    ``phase_buffer``) runs the kernel with its phases timed (not with ``overlap``). ``grid_merge`` merges inside the
-    partial kernel's grid (one cooperative launch of at most one program per SM, ``_grid_merge``; no merge kernel);
-    ``merge_one_pass`` runs the merge kernel with every split of its outputs at once, up to
-    ``merge_one_pass_max_splits`` splits (``split_merge.merge_block``); ``join_tail_tokens``: a last split of that
-    many tokens or fewer joins the one before it (``splitkv_plan.split_count``); ``early_q``: warpgroup 0 loads Q
-    while warpgroup 1 issues the first tiles (EARLY_Q; not with ``overlap``); ``split_round_tokens``: each split's
-    tokens a multiple of this (``SplitKVConfig.split_round_tokens``; 1: equal shares)."""
+    The pick's arguments come from ``pick.pick_launch``.
+
+    ``prefetch``, ``draft_branch``, ``fold``, ``early_q``: the kernel's PREFETCH, DRAFT_BRANCH, FOLD and EARLY_Q (module
+    doc; ``early_q`` not with ``overlap``). ``pdl_merge`` launches the merge as a programmatic dependent launch;
+    ``merge_block_dv`` value dims per merge program (16: one row's 512 dims in 32 programs); ``merge_one_pass`` runs
+    the merge kernel with every split of its outputs at once, up to ``merge_one_pass_max_splits`` splits
+    (``split_merge.merge_block``); ``split_round_tokens``: each split's tokens a multiple of this
+    (``SplitKVConfig.split_round_tokens``; 1: equal shares).
+
+    Off in everything that ships (kept so the shipped kernels' compiled code stays byte-identical): ``overlap``
+    (OVERLAP); ``bf16_partials`` (each split's normalized output in bf16: half the partial bytes written and merged);
+    ``times`` (from ``phase_buffer``: the kernel with its phases timed, not with ``overlap``); ``grid_merge`` (the
+    merge inside the partial kernel's grid: one cooperative launch of at most one program per SM, ``_grid_merge``, no
+    merge kernel); ``join_tail_tokens`` (a last split of that many tokens or fewer joins the one before it,
+    ``splitkv_plan.split_count``)."""
     from specdiag.kernels.triton_splitkv import merge_partials, sm_count  # noqa: PLC0415
 
     check_gluon_inputs(inputs, "split_kv_gluon_ws")
@@ -731,7 +760,8 @@ def split_kv_gluon_ws(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 64
     if times is not None and times.shape != (plan.n_tiles * plan.n_splits, 2, PHASE_SLOTS, 32 * WS_PARTITION_WARPS):
         raise ValueError(f"times has shape {tuple(times.shape)}; make it with "
                          f"phase_buffer(inputs, {block_n}, {stages})")
-    # the grid merge's block and launch only where it runs: the two-launch form keeps one compiled kernel per option set
+    # the grid merge's constexprs and cooperative launch only where it runs: the two-launch form leaves them at their
+    # defaults, so it compiles one kernel per option set, not one per split count
     extra = {"GRID_MERGE": True, "launch_cooperative_grid": True,
              **dict(zip(("MERGE_S", "MERGE_F", "MERGE_TPW_F"), grid_merge_block(plan.n_splits)))} if grid_merge else {}
     _ws_partial_kernel[(plan.n_tiles, plan.n_splits)](
@@ -749,7 +779,8 @@ def split_kv_gluon_ws(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 64
     return out
 
 
-#: fp32 values a program of the grid merge loads at once ([splits, outputs]; 64 per thread of its warpgroup)
+#: fp32 values a program of the grid merge (off in everything that ships) loads at once ([splits, outputs]; 64 per
+#: thread of its warpgroup)
 GRID_MERGE_ELEMS = 8192
 
 
@@ -767,8 +798,9 @@ def compile_sm90(block_n: int = 64, stages: int = 2, dtype: str = "bf16", worker
                  prefetch: bool = False, overlap: bool = False, draft_branch: bool = False,
                  timed: bool = False, fold: bool = False, partial: str = "fp32",
                  grid_merge_splits: int = 0, early_q: bool = False) -> "triton.compiler.CompiledKernel":
-    """The partial kernel compiled ahead of time for sm_90 (no GPU needed): for tests and the compile report.
-    ``grid_merge_splits`` > 0: the form that merges inside its grid, with the merge block of that many splits."""
+    """The partial kernel compiled ahead of time for sm_90 (no GPU needed): for the CPU tests and
+    scripts/kernel_ptx_hashes.py. ``grid_merge_splits`` > 0: the form that merges inside its grid, with the merge block
+    of that many splits."""
     from triton.backends.compiler import GPUTarget  # noqa: PLC0415
     from triton.experimental.gluon._runtime import GluonASTSource  # noqa: PLC0415
 

@@ -1,9 +1,10 @@
-"""The pick's rows-as-N kernel on an fp8 e4m3 latent cache: half the bytes read, the math in fp16 (issue 13, item 3).
+"""The pick's rows-as-N kernel on an fp8 e4m3 latent cache: half the bytes read, the math in fp16.
 
 Why: SGLang serves MLA with an ``fp8_e4m3`` KV cache (``--kv-cache-dtype fp8_e4m3``: one per-tensor scale), where a
-verify step reads half the bytes of a bf16 cache. The suite's fp8 forms before this one (``fused_fp8_p1`` /
-``fused_fp8_b64``, triton_fused) take 3-3.5x the bf16 pick's time (run 47). This is gluon_ws_swap's kernel (the rows
-as the wgmma's N, up to 16 rows) with a partition that brings fp8 tiles in and converts them for the tensor cores:
+verify step reads half the bytes of a bf16 cache. A Triton split-KV kernel that loads each fp8 tile and upcasts it
+inside its loop for the tensor-core dots took 3-3.5x the bf16 pick's time on the H200. This is gluon_ws_swap's kernel
+(the rows as the wgmma's N, up to 16 rows) with a partition that brings fp8 tiles in and converts them for the tensor
+cores:
 
 - **the conversion**: e4m3 -> fp16 is exact, so each tile is converted once into the pick's swizzled operand layout
   in fp16 and multiplied by the cache's scale in one fp16 rounding; the math (Q, converted once in ``store_q``, P and
@@ -11,23 +12,27 @@ as the wgmma's N, up to 16 rows) with a partition that brings fp8 tiles in and c
   e4m3 (``_e4m3x4_to_f16``): ``cvt.rn.f16x2.e4m3x2`` (CVT 0) or the same values by integer instructions (CVT 1).
 - **the staged form** (a ring ``s8 > 0``; ``_fp8_copy_convert_partition``, warpgroup 2): the token-table gather of
   each tile with ``cp.async`` (576 B a token: 36 16-byte copies where bf16 takes 72) into ``s8`` staging tiles, each
-  converted into one of ``sb`` fp16 tiles once warpgroups 0 and 1 have freed it.
+  converted into one of ``sb`` fp16 tiles once warpgroups 0 and 1 have freed it. The default up to 8 rows (s22).
 - **the direct form** (``s8 == 0``; ``_fp8_loader_partition``, warpgroups 2 and 3): each loads every other tile into
-  registers two tiles ahead and converts it there; no staging buffer.
+  registers two tiles ahead and converts it there; no staging buffer. The default from 9 to 16 rows (d2).
 - **warpgroups 0 and 1**: the pick's rows-as-N softmax partition and the P V partition of warpgroup 1
-  (gluon_ws_swap), reading the fp16 tiles as the bf16 kernel reads its own.
+  (gluon_ws_swap ``_swap_pv_partition``), reading the fp16 tiles as the bf16 kernel reads its own.
 
 Rings (``FP8_RINGS``; shared memory compiled for sm_90 here, 232,448 B the limit): s13 (one fp16 tile, three staging
 tiles: 205,232 B at 16 rows), s22 (two of each, 231,808 B at 8 rows), d2 (two fp16 tiles, 168,344 B at 16 rows), d3
-(three, 231,768 B at 8 rows). The fp8 pick runs s22 up to 8 rows and d2 above (``DEFAULT_RINGS``).
+(three, 231,768 B at 8 rows). The fp8 pick runs s22 up to 8 rows and d2 above (``DEFAULT_RINGS``); s13 and d3 run
+only when named.
 
-Measured on the H200 (docs/kernel-notes.md, runs 47-51): correct on every shape and ring tested (1.65-1.74e-3 against
-the fp32 reference of the dequantized cache: the bf16 output's rounding; 0.67-1.28e-2 against the bf16 cache's: the
-quantization); 0.84-0.89 of the bf16 pick's time at 8 rows (s22), 0.95-1.01 at 16 (d2). Not the half that the bytes
-would allow: the phases show the conversion (1,600-2,200 cycles of a warpgroup per 64-token tile) and warpgroup 0's
-chain (whose softmax slows from 722 to 1,200-1,800 cycles beside a converting warpgroup) in series, the bottleneck
-moving between them across the forms while the tile's cost stays at 3,800-4,400 cycles; neither the random placement
-of the rows (run 51) nor the conversion's pipe (run 49) is what sets it.
+Measured on the H200: correct on every shape and ring tested (1.65-1.74e-3 against the fp32 reference of the
+dequantized cache: the bf16 output's rounding; 0.67-1.28e-2 against the bf16 cache's: the quantization); 0.84-0.89 of
+the bf16 pick's time at 8 rows (s22), 0.95-1.01 at 16 (d2). Not the half that the bytes would allow: per-phase cycle
+counts show the conversion (1,600-2,200 cycles of a warpgroup per 64-token tile) and warpgroup 0's chain (whose
+softmax slows from 722 to 1,200-1,800 cycles beside a converting warpgroup) in series, the bottleneck moving between
+them across the forms while the tile's cost stays at 3,800-4,400 cycles. Neither the random placement of the cache
+rows nor the conversion's instructions (CVT) is what sets it.
+
+TIMED (per-phase cycle counters, ``FP8_PHASES``) is off in everything that ships, and kept so that the shipped
+kernels' compiled code stays byte-identical.
 
 Chain or tree drafts, page_size 1 (token table), bf16 queries, CUDA sm_90 only (the CPU tests compile it for sm_90).
 """
@@ -68,14 +73,14 @@ class Fp8Ring:
     max_rows: int  #: the largest N (packed rows) whose Q and P^T fit sm_90's shared memory beside the rings
 
 
-#: the rings that fit sm_90's shared memory, by name (an arm's ``gluon_fp8_rings``)
+#: the rings that fit sm_90's shared memory, by name (the launchers' ``rings``)
 FP8_RINGS: dict[str, Fp8Ring] = {
-    "s13": Fp8Ring(1, 3, SWAP_MAX_ROWS),  # staged: one fp16 tile, three staging tiles (runs 47-50)
-    "s22": Fp8Ring(2, 2, FIT_ROWS),  # staged: two of each, at an N of 8 (runs 47-51)
-    "d2": Fp8Ring(2, 0, SWAP_MAX_ROWS),  # direct: two fp16 tiles, two loading warpgroups (runs 48-50)
-    "d3": Fp8Ring(3, 0, FIT_ROWS),  # direct: three fp16 tiles, two loading warpgroups, at an N of 8 (runs 48-49)
-    # staged: one fp16 tile, two staging tiles; what fits beside a 64-row Q, for the plugin's 64-row tiles
-    # (gluon_ws_ragged.FP8_N64_RINGS: 230,752 B at an N of 64; session 15)
+    "s13": Fp8Ring(1, 3, SWAP_MAX_ROWS),  # staged: one fp16 tile, three staging tiles
+    "s22": Fp8Ring(2, 2, FIT_ROWS),  # staged: two of each, at an N of 8 (the default up to 8 rows)
+    "d2": Fp8Ring(2, 0, SWAP_MAX_ROWS),  # direct: two fp16 tiles, two loading warpgroups (the default at 9-16 rows)
+    "d3": Fp8Ring(3, 0, FIT_ROWS),  # direct: three fp16 tiles, two loading warpgroups, at an N of 8
+    # staged: one fp16 tile, two staging tiles; what fits beside a 64-row Q, for the plugin's kernel in 64-row tiles
+    # (gluon_ws_ragged.FP8_N64_RINGS: 230,752 B at an N of 64; only when named, not the plugin's default)
     "s12": Fp8Ring(1, 2, SWAP_MAX_ROWS),
 }
 #: columns of the tile converted at once (a register chunk of the converting warpgroup)
@@ -112,8 +117,8 @@ def _fp8_copy_convert_partition(st_nope, st_pe, st_ready, kv_smem, pe_smem, kv_r
                                 TIMED: gl.constexpr):
     """Warpgroup 2 of the staged form: the fp8 tiles' copies into the staging ring and their conversion into the
     fp16 ring (module doc). The copies are the pick's (gluon_ws ``_issue_first_tiles`` / ``_refill``: token-table
-    rows a tile ahead), in layouts of 16 fp8 (16 B) per thread. With TIMED each thread sums its loop's phases
-    (``FP8_PHASES["convert_wg"]``) in SM cycles into ``TIMES[pid_s, 1]``."""
+    rows a tile ahead), in layouts of 16 fp8 (16 B) per thread. TIMED (off in everything that ships) sums each
+    thread's loop phases (``FP8_PHASES["convert_wg"]``) in SM cycles into ``TIMES[pid_s, 1]``."""
     LD: gl.constexpr = gl.BlockedLayout([1, 16], [1, 32], [WARPS, 1], [1, 0])  # a warp: one row's 512 fp8
     LD_PE: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [WARPS, 1], [1, 0])  # a warp: 8 rows' 64 fp8
     W: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [WARPS, 1], [1, 0])
@@ -199,9 +204,9 @@ def _fp8_loader_partition(kv_smem, pe_smem, kv_ready, kv_free, KV8, TOKEN_TABLE,
     take a register each) while this warpgroup's previous tile converts, chunk by chunk: a chunk is converted into
     the fp16 buffer, then its registers take the same chunk of the tile two ahead, so one tile per warpgroup is in
     flight through the other warpgroup's turn and the math. The token-table rows are loaded before the wait for the
-    buffer, so the chunks' loads never wait for them. The fp8 bytes never pass through shared memory. With TIMED the
-    even warpgroup sums its loop's phases (``FP8_PHASES["convert_wg"]``; the conversion includes waiting for the
-    loads) in SM cycles into ``TIMES[pid_s, 1]``."""
+    buffer, so the chunks' loads never wait for them. The fp8 bytes never pass through shared memory. TIMED (off in
+    everything that ships): the even warpgroup sums its loop's phases (``FP8_PHASES["convert_wg"]``; the conversion
+    includes waiting for the loads) in SM cycles into ``TIMES[pid_s, 1]``."""
     W: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [WARPS, 1], [1, 0])  # [rows, 32] words: 128 fp8 a row
     W_PE: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [WARPS, 1], [1, 0])  # [rows, 16] words: the 64 PE fp8
     I32: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
@@ -325,7 +330,8 @@ def _fp8_partial_kernel(Q, KV8, TOKEN_TABLE, MASK, O_PART, LSE_PART, TIMES,
     """One program per split (every row in one tile of RN): the shared memory and barriers, then the partitions
     (module doc): with S8 > 0 the staged form (a ring of S8 fp8 staging tiles filled by cp.async, one converting
     warpgroup), with S8 = 0 the direct form (two warpgroups each loading its tiles into registers and converting them;
-    CONVERT_REGS is then each one's). CVT: the conversion's instructions (``_e4m3x4_to_f16``). TIMES is used only with TIMED: warpgroup 0's phases and timeline (gluon_ws_swap's), the converting
+    CONVERT_REGS is then each one's). CVT: the conversion's instructions (``_e4m3x4_to_f16``). TIMES is used only
+    with TIMED (off in everything that ships): warpgroup 0's phases and timeline (gluon_ws_swap's), the converting
     warpgroup's phases."""
     pid_s = gl.program_id(0)
     if TIMED:  # the program's entry (gluon_ws.TIMELINE_SLOTS)
@@ -378,7 +384,7 @@ def smem_bytes(rn: int, ring: Fp8Ring, block_n: int = 64) -> int:
 
 
 #: the ring a call runs when it names none, by its N (the rows' tile: 8 up to 8 rows, else 16): the fastest measured
-#: at each (runs 47-51: s22 0.84-0.89 of the bf16 pick at 8 rows; d2 0.95-1.01 at 16, where s13 took 1.03-1.10)
+#: on the H200 at each (s22 0.84-0.89 of the bf16 pick's time at 8 rows; d2 0.95-1.01 at 16, where s13 took 1.03-1.10)
 DEFAULT_RINGS: dict[int, str] = {FIT_ROWS: "s22", SWAP_MAX_ROWS: "d2"}
 
 
@@ -420,7 +426,8 @@ def check_fp8_inputs(inputs: VerifyInputs, who: str) -> None:
                          f"within fp16's {FP16_MAX:g}); got {inputs.kv_scale}")
 
 
-#: the conversion's instructions by name (``_e4m3x4_to_f16``'s CVT): the cvt pipe, or integer instructions
+#: the conversion's instructions by name (``_e4m3x4_to_f16``'s CVT): the cvt pipe (what the pick and the plugin run),
+#: or integer instructions (measured no faster on the H200)
 CONVERSIONS: dict[str, int] = {"cvt": 0, "int": 1}
 
 
@@ -432,9 +439,10 @@ def split_kv_gluon_fp8(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 6
     """Split-KV verify attention on the fp8 cache (module doc) for up to ``SWAP_MAX_ROWS`` packed rows, then
     triton_splitkv's merge (one pass, under PDL: the pick's); writes ``out`` [T, H, 512] in q's dtype. ``rings``: a
     name of ``FP8_RINGS`` (None: ``DEFAULT_RINGS``' for the rows); ``conversion``: a name of ``CONVERSIONS``;
-    ``times`` (``gluon_ws.phase_buffer(inputs)``): the timed kernel writes warpgroup 0's phases and timeline and the
-    converting warpgroup's phases (``FP8_PHASES``) into it; ``split_round_tokens``: each split's tokens a multiple of
-    this (``SplitKVConfig``'s field)."""
+    ``split_round_tokens``: each split's tokens a multiple of this (``SplitKVConfig``'s field); ``times``
+    (``gluon_ws.phase_buffer(inputs)``; off in everything that ships): the timed kernel writes warpgroup 0's phases and
+    timeline and the converting warpgroup's phases (``FP8_PHASES``) into it. The pick's arguments come from
+    ``pick.pick_fp8_launch``."""
     from specdiag.kernels.triton_splitkv import merge_partials, sm_count  # noqa: PLC0415
 
     check_fp8_inputs(inputs, "split_kv_gluon_fp8")
@@ -467,8 +475,8 @@ def split_kv_gluon_fp8(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 6
     return out
 
 
-#: what a timed call's slots 0-5 hold per partition (SM cycles summed over the loop): warpgroup 0's are the pick's
-#: (gluon_ws.PHASES); the converting warpgroup's (the staged form's, or the direct form's even warpgroup, whose
+#: what a timed call's slots 0-5 hold per partition (SM cycles summed over the loop; TIMED only): warpgroup 0's are
+#: gluon_ws.PHASES'; the converting warpgroup's (the staged form's, or the direct form's even warpgroup, whose
 #: conversion includes waiting for its loads and which has no staging wait or refill)
 FP8_PHASES: dict[str, tuple[str, ...]] = {
     "softmax_wg": WS_PHASES["softmax_wg"],
@@ -494,7 +502,8 @@ def partition_regs(ring: Fp8Ring) -> tuple[int, int]:
 
 def compile_sm90(rn: int = SWAP_MAX_ROWS, rings: str = "s13", block_n: int = 64, conversion: str = "cvt",
                  timed: bool = False) -> "triton.compiler.CompiledKernel":
-    """The partial kernel compiled ahead of time for sm_90 (no GPU needed), for the CPU tests and the compile report."""
+    """The partial kernel compiled ahead of time for sm_90 (no GPU needed), for the CPU tests and
+    scripts/kernel_ptx_hashes.py."""
     from triton.backends.compiler import GPUTarget  # noqa: PLC0415
     from triton.experimental.gluon._runtime import GluonASTSource  # noqa: PLC0415
 

@@ -1,32 +1,37 @@
-"""The suite's pick on SGLang's ragged batch layout: the warp-specialized Gluon kernel (gluon_ws) for the plugin.
+"""The SGLang plugin's verify kernels on sm_90: the pick's warp-specialized Gluon kernels on SGLang's ragged layout.
 
-The suite's pick (``split_gwrp_p1`` in run 37; ``split_gwrpqr_p1`` since run 39, which also loads Q in warpgroup 0
-up to 64 rows, not done here) runs gluon_ws's warp-specialized partial kernel at every row count
-(heads x draft tokens); the plugin served Triton's loop (triton_splitkv_ragged) at 1.4-2.2x its time from 33 rows
-(run 31) and 1.1-1.6x below (runs 33-34, docs/kernel-notes.md). This is the same kernel, its partitions unchanged (gluon_ws ``_softmax_partition`` and
-``_pv_loader_partition``), behind an entry that reads every length on the device, as triton_splitkv_ragged does, so
-one launch serves any context length and a CUDA graph captured at one length replays at another:
+On the H200 the plugin's Triton kernel (triton_splitkv_ragged) took 1.4-2.2x the time of the warp-specialized kernel
+from 33 packed rows (heads x draft tokens) and 1.1-1.6x below. These are the same kernels, their partitions unchanged
+(gluon_ws ``_softmax_partition`` and ``_pv_loader_partition``; gluon_ws_swap's; gluon_ws_fp8's), behind entries that
+read every length on the device, as triton_splitkv_ragged does, so one launch serves any context length and a CUDA
+graph captured at one length replays at another:
 
-- the grid is (64-row tiles of ``max_draft`` x H, splits, requests); request b's queries are rows
-  ``qo_indptr[b] ..`` of ``q`` [tokens, H, 576] (contiguous: the request's rows are one block of Q);
+- the grid is (64-row tiles of ``max_draft`` x H, splits, requests) for the row-major kernel, (splits, requests) for
+  the rows-as-N one; request b's queries are rows ``qo_indptr[b] ..`` of ``q`` [tokens, H, 576] (contiguous: the
+  request's rows are one block of Q);
 - its prefix is ``kv_indices[kv_indptr[b] ..]`` and its draft tokens are cache slots ``draft_loc[qo_indptr[b] ..]``
   (SGLang's ``out_cache_loc``: the plugin stores the draft rows there before the kernel, as SGLang's backend does),
   both page_size 1 slots of the latent cache ``kv`` [slots, 576]; the copy partition gathers from either table
-  (gluon_ws ``_table_rows`` with RAGGED);
+  (gluon_ws ``_tile_slots`` with RAGGED);
 - the tree mask is SGLang's flattened custom mask: row t of request b at ``mask_indptr[b] + t * (P + T) + P``;
 - the split of a program: ``per_split = roundup64(max(ceil(n_kv / splits), min_split_tokens))`` tokens, as
   triton_splitkv_ragged cuts them, so the merge is that module's (``ragged_merge``): partials [requests, splits,
-  max rows, 512] fp32, the merge in one pass by runs 28-29's rule and 64 value dims per program otherwise (the pick's).
+  max rows, 512] fp32, the merge in one pass where splitkv_plan.one_pass_merge_fields says so, 64 value dims per
+  program otherwise (the pick's), launched as a programmatic dependent launch.
 
-On an fp8 e4m3 cache (SGLang's ``--kv-cache-dtype fp8_e4m3``; ``ragged_split_kv_gluon_fp8``): the fp8 pick's
-kernel (gluon_ws_fp8: the staged s22 ring up to 8 rows, the direct d2 ring up to 16, the math in fp16) behind the same
+On a bf16 or fp16 cache (``ragged_split_kv_gluon_ws``): up to 16 rows the rows-as-N kernel (gluon_ws_swap's
+partitions; an N of 8 up to 8 rows), above it the row-major kernel with the pick's PREFETCH, DRAFT_BRANCH and FOLD
+(Q is loaded before the partitions: the pick's EARLY_Q is not used here).
+
+On an fp8 e4m3 cache (SGLang's ``--kv-cache-dtype fp8_e4m3``; ``ragged_split_kv_gluon_fp8``): the fp8 pick's kernel
+(gluon_ws_fp8: the staged s22 ring up to 8 rows, the direct d2 ring up to 16, the math in fp16) behind the same
 entry (``_fp8_ragged_partial_kernel``), the draft rows read from the fp8 cache where the hook stored them, the cache's
 one scale applied to each converted tile; above 16 rows an N of 32 (``FP8_N32_RINGS``) and, above 32, row tiles of
-whole draft tokens (``fp8_tile_rows``; 8 heads x 8 draft tokens: two tiles of 32), each reading the split's KV.
+whole draft tokens (``fp8_tile_rows``; 8 heads x 8 draft tokens: two tiles of 32), each reading the split's KV. Row
+tiles of up to 64 rows (``FP8_N64_RINGS``) run only when a caller names that ring: on the H200 they took 1.18-1.38x
+the time of the 32-row tiles, their conversion and math in series.
 
-The pick's options: PREFETCH (the token-table rows of the next refill a tile ahead), DRAFT_BRANCH (the tree mask only
-on tiles that reach the draft tokens), FOLD (interior tiles unmasked, the scale in the exponent). No logit cap (the
-Triton ragged kernel has one). CUDA sm_90 only (wgmma); the CPU test compiles it for sm_90.
+No logit cap (the Triton ragged kernel has one). CUDA sm_90 only (wgmma); the CPU tests compile it for sm_90.
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ from specdiag.kernels.gluon_ws_swap import (SWAP_MAX_ROWS, _swap_pv_loader_parti
 from specdiag.kernels.mla import BLOCK_TOKENS, D_NOPE, D_PE, D_QK, D_V
 from specdiag.kernels.splitkv_plan import GLUON_BLOCK_M, SplitKVConfig, gluon_config, one_pass_merge_fields
 
-#: the pick's merge width from 33 rows (split_gwf64_p1, run 24)
+#: value dims per merge program where the merge does not run in one pass (the pick's)
 MERGE_BLOCK_DV = 64
 
 
@@ -58,7 +63,7 @@ def _request_bounds(QO_INDPTR, KV_INDPTR, b, pid_s, n_heads, n_splits, min_split
     """Request ``b``'s lengths in a ragged batch, read on the device (both entries): where its query rows and tokens
     start, its prefix and token counts, its packed rows, and split ``pid_s``'s tokens [start, end)."""
     # lengths as int32 whatever the indptr dtypes (SGLang's qo_indptr is int32 in eager calls, int64 in the CUDA-graph
-    # buffers): the partitions' loop bounds must have one type (run 32's plugin call: int64 failed to compile there)
+    # buffers): the partitions' loop bounds must have one type (with int64 lengths the kernel fails to compile)
     q_start = gl.load(QO_INDPTR + b).to(gl.int32)
     n_draft = gl.load(QO_INDPTR + b + 1).to(gl.int32) - q_start
     kv_start = gl.load(KV_INDPTR + b).to(gl.int64)
@@ -217,8 +222,9 @@ def _fp8_ragged_partial_kernel(Q, KV8, KV_INDICES, DRAFT_LOC, MASK, QO_INDPTR, K
 
 def ragged_gluon_config(rows: int) -> SplitKVConfig:
     """The plan and merge fields of the ragged Gluon call at ``rows`` packed rows: gluon_config's 64 x 64 tile and two
-    stages, one program per SM, 64 value dims per merge program, the merge in one pass by runs 28-29's rule and
-    launched as a programmatic dependent launch (runs 36-37: 0.955-0.998 of the same call without it)."""
+    stages, one program per SM, 64 value dims per merge program, the merge in one pass where
+    ``one_pass_merge_fields`` says so, launched as a programmatic dependent launch (on the H200 the call took
+    0.955-0.998 of its time without it)."""
     return replace(gluon_config(64, 2), merge_block_dv=MERGE_BLOCK_DV, pdl=True, **one_pass_merge_fields(rows))
 
 
@@ -244,12 +250,12 @@ def ragged_split_kv_gluon_ws(q: torch.Tensor, kv: torch.Tensor, o: torch.Tensor,
                              cfg: SplitKVConfig | None = None, num_sms: int | None = None,
                              swap: bool | None = None) -> torch.Tensor:
     """Verify attention for a batch in SGLang's layout with the warp-specialized kernel; writes ``o`` [tokens, H, 512]
-    and returns it. ``swap``: the rows as the wgmma's N (gluon_ws_swap; runs 40-41: 0.94-0.96 of the row-major kernel
-    at 8-16 rows); None: where every request's rows fit one tile of ``SWAP_MAX_ROWS`` (heads x ``max_draft``), an N
-    of 8 up to 8 rows. ``q`` [tokens, H, 576] contiguous; ``kv`` [slots, (1,) 576] the layer's latent cache, holding the
-    draft rows at ``draft_loc`` [tokens] (SGLang's out_cache_loc); ``mask`` the flattened custom mask (bool or uint8);
-    ``max_draft`` the most draft tokens of any request (SGLang's ``max_extend_len``). No host synchronisation: safe
-    under CUDA-graph capture."""
+    and returns it. ``swap``: the rows as the wgmma's N (gluon_ws_swap; on the H200 0.94-0.96 of the row-major
+    kernel's time at 8-16 rows); None: where every request's rows fit one tile of ``SWAP_MAX_ROWS`` (heads x
+    ``max_draft``), an N of 8 up to 8 rows. ``q`` [tokens, H, 576] contiguous; ``kv`` [slots, (1,) 576] the layer's
+    latent cache, holding the draft rows at ``draft_loc`` [tokens] (SGLang's out_cache_loc); ``mask`` the flattened
+    custom mask (bool or uint8); ``max_draft`` the most draft tokens of any request (SGLang's ``max_extend_len``). No
+    host synchronisation: safe under CUDA-graph capture."""
     from specdiag.kernels.triton_splitkv_ragged import n_splits_for, ragged_merge  # noqa: PLC0415
 
     if q.dim() != 3 or q.shape[-1] != D_QK or not q.is_contiguous():
@@ -307,10 +313,11 @@ FP8_TILE_MAX_ROWS = 32
 #: converting warpgroup, 226,032 B) none at (112, 160)
 FP8_N32_RINGS: dict[str, tuple[int, int]] = {"d2": (104, 120), "s13": (112, 160)}
 FP8_N32_DEFAULT = "d2"
-#: session 15: row tiles of up to 64 rows at an N of 64, so a 64-row call (8 heads x 8 draft tokens) converts each KV
-#: tile once instead of once per 32-row tile; only the staged ring with one fp16 tile fits beside the 64-row Q (s12:
-#: 230,752 B), its conversion and math in series. Registers of warpgroup 1 and of the converting warpgroup, chosen by
-#: compiling for sm_90 here: (160, 96) spills the least, 752 B (WG0's 64-column softmax and its half of O^T, 128
+#: row tiles of up to 64 rows at an N of 64, so a 64-row call (8 heads x 8 draft tokens) converts each KV tile once
+#: instead of once per 32-row tile; only the staged ring with one fp16 tile fits beside the 64-row Q (s12: 230,752 B),
+#: its conversion and math in series. Only when a caller names the ring: on the H200 it took 1.18-1.38x the time of
+#: the 32-row tiles, so the plugin does not use it. Registers of warpgroup 1 and of the converting warpgroup, chosen
+#: by compiling for sm_90 here: (160, 96) spills the least, 752 B (WG0's 64-column softmax and its half of O^T, 128
 #: registers, beside a third warpgroup; 760 B with int64 qo_indptr)
 FP8_N64_RINGS: dict[str, tuple[int, int]] = {"s12": (160, 96)}
 FP8_WIDE_TILE_MAX_ROWS = 64

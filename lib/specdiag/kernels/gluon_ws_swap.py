@@ -1,27 +1,32 @@
-"""The pick's warp-specialized kernel with the query rows as the wgmma's N operand, for up to 16 rows (issue 13).
+"""The pick's warp-specialized kernel with the query rows as the wgmma's N operand, for up to 16 packed rows.
 
-Why (docs/kernel-notes.md, "Session 11 calls 7-8 outcome"): at one draft token the pick (gluon_ws) streams its KV at
-0.78-0.89 of the read floor of its own launch shape, because a ring buffer is held through its tile's math: the wgmma's
-M is 64 whatever the rows, so the scores of 8-16 query rows cost what 64 rows cost (m64n64k16 x 36 per tile) and the
-P V too (m64n256k16 x 4 per warpgroup); about 2,900 of warpgroup 0's 4,650 cycles per tile at 128k 8 x 1. Here the
-keys are the M side and the rows the N side:
+Why: the wgmma's M is 64 whatever the rows, so with the rows as M (gluon_ws) the scores of 8-16 query rows cost what
+64 rows cost (m64n64k16 x 36 per tile) and the P V too (m64n256k16 x 4 per warpgroup), and each ring buffer is held
+through that math. At one draft token gluon_ws streams its KV at only 0.78-0.89 of the read floor of its own launch
+shape on the H200, about 2,900 of warpgroup 0's 4,650 cycles per tile going to that math at 128k tokens, 8 heads x 1
+draft token. Here the keys are the M side and the rows the N side:
 
 - scores transposed, S^T [64 keys, 16 rows] = K Q^T: A = the KV tile from shared memory, B = Q [16, 576] permuted
-  (m64n16k16 x 36: a quarter of the N of the pick's);
+  (m64n16k16 x 36: a quarter of the N of gluon_ws's);
 - the online softmax runs down the keys (axis 0: a reduction across the warpgroup's four warps);
 - P^T [64 keys, 16 rows] to shared memory, the B operand of both warpgroups' O^T [256 dims, 16 rows] += V^T P^T, with
   V^T the permuted half of the same KV tile as the A operand (m64n16k16 x 16 per warpgroup);
-- Q is 16 x 576 (18 KB, not the pick's 74 KB), loaded by warpgroup 0 while warpgroup 1 issues the first tiles.
+- Q is 16 x 576 (18 KB, not gluon_ws's 74 KB), loaded by warpgroup 0 while warpgroup 1 issues the first tiles.
 
-The ring, its barriers, the copies (gluon_ws ``_issue_first_tiles`` / ``_refill``), the split and the partials'
-layout are the pick's, so the merge is triton_splitkv's. Rows are packed as the pick's (row = draft token x heads +
-head; tree mask by the row's draft token). Chain or tree drafts, page_size 1, bf16 or fp16, CUDA sm_90 only (the CPU
-test compiles it for sm_90).
+On the H200 this form was faster than the row-major kernel at 8-16 rows (0.94-0.96 of its time on SGLang's layout),
+so the pick and the plugin run it up to 16 rows. With ``fit_rows`` (the pick's) calls of up to 8 rows run an N of 8:
+half the math of an N of 16.
 
-Knobs measured in session 12 (docs/kernel-notes.md, runs 43-46; none is the pick's): a timed form (``times``: both
-partitions' phases and warpgroup 0's timeline, for ws_phases), three ring buffers beside an 8-row Q (``fit_stages``),
-the rows' sums reduced once after the loop (``late_sum``) and unused shared memory (``smem_pad``). Two other forms of
-the kernel, each warp's keys a softmax of their own and a partition that only copies, are in gluon_ws_swap_alt.
+The ring, its barriers, the copies (gluon_ws ``_issue_first_tiles`` / ``_refill``, token-table rows prefetched a tile
+ahead), the split and the partials' layout are gluon_ws's, so the merge is triton_splitkv's. Rows are packed as there
+(row = draft token x heads + head; tree mask by the row's draft token). ``_swap_pv_partition`` is the P V warpgroup of
+the three- and four-partition fp8 kernels (gluon_ws_fp8), where a separate warpgroup brings the tiles in. Chain or tree
+drafts, page_size 1, bf16 or fp16, CUDA sm_90 only (the CPU tests compile it for sm_90).
+
+Off in everything that ships, and kept so that the shipped kernels' compiled code stays byte-identical: the timed form
+(``times`` / TIMED: both partitions' phases and warpgroup 0's timeline, gluon_ws ``PHASES``), three ring buffers
+beside an 8-row Q (``fit_stages``), the rows' sums kept per key lane and reduced once after the loop (``late_sum`` /
+LATE_SUM) and unused shared memory (``smem_pad`` / SMEM_PAD, which leaves the SM's L1 cache less room).
 """
 
 from __future__ import annotations
@@ -59,8 +64,8 @@ def _softmax_t(s, m_i, l_i, it, MASK, qk_scale, n_prefix, mask_stride, n_heads, 
     """Tile ``it``'s mask and online softmax down the keys of S^T [keys, rows]: P^T (``dtype``), the rows' rescale
     factor, running max and sum. A tile wholly inside the split and the prefix is not masked (the scale folded into
     the exponent); any other gets the split's end, the prefix and the tree mask of the row's draft token. With
-    LATE_SUM the running sum is kept per key lane ([keys, rows], no reduction across the warpgroup's warps per tile;
-    ``gl.sum(l, 0)`` once after the loop gives the rows' sums)."""
+    LATE_SUM (off in everything that ships) the running sum is kept per key lane ([keys, rows], no reduction across
+    the warpgroup's warps per tile; ``gl.sum(l, 0)`` once after the loop gives the rows' sums)."""
     rows = gl.arange(0, RN, layout=gl.SliceLayout(0, S_L))
     kpos = start + it * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, S_L))
     tile0 = start + it * BLOCK_N
@@ -95,9 +100,10 @@ def _swap_softmax_partition(Q, q_smem, qpe_smem, kv_smem, pe_smem, pt_smem, row_
     """Warpgroup 0: Q to shared memory, then per tile the scores S^T, the softmax down the keys, P^T and the factors
     to the worker, and O^T's first half; the partial's first half and the rows' LSE at the end (module doc). Split
     ``pid_s``'s partial rows start at ``pid_s * part_stride`` (the dense call: its rows; the ragged one: the batch's
-    most rows, in the request's block). With TIMED (the dense call) each thread sums its loop's phases in SM cycles
-    into ``TIMES[pid_s, 0]`` (gluon_ws.PHASES' names) and stamps the program's timeline (gluon_ws.TIMELINE_SLOTS);
-    LATE_SUM: ``_softmax_t``'s per-lane sums."""
+    most rows, in the request's block). TIMED and LATE_SUM are off in everything that ships (kept so the shipped
+    kernels' compiled code stays byte-identical): with TIMED (the dense call) each thread sums its loop's phases in SM
+    cycles into ``TIMES[pid_s, 0]`` (gluon_ws.PHASES' names) and stamps the program's timeline
+    (gluon_ws.TIMELINE_SLOTS); LATE_SUM: ``_softmax_t``'s per-lane sums."""
     dtype: gl.constexpr = pt_smem.dtype
     store_q(Q, q_smem, qpe_smem, 0, n_rows, RN, D_NOPE, D_PE, WARPS)
 
@@ -187,10 +193,10 @@ def _swap_pv_loader_partition(kv_smem, pe_smem, pt_smem, row_smem, kv_ready, kv_
                               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, RN: gl.constexpr, D_NOPE: gl.constexpr,
                               D_PE: gl.constexpr, D_HALF: gl.constexpr, WARPS: gl.constexpr, RAGGED: gl.constexpr,
                               TIMES=None, TIMED: gl.constexpr = False):
-    """Warpgroup 1: every KV tile's copy into the ring (the pick's, token-table rows prefetched a tile ahead; with
+    """Warpgroup 1: every KV tile's copy into the ring (gluon_ws's, token-table rows prefetched a tile ahead; with
     RAGGED the prefix's rows from TOKEN_TABLE and the draft tokens' from DRAFT_TABLE, as gluon_ws_ragged) and O^T's
-    second half; its half of the partial at the end. With TIMED each thread sums its loop's phases in SM cycles into
-    ``TIMES[pid_s, 1]`` (gluon_ws.PHASES' names)."""
+    second half; its half of the partial at the end. TIMED (off in everything that ships) sums each thread's loop
+    phases in SM cycles into ``TIMES[pid_s, 1]`` (gluon_ws.PHASES' names)."""
     LD: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [WARPS, 1], [1, 0])
     LD_PE: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, RN, 16])
@@ -251,8 +257,9 @@ def _swap_pv_loader_partition(kv_smem, pe_smem, pt_smem, row_smem, kv_ready, kv_
 @gluon.jit
 def _swap_shared_state(dtype: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, RN: gl.constexpr,
                        D_NOPE: gl.constexpr, D_PE: gl.constexpr, num_warps: gl.constexpr, FREE_COUNT: gl.constexpr = 1):
-    """Both entries' shared memory and barriers, initialized and visible to all: Q (filled by warpgroup 0), the KV
-    ring, P^T, the rows' factors, and the pick's barriers."""
+    """Both entries' shared memory and barriers (this module's and gluon_ws_ragged's), initialized and visible to
+    all: Q (filled by warpgroup 0), the KV ring, P^T, the rows' factors, and gluon_ws's barriers (``ws_barriers``;
+    FREE_COUNT is 1 in every kernel that ships)."""
     q_smem = gl.allocate_shared_memory(dtype, [RN, D_NOPE], gl.NVMMASharedLayout.get_default_for([RN, D_NOPE], dtype))
     qpe_smem = gl.allocate_shared_memory(dtype, [RN, D_PE], gl.NVMMASharedLayout.get_default_for([RN, D_PE], dtype))
     kv_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_NOPE],
@@ -275,8 +282,9 @@ def _swap_partial_kernel(Q, KV, TOKEN_TABLE, MASK, O_PART, LSE_PART, TIMES,
                          WORKER_REGS: gl.constexpr, TIMED: gl.constexpr = False, LATE_SUM: gl.constexpr = False,
                          SMEM_PAD: gl.constexpr = 0):
     """One program per split (every row in one tile of RN): the shared memory and barriers, then the partitions
-    (TIMES unused unless TIMED). SMEM_PAD: that many bytes of shared memory more, unused but for one store (an
-    experiment's knob: the SM's L1 cache gets what shared memory leaves)."""
+    (TIMES unused unless TIMED). TIMED, LATE_SUM and SMEM_PAD are off in everything that ships (kept so the shipped
+    kernels' compiled code stays byte-identical); SMEM_PAD: that many bytes of shared memory more, unused but for one
+    store (the SM's L1 cache gets what shared memory leaves)."""
     pid_s = gl.program_id(0)
     if TIMED:  # the program's entry (gluon_ws.TIMELINE_SLOTS)
         tick0 = gl.arange(0, 32 * num_warps, layout=gl.BlockedLayout([1], [32], [num_warps], [0]))
@@ -305,8 +313,8 @@ def _swap_partial_kernel(Q, KV, TOKEN_TABLE, MASK, O_PART, LSE_PART, TIMES,
 
 @dataclass(frozen=True)
 class SwapLaunch:
-    """What every rows-as-N launcher sets up the same way (``swap_launch``): the N, the merge's config, the plan, the
-    partial buffers, the partial kernels' leading arguments (Q .. n_splits, TIMES in its slot) and their shared
+    """What the rows-as-N launcher sets up before its launch (``swap_launch``): the N, the merge's config, the plan,
+    the partial buffers, the partial kernel's leading arguments (Q .. n_splits, TIMES in its slot) and its shared
     constexprs."""
 
     rn: int
@@ -330,8 +338,9 @@ class SwapLaunch:
 def _swap_pv_partition(kv_smem, pt_smem, row_smem, kv_free, p_ready, p_free, l_ready, O_PART, n_rows, part_stride,
                        n_iter, pid_s, STAGES: gl.constexpr, RN: gl.constexpr, D_HALF: gl.constexpr,
                        WARPS: gl.constexpr):
-    """Warpgroup 1 of the three-partition form: O^T's second half per tile, then the buffer released (one of
-    kv_free's two arrivals); its half of the partial at the end."""
+    """Warpgroup 1 when another warpgroup brings the tiles in (the fp8 kernels, gluon_ws_fp8 and gluon_ws_ragged):
+    O^T's second half per tile, then the buffer released (one of kv_free's two arrivals, warpgroup 0's the other);
+    its half of the partial at the end."""
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, RN, 16])
     COL_O: gl.constexpr = gl.SliceLayout(0, S_L)
     acc = gl.zeros([D_HALF, RN], gl.float32, layout=S_L)
@@ -394,12 +403,15 @@ def split_kv_gluon_swap(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 
                         times: torch.Tensor | None = None, split_round_tokens: int = BLOCK_TOKENS) -> torch.Tensor:
     """Split-KV verify attention with the rows as the wgmma's N (module doc) for up to ``SWAP_MAX_ROWS`` packed rows,
     then triton_splitkv's merge (one pass, as a programmatic dependent launch by default: the pick's); writes ``out``.
-    ``fit_rows``: an N of 8 where the rows fit it (half the math of 16 at 1-8 rows), else 16; ``fit_stages``: the
+    ``fit_rows``: an N of 8 where the rows fit it (half the math of 16 at 1-8 rows), else 16; ``split_round_tokens``:
+    each split's tokens a multiple of this (``SplitKVConfig``'s field). The pick's arguments come from
+    ``pick.pick_launch``.
+
+    Off in everything that ships (kept so the shipped kernels' compiled code stays byte-identical): ``fit_stages``, the
     ring's buffers with that N of 8 (0: ``stages``; 3 fits beside an 8-row Q, 692 B under the H200's limit, not beside
-    a 16-row one). ``late_sum``: the rows' sums kept per key lane, reduced once after the loop (``_softmax_t``).
-    ``smem_pad``: bytes of shared memory more, unused (run 46's knob). ``times`` (``gluon_ws.phase_buffer(inputs)``):
-    the timed kernel writes each partition's loop phases in SM cycles and warpgroup 0's timeline into it
-    (``ws_phases``). ``split_round_tokens``: each split's tokens a multiple of this (``SplitKVConfig``'s field)."""
+    a 16-row one); ``late_sum``, the rows' sums kept per key lane and reduced once after the loop (``_softmax_t``);
+    ``smem_pad``, bytes of shared memory more, unused; ``times`` (``gluon_ws.phase_buffer(inputs)``), the timed kernel
+    writing each partition's loop phases in SM cycles and warpgroup 0's timeline into it."""
     if fit_stages not in (0, 2, FIT_STAGES_MAX):
         raise ValueError(f"fit_stages must be 0 (the arm's stages), 2 or {FIT_STAGES_MAX}; got {fit_stages}")
     if smem_pad and (smem_pad < 512 or smem_pad & (smem_pad - 1)):
@@ -413,8 +425,8 @@ def split_kv_gluon_swap(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 
 
 
 def compile_signature(dtype: str, timed: bool, block_n: int, stages: int, rn: int) -> tuple[dict, dict]:
-    """The rows-as-N partial kernels' signature (TIMES int64 when ``timed``) and shared constexprs, for compiling them
-    ahead of time for sm_90 (``compile_sm90`` here and in gluon_ws_swap_alt)."""
+    """The rows-as-N partial kernel's signature (TIMES int64 when ``timed``) and shared constexprs, for compiling it
+    ahead of time for sm_90 (``compile_sm90``)."""
     sig = {"Q": f"*{dtype}", "KV": f"*{dtype}", "TOKEN_TABLE": "*i64", "MASK": "*u8", "O_PART": "*fp32",
            "LSE_PART": "*fp32", "TIMES": "*i64" if timed else "*fp32", "qk_scale": "fp32", "n_prefix": "i32",
            "n_kv": "i32", "n_draft": "i32", "n_heads": "i32", "n_rows": "i32", "tokens_per_split": "i32",
@@ -440,7 +452,8 @@ def compile_kernel(kernel: Any, sig: dict, const: dict) -> "triton.compiler.Comp
 def compile_sm90(block_n: int = 64, stages: int = 2, dtype: str = "bf16", rn: int = SWAP_MAX_ROWS,
                  timed: bool = False, late_sum: bool = False,
                  smem_pad: int = 0) -> "triton.compiler.CompiledKernel":
-    """The partial kernel compiled ahead of time for sm_90 (no GPU needed), for the CPU tests."""
+    """The partial kernel compiled ahead of time for sm_90 (no GPU needed), for the CPU tests and
+    scripts/kernel_ptx_hashes.py."""
     sig, const = compile_signature(dtype, timed, block_n, stages, rn)
     const.update(WORKER_REGS=WS_WORKER_REGS, TIMED=timed, LATE_SUM=late_sum, SMEM_PAD=smem_pad)
     return compile_kernel(_swap_partial_kernel, sig, const)

@@ -20,7 +20,7 @@ Counts (pure functions; units in the names):
   add 8 B per 1,152 B row = 0.7 % for int64 page_size-1 tables).
 - FLOPs = ``2 * H * T * n_kv * (576 + 512)`` (QK^T over 576 dims, PV over 512; the T x T draft
   block's masked-out entries are counted too, a < T / n_kv correction). Source: FlashMLA's
-  deep-dive formula 2*h_q*s_q*s_k*(d_k+d_v), see shared/reference/kernels.md section 1.
+  deep-dive formula 2*h_q*s_q*s_k*(d_k+d_v).
 """
 
 from __future__ import annotations
@@ -125,8 +125,8 @@ class VerifyInputs:
     cache_fp8: Optional[torch.Tensor] = field(default=None, repr=False)
     kv_scale: float = 1.0
     mask_u8: torch.Tensor = field(init=False, repr=False)  #: the mask as uint8, for kernels
-    #: two int32 counters a grid that merges inside itself waits on (gluon_ws ``grid_merge``); 0 between calls, which
-    #: put them back; calls that share these inputs must be ordered (one stream)
+    #: two int32 counters a grid that merges inside itself waits on (gluon_ws ``grid_merge``, off in everything that
+    #: ships); 0 between calls, which put them back; calls that share these inputs must be ordered (one stream)
     grid_sync: torch.Tensor = field(init=False, repr=False)
 
     def __post_init__(self) -> None:

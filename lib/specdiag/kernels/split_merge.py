@@ -3,8 +3,8 @@
 Each split s of a query row left a normalized partial output O_s [512] and its log-sum-exp L_s (base 2); the row's
 output is sum_s 2^(L_s - M) O_s / sum_s 2^(L_s - M) with M = max_s L_s. :func:`merge_two_pass` reads the L_s in a
 pass of its own, then the weighted partials BLOCK_S splits at a time; :func:`merge_one_pass` (BLOCK_S >= the split
-count) reads both in one round trip (run 28, docs/kernel-notes.md). :func:`merge_block` picks the form and the block
-of a merge launch from the split count and the configuration's merge fields.
+count) reads both in one round trip, where splitkv_plan.one_pass_merge_fields says it pays. :func:`merge_block` picks
+the form and the block of a merge launch from the split count and the configuration's merge fields.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ The plan: row tiles = ceil(rows / block_m); KV splits so that tiles x splits is 
 ``min_split_tokens``.
 Partial bytes written and read back by the merge = splits x rows x (512 x 4 + 4) B with fp32
 partials: at batch 1 with 64 rows and 132 splits that is 17 MB, which sets a floor on what a
-split kernel can reach at short contexts (see docs/kernel-notes.md).
+split kernel can reach at short contexts.
 """
 
 from __future__ import annotations
@@ -31,25 +31,29 @@ class SplitKVConfig:
                       (smaller accumulators; each recomputes the scores)
     merge_block_dv:   value dims per merge program (smaller: more merge programs in flight)
     qk_once:          split kernel (triton_splitkv) only: P and the rescale reach the P V dot through a scratch, so
-                      Triton does not compute Q K^T in both warpgroups of a 64-row, 8-warp tile (run 6)
-    pdl:              split kernel only: launch the merge as a programmatic dependent launch (sm_90), its launch
-                      overlapping the partial grid's drain (run 7)
+                      Triton does not compute Q K^T in both warpgroups of a 64-row, 8-warp tile
+    pdl:              launch the merge as a programmatic dependent launch (sm_90), its launch overlapping the partial
+                      grid's drain (the plugin's Gluon calls set it)
     merge_one_pass:   the merge loads every split of its outputs at once, lse and partials together, in one round
                       trip (8,192 fp32 per program, 8 warps; merge_block_dv then follows from the split count), where
-                      the default reads the lse in one pass and the partials in another, 64 splits at a time (run 28)
-    merge_one_pass_max_splits: the one pass only up to this many splits (padded to a power of two; run 28 measured
-                      calls with it 1.00-1.04x those with two passes at 33-129 splits from 64 rows, 0.96-0.98x at 8
-                      splits and at 8-16 rows)
+                      the default reads the lse in one pass and the partials in another, 64 splits at a time
+    merge_one_pass_max_splits: the one pass only up to this many splits (padded to a power of two; on the H200 calls
+                      with it took 1.00-1.04x those with two passes at 33-129 splits from 64 rows, 0.96-0.98x at 8
+                      splits and at 8-16 rows: ``one_pass_merge_fields``)
     join_tail_tokens: when the last split would hold this many tokens or fewer, the split before it takes them and
                       the plan has one split fewer (0: never). n_kv = prefix + draft tokens, so a prefix that is a
-                      multiple of the split leaves the draft tokens a split of their own (128k h8T8: 129 splits, the
-                      last of 8 tokens, which the merge pads to 256). split_kv_triton and split_kv_gluon_ws only
-                      (their last split ends at n_kv; run 30)
+                      multiple of the split leaves the draft tokens a split of their own (128k tokens, 8 heads x 8
+                      draft tokens: 129 splits, the last of 8 tokens, which the merge pads to 256). split_kv_triton
+                      and split_kv_gluon_ws only (their last split ends at n_kv)
     split_round_tokens: each split's tokens a multiple of this (64: a tile's, and a page's of the block layout, which
                       the block-table kernels need). 1 cuts the KV into equal shares of tokens: at 128k and one
                       draft token a 64-token round gives 129 splits of 1,024 tokens (3 of 132 SMs idle, the rest
                       3 % over an equal share of 993), a round of 1 gives 132 of 993 (the last split's last tile
-                      partly filled). Token-table kernels only (page_size 1); session 15.
+                      partly filled). Token-table kernels only (page_size 1). Everything that ships keeps 64: on the
+                      H200 equal shares took 1.003-1.040x the time on a bf16 cache and 0.987-1.007x on fp8.
+
+    Off in everything that ships (the plugin, the pick and the kernel A/B's arms), and kept so that the kernels
+    compile as they ship: partial_bf16, evict_first, dv_split > 1, qk_once, join_tail_tokens > 0.
     """
 
     block_m: int = 64
@@ -91,16 +95,16 @@ class SplitPlan:
 def default_config(rows: int) -> SplitKVConfig:
     """The launch parameters used when none are given, by packed rows (heads x draft tokens).
 
-    The fastest correct configurations of the tuning sweep on the H200 (data/reference/kernel-ab-h200,
-    table kernel_ab_tuning; docs/kernel-notes.md has the measurements behind each choice).
+    The fastest correct configurations of a tuning sweep of triton_splitkv on the H200 (tiles, warps, stages,
+    programs per SM, merge width, value-dim split); each branch notes its time at 128k tokens and the nearest rivals'.
     """
-    if rows <= 32:  # run 2: 59.7 us at h8 T1 128k (one program per SM: 70.5 us; 32-token tiles: 65.1 us)
+    if rows <= 32:  # 59.7 us at 8 heads x 1 draft token (one program per SM: 70.5 us; 32-token tiles: 65.1 us)
         return SplitKVConfig(block_m=16 if rows <= 16 else 32, block_n=64, num_warps=4, num_stages=2,
                              programs_per_sm=2.0, merge_block_dv=16)
-    if rows <= 128:  # run 2: 98.0 us at h8 T8 128k (16 warps: 181.7 us; value dims split: 162.1 us)
+    if rows <= 128:  # 98.0 us at 8 heads x 8 draft tokens (16 warps: 181.7 us; value dims split: 162.1 us)
         return SplitKVConfig(block_m=64, block_n=64, num_warps=8, num_stages=3, programs_per_sm=1.0,
                              merge_block_dv=16)
-    # run 2: 1.149 ms at h16 T64 128k (3 stages: 1.196 ms; 16 warps: 2.419 ms)
+    # 1.149 ms at 16 heads x 64 draft tokens (3 stages: 1.196 ms; 16 warps: 2.419 ms)
     return SplitKVConfig(block_m=64, block_n=64, num_warps=8, num_stages=2, programs_per_sm=1.0, merge_block_dv=16)
 
 
@@ -110,9 +114,9 @@ GLUON_NUM_WARPS = 8
 
 
 def gluon_config(block_n: int = 64, stages: int = 2) -> SplitKVConfig:
-    """The split plan's parameters of the Gluon kernel at every row count: 64-row tiles, one program per SM (its
-    shared memory: 229,888 B at (64, 2), 188,928 B at (32, 3), Triton 3.6 for sm_90), ``block_n`` tokens per KV tile,
-    ``stages`` tiles in the ring."""
+    """The split plan's parameters of the Gluon kernels at every row count: 64-row tiles, one program per SM
+    (gluon_ws's shared memory compiled with Triton 3.6 for sm_90: 229,900 B at (64, 2), 188,972 B at (32, 3)),
+    ``block_n`` tokens per KV tile, ``stages`` tiles in the ring."""
     return SplitKVConfig(block_m=GLUON_BLOCK_M, block_n=block_n, num_warps=GLUON_NUM_WARPS, num_stages=stages,
                          programs_per_sm=1.0, merge_block_dv=16)
 
@@ -143,15 +147,14 @@ def split_count(n_kv: int, per_split: int, join_tail_tokens: int = 0) -> int:
     return n_splits
 
 
-#: Runs 28-29 (docs/kernel-notes.md): the merge kernel in one pass paid below 33 rows (8-16 rows, 132-257 splits:
-#: 0.96-0.97 of the two-pass call at 64k-128k) and at 8 splits from 64 rows (0.98); from 33 rows at 33-129 splits
-#: it did not (1.00-1.04). The rule the suite's pick (split_gwrp_p1 in run 37, split_gwrpqr_p1 since run 39) and the plugin's ragged
-#: kernels follow.
+#: On the H200 the merge kernel in one pass paid below 33 rows (8-16 rows, 132-257 splits: 0.96-0.97 of the two-pass
+#: call's time at 64k-128k tokens) and at 8 splits from 64 rows (0.98); from 33 rows at 33-129 splits it did not
+#: (1.00-1.04). The rule the pick and the plugin's kernels follow (``one_pass_merge_fields``).
 ONE_PASS_MAX_SPLITS_FROM_33_ROWS = 16
 
 
 def one_pass_merge_fields(rows: int) -> dict:
-    """The merge fields of runs 28-29's rule at ``rows`` packed rows: one pass at every split count up to 32 rows,
+    """The merge fields of the one-pass rule at ``rows`` packed rows: one pass at every split count up to 32 rows,
     up to ``ONE_PASS_MAX_SPLITS_FROM_33_ROWS`` splits above."""
     return {"merge_one_pass": True,
             "merge_one_pass_max_splits": 512 if rows <= 32 else ONE_PASS_MAX_SPLITS_FROM_33_ROWS}
@@ -159,9 +162,9 @@ def one_pass_merge_fields(rows: int) -> dict:
 
 def plan_splits_coresident(rows: int, n_kv: int, cfg: SplitKVConfig, num_sms: int) -> SplitPlan:
     """``plan_splits`` with at most ``num_sms`` programs (one per SM): the plan of a grid whose programs all run at
-    once and wait for each other (gluon_ws's merge inside the grid, a cooperative launch). plan_splits rounds the
-    splits per row tile to the nearest integer, so 7 row tiles on 132 SMs get 19 splits (133 programs); here the
-    splits per row tile are rounded down (18: 126 programs)."""
+    once and wait for each other (gluon_ws's merge inside the grid, a cooperative launch; off in everything that
+    ships). plan_splits rounds the splits per row tile to the nearest integer, so 7 row tiles on 132 SMs get 19 splits
+    (133 programs); here the splits per row tile are rounded down (18: 126 programs)."""
     plan = plan_splits(rows, n_kv, cfg, num_sms)
     if plan.n_tiles * plan.n_splits <= num_sms:
         return plan
@@ -186,17 +189,17 @@ def describe_plan(rows: int, n_kv: int, cfg: SplitKVConfig, num_sms: int, coresi
 
 # ---- shared memory of the ragged kernel (triton_splitkv_ragged._ragged_partial_kernel) and the ladder ----
 
-#: The H200's (sm_90) shared memory per block with opt-in, as Triton reported it in the failed launch
-#: (OutOfResources "Hardware limit: 232448"; /work/devres/plugin1 gpu-tests.log, 2026-11-30).
+#: The H200's (sm_90) shared memory per block with opt-in, as Triton reports it when a launch asks for more
+#: (OutOfResources "Hardware limit: 232448").
 SHARED_LIMIT_SM90 = 232448
 #: Room kept below the limit when a configuration is chosen by the formula (tiles not in RAGGED_SHARED_SM90).
 SHARED_MARGIN = 16384
 
-#: Shared memory of the ragged partial kernel (run 30's form: one tile serves as keys and values), compiled with
-#: Triton 3.6.0 for sm_90, bf16, by (block_m, block_n, num_warps, num_stages): every rung of ragged_config_ladder and
-#: default_config's tiles (pointers and the strides SGLang passes marked divisible by 16, as at run time; 2026-12-01,
-#: tests/test_splitkv_shared.py compiles them again). The form before run 30 loaded a separate value tile: 295,936 B
-#: at (64, 64, 8, 3), the failed H200 launch of session 2, and 227,328 B at (16, 64, 4, 2).
+#: Shared memory of the ragged partial kernel (one tile serves as keys and values), compiled with Triton 3.6.0 for
+#: sm_90, bf16, by (block_m, block_n, num_warps, num_stages): every rung of ragged_config_ladder and default_config's
+#: tiles (pointers and the strides SGLang passes marked divisible by 16, as at run time; tests/test_splitkv_shared.py
+#: compiles them again). A form that loads a separate value tile needs 295,936 B at (64, 64, 8, 3), more than sm_90
+#: has, and 227,328 B at (16, 64, 4, 2).
 RAGGED_SHARED_SM90: dict[tuple[int, int, int, int], int] = {
     (64, 64, 8, 3): 230400, (64, 64, 8, 2): 229376, (64, 64, 8, 1): 147456,
     (64, 32, 8, 3): 156160, (64, 32, 8, 2): 155648, (64, 32, 4, 2): 155648, (64, 32, 8, 1): 131072,
@@ -240,7 +243,7 @@ def ragged_shared_is_compiled(cfg: SplitKVConfig) -> bool:
 def ragged_config_ladder(rows: int) -> list[SplitKVConfig]:
     """Configurations to try for the ragged kernel, fastest first, each needing less shared memory.
 
-    The first is the tuned default of the non-ragged kernel (default_config) with runs 28-29's merge
+    The first is the tuned default of the non-ragged kernel (default_config) with the one-pass merge rule
     (``one_pass_merge_fields``); the rungs below halve the KV tile, then the row tile, ending at 16 x 16
     tiles (37,888 B compiled; without pipelining that tile needs more, 51,200 B, so no rung drops it).
     """

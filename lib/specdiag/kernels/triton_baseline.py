@@ -1,6 +1,6 @@
-"""The baseline: SGLang's CUDA verify-attention structure for MLA, in Triton.
+"""The baseline: SGLang's CUDA verify-attention structure for MLA, in Triton (the kernel A/B's ``baseline`` arm).
 
-Structure (shared/reference/kernels.md section 3, from SGLang's ``extend_attention_fwd``):
+Structure (from SGLang's ``extend_attention_fwd``):
 one program per (head, block of 32 draft tokens), grid ``(H, cdiv(T, 32))``; each program walks the
 whole prefix serially in 64-token tiles through a page_size 1 token index table (stage 1: no mask),
 then the draft block under the tree mask (stage 2). For Lq = 576 SGLang splits the query into 512

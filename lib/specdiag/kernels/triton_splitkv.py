@@ -1,6 +1,10 @@
 """Split-KV MLA verify attention in Triton: the whole GPU on one request.
 
-Design (shared/reference/kernels.md sections 2 and 4; FlashMLA and FlashInfer split the same way):
+The kernel A/B's ``split_triton`` (token table) and ``split_triton_b64`` (64-token pages) arms run it with
+``default_config``; its merge launch (:func:`merge_partials`) is also the dense Gluon kernels' (gluon_ws, gluon_ws_swap,
+gluon_ws_fp8). The plugin's Triton fallback is the same design on SGLang's layout (triton_splitkv_ragged).
+
+Design (FlashMLA and FlashInfer split the same way):
 
 - Rows: the H x T query rows of the request are packed into tiles of ``block_m`` rows (row
   r = t*H + h), so every KV tile loaded is used by all the heads and draft tokens of the tile at once:
@@ -15,7 +19,7 @@ Design (shared/reference/kernels.md sections 2 and 4; FlashMLA and FlashInfer sp
   tile and the draft block run in a second, masked loop (tree mask on draft x draft).
 - Indexing: page_size 1 reads a token index table (one int64 per row, prefetched by the pipeline
   like the rows); page_size 64 reads one int32 block id per tile and the rows are contiguous.
-- Scores once (``qk_once``, run 6; docs/kernel-notes.md "Run 6 (planned)"): with 64-row tiles and 8 warps Triton
+- Scores once (``qk_once``; off in everything that ships): with 64-row tiles and 8 warps Triton
   3.6 lays Q K^T out for both warpgroups (a dot whose result feeds another dot gets numWarps x 1 warps, 128 rows
   of warps over 64 rows of scores), so each warpgroup computes the whole score tile. With ``qk_once`` the full-tile
   loop hands P and the rescale factor to the P V dot through a per-program scratch in global memory (L1) after a
@@ -26,6 +30,10 @@ Design (shared/reference/kernels.md sections 2 and 4; FlashMLA and FlashInfer sp
 - Merge: each split writes its normalized partial output (fp32, or bf16 when ``partial_bf16``)
   and its base-2 log-sum-exp; a second kernel with one program per (row, 64 value dims) weights the
   partials by exp2(lse - max lse). With a single split the first kernel writes the output directly.
+
+Off in everything that ships, and kept so that the kernels compile as they ship: ``qk_once``, ``dv_split`` > 1,
+``evict_first``, ``partial_bf16`` (SplitKVConfig fields), and the launcher's ``timeline``, ``partial_only`` and
+caller-owned partial buffers, which time the partial kernel and the merge apart.
 """
 
 from __future__ import annotations
@@ -92,7 +100,7 @@ def _split_partial_kernel(
 ):
     pid_m = tl.program_id(0)  # row tile x DV_SPLIT + value part
     pid_s = tl.program_id(1)
-    if TIMELINE:  # run 7's per-program timeline (anatomy.py): entry, end of the full-tile loop, after the stores; SM
+    if TIMELINE:  # per-program timeline, off in everything that ships: entry, full-tile loop's end, stores; SM
         tl_row = TL + (pid_s * tl.num_programs(0) + pid_m).to(tl.int64) * 4
         tl.store(tl_row, _globaltimer())
         tl.store(tl_row + 3, _smid().to(tl.int64))
@@ -222,7 +230,7 @@ def _merge_kernel(O_PART, LSE_PART, OUT, n_splits, n_rows,
     if PDL:  # launched early (programmatic dependent launch): wait for the partial grid's completion and stores
         gdc_wait()
     dv = tl.program_id(1) * BLOCK_DV + tl.arange(0, BLOCK_DV)
-    if ONE_PASS:  # BLOCK_S >= n_splits: the row's lse and this block's partials in one round trip (run 28)
+    if ONE_PASS:  # BLOCK_S >= n_splits: the row's lse and this block's partials in one round trip
         merged = merge_one_pass(O_PART, LSE_PART, 0, n_splits, n_rows, row, dv, BLOCK_S, D_V)
     else:
         merged = merge_two_pass(O_PART, LSE_PART, 0, n_splits, n_rows, row, dv, BLOCK_S, BLOCK_DV, D_V)
@@ -236,11 +244,12 @@ def split_kv_triton(inputs: VerifyInputs, out: torch.Tensor, page_size: int = 1,
     """Run split-KV verify attention on CUDA; writes ``out`` [T, H, 512] bf16 and returns it.
 
     page_size 1 reads ``inputs.token_table``; page_size 64 reads ``inputs.block_table``.
-    ``partial_only`` skips the merge (``out`` is then not written): only for timing the first kernel alone.
+    The last four arguments are off in everything that ships and serve to time the two launches apart:
+    ``partial_only`` skips the merge (``out`` is then not written), for timing the first kernel alone.
     ``timeline`` (int64, 4 per program, CUDA only): each partial program writes its %globaltimer at entry, at the end
-    of its full-tile loop and after its stores (ns), and its %smid (anatomy.py's timeline).
+    of its full-tile loop and after its stores (ns), and its %smid.
     ``o_part`` / ``lse_part``: the caller's partial buffers ([splits, rows, 512], [splits, rows]; fp32 or bf16 as
-    ``cfg.partial_bf16`` says) instead of new ones, so a caller can time the merge alone on them (anatomy.py).
+    ``cfg.partial_bf16`` says) instead of new ones, so a caller can time the merge alone on them.
     """
     q, cache = inputs.q, inputs.cache
     if not (q.is_contiguous() and q.shape[-1] == D_QK and cache.shape[-1] == D_QK and cache.stride(1) == 1):

@@ -1,5 +1,9 @@
 """The split-KV verify kernel on SGLang's ragged batch layout, safe inside a captured CUDA graph.
 
+The SGLang plugin's fallback: it serves where the Gluon kernels (gluon_ws_ragged) cannot run (another GPU than sm_90,
+a logit cap, a non-contiguous q) or failed once, with a configuration from splitkv_plan's ladder that fits the GPU's
+shared memory. The kernel A/B's ``plugin_triton`` arm times it.
+
 Same design as triton_splitkv.py (rows = draft tokens x heads packed into tiles, the KV cut into
 splits, a partial output and base-2 log-sum-exp per split, an LSE merge), but every length is read
 on the device, so one launch serves any context length and a CUDA graph captured at one length
@@ -11,9 +15,9 @@ replays correctly at another:
   of ``k_ext`` [tokens, 1, 576] (SGLang passes the draft block's K as a tensor, not through the index),
   and their values are those rows' first 512 dims too: what SGLang's MLA pool keeps of them
   (``MLATokenToKVPool.set_kv_buffer`` stores ``cache_k`` only; DeepSeek passes ``v = k_nope``, the
-  first 512 dims of ``k``). One tile serves as keys and values, as in triton_splitkv: run 30 measured
-  the form that loaded a separate value tile from ``v_ext`` at 1.5-1.7x the split kernel's time at one
-  draft token (its shared memory, 122,880 B at 16 x 32 tiles, left one program per SM).
+  first 512 dims of ``k``). One tile serves as keys and values, as in triton_splitkv: a form that
+  loaded a separate value tile from ``v_ext`` took 1.5-1.7x the split kernel's time at one draft token
+  on the H200 (its shared memory, 122,880 B at 16 x 32 tiles, left one program per SM).
 - The verify tree's mask is SGLang's flattened custom mask: request b's row t starts at
   ``mask_indptr[b] + t * (P + T)``; its column ``P + j`` says whether draft token t sees draft token j.
   The prefix columns are not read (SGLang's ``skip_prefix_custom_mask``: the prefix is fully visible).
@@ -21,9 +25,9 @@ replays correctly at another:
   range from the request's length: ``per_split = roundup64(max(ceil(n_kv / n_splits), min_split))``,
   so short contexts use fewer splits and programs past the end return at once. The merge reads the
   same count; in one pass (the lse and the partials in one round trip, split_merge.merge_one_pass) where the
-  configuration says so, as the plugin's ladder does by runs 28-29's rule (splitkv_plan.one_pass_merge_fields).
-- :func:`ragged_args` lays one specdiag VerifyInputs out this way, so the kernel A/B harness times the plugin's kernel
-  (the ``ragged_p1`` arms) on the same cases as the others.
+  configuration says so, as the plugin's ladder does (splitkv_plan.one_pass_merge_fields).
+- :func:`ragged_args` lays one specdiag VerifyInputs out this way, so the kernel A/B (specdiag.steps.kernel_ab) times
+  the plugin's kernels (the ``plugin``, ``plugin_fp8`` and ``plugin_triton`` arms) on the same cases as the others.
 - Scores: ``s = (q . k) * sm_scale``, then ``cap * tanh(s / cap)`` when a logit cap is set (SGLang's
   definition, natural-log units), then the softmax in base 2.
 """
@@ -161,7 +165,7 @@ def _ragged_merge_kernel(
 ):
     row = tl.program_id(0)
     b = tl.program_id(2)
-    if PDL:  # launched early (programmatic dependent launch, run 37): wait for the partial grid's completion and stores
+    if PDL:  # launched early (programmatic dependent launch): wait for the partial grid's completion and stores
         gdc_wait()
     q_start = tl.load(QO_INDPTR + b)
     n_draft = tl.load(QO_INDPTR + b + 1) - q_start
@@ -174,7 +178,7 @@ def _ragged_merge_kernel(
     n_active = tl.cdiv(n_kv, per_split)
     dv = tl.program_id(1) * BLOCK_DV + tl.arange(0, BLOCK_DV)
     base = (b * n_splits).to(tl.int64)
-    if ONE_PASS:  # BLOCK_S >= n_splits >= n_active: the lse and the partials in one round trip (runs 28-29)
+    if ONE_PASS:  # BLOCK_S >= n_splits >= n_active: the lse and the partials in one round trip
         merged = merge_one_pass(O_PART, LSE_PART, base, n_active, max_rows, row, dv, BLOCK_S, D_V)
     else:
         merged = merge_two_pass(O_PART, LSE_PART, base, n_active, max_rows, row, dv, BLOCK_S, BLOCK_DV, D_V)

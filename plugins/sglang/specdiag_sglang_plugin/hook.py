@@ -2,14 +2,15 @@
 
 Registered on ``sglang.srt.layers.attention.triton_backend.TritonAttnBackend.forward_extend``
 (AROUND): a call the kernel can serve (translate.decide) stores the draft block's KV exactly as
-SGLang does and runs the ragged split-KV Triton kernel; every other call goes to SGLang's own
-method unchanged. Each distinct decision is logged once per process ("which path runs and why").
+SGLang does and runs specdiag's split-KV kernel on SGLang's ragged layout (which one: below); every
+other call goes to SGLang's own method unchanged. Each distinct decision is logged once per process
+("which path runs and why").
 
 The mode comes from ``SPECDIAG_SGLANG_VERIFY`` when SGLang loads the plugin:
 - ``splitkv`` (default): the hook above.
 - ``upstream``: no hook on forward_extend; SGLang's own split-KV verify (verify_splitkv.py, gated to
-  gfx95 and topk 1 upstream) is switched on for every Triton backend (the comparison's third arm).
-  It computes a causal draft block: exact for chain drafts only.
+  gfx95 and topk 1 upstream) is switched on for every Triton backend, to compare with the plugin's
+  kernel and SGLang's default. It computes a causal draft block: exact for chain drafts only.
 - ``off``: nothing is registered; SGLang runs unchanged.
 
 ``SPECDIAG_SGLANG_NGRAM_TAIL`` (``1`` by default, ``0`` to leave it out; modes splitkv and upstream):
