@@ -1,0 +1,110 @@
+"""09's measurement: the same requests against every arm (a server), rows into one ``engine_ab`` table.
+
+An arm is a name and a server (a URL: a live server, or one the launcher started). Per arm and context:
+
+1. **prefill**: a prompt no cache holds (the cache emptied once per arm where the server allows, else each prompt
+   given a unique head), asking for ``prefill_new_tokens`` tokens: its TTFT is the prefill of the whole prompt
+   (``phase`` "prefill");
+2. **decode**: the same prompt again ``repeats`` times, ``max_new_tokens`` each, the cache NOT flushed: the server
+   serves the prompt from its prefix cache, so each request is a short prefill of the tail and a clean decode at that
+   context (``phase`` "decode"; ``cached_tokens`` says how much the server reused).
+
+So a long context's prefill is paid once per arm, not once per decode repeat (a 128k-token prefill on SGLang's Triton
+backend takes minutes at a model's depth). :func:`prefill_all` and :func:`decode_all` are the two phases, so a driver
+can run the arms' prefills side by side (``concurrent`` says how many ran at once: those TTFTs are not an arm's own)
+and their decodes one arm at a time. Each row is :func:`specdiag.measure.metrics.sweep_row`'s plus ``arm``,
+``phase``, ``repeat``, ``seed``, ``concurrent``; rows are appended as they are measured (``run.append_row``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Iterable, Optional
+
+from specdiag.runs import Run
+
+TABLE = "engine_ab"
+KIND = "novel"  #: prose the drafter cannot predict: the investigation's worst case
+
+
+def prompt_seed(context_tokens: int, seed: int = 0) -> int:
+    """One seed per context, the same for every arm: every arm reads the same prompt at a context."""
+    return seed * 1_000_003 + int(context_tokens)
+
+
+def _send_row(client: Any, ids: list[int], arm: str, ctx: int, labels: dict[str, Any], max_new_tokens: int
+              ) -> dict[str, Any]:
+    from specdiag.measure.metrics import error_row, sweep_row  # noqa: PLC0415
+    from specdiag.measure.request import send  # noqa: PLC0415
+
+    res = send(client, ids, max_new_tokens)
+    if res.trace is None:
+        return error_row(ctx, res.error or "no trace", res.t_send_unix_s, arm=arm, **labels)
+    return sweep_row(res.trace, ctx, arm=arm, **labels)
+
+
+def prefill_all(run: Run, client: Any, arm: str, contexts: Iterable[int], seed: int = 0, prefill_new_tokens: int = 2,
+                concurrent: int = 1, deadline_s: Optional[float] = None,
+                progress: Callable[[str], None] = lambda s: None) -> dict[int, list[int]]:
+    """Phase 1 on one arm: the prefix cache emptied once (or, where the server offers no reset, each prompt given a
+    unique head), then each context's prompt prefilled (module doc). Returns the prompts sent, by context: phase 2
+    sends them again."""
+    from specdiag.measure.fresh_prompt import freshen  # noqa: PLC0415
+    from specdiag.measure.metrics import error_row  # noqa: PLC0415
+    from specdiag.measure.request import ADD_SPECIAL_TOKENS, exact_prompt  # noqa: PLC0415
+
+    prompts: dict[int, list[int]] = {}
+    flushed: Optional[bool] = None
+    for i, ctx in enumerate(int(c) for c in contexts):
+        if deadline_s is not None and time.monotonic() > deadline_s:
+            progress(f"{arm}: prefill at {ctx:,} tokens not started (time budget)")
+            break
+        labels = {"phase": "prefill", "repeat": 0, "seed": prompt_seed(ctx, seed), "prompt_kind": KIND,
+                  "max_new_tokens": prefill_new_tokens, "concurrent": concurrent}
+        t0 = time.time()
+        try:
+            prompt = exact_prompt(client, ctx, KIND, labels["seed"])
+            if i == 0 or not flushed:  # one reset for the arm; without one, every prompt its own head
+                prompt, flushed = freshen(client, prompt, reset=True, add_special_tokens=ADD_SPECIAL_TOKENS)
+        except Exception as exc:  # noqa: BLE001 - the row says why
+            row = error_row(ctx, f"prompt: {exc}", t0, arm=arm, **labels)
+        else:
+            prompts[ctx] = list(prompt.input_ids)
+            row = _send_row(client, prompts[ctx], arm, ctx, {**labels, "cache_flushed": flushed}, prefill_new_tokens)
+        run.append_row(TABLE, row)
+        progress(f"{arm:>26} prefill {ctx:>7,}: TTFT {row.get('ttft_s')} s, {row.get('prefill_tok_s')} tok/s"
+                 + (f" ERROR {row['error']}" if row.get("error") else ""))
+    return prompts
+
+
+def decode_all(run: Run, client: Any, arm: str, prompts: dict[int, list[int]], repeats: int | dict[int, int] = 3,
+               max_new_tokens: int | dict[int, int] = 16, seed: int = 0, deadline_s: Optional[float] = None,
+               progress: Callable[[str], None] = lambda s: None, first_repeat: int = 0) -> list[dict[str, Any]]:
+    """Phase 2 on one arm: ``repeats`` requests per context on the prompt phase 1 left in the prefix cache.
+    ``repeats`` and ``max_new_tokens`` may differ per context (a slow arm at depth gets fewer, shorter ones);
+    ``first_repeat`` numbers the first of them (a caller measuring in steps)."""
+    rows = []
+    for ctx, ids in prompts.items():
+        n = repeats.get(ctx, 3) if isinstance(repeats, dict) else repeats
+        m = max_new_tokens.get(ctx, 16) if isinstance(max_new_tokens, dict) else max_new_tokens
+        for r in range(first_repeat, first_repeat + n):
+            if deadline_s is not None and time.monotonic() > deadline_s:
+                progress(f"{arm}: decode at {ctx:,} tokens, repeat {r}, not started (time budget)")
+                return rows
+            labels = {"phase": "decode", "repeat": r, "seed": prompt_seed(ctx, seed), "prompt_kind": KIND,
+                      "max_new_tokens": m, "concurrent": 1, "cache_flushed": None}
+            row = _send_row(client, ids, arm, ctx, labels, m)
+            run.append_row(TABLE, row)
+            rows.append(row)
+            progress(f"{arm:>26} decode  {ctx:>7,} #{r}: {row.get('step_ms')} ms/step, "
+                     f"{row.get('decode_tok_s')} tok/s, cached {row.get('cached_tokens')}"
+                     + (f" ERROR {row['error']}" if row.get("error") else ""))
+    return rows
+
+
+def measure_arm(run: Run, client: Any, arm: str, contexts: Iterable[int], repeats: int = 3, max_new_tokens: int = 16,
+                seed: int = 0, deadline_s: Optional[float] = None,
+                progress: Callable[[str], None] = lambda s: None) -> list[dict[str, Any]]:
+    """Both phases on one arm, alone on its server (the notebook's live path)."""
+    prompts = prefill_all(run, client, arm, contexts, seed, deadline_s=deadline_s, progress=progress)
+    return decode_all(run, client, arm, prompts, repeats, max_new_tokens, seed, deadline_s, progress)

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# 09's engine A/B on one GPU in one call: SGLang 0.5.17 staged (scripts/device/sglang_site.sh), the plugin installed,
+# a random-weight model with the investigation's per-GPU attention in LAYERS layers (data/models/make_mla_model.py),
+# then scripts/engine_ab.py: every arm's server started together, prefilled side by side, decoded one at a time.
+# Run from the repository root:
+#
+#   OUT=/path [LAYERS=61] [BUDGET=500] [CONTEXTS=1024,16384,65536,131072] [CLEAN=16384,65536] [ARMS=...] \
+#     bash scripts/device/engine_ab_job.sh
+#
+# SGLang comes from /tmp/site, or is joined from /tmp/stage/part.* (an earlier call) and .rs2/part.* (this call's
+# carry) as sglang_site.sh says. $OUT receives engine-ab.tar.gz (the run folder, the model's config.json, the servers'
+# logs), job.log and env.txt.
+set -uo pipefail
+OUT=${OUT:?set OUT to the folder to write results to}
+LAYERS=${LAYERS:-61}
+BUDGET=${BUDGET:-500}
+CONTEXTS=${CONTEXTS:-1024,16384,65536,131072}
+CLEAN=${CLEAN:-16384,65536}
+ARMS=${ARMS:-triton,triton_plugin,flashinfer,fi_prefill_plugin,triton_upstream}
+SITE=${SITE:-/tmp/site}
+t0=$(date +%s)
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+# shellcheck source=scripts/device/sglang_site.sh
+. scripts/device/sglang_site.sh
+log=$OUT/job.log
+stage_sglang_site "$SITE" "$log" engine-ab || exit $?
+install_plugin /tmp/plugin "$log" engine-ab
+{
+  echo "date: $(date -u +%FT%TZ)"; echo "git: $(git rev-parse HEAD 2>/dev/null || echo none)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv 2>&1
+  PYTHONPATH=$SITE python3 -c "import sys, torch, triton, sglang, flashinfer, transformers; print('python', sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__, 'sglang', sglang.__version__, 'flashinfer', flashinfer.__version__, 'transformers', transformers.__version__)" 2>&1 | tail -1
+} > "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+python3 data/models/make_mla_model.py --out /tmp/mla$LAYERS --layers "$LAYERS" --seed 0 >> "$log" 2>&1 \
+  || { echo "[engine-ab] model failed" | tee -a "$log"; exit 5; }
+echo "[engine-ab] model /tmp/mla$LAYERS after $(( $(date +%s) - t0 )) s: $(du -sh /tmp/mla$LAYERS | cut -f1)" | tee -a "$log"
+left=$(( BUDGET - ($(date +%s) - t0) ))
+run=/tmp/engine-ab
+rm -rf "$run"
+PYTHONPATH=$SITE:$PWD/lib timeout $(( left + 30 )) python3 scripts/engine_ab.py --out "$run" --model-path /tmp/mla$LAYERS \
+  --site "$SITE" --plugin-path /tmp/plugin --arms "$ARMS" --contexts "$CONTEXTS" --clean-contexts "$CLEAN" \
+  --budget-s "$left" 2>&1 | tee -a "$log" | grep -E "ready|FAILED|done|prefill 131|decode  131,072 #0" 
+echo "[engine-ab] driver exit ${PIPESTATUS[0]} after $(( $(date +%s) - t0 )) s" | tee -a "$log"
+cp /tmp/mla$LAYERS/config.json "$run/model-config.json" 2>/dev/null
+mkdir -p "$run/servers" && for f in "$run"/server-*.log; do [ -f "$f" ] && tail -c 200000 "$f" > "$run/servers/$(basename "$f")" && rm -f "$f"; done
+tar -czf "$OUT/engine-ab.tar.gz" -C /tmp engine-ab
+tail -5 "$log"
