@@ -71,7 +71,7 @@ def arm_env(arm: str, args: argparse.Namespace, work: Path) -> dict[str, str]:
     return env
 
 
-def make_server(arm: str, args: argparse.Namespace, work: Path):
+def make_server(arm: str, args: argparse.Namespace, work: Path, mem_fraction: float | None = None):
     from specdiag.launchers import ManagedServer  # noqa: PLC0415
 
     log_path = work / f"server-{arm}.log"
@@ -87,7 +87,7 @@ def make_server(arm: str, args: argparse.Namespace, work: Path):
     spec = ARMS[arm]
     launch = SGLangLaunch(model_path=args.model_path, algorithm="NGRAM", num_draft_tokens=args.draft_tokens,
                           attention_backend=spec["backend"], context_length=args.context_length,
-                          mem_fraction_static=args.mem_fraction,
+                          mem_fraction_static=mem_fraction or args.mem_fraction,
                           extra_args=("--log-level", "info", "--max-total-tokens", str(args.max_total_tokens),
                                       *spec["extra"]),
                           env=arm_env(arm, args, work), python=sys.executable)
@@ -129,6 +129,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context-length", type=int, default=140000)
     ap.add_argument("--max-total-tokens", type=int, default=300000)
     ap.add_argument("--mem-fraction", type=float, default=0.16)
+    ap.add_argument("--mem-fractions", default="",
+                    help="per arm in start order (SGLang sizes a pool from the memory free when it starts: servers "
+                         "started one after another each get a share of what the earlier ones left)")
+    ap.add_argument("--stagger-pattern", default="KV Cache is allocated",
+                    help="start the next server once the last one's log shows this (its pool is sized); '' starts "
+                         "them all at once")
+    ap.add_argument("--stagger-max-s", type=float, default=120.0)
     ap.add_argument("--site", default="")
     ap.add_argument("--plugin-path", default="")
     ap.add_argument("--flashinfer-ws", default="/tmp/fi-ws")
@@ -158,10 +165,19 @@ def main(argv: list[str] | None = None) -> int:
     from specdiag.serving import make_client  # noqa: PLC0415
     from specdiag.steps.engine_ab.measure import decode_all, prefill_all  # noqa: PLC0415
 
-    servers = {a: make_server(a, args, work) for a in arms}
-    for a, s in servers.items():
-        s.launch()
+    fractions = [float(f) for f in args.mem_fractions.split(",") if f.strip()]
+    servers = {a: make_server(a, args, work, fractions[i] if i < len(fractions) else None)
+               for i, a in enumerate(arms)}
+    for a, srv in servers.items():
+        srv.launch()
         log(f"{a}: starting")
+        t_start = time.monotonic()
+        while args.stagger_pattern and a != arms[-1] and time.monotonic() - t_start < args.stagger_max_s:
+            text = (work / f"server-{a}.log").read_text(errors="replace") if (work / f"server-{a}.log").exists() else ""
+            if args.stagger_pattern in text or not srv.running:
+                break
+            time.sleep(1.0)
+        run.update(arms={a: {"started_after_s": round(t_start - T0, 1)}})
     clients: dict[str, Any] = {}
     prompts: dict[str, dict[int, list[int]]] = {}
     busy = Prefills()

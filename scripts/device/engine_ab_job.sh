@@ -9,14 +9,15 @@
 #
 # SGLang comes from /tmp/site, or is joined from /tmp/stage/part.* (an earlier call) and .rs2/part.* (this call's
 # carry) as sglang_site.sh says. $OUT receives engine-ab.tar.gz (the run folder, the model's config.json, the servers'
-# logs), job.log and env.txt.
+# logs as they are written: at most 8 files come back), job.log and env.txt.
 set -uo pipefail
 OUT=${OUT:?set OUT to the folder to write results to}
 LAYERS=${LAYERS:-61}
 BUDGET=${BUDGET:-500}
 CONTEXTS=${CONTEXTS:-1024,16384,65536,131072}
-CLEAN=${CLEAN:-16384,65536}
-ARMS=${ARMS:-triton,triton_plugin,flashinfer,fi_prefill_plugin,triton_upstream}
+CLEAN=${CLEAN:-16384}
+ARMS=${ARMS:-triton_plugin,flashinfer,triton,fi_prefill_plugin}
+FRACTIONS=${FRACTIONS:-0.2,0.25,0.33,0.5}
 SITE=${SITE:-/tmp/site}
 t0=$(date +%s)
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
@@ -35,13 +36,13 @@ python3 data/models/make_mla_model.py --out /tmp/mla$LAYERS --layers "$LAYERS" -
   || { echo "[engine-ab] model failed" | tee -a "$log"; exit 5; }
 echo "[engine-ab] model /tmp/mla$LAYERS after $(( $(date +%s) - t0 )) s: $(du -sh /tmp/mla$LAYERS | cut -f1)" | tee -a "$log"
 left=$(( BUDGET - ($(date +%s) - t0) ))
-run=/tmp/engine-ab
+run=$OUT/engine-ab   # rows land in $OUT as they are measured: a call cut short still returns them
 rm -rf "$run"
 PYTHONPATH=$SITE:$PWD/lib timeout $(( left + 30 )) python3 scripts/engine_ab.py --out "$run" --model-path /tmp/mla$LAYERS \
   --site "$SITE" --plugin-path /tmp/plugin --arms "$ARMS" --contexts "$CONTEXTS" --clean-contexts "$CLEAN" \
-  --budget-s "$left" 2>&1 | tee -a "$log" | grep -E "ready|FAILED|done|prefill 131|decode  131,072 #0" 
+  --mem-fractions "$FRACTIONS" --max-total-tokens 260000 --budget-s "$left" 2>&1 | tee -a "$log" | grep -E "ready|FAILED|done|prefill 131|decode  131,072 #0" 
 echo "[engine-ab] driver exit ${PIPESTATUS[0]} after $(( $(date +%s) - t0 )) s" | tee -a "$log"
 cp /tmp/mla$LAYERS/config.json "$run/model-config.json" 2>/dev/null
-mkdir -p "$run/servers" && for f in "$run"/server-*.log; do [ -f "$f" ] && tail -c 200000 "$f" > "$run/servers/$(basename "$f")" && rm -f "$f"; done
-tar -czf "$OUT/engine-ab.tar.gz" -C /tmp engine-ab
+for f in "$run"/server-*.log; do [ -f "$f" ] && tail -c 300000 "$f" > "$f.tmp" && mv "$f.tmp" "$f"; done
+rm -rf "$run"/stats-*   # the plugin's counts are in run.json (plugin_stats)
 tail -5 "$log"
