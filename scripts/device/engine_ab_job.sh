@@ -42,7 +42,6 @@ PYTHONPATH=$SITE:$PWD/lib timeout $(( left + 30 )) python3 scripts/engine_ab.py 
   --site "$SITE" --plugin-path /tmp/plugin --arms "$ARMS" --contexts "$CONTEXTS" --clean-contexts "$CLEAN" \
   --mem-fractions "$FRACTIONS" --max-total-tokens 260000 --budget-s "$left" 2>&1 | tee -a "$log" | grep -E "ready|FAILED|done|prefill 131|decode  131,072 #0" 
 echo "[engine-ab] driver exit ${PIPESTATUS[0]} after $(( $(date +%s) - t0 )) s" | tee -a "$log"
-cp /tmp/mla$LAYERS/config.json "$run/model-config.json" 2>/dev/null
 for f in "$run"/server-*.log; do [ -f "$f" ] && tail -c 300000 "$f" > "$f.tmp" && mv "$f.tmp" "$f"; done
 rm -rf "$run"/stats-*   # the plugin's counts are in run.json (plugin_stats)
 tail -5 "$log"
