@@ -26,6 +26,8 @@ def _modules(package: str) -> list[str]:
     root = LIB / package.replace(".", "/")
     names = []
     for p in sorted(root.rglob("*.py")):
+        if p.name == "__main__.py":  # a command line (steps/kernel_ab's), run with -m, never imported
+            continue
         parts = p.relative_to(LIB.parent).with_suffix("").parts
         names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
     return names
@@ -82,5 +84,5 @@ def test_imports_point_one_way() -> None:
 def test_each_notebook_has_its_step() -> None:
     steps = {p.name for p in (LIB / "steps").iterdir() if (p / "__init__.py").exists()}
     notebooks = {p.stem.split("_", 1)[1] for p in (Path(__file__).parents[1] / "notebooks").glob("*.ipynb")}
-    # 06_kernel_ab is specdiag.kernels; 08_compare_runs shares 07's step (findings)
-    assert notebooks - steps == {"kernel_ab", "compare_runs"}, notebooks - steps
+    # 08_compare_runs shares 07's step (findings)
+    assert notebooks - steps == {"compare_runs"}, notebooks - steps
