@@ -75,7 +75,9 @@ class ServerSettings:
         name = self.algorithm or "on"
         if self.engine != "sglang" and self.speculative_method:
             name += f" ({self.speculative_method}, {self.engine}'s name)"
-        steps = (f"at most {self.tokens_per_step} tokens per verify step ({self.source('draft_steps')})"
+        where = (self.source("tokens_per_step") if self.engine == "sglang"
+                 else f"{self.draft_steps} drafts from {self.source('draft_steps')}, + the bonus token")
+        steps = (f"at most {self.tokens_per_step} tokens per verify step ({where})"
                  if self.tokens_per_step else f"tokens per verify step not seen: {self.source('tokens_per_step')}")
         method = "" if self.algorithm else f"; method not exposed: {self.source('speculative_method')}"
         return f"speculative decoding {name}, {steps}{method}"

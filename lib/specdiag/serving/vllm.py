@@ -376,9 +376,6 @@ class VLLMClient(HTTPClient):
                 trace.spec = from_counters
                 trace.spec_source = COUNTER_SPEC_SOURCE
                 self._learn_k(from_counters, "/metrics counters (draft tokens / drafts of a request)")
-                if disturbed and not warning:
-                    trace.warnings.append("other requests ran beside this one (/metrics): its commit length, from the "
-                                          "counters' difference, is not this request's alone")
             elif trace.spec is not None:
                 self._learn_k_from_request(trace)
         elif trace.spec is not None:
