@@ -79,7 +79,7 @@ class ServerSettings:
                  else f"{self.draft_steps} drafts from {self.source('draft_steps')}, + the bonus token")
         steps = (f"at most {self.tokens_per_step} tokens per verify step ({where})"
                  if self.tokens_per_step else f"tokens per verify step not seen: {self.source('tokens_per_step')}")
-        method = "" if self.algorithm else f"; method not exposed: {self.source('speculative_method')}"
+        method = "" if self.algorithm else f"; method {self.source('speculative_method')}"
         return f"speculative decoding {name}, {steps}{method}"
 
     def rows(self) -> list[dict[str, Any]]:
