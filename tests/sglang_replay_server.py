@@ -25,26 +25,40 @@ picks a scenario by the request's ``text`` (``input_ids`` requests get "cumulati
 ``/server_info`` answers 404 (an older SGLang), so clients must fall back to ``/get_server_info``.
 Every request is recorded in ``server.requests`` (method, path, headers, JSON body).
 
+``ReplayServer(api_key=..., admin_api_key=...)`` enforces SGLang 0.5.17's key rules exactly (:func:`decide`, rule for
+rule sglang/srt/utils/auth.py's ``decide_request_auth``; each route's level from its http_server.py, both recorded in
+tests/data/sglang-0.5.17/auth.json by scripts/record_sglang_auth.py): /health* and /metrics* always open; with
+``--api-key`` alone every other route wants it; with ``--admin-api-key`` too, the ADMIN_OPTIONAL routes
+(/flush_cache, /start_profile, ...) take only the admin key and the others only the API key. A refusal answers
+401 ``{"error": "Unauthorized"}`` (or 403 ``Forbidden``), as SGLang's middleware does.
+
 ``ReplayServer(recorded=folder)`` answers instead with what a real SGLang sent, byte for byte, from a folder of
 raw exchanges (tests/data/sglang-0.5.17/raw-*/, written by scripts/record_sglang.py): each ``NAME.json`` /
 ``.txt`` / ``.sse`` body with the status and content type of its ``NAME.meta.json``; streams are written in the
 chunks the recorder read them in. ``POST /generate`` picks the exchange by the request's ``rid`` (a recorded
 name, e.g. ``generate_stream_novel_1024``), else: over-long ``input_ids`` (beyond the recorded context_length)
 -> ``generate_error_overlong[_stream]``, a stream -> ``generate_stream_novel_1024``, else ``generate_nonstream``.
-GET ``/metrics`` answers ``metrics_before`` the first time and ``metrics_after`` from then on; ``/server_info`` and
-``/get_server_info`` both answer ``server_info.json`` (the recorder found them byte-identical).
+GET ``/metrics`` answers ``metrics_before`` the first time and ``metrics_after`` from then on (``metrics_static``:
+``metrics_after`` always, counters that do not move, for whole notebooks); ``/server_info`` and
+``/get_server_info`` both answer ``server_info.json`` (the recorder found them byte-identical). ``POST /tokenize`` of
+the recorded text answers the recorded bytes; another text gets the same shape with one id per word (so prompts of
+an exact length can be built, as notebooks do).
 """
 
 from __future__ import annotations
 
+import hmac
 import json
+import re
 import socket
 import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
+AUTH = json.loads((Path(__file__).parent / "data" / "sglang-0.5.17" / "auth.json").read_text())
 CHUNK_DELAY_S = 0.05  # pause between stream chunks, so client timestamps can be checked
 SLOW_S = 3.0  # how long "slow" and "stall" keep the client waiting
 PROMPT_TOKENS = 12
@@ -71,6 +85,45 @@ sglang:generation_tokens_total{engine_type="unified",is_streaming="true",model_n
 # TYPE sglang:spec_verify_calls_total counter
 sglang:spec_verify_calls_total{engine_type="unified",model_name="replay"} 3.0
 """
+
+
+def route_level(method: str, path: str) -> str:
+    """The auth level of the route ``method path`` matches in SGLang 0.5.17 (NORMAL when none does: Starlette's
+    route match needs path and method)."""
+    for route in AUTH["levels"]:
+        pattern = "^" + re.sub(r"\{[^}]+\}", "[^/]+", route["path"]) + "$"
+        if method in route["methods"] and re.match(pattern, path):
+            return route["level"]
+    return "NORMAL"
+
+
+def decide(method: str, path: str, authorization: str | None, api_key: str | None, admin_api_key: str | None,
+           level: str) -> tuple[bool, int]:
+    """``(allowed, status when refused)``: SGLang 0.5.17's ``decide_request_auth``, rule for rule."""
+    if method == "OPTIONS":
+        return True, 200
+    if path.startswith("/health") or path.startswith("/metrics"):
+        return True, 200
+
+    def bearer(expected: str) -> bool:
+        if not authorization:
+            return False
+        parts = authorization.split(" ", 1)
+        return len(parts) == 2 and parts[0].lower() == "bearer" and hmac.compare_digest(parts[1], expected)
+
+    if level == "ADMIN_FORCE":
+        if not admin_api_key:
+            return False, 403
+        return (True, 200) if bearer(admin_api_key) else (False, 401)
+    if level == "ADMIN_OPTIONAL":
+        if admin_api_key:
+            return (True, 200) if bearer(admin_api_key) else (False, 401)
+        if api_key:
+            return (True, 200) if bearer(api_key) else (False, 401)
+        return True, 200
+    if api_key:
+        return (True, 200) if bearer(api_key) else (False, 401)
+    return True, 200
 
 
 def word(token_id: int) -> str:
@@ -161,6 +214,9 @@ class ReplayServer:
     host: str = "127.0.0.1"
     requests: list[Recorded] = field(default_factory=list)
     recorded: Any = None  # a folder of a real server's raw exchanges: answer with those bytes instead
+    metrics_static: bool = False  # recorded mode: /metrics always answers metrics_after
+    api_key: str | None = None  # --api-key: enforced as SGLang 0.5.17 does (module doc)
+    admin_api_key: str | None = None  # --admin-api-key
     metrics_scrapes: int = 0
     _httpd: ThreadingHTTPServer | None = None
     _thread: threading.Thread | None = None
@@ -281,7 +337,8 @@ class _Handler(BaseHTTPRequestHandler):
                  "/v1/models": "v1_models"}
         if path == "/metrics":
             self.replay.metrics_scrapes += 1
-            self._recorded_exchange("metrics_before" if self.replay.metrics_scrapes == 1 else "metrics_after")
+            first = self.replay.metrics_scrapes == 1 and not self.replay.metrics_static
+            self._recorded_exchange("metrics_before" if first else "metrics_after")
         elif path in names:
             self._recorded_exchange(names[path])
         else:
@@ -294,7 +351,12 @@ class _Handler(BaseHTTPRequestHandler):
         if path == "/flush_cache":
             self._recorded_exchange("flush_cache")
         elif path == "/tokenize":
-            self._recorded_exchange("tokenize")
+            asked = json.loads((Path(self.replay.recorded) / "tokenize.meta.json").read_text())["request_body"]
+            if body.get("prompt") == asked.get("prompt") or not isinstance(body.get("prompt"), str):
+                self._recorded_exchange("tokenize")
+            else:
+                tokens = tokenize(body["prompt"])
+                self._send(200, {"tokens": tokens, "count": len(tokens), "max_model_len": 16384})
         elif path == "/generate":
             info = json.loads((Path(self.replay.recorded) / "server_info.json").read_text())
             stream = bool(body.get("stream"))
@@ -308,8 +370,23 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._send(404, {"detail": "Not Found"})
 
+    def _refused(self) -> bool:
+        """SGLang's key middleware (installed when the server has a key): answer 401/403 and True when refused."""
+        srv = self.replay
+        if not (srv.api_key or srv.admin_api_key):
+            return False
+        path = self.path.split("?")[0]
+        allowed, status = decide(self.command, path, self.headers.get("Authorization"), srv.api_key,
+                                 srv.admin_api_key, route_level(self.command, path))
+        if allowed:
+            return False
+        self._send(status, {"error": "Unauthorized" if status == 401 else "Forbidden"})
+        return True
+
     def do_GET(self) -> None:
         self._record(None)
+        if self._refused():
+            return
         path = self.path.split("?")[0]
         if self.replay.recorded is not None:
             self._recorded_get(path)
@@ -330,6 +407,8 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         body = self._body()
         self._record(body)
+        if self._refused():
+            return
         path = self.path.split("?")[0]
         if self.replay.recorded is not None:
             self._recorded_post(path, body)

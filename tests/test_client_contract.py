@@ -33,6 +33,11 @@ FULL_IDS = list(range(101, 111))
 FULL_TEXT = "".join(f"w{i} " for i in FULL_IDS)
 
 
+
+def last_generate(server):
+    """The last /generate request the replay server got (the client scrapes /metrics around each)."""
+    return [r for r in server.requests if r.path == "/generate"][-1]
+
 @pytest.fixture(scope="module")
 def server() -> Iterator[ReplayServer]:
     with ReplayServer() as srv:
@@ -92,7 +97,7 @@ def test_stream_trace(client: SGLangClient, server: ReplayServer, scenario: str)
     assert trace.ttft_s == trace.chunk_t_s[0]
     assert trace.e2e_s is not None and trace.e2e_s >= trace.chunk_t_s[-1]
     assert trace.spec.correct_drafts_histogram == [0, 1, 1, 1, 0, 0, 0, 0]
-    sent = server.requests[-1]
+    sent = last_generate(server)
     assert sent.path == "/generate"
     assert sent.body == {"text": scenario, "sampling_params": {"max_new_tokens": 10, "temperature": 0}, "stream": True}
     assert sent.headers["Authorization"] == f"Bearer {API_KEY}"
@@ -102,7 +107,7 @@ def test_stream_trace(client: SGLangClient, server: ReplayServer, scenario: str)
 def test_stream_input_ids_and_extra_body(client: SGLangClient, server: ReplayServer) -> None:
     trace = client.generate(input_ids=[1, 2, 3], extra_body={"rid": "abc"})
     assert_full_answer(trace)
-    assert server.requests[-1].body == {"input_ids": [1, 2, 3], "stream": True, "rid": "abc"}
+    assert last_generate(server).body == {"input_ids": [1, 2, 3], "stream": True, "rid": "abc"}
 
 
 def test_close_delimited_stream_is_timestamped_per_chunk(client: SGLangClient) -> None:
@@ -134,7 +139,7 @@ def test_non_stream(client: SGLangClient, server: ReplayServer) -> None:
     assert trace.error is None and trace.output_ids == FULL_IDS and trace.text == FULL_TEXT
     assert trace.completion_tokens == 10 and trace.spec is not None and trace.spec.verify_ct == 3
     assert trace.ttft_s is None and trace.chunk_t_s == [] and trace.e2e_s is not None
-    assert server.requests[-1].body["stream"] is False
+    assert last_generate(server).body["stream"] is False
 
 
 def test_stream_request_answered_with_one_json_body(client: SGLangClient) -> None:

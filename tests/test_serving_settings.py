@@ -16,7 +16,7 @@ def test_sglang_settings_are_typed_with_sources_and_keep_the_raw_answer() -> Non
     assert (st.page_size, st.tp_size, st.context_length, st.draft_model) == (1, 2, 32768, "d")
     assert st.source("page_size") == "/server_info"
     assert st.source("draft_steps") == "computed (speculative_num_draft_tokens - 1)"
-    assert st.as_server_info() == {**SERVER_INFO, "engine": "sglang"}  # every SGLang key kept as it came
+    assert st.as_server_info() == {**SERVER_INFO, "engine": "sglang", "speculative_decoding": True}  # every key kept
     off = settings_from_sglang({"speculative_algorithm": None, "context_length": 4096})
     assert off.speculative_method is None and off.tokens_per_step is None
 

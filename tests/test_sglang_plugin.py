@@ -242,6 +242,53 @@ def test_mode_switch_from_env():
         hook.mode_from_env({hook.MODE_ENV: "fast"})
 
 
+def test_activation_only_when_asked():
+    assert hook.activation_from_env({}) == (False, "SGLANG_PLUGINS is unset and SPECDIAG_SGLANG_VERIFY is unset")
+    assert hook.activation_from_env({hook.PLUGINS_ENV: "other"})[0] is False
+    assert hook.activation_from_env({hook.PLUGINS_ENV: "other, specdiag_splitkv"}) == (
+        True, "SGLANG_PLUGINS names specdiag_splitkv")
+    assert hook.activation_from_env({hook.MODE_ENV: "upstream"}) == (True, "SPECDIAG_SGLANG_VERIFY=upstream")
+    assert hook.activation_from_env({hook.MODE_ENV: " "})[0] is False  # set but empty: not a request
+
+
+class _FakeRegistry:
+    calls: list = []
+
+    @classmethod
+    def register(cls, target, fn, kind):
+        cls.calls.append((target, kind))
+
+
+def _fake_sglang(monkeypatch):
+    """sys.modules entries that make ``from sglang.srt.plugins.hook_registry import HookRegistry, HookType`` work."""
+    import types
+
+    _FakeRegistry.calls = []
+    mod = types.ModuleType("sglang.srt.plugins.hook_registry")
+    mod.HookRegistry = _FakeRegistry
+    mod.HookType = type("HookType", (), {"AROUND": "around", "AFTER": "after", "BEFORE": "before"})
+    for name in ("sglang", "sglang.srt", "sglang.srt.plugins"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "sglang.srt.plugins.hook_registry", mod)
+
+
+def test_register_does_nothing_unless_asked_and_logs_it_once(monkeypatch, caplog):
+    """SGLang 0.5.17 calls register() of every installed plugin when SGLANG_PLUGINS is unset: nothing happens then."""
+    _fake_sglang(monkeypatch)
+    monkeypatch.delenv(hook.PLUGINS_ENV, raising=False)
+    monkeypatch.delenv(hook.MODE_ENV, raising=False)
+    monkeypatch.setattr(hook, "_logged", set())
+    with caplog.at_level("WARNING", logger="specdiag_sglang_plugin"):
+        hook.register()
+        hook.register()
+    assert _FakeRegistry.calls == [] and hook.STATS["mode"] == "off"
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "installed and off" in lines[0] and "SPECDIAG_SGLANG_VERIFY=splitkv" in lines[0]
+    monkeypatch.setenv(hook.PLUGINS_ENV, "specdiag_splitkv")  # named: the default mode, splitkv
+    hook.register()
+    assert hook.STATS["mode"] == "splitkv" and (hook.FORWARD_EXTEND, "around") in _FakeRegistry.calls
+
+
 def test_register_off_and_without_sglang_registers_nothing(monkeypatch):
     monkeypatch.setenv(hook.MODE_ENV, "off")
     hook.register()

@@ -167,7 +167,7 @@ def test_record_sampled_request_against_replay_server(tmp_path: Path) -> None:
         client = SGLangClient(server.url, timeout_s=10.0)
         row = record_sampled_request(run, client, open_source("cpu"), input_ids=list(range(PROMPT_TOKENS)),
                                      max_new_tokens=10, rate_hz=50, idle_before_s=0.2, idle_after_s=0.2)
-        sent = server.requests[-1].body
+        sent = [r for r in server.requests if r.path == "/generate"][-1].body
     assert sent["sampling_params"]["ignore_eos"] is True and sent["sampling_params"]["max_new_tokens"] == 10
     assert row["error"] is None and row["completion_tokens"] == sum(len(c) for c in CHUNKS)
     assert len(row["chunk_t_s"]) == len(CHUNKS) and row["chunk_tokens"] == [len(c) for c in CHUNKS]

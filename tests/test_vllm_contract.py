@@ -196,7 +196,7 @@ def test_prompt_too_long_gives_the_server_message() -> None:
 def test_api_key_from_the_environment_never_reaches_disk(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from specdiag.steps.baseline_sweep.sweep import make_plan, measure_request
 
-    with VLLMReplayServer(api_key=API_KEY) as srv:
+    with VLLMReplayServer(api_key=API_KEY, dev_mode=False) as srv:  # dev mode's /server_info is not guarded
         refused = VLLMClient(srv.url).generate(input_ids=[1, 2], sampling_params={"max_new_tokens": 4})
         assert refused.error_kind == "http" and "401" in refused.error
         with pytest.raises(ServerError, match=API_KEY_ENV):

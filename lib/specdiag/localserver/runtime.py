@@ -224,21 +224,25 @@ class Runtime:
 
     def outputs(self, gi: GenerateInput, prompt_ids: list[int], req: DecodeRequest, received_s: float,
                 should_abort: Callable[[], bool]) -> Iterator[dict[str, Any]]:
-        """SGLang output dicts for one request; holds the engine lock while generating."""
+        """SGLang output dicts for one request; holds the engine lock while generating. Every chunk's meta_info
+        carries ``queue_time``: seconds the request waited for the engine behind other requests (SGLang's field,
+        sent with --enable-metrics; the embedded server runs one request at a time)."""
         with self.stats.lock:
             self.stats.num_queue_reqs += 1
+        queued_s = time.perf_counter()
         with self.engine_lock:
+            queue_time = time.perf_counter() - queued_s
             with self.stats.lock:
                 self.stats.num_queue_reqs -= 1
                 self.stats.num_running_reqs += 1
             try:
-                yield from self._outputs(gi, prompt_ids, req, received_s, should_abort)
+                yield from self._outputs(gi, prompt_ids, req, received_s, should_abort, queue_time)
             finally:
                 with self.stats.lock:
                     self.stats.num_running_reqs -= 1
 
     def _outputs(self, gi: GenerateInput, prompt_ids: list[int], req: DecodeRequest, received_s: float,
-                 should_abort: Callable[[], bool]) -> Iterator[dict[str, Any]]:
+                 should_abort: Callable[[], bool], queue_time: float = 0.0) -> Iterator[dict[str, Any]]:
         p = gi.params
         rid = gi.rid or uuid.uuid4().hex
         interval = p.stream_interval or self.cfg.stream_interval
@@ -270,6 +274,7 @@ class Runtime:
                 "reasoning_tokens": 0,
                 "completion_tokens": len(out),
                 "cached_tokens": 0,
+                "queue_time": queue_time,
             }
             if finish is not None:
                 meta["e2e_latency"] = time.time() - received_s

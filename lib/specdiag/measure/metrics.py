@@ -34,8 +34,12 @@ SWEEP_COLUMNS: tuple[str, ...] = (
     "ts_unix_s", "context_tokens", "repeat", "prompt_kind", "seed", "max_new_tokens", "cache_flushed",
     "prompt_tokens", "prompt_tokens_match", "cached_tokens", "completion_tokens", "ttft_s", "prefill_tok_s", "decode_tok_s", "step_ms", "step_ms_method",
     "verify_steps", "commit_length", "accept_length", "n_chunks", "e2e_s", "server_e2e_s", "finish_reason",
-    "error",
+    "error", "other_traffic", "traffic_evidence", "commit_length_reliable", "foreign_tokens_between",
+    "server_restarted",
 )
+#: The traffic columns every measured row carries (specdiag.serving.traffic.traffic_columns).
+TRAFFIC_COLUMNS: tuple[str, ...] = ("other_traffic", "traffic_evidence", "commit_length_reliable",
+                                    "foreign_tokens_between", "server_restarted")
 
 
 def positive(x: Any) -> float | None:
@@ -136,11 +140,25 @@ def sweep_row(trace: Any, context_tokens: int, **labels: Any) -> dict[str, Any]:
         "finish_reason": getattr(trace, "finish_type", None),
         "error": trace.error,
     })
-    for key, value in (("spec_source", getattr(trace, "spec_source", None)),
-                       ("warnings", list(getattr(trace, "warnings", None) or []) or None)):
-        if value is not None:
-            row[key] = value
+    row.update(trace_columns(trace, row["commit_length"], row.get("cache_note")))
     return row
+
+
+def trace_columns(trace: Any, commit_length: float | None, cache_note: str | None = None) -> dict[str, Any]:
+    """What every measured row adds from its trace: the traffic columns (``other_traffic``, ``traffic_evidence``,
+    ``commit_length_reliable``; :func:`specdiag.serving.traffic.traffic_columns`), and where set, ``spec_source``,
+    ``warnings`` and ``cache_note`` (why the prefix cache was not reset)."""
+    from specdiag.serving.traffic import traffic_columns  # noqa: PLC0415 - pure, no HTTP client
+
+    spec_source = getattr(trace, "spec_source", None)
+    out = traffic_columns(getattr(trace, "traffic", None), spec_source, commit_length)
+    warnings = list(getattr(trace, "warnings", None) or [])
+    if out["commit_length_reliable"] is False:
+        warnings.append("commit length from /metrics counter differences while other requests ran: unreliable")
+    for key, value in (("spec_source", spec_source), ("warnings", warnings or None), ("cache_note", cache_note)):
+        if value is not None:
+            out[key] = value
+    return out
 
 
 def error_row(context_tokens: int, error: str, ts_unix_s: float, **labels: Any) -> dict[str, Any]:

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from specdiag.measure.fresh_prompt import fresh_prompt
+from specdiag.measure.fresh_prompt import fresh_prompt, reset_note
 from specdiag.prompts import Prompt, build_prompt
 
 #: Every measured prompt is tokenized with the tokenizer's special tokens (a BOS where the model has one),
@@ -36,6 +36,7 @@ class MeasuredRequest:
     error:         None when fine; ``prompt: ...`` when the prompt could not be made; else the server's error
     cache_flushed: True the prefix cache was reset, False refused or no reset offered, None not asked
     prompt:        the prompt sent (None when it could not be made)
+    cache_note:    why there was no reset (the client's ``reset_note``: its key, no dev mode, requests running)
     """
 
     t_send_unix_s: float
@@ -43,6 +44,7 @@ class MeasuredRequest:
     error: str | None
     cache_flushed: bool | None = None
     prompt: Prompt | None = None
+    cache_note: str | None = None
 
 
 def greedy(max_new_tokens: int, ignore_eos: bool = True, **extra: Any) -> dict[str, Any]:
@@ -84,5 +86,7 @@ def measured_request(client: Any, n_tokens: int, kind: str, seed: int, max_new_t
         prompt, flushed = fresh_prompt(client, int(n_tokens), kind, int(seed), instruction=instruction, reset=reset,
                                        add_special_tokens=ADD_SPECIAL_TOKENS)
     except (ServerError, ValueError, OSError) as exc:
-        return MeasuredRequest(t0, None, f"prompt: {exc}", flushed, None)
-    return send(client, prompt.input_ids, max_new_tokens, ignore_eos, cache_flushed=flushed, prompt=prompt, t_stamp=t0)
+        return MeasuredRequest(t0, None, f"prompt: {exc}", flushed, None, reset_note(client, flushed))
+    done = send(client, prompt.input_ids, max_new_tokens, ignore_eos, cache_flushed=flushed, prompt=prompt, t_stamp=t0)
+    note = reset_note(client, flushed)
+    return MeasuredRequest(done.t_send_unix_s, done.trace, done.error, flushed, prompt, note) if note else done

@@ -18,6 +18,7 @@ __all__ = [
     "Answer",
     "NotAnEngine",
     "ServerError",
+    "ServerAuthError",
     "ServerHTTPError",
     "ServerTimeout",
     "ServerUnreachable",
@@ -70,6 +71,21 @@ class ServerHTTPError(ServerError):
 
     def _message(self) -> str:
         return f"{self.url} answered {self.cause}"
+
+
+class ServerAuthError(ServerHTTPError):
+    """The server refused the request's key (HTTP 401 or 403). ``.endpoint`` ("POST /flush_cache") and
+    ``.variable`` (the environment variable to set) name the fix; the message says both."""
+
+    def __init__(self, url: str, status: int, body: str, message: str, endpoint: str, variable: str,
+                 hint: str) -> None:
+        self.endpoint = endpoint
+        self.variable = variable
+        self.hint = hint
+        super().__init__(url, status, body, message)
+
+    def _message(self) -> str:
+        return f"{self.endpoint} ({self.url}) answered {self.cause}: {self.hint}"
 
 
 class StreamError(ServerError):

@@ -2,9 +2,15 @@
 clear errors (unreachable, timeout, dropped), JSON GETs, /health, /metrics, and reading an SSE stream
 with a client-side timestamp per event.
 
-The API key is passed in or read from the environment variable ``SPECDIAG_API_KEY`` (never a notebook
-parameter, which papermill would record); it goes only into the ``Authorization: Bearer`` header and is
-scrubbed from every message, trace and repr.
+The API keys are passed in or read from the environment (never a notebook parameter, which papermill would
+record, and never written anywhere): ``SPECDIAG_API_KEY`` for the server's ``--api-key``, and
+``SPECDIAG_ADMIN_API_KEY`` for SGLang's ``--admin-api-key``. Each goes only into the ``Authorization: Bearer``
+header of the endpoints that take it and is scrubbed from every message, trace and repr. SGLang 0.5.17's rules
+(sglang/srt/utils/auth.py): /health* and /metrics* are always open; with ``--api-key`` alone every other endpoint
+wants that key; with ``--admin-api-key`` too, its admin endpoints (``ADMIN_PATHS``: /flush_cache, /start_profile,
+/stop_profile, the expert-distribution endpoints, ...) accept only the admin key and the rest only the API key.
+So an admin endpoint gets the admin key when one is set, else the API key. A 401 or 403 raises
+:class:`~specdiag.serving.errors.ServerAuthError`, naming the endpoint and the variable to set.
 """
 
 from __future__ import annotations
@@ -14,12 +20,14 @@ import socket
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import requests
 import urllib3.exceptions
 
 from specdiag.serving.errors import (
     Answer,
+    ServerAuthError,
     ServerError,
     ServerHTTPError,
     ServerTimeout,
@@ -30,11 +38,34 @@ from specdiag.serving.errors import (
 from specdiag.serving.redaction import REDACTED, redact_text
 from specdiag.serving.sse import DONE, SSEDecoder, SSEEvent, SSEFormatError
 from specdiag.serving.trace import RequestTrace, assemble_stream
+from specdiag.serving.traffic import TrafficWatch
+from specdiag.spec import Samples, parse_prometheus
 
-__all__ = ["API_KEY_ENV", "HTTPClient", "SSERead"]
+__all__ = ["ADMIN_API_KEY_ENV", "API_KEY_ENV", "HTTPClient", "SSERead", "auth_hint"]
 
 #: The environment variable that holds the server's API key (``--api-key`` on either engine).
 API_KEY_ENV = "SPECDIAG_API_KEY"
+#: The environment variable that holds SGLang's admin key (``--admin-api-key``), for its admin endpoints.
+ADMIN_API_KEY_ENV = "SPECDIAG_ADMIN_API_KEY"
+
+
+def auth_hint(status: int, admin: bool, api_key_set: bool, admin_key_set: bool) -> tuple[str, str]:
+    """``(variable to set, what to do)`` for an HTTP 401/403 of an endpoint (``admin``: SGLang's admin endpoint)."""
+    if admin:
+        if status == 403:
+            return ADMIN_API_KEY_ENV, ("the server takes this admin endpoint only with an admin key (it was started "
+                                       f"without --admin-api-key, or refuses it to every key): set {ADMIN_API_KEY_ENV} "
+                                       "to the server's --admin-api-key")
+        if admin_key_set:
+            return ADMIN_API_KEY_ENV, (f"the server refused the key in {ADMIN_API_KEY_ENV}"
+                                       + (f" and the one in {API_KEY_ENV}" if api_key_set else "")
+                                       + ": check it against the server's --admin-api-key")
+        return ADMIN_API_KEY_ENV, ("an admin endpoint: a server started with --admin-api-key takes only that key here, "
+                                   f"not the API key; set {ADMIN_API_KEY_ENV} to it"
+                                   + ("" if api_key_set else f" (or {API_KEY_ENV}, if the server has only --api-key)"))
+    if api_key_set:
+        return API_KEY_ENV, f"the server refused the key in {API_KEY_ENV}: check it against the server's --api-key"
+    return API_KEY_ENV, f"the server wants an API key (started with --api-key): set {API_KEY_ENV} to it"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -149,6 +180,8 @@ class HTTPClient:
     engine = "?"
     #: Environment variable read for the API key when none is passed (never a notebook parameter).
     API_KEY_ENV = API_KEY_ENV
+    #: Paths of the engine's admin endpoints (they get the admin key when one is set); none by default.
+    ADMIN_PATHS: frozenset[str] = frozenset()
 
     def __init__(
         self,
@@ -157,6 +190,7 @@ class HTTPClient:
         api_key: str | None = None,
         timeout_s: float = 600.0,
         connect_timeout_s: float = 10.0,
+        admin_api_key: str | None = None,
     ) -> None:
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             raise ValueError(
@@ -172,22 +206,44 @@ class HTTPClient:
         self.timeout_s = float(timeout_s)
         self.connect_timeout_s = float(connect_timeout_s)
         self.__api_key = api_key or os.environ.get(API_KEY_ENV) or None
+        self.__admin_key = admin_api_key or os.environ.get(ADMIN_API_KEY_ENV) or None
+        self._admin_takes_api_key = False  # set when the server refused the admin key and took the API key
+        self._metrics_off = False  # /metrics answered 404 once: not asked again
+        self.traffic = TrafficWatch(self.engine)  # this client's requests against the server's counters
 
     def __repr__(self) -> str:
         key = f", api_key={REDACTED!r}" if self.__api_key else ""
+        key += f", admin_api_key={REDACTED!r}" if self.__admin_key else ""
         return f"{type(self).__name__}({redact_text(self.base_url)!r}{key}, timeout_s={self.timeout_s})"
+
+    @property
+    def keys_set(self) -> dict[str, bool]:
+        """Which keys this client sends (never the keys): ``{"SPECDIAG_API_KEY": True, ...}``."""
+        return {API_KEY_ENV: bool(self.__api_key), ADMIN_API_KEY_ENV: bool(self.__admin_key)}
 
     # -- plumbing ---------------------------------------------------------------------------
 
     def url(self, path: str) -> str:
         return f"{self.base_url}/{path.lstrip('/')}"
 
-    def _headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.__api_key}"} if self.__api_key else {}
+    def _path_of(self, url: str) -> str:
+        """The endpoint path of ``url`` (the base URL's own path prefix removed, no query)."""
+        path = urlsplit(url).path
+        prefix = urlsplit(self.base_url).path.rstrip("/")
+        return ("/" + path[len(prefix):].lstrip("/")) if prefix and path.startswith(prefix) else (path or "/")
+
+    def is_admin_path(self, path: str) -> bool:
+        """Whether ``path`` is one of the engine's admin endpoints (:attr:`ADMIN_PATHS`)."""
+        return path.split("?")[0].rstrip("/") in self.ADMIN_PATHS
+
+    def _headers(self, admin: bool = False) -> dict[str, str]:
+        key = self.__admin_key if admin and self.__admin_key and not self._admin_takes_api_key else self.__api_key
+        return {"Authorization": f"Bearer {key}"} if key else {}
 
     def _scrub(self, text: str) -> str:
-        if self.__api_key:
-            text = text.replace(self.__api_key, REDACTED)
+        for key in (self.__api_key, self.__admin_key):
+            if key:
+                text = text.replace(key, REDACTED)
         return redact_text(text)
 
     def _request(
@@ -200,6 +256,21 @@ class HTTPClient:
         stream: bool = False,
     ) -> requests.Response:
         """Send one request; raise ServerUnreachable / ServerTimeout / StreamError; never checks status."""
+        admin = self.is_admin_path(path)
+        response = self._send_once(method, path, json_body, timeout_s, stream, admin)
+        if (admin and response.status_code == 401 and self.__admin_key and self.__api_key
+                and self.__api_key != self.__admin_key and not self._admin_takes_api_key):
+            # a server with --api-key alone takes the API key on its admin endpoints: try it once, remember it
+            retry = self._send_once(method, path, json_body, timeout_s, stream, admin=False)
+            if retry.status_code != 401:
+                response.close()
+                self._admin_takes_api_key = True
+                return retry
+            retry.close()
+        return response
+
+    def _send_once(self, method: str, path: str, json_body: Any, timeout_s: float | None, stream: bool,
+                   admin: bool) -> requests.Response:
         url = self.url(path)
         read_timeout = self.timeout_s if timeout_s is None else timeout_s
         try:
@@ -207,7 +278,7 @@ class HTTPClient:
                 method,
                 url,
                 json=json_body,
-                headers=self._headers(),
+                headers=self._headers(admin),
                 timeout=(min(self.connect_timeout_s, read_timeout), read_timeout),
                 stream=stream,
             )
@@ -221,8 +292,19 @@ class HTTPClient:
             raise ServerError(url, self._scrub(str(exc))) from None
 
     def _http_error(self, response: requests.Response) -> ServerHTTPError:
+        """The error of an HTTP error status; a 401 or 403 is a :class:`ServerAuthError` naming the endpoint and
+        the environment variable to set."""
         body = self._scrub(response.text[:2000])
-        return ServerHTTPError(response.url or "", response.status_code, body, error_message_from_body(body))
+        message = error_message_from_body(body)
+        if response.status_code in (401, 403):
+            path = self._path_of(response.url or "")
+            method = getattr(getattr(response, "request", None), "method", None) or "GET"
+            admin = self.is_admin_path(path)
+            variable, hint = auth_hint(response.status_code, admin, bool(self.__api_key),
+                                       bool(self.__admin_key) and not self._admin_takes_api_key)
+            return ServerAuthError(response.url or "", response.status_code, body, message, f"{method} {path}",
+                                   variable, hint)
+        return ServerHTTPError(response.url or "", response.status_code, body, message)
 
     def _get_json(self, paths: tuple[str, ...], timeout_s: float | None = None) -> dict:
         """GET the first path that is not 404 and return its JSON object."""
@@ -282,6 +364,38 @@ class HTTPClient:
         if not response.ok:
             raise self._http_error(response)
         return response.text
+
+    def metrics_samples(self) -> Samples | None:
+        """/metrics parsed (``specdiag.spec.parse_prometheus``); None when metrics are off (404, then not asked
+        again), unreadable, or the scrape failed."""
+        if self._metrics_off:
+            return None
+        try:
+            text = self.metrics_text()
+        except ServerError:
+            return None
+        if text is None:
+            self._metrics_off = True
+            return None
+        try:
+            return parse_prometheus(text)
+        except ValueError:
+            return None
+
+    def _watched(self, send: Callable[[], RequestTrace], before: Samples | None = None,
+                 scraped: bool = False) -> tuple[RequestTrace, Samples | None, Samples | None]:
+        """Run ``send()`` between two /metrics scrapes and put the request's traffic reading on its trace
+        (``trace.traffic``, specdiag.serving.traffic); returns ``(trace, before, after)``."""
+        if not scraped:
+            before = self.metrics_samples()
+        self.traffic.before(before)
+        trace = send()
+        after = self.metrics_samples() if before is not None else None
+        queue = trace.meta_info.get("queue_time") if isinstance(trace.meta_info, dict) else None
+        reading = self.traffic.after(after, int(trace.completion_tokens or 0),
+                                     float(queue) if isinstance(queue, (int, float)) else None)
+        trace.traffic = reading.as_dict()
+        return trace, before, after
 
     def _post_tokenize(self, body: dict[str, Any]) -> list[int]:
         """POST /tokenize with the engine's ``body``; the ``tokens`` list of the answer (both engines' shape)."""

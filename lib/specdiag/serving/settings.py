@@ -10,6 +10,9 @@ Vocabulary (the same for every engine):
   ``speculative_num_draft_tokens`` already counts that way; vLLM's ``num_speculative_tokens`` k counts
   drafts only, so it is k + 1 (reference/vllm-protocol.md section 4).
 - ``draft_steps``: draft tokens proposed per verify step (SGLang ``speculative_num_steps``, vLLM k).
+- ``speculating``: whether the server speculates at all: True, False, or None when nothing told (a vLLM without
+  dev mode may say that it speculates, through its counters, and not how: then ``speculating`` is True and
+  ``speculative_method`` None). :func:`speculation_state` reads it back from a flat server_info (recorded runs).
 
 ``sources`` says, per field, where the value came from (an endpoint, a metric, a parameter).
 :meth:`ServerSettings.as_server_info` gives the flat mapping that run.json's ``server`` holds (SGLang's
@@ -23,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-__all__ = ["ServerSettings", "VLLM_METHODS", "settings_from_sglang"]
+__all__ = ["ServerSettings", "VLLM_METHODS", "settings_from_sglang", "speculation_state"]
 
 #: vLLM ``--speculative-config`` methods and the suite's (SGLang's) algorithm names.
 VLLM_METHODS: dict[str, str] = {
@@ -41,6 +44,7 @@ class ServerSettings:
     version: str | None = None  # the server's version string
     model: str | None = None  # model path or served name (what requests name)
     context_length: int | None = None  # longest prompt + output, tokens
+    speculating: bool | None = None  # speculative decoding on (True), off (False), or not known (None)
     speculative_method: str | None = None  # the engine's own method name; None: off or not reported
     algorithm: str | None = None  # the suite's name (SGLang's spelling): STANDALONE, NGRAM, EAGLE, ... or NONE
     tokens_per_step: int | None = None  # most tokens one verify step adds, bonus included
@@ -62,6 +66,22 @@ class ServerSettings:
         """Where field ``name`` came from ('not reported' when the server said nothing)."""
         return self.sources.get(name, "not reported" if getattr(self, name, None) is None else "server-reported")
 
+    def speculation_line(self) -> str:
+        """One line for a page: speculating or not, the method, tokens per verify step, and what was not seen."""
+        if self.speculating is False:
+            return f"no speculative decoding ({self.source('speculating')})"
+        if self.speculating is None:
+            return f"speculative decoding not known ({self.source('speculating')})"
+        name = self.algorithm or "on"
+        if self.engine != "sglang" and self.speculative_method:
+            name += f" ({self.speculative_method}, {self.engine}'s name)"
+        where = (self.source("tokens_per_step") if self.engine == "sglang"
+                 else f"{self.draft_steps} drafts from {self.source('draft_steps')}, + the bonus token")
+        steps = (f"at most {self.tokens_per_step} tokens per verify step ({where})"
+                 if self.tokens_per_step else f"tokens per verify step not seen: {self.source('tokens_per_step')}")
+        method = "" if self.algorithm else f"; method {self.source('speculative_method')}"
+        return f"speculative decoding {name}, {steps}{method}"
+
     def rows(self) -> list[dict[str, Any]]:
         """One ``{setting, value, source}`` row per typed field (for a table)."""
         skip = {"sources", "raw"}
@@ -75,10 +95,11 @@ class ServerSettings:
         under those names, plus ``engine``, ``speculative_method`` and ``settings_sources``.
         """
         if self.engine == "sglang" and self.raw.get("server_info"):
-            return {**dict(self.raw["server_info"]), "engine": "sglang"}
+            return {**dict(self.raw["server_info"]), "engine": "sglang", "speculative_decoding": self.speculating}
         return {
             "engine": self.engine, "version": self.version, "model_path": self.model,
-            "context_length": self.context_length, "speculative_method": self.speculative_method,
+            "context_length": self.context_length, "speculative_decoding": self.speculating,
+            "speculative_method": self.speculative_method,
             "speculative_algorithm": self.algorithm, "speculative_num_draft_tokens": self.tokens_per_step,
             "speculative_num_steps": self.draft_steps, "speculative_draft_model_path": self.draft_model,
             "speculative_draft_window_size": self.draft_window, "attention_backend": self.attention_backend,
@@ -86,6 +107,19 @@ class ServerSettings:
             "tp_size": self.tp_size, "device": self.device, "cache_reset": self.cache_reset,
             "per_request_spec": self.per_request_spec, "settings_sources": dict(self.sources),
         }
+
+
+def speculation_state(server_info: Mapping[str, Any]) -> bool | None:
+    """Whether a server (run.json's flat ``server``) speculates: its ``speculative_decoding`` when recorded, else
+    from ``speculative_algorithm`` (set and not NONE: True; SGLang reports None or NONE when off: False; a vLLM
+    without dev mode recorded before ``speculative_decoding`` existed: None, not known)."""
+    flag = server_info.get("speculative_decoding")
+    if isinstance(flag, bool):
+        return flag
+    algo = server_info.get("speculative_algorithm")
+    if algo not in (None, "") and str(algo).upper() != "NONE":
+        return True
+    return None if server_info.get("engine") == "vllm" and algo is None else False
 
 
 def _int(value: Any) -> int | None:
@@ -117,7 +151,7 @@ def settings_from_sglang(server_info: Mapping[str, Any]) -> ServerSettings:
         steps = None
     values = dict(
         engine="sglang", version=get("version"), model=get("model_path") or get("served_model_name"),
-        context_length=_int(get("context_length")), speculative_method=str(algo) if on else None,
+        context_length=_int(get("context_length")), speculating=on, speculative_method=str(algo) if on else None,
         algorithm=str(algo).upper() if algo is not None else None, tokens_per_step=n_draft,
         draft_steps=steps if steps is not None else (n_draft - 1 if n_draft else None),
         draft_model=get("speculative_draft_model_path") if on else None,

@@ -44,6 +44,25 @@ class SGLangClient(HTTPClient):
     """
 
     engine = "sglang"
+    #: SGLang 0.5.17's admin endpoints (``@auth_level(AuthLevel.ADMIN_OPTIONAL)`` in
+    #: sglang/srt/entrypoints/http_server.py): with ``--admin-api-key`` they take only the admin key
+    ADMIN_PATHS = frozenset({
+        "/flush_cache", "/start_profile", "/stop_profile", "/start_expert_distribution_record",
+        "/stop_expert_distribution_record", "/dump_expert_distribution_record", "/set_internal_state", "/freeze_gc",
+        "/update_weights_from_disk", "/get_weights_by_name", "/release_memory_occupation",
+        "/resume_memory_occupation", "/slow_down", "/load_lora_adapter", "/unload_lora_adapter",
+        "/configure_logging", "/abort_request", "/pause_generation", "/continue_generation",
+        "/clear_hicache_storage_backend", "/add_external_corpus", "/remove_external_corpus", "/list_external_corpora",
+        "/update_weight_version", "/weights_checker", "/init_weights_update_group", "/destroy_weights_update_group",
+        "/update_weights_from_tensor", "/update_weights_from_distributed", "/update_weights_from_ipc",
+        "/init_weights_send_group_for_remote_instance", "/send_weights_to_remote_instance",
+        "/get_remote_instance_transfer_engine_info", "/remote_instance_transfer_engine_info",
+    })
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.reset_note: str | None = None  # why the last reset did not happen (None: it did, or none was asked)
+        self._reset_refused: str | None = None  # the key was refused: no flush is sent again
 
     def server_info(self) -> dict:
         """GET /server_info (SGLang >= 0.5), falling back to /get_server_info on 404."""
@@ -58,19 +77,34 @@ class SGLangClient(HTTPClient):
         return settings_from_sglang(self.server_info())
 
     def reset_cache(self) -> bool | None:
-        """Empty the prefix cache (POST /flush_cache): True when flushed, False when the server refused."""
+        """Empty the prefix cache (POST /flush_cache): True when flushed, False when the server refused
+        (``reset_note`` says why: its key, or requests running)."""
         return self.flush_cache()
 
     def flush_cache(self) -> bool:
         """POST /flush_cache (GET if POST is not allowed). True when the server flushed.
 
-        SGLang answers 400 while requests are running; that gives False.
+        SGLang answers 400 while requests are running or waiting: False, and ``reset_note`` says other requests
+        were running. A refused key (401/403: an admin endpoint, module doc of specdiag.serving.http) gives False,
+        and ``reset_note`` names the variable to set; no flush is sent again by this client.
         """
+        if self._reset_refused:
+            self.reset_note = self._reset_refused
+            return False
         response = self._request("POST", "/flush_cache", timeout_s=min(self.timeout_s, 60.0))
         if response.status_code in (404, 405):
             response = self._request("GET", "/flush_cache", timeout_s=min(self.timeout_s, 60.0))
         if response.status_code in (404, 405):
             raise self._http_error(response)
+        if response.status_code in (401, 403):
+            err = self._http_error(response)
+            self._reset_refused = self.reset_note = f"no flush ({err}); each prompt got a unique head instead"
+            return False
+        if response.status_code == 400:
+            self.reset_note = ("no flush: the server refused it while requests were running or waiting (other "
+                               f"traffic?): {self._scrub(response.text.strip()[:200])}; the prompt got a unique head")
+            return False
+        self.reset_note = None if response.ok else f"no flush: HTTP {response.status_code}"
         return response.ok
 
     def tokenize(self, text: str, add_special_tokens: bool = False) -> list[int]:
@@ -106,6 +140,9 @@ class SGLangClient(HTTPClient):
         body["stream"] = bool(stream)
         if extra_body:
             body.update(extra_body)
+        return self._watched(lambda: self._send(body, stream))[0]
+
+    def _send(self, body: dict[str, Any], stream: bool) -> RequestTrace:
         sent = self._post_for_trace("/generate", body, stream, self._failed_trace)
         if isinstance(sent, RequestTrace):
             return sent

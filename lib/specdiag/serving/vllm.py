@@ -33,7 +33,9 @@ from specdiag.serving.errors import ServerError, ServerHTTPError, ServerUnreacha
 from specdiag.serving.http import HTTPClient
 from specdiag.serving.settings import VLLM_METHODS, ServerSettings
 from specdiag.serving.trace import RequestTrace
+from specdiag.serving.traffic import COUNTER_SPEC_SOURCE
 from specdiag.serving.vllm_stream import (
+    SPEC_COUNTERS,
     assemble_completion_stream,
     counter_delta,
     error_chunks,
@@ -41,7 +43,7 @@ from specdiag.serving.vllm_stream import (
     pollution_warning,
     spec_fields_from_counters,
 )
-from specdiag.spec import parse_prometheus
+from specdiag.spec import metric_total, parse_prometheus
 
 __all__ = ["VLLMClient"]
 
@@ -71,6 +73,9 @@ class VLLMClient(HTTPClient):
         self._max_model_len: int | None = None
         self.return_token_ids = True
         self._reset_offered: bool | None = None
+        self.reset_note: str | None = None  # why the last reset did not happen
+        self._learned_k: tuple[int, str] | None = None  # drafts per step a request showed, and how
+        self._probed = False
 
     # -- info ---------------------------------------------------------------------------------
 
@@ -112,8 +117,10 @@ class VLLMClient(HTTPClient):
                 return None
             raise
 
-    def settings(self) -> ServerSettings:
-        """The server's settings, typed, each with its source (dev-mode config, /v1/models, /metrics, parameter)."""
+    def settings(self, probe: bool = True) -> ServerSettings:
+        """The server's settings, typed, each with its source (dev-mode config, /v1/models, /metrics, parameter,
+        a probe request's per-request metrics). ``probe``: send one short request when nothing else tells whether
+        the server speculates or how many tokens a step drafts (:meth:`_speculation`)."""
         models = self.models()
         entry = next((m for m in models.get("data") or [] if isinstance(m, Mapping)), {})
         if self._model is None and entry.get("id"):
@@ -156,29 +163,8 @@ class VLLMClient(HTTPClient):
                 values["page_size"], sources["page_size"] = int(labels["block_size"]), f"/metrics {CACHE_INFO}"
             if values.get("kv_cache_dtype") is None and labels.get("cache_dtype"):
                 values["kv_cache_dtype"], sources["kv_cache_dtype"] = labels["cache_dtype"], f"/metrics {CACHE_INFO}"
-        if spec_cfg is None and self.speculative_config:
-            spec_cfg, spec_src = dict(self.speculative_config), "parameter (speculative_config)"
-        k_metrics = num_speculative_tokens_from_metrics(samples)
-        if spec_cfg:
-            method = spec_cfg.get("method")
-            k = spec_cfg.get("num_speculative_tokens")
-            values.update(speculative_method=method, algorithm=VLLM_METHODS.get(str(method), str(method).upper()),
-                          draft_steps=int(k) if k is not None else None, draft_model=spec_cfg.get("model"))
-            for key in ("speculative_method", "draft_steps", "draft_model"):
-                if values.get(key) is not None:
-                    sources[key] = spec_src
-            sources["algorithm"] = f"computed: SGLang's name for {spec_src} method {method!r}"
-        elif k_metrics:
-            values["draft_steps"] = k_metrics
-            sources["draft_steps"] = "/metrics (number of position labels of the per-position acceptance counter)"
-            values["algorithm"] = None
-            sources["speculative_method"] = ("not reported without dev mode: pass speculative_config to state it")
-        if values.get("draft_steps"):
-            values["tokens_per_step"] = int(values["draft_steps"]) + 1
-            sources["tokens_per_step"] = "computed (num_speculative_tokens + 1: the bonus token)"
-        elif metrics_text is not None and spec_cfg is None:
-            sources["speculative_method"] = ("not reported: no dev mode, no verify step counted on /metrics yet, "
-                                             "no speculative_config given")
+        self._speculation(values, sources, spec_cfg if isinstance(config, Mapping) else None,
+                          isinstance(config, Mapping), samples, metrics_text is not None, probe)
         if values.get("attention_backend") is None:
             sources["attention_backend"] = ("not exposed: vLLM picks its attention backend at start-up and reports "
                                             "none (dev mode's attention_config.backend is null unless set by flag)")
@@ -190,6 +176,115 @@ class VLLMClient(HTTPClient):
                                   else "no dev mode: /server_info answered 404, so /reset_prefix_cache is off too")
         return ServerSettings(**values, sources=sources, raw={"v1_models": models, "server_info": info})
 
+    def _speculation(self, values: dict[str, Any], sources: dict[str, str], dev_cfg: dict[str, Any] | None,
+                     dev_mode: bool, samples: Mapping[str, Any], metrics_on: bool, probe: bool) -> None:
+        """Whether the server speculates, its method and its drafts per step, each from the best source there is.
+
+        Whether: dev mode's config; else /metrics (vLLM registers its ``vllm:spec_decode_*`` counters only when it
+        runs with ``--speculative-config``, so counters mean yes and a /metrics without them means no); else the
+        ``speculative_config`` parameter; else a probe request. Never "no speculation" while counters exist.
+        Method: dev mode's config, else the parameter (vLLM exposes it nowhere else). Drafts per step k: dev mode's
+        config, the parameter, the number of ``position`` labels of the per-position counter (listed from start-up),
+        what a request's per-request metrics (``num_spec_tokens``) or counters (draft tokens / drafts) showed, else
+        a probe request. Where none tells, the source says what could not be seen and what to pass.
+        """
+        stated = dict(self.speculative_config or {})
+        stated_src = "parameter (speculative_config)"
+        counters = SPEC_COUNTERS["drafts"] in samples
+        drafts = metric_total(samples, SPEC_COUNTERS["drafts"]) if counters else None
+        counters_src = (f"/metrics: vLLM registers its vllm:spec_decode_* counters only when it speculates "
+                        f"({drafts:,.0f} verify steps counted so far)" if counters else "")
+        speculating: bool | None = None
+        if dev_mode:
+            speculating, src = bool(dev_cfg), "/server_info (dev mode)"
+            if not dev_cfg and counters:
+                speculating, src = True, counters_src + "; dev mode's config names no speculative_config"
+        elif counters:
+            speculating, src = True, counters_src
+        elif stated:
+            speculating = str(stated.get("method", "")).lower() not in ("none", "")
+            src = stated_src if "method" in stated else ""
+            if not src:
+                speculating = None
+        elif metrics_on:
+            speculating, src = False, ("/metrics answered without vllm:spec_decode_* counters: vLLM registers them "
+                                       "only when started with --speculative-config")
+        else:
+            src = ""
+        if speculating is None and probe:
+            self.probe_speculation()
+        if speculating is None and self._learned_k is not None:
+            speculating, src = self._learned_k[0] > 0, self._learned_k[1]
+        values["speculating"] = speculating
+        sources["speculating"] = src or ("not seen: no dev mode, no /metrics, no speculative_config, and the probe "
+                                         "request showed nothing; pass speculative_config={'method': ..., "
+                                         "'num_speculative_tokens': k}")
+        if speculating is False:
+            values["algorithm"] = "NONE"
+            sources["algorithm"] = sources["speculating"]
+            return
+        method = (dev_cfg or {}).get("method") or stated.get("method")
+        method_src = "/server_info (dev mode)" if (dev_cfg or {}).get("method") else stated_src
+        if method:
+            values.update(speculative_method=method, algorithm=VLLM_METHODS.get(str(method), str(method).upper()),
+                          draft_model=(dev_cfg or {}).get("model") or stated.get("model"))
+            sources["speculative_method"] = method_src
+            sources["algorithm"] = f"computed: SGLang's name for {method_src} method {method!r}"
+            if values.get("draft_model"):
+                sources["draft_model"] = method_src
+        elif speculating:
+            sources["speculative_method"] = sources["algorithm"] = (
+                "not exposed: vLLM names its speculative method only in dev mode (VLLM_SERVER_DEV_MODE=1, "
+                "/server_info); pass speculative_config={'method': 'ngram'} (or draft_model, eagle, ...) to name it")
+        k_sources = [((dev_cfg or {}).get("num_speculative_tokens"), "/server_info (dev mode)"),
+                     (stated.get("num_speculative_tokens"), stated_src),
+                     (num_speculative_tokens_from_metrics(samples),
+                      "/metrics (number of position labels of the per-position acceptance counter)")]
+        if speculating and not any(k for k, _ in k_sources) and self._learned_k is None and probe:
+            self.probe_speculation()
+        if self._learned_k is not None:
+            k_sources.append(self._learned_k)
+        k, k_src = next(((int(k), src) for k, src in k_sources if k), (None, ""))
+        if k:
+            values["draft_steps"], sources["draft_steps"] = k, k_src
+            values["tokens_per_step"] = k + 1
+            sources["tokens_per_step"] = "computed (num_speculative_tokens + 1: the bonus token)"
+        elif speculating:
+            sources["draft_steps"] = sources["tokens_per_step"] = (
+                "not seen: no dev mode, no per-position counter on /metrics, no per-request metrics "
+                "(--per-request-spec-decode-metrics); pass speculative_config={'num_speculative_tokens': k}")
+
+    def probe_speculation(self) -> None:
+        """One short greedy request (32 prompt tokens, 16 new) to learn whether the server speculates and its k,
+        from the request's per-request metrics (``num_spec_tokens``) or counters; sent once per client."""
+        if self._probed:
+            return
+        self._probed = True
+        try:
+            ids = self.tokenize("The cat sat on the mat. " * 8)[:32]
+            trace = self.generate(input_ids=ids, sampling_params={"max_new_tokens": 16, "temperature": 0.0,
+                                                                   "ignore_eos": True})
+        except (ServerError, ValueError):
+            return
+        if trace.error:
+            return
+        if self._learned_k is None and trace.spec is None and trace.meta_info.get("metrics_delta") is not None:
+            self._learned_k = (0, "a probe request: /metrics counted no verify step for it (no speculation)")
+
+    def _learn_k(self, spec: Any, source: str) -> None:
+        """k from a request's spec counts: proposed drafts / verify steps (a whole number for a chain drafter)."""
+        if self._learned_k is None and spec is not None and spec.num_proposed_drafts and spec.verify_ct:
+            k = spec.num_proposed_drafts / spec.verify_ct
+            if k == int(k) and k > 0:
+                self._learned_k = (int(k), source)
+
+    def _learn_k_from_request(self, trace: RequestTrace) -> None:
+        stats = trace.meta_info.get("speculative_decoding") if isinstance(trace.meta_info, Mapping) else None
+        k = stats.get("num_spec_tokens") if isinstance(stats, Mapping) else None
+        if self._learned_k is None and isinstance(k, int) and k > 0:
+            self._learned_k = (k, "per-request metrics (metrics.speculative_decoding.num_spec_tokens)")
+        self._learn_k(trace.spec, "per-request metrics (draft tokens / verify steps)")
+
     # -- control ------------------------------------------------------------------------------
 
     def reset_cache(self) -> bool | None:
@@ -200,8 +295,12 @@ class VLLMClient(HTTPClient):
         response = self._request("POST", "/reset_prefix_cache", timeout_s=min(self.timeout_s, 60.0))
         if response.status_code in (404, 405):
             self._reset_offered = False
+            self.reset_note = ("no reset: vLLM offers POST /reset_prefix_cache only in dev mode "
+                               "(VLLM_SERVER_DEV_MODE=1); each prompt got a unique head instead")
             return None
         self._reset_offered = True
+        self.reset_note = None if response.ok else (f"no reset: POST /reset_prefix_cache answered HTTP "
+                                                    f"{response.status_code}; the prompt got a unique head instead")
         return response.ok
 
     def flush_cache(self) -> bool:
@@ -212,16 +311,6 @@ class VLLMClient(HTTPClient):
         """POST /tokenize ``{"model", "prompt", "add_special_tokens"}`` -> ``tokens``."""
         body = {"model": self.model(), "prompt": text, "add_special_tokens": add_special_tokens}
         return self._post_tokenize(body)
-
-    def _samples(self) -> dict | None:
-        try:
-            text = self.metrics_text()
-        except ServerError:
-            return None
-        try:
-            return parse_prometheus(text) if text else None
-        except ValueError:
-            return None
 
     # -- generation ---------------------------------------------------------------------------
 
@@ -267,27 +356,30 @@ class VLLMClient(HTTPClient):
             return self._vllm_failed(self.url("/v1/completions"), time.time(), None, str(exc), kind)
         if extra_body:
             body.update(extra_body)
-        before = self._samples()
-        trace = self._send(body)
+        trace, before, after = self._watched(lambda: self._send(body))
         if (trace.error_kind == "http" and self.return_token_ids and "return_token_ids" in (trace.error or "")):
             self.return_token_ids = False  # an older server: count tokens from usage instead
             body.pop("return_token_ids", None)
-            before = self._samples()
-            trace = self._send(body)
-        after = self._samples() if before is not None else None
+            trace, before, after = self._watched(lambda: self._send(body))
         if before is not None and after is not None:
             delta = counter_delta(before, after)
             trace.meta_info["metrics_delta"] = delta
             from_counters = spec_fields_from_counters(delta)
+            disturbed = bool((trace.traffic or {}).get("other_traffic"))
             warning = pollution_warning(delta, trace.completion_tokens)
             if warning:
                 trace.warnings.append(warning)
             cached = delta.get("cached_prompt_tokens")
-            if trace.cached_tokens is None and cached is not None and not warning and not trace.error:
+            if trace.cached_tokens is None and cached is not None and not disturbed and not warning and not trace.error:
                 trace.cached_tokens = int(cached)  # usage has no prompt_tokens_details unless the server enables it
             if trace.spec is None and from_counters is not None and not trace.error:
                 trace.spec = from_counters
-                trace.spec_source = "/metrics difference around the request"
+                trace.spec_source = COUNTER_SPEC_SOURCE
+                self._learn_k(from_counters, "/metrics counters (draft tokens / drafts of a request)")
+            elif trace.spec is not None:
+                self._learn_k_from_request(trace)
+        elif trace.spec is not None:
+            self._learn_k_from_request(trace)
         return trace
 
     def _send(self, body: dict[str, Any]) -> RequestTrace:

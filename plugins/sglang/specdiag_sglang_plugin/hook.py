@@ -6,8 +6,11 @@ SGLang does and runs specdiag's split-KV kernel on SGLang's ragged layout (which
 other call goes to SGLang's own method unchanged. Each distinct decision is logged once per process
 ("which path runs and why").
 
-The mode comes from ``SPECDIAG_SGLANG_VERIFY`` when SGLang loads the plugin:
-- ``splitkv`` (default): the hook above.
+Off unless asked: SGLang 0.5.17 loads every installed plugin when ``SGLANG_PLUGINS`` is unset, so the plugin acts
+only when ``SGLANG_PLUGINS`` names ``specdiag_splitkv`` or ``SPECDIAG_SGLANG_VERIFY`` is set; otherwise
+``register()`` registers nothing and logs once that it is installed and off. The mode comes from
+``SPECDIAG_SGLANG_VERIFY`` (``splitkv`` when only ``SGLANG_PLUGINS`` names the plugin):
+- ``splitkv``: the hook above.
 - ``upstream``: no hook on forward_extend; SGLang's own split-KV verify (verify_splitkv.py, gated to
   gfx95 and topk 1 upstream) is switched on for every Triton backend, to compare with the plugin's
   kernel and SGLang's default. It computes a causal draft block: exact for chain drafts only.
@@ -54,6 +57,8 @@ import torch
 logger = logging.getLogger("specdiag_sglang_plugin")
 
 MODE_ENV = "SPECDIAG_SGLANG_VERIFY"
+PLUGINS_ENV = "SGLANG_PLUGINS"  # SGLang's allow-list of plugins (comma-separated entry point names)
+ENTRY_POINT = "specdiag_splitkv"  # this plugin's name in the sglang.srt.plugins group (pyproject.toml)
 STATS_ENV = "SPECDIAG_SGLANG_STATS"
 CHECK_ENV = "SPECDIAG_SGLANG_CHECK"
 NGRAM_TAIL_ENV = "SPECDIAG_SGLANG_NGRAM_TAIL"
@@ -102,6 +107,22 @@ def mode_from_env(environ=os.environ) -> str:
     if mode not in MODES:
         raise ValueError(f"{MODE_ENV}={mode!r}: choose one of {', '.join(MODES)}")
     return mode
+
+
+def activation_from_env(environ=os.environ) -> tuple[bool, str]:
+    """Whether the plugin acts, and why: only when ``SGLANG_PLUGINS`` names it or ``SPECDIAG_SGLANG_VERIFY`` is set.
+
+    SGLang 0.5.17 loads every installed plugin when ``SGLANG_PLUGINS`` is unset (sglang/srt/plugins/__init__.py), so
+    being loaded is no request to act: a server started without either variable must run SGLang unchanged.
+    """
+    mode = environ.get(MODE_ENV, "").strip()
+    if mode:
+        return True, f"{MODE_ENV}={mode}"
+    named = {name.strip() for name in environ.get(PLUGINS_ENV, "").split(",") if name.strip()}
+    if ENTRY_POINT in named:
+        return True, f"{PLUGINS_ENV} names {ENTRY_POINT}"
+    why = f"{PLUGINS_ENV} is unset" if not named else f"{PLUGINS_ENV}={environ.get(PLUGINS_ENV)} does not name it"
+    return False, f"{why} and {MODE_ENV} is unset"
 
 
 def log_once(key: str, message: str, *args) -> None:
@@ -462,7 +483,14 @@ def backend_init_upstream_hook(result, backend, *args, **kwargs):
 
 
 def register() -> None:
-    """The ``sglang.srt.plugins`` entry point: register the hooks of the chosen mode."""
+    """The ``sglang.srt.plugins`` entry point: register the hooks of the chosen mode, or nothing unless asked
+    (:func:`activation_from_env`)."""
+    active, why = activation_from_env()
+    if not active:
+        STATS["mode"] = "off"
+        log_once("inactive", "installed and off (%s): nothing registered, SGLang runs unchanged; to turn it on set "
+                 "%s=splitkv (or %s=%s)", why, MODE_ENV, PLUGINS_ENV, ENTRY_POINT)
+        return
     mode = mode_from_env()
     STATS["mode"] = mode
     if mode == "off":
@@ -477,7 +505,7 @@ def register() -> None:
         register_ngram_tail(HookRegistry, HookType)
     if mode == "upstream":
         HookRegistry.register(BACKEND_INIT, backend_init_upstream_hook, HookType.AFTER)
-        log_once("mode", "mode upstream: SGLang's own split-KV verify is forced on in the Triton backend")
+        log_once("mode", "mode upstream (%s): SGLang's own split-KV verify is forced on in the Triton backend", why)
         return
     try:
         import specdiag.kernels.triton_splitkv_ragged  # noqa: F401, PLC0415
@@ -487,5 +515,5 @@ def register() -> None:
         return
     # like SGLang's own Triton launchers, kept out of torch.compile's tracing (a graph break, run eagerly)
     HookRegistry.register(FORWARD_EXTEND, torch.compiler.disable(forward_extend_hook), HookType.AROUND)
-    log_once("mode", "mode splitkv: MLA target-verify attention of the Triton backend goes through "
-             "specdiag's split-KV kernel where it can serve")
+    log_once("mode", "mode splitkv (%s): MLA target-verify attention of the Triton backend goes through "
+             "specdiag's split-KV kernel where it can serve", why)

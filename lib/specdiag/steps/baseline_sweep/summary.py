@@ -8,6 +8,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from specdiag.findings import Finding, Source
 from specdiag.measure.metrics import positive
+from specdiag.measure.disturbance import commit_usable, traffic_finding
 from specdiag.spec import pooled_commit_length
 from specdiag.stats import fit_line
 
@@ -48,11 +49,13 @@ def summarize_sweep(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
             line[f] = statistics.median(vals) if vals else None
         # Step-weighted: each row's committed tokens (commit_length x verify_steps, whatever the engine's
         # way of counting) over all its verify steps.
-        weighted = [(float(r["commit_length"]), int(r["verify_steps"])) for r in ok
+        # A commit length from /metrics counter differences while others ran is unreliable: left out.
+        usable = [r for r in ok if commit_usable(r)]
+        weighted = [(float(r["commit_length"]), int(r["verify_steps"])) for r in usable
                     if r.get("commit_length") is not None and r.get("verify_steps")]
-        pairs = [(int(r["completion_tokens"]), int(r["verify_steps"])) for r in ok
+        pairs = [(int(r["completion_tokens"]), int(r["verify_steps"])) for r in usable
                  if r.get("completion_tokens") is not None and r.get("verify_steps")]
-        published = [float(r["commit_length"]) for r in ok if r.get("commit_length") is not None]
+        published = [float(r["commit_length"]) for r in usable if r.get("commit_length") is not None]
         if weighted and len(weighted) == len(pairs):
             line["commit_length"] = sum(c * n for c, n in weighted) / sum(n for _, n in weighted)
         else:
@@ -145,4 +148,7 @@ def sweep_findings(summary: Sequence[Mapping[str, Any]], source: Source = "measu
             tuple(f"sent {r['context_tokens']:,} tokens, server counted {r.get('prompt_tokens')}"
                   for r in mismatched[:5]),
             {"mismatched": len(mismatched)}, "server-reported"))
+    traffic = traffic_finding(rows, "sweep")
+    if traffic is not None:
+        found.append(traffic)
     return found

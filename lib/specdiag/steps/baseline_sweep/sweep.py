@@ -100,6 +100,8 @@ def measure_request(client: Any, request: dict[str, Any], plan: SweepPlan) -> di
     done = measured_request(client, ctx, plan.prompt_kind, int(request["seed"]), plan.max_new_tokens,
                             reset=plan.flush_cache, ignore_eos=plan.ignore_eos,
                             instruction=plan.instruction if plan.prompt_kind == "novel" else "")
+    if done.cache_note:
+        labels["cache_note"] = done.cache_note
     if done.trace is None:
         return error_row(ctx, str(done.error), done.t_send_unix_s, **labels, cache_flushed=done.cache_flushed)
     return sweep_row(done.trace, ctx, **labels, cache_flushed=done.cache_flushed)

@@ -46,7 +46,8 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from specdiag.findings import Finding, Source
-from specdiag.measure.metrics import decode_tok_s
+from specdiag.measure.disturbance import commit_usable, traffic_finding
+from specdiag.measure.metrics import TRAFFIC_COLUMNS, decode_tok_s, trace_columns
 from specdiag.measure.request import measured_request
 from specdiag.nb import check, check_context_lengths
 from specdiag.prompts import NOVEL_PROSE_PATH
@@ -61,7 +62,7 @@ PROBE_COLUMNS: tuple[str, ...] = (
     "ts_unix_s", "context_tokens", "kind", "seed", "max_new_tokens", "num_draft_tokens", "max_commit_length",
     "cache_flushed", "prompt_tokens", "prompt_tokens_match", "completion_tokens", "verify_steps",
     "commit_length", "accepted_drafts", "proposed_drafts", "commit_histogram", "wall_s", "prefill_s",
-    "prefill_share", "decode_tok_s", "finish_reason", "error",
+    "prefill_share", "decode_tok_s", "finish_reason", "error", *TRAFFIC_COLUMNS,
 )
 STEP_COLUMNS: tuple[str, ...] = (
     "ts_unix_s", "context_tokens", "kind", "seed", "step", "commit_length", "accepted_drafts", "draft_ms",
@@ -113,7 +114,7 @@ def _num(x: Any) -> float | None:
 
 
 def probe_row(trace: Any, request: Mapping[str, Any], num_draft_tokens: int | None,
-              cache_flushed: bool | None = None) -> dict[str, Any]:
+              cache_flushed: bool | None = None, cache_note: str | None = None) -> dict[str, Any]:
     """One ``commit_probe`` row from a :class:`specdiag.serving.RequestTrace` (pure)."""
     spec = getattr(trace, "spec", None)
     completion = int(trace.completion_tokens or 0)
@@ -150,10 +151,7 @@ def probe_row(trace: Any, request: Mapping[str, Any], num_draft_tokens: int | No
         "finish_reason": finish,
         "error": trace.error,
     })
-    for key, value in (("spec_source", getattr(trace, "spec_source", None)),
-                       ("warnings", list(getattr(trace, "warnings", None) or []) or None)):
-        if value is not None:
-            row[key] = value
+    row.update(trace_columns(trace, commit, cache_note))
     return row
 
 
@@ -173,12 +171,15 @@ def step_rows(trace: Any, request: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def error_row(request: Mapping[str, Any], error: str, num_draft_tokens: int | None,
-              cache_flushed: bool | None = None, ts_unix_s: float | None = None) -> dict[str, Any]:
+              cache_flushed: bool | None = None, ts_unix_s: float | None = None,
+              cache_note: str | None = None) -> dict[str, Any]:
     """A failed request's row; ``ts_unix_s`` is when it was attempted (stamped before the request)."""
     row = {c: None for c in PROBE_COLUMNS}
     row.update(ts_unix_s=time.time() if ts_unix_s is None else ts_unix_s, **{k: request[k] for k in PROBE_KEY},
                num_draft_tokens=num_draft_tokens, max_commit_length=num_draft_tokens or None,
                cache_flushed=cache_flushed, error=error)
+    if cache_note:
+        row["cache_note"] = cache_note
     return row
 
 
@@ -189,8 +190,9 @@ def measure(client: Any, request: Mapping[str, Any], plan: ProbePlan,
     done = measured_request(client, int(request["context_tokens"]), request["kind"], int(request["seed"]),
                             plan.max_new_tokens, reset=plan.flush_cache)
     if done.trace is None:
-        return error_row(request, str(done.error), num_draft_tokens, done.cache_flushed, done.t_send_unix_s), []
-    return (probe_row(done.trace, request, num_draft_tokens, done.cache_flushed),
+        return error_row(request, str(done.error), num_draft_tokens, done.cache_flushed, done.t_send_unix_s,
+                         done.cache_note), []
+    return (probe_row(done.trace, request, num_draft_tokens, done.cache_flushed, done.cache_note),
             step_rows(done.trace, request))
 
 
@@ -211,8 +213,8 @@ def summarize(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     and prefill."""
     groups: dict[tuple[str, int], list[Mapping[str, Any]]] = {}
     for r in rows:
-        if r.get("error") or r.get("commit_length") is None:
-            continue
+        if r.get("error") or r.get("commit_length") is None or not commit_usable(r):
+            continue  # (a commit length from counter differences while others ran is unreliable: left out)
         groups.setdefault((str(r.get("kind") or "predictable"), int(r["context_tokens"])), []).append(r)
     out = []
     for (kind, ctx_tokens), rs in sorted(groups.items(), key=lambda kv: (kv[0][0] != "predictable", kv[0][1])):
@@ -243,9 +245,14 @@ def _k(n: int) -> str:
 
 def probe_findings(summary: Sequence[Mapping[str, Any]], max_commit_length: int | None,
                    source: Source = "measured", flat_tolerance: float = 0.15, healthy_share: float = 0.5,
-                   text_share: float = 0.5, prefill_share_note: float = 0.5) -> list[Finding]:
-    """The probe's verdicts (see the module docstring), each with the numbers behind it."""
+                   text_share: float = 0.5, prefill_share_note: float = 0.5,
+                   rows: Sequence[Mapping[str, Any]] = ()) -> list[Finding]:
+    """The probe's verdicts (see the module docstring), each with the numbers behind it; with ``rows``, also how
+    many requests ran beside other traffic (``probe.other_traffic``)."""
     found: list[Finding] = []
+    traffic = traffic_finding(rows, "probe")
+    if traffic is not None:
+        found.append(traffic)
     pred = sorted((s for s in summary if s["kind"] == "predictable"), key=lambda s: s["context_tokens"])
     novel = {s["context_tokens"]: s for s in summary if s["kind"] == "novel"}
     maxc = f" of at most {max_commit_length}" if max_commit_length else ""

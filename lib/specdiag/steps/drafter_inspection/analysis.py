@@ -23,6 +23,8 @@ from specdiag.geometry import (
     kv_bytes_per_step,
     kv_bytes_per_token_per_layer_per_rank,
 )
+from specdiag.measure.disturbance import traffic_finding
+from specdiag.measure.metrics import trace_columns
 from specdiag.stats import fit_line
 
 #: Columns of the ``drafter_timing`` table (one row per request).
@@ -93,6 +95,7 @@ def timing_row(trace: Any, context_tokens: int, **labels: Any) -> dict[str, Any]
         "verify_ms_median": statistics.median(verify) if verify else None,
         "commit_length_mean": statistics.fmean(commits) if commits else None,
         "error": trace.error,
+        **trace_columns(trace, None),  # other traffic beside the request (its draft and verify times are shared)
     }
 
 
@@ -126,6 +129,8 @@ def measure_draft_timing(client: Any, context_tokens: int, max_new_tokens: int, 
 
     labels = {"prompt_kind": prompt_kind, "seed": seed, "max_new_tokens": max_new_tokens}
     done = measured_request(client, int(context_tokens), prompt_kind, int(seed), int(max_new_tokens))
+    if done.cache_note:
+        labels["cache_note"] = done.cache_note
     if done.trace is None:
         row = {c: None for c in DRAFTER_TIMING_COLUMNS}
         row.update(ts_unix_s=done.t_send_unix_s, context_tokens=int(context_tokens), **labels, error=done.error)
@@ -242,6 +247,9 @@ def drafter_findings(geom: ModelGeometry | None, spans: Sequence[Mapping[str, An
     (n-gram prompt lookup), so only the measured draft time can be judged. ``cost_rows``: the ``drafter_cost``
     table (STANDALONE minus NGRAM ms per verify step), judged where the engine reports no per-step draft time."""
     found: list[Finding] = []
+    traffic = traffic_finding(timing, "drafter", "timing requests")
+    if traffic is not None:  # draft and verify times measured beside other requests include their work
+        found.append(traffic)
     cap: int | None = None
     if geom is not None:
         found += _config_findings(geom, spans, window_cap_tokens, config_source)

@@ -67,7 +67,13 @@ def collect_findings(results: Mapping[str, Mapping[str, Any]]) -> list[dict[str,
             continue
         for f in results[nb_name].get("findings") or []:
             out.append({**f, "notebook": nb_name})
-    return sorted(out, key=lambda f: (SEVERITY_ORDER.get(f.get("severity", "info"), 9), f["notebook"]))
+    return sort_collected(out)
+
+
+def sort_collected(findings: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Collected findings (each with its ``notebook``) most severe first, then in notebook order."""
+    return sorted((dict(f) for f in findings),
+                  key=lambda f: (SEVERITY_ORDER.get(f.get("severity", "info"), 9), str(f.get("notebook"))))
 
 
 def notebook_overview(results: Mapping[str, Mapping[str, Any]], statuses: Mapping[str, Any] | None = None,

@@ -21,7 +21,9 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from specdiag.findings import Finding
 from specdiag.hardware import gb_s
+from specdiag.measure.disturbance import traffic_finding
 from specdiag.stats import quantile  # noqa: F401 - re-exported (utilization.quantile)
+from specdiag.serving.settings import speculation_state
 from specdiag.telemetry.sampler import METRIC_FIELDS
 
 PHASES: tuple[str, ...] = ("before", "prefill", "decode", "after")
@@ -209,7 +211,7 @@ def decode_bytes_per_step(server: Mapping[str, Any], configs: Mapping[str, Mappi
     kv_dtype = server.get("kv_cache_dtype") if server.get("kv_cache_dtype") not in (None, "auto") else dtype
     tp = int(server.get("tp_size") or 1)
     algo = str(server.get("speculative_algorithm") or "NONE").upper()
-    n_draft = int(server.get("speculative_num_draft_tokens") or 1) if algo != "NONE" else 1
+    n_draft = int(server.get("speculative_num_draft_tokens") or 1) if speculation_state(server) else 1
     target = load_geometry(dict(target_cfg), kv_dtype=kv_dtype, weight_dtype=dtype)
     ctx = int(round(context_tokens))
     parts = {"target_weights": weight_bytes_per_step(target, tp, tokens_per_step=n_draft).total,
@@ -313,8 +315,12 @@ def utilization_findings(stats: Sequence[Mapping[str, Any]], request: Mapping[st
                          prediction: Mapping[str, float] | None = None,
                          locality: Mapping[str, Any] | None = None,
                          sampler: Mapping[str, Any] | None = None) -> list[Finding]:
-    """Findings about one device during one request's decode (see the notebook for the reading)."""
+    """Findings about one device during one request's decode (see the notebook for the reading); whether other
+    requests ran beside it (``utilization.other_traffic``: then the device's activity is not this request's alone)."""
     out: list[Finding] = []
+    traffic = traffic_finding([request], "utilization", "sampled requests")
+    if traffic is not None:
+        out.append(traffic)
     decode_s = None
     w = phase_windows(request) if request.get("t_send_unix_s") is not None else None
     if w is not None and w.span("decode"):

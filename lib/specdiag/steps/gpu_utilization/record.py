@@ -21,7 +21,7 @@ from specdiag.telemetry.sampler import Sampler, TelemetrySource
 
 #: server_info keys kept with the request row (what the prediction and the page need on replay).
 SERVER_KEYS: tuple[str, ...] = (
-    "model_path", "speculative_algorithm", "speculative_num_draft_tokens", "speculative_num_steps",
+    "model_path", "speculative_decoding", "speculative_algorithm", "speculative_num_draft_tokens", "speculative_num_steps",
     "speculative_draft_model_path", "dtype", "kv_cache_dtype", "attention_backend", "page_size", "device",
     "context_length", "tp_size", "version",
 )
@@ -139,7 +139,7 @@ def measure_utilization(run: Any, client: Any, source: TelemetrySource, context_
     64 tokens) so start-up work stays out of the window; flushes again; records. Returns the
     ``telemetry_request`` row (also appended to ``run``).
     """
-    from specdiag.measure.fresh_prompt import freshen  # noqa: PLC0415
+    from specdiag.measure.fresh_prompt import freshen, reset_note  # noqa: PLC0415
     from specdiag.measure.request import ADD_SPECIAL_TOKENS, exact_prompt, greedy  # noqa: PLC0415
 
     server_info = client.settings().as_server_info()
@@ -161,8 +161,10 @@ def measure_utilization(run: Any, client: Any, source: TelemetrySource, context_
         warm = client.generate(input_ids=prompt.input_ids[:64], stream=True, sampling_params=greedy(warmup_tokens))
     # the measured request's prompt made fresh after the warm-up: cache reset, or a head the warm-up never saw
     prompt, flushed = freshen(client, prompt, add_special_tokens=ADD_SPECIAL_TOKENS)
+    note = reset_note(client, flushed)
     return record_sampled_request(
         run, client, source, prompt.input_ids, max_new_tokens, rate_hz=sample_hz, idle_before_s=idle_s,
         idle_after_s=idle_s, context_tokens=context_tokens, prompt_kind="novel", seed=seed, cache_flushed=flushed,
         server={k: server_info.get(k) for k in SERVER_KEYS}, model_configs=configs, hardware=hardware,
-        warmup={"completion_tokens": warm.completion_tokens, "e2e_s": warm.e2e_s, "error": warm.error} if warm else None)
+        warmup={"completion_tokens": warm.completion_tokens, "e2e_s": warm.e2e_s, "error": warm.error} if warm else None,
+        **({"cache_note": note} if note else {}))

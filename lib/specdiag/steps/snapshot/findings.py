@@ -14,6 +14,7 @@ from typing import Any, Mapping, Sequence
 
 from specdiag.findings import Finding
 from specdiag.hardware import HardwarePeaks, gb_s
+from specdiag.serving.settings import speculation_state
 
 #: server_info keys whose rows the attention finding cites as evidence.
 ATTENTION_KEYS = ("attention_backend", "decode_attention_backend", "page_size", "kv_cache_dtype", "tp_size",
@@ -21,10 +22,30 @@ ATTENTION_KEYS = ("attention_backend", "decode_attention_backend", "page_size", 
 
 
 def speculation_finding(server_info: Mapping[str, Any], source: str) -> Finding:
-    """Speculative decoding on (algorithm, draft tokens, draft model) or off (a warning: no commit lengths)."""
+    """Speculative decoding on (algorithm, draft tokens, draft model), on with its method not exposed (vLLM
+    without dev mode: what could not be seen and what to pass), off (a warning: no commit lengths), or unknown."""
     algo = server_info.get("speculative_algorithm")
     n_draft = server_info.get("speculative_num_draft_tokens")
     draft_model = server_info.get("speculative_draft_model_path")
+    state = speculation_state(server_info)
+    sources = server_info.get("settings_sources") if isinstance(server_info.get("settings_sources"), Mapping) else {}
+    if state is not False and not (algo and str(algo).upper() != "NONE"):
+        why = sources.get("speculating") or "not reported"
+        if state is None:
+            return Finding(
+                "snapshot.speculation", "Speculative decoding: not known",
+                "The server did not say whether it speculates (" + str(why) + ").", "warning",
+                (f"speculative_decoding = None ({why})",), {"speculative_decoding": None}, source)  # type: ignore[arg-type]
+        steps = (f"at most {n_draft} tokens per verify step ({server_info.get('speculative_num_steps')} drafts + the "
+                 f"bonus token; {sources.get('speculative_num_steps') or sources.get('draft_steps') or 'server-reported'})"
+                 if n_draft else f"its tokens per verify step not seen ({sources.get('tokens_per_step')})")
+        return Finding(
+            "snapshot.speculation", "Speculative decoding is on (method not exposed)",
+            f"The server speculates ({why}), {steps}; its method is not exposed: "
+            f"{sources.get('speculative_method') or 'not reported'}.", "info",
+            (f"speculative_decoding = True ({why})", f"speculative_num_draft_tokens = {n_draft} ({source})"),
+            {"speculative_decoding": True, "speculative_algorithm": None, "speculative_num_draft_tokens": n_draft},
+            source)  # type: ignore[arg-type]
     if algo and str(algo).upper() != "NONE":
         # Another engine's method in its own words (vLLM: draft_model with k drafts = SGLang's STANDALONE, k + 1)
         engine, method = server_info.get("engine"), server_info.get("speculative_method")

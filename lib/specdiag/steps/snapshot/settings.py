@@ -19,6 +19,7 @@ from specdiag.serving.redaction import redact
 SERVER_FIELDS: tuple[tuple[str, str], ...] = (
     ("model_path", "target model"),
     ("served_model_name", "served model name"),
+    ("speculative_decoding", "speculative decoding on"),
     ("speculative_algorithm", "speculative algorithm"),
     ("speculative_draft_model_path", "draft model"),
     ("speculative_num_draft_tokens", "draft tokens per verify step"),
@@ -76,6 +77,7 @@ def server_settings(server_info: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 #: run.json server key -> ServerSettings field (for the per-field sources an engine-neutral snapshot carries).
 _SETTINGS_FIELD = {"model_path": "model", "speculative_algorithm": "algorithm", "speculative_method": "speculative_method",
+                   "speculative_decoding": "speculating",
                    "speculative_num_draft_tokens": "tokens_per_step", "speculative_num_steps": "draft_steps",
                    "speculative_draft_model_path": "draft_model", "speculative_draft_window_size": "draft_window"}
 
