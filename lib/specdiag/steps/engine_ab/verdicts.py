@@ -186,7 +186,7 @@ def metrics(dec: pd.DataFrame, pre: pd.DataFrame, floors: pd.DataFrame, verdicts
             out.setdefault(r.arm, {})[str(int(r.context_tokens))] = getattr(r, col)
         return out
 
-    return {
+    return _plain({
         "arms": list(arms),
         "step_ms": by_arm(dec, "step_ms"), "decode_requests": by_arm(dec, "n"), "decode_tok_s": by_arm(dec, "decode_tok_s"),
         "decode_clean": by_arm(dec, "clean"),
@@ -197,4 +197,20 @@ def metrics(dec: pd.DataFrame, pre: pd.DataFrame, floors: pd.DataFrame, verdicts
         "bands": [{"band": r.band, "fastest": r.fastest, "by_x": r.by_x, "verdict": r.verdict}
                   for r in verdicts.itertuples()] if not verdicts.empty else [],
         "lacks": list(lacking),
-    }
+    })
+
+
+def _plain(v: Any) -> Any:
+    """JSON-fit: NaN and pandas' missing values as None, numpy numbers as Python's, recursively."""
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if v is None or isinstance(v, str):
+        return v
+    try:
+        if pd.isna(v):
+            return None
+    except (TypeError, ValueError):
+        return v
+    return v.item() if hasattr(v, "item") else v
