@@ -189,6 +189,15 @@ def test_findings_carry_each_collapse_and_its_measured_fix() -> None:
     assert floor.numbers["arm"] == "triton" and floor.numbers["context_tokens"] == K128 and floor.severity == "critical"
     assert floor.numbers["ttft_over_floor_x"] == pytest.approx(150.8 / floor.numbers["floor_s"])
     assert found["engine_ab.stock_decode"].numbers["step_growth_x"] == pytest.approx(1657 / 19.7)
+    # the shape 07 reads: both collapses and both fixes reach the diagnosis
+    from dataclasses import asdict
+
+    from specdiag.steps.findings.diagnosis import diagnose
+
+    d = diagnose([{**asdict(f), "notebook": "09_engine_ab"} for f in found.values()])
+    assert d.slow.startswith("A verify step of triton takes 1,657 ms at 128k tokens")
+    assert d.prefill.startswith("Prefill is a second collapse") and "on triton" in d.prefill
+    assert "makes it 170x faster at 128k tokens" in d.fix and "For prefill, flashinfer's prefill" in d.fix
     m = verdicts.metrics(dec, pre, floors, bands, tt, [], list(ARMS_META))
     json.dumps(m, allow_nan=False)  # a JSON file, no NaN
     assert m["step_ms"]["triton"][str(K128)] == 1657 and m["targets"]["plugin_vs_triton_128k"]["status"] == "met"
