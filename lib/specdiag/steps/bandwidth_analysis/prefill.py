@@ -249,7 +249,8 @@ def prefill_finding(floors: Sequence[PrefillFloor], source: str, *, finding_id: 
     x = float(f.ttft_over_floor_x or 0.0)
     sev = "critical" if x >= threshold_x else "warning" if x >= 2 else "ok"
     who = f"{label}: the" if label else "The"
-    chunk = (f"in {f.n_chunks} chunks of {f.chunk_tokens:,} tokens (the server's chunked_prefill_size)"
+    chunk = (f"in {f.n_chunks} chunk{'s' if f.n_chunks > 1 else ''} of {f.chunk_tokens:,} tokens (the server's "
+             "chunked_prefill_size)"
              if f.chunk_tokens else "in one pass (no chunk size reported)")
     tok_s = f.prompt_tokens / float(f.measured_ttft_s or 1)
     from specdiag.plots import format_tokens  # noqa: PLC0415 - matplotlib's ticker, only when a finding is made

@@ -23,9 +23,17 @@ def arm_style(arms: Sequence[str]) -> dict[str, dict[str, Any]]:
 
 def _log_y(ax: Any) -> None:
     """A log y axis with plain numbers (20, 0.001), the in-between ticks labelled when it spans few decades."""
+    import math  # noqa: PLC0415
+
     ax.set_yscale("log")
+
+    def minor(v: float, _pos: Any) -> str:
+        lo, hi = ax.get_ylim()
+        few = lo > 0 and math.log10(hi / lo) < 1.2  # under about a decade: label 2, 3, 4, ... too
+        return f"{v:g}" if few and round(v / 10 ** math.floor(math.log10(v)), 6) in (2, 3, 4, 5, 6, 8) else ""
+
     ax.yaxis.set_major_formatter(mticker.FuncFormatter(lambda v, _pos: f"{v:g}"))
-    ax.yaxis.set_minor_formatter(mticker.LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.4)))
+    ax.yaxis.set_minor_formatter(mticker.FuncFormatter(minor))
 
 
 def _lines(ax: Any, df: pd.DataFrame, value: str, flag: str, styles: dict[str, dict[str, Any]]) -> list[int]:
