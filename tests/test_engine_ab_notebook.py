@@ -62,3 +62,17 @@ def test_09_measures_two_embedded_arms_one_after_another(run_notebook, tmp_path)
     page = out.read_text()
     assert "2 arms measured: ngram, plain" in page
     assert "indistinguishable" in page  # 2 requests against 2: the rank test cannot tell them apart, and says so
+
+
+@pytest.mark.notebook
+def test_09_measures_live_servers_named_by_url(run_notebook, tmp_path, embedded_server) -> None:
+    """servers: running servers, measured one after another; no command recorded (started elsewhere), their server
+    info is (the same server twice here: two names, one URL, is a valid if dull A/B)."""
+    url = embedded_server.url
+    run_notebook("09_engine_ab", servers=f"first={url},second={url}", context_lengths=[128], repeats=2,
+                 max_new_tokens=4, memory_bandwidth_gb_s=20.0, matmul_tflops=1.0)
+    res = _result(tmp_path)
+    assert res["metrics"]["arms"] == ["first", "second"] and "recorded_from" not in res
+    meta = Run.open(tmp_path / "run").meta
+    assert meta["arms"]["first"]["command"] is None and meta["arms"]["first"]["url"] == url
+    assert meta["arms"]["second"]["server"]["speculative_algorithm"] == "STANDALONE"
