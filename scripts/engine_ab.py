@@ -41,6 +41,7 @@ from specdiag.runs import Run  # noqa: E402
 from specdiag.serving.redaction import redact  # noqa: E402
 
 T0 = time.monotonic()
+ARM_LOCK = threading.Lock()
 ARMS: dict[str, dict[str, Any]] = {
     "triton": {"what": "SGLang's Triton backend as shipped", "backend": "triton", "extra": [], "plugin": None},
     "triton_plugin": {"what": "Triton backend + the specdiag plugin's split-KV verify kernel", "backend": "triton",
@@ -53,6 +54,34 @@ ARMS: dict[str, dict[str, Any]] = {
     "triton_upstream": {"what": "Triton backend with SGLang's own split-KV verify forced on", "backend": "triton",
                         "extra": [], "plugin": "upstream"},
 }
+
+
+def update_arm(run: Run, arm: str, **fields: Any) -> None:
+    """Add ``fields`` to run.json ``arms[arm]``, keeping what it holds (``run.update`` merges one level deep: passing
+    ``arms={arm: {...}}`` would replace the arm's record)."""
+    with ARM_LOCK:
+        arms = dict(run.meta.get("arms") or {})
+        run.update(arms={**arms, arm: {**dict(arms.get(arm) or {}), **fields}})
+
+
+def record_device(run: Run, server_url: str) -> None:
+    """run.json ``device`` (the GPU as nvidia-smi names it) and ``hardware`` (the run's peaks, specdiag.hardware:
+    09's prefill floor reads them)."""
+    import subprocess  # noqa: PLC0415
+
+    from specdiag import hardware  # noqa: PLC0415
+
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30).stdout.splitlines()
+        name, driver, mem = [x.strip() for x in out[0].split(",")]
+        run.update(device={"gpu": name, "driver": driver, "memory_total": mem, "source": "nvidia-smi"})
+    except Exception as exc:  # noqa: BLE001 - no GPU (a dry run on a CPU): say so
+        run.update(device={"gpu": None, "source": f"nvidia-smi failed: {exc}"[:200]})
+    try:
+        hardware.run_peaks(run, server_url=server_url)
+    except Exception as exc:  # noqa: BLE001
+        log(f"no peaks recorded: {exc}")
 
 
 def log(msg: str) -> None:
@@ -161,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
                arms={a: {"what": ARMS.get(a, {}).get("what", a), "plugin": ARMS.get(a, {}).get("plugin"),
                          "env": {k: v for k, v in arm_env(a, args, work).items() if k not in ("PYTHONPATH",)}}
                      for a in arms})
+    record_device(run, "http://127.0.0.1")  # the servers run here
     from specdiag.launchers.process import redacted_command  # noqa: PLC0415
     from specdiag.serving import make_client  # noqa: PLC0415
     from specdiag.steps.engine_ab.measure import decode_all, prefill_all  # noqa: PLC0415
@@ -177,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.stagger_pattern in text or not srv.running:
                 break
             time.sleep(1.0)
-        run.update(arms={a: {"started_after_s": round(t_start - T0, 1)}})
+        update_arm(run, a, started_after_s=round(t_start - T0, 1))
     clients: dict[str, Any] = {}
     prompts: dict[str, dict[int, list[int]]] = {}
     busy = Prefills()
@@ -187,8 +217,8 @@ def main(argv: list[str] | None = None) -> int:
             servers[arm].wait_ready()
             clients[arm] = make_client(servers[arm].url)
             info = redact(clients[arm].server_info()) if hasattr(clients[arm], "server_info") else {}
-            run.update(arms={arm: {"ready_after_s": servers[arm].ready_after_s, "server": info,
-                                   "command": redacted_command(servers[arm].command)}})
+            update_arm(run, arm, ready_after_s=servers[arm].ready_after_s, server=info,
+                       command=redacted_command(servers[arm].command))
             log(f"{arm}: ready after {servers[arm].ready_after_s:.0f} s")
             out: dict[int, list[int]] = {}
             for ctx in contexts:
@@ -198,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
             prompts[arm] = out
         except Exception as exc:  # noqa: BLE001 - this arm fails, the others go on
             log(f"{arm}: FAILED {type(exc).__name__}: {exc}")
-            run.update(arms={arm: {"failed": f"{type(exc).__name__}: {exc}"[:500]}})
+            update_arm(run, arm, failed=f"{type(exc).__name__}: {exc}"[:500])
 
     threads = [threading.Thread(target=prefill, args=(a,), daemon=True) for a in arms]
     for t in threads:

@@ -186,3 +186,38 @@ def test_one_run_has_one_peak_bandwidth_in_every_notebook(run_notebook: Callable
         assert_tables_formatted(name, page)
     (request,) = run.rows("telemetry_request")
     assert request["hardware"]["memory_bandwidth_gb_s"] == recorded
+
+
+@pytest.mark.notebook
+def test_prefill_floor_and_the_projection_from_a_run_at_depth(run_notebook: Callable[..., Path], tmp_path: Path) -> None:
+    """05 on a 2-layer plugin run: its TTFTs against the prefill floor with the server's chunk size; and, with a run at
+    61 layers that has Triton's decode steps (depth_dir), the projection to the investigation uses those steps as
+    measured (no layer scaling) and sets them against the published 1,430 ms at 185k."""
+    from specdiag.runs import Run
+    from specdiag.steps.bandwidth_analysis import verify_projection as vp
+
+    depth = Run.create(tmp_path / "depth", label="t")
+    cfg = json.loads((REFERENCE_DIR / "sglang-h200-mla61-engine-ab" / "config.json").read_text())
+    depth.update(model={"model_config": cfg}, device={"gpu": "NVIDIA H200"})
+    t = 0.0
+    for ctx, ms in ((1024, 19.7), (65536, 841.0), (131072, 1657.0)):
+        for r in range(3):
+            depth.append_row("engine_ab", {"arm": "triton", "phase": "decode", "context_tokens": ctx, "repeat": r,
+                                           "ts_unix_s": t, "e2e_s": 1.0, "step_ms": ms, "ttft_s": 0.2, "error": None,
+                                           "commit_length": 1.0, "decode_tok_s": 1000 / ms, "cached_tokens": ctx - 1,
+                                           "concurrent": 1})
+            t += 2.0
+    check = REFERENCE_DIR / "sglang-h200-mla2-plugin-check-bf16"
+    run_notebook("05_bandwidth_analysis", replay_dir=str(check), stock_dir=str(check / "stock"),
+                 depth_dir=str(depth.path), gpu_name="NVIDIA H200")
+    res = _result(tmp_path / "run")
+    m = res["metrics"]
+    d = m["investigation_projection"]
+    assert d["method"] == "measured at depth" and d["layers_measured"] == 61 and d["arm"] == "triton"
+    fit = vp.fit_context([(1024, 19.7), (65536, 841.0), (131072, 1657.0)])
+    assert d["projected_ms"] == pytest.approx(fit.at(185_000)) and d["published_ms"] == 1430
+    assert d["range_ms"] == pytest.approx([d["projected_ms"], d["projected_ms"] * 4800 / 1792])
+    assert m["prefill_chunk_tokens"] == 8192
+    last = m["prefill"][-1]
+    assert last["ttft_over_floor_x"] == pytest.approx(last["ttft_s"] / last["floor_s"])
+    assert "bandwidth.prefill_floor" in {f["id"] for f in res["findings"]}

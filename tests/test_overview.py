@@ -177,3 +177,32 @@ def test_page_pieces_order_collapse_and_round() -> None:
     assert "This run: 3 critical, 1 warning" in box and "data/reference/kernel-ab-h200" in box and "not counted" in box
     assert page.brief(0.123456789012345) == "0.123" and page.brief(13095873024.0) == "13,095,873,024"
     assert page.brief(list(range(20))) == "[0, 1, 2, 3, 4, 5, ...] (20)" and page.brief({"a": [1, 2]}) == "1 entries"
+
+
+def test_the_diagnosis_names_both_collapses_and_the_measured_fix_of_each() -> None:
+    """09 at 61 layers: Triton's verify step grows 84x, prefill sits 52x above its floor; the plugin fixes decode
+    170x and FlashInfer's prefill brings the first token 20x sooner, each said with its numbers."""
+    from specdiag.steps.findings.diagnosis import diagnose
+
+    stock = _f("engine_ab.stock_decode", "critical", "09_engine_ab", arm="triton", step_ms_first=19.7,
+               step_ms_last=1657.0, context_tokens_first=1024, context_tokens_last=131072, step_growth_x=84.1)
+    floor = _f("engine_ab.prefill_floor", "critical", "09_engine_ab", arm="triton", context_tokens=131072, ttft_s=150.8,
+               floor_s=2.88, ttft_over_floor_x=52.4, chunk_tokens=8192, prefill_tok_s=869.0)
+    decode_fix = _f("engine_ab.decode_fix", "ok", "09_engine_ab", fix="the specdiag plugin's verify kernel",
+                    fix_speedup_x=170.5, fix_context_tokens=131072, fix_phase="decode")
+    prefill_fix = _f("engine_ab.prefill_fix", "ok", "09_engine_ab", fix="flashinfer's prefill", fix_speedup_x=19.9,
+                     fix_context_tokens=65536, fix_phase="prefill")
+    d = diagnose([stock, floor, decode_fix, prefill_fix])
+    assert d.slow.startswith("A verify step of triton takes 1,657 ms at 128k tokens against 19.7 ms at 1k tokens, 84.1x")
+    assert d.prefill.startswith("Prefill is a second collapse: the first token of a 128k-token prompt comes after 151 s "
+                                "on triton, 52.4x its floor of 2.88 s, prefilled in chunks of 8,192 tokens")
+    assert "the specdiag plugin's verify kernel, makes it 170x faster at 128k tokens" in d.fix
+    assert "For prefill, flashinfer's prefill brings the first token 19.9x sooner at 64k tokens" in d.fix
+    assert d.numbers["prefill_ttft_over_floor_x"] == 52.4 and d.numbers["prefill_fix_speedup_x"] == 19.9
+    assert d.paragraph.index("Prefill is") < d.paragraph.index("The fix measured")
+    # a prefill collapse without a measured prefill fix: a pointer, not a result; 05's finding reads the same way
+    only = diagnose(SWEEP + FLOOR + [{**floor, "id": "bandwidth.prefill_floor", "notebook": "05_bandwidth_analysis"}])
+    assert only.fix.startswith("No decode fix was measured in this run")
+    assert "No prefill fix was measured here" in only.fix and "09_engine_ab" in only.fix
+    near = diagnose([{**floor, "numbers": {**floor["numbers"], "ttft_over_floor_x": 1.4}}])
+    assert near.prefill.startswith("Prefill is near its floor") and near.fix == "No fix was measured in this run."

@@ -180,3 +180,40 @@ def test_cli_traced_without_traces_names_the_run(capsys):
                     "--fixed", str(ref / "sglang-h200-mla2-plugin-check-bf16"), "--traced"]) == 2
     err = capsys.readouterr().err
     assert "no traced projection: sglang-h200-mla2-stock-185k: no step_profile rows" in err
+
+
+def test_a_run_at_the_investigations_depth_is_used_as_measured_not_scaled():
+    # the Triton steps at 61 layers: a line through 1k, 64k, 128k taken to 185k, nothing multiplied
+    ms = {1024: 19.7, 65536: 841.0, 131072: 1657.0}
+    d = vp.project_to_investigation(ms, layers_measured=61, layers_target=61, target_context=185_000, published_ms=1430,
+                                    measured_peak_gb_s=4800, investigation_peak_gb_s=1792, run="r", arm="triton")
+    fit = vp.fit_context(sorted(ms.items()))
+    assert d.method == "measured at depth" and d.scale == 1.0 and d.target_source == "extrapolated"
+    assert d.projected_ms == pytest.approx(fit.at(185_000))
+    # the investigation's GPU: the same time (latency-bound) to x 4800 / 1792 (bandwidth-bound)
+    assert d.range_ms == pytest.approx((d.projected_ms, d.projected_ms * 4800 / 1792))
+    assert d.published_over_projected == pytest.approx((1430 / d.range_ms[0], 1430 / d.range_ms[1]))
+    assert d.within is False  # 1,430 ms lies below the range
+    inside = vp.project_to_investigation(ms, layers_measured=61, published_ms=3000, measured_peak_gb_s=4800,
+                                         investigation_peak_gb_s=1792)
+    assert inside.within is True
+    # a 2-layer run is scaled, and says so
+    two = vp.project_to_investigation({1024: 2.39, 131072: 55.82}, layers_measured=2, target_context=131072)
+    assert two.method == "scaled from 2 layers (x30.5)" and two.projected_ms == pytest.approx(55.82 * 30.5)
+    assert two.range_ms is None and two.within is None and two.target_source == "interpolated"
+    with pytest.raises(ValueError, match="a line needs two or more"):
+        vp.project_to_investigation({1024: 2.0}, layers_measured=2, run="one", arm="triton")
+
+
+def test_an_arms_steps_come_from_engine_ab_decode_rows_else_the_sweep():
+    rows = [{"arm": a, "phase": "decode", "context_tokens": c, "repeat": r, "ts_unix_s": 10.0 * i, "e2e_s": 1.0,
+             "step_ms": v + r, "ttft_s": 0.1, "error": None, "commit_length": 1.0, "decode_tok_s": 1.0,
+             "cached_tokens": c - 1, "concurrent": 1}
+            for i, (a, c, r, v) in enumerate([("triton", 1024, 0, 19.0), ("triton", 1024, 1, 19.0), ("triton", 1024, 2, 19.0),
+                                              ("triton", 65536, 0, 840.0), ("plugin", 1024, 0, 6.0)])]
+    assert vp.arm_steps({}, rows, [], "triton") == {1024: 20.0, 65536: 840.0}
+    assert vp.arm_steps({}, [], [{"context_tokens": 1024, "step_ms": 3.0, "error": None}], "triton") == {1024: 3.0}
+    assert vp.recorded_peak_gb_s({"device": {"gpu": "NVIDIA H200"}})[0] == 4800
+    assert vp.recorded_peak_gb_s({"hardware": {"memory_bandwidth_gb_s": 4814.3, "device_name": "NVIDIA H200"}}) == (
+        4814.3, "recorded (NVIDIA H200)")
+    assert vp.recorded_peak_gb_s({}) is None and vp.recorded_peak_gb_s({}, "NVIDIA H200")[0] == 4800

@@ -25,13 +25,20 @@ REPLAY_NEEDS: dict[str, tuple[str, ...] | None] = {
     "06_kernel_ab": ("kernel_ab|kernel_anatomy|kernel_ws_phases",),
     "07_findings": (),
     "08_compare_runs": None,
+    "09_engine_ab": ("engine_ab",),
 }
 #: Notebooks `make report` leaves out by default (08 compares two finished runs: run it by name).
 NOT_IN_REPORT = {"08_compare_runs"}
 
 
+#: Notebooks that read the others' results: a report runs them after every other notebook (07 after 09 too).
+RUN_LAST = ("07_findings", "08_compare_runs")
+
+
 def available_notebooks(notebooks_dir: Path = NOTEBOOKS_DIR) -> list[str]:
-    return sorted(p.stem for p in notebooks_dir.glob("[0-9][0-9]_*.ipynb"))
+    """The notebooks in run order: by number, the ones of :data:`RUN_LAST` after all the others."""
+    names = sorted(p.stem for p in notebooks_dir.glob("[0-9][0-9]_*.ipynb"))
+    return [n for n in names if n not in RUN_LAST] + [n for n in RUN_LAST if n in names]
 
 
 def select_notebooks(names: Sequence[str] | None, notebooks_dir: Path = NOTEBOOKS_DIR) -> list[str]:

@@ -123,6 +123,110 @@ def step_ms_by_context(rows: Sequence[Mapping[str, Any]]) -> dict[int, float]:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
+# One arm's whole step taken to the investigation's depth, context and GPU
+# ---------------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DepthProjection:
+    """One arm's measured whole verify step (ms per step against context) taken to ``layers_target`` layers at
+    ``target_context`` tokens, then to the investigation's GPU, and set against the step the investigation measured.
+
+    - **measured at depth** (``layers_measured == layers_target``): the least-squares line of the measured steps over
+      context, read at the target (interpolated or extrapolated along it); nothing is scaled by layers.
+    - **scaled** (fewer layers measured): the same line x ``layers_target / layers_measured``: the whole step,
+      its per-step host work and scheduler included, multiplied as if every part of it ran once per layer, which
+      overstates the fixed part (a 2-layer SGLang step is mostly scheduler).
+    - **hardware**: the line is the GPU the run measured. On the investigation's GPU the same kernel takes between
+      the same time (a kernel whose time is set by the latency of its few thread blocks' dependent loads, as SGLang's
+      Triton verify with 8 programs walking the whole prefix is) and that time x measured peak bandwidth / the
+      investigation's (a kernel set by bandwidth): ``range_ms``.
+    """
+
+    run: str
+    arm: str
+    layers_measured: int
+    layers_target: int
+    method: str                       # "measured at depth" or "scaled from N layers"
+    contexts: list[int]
+    step_ms: list[float]              # measured, per context
+    fit: ContextFit                   # line of the measured steps (ms per step at context), per measured model
+    target_context: int
+    target_source: str                # interpolated or extrapolated
+    projected_ms: float               # computed: fit.at(target) x layers_target / layers_measured, on the run's GPU
+    measured_peak_gb_s: float | None
+    investigation_peak_gb_s: float | None
+    range_ms: tuple[float, float] | None  # on the investigation's GPU: (latency-bound, bandwidth-bound)
+    published_ms: float | None        # the investigation's measured step at target_context (published)
+    published_over_projected: tuple[float, float] | None  # published / each end of range_ms (or of projected_ms)
+    within: bool | None               # published inside range_ms
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def scale(self) -> float:
+        return self.layers_target / self.layers_measured
+
+
+def project_to_investigation(step_ms: Mapping[int, float], *, layers_measured: int, layers_target: int = 61,
+                             target_context: int = 185_000, published_ms: float | None = None,
+                             measured_peak_gb_s: float | None = None, investigation_peak_gb_s: float | None = None,
+                             run: str = "", arm: str = "") -> DepthProjection:
+    """One arm's ms per verify step at two or more contexts, taken to the investigation (see
+    :class:`DepthProjection` for the method and what each end of the range assumes)."""
+    if layers_measured < 1 or layers_target < 1:
+        raise ValueError(f"layer counts must be >= 1; got measured {layers_measured}, target {layers_target}")
+    points = sorted((int(c), float(v)) for c, v in step_ms.items() if v is not None)
+    if len(points) < 2:
+        raise ValueError(f"{run or 'the run'}{f' ({arm})' if arm else ''} has {len(points)} context(s) with a step "
+                         "time: a line needs two or more")
+    fit = fit_context(points)
+    scale = layers_target / layers_measured
+    projected = fit.at(target_context) * scale
+    method = ("measured at depth" if layers_measured == layers_target
+              else f"scaled from {layers_measured} layer{'s' if layers_measured > 1 else ''} (x{scale:.3g})")
+    ratio = (measured_peak_gb_s / investigation_peak_gb_s
+             if measured_peak_gb_s and investigation_peak_gb_s else None)
+    rng = (projected, projected * ratio) if ratio else None
+    if rng and rng[0] > rng[1]:
+        rng = (rng[1], rng[0])
+    over = within = None
+    if published_ms:
+        lo, hi = rng or (projected, projected)
+        over = (published_ms / lo, published_ms / hi)
+        within = lo <= published_ms <= hi if rng else None
+    return DepthProjection(run, arm, layers_measured, layers_target, method, [c for c, _ in points],
+                           [v for _, v in points], fit, target_context,
+                           _target_source([c for c, _ in points], target_context), projected, measured_peak_gb_s,
+                           investigation_peak_gb_s, rng, published_ms, over, within)
+
+
+def recorded_peak_gb_s(meta: Mapping[str, Any], gpu_name: str = "") -> tuple[float, str] | None:
+    """A run's peak memory bandwidth (GB/s) and where it came from: its run.json ``hardware``, else its ``device``
+    GPU (or ``gpu_name``) in the table of known GPUs; None when nothing names it."""
+    from specdiag.hardware import lookup_gpu  # noqa: PLC0415
+
+    hw = dict(meta.get("hardware") or {})
+    if hw.get("memory_bandwidth_gb_s"):
+        return float(hw["memory_bandwidth_gb_s"]), f"recorded ({hw.get('device_name') or hw.get('gpu') or 'run.json'})"
+    name = str((meta.get("device") or {}).get("gpu") or gpu_name or "")
+    spec = lookup_gpu(name) if name else None
+    return (spec.memory_bandwidth_gb_s, f"published ({spec.name}, table of known GPUs)") if spec else None
+
+
+def arm_steps(meta: Mapping[str, Any], engine_ab_rows: Sequence[Mapping[str, Any]],
+              sweep_rows: Sequence[Mapping[str, Any]], arm: str) -> dict[int, float]:
+    """An arm's median ms per verify step per context from a run folder's rows: an engine A/B run's decode rows of
+    ``arm`` (:func:`specdiag.steps.engine_ab.analysis.decode_table`), else its sweep rows (one server, one arm)."""
+    if engine_ab_rows:
+        from specdiag.steps.engine_ab.analysis import decode_table, frame  # noqa: PLC0415
+
+        dec = decode_table(frame(engine_ab_rows))
+        sel = dec[dec["arm"] == arm]
+        return {int(c): float(v) for c, v in zip(sel["context_tokens"], sel["step_ms"])}
+    return step_ms_by_context(sweep_rows)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
 # The traced projection: from the verify-attention kernels' own GPU time (step_profile rows), not the whole step
 # ---------------------------------------------------------------------------------------------------------------------
 #: step_profile columns that are the verify attention, which runs once per layer: every ``attn_*`` class of

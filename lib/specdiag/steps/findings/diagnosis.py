@@ -1,5 +1,5 @@
-"""07's opening paragraph: what is slow, how far from its floor, the most likely cause, and the fix with its
-measured effect, from this run's findings (pure).
+"""07's opening paragraph: what is slow, how far from its floor, the most likely cause, the prefill (the second
+collapse at long context), and the measured fix of each, from this run's findings (pure).
 
 Every clause is built from a finding's ``numbers`` (the notebook that measured them is named); a step that did not
 run, or found nothing, gives a sentence saying so, never a claim. Findings taken from a recorded run (a result's
@@ -8,7 +8,8 @@ run, or found nothing, gives a sentence saying so, never a claim. Findings taken
 The parts, and the findings they read:
 
 - slow: 01's ``sweep.decode_collapse`` (decode tok/s at the shortest and longest context) and
-  ``sweep.step_time_slope`` (ms per verify step there); without 01, 05's ``bandwidth.far_from_floor`` step.
+  ``sweep.step_time_slope`` (ms per verify step there); without 01, 05's ``bandwidth.far_from_floor`` step; without
+  either, 09's ``engine_ab.stock_decode`` (the stock arm's step at its shortest and longest context).
 - floor: 05's ``bandwidth.far_from_floor`` (measured step over its memory floor, % of the peak).
 - cause: the most severe of the candidates below (ties: in this order), each with the numbers of its finding:
   the attention over the KV (05's ``bandwidth.slope``: the step grows far faster than its bytes), an idle GPU
@@ -16,9 +17,15 @@ The parts, and the findings they read:
   while the slope follows the bytes), the drafter's cost (03's ``drafter.measured_cost``), a drafter that fails with
   context (04's ``probe.predictable_falls``), and the text itself (04's ``probe.novel_is_text_difficulty`` beside
   01's low commit length).
-- fix: a finding whose ``numbers`` hold ``fix`` (what was changed, in words) and ``fix_speedup_x`` (time before /
-  after, > 1 is faster; optional ``fix_context_tokens``): a fix measured in this run. Without one, the paragraph
-  says no fix was measured here and names where one would be (from the cause), as a pointer, not a result.
+- prefill: the prefill floor finding furthest from its floor (05's ``bandwidth.prefill_floor``, 09's
+  ``engine_ab.prefill_floor``: the TTFT of the longest prompt over the prefill's floor, the chunk size); without
+  one, a sentence saying no TTFT was set against the floor.
+- fix, one per collapse: a finding whose ``numbers`` hold ``fix`` (what was changed, in words) and ``fix_speedup_x``
+  (time before / after, > 1 is faster; optional ``fix_context_tokens``) is a fix measured in this run, of decode
+  unless ``numbers['fix_phase']`` says "prefill" (09's ``engine_ab.decode_fix``: the plugin against stock Triton per
+  verify step; ``engine_ab.prefill_fix``: the arm with the shortest TTFT against stock Triton's). Without one, the
+  paragraph says no fix was measured here and names where one would be (from the cause, or 09 for prefill), as a
+  pointer, not a result.
 """
 
 from __future__ import annotations
@@ -43,10 +50,11 @@ class Diagnosis:
     severity: str = "info"                       # the most severe finding the paragraph rests on
     numbers: dict[str, Any] = field(default_factory=dict)
     based_on: tuple[str, ...] = ()               # "notebook: finding id" of every finding used
+    prefill: str = ""                            # the prefill against its floor (the second collapse), or why not
 
     @property
     def paragraph(self) -> str:
-        return " ".join(s for s in (self.slow, self.floor, self.cause, self.fix) if s)
+        return " ".join(s for s in (self.slow, self.floor, self.cause, self.prefill, self.fix) if s)
 
     def as_finding(self) -> Finding:
         return Finding("findings.diagnosis", "Diagnosis", self.paragraph, self.severity,  # type: ignore[arg-type]
@@ -58,6 +66,13 @@ def _tok(n: Any) -> str:
     from specdiag.plots import format_tokens  # noqa: PLC0415 - matplotlib's ticker, only when a paragraph is made
 
     return f"{format_tokens(float(n))} tokens"
+
+
+def _tokens_long(n: Any) -> str:
+    """'128k-token' (an adjective: a 128k-token prompt)."""
+    from specdiag.plots import format_tokens  # noqa: PLC0415
+
+    return f"{format_tokens(float(n))}-token"
 
 
 def _num(x: float) -> str:
@@ -77,7 +92,13 @@ NEEDS: dict[str, tuple[str, ...]] = {
                               "context_tokens_last"),
     "probe.predictable_falls": ("drop_first_to_last",),
     "sweep.commit_length_long_context": ("commit_length_last", "context_tokens_last"),
+    "bandwidth.prefill_floor": ("context_tokens", "ttft_s", "floor_s", "ttft_over_floor_x"),
+    "engine_ab.prefill_floor": ("context_tokens", "ttft_s", "floor_s", "ttft_over_floor_x", "arm"),
+    "engine_ab.stock_decode": ("arm", "step_ms_first", "step_ms_last", "context_tokens_first", "context_tokens_last",
+                               "step_growth_x"),
 }
+#: The findings that set a TTFT against the prefill's floor (05 on the sweep, 09 per arm).
+PREFILL_FLOORS = ("bandwidth.prefill_floor", "engine_ab.prefill_floor")
 
 
 def _find(findings: Sequence[Mapping[str, Any]], fid: str) -> Mapping[str, Any] | None:
@@ -125,6 +146,16 @@ def _slow(findings: Sequence[Mapping[str, Any]], used: list[Mapping[str, Any]], 
         return (f"A verify step at {_tok(n['context_tokens'])} takes {_num(n['measured_ms'])} ms "
                 f"({far.get('source', 'measured')}, {far.get('notebook')}); the baseline sweep's decode speeds are not "
                 f"in this run.")
+    stock = _find(findings, "engine_ab.stock_decode")
+    if stock:
+        n = stock.get("numbers") or {}
+        used.append(stock)
+        numbers.update(step_ms_first=n.get("step_ms_first"), step_ms_last=n.get("step_ms_last"),
+                       context_tokens_first=n.get("context_tokens_first"), context_tokens_last=n.get("context_tokens_last"))
+        return (f"A verify step of {n['arm']} takes {_num(n['step_ms_last'])} ms at {_tok(n['context_tokens_last'])} "
+                f"against {_num(n['step_ms_first'])} ms at {_tok(n['context_tokens_first'])}, "
+                f"{_num(n['step_growth_x'])}x ({stock.get('source', 'measured')}, {stock.get('notebook')}); the baseline "
+                "sweep's decode speeds are not in this run.")
     return ("This run measured no decode speed (01_baseline_sweep wrote no decode finding: it did not run, or every "
             "request failed), so nothing here is judged slow.")
 
@@ -222,19 +253,59 @@ FIX_POINTERS = {
 }
 
 
+def _prefill(findings: Sequence[Mapping[str, Any]], used: list[Mapping[str, Any]], numbers: dict[str, Any]
+             ) -> tuple[str, bool]:
+    """The prefill clause, and whether prefill collapsed (at or above 2x its floor)."""
+    found = [f for fid in PREFILL_FLOORS if (f := _find(findings, fid))]
+    if not found:
+        return ("", False)
+    f = max(found, key=lambda x: float(x["numbers"]["ttft_over_floor_x"]))
+    n = f["numbers"]
+    used.append(f)
+    x = float(n["ttft_over_floor_x"])
+    numbers.update(prefill_context_tokens=n["context_tokens"], prefill_ttft_s=n["ttft_s"], prefill_floor_s=n["floor_s"],
+                   prefill_ttft_over_floor_x=x, prefill_chunk_tokens=n.get("chunk_tokens"))
+    who = f" on {n['arm']}" if n.get("arm") else ""
+    chunks = (f", prefilled in chunks of {int(n['chunk_tokens']):,} tokens at {_num(n['prefill_tok_s'])} prompt "
+              "tokens/s" if n.get("chunk_tokens") and n.get("prefill_tok_s") else "")
+    where = f"({f.get('source', 'computed')}, {f.get('notebook')})"
+    if x >= 2:
+        return (f"Prefill is a second collapse: the first token of a {_tokens_long(n['context_tokens'])} prompt comes "
+                f"after {_num(n['ttft_s'])} s{who}, {_num(x)}x its floor of {_num(n['floor_s'])} s{chunks} {where}.", True)
+    return (f"Prefill is near its floor: the first token of a {_tokens_long(n['context_tokens'])} prompt comes "
+            f"after {_num(n['ttft_s'])} s{who}, {_num(x)}x its floor {where}.", False)
+
+
 def _fix(findings: Sequence[Mapping[str, Any]], cause: str | None, used: list[Mapping[str, Any]],
-         numbers: dict[str, Any]) -> str:
+         numbers: dict[str, Any], prefill_collapsed: bool = False) -> str:
     fixes = [f for f in findings if all(k in (f.get("numbers") or {}) for k in FIX_KEYS)]
-    if fixes:
-        best = max(fixes, key=lambda f: float(f["numbers"]["fix_speedup_x"]))
+    decode = [f for f in fixes if (f["numbers"].get("fix_phase") or "decode") == "decode"]
+    prefill = [f for f in fixes if f["numbers"].get("fix_phase") == "prefill"]
+    if decode:
+        best = max(decode, key=lambda f: float(f["numbers"]["fix_speedup_x"]))
         n = best["numbers"]
         used.append(best)
         numbers.update(fix=n["fix"], fix_speedup_x=n["fix_speedup_x"], fix_context_tokens=n.get("fix_context_tokens"))
         where = f" at {_tok(n['fix_context_tokens'])}" if n.get("fix_context_tokens") else ""
-        return (f"The fix measured in this run, {n['fix']}, makes it {_num(n['fix_speedup_x'])}x faster{where} "
+        text = (f"The fix measured in this run, {n['fix']}, makes it {_num(n['fix_speedup_x'])}x faster{where} "
                 f"({best.get('source', 'measured')}, {best.get('notebook')}).")
-    pointer = FIX_POINTERS.get(cause or "")
-    return "No fix was measured in this run" + (f"; {pointer}." if pointer else ".")
+    else:
+        pointer = FIX_POINTERS.get(cause or "")
+        text = ("No fix was measured in this run" if not (prefill or prefill_collapsed) else
+                "No decode fix was measured in this run") + (f"; {pointer}." if pointer else ".")
+    if prefill:
+        best = max(prefill, key=lambda f: float(f["numbers"]["fix_speedup_x"]))
+        n = best["numbers"]
+        used.append(best)
+        numbers.update(prefill_fix=n["fix"], prefill_fix_speedup_x=n["fix_speedup_x"],
+                       prefill_fix_context_tokens=n.get("fix_context_tokens"))
+        where = f" at {_tok(n['fix_context_tokens'])}" if n.get("fix_context_tokens") else ""
+        text += (f" For prefill, {n['fix']} brings the first token {_num(n['fix_speedup_x'])}x sooner{where} "
+                 f"({best.get('source', 'measured')}, {best.get('notebook')}).")
+    elif prefill_collapsed:
+        text += (" No prefill fix was measured here: an arm with FlashInfer's prefill beside the stock one "
+                 "(09_engine_ab) is where one would be.")
+    return text
 
 
 def diagnose(findings: Sequence[Mapping[str, Any]]) -> Diagnosis:
@@ -245,10 +316,12 @@ def diagnose(findings: Sequence[Mapping[str, Any]]) -> Diagnosis:
     slow = _slow(findings, used, numbers)
     floor = _floor(findings, used, numbers)
     cause, cause_id = _cause(findings, used, numbers)
-    fix = _fix(findings, cause_id, used, numbers)
+    prefill, collapsed = _prefill(findings, used, numbers)
+    fix = _fix(findings, cause_id, used, numbers, collapsed)
     worst = min((f.get("severity", "info") for f in used), key=lambda s: SEVERITY_ORDER.get(s, 9), default="info")
     seen: list[str] = []
     for f in used:
         if _by(f) not in seen:
             seen.append(_by(f))
-    return Diagnosis(slow, floor, cause, fix, worst, {k: v for k, v in numbers.items() if v is not None}, tuple(seen))
+    return Diagnosis(slow, floor, cause, fix, worst, {k: v for k, v in numbers.items() if v is not None}, tuple(seen),
+                     prefill)

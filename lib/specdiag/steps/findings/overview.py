@@ -24,6 +24,7 @@ QUESTIONS: dict[str, str] = {
     "04_commit_probe": "Predictable vs novel text at each context: a drafter bug or text difficulty?",
     "05_bandwidth_analysis": "Bytes each step must read vs measured step time: how far from the floor?",
     "06_kernel_ab": "Attention kernels A/B: baseline vs split-KV, page size 1 vs 64, vs the floors",
+    "09_engine_ab": "Engine arms side by side: decode, ms per step and TTFT per context, and which arm to run",
 }
 #: Notebooks that summarize other notebooks; their own results are not part of a summary.
 SUMMARY_NOTEBOOKS = ("07_findings", "08_compare_runs")

@@ -1,0 +1,375 @@
+"""09's numbers from an engine A/B run's ``engine_ab`` rows (:mod:`.measure`): pure functions, no I/O.
+
+Per arm and context:
+
+- **decode** (``phase`` "decode", the prompt served from the prefix cache): the median ms per verify step (measured:
+  the decode window over the verify steps in it) and its samples, decode tokens/s (computed), the commit length of
+  the first request and of the later ones. Repeats on the same prompt let NGRAM draft from the arm's own earlier
+  output of that prompt (commit 7.5 where the first request commits 1.0-1.5): their tokens/s is not the arm's on
+  fresh text, so **ms per step is the comparable number** (every arm verifies the same tokens per step).
+- **prefill** (``phase`` "prefill", a prompt no cache held): TTFT (measured) and prompt tokens/s (computed). A TTFT
+  is the arm's **own** only when it ran alone: a row with ``concurrent`` > 1 (other arms prefilling on the same GPU),
+  one another arm's request overlapped, or one that reused cached tokens is flagged and used only where the arm has
+  no own one, and then said so.
+- **overlap**: a row measured while a request of another arm was in flight (from the rows' send times and their
+  durations; a failed row without a duration counts as in flight until the rows written after it ended, since a
+  row is written when its request ends). A decode row that overlapped is not a clean decode.
+
+Across arms: the rank test per context (:func:`specdiag.stats.median_diff_test` on the step-time samples of the
+fastest arm against each other arm), the verdict per context band (the fastest arm, by how much, what it costs in
+prefill and memory), and the three targets of :data:`TARGETS`, each met, missed or not measurable with why.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+import pandas as pd
+
+from specdiag.plots import format_tokens
+from specdiag.stats import median_diff_test
+
+CTX_1K, CTX_64K, CTX_128K = 1024, 65536, 131072
+
+
+def _f(v: Any) -> float | None:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+def tok(n: Any) -> str:
+    """A context as pages write it: 1k, 64k, 128k."""
+    return format_tokens(float(n))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Rows
+# ---------------------------------------------------------------------------------------------------------------------
+
+def overlaps(rows: Sequence[Mapping[str, Any]]) -> list[list[str]]:
+    """For each row (file order), the other arms that had a request in flight during it (module doc)."""
+    spans: list[tuple[float, float] | None] = []
+    ended = -math.inf  # the latest known end of the rows written so far
+    for r in rows:
+        t0, d = _f(r.get("ts_unix_s")), _f(r.get("e2e_s"))
+        if t0 is None:
+            spans.append(None)
+            continue
+        t1 = t0 + d if d is not None else max(t0, ended)  # unknown: at least until the rows before it ended
+        spans.append((t0, t1))
+        ended = max(ended, t1)
+    out: list[list[str]] = []
+    for i, r in enumerate(rows):
+        hits: list[str] = []
+        if spans[i] is not None:
+            a0, a1 = spans[i]  # type: ignore[misc]
+            for j, o in enumerate(rows):
+                if j == i or spans[j] is None or o.get("arm") == r.get("arm"):
+                    continue
+                b0, b1 = spans[j]  # type: ignore[misc]
+                if a0 < b1 and b0 < a1 and str(o.get("arm")) not in hits:
+                    hits.append(str(o.get("arm")))
+        out.append(hits)
+    return out
+
+
+def frame(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """The rows as a frame in file order, with ``overlapped_by`` (other arms in flight, :func:`overlaps`)."""
+    rows = list(rows)
+    df = pd.DataFrame(rows)
+    if df.empty:
+        return pd.DataFrame(columns=["arm", "phase", "context_tokens", "overlapped_by", "error"])
+    df["overlapped_by"] = overlaps(rows)
+    for col in ("concurrent", "cached_tokens", "step_ms", "ttft_s", "error", "commit_length", "decode_tok_s"):
+        if col not in df:
+            df[col] = None
+    return df
+
+
+def arm_order(df: pd.DataFrame, arms_meta: Mapping[str, Any] | None = None) -> list[str]:
+    """Arms in run.json order, then any other arm the rows name."""
+    named = list(arms_meta or {})
+    return named + [a for a in dict.fromkeys(df.get("arm", pd.Series(dtype=str)).dropna().astype(str)) if a not in named]
+
+
+def _ok(df: pd.DataFrame, phase: str) -> pd.DataFrame:
+    if df.empty:
+        return df
+    sel = df[(df["phase"] == phase) & df["error"].isna()]
+    return sel[sel["step_ms" if phase == "decode" else "ttft_s"].notna()]
+
+
+def decode_table(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per arm and context of the decode rows (module doc): ``step_ms`` (median, ms per verify step),
+    ``step_ms_samples``, ``n``, ``decode_tok_s`` (median), ``decode_tok_s_first`` (the first request), ``commit_first``
+    and ``commit_later`` (median of the later ones), ``cached_tokens`` (median), ``overlapped`` (rows another arm's
+    request overlapped), ``clean`` (none did)."""
+    cols = ["arm", "context_tokens", "n", "step_ms", "step_ms_samples", "decode_tok_s", "decode_tok_s_first",
+            "commit_first", "commit_later", "cached_tokens", "overlapped", "overlapped_by", "clean"]
+    d = _ok(df, "decode")
+    out = []
+    for (arm, ctx), g in d.groupby(["arm", "context_tokens"], sort=False):
+        g = g.sort_values("repeat") if "repeat" in g else g
+        steps = [float(x) for x in g["step_ms"]]
+        later = [float(x) for x in g["commit_length"].iloc[1:] if _f(x) is not None]
+        by = sorted({a for hits in g["overlapped_by"] for a in hits})
+        n_over = int(sum(1 for hits in g["overlapped_by"] if hits))
+        out.append({"arm": arm, "context_tokens": int(ctx), "n": len(g), "step_ms": statistics.median(steps),
+                    "step_ms_samples": steps, "decode_tok_s": statistics.median([float(x) for x in g["decode_tok_s"]
+                                                                                if _f(x) is not None] or [math.nan]),
+                    "decode_tok_s_first": _f(g["decode_tok_s"].iloc[0]), "commit_first": _f(g["commit_length"].iloc[0]),
+                    "commit_later": statistics.median(later) if later else None,
+                    "cached_tokens": statistics.median([float(x) for x in g["cached_tokens"] if _f(x) is not None]
+                                                       or [math.nan]),
+                    "overlapped": n_over, "overlapped_by": by, "clean": n_over == 0})
+    return pd.DataFrame(out, columns=cols)
+
+
+def _not_own(r: Mapping[str, Any]) -> str:
+    """Why a prefill row's TTFT is not the arm's own ('' when it is)."""
+    why = []
+    if (_f(r.get("concurrent")) or 1) > 1:
+        why.append(f"{int(r['concurrent'])} arms prefilling at once (concurrent {int(r['concurrent'])})")
+    if r.get("overlapped_by") and not (_f(r.get("concurrent")) or 1) > 1:
+        why.append(f"overlapped by {', '.join(r['overlapped_by'])}")
+    if (_f(r.get("cached_tokens")) or 0) > 0:
+        why.append(f"{int(r['cached_tokens']):,} prompt tokens served from the cache")
+    return "; ".join(why)
+
+
+def prefill_table(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per arm and context of the prefill rows: ``ttft_s`` (median of the arm's own rows, else of the
+    flagged ones), ``prefill_tok_s``, ``own`` (True: measured alone), ``why_not_own``, ``concurrent`` (the most
+    arms prefilling at once among the rows used), ``n``."""
+    cols = ["arm", "context_tokens", "n", "ttft_s", "prefill_tok_s", "own", "why_not_own", "concurrent"]
+    p = _ok(df, "prefill")
+    out = []
+    for (arm, ctx), g in p.groupby(["arm", "context_tokens"], sort=False):
+        recs = g.to_dict("records")
+        own = [r for r in recs if not _not_own(r)]
+        use = own or recs
+        ttft = statistics.median(float(r["ttft_s"]) for r in use)
+        out.append({"arm": arm, "context_tokens": int(ctx), "n": len(use), "ttft_s": ttft,
+                    "prefill_tok_s": int(ctx) / ttft if ttft > 0 else None, "own": bool(own),
+                    "why_not_own": "" if own else "; ".join(dict.fromkeys(_not_own(r) for r in recs)),
+                    "concurrent": int(max((_f(r.get("concurrent")) or 1) for r in use))})
+    return pd.DataFrame(out, columns=cols)
+
+
+def _cell(table: pd.DataFrame, arm: str, ctx: int) -> dict[str, Any] | None:
+    if table.empty:
+        return None
+    sel = table[(table["arm"] == arm) & (table["context_tokens"] == ctx)]
+    return sel.iloc[0].to_dict() if not sel.empty else None
+
+
+def lacks(df: pd.DataFrame, arms: Sequence[str]) -> list[str]:
+    """What the run does not hold, from its rows: arms without decode or without any own TTFT, decode rows another
+    arm overlapped, failed rows (one sentence each)."""
+    out = []
+    dec, pre = decode_table(df), prefill_table(df)
+    for a in arms:
+        if dec.empty or a not in set(dec["arm"]):
+            out.append(f"{a}: no decode row (ms per step, decode tokens/s) at any context")
+        flagged = pre[(pre["arm"] == a) & ~pre["own"]] if not pre.empty else pre
+        if not flagged.empty:
+            out.append(f"{a}: TTFT not its own at {', '.join(tok(c) for c in flagged['context_tokens'])} "
+                       f"({'; '.join(dict.fromkeys(flagged['why_not_own']))})")
+    for r in dec[~dec["clean"]].itertuples() if not dec.empty else ():
+        out.append(f"{r.arm} at {tok(r.context_tokens)}: {r.overlapped} of {r.n} decode rows measured while "
+                   f"{', '.join(r.overlapped_by)} had a request in flight (not a clean decode)")
+    if not df.empty:
+        for r in df[df["error"].notna()].itertuples():
+            out.append(f"{r.arm} {r.phase} at {tok(r.context_tokens)}: failed ({str(r.error)[:120]})")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Across arms
+# ---------------------------------------------------------------------------------------------------------------------
+
+def rank_tests(dec: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
+    """Per context, the fastest arm (lowest median ms per step) against each other arm: the difference of medians
+    (ms, other - fastest), the exact one-sided p that the other is slower, and the verdict ("slower",
+    "indistinguishable", or "not testable" with fewer than two requests in either arm)."""
+    cols = ["context_tokens", "fastest", "other", "fastest_ms", "other_ms", "diff_ms", "ratio_x", "p_slower", "verdict"]
+    out = []
+    for ctx, g in dec.groupby("context_tokens") if not dec.empty else ():
+        if len(g) < 2:
+            continue
+        best = g.loc[g["step_ms"].idxmin()]
+        for r in g.itertuples():
+            if r.arm == best["arm"]:
+                continue
+            a, b = list(best["step_ms_samples"]), list(r.step_ms_samples)
+            row = {"context_tokens": int(ctx), "fastest": best["arm"], "other": r.arm, "fastest_ms": best["step_ms"],
+                   "other_ms": r.step_ms, "diff_ms": r.step_ms - best["step_ms"], "ratio_x": r.step_ms / best["step_ms"]}
+            if len(a) < 2 or len(b) < 2 or len(a) > 60 or len(b) > 60:
+                row.update(p_slower=None, verdict=f"not testable ({len(a)} and {len(b)} requests; needs 2-60 each)")
+            else:
+                t = median_diff_test(a, b, alpha)
+                row.update(p_slower=t.p_higher, verdict="slower" if t.verdict == "higher" else
+                           "faster" if t.verdict == "lower" else "indistinguishable")
+            out.append(row)
+    return pd.DataFrame(out, columns=cols)
+
+
+def band_of(ctx: int, edges: Sequence[int]) -> int:
+    """Index of the band a context falls in: band i holds contexts in (edges[i-1], edges[i]]."""
+    return sum(1 for e in sorted(edges) if ctx > e)
+
+
+def band_label(i: int, edges: Sequence[int]) -> str:
+    e = sorted(edges)
+    if not e:
+        return "all contexts"
+    if i == 0:
+        return f"up to {tok(e[0])}"
+    if i == len(e):
+        return f"above {tok(e[-1])}"
+    return f"{tok(e[i - 1])} to {tok(e[i])}"
+
+
+def _geomean(xs: Iterable[float]) -> float:
+    xs = list(xs)
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def band_verdicts(dec: pd.DataFrame, pre: pd.DataFrame, arms_meta: Mapping[str, Any], edges: Sequence[int]
+                  ) -> pd.DataFrame:
+    """Per context band: the fastest arm (the lowest geometric mean of its median ms per step over the band's
+    contexts that two or more arms decoded, among the arms that decoded every one of them), the runner-up and by how
+    much (x, the same mean), the fastest arm's TTFT at the band's longest context against the shortest TTFT there
+    (x; own or flagged), its KV pool (tokens, server-reported) and memory fraction, and the verdict in words."""
+    cols = ["band", "contexts", "arms", "fastest", "fastest_ms", "runner_up", "by_x", "ttft_s", "ttft_own",
+            "ttft_vs_best_x", "kv_pool_tokens", "mem_fraction_static", "verdict"]
+    out = []
+    if dec.empty:
+        return pd.DataFrame(out, columns=cols)
+    bands = sorted({band_of(int(c), edges) for c in dec["context_tokens"]})
+    for b in bands:
+        sel = dec[[band_of(int(c), edges) == b for c in dec["context_tokens"]]]
+        counts = sel.groupby("context_tokens")["arm"].nunique()
+        ctxs = sorted(int(c) for c, n in counts.items() if n >= 2)
+        row: dict[str, Any] = {"band": band_label(b, edges), "contexts": [tok(c) for c in ctxs]}
+        full = [a for a in dict.fromkeys(sel["arm"]) if all(_cell(sel, a, c) for c in ctxs)] if ctxs else []
+        if len(full) < 2:
+            only = sorted(set(sel["arm"]))
+            row.update(arms=only, verdict=f"not comparable: {'only ' + ', '.join(only) if only else 'no arm'} "
+                       f"decoded here ({', '.join(tok(c) for c in sorted(set(sel['context_tokens'])))})")
+            out.append(row)
+            continue
+        mean = {a: _geomean(float(_cell(sel, a, c)["step_ms"]) for c in ctxs) for a in full}  # type: ignore[index]
+        ranked = sorted(full, key=lambda a: mean[a])
+        best, second = ranked[0], ranked[1]
+        by = mean[second] / mean[best]
+        longest = ctxs[-1]
+        p_best = _cell(pre, best, longest)
+        others = pre[pre["context_tokens"] == longest] if not pre.empty else pre
+        srv = dict((arms_meta.get(best) or {}).get("server") or {})
+        row.update(arms=full, fastest=best, fastest_ms=mean[best], runner_up=second, by_x=by,
+                   ttft_s=p_best["ttft_s"] if p_best else None, ttft_own=p_best["own"] if p_best else None,
+                   ttft_vs_best_x=(p_best["ttft_s"] / float(others["ttft_s"].min())) if p_best and not others.empty
+                   else None, kv_pool_tokens=srv.get("max_total_num_tokens"),
+                   mem_fraction_static=srv.get("mem_fraction_static"))
+        cost = ("no TTFT of it at " + tok(longest) if not p_best else
+                f"its TTFT at {tok(longest)} is {p_best['ttft_s']:,.3g} s"
+                + (f", {row['ttft_vs_best_x']:.3g}x the shortest there" if row["ttft_vs_best_x"] and
+                   row["ttft_vs_best_x"] > 1.005 else ", the shortest there")
+                + ("" if p_best["own"] else " (not its own: " + p_best["why_not_own"] + ")"))
+        row["verdict"] = (f"{best} is fastest, {by:.3g}x faster per verify step than {second} (geometric mean over "
+                          f"{', '.join(tok(c) for c in ctxs)}); {cost}")
+        out.append(row)
+    return pd.DataFrame(out, columns=cols)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Targets
+# ---------------------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Target:
+    id: str          #: machine name (metrics keys)
+    name: str        #: as the page says it
+    limit: float     #: the value must be at least this
+    unit: str
+
+
+TARGETS: tuple[Target, ...] = (
+    Target("plugin_vs_triton_128k", "Triton + plugin at least 100x faster than Triton per verify step at 128k, "
+           "61 layers", 100.0, "x (Triton's ms per step / the plugin arm's)"),
+    Target("best_decode_128k_vs_1k", "the best arm's decode at 128k at least 60% of its own at 1k", 0.60,
+           "(ms per step at 1k / at 128k)"),
+    Target("best_ttft_64k_vs_triton", "the best arm's TTFT at 64k at least 10x better than Triton's", 10.0,
+           "x (Triton's TTFT / the best arm's)"),
+)
+TARGET_LAYERS = 61  #: the depth the targets are set at (the investigation's model)
+
+
+def _status(value: float | None, t: Target, why: str = "") -> dict[str, Any]:
+    if value is None or why:
+        return {"target_id": t.id, "target": t.name, "status": "not measurable", "value": value, "limit": t.limit,
+                "unit": t.unit, "why": why}
+    met = value >= t.limit
+    return {"target_id": t.id, "target": t.name, "status": "met" if met else "missed", "value": value,
+            "limit": t.limit, "unit": t.unit, "why": ""}
+
+
+def targets(dec: pd.DataFrame, pre: pd.DataFrame, arms: Sequence[str], layers: int | None,
+            stock_arm: str = "triton", plugin_arm: str = "triton_plugin") -> pd.DataFrame:
+    """The three targets (:data:`TARGETS`), each "met", "missed" or "not measurable" with why (an arm missing, a
+    context not decoded, a TTFT not the arm's own, a decode another arm overlapped, a model of other depth)."""
+    t1, t2, t3 = TARGETS
+    rows = []
+    # 1. plugin vs stock Triton per verify step at 128k, 61 layers
+    s, p = _cell(dec, stock_arm, CTX_128K), _cell(dec, plugin_arm, CTX_128K)
+    missing = [a for a, c in ((stock_arm, s), (plugin_arm, p)) if c is None]
+    value = s["step_ms"] / p["step_ms"] if s and p else None
+    why = ""
+    if missing:
+        why = f"no decode rows of {', '.join(missing)} at 128k" + (
+            "" if all(a in arms for a in missing) else f" (arms of this run: {', '.join(arms)})")
+    elif layers != TARGET_LAYERS:
+        why = f"the model has {layers} layers; the target is set at the investigation's {TARGET_LAYERS}"
+    elif not (s["clean"] and p["clean"]):
+        why = "a decode at 128k was measured while another arm had a request in flight"
+    rows.append(_status(value, t1, why))
+    # 2. the best arm's decode at 128k against its own at 1k (per step: the same tokens per verify step)
+    at = dec[dec["context_tokens"] == CTX_128K] if not dec.empty else dec
+    without = [a for a in arms if at.empty or a not in set(at["arm"])]
+    best = at.loc[at["step_ms"].idxmin()] if not at.empty else None
+    one = _cell(dec, str(best["arm"]), CTX_1K) if best is not None else None
+    value = one["step_ms"] / best["step_ms"] if best is not None and one else None
+    why = ""
+    if without:
+        value = None  # no best arm: no value to show
+        why = (f"the best arm at 128k cannot be named: no decode at 128k for {', '.join(without)}"
+               + (f" (only {', '.join(at['arm'])} decoded there)" if not at.empty else ""))
+    elif one is None:
+        why = f"{best['arm']}, the fastest at 128k, has no decode at 1k"
+    elif not (best["clean"] and one["clean"]):
+        why = f"{best['arm']}'s decode at 1k or 128k was measured while another arm had a request in flight"
+    rows.append(_status(value, t2, why))
+    # 3. the best arm's TTFT at 64k against Triton's (own TTFTs only)
+    tr = _cell(pre, stock_arm, CTX_64K)
+    own = pre[(pre["context_tokens"] == CTX_64K) & pre["own"] & (pre["arm"] != stock_arm)] if not pre.empty else pre
+    fastest = own.loc[own["ttft_s"].idxmin()] if not own.empty else None
+    value = tr["ttft_s"] / fastest["ttft_s"] if tr and fastest is not None else None
+    why = ""
+    if tr is None:
+        why = f"no TTFT of {stock_arm} at 64k"
+    elif not tr["own"]:
+        why = f"{stock_arm}'s TTFT at 64k is not its own ({tr['why_not_own']})"
+    elif fastest is None:
+        flagged = pre[(pre["context_tokens"] == CTX_64K) & (pre["arm"] != stock_arm)] if not pre.empty else pre
+        why = ("no other arm has a TTFT at 64k" if flagged.empty else
+               f"no other arm's TTFT at 64k is its own ({'; '.join(f'{r.arm}: {r.why_not_own}' for r in flagged.itertuples())})")
+    rows.append({**_status(value, t3, why), "arm": None if fastest is None else fastest["arm"]})
+    rows[0]["arm"], rows[1]["arm"] = plugin_arm, (None if best is None or without else best["arm"])
+    return pd.DataFrame(rows)

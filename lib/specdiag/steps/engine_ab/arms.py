@@ -1,0 +1,168 @@
+"""09's arms when it measures: live servers named by URL, or engine configurations the launcher starts one after
+another; and each arm's record in run.json ``arms`` (what it is, plugin, environment, server info, command).
+
+- ``servers``: ``"name=url,name=url"``: servers already running (any engine specdiag reaches), measured one after
+  another with :func:`specdiag.steps.engine_ab.measure.measure_arm`.
+- ``engine_configs``: ``"name=embedded:ALGORITHM[:DRAFT_TOKENS],..."``: embedded servers (the tiny trained target on
+  this machine), each started, measured and stopped before the next (``ALGORITHM`` NGRAM, STANDALONE or NONE;
+  ``DRAFT_TOKENS`` SGLang's ``speculative_num_draft_tokens``, default 8). This is the CPU's A/B: the GPU arms (SGLang
+  backends, the plugin, hybrids) are started by ``scripts/engine_ab.py`` on the GPU host, whose run folder 09 replays.
+
+Arm names are words (letters, digits, ``_ . -``), each used once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+ALGORITHMS = ("NGRAM", "STANDALONE", "NONE")
+ENGINES = ("embedded",)
+
+
+class ArmError(ValueError):
+    """An arm list that cannot be measured; the message names the item and the form expected."""
+
+
+def _items(text: str, what: str, form: str) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    for item in (x.strip() for x in str(text).split(",")):
+        if not item:
+            continue
+        name, sep, value = item.partition("=")
+        name, value = name.strip(), value.strip()
+        if not sep or not name or not value:
+            raise ArmError(f"{what}: {item!r} is not name=value; write {form}")
+        if not NAME.match(name):
+            raise ArmError(f"{what}: arm name {name!r} must be a word (letters, digits, _ . -)")
+        if name in dict(out):
+            raise ArmError(f"{what}: arm {name!r} is named twice")
+        out.append((name, value))
+    if not out:
+        raise ArmError(f"{what} names no arm; write {form}")
+    return out
+
+
+def parse_servers(text: str) -> dict[str, str]:
+    """``"name=url,name=url"`` -> {name: url}, in order."""
+    form = "name=http://host:port,name=http://host:port"
+    out = {}
+    for name, url in _items(text, "servers", form):
+        if not re.match(r"^https?://[^\s/]+", url):
+            raise ArmError(f"servers: {name}'s URL {url!r} is not http(s)://host:port")
+        out[name] = url.rstrip("/")
+    return out
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """One arm the launcher starts: an engine, its speculative algorithm and tokens per verify step."""
+
+    name: str
+    engine: str              # "embedded"
+    algorithm: str           # NGRAM, STANDALONE or NONE
+    num_draft_tokens: int    # SGLang's speculative_num_draft_tokens (counts the last committed token)
+
+    @property
+    def what(self) -> str:
+        spec = "no speculation" if self.algorithm == "NONE" else f"{self.algorithm}, {self.num_draft_tokens} tokens per verify step"
+        return f"the embedded server (tiny trained target, CPU), {spec}"
+
+    def options(self) -> dict[str, Any]:
+        """The launcher's options (``specdiag.launchers.start_engine(engine, **options)``)."""
+        return {"algorithm": self.algorithm, "num_draft_tokens": self.num_draft_tokens}
+
+
+def parse_engine_configs(text: str) -> list[EngineConfig]:
+    """``"name=embedded:NGRAM:8,name=embedded:NONE"`` -> configs, in order (module doc)."""
+    form = "name=embedded:NGRAM:8,name=embedded:NONE (ALGORITHM one of " + ", ".join(ALGORITHMS) + ")"
+    out = []
+    for name, value in _items(text, "engine_configs", form):
+        parts = [p.strip() for p in value.split(":")]
+        engine, algorithm = parts[0].lower(), (parts[1].upper() if len(parts) > 1 else "NGRAM")
+        if engine not in ENGINES:
+            raise ArmError(f"engine_configs: {name}'s engine {parts[0]!r} is not one 09 starts ({', '.join(ENGINES)}); "
+                           "SGLang arms run on the GPU host with scripts/engine_ab.py, and 09 replays that run")
+        if algorithm not in ALGORITHMS or len(parts) > 3:
+            raise ArmError(f"engine_configs: {value!r} is not engine:ALGORITHM[:DRAFT_TOKENS]; write {form}")
+        try:
+            tokens = int(parts[2]) if len(parts) == 3 else 8
+        except ValueError:
+            raise ArmError(f"engine_configs: {name}'s draft tokens {parts[2]!r} is not a whole number") from None
+        if algorithm != "NONE" and tokens < 2:
+            raise ArmError(f"engine_configs: {name} needs 2 or more draft tokens per verify step; got {tokens}")
+        out.append(EngineConfig(name, engine, algorithm, tokens))
+    return out
+
+
+@contextlib.contextmanager
+def started(config: EngineConfig, log_dir: Path | None = None) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Start one configured arm, yield (its URL, what run.json records of its start), stop it after."""
+    from specdiag.launchers import engine_server  # noqa: PLC0415 - replay imports no launcher
+    from specdiag.paths import shown  # noqa: PLC0415
+
+    log = (Path(log_dir) / f"server-{config.name}.log") if log_dir else None
+    server = engine_server(config.engine, log_path=log, progress=False, **config.options())
+    server.start()
+    try:
+        command = server.command() if callable(getattr(server, "command", None)) else None
+        yield server.url, {"ready_after_s": getattr(server, "ready_after_s", None),  # paths as a shared page shows them
+                           "command": [shown(c) if str(c).startswith("/") else str(c) for c in command or ()] or None}
+    finally:
+        server.stop()
+
+
+def arm_record(what: str, server_info: Mapping[str, Any], command: Any = None, env: Mapping[str, str] | None = None,
+               plugin: str | None = None, **extra: Any) -> dict[str, Any]:
+    """run.json ``arms[name]``: what the arm is, its plugin, environment, server info (redacted) and command (the
+    server's flags; None for a server started elsewhere, whose server info then records them)."""
+    from specdiag.serving.redaction import redact  # noqa: PLC0415
+
+    return {"what": what, "plugin": plugin, "env": dict(env or {}), "server": redact(dict(server_info)),
+            "command": [str(c) for c in command] if command else None, **extra}
+
+
+def measure_arms(run: Any, servers: Mapping[str, str], configs: list[EngineConfig], contexts: list[int],
+                 repeats: int, max_new_tokens: int, log_dir: Path | None = None,
+                 progress: Any = lambda s: None) -> list[str]:
+    """Measure every arm in turn (the live servers, or each configured one started, measured and stopped) into
+    ``run``'s ``engine_ab`` table (:func:`specdiag.steps.engine_ab.measure.measure_arm`), recording each arm in
+    run.json ``arms`` first. Returns the arms measured."""
+    from specdiag.serving import reach  # noqa: PLC0415 - replay imports no client
+    from specdiag.steps.engine_ab.measure import measure_arm  # noqa: PLC0415
+
+    def one(name: str, url: str, what: str, extra: Mapping[str, Any]) -> None:
+        client = reach(url)
+        info = client.settings().as_server_info()
+        run.update(arms={name: arm_record(what, info, **extra)})
+        if not (run.meta.get("model") or {}).get("model_config"):
+            run.update(model=_model_section(info))
+        progress(f"{name}: measuring {url} at {', '.join(str(c) for c in contexts)} tokens")
+        measure_arm(run, client, name, contexts, repeats, max_new_tokens, progress=progress)
+
+    done = []
+    for name, url in servers.items():
+        one(name, url, f"the server at {url}", {"command": None, "url": url})
+        done.append(name)
+    for cfg in configs:
+        with started(cfg, log_dir) as (url, rec):
+            one(cfg.name, url, cfg.what, {"command": rec["command"], "ready_after_s": rec["ready_after_s"],
+                                          "engine_config": f"{cfg.engine}:{cfg.algorithm}:{cfg.num_draft_tokens}"})
+        done.append(cfg.name)
+    return done
+
+
+def _model_section(server_info: Mapping[str, Any]) -> dict[str, Any]:
+    """run.json ``model``: the server's model path and, when this machine can read it, its config.json."""
+    import json  # noqa: PLC0415
+
+    from specdiag.paths import PROJECT_ROOT  # noqa: PLC0415
+
+    path = str(server_info.get("model_path") or "")
+    cfg = Path(path) if Path(path).is_absolute() else PROJECT_ROOT / path
+    cfg = cfg / "config.json" if cfg.suffix != ".json" else cfg
+    return {"path": path, "model_config": json.loads(cfg.read_text()) if path and cfg.is_file() else None}

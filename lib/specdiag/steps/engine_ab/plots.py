@@ -1,0 +1,91 @@
+"""09's figures, one function a plot drawing on the Axes it is given; units on every axis, contexts as 16k/128k.
+
+Hollow markers: a number that is not the arm's own (a TTFT measured while other arms prefilled, a decode another
+arm's request overlapped)."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import matplotlib.ticker as mticker
+import pandas as pd
+
+from specdiag.plots import context_axis, source_note
+
+PALETTE = ("#c62828", "#2e7d32", "#00838f", "#6a1b9a", "#ef6c00", "#0d47a1", "#6d4c41", "#546e7a")
+MARKERS = ("v", "P", "<", "D", "^", "o", "s", "X")
+
+
+def arm_style(arms: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """One colour and marker per arm, in the run's arm order (the same on every plot of the page)."""
+    return {a: {"color": PALETTE[i % len(PALETTE)], "marker": MARKERS[i % len(MARKERS)]} for i, a in enumerate(arms)}
+
+
+def _log_y(ax: Any) -> None:
+    """A log y axis with plain numbers (20, 0.001), the in-between ticks labelled when it spans few decades."""
+    import math  # noqa: PLC0415
+
+    ax.set_yscale("log")
+
+    def minor(v: float, _pos: Any) -> str:
+        lo, hi = ax.get_ylim()
+        few = lo > 0 and math.log10(hi / lo) < 1.2  # under about a decade: label 2, 3, 4, ... too
+        return f"{v:g}" if few and round(v / 10 ** math.floor(math.log10(v)), 6) in (2, 3, 4, 5, 6, 8) else ""
+
+    ax.yaxis.set_major_formatter(mticker.FuncFormatter(lambda v, _pos: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(mticker.FuncFormatter(minor))
+
+
+def _lines(ax: Any, df: pd.DataFrame, value: str, flag: str, styles: dict[str, dict[str, Any]]) -> list[int]:
+    contexts: list[int] = []
+    for arm, g in df.groupby("arm", sort=False):
+        g = g.sort_values("context_tokens")
+        st = styles.get(str(arm), {"color": "grey", "marker": "o"})
+        ax.plot(g["context_tokens"], g[value], color=st["color"], linewidth=1.2, label=str(arm))
+        for own, h in g.groupby(g[flag].astype(bool)):
+            ax.scatter(h["context_tokens"], h[value], s=42, marker=st["marker"], zorder=3,
+                       facecolors=st["color"] if own else "white", edgecolors=st["color"], linewidths=1.4)
+        contexts += [int(c) for c in g["context_tokens"]]
+    return sorted(set(contexts))
+
+
+def step_ms_vs_context(ax: Any, dec: pd.DataFrame, styles: dict[str, dict[str, Any]], source: str = "measured") -> None:
+    """Median ms per verify step of each arm against context (log-log)."""
+    ctx = _lines(ax, dec, "step_ms", "clean", styles)
+    _log_y(ax)
+    ax.set_ylabel("ms per verify step (median, log)")
+    context_axis(ax, ctx)
+    ax.set_title("Decode: time per verify step")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    source_note(ax, source)
+
+
+def decode_tok_s_vs_context(ax: Any, dec: pd.DataFrame, styles: dict[str, dict[str, Any]],
+                            source: str = "computed") -> None:
+    """Decode tokens/s of each arm's first request at each context (fresh text for NGRAM: the later requests on
+    the same prompt draft from the arm's own earlier output)."""
+    d = dec.dropna(subset=["decode_tok_s_first"])
+    ctx = _lines(ax, d, "decode_tok_s_first", "clean", styles)
+    _log_y(ax)
+    ax.set_ylabel("decode tokens/s, first request (log)")
+    context_axis(ax, ctx)
+    ax.set_title("Decode tokens/s")
+    ax.grid(True, which="both", alpha=0.3)
+    source_note(ax, source)
+
+
+def ttft_vs_context(ax: Any, floors: pd.DataFrame, styles: dict[str, dict[str, Any]], source: str = "measured") -> None:
+    """Each arm's TTFT against context, hollow where not its own, over the prefill floor (dashed, computed)."""
+    ctx = _lines(ax, floors, "ttft_s", "own", styles)
+    fl = floors.drop_duplicates("context_tokens").sort_values("context_tokens")
+    if not fl.empty:
+        ax.plot(fl["context_tokens"], fl["floor_s"], color="k", linestyle="--", linewidth=1,
+                label="prefill floor (computed)")
+    _log_y(ax)
+    ax.set_ylabel("time to first token (s, log)")
+    context_axis(ax, ctx)
+    ax.set_title("Prefill: TTFT against its floor")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    source_note(ax, source)

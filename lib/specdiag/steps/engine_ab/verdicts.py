@@ -1,0 +1,216 @@
+"""09's findings and key numbers from :mod:`.analysis`'s tables (pure): each arm's prefill against its floor, the
+measured fix of each collapse (decode: the plugin against stock Triton; prefill: the arm with the shortest TTFT
+against stock Triton) in the shape 07's diagnosis reads (``numbers['fix']``, ``['fix_speedup_x']``,
+``['fix_phase']``), the verdict per band, the targets and what the run lacks."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import pandas as pd
+
+from specdiag.findings import Finding
+from specdiag.steps.bandwidth_analysis import prefill
+from specdiag.steps.engine_ab.analysis import tok
+
+
+def arm_what(arms_meta: Mapping[str, Any], arm: str) -> str:
+    return str((arms_meta.get(arm) or {}).get("what") or arm)
+
+
+def run_peaks(run: Any, meta: Mapping[str, Any], measuring: bool, server_info: Mapping[str, Any], server_url: str,
+              gpu_name: str = "", memory_bandwidth_gb_s: float = 0.0, matmul_tflops: float = 0.0) -> Any:
+    """The peaks the prefill floor is computed at (:func:`specdiag.hardware.run_peaks`, the run's one set). Measuring:
+    the servers' machine (this one for local servers). Replaying: the recorded run's ``hardware``, else its
+    ``device`` GPU (or ``gpu_name``) in the table of known GPUs; never this machine's, which did not serve the run.
+    Raises ValueError naming the parameters to pass when nothing gives them."""
+    from specdiag import hardware  # noqa: PLC0415
+
+    if measuring:
+        return hardware.run_peaks(run, memory_bandwidth_gb_s, matmul_tflops, gpu_name, None, dict(server_info),
+                                  server_url)
+    recorded = meta.get("hardware") or None
+    device = str((meta.get("device") or {}).get("gpu") or "")
+    if not (recorded or gpu_name or device or memory_bandwidth_gb_s):
+        raise ValueError("the recorded run names no GPU and records no peaks: pass gpu_name (e.g. 'NVIDIA H200'), or "
+                         "memory_bandwidth_gb_s and matmul_tflops")
+    return hardware.run_peaks(run, memory_bandwidth_gb_s, matmul_tflops, gpu_name or ("" if recorded else device),
+                              recorded, {}, "(the recorded run's server)")
+
+
+def prefill_floors(pre: pd.DataFrame, geom: Any, peaks: Any, arms_meta: Mapping[str, Any], tp_size: int = 1
+                   ) -> tuple[pd.DataFrame, dict[str, list[prefill.PrefillFloor]]]:
+    """Each arm's TTFT per context against the prefill floor (:mod:`specdiag.steps.bandwidth_analysis.prefill`) with
+    the arm's own chunk size (server-reported ``chunked_prefill_size``): a table (one row per arm and context,
+    ``own`` kept) and, per arm, the floors of its own TTFTs (what a finding may rest on)."""
+    rows, own_floors = [], {}
+    for r in pre.itertuples() if not pre.empty else ():
+        chunk = prefill.chunk_tokens_of((arms_meta.get(r.arm) or {}).get("server"))
+        f = prefill.prefill_floor(geom, int(r.context_tokens), peaks, chunk, tp_size, r.ttft_s)
+        rows.append({"arm": r.arm, **f.as_row(), "own": r.own, "why_not_own": r.why_not_own})
+        if r.own:
+            own_floors.setdefault(r.arm, []).append(f)
+    return pd.DataFrame(rows), own_floors
+
+
+def _longest_common(a: pd.DataFrame, b: pd.DataFrame) -> int | None:
+    common = set(a["context_tokens"]) & set(b["context_tokens"])
+    return max(int(c) for c in common) if common else None
+
+
+def decode_fix(dec: pd.DataFrame, arms_meta: Mapping[str, Any], stock_arm: str, plugin_arm: str) -> Finding | None:
+    """The plugin arm against stock Triton per verify step at the longest context both decoded cleanly (else any
+    both decoded, said so)."""
+    if dec.empty:
+        return None
+    s, p = dec[dec["arm"] == stock_arm], dec[dec["arm"] == plugin_arm]
+    clean = _longest_common(s[s["clean"]], p[p["clean"]])
+    ctx = clean or _longest_common(s, p)
+    if ctx is None:
+        return None
+    sm = float(s[s["context_tokens"] == ctx]["step_ms"].iloc[0])
+    pm = float(p[p["context_tokens"] == ctx]["step_ms"].iloc[0])
+    x = sm / pm
+    return Finding(
+        "engine_ab.decode_fix", f"The plugin makes a verify step {x:,.3g}x faster at {tok(ctx)} tokens",
+        f"{plugin_arm} ({arm_what(arms_meta, plugin_arm)}) takes {pm:,.3g} ms per verify step at {ctx:,} tokens "
+        f"against {sm:,.4g} ms for {stock_arm} ({arm_what(arms_meta, stock_arm)}).", "ok" if x > 1.05 else "info",
+        (f"medians of the decode requests on the cached prompt, ms per verify step (measured)",
+         "measured alone" if clean else "a decode there overlapped another arm's request: not a clean comparison"),
+        {"fix": f"the specdiag plugin's verify kernel ({plugin_arm} against {stock_arm})", "fix_speedup_x": x,
+         "fix_context_tokens": ctx, "fix_phase": "decode", "stock_step_ms": sm, "fixed_step_ms": pm,
+         "stock_arm": stock_arm, "fixed_arm": plugin_arm, "clean": bool(clean)}, "computed")
+
+
+def prefill_fix(pre: pd.DataFrame, arms_meta: Mapping[str, Any], stock_arm: str) -> Finding | None:
+    """The arm with the shortest own TTFT against stock Triton's own TTFT, at the longest context both have one."""
+    if pre.empty:
+        return None
+    own = pre[pre["own"]]
+    s = own[own["arm"] == stock_arm]
+    others = own[own["arm"] != stock_arm]
+    ctx = _longest_common(s, others)
+    if ctx is None:
+        return None
+    at = others[others["context_tokens"] == ctx]
+    best = at.loc[at["ttft_s"].idxmin()]
+    st = float(s[s["context_tokens"] == ctx]["ttft_s"].iloc[0])
+    x = st / float(best["ttft_s"])
+    return Finding(
+        "engine_ab.prefill_fix", f"{best['arm']}'s prefill: the first token {x:,.3g}x sooner at {tok(ctx)} tokens",
+        f"{best['arm']} ({arm_what(arms_meta, str(best['arm']))}) answers a {ctx:,}-token prompt's first token after "
+        f"{float(best['ttft_s']):,.3g} s against {st:,.3g} s for {stock_arm}.", "ok" if x > 1.05 else "info",
+        ("TTFT of a prompt no cache held, each arm alone on the GPU (measured)",),
+        {"fix": f"{best['arm']}'s prefill ({arm_what(arms_meta, str(best['arm']))})", "fix_speedup_x": x,
+         "fix_context_tokens": ctx, "fix_phase": "prefill", "stock_ttft_s": st, "fixed_ttft_s": float(best["ttft_s"]),
+         "stock_arm": stock_arm, "fixed_arm": str(best["arm"])}, "computed")
+
+
+def stock_decode(dec: pd.DataFrame, stock_arm: str) -> Finding | None:
+    """How stock Triton's verify step grows from its shortest to its longest decoded context."""
+    s = dec[dec["arm"] == stock_arm].sort_values("context_tokens") if not dec.empty else dec
+    if len(s) < 2:
+        return None
+    a, b = s.iloc[0], s.iloc[-1]
+    x = float(b["step_ms"]) / float(a["step_ms"])
+    sev = "critical" if x >= 10 else "warning" if x >= 2 else "ok"
+    return Finding(
+        "engine_ab.stock_decode", f"{stock_arm}: a verify step grows {x:,.3g}x with context",
+        f"{stock_arm} takes {float(b['step_ms']):,.4g} ms per verify step at {int(b['context_tokens']):,} tokens against "
+        f"{float(a['step_ms']):,.3g} ms at {int(a['context_tokens']):,}.", sev,  # type: ignore[arg-type]
+        ("medians of the decode requests (measured)", "critical at or above 10x, a warning at or above 2x"),
+        {"arm": stock_arm, "context_tokens_first": int(a["context_tokens"]), "context_tokens_last": int(b["context_tokens"]),
+         "step_ms_first": float(a["step_ms"]), "step_ms_last": float(b["step_ms"]), "step_growth_x": x}, "measured")
+
+
+def prefill_floor_finding(own_floors: Mapping[str, Sequence[prefill.PrefillFloor]], threshold_x: float = 10.0
+                          ) -> Finding | None:
+    """The arm furthest from its prefill floor at its longest own TTFT (the prefill collapse, when there is one)."""
+    found = [f for arm, floors in own_floors.items()
+             if (f := prefill.prefill_finding(floors, "measured", finding_id="engine_ab.prefill_floor", label=arm,
+                                              threshold_x=threshold_x, extra={"arm": arm})) is not None]
+    return max(found, key=lambda f: float(f.numbers["ttft_over_floor_x"])) if found else None
+
+
+def verdict_finding(verdicts: pd.DataFrame) -> Finding | None:
+    if verdicts.empty:
+        return None
+    judged = verdicts[verdicts["fastest"].notna()]
+    lines = tuple(f"{r.band}: {r.verdict}" for r in verdicts.itertuples())
+    if judged.empty:
+        return Finding("engine_ab.verdict", "No band had two arms to compare", "No context band holds decode rows of "
+                       "two or more arms: which arm to run is not measured here.", "info", lines, {}, "computed")
+    last = judged.iloc[-1]
+    return Finding(
+        "engine_ab.verdict", f"At the longest band, run {last['fastest']}",
+        f"{last['band']}: {last['verdict']}.", "info", lines,
+        {"bands": {r.band: {"fastest": r.fastest, "by_x": r.by_x} for r in judged.itertuples()}}, "computed")
+
+
+def targets_finding(tt: pd.DataFrame) -> Finding:
+    counts = {s: int((tt["status"] == s).sum()) for s in ("met", "missed", "not measurable")}
+    sev = "warning" if counts["missed"] else "info" if counts["not measurable"] else "ok"
+    lines = tuple(f"{r.target}: {r.status}" + (f", {r.value:,.3g} {r.unit} against {r.limit:g}" if r.value is not None
+                                                and r.value == r.value else "")
+                  + (f" ({r.why})" if r.why else "") for r in tt.itertuples())
+    return Finding("engine_ab.targets", f"Targets: {counts['met']} met, {counts['missed']} missed, "
+                   f"{counts['not measurable']} not measurable",
+                   "; ".join(f"{r.target_id} {r.status}" for r in tt.itertuples()) + ".", sev,  # type: ignore[arg-type]
+                   lines, {f"{r.target_id}": r.status for r in tt.itertuples()}, "computed")
+
+
+def lacks_finding(lacking: Sequence[str]) -> Finding | None:
+    if not lacking:
+        return None
+    return Finding("engine_ab.lacks", "What this run does not hold",
+                   f"{len(lacking)} gaps in the rows: the comparisons and targets that need them say so.", "info",
+                   tuple(lacking), {"gaps": len(lacking)}, "measured")
+
+
+def findings(dec: pd.DataFrame, pre: pd.DataFrame, own_floors: Mapping[str, Sequence[prefill.PrefillFloor]],
+             verdicts: pd.DataFrame, tt: pd.DataFrame, lacking: Sequence[str], arms_meta: Mapping[str, Any],
+             stock_arm: str = "triton", plugin_arm: str = "triton_plugin") -> list[Finding]:
+    """09's findings, those that the rows support (each builder returns None when they do not)."""
+    out = [stock_decode(dec, stock_arm), decode_fix(dec, arms_meta, stock_arm, plugin_arm),
+           prefill_floor_finding(own_floors), prefill_fix(pre, arms_meta, stock_arm), verdict_finding(verdicts),
+           targets_finding(tt), lacks_finding(lacking)]
+    return [f for f in out if f is not None]
+
+
+def metrics(dec: pd.DataFrame, pre: pd.DataFrame, floors: pd.DataFrame, verdicts: pd.DataFrame, tt: pd.DataFrame,
+            lacking: Sequence[str], arms: Sequence[str]) -> dict[str, Any]:
+    """09's key numbers (tests and the index read them): per arm and context, units in the names."""
+    def by_arm(df: pd.DataFrame, col: str) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
+        for r in df.itertuples() if not df.empty else ():
+            out.setdefault(r.arm, {})[str(int(r.context_tokens))] = getattr(r, col)
+        return out
+
+    return _plain({
+        "arms": list(arms),
+        "step_ms": by_arm(dec, "step_ms"), "decode_requests": by_arm(dec, "n"), "decode_tok_s": by_arm(dec, "decode_tok_s"),
+        "decode_clean": by_arm(dec, "clean"),
+        "ttft_s": by_arm(pre, "ttft_s"), "ttft_own": by_arm(pre, "own"),
+        "ttft_over_floor_x": by_arm(floors, "ttft_over_floor_x"), "prefill_floor_s": by_arm(floors, "floor_s"),
+        "targets": {r.target_id: {"status": r.status, "value": r.value, "limit": r.limit, "arm": r.arm, "why": r.why}
+                    for r in tt.itertuples()},
+        "bands": [{"band": r.band, "fastest": r.fastest, "by_x": r.by_x, "verdict": r.verdict}
+                  for r in verdicts.itertuples()] if not verdicts.empty else [],
+        "lacks": list(lacking),
+    })
+
+
+def _plain(v: Any) -> Any:
+    """JSON-fit: NaN and pandas' missing values as None, numpy numbers as Python's, recursively."""
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if v is None or isinstance(v, str):
+        return v
+    try:
+        if pd.isna(v):
+            return None
+    except (TypeError, ValueError):
+        return v
+    return v.item() if hasattr(v, "item") else v

@@ -1,0 +1,236 @@
+"""09's analysis on synthetic engine_ab rows: own and flagged TTFTs, overlaps, the rank test, the band verdict, the
+targets (met, missed, not measurable) and the findings in 07's shape; the arm lists 09 measures."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+
+from specdiag.geometry import from_hf_config
+from specdiag.hardware import HardwarePeaks, Peak
+from specdiag.steps.engine_ab import analysis, verdicts
+from specdiag.steps.engine_ab.arms import ArmError, parse_engine_configs, parse_servers
+
+K1, K64, K128 = 1024, 65536, 131072
+
+
+def row(arm: str, phase: str, ctx: int, ts: float, e2e: float | None = 1.0, *, repeat: int = 0, step_ms: float | None = None,
+        ttft_s: float | None = None, concurrent: int = 1, cached: int = 0, commit: float = 1.0,
+        error: str | None = None) -> dict:
+    return {"arm": arm, "phase": phase, "context_tokens": ctx, "repeat": repeat, "ts_unix_s": ts, "e2e_s": e2e,
+            "step_ms": step_ms, "ttft_s": ttft_s if ttft_s is not None else (None if error else 0.1),
+            "concurrent": concurrent, "cached_tokens": cached, "commit_length": commit,
+            "decode_tok_s": 1000.0 * commit / step_ms if step_ms else None, "error": error,
+            "prefill_tok_s": ctx / ttft_s if ttft_s else None}
+
+
+def decode_rows(arm: str, ms: dict[int, list[float]], t0: float) -> list[dict]:
+    """Decode rows one after another from t0, 1 s apart; the first request commits 1.0, the later 7.5."""
+    out, t = [], t0
+    for ctx, samples in ms.items():
+        for i, v in enumerate(samples):
+            out.append(row(arm, "decode", ctx, t, 0.5, repeat=i, step_ms=v, commit=1.0 if i == 0 else 7.5,
+                           cached=ctx - 1))
+            t += 1.0
+    return out
+
+
+def h200_61_layer_run() -> list[dict]:
+    """The issue's H200 numbers at 61 layers, measured one arm at a time: Triton, Triton + plugin, FlashInfer."""
+    rows = [row("triton", "prefill", K1, 0, 1.0, ttft_s=0.9), row("triton", "prefill", K64, 2, 37.0, ttft_s=36.7),
+            row("triton", "prefill", K128, 40, 151.0, ttft_s=150.8)]
+    rows += decode_rows("triton", {K1: [19.7, 19.5, 20.1], K64: [841, 838, 850], K128: [1657, 1650, 1662, 1657]}, 200)
+    rows += [row("triton_plugin", "prefill", K1, 300, 1.0, ttft_s=0.9), row("triton_plugin", "prefill", K64, 302, 37.0,
+                                                                               ttft_s=36.5)]
+    rows += decode_rows("triton_plugin", {K1: [6.75, 6.8, 6.7], K64: [8.52, 8.6, 8.5], K128: [9.72, 9.8, 9.7, 9.72]}, 400)
+    rows += [row("flashinfer", "prefill", K1, 500, 0.2, ttft_s=0.15), row("flashinfer", "prefill", K64, 502, 2.0,
+                                                                          ttft_s=1.84)]
+    rows += decode_rows("flashinfer", {K1: [6.58, 6.6, 6.5], K64: [11.4, 11.5, 11.3]}, 600)
+    return rows
+
+
+ARMS_META = {"triton": {"what": "Triton as shipped", "server": {"chunked_prefill_size": 8192,
+                                                                "max_total_num_tokens": 1_250_000,
+                                                                "mem_fraction_static": 0.6}},
+             "triton_plugin": {"what": "Triton + the plugin", "plugin": "splitkv",
+                               "server": {"chunked_prefill_size": 8192, "max_total_num_tokens": 1_250_000}},
+             "flashinfer": {"what": "FlashInfer", "server": {"chunked_prefill_size": 8192}}}
+
+
+def tables(rows: list[dict]):
+    df = analysis.frame(rows)
+    return df, analysis.decode_table(df), analysis.prefill_table(df)
+
+
+def test_overlaps_from_send_times_and_durations() -> None:
+    rows = [row("a", "prefill", K1, 0.0, 10.0), row("b", "prefill", K1, 5.0, 1.0), row("b", "prefill", K64, 20.0, 1.0),
+            row("a", "prefill", K64, 30.0, None, error="dropped"),  # no duration: in flight until the rows after it
+            row("b", "decode", K1, 40.0, 1.0, step_ms=5.0)]
+    assert analysis.overlaps(rows) == [["b"], ["a"], [], [], []]
+    late = rows[:4] + [row("b", "decode", K1, 40.0, 1.0, step_ms=5.0), row("a", "prefill", K128, 35.0, None,
+                                                                          error="dropped")]
+    # the second failed row is written after b's decode ended: it was in flight through it
+    assert analysis.overlaps(late)[4] == ["a"]
+
+
+def test_decode_medians_commit_lengths_and_cleanliness() -> None:
+    df, dec, _ = tables(h200_61_layer_run())
+    t = dec[(dec["arm"] == "triton") & (dec["context_tokens"] == K128)].iloc[0]
+    assert t["step_ms"] == 1657 and t["n"] == 4 and t["step_ms_samples"] == [1657, 1650, 1662, 1657]
+    assert t["commit_first"] == 1.0 and t["commit_later"] == 7.5 and bool(t["clean"])
+    assert t["decode_tok_s_first"] == pytest.approx(1000 / 1657)
+    assert set(dec["arm"]) == {"triton", "triton_plugin", "flashinfer"} and bool(dec["clean"].all())
+
+
+def test_ttfts_measured_beside_other_arms_are_flagged_not_own() -> None:
+    rows = [row("triton", "prefill", K64, 0, 100.0, ttft_s=101.8, concurrent=2),
+            row("fi", "prefill", K64, 1, 5.0, ttft_s=5.09, concurrent=2),
+            row("fi", "prefill", K64, 200, 2.0, ttft_s=1.84),  # a clean prefill alone, later: the one used
+            row("fi", "prefill", K1, 300, 0.1, ttft_s=0.05, cached=1000)]  # served from the cache: no whole prefill
+    df, _, pre = tables(rows)
+    tr = pre[pre["arm"] == "triton"].iloc[0]
+    assert not tr["own"] and "concurrent 2" in tr["why_not_own"] and tr["ttft_s"] == 101.8
+    fi = pre[(pre["arm"] == "fi") & (pre["context_tokens"] == K64)].iloc[0]
+    assert fi["own"] and fi["ttft_s"] == 1.84 and fi["n"] == 1
+    cached = pre[(pre["arm"] == "fi") & (pre["context_tokens"] == K1)].iloc[0]
+    assert not cached["own"] and "from the cache" in cached["why_not_own"]
+    gaps = analysis.lacks(df, ["triton", "fi"])
+    assert any(g.startswith("triton: no decode row") for g in gaps)
+    assert any(g.startswith("triton: TTFT not its own at 64k") for g in gaps)
+
+
+def test_rank_test_per_context() -> None:
+    _, dec, _ = tables(h200_61_layer_run())
+    rt = analysis.rank_tests(dec)
+    at128 = rt[rt["context_tokens"] == K128]
+    assert list(at128["fastest"]) == ["triton_plugin"] and list(at128["other"]) == ["triton"]
+    r = at128.iloc[0]
+    assert r["verdict"] == "slower" and r["p_slower"] == pytest.approx(1 / 70)  # 4 against 4, all apart: 1 / C(8, 4)
+    assert r["ratio_x"] == pytest.approx(1657 / 9.72)
+    at1k = rt[rt["context_tokens"] == K1].set_index("other")
+    assert at1k.index.tolist() == ["triton", "triton_plugin"] and set(at1k["fastest"]) == {"flashinfer"}
+    # 3 against 3 can never pass alpha 0.05 (the smallest p is 1 / C(6, 3) = 0.05): said, not claimed
+    assert at1k.loc["triton_plugin", "verdict"] == "indistinguishable"
+    one = analysis.rank_tests(analysis.decode_table(analysis.frame(
+        decode_rows("a", {K1: [5.0]}, 0) + decode_rows("b", {K1: [6.0, 6.1]}, 10))))
+    assert one.iloc[0]["verdict"].startswith("not testable")
+
+
+def test_the_fastest_arm_per_band_and_its_cost() -> None:
+    _, dec, pre = tables(h200_61_layer_run())
+    bands = analysis.band_verdicts(dec, pre, ARMS_META, [8192, 65536]).set_index("band")
+    short = bands.loc["up to 8k"]
+    assert short["fastest"] == "flashinfer" and short["runner_up"] == "triton_plugin"
+    assert short["by_x"] == pytest.approx(6.75 / 6.58)
+    mid = bands.loc["8k to 64k"]
+    assert mid["fastest"] == "triton_plugin" and mid["by_x"] == pytest.approx(11.4 / 8.52)
+    # its cost: its TTFT at 64k (36.5 s) against the shortest there (FlashInfer's 1.84 s)
+    assert mid["ttft_s"] == 36.5 and mid["ttft_vs_best_x"] == pytest.approx(36.5 / 1.84) and bool(mid["ttft_own"])
+    assert mid["kv_pool_tokens"] == 1_250_000 and "36.5 s" in mid["verdict"]
+    long = bands.loc["above 64k"]
+    assert long["fastest"] == "triton_plugin" and long["by_x"] == pytest.approx(1657 / 9.72)
+    only = analysis.band_verdicts(dec[dec["arm"] == "flashinfer"], pre, ARMS_META, [8192])
+    assert only["fastest"].isna().all() and only.iloc[0]["verdict"].startswith("not comparable: only flashinfer")
+
+
+def test_targets_met_missed_and_not_measurable() -> None:
+    rows = h200_61_layer_run()
+    _, dec, pre = tables(rows)
+    arms = ["triton", "triton_plugin", "flashinfer"]
+    # FlashInfer did not decode at 128k here: the best arm there cannot be named
+    tt = analysis.targets(dec, pre, arms, 61).set_index("target_id")
+    assert tt.loc["plugin_vs_triton_128k", "status"] == "met"
+    assert tt.loc["plugin_vs_triton_128k", "value"] == pytest.approx(1657 / 9.72)
+    assert tt.loc["best_decode_128k_vs_1k", "status"] == "not measurable"
+    assert "no decode at 128k for flashinfer" in tt.loc["best_decode_128k_vs_1k", "why"]
+    assert tt.loc["best_ttft_64k_vs_triton", "status"] == "met"
+    assert tt.loc["best_ttft_64k_vs_triton", "arm"] == "flashinfer"
+    assert tt.loc["best_ttft_64k_vs_triton", "value"] == pytest.approx(36.7 / 1.84)
+    # two arms only: the best at 128k is the plugin, 6.75 / 9.72 = 0.69 of its 1k decode: met
+    two = analysis.targets(dec[dec["arm"] != "flashinfer"], pre, ["triton", "triton_plugin"], 61).set_index("target_id")
+    assert two.loc["best_decode_128k_vs_1k", "status"] == "met"
+    assert two.loc["best_decode_128k_vs_1k", "value"] == pytest.approx(6.75 / 9.72)
+    # a slower plugin misses the 100x; a 2-layer model cannot judge the 61-layer target
+    slow = [dict(r, step_ms=20.0) if r["arm"] == "triton_plugin" and r["context_tokens"] == K128 and r["phase"] == "decode"
+            else r for r in rows]
+    _, dec_s, pre_s = tables(slow)
+    miss = analysis.targets(dec_s, pre_s, arms, 61).set_index("target_id").loc["plugin_vs_triton_128k"]
+    assert miss["status"] == "missed" and miss["value"] == pytest.approx(1657 / 20)
+    shallow = analysis.targets(dec, pre, arms, 2).set_index("target_id").loc["plugin_vs_triton_128k"]
+    assert shallow["status"] == "not measurable" and "2 layers" in shallow["why"]
+    # Triton's 64k TTFT measured beside another arm's prefill is not its own: not measurable
+    side = [dict(r, concurrent=2) if r["arm"] == "triton" and r["phase"] == "prefill" else r for r in rows]
+    _, dec_c, pre_c = tables(side)
+    t3 = analysis.targets(dec_c, pre_c, arms, 61).set_index("target_id").loc["best_ttft_64k_vs_triton"]
+    assert t3["status"] == "not measurable" and "not its own" in t3["why"] and "concurrent 2" in t3["why"]
+
+
+def test_findings_carry_each_collapse_and_its_measured_fix() -> None:
+    from specdiag.paths import PROJECT_ROOT
+
+    df, dec, pre = tables(h200_61_layer_run())
+    cfg = json.loads((PROJECT_ROOT / "data/reference/sglang-h200-mla61-engine-ab/config.json").read_text())
+    peaks = HardwarePeaks("NVIDIA H200", Peak(4.8e12, "table", ""), Peak(989.4e12, "table", ""))
+    floors, own = verdicts.prefill_floors(pre, from_hf_config(cfg), peaks, ARMS_META)
+    assert set(own) == {"triton", "triton_plugin", "flashinfer"}
+    bands = analysis.band_verdicts(dec, pre, ARMS_META, [8192, 65536])
+    tt = analysis.targets(dec, pre, list(ARMS_META), 61)
+    found = {f.id: f for f in verdicts.findings(dec, pre, own, bands, tt, analysis.lacks(df, list(ARMS_META)),
+                                                ARMS_META)}
+    fix = found["engine_ab.decode_fix"].numbers
+    assert fix["fix_phase"] == "decode" and fix["fix_context_tokens"] == K128
+    assert fix["fix_speedup_x"] == pytest.approx(1657 / 9.72) and "plugin" in fix["fix"]
+    pf = found["engine_ab.prefill_fix"].numbers
+    assert pf["fix_phase"] == "prefill" and pf["fixed_arm"] == "flashinfer" and pf["fix_context_tokens"] == K64
+    assert pf["fix_speedup_x"] == pytest.approx(36.7 / 1.84)
+    floor = found["engine_ab.prefill_floor"]
+    assert floor.numbers["arm"] == "triton" and floor.numbers["context_tokens"] == K128 and floor.severity == "critical"
+    assert floor.numbers["ttft_over_floor_x"] == pytest.approx(150.8 / floor.numbers["floor_s"])
+    assert found["engine_ab.stock_decode"].numbers["step_growth_x"] == pytest.approx(1657 / 19.7)
+    # the shape 07 reads: both collapses and both fixes reach the diagnosis
+    from dataclasses import asdict
+
+    from specdiag.steps.findings.diagnosis import diagnose
+
+    d = diagnose([{**asdict(f), "notebook": "09_engine_ab"} for f in found.values()])
+    assert d.slow.startswith("A verify step of triton takes 1,657 ms at 128k tokens")
+    assert d.prefill.startswith("Prefill is a second collapse") and "on triton" in d.prefill
+    assert "makes it 170x faster at 128k tokens" in d.fix and "For prefill, flashinfer's prefill" in d.fix
+    m = verdicts.metrics(dec, pre, floors, bands, tt, [], list(ARMS_META))
+    json.dumps(m, allow_nan=False)  # a JSON file, no NaN
+    assert m["step_ms"]["triton"][str(K128)] == 1657 and m["targets"]["plugin_vs_triton_128k"]["status"] == "met"
+    assert m["ttft_own"]["triton"][str(K64)] is True
+
+
+def test_replayed_reference_rows_say_what_they_lack() -> None:
+    from specdiag.runs import Run
+    from specdiag.paths import REFERENCE_DIR
+
+    run = Run.open(REFERENCE_DIR / "sglang-h200-mla61-engine-ab")
+    rows = run.rows("engine_ab")
+    df, dec, pre = tables(rows)
+    fi = [r["step_ms"] for r in rows if r["arm"] == "flashinfer" and r["phase"] == "decode"
+          and r["context_tokens"] == K64]
+    assert dec.set_index(["arm", "context_tokens"]).loc[("flashinfer", K64), "step_ms"] == statistics.median(fi)
+    assert not pre["own"].any()  # every prefill ran beside another arm's
+    assert not dec["clean"].any()  # FlashInfer's decodes ran while the Triton arms' 128k prefills were in flight
+    tt = analysis.targets(dec, pre, analysis.arm_order(df, run.meta["arms"]), 61)
+    assert (tt["status"] == "not measurable").all()
+
+
+def test_arm_lists_are_checked_before_any_work() -> None:
+    assert parse_servers("triton=http://gpu:30000/, fi=https://gpu:30001") == {"triton": "http://gpu:30000",
+                                                                               "fi": "https://gpu:30001"}
+    cfgs = parse_engine_configs("ngram=embedded:NGRAM:4, plain=embedded:none, std=embedded:STANDALONE")
+    assert [(c.name, c.algorithm, c.num_draft_tokens) for c in cfgs] == [("ngram", "NGRAM", 4), ("plain", "NONE", 8),
+                                                                          ("std", "STANDALONE", 8)]
+    for bad, match in (("triton", "name=value"), ("a=http://x,a=http://y", "named twice"), ("a b=http://x", "word"),
+                       ("a=gpu:30000", "http")):
+        with pytest.raises(ArmError, match=match):
+            parse_servers(bad)
+    for bad, match in (("a=sglang:NGRAM", "scripts/engine_ab.py"), ("a=embedded:EAGLE", "ALGORITHM"),
+                       ("a=embedded:NGRAM:x", "whole number"), ("a=embedded:NGRAM:1", "2 or more"), ("", "names no arm")):
+        with pytest.raises(ArmError, match=match):
+            parse_engine_configs(bad)
