@@ -25,6 +25,7 @@ REPLAY_NEEDS: dict[str, tuple[str, ...] | None] = {
     "06_kernel_ab": ("kernel_ab|kernel_anatomy|kernel_ws_phases",),
     "07_findings": (),
     "08_compare_runs": None,
+    "10_kv_layout": ("kv_layout",),
 }
 #: Notebooks `make report` leaves out by default (08 compares two finished runs: run it by name).
 NOT_IN_REPORT = {"08_compare_runs"}
