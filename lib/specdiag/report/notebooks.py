@@ -29,6 +29,9 @@ REPLAY_NEEDS: dict[str, tuple[str, ...] | None] = {
 }
 #: Notebooks `make report` leaves out by default (08 compares two finished runs: run it by name).
 NOT_IN_REPORT = {"08_compare_runs"}
+#: Notebooks a default report runs after all the others: 07 summarizes the findings of every notebook before it,
+#: the later-numbered steps (09, 10, 11) included.
+RUN_LAST = ("07_findings",)
 
 
 def available_notebooks(notebooks_dir: Path = NOTEBOOKS_DIR) -> list[str]:
@@ -39,7 +42,8 @@ def select_notebooks(names: Sequence[str] | None, notebooks_dir: Path = NOTEBOOK
     """Resolve ``names`` ('04', '04_commit_probe' or '04_commit_probe.ipynb') against the folder."""
     have = available_notebooks(notebooks_dir)
     if not names:
-        return [n for n in have if n not in NOT_IN_REPORT]
+        chosen = [n for n in have if n not in NOT_IN_REPORT]
+        return [n for n in chosen if n not in RUN_LAST] + [n for n in RUN_LAST if n in chosen]
     out = []
     for raw in names:
         name = Path(raw).stem
