@@ -26,6 +26,7 @@ REPLAY_NEEDS: dict[str, tuple[str, ...] | None] = {
     "07_findings": (),
     "08_compare_runs": None,
     "10_kv_layout": ("kv_layout",),
+    "11_moe_batch1": ("moe_steps|moe_dumps|moe_routing",),
 }
 #: Notebooks `make report` leaves out by default (08 compares two finished runs: run it by name).
 NOT_IN_REPORT = {"08_compare_runs"}
