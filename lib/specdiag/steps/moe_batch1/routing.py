@@ -11,10 +11,12 @@ consecutive tokens from a request's routed experts, against the uniform expectat
 - **Spread**: the median over a group's passes and layers of distinct / expected. Random weights can route every token
   alike (shared/engines/README.md: ``--load-format dummy`` sent every token to the same 8 experts); conclusions
   about expert bytes are drawn only when the verify passes' ratio is at least :data:`SPREAD_MIN` (the check).
-- A request's **routed experts** (SGLang ``--enable-return-routed-experts``: ``meta_info.routed_experts``, base64 of
-  int32 ``[tokens, layers, top_k]`` covering positions ``[start, seqlen - 1)``; vLLM: ``routed_experts`` lists,
-  ``[tokens, moe_layers, top_k]``): per window of T consecutive tokens, the distinct experts per layer, for any T
-  from one request (what a verify pass of those T tokens would read, its rejected drafts aside).
+- A request's **routed experts** (SGLang 0.5.17 ``--enable-return-routed-experts``: ``meta_info.routed_experts``,
+  base64 of raw int32 ``[tokens, layers, top_k]`` covering positions ``[start, seqlen - 1)``; vLLM 0.32
+  ``--enable-return-routed-experts``: ``choices[].routed_experts``, base64 of a ``.npy`` file (np.save) of
+  ``[tokens - 1, layers, top_k]`` in uint8/uint16/int32, vllm/utils/serial_utils.py numpy2base64; older vLLM: nested
+  lists): per window of T consecutive tokens, the distinct experts per layer, for any T from one request (what a
+  verify pass of those T tokens would read, its rejected drafts aside).
 """
 
 from __future__ import annotations
@@ -116,6 +118,16 @@ def decode_sglang(b64: str, num_layers: int, top_k: int) -> np.ndarray:
     if flat.size % per:
         raise ValueError(f"routed_experts holds {flat.size} ids, not a multiple of layers x top_k = {per}")
     return flat.reshape(-1, num_layers, top_k)
+
+
+def decode_vllm(b64: str) -> np.ndarray:
+    """vLLM 0.32's ``routed_experts`` (base64 of ``.npy`` bytes, no pickle) as an int64 ``[tokens, layers, top_k]``."""
+    import io  # noqa: PLC0415
+
+    arr = np.load(io.BytesIO(base64.b64decode(b64)), allow_pickle=False)
+    if arr.ndim != 3:
+        raise ValueError(f"vLLM routed_experts must be [tokens, layers, top_k]; got shape {arr.shape}")
+    return arr.astype(np.int64)
 
 
 def from_lists(values: Sequence[Sequence[Sequence[int]]]) -> np.ndarray:
