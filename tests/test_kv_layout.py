@@ -105,3 +105,17 @@ def test_nothing_to_compare():
     rows = [_row("embedded", "fresh", 2048, 0, 0.99, 3, _samples(6.0))]
     found = kla.findings(kla.costs(rows), kla.kernel_prediction([]))
     assert [f.id for f in found] == ["kv_layout.not_measured"]
+
+
+def test_a_layout_cost_reaches_07s_diagnosis_as_a_measured_fix():
+    """Through the existing mechanism only: the finding's numbers carry fix and fix_speedup_x."""
+    import dataclasses
+
+    from specdiag.steps.findings.diagnosis import diagnose
+
+    rows = [_row("plugin", "fresh", 131072, 0, 0.99, 2, _samples(10.0, seed=1)),
+            _row("plugin", "fragmented", 131072, 0, 0.02, 300, _samples(11.0, seed=2))]
+    found = kla.findings(kla.costs(rows), kla.kernel_prediction([]))
+    d = diagnose([{**dataclasses.asdict(f), "notebook": "10_kv_layout"} for f in found])
+    assert "contiguous KV layout (flushed pool) on plugin" in d.fix and "1.1x faster" in d.fix
+    assert "10_kv_layout: kv_layout.plugin" in d.based_on
