@@ -5,6 +5,7 @@ random routing; they are not recorded from a server (tests/moe_fixture.py says h
 from __future__ import annotations
 
 import base64
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -156,3 +157,29 @@ def test_routing_that_does_not_spread_is_not_used(tmp_path):
     assert found["moe.routing_spread"].severity == "warning" and "no conclusion" in found["moe.routing_spread"].verdict
     assert "expert_share" not in found["moe.expert_share"].numbers  # no share claimed from unspread counts
     assert "did not spread" in found["moe.ep_balance"].verdict
+
+
+RECORDED = sorted((Path(__file__).parent / "data" / "sglang-0.5.17").glob("expert_distribution_recorder_*.pt"))
+ANSWERS = sorted((Path(__file__).parent / "data" / "sglang-0.5.17").glob("routed_experts_*.json"))
+
+
+@pytest.mark.parametrize("path", RECORDED or [None], ids=lambda p: p.name if p else "none-yet")
+def test_recorded_recorder_dumps_parse(path):
+    """Dumps RECORDED by a real SGLang 0.5.17 (scripts/device/moe_batch1_job.sh), when they are in tests/data."""
+    if path is None:
+        pytest.skip("no recorded expert-distribution dump in tests/data/sglang-0.5.17 yet (the H200 run makes one)")
+    dump = recorder.load(path)
+    assert dump.passes and dump.num_experts == 384
+    assert not routing.pass_table(dump, 8).empty
+
+
+@pytest.mark.parametrize("path", ANSWERS or [None], ids=lambda p: p.name if p else "none-yet")
+def test_recorded_routed_experts_answers_decode(path):
+    """Routed-experts answers RECORDED from a real SGLang 0.5.17, when they are in tests/data."""
+    import json
+
+    if path is None:
+        pytest.skip("no recorded routed-experts answer in tests/data/sglang-0.5.17 yet (the H200 run makes one)")
+    doc = json.loads(path.read_text())
+    arr = routing.decode_sglang(doc["routed_experts"], doc["num_hidden_layers"], doc["num_experts_per_tok"])
+    assert arr.shape[0] == doc["prompt_tokens"] + doc["completion_tokens"] - 1

@@ -140,7 +140,10 @@ def routed_request(client: Any, run: Any, context: int, max_new_tokens: int, con
     dest = Path(run.path) / FILES_DIR / f"routed_experts_t{t}.json"
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(json.dumps({"routed_experts": b64, "prompt_tokens": trace.prompt_tokens,
-                                "completion_tokens": trace.completion_tokens, "tokens_per_step": t}))
+                                "completion_tokens": trace.completion_tokens, "tokens_per_step": t,
+                                "num_hidden_layers": (config or {}).get("num_hidden_layers"),
+                                "num_experts_per_tok": (config or {}).get("num_experts_per_tok"),
+                                "recorded": f"SGLang /generate with return_routed_experts, {time.strftime('%Y-%m-%d')}"}))
     layers = int((config or {}).get("num_hidden_layers") or 0)
     k = int((config or {}).get("num_experts_per_tok") or 0)
     experts = int((config or {}).get("n_routed_experts") or 0)
