@@ -256,7 +256,7 @@ def metrics(cost: pd.DataFrame, summ: pd.DataFrame) -> dict[str, Any]:
     for r in cost.itertuples():
         out.setdefault(r.arm, {})[str(r.context_tokens)] = {
             "fresh_ms": round(r.fresh_ms, 4), "fragmented_ms": round(r.fragmented_ms, 4), "cost_x": round(r.cost_x, 4),
-            "p_slower": None if r.p_slower is None else round(float(r.p_slower), 4), "costs_time": bool(r.costs_time),
+            "p_slower": None if r.p_slower is None else float(f"{float(r.p_slower):.3g}"), "costs_time": bool(r.costs_time),
             "fresh_share_in_long_runs": r.fresh_share, "fragmented_share_in_long_runs": r.fragmented_share,
             "fresh_runs_per_1k": r.fresh_runs_per_1k, "fragmented_runs_per_1k": r.fragmented_runs_per_1k}
     return {"arms": out, "requests": int(summ["requests"].sum()) if not summ.empty else 0}
