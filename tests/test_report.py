@@ -94,6 +94,13 @@ def test_select_notebooks(notebooks: Path) -> None:
         report.select_notebooks(["99"], notebooks)
 
 
+def test_a_default_report_runs_the_findings_page_last() -> None:
+    """07 summarizes every notebook's findings, the later-numbered steps (10, 11) included."""
+    chosen = report.select_notebooks(None)
+    assert chosen[-1] == "07_findings" and {"10_kv_layout", "06_kernel_ab"} <= set(chosen[:-1])
+    assert "08_compare_runs" not in chosen
+
+
 def test_unreachable_server_fails_fast_naming_the_url(tmp_path: Path) -> None:
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "specdiag.report", "run", "--server", "http://127.0.0.1:9",

@@ -138,15 +138,15 @@ def build_app(runtime: Runtime) -> FastAPI:
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache() -> PlainTextResponse:
-        # There is no prefix cache to drop (each request prefills from scratch); like SGLang, a flush
-        # resets avg_spec_accept_length, and is refused while a request runs or waits.
-        if runtime.busy():
+        # There is no prefix cache to drop (each request prefills from scratch); like SGLang, a flush resets the
+        # KV pool's free list to one contiguous range and avg_spec_accept_length, and is refused while a request
+        # runs or waits.
+        if not await run_in_threadpool(runtime.flush_cache):
             return PlainTextResponse(
                 "Cache not flushed. Please check backend logs for more details. "
                 "(When there are running or waiting requests, the operation will not be performed.)\n",
                 status_code=400,
             )
-        runtime.stats.reset_spec()
         return PlainTextResponse(FLUSH_OK_TEXT, status_code=200)
 
     @app.post("/tokenize")

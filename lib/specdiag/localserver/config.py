@@ -33,6 +33,7 @@ class ServerConfig:
     speculative_ngram_min_match_window_size: int = 1
     speculative_ngram_max_match_window_size: int = 12
     context_length: int | None = None  # None = the target's max_position_embeddings
+    max_total_tokens: int | None = None  # slots of the target's KV pool (SGLang's flag); None = 2 x context length
     chunked_prefill_size: int = 2048  # prefill chunk, tokens
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "auto"  # auto (= float32) | float32 | bfloat16 | float16 | float64
@@ -70,6 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--speculative-ngram-max-match-window-size", type=int, default=12)
     p.add_argument("--context-length", type=int, default=None,
                    help="max prompt + new tokens (default: the target's max_position_embeddings)")
+    p.add_argument("--max-total-tokens", type=int, default=None,
+                   help="token slots of the target's KV pool (SGLang's flag; default: twice the context length). "
+                   "Slots are handed out and freed as SGLang 0.5.17 does at page_size 1, so traffic fragments the "
+                   "pool and /flush_cache makes it contiguous again (kvpool.py)")
     p.add_argument("--chunked-prefill-size", type=int, default=2048, help="prefill chunk in tokens")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16", "float64"), default="auto",
@@ -96,6 +101,8 @@ def parse_args(argv: list[str]) -> ServerConfig:
         parser.error("--speculative-num-draft-tokens must be at least 2 (it counts the last committed token)")
     if a.context_length is not None and a.context_length < 2:
         parser.error("--context-length must be at least 2 tokens")
+    if a.max_total_tokens is not None and a.max_total_tokens < 64:
+        parser.error("--max-total-tokens must be at least 64 token slots")
     if a.cpu_threads < 0:
         parser.error("--cpu-threads must be 0 (torch's default) or more")
     if a.stream_interval < 1:
@@ -115,6 +122,7 @@ def parse_args(argv: list[str]) -> ServerConfig:
         speculative_ngram_min_match_window_size=a.speculative_ngram_min_match_window_size,
         speculative_ngram_max_match_window_size=a.speculative_ngram_max_match_window_size,
         context_length=a.context_length,
+        max_total_tokens=a.max_total_tokens,
         chunked_prefill_size=a.chunked_prefill_size,
         device=a.device,
         dtype=a.dtype,

@@ -16,8 +16,12 @@ mismatch (or after the last draft) is committed. The output is token for token w
 greedy decoding gives (up to floating-point differences between a k+1-token and a 1-token
 forward, which is why the engine runs float32 by default).
 
-Caches: the target and the drafter each keep a transformers ``DynamicCache`` across steps
-(kvcache.RollbackCache), from which rejected tokens are removed: cropped from full-attention
+Caches: with a slot pool (kvpool.KVPool, the server's default for a full-attention target) the target's KV lives
+in pool slots allocated as SGLang allocates at page_size 1: each forward takes a slot per new token from the head of
+the free list, each layer gathers the request's KV through its slot indices, rejected drafts' slots go back to the
+tail at once and the request's slots when it finishes (kvpool.PooledKVCache); the final chunk carries the request's
+layout (runs of consecutive slots, specdiag.kvlayout). Otherwise, and always for the drafter, a transformers
+``DynamicCache`` (kvcache.RollbackCache), from which rejected tokens are removed: cropped from full-attention
 layers, and from sliding-window layers with the entries that slid out restored, so each sliding
 layer holds exactly its window of the committed sequence. The drafter only processes the tokens
 it has not seen (1 or 2 per step plus its own drafts), never the prefix again.
@@ -34,6 +38,7 @@ import torch
 
 from specdiag.localserver.config import ALGORITHMS
 from specdiag.localserver.kvcache import RollbackCache
+from specdiag.localserver.kvpool import KVPool, PooledKVCache
 from specdiag.localserver.models import LoadedModel
 from specdiag.localserver.ngram import propose_ngram
 
@@ -104,6 +109,7 @@ class Chunk:
     prefill_ms: float | None = None  # on the prefill chunk: target (+ drafter) prefill wall time
     decode_ms: float | None = None  # NONE decoding: the one-token forward's wall time
     finish: dict[str, Any] | None = None  # SGLang finish_reason on the last chunk
+    kv_layout: dict[str, Any] | None = None  # on the last chunk, with a slot pool: the request's layout (kvlayout)
 
 
 @dataclass
@@ -116,13 +122,15 @@ class _State:
 class SpecEngine:
     """Greedy speculative decoding of one request at a time (callers serialize requests)."""
 
-    def __init__(self, target: LoadedModel, drafter: LoadedModel | None, settings: SpecSettings) -> None:
+    def __init__(self, target: LoadedModel, drafter: LoadedModel | None, settings: SpecSettings,
+                 pool: KVPool | None = None) -> None:
         if settings.algorithm == "STANDALONE" and drafter is None:
             raise ValueError("STANDALONE needs a draft model: pass --speculative-draft-model-path")
         self.target = target
         self.drafter = drafter if settings.algorithm == "STANDALONE" else None
         self.settings = settings
         self.device = next(target.model.parameters()).device
+        self.pool = pool  # the target's slot pool; None: a RollbackCache per request
 
     def warm_up(self, n_tokens: int = 16) -> None:
         """One short generation so first-request timings do not include one-off setup costs."""
@@ -136,11 +144,15 @@ class SpecEngine:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def _new_cache(self, lm: LoadedModel) -> RollbackCache:
+    def _new_cache(self, lm: LoadedModel) -> RollbackCache | PooledKVCache:
+        if lm is self.target and self.pool is not None:
+            return PooledKVCache(self.pool)
         return RollbackCache(lm.config, max_rollback=self.settings.num_draft_tokens + 2)
 
-    def _forward(self, lm: LoadedModel, ids: list[int], cache: RollbackCache, keep: int) -> torch.Tensor:
+    def _forward(self, lm: LoadedModel, ids: list[int], cache: RollbackCache | PooledKVCache,
+                 keep: int) -> torch.Tensor:
         """Run ``ids`` through ``lm`` on top of ``cache``; logits of the last ``keep`` positions (0 = all)."""
+        cache.before_forward(len(ids))
         x = torch.tensor([ids], dtype=torch.long, device=self.device)
         out = lm.model(input_ids=x, use_cache=True, logits_to_keep=keep, **{lm.cache_kwarg: cache.cache})
         cache.after_forward()
@@ -173,9 +185,17 @@ class SpecEngine:
             yield from self._generate(req, should_abort)
 
     def _generate(self, req: DecodeRequest, should_abort: Callable[[], bool]) -> Iterator[Chunk]:
-        state = _State(ids=list(req.input_ids))
         t_cache = self._new_cache(self.target)
+        try:
+            yield from self._generate_on(req, should_abort, t_cache)
+        finally:
+            t_cache.release()  # a pooled request's slots back to the free list's tail, in sequence order
+
+    def _generate_on(self, req: DecodeRequest, should_abort: Callable[[], bool],
+                     t_cache: RollbackCache | PooledKVCache) -> Iterator[Chunk]:
+        state = _State(ids=list(req.input_ids))
         d_cache = self._new_cache(self.drafter) if self.drafter is not None else None
+        layout = (lambda: t_cache.layout().as_dict()) if isinstance(t_cache, PooledKVCache) else (lambda: None)
 
         self._sync()
         t0 = time.perf_counter()
@@ -188,19 +208,22 @@ class SpecEngine:
         prefill_ms = (time.perf_counter() - t0) * 1e3
 
         if req.max_new_tokens <= 0:
-            yield Chunk([], prefill_ms=prefill_ms, finish={"type": "length", "length": 0})
+            yield Chunk([], prefill_ms=prefill_ms, finish={"type": "length", "length": 0}, kv_layout=layout())
             return
         new, finish = self._commit(state, [first], req)
-        yield Chunk(new, prefill_ms=prefill_ms, finish=finish)
+        yield Chunk(new, prefill_ms=prefill_ms, finish=finish, kv_layout=layout() if finish else None)
         while finish is None:
             if should_abort():
-                yield Chunk([], finish={"type": "abort", "message": "the client went away; generation stopped"})
+                yield Chunk([], finish={"type": "abort", "message": "the client went away; generation stopped"},
+                            kv_layout=layout())
                 return
             if self.settings.algorithm == "NONE":
                 chunk = self._decode_step(state, t_cache, req)
             else:
                 chunk = self._spec_step(state, t_cache, d_cache, req)
             finish = chunk.finish
+            if finish is not None:
+                chunk.kv_layout = layout()
             yield chunk
 
     def _commit(self, state: _State, tokens: list[int], req: DecodeRequest) -> tuple[list[int], dict[str, Any] | None]:

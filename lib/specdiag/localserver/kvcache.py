@@ -40,6 +40,12 @@ class RollbackCache:
     def get_seq_length(self) -> int:
         return int(self.cache.get_seq_length())
 
+    def before_forward(self, n_tokens: int) -> None:
+        """Nothing to allocate (the slot pool's hook, kvpool.PooledKVCache)."""
+
+    def release(self) -> None:
+        """Nothing to free (the slot pool's hook)."""
+
     def after_forward(self) -> None:
         """Trim sliding layers to their last ``sliding_window - 1`` entries, stashing what falls out."""
         for i, layer in self._sliding():

@@ -20,6 +20,7 @@ from specdiag import __version__
 from specdiag.paths import relative_to_project  # reported paths: project-relative, so shared reports hold none of this machine
 from specdiag.localserver.config import MODEL_HINT, ServerConfig
 from specdiag.localserver.engine import DecodeRequest, SpecEngine, SpecSettings
+from specdiag.localserver.kvpool import KVPool
 from specdiag.localserver.models import (
     LoadedModel,
     ModelLoadError,
@@ -33,7 +34,7 @@ from specdiag.localserver.models import (
 from specdiag.localserver.protocol import GenerateInput, RequestError, check_context, spec_meta
 from specdiag.localserver.stats import ServerStats
 
-PAGE_SIZE = 1  # transformers' DynamicCache is contiguous: token granularity
+PAGE_SIZE = 1  # token slots (kvpool.py), as SGLang's page_size 1
 #: keys of a model config worth reporting (geometry, sliding window, rope)
 _CONFIG_KEYS = (
     "model_type", "architectures", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -79,6 +80,11 @@ class Runtime:
                 f"--context-length {cfg.context_length} exceeds the target's max_position_embeddings ({model_ctx})"
             )
         self.context_length = cfg.context_length or model_ctx
+        pool_size = cfg.max_total_tokens or 2 * self.context_length
+        self.pool = KVPool.for_model(self.target.config, pool_size, self.dtype, self.device)
+        if self.pool is not None and pool_size <= self.context_length:
+            # like SGLang, a request must fit the pool: the usable context shrinks to it
+            self.context_length = pool_size - cfg.speculative_num_draft_tokens - 1
         self.eos_ids = eos_token_ids(self.target.config, self.tokenizer)
         self.settings = SpecSettings(
             algorithm=cfg.speculative_algorithm,  # type: ignore[arg-type]
@@ -87,8 +93,10 @@ class Runtime:
             ngram_max_match_window_size=cfg.speculative_ngram_max_match_window_size,
             chunked_prefill_size=cfg.chunked_prefill_size,
         )
-        self.engine = SpecEngine(self.target, self.drafter, self.settings)
+        self.engine = SpecEngine(self.target, self.drafter, self.settings, pool=self.pool)
         self.engine.warm_up()
+        if self.pool is not None:
+            self.pool.allocator.clear()  # a started server's pool is one contiguous free range
         self.stats = ServerStats()
         self.engine_lock = threading.Lock()
         # a Rust fast tokenizer raises "Already borrowed" when two threads use it at once
@@ -120,6 +128,8 @@ class Runtime:
             "prefill_attention_backend": backend,
             "speculative_draft_attention_backend": self.drafter.attention_backend if self.drafter else None,
             "page_size": PAGE_SIZE,
+            "max_total_tokens": cfg.max_total_tokens,
+            "disable_radix_cache": True,  # no prefix cache: a request's slots are freed when it finishes
             "context_length": self.context_length,
             "tp_size": 1,
             "dp_size": 1,
@@ -146,11 +156,16 @@ class Runtime:
     def server_info(self) -> dict[str, Any]:
         args = self.server_args()
         weight_gb = (_weight_bytes(self.target) + (_weight_bytes(self.drafter) if self.drafter else 0)) / 1e9
+        pool = self.pool
         state = {
             **args,
             "world_size": 1,
             "last_gen_throughput": self.stats.last_gen_throughput,
-            "memory_usage": {"weight": round(weight_gb, 6), "kvcache": None, "token_capacity": self.context_length},
+            "memory_usage": {"weight": round(weight_gb, 6),
+                             "kvcache": round(pool.allocator.size * pool.bytes_per_token / 1e9, 6) if pool else None,
+                             "token_capacity": pool.allocator.size if pool else self.context_length},
+            # specdiag's extra: the target's slot pool now (free slots, slots handed out since the last flush)
+            "kv_pool": pool.allocator.state() if pool else None,
         }
         avg = self.stats.avg_spec_accept_length
         if self.speculative:
@@ -159,7 +174,7 @@ class Runtime:
             **args,
             "launch_command": self.cfg.launch_command,
             "status": "ready",
-            "max_total_num_tokens": self.context_length,
+            "max_total_num_tokens": self.pool.allocator.size if self.pool else self.context_length,
             "max_req_input_len": self.context_length - 1,
             "startup_time": self.started_unix_s,
             "version": f"specdiag-localserver {__version__}",
@@ -200,6 +215,17 @@ class Runtime:
 
     def busy(self) -> bool:
         return self.stats.num_running_reqs > 0 or self.stats.num_queue_reqs > 0
+
+    def flush_cache(self) -> bool:
+        """SGLang's /flush_cache: when idle, the pool's free list back to one contiguous range and the speculative
+        average reset; refused (False) while a request runs or waits."""
+        if self.busy():
+            return False
+        with self.engine_lock:
+            if self.pool is not None:
+                self.pool.allocator.clear()
+            self.stats.reset_spec()
+        return True
 
     # ---- generation -------------------------------------------------------------------
     def prepare(self, gi: GenerateInput) -> tuple[list[int], DecodeRequest]:
@@ -291,8 +317,11 @@ class Runtime:
             return item
 
         finish: dict[str, Any] | None = None
-        for chunk in self.engine.generate(req, should_abort):
+        kv_layout: dict[str, Any] | None = None
+        gen = self.engine.generate(req, should_abort)
+        for chunk in gen:
             out.extend(chunk.new_ids)
+            kv_layout = chunk.kv_layout or kv_layout
             if first_token_s is None and chunk.new_ids:
                 first_token_s = time.time()
             if chunk.step is not None:
@@ -305,8 +334,12 @@ class Runtime:
                 break
             if gi.stream and len(out) - sent_ids >= interval:
                 yield make(None)
+        gen.close()  # the request's pool slots go back now, before the next request takes the engine
         assert finish is not None
         final = make(finish)
+        if kv_layout is not None:
+            # specdiag's extra: where the request's KV lay in the pool (runs of consecutive slots, specdiag.kvlayout)
+            final["meta_info"]["kv_layout"] = {**kv_layout, "pool": self.pool.allocator.state() if self.pool else None}
         end_s = time.time()
         self.stats.record_finished(
             prompt_tokens=len(prompt_ids),

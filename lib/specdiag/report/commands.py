@@ -12,8 +12,8 @@ from typing import Any, Iterator, Mapping
 from specdiag.paths import PROJECT_ROOT, RUNS_DIR, relative_to_project
 from specdiag.report.environment import apply_local_jupyter_env
 from specdiag.report.execute import NotebookResult, run_notebooks
-from specdiag.report.notebooks import (REPLAY_NEEDS, available_notebooks, load_params_file, replay_need_met,
-                                       replay_need_text, select_notebooks)
+from specdiag.report.notebooks import (REPLAY_NEEDS, RUN_LAST, available_notebooks, load_params_file,
+                                       replay_need_met, replay_need_text, select_notebooks)
 from specdiag.report.render import network_references, render_run
 from specdiag.runs import Run, new_run_id
 
@@ -98,7 +98,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
     source = Run.open(args.run)
     params_file = load_params_file(args.params)
     notebooks = []
-    for nb_name in select_notebooks(args.notebooks) if args.notebooks else available_notebooks():
+    everything = available_notebooks()
+    everything = [n for n in everything if n not in RUN_LAST] + [n for n in RUN_LAST if n in everything]
+    for nb_name in select_notebooks(args.notebooks) if args.notebooks else everything:
         needs = REPLAY_NEEDS.get(nb_name, ())
         if needs is None:
             continue

@@ -26,11 +26,11 @@ REPLAY_NEEDS: dict[str, tuple[str, ...] | None] = {
     "07_findings": (),
     "08_compare_runs": None,
     "09_engine_ab": ("engine_ab",),
+    "10_kv_layout": ("kv_layout",),
+    "11_moe_batch1": ("moe_steps|moe_dumps|moe_routing",),
 }
 #: Notebooks `make report` leaves out by default (08 compares two finished runs: run it by name).
 NOT_IN_REPORT = {"08_compare_runs"}
-
-
 #: Notebooks that read the others' results: a report runs them after every other notebook (07 after 09 too).
 RUN_LAST = ("07_findings", "08_compare_runs")
 

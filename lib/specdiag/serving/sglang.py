@@ -107,6 +107,16 @@ class SGLangClient(HTTPClient):
         self.reset_note = None if response.ok else f"no flush: HTTP {response.status_code}"
         return response.ok
 
+    def expert_distribution(self, action: str) -> None:
+        """POST /{start,stop,dump}_expert_distribution_record (a server started with
+        ``--expert-distribution-recorder-mode``); raises the HTTP error otherwise. ``dump`` writes a torch file on the
+        server's disk, under its ``SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR`` (specdiag.steps.moe_batch1.recorder)."""
+        if action not in ("start", "stop", "dump"):
+            raise ValueError(f"action must be start, stop or dump; got {action!r}")
+        response = self._request("POST", f"/{action}_expert_distribution_record", timeout_s=min(self.timeout_s, 120.0))
+        if not response.ok:
+            raise self._http_error(response)
+
     def tokenize(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """POST /tokenize; the token ids of ``text`` (no BOS/EOS unless ``add_special_tokens``).
 

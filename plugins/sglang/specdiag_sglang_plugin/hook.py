@@ -34,6 +34,10 @@ without one; above 32 rows in row tiles of whole draft tokens). There is no Trit
 cannot run (another GPU, a logit cap, ``SPECDIAG_SGLANG_GLUON=0``, k_scale != v_scale) SGLang's own kernel serves the
 call, with the reason logged once and counted, before anything is stored.
 
+KV layout (``SPECDIAG_SGLANG_LAYOUT=1``, any mode, ``off`` included, and on its own: it then activates only the layout
+recorder): each target-verify forward's runs of consecutive KV slots, recorded without a host sync
+(layout.py); in the stats file under ``layout``.
+
 Counts (``STATS``): calls served and fallen back per reason, in this process. Under CUDA graphs
 only captures and eager calls pass through Python, so these count calls of the hook, not replays.
 With ``SPECDIAG_SGLANG_STATS=DIR`` each process writes ``DIR/stats-<pid>.json`` (at most once a
@@ -48,6 +52,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -132,12 +137,15 @@ def log_once(key: str, message: str, *args) -> None:
 
 
 def stats_snapshot() -> dict:
+    from specdiag_sglang_plugin import layout  # noqa: PLC0415
+
     return {"pid": os.getpid(), "mode": STATS["mode"], "served": STATS["served"],
             "served_in_capture": STATS["served_in_capture"], "served_gluon": STATS["served_gluon"],
             "gluon": {repr(k): (why or "serves") for k, why in _GLUON.items()}, "fallback": dict(STATS["fallback"]),
             "upstream_served": STATS["upstream_served"], "upstream_declined": STATS["upstream_declined"],
             "ngram_tail": dict(STATS["ngram_tail"]),
-            "check": STATS.get("check", []), "configs": STATS.get("configs", [])}
+            "check": STATS.get("check", []), "configs": STATS.get("configs", []),
+            "layout": layout.snapshot() if layout.RECORDS or layout.COUNTS else None}
 
 
 def _maybe_write_stats(force: bool = False) -> None:
@@ -151,7 +159,7 @@ def _maybe_write_stats(force: bool = False) -> None:
     path = Path(folder) / f"stats-{os.getpid()}.json"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
+        tmp = path.with_suffix(f".{threading.get_ident()}.tmp")  # the layout thread writes too
         tmp.write_text(json.dumps(stats_snapshot()))
         tmp.replace(path)
     except OSError as exc:
@@ -482,9 +490,28 @@ def backend_init_upstream_hook(result, backend, *args, **kwargs):
     return None
 
 
+def register_layout(registry, hook_type) -> None:
+    """The KV-layout recorder's BEFORE hook on ModelRunner.forward; its records reach the stats file."""
+    from specdiag_sglang_plugin import layout  # noqa: PLC0415
+
+    layout._STATE["on_new"] = lambda: _maybe_write_stats(force=True)
+    registry.register(layout.MODEL_RUNNER_FORWARD, layout.before_forward_hook, hook_type.BEFORE)
+    log_once("layout", "%s=1: the KV layout of every target-verify forward is recorded (runs of consecutive slots)%s",
+             layout.LAYOUT_ENV, "" if os.environ.get(STATS_ENV) else f"; set {STATS_ENV}=DIR to write it to files")
+
+
 def register() -> None:
     """The ``sglang.srt.plugins`` entry point: register the hooks of the chosen mode, or nothing unless asked
-    (:func:`activation_from_env`)."""
+    (:func:`activation_from_env`); the KV-layout recorder whenever ``SPECDIAG_SGLANG_LAYOUT=1``."""
+    from specdiag_sglang_plugin.layout import layout_from_env  # noqa: PLC0415
+
+    if layout_from_env():
+        try:
+            from sglang.srt.plugins.hook_registry import HookRegistry, HookType  # noqa: PLC0415
+        except ImportError as exc:
+            log_once("import-layout", "SGLang's hook registry is not importable (%s): no layout recorder", exc)
+        else:
+            register_layout(HookRegistry, HookType)
     active, why = activation_from_env()
     if not active:
         STATS["mode"] = "off"

@@ -1,0 +1,262 @@
+"""10's numbers from its rows: fresh against fragmented per arm and context, the kernel A/B's prediction, the
+verdicts (pure functions, no I/O).
+
+The time of a step: per request, the steps' samples (the gaps between stream chunks, client side; on the embedded
+server its own verify times, which leave out HTTP and streaming) pooled over the repeats; the arm's number at a context
+and pool state is their median. Fragmented over fresh is the layout's cost; "costs time" is said only where the
+fragmented samples rank above the fresh ones (stats.median_diff_test, one-sided, p < 0.05) and the ratio is at least
+:data:`MIN_COST_X`. A comparison counts only when the fresh requests were contiguous (at least
+:data:`FRESH_MIN_SHARE` of tokens in runs of 64 or more) and the fragmented ones were not (at most
+:data:`FRAG_MAX_SHARE`); otherwise the finding says the layouts did not differ enough to judge.
+
+The prediction: the kernel A/B (06) timed the same split-KV kernel family on a page_size-1 token table shuffled token
+by token against 64-token pages (``analysis.page_size_effect``); the largest of those ratios at a context, over the
+8-head shapes, is what scattering should cost the plugin's kernel at most.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Iterable, Mapping
+
+import pandas as pd
+
+from specdiag.findings import Finding
+from specdiag.plots import format_tokens
+from specdiag.stats import median_diff_test
+
+MIN_COST_X = 1.02  # a fragmented/fresh ratio below this is called no cost, whatever the test says
+FRESH_MIN_SHARE = 0.9  # a fresh request counts as contiguous at this share of tokens in runs >= 64
+FRAG_MAX_SHARE = 0.5  # a fragmented request counts as scattered at or below this share
+MAX_SAMPLES = 60  # steps per side the exact test takes (evenly spaced when there are more)
+KEY = ["arm", "pool_state", "context_tokens", "repeat"]
+
+
+def latest(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
+    """One row per (arm, state, context, repeat), the last written; arm-level failures kept apart (no state)."""
+    df = pd.DataFrame([dict(r) for r in rows])
+    if df.empty or "pool_state" not in df:
+        return pd.DataFrame(columns=[*KEY, "error"])
+    df = df[df["pool_state"].notna()]
+    return df.drop_duplicates(subset=KEY, keep="last").reset_index(drop=True)
+
+
+def arm_failures(rows: Iterable[Mapping[str, Any]]) -> list[str]:
+    """'arm: error' of every arm that failed before measuring (a row without a pool state)."""
+    return [f"{r.get('arm')}: {r.get('error')}" for r in rows if r.get("pool_state") is None and r.get("error")]
+
+
+def _samples(group: pd.DataFrame) -> tuple[list[float], str]:
+    """The step samples of a group of requests, and what they are."""
+    server = [x for v in group.get("server_verify_ms", pd.Series(dtype=object)) if isinstance(v, list) for x in v]
+    if server:
+        return [float(x) for x in server], "server-reported verify ms per step"
+    client = [x for v in group.get("step_ms_samples", pd.Series(dtype=object)) if isinstance(v, list) for x in v]
+    return [float(x) for x in client], "measured ms between stream chunks (one per verify step)"
+
+
+def _share(group: pd.DataFrame, key: str) -> float | None:
+    vals = [float(v[key]) for v in group.get("layout", pd.Series(dtype=object)) if isinstance(v, Mapping)]
+    return statistics.median(vals) if vals else None
+
+
+def summary(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
+    """Per arm, state and context: requests, ms per verify step (median of the pooled step samples), the client's
+    ``step_ms`` median, and the layout (median share in runs >= 64, runs per 1k tokens)."""
+    df = latest(rows)
+    out = []
+    if df.empty:
+        return pd.DataFrame(out)
+    ok = df[df["error"].isna()] if "error" in df else df
+    for (arm, state, ctx), g in ok.groupby(["arm", "pool_state", "context_tokens"], sort=False):
+        samples, what = _samples(g)
+        out.append({"arm": arm, "pool_state": state, "context_tokens": int(ctx), "requests": len(g),
+                    "steps": len(samples), "step_ms": statistics.median(samples) if samples else None,
+                    "step_source": what, "client_step_ms": statistics.median(g["step_ms"].dropna())
+                    if "step_ms" in g and g["step_ms"].notna().any() else None,
+                    "share_in_long_runs": _share(g, "share_in_long_runs"),
+                    "runs_per_1k_tokens": _share(g, "runs_per_1k_tokens"),
+                    "filler_cycles": _filler_cycles(g)})
+    return pd.DataFrame(out)
+
+
+def _filler_cycles(g: pd.DataFrame) -> float | None:
+    vals = [float(v["cycles"]) for v in g.get("filler", pd.Series(dtype=object)) if isinstance(v, Mapping)]
+    return max(vals) if vals else None
+
+
+def _spaced(values: list[float], n: int = MAX_SAMPLES) -> list[float]:
+    if len(values) <= n:
+        return values
+    return [values[round(i * (len(values) - 1) / (n - 1))] for i in range(n)]
+
+
+def costs(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
+    """Per arm and context with both states: fresh and fragmented ms per step, their ratio, the test's p-value that
+    fragmented is slower, both layouts, and whether the comparison counts (module docstring)."""
+    df = latest(rows)
+    if df.empty:
+        return pd.DataFrame()
+    ok = df[df["error"].isna()] if "error" in df else df
+    out = []
+    for (arm, ctx), g in ok.groupby(["arm", "context_tokens"], sort=False):
+        fresh, frag = g[g["pool_state"] == "fresh"], g[g["pool_state"] == "fragmented"]
+        if fresh.empty or frag.empty:
+            continue
+        a, what = _samples(fresh)
+        b, _ = _samples(frag)
+        if not a or not b:
+            continue
+        ratio = statistics.median(b) / statistics.median(a)
+        p = median_diff_test(_spaced(a), _spaced(b)).p_higher if len(a) >= 2 and len(b) >= 2 else None
+        sf, sg = _share(fresh, "share_in_long_runs"), _share(frag, "share_in_long_runs")
+        counts = sf is not None and sg is not None and sf >= FRESH_MIN_SHARE and sg <= FRAG_MAX_SHARE
+        out.append({"arm": arm, "context_tokens": int(ctx), "fresh_ms": statistics.median(a),
+                    "fragmented_ms": statistics.median(b), "cost_x": ratio, "p_slower": p,
+                    "costs_time": bool(counts and p is not None and p < 0.05 and ratio >= MIN_COST_X),
+                    "fresh_share": sf, "fragmented_share": sg,
+                    "fresh_runs_per_1k": _share(fresh, "runs_per_1k_tokens"),
+                    "fragmented_runs_per_1k": _share(frag, "runs_per_1k_tokens"),
+                    "layouts_differ": counts, "steps_fresh": len(a), "steps_fragmented": len(b), "step_source": what})
+    return pd.DataFrame(out)
+
+
+def kernel_prediction(kernel_ab_rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
+    """From a kernel A/B run's rows: per context, the largest p1-shuffled over 64-token-page time of the split-KV
+    Triton kernel over the 8-head shapes, and the shapes it covers."""
+    from specdiag.steps.kernel_ab import analysis as kab  # noqa: PLC0415 - 06's analysis (pure)
+
+    df = kab.measured(kernel_ab_rows)
+    both = df[df["arm"].isin(["split_triton", "split_triton_b64"])]
+    if both.empty:
+        return pd.DataFrame()
+    t = both.pivot_table(index=kab.CASE, columns="arm", values="us", aggfunc="first").dropna()
+    if not {"split_triton", "split_triton_b64"} <= set(t.columns):
+        return pd.DataFrame()
+    t = (t["split_triton"] / t["split_triton_b64"]).rename("p1_over_b64").reset_index()
+    t = t[t["heads"] == 8]
+    out = []
+    for ctx, g in t.groupby("context_tokens"):
+        out.append({"context_tokens": int(ctx), "predicted_max_x": float(g["p1_over_b64"].max()),
+                    "shapes": ", ".join(f"8 x {int(d)}: {x:.3f}" for d, x in zip(g["draft_tokens"], g["p1_over_b64"]))})
+    return pd.DataFrame(out)
+
+
+def predicted_at(pred: pd.DataFrame, ctx: int) -> tuple[float, int] | None:
+    """The prediction at the kernel A/B context nearest ``ctx`` (in log distance): (ratio, that context)."""
+    if pred.empty:
+        return None
+    import math  # noqa: PLC0415
+
+    best = min(pred.itertuples(), key=lambda r: abs(math.log(r.context_tokens / ctx)))
+    return float(best.predicted_max_x), int(best.context_tokens)
+
+
+def _pct(x: float) -> str:
+    return f"{100 * (x - 1):+.1f}%"
+
+
+def findings(cost: pd.DataFrame, pred: pd.DataFrame, source: str = "measured",
+             prediction_source: str = "") -> list[Finding]:
+    """One finding per arm (its contexts' comparisons), and the plugin's against the kernel A/B's prediction."""
+    out: list[Finding] = []
+    if cost.empty:
+        return [Finding("kv_layout.not_measured", "KV layout: nothing to compare",
+                        "No arm has both a fresh and a fragmented request without error, so the layout's cost is not "
+                        "judged.", "info", ("every arm lacks one of the two states (see the rows)",), {}, source)]
+    for arm, g in cost.groupby("arm", sort=False):
+        g = g.sort_values("context_tokens")
+        ev = [f"{format_tokens(r.context_tokens)}: {r.fresh_ms:.3g} ms per step fresh, {r.fragmented_ms:.3g} ms "
+              f"fragmented ({_pct(r.cost_x)}, p = {r.p_slower:.2g} that fragmented is slower; "
+              f"{_share_text(r.fresh_share)} then {_share_text(r.fragmented_share)} of tokens in runs >= 64, "
+              f"{_num(r.fresh_runs_per_1k)} then {_num(r.fragmented_runs_per_1k)} runs per 1k tokens)"
+              for r in g.itertuples()]
+        ev.append(f"step times: {g['step_source'].iloc[0]} ({source})")
+        judged = g[g["layouts_differ"]]
+        last = g.iloc[-1]
+        numbers: dict[str, Any] = {"arm": arm, "context_tokens": int(last["context_tokens"]),
+                                   "fresh_ms": float(last["fresh_ms"]), "fragmented_ms": float(last["fragmented_ms"]),
+                                   "cost_x": float(last["cost_x"]), "p_slower": last["p_slower"],
+                                   "fresh_share_in_long_runs": last["fresh_share"],
+                                   "fragmented_share_in_long_runs": last["fragmented_share"]}
+        if judged.empty:
+            out.append(Finding(f"kv_layout.{arm}.not_fragmented", f"KV layout on {arm}: the layouts did not differ",
+                               f"On {arm} the fresh and fragmented requests were laid out too much alike to judge the "
+                               f"layout's cost (fresh needs >= {FRESH_MIN_SHARE:.0%} of tokens in runs >= 64, "
+                               f"fragmented <= {FRAG_MAX_SHARE:.0%}): cycle the pool more (filler cycles) or check "
+                               "that the radix cache is off.", "warning", ev, numbers, source))
+            continue
+        worst = judged.loc[judged["cost_x"].idxmax()]
+        numbers.update(context_tokens=int(worst["context_tokens"]), fresh_ms=float(worst["fresh_ms"]),
+                       fragmented_ms=float(worst["fragmented_ms"]), cost_x=float(worst["cost_x"]),
+                       p_slower=worst["p_slower"])
+        if bool(worst["costs_time"]):
+            verdict = (f"On {arm} a fragmented pool costs time: {_pct(worst['cost_x'])} per verify step at "
+                       f"{format_tokens(worst['context_tokens'])} ({worst['fragmented_ms']:.3g} against "
+                       f"{worst['fresh_ms']:.3g} ms), so keeping each request's KV contiguous pays there.")
+            severity = "warning" if worst["cost_x"] >= 1.10 else "info"
+            if worst["cost_x"] >= 1.05:
+                numbers.update(fix=f"a contiguous KV layout (flushed pool) on {arm}",
+                               fix_speedup_x=float(worst["cost_x"]), fix_context_tokens=int(worst["context_tokens"]))
+        else:
+            verdict = (f"On {arm} the layout costs no measurable time: fragmented over fresh is at most "
+                       f"{worst['cost_x']:.3f}x ({_pct(worst['cost_x'])}) at {format_tokens(worst['context_tokens'])} "
+                       "and the step samples do not rank it slower, so defragmenting would not speed this arm up.")
+            severity = "ok"
+        out.append(Finding(f"kv_layout.{arm}", f"KV layout on {arm}", verdict, severity, ev, numbers, source))
+    out.extend(_prediction_findings(cost, pred, source, prediction_source))
+    return out
+
+
+def _prediction_findings(cost: pd.DataFrame, pred: pd.DataFrame, source: str, pred_source: str) -> list[Finding]:
+    plug = cost[(cost["arm"] == "plugin") & cost["layouts_differ"]]
+    if plug.empty or pred.empty:
+        return []
+    ev, worst_gap = [], None
+    numbers: dict[str, Any] = {}
+    for r in plug.sort_values("context_tokens").itertuples():
+        at = predicted_at(pred, r.context_tokens)
+        if at is None:
+            continue
+        limit, pctx = at
+        ev.append(f"{format_tokens(r.context_tokens)}: measured {r.cost_x:.3f}x, predicted at most {limit:.3f}x "
+                  f"(06 at {format_tokens(pctx)})")
+        gap = r.cost_x - limit
+        if worst_gap is None or gap > worst_gap:
+            worst_gap = gap
+            numbers = {"context_tokens": int(r.context_tokens), "measured_cost_x": float(r.cost_x),
+                       "predicted_max_x": limit, "prediction_context_tokens": pctx}
+    if worst_gap is None:
+        return []
+    if pred_source:
+        ev.append(f"prediction: {pred_source}")
+    held = worst_gap <= 0.02
+    verdict = (f"The plugin's kernel pays for scattering what the kernel A/B predicted or less: at most "
+               f"{numbers['measured_cost_x']:.3f}x against a predicted {numbers['predicted_max_x']:.3f}x."
+               if held else
+               f"The plugin's kernel pays more for scattering than the kernel A/B predicted: "
+               f"{numbers['measured_cost_x']:.3f}x at {format_tokens(numbers['context_tokens'])} against at most "
+               f"{numbers['predicted_max_x']:.3f}x: more than the kernel's gather is involved (the request's other "
+               "work, or the layout of the draft slots).")
+    return [Finding("kv_layout.prediction", "KV layout: the kernel A/B's prediction", verdict,
+                    "ok" if held else "warning", ev, numbers, source)]
+
+
+def _share_text(x: Any) -> str:
+    return "-" if x is None or x != x else f"{100 * float(x):.0f}%"
+
+
+def _num(x: Any) -> str:
+    return "-" if x is None or x != x else f"{float(x):.3g}"
+
+
+def metrics(cost: pd.DataFrame, summ: pd.DataFrame) -> dict[str, Any]:
+    """The key numbers for the index and tests: per arm and context, both states' ms and layouts and the ratio."""
+    out: dict[str, Any] = {}
+    for r in cost.itertuples():
+        out.setdefault(r.arm, {})[str(r.context_tokens)] = {
+            "fresh_ms": round(r.fresh_ms, 4), "fragmented_ms": round(r.fragmented_ms, 4), "cost_x": round(r.cost_x, 4),
+            "p_slower": None if r.p_slower is None else float(f"{float(r.p_slower):.3g}"), "costs_time": bool(r.costs_time),
+            "fresh_share_in_long_runs": r.fresh_share, "fragmented_share_in_long_runs": r.fragmented_share,
+            "fresh_runs_per_1k": r.fresh_runs_per_1k, "fragmented_runs_per_1k": r.fragmented_runs_per_1k}
+    return {"arms": out, "requests": int(summ["requests"].sum()) if not summ.empty else 0}

@@ -1,0 +1,253 @@
+"""10's measurement: a long request's ms per verify step on a fresh (contiguous) and a fragmented pool, per arm.
+
+An **arm** is a server (a name and a URL): SGLang with the Triton backend, with the plugin, with FlashInfer, or the
+embedded server. For each arm, in this order:
+
+1. **fresh**: per context and repeat, ``/flush_cache`` (the free list back to one contiguous range), then the long
+   request: its prompt lands on consecutive slots;
+2. **fragmented**: the filler (filler.py) cycles the pool, then the long requests without a flush: their prompts land
+   on the pieces the filler left. The filler runs again before a request whenever the pieces left ahead in the free
+   list (the pool minus what the long requests since the last filler took, an estimate) are fewer than it needs.
+
+Each request is a measured request (specdiag.measure.request: exact length, greedy, streamed, ignore_eos). Its row
+holds 01's columns (``step_ms``: decode window over verify steps, client side), the per-step samples (chunk gaps,
+ms), the embedded server's own verify times where it reports them, and the request's **layout**: from the embedded
+server's final ``meta_info.kv_layout``, or from the SGLang plugin's layout records (``SPECDIAG_SGLANG_LAYOUT=1``,
+written to the arm's ``SPECDIAG_SGLANG_STATS`` folder: the arm's ``layout_dir``) in the request's time window; none
+otherwise (the row says so). Server code is imported inside the functions (replay imports no client).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from specdiag.kvlayout import LayoutStats, from_dict
+from specdiag.steps.kv_layout.filler import FillerPlan, fill, require_loopback, slots_of
+
+TABLE = "kv_layout"
+STATES = ("fresh", "fragmented")
+#: the arm names the notebook knows how to read (any word is accepted; these get their description)
+ARM_TEXT = {
+    "embedded": "the embedded server (torch on this machine; attention gathers K/V through the slot indices)",
+    "triton": "SGLang, Triton attention backend (its verify kernel: no KV split)",
+    "plugin": "SGLang, Triton backend with the specdiag plugin's split-KV verify kernel",
+    "flashinfer": "SGLang, FlashInfer attention backend",
+}
+KEY = ("arm", "pool_state", "context_tokens", "repeat")
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str  # a word: embedded, triton, plugin, flashinfer, ...
+    url: str
+    layout_dir: str = ""  # the server's SPECDIAG_SGLANG_STATS folder (plugin layout records); "" for none
+
+
+@dataclass(frozen=True)
+class LayoutPlan:
+    contexts: tuple[int, ...]
+    max_new_tokens: int = 64  # per long request, tokens
+    repeats: int = 1  # long requests per arm, state and context
+    prompt_kind: str = "novel"
+    seed: int = 0
+    filler: FillerPlan = field(default_factory=FillerPlan)
+    states: tuple[str, ...] = STATES
+
+
+def parse_arms(arms: str, default_url: str = "", layout_dirs: str = "", default_name: str = "") -> list[Arm]:
+    """``"triton=http://127.0.0.1:30001,plugin=http://127.0.0.1:30002"`` -> arms; empty: one arm on
+    ``default_url`` named ``default_name`` (else ``embedded`` without a URL, ``server`` with one).
+    ``layout_dirs``: ``"triton=/tmp/st1,plugin=/tmp/st2"``."""
+    dirs = _pairs(layout_dirs, "layout_dirs") if layout_dirs else {}
+    if not arms.strip():
+        name = default_name or ("embedded" if not default_url else "server")
+        if set(dirs) - {name}:
+            raise ValueError(f"layout_dirs names arms other than the one arm {name!r}: {', '.join(sorted(dirs))}")
+        return [Arm(name, default_url, dirs.get(name, ""))]
+    out = [Arm(name, url, dirs.get(name, "")) for name, url in _pairs(arms, "arms").items()]
+    unknown = sorted(set(dirs) - {a.name for a in out})
+    if unknown:
+        raise ValueError(f"layout_dirs names arms that arms does not: {', '.join(unknown)}")
+    return out
+
+
+def _pairs(text: str, what: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in (p.strip() for p in text.split(",") if p.strip()):
+        name, sep, value = item.partition("=")
+        if not sep or not re.fullmatch(r"[a-z][a-z0-9_]*", name.strip()) or not value.strip():
+            raise ValueError(f"{what}: {item!r} is not name=value (a lower-case word, '=', a value)")
+        if name.strip() in out:
+            raise ValueError(f"{what}: {name.strip()!r} is given twice")
+        out[name.strip()] = value.strip()
+    return out
+
+
+def step_gaps_ms(trace: Any) -> list[float]:
+    """Per verify step (one stream chunk per scheduler step), the gap to the previous chunk, ms, after the first."""
+    t = list(getattr(trace, "chunk_t_s", None) or [])
+    return [round(1000.0 * (b - a), 4) for a, b in zip(t, t[1:])]
+
+
+def plugin_layout(folder: str | Path, t0: float, t1: float, wait_s: float = 3.0) -> tuple[LayoutStats | None, int]:
+    """The plugin's layout of the single request verified between ``t0`` and ``t1`` (Unix s): the record with the
+    longest prefix in that window (its last verify step), and how many verify forwards were recorded there. The
+    plugin writes its records within about a second (a 0.5 s thread): read once that has passed, and again until
+    ``wait_s`` is over while nothing is found."""
+    deadline = time.time() + wait_s
+    time.sleep(max(0.0, min(t1 + 1.2 - time.time(), wait_s)))
+    while True:
+        best, count = read_plugin_records(folder, t0, t1)
+        if best is not None or time.time() >= deadline:
+            return best, count
+        time.sleep(0.25)
+
+
+def read_plugin_records(folder: str | Path, t0: float, t1: float) -> tuple[LayoutStats | None, int]:
+    """One read of the plugin's stats files (pure apart from reading them): see :func:`plugin_layout`."""
+    best: LayoutStats | None = None
+    count = 0
+    for path in sorted(Path(folder).glob("stats-*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        layout = data.get("layout") or {}
+        for rec in layout.get("records") or []:
+            if not t0 - 0.5 <= float(rec.get("t_unix_s", 0)) <= t1 + 0.5 or not rec.get("requests"):
+                continue
+            count += 1
+            req = rec["requests"][0]
+            stats = LayoutStats(tokens=int(req["prefix_tokens"]), runs=int(req["runs"]),
+                                tokens_in_long_runs=int(req["tokens_in_long_runs"]),
+                                longest_run=int(req["longest_run"]), long_run=int(layout.get("long_run") or 64))
+            if best is None or stats.tokens > best.tokens:
+                best = stats
+    return best, count
+
+
+def server_pool(client: Any) -> dict[str, Any]:
+    """The facts of the server's pool that 10 needs, from /server_info (SGLang and the embedded server)."""
+    info = (client.server_info() if hasattr(client, "server_info") else {}) or {}
+    states = info.get("internal_states") or [{}]
+    own = isinstance(states[0], Mapping) and isinstance(states[0].get("kv_pool"), Mapping)
+    return {"pool_tokens": info.get("max_total_num_tokens"), "reports_layout": own, "page_size": info.get("page_size"),
+            "disable_radix_cache": info.get("disable_radix_cache"), "attention_backend": info.get("attention_backend"),
+            "speculative_algorithm": info.get("speculative_algorithm"),
+            "tokens_per_step": info.get("speculative_num_draft_tokens")}
+
+
+def _row(arm: Arm, state: str, ctx: int, repeat: int, plan: LayoutPlan, done: Any, pool: Mapping[str, Any],
+         filler: Mapping[str, Any] | None) -> dict[str, Any]:
+    from specdiag.measure.metrics import error_row, sweep_row  # noqa: PLC0415
+
+    labels = dict(arm=arm.name, pool_state=state, repeat=repeat, prompt_kind=plan.prompt_kind,
+                  seed=plan.seed + repeat, max_new_tokens=plan.max_new_tokens)
+    if done.trace is None:
+        row = error_row(ctx, done.error, done.t_send_unix_s, **labels) if done.error else {}
+    else:
+        row = sweep_row(done.trace, ctx, **labels)
+    row.update(cache_flushed=done.cache_flushed, pool_tokens=pool.get("pool_tokens"), page_size=pool.get("page_size"),
+               attention_backend=pool.get("attention_backend"), filler=dict(filler) if filler else None)
+    trace = done.trace
+    meta = dict(getattr(trace, "meta_info", None) or {})
+    verify = [float(x) for x in meta.get("spec_step_verify_ms") or []]
+    row["step_ms_samples"] = step_gaps_ms(trace) if trace is not None else []
+    row["server_verify_ms_median"] = statistics.median(verify) if verify else None
+    row["server_verify_ms"] = verify or None
+    layout, source, forwards = None, None, None
+    if isinstance(meta.get("kv_layout"), Mapping):
+        layout, source = from_dict(meta["kv_layout"]), "server-reported (embedded meta_info.kv_layout)"
+    elif arm.layout_dir and trace is not None and not trace.error:
+        t1 = trace.t_send_unix_s + max(trace.chunk_t_s or [0.0])
+        layout, forwards = plugin_layout(arm.layout_dir, trace.t_send_unix_s, t1)
+        source = "server-reported (plugin SPECDIAG_SGLANG_LAYOUT)" if layout else None
+    row["layout"] = layout.as_dict() if layout else None
+    row["layout_source"] = source or ("none: the server reports no layout (embedded server, or SGLang with the "
+                                      "plugin's SPECDIAG_SGLANG_LAYOUT=1 and layout_dirs)")
+    row["layout_forwards"] = forwards
+    if row.get("error") is None and done.error:
+        row["error"] = done.error
+    return row
+
+
+def measure_arm(run: Any, arm: Arm, plan: LayoutPlan, progress: Callable[[str], None] = print) -> int:
+    """Every state, context and repeat of ``plan`` on ``arm``, one row each appended to ``run``'s table (rows
+    already there are kept and skipped: a re-run resumes). Returns the rows measured now."""
+    from specdiag.measure.request import exact_prompt, send  # noqa: PLC0415
+    from specdiag.serving import reach  # noqa: PLC0415
+
+    client = reach(arm.url or _embedded_url())
+    url = client.base_url
+    pool = server_pool(client)
+    if not pool.get("pool_tokens"):
+        raise ValueError(f"{arm.name} ({url}) reports no max_total_num_tokens in /server_info: not an SGLang server "
+                         "(or the embedded one); 10 measures SGLang's token pool")
+    done_keys = run.done_keys(TABLE, KEY)
+    pool_tokens = int(pool["pool_tokens"])
+    tpp = int(pool["tokens_per_step"] or 0) or None
+    base = exact_prompt(client, max(2 * plan.filler.prompt_tokens[1], 512), "novel", plan.seed + 7919).input_ids
+    written = 0
+    for state in plan.states:
+        ahead = 0  # filler pieces left ahead in the free list (estimate), slots
+        filler_note: dict[str, Any] | None = None
+        for ctx in plan.contexts:
+            for rep in range(plan.repeats):
+                if (arm.name, state, ctx, rep) in done_keys:
+                    continue
+                need = ctx + plan.max_new_tokens * (tpp or 1)
+                if need > pool_tokens:
+                    raise ValueError(f"{arm.name}: a {ctx}-token request needs about {need} slots; the pool holds "
+                                     f"{pool_tokens}")
+                prompt = exact_prompt(client, ctx, plan.prompt_kind, plan.seed + rep)
+                if state == "fresh":
+                    t0 = time.time()
+                    flushed = client.reset_cache()
+                    done = send(client, prompt.input_ids, plan.max_new_tokens, cache_flushed=flushed, prompt=prompt,
+                                t_stamp=t0)
+                else:
+                    if ahead < 1.1 * need:
+                        require_loopback(url)
+                        progress(f"{arm.name}: filling the pool ({pool_tokens:,} slots) before {ctx:,} tokens")
+                        res = fill(url, client.engine, base, plan.filler, pool_tokens, tpp, progress)
+                        filler_note = res.as_dict()
+                        ahead = pool_tokens - need if res.stopped == "cycled" else 0
+                        progress(f"{arm.name}: filler {res.requests} requests, {res.cycles:.2f} pool cycles "
+                                 f"({res.slots_source}), {res.seconds:.1f} s, stopped: {res.stopped}")
+                    done = send(client, prompt.input_ids, plan.max_new_tokens, cache_flushed=None, prompt=prompt)
+                    if done.trace is not None:
+                        ahead -= slots_of(done.trace.meta_info or {}, ctx, tpp)
+                row = _row(arm, state, ctx, rep, plan, done, pool, filler_note if state == "fragmented" else None)
+                run.append_row(TABLE, row)
+                written += 1
+                lay = row.get("layout") or {}
+                progress(f"{arm.name} {state:>10} {ctx:>7,} tokens: "
+                         + (f"{row['step_ms']:.2f} ms/step" if row.get("step_ms") else f"error {row.get('error')}")
+                         + (f", {100 * lay['share_in_long_runs']:.0f}% of tokens in runs >= 64, "
+                            f"{lay['runs_per_1k_tokens']:.1f} runs/1k" if lay else ", layout not reported"))
+    return written
+
+
+def _embedded_url() -> str:
+    from specdiag import localserver  # noqa: PLC0415
+
+    return localserver.ensure_running()
+
+
+def measure(run: Any, arms: Sequence[Arm], plan: LayoutPlan, progress: Callable[[str], None] = print) -> int:
+    """:func:`measure_arm` for every arm, one after another (a failing arm's error is a row, the others go on)."""
+    total = 0
+    for arm in arms:
+        try:
+            total += measure_arm(run, arm, plan, progress)
+        except Exception as exc:  # noqa: BLE001 - recorded, the next arm still runs
+            run.append_row(TABLE, {"arm": arm.name, "pool_state": None, "context_tokens": None, "repeat": None,
+                                   "ts_unix_s": time.time(), "error": f"{type(exc).__name__}: {exc}"})
+            progress(f"{arm.name}: failed: {exc}")
+    return total

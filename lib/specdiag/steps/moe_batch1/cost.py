@@ -1,0 +1,133 @@
+"""What the experts cost a batch-1 verify step, and what that means for the number of draft tokens (pure).
+
+- :func:`step_bytes`: the weight and KV bytes one rank reads in one verify step of T tokens (specdiag.geometry's
+  weight_bytes_per_step and kv_bytes_per_step), with the routed experts counted from the **distinct experts a pass
+  touches** (measured, or the uniform expectation) instead of a routing assumption; the expert share of the step's
+  bytes, and the expert bytes over those of a one-token step (top_k experts).
+- :func:`measured_steps`: ms per verify step against tokens per step from 11's ``moe_steps`` rows (medians), and
+  the multiplier over the fewest tokens measured.
+- :func:`project`: the same bytes for Kimi K2.6 (preset ``kimi-k2.6``: 61 layers, 60 MoE layers of 384 experts,
+  top-8, one shared expert, INT4 routed experts in groups of 32 with bf16 scales) under tensor parallelism over the
+  investigation's 8 GPUs (RTX PRO 6000 Blackwell, 1,792 GB/s each), at a context, with the distinct experts the seeds
+  measured: a bytes floor (bytes / peak), not a time measurement.
+- :func:`best_draft_tokens`: with per-draft acceptance a (a chain: a step scoring T tokens commits
+  (1 - a^T) / (1 - a) tokens on average, the bonus included), tokens per ms = that / time(T); the best T per a.
+
+Every number carries its source in the tables: ``measured`` (the recorder, the seeds' step times), ``published``
+(Kimi K2.6's shape and quantization, the GPU's peak), ``computed`` (bytes and floors), ``parameter`` (acceptance).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any, Iterable, Mapping, Sequence
+
+import pandas as pd
+
+from specdiag.geometry import kv_bytes_per_step, weight_bytes_per_step
+from specdiag.geometry.types import ModelGeometry
+
+KIMI_PRESET = "kimi-k2.6"
+KIMI_GPU = "NVIDIA RTX PRO 6000 Blackwell"  # the investigation's GPUs (shared/reference/investigation.md)
+KIMI_TP = 8
+ACCEPTANCE = (0.0, 0.5, 0.8, 0.95)  # per-draft acceptance rates shown (0.0: the investigation's long-context prose)
+
+
+def expert_bytes(geom: ModelGeometry, tp_size: int = 1) -> float:
+    """Bytes one rank holds of one routed expert (gate, up, down), at the model's routed-expert bytes per param."""
+    assert geom.moe is not None
+    return 3 * geom.hidden_size * geom.moe.moe_intermediate_size / tp_size * geom.weight_bytes.routed_experts
+
+
+def step_bytes(geom: ModelGeometry, tokens: int, distinct: float, context_tokens: int,
+               tp_size: int = 1) -> dict[str, float]:
+    """Bytes one rank reads in a step of ``tokens`` tokens whose MoE layers each touch ``distinct`` experts."""
+    if geom.moe is None:
+        raise ValueError(f"{geom.name} has no routed experts")
+    wb = weight_bytes_per_step(geom, tp_size=tp_size, tokens_per_step=tokens, routing="min")
+    n_moe = len(geom.moe.moe_layers)
+    routed = n_moe * distinct * expert_bytes(geom, tp_size)
+    one = n_moe * geom.moe.num_experts_per_tok * expert_bytes(geom, tp_size)
+    other = wb.total - wb.routed_experts
+    kv = kv_bytes_per_step(geom, context_tokens, tp_size=tp_size)
+    total = routed + other + kv
+    return {"tokens": tokens, "distinct": distinct, "routed_expert_bytes": routed, "other_weight_bytes": other,
+            "kv_bytes": kv, "total_bytes": total, "expert_share": routed / total,
+            "experts_over_t1_x": routed / one}
+
+
+def measured_steps(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
+    """Per tokens per verify step (and context): requests, ms per step (median of ``step_ms``), commit length, and the
+    time over the fewest tokens' at that context."""
+    df = pd.DataFrame([dict(r) for r in rows])
+    if df.empty or "step_ms" not in df:
+        return pd.DataFrame()
+    df = df[df["step_ms"].notna() & df.get("error", pd.Series(None, index=df.index)).isna()]
+    if df.empty:
+        return pd.DataFrame()
+    out = []
+    for (ctx, t), g in df.groupby(["context_tokens", "tokens_per_step"]):
+        out.append({"context_tokens": int(ctx), "tokens_per_step": int(t), "requests": len(g),
+                    "step_ms": float(statistics.median(g["step_ms"])),
+                    "commit_length": float(statistics.median(g["commit_length"].dropna()))
+                    if "commit_length" in g and g["commit_length"].notna().any() else None})
+    res = pd.DataFrame(out).sort_values(["context_tokens", "tokens_per_step"]).reset_index(drop=True)
+    base = res.groupby("context_tokens")["step_ms"].transform("first")
+    res["over_fewest_x"] = res["step_ms"] / base
+    return res
+
+
+def project(distinct_by_tokens: Mapping[int, float], context_tokens: int, peak_gb_s: float,
+            geom: ModelGeometry, tp_size: int = KIMI_TP) -> pd.DataFrame:
+    """Per T: the bytes one of ``tp_size`` ranks reads per verify step of Kimi K2.6 (``geom``) with ``distinct``
+    experts per MoE layer, its floor at ``peak_gb_s`` (ms), the expert share, and the floor over T=1's."""
+    rows = [step_bytes(geom, t, d, context_tokens, tp_size) for t, d in sorted(distinct_by_tokens.items())]
+    df = pd.DataFrame(rows)
+    if df.empty:
+        return df
+    df["floor_ms"] = df["total_bytes"] / (peak_gb_s * 1e9) * 1e3
+    df["expert_floor_ms"] = df["routed_expert_bytes"] / (peak_gb_s * 1e9) * 1e3
+    df["floor_over_first_x"] = df["floor_ms"] / df["floor_ms"].iloc[0]
+    return df
+
+
+def expected_commit(tokens: int, acceptance: float) -> float:
+    """Tokens a chain step that scores ``tokens`` tokens commits on average (bonus included), each draft accepted with
+    probability ``acceptance`` given the ones before it."""
+    if tokens < 1 or not 0.0 <= acceptance <= 1.0:
+        raise ValueError("tokens >= 1 and 0 <= acceptance <= 1")
+    return float(tokens) if acceptance == 1.0 else (1 - acceptance ** tokens) / (1 - acceptance)
+
+
+def best_draft_tokens(time_ms_by_tokens: Mapping[int, float],
+                      acceptance: Sequence[float] = ACCEPTANCE) -> pd.DataFrame:
+    """Per acceptance rate: tokens per ms at each T (expected commit / step time) and the best T."""
+    out = []
+    for a in acceptance:
+        rates = {t: expected_commit(t, a) / ms for t, ms in sorted(time_ms_by_tokens.items()) if ms and ms > 0}
+        if not rates:
+            continue
+        best = max(rates, key=lambda t: rates[t])
+        out.append({"acceptance": a, "best_tokens_per_step": best,
+                    "best_tokens_per_s": 1000.0 * rates[best],
+                    **{f"tok_s_at_{t}": 1000.0 * r for t, r in rates.items()}})
+    return pd.DataFrame(out)
+
+
+def interpolate(points: Mapping[int, float], at: Iterable[int]) -> dict[int, float]:
+    """Linear interpolation in log2(T) of measured points (distinct experts, step times) at the T in ``at`` that lie
+    within the measured range; T outside it are left out."""
+    xs = sorted(points)
+    out: dict[int, float] = {}
+    for t in at:
+        if t in points:
+            out[t] = float(points[t])
+            continue
+        lo = max((x for x in xs if x < t), default=None)
+        hi = min((x for x in xs if x > t), default=None)
+        if lo is None or hi is None:
+            continue
+        f = (math.log2(t) - math.log2(lo)) / (math.log2(hi) - math.log2(lo))
+        out[t] = float(points[lo] + f * (points[hi] - points[lo]))
+    return out

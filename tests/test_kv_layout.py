@@ -1,0 +1,121 @@
+"""10's pure parts on synthetic rows: arms, the filler's bounds and slot count, the plugin's records read back, fresh
+against fragmented with the rank test, the kernel A/B's prediction, and the verdicts' wording from the numbers."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from specdiag.paths import REFERENCE_DIR
+from specdiag.runs import Run
+from specdiag.steps.kv_layout import analysis as kla
+from specdiag.steps.kv_layout import measure as klm
+from specdiag.steps.kv_layout.filler import FillerPlan, pool_allocated, require_loopback, slots_of
+
+
+def test_arms_from_text():
+    arms = klm.parse_arms("triton=http://127.0.0.1:30001, plugin=http://127.0.0.1:30002", "",
+                          "plugin=/tmp/st-plugin")
+    assert [(a.name, a.url, a.layout_dir) for a in arms] == [("triton", "http://127.0.0.1:30001", ""),
+                                                            ("plugin", "http://127.0.0.1:30002", "/tmp/st-plugin")]
+    assert klm.parse_arms("", "")[0].name == "embedded"
+    assert klm.parse_arms("", "http://x:1", default_name="embedded")[0].name == "embedded"
+    for bad in ("triton", "Triton=http://x", "a=http://x,a=http://y"):
+        with pytest.raises(ValueError):
+            klm.parse_arms(bad)
+    with pytest.raises(ValueError, match="layout_dirs names arms"):
+        klm.parse_arms("a=http://x", "", "b=/tmp")
+
+
+def test_filler_bounds_and_slots():
+    require_loopback("http://127.0.0.1:30000")
+    require_loopback("http://localhost:1")
+    with pytest.raises(ValueError, match="loopback"):
+        require_loopback("http://gpu-host:30000")
+    with pytest.raises(ValueError):
+        FillerPlan(prompt_tokens=(10, 5))
+    # SGLang allocates a slot per scored token each verify step; without speculation one per token
+    assert slots_of({"completion_tokens": 20, "spec_verify_ct": 9}, 40, 8) == 40 + 72
+    assert slots_of({"completion_tokens": 20}, 40, None) == 60
+    assert pool_allocated({"internal_states": [{"kv_pool": {"allocated_since_clear": 77}}]}) == 77
+    assert pool_allocated({"internal_states": [{}]}) is None
+
+
+def test_plugin_records_in_the_request_window(tmp_path):
+    recs = [{"t_unix_s": 100.0 + i, "batch": 1,
+             "requests": [{"prefix_tokens": 1000 + i, "runs": 10 + i, "tokens_in_long_runs": 500, "longest_run": 300}]}
+            for i in range(5)]
+    (tmp_path / "stats-11.json").write_text(json.dumps({"layout": {"records": recs, "long_run": 64}}))
+    (tmp_path / "stats-12.json").write_text("not json")
+    best, count = klm.read_plugin_records(tmp_path, 101.0, 103.0)
+    assert count == 3 and best.tokens == 1003 and best.runs == 13  # the request's last verify step
+    assert klm.read_plugin_records(tmp_path, 200.0, 201.0) == (None, 0)
+
+
+def _row(arm, state, ctx, rep, share, runs_1k, samples, error=None):
+    tokens = ctx + 40
+    runs = max(1, round(runs_1k * tokens / 1000))
+    return {"arm": arm, "pool_state": state, "context_tokens": ctx, "repeat": rep, "error": error,
+            "step_ms": sum(samples) / len(samples), "step_ms_samples": samples,
+            "layout": {"tokens": tokens, "runs": runs, "tokens_in_long_runs": round(share * tokens),
+                       "longest_run": ctx, "share_in_long_runs": share, "runs_per_1k_tokens": runs_1k},
+            "filler": {"cycles": 1.2} if state == "fragmented" else None}
+
+
+def _samples(center, n=30, seed=0):
+    rng = random.Random(seed)
+    return [center * (1 + 0.01 * rng.uniform(-1, 1)) for _ in range(n)]
+
+
+def test_costs_and_findings_from_the_numbers():
+    rows = [_row("plugin", "fresh", 32768, 0, 0.99, 2, _samples(10.0, seed=1)),
+            _row("plugin", "fragmented", 32768, 0, 0.02, 300, _samples(10.6, seed=2)),
+            _row("triton", "fresh", 32768, 0, 0.99, 2, _samples(159.0, seed=3)),
+            _row("triton", "fragmented", 32768, 0, 0.03, 280, _samples(159.0, seed=4)),
+            _row("flashinfer", "fresh", 32768, 0, 0.99, 2, _samples(8.0, seed=5)),
+            _row("flashinfer", "fragmented", 32768, 0, 0.8, 20, _samples(9.0, seed=6)),  # not scattered enough
+            {"arm": "broken", "pool_state": None, "error": "ValueError: no pool"}]
+    cost = kla.costs(rows)
+    by = cost.set_index("arm")
+    assert by.loc["plugin", "cost_x"] == pytest.approx(1.06, abs=0.01) and by.loc["plugin", "costs_time"]
+    assert not by.loc["triton", "costs_time"] and by.loc["triton", "cost_x"] == pytest.approx(1.0, abs=0.01)
+    assert not by.loc["flashinfer", "layouts_differ"]
+    assert kla.arm_failures(rows) == ["broken: ValueError: no pool"]
+    pred = kla.kernel_prediction(Run.open(REFERENCE_DIR / "kernel-ab-h200").rows("kernel_ab"))
+    assert set(pred["context_tokens"]) >= {32768, 131072}
+    p32 = kla.predicted_at(pred, 32768)
+    assert p32[1] == 32768 and 1.0 < p32[0] < 1.2
+    found = {f.id: f for f in kla.findings(cost, pred, prediction_source="06 reference")}
+    plug = found["kv_layout.plugin"]
+    assert "costs time" in plug.verdict and "+6" in plug.verdict
+    assert plug.numbers["fix_speedup_x"] == pytest.approx(1.06, abs=0.01)  # a measured fix for 07's diagnosis
+    assert found["kv_layout.triton"].severity == "ok" and "no measurable time" in found["kv_layout.triton"].verdict
+    assert "fix" not in found["kv_layout.triton"].numbers
+    assert found["kv_layout.flashinfer.not_fragmented"].severity == "warning"
+    pr = found["kv_layout.prediction"]
+    assert pr.numbers["predicted_max_x"] == pytest.approx(p32[0])
+    assert (pr.severity == "ok") == (1.06 <= p32[0] + 0.02)
+    m = kla.metrics(cost, kla.summary(rows))
+    assert m["arms"]["plugin"]["32768"]["costs_time"] is True and m["requests"] == 6
+
+
+def test_nothing_to_compare():
+    rows = [_row("embedded", "fresh", 2048, 0, 0.99, 3, _samples(6.0))]
+    found = kla.findings(kla.costs(rows), kla.kernel_prediction([]))
+    assert [f.id for f in found] == ["kv_layout.not_measured"]
+
+
+def test_a_layout_cost_reaches_07s_diagnosis_as_a_measured_fix():
+    """Through the existing mechanism only: the finding's numbers carry fix and fix_speedup_x."""
+    import dataclasses
+
+    from specdiag.steps.findings.diagnosis import diagnose
+
+    rows = [_row("plugin", "fresh", 131072, 0, 0.99, 2, _samples(10.0, seed=1)),
+            _row("plugin", "fragmented", 131072, 0, 0.02, 300, _samples(11.0, seed=2))]
+    found = kla.findings(kla.costs(rows), kla.kernel_prediction([]))
+    d = diagnose([{**dataclasses.asdict(f), "notebook": "10_kv_layout"} for f in found])
+    assert "contiguous KV layout (flushed pool) on plugin" in d.fix and "1.1x faster" in d.fix
+    assert "10_kv_layout: kv_layout.plugin" in d.based_on

