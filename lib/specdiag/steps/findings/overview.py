@@ -25,6 +25,8 @@ QUESTIONS: dict[str, str] = {
     "05_bandwidth_analysis": "Bytes each step must read vs measured step time: how far from the floor?",
     "06_kernel_ab": "Attention kernels A/B: baseline vs split-KV, page size 1 vs 64, vs the floors",
     "09_engine_ab": "Engine arms side by side: decode, ms per step and TTFT per context, and which arm to run",
+    "10_kv_layout": "Does the request's KV layout in the pool (fragmented vs contiguous) cost verify time?",
+    "11_moe_batch1": "At batch 1, which experts does a verify pass touch, and what share of the step are they?",
 }
 #: Notebooks that summarize other notebooks; their own results are not part of a summary.
 SUMMARY_NOTEBOOKS = ("07_findings", "08_compare_runs")
