@@ -26,12 +26,7 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 log=$OUT/job.log
 stage_sglang_site "$SITE" "$log" engine-ab || exit $?
 install_plugin /tmp/plugin "$log" engine-ab
-{
-  echo "date: $(date -u +%FT%TZ)"; echo "git: $(git rev-parse HEAD 2>/dev/null || echo none)"
-  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv 2>&1
-  PYTHONPATH=$SITE python3 -c "import sys, torch, triton, sglang, flashinfer, transformers; print('python', sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__, 'sglang', sglang.__version__, 'flashinfer', flashinfer.__version__, 'transformers', transformers.__version__)" 2>&1 | tail -1
-} > "$OUT/env.txt" 2>&1
-cat "$OUT/env.txt"
+write_sglang_env "$SITE" "$OUT/env.txt"
 python3 data/models/make_mla_model.py --out /tmp/mla$LAYERS --layers "$LAYERS" --seed 0 >> "$log" 2>&1 \
   || { echo "[engine-ab] model failed" | tee -a "$log"; exit 5; }
 echo "[engine-ab] model /tmp/mla$LAYERS after $(( $(date +%s) - t0 )) s: $(du -sh /tmp/mla$LAYERS | cut -f1)" | tee -a "$log"

@@ -35,13 +35,8 @@ pack() {
 }
 trap pack EXIT
 stage_sglang_site "$SITE" "$log" moe || exit $?
-{
-  echo "date: $(date -u +%FT%TZ)"; echo "git: $(git rev-parse HEAD 2>/dev/null || echo none)"
-  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv 2>&1
-  df -h /dev/shm /tmp 2>&1 | tail -2
-  PYTHONPATH=$SITE python3 -c "import sys, torch, triton, sglang, transformers; print('python', sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__, 'sglang', sglang.__version__, 'transformers', transformers.__version__)" 2>&1 | tail -1
-} > "$OUT/env.txt" 2>&1
-cat "$OUT/env.txt"
+write_sglang_env "$SITE" "$OUT/env.txt"
+df -h /dev/shm /tmp 2>&1 | tail -2 | tee -a "$OUT/env.txt"
 shm=$(df --output=avail -BG /dev/shm 2>/dev/null | tail -1 | tr -dc 0-9)
 MODEL=${MODEL:-$([ "${shm:-0}" -ge $(( LAYERS * 11 / 10 + 8 )) ] && echo /dev/shm/moe$LAYERS || echo /tmp/moe$LAYERS)}
 if [ ! -f "$MODEL/model.safetensors.index.json" ]; then

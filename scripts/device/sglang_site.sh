@@ -5,6 +5,8 @@
 #   staged by earlier calls: part.00 carried in .rs1, or part.00-part.02 in .rsA-.rsC when the checkout leaves each call
 #   only ~20 MB to carry) with .rs2/part.* (carried now), in name order, checks the sha256 against .rs2/SHA256SUMS and
 #   extracts into SITE. Returns 2 (parts missing), 3 (sha256 unknown) or 4 (extract failed), saying why in LOG.
+# write_sglang_env SITE FILE: the call's provenance into FILE and on stdout (date, code, GPU and driver, the versions of
+#   python, torch, triton and, from SITE, sglang, flashinfer, transformers).
 # install_plugin TARGET LOG TAG: plugins/sglang into TARGET with pip, offline; where pip cannot, the package and a
 #   hand-written dist-info with the same entry point (sglang.srt.plugins: specdiag_splitkv).
 
@@ -38,4 +40,14 @@ install_plugin() {
       > "$target/specdiag_sglang_plugin-0.1.0.dist-info/entry_points.txt"
   fi
   rm -rf plugins/sglang/build plugins/sglang/*.egg-info
+}
+
+write_sglang_env() {
+  local site=$1 file=$2
+  {
+    echo "date: $(date -u +%FT%TZ)"; echo "git: $(git rev-parse HEAD 2>/dev/null || echo none)"
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv 2>&1
+    PYTHONPATH=$site python3 -c "import sys, torch, triton, sglang, flashinfer, transformers; print('python', sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__, 'sglang', sglang.__version__, 'flashinfer', flashinfer.__version__, 'transformers', transformers.__version__)" 2>&1 | tail -1
+  } > "$file" 2>&1
+  cat "$file"
 }
