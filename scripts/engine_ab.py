@@ -1,26 +1,32 @@
-"""Engine arms side by side on one GPU, in one call: SGLang servers started together, prefilled side by side, then
-decoded one arm at a time on their cached prompts (specdiag.steps.engine_ab.measure), into one run folder that 09
-replays.
+"""Engine arms on one GPU, in one call: SGLang servers started one after another, then measured one arm at a time
+(specdiag.steps.engine_ab.measure), into one run folder that 09 replays; ``merge`` joins the folders of several calls
+into one run.
 
-Arms (each a server with its own flags and environment; ``--arms`` picks):
+Arms (each a server with its own flags and environment; ``--arms`` picks, in the order they are measured):
 
 - ``triton``: SGLang's Triton backend as shipped (the plugin off);
 - ``triton_plugin``: the Triton backend with the specdiag plugin's verify kernel (``SGLANG_PLUGINS=specdiag_splitkv``);
 - ``flashinfer``: the FlashInfer backend for everything;
 - ``fi_prefill_plugin``: FlashInfer's prefill, the Triton backend for decode and verify with the plugin
   (``--prefill-attention-backend flashinfer --speculative-attention-mode decode``);
-- ``triton_upstream``: the Triton backend with SGLang's own split-KV verify forced on (the plugin in mode upstream).
+- ``triton_upstream``: the Triton backend with SGLang's own split-KV verify forced on (the plugin in mode upstream);
+- ``fi_prefill_upstream``: FlashInfer's prefill, the Triton backend for decode and verify with SGLang's own split-KV
+  verify forced on (the hybrid of ``fi_prefill_plugin`` with upstream's kernel in the plugin's place).
 
-    python scripts/engine_ab.py --out /tmp/engine-ab --model-path /tmp/mla61 --contexts 1024,16384,65536,131072 \\
-        --site /tmp/site --plugin-path /tmp/plugin --budget-s 480
+    python scripts/engine_ab.py --out /tmp/engine-ab --model-path /tmp/mla61 --site /tmp/site --plugin-path /tmp/plugin \\
+        --arms flashinfer,triton --contexts 1024,4096,16384,32768,65536,131072,185000 --budget-s 480
+    python scripts/engine_ab.py merge --out data/reference/RUN /tmp/call2/engine-ab /tmp/call3/engine-ab
     # a dry run of the flow on a CPU: two embedded servers as arms
     python scripts/engine_ab.py --engine embedded --out /tmp/eab --contexts 256,1024 --arms a,b --budget-s 120
 
-Prefills run side by side (one thread per arm, each as soon as its server answers): their TTFTs carry ``concurrent``
-(how many arms were prefilling then), and where that is over one the TTFT is not the arm's own. Then each arm's
-decode on its cached prompts, one arm at a time; then, while the budget lasts, clean prefills of the arms alone at
-``--clean-contexts`` (``phase`` "prefill", ``concurrent`` 1). Rows are appended as they are measured; a cut budget
-leaves what was measured, and the run says what was not.
+Every server is started (each once the one before it has sized its KV pool: SGLang sizes a pool from the memory free
+when it starts) and ready before anything is measured; then each arm alone, context by context: the prefix cache
+emptied, the prompt prefilled (its TTFT, ``concurrent`` 1), then decode requests on the cached prompt. No request of
+one arm shares the GPU with another's. An arm slower than ``--slow-step-ms`` per step at a context (measured, or
+predicted from its previous context in proportion to the tokens) gets ``--slow-repeats`` requests of half
+``--max-new-tokens`` there; a context whose prefill is predicted to outlast the budget (the previous TTFT scaled by
+the square of the tokens) is not started, and the run says so (``not_run``). Rows are appended as they are measured:
+a cut call keeps what it measured.
 """
 
 from __future__ import annotations
@@ -29,7 +35,6 @@ import argparse
 import json
 import os
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -41,7 +46,6 @@ from specdiag.runs import Run  # noqa: E402
 from specdiag.serving.redaction import redact  # noqa: E402
 
 T0 = time.monotonic()
-ARM_LOCK = threading.Lock()
 ARMS: dict[str, dict[str, Any]] = {
     "triton": {"what": "SGLang's Triton backend as shipped", "backend": "triton", "extra": [], "plugin": None},
     "triton_plugin": {"what": "Triton backend + the specdiag plugin's split-KV verify kernel", "backend": "triton",
@@ -53,15 +57,18 @@ ARMS: dict[str, dict[str, Any]] = {
                                     "decode"], "plugin": "splitkv"},
     "triton_upstream": {"what": "Triton backend with SGLang's own split-KV verify forced on", "backend": "triton",
                         "extra": [], "plugin": "upstream"},
+    "fi_prefill_upstream": {"what": "FlashInfer prefill; Triton decode and verify with SGLang's own split-KV verify "
+                                    "forced on", "backend": "triton",
+                            "extra": ["--prefill-attention-backend", "flashinfer", "--speculative-attention-mode",
+                                      "decode"], "plugin": "upstream"},
 }
 
 
 def update_arm(run: Run, arm: str, **fields: Any) -> None:
     """Add ``fields`` to run.json ``arms[arm]``, keeping what it holds (``run.update`` merges one level deep: passing
     ``arms={arm: {...}}`` would replace the arm's record)."""
-    with ARM_LOCK:
-        arms = dict(run.meta.get("arms") or {})
-        run.update(arms={**arms, arm: {**dict(arms.get(arm) or {}), **fields}})
+    arms = dict(run.meta.get("arms") or {})
+    run.update(arms={**arms, arm: {**dict(arms.get(arm) or {}), **fields}})
 
 
 def record_device(run: Run, server_url: str) -> None:
@@ -124,41 +131,78 @@ def make_server(arm: str, args: argparse.Namespace, work: Path, mem_fraction: fl
                          check=False)
 
 
-class Prefills:
-    """How many arms are prefilling now (a counter the prefill threads share)."""
+def predicted_s(rows: list[dict[str, Any]], key: str, ctx: int, power: float) -> float | None:
+    """A measure at ``ctx`` predicted from the arm's longest shorter context that has it: its value scaled by
+    (ctx / that context) ** power (1 for a decode step, 2 for a prefill at depth, whose attention is quadratic)."""
+    known = [(int(r["context_tokens"]), float(r[key])) for r in rows
+             if r.get(key) is not None and not r.get("error") and int(r["context_tokens"]) < ctx]
+    if not known:
+        return None
+    c, v = max(known)
+    return v * (ctx / c) ** power
 
-    def __init__(self) -> None:
-        self.lock, self.n = threading.Lock(), 0
 
-    def __enter__(self) -> int:
-        with self.lock:
-            self.n += 1
-            return self.n
+def measure_arm(run: Run, client: Any, arm: str, contexts: list[int], args: argparse.Namespace, end: float
+                ) -> list[str]:
+    """One arm alone, context by context (module doc). Returns what was not run, a sentence each."""
+    from specdiag.steps.engine_ab.measure import decode_all, prefill_all  # noqa: PLC0415
 
-    def __exit__(self, *exc: Any) -> None:
-        with self.lock:
-            self.n -= 1
+    not_run: list[str] = []
+    pre_rows: list[dict[str, Any]] = []
+    dec_rows: list[dict[str, Any]] = []
+    for ctx in contexts:
+        left = end - 30 - time.monotonic()
+        guess = predicted_s(pre_rows, "ttft_s", ctx, 2.0)
+        if guess is not None and guess > left:
+            not_run.append(f"{arm} at {ctx:,} tokens: its prefill, predicted at {guess:,.0f} s from its previous "
+                           f"context, would outlast the {max(left, 0):,.0f} s left")
+            log(not_run[-1])
+            continue
+        before = len(run.rows("engine_ab"))
+        prompts = prefill_all(run, client, arm, [ctx], concurrent=1, deadline_s=end - 30, progress=log)
+        pre_rows += run.rows("engine_ab")[before:]
+        if ctx not in prompts:
+            not_run.append(f"{arm} at {ctx:,} tokens: no prompt prefilled (time budget or an error row)")
+            continue
+        step = predicted_s(dec_rows, "step_ms", ctx, 1.0)
+        slow = step is not None and step > args.slow_step_ms
+        half = max(2, args.max_new_tokens // 2)
+        first = decode_all(run, client, arm, prompts, 1, half if slow else args.max_new_tokens, deadline_s=end - 20,
+                           progress=log)
+        slow = slow or bool(first and (first[0].get("step_ms") or 0) > args.slow_step_ms)
+        more = decode_all(run, client, arm, prompts, (args.slow_repeats if slow else args.repeats) - 1,
+                          half if slow else args.max_new_tokens, deadline_s=end - 20, progress=log, first_repeat=1)
+        dec_rows += first + more
+    return not_run
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["merge"]:
+        mp = argparse.ArgumentParser(prog="engine_ab.py merge", description=merge.__doc__)
+        mp.add_argument("--out", required=True)
+        mp.add_argument("sources", nargs="+")
+        m = mp.parse_args(argv[1:])
+        return merge(Path(m.out), [Path(x) for x in m.sources])
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--engine", choices=["sglang", "embedded"], default="sglang")
     ap.add_argument("--model-path", default="")
-    ap.add_argument("--arms", default="triton,triton_plugin,flashinfer,fi_prefill_plugin,triton_upstream")
-    ap.add_argument("--contexts", default="1024,16384,65536,131072")
-    ap.add_argument("--clean-contexts", default="", help="contexts prefilled again, each arm alone (clean TTFT)")
+    ap.add_argument("--arms", default="flashinfer,fi_prefill_plugin,triton_plugin,triton")
+    ap.add_argument("--contexts", default="1024,4096,16384,32768,65536,131072,185000")
+    ap.add_argument("--arm-contexts", default="",
+                    help="contexts of one arm instead of --contexts: ARM=N:N:N;ARM=N:N (e.g. triton=1024:131072)")
     ap.add_argument("--repeats", type=int, default=5, help="decode requests per context on the cached prompt")
     ap.add_argument("--slow-repeats", type=int, default=3,
-                    help="decode requests at a context where the arm's first took over --slow-step-ms per step "
-                         "(those ask for half of --max-new-tokens)")
+                    help="decode requests at a context where the arm takes over --slow-step-ms per step (measured or "
+                         "predicted); those ask for half of --max-new-tokens")
     ap.add_argument("--slow-step-ms", type=float, default=200.0)
     ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--draft-tokens", type=int, default=8)
-    ap.add_argument("--context-length", type=int, default=140000)
-    ap.add_argument("--max-total-tokens", type=int, default=300000)
+    ap.add_argument("--context-length", type=int, default=200000)
+    ap.add_argument("--max-total-tokens", type=int, default=260000)
     ap.add_argument("--mem-fraction", type=float, default=0.16)
-    ap.add_argument("--mem-fractions", default="",
+    ap.add_argument("--mem-fractions", default="0.2,0.25,0.33,0.5",
                     help="per arm in start order (SGLang sizes a pool from the memory free when it starts: servers "
                          "started one after another each get a share of what the earlier ones left)")
     ap.add_argument("--stagger-pattern", default="KV Cache is allocated",
@@ -177,23 +221,29 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         ap.error(f"unknown arm(s) {bad}; choose from {', '.join(ARMS)}")
     contexts = [int(c) for c in args.contexts.split(",") if c.strip()]
-    clean = [int(c) for c in args.clean_contexts.split(",") if c.strip()]
+    per_arm: dict[str, list[int]] = {}
+    for item in (x.strip() for x in args.arm_contexts.split(";") if x.strip()):
+        name, _, ctxs = item.partition("=")
+        if name not in arms or not ctxs:
+            ap.error(f"--arm-contexts: {item!r} must be ARM=N:N with ARM one of --arms ({', '.join(arms)})")
+        per_arm[name] = [int(c) for c in ctxs.split(":") if c.strip()]
     work = Path(args.out)
     work.mkdir(parents=True, exist_ok=True)
     run = Run.create(work, label="engine-ab")
     cfg_path = Path(args.model_path) / "config.json" if args.model_path else None
-    run.update(kind="engine_ab", command=" ".join(["python", "scripts/engine_ab.py", *(argv or sys.argv[1:])]),
+    run.update(kind="engine_ab", command=" ".join(["python", "scripts/engine_ab.py", *argv]),
                model={"path": args.model_path, "model_config": json.loads(cfg_path.read_text())
                       if cfg_path and cfg_path.exists() else None},
-               params={"09_engine_ab": {"contexts": contexts, "clean_contexts": clean, "repeats": args.repeats,
-                                        "max_new_tokens": args.max_new_tokens, "draft_tokens": args.draft_tokens}},
+               params={"09_engine_ab": {"contexts": contexts, "arm_contexts": per_arm, "repeats": args.repeats,
+                                        "slow_repeats": args.slow_repeats, "slow_step_ms": args.slow_step_ms,
+                                        "max_new_tokens": args.max_new_tokens, "draft_tokens": args.draft_tokens,
+                                        "order": "serial: one arm at a time, every server started first"}},
                arms={a: {"what": ARMS.get(a, {}).get("what", a), "plugin": ARMS.get(a, {}).get("plugin"),
                          "env": {k: v for k, v in arm_env(a, args, work).items() if k not in ("PYTHONPATH",)}}
                      for a in arms})
-    record_device(run, "http://127.0.0.1")  # the servers run here
+    record_device(run, "http://127.0.0.1")  # the servers run here; measured before any server takes the GPU
     from specdiag.launchers.process import redacted_command  # noqa: PLC0415
     from specdiag.serving import make_client  # noqa: PLC0415
-    from specdiag.steps.engine_ab.measure import decode_all, prefill_all  # noqa: PLC0415
 
     fractions = [float(f) for f in args.mem_fractions.split(",") if f.strip()]
     servers = {a: make_server(a, args, work, fractions[i] if i < len(fractions) else None)
@@ -209,44 +259,29 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(1.0)
         update_arm(run, a, started_after_s=round(t_start - T0, 1))
     clients: dict[str, Any] = {}
-    prompts: dict[str, dict[int, list[int]]] = {}
-    busy = Prefills()
-
-    def prefill(arm: str) -> None:
+    for a in arms:  # every server ready before anything is measured: no start-up shares the GPU with a measurement
         try:
-            servers[arm].wait_ready()
-            clients[arm] = make_client(servers[arm].url)
-            info = redact(clients[arm].server_info()) if hasattr(clients[arm], "server_info") else {}
-            update_arm(run, arm, ready_after_s=servers[arm].ready_after_s, server=info,
-                       command=redacted_command(servers[arm].command))
-            log(f"{arm}: ready after {servers[arm].ready_after_s:.0f} s")
-            out: dict[int, list[int]] = {}
-            for ctx in contexts:
-                with busy as n:
-                    out.update(prefill_all(run, clients[arm], arm, [ctx], concurrent=n, deadline_s=end - 60,
-                                           progress=log))
-            prompts[arm] = out
+            servers[a].wait_ready()
+            clients[a] = make_client(servers[a].url)
+            info = redact(clients[a].server_info()) if hasattr(clients[a], "server_info") else {}
+            update_arm(run, a, ready_after_s=servers[a].ready_after_s, ready_at_s=round(time.monotonic() - T0, 1),
+                       server=info, command=redacted_command(servers[a].command))
+            log(f"{a}: ready")
         except Exception as exc:  # noqa: BLE001 - this arm fails, the others go on
-            log(f"{arm}: FAILED {type(exc).__name__}: {exc}")
-            update_arm(run, arm, failed=f"{type(exc).__name__}: {exc}"[:500])
-
-    threads = [threading.Thread(target=prefill, args=(a,), daemon=True) for a in arms]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=max(1.0, end - 30 - time.monotonic()))
-    for arm in arms:  # decode one arm at a time; an arm slower than --slow-step-ms at a context gets fewer, shorter
-        for ctx, ids in sorted(prompts.get(arm, {}).items()):  # requests there
-            first = decode_all(run, clients[arm], arm, {ctx: ids}, 1, args.max_new_tokens, deadline_s=end - 20,
-                               progress=log)
-            slow = bool(first and (first[0].get("step_ms") or 0) > args.slow_step_ms)
-            decode_all(run, clients[arm], arm, {ctx: ids}, (args.slow_repeats if slow else args.repeats) - 1,
-                       args.max_new_tokens // 2 if slow else args.max_new_tokens, deadline_s=end - 20,
-                       progress=log, first_repeat=1)
-    for ctx in clean:
-        for arm in arms:
-            if arm in clients and time.monotonic() < end - 60:
-                prefill_all(run, clients[arm], arm, [ctx], seed=1, concurrent=1, deadline_s=end - 60, progress=log)
+            log(f"{a}: FAILED {type(exc).__name__}: {exc}")
+            update_arm(run, a, failed=f"{type(exc).__name__}: {exc}"[:500])
+    not_run: list[str] = []
+    for a in arms:
+        if a not in clients:
+            not_run.append(f"{a}: its server did not start (run.json arms.{a}.failed)")
+            continue
+        t_arm = time.monotonic()
+        try:
+            not_run += measure_arm(run, clients[a], a, per_arm.get(a, contexts), args, end)
+        except Exception as exc:  # noqa: BLE001 - the rows so far stay; the next arm goes on
+            log(f"{a}: FAILED {type(exc).__name__}: {exc}")
+            update_arm(run, a, failed=f"{type(exc).__name__}: {exc}"[:500])
+        update_arm(run, a, measured_s=round(time.monotonic() - t_arm, 1))
     for arm, s in servers.items():
         try:
             s.stop()
@@ -259,9 +294,53 @@ def main(argv: list[str] | None = None) -> int:
             stats[arm] = [json.loads(p.read_text()) for p in sorted(folder.glob("stats-*.json"))]
     run.update(plugin_stats={a: [{k: v for k, v in s.items() if k not in ("check",)} for s in v]
                              for a, v in stats.items()},
-               finished_after_s=round(time.monotonic() - T0, 1))
+               not_run=not_run, finished_after_s=round(time.monotonic() - T0, 1))
     rows = run.rows("engine_ab")
     log(f"done: {len(rows)} rows, {sum(1 for r in rows if r.get('error'))} with an error")
+    return 0
+
+
+def merge(dest: Path, sources: list[Path]) -> int:
+    """Join the run folders of several calls (each measured its own arms, on one model) into one run: rows in order,
+    each arm's record with the call it came from (``arms.ARM.call``), each call's command, device and provenance in
+    ``calls``, the servers' logs under ``servers/``. Refuses folders of different models or repeated arms."""
+    import shutil  # noqa: PLC0415
+
+    runs = [Run.open(s) for s in sources]
+    configs = {json.dumps((r.meta.get("model") or {}).get("model_config"), sort_keys=True) for r in runs}
+    if len(configs) != 1:
+        raise SystemExit("merge: the runs served different models (run.json model.model_config differs): "
+                         "merge only calls of one model")
+    seen: dict[str, str] = {}
+    for src, r in zip(sources, runs):
+        for a in r.meta.get("arms") or {}:
+            if a in seen:
+                raise SystemExit(f"merge: arm {a} is in {seen[a]} and in {src}: keep one of them")
+            seen[a] = str(src)
+    out = Run.create(dest, label="engine-ab")
+    first = runs[0].meta
+    arms: dict[str, Any] = {}
+    calls, stats, not_run, params = [], {}, [], {}
+    for i, (src, r) in enumerate(zip(sources, runs), start=1):
+        for row in r.rows("engine_ab"):
+            out.append_row("engine_ab", {**row, "call": i})
+        for a, rec in (r.meta.get("arms") or {}).items():
+            arms[a] = {**rec, "call": i}
+        calls.append({"call": i, "source": str(src), "command": r.meta.get("command"),
+                      "provenance": r.meta.get("provenance"), "device": r.meta.get("device"),
+                      "hardware": r.meta.get("hardware"), "finished_after_s": r.meta.get("finished_after_s")})
+        stats.update(r.meta.get("plugin_stats") or {})
+        not_run += list(r.meta.get("not_run") or [])
+        p = dict((r.meta.get("params") or {}).get("09_engine_ab") or {})
+        params = {**p, **params, "contexts": sorted(set(params.get("contexts", [])) | set(p.get("contexts", []))),
+                  "arm_contexts": {**dict(p.get("arm_contexts") or {}), **dict(params.get("arm_contexts") or {})}}
+        for log_file in sorted(Path(src).glob("server-*.log")):
+            (dest / "servers").mkdir(exist_ok=True)
+            shutil.copyfile(log_file, dest / "servers" / log_file.name)
+    out.update(kind="engine_ab", model=first.get("model"), device=first.get("device"), hardware=first.get("hardware"),
+               params={"09_engine_ab": params}, arms=arms, calls=calls, plugin_stats=stats, not_run=not_run,
+               command=f"python scripts/engine_ab.py merge --out {dest} " + " ".join(str(s) for s in sources))
+    print(f"merged {len(sources)} calls into {dest}: {len(out.rows('engine_ab'))} rows, arms {', '.join(arms)}")
     return 0
 
 
