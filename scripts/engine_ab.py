@@ -300,10 +300,25 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+SAME_ARM_KEYS = ("what", "plugin")  #: an arm measured in two calls must agree on these and on its server's flags
+SERVER_FLAGS = ("attention_backend", "prefill_attention_backend", "decode_attention_backend",
+                "speculative_attention_mode", "speculative_algorithm", "speculative_num_draft_tokens", "page_size",
+                "chunked_prefill_size", "max_total_tokens", "context_length")
+
+
+def arm_config(rec: dict[str, Any]) -> dict[str, Any]:
+    """What makes two servers the same arm: its kind and plugin mode, its environment's switches, its server flags."""
+    env = {k: v for k, v in dict(rec.get("env") or {}).items() if k in ("SGLANG_PLUGINS", "SPECDIAG_SGLANG_VERIFY")}
+    srv = dict(rec.get("server") or {})
+    return {**{k: rec.get(k) for k in SAME_ARM_KEYS}, "env": env, **{k: srv.get(k) for k in SERVER_FLAGS}}
+
+
 def merge(dest: Path, sources: list[Path]) -> int:
-    """Join the run folders of several calls (each measured its own arms, on one model) into one run: rows in order,
-    each arm's record with the call it came from (``arms.ARM.call``), each call's command, device and provenance in
-    ``calls``, the servers' logs under ``servers/``. Refuses folders of different models or repeated arms."""
+    """Join the run folders of several calls (one model) into one run: rows in order, each with its ``call`` (1, 2,
+    ...) and ``first_on_server`` (the first request an arm's server served in that call: it may carry one-time
+    compilation); each arm's record with the calls it was measured in (an arm in two calls must be the same
+    configuration: kind, plugin mode, server flags); each call's command, device and provenance in ``calls``; what a
+    call cut at its time limit left unmeasured in ``not_run``; the servers' logs under ``servers/``."""
     import shutil  # noqa: PLC0415
 
     runs = [Run.open(s) for s in sources]
@@ -311,32 +326,46 @@ def merge(dest: Path, sources: list[Path]) -> int:
     if len(configs) != 1:
         raise SystemExit("merge: the runs served different models (run.json model.model_config differs): "
                          "merge only calls of one model")
-    seen: dict[str, str] = {}
-    for src, r in zip(sources, runs):
-        for a in r.meta.get("arms") or {}:
-            if a in seen:
-                raise SystemExit(f"merge: arm {a} is in {seen[a]} and in {src}: keep one of them")
-            seen[a] = str(src)
     out = Run.create(dest, label="engine-ab")
     first = runs[0].meta
     arms: dict[str, Any] = {}
     calls, stats, not_run, params = [], {}, [], {}
     for i, (src, r) in enumerate(zip(sources, runs), start=1):
+        seen_here: set[str] = set()
+        counts: dict[str, int] = {}
         for row in r.rows("engine_ab"):
-            out.append_row("engine_ab", {**row, "call": i})
+            a = str(row.get("arm"))
+            out.append_row("engine_ab", {**row, "call": i, "first_on_server": a not in seen_here})
+            seen_here.add(a)
+            counts[a] = counts.get(a, 0) + 1
         for a, rec in (r.meta.get("arms") or {}).items():
-            arms[a] = {**rec, "call": i}
+            if a in arms and arm_config(arms[a]) != arm_config(rec):
+                raise SystemExit(f"merge: arm {a} of call {i} ({src}) is not configured as in call "
+                                 f"{arms[a]['calls'][0]}: {arm_config(rec)} against {arm_config(arms[a])}")
+            kept = arms.get(a) or {**rec, "calls": []}
+            kept["calls"] = [*kept["calls"], i]
+            kept.setdefault("per_call", {})[str(i)] = {k: rec.get(k) for k in ("started_after_s", "ready_after_s",
+                                                                                "measured_s", "failed")}
+            arms[a] = kept
+        cut = r.meta.get("finished_after_s") is None
         calls.append({"call": i, "source": str(src), "command": r.meta.get("command"),
                       "provenance": r.meta.get("provenance"), "device": r.meta.get("device"),
-                      "hardware": r.meta.get("hardware"), "finished_after_s": r.meta.get("finished_after_s")})
-        stats.update(r.meta.get("plugin_stats") or {})
-        not_run += list(r.meta.get("not_run") or [])
+                      "hardware": r.meta.get("hardware"), "finished_after_s": r.meta.get("finished_after_s"),
+                      "cut": cut})
+        for a, v in (r.meta.get("plugin_stats") or {}).items():
+            stats[f"{a} (call {i})"] = v
+        not_run += [f"{x} (call {i})" for x in r.meta.get("not_run") or []]
+        if cut:
+            for a in r.meta.get("arms") or {}:
+                if (r.meta["arms"][a] or {}).get("measured_s") is None:
+                    not_run.append(f"{a} (call {i}): the call reached its time limit before this arm finished "
+                                   f"({counts.get(a, 0)} rows kept)")
         p = dict((r.meta.get("params") or {}).get("09_engine_ab") or {})
         params = {**p, **params, "contexts": sorted(set(params.get("contexts", [])) | set(p.get("contexts", []))),
                   "arm_contexts": {**dict(p.get("arm_contexts") or {}), **dict(params.get("arm_contexts") or {})}}
         for log_file in sorted(Path(src).glob("server-*.log")):
             (dest / "servers").mkdir(exist_ok=True)
-            shutil.copyfile(log_file, dest / "servers" / log_file.name)
+            shutil.copyfile(log_file, dest / "servers" / f"call{i}-{log_file.name}")
     out.update(kind="engine_ab", model=first.get("model"), device=first.get("device"), hardware=first.get("hardware"),
                params={"09_engine_ab": params}, arms=arms, calls=calls, plugin_stats=stats, not_run=not_run,
                command=f"python scripts/engine_ab.py merge --out {dest} " + " ".join(str(s) for s in sources))

@@ -204,20 +204,68 @@ def test_findings_carry_each_collapse_and_its_measured_fix() -> None:
     assert m["ttft_own"]["triton"][str(K64)] is True
 
 
-def test_replayed_reference_rows_say_what_they_lack() -> None:
-    from specdiag.runs import Run
+def test_the_tradeoff_weighs_a_faster_decode_against_a_slower_prefill() -> None:
+    """The arm with the fastest verify step against the arm with the shortest TTFT at the longest context both have:
+    the extra prefill over the ms saved per step is the break-even, in verify steps, and 07's fix paragraph says it."""
+    rows = [row("fi", "prefill", K1, 0, 0.1, ttft_s=0.1), row("fi", "prefill", K128, 10, 5.0, ttft_s=5.0),
+            row("hybrid", "prefill", K1, 100, 0.1, ttft_s=0.1), row("hybrid", "prefill", K128, 110, 16.0, ttft_s=16.0)]
+    rows += decode_rows("fi", {K1: [6.0, 6.1], K128: [13.5, 13.4, 13.6]}, 50)
+    rows += decode_rows("hybrid", {K1: [6.8, 6.7], K128: [8.9, 9.0, 8.8]}, 150)
+    _, dec, pre = tables(rows)
+    f = verdicts.tradeoff(dec, pre)
+    n = f.numbers
+    assert (n["fast_decode_arm"], n["fast_prefill_arm"], n["context_tokens"]) == ("hybrid", "fi", K128)
+    assert n["break_even_steps"] == pytest.approx((16.0 - 5.0) * 1000 / (13.5 - 8.9))
+    assert "prefills 3.2x slower" in f.title
+    from dataclasses import asdict
+
+    from specdiag.steps.findings.diagnosis import diagnose
+
+    d = diagnose([{**asdict(x), "notebook": "09_engine_ab"} for x in [f]])
+    assert "pays back after 2,391 verify steps" in d.fix
+    # one arm fastest in both phases: no trade to weigh
+    same = [dict(r, ttft_s=1.0) if r["arm"] == "hybrid" and r["phase"] == "prefill" else r for r in rows]
+    _, dec2, pre2 = tables(same)
+    assert verdicts.tradeoff(dec2, pre2).title == "hybrid is fastest in both phases at 128k tokens"
+    assert verdicts.break_even_steps(3.0, 0.0) == float("inf")
+
+
+def test_the_61_layer_reference_run_is_read_as_measured() -> None:
+    """data/reference/sglang-h200-mla61-engine-ab (three calls joined by engine_ab.py merge): the tables are the
+    rows' medians, the first request of each server is flagged and no other, every decode ran alone, and the targets
+    are the ratios of those medians."""
     from specdiag.paths import REFERENCE_DIR
+    from specdiag.runs import Run
 
     run = Run.open(REFERENCE_DIR / "sglang-h200-mla61-engine-ab")
     rows = run.rows("engine_ab")
     df, dec, pre = tables(rows)
-    fi = [r["step_ms"] for r in rows if r["arm"] == "flashinfer" and r["phase"] == "decode"
-          and r["context_tokens"] == K64]
-    assert dec.set_index(["arm", "context_tokens"]).loc[("flashinfer", K64), "step_ms"] == statistics.median(fi)
-    assert not pre["own"].any()  # every prefill ran beside another arm's
-    assert not dec["clean"].any()  # FlashInfer's decodes ran while the Triton arms' 128k prefills were in flight
-    tt = analysis.targets(dec, pre, analysis.arm_order(df, run.meta["arms"]), 61)
-    assert (tt["status"] == "not measurable").all()
+
+    def med(arm: str, ctx: int) -> float:
+        return statistics.median(r["step_ms"] for r in rows if r["arm"] == arm and r["phase"] == "decode"
+                                 and r["context_tokens"] == ctx)
+
+    cell = dec.set_index(["arm", "context_tokens"])
+    for arm in ("triton", "triton_plugin", "flashinfer", "fi_prefill_plugin"):
+        assert cell.loc[(arm, K128), "step_ms"] == med(arm, K128)
+    assert dec["clean"].all()  # one arm at a time: no decode shared the GPU
+    servers = {(r["call"], r["arm"]) for r in rows}
+    firsts = [(r["call"], r["arm"]) for r in rows if r["first_on_server"]]
+    assert sorted(firsts) == sorted(servers)  # exactly one per server (an arm in two calls had two)
+    flagged = pre[~pre["own"]]
+    assert set(flagged["why_not_own"]) == {"the run's first request to this server (it may carry one-time kernel "
+                                           "compilation)"}
+    assert {a: run.meta["arms"][a]["calls"] for a in ("triton", "triton_plugin")} == {"triton": [1, 3],
+                                                                                     "triton_plugin": [2, 3]}
+    tt = analysis.targets(dec, pre, analysis.arm_order(df, run.meta["arms"]), 61).set_index("target_id")
+    assert tt.loc["plugin_vs_triton_128k", "value"] == pytest.approx(med("triton", K128) / med("triton_plugin", K128))
+    best = min(("triton", "triton_plugin", "flashinfer", "fi_prefill_plugin"), key=lambda a: med(a, K128))
+    assert tt.loc["best_decode_128k_vs_1k", "arm"] == best
+    assert tt.loc["best_decode_128k_vs_1k", "value"] == pytest.approx(med(best, K1) / med(best, K128))
+    ttft = {r["arm"]: r["ttft_s"] for r in rows if r["phase"] == "prefill" and r["context_tokens"] == K64}
+    assert tt.loc["best_ttft_64k_vs_triton", "value"] == pytest.approx(ttft["triton"] / min(
+        v for a, v in ttft.items() if a != "triton"))
+    assert "triton (call 3): the call reached its time limit" in " ".join(run.meta["not_run"])
 
 
 def test_arm_lists_are_checked_before_any_work() -> None:

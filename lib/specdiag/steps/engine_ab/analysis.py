@@ -8,9 +8,10 @@ Per arm and context:
   output of that prompt (commit 7.5 where the first request commits 1.0-1.5): their tokens/s is not the arm's on
   fresh text, so **ms per step is the comparable number** (every arm verifies the same tokens per step).
 - **prefill** (``phase`` "prefill", a prompt no cache held): TTFT (measured) and prompt tokens/s (computed). A TTFT
-  is the arm's **own** only when it ran alone: a row with ``concurrent`` > 1 (other arms prefilling on the same GPU),
-  one another arm's request overlapped, or one that reused cached tokens is flagged and used only where the arm has
-  no own one, and then said so.
+  is the arm's **own** only when it ran alone on a warm server: a row with ``concurrent`` > 1 (other arms prefilling
+  on the same GPU), one another arm's request overlapped, one that reused cached tokens, or the run's first request
+  to the server (``first_on_server``: FlashInfer compiles kernels at its first prefill, 10 s at 1k on the H200) is
+  flagged and used only where the arm has no own one, and then said so.
 - **overlap**: a row measured while a request of another arm was in flight (from the rows' send times and their
   durations; a failed row without a duration counts as in flight until the rows written after it ended, since a
   row is written when its request ends). A decode row that overlapped is not a clean decode.
@@ -86,6 +87,8 @@ def frame(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     if df.empty:
         return pd.DataFrame(columns=["arm", "phase", "context_tokens", "overlapped_by", "error"])
     df["overlapped_by"] = overlaps(rows)
+    if "first_on_server" not in df:  # one call, one server per arm: the arm's first row is its server's first request
+        df["first_on_server"] = ~df["arm"].duplicated()
     for col in ("concurrent", "cached_tokens", "step_ms", "ttft_s", "error", "commit_length", "decode_tok_s"):
         if col not in df:
             df[col] = None
@@ -140,6 +143,8 @@ def _not_own(r: Mapping[str, Any]) -> str:
         why.append(f"overlapped by {', '.join(r['overlapped_by'])}")
     if (_f(r.get("cached_tokens")) or 0) > 0:
         why.append(f"{int(r['cached_tokens']):,} prompt tokens served from the cache")
+    if r.get("first_on_server") in (True,):  # numpy bools too; a missing value (NaN) is not True
+        why.append("the run's first request to this server (it may carry one-time kernel compilation)")
     return "; ".join(why)
 
 

@@ -166,3 +166,13 @@ def _model_section(server_info: Mapping[str, Any]) -> dict[str, Any]:
     cfg = Path(path) if Path(path).is_absolute() else PROJECT_ROOT / path
     cfg = cfg / "config.json" if cfg.suffix != ".json" else cfg
     return {"path": path, "model_config": json.loads(cfg.read_text()) if path and cfg.is_file() else None}
+
+
+def startup_s(record: Mapping[str, Any]) -> float | None:
+    """Seconds from an arm's server start to its readiness (measured): ``ready_at_s - started_after_s`` where the run
+    kept both (servers started one after another, waited on in turn), else the launcher's ``ready_after_s``."""
+    ready, started = record.get("ready_at_s"), record.get("started_after_s")
+    if isinstance(ready, (int, float)) and isinstance(started, (int, float)):
+        return round(float(ready) - float(started), 1)
+    value = record.get("ready_after_s")
+    return float(value) if isinstance(value, (int, float)) else None

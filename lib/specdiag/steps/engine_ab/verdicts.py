@@ -132,6 +132,56 @@ def prefill_floor_finding(own_floors: Mapping[str, Sequence[prefill.PrefillFloor
     return max(found, key=lambda f: float(f.numbers["ttft_over_floor_x"])) if found else None
 
 
+def break_even_steps(extra_ttft_s: float, saved_step_ms: float) -> float:
+    """Verify steps after which an arm that prefills ``extra_ttft_s`` slower but verifies ``saved_step_ms`` faster per
+    step has caught up (inf when it saves nothing)."""
+    return extra_ttft_s * 1000.0 / saved_step_ms if saved_step_ms > 0 else float("inf")
+
+
+def tradeoff(dec: pd.DataFrame, pre: pd.DataFrame) -> Finding | None:
+    """At the longest context where two or more arms have a decode and an own TTFT: the arm with the fastest verify
+    step against the arm with the shortest TTFT. When they differ, what the faster decode costs in prefill and after
+    how many verify steps (and tokens, at the fast arm's first-request commit length) it has paid that back."""
+    if dec.empty or pre.empty:
+        return None
+    own = pre[pre["own"]]
+    both = [(c, set(dec[dec["context_tokens"] == c]["arm"]) & set(own[own["context_tokens"] == c]["arm"]))
+            for c in sorted(set(dec["context_tokens"]), reverse=True)]
+    ctx, arms = next(((int(c), a) for c, a in both if len(a) >= 2), (None, set()))
+    if ctx is None:
+        return None
+    d = dec[(dec["context_tokens"] == ctx) & dec["arm"].isin(arms)]
+    p = own[(own["context_tokens"] == ctx) & own["arm"].isin(arms)]
+    fast = d.loc[d["step_ms"].idxmin()]
+    quick = p.loc[p["ttft_s"].idxmin()]
+    if fast["arm"] == quick["arm"]:
+        return Finding("engine_ab.tradeoff", f"{fast['arm']} is fastest in both phases at {tok(ctx)} tokens",
+                       f"At {ctx:,} tokens {fast['arm']} has the fastest verify step ({float(fast['step_ms']):,.3g} ms) "
+                       f"and the shortest TTFT ({float(quick['ttft_s']):,.3g} s) of {', '.join(sorted(arms))}.", "ok",
+                       ("medians of the decode requests; TTFTs of each arm alone (measured)",),
+                       {"context_tokens": ctx, "arm": str(fast["arm"])}, "computed")
+    step_q = float(d[d["arm"] == quick["arm"]]["step_ms"].iloc[0])
+    ttft_f = float(p[p["arm"] == fast["arm"]]["ttft_s"].iloc[0])
+    extra_s, saved_ms = ttft_f - float(quick["ttft_s"]), step_q - float(fast["step_ms"])
+    steps = break_even_steps(extra_s, saved_ms)
+    commit = fast.get("commit_first")
+    tokens = steps * float(commit) if commit is not None and commit == commit else None
+    return Finding(
+        "engine_ab.tradeoff",
+        f"At {tok(ctx)} tokens {fast['arm']} verifies {step_q / float(fast['step_ms']):,.3g}x faster than "
+        f"{quick['arm']} but prefills {ttft_f / float(quick['ttft_s']):,.3g}x slower",
+        f"{fast['arm']}: {float(fast['step_ms']):,.3g} ms per verify step, TTFT {ttft_f:,.3g} s; {quick['arm']}: "
+        f"{step_q:,.3g} ms, TTFT {float(quick['ttft_s']):,.3g} s. The {extra_s:,.3g} s of extra prefill is paid back "
+        f"after {steps:,.0f} verify steps" + (f" (about {tokens:,.0f} tokens at {fast['arm']}'s first-request commit "
+                                              f"of {float(commit):.2f} tokens per step)" if tokens is not None else "")
+        + f": a request that generates less than that finishes sooner on {quick['arm']}.", "info",
+        ("medians of the decode requests; TTFTs of each arm alone (measured)",
+         "break-even steps = extra TTFT / ms saved per step (computed)"),
+        {"context_tokens": ctx, "fast_decode_arm": str(fast["arm"]), "fast_prefill_arm": str(quick["arm"]),
+         "extra_ttft_s": extra_s, "saved_step_ms": saved_ms, "break_even_steps": steps, "break_even_tokens": tokens},
+        "computed")
+
+
 def verdict_finding(verdicts: pd.DataFrame) -> Finding | None:
     if verdicts.empty:
         return None
@@ -173,6 +223,7 @@ def findings(dec: pd.DataFrame, pre: pd.DataFrame, own_floors: Mapping[str, Sequ
     """09's findings, those that the rows support (each builder returns None when they do not)."""
     out = [stock_decode(dec, stock_arm), decode_fix(dec, arms_meta, stock_arm, plugin_arm),
            prefill_floor_finding(own_floors), prefill_fix(pre, arms_meta, stock_arm), verdict_finding(verdicts),
+           tradeoff(dec, pre),
            targets_finding(tt), lacks_finding(lacking)]
     return [f for f in out if f is not None]
 

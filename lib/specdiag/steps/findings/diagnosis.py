@@ -305,6 +305,18 @@ def _fix(findings: Sequence[Mapping[str, Any]], cause: str | None, used: list[Ma
     elif prefill_collapsed:
         text += (" No prefill fix was measured here: an arm with FlashInfer's prefill beside the stock one "
                  "(09_engine_ab) is where one would be.")
+    trade = next((f for f in findings if f.get("id") == "engine_ab.tradeoff"
+                  and (f.get("numbers") or {}).get("break_even_steps") is not None), None)
+    if trade is not None:
+        n = trade["numbers"]
+        used.append(trade)
+        numbers.update(tradeoff_context_tokens=n["context_tokens"], break_even_steps=n["break_even_steps"])
+        toks = f", about {_num(n['break_even_tokens'])} tokens" if n.get("break_even_tokens") else ""
+        text += (f" Weighing the two at {_tok(n['context_tokens'])}: {n['fast_decode_arm']} verifies "
+                 f"{_num(n['saved_step_ms'])} ms faster per step than {n['fast_prefill_arm']} but takes "
+                 f"{_num(n['extra_ttft_s'])} s longer to the first token, which it pays back after "
+                 f"{_num(n['break_even_steps'])} verify steps{toks} ({trade.get('source', 'computed')}, "
+                 f"{trade.get('notebook')}).")
     return text
 
 
