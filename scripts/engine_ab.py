@@ -21,11 +21,10 @@ Arms (each a server with its own flags and environment; ``--arms`` picks, in the
 
 Every server is started (each once the one before it has sized its KV pool: SGLang sizes a pool from the memory free
 when it starts) and ready before anything is measured; then each arm alone, context by context: the prefix cache
-emptied, the prompt prefilled (its TTFT, ``concurrent`` 1), then decode requests on the cached prompt. No request of
-one arm shares the GPU with another's. An arm slower than ``--slow-step-ms`` per step at a context (measured, or
-predicted from its previous context in proportion to the tokens) gets ``--slow-repeats`` requests of half
-``--max-new-tokens`` there; a context whose prefill is predicted to outlast the budget (the previous TTFT scaled by
-the square of the tokens) is not started, and the run says so (``not_run``). Rows are appended as they are measured:
+emptied, the prompt prefilled (its TTFT, ``concurrent`` 1), then decode requests on the cached prompt
+(specdiag.steps.engine_ab.measure.measure_arm: a slow arm gets fewer, shorter requests at depth, and a context whose
+prefill is predicted to outlast the budget is not started; the run says so in ``not_run``). No request of one arm
+shares the GPU with another's. Rows are appended as they are measured:
 a cut call keeps what it measured.
 """
 
@@ -131,51 +130,6 @@ def make_server(arm: str, args: argparse.Namespace, work: Path, mem_fraction: fl
                          check=False)
 
 
-def predicted_s(rows: list[dict[str, Any]], key: str, ctx: int, power: float) -> float | None:
-    """A measure at ``ctx`` predicted from the arm's longest shorter context that has it: its value scaled by
-    (ctx / that context) ** power (1 for a decode step, 2 for a prefill at depth, whose attention is quadratic)."""
-    known = [(int(r["context_tokens"]), float(r[key])) for r in rows
-             if r.get(key) is not None and not r.get("error") and int(r["context_tokens"]) < ctx]
-    if not known:
-        return None
-    c, v = max(known)
-    return v * (ctx / c) ** power
-
-
-def measure_arm(run: Run, client: Any, arm: str, contexts: list[int], args: argparse.Namespace, end: float
-                ) -> list[str]:
-    """One arm alone, context by context (module doc). Returns what was not run, a sentence each."""
-    from specdiag.steps.engine_ab.measure import decode_all, prefill_all  # noqa: PLC0415
-
-    not_run: list[str] = []
-    pre_rows: list[dict[str, Any]] = []
-    dec_rows: list[dict[str, Any]] = []
-    for ctx in contexts:
-        left = end - 30 - time.monotonic()
-        guess = predicted_s(pre_rows, "ttft_s", ctx, 2.0)
-        if guess is not None and guess > left:
-            not_run.append(f"{arm} at {ctx:,} tokens: its prefill, predicted at {guess:,.0f} s from its previous "
-                           f"context, would outlast the {max(left, 0):,.0f} s left")
-            log(not_run[-1])
-            continue
-        before = len(run.rows("engine_ab"))
-        prompts = prefill_all(run, client, arm, [ctx], concurrent=1, deadline_s=end - 30, progress=log)
-        pre_rows += run.rows("engine_ab")[before:]
-        if ctx not in prompts:
-            not_run.append(f"{arm} at {ctx:,} tokens: no prompt prefilled (time budget or an error row)")
-            continue
-        step = predicted_s(dec_rows, "step_ms", ctx, 1.0)
-        slow = step is not None and step > args.slow_step_ms
-        half = max(2, args.max_new_tokens // 2)
-        first = decode_all(run, client, arm, prompts, 1, half if slow else args.max_new_tokens, deadline_s=end - 20,
-                           progress=log)
-        slow = slow or bool(first and (first[0].get("step_ms") or 0) > args.slow_step_ms)
-        more = decode_all(run, client, arm, prompts, (args.slow_repeats if slow else args.repeats) - 1,
-                          half if slow else args.max_new_tokens, deadline_s=end - 20, progress=log, first_repeat=1)
-        dec_rows += first + more
-    return not_run
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["merge"]:
@@ -244,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     record_device(run, "http://127.0.0.1")  # the servers run here; measured before any server takes the GPU
     from specdiag.launchers.process import redacted_command  # noqa: PLC0415
     from specdiag.serving import make_client  # noqa: PLC0415
+    from specdiag.steps.engine_ab.measure import measure_arm  # noqa: PLC0415
 
     fractions = [float(f) for f in args.mem_fractions.split(",") if f.strip()]
     servers = {a: make_server(a, args, work, fractions[i] if i < len(fractions) else None)
@@ -277,7 +232,9 @@ def main(argv: list[str] | None = None) -> int:
             continue
         t_arm = time.monotonic()
         try:
-            not_run += measure_arm(run, clients[a], a, per_arm.get(a, contexts), args, end)
+            not_run += measure_arm(run, clients[a], a, per_arm.get(a, contexts), args.repeats, args.max_new_tokens,
+                                   deadline_s=end - 30, progress=log, slow_step_ms=args.slow_step_ms,
+                                   slow_repeats=args.slow_repeats)
         except Exception as exc:  # noqa: BLE001 - the rows so far stay; the next arm goes on
             log(f"{a}: FAILED {type(exc).__name__}: {exc}")
             update_arm(run, a, failed=f"{type(exc).__name__}: {exc}"[:500])
@@ -315,8 +272,7 @@ def arm_config(rec: dict[str, Any]) -> dict[str, Any]:
 
 def merge(dest: Path, sources: list[Path]) -> int:
     """Join the run folders of several calls (one model) into one run: rows in order, each with its ``call`` (1, 2,
-    ...) and ``first_on_server`` (the first request an arm's server served in that call: it may carry one-time
-    compilation); each arm's record with the calls it was measured in (an arm in two calls must be the same
+    ...; 09 reads an arm's first row of a call as its server's first request); each arm's record with the calls it was measured in (an arm in two calls must be the same
     configuration: kind, plugin mode, server flags); each call's command, device and provenance in ``calls``; what a
     call cut at its time limit left unmeasured in ``not_run``; the servers' logs under ``servers/``."""
     import shutil  # noqa: PLC0415
@@ -331,13 +287,10 @@ def merge(dest: Path, sources: list[Path]) -> int:
     arms: dict[str, Any] = {}
     calls, stats, not_run, params = [], {}, [], {}
     for i, (src, r) in enumerate(zip(sources, runs), start=1):
-        seen_here: set[str] = set()
         counts: dict[str, int] = {}
         for row in r.rows("engine_ab"):
-            a = str(row.get("arm"))
-            out.append_row("engine_ab", {**row, "call": i, "first_on_server": a not in seen_here})
-            seen_here.add(a)
-            counts[a] = counts.get(a, 0) + 1
+            out.append_row("engine_ab", {**row, "call": i})
+            counts[str(row.get("arm"))] = counts.get(str(row.get("arm")), 0) + 1
         for a, rec in (r.meta.get("arms") or {}).items():
             if a in arms and arm_config(arms[a]) != arm_config(rec):
                 raise SystemExit(f"merge: arm {a} of call {i} ({src}) is not configured as in call "

@@ -250,7 +250,7 @@ def test_the_61_layer_reference_run_is_read_as_measured() -> None:
         assert cell.loc[(arm, K128), "step_ms"] == med(arm, K128)
     assert dec["clean"].all()  # one arm at a time: no decode shared the GPU
     servers = {(r["call"], r["arm"]) for r in rows}
-    firsts = [(r["call"], r["arm"]) for r in rows if r["first_on_server"]]
+    firsts = [(r.call, r.arm) for r in df[df["first_on_server"]].itertuples()]
     assert sorted(firsts) == sorted(servers)  # exactly one per server (an arm in two calls had two)
     flagged = pre[~pre["own"]]
     assert set(flagged["why_not_own"]) == {"the run's first request to this server (it may carry one-time kernel "

@@ -81,14 +81,15 @@ def overlaps(rows: Sequence[Mapping[str, Any]]) -> list[list[str]]:
 
 
 def frame(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
-    """The rows as a frame in file order, with ``overlapped_by`` (other arms in flight, :func:`overlaps`)."""
+    """The rows as a frame in file order, with ``overlapped_by`` (other arms in flight, :func:`overlaps`) and
+    ``first_on_server`` (the first request a server answered: its arm's first row of the call)."""
     rows = list(rows)
     df = pd.DataFrame(rows)
     if df.empty:
         return pd.DataFrame(columns=["arm", "phase", "context_tokens", "overlapped_by", "error"])
     df["overlapped_by"] = overlaps(rows)
-    if "first_on_server" not in df:  # one call, one server per arm: the arm's first row is its server's first request
-        df["first_on_server"] = ~df["arm"].duplicated()
+    # one server per arm and call: an arm's first row of a call is the first request its server answered
+    df["first_on_server"] = ~df.duplicated(["call", "arm"] if "call" in df else ["arm"])
     for col in ("concurrent", "cached_tokens", "step_ms", "ttft_s", "error", "commit_length", "decode_tok_s"):
         if col not in df:
             df[col] = None
@@ -143,7 +144,7 @@ def _not_own(r: Mapping[str, Any]) -> str:
         why.append(f"overlapped by {', '.join(r['overlapped_by'])}")
     if (_f(r.get("cached_tokens")) or 0) > 0:
         why.append(f"{int(r['cached_tokens']):,} prompt tokens served from the cache")
-    if r.get("first_on_server") in (True,):  # numpy bools too; a missing value (NaN) is not True
+    if r.get("first_on_server"):
         why.append("the run's first request to this server (it may carry one-time kernel compilation)")
     return "; ".join(why)
 

@@ -10,9 +10,9 @@ An arm is a name and a server (a URL: a live server, or one the launcher started
    context (``phase`` "decode"; ``cached_tokens`` says how much the server reused).
 
 So a long context's prefill is paid once per arm, not once per decode repeat (a 128k-token prefill on SGLang's Triton
-backend takes minutes at a model's depth). :func:`prefill_all` and :func:`decode_all` are the two phases, so a driver
-can run the arms' prefills side by side (``concurrent`` says how many ran at once: those TTFTs are not an arm's own)
-and their decodes one arm at a time. Each row is :func:`specdiag.measure.metrics.sweep_row`'s plus ``arm``,
+backend takes minutes at a model's depth). :func:`prefill_all` and :func:`decode_all` are the two phases;
+:func:`measure_arm` runs both on one arm alone, context by context, within a time budget (``concurrent`` on a row says
+how many arms prefilled at once where a driver overlapped them: those TTFTs are not an arm's own). Each row is :func:`specdiag.measure.metrics.sweep_row`'s plus ``arm``,
 ``phase``, ``repeat``, ``seed``, ``concurrent``; rows are appended as they are measured (``run.append_row``).
 """
 
@@ -45,10 +45,11 @@ def _send_row(client: Any, ids: list[int], arm: str, ctx: int, labels: dict[str,
 
 def prefill_all(run: Run, client: Any, arm: str, contexts: Iterable[int], seed: int = 0, prefill_new_tokens: int = 2,
                 concurrent: int = 1, deadline_s: Optional[float] = None,
-                progress: Callable[[str], None] = lambda s: None) -> dict[int, list[int]]:
+                progress: Callable[[str], None] = lambda s: None,
+                rows_out: Optional[list[dict[str, Any]]] = None) -> dict[int, list[int]]:
     """Phase 1 on one arm: the prefix cache emptied once (or, where the server offers no reset, each prompt given a
     unique head), then each context's prompt prefilled (module doc). Returns the prompts sent, by context: phase 2
-    sends them again."""
+    sends them again; ``rows_out`` (a list) also receives the rows written."""
     from specdiag.measure.fresh_prompt import freshen  # noqa: PLC0415
     from specdiag.measure.metrics import error_row  # noqa: PLC0415
     from specdiag.measure.request import ADD_SPECIAL_TOKENS, exact_prompt  # noqa: PLC0415
@@ -72,6 +73,8 @@ def prefill_all(run: Run, client: Any, arm: str, contexts: Iterable[int], seed: 
             prompts[ctx] = list(prompt.input_ids)
             row = _send_row(client, prompts[ctx], arm, ctx, {**labels, "cache_flushed": flushed}, prefill_new_tokens)
         run.append_row(TABLE, row)
+        if rows_out is not None:
+            rows_out.append(row)
         progress(f"{arm:>26} prefill {ctx:>7,}: TTFT {row.get('ttft_s')} s, {row.get('prefill_tok_s')} tok/s"
                  + (f" ERROR {row['error']}" if row.get("error") else ""))
     return prompts
@@ -102,9 +105,45 @@ def decode_all(run: Run, client: Any, arm: str, prompts: dict[int, list[int]], r
     return rows
 
 
+def predicted(rows: Iterable[dict[str, Any]], key: str, ctx: int, power: float) -> float | None:
+    """A measure at ``ctx`` predicted from the arm's longest shorter context that has it: its value scaled by
+    (ctx / that context) ** power (1 for a verify step, 2 for a prefill at depth, whose attention is quadratic)."""
+    known = [(int(r["context_tokens"]), float(r[key])) for r in rows
+             if r.get(key) is not None and not r.get("error") and int(r["context_tokens"]) < ctx]
+    if not known:
+        return None
+    c, v = max(known)
+    return v * (ctx / c) ** power
+
+
 def measure_arm(run: Run, client: Any, arm: str, contexts: Iterable[int], repeats: int = 3, max_new_tokens: int = 16,
-                seed: int = 0, deadline_s: Optional[float] = None,
-                progress: Callable[[str], None] = lambda s: None) -> list[dict[str, Any]]:
-    """Both phases on one arm, alone on its server (the notebook's live path)."""
-    prompts = prefill_all(run, client, arm, contexts, seed, deadline_s=deadline_s, progress=progress)
-    return decode_all(run, client, arm, prompts, repeats, max_new_tokens, seed, deadline_s, progress)
+                seed: int = 0, deadline_s: Optional[float] = None, progress: Callable[[str], None] = lambda s: None,
+                slow_step_ms: Optional[float] = None, slow_repeats: int = 3) -> list[str]:
+    """Both phases on one arm alone, context by context: each prompt prefilled, then decoded on its cached prompt
+    before the next context (the prefix cache never has to hold two long prompts). A context whose prefill is
+    predicted (:func:`predicted`, quadratic) to end past ``deadline_s`` is not started. Where a verify step takes over
+    ``slow_step_ms`` (measured at the context, or predicted from the previous one in proportion to the tokens), the
+    context gets ``slow_repeats`` requests of half ``max_new_tokens``. Returns what was not run, a sentence each."""
+    not_run: list[str] = []
+    pre: list[dict[str, Any]] = []
+    dec: list[dict[str, Any]] = []
+    half = max(2, max_new_tokens // 2)
+    for ctx in (int(c) for c in contexts):
+        guess = predicted(pre, "ttft_s", ctx, 2.0)
+        left = None if deadline_s is None else deadline_s - time.monotonic()
+        if guess is not None and left is not None and guess > left:
+            not_run.append(f"{arm} at {ctx:,} tokens: its prefill, predicted at {guess:,.0f} s from its previous "
+                           f"context, would outlast the {max(left, 0):,.0f} s left")
+            progress(not_run[-1])
+            continue
+        prompts = prefill_all(run, client, arm, [ctx], seed, deadline_s=deadline_s, progress=progress, rows_out=pre)
+        if ctx not in prompts:
+            not_run.append(f"{arm} at {ctx:,} tokens: no prompt prefilled (time budget or an error row)")
+            continue
+        step = predicted(dec, "step_ms", ctx, 1.0)
+        slow = slow_step_ms is not None and step is not None and step > slow_step_ms
+        first = decode_all(run, client, arm, prompts, 1, half if slow else max_new_tokens, seed, deadline_s, progress)
+        slow = slow or bool(slow_step_ms is not None and first and (first[0].get("step_ms") or 0) > slow_step_ms)
+        dec += first + decode_all(run, client, arm, prompts, (slow_repeats if slow else repeats) - 1,
+                                  half if slow else max_new_tokens, seed, deadline_s, progress, first_repeat=1)
+    return not_run
