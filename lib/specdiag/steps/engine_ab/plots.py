@@ -49,16 +49,22 @@ def _lines(ax: Any, df: pd.DataFrame, value: str, flag: str, styles: dict[str, d
     return sorted(set(contexts))
 
 
+def _finish(ax: Any, ctx: list[int], ylabel: str, title: str, source: str, legend: bool = True) -> None:
+    """The axes every 09 figure shares: log y, context ticks (1k, 32k, 128k), grid, legend, source note."""
+    _log_y(ax)
+    ax.set_ylabel(ylabel)
+    context_axis(ax, ctx)
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    if legend:
+        ax.legend(fontsize=8)
+    source_note(ax, source)
+
+
 def step_ms_vs_context(ax: Any, dec: pd.DataFrame, styles: dict[str, dict[str, Any]], source: str = "measured") -> None:
     """Median ms per verify step of each arm against context (log-log)."""
     ctx = _lines(ax, dec, "step_ms", "clean", styles)
-    _log_y(ax)
-    ax.set_ylabel("ms per verify step (median, log)")
-    context_axis(ax, ctx)
-    ax.set_title("Decode: time per verify step")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    source_note(ax, source)
+    _finish(ax, ctx, "ms per verify step (median, log)", "Decode: time per verify step", source)
 
 
 def decode_tok_s_vs_context(ax: Any, dec: pd.DataFrame, styles: dict[str, dict[str, Any]],
@@ -67,12 +73,7 @@ def decode_tok_s_vs_context(ax: Any, dec: pd.DataFrame, styles: dict[str, dict[s
     the same prompt draft from the arm's own earlier output)."""
     d = dec.dropna(subset=["decode_tok_s_first"])
     ctx = _lines(ax, d, "decode_tok_s_first", "clean", styles)
-    _log_y(ax)
-    ax.set_ylabel("decode tokens/s, first request (log)")
-    context_axis(ax, ctx)
-    ax.set_title("Decode tokens/s")
-    ax.grid(True, which="both", alpha=0.3)
-    source_note(ax, source)
+    _finish(ax, ctx, "decode tokens/s, first request (log)", "Decode tokens/s", source, legend=False)
 
 
 def ttft_vs_context(ax: Any, floors: pd.DataFrame, styles: dict[str, dict[str, Any]], source: str = "measured") -> None:
@@ -82,10 +83,4 @@ def ttft_vs_context(ax: Any, floors: pd.DataFrame, styles: dict[str, dict[str, A
     if not fl.empty:
         ax.plot(fl["context_tokens"], fl["floor_s"], color="k", linestyle="--", linewidth=1,
                 label="prefill floor (computed)")
-    _log_y(ax)
-    ax.set_ylabel("time to first token (s, log)")
-    context_axis(ax, ctx)
-    ax.set_title("Prefill: TTFT against its floor")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    source_note(ax, source)
+    _finish(ax, ctx, "time to first token (s, log)", "Prefill: TTFT against its floor", source)
