@@ -5,9 +5,13 @@ embedded server. For each arm, in this order:
 
 1. **fresh**: per context and repeat, ``/flush_cache`` (the free list back to one contiguous range), then the long
    request: its prompt lands on consecutive slots;
-2. **fragmented**: the filler (filler.py) cycles the pool, then the long requests without a flush: their prompts land
-   on the pieces the filler left. The filler runs again before a request whenever the pieces left ahead in the free
-   list (the pool minus what the long requests since the last filler took, an estimate) are fewer than it needs.
+2. **fragmented**: ``/flush_cache``, then the filler (filler.py) cycles the pool, then the long requests without a
+   flush: their prompts land on the pieces the filler left. The flush first makes the free list one known range the
+   filler's cycles are counted from; without it, a long request freed earlier (the fresh state's) sits in the list
+   as one contiguous piece a short filler may not reach past (seen on the H200: a "fragmented" 32k request laid on
+   consecutive slots). The filler runs again before a request whenever the pieces left ahead in the free list (the
+   pool minus what the long requests since the last filler took, an estimate) are fewer than it needs. The row's
+   measured layout, not the filler's count, says whether the request was scattered.
 
 Each request is a measured request (specdiag.measure.request: exact length, greedy, streamed, ignore_eos). Its row
 holds 01's columns (``step_ms``: decode window over verify steps, client side), the per-step samples (chunk gaps,
@@ -215,6 +219,7 @@ def measure_arm(run: Any, arm: Arm, plan: LayoutPlan, progress: Callable[[str], 
                     if ahead < 1.1 * need:
                         require_loopback(url)
                         progress(f"{arm.name}: filling the pool ({pool_tokens:,} slots) before {ctx:,} tokens")
+                        client.reset_cache()  # the filler's cycles count from one contiguous free list
                         res = fill(url, client.engine, base, plan.filler, pool_tokens, tpp, progress)
                         filler_note = res.as_dict()
                         ahead = pool_tokens - need if res.stopped == "cycled" else 0
