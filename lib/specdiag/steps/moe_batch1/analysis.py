@@ -60,8 +60,14 @@ def load_run(run: Any) -> MoERun:
     for row in out.dump_rows:
         if row.get("file") and not row.get("error"):
             path = Path(run.path) / row["file"]
-            if path.exists():
+            if recorder.stored(path):
                 out.dumps[int(row["tokens_per_step"])] = recorder.load(path)
+    layers = int((out.config or {}).get("num_hidden_layers") or 0)
+    k = int((out.config or {}).get("num_experts_per_tok") or 0)
+    for row in out.routing:  # rows recorded before captured_rows existed get it from their file
+        if "captured_rows" not in row and row.get("file") and layers and k and recorder.stored(Path(run.path) / row["file"]):
+            doc = json.loads(recorder.read_bytes(Path(run.path) / row["file"]))
+            row["captured_rows"] = routing.captured_rows(routing.decode_sglang(doc["routed_experts"], layers, k))
     return out
 
 
@@ -248,8 +254,14 @@ def routed_checks(mr: MoERun) -> list[str]:
         if r.get("error"):
             lines.append(f"T={r.get('tokens_per_step')}: {r['error']}")
         else:
-            lines.append(f"T={r.get('tokens_per_step')}: {r.get('rows')} rows (expected {r.get('rows_expected')}: "
-                         f"{'match' if r.get('rows_match') else 'MISMATCH'}), ids in range: {r.get('ids_in_range')}")
+            line = (f"T={r.get('tokens_per_step')}: {r.get('rows')} rows (expected {r.get('rows_expected')}: "
+                    f"{'match' if r.get('rows_match') else 'MISMATCH'}), ids in range: {r.get('ids_in_range')}")
+            cap = r.get("captured_rows")
+            if cap is not None:
+                line += (f", rows holding routing: {cap:,}" if cap else
+                         ", but no row holds routing (every id the same): not captured"
+                         + (" beside speculation" if (r.get("tokens_per_step") or 1) > 1 else ""))
+            lines.append(line)
     return lines
 
 
@@ -267,7 +279,8 @@ def metrics(dt: pd.DataFrame, steps: pd.DataFrame, bal: pd.DataFrame, proj: pd.D
 
 
 def read_json(path: str | Path) -> Any:
-    return json.loads(Path(path).read_text())
+    """A recorded JSON file, or its ``.gz``."""
+    return json.loads(recorder.read_bytes(path))
 
 
 def median_or_none(values: list[float]) -> float | None:

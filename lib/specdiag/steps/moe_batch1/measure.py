@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from specdiag.steps.moe_batch1 import recorder
-from specdiag.steps.moe_batch1.routing import decode_sglang, window_table
+from specdiag.steps.moe_batch1.routing import captured_rows, decode_sglang, window_table
 
 STEPS_TABLE = "moe_steps"
 ROUTING_TABLE = "moe_routing"
@@ -155,6 +155,7 @@ def routed_request(client: Any, run: Any, context: int, max_new_tokens: int, con
         row.update(rows=int(routed.shape[0]), rows_expected=expected_rows,
                    rows_match=int(routed.shape[0]) == expected_rows,
                    ids_in_range=bool(((routed >= 0) & (routed < experts)).all()),
+                   captured_rows=captured_rows(routed),
                    # generated tokens (what verify passes score) and the prompt's prose, in windows of T tokens
                    windows=window_table(routed, experts, first=trace.prompt_tokens or 0).to_dict("records"),
                    prompt_windows=window_table(routed[: trace.prompt_tokens or 0], experts).to_dict("records"))

@@ -102,11 +102,30 @@ def _np(x: Any) -> np.ndarray:
     return np.asarray(x)
 
 
+def stored(path: str | Path) -> Path | None:
+    """``path``, or ``path.gz`` where a recorded run keeps its files gzipped (the same bytes); None if neither."""
+    p = Path(path)
+    gz = p.with_name(p.name + ".gz")
+    return p if p.exists() else gz if gz.exists() else None
+
+
+def read_bytes(path: str | Path) -> bytes:
+    """A recorded file's bytes, gunzipped when it is stored as ``.gz`` (:func:`stored`)."""
+    import gzip  # noqa: PLC0415
+
+    p = stored(path)
+    if p is None:
+        raise FileNotFoundError(f"{path} (nor {path}.gz) does not exist")
+    return gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_bytes()
+
+
 def load(path: str | Path, rank: int | None = 0) -> Dump:
-    """Read one dump file (``torch.load`` with ``weights_only=True``: tensors, ints, strings and lists only)."""
+    """Read one dump file, or its ``.gz`` (``torch.load`` with ``weights_only=True``: tensors, ints, strings and lists
+    only)."""
+    import io  # noqa: PLC0415
     import torch  # noqa: PLC0415 - only to read the file
 
-    obj = torch.load(str(path), map_location="cpu", weights_only=True)
+    obj = torch.load(io.BytesIO(read_bytes(path)), map_location="cpu", weights_only=True)
     return parse(obj, str(path), rank)
 
 
