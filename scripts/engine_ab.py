@@ -73,17 +73,9 @@ def update_arm(run: Run, arm: str, **fields: Any) -> None:
 def record_device(run: Run, server_url: str) -> None:
     """run.json ``device`` (the GPU as nvidia-smi names it) and ``hardware`` (the run's peaks, specdiag.hardware:
     09's prefill floor reads them)."""
-    import subprocess  # noqa: PLC0415
-
     from specdiag import hardware  # noqa: PLC0415
 
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30).stdout.splitlines()
-        name, driver, mem = [x.strip() for x in out[0].split(",")]
-        run.update(device={"gpu": name, "driver": driver, "memory_total": mem, "source": "nvidia-smi"})
-    except Exception as exc:  # noqa: BLE001 - no GPU (a dry run on a CPU): say so
-        run.update(device={"gpu": None, "source": f"nvidia-smi failed: {exc}"[:200]})
+    run.update(device=hardware.nvidia_smi_gpu())
     try:
         hardware.run_peaks(run, server_url=server_url)
     except Exception as exc:  # noqa: BLE001

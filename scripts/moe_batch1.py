@@ -107,7 +107,10 @@ def main(argv: list[str] | None = None) -> int:
         config = json.loads(cfg_path.read_text()) if cfg_path.exists() else None
         made = Path(args.model_path) / "MADE_BY.txt"
         run.update(moe_model_made_by=made.read_text() if made.exists() else None)
-    run.update(data_source="measured", command=" ".join(sys.argv), moe_model_config=config)
+    from specdiag.hardware import nvidia_smi_gpu  # noqa: PLC0415
+
+    run.update(data_source="measured", command=" ".join(sys.argv), moe_model_config=config,
+               device=nvidia_smi_gpu() if args.engine == "sglang" else {"gpu": None, "source": "embedded (CPU)"})
     contexts = [int(c) for c in args.contexts.split(",")]
     rec_contexts = [int(c) for c in args.recorder_contexts.split(",")]
     servers: list[dict[str, Any]] = list(run.meta.get("moe_servers") or [])

@@ -1,6 +1,7 @@
 """Notebook 11 executed with papermill on a CONSTRUCTED run folder (tests/moe_fixture.py: recorder dumps written with
 torch.save in SGLang 0.5.17's per_pass structure from seeded uniform routing, step times made up; nothing recorded),
-and with nothing recorded at all (it says what it lacks and still projects Kimi K2.6 from the uniform expectation)."""
+on the H200 reference run it replays by default, and on an empty run (it says what it lacks and still projects Kimi
+K2.6 from the uniform expectation)."""
 
 from __future__ import annotations
 
@@ -36,9 +37,32 @@ def test_moe_notebook_on_a_constructed_run(run_notebook, tmp_path):
 
 
 @pytest.mark.notebook
-def test_moe_notebook_without_a_recorded_run_says_what_it_lacks(run_notebook, tmp_path):
-    run_dir = tmp_path / "nothing"
+def test_moe_notebook_replays_the_h200_reference_by_default(run_notebook, tmp_path):
+    """No parameters: 11 replays data/reference/sglang-h200-moe-batch1 (real SGLang 0.5.17, recorded bytes)."""
+    run_dir = tmp_path / "default"
     run_notebook("11_moe_batch1", run_dir=str(run_dir))
+    result = _result(run_dir)
+    assert result["recorded_from"].endswith("sglang-h200-moe-batch1")
+    m, ids = result["metrics"], {f["id"]: f for f in result["findings"]}
+    # distinct tokens spread (windows of the T=1 answer's generated tokens) ...
+    assert m["spread_ok"] is True and ids["moe.routing_spread"]["severity"] == "ok"
+    assert 55 <= m["distinct_by_tokens"]["8"] <= 64
+    # ... but the served NGRAM verify passes routed like 2 tokens (zero-padded drafts), and the check says so
+    drafts = ids["moe.verify_drafts"]["numbers"]
+    assert drafts["tokens"] == 8 and drafts["distinct"] == 16 and 1.5 < drafts["effective_tokens"] < 2.5
+    # the cost verdict reads the shortest context (1k), not 16k where the Triton verify attention dominates
+    share = ids["moe.expert_share"]["numbers"]
+    assert share["context_tokens"] == 1024 and all(v > 3 for v in share["step_over_floor_x"].values())
+    assert m["step_ms"]["16384:8"] > 5 * m["step_ms"]["1024:8"]
+
+
+@pytest.mark.notebook
+def test_moe_notebook_without_measurements_says_what_it_lacks(run_notebook, tmp_path):
+    from specdiag.runs import Run
+
+    empty = Run.create(tmp_path / "empty", label="moe-batch1")
+    run_dir = tmp_path / "nothing"
+    run_notebook("11_moe_batch1", replay_dir=str(empty.path), run_dir=str(run_dir))
     result = _result(run_dir)
     ids = {f["id"]: f for f in result["findings"]}
     assert "moe.not_measured" in ids and "moe.kimi_projection" in ids

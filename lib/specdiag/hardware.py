@@ -84,6 +84,20 @@ KNOWN_GPUS: tuple[GpuSpec, ...] = (
 )
 
 
+def nvidia_smi_gpu(index: int = 0) -> dict[str, Any]:
+    """The GPU as nvidia-smi names it (a run.json ``device``): name, driver, memory; ``gpu`` None and why when
+    nvidia-smi is missing or fails (a dry run on a CPU)."""
+    import subprocess  # noqa: PLC0415
+
+    try:
+        out = subprocess.run(["nvidia-smi", f"--id={index}", "--query-gpu=name,driver_version,memory.total",
+                              "--format=csv,noheader"], capture_output=True, text=True, timeout=30).stdout.splitlines()
+        name, driver, mem = [x.strip() for x in out[0].split(",")]
+        return {"gpu": name, "driver": driver, "memory_total": mem, "source": "nvidia-smi"}
+    except Exception as exc:  # noqa: BLE001 - no GPU here: say so
+        return {"gpu": None, "source": f"nvidia-smi failed: {exc}"[:200]}
+
+
 def lookup_gpu(device_name: str) -> GpuSpec | None:
     """The known GPU whose match strings all occur in ``device_name`` (case-insensitive), or None."""
     name = device_name.lower()

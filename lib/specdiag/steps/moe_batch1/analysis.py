@@ -119,10 +119,53 @@ def balance_table(mr: MoERun) -> pd.DataFrame:
     return balance.balance_table(pd.concat(frames, ignore_index=True)) if frames else pd.DataFrame()
 
 
+def generated_windows(windows: pd.DataFrame) -> pd.DataFrame:
+    """Per T: the routed-experts answers' windows of generated tokens (median over the answers)."""
+    if windows.empty:
+        return pd.DataFrame()
+    g = windows[windows["part"] == "generated"]
+    if g.empty:
+        return pd.DataFrame()
+    return (g.groupby("tokens", as_index=False)
+            .agg(windows=("windows", "sum"), distinct=("distinct", "median"), expected_uniform=("expected_uniform", "first"),
+                 spread_ratio=("spread_ratio", "median")).assign(kind="window"))
+
+
+def spread(pass_df: pd.DataFrame, windows: pd.DataFrame) -> tuple[bool | None, float | None, str]:
+    """Do distinct tokens route apart? From windows of generated tokens (a routed-experts answer: consecutive tokens
+    of real output) where there are any, else from the verify passes (whose drafts may repeat a token: then they
+    understate it)."""
+    gw = generated_windows(windows)
+    gw = gw[gw["tokens"] > 1] if not gw.empty else gw
+    if not gw.empty:
+        ok, ratio, text = routing.spread_check(gw, kind="window")
+        return ok, ratio, "windows of T generated tokens (routed experts): " + text.replace("window passes", "windows")
+    if pass_df.empty:
+        return None, None, "no recorder dump and no routed-experts answer"
+    return routing.spread_check(pass_df)
+
+
+def repeated_drafts(dt: pd.DataFrame) -> pd.DataFrame:
+    """The verify rows of :func:`distinct_table` whose passes routed like fewer than half their tokens (drafts that
+    repeat a token)."""
+    if dt.empty or "effective_tokens" not in dt:
+        return pd.DataFrame()
+    v = dt[(dt["kind"] == "verify") & (dt["effective_tokens"] < 0.5 * dt["tokens"])]
+    return v.reset_index(drop=True)
+
+
 def distinct_by_tokens(dt: pd.DataFrame, spread_ok: bool | None, num_experts: int = 384, top_k: int = 8,
-                       tokens: tuple[int, ...] = routing.TOKENS_PER_STEP) -> tuple[dict[int, float], str]:
-    """Distinct experts per T for the projections: the seeds' (measured; T between measured ones interpolated in
-    log T) when their routing spreads, else the uniform expectation (computed)."""
+                       tokens: tuple[int, ...] = routing.TOKENS_PER_STEP,
+                       windows: pd.DataFrame | None = None) -> tuple[dict[int, float], str]:
+    """Distinct experts per T for the byte tables and the projection, when the routing spreads: windows of T
+    generated tokens (what a verify pass of T distinct drafts reads), else the recorder's verify passes (T between
+    measured ones interpolated in log T); otherwise the uniform expectation (computed)."""
+    gw = generated_windows(windows) if windows is not None else pd.DataFrame()
+    if spread_ok and not gw.empty:
+        got = cost.interpolate({int(r.tokens): float(r.distinct) for r in gw.itertuples()}, tokens)
+        if got:
+            return got, ("measured (routed experts of the generated tokens in windows of T: what a verify step of T "
+                         "distinct tokens reads)")
     if spread_ok and not dt.empty:
         measured = {int(r.tokens): float(r.distinct) for r in dt.itertuples()}
         got = cost.interpolate(measured, tokens)
@@ -134,17 +177,28 @@ def distinct_by_tokens(dt: pd.DataFrame, spread_ok: bool | None, num_experts: in
                                                                        else "missing)"))
 
 
+def device_peak(mr: MoERun) -> tuple[float | None, str]:
+    """The served GPU's published memory bandwidth (GB/s) from run.json ``device``, and its source."""
+    from specdiag.hardware import lookup_gpu  # noqa: PLC0415
+
+    spec = lookup_gpu(str(mr.device.get("gpu") or ""))
+    return (spec.memory_bandwidth_gb_s, f"published ({spec.name}: {spec.memory_source})") if spec else (None, "")
+
+
 def expert_share_table(mr: MoERun, distinct: Mapping[int, float], context_tokens: int) -> pd.DataFrame:
-    """The served model's bytes per step per T (cost.step_bytes, one GPU, TP 1)."""
+    """The served model's bytes per step per T (cost.step_bytes, one GPU, TP 1), and their floor (bytes over the GPU's
+    published peak) where the run names its GPU."""
     geom = geometry_of(mr.config)
     if geom is None or geom.moe is None:
         return pd.DataFrame()
-    return pd.DataFrame([cost.step_bytes(geom, t, d, context_tokens) for t, d in sorted(distinct.items())])
+    df = pd.DataFrame([cost.step_bytes(geom, t, d, context_tokens) for t, d in sorted(distinct.items())])
+    peak, _ = device_peak(mr)
+    return df.assign(floor_ms=df["total_bytes"] / (peak * 1e6)) if peak else df
 
 
 def findings(mr: MoERun, pass_df: pd.DataFrame, dt: pd.DataFrame, steps: pd.DataFrame, bal: pd.DataFrame,
              proj: pd.DataFrame, proj_source: str, share: pd.DataFrame, best: pd.DataFrame,
-             context_tokens: int) -> list[Finding]:
+             context_tokens: int, windows: pd.DataFrame | None = None) -> list[Finding]:
     """11's verdicts (module docstring)."""
     src = "measured" if mr.source.startswith("measured") else "published" if mr.source == "published" else "computed"
     out: list[Finding] = []
@@ -155,44 +209,95 @@ def findings(mr: MoERun, pass_df: pd.DataFrame, dt: pd.DataFrame, steps: pd.Data
                            "K2.6's published shape, not from a measurement.", "info",
                            ("run scripts/device/moe_batch1_job.sh on the H200, or point 11 at an SGLang MoE server "
                             "started with the recorder flags (docs/moe-batch1.md)",), {}, "computed"))
-    ok, ratio, text = routing.spread_check(pass_df) if not pass_df.empty else (None, None, "no recorder dump")
+    windows = windows if windows is not None else pd.DataFrame()
+    ok, ratio, text = spread(pass_df, windows)
     if ok is not None:
         out.append(Finding("moe.routing_spread", "MoE routing: does it spread?",
-                           ("The verify passes route like independent tokens: the counts can be read as expert "
+                           ("Distinct tokens route like independent tokens: the counts can be read as expert "
                             "bytes.") if ok else
-                           ("The verify passes touch far fewer experts than independent tokens would: these weights "
+                           ("The tokens touch far fewer experts than independent tokens would: these weights "
                             "route tokens alike, so no conclusion about expert bytes is drawn from them (the "
                             "projection uses the uniform expectation instead)."),
                            "ok" if ok else "warning", (text, _tokens_line(dt)), {"spread_ratio": ratio}, src))
+    rep = repeated_drafts(dt)
+    if not rep.empty:
+        r = rep.iloc[(rep["tokens"] - 8).abs().argmin()]
+        gw = generated_windows(windows)
+        at_t = gw[gw["tokens"] == r.tokens] if not gw.empty else gw
+        ev = [f"T={int(x.tokens)}: {x.passes} verify passes, {x.distinct:.3g} distinct experts per layer (median) of "
+              f"{x.expected_uniform:.3g} for {int(x.tokens)} independent tokens: routed like {x.effective_tokens:.2g} "
+              f"tokens" for x in rep.itertuples()]
+        mc = pass_df[(pass_df["kind"] == "verify") & (pass_df["tokens"] == r.tokens)]["max_count"] \
+            if "max_count" in pass_df else pd.Series(dtype=float)
+        if not mc.empty:
+            ev.append(f"T={int(r.tokens)}: the busiest expert of a layer got {int(mc.median())} of the pass's "
+                      f"{int(r.tokens)} tokens (median): one token repeated")
+        verdict = (f"The verify passes scored {int(r.tokens)} tokens but routed like {r.effective_tokens:.2g}: their "
+                   f"drafts repeat one token, so a step read the experts of {r.distinct:.3g} per layer, "
+                   f"{r.over_t1_x:.1f}x a one-token step's (measured). SGLang's NGRAM fills a draft it cannot match "
+                   "with token 0 (ngram_corpus/result.cpp, \"zero padding to length\"), and the copies route alike.")
+        if not at_t.empty:
+            verdict += (f" {int(r.tokens)} distinct tokens of the generated text touch {at_t['distinct'].iloc[0]:.3g} "
+                        f"({at_t['distinct'].iloc[0] / _top_k(mr):.1f}x): what a drafter whose drafts differ reads.")
+        out.append(Finding("moe.verify_drafts", "MoE at batch 1: what the served verify passes held", verdict, "info",
+                           ev, {"tokens": int(r.tokens), "distinct": float(r.distinct),
+                                "effective_tokens": float(r.effective_tokens)}, src))
     if not steps.empty:
-        ctx = int(steps["context_tokens"].max())
+        ctx = int(steps["context_tokens"].min())
         at = steps[steps["context_tokens"] == ctx].sort_values("tokens_per_step")
         ev = [f"T={int(r.tokens_per_step)}: {r.step_ms:.3g} ms per verify step ({r.over_fewest_x:.2f}x T="
               f"{int(at.iloc[0].tokens_per_step)}; {mr.source})" for r in at.itertuples()]
+        longest = int(steps["context_tokens"].max())
+        if longest > ctx:
+            lg = steps[steps["context_tokens"] == longest].sort_values("tokens_per_step")
+            ev.append(f"at {format_tokens(longest)}: " + "; ".join(
+                f"T={int(r.tokens_per_step)} {r.step_ms:.3g} ms ({r.over_fewest_x:.2f}x)" for r in lg.itertuples())
+                + " (the verify attention grows with context and T; the experts do not: 05 and 09 measure it)")
         numbers: dict[str, Any] = {"context_tokens": ctx,
                                    "step_ms_by_tokens": {str(int(r.tokens_per_step)): round(r.step_ms, 4)
                                                          for r in at.itertuples()}}
         verdict = (f"At batch 1 a verify step scoring {int(at.iloc[-1].tokens_per_step)} tokens takes "
                    f"{at.iloc[-1].over_fewest_x:.2f}x the time of a step of {int(at.iloc[0].tokens_per_step)} at "
-                   f"{format_tokens(ctx)} tokens of context (measured on the seeds")
+                   f"{format_tokens(ctx)} tokens of context, the shortest measured, where attention is smallest "
+                   "(measured on the seeds")
         verdict += ")" if mr.source.startswith("measured") else f"; data: {mr.source})"
         if not share.empty and ok:
             row8 = share.iloc[(share["tokens"] - 8).abs().argmin()]
-            verdict += (f"; the routed experts are {100 * row8.expert_share:.0f}% of the bytes of a step of "
-                        f"{int(row8.tokens)} tokens there, {row8.experts_over_t1_x:.1f}x the expert bytes of a "
-                        "one-token step")
+            verdict += (f"; with {int(row8.tokens)} distinct tokens the routed experts are "
+                        f"{100 * row8.expert_share:.0f}% of the bytes of a step there, {row8.experts_over_t1_x:.1f}x "
+                        "the expert bytes of a one-token step")
             numbers.update(expert_share=float(row8.expert_share), experts_over_t1_x=float(
                 row8.experts_over_t1_x), share_tokens=int(row8.tokens))
+            if "floor_ms" in share:
+                meas = dict(zip(at["tokens_per_step"].astype(int), at["step_ms"]))
+                over = {int(r.tokens): meas[int(r.tokens)] / r.floor_ms for r in share.itertuples()
+                        if int(r.tokens) in meas and r.floor_ms > 0}
+                if over:
+                    verdict += (f". The measured steps take {min(over.values()):.3g}-{max(over.values()):.3g}x their "
+                                f"bytes floor ({device_peak(mr)[1].split(':')[0].replace('published (', '')} peak): "
+                                "at batch 1 this server's step is not bound by the bytes it reads, experts included")
+                    numbers.update(step_over_floor_x={str(t): round(v, 3) for t, v in over.items()})
+                    ev.append("bytes floor (computed; peak " + device_peak(mr)[1] + "): " + "; ".join(
+                        f"T={int(r.tokens)} {r.floor_ms:.3g} ms" for r in share.itertuples()))
             ev.append(f"bytes (computed from the served model's config, distinct experts measured): "
                       + "; ".join(f"T={int(r.tokens)}: experts {r.routed_expert_bytes / 1e9:.3g} GB of "
                                   f"{r.total_bytes / 1e9:.3g} GB ({100 * r.expert_share:.0f}%)" for r in share.itertuples()))
         out.append(Finding("moe.expert_share", "MoE at batch 1: what verifying T tokens costs", verdict + ".",
                            "info", ev, numbers, src))
     if not best.empty:
+        where, other = "", []
+        if "context_tokens" in best:
+            lo, hi = int(best["context_tokens"].min()), int(best["context_tokens"].max())
+            where = f" at {format_tokens(lo)} tokens of context"
+            if hi > lo:
+                other = [f"at {format_tokens(hi)}: " + "; ".join(
+                    f"acceptance {r.acceptance:g}: T={int(r.best_tokens_per_step)}"
+                    for r in best[best["context_tokens"] == hi].itertuples())]
+            best = best[best["context_tokens"] == lo]
         b0 = best[best["acceptance"] == 0.0]
         ev = [f"acceptance {r.acceptance:g}: best T={int(r.best_tokens_per_step)} ({r.best_tokens_per_s:.3g} tokens/s)"
-              for r in best.itertuples()]
-        verdict = ("With the measured step times, more draft tokens pay only when drafts are accepted: "
+              for r in best.itertuples()] + other
+        verdict = (f"With the step times measured{where}, more draft tokens pay only when drafts are accepted: "
                    + "; ".join(f"at acceptance {r.acceptance:g} the best is T={int(r.best_tokens_per_step)}"
                                for r in best.itertuples()) + ".")
         out.append(Finding("moe.best_draft_tokens", "MoE at batch 1: the best number of draft tokens", verdict, "info",

@@ -4,7 +4,10 @@ consecutive tokens from a request's routed experts, against the uniform expectat
 - A pass's **tokens**: a MoE layer's counts sum to tokens x top_k; the median over MoE layers / top_k (dense layers
   count 0 and are left out). **Kind**: ``verify`` when the pass has the server's tokens per verify step (speculation
   on), ``decode`` for 1 token, else ``extend`` (prefill chunks).
-- **Distinct experts** of a layer in a pass: experts with a count > 0.
+- **Distinct experts** of a layer in a pass: experts with a count > 0. **Effective tokens**: how many independent
+  tokens would touch that many (:func:`effective_tokens`); **max count**: the most tokens one expert got in a layer
+  (median over layers). A verify pass of T tokens whose drafts are one repeated token routes like 2 tokens, max count
+  T - 1 (SGLang's NGRAM pads a draft it cannot match with token 0: seen on the H200).
 - **Uniform expectation** (specdiag.geometry.active_experts_per_layer, ``uniform``): each token picks top_k distinct
   experts of E uniformly and independently: E x (1 - (1 - k/E)^T). For independent tokens no routing distribution
   touches more experts on average, so a trained model's tokens, which share experts, touch fewer.
@@ -22,6 +25,7 @@ consecutive tokens from a request's routed experts, against the uniform expectat
 from __future__ import annotations
 
 import base64
+import math
 import statistics
 from typing import Any, Iterable, Sequence
 
@@ -39,6 +43,17 @@ TOKENS_PER_STEP = (1, 2, 4, 8, 16)  # the ladder 11 shows
 def expected_distinct(num_experts: int, top_k: int, tokens: int) -> float:
     """Expected distinct experts when ``tokens`` independent tokens each pick ``top_k`` of ``num_experts`` uniformly."""
     return active_experts_per_layer(MoEShape(num_experts, top_k, 1, 0, ()), tokens, "uniform")
+
+
+def effective_tokens(distinct: float, num_experts: int, top_k: int) -> float:
+    """How many independent tokens touch ``distinct`` experts on average (:func:`expected_distinct` inverted): a pass
+    whose tokens repeat routes like fewer tokens than it scores (SGLang's NGRAM fills a draft it cannot match with
+    token 0, sglang/kernels/jit/csrc/ngram_corpus/result.cpp "zero padding to length", and the copies route alike)."""
+    if distinct <= 0:
+        return 0.0
+    if distinct >= num_experts:
+        return float("inf")
+    return math.log(1 - distinct / num_experts) / math.log(1 - top_k / num_experts)
 
 
 def moe_layers(dump: Dump) -> list[int]:
@@ -69,6 +84,8 @@ def pass_table(dump: Dump, top_k: int, verify_tokens: int | None = None) -> pd.D
         exp = expected_distinct(dump.num_experts, top_k, t)
         rows.append({"forward_pass_id": p.forward_pass_id, "tokens": t, "kind": kind,
                      "distinct_median": float(np.median(distinct)), "distinct_min": int(distinct.min()),
+                     "effective_tokens": effective_tokens(float(np.median(distinct)), dump.num_experts, top_k),
+                     "max_count": int(np.median(sub.max(axis=1))),
                      "distinct_max": int(distinct.max()), "expected_uniform": exp,
                      "spread_ratio": float(np.median(distinct)) / exp, "moe_layers": len(layers),
                      "tokens_consistent": bool(np.all(np.isclose(per_layer_tokens, tokens)))})
@@ -92,7 +109,8 @@ def by_tokens(passes: pd.DataFrame, num_experts: int, top_k: int) -> pd.DataFram
         d = float(g["distinct_median"].median())
         exp = expected_distinct(num_experts, top_k, int(t))
         out.append({"tokens": int(t), "kind": kind, "passes": len(g), "distinct": d, "expected_uniform": exp,
-                    "spread_ratio": d / exp, "over_t1_x": d / top_k})
+                    "spread_ratio": d / exp, "effective_tokens": effective_tokens(d, num_experts, top_k),
+                    "over_t1_x": d / top_k})
     return pd.DataFrame(out).sort_values(["kind", "tokens"]).reset_index(drop=True)
 
 
