@@ -96,9 +96,13 @@ def run_arms(args: argparse.Namespace) -> int:
     run.update(data_source="measured", command=" ".join(sys.argv),
                kv_layout_plan={"contexts": args.contexts, "max_new_tokens": args.max_new_tokens,
                                "repeats": args.repeats, "max_total_tokens": args.max_total_tokens,
-                               "filler_concurrency": args.filler_concurrency, "draft_tokens": args.draft_tokens})
+                               "filler_concurrency": args.filler_concurrency, "filler_cycles": args.filler_cycles,
+                               "states": args.states, "draft_tokens": args.draft_tokens})
+    states = tuple(x.strip() for x in args.states.split(",") if x.strip())
+    if not states or set(states) - {"fresh", "fragmented"}:
+        raise SystemExit(f"--states takes fresh and/or fragmented, in the order to measure; got {args.states!r}")
     plan = LayoutPlan(contexts=tuple(int(c) for c in args.contexts.split(",")), max_new_tokens=args.max_new_tokens,
-                      repeats=args.repeats, filler=FillerPlan(cycles=args.filler_cycles,
+                      repeats=args.repeats, states=states, filler=FillerPlan(cycles=args.filler_cycles,
                                                               concurrency=args.filler_concurrency,
                                                               max_seconds=args.filler_max_s))
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
@@ -171,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-total-tokens", type=int, default=200_000, help="KV pool slots of each server")
     ap.add_argument("--context-length", type=int, default=140_000)
     ap.add_argument("--mem-fraction", type=float, default=0.6)
+    ap.add_argument("--states", default="fresh,fragmented", help="pool states to measure, in this order")
     ap.add_argument("--filler-cycles", type=float, default=1.1)
     ap.add_argument("--filler-concurrency", type=int, default=8)
     ap.add_argument("--filler-max-s", type=float, default=240.0)
