@@ -159,27 +159,51 @@ def test_routing_that_does_not_spread_is_not_used(tmp_path):
     assert "did not spread" in found["moe.ep_balance"].verdict
 
 
-RECORDED = sorted((Path(__file__).parent / "data" / "sglang-0.5.17").glob("expert_distribution_recorder_*.pt"))
-ANSWERS = sorted((Path(__file__).parent / "data" / "sglang-0.5.17").glob("routed_experts_*.json"))
+REFERENCE = Path(__file__).resolve().parents[1] / "data" / "reference" / "sglang-h200-moe-batch1"
 
 
-@pytest.mark.parametrize("path", RECORDED or [None], ids=lambda p: p.name if p else "none-yet")
-def test_recorded_recorder_dumps_parse(path):
-    """Dumps RECORDED by a real SGLang 0.5.17 (scripts/device/moe_batch1_job.sh), when they are in tests/data."""
-    if path is None:
-        pytest.skip("no recorded expert-distribution dump in tests/data/sglang-0.5.17 yet (the H200 run makes one)")
-    dump = recorder.load(path)
-    assert dump.passes and dump.num_experts == 384
-    assert not routing.pass_table(dump, 8).empty
+@pytest.mark.parametrize("t", [1, 8, 16])
+def test_recorded_recorder_dumps_parse(t):
+    """Dumps RECORDED by a real SGLang 0.5.17 on the H200 (stored gzipped, the server's bytes): one prefill of the
+    1,024-token prompt and 64 decode (T=1) or verify passes; every MoE layer's counts sum to tokens x top_k."""
+    dump = recorder.load(REFERENCE / "files" / f"expert_distribution_t{t}.pt")
+    assert dump.num_experts == 384 and dump.num_layers == 31 and len(dump.passes) == 65
+    table = routing.pass_table(dump, 8, verify_tokens=t)
+    assert routing.moe_layers(dump) == list(range(1, 31))  # the first layer is dense
+    assert table["tokens_consistent"].all()
+    assert sorted(table["tokens"].unique()) == sorted({1024, t})
+    steps = table[table["tokens"] == t]
+    assert len(steps) == 64 and (steps["kind"] == ("decode" if t == 1 else "verify")).all()
+    if t > 1:  # NGRAM's zero-padded drafts: one token scored once, one token T - 1 times
+        assert steps["distinct_median"].median() == 16 and steps["max_count"].median() == t - 1
 
 
-@pytest.mark.parametrize("path", ANSWERS or [None], ids=lambda p: p.name if p else "none-yet")
-def test_recorded_routed_experts_answers_decode(path):
-    """Routed-experts answers RECORDED from a real SGLang 0.5.17, when they are in tests/data."""
+def test_recorded_routed_experts_answers_decode():
+    """Routed-experts answers RECORDED from a real SGLang 0.5.17: without speculation each token's experts; beside
+    NGRAM the right number of rows, every one zeros (rows that hold no routing)."""
     import json
 
-    if path is None:
-        pytest.skip("no recorded routed-experts answer in tests/data/sglang-0.5.17 yet (the H200 run makes one)")
-    doc = json.loads(path.read_text())
-    arr = routing.decode_sglang(doc["routed_experts"], doc["num_hidden_layers"], doc["num_experts_per_tok"])
-    assert arr.shape[0] == doc["prompt_tokens"] + doc["completion_tokens"] - 1
+    arrays = {}
+    for t, captured in ((1, 1087), (8, 0), (16, 0)):
+        doc = json.loads(recorder.read_bytes(REFERENCE / "files" / f"routed_experts_t{t}.json"))
+        arrays[t] = routing.decode_sglang(doc["routed_experts"], doc["num_hidden_layers"], doc["num_experts_per_tok"])
+        assert arrays[t].shape == (doc["prompt_tokens"] + doc["completion_tokens"] - 1, 31, 8)
+        assert routing.captured_rows(arrays[t]) == captured
+    windows = routing.window_table(arrays[1], 384, first=1024).set_index("tokens")  # the generated tokens
+    assert 0.9 < windows.loc[8, "spread_ratio"] < 1.1
+    assert routing.window_table(arrays[8], 384).empty  # zeros: no layer routes
+
+
+def test_routed_checks_say_when_no_row_holds_routing():
+    from specdiag.runs import Run
+
+    lines = ma.routed_checks(ma.load_run(Run.open(REFERENCE)))
+    assert any(line.startswith("T=1:") and "rows holding routing: 1,087" in line for line in lines)
+    assert any(line.startswith("T=8:") and "no row holds routing" in line and "beside speculation" in line
+               for line in lines)
+
+
+@pytest.mark.parametrize("n", [1, 2, 8, 16])
+def test_effective_tokens_inverts_the_uniform_expectation(n):
+    assert routing.effective_tokens(routing.expected_distinct(384, 8, n), 384, 8) == pytest.approx(n)
+    assert routing.effective_tokens(16, 384, 8) == pytest.approx(2.02, abs=0.01)  # NGRAM's padded verify pass

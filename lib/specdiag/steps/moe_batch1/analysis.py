@@ -383,10 +383,5 @@ def metrics(dt: pd.DataFrame, steps: pd.DataFrame, bal: pd.DataFrame, proj: pd.D
             "projection_distinct_source": proj_source}
 
 
-def read_json(path: str | Path) -> Any:
-    """A recorded JSON file, or its ``.gz``."""
-    return json.loads(recorder.read_bytes(path))
-
-
 def median_or_none(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
