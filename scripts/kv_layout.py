@@ -141,15 +141,19 @@ def merge(dest: str, sources: list[str]) -> int:
     """Append the sources' kv_layout rows and arm facts into ``dest`` (a new or existing run folder)."""
     out = Run.create(Path(dest), label="kv-layout")
     facts = list(out.meta.get("kv_layout_arms") or [])
-    for src in sources:
+    plans = list(out.meta.get("kv_layout_plans") or [])
+    first = 1 + max([int(r.get("call") or 0) for r in out.rows("kv_layout")] + [0])
+    for call, src in enumerate(sources, start=first):
         run = Run.open(src)
         for row in run.rows("kv_layout"):
-            out.append_row("kv_layout", row)
-        facts += list(run.meta.get("kv_layout_arms") or [])
+            out.append_row("kv_layout", {**row, "call": call})
+        facts += [{**f, "call": call} for f in run.meta.get("kv_layout_arms") or []]
+        plans.append({"call": call, **dict(run.meta.get("kv_layout_plan") or {}), "command": run.meta.get("command")})
         for key in ("data_source", "kv_layout_plan", "device"):
             if run.meta.get(key) and not out.meta.get(key):
                 out.update(**{key: run.meta[key]})
-    out.update(kv_layout_arms=facts, merged_from=[str(s) for s in sources])
+    out.update(kv_layout_arms=facts, kv_layout_plans=plans,
+               merged_from=list(out.meta.get("merged_from") or []) + [str(s) for s in sources])
     print(f"merged {len(sources)} run folders into {dest}: {len(out.rows('kv_layout'))} rows")
     return 0
 

@@ -37,7 +37,7 @@ def test_filler_bounds_and_slots():
     with pytest.raises(ValueError):
         FillerPlan(prompt_tokens=(10, 5))
     # SGLang allocates a slot per scored token each verify step; without speculation one per token
-    assert slots_of({"completion_tokens": 20, "spec_verify_ct": 9}, 40, 8) == 40 + 72
+    assert slots_of({"completion_tokens": 20, "spec_verify_ct": 9}, 40, 8) == 40 + 20 + 8
     assert slots_of({"completion_tokens": 20}, 40, None) == 60
     assert pool_allocated({"internal_states": [{"kv_pool": {"allocated_since_clear": 77}}]}) == 77
     assert pool_allocated({"internal_states": [{}]}) is None

@@ -6,7 +6,7 @@
 # pool. Run from the repository root:
 #
 #   OUT=/path [ARMS=triton,plugin] [LAYERS=4] [CONTEXTS=32768,131072] [POOL=200000] [REPEATS=1] [BUDGET=520] \
-#     [FILLER_CYCLES=1.1] [STATES=fresh,fragmented] bash scripts/device/kv_layout_job.sh
+#     [FILLER_CYCLES=1.1] [FILLER_CONCURRENCY=8] [STATES=fresh,fragmented] bash scripts/device/kv_layout_job.sh
 #
 # A dry run of the whole flow on a CPU: ENGINE=embedded (embedded servers as arms, their own slot pools; no SGLang,
 # plugin or model), e.g. OUT=/tmp/o ENGINE=embedded ARMS=a CONTEXTS=1024 POOL=3072 bash scripts/device/kv_layout_job.sh
@@ -23,6 +23,7 @@ REPEATS=${REPEATS:-1}
 BUDGET=${BUDGET:-520}
 FILLER_CYCLES=${FILLER_CYCLES:-1.1}
 STATES=${STATES:-fresh,fragmented}
+FILLER_CONCURRENCY=${FILLER_CONCURRENCY:-8}
 SITE=${SITE:-/tmp/site}
 ENGINE=${ENGINE:-sglang}
 WORK=${WORK:-/tmp/kvl-work}
@@ -48,7 +49,7 @@ echo "[kv-layout] model /tmp/mla$LAYERS after $(( $(date +%s) - t0 )) s" | tee -
 left=$(( BUDGET - ($(date +%s) - t0) ))
 PYTHONPATH=$SITE:$PWD/lib timeout $(( left + 40 )) python3 scripts/kv_layout.py --out "$OUT/kv-layout" --work "$WORK" \
   --model-path /tmp/mla$LAYERS --site "$SITE" --plugin-path /tmp/plugin --arms "$ARMS" --contexts "$CONTEXTS" \
-  --repeats "$REPEATS" --max-total-tokens "$POOL" --filler-cycles "$FILLER_CYCLES" --states "$STATES" --budget-s "$left" 2>&1 | tee -a "$log" \
+  --repeats "$REPEATS" --max-total-tokens "$POOL" --filler-cycles "$FILLER_CYCLES" --filler-concurrency "$FILLER_CONCURRENCY" --states "$STATES" --budget-s "$left" 2>&1 | tee -a "$log" \
   | grep -E "ready|FAILED|fresh|fragmented|filler|done|not started"
 echo "[kv-layout] driver exit ${PIPESTATUS[0]} after $(( $(date +%s) - t0 )) s" | tee -a "$log"
 for f in "$WORK"/server-*.log; do [ -f "$f" ] && tail -c 2000000 "$f" > "$f.tmp" && mv "$f.tmp" "$f"; done
