@@ -119,3 +119,21 @@ def test_a_layout_cost_reaches_07s_diagnosis_as_a_measured_fix():
     d = diagnose([{**dataclasses.asdict(f), "notebook": "10_kv_layout"} for f in found])
     assert "contiguous KV layout (flushed pool) on plugin" in d.fix and "1.1x faster" in d.fix
     assert "10_kv_layout: kv_layout.plugin" in d.based_on
+    assert d.after.startswith("A fragmented KV pool costs plugin +10.") and "contiguous pays" in d.after
+
+
+def test_07_says_when_the_layout_costs_nothing_or_was_not_scattered():
+    import dataclasses
+
+    from specdiag.steps.findings.diagnosis import diagnose
+
+    same = [_row("triton", "fresh", 131072, 0, 0.99, 2, _samples(100.0, seed=1)),
+            _row("triton", "fragmented", 131072, 0, 0.44, 212, _samples(100.0, seed=2))]
+    d = diagnose([{**dataclasses.asdict(f), "notebook": "10_kv_layout"}
+                  for f in kla.findings(kla.costs(same), kla.kernel_prediction([]))])
+    assert "costs no measurable time on triton" in d.after and not d.numbers.get("fix")
+    alike = [_row("plugin", "fresh", 32768, 0, 1.0, 0, _samples(3.5, seed=1)),
+             _row("plugin", "fragmented", 32768, 0, 1.0, 0, _samples(4.0, seed=2))]
+    d = diagnose([{**dataclasses.asdict(f), "notebook": "10_kv_layout"}
+                  for f in kla.findings(kla.costs(alike), kla.kernel_prediction([]))])
+    assert "was not judged" in d.after and "costs" not in d.after

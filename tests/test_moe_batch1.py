@@ -207,3 +207,24 @@ def test_routed_checks_say_when_no_row_holds_routing():
 def test_effective_tokens_inverts_the_uniform_expectation(n):
     assert routing.effective_tokens(routing.expected_distinct(384, 8, n), 384, 8) == pytest.approx(n)
     assert routing.effective_tokens(16, 384, 8) == pytest.approx(2.02, abs=0.01)  # NGRAM's padded verify pass
+
+
+def test_07_diagnosis_carries_11s_verdict_from_the_h200_run():
+    import dataclasses
+
+    from specdiag.steps.findings.diagnosis import diagnose
+
+    mr = ma.load_run(Run.open(REFERENCE))
+    pass_df = ma.passes(mr)
+    dt = ma.distinct_table(mr, pass_df)
+    windows = ma.window_tables(mr)
+    ok, _, _ = ma.spread(pass_df, windows)
+    distinct, src = ma.distinct_by_tokens(dt, ok, windows=windows)
+    steps = cost.measured_steps(mr.steps)
+    found = ma.findings(mr, pass_df, dt, steps, ma.balance_table(mr),
+                        cost.project(distinct, 131072, 1792, load_geometry("kimi-k2.6")), src,
+                        ma.expert_share_table(mr, distinct, 1024), cost.best_draft_tokens({}), 131072, windows)
+    d = diagnose([{**dataclasses.asdict(f), "notebook": "11_moe_batch1"} for f in found])
+    assert "a verify step of 16 tokens takes 3.45x a step of 1 at 1k tokens" in d.after
+    assert "not bound by expert bytes" in d.after and "routed like 2.02" in d.after
+    assert "11_moe_batch1: moe.expert_share" in d.based_on

@@ -20,6 +20,11 @@ The parts, and the findings they read:
 - prefill: the prefill floor finding furthest from its floor (05's ``bandwidth.prefill_floor``, 09's
   ``engine_ab.prefill_floor``: the TTFT of the longest prompt over the prefill's floor, the chunk size); without
   one, a sentence saying no TTFT was set against the floor.
+- after the attention, the investigation's last two steps, each a sentence when its notebook ran: the KV layout
+  (10's ``kv_layout.<arm>``: a fragmented pool's cost per verify step on the arm where it is largest, or that no
+  arm's layout differed enough to judge) and MoE experts at batch 1 (11's ``moe.expert_share``: a verify step of T
+  tokens against a one-token step at the shortest context, the experts' share of its bytes, its distance from the
+  floor; ``moe.verify_drafts`` when the served drafts repeated a token).
 - fix, one per collapse: a finding whose ``numbers`` hold ``fix`` (what was changed, in words) and ``fix_speedup_x``
   (time before / after, > 1 is faster; optional ``fix_context_tokens``) is a fix measured in this run, of decode
   unless ``numbers['fix_phase']`` says "prefill" (09's ``engine_ab.decode_fix``: the plugin against stock Triton per
@@ -51,10 +56,11 @@ class Diagnosis:
     numbers: dict[str, Any] = field(default_factory=dict)
     based_on: tuple[str, ...] = ()               # "notebook: finding id" of every finding used
     prefill: str = ""                            # the prefill against its floor (the second collapse), or why not
+    after: str = ""                              # the KV layout (10) and MoE at batch 1 (11), when they ran
 
     @property
     def paragraph(self) -> str:
-        return " ".join(s for s in (self.slow, self.floor, self.cause, self.prefill, self.fix) if s)
+        return " ".join(s for s in (self.slow, self.floor, self.cause, self.prefill, self.fix, self.after) if s)
 
     def as_finding(self) -> Finding:
         return Finding("findings.diagnosis", "Diagnosis", self.paragraph, self.severity,  # type: ignore[arg-type]
@@ -320,6 +326,61 @@ def _fix(findings: Sequence[Mapping[str, Any]], cause: str | None, used: list[Ma
     return text
 
 
+def _kv_layout(findings: Sequence[Mapping[str, Any]], used: list[Mapping[str, Any]], numbers: dict[str, Any]) -> str:
+    judged = [f for f in findings if str(f.get("id", "")).startswith("kv_layout.") and f["id"].count(".") == 1
+              and f["id"] not in ("kv_layout.prediction", "kv_layout.not_measured") and f.get("numbers")]
+    unjudged = [f for f in findings if str(f.get("id", "")).endswith(".not_fragmented")]
+    if not judged:
+        if unjudged:
+            used.extend(unjudged)
+            return ("The KV layout (10_kv_layout) was not judged: its fragmented requests were laid out like the "
+                    "fresh ones.")
+        return ""
+    worst = max(judged, key=lambda f: float(f["numbers"].get("cost_x") or 0))
+    n = worst["numbers"]
+    used.append(worst)
+    numbers.update(kv_layout_arm=n.get("arm"), kv_layout_cost_x=n.get("cost_x"),
+                   kv_layout_context_tokens=n.get("context_tokens"))
+    arms = ", ".join(str(f["numbers"].get("arm")) for f in judged)
+    if "fix_speedup_x" in n or worst.get("severity") in ("warning", "critical"):
+        return (f"A fragmented KV pool costs {n['arm']} {100 * (float(n['cost_x']) - 1):+.1f}% per verify step at "
+                f"{_tok(n['context_tokens'])} ({worst.get('source', 'measured')}, 10_kv_layout): keeping each "
+                "request's KV contiguous pays there.")
+    return (f"A fragmented KV pool costs no measurable time on {arms} (at most {100 * (float(n['cost_x']) - 1):+.1f}% "
+            f"at {_tok(n['context_tokens'])}; {worst.get('source', 'measured')}, 10_kv_layout): defragmenting is "
+            "not where the time goes.")
+
+
+def _moe(findings: Sequence[Mapping[str, Any]], used: list[Mapping[str, Any]], numbers: dict[str, Any]) -> str:
+    share = _find(findings, "moe.expert_share")
+    if share is None or not share.get("numbers"):
+        return ""
+    n = share["numbers"]
+    by_t = {int(k): float(v) for k, v in (n.get("step_ms_by_tokens") or {}).items()}
+    if len(by_t) < 2:
+        return ""
+    used.append(share)
+    lo, hi = min(by_t), max(by_t)
+    numbers.update(moe_context_tokens=n.get("context_tokens"), moe_step_ms_by_tokens=n.get("step_ms_by_tokens"))
+    text = (f"On an MoE model at batch 1 (11_moe_batch1, {share.get('source', 'measured')}), a verify step of {hi} "
+            f"tokens takes {_num(by_t[hi] / by_t[lo])}x a step of {lo} at {_tok(n.get('context_tokens'))}")
+    if n.get("expert_share") is not None:
+        text += (f"; with {n.get('share_tokens')} distinct tokens its routed experts are "
+                 f"{100 * float(n['expert_share']):.0f}% of the bytes it reads ({_num(n.get('experts_over_t1_x'))}x a "
+                 "one-token step's)")
+    over = n.get("step_over_floor_x") or {}
+    if over:
+        text += (f", yet the steps run {_num(min(over.values()))}-{_num(max(over.values()))}x above their bytes "
+                 "floor: at batch 1 that step is not bound by expert bytes")
+    drafts = _find(findings, "moe.verify_drafts")
+    if drafts is not None and drafts.get("numbers"):
+        d = drafts["numbers"]
+        used.append(drafts)
+        text += (f" (the served verify passes of {d.get('tokens')} tokens routed like {_num(d.get('effective_tokens'))}:"
+                 " their drafts repeated a token)")
+    return text + "."
+
+
 def diagnose(findings: Sequence[Mapping[str, Any]]) -> Diagnosis:
     """The diagnosis from this run's findings (``overview.collect_findings`` of this run's own results, each
     with its ``notebook``). Pure; see the module docstring for the findings each part reads."""
@@ -330,10 +391,11 @@ def diagnose(findings: Sequence[Mapping[str, Any]]) -> Diagnosis:
     cause, cause_id = _cause(findings, used, numbers)
     prefill, collapsed = _prefill(findings, used, numbers)
     fix = _fix(findings, cause_id, used, numbers, collapsed)
+    after = " ".join(x for x in (_kv_layout(findings, used, numbers), _moe(findings, used, numbers)) if x)
     worst = min((f.get("severity", "info") for f in used), key=lambda s: SEVERITY_ORDER.get(s, 9), default="info")
     seen: list[str] = []
     for f in used:
         if _by(f) not in seen:
             seen.append(_by(f))
     return Diagnosis(slow, floor, cause, fix, worst, {k: v for k, v in numbers.items() if v is not None}, tuple(seen),
-                     prefill)
+                     prefill, after)
