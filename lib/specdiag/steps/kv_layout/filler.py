@@ -60,7 +60,7 @@ class FillerResult:
     requests: int = 0
     failed: int = 0
     slots: int = 0  # slots handed out by the filler's requests (server-reported or estimated)
-    slots_source: str = "estimated"  # "server-reported (kv_pool)" or "estimated (prompt + verify steps x tokens)"
+    slots_source: str = "estimated"  # "server-reported (kv_pool)" or "estimated (prompt + completion + one step's drafts)"
     pool_tokens: int = 0
     seconds: float = 0.0
     stopped: str = ""  # "cycled", "max_requests", "max_seconds", "errors"
@@ -171,5 +171,5 @@ def fill(url: str, engine: str, base_ids: list[int], plan: FillerPlan, pool_toke
     if before is not None and after is not None and after >= before:
         result.slots, result.slots_source = after - before, "server-reported (kv_pool)"
     else:
-        result.slots_source = "estimated (prompt + verify steps x tokens per step)"
+        result.slots_source = "estimated (prompt + completion + one step's drafts)"
     return result
