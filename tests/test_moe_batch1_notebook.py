@@ -33,7 +33,7 @@ def test_moe_notebook_on_a_constructed_run(run_notebook, tmp_path):
     assert ids["moe.routing_spread"]["severity"] == "ok"
     assert {"moe.expert_share", "moe.best_draft_tokens", "moe.ep_balance", "moe.kimi_projection"} <= set(ids)
     assert ids["moe.best_draft_tokens"]["numbers"]["best_at_zero_acceptance"] == 1  # no acceptance: no drafts
-    assert result["recorded_from"]
+    assert not result.get("recorded_from")  # a replay_dir asked for: the run's own result (07 counts it)
 
 
 @pytest.mark.notebook
