@@ -43,3 +43,20 @@ def test_kv_layout_fresh_against_fragmented_on_the_embedded_server(run_notebook,
     verdict = found["kv_layout.embedded"]["verdict"]
     assert ("costs time" in verdict) == m["costs_time"]  # the wording follows the test, not a fixed claim
     assert result["metrics"]["prediction"]["131072"] > 1.0  # the kernel A/B's reference predicts the plugin's cost
+
+
+@pytest.mark.notebook
+def test_kv_layout_replays_the_h200_run(run_notebook, tmp_path):
+    """10 on data/reference/sglang-h200-kv-layout (a real SGLang 0.5.17): Triton's scattered 128k request costs nothing,
+    and the pairs whose layouts did not differ are not judged."""
+    from specdiag.paths import REFERENCE_DIR
+
+    run_dir = tmp_path / "replay"
+    run_notebook("10_kv_layout", replay_dir=str(REFERENCE_DIR / "sglang-h200-kv-layout"), run_dir=str(run_dir))
+    result = json.loads((run_dir / "findings" / "10_kv_layout.json").read_text())
+    ids = {f["id"]: f for f in result["findings"]}
+    triton = result["metrics"]["arms"]["triton"]["131072"]
+    assert triton["fragmented_share_in_long_runs"] < 0.5 and not triton["costs_time"]
+    assert 0.98 < triton["cost_x"] < 1.02 and ids["kv_layout.triton"]["severity"] == "ok"
+    assert ids["kv_layout.plugin.not_fragmented"]["severity"] == "warning"  # its 32k pair lay alike
+    assert "kv_layout.prediction" not in ids  # nothing scattered on the plugin to test the prediction with
