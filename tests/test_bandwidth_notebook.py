@@ -129,6 +129,7 @@ def test_plugin_arm_with_its_stock_pair_projects_per_layer(run_notebook: Callabl
 
 
 @pytest.mark.notebook
+@pytest.mark.slow  # the same execution (this run, no stock_dir) and assertion: test_sglang_0517_replay's MLA test
 def test_without_a_stock_pair_there_is_no_projection(run_notebook: Callable[..., Path], tmp_path: Path) -> None:
     run_notebook("05_bandwidth_analysis", replay_dir=str(REFERENCE_DIR / "sglang-h200-mla2-stock-185k"))
     assert _result(tmp_path / "run")["metrics"]["stock_pair"] is None
