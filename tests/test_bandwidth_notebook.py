@@ -109,8 +109,10 @@ def test_plugin_arm_with_its_stock_pair_projects_per_layer(run_notebook: Callabl
     one line saying why there is no traced one. The traced pair (params/plugin-projection.yaml):
     tests/test_plugin_reference_runs.py."""
     check = REFERENCE_DIR / "sglang-h200-mla2-plugin-check-bf16"
+    # the run records no hardware: the H200's peaks as parameters, else 05 would time this machine's CPU (a bf16
+    # matmul, about 20 s here), which no assertion below reads
     run_notebook("05_bandwidth_analysis", replay_dir=str(check), stock_dir=str(check / "stock"), project_layers=61,
-                 project_context=185000)
+                 project_context=185000, memory_bandwidth_gb_s=4800.0, matmul_tflops=989.0)
     pair = _result(tmp_path / "run")["metrics"]["stock_pair"]
     assert pair["layers_measured"] == 2 and pair["layers_target"] == 61 and pair["extrapolated"]
     last = pair["rows"][-1]
@@ -127,6 +129,7 @@ def test_plugin_arm_with_its_stock_pair_projects_per_layer(run_notebook: Callabl
 
 
 @pytest.mark.notebook
+@pytest.mark.slow  # the same execution (this run, no stock_dir) and assertion: test_sglang_0517_replay's MLA test
 def test_without_a_stock_pair_there_is_no_projection(run_notebook: Callable[..., Path], tmp_path: Path) -> None:
     run_notebook("05_bandwidth_analysis", replay_dir=str(REFERENCE_DIR / "sglang-h200-mla2-stock-185k"))
     assert _result(tmp_path / "run")["metrics"]["stock_pair"] is None

@@ -73,7 +73,11 @@ def test_speculative_output_equals_target_only_greedy(models, target, drafter, a
         for n in (2, 4, 8)
     }
     accepted = 0
-    for ids in prompts():
+    # The independent drafter's drafts are nearly all rejected: every step commits one token, so each prompt costs
+    # 20 steps x 3 engines of drafting and verifying. Half the prompts (12: 6 predictable, 6 novel) still make
+    # hundreds of rejections; the other pairs keep all 24.
+    n_each = 6 if (algorithm, drafter) == ("STANDALONE", "drafter") else 12
+    for ids in prompts(n_each):
         expected, _ = run(base, ids)
         assert len(expected) == 20
         for n, engine in engines.items():

@@ -22,11 +22,18 @@ def result(run_dir: Path) -> dict[str, Any]:
 @pytest.mark.notebook
 def test_live_on_the_embedded_server_with_cpu_telemetry(run_notebook: Callable[..., Path], embedded_server: Any,
                                                         tmp_path: Path) -> None:
+    from specdiag import hardware
+
     run_dir = tmp_path / "live"
+    # the run's peaks as 00 of the same run resolves and keeps them (here from parameters): 02 reads them from
+    # run.json instead of timing a bf16 matmul on this CPU (about 20 s; that path: test_hardware, and the slow
+    # test_one_run_has_one_peak_bandwidth_in_every_notebook)
+    hardware.run_peaks(Run.create(run_dir), 20.0, 1.0, server_url=embedded_server.url, server_info={"device": "cpu"})
     run_notebook("02_gpu_utilization", server_url=embedded_server.url, run_dir=str(run_dir), context_tokens=256,
                  max_new_tokens=24, idle_s=0.3, telemetry="cpu", sample_hz=50.0)
     out = result(run_dir)
     m = out["metrics"]
+    assert m["peak_gb_s"] == 20.0  # the run's recorded peak, not one of 02's own
     assert m["request_error"] is None and m["completion_tokens"] == 24 and m["context_tokens"] == 256
     assert m["telemetry_source"] == "cpu" and m["device"] == "cpu"
     assert m["telemetry_same_machine_as_server"] is True

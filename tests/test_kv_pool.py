@@ -21,6 +21,16 @@ from specdiag.localserver.tiny import TINY_VOCAB_SIZE, cached_tiny_models  # noq
 CPU = torch.device("cpu")
 
 
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Tiny models run faster on one thread; the old setting comes back after each test, so later modules (e.g.
+    test_models' 1,024-token forwards, twice as fast on two threads) do not inherit it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def test_runs_of_consecutive_slots():
     assert run_lengths([]).tolist() == []
     assert run_lengths([5]).tolist() == [1]
@@ -111,7 +121,6 @@ def _generate(engine, ids, n):
 
 
 def test_pooled_cache_is_lossless_and_frees_every_slot():
-    torch.set_num_threads(1)
     plain = _engine(None)
     cfg = plain.target.config
     pool = KVPool.for_model(cfg, 600, torch.float32, CPU)
@@ -132,7 +141,6 @@ def test_pooled_cache_is_lossless_and_frees_every_slot():
 
 
 def test_a_fragmented_pool_scatters_the_next_request_and_a_clear_makes_it_contiguous():
-    torch.set_num_threads(1)
     probe = _engine(None)
     pool = KVPool.for_model(probe.target.config, 400, torch.float32, CPU)
     engine = _engine(pool, drafter_name="drafter")  # an independent drafter: most drafts rejected, their slots freed

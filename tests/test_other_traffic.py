@@ -113,7 +113,8 @@ def test_embedded_server_beside_a_load_generator(embedded_server: Any) -> None:
 
     client = make_client(embedded_server.url)
     plan = make_plan([256, 512], 16, 1, "novel", 0, True)
-    with LoadGenerator(embedded_server.url, "sglang", concurrency=2, max_requests=30, max_new_tokens=48) as load:
+    # the load's requests as long as ours (16 new tokens): one of its two is always running or waiting while ours are
+    with LoadGenerator(embedded_server.url, "sglang", concurrency=2, max_requests=30, max_new_tokens=16) as load:
         load.wait_busy()
         busy = [measure_request(client, q, plan) for q in plan.requests()]
     quiet = [measure_request(client, q, plan) for q in plan.requests()]

@@ -30,6 +30,7 @@ def test_mla_step_rises_with_context_and_05_measures_the_floor(run_notebook: Cal
     assert f["sweep.step_time_slope"]["numbers"]["slope_ms_per_1k_tokens"] == pytest.approx(0.413, abs=0.001)
     run_notebook("05_bandwidth_analysis", replay_dir=str(MLA))
     b = _findings(tmp_path, "05_bandwidth_analysis")
+    assert b["metrics"]["stock_pair"] is None  # no stock_dir: no per-layer projection
     far = b["bandwidth.far_from_floor"]
     assert far["severity"] == "critical" and "793x its floor" in far["verdict"]
 

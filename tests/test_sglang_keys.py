@@ -119,24 +119,21 @@ def test_a_server_with_only_the_api_key_takes_it_on_its_admin_endpoints() -> Non
         assert len(_auth(srv, "/flush_cache")) == 3  # the admin key once, then the API key, remembered
 
 
-@pytest.mark.notebook
-def test_every_notebook_against_the_replay_with_both_keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A report run of 00-07 against the recorded SGLang 0.5.17 with both keys set: every notebook ok, the admin key
-    only on /flush_cache, the API key on the rest, neither key anywhere in the run folder."""
+def _report_with_both_keys(tmp_path: Path, notebooks: list[str]) -> None:
+    """A report run of ``notebooks`` against the recorded SGLang 0.5.17 with both keys set: every notebook ok, the
+    admin key only on /flush_cache, the API key on the rest, neither key anywhere in the run folder."""
     params = tmp_path / "params.yaml"
     params.write_text("context_lengths: [1024]\nmax_new_tokens: 32\ncontext_tokens: 1024\nmodel_config: embedded-target\n"
-                      "memory_bandwidth_gb_s: 4800.0\nmatmul_tflops: 989.0\n")
+                      "memory_bandwidth_gb_s: 4800.0\nmatmul_tflops: 989.0\nidle_s: 0.2\n")
     run_dir = tmp_path / "run"
     with ReplayServer(recorded=RAW, metrics_static=True, api_key=API, admin_api_key=ADMIN) as srv:
         env = {**os.environ, API_KEY_ENV: API, ADMIN_API_KEY_ENV: ADMIN}
-        # 00-07 by name: the later steps (10's filler, 11's recorder) need a live engine, not a replay
         out = subprocess.run([sys.executable, "-m", "specdiag.report", "run", "--server", srv.url, "--params",
-                              str(params), "--run-dir", str(run_dir), "--notebooks",
-                              *[f"{i:02d}" for i in range(8)]], env=env, capture_output=True, text=True,
-                             timeout=600)
+                              str(params), "--run-dir", str(run_dir), "--notebooks", *notebooks], env=env,
+                             capture_output=True, text=True, timeout=600)
         flush, other = _auth(srv, "/flush_cache"), [r for r in srv.requests if r.path != "/flush_cache"]
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "8 of 8 notebooks ok" in out.stdout + out.stderr
+    assert f"{len(notebooks)} of {len(notebooks)} notebooks ok" in out.stdout + out.stderr
     assert flush and set(flush) == {f"Bearer {ADMIN}"}
     assert all(r.headers.get("Authorization") in (f"Bearer {API}", None) for r in other)
     for path in run_dir.rglob("*"):
@@ -145,3 +142,19 @@ def test_every_notebook_against_the_replay_with_both_keys(tmp_path: Path, monkey
             assert API.encode() not in data and ADMIN.encode() not in data, path
     sweep = [json.loads(line) for line in (run_dir / "sweep.jsonl").read_text().splitlines()]
     assert sweep and all(r["cache_flushed"] is True and r["other_traffic"] is False for r in sweep)
+
+
+@pytest.mark.notebook
+def test_every_kind_of_request_the_notebooks_send_with_both_keys(tmp_path: Path) -> None:
+    """00 and 01 send every kind of request 00-07 send between them (recorded per notebook against this replay):
+    00 /model_info and /metrics, 01 /tokenize, /flush_cache (the admin key) and /generate (the API key), both the
+    report's and nb.start's /health, /v1/models and /server_info; 02-04 send the same kinds as 01 through the same
+    nb.start client, 05-07 only nb.start's. All eight notebooks: the slow test below."""
+    _report_with_both_keys(tmp_path, ["00", "01"])
+
+
+@pytest.mark.notebook
+@pytest.mark.slow
+def test_every_notebook_against_the_replay_with_both_keys(tmp_path: Path) -> None:
+    """00-07 by name: the later steps (10's filler, 11's recorder) need a live engine, not a replay."""
+    _report_with_both_keys(tmp_path, [f"{i:02d}" for i in range(8)])

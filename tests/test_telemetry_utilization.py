@@ -228,7 +228,7 @@ def test_measure_checks_the_context_before_sending(tmp_path: Path) -> None:
     assert run.rows("telemetry") == []
 
 
-def test_record_script_writes_a_replayable_run(tmp_path: Path) -> None:
+def test_record_script_writes_a_replayable_run(tmp_path: Path, small_cpu_measurements: None) -> None:
     import runpy
 
     out = tmp_path / "rec"
