@@ -146,10 +146,10 @@ def _report_with_both_keys(tmp_path: Path, notebooks: list[str]) -> None:
 
 @pytest.mark.notebook
 def test_every_kind_of_request_the_notebooks_send_with_both_keys(tmp_path: Path) -> None:
-    """00 and 01 send every kind of request 00-07 send between them (recorded per notebook against this replay):
-    00 /model_info and /metrics, 01 /tokenize, /flush_cache (the admin key) and /generate (the API key), both the
-    report's and nb.start's /health, /v1/models and /server_info; 02-04 send the same kinds as 01 through the same
-    nb.start client, 05-07 only nb.start's. All eight notebooks: the slow test below."""
+    """00 and 01 send every kind of request 00-07 send (recorded per notebook against this replay): besides the
+    report's /health and /v1/models, 00 sends /server_info, /metrics and /model_info, 01 /server_info, /metrics,
+    /tokenize, /flush_cache (the admin key) and /generate (the API key); 02-04 send the same kinds as 01 through the
+    same nb.start client, 05 /server_info and /metrics, 06 and 07 nothing more. All eight: the slow test below."""
     _report_with_both_keys(tmp_path, ["00", "01"])
 
 
