@@ -138,8 +138,10 @@ def spread(pass_df: pd.DataFrame, windows: pd.DataFrame) -> tuple[bool | None, f
     gw = generated_windows(windows)
     gw = gw[gw["tokens"] > 1] if not gw.empty else gw
     if not gw.empty:
-        ok, ratio, text = routing.spread_check(gw, kind="window")
-        return ok, ratio, "windows of T generated tokens (routed experts): " + text.replace("window passes", "windows")
+        ok, ratio, _ = routing.spread_check(gw, kind="window")
+        return ok, ratio, (f"windows of T generated tokens (routed experts) touch {100 * ratio:.0f}% of the experts "
+                           f"independent tokens would (median over T = {', '.join(str(int(t)) for t in gw['tokens'])}; "
+                           f"spread when >= {100 * routing.SPREAD_MIN:.0f}%)")
     if pass_df.empty:
         return None, None, "no recorder dump and no routed-experts answer"
     return routing.spread_check(pass_df)
