@@ -38,6 +38,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if engines:
             config.hook.pytest_deselected(items=engines)
             items[:] = [item for item in items if "engines" not in item.keywords]
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # In pytest-xdist workers (make test): the modules with notebook or embedded-server tests first, whole modules
+        # in their order, so their long tests start early and the many short ones fill the end instead of one worker
+        # finishing a notebook test alone. Module fixtures are still set up once; a plain run keeps the file order.
+        heavy = {item.module.__name__ for item in items if isinstance(item, pytest.Function)
+                 and (item.get_closest_marker("notebook") or "embedded_server" in item.fixturenames)}
+        items.sort(key=lambda item: getattr(item, "module", None) is None or item.module.__name__ not in heavy)
     if _cuda_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (run `make test-gpu` on a GPU host)")

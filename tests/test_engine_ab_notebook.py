@@ -49,7 +49,48 @@ def test_09_replays_the_61_layer_run(run_notebook, tmp_path) -> None:
     assert "x its floor" in page and "NVIDIA H200" in page and "recorded run" in page and ">nan<" not in page.lower()
 
 
+def test_configured_arms_are_started_measured_and_stopped_one_after_another(tmp_path, monkeypatch,
+                                                                         embedded_server) -> None:
+    """09's engine_configs path (eab_arms.measure_arms with configs) through the real launcher registry: each arm gets
+    an EmbeddedServer with its algorithm and draft tokens, is started, measured, recorded with its command and engine
+    config, and stopped before the next one starts. Only the process start is replaced: EmbeddedServer.start adopts
+    the session's embedded server (its port) instead of starting one. Two real arm servers, their own server info
+    and 09's page on them: test_09_measures_two_embedded_arms_one_after_another (slow)."""
+    from specdiag.localserver import EmbeddedServer
+    from specdiag.steps.engine_ab import arms as eab_arms
+
+    port = int(embedded_server.url.rsplit(":", 1)[1])
+    run = Run.create(tmp_path / "run")
+    events: list[tuple] = []
+
+    def adopt(self, timeout_s=None):
+        events.append(("start", self.algorithm, self.num_draft_tokens, len(run.rows("engine_ab"))))
+        self.port = port
+        return self
+
+    def release(self, timeout_s=10.0):
+        events.append(("stop", self.algorithm, len(run.rows("engine_ab"))))
+
+    monkeypatch.setattr(EmbeddedServer, "start", adopt)
+    monkeypatch.setattr(EmbeddedServer, "stop", release)
+    configs = eab_arms.parse_engine_configs("ngram=embedded:NGRAM:4,plain=embedded:NONE")
+    assert eab_arms.measure_arms(run, {}, configs, [128], 2, 4) == ["ngram", "plain"]
+    (_, a1, t1, r0), (_, s1, r1), (_, a2, t2, r2), (_, s2, r3) = events  # start, stop, start, stop: one at a time
+    assert [e[0] for e in events] == ["start", "stop", "start", "stop"]
+    assert (a1, t1, s1, a2, t2, s2) == ("NGRAM", 4, "NGRAM", "NONE", 8, "NONE")
+    assert r0 == 0 < r1 == r2 < r3  # each arm measured while it was up
+    rows = run.rows("engine_ab")
+    assert {r["arm"] for r in rows[:r1]} == {"ngram"} and {r["arm"] for r in rows[r1:]} == {"plain"}
+    for arm in ("ngram", "plain"):
+        assert sum(r["phase"] == "decode" and r["error"] is None for r in rows if r["arm"] == arm) == 2
+    arms = Run.open(run.path).meta["arms"]
+    assert arms["ngram"]["command"][-4:] == ["--speculative-num-draft-tokens", "4", "--device", "auto"]
+    assert "--speculative-algorithm" in arms["plain"]["command"] and "NONE" in arms["plain"]["command"]
+    assert (arms["ngram"]["engine_config"], arms["plain"]["engine_config"]) == ("embedded:NGRAM:4", "embedded:NONE:8")
+
+
 @pytest.mark.notebook
+@pytest.mark.slow  # cheaper siblings in make test: the test above, test_09_measures_live_servers_named_by_url
 def test_09_measures_two_embedded_arms_one_after_another(run_notebook, tmp_path) -> None:
     out = run_notebook("09_engine_ab", engine_configs="ngram=embedded:NGRAM:4,plain=embedded:NONE",
                        context_lengths=[128, 256], repeats=2, max_new_tokens=8, memory_bandwidth_gb_s=20.0,

@@ -76,7 +76,8 @@ def test_each_model_copies_predictable_text_on_its_own(loaded) -> None:
 # draft token); make test keeps what it rests on: test_each_model_copies_predictable_text_on_its_own (the drafter
 # alone predicts >= 85% of the next tokens), the ngram case (the target's side of the same loop), and
 # test_commit_probe_notebook's live test (the shipped drafter through the embedded engine commits >= 4 of 8).
-@pytest.mark.parametrize("use_drafter", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["ngram", "model-drafter"])
+@pytest.mark.parametrize("use_drafter", [False, pytest.param(True, marks=pytest.mark.slow)],
+                         ids=["ngram", "model-drafter"])
 def test_speculative_commit_on_predictable_text(loaded, use_drafter) -> None:
     target, drafter, ids = loaded
     # as the embedded server with speculative_num_draft_tokens=8: 7 drafts a step, at most 8 committed;

@@ -92,8 +92,8 @@ def test_05_projects_the_plugin_from_its_traces(run_notebook: Callable[..., Path
     assert params["stock_dir"] == f"data/reference/{STOCK}"
     # the run records no hardware: the H200's peaks as parameters, else 05 would time this machine's CPU (a bf16
     # matmul, about 20 s here), which no assertion below reads
-    run_notebook("05_bandwidth_analysis", replay_dir=str(REFERENCE_DIR / PLUGIN), **params, memory_bandwidth_gb_s=4800.0,
-                 matmul_tflops=989.0)
+    run_notebook("05_bandwidth_analysis", replay_dir=str(REFERENCE_DIR / PLUGIN), **params,
+                 memory_bandwidth_gb_s=4800.0, matmul_tflops=989.0)
     m = json.loads((tmp_path / "run" / "findings" / "05_bandwidth_analysis.json").read_text())["metrics"]
     tp = m["traced_projection"]
     assert m["traced_projection_missing"] is None and tp["layers_measured"] == 2
