@@ -71,11 +71,14 @@ def run_notebook(tmp_path: Path) -> Callable[..., Path]:
     executed notebook's path. ``run_dir`` defaults to a fresh folder under tmp_path."""
     import papermill
 
+    from specdiag.report.execute import KERNEL_START_TIMEOUT_S
+
     def _run(name: str, **parameters: Any) -> Path:
         parameters.setdefault("run_dir", str(tmp_path / "run"))
         out = tmp_path / f"{name}.out.ipynb"
         papermill.execute_notebook(str(NOTEBOOKS_DIR / f"{name}.ipynb"), str(out), parameters=parameters,
-                                   kernel_name="python3", cwd=str(NOTEBOOKS_DIR), progress_bar=False)
+                                   kernel_name="python3", cwd=str(NOTEBOOKS_DIR), progress_bar=False,
+                                   start_timeout=KERNEL_START_TIMEOUT_S)
         return out
 
     return _run

@@ -173,3 +173,16 @@ def test_the_run_index_keeps_a_recorded_runs_findings_apart(tmp_path: Path) -> N
     assert "9.51" in page and "9.512345678901234" not in page
     assert json.loads((run.path / "findings.json").read_text())["06_kernel_ab"]["recorded_from"] == \
         "data/reference/kernel-ab-h200"
+
+
+def test_a_kernel_gets_longer_than_papermills_minute_to_start(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # Beside a loaded server on 2 cores a kernel took over papermill's default 60 s to answer and the notebook failed
+    # before its first cell: the report (and the tests, through conftest) give it KERNEL_START_TIMEOUT_S.
+    import papermill
+
+    from specdiag.report import execute
+
+    seen: dict = {}
+    monkeypatch.setattr(papermill, "execute_notebook", lambda *args, **kwargs: seen.update(kwargs))
+    execute.execute_notebook("00_tiny", Run.create(tmp_path / "run"), {})
+    assert seen["start_timeout"] == execute.KERNEL_START_TIMEOUT_S >= 180

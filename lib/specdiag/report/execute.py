@@ -27,6 +27,11 @@ class NotebookResult:
     recorded_from: str = ""  # the recorded run the notebook showed instead of measuring (its findings are not the run's)
 
 
+# papermill waits 60 s for a kernel to answer by default; on a 2-core host beside a busy server (a vLLM under load, an
+# embedded server decoding) a kernel's start was measured to take longer, and the notebook failed before its first cell.
+KERNEL_START_TIMEOUT_S = 300
+
+
 def execute_notebook(notebook: str, run: Run, parameters: Mapping[str, Any],
                      notebooks_dir: Path = NOTEBOOKS_DIR, log_output: bool = True) -> NotebookResult:
     """Execute one notebook with papermill into ``run/notebooks/``; never raises for a cell error."""
@@ -41,7 +46,7 @@ def execute_notebook(notebook: str, run: Run, parameters: Mapping[str, Any],
         papermill.execute_notebook(
             str(notebooks_dir / f"{notebook}.ipynb"), str(out_path), parameters=dict(parameters),
             kernel_name="python3", cwd=str(notebooks_dir), progress_bar=False, log_output=log_output,
-            request_save_on_cell_execute=True,
+            request_save_on_cell_execute=True, start_timeout=KERNEL_START_TIMEOUT_S,
         )
     except papermill.PapermillExecutionError as exc:
         status, error = "failed", f"{exc.ename}: {exc.evalue}"
