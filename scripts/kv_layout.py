@@ -31,7 +31,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "lib"))
 
-from specdiag.runs import Run  # noqa: E402
+from specdiag.runs import Run, merge_command, merge_runs  # noqa: E402
 
 T0 = time.monotonic()
 ARMS: dict[str, dict[str, Any]] = {
@@ -138,22 +138,13 @@ def run_arms(args: argparse.Namespace) -> int:
 
 
 def merge(dest: str, sources: list[str]) -> int:
-    """Append the sources' kv_layout rows and arm facts into ``dest`` (a new or existing run folder)."""
-    out = Run.create(Path(dest), label="kv-layout")
-    facts = list(out.meta.get("kv_layout_arms") or [])
+    """Join the calls' run folders into ``dest``: kv_layout rows and arm facts carry ``call``; each call's plan is kept."""
+    out, calls = merge_runs(dest, sources, ("kv_layout",), label="kv-layout", list_keys=("kv_layout_arms",),
+                            first_keys=("data_source", "kv_layout_plan", "device"))
     plans = list(out.meta.get("kv_layout_plans") or [])
-    first = 1 + max([int(r.get("call") or 0) for r in out.rows("kv_layout")] + [0])
-    for call, src in enumerate(sources, start=first):
-        run = Run.open(src)
-        for row in run.rows("kv_layout"):
-            out.append_row("kv_layout", {**row, "call": call})
-        facts += [{**f, "call": call} for f in run.meta.get("kv_layout_arms") or []]
-        plans.append({"call": call, **dict(run.meta.get("kv_layout_plan") or {}), "command": run.meta.get("command")})
-        for key in ("data_source", "kv_layout_plan", "device"):
-            if run.meta.get(key) and not out.meta.get(key):
-                out.update(**{key: run.meta[key]})
-    out.update(kv_layout_arms=facts, kv_layout_plans=plans,
-               merged_from=list(out.meta.get("merged_from") or []) + [str(s) for s in sources])
+    plans += [{"call": call, **dict(run.meta.get("kv_layout_plan") or {}), "command": run.meta.get("command")}
+              for call, run in calls]
+    out.update(kv_layout_plans=plans)
     print(f"merged {len(sources)} run folders into {dest}: {len(out.rows('kv_layout'))} rows")
     return 0
 
@@ -161,11 +152,7 @@ def merge(dest: str, sources: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["merge"]:
-        mp = argparse.ArgumentParser(prog="kv_layout.py merge")
-        mp.add_argument("--out", required=True)
-        mp.add_argument("sources", nargs="+")
-        m = mp.parse_args(argv[1:])
-        return merge(m.out, m.sources)
+        return merge(*merge_command("kv_layout.py", argv[1:]))
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="the run folder (created; rows appended)")
     ap.add_argument("--work", default="", help="servers' logs and the plugin's stats files (default: --out)")

@@ -29,7 +29,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "lib"))
 
-from specdiag.runs import Run  # noqa: E402
+from specdiag.runs import Run, merge_command, merge_runs  # noqa: E402
 
 T0 = time.monotonic()
 
@@ -76,28 +76,9 @@ TABLES = ("moe_steps", "moe_dumps", "moe_routing")
 
 
 def merge(dest: str, sources: list[str]) -> int:
-    """Append each source run's rows to ``dest`` (a new or existing run folder; rows carry ``call``), join their
-    ``moe_servers``, and copy their recorded files gzipped (the same bytes; 11 reads ``.gz``)."""
-    import gzip  # noqa: PLC0415
-
-    out = Run.create(Path(dest), label="moe-batch1")
-    servers = list(out.meta.get("moe_servers") or [])
-    first = 1 + max([int(r.get("call") or 0) for t in TABLES for r in out.rows(t)] + [0])
-    for call, src in enumerate(sources, start=first):
-        run = Run.open(src)
-        for table in TABLES:
-            for row in run.rows(table):
-                out.append_row(table, {**row, "call": call})
-        for f in sorted((Path(src) / "files").glob("*")):
-            target = Path(out.path) / "files" / (f.name if f.suffix == ".gz" else f.name + ".gz")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            data = f.read_bytes()
-            target.write_bytes(data if f.suffix == ".gz" else gzip.compress(data, 9, mtime=0))
-        servers += [{**x, "call": call} for x in run.meta.get("moe_servers") or []]
-        for key in ("data_source", "moe_model_config", "moe_model_made_by", "device"):
-            if run.meta.get(key) and not out.meta.get(key):
-                out.update(**{key: run.meta[key]})
-    out.update(moe_servers=servers, merged_from=list(out.meta.get("merged_from") or []) + [str(s) for s in sources])
+    """Join the calls' run folders into ``dest`` (rows carry ``call``; their recorded files gzipped: 11 reads ``.gz``)."""
+    out, _ = merge_runs(dest, sources, TABLES, label="moe-batch1", list_keys=("moe_servers",),
+                        first_keys=("data_source", "moe_model_config", "moe_model_made_by", "device"), gzip_files=True)
     print(f"merged {len(sources)} run folders into {dest}: " + ", ".join(f"{len(out.rows(t))} {t} rows" for t in TABLES))
     return 0
 
@@ -105,11 +86,7 @@ def merge(dest: str, sources: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["merge"]:
-        mp = argparse.ArgumentParser(prog="moe_batch1.py merge")
-        mp.add_argument("--out", required=True)
-        mp.add_argument("sources", nargs="+")
-        m = mp.parse_args(argv[1:])
-        return merge(m.out, m.sources)
+        return merge(*merge_command("moe_batch1.py", argv[1:]))
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="the run folder (created; rows appended, dumps under files/)")
     ap.add_argument("--work", default="", help="servers' logs and the recorder's folders (default: --out)")

@@ -60,13 +60,19 @@ def test_two_calls_merge_into_one_run(tmp_path: Path) -> None:
     kvl = _script("kv_layout")
     for i, arm in enumerate(("triton", "flashinfer")):
         r = Run.create(tmp_path / f"call{i}")
-        r.update(kv_layout_arms=[{"arm": arm}], data_source="measured")
+        r.update(kv_layout_arms=[{"arm": arm}], data_source="measured", kv_layout_plan={"arms": [arm]},
+                 command=f"kv_layout.py --arms {arm}")
         for state in ("fresh", "fragmented"):
             r.append_row("kv_layout", {"arm": arm, "pool_state": state, "context_tokens": 1024, "repeat": 0})
     assert kvl.merge(str(tmp_path / "all"), [str(tmp_path / "call0"), str(tmp_path / "call1")]) == 0
     merged = Run.open(tmp_path / "all")
     assert len(merged.rows("kv_layout")) == 4
     assert [a["arm"] for a in merged.meta["kv_layout_arms"]] == ["triton", "flashinfer"]
+    assert [(p["call"], p["arms"], p["command"]) for p in merged.meta["kv_layout_plans"]] == [
+        (1, ["triton"], "kv_layout.py --arms triton"), (2, ["flashinfer"], "kv_layout.py --arms flashinfer")]
+    # a later call extends the merge: its rows continue the call numbers
+    assert kvl.merge(str(tmp_path / "all"), [str(tmp_path / "call0")]) == 0
+    assert sorted({r["call"] for r in Run.open(tmp_path / "all").rows("kv_layout")}) == [1, 2, 3]
 
 
 @pytest.mark.slow

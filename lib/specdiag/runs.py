@@ -223,3 +223,51 @@ class Run:
 
     def __repr__(self) -> str:
         return f"Run({str(self.path)!r})"
+
+
+def merge_runs(dest: str | os.PathLike[str], sources: Iterable[str | os.PathLike[str]], tables: Iterable[str],
+               label: str, list_keys: Iterable[str] = (), first_keys: Iterable[str] = (),
+               gzip_files: bool = False) -> tuple[Run, list[tuple[int, Run]]]:
+    """Join the run folders of several device calls into ``dest`` (new, or an earlier merge to extend).
+
+    Each source's rows of ``tables`` are appended with ``call`` = its number (counting on from ``dest``'s last call);
+    each run.json list under ``list_keys`` is joined, its items tagged with their call; a key of ``first_keys`` keeps
+    the first value any run has; ``merged_from`` lists the sources. With ``gzip_files``, each source's ``files/`` is
+    copied gzipped (the same bytes; a ``.gz`` is copied as it is). Returns the merged run and ``(call, source run)``.
+    """
+    import gzip  # noqa: PLC0415
+
+    tables, list_keys, first_keys, sources = tuple(tables), tuple(list_keys), tuple(first_keys), list(sources)
+    out = Run.create(dest, label=label)
+    lists = {k: list(out.meta.get(k) or []) for k in list_keys}
+    first = 1 + max([int(r.get("call") or 0) for t in tables for r in out.rows(t)] + [0])
+    calls = []
+    for call, src in enumerate(sources, start=first):
+        run = Run.open(src)
+        calls.append((call, run))
+        for table in tables:
+            for row in run.rows(table):
+                out.append_row(table, {**row, "call": call})
+        for k in list_keys:
+            lists[k] += [{**item, "call": call} for item in run.meta.get(k) or []]
+        for k in first_keys:
+            if run.meta.get(k) and not out.meta.get(k):
+                out.update(**{k: run.meta[k]})
+        for f in sorted((run.path / "files").glob("*")) if gzip_files else ():
+            target = out.path / "files" / (f.name if f.suffix == ".gz" else f.name + ".gz")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            data = f.read_bytes()
+            target.write_bytes(data if f.suffix == ".gz" else gzip.compress(data, 9, mtime=0))
+    out.update(**lists, merged_from=list(out.meta.get("merged_from") or []) + [str(s) for s in sources])
+    return out, calls
+
+
+def merge_command(prog: str, argv: list[str]) -> tuple[str, list[str]]:
+    """Parse a script's ``merge --out DEST SOURCE...`` arguments (``argv`` after ``merge``)."""
+    import argparse  # noqa: PLC0415
+
+    ap = argparse.ArgumentParser(prog=f"{prog} merge", description="join the run folders of several calls into one")
+    ap.add_argument("--out", required=True, help="the merged run folder (created, or an earlier merge to extend)")
+    ap.add_argument("sources", nargs="+", help="the calls' run folders, in the order they ran")
+    args = ap.parse_args(argv)
+    return args.out, args.sources
