@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -87,15 +86,12 @@ def log(msg: str) -> None:
 
 
 def arm_env(arm: str, args: argparse.Namespace, work: Path) -> dict[str, str]:
-    spec = ARMS.get(arm, {"plugin": None})
-    paths = [p for p in (args.site, args.plugin_path if spec["plugin"] else None, str(ROOT / "lib")) if p]
-    env = {"PYTHONPATH": os.pathsep.join(paths), "FLASHINFER_WORKSPACE_BASE": args.flashinfer_ws}
-    if spec["plugin"]:
-        env.update(SGLANG_PLUGINS="specdiag_splitkv", SPECDIAG_SGLANG_VERIFY=spec["plugin"],
-                   SPECDIAG_SGLANG_STATS=str(work / f"stats-{arm}"))
-    else:
-        env["SPECDIAG_SGLANG_VERIFY"] = "off"  # installed plugins load by default in SGLang 0.5.17: off, said so
-    return env
+    from specdiag.launchers.sglang import plugin_env  # noqa: PLC0415
+
+    mode = ARMS.get(arm, {"plugin": None})["plugin"]
+    return {**plugin_env(mode or "off", site=args.site, plugin_path=args.plugin_path,
+                         stats_dir=work / f"stats-{arm}" if mode else None),
+            "FLASHINFER_WORKSPACE_BASE": args.flashinfer_ws}
 
 
 def make_server(arm: str, args: argparse.Namespace, work: Path, mem_fraction: float | None = None):

@@ -22,7 +22,6 @@ A cut budget keeps every row measured; an arm not reached is named in run.json (
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -53,13 +52,12 @@ def work_dir(args: argparse.Namespace) -> Path:
 
 
 def arm_env(arm: str, args: argparse.Namespace, work: Path) -> dict[str, str]:
-    spec = ARMS.get(arm, {"verify": "off"})
-    env = {"PYTHONPATH": os.pathsep.join(p for p in (args.site, args.plugin_path, str(ROOT / "lib")) if p),
-           "SPECDIAG_SGLANG_LAYOUT": "1", "SPECDIAG_SGLANG_STATS": str(work / f"stats-{arm}"),
-           "SPECDIAG_SGLANG_VERIFY": spec["verify"], "FLASHINFER_WORKSPACE_BASE": args.flashinfer_ws}
-    if spec["verify"] != "off":
-        env["SGLANG_PLUGINS"] = "specdiag_splitkv"
-    return env
+    """The plugin stays on the path in every arm: its kernel off, it still records the layout each verify reads."""
+    from specdiag.launchers.sglang import plugin_env  # noqa: PLC0415
+
+    return {**plugin_env(ARMS.get(arm, {"verify": "off"})["verify"], site=args.site, plugin_path=args.plugin_path,
+                         stats_dir=work / f"stats-{arm}", plugin_on_path=True),
+            "SPECDIAG_SGLANG_LAYOUT": "1", "FLASHINFER_WORKSPACE_BASE": args.flashinfer_ws}
 
 
 def make_server(arm: str, args: argparse.Namespace, work: Path):

@@ -58,15 +58,13 @@ def make_server(t: int, args: argparse.Namespace, work: Path, routed: bool):
                     "--device", "cpu", *spec]
         return ManagedServer(command, name=f"embedded (T={t})", ready_path="/health", log_path=log_path,
                              startup_timeout_s=args.startup_s, stop_grace_s=8, progress=False), edr
-    from specdiag.launchers.sglang import SGLangLaunch, sglang_server  # noqa: PLC0415
+    from specdiag.launchers.sglang import SGLangLaunch, plugin_env, sglang_server  # noqa: PLC0415
 
     launch = SGLangLaunch(model_path=args.model_path, algorithm="NGRAM" if t > 1 else "NONE",
                           num_draft_tokens=t if t > 1 else None, attention_backend="triton",
                           context_length=args.context_length, mem_fraction_static=args.mem_fraction,
                           extra_args=tuple(server_flags(t, args, routed)),
-                          env={"PYTHONPATH": f"{args.site}:{ROOT / 'lib'}" if args.site else str(ROOT / "lib"),
-                               "SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR": str(edr),
-                               "SPECDIAG_SGLANG_VERIFY": "off"},
+                          env={**plugin_env("off", site=args.site), "SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR": str(edr)},
                           python=sys.executable)
     return sglang_server(launch, log_path=log_path, startup_timeout_s=args.startup_s, stop_grace_s=8, progress=False,
                          check=False), edr

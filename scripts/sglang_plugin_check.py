@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import statistics
 import sys
@@ -81,11 +80,10 @@ def step(name: str, failures: list, fn: Callable[[], Any]) -> Any:
 
 def arm_env(arm: str, args: argparse.Namespace, work: Path) -> dict[str, str]:
     """Environment of one server: PYTHONPATH (SGLang first; the plugin only for plugin arms) and the mode."""
-    paths = [p for p in (args.site, None if arm == "stock" else args.plugin_path, str(ROOT / "lib")) if p]
-    env = {"PYTHONPATH": os.pathsep.join(paths), "SPECDIAG_SGLANG_STATS": str(work / f"stats-{arm}")}
-    if arm != "stock":
-        env.update(SGLANG_PLUGINS="specdiag_splitkv",
-                   SPECDIAG_SGLANG_VERIFY="upstream" if arm == "upstream" else "splitkv")
+    from specdiag.launchers.sglang import plugin_env  # noqa: PLC0415
+
+    mode = "off" if arm == "stock" else "upstream" if arm == "upstream" else "splitkv"
+    env = plugin_env(mode, site=args.site, plugin_path=args.plugin_path, stats_dir=work / f"stats-{arm}")
     if arm == "check":
         env["SPECDIAG_SGLANG_CHECK"] = "1"
     return env

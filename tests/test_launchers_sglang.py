@@ -286,3 +286,18 @@ def test_make_serve_passes_every_variable_to_the_launcher():
         "model_path": "/m/t", "draft_model_path": "/m/d", "algorithm": "STANDALONE", "num_draft_tokens": 4,
         "attention_backend": "flashinfer", "page_size": 64, "context_length": 1024, "mem_fraction_static": 0.5,
         "tp_size": 2, "port": 1234, "python": "/opt/py", "extra_args": ("--log-level=debug", "--x=1")}
+
+
+def test_plugin_env_says_off_and_orders_the_path(tmp_path: Path) -> None:
+    from specdiag.launchers.sglang import plugin_env
+    from specdiag.paths import PROJECT_ROOT
+
+    on = plugin_env("splitkv", site="/site", plugin_path="/plugin", stats_dir=tmp_path / "stats")
+    assert on["PYTHONPATH"].split(os.pathsep) == ["/site", "/plugin", str(PROJECT_ROOT / "lib")]
+    assert on["SGLANG_PLUGINS"] == "specdiag_splitkv" and on["SPECDIAG_SGLANG_STATS"] == str(tmp_path / "stats")
+    # SGLang 0.5.17 loads installed plugins by default: off is said, and the plugin leaves the path unless kept on it
+    off = plugin_env("off", site="/site", plugin_path="/plugin")
+    assert off["SPECDIAG_SGLANG_VERIFY"] == "off" and "SGLANG_PLUGINS" not in off and "/plugin" not in off["PYTHONPATH"]
+    assert "/plugin" in plugin_env("off", plugin_path="/plugin", plugin_on_path=True)["PYTHONPATH"]
+    with pytest.raises(ValueError, match="splitkv, upstream, off"):
+        plugin_env("fast")

@@ -150,6 +150,32 @@ def sglang_env(launch: SGLangLaunch) -> dict[str, str]:
     return {**env, **dict(launch.env)}
 
 
+PLUGIN_MODES = ("splitkv", "upstream", "off")
+
+
+def plugin_env(verify: str, *, site: str = "", plugin_path: str = "", stats_dir: str | os.PathLike[str] | None = None,
+               plugin_on_path: bool | None = None) -> dict[str, str]:
+    """Environment of one SGLang server for the specdiag plugin in mode ``verify`` (splitkv, upstream or off).
+
+    PYTHONPATH: SGLang's ``site`` first, then ``plugin_path`` (by default only when the plugin is on), then the project's
+    lib/ (the kernel). SGLang 0.5.17 loads every installed plugin by default, so ``off`` is said
+    (SPECDIAG_SGLANG_VERIFY=off), not left to a missing SGLANG_PLUGINS: a plugin kept on the path with its kernel off
+    (``plugin_on_path=True``) still records what it is asked to (layout, stats under ``stats_dir``).
+    """
+    if verify not in PLUGIN_MODES:
+        raise ValueError(f"plugin mode {verify!r} is not one of {', '.join(PLUGIN_MODES)}")
+    on_path = verify != "off" if plugin_on_path is None else plugin_on_path
+    from specdiag.paths import PROJECT_ROOT  # noqa: PLC0415
+
+    paths = [p for p in (site, plugin_path if on_path else "", str(PROJECT_ROOT / "lib")) if p]
+    env = {"PYTHONPATH": os.pathsep.join(paths), "SPECDIAG_SGLANG_VERIFY": verify}
+    if verify != "off":
+        env["SGLANG_PLUGINS"] = "specdiag_splitkv"
+    if stats_dir is not None:
+        env["SPECDIAG_SGLANG_STATS"] = str(stats_dir)
+    return env
+
+
 _VERSION_PROBE = ("import importlib.metadata as m, importlib.util as u, sys\n"
                   "if u.find_spec('sglang') is None: sys.exit(3)\n"
                   "print(m.version('sglang'))\n")
