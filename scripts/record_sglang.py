@@ -51,6 +51,7 @@ import requests
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "lib"))
 
+from specdiag import hardware  # noqa: E402
 from specdiag.serving import SGLangClient  # noqa: E402
 from specdiag.runs import Run  # noqa: E402
 from specdiag.serving.redaction import redact, redact_text  # noqa: E402
@@ -367,24 +368,7 @@ def versions() -> dict[str, Any]:
 
 
 def gpu_facts() -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    try:
-        import pynvml  # noqa: PLC0415
-
-        pynvml.nvmlInit()
-        try:
-            h = pynvml.nvmlDeviceGetHandleByIndex(0)
-            name = pynvml.nvmlDeviceGetName(h)
-            out["gpu"] = name.decode() if isinstance(name, bytes) else name
-            drv = pynvml.nvmlSystemGetDriverVersion()
-            out["driver_version"] = drv.decode() if isinstance(drv, bytes) else drv
-            out["gpu_count"] = pynvml.nvmlDeviceGetCount()
-            out["gpu_memory_total_gib"] = round(pynvml.nvmlDeviceGetMemoryInfo(h).total / 2**30, 1)
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception as exc:  # noqa: BLE001 - recorded, not fatal
-        out["nvml_error"] = f"{type(exc).__name__}: {exc}"
-    return out
+    return hardware.nvml_gpu_facts()
 
 
 def read_config(path: str | None) -> dict[str, Any] | None:
@@ -456,7 +440,6 @@ def spec_context_limit(client: SGLangClient) -> int:
 
 def snapshot(run: Run, server: Server, client: SGLangClient, spec: ServerSpec, engine: str) -> None:
     """What 00 writes (server, model, hardware) plus the model and drafter configs 03 and 05 read."""
-    from specdiag import hardware  # noqa: PLC0415
     from specdiag.steps.snapshot import settings as snap
 
     info, model_info = redact(client.server_info()), redact(client.model_info())

@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from specdiag import hardware
 from specdiag.serving import SGLangClient
 from specdiag.runs import Run
 from specdiag.telemetry.sampler import open_source
@@ -65,22 +66,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def gpu_facts() -> dict[str, Any]:
     """GPU and driver as NVML and torch see them (empty values where absent)."""
-    out: dict[str, Any] = {}
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            h = pynvml.nvmlDeviceGetHandleByIndex(0)
-            name = pynvml.nvmlDeviceGetName(h)
-            out["gpu"] = name.decode() if isinstance(name, bytes) else name
-            drv = pynvml.nvmlSystemGetDriverVersion()
-            out["driver_version"] = drv.decode() if isinstance(drv, bytes) else drv
-            out["gpu_count"] = pynvml.nvmlDeviceGetCount()
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception as exc:  # noqa: BLE001 - recorded, not fatal
-        out["nvml_error"] = f"{type(exc).__name__}: {exc}"
+    out = hardware.nvml_gpu_facts()
     for mod in ("torch", "transformers", "pynvml", "fastapi", "uvicorn"):
         try:
             m = __import__(mod)

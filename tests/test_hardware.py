@@ -164,3 +164,22 @@ def test_one_peak_per_run_whatever_notebook_asks_first(monkeypatch: pytest.Monke
     hw_02 = peak_bandwidth(remote, {"kind": "prometheus"}, "NVIDIA H200", 0.0, {}, "http://gpu-host:30000")
     assert hw_02["memory_bandwidth_gb_s"] == 4800 and remote.meta["hardware"]["memory_bandwidth_source"] == "table"
     assert "error" in peak_bandwidth(Run.create(tmp_path / "none"), {"kind": "cpu"}, None, 0.0, {}, "http://gpu-host:1")
+
+
+def test_nvml_gpu_facts_reads_nvml_and_says_why_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    fake = types.SimpleNamespace(
+        nvmlInit=lambda: calls.append("init"), nvmlShutdown=lambda: calls.append("shutdown"),
+        nvmlDeviceGetHandleByIndex=lambda i: f"h{i}", nvmlDeviceGetName=lambda h: b"NVIDIA H200",
+        nvmlSystemGetDriverVersion=lambda: "580.95.05", nvmlDeviceGetCount=lambda: 1,
+        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(total=150_754_820_096))
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    assert hw.nvml_gpu_facts() == {"gpu": "NVIDIA H200", "driver_version": "580.95.05", "gpu_count": 1,
+                                         "gpu_memory_total_gib": 140.4}
+    assert calls == ["init", "shutdown"]
+
+    def broken() -> None:
+        raise RuntimeError("NVML Shared Library Not Found")
+
+    monkeypatch.setattr(fake, "nvmlInit", broken)
+    assert hw.nvml_gpu_facts() == {"nvml_error": "RuntimeError: NVML Shared Library Not Found"}

@@ -98,6 +98,29 @@ def nvidia_smi_gpu(index: int = 0) -> dict[str, Any]:
         return {"gpu": None, "source": f"nvidia-smi failed: {exc}"[:200]}
 
 
+def nvml_gpu_facts(index: int = 0) -> dict[str, Any]:
+    """The GPU and driver as NVML sees them (a recorded run's provenance): ``gpu``, ``driver_version``, ``gpu_count``,
+    ``gpu_memory_total_gib``; ``nvml_error`` instead where NVML is missing or fails (a CPU machine)."""
+    out: dict[str, Any] = {}
+    try:
+        import pynvml  # noqa: PLC0415 - optional at import time
+
+        pynvml.nvmlInit()
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            name = pynvml.nvmlDeviceGetName(handle)
+            out["gpu"] = name.decode() if isinstance(name, bytes) else name
+            drv = pynvml.nvmlSystemGetDriverVersion()
+            out["driver_version"] = drv.decode() if isinstance(drv, bytes) else drv
+            out["gpu_count"] = pynvml.nvmlDeviceGetCount()
+            out["gpu_memory_total_gib"] = round(pynvml.nvmlDeviceGetMemoryInfo(handle).total / 2**30, 1)
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception as exc:  # noqa: BLE001 - recorded, not fatal
+        out["nvml_error"] = f"{type(exc).__name__}: {exc}"
+    return out
+
+
 def lookup_gpu(device_name: str) -> GpuSpec | None:
     """The known GPU whose match strings all occur in ``device_name`` (case-insensitive), or None."""
     name = device_name.lower()

@@ -71,7 +71,7 @@ def _online_update(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, s: torch
 def baseline_torch(inputs: VerifyInputs, out: torch.Tensor, block_m: int = 32, block_n: int = 64) -> torch.Tensor:
     """The baseline's structure: per (head, 32-token block) stream all KV tiles; fills ``out`` [T, H, 512]."""
     T, H = inputs.draft_tokens, inputs.heads
-    P, n_kv = inputs.n_prefix, inputs.n_kv
+    n_kv = inputs.n_kv
     for h in range(H):
         for m0 in range(0, T, block_m):
             draft_rows = torch.arange(m0, min(T, m0 + block_m), device=inputs.q.device)

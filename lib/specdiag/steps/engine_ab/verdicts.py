@@ -75,7 +75,7 @@ def decode_fix(dec: pd.DataFrame, arms_meta: Mapping[str, Any], stock_arm: str, 
         "engine_ab.decode_fix", f"The plugin makes a verify step {x:,.3g}x faster at {tok(ctx)} tokens",
         f"{plugin_arm} ({arm_what(arms_meta, plugin_arm)}) takes {pm:,.3g} ms per verify step at {ctx:,} tokens "
         f"against {sm:,.4g} ms for {stock_arm} ({arm_what(arms_meta, stock_arm)}).", "ok" if x > 1.05 else "info",
-        (f"medians of the decode requests on the cached prompt, ms per verify step (measured)",
+        ("medians of the decode requests on the cached prompt, ms per verify step (measured)",
          "measured alone" if clean else "a decode there overlapped another arm's request: not a clean comparison"),
         {"fix": f"the specdiag plugin's verify kernel ({plugin_arm} against {stock_arm})", "fix_speedup_x": x,
          "fix_context_tokens": ctx, "fix_phase": "decode", "stock_step_ms": sm, "fixed_step_ms": pm,

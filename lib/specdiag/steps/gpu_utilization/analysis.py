@@ -423,8 +423,8 @@ def utilization_findings(stats: Sequence[Mapping[str, Any]], request: Mapping[st
                            f"or the analysis over-counts.")
             sev = "warning" if pred < 10 else "info"
             out.append(Finding("utilization.decode_bandwidth", "Decode memory bandwidth: measured against predicted",
-                               verdict + (f" Either way decode uses under 10 % of peak bandwidth: it is far from "
-                                          f"memory-bound." if pred < 10 and dram < 10 else ""),
+                               verdict + (" Either way decode uses under 10 % of peak bandwidth: it is far from "
+                                          "memory-bound." if pred < 10 and dram < 10 else ""),
                                sev, tuple(ev), numbers, "measured"))
 
     cpu = g("cpu_util_pct_median")

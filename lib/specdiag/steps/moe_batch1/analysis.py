@@ -281,7 +281,7 @@ def findings(mr: MoERun, pass_df: pd.DataFrame, dt: pd.DataFrame, steps: pd.Data
                     numbers.update(step_over_floor_x={str(t): round(v, 3) for t, v in over.items()})
                     ev.append("bytes floor (computed; peak " + device_peak(mr)[1] + "): " + "; ".join(
                         f"T={int(r.tokens)} {r.floor_ms:.3g} ms" for r in share.itertuples()))
-            ev.append(f"bytes (computed from the served model's config, distinct experts measured): "
+            ev.append("bytes (computed from the served model's config, distinct experts measured): "
                       + "; ".join(f"T={int(r.tokens)}: experts {r.routed_expert_bytes / 1e9:.3g} GB of "
                                   f"{r.total_bytes / 1e9:.3g} GB ({100 * r.expert_share:.0f}%)" for r in share.itertuples()))
         out.append(Finding("moe.expert_share", "MoE at batch 1: what verifying T tokens costs", verdict + ".",
