@@ -3,7 +3,9 @@ and a papermill runner for notebook tests."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -79,6 +81,10 @@ def run_notebook(tmp_path: Path) -> Callable[..., Path]:
         papermill.execute_notebook(str(NOTEBOOKS_DIR / f"{name}.ipynb"), str(out), parameters=parameters,
                                    kernel_name="python3", cwd=str(NOTEBOOKS_DIR), progress_bar=False,
                                    start_timeout=KERNEL_START_TIMEOUT_S)
+        leaked = [o["data"]["text/plain"] for cell in json.loads(out.read_text())["cells"]
+                  for o in cell.get("outputs", []) if o.get("output_type") == "execute_result"
+                  and re.match(r"(ShownPath|PosixPath|Run|Context)\(", str(o.get("data", {}).get("text/plain", "")))]
+        assert not leaked, f"{name}: a cell's last line shows a return value in the report: {leaked}"
         return out
 
     return _run

@@ -103,8 +103,32 @@ def test_costs_and_findings_from_the_numbers():
 
 def test_nothing_to_compare():
     rows = [_row("embedded", "fresh", 2048, 0, 0.99, 3, _samples(6.0))]
-    found = kla.findings(kla.costs(rows), kla.kernel_prediction([]))
-    assert [f.id for f in found] == ["kv_layout.not_measured"]
+    found = kla.findings(kla.costs(rows), kla.kernel_prediction([]), missing=kla.gaps(rows))
+    assert [f.id for f in found] == ["kv_layout.not_measured", "kv_layout.gaps"]
+    assert found[1].numbers["missing"] == ["embedded at 2k: no fragmented request"]
+    assert kla.gaps(rows) == [{"arm": "embedded", "context_tokens": 2048, "states": ["fragmented"]}]
+
+
+def test_gaps_and_an_untested_prediction_are_said():
+    pred = kla.kernel_prediction(Run.open(REFERENCE_DIR / "kernel-ab-h200").rows("kernel_ab"))
+    rows = [_row("triton", "fresh", 32768, 0, 0.99, 2, _samples(30.0, seed=1)),
+            _row("triton", "fragmented", 32768, 0, 0.03, 280, _samples(30.0, seed=2)),
+            _row("triton", "fresh", 131072, 0, 0.99, 2, _samples(110.0, seed=3)),
+            {**_row("triton", "fragmented", 131072, 0, 0.4, 200, _samples(110.0, seed=4)), "error": "timeout"},
+            _row("plugin", "fresh", 131072, 0, 0.99, 2, _samples(4.0, seed=5))]
+    assert [kla.gap_text(g) for g in kla.gaps(rows)] == [
+        "triton at 128k: no fragmented request", "plugin at 32k: no fresh and no fragmented request",
+        "plugin at 128k: no fragmented request"]
+    found = {f.id: f for f in kla.findings(kla.costs(rows), pred, missing=kla.gaps(rows))}
+    untested = found["kv_layout.prediction"]
+    assert untested.severity == "info" and "neither confirmed nor refuted" in untested.verdict
+    assert untested.evidence[:2] == ["plugin at 32k: no fresh and no fragmented request",
+                                     "plugin at 128k: no fragmented request"]
+    # the prediction at the largest context the plugin was asked for (128k), not the kernel A/B's largest
+    assert untested.numbers["prediction_context_tokens"] == 131072
+    assert untested.numbers["predicted_max_x"] == pytest.approx(kla.predicted_at(pred, 131072)[0])
+    # a run with no plugin arm says nothing of the prediction
+    assert "kv_layout.prediction" not in {f.id for f in kla.findings(kla.costs(rows[:4]), pred, missing=kla.gaps(rows[:4]))}
 
 
 def test_a_layout_cost_reaches_07s_diagnosis_as_a_measured_fix():
@@ -137,3 +161,9 @@ def test_07_says_when_the_layout_costs_nothing_or_was_not_scattered():
     d = diagnose([{**dataclasses.asdict(f), "notebook": "10_kv_layout"}
                   for f in kla.findings(kla.costs(alike), kla.kernel_prediction([]))])
     assert "was not judged" in d.after and "costs" not in d.after
+    both = same + alike + [_row("plugin", "fresh", 131072, 0, 0.99, 2, _samples(4.0, seed=3))]
+    found = kla.findings(kla.costs(both), kla.kernel_prediction([]), missing=kla.gaps(both))
+    assert "kv_layout.gaps" in {f.id for f in found}
+    d = diagnose([{**dataclasses.asdict(f), "notebook": "10_kv_layout"} for f in found])
+    assert d.numbers["kv_layout_arm"] == "triton"  # the gaps finding is no verdict
+    assert "on triton" in d.after and "(plugin: no request on a scattered pool to judge)" in d.after

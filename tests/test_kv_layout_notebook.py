@@ -60,4 +60,6 @@ def test_kv_layout_replays_the_h200_run(run_notebook, tmp_path):
     assert triton["fragmented_share_in_long_runs"] < 0.5 and not triton["costs_time"]
     assert 0.98 < triton["cost_x"] < 1.02 and ids["kv_layout.triton"]["severity"] == "ok"
     assert ids["kv_layout.plugin.not_fragmented"]["severity"] == "warning"  # its 32k pair lay alike
-    assert "kv_layout.prediction" not in ids  # nothing scattered on the plugin to test the prediction with
+    # nothing scattered on the plugin: the prediction is said untested, and what the run lacks is listed
+    assert ids["kv_layout.prediction"]["severity"] == "info" and "not tested" in ids["kv_layout.prediction"]["title"]
+    assert ids["kv_layout.gaps"]["numbers"]["missing"] == ["plugin at 128k: no fragmented request"]

@@ -328,8 +328,10 @@ def _fix(findings: Sequence[Mapping[str, Any]], cause: str | None, used: list[Ma
 
 def _kv_layout(findings: Sequence[Mapping[str, Any]], used: list[Mapping[str, Any]], numbers: dict[str, Any]) -> str:
     judged = [f for f in findings if str(f.get("id", "")).startswith("kv_layout.") and f["id"].count(".") == 1
-              and f["id"] not in ("kv_layout.prediction", "kv_layout.not_measured") and f.get("numbers")]
-    unjudged = [f for f in findings if str(f.get("id", "")).endswith(".not_fragmented")]
+              and f["id"] not in ("kv_layout.prediction", "kv_layout.not_measured", "kv_layout.gaps")
+              and f.get("numbers")]
+    unjudged = [f for f in findings if str(f.get("id", "")).startswith("kv_layout.")
+                and str(f.get("id", "")).endswith(".not_fragmented")]
     if not judged:
         if unjudged:
             used.extend(unjudged)
@@ -346,9 +348,12 @@ def _kv_layout(findings: Sequence[Mapping[str, Any]], used: list[Mapping[str, An
         return (f"A fragmented KV pool costs {n['arm']} {100 * (float(n['cost_x']) - 1):+.1f}% per verify step at "
                 f"{_tok(n['context_tokens'])} ({worst.get('source', 'measured')}, 10_kv_layout): keeping each "
                 "request's KV contiguous pays there.")
+    judged_arms = {str(f["numbers"].get("arm")) for f in judged}
+    not_judged = sorted({str(f["numbers"].get("arm")) for f in unjudged if f.get("numbers")} - judged_arms)
     return (f"A fragmented KV pool costs no measurable time on {arms} (at most {100 * (float(n['cost_x']) - 1):+.1f}% "
             f"at {_tok(n['context_tokens'])}; {worst.get('source', 'measured')}, 10_kv_layout): defragmenting is "
-            "not where the time goes.")
+            "not where the time goes"
+            + (f" there ({', '.join(not_judged)}: no request on a scattered pool to judge)." if not_judged else "."))
 
 
 def _moe(findings: Sequence[Mapping[str, Any]], used: list[Mapping[str, Any]], numbers: dict[str, Any]) -> str:

@@ -30,6 +30,7 @@ FRESH_MIN_SHARE = 0.9  # a fresh request counts as contiguous at this share of t
 FRAG_MAX_SHARE = 0.5  # a fragmented request counts as scattered at or below this share
 MAX_SAMPLES = 60  # steps per side the exact test takes (evenly spaced when there are more)
 KEY = ["arm", "pool_state", "context_tokens", "repeat"]
+STATES = ("fresh", "fragmented")
 
 
 def latest(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
@@ -44,6 +45,29 @@ def latest(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
 def arm_failures(rows: Iterable[Mapping[str, Any]]) -> list[str]:
     """'arm: error' of every arm that failed before measuring (a row without a pool state)."""
     return [f"{r.get('arm')}: {r.get('error')}" for r in rows if r.get("pool_state") is None and r.get("error")]
+
+
+def gaps(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """What the run left unmeasured: for each arm and each context any arm measured, the pool states with no request
+    measured without error (``{"arm", "context_tokens", "states"}``), in the rows' order."""
+    df = latest(rows)
+    if df.empty:
+        return []
+    ok = df[df["error"].isna()] if "error" in df else df
+    done = {(r.arm, int(r.context_tokens), r.pool_state) for r in ok.itertuples()}
+    contexts = sorted({int(c) for c in df["context_tokens"].dropna()})
+    out = []
+    for arm in dict.fromkeys(df["arm"]):
+        for ctx in contexts:
+            missing = [s for s in STATES if (arm, ctx, s) not in done]
+            if missing:
+                out.append({"arm": str(arm), "context_tokens": ctx, "states": missing})
+    return out
+
+
+def gap_text(gap: Mapping[str, Any]) -> str:
+    """'plugin at 128k: no fragmented request'."""
+    return f"{gap['arm']} at {format_tokens(gap['context_tokens'])}: no {' and no '.join(gap['states'])} request"
 
 
 def _samples(group: pd.DataFrame) -> tuple[list[float], str]:
@@ -157,13 +181,20 @@ def _pct(x: float) -> str:
 
 
 def findings(cost: pd.DataFrame, pred: pd.DataFrame, source: str = "measured",
-             prediction_source: str = "") -> list[Finding]:
-    """One finding per arm (its contexts' comparisons), and the plugin's against the kernel A/B's prediction."""
+             prediction_source: str = "", missing: Iterable[Mapping[str, Any]] = ()) -> list[Finding]:
+    """One finding per arm (its contexts' comparisons), the plugin's against the kernel A/B's prediction, and what the
+    run left unmeasured (``missing``, from :func:`gaps`)."""
+    missing = list(missing)
+    said = [gap_text(g) for g in missing]
+    gap = ([Finding("kv_layout.gaps", "KV layout: not measured in this run",
+                    "These arm, context and pool-state pairs have no request measured without error, so this "
+                    "notebook's verdicts do not cover them: " + "; ".join(said) + ".", "info", said,
+                    {"missing": said}, source)] if missing else [])
     out: list[Finding] = []
     if cost.empty:
         return [Finding("kv_layout.not_measured", "KV layout: nothing to compare",
                         "No arm has both a fresh and a fragmented request without error, so the layout's cost is not "
-                        "judged.", "info", ("every arm lacks one of the two states (see the rows)",), {}, source)]
+                        "judged.", "info", ("every arm lacks one of the two states (see the rows)",), {}, source), *gap]
     for arm, g in cost.groupby("arm", sort=False):
         g = g.sort_values("context_tokens")
         ev = [f"{format_tokens(r.context_tokens)}: {r.fresh_ms:.3g} ms per step fresh, {r.fragmented_ms:.3g} ms "
@@ -204,14 +235,29 @@ def findings(cost: pd.DataFrame, pred: pd.DataFrame, source: str = "measured",
                        "and the step samples do not rank it slower, so defragmenting would not speed this arm up.")
             severity = "ok"
         out.append(Finding(f"kv_layout.{arm}", f"KV layout on {arm}", verdict, severity, ev, numbers, source))
-    out.extend(_prediction_findings(cost, pred, source, prediction_source))
-    return out
+    out.extend(_prediction_findings(cost, pred, source, prediction_source, missing))
+    return out + gap
 
 
-def _prediction_findings(cost: pd.DataFrame, pred: pd.DataFrame, source: str, pred_source: str) -> list[Finding]:
+def _prediction_findings(cost: pd.DataFrame, pred: pd.DataFrame, source: str, pred_source: str,
+                         missing: list[Mapping[str, Any]]) -> list[Finding]:
     plug = cost[(cost["arm"] == "plugin") & cost["layouts_differ"]]
-    if plug.empty or pred.empty:
+    if pred.empty:
         return []
+    if plug.empty:
+        alike = cost[cost["arm"] == "plugin"]
+        unmeasured = [g for g in missing if g["arm"] == "plugin"]
+        why = ([f"{format_tokens(r.context_tokens)}: the fresh and fragmented requests were laid out alike"
+                for r in alike.itertuples()] + [gap_text(g) for g in unmeasured])
+        contexts = [int(c) for c in alike["context_tokens"]] + [int(g["context_tokens"]) for g in unmeasured]
+        at = predicted_at(pred, max(contexts)) if contexts else None
+        if at is None:
+            return []  # no plugin arm in this run
+        return [Finding("kv_layout.prediction", "KV layout: the kernel A/B's prediction, not tested",
+                        f"No plugin request was measured on a scattered pool, so the kernel A/B's prediction (the "
+                        f"plugin's kernel pays at most {at[0]:.3f}x at {format_tokens(at[1])}) is neither confirmed "
+                        "nor refuted by this run.", "info", why + ([f"prediction: {pred_source}"] if pred_source else []),
+                        {"predicted_max_x": at[0], "prediction_context_tokens": at[1]}, source)]
     ev, worst_gap = [], None
     numbers: dict[str, Any] = {}
     for r in plug.sort_values("context_tokens").itertuples():
