@@ -127,6 +127,9 @@ def test_bytes_projection_and_best_draft_tokens():
     assert cost.expected_commit(2, 0.5) == pytest.approx(1.5)
     best = cost.best_draft_tokens({1: 10.0, 8: 12.0}, (0.0, 0.9)).set_index("acceptance")
     assert best.loc[0.0, "best_tokens_per_step"] == 1 and best.loc[0.9, "best_tokens_per_step"] == 8
+    headers = cost.best_columns(best.reset_index().assign(context_tokens=1024))
+    assert list(headers)[0] == "context_tokens" and headers["tok_s_at_8"] == "tokens/s at T=8"
+    assert headers["best_tokens_per_step"] == "best T (tokens per step)"
     assert cost.interpolate({1: 8.0, 4: 32.0}, (1, 2, 4, 8)) == {1: 8.0, 2: 20.0, 4: 32.0}
 
 

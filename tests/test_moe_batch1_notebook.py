@@ -20,7 +20,9 @@ def _result(run_dir) -> dict:
 def test_moe_notebook_on_a_constructed_run(run_notebook, tmp_path):
     source = build_run(tmp_path / "constructed")
     run_dir = tmp_path / "out"
-    run_notebook("11_moe_batch1", replay_dir=str(source.path), run_dir=str(run_dir))
+    out = run_notebook("11_moe_batch1", replay_dir=str(source.path), run_dir=str(run_dir))
+    printed = "".join("".join(o.get("text", "")) for c in json.loads(out.read_text())["cells"] for o in c.get("outputs", []))
+    assert "; replaying " in printed and "nothing recorded to analyse" not in printed
     result = _result(run_dir)
     m = result["metrics"]
     assert m["spread_ok"] is True and 0.9 < m["spread_ratio"] < 1.1

@@ -115,6 +115,19 @@ def best_draft_tokens(time_ms_by_tokens: Mapping[int, float],
     return pd.DataFrame(out)
 
 
+def best_columns(best: pd.DataFrame) -> dict[str, str]:
+    """Readable headers, with units, for a :func:`best_draft_tokens` table (``context_tokens`` first when present)."""
+    names = {"context_tokens": "context (tokens)", "acceptance": "acceptance per draft",
+             "best_tokens_per_step": "best T (tokens per step)", "best_tokens_per_s": "tokens/s at the best T"}
+    cols = ["context_tokens"] * ("context_tokens" in best) + [c for c in best.columns if c != "context_tokens"]
+    return {c: names.get(c, f"tokens/s at T={c.removeprefix('tok_s_at_')}") for c in cols}
+
+
+def best_formats(best: pd.DataFrame) -> dict[str, str]:
+    """Whole tokens per second for the rates, the acceptance as given."""
+    return {"acceptance": "{:g}", **{c: "{:,.0f}" for c in best.columns if c.startswith(("tok_s_at_", "best_tokens_per_s"))}}
+
+
 def interpolate(points: Mapping[int, float], at: Iterable[int]) -> dict[int, float]:
     """Linear interpolation in log2(T) of measured points (distinct experts, step times) at the T in ``at`` that lie
     within the measured range; T outside it are left out."""
