@@ -92,10 +92,9 @@ def run_notebook(tmp_path: Path) -> Callable[..., Path]:
 
 @pytest.fixture
 def small_cpu_measurements(monkeypatch: pytest.MonkeyPatch) -> None:
-    """specdiag.hardware's real CPU measurements, on small sizes: a 16 MiB copy instead of 256 MiB and a 128 x 128
-    bf16 matmul instead of 1,024 x 1,024 (on a CPU without bf16 units the 1,024 one takes about 3 s a repeat, 20 s
-    for a peak). What is measured and how the peak is resolved from it stay the library's; in-process callers only
-    (a notebook kernel or a subprocess measures at full size)."""
+    """specdiag.hardware's real CPU measurements, on small sizes: a 16 MiB copy instead of 256 MiB and 128 x 128
+    matmuls instead of 1,024 x 1,024. What is measured and how the peak is resolved from it stay the library's;
+    in-process callers only (a notebook kernel or a subprocess measures at full size)."""
     from specdiag import hardware
 
     copy, matmul = hardware.measure_copy_bandwidth, hardware.measure_matmul_rate
@@ -103,8 +102,9 @@ def small_cpu_measurements(monkeypatch: pytest.MonkeyPatch) -> None:
     def small_copy(device: str = "cpu", n_bytes: int = 256 * 2**20, repeats: int = 5, warmup: int = 2) -> list[float]:
         return copy(device, n_bytes=min(n_bytes, 16 * 2**20), repeats=repeats, warmup=warmup)
 
-    def small_matmul(device: str = "cpu", n: int = 2048, repeats: int = 5, warmup: int = 2) -> list[float]:
-        return matmul(device, n=min(n, 128), repeats=repeats, warmup=warmup)
+    def small_matmul(device: str = "cpu", n: int = 2048, repeats: int = 5, warmup: int = 2,
+                     dtype: str = "bfloat16") -> list[float]:
+        return matmul(device, n=min(n, 128), repeats=repeats, warmup=warmup, dtype=dtype)
 
     monkeypatch.setattr(hardware, "measure_copy_bandwidth", small_copy)
     monkeypatch.setattr(hardware, "measure_matmul_rate", small_matmul)

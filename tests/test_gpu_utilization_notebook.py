@@ -26,7 +26,7 @@ def test_live_on_the_embedded_server_with_cpu_telemetry(run_notebook: Callable[.
 
     run_dir = tmp_path / "live"
     # the run's peaks as 00 of the same run resolves and keeps them (here from parameters): 02 reads them from
-    # run.json instead of timing a bf16 matmul on this CPU (about 20 s; that path: test_hardware, and the slow
+    # run.json instead of timing a copy and matmuls on this CPU (that path: test_hardware, and the slow
     # test_one_run_has_one_peak_bandwidth_in_every_notebook)
     hardware.run_peaks(Run.create(run_dir), 20.0, 1.0, server_url=embedded_server.url, server_info={"device": "cpu"})
     run_notebook("02_gpu_utilization", server_url=embedded_server.url, run_dir=str(run_dir), context_tokens=256,

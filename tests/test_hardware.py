@@ -96,6 +96,28 @@ def test_cpu_measured_copy_and_matmul(small_cpu_measurements: None) -> None:
     assert p.matmul is None or p.matmul.source == "measured"
 
 
+def test_a_cpu_compute_peak_is_its_faster_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A CPU without bf16 units: bf16 0.9 GFLOPS against fp32 152 (measured on a 2-core host). The embedded server
+    # computes in fp32; a bf16 peak made its compute floor 570 ms against a measured 210 ms step (a step at 0.37x its
+    # floor), so the compute floor takes the faster dtype and stays a lower bound.
+    asked: list[tuple[str, int]] = []
+
+    def rate(device: str = "cpu", n: int = 0, repeats: int = 5, warmup: int = 2, dtype: str = "bfloat16") -> list[float]:
+        asked.append((dtype, n))
+        return [{"bfloat16": 0.9e9, "float32": 152e9}[dtype]] * repeats
+
+    monkeypatch.setattr(hw, "measure_matmul_rate", rate)
+    monkeypatch.setattr(hw, "measure_copy_bandwidth", lambda *a, **k: [2e10] * 5)
+    p = hw.resolve_peaks(device="cpu")
+    assert p.matmul_tflops == pytest.approx(0.152) and p.matmul.detail.startswith("float32 1024 x 1024 matmul on cpu")
+    assert asked == [("bfloat16", 256), ("float32", 256), ("float32", 1024)]  # small probes, then the faster one
+    monkeypatch.setattr(hw, "_cuda_name", lambda index=0: "a GPU not in the table")
+    monkeypatch.setattr(hw, "nvml_memory_bandwidth", lambda index=0: None)
+    asked.clear()
+    hw.resolve_peaks(memory_bandwidth_gb_s=1000, device="cuda")
+    assert asked == [("bfloat16", 8192)]  # a GPU's compute peak is bf16's
+
+
 def test_peaks_from_record() -> None:
     p = hw.peaks_from_record({"gpu": "NVIDIA RTX PRO 6000 Blackwell", "memory_bandwidth_gb_s": 1792,
                               "memory_bandwidth_source": "spec", "matmul_bf16_tflops": 503.8})
@@ -132,7 +154,7 @@ def test_peaks_for_run_precedence(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match="gpu_name"):
         hw.peaks_for_run(server_url="http://gpu-host:30000")
     monkeypatch.setattr(hw, "measure_copy_bandwidth", lambda device="cpu", n_bytes=0, repeats=5, warmup=2: [2e10] * 5)
-    monkeypatch.setattr(hw, "measure_matmul_rate", lambda device="cpu", n=0, repeats=5, warmup=2: [1e11] * 5)
+    monkeypatch.setattr(hw, "measure_matmul_rate", lambda device="cpu", n=0, repeats=5, warmup=2, dtype="bfloat16": [1e11] * 5)
     p = hw.peaks_for_run(server_info={"device": "cpu"}, server_url="http://127.0.0.1:1234")
     assert p.memory_bandwidth.source == "measured" and p.memory_bandwidth_gb_s == 20
 
@@ -147,7 +169,7 @@ def test_one_peak_per_run_whatever_notebook_asks_first(monkeypatch: pytest.Monke
     rates = iter([[13.1e9] * 5, [17.0e9] * 5, [15.0e9] * 5])  # each copy measured would give another figure
     monkeypatch.setattr(hw, "cuda_available", lambda: False)
     monkeypatch.setattr(hw, "measure_copy_bandwidth", lambda device="cpu", n_bytes=0, repeats=5, warmup=2: next(rates))
-    monkeypatch.setattr(hw, "measure_matmul_rate", lambda device="cpu", n=0, repeats=5, warmup=2: [1e11] * 5)
+    monkeypatch.setattr(hw, "measure_matmul_rate", lambda device="cpu", n=0, repeats=5, warmup=2, dtype="bfloat16": [1e11] * 5)
     run = Run.create(tmp_path / "run")
     first = hw.run_peaks(run, server_info={"device": "cpu"}, server_url="http://127.0.0.1:30000")  # 00
     seen_02 = peak_bandwidth(run, {"kind": "cpu"}, None, 0.0, {"device": "cpu"}, "http://127.0.0.1:30000")  # 02

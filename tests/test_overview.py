@@ -127,6 +127,23 @@ FLOOR = [_f("bandwidth.far_from_floor", "critical", "05_bandwidth_analysis", con
             floor_slope_ms_per_1k_tokens=0.05, slope_ratio_x=154.0)]
 
 
+def test_a_step_or_prefill_under_its_floor_draws_no_floor_verdict() -> None:
+    # A CPU's bf16 matmul rate (0.9 GFLOPS) once made the embedded server's floors 570 ms and 680 s against a measured
+    # 210 ms step and a 20 s prefill; the diagnosis called prefill "near its floor". Under a floor, a peak is too low.
+    from specdiag.steps.findings.diagnosis import diagnose
+
+    under = [_f("bandwidth.far_from_floor", "warning", "05_bandwidth_analysis", context_tokens=16000, measured_ms=210.5,
+                floor_ms=570.2, measured_over_floor_x=0.369, compute_floor_ms=570.2, memory_floor_ms=3.68),
+             _f("bandwidth.prefill_floor", "warning", "05_bandwidth_analysis", context_tokens=16000, ttft_s=20.0,
+                floor_s=680.0, ttft_over_floor_x=0.0294)]
+    d = diagnose(SWEEP + under)
+    assert "under the floor of 570 ms" in d.floor and "no floor verdict" in d.floor and "x its" not in d.floor
+    assert "under its floor of 680 s" in d.paragraph and "near its floor" not in d.paragraph
+    assert d.numbers["prefill_ttft_over_floor_x"] == 0.0294
+    fine = [{**under[0], "numbers": {**under[0]["numbers"], "measured_ms": 2000.0, "measured_over_floor_x": 3.5}}]
+    assert "3.5x its compute floor of 570 ms" in diagnose(SWEEP + fine).floor
+
+
 def test_the_diagnosis_says_what_is_slow_how_far_from_the_floor_the_cause_and_the_fix_from_the_numbers() -> None:
     from specdiag.steps.findings.diagnosis import diagnose
 

@@ -76,3 +76,8 @@ def test_the_finding_reads_the_longest_prompt() -> None:
     slow = prefill.prefill_floor(GEOM, 10, PEAKS, 4, measured_ttft_s=200.0)
     assert prefill.prefill_finding([slow], "measured").severity == "critical"
     assert prefill.prefill_finding(floors[:1], "measured") is None  # nothing measured: no claim
+    # a TTFT under its floor cannot be: the finding says a peak is too low, which, and what to pass
+    fast = prefill.prefill_floor(GEOM, 10, PEAKS, 4, measured_ttft_s=0.5 * floors[1].floor_s)
+    under = prefill.prefill_finding([fast], "measured", peaks=PEAKS)
+    assert under.severity == "warning" and "a peak is too low" in under.title
+    assert f"pass {'matmul_tflops' if fast.bound == 'compute' else 'memory_bandwidth_gb_s'}" in under.verdict

@@ -110,6 +110,13 @@ def test_findings_thresholds() -> None:
     strict = {f.id: f for f in rl.bandwidth_findings(near, RTX_PRO, floor_ratio_threshold=1.2)}
     assert strict["bandwidth.far_from_floor"].severity == "critical"
     assert rl.bandwidth_findings([], RTX_PRO) == []
+    # A step under its floor cannot be: a warning that names the peak to pass, not an ok.
+    under = [rl.step_roofline(geom, c, RTX_PRO, tp_size=8, draft_tokens=8,
+                              measured_step_ms=0.4e3 * rl.step_roofline(geom, c, RTX_PRO, tp_size=8, draft_tokens=8).floor_s)
+             for c in (1_000, 128_000)]
+    low = {f.id: f for f in rl.bandwidth_findings(under, RTX_PRO)}["bandwidth.far_from_floor"]
+    assert low.severity == "warning" and "faster than the floor allows" in low.verdict
+    assert "pass memory_bandwidth_gb_s" in low.verdict  # Kimi K2 at TP8 on that GPU is memory-bound
 
 
 def test_endpoint_slopes() -> None:

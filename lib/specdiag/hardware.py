@@ -1,10 +1,10 @@
-"""Hardware peaks: memory bandwidth and bf16 matmul rate, with where each figure came from.
+"""Hardware peaks: memory bandwidth and matmul rate, with where each figure came from.
 
 Order of precedence (:func:`resolve_peaks`): a parameter always wins; then the device (NVML: maximum
 memory clock x bus width x 2 transfers per clock); then the table of known GPUs below (each figure
 with its source); then a measurement on this machine (a torch copy on CUDA, a numpy/torch copy of
-host memory on a CPU, a bf16 matmul). NVML does not report a tensor-core rate, so the matmul rate
-goes parameter -> table -> measured.
+host memory on a CPU, a bf16 matmul on a GPU, on a CPU the faster of bf16 and fp32). NVML does not report a
+tensor-core rate, so the matmul rate goes parameter -> table -> measured.
 
 The copy and matmul measurements here are the project's only ones: the kernel A/B harness records its
 ceilings through them too (:func:`specdiag.kernels.timing.copy_bandwidth_gbps`, ``matmul_tflops``).
@@ -179,7 +179,7 @@ class HardwarePeaks:
 
     device_name: str
     memory_bandwidth: Peak           # bytes/s
-    matmul: Peak | None              # bf16 FLOP/s; None when unknown
+    matmul: Peak | None              # FLOP/s (bf16 on a GPU; on a CPU its faster of bf16 and fp32); None when unknown
 
     @property
     def memory_bandwidth_gb_s(self) -> float:
@@ -292,13 +292,15 @@ def measure_copy_bandwidth(device: str = "cpu", n_bytes: int = 256 * 2**20, repe
     return rates
 
 
-def measure_matmul_rate(device: str = "cpu", n: int = 2048, repeats: int = 5, warmup: int = 2) -> list[float]:
-    """Time ``repeats`` bf16 n x n matmuls (2 n^3 FLOP each); return FLOP/s per repeat."""
+def measure_matmul_rate(device: str = "cpu", n: int = 2048, repeats: int = 5, warmup: int = 2,
+                        dtype: str = "bfloat16") -> list[float]:
+    """Time ``repeats`` n x n matmuls in ``dtype`` (2 n^3 FLOP each); return FLOP/s per repeat."""
     import torch  # noqa: PLC0415
 
-    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    c = torch.empty(n, n, device=device, dtype=torch.bfloat16)
+    kind = getattr(torch, dtype)
+    a = torch.randn(n, n, device=device, dtype=kind)
+    b = torch.randn(n, n, device=device, dtype=kind)
+    c = torch.empty(n, n, device=device, dtype=kind)
     rates: list[float] = []
     for i in range(warmup + repeats):
         if device.startswith("cuda"):
@@ -315,6 +317,18 @@ def measure_matmul_rate(device: str = "cpu", n: int = 2048, repeats: int = 5, wa
         if i >= warmup:
             rates.append(2 * n**3 / dt)
     return rates
+
+
+CPU_MATMUL_DTYPES = ("bfloat16", "float32")
+
+
+def fastest_cpu_matmul_dtype(probe_n: int = 256) -> str:
+    """The dtype of :data:`CPU_MATMUL_DTYPES` this CPU multiplies fastest (one small probe each). A CPU without bf16
+    units emulates bf16 about 100x slower than float32 (0.9 against 152 GFLOPS on a 2-core x86 host, measured), while
+    one with AMX runs bf16 faster: the compute floor takes the faster, so it stays a lower bound whichever dtype the
+    server computes in (the embedded server: float32)."""
+    rates = {d: max(measure_matmul_rate("cpu", n=probe_n, repeats=1, warmup=1, dtype=d)) for d in CPU_MATMUL_DTYPES}
+    return max(rates, key=lambda d: rates[d])
 
 
 def _cuda_name(index: int = 0) -> str:
@@ -380,9 +394,15 @@ def resolve_peaks(memory_bandwidth_gb_s: float | None = None, matmul_tflops: flo
         mm = Peak(spec.bf16_dense_tflops * 1e12, "table", f"{spec.name}: {spec.matmul_source}")
     elif allow_measure and (device == "cpu" or device_name is None):
         try:
-            rates = measure_matmul_rate(device if device == "cuda" else "cpu", n=1024 if device == "cpu" else 8192)
+            if device == "cuda":
+                dtype, why = "bfloat16", ""
+            else:
+                dtype, why = fastest_cpu_matmul_dtype(), " (the faster of bfloat16 and float32 on this CPU)"
+            n = 8192 if device == "cuda" else 1024
+            rates = measure_matmul_rate(device if device == "cuda" else "cpu", n=n, dtype=dtype)
             med = statistics.median(rates)
-            mm = Peak(med, "measured", f"bf16 matmul on {device}: median of {len(rates)}, {med / 1e12:.3g} TFLOPS")
+            mm = Peak(med, "measured", f"{dtype} {n} x {n} matmul on {device}{why}: median of {len(rates)}, "
+                                       f"{med / 1e12:.3g} TFLOPS")
         except Exception:  # noqa: BLE001 - no torch: the compute floor is left out, not faked
             mm = None
     return HardwarePeaks(device_name=name, memory_bandwidth=mem, matmul=mm)

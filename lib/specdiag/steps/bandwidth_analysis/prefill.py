@@ -237,17 +237,21 @@ def verdict_text(f: PrefillFloor) -> str:
 
 
 def prefill_finding(floors: Sequence[PrefillFloor], source: str, *, finding_id: str = "bandwidth.prefill_floor",
-                    label: str = "", threshold_x: float = 10.0, extra: Mapping[str, Any] | None = None
-                    ) -> Finding | None:
+                    label: str = "", threshold_x: float = 10.0, extra: Mapping[str, Any] | None = None,
+                    peaks: HardwarePeaks | None = None) -> Finding | None:
     """The prefill verdict at the longest measured prompt: critical at or above ``threshold_x`` x its floor, a
-    warning at or above 2x, else ok. ``label`` names what was measured
-    (an arm); ``extra`` adds numbers (the arm's name). None without a measured TTFT."""
+    warning at or above 2x or under :data:`~specdiag.steps.bandwidth_analysis.roofline.BELOW_FLOOR_X` (a peak is too
+    low: ``peaks`` names which and where it came from), else ok. ``label`` names what was measured (an arm);
+    ``extra`` adds numbers (the arm's name). None without a measured TTFT."""
     measured = [f for f in floors if f.ttft_over_floor_x is not None]
     if not measured:
         return None
     f = max(measured, key=lambda x: x.prompt_tokens)
+    from specdiag.steps.bandwidth_analysis.roofline import BELOW_FLOOR_X, below_floor_cause  # noqa: PLC0415
+
     x = float(f.ttft_over_floor_x or 0.0)
-    sev = "critical" if x >= threshold_x else "warning" if x >= 2 else "ok"
+    below = x < BELOW_FLOOR_X
+    sev = "critical" if x >= threshold_x else "warning" if x >= 2 or below else "ok"
     who = f"{label}: the" if label else "The"
     chunk = (f"in {f.n_chunks} chunk{'s' if f.n_chunks > 1 else ''} of {f.chunk_tokens:,} tokens (the server's "
              "chunked_prefill_size)"
@@ -256,13 +260,15 @@ def prefill_finding(floors: Sequence[PrefillFloor], source: str, *, finding_id: 
     from specdiag.plots import format_tokens  # noqa: PLC0415 - matplotlib's ticker, only when a finding is made
 
     ctx = format_tokens(f.prompt_tokens)
-    title = (f"Prefill is {x:,.3g}x its floor at {ctx} tokens" if sev != "ok" else
+    title = (f"Prefill beat its floor at {ctx} tokens: a peak is too low" if below else
+             f"Prefill is {x:,.3g}x its floor at {ctx} tokens" if sev != "ok" else
              f"Prefill is near its floor at {ctx} tokens")
     return Finding(
         finding_id, title,
         f"{who} first token of a {f.prompt_tokens:,}-token prompt came after {f.measured_ttft_s:,.3g} s, "
         f"{x:,.3g}x the prefill's floor of {f.floor_s:.3g} s ({f.bound}-bound), {chunk}: about {tok_s:,.0f} prompt "
-        f"tokens/s, {float(f.measured_ttft_s or 0) / f.n_chunks:.3g} s per chunk.",
+        f"tokens/s, {float(f.measured_ttft_s or 0) / f.n_chunks:.3g} s per chunk"
+        + (f": {below_floor_cause(f.bound, peaks)}." if below and peaks is not None else "."),
         sev,  # type: ignore[arg-type]
         (f"TTFT {f.measured_ttft_s:,.3g} s ({source})",
          f"floor {f.floor_s:.3g} s = max({f.flops / 1e12:,.4g} TFLOP / peak matmul"

@@ -11,7 +11,8 @@ Formulas (per rank, one step at context L; 1 GB = 1e9 B):
     ``2 x h x T x span x (kv_lora_rank + qk_rope_head_dim + kv_lora_rank)`` per layer
     (576 + 512 = 1088 for DeepSeek-V3/Kimi-K2);
   - GQA/MHA: ``2 x h x T x span x (head_dim + head_dim)`` per layer (Q.K^T and P.V).
-- compute floor = verify FLOPs / peak bf16 matmul rate; the step's floor = max(memory, compute).
+- compute floor = verify FLOPs / peak matmul rate (bf16 on a GPU; a CPU's faster of bf16 and fp32); the step's
+  floor = max(memory, compute).
   MLA verify does about 2 h T FLOP per KV byte, so many heads x draft tokens make it compute-bound
   (reference/kernels.md §0).
 - effective bandwidth = bytes / measured step time; efficiency = floor / measured (1 = at the floor);
@@ -36,6 +37,17 @@ from specdiag.geometry import (
 )
 from specdiag.hardware import HardwarePeaks, gb_s
 from specdiag.stats import LineFit, fit_line
+
+#: A measured time below this share of its floor cannot be: a peak the floor came from is too low.
+BELOW_FLOOR_X = 0.9
+
+
+def below_floor_cause(bound: str, peaks: HardwarePeaks) -> str:
+    """What to say of a time under its floor: which peak made the floor, where it came from, what to pass."""
+    peak = peaks.matmul if bound == "compute" and peaks.matmul else peaks.memory_bandwidth
+    name = "matmul_tflops" if bound == "compute" else "memory_bandwidth_gb_s"
+    return (f"faster than the floor allows, so the {bound} peak it was computed from is too low ({peak.label}: "
+            f"{peak.detail}); pass {name} with the device's real figure")
 
 
 def verify_attention_flops(geom: ModelGeometry, context_tokens: int, draft_tokens: int, tp_size: int = 1) -> float:
@@ -229,9 +241,12 @@ def bandwidth_findings(steps: Sequence[StepRoofline], peaks: HardwarePeaks, sour
     row = last.as_row()
     peak_gb_s = peaks.memory_bandwidth_gb_s
     ratio = row["measured_over_floor_x"]
-    sev = "critical" if ratio >= floor_ratio_threshold else "warning" if ratio >= 2 else "ok"
+    sev = "critical" if ratio >= floor_ratio_threshold else "warning" if ratio >= 2 or ratio < BELOW_FLOOR_X else "ok"
     cmp = slope_comparison(measured) if len({s.context_tokens for s in measured}) >= 2 else None
-    if sev == "ok":
+    if ratio < BELOW_FLOOR_X:
+        bound = "compute" if (row["compute_floor_ms"] or 0) > row["memory_floor_ms"] else "memory"
+        cause = ": " + below_floor_cause(bound, peaks) + "."
+    elif sev == "ok":
         cause = "."
     elif cmp is None or cmp.ratio >= slope_ratio_threshold:
         cause = (". Something on the step, most likely the attention kernel, is far from the memory floor"

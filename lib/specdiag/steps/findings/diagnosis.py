@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from specdiag.findings import SEVERITY_ORDER, Finding
+from specdiag.steps.bandwidth_analysis.roofline import BELOW_FLOOR_X
 
 #: Keys of a finding's numbers that mark a fix measured in the run (see the module docstring).
 FIX_KEYS = ("fix", "fix_speedup_x")
@@ -177,7 +178,12 @@ def _floor(findings: Sequence[Mapping[str, Any]], used: list[Mapping[str, Any]],
                    pct_of_peak_total=n.get("pct_of_peak_total"), peak_gb_s=n.get("peak_gb_s"))
     ratio = float(n["measured_over_floor_x"])
     pct = n.get("pct_of_peak_total")
-    return (f"At {_tok(n['context_tokens'])} the step is {_num(ratio)}x its memory floor of {_num(n['floor_ms'])} ms"
+    if ratio < BELOW_FLOOR_X:
+        return (f"At {_tok(n['context_tokens'])} the step took {_num(n['measured_ms'])} ms, under the floor of "
+                f"{_num(n['floor_ms'])} ms computed from this run's peaks: a peak figure is too low, so no floor "
+                f"verdict is drawn ({far.get('notebook', '05_bandwidth_analysis')} names the peak to pass).")
+    bound = "compute" if (n.get("compute_floor_ms") or 0) > (n.get("memory_floor_ms") or 0) else "memory"
+    return (f"At {_tok(n['context_tokens'])} the step is {_num(ratio)}x its {bound} floor of {_num(n['floor_ms'])} ms"
             + (f", moving its bytes at {_num(pct)}% of the {_num(n['peak_gb_s'])} GB/s peak" if pct is not None else "")
             + f" (computed, {far.get('notebook', '05_bandwidth_analysis')}).")
 
@@ -275,6 +281,10 @@ def _prefill(findings: Sequence[Mapping[str, Any]], used: list[Mapping[str, Any]
     chunks = (f", prefilled in chunks of {int(n['chunk_tokens']):,} tokens at {_num(n['prefill_tok_s'])} prompt "
               "tokens/s" if n.get("chunk_tokens") and n.get("prefill_tok_s") else "")
     where = f"({f.get('source', 'computed')}, {f.get('notebook')})"
+    if x < BELOW_FLOOR_X:
+        return (f"The first token of a {_tokens_long(n['context_tokens'])} prompt came after {_num(n['ttft_s'])} s{who}, "
+                f"under its floor of {_num(n['floor_s'])} s: a peak figure is too low, so no prefill verdict is drawn "
+                f"{where}.", False)
     if x >= 2:
         return (f"Prefill is a second collapse: the first token of a {_tokens_long(n['context_tokens'])} prompt comes "
                 f"after {_num(n['ttft_s'])} s{who}, {_num(x)}x its floor of {_num(n['floor_s'])} s{chunks} {where}.", True)

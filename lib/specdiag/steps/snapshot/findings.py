@@ -115,7 +115,8 @@ def peak_rows(peaks: HardwarePeaks) -> list[dict[str, Any]]:
     return [
         {"peak": "memory bandwidth", "value": gb_s(peaks.memory_bandwidth_gb_s), "device": peaks.device_name,
          "source": peaks.memory_bandwidth.label, "detail": peaks.memory_bandwidth.detail},
-        {"peak": "bf16 matmul", "value": f"{peaks.matmul_tflops:,.3g} TFLOPS" if peaks.matmul else "unknown",
+        {"peak": "matmul (bf16; a CPU's faster dtype)",
+         "value": f"{peaks.matmul_tflops:,.3g} TFLOPS" if peaks.matmul else "unknown",
          "device": peaks.device_name, "source": peaks.matmul.label if peaks.matmul else "-",
          "detail": peaks.matmul.detail if peaks.matmul else "-"},
     ]
