@@ -101,6 +101,44 @@ def test_costs_and_findings_from_the_numbers():
     assert m["arms"]["plugin"]["32768"]["costs_time"] is True and m["requests"] == 6
 
 
+def test_a_cost_needs_the_requests_to_separate_not_only_the_steps():
+    """Two make report runs on one 2-core host: the same layouts, fresh requests 15.8 and 18.1 ms against fragmented
+    15.4 and 15.8 in one, 12.6 and 12.2 against 16.2 and 15.4 in the other (measured). Steps of one request are not
+    independent: a cost is claimed only when every fragmented request is slower than every fresh one."""
+    import dataclasses
+
+    from specdiag.steps.findings.diagnosis import diagnose
+
+    def rows(fresh, frag):
+        return ([_row("embedded", "fresh", 2048, i, 0.98, 6, _samples(c, seed=i)) for i, c in enumerate(fresh)]
+                + [_row("embedded", "fragmented", 2048, i, 0.0, 215, _samples(c, seed=9 + i)) for i, c in enumerate(frag)])
+
+    overlap = rows([12.0, 15.6], [15.4, 16.2])
+    cost = kla.costs(overlap).iloc[0]
+    assert cost["p_slower"] < 0.05 and cost["cost_x"] > 1.02  # the steps alone would say "slower"
+    assert not bool(cost["requests_separate"]) and cost["requests_separate"] is not None and not cost["costs_time"]
+    f = {x.id: x for x in kla.findings(kla.costs(overlap), kla.kernel_prediction([]))}["kv_layout.embedded"]
+    assert f.severity == "info" and "not established" in f.verdict and "requests overlap" in f.verdict
+    assert "fix" not in f.numbers and f.numbers["requests_overlap"] is True
+    assert "per request: fresh 12, 15.6 ms, fragmented 15.4, 16.2 ms" in f.evidence[0]
+    d = diagnose([{**dataclasses.asdict(x), "notebook": "10_kv_layout"}
+                  for x in kla.findings(kla.costs(overlap), kla.kernel_prediction([]))])
+    assert "is not established" in d.after and not d.numbers.get("fix")
+    apart = kla.costs(rows([12.6, 12.2], [16.2, 15.4])).iloc[0]
+    assert bool(apart["requests_separate"]) and apart["costs_time"]
+    single = kla.findings(kla.costs(rows([12.4], [16.1])), kla.kernel_prediction([]))[0]
+    assert "costs time" in single.verdict and "one request per state" in single.verdict
+
+
+def test_fresh_requests_come_before_and_after_the_fragmented_ones():
+    assert klm.schedule(("fresh", "fragmented"), 2) == [("fresh", 0), ("fragmented", 0), ("fragmented", 1), ("fresh", 1)]
+    assert klm.schedule(("fresh", "fragmented"), 3) == [("fresh", 0), ("fresh", 1), ("fragmented", 0),
+                                                        ("fragmented", 1), ("fragmented", 2), ("fresh", 2)]
+    assert klm.schedule(("fresh", "fragmented"), 1) == [("fresh", 0), ("fragmented", 0)]
+    # an order asked for (the H200 job measures fragmented first) is kept
+    assert klm.schedule(("fragmented", "fresh"), 2) == [("fragmented", 0), ("fragmented", 1), ("fresh", 0), ("fresh", 1)]
+
+
 def test_nothing_to_compare():
     rows = [_row("embedded", "fresh", 2048, 0, 0.99, 3, _samples(6.0))]
     found = kla.findings(kla.costs(rows), kla.kernel_prediction([]), missing=kla.gaps(rows))

@@ -354,6 +354,10 @@ def _kv_layout(findings: Sequence[Mapping[str, Any]], used: list[Mapping[str, An
     numbers.update(kv_layout_arm=n.get("arm"), kv_layout_cost_x=n.get("cost_x"),
                    kv_layout_context_tokens=n.get("context_tokens"))
     arms = ", ".join(str(f["numbers"].get("arm")) for f in judged)
+    if n.get("requests_overlap"):
+        return (f"Whether a fragmented KV pool costs {n['arm']} time is not established: its steps were "
+                f"{100 * (float(n['cost_x']) - 1):+.1f}% at {_tok(n['context_tokens'])}, within the spread between "
+                f"requests ({worst.get('source', 'measured')}, 10_kv_layout).")
     if "fix_speedup_x" in n or worst.get("severity") in ("warning", "critical"):
         return (f"A fragmented KV pool costs {n['arm']} {100 * (float(n['cost_x']) - 1):+.1f}% per verify step at "
                 f"{_tok(n['context_tokens'])} ({worst.get('source', 'measured')}, 10_kv_layout): keeping each "

@@ -4,8 +4,10 @@ verdicts (pure functions, no I/O).
 The time of a step: per request, the steps' samples (the gaps between stream chunks, client side; on the embedded
 server its own verify times, which leave out HTTP and streaming) pooled over the repeats; the arm's number at a context
 and pool state is their median. Fragmented over fresh is the layout's cost; "costs time" is said only where the
-fragmented samples rank above the fresh ones (stats.median_diff_test, one-sided, p < 0.05) and the ratio is at least
-:data:`MIN_COST_X`. A comparison counts only when the fresh requests were contiguous (at least
+fragmented samples rank above the fresh ones (stats.median_diff_test, one-sided, p < 0.05), the ratio is at least
+:data:`MIN_COST_X`, and, with two or more requests in each state, every fragmented request's median step is above every
+fresh one's: the steps of one request are not independent of each other, and on a shared 2-core host two requests of
+one state differed by up to 30% (measured), so the requests must separate too. A comparison counts only when the fresh requests were contiguous (at least
 :data:`FRESH_MIN_SHARE` of tokens in runs of 64 or more) and the fragmented ones were not (at most
 :data:`FRAG_MAX_SHARE`); otherwise the finding says the layouts did not differ enough to judge.
 
@@ -104,6 +106,23 @@ def summary(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def _request_medians(group: pd.DataFrame) -> list[float]:
+    """Each request's median step (its own samples), in the rows' order."""
+    out = []
+    for _, row in group.iterrows():
+        samples, _ = _samples(row.to_frame().T)
+        if samples:
+            out.append(statistics.median(samples))
+    return out
+
+
+def separated(fresh: list[float], fragmented: list[float]) -> bool | None:
+    """Whether every fragmented request is slower than every fresh one; None with one request in either state."""
+    if len(fresh) < 2 or len(fragmented) < 2:
+        return None
+    return min(fragmented) > max(fresh)
+
+
 def _filler_cycles(g: pd.DataFrame) -> float | None:
     vals = [float(v["cycles"]) for v in g.get("filler", pd.Series(dtype=object)) if isinstance(v, Mapping)]
     return max(vals) if vals else None
@@ -135,9 +154,13 @@ def costs(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
         p = median_diff_test(_spaced(a), _spaced(b)).p_higher if len(a) >= 2 and len(b) >= 2 else None
         sf, sg = _share(fresh, "share_in_long_runs"), _share(frag, "share_in_long_runs")
         counts = sf is not None and sg is not None and sf >= FRESH_MIN_SHARE and sg <= FRAG_MAX_SHARE
+        fresh_req, frag_req = _request_medians(fresh), _request_medians(frag)
+        apart = separated(fresh_req, frag_req)
         out.append({"arm": arm, "context_tokens": int(ctx), "fresh_ms": statistics.median(a),
                     "fragmented_ms": statistics.median(b), "cost_x": ratio, "p_slower": p,
-                    "costs_time": bool(counts and p is not None and p < 0.05 and ratio >= MIN_COST_X),
+                    "fresh_request_ms": fresh_req, "fragmented_request_ms": frag_req, "requests_separate": apart,
+                    "costs_time": bool(counts and p is not None and p < 0.05 and ratio >= MIN_COST_X
+                                       and apart is not False),
                     "fresh_share": sf, "fragmented_share": sg,
                     "fresh_runs_per_1k": _share(fresh, "runs_per_1k_tokens"),
                     "fragmented_runs_per_1k": _share(frag, "runs_per_1k_tokens"),
@@ -200,7 +223,9 @@ def findings(cost: pd.DataFrame, pred: pd.DataFrame, source: str = "measured",
         ev = [f"{format_tokens(r.context_tokens)}: {r.fresh_ms:.3g} ms per step fresh, {r.fragmented_ms:.3g} ms "
               f"fragmented ({_pct(r.cost_x)}, p = {r.p_slower:.2g} that fragmented is slower; "
               f"{_share_text(r.fresh_share)} then {_share_text(r.fragmented_share)} of tokens in runs >= 64, "
-              f"{_num(r.fresh_runs_per_1k)} then {_num(r.fragmented_runs_per_1k)} runs per 1k tokens)"
+              f"{_num(r.fresh_runs_per_1k)} then {_num(r.fragmented_runs_per_1k)} runs per 1k tokens"
+              + (f"; per request: fresh {_ms_list(r.fresh_request_ms)}, fragmented {_ms_list(r.fragmented_request_ms)}"
+                 if len(r.fresh_request_ms) + len(r.fragmented_request_ms) > 2 else "") + ")"
               for r in g.itertuples()]
         ev.append(f"step times: {g['step_source'].iloc[0]} ({source})")
         judged = g[g["layouts_differ"]]
@@ -221,14 +246,29 @@ def findings(cost: pd.DataFrame, pred: pd.DataFrame, source: str = "measured",
         numbers.update(context_tokens=int(worst["context_tokens"]), fresh_ms=float(worst["fresh_ms"]),
                        fragmented_ms=float(worst["fragmented_ms"]), cost_x=float(worst["cost_x"]),
                        p_slower=worst["p_slower"])
+        overlap = judged[(judged["requests_separate"] == False) & (judged["cost_x"] >= MIN_COST_X)  # noqa: E712
+                         & (judged["p_slower"].fillna(1.0) < 0.05)]
         if bool(worst["costs_time"]):
+            single = worst["requests_separate"] is None
             verdict = (f"On {arm} a fragmented pool costs time: {_pct(worst['cost_x'])} per verify step at "
                        f"{format_tokens(worst['context_tokens'])} ({worst['fragmented_ms']:.3g} against "
-                       f"{worst['fresh_ms']:.3g} ms), so keeping each request's KV contiguous pays there.")
+                       f"{worst['fresh_ms']:.3g} ms), so keeping each request's KV contiguous pays there"
+                       + (" (one request per state: the test ranks one request's steps against another's, so a "
+                          "repeat would confirm it)." if single else "."))
             severity = "warning" if worst["cost_x"] >= 1.10 else "info"
             if worst["cost_x"] >= 1.05:
                 numbers.update(fix=f"a contiguous KV layout (flushed pool) on {arm}",
                                fix_speedup_x=float(worst["cost_x"]), fix_context_tokens=int(worst["context_tokens"]))
+        elif not overlap.empty:
+            o = overlap.loc[overlap["cost_x"].idxmax()]
+            verdict = (f"On {arm} the layout's cost is not established: fragmented steps were {_pct(o['cost_x'])} at "
+                       f"{format_tokens(o['context_tokens'])}, but the requests overlap (fresh "
+                       f"{_ms_list(o['fresh_request_ms'])}, fragmented {_ms_list(o['fragmented_request_ms'])}): the "
+                       "spread between requests covers the difference. More repeats would settle it.")
+            severity = "info"
+            numbers.update(context_tokens=int(o["context_tokens"]), cost_x=float(o["cost_x"]),
+                           fresh_ms=float(o["fresh_ms"]), fragmented_ms=float(o["fragmented_ms"]),
+                           p_slower=o["p_slower"], requests_overlap=True)
         else:
             verdict = (f"On {arm} the layout costs no measurable time: fragmented over fresh is at most "
                        f"{worst['cost_x']:.3f}x ({_pct(worst['cost_x'])}) at {format_tokens(worst['context_tokens'])} "
@@ -286,6 +326,11 @@ def _prediction_findings(cost: pd.DataFrame, pred: pd.DataFrame, source: str, pr
                "work, or the layout of the draft slots).")
     return [Finding("kv_layout.prediction", "KV layout: the kernel A/B's prediction", verdict,
                     "ok" if held else "warning", ev, numbers, source)]
+
+
+def _ms_list(values: Iterable[float]) -> str:
+    """'12.6, 12.2 ms'."""
+    return ", ".join(f"{v:.3g}" for v in values) + " ms"
 
 
 def _share_text(x: Any) -> str:
