@@ -55,7 +55,7 @@ endif
 # has one, the virtual environment is made with --system-site-packages and uses it.
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
-# make test runs its tests in this many pytest-xdist workers (on 2 cores: 6.2 min in one process, 3.6 min in 2; a
+# make test runs its tests in this many pytest-xdist workers (on 2 cores two workers took 3.6 min where one took 6.2; a
 # notebook test's pytest process waits on its kernel and server most of the time); 0 runs them in one process.
 TEST_WORKERS ?= 2
 
@@ -132,7 +132,7 @@ replay: setup ## run every notebook that can replay the recorded run RUN=data/re
 	@if [ -z "$(RUN)" ]; then echo "RUN is empty: say which recorded run, e.g. make replay RUN=data/reference/ct200-kimi-k26"; exit 2; fi
 	$(PY) -m specdiag.report replay --run "$(RUN)" --params "$(PARAMS)" --run-dir "$(RUN_DIR)"
 
-test: setup ## run the tests a change must pass (about 4 min on 2 cores, TEST_WORKERS=2; not the slow, GPU or real-engine ones)
+test: setup ## run the tests a change must pass (about 2.5 min on 2 cores, TEST_WORKERS=2; not the slow, GPU or real-engine ones)
 	$(PY) -m pytest -q -m "not slow and not gpu" $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist worksteal) $(PYTEST_ARGS)
 
 test-all: setup ## run every test that can run here: the slow ones too (kernel compiles for sm_90; GPU tests skip without CUDA)
