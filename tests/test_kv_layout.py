@@ -126,6 +126,12 @@ def test_a_cost_needs_the_requests_to_separate_not_only_the_steps():
     assert "is not established" in d.after and not d.numbers.get("fix")
     apart = kla.costs(rows([12.6, 12.2], [16.2, 15.4])).iloc[0]
     assert bool(apart["requests_separate"]) and apart["costs_time"]
+    # one context that costs beside one whose requests overlap: the cost is the verdict (a make report run: 2k fresh
+    # 12.3, 12.3 against fragmented 13.2, 15.5; 8k fresh 38.7, 34.3 against 34.2, 72.4 ms)
+    both = rows([12.3, 12.3], [13.2, 15.5]) + [
+        {**r, "context_tokens": 8192} for r in rows([38.7, 34.3], [34.2, 72.4])]
+    mixed = {x.id: x for x in kla.findings(kla.costs(both), kla.kernel_prediction([]))}["kv_layout.embedded"]
+    assert "costs time" in mixed.verdict and mixed.numbers["context_tokens"] == 2048
     single = kla.findings(kla.costs(rows([12.4], [16.1])), kla.kernel_prediction([]))[0]
     assert "costs time" in single.verdict and "one request per state" in single.verdict
 

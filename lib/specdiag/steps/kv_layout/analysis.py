@@ -242,7 +242,8 @@ def findings(cost: pd.DataFrame, pred: pd.DataFrame, source: str = "measured",
                                f"fragmented <= {FRAG_MAX_SHARE:.0%}): cycle the pool more (filler cycles) or check "
                                "that the radix cache is off.", "warning", ev, numbers, source))
             continue
-        worst = judged.loc[judged["cost_x"].idxmax()]
+        costing = judged[judged["costs_time"]]
+        worst = (costing if not costing.empty else judged).pipe(lambda d: d.loc[d["cost_x"].idxmax()])
         numbers.update(context_tokens=int(worst["context_tokens"]), fresh_ms=float(worst["fresh_ms"]),
                        fragmented_ms=float(worst["fragmented_ms"]), cost_x=float(worst["cost_x"]),
                        p_slower=worst["p_slower"])
