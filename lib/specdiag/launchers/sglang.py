@@ -157,8 +157,8 @@ def plugin_env(verify: str, *, site: str = "", plugin_path: str = "", stats_dir:
                plugin_on_path: bool | None = None) -> dict[str, str]:
     """Environment of one SGLang server for the specdiag plugin in mode ``verify`` (splitkv, upstream or off).
 
-    PYTHONPATH: SGLang's ``site`` first, then ``plugin_path`` (by default only when the plugin is on), then the project's
-    lib/ (the kernel). SGLang 0.5.17 loads every installed plugin by default, so ``off`` is said
+    PYTHONPATH: SGLang's ``site`` first, then ``plugin_path`` (by default only when the plugin is on), then the
+    project's lib/ (the kernel). SGLang 0.5.17 loads every installed plugin by default, so ``off`` is said
     (SPECDIAG_SGLANG_VERIFY=off), not left to a missing SGLANG_PLUGINS: a plugin kept on the path with its kernel off
     (``plugin_on_path=True``) still records what it is asked to (layout, stats under ``stats_dir``).
     """

@@ -125,7 +125,8 @@ def best_columns(best: pd.DataFrame) -> dict[str, str]:
 
 def best_formats(best: pd.DataFrame) -> dict[str, str]:
     """Whole tokens per second for the rates, the acceptance as given."""
-    return {"acceptance": "{:g}", **{c: "{:,.0f}" for c in best.columns if c.startswith(("tok_s_at_", "best_tokens_per_s"))}}
+    rates = [c for c in best.columns if c.startswith(("tok_s_at_", "best_tokens_per_s"))]
+    return {"acceptance": "{:g}", **{c: "{:,.0f}" for c in rates}}
 
 
 def interpolate(points: Mapping[int, float], at: Iterable[int]) -> dict[int, float]:
