@@ -22,6 +22,7 @@ import torch
 
 from specdiag.kernels.mla import D_QK, D_V, tree_mask as random_tree
 from specdiag_sglang_plugin import hook
+from specdiag_sglang_plugin.causal import CausalMask, capacity, causal_positions
 from specdiag_sglang_plugin.translate import (CallFacts, VerifyBatch, decide, fp8_reference, max_draft_tokens,
                                               request_inputs, run_torch, tree_mask)
 
@@ -140,6 +141,60 @@ def test_request_inputs_refuses_non_latent_values():
         request_inputs(batch, 0)
 
 
+def causal_batch(prefix_lens: list[int], draft: int, heads: int, seed: int = 0) -> VerifyBatch:
+    """A DFLASH verify call: no custom mask, SGLang's mask_indptr, and the plugin's causal block written into a
+    buffer of random bytes (so an entry the writer missed, or one read that it did not write, shows)."""
+    batch, _ = make_batch(prefix_lens, draft, heads, chain=True, seed=seed)
+    noise = torch.Generator().manual_seed(seed + 5)
+    buf = (torch.rand(capacity(sum(prefix_lens) + 64, len(prefix_lens), draft), generator=noise) < 0.5).to(torch.uint8)
+    idx, vals = causal_positions(batch.qo_indptr, batch.kv_indptr, batch.mask_indptr, draft)
+    buf[idx] = vals
+    return dataclasses.replace(batch, custom_mask=buf)
+
+
+@pytest.mark.parametrize("prefix_lens, draft, heads", [([37], 8, 8), ([5, 300, 64], 16, 4), ([1, 2000], 8, 2)])
+def test_causal_block_is_the_lower_triangle_in_sglangs_layout(prefix_lens, draft, heads):
+    """DFLASH's verify passes no custom mask; the plugin's causal block, read the way the kernels read a tree mask,
+    is the lower triangle for every request, and attention over it is SGLang's causal verify."""
+    batch = causal_batch(prefix_lens, draft, heads, seed=len(prefix_lens) + draft)
+    tril = torch.tril(torch.ones(draft, draft, dtype=torch.bool))
+    for b in range(len(prefix_lens)):
+        assert torch.equal(tree_mask(batch, b), tril)
+    out = torch.full((batch.q.shape[0], heads, D_V), float("nan"), dtype=torch.bfloat16)
+    run_torch(batch, out, n_splits=3)
+    explicit = dataclasses.replace(batch, custom_mask=torch.cat([
+        torch.cat([torch.ones(draft, p, dtype=torch.bool), tril], dim=1).reshape(-1) for p in prefix_lens]))
+    assert rel_err(out, sglang_reference(explicit)) < 1e-2
+
+
+def test_causal_mask_is_written_once_per_forward_and_again_for_a_new_one():
+    """Written on a batch's first layer only (the entries are the same in every layer), rewritten for the next
+    forward batch even when it reuses the old one's address (held by a weak reference, not by id)."""
+    from types import SimpleNamespace as NS
+
+    class Batch:  # ForwardBatch stand-in: weak-referenceable, like SGLang's dataclass
+        pass
+
+    batch = causal_batch([40, 9], 4, 2)
+    meta = NS(qo_indptr=batch.qo_indptr, kv_indptr=batch.kv_indptr, mask_indptr=batch.mask_indptr)
+    cm = CausalMask()
+    fb = Batch()
+    buf = cm.for_call(fb, meta, 4, slots=200, max_requests=2)
+    first = buf.clone()
+    buf.zero_()
+    assert cm.for_call(fb, meta, 4, slots=200, max_requests=2).sum() == 0, "rewritten for the same forward"
+    del fb
+    again = cm.for_call(Batch(), meta, 4, slots=200, max_requests=2)
+    assert torch.equal(again, first)
+
+
+def test_decide_serves_a_verify_block_without_a_mask_as_causal():
+    serve, reason = decide(servable(has_custom_mask=False))
+    assert serve and "causal draft block" in reason and "DFLASH" in reason
+    serve, reason = decide(servable(has_custom_mask=False, kv_dtype=torch.float8_e4m3fn))
+    assert serve and "causal" in reason and "fp8" in reason
+
+
 def test_torch_fallback_refuses_logit_cap():
     batch, _ = make_batch([10], 4, 2, chain=True, logit_cap=30.0)
     with pytest.raises(ValueError, match="logit cap"):
@@ -217,7 +272,7 @@ def test_fp8_reference_is_the_definition_on_the_dequantized_cache(prefix_lens, d
     (dict(dcp_size=2), "dcp_size 2"),
     (dict(deterministic=True), "deterministic"),
     (dict(causal=False), "non-causal"),
-    (dict(has_custom_mask=False), "no custom mask"),
+    (dict(has_custom_mask=False, has_mask_indptr=False), "no custom mask"),
     (dict(kv_dtype=torch.float16), "dtypes"),
     (dict(q_dtype=torch.float32, kv_dtype=torch.float32), "dtypes"),
     (dict(value_is_latent_view=False), "value buffer"),
@@ -364,7 +419,19 @@ for lens, draft, heads, chain, cap in [([150], 8, 2, True, 0.0), ([70, 3, 200], 
     err = rel_err(out, sglang_reference(batch))
     print(lens, draft, heads, chain, cap, err)
     assert err < 1e-2, err
-# session 15: splits of any number of tokens (split_round_tokens), their bounds inside tiles and across the draft rows
+# a DFLASH call: no custom mask, the plugin's causal block in its place
+from test_sglang_plugin import causal_batch
+batch = causal_batch([120, 33], 8, 2, seed=9)
+batch = type(batch)(**{{**batch.__dict__, "q": batch.q.half(), "k_ext": batch.k_ext.half(),
+                        "v_ext": batch.v_ext.half(), "kv_buffer": batch.kv_buffer.half()}})
+out = torch.full((batch.q.shape[0], 2, 512), float("nan"), dtype=torch.float16)
+ragged_split_kv_triton(batch.q, batch.k_ext, batch.kv_buffer, out, batch.qo_indptr, batch.kv_indptr,
+                       batch.kv_indices, batch.custom_mask, batch.mask_indptr, max_draft=8,
+                       sm_scale=batch.sm_scale, cfg=cfg, num_sms=16)
+err = rel_err(out, sglang_reference(batch))
+print("causal", err)
+assert err < 1e-2, err
+# splits of any number of tokens (split_round_tokens), their bounds inside tiles and across the draft rows
 from dataclasses import replace
 for rnd in (1, 7):
     eq = replace(cfg, min_split_tokens=1, split_round_tokens=rnd)

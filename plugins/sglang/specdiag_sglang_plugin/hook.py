@@ -6,6 +6,10 @@ SGLang does and runs specdiag's split-KV kernel on SGLang's ragged layout (which
 other call goes to SGLang's own method unchanged. Each distinct decision is logged once per process
 ("which path runs and why").
 
+Both verify shapes SGLang 0.5.17 sends are served: a tree (NGRAM, EAGLE: the custom mask SGLang passes) and a
+linear block with no mask (DFLASH: causal inside the block; the plugin writes that causal block into SGLang's mask
+layout once per forward, causal.py, and the log line says "causal draft block ... as DFLASH's").
+
 Off unless asked: SGLang 0.5.17 loads every installed plugin when ``SGLANG_PLUGINS`` is unset, so the plugin acts
 only when ``SGLANG_PLUGINS`` names ``specdiag_splitkv`` or ``SPECDIAG_SGLANG_VERIFY`` is set; otherwise
 ``register()`` registers nothing and logs once that it is installed and off. The mode comes from
@@ -75,12 +79,14 @@ GLUON_MIN_ROWS = 1
 FORWARD_EXTEND = "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.forward_extend"
 BACKEND_INIT = "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.__init__"
 
-STATS: dict = {"mode": None, "served": 0, "served_in_capture": 0, "served_gluon": 0, "fallback": Counter(),
+STATS: dict = {"mode": None, "served": 0, "served_in_capture": 0, "served_gluon": 0, "served_causal": 0,
+               "fallback": Counter(),
                "upstream_served": 0, "upstream_declined": 0, "ngram_tail": Counter()}
 _logged: set = set()
 _last_write = [0.0]
 _LADDER: list = []  # the ConfigLadder of this process, made on first use (specdiag.kernels.splitkv_plan)
 _GLUON: dict = {}  # shape key -> None (the Gluon kernel serves it) or why not (cannot run, or failed once)
+_CAUSAL: list = []  # this process's causal.CausalMask, made on the first verify call without a custom mask
 
 
 class Unservable(Exception):
@@ -141,6 +147,7 @@ def stats_snapshot() -> dict:
 
     return {"pid": os.getpid(), "mode": STATS["mode"], "served": STATS["served"],
             "served_in_capture": STATS["served_in_capture"], "served_gluon": STATS["served_gluon"],
+            "served_causal": STATS["served_causal"],
             "gluon": {repr(k): (why or "serves") for k, why in _GLUON.items()}, "fallback": dict(STATS["fallback"]),
             "upstream_served": STATS["upstream_served"], "upstream_declined": STATS["upstream_declined"],
             "ngram_tail": dict(STATS["ngram_tail"]),
@@ -202,6 +209,7 @@ def _facts(backend, q, k, v, layer, forward_batch, sinks, score_mod):
         deterministic=bool(getattr(backend, "enable_deterministic", False)),
         causal=causal,
         has_custom_mask=backend.forward_metadata.custom_mask is not None,
+        has_mask_indptr=getattr(backend.forward_metadata, "mask_indptr", None) is not None,
         q_dtype=q.dtype,
         kv_dtype=k_buf.dtype,
         value_is_latent_view=(v_buf.data_ptr() == k_buf.data_ptr() and v_buf.stride() == k_buf.stride()
@@ -232,6 +240,22 @@ def _store_draft_kv(backend, layer, forward_batch, k, v) -> None:
         backend.token_to_kv_pool.set_kv_buffer(layer, loc_info, k.clone().div_(layer.k_scale), v)
 
 
+def verify_mask(backend, layer, forward_batch, max_draft: int) -> torch.Tensor:
+    """The call's tree mask: SGLang's custom mask, or for a verify block without one (DFLASH's linear block) the
+    causal block in the same layout (causal.CausalMask, written once per forward, CUDA-graph safe)."""
+    meta = backend.forward_metadata
+    if meta.custom_mask is not None:
+        return meta.custom_mask
+    from specdiag_sglang_plugin.causal import CausalMask  # noqa: PLC0415
+
+    if not _CAUSAL:
+        _CAUSAL.append(CausalMask())
+    slots = int(backend.token_to_kv_pool.get_key_buffer(layer.layer_id).shape[0])
+    req_pool = getattr(backend, "req_to_token_pool", None)
+    max_requests = max(int(getattr(req_pool, "size", 0) or 0), int(meta.qo_indptr.shape[0]) - 1)
+    return _CAUSAL[0].for_call(forward_batch, meta, max_draft, slots, max_requests)
+
+
 def _serve(backend, q, k, v, layer, forward_batch, save_kv_cache):
     """The kernel for this call chosen (an fp8 cache: the fp8 kernel or ``Unservable``, before anything is stored),
     the draft KV stored as SGLang stores it, then the kernel: on sm_90 the Gluon kernel, else the ragged Triton one."""
@@ -248,6 +272,7 @@ def _serve(backend, q, k, v, layer, forward_batch, save_kv_cache):
     max_draft = max_draft_tokens(meta.max_extend_len, q.shape[0], batch)
     kv_buf = backend.token_to_kv_pool.get_key_buffer(layer.layer_id)
     key = (heads * max_draft, q.dtype, kv_buf.dtype, bool(logit_cap and logit_cap > 0), q.device.index)
+    causal = meta.custom_mask is None
 
     if kv_buf.dtype == torch.float8_e4m3fn:
         scale = kv_scale_of(layer)
@@ -255,21 +280,23 @@ def _serve(backend, q, k, v, layer, forward_batch, save_kv_cache):
             raise Unservable(f"fp8 KV cache: {_GLUON[key]}")
         from specdiag.kernels.gluon_ws_ragged import ragged_split_kv_gluon_fp8  # noqa: PLC0415
 
+        mask = verify_mask(backend, layer, forward_batch, max_draft)
         if save_kv_cache:
             _store_draft_kv(backend, layer, forward_batch, k, v)
         try:
             ragged_split_kv_gluon_fp8(
                 q.view(-1, heads, layer.qk_head_dim), kv_buf, o.view(-1, heads, layer.v_head_dim), meta.qo_indptr,
-                meta.kv_indptr, meta.kv_indices, forward_batch.out_cache_loc, meta.custom_mask, meta.mask_indptr,
+                meta.kv_indptr, meta.kv_indices, forward_batch.out_cache_loc, mask, meta.mask_indptr,
                 max_draft=max_draft, sm_scale=layer.scaling, kv_scale=scale)
         except Exception as exc:  # noqa: BLE001  compile or launch: SGLang's kernel serves this shape from now on
             _GLUON[key] = f"failed: {type(exc).__name__}: {' '.join(str(exc).split())[-300:]}"
             log_once("gluon-failed:" + repr(key), "fp8 Gluon kernel failed for %s, SGLang's kernel serves it: %s",
                      key, _GLUON[key])
             raise
-        _count_served(gluon=True)
+        _count_served(gluon=True, causal=causal)
         return o
 
+    mask = verify_mask(backend, layer, forward_batch, max_draft)
     if save_kv_cache:
         _store_draft_kv(backend, layer, forward_batch, k, v)
     ladder = config_ladder(q.device)
@@ -281,9 +308,9 @@ def _serve(backend, q, k, v, layer, forward_batch, save_kv_cache):
         try:
             ragged_split_kv_gluon_ws(
                 q.view(-1, heads, layer.qk_head_dim), kv_buf, o.view(-1, heads, layer.v_head_dim), meta.qo_indptr,
-                meta.kv_indptr, meta.kv_indices, forward_batch.out_cache_loc, meta.custom_mask, meta.mask_indptr,
+                meta.kv_indptr, meta.kv_indices, forward_batch.out_cache_loc, mask, meta.mask_indptr,
                 max_draft=max_draft, sm_scale=layer.scaling)
-            _count_served(gluon=True)
+            _count_served(gluon=True, causal=causal)
             return o
         except Exception as exc:  # noqa: BLE001  compile or launch: the Triton kernel serves this shape from now on
             cause = f" (cause: {type(exc.__cause__).__name__}: {str(exc.__cause__)[:300]})" if exc.__cause__ else ""
@@ -296,18 +323,19 @@ def _serve(backend, q, k, v, layer, forward_batch, save_kv_cache):
             # the draft values are k's first 512 dims: what the MLA pool stores of them (set_kv_buffer keeps k)
             q.view(-1, heads, layer.qk_head_dim), k.reshape(k.shape[0], -1),
             backend.token_to_kv_pool.get_key_buffer(layer.layer_id), o.view(-1, heads, layer.v_head_dim),
-            meta.qo_indptr, meta.kv_indptr, meta.kv_indices, meta.custom_mask, meta.mask_indptr,
+            meta.qo_indptr, meta.kv_indptr, meta.kv_indices, mask, meta.mask_indptr,
             max_draft=max_draft, sm_scale=layer.scaling, logit_cap=logit_cap, cfg=cfg,
         )
 
     ladder.run(key, heads * max_draft, launch)
-    _count_served(gluon=False)
+    _count_served(gluon=False, causal=causal)
     return o
 
 
-def _count_served(gluon: bool) -> None:
+def _count_served(gluon: bool, causal: bool = False) -> None:
     STATS["served"] += 1
     STATS["served_gluon"] += int(gluon)
+    STATS["served_causal"] += int(causal)
     if torch.cuda.is_current_stream_capturing():
         STATS["served_in_capture"] += 1
 
@@ -372,6 +400,7 @@ def _check(original, backend, q, k, v, layer, forward_batch, save_kv_cache, kwar
     checks = STATS.setdefault("check", [])
     if len(checks) < 2000:
         row = {"layer": int(layer.layer_id), "prefix_tokens": prefix, "draft_tokens": int(q.shape[0]),
+               "causal_block": meta.custom_mask is None,
                "heads": int(layer.tp_q_head_num), "rel_err": _rel_err(ours, ref),
                "finite": bool(torch.isfinite(ours).all())}
         kv_buf = backend.token_to_kv_pool.get_key_buffer(layer.layer_id)
@@ -379,9 +408,13 @@ def _check(original, backend, q, k, v, layer, forward_batch, save_kv_cache, kwar
             from specdiag_sglang_plugin.translate import VerifyBatch, fp8_reference  # noqa: PLC0415
 
             heads = layer.tp_q_head_num
+            from specdiag_sglang_plugin.translate import max_draft_tokens  # noqa: PLC0415
+
+            mask = verify_mask(backend, layer, forward_batch,
+                               max_draft_tokens(meta.max_extend_len, q.shape[0], meta.qo_indptr.shape[0] - 1))
             batch = VerifyBatch(q=q.view(-1, heads, layer.qk_head_dim), k_ext=k, v_ext=v, kv_buffer=kv_buf,
                                 qo_indptr=meta.qo_indptr, kv_indptr=meta.kv_indptr, kv_indices=meta.kv_indices,
-                                custom_mask=meta.custom_mask, mask_indptr=meta.mask_indptr, sm_scale=layer.scaling)
+                                custom_mask=mask, mask_indptr=meta.mask_indptr, sm_scale=layer.scaling)
             exact = fp8_reference(batch, forward_batch.out_cache_loc, kv_scale_of(layer)).reshape(ours.shape)
             row.update(kv_dtype="float8_e4m3fn", rel_err_ref=_rel_err(ours, exact),
                        sglang_rel_err_ref=_rel_err(ref, exact))

@@ -78,7 +78,9 @@ class CallFacts:
     dcp_size:            decode context parallel size
     deterministic:       the backend runs its deterministic (unified) kernel
     causal:              the layer is causal self-attention
-    has_custom_mask:     a verify mask was passed
+    has_custom_mask:     a verify mask was passed (a tree: NGRAM, EAGLE)
+    has_mask_indptr:     SGLang computed mask offsets (every target-verify call); with no mask the block is causal
+                         (DFLASH's linear verify: SGLang's own kernel runs it with is_causal and no mask)
     q_dtype, kv_dtype:   tensor dtypes
     value_is_latent_view: the value buffer is the first 512 dims of the key buffer (same storage)
     is_cuda:             tensors are on a CUDA (not ROCm) device
@@ -107,6 +109,7 @@ class CallFacts:
     is_cuda: bool
     rows: int = 0
     kv_scales_equal: bool = True
+    has_mask_indptr: bool = True
 
 
 def decide(facts: CallFacts) -> tuple[bool, str]:
@@ -130,7 +133,8 @@ def decide(facts: CallFacts) -> tuple[bool, str]:
         (facts.dcp_size == 1, f"decode context parallel (dcp_size {facts.dcp_size}) not supported"),
         (not facts.deterministic, "deterministic mode (the backend's unified kernel) kept"),
         (facts.causal, "non-causal attention"),
-        (facts.has_custom_mask, "no custom mask passed"),
+        (facts.has_custom_mask or facts.has_mask_indptr,
+         "no custom mask and no mask_indptr passed (neither a tree nor a linear verify block)"),
         (facts.value_is_latent_view, "the value buffer is not the first 512 dims of the latent key buffer"),
     ]
     if facts.kv_dtype == torch.float8_e4m3fn:
@@ -148,9 +152,11 @@ def decide(facts: CallFacts) -> tuple[bool, str]:
     for ok, reason in checks:
         if not ok:
             return False, reason
+    block = ("custom mask" if facts.has_custom_mask
+             else "causal draft block: a linear verify with no custom mask, as DFLASH's")
     if facts.kv_dtype == torch.float8_e4m3fn:
-        return True, "split-KV verify (MLA latent, page_size 1, custom mask, fp8 e4m3 cache)"
-    return True, "split-KV verify (MLA latent, page_size 1, custom mask)"
+        return True, f"split-KV verify (MLA latent, page_size 1, {block}, fp8 e4m3 cache)"
+    return True, f"split-KV verify (MLA latent, page_size 1, {block})"
 
 
 def tree_mask(batch: VerifyBatch, b: int) -> torch.Tensor:
