@@ -11,7 +11,18 @@ Arms (each a server with its own flags and environment; ``--arms`` picks, in the
   (``--prefill-attention-backend flashinfer --speculative-attention-mode decode``);
 - ``triton_upstream``: the Triton backend with SGLang's own split-KV verify forced on (the plugin in mode upstream);
 - ``fi_prefill_upstream``: FlashInfer's prefill, the Triton backend for decode and verify with SGLang's own split-KV
-  verify forced on (the hybrid of ``fi_prefill_plugin`` with upstream's kernel in the plugin's place).
+  verify forced on (the hybrid of ``fi_prefill_plugin`` with upstream's kernel in the plugin's place);
+- ``triton_plugin_check``: ``triton_plugin`` with ``SPECDIAG_SGLANG_CHECK=1`` and CUDA graphs off: every verify call
+  runs SGLang's own kernel and the plugin's on the same inputs; their relative errors are summarized in run.json
+  (``plugin_check``);
+- ``triton_nospec`` / ``flashinfer_nospec``: the same backends with speculation off (``--speculative-algorithm``
+  unset): plain decode, one token per target forward, the speculation-off twin of the arms above.
+
+The drafter (``--algorithm``): NGRAM (default, ``--draft-tokens`` per verify step) or DFLASH (``--draft-model-path``, a
+DFlash drafter folder, e.g. data/models/make_dflash_drafter.py; ``--block-size`` tokens per verify block,
+``--draft-window`` the drafter's window of target tokens, 0 = none). ``--simulate-acc-len`` sets SGLang's
+``SGLANG_SIMULATE_ACC_LEN`` (a forced mean acceptance length) on the speculating arms: random weights commit about
+1 token per step, so a timing run at a realistic commit sets it, and run.json says so.
 
     python scripts/engine_ab.py --out /tmp/engine-ab --model-path /tmp/mla61 --site /tmp/site --plugin-path /tmp/plugin \\
         --arms flashinfer,triton --contexts 1024,4096,16384,32768,65536,131072,185000 --budget-s 480
@@ -32,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -59,6 +71,13 @@ ARMS: dict[str, dict[str, Any]] = {
                                     "forced on", "backend": "triton",
                             "extra": ["--prefill-attention-backend", "flashinfer", "--speculative-attention-mode",
                                       "decode"], "plugin": "upstream"},
+    "triton_plugin_check": {"what": "Triton backend + the plugin, each verify call checked against SGLang's kernel "
+                                    "(CUDA graphs off)", "backend": "triton", "extra": ["--disable-cuda-graph"],
+                            "plugin": "splitkv", "env": {"SPECDIAG_SGLANG_CHECK": "1"}},
+    "triton_nospec": {"what": "SGLang's Triton backend, speculation off", "backend": "triton", "extra": [],
+                      "plugin": None, "spec": False},
+    "flashinfer_nospec": {"what": "FlashInfer backend, speculation off", "backend": "flashinfer", "extra": [],
+                          "plugin": None, "spec": False},
 }
 
 
@@ -88,10 +107,30 @@ def log(msg: str) -> None:
 def arm_env(arm: str, args: argparse.Namespace, work: Path) -> dict[str, str]:
     from specdiag.launchers.sglang import plugin_env  # noqa: PLC0415
 
-    mode = ARMS.get(arm, {"plugin": None})["plugin"]
-    return {**plugin_env(mode or "off", site=args.site, plugin_path=args.plugin_path,
-                         stats_dir=work / f"stats-{arm}" if mode else None),
-            "FLASHINFER_WORKSPACE_BASE": args.flashinfer_ws}
+    spec = ARMS.get(arm, {"plugin": None})
+    mode = spec["plugin"]
+    env = {**plugin_env(mode or "off", site=args.site, plugin_path=args.plugin_path,
+                        stats_dir=work / f"stats-{arm}" if mode else None),
+           "FLASHINFER_WORKSPACE_BASE": args.flashinfer_ws, **dict(spec.get("env") or {})}
+    if getattr(args, "simulate_acc_len", None) and spec.get("spec", True):
+        env["SGLANG_SIMULATE_ACC_LEN"] = str(args.simulate_acc_len)
+    return env
+
+
+def spec_args(arm: str, args: argparse.Namespace) -> tuple[str, int | None, str | None, tuple[str, ...]]:
+    """(algorithm, draft tokens, drafter path, extra flags) of an arm's server: speculation off for the ``_nospec``
+    arms; DFLASH: the drafter, its block (SGLang wants num_draft_tokens = block size) and its draft window."""
+    if not ARMS.get(arm, {}).get("spec", True):
+        return "NONE", None, None, ()
+    if args.algorithm == "DFLASH":
+        if not args.draft_model_path:
+            raise SystemExit("--algorithm DFLASH needs --draft-model-path (a DFlash drafter folder: "
+                             "data/models/make_dflash_drafter.py writes one)")
+        extra = ("--speculative-dflash-block-size", str(args.block_size))
+        if args.draft_window:
+            extra += ("--speculative-draft-window-size", str(args.draft_window))
+        return "DFLASH", args.block_size, args.draft_model_path, extra
+    return args.algorithm, args.draft_tokens, None, ()
 
 
 def make_server(arm: str, args: argparse.Namespace, work: Path, mem_fraction: float | None = None):
@@ -108,11 +147,13 @@ def make_server(arm: str, args: argparse.Namespace, work: Path, mem_fraction: fl
     from specdiag.launchers.sglang import SGLangLaunch, sglang_server  # noqa: PLC0415
 
     spec = ARMS[arm]
-    launch = SGLangLaunch(model_path=args.model_path, algorithm="NGRAM", num_draft_tokens=args.draft_tokens,
+    algorithm, draft_tokens, drafter, spec_extra = spec_args(arm, args)
+    launch = SGLangLaunch(model_path=args.model_path, algorithm=algorithm, num_draft_tokens=draft_tokens,
+                          draft_model_path=drafter,
                           attention_backend=spec["backend"], context_length=args.context_length,
                           mem_fraction_static=mem_fraction or args.mem_fraction,
                           extra_args=("--log-level", "info", "--max-total-tokens", str(args.max_total_tokens),
-                                      *spec["extra"]),
+                                      *spec_extra, *spec["extra"]),
                           env=arm_env(arm, args, work), python=sys.executable)
     return sglang_server(launch, log_path=log_path, startup_timeout_s=args.startup_s, stop_grace_s=8, progress=False,
                          check=False)
@@ -140,7 +181,14 @@ def main(argv: list[str] | None = None) -> int:
                          "predicted); those ask for half of --max-new-tokens")
     ap.add_argument("--slow-step-ms", type=float, default=200.0)
     ap.add_argument("--max-new-tokens", type=int, default=16)
-    ap.add_argument("--draft-tokens", type=int, default=8)
+    ap.add_argument("--draft-tokens", type=int, default=8, help="NGRAM: tokens per verify step")
+    ap.add_argument("--algorithm", choices=["NGRAM", "DFLASH"], default="NGRAM")
+    ap.add_argument("--draft-model-path", default="", help="DFLASH: the drafter folder")
+    ap.add_argument("--block-size", type=int, default=8, help="DFLASH: tokens per verify block")
+    ap.add_argument("--draft-window", type=int, default=0, help="DFLASH: the drafter's window of target tokens "
+                                                                "(--speculative-draft-window-size; 0: none)")
+    ap.add_argument("--simulate-acc-len", type=float, default=0.0,
+                    help="SGLANG_SIMULATE_ACC_LEN on the speculating arms (0: unset, the drafter's own acceptance)")
     ap.add_argument("--context-length", type=int, default=200000)
     ap.add_argument("--max-total-tokens", type=int, default=260000)
     ap.add_argument("--mem-fraction", type=float, default=0.16)
@@ -173,13 +221,25 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     run = Run.create(work, label="engine-ab")
     cfg_path = Path(args.model_path) / "config.json" if args.model_path else None
+    drafter_cfg = Path(args.draft_model_path) / "config.json" if args.draft_model_path else None
     run.update(kind="engine_ab", command=" ".join(["python", "scripts/engine_ab.py", *argv]),
                model={"path": args.model_path, "model_config": json.loads(cfg_path.read_text())
                       if cfg_path and cfg_path.exists() else None},
                params={"09_engine_ab": {"contexts": contexts, "arm_contexts": per_arm, "repeats": args.repeats,
                                         "slow_repeats": args.slow_repeats, "slow_step_ms": args.slow_step_ms,
-                                        "max_new_tokens": args.max_new_tokens, "draft_tokens": args.draft_tokens,
+                                        "max_new_tokens": args.max_new_tokens,
+                                        "draft_tokens": args.block_size if args.algorithm == "DFLASH"
+                                        else args.draft_tokens,
                                         "order": "serial: one arm at a time, every server started first"}},
+               speculation={"algorithm": args.algorithm,
+                            "block_size": args.block_size if args.algorithm == "DFLASH" else None,
+                            "draft_window": args.draft_window or None,
+                            "drafter_config": json.loads(drafter_cfg.read_text())
+                            if drafter_cfg and drafter_cfg.exists() else None,
+                            "simulated_acceptance_length": args.simulate_acc_len or None,
+                            "note": (f"SGLANG_SIMULATE_ACC_LEN={args.simulate_acc_len} on the speculating arms: "
+                                     "acceptance is forced, not the drafter's own") if args.simulate_acc_len
+                            else "the drafter's own acceptance"},
                arms={a: {"what": ARMS.get(a, {}).get("what", a), "plugin": ARMS.get(a, {}).get("plugin"),
                          "env": {k: v for k, v in arm_env(a, args, work).items() if k not in ("PYTHONPATH",)}}
                      for a in arms})
@@ -239,10 +299,22 @@ def main(argv: list[str] | None = None) -> int:
             stats[arm] = [json.loads(p.read_text()) for p in sorted(folder.glob("stats-*.json"))]
     run.update(plugin_stats={a: [{k: v for k, v in s.items() if k not in ("check",)} for s in v]
                              for a, v in stats.items()},
+               plugin_check={a: check_summary(v) for a, v in stats.items() if any(s.get("check") for s in v)},
                not_run=not_run, finished_after_s=round(time.monotonic() - T0, 1))
     rows = run.rows("engine_ab")
     log(f"done: {len(rows)} rows, {sum(1 for r in rows if r.get('error'))} with an error")
     return 0
+
+
+def check_summary(stats: list[dict[str, Any]]) -> dict[str, Any]:
+    """The check arm's per-call comparisons in a few numbers: calls checked (those on a causal block, DFLASH's, apart),
+    the largest relative error of the plugin's output against SGLang's kernel, and whether every output was finite."""
+    rows = [r for s in stats for r in s.get("check") or []]
+    errs = [float(r["rel_err"]) for r in rows]
+    return {"calls": len(rows), "causal_block_calls": sum(1 for r in rows if r.get("causal_block")),
+            "max_rel_err": max(errs) if errs else None, "median_rel_err": statistics.median(errs) if errs else None,
+            "all_finite": all(r.get("finite", False) for r in rows),
+            "prefix_tokens_max": max((max(r.get("prefix_tokens") or [0]) for r in rows), default=None)}
 
 
 SAME_ARM_KEYS = ("what", "plugin")  #: an arm measured in two calls must agree on these and on its server's flags

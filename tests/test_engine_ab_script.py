@@ -31,3 +31,40 @@ def test_the_dry_run_keeps_each_arms_record_whole(tmp_path) -> None:
 
     dec = analysis.decode_table(analysis.frame(run.rows("engine_ab")))
     assert set(dec["arm"]) == {"a", "b"} and set(dec["n"]) == {2}
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("engine_ab_script_fast", PROJECT_ROOT / "scripts" / "engine_ab.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    return mod
+
+
+def test_dflash_arms_pass_the_drafter_its_block_and_window_and_nospec_arms_none() -> None:
+    """An SGLang DFLASH server gets the drafter, num_draft_tokens = its block (SGLang refuses them unequal) and the
+    draft window; a ``_nospec`` arm gets no speculation at all and no forced acceptance."""
+    import argparse
+
+    mod = _script()
+    args = argparse.Namespace(algorithm="DFLASH", draft_model_path="/d", block_size=16, draft_window=2048,
+                              draft_tokens=8, simulate_acc_len=4.0, site="", plugin_path="", flashinfer_ws="/tmp/w")
+    assert mod.spec_args("triton_plugin", args) == (
+        "DFLASH", 16, "/d", ("--speculative-dflash-block-size", "16", "--speculative-draft-window-size", "2048"))
+    assert mod.spec_args("triton_nospec", args) == ("NONE", None, None, ())
+    assert mod.arm_env("triton_plugin", args, PROJECT_ROOT)["SGLANG_SIMULATE_ACC_LEN"] == "4.0"
+    assert "SGLANG_SIMULATE_ACC_LEN" not in mod.arm_env("flashinfer_nospec", args, PROJECT_ROOT)
+    assert mod.arm_env("triton_plugin_check", args, PROJECT_ROOT)["SPECDIAG_SGLANG_CHECK"] == "1"
+    with pytest.raises(SystemExit, match="draft-model-path"):
+        mod.spec_args("triton", argparse.Namespace(**{**vars(args), "draft_model_path": ""}))
+    ngram = argparse.Namespace(**{**vars(args), "algorithm": "NGRAM"})
+    assert mod.spec_args("triton", ngram) == ("NGRAM", 8, None, ())
+
+
+def test_check_summary_counts_causal_block_calls_and_the_largest_error() -> None:
+    mod = _script()
+    stats = [{"check": [{"rel_err": 1e-3, "finite": True, "causal_block": True, "prefix_tokens": [900]},
+                        {"rel_err": 4e-3, "finite": True, "causal_block": False, "prefix_tokens": [20000]}]},
+             {"check": [{"rel_err": 2e-3, "finite": False, "causal_block": True, "prefix_tokens": [5]}]}]
+    got = mod.check_summary(stats)
+    assert got["calls"] == 3 and got["causal_block_calls"] == 2 and got["max_rel_err"] == 4e-3
+    assert got["median_rel_err"] == 2e-3 and got["all_finite"] is False and got["prefix_tokens_max"] == 20000
