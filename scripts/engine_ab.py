@@ -345,7 +345,8 @@ def merge(dest: Path, sources: list[Path]) -> int:
     out = Run.create(dest, label="engine-ab")
     first = runs[0].meta
     arms: dict[str, Any] = {}
-    calls, stats, not_run, params = [], {}, [], {}
+    calls, stats, not_run, params, checks = [], {}, [], {}, {}
+    speculation: Any = None
     for i, (src, r) in enumerate(zip(sources, runs), start=1):
         counts: dict[str, int] = {}
         for row in r.rows("engine_ab"):
@@ -367,6 +368,12 @@ def merge(dest: Path, sources: list[Path]) -> int:
                       "cut": cut})
         for a, v in (r.meta.get("plugin_stats") or {}).items():
             stats[f"{a} (call {i})"] = v
+        for a, v in (r.meta.get("plugin_check") or {}).items():
+            checks[f"{a} (call {i})"] = v
+        spec = r.meta.get("speculation")
+        if i > 1 and spec != speculation:
+            raise SystemExit(f"merge: call {i} ({src}) speculated otherwise than call 1: {spec} against {speculation}")
+        speculation = spec
         not_run += [f"{x} (call {i})" for x in r.meta.get("not_run") or []]
         if cut:
             for a in r.meta.get("arms") or {}:
@@ -381,6 +388,7 @@ def merge(dest: Path, sources: list[Path]) -> int:
             shutil.copyfile(log_file, dest / "servers" / f"call{i}-{log_file.name}")
     out.update(kind="engine_ab", model=first.get("model"), device=first.get("device"), hardware=first.get("hardware"),
                params={"09_engine_ab": params}, arms=arms, calls=calls, plugin_stats=stats, not_run=not_run,
+               speculation=speculation, plugin_check=checks,
                command=f"python scripts/engine_ab.py merge --out {dest} " + " ".join(str(s) for s in sources))
     print(f"merged {len(sources)} calls into {dest}: {len(out.rows('engine_ab'))} rows, arms {', '.join(arms)}")
     return 0

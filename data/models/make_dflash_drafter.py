@@ -118,8 +118,8 @@ def make_config(target: dict, layers: int, heads: int, kv_heads: int, head_dim: 
         "torch_dtype": "bfloat16",
         "dtype": "bfloat16",
     }
-    if sliding_layers:
-        cfg["sliding_window"] = sliding_window
+    if sliding_layers:  # transformers' Qwen3Config drops sliding_window unless use_sliding_window is true
+        cfg.update(sliding_window=sliding_window, use_sliding_window=True)
     return cfg
 
 
