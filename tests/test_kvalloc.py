@@ -80,7 +80,9 @@ def test_free_group_holds_frees_until_its_end():
     a = ContiguousAllocator(20)
     x = a.alloc(20)
     a.free_group_begin()
-    a.free(x[:5])
+    row = x[:5].to(torch.int32)  # SGLang frees views of req_to_token (int32), which it may overwrite later
+    a.free(row)
+    row.fill_(0)
     a.free(x[10:])
     assert a.available_size() == 0 and len(a.free_group) == 2
     a.free_group_end()

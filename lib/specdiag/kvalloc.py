@@ -209,14 +209,18 @@ class ContiguousAllocator:
         if isinstance(indices, torch.Tensor):
             if indices.numel() == 0:
                 return
-            if not self.is_not_in_free_group:
-                self.free_group.append(indices.clone())
+            flat = indices.reshape(-1)
+            if not self.is_not_in_free_group or flat.device.type != "cpu":
+                # kept for later: a copy, since the caller may reuse the tensor (a view of req_to_token, int32 in
+                # SGLang) after the call
+                own = flat.to(dtype=torch.int64, copy=True)
+                if not self.is_not_in_free_group:
+                    self.free_group.append(own)
+                else:
+                    self._pending.append(own)
+                    self._pending_n += int(own.numel())
                 return
-            if indices.device.type != "cpu":
-                self._pending.append(indices.reshape(-1).clone())
-                self._pending_n += int(indices.numel())
-                return
-            slots = indices.reshape(-1).numpy()
+            slots = flat.numpy()  # merged now: no copy needed
         else:
             slots = np.asarray(indices, dtype=np.int64).reshape(-1)
             if slots.size == 0:
