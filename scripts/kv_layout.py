@@ -7,12 +7,19 @@ Arms (``--arms`` picks; every server runs with ``--page-size 1 --disable-radix-c
 
 - ``triton``: SGLang's Triton backend (the plugin's verify kernel off: ``SPECDIAG_SGLANG_VERIFY=off``);
 - ``plugin``: the Triton backend with the plugin's split-KV verify kernel (``SPECDIAG_SGLANG_VERIFY=splitkv``);
-- ``flashinfer``: the FlashInfer backend.
+- ``flashinfer``: the FlashInfer backend;
+- ``<arm>_contiguous`` (``triton_contiguous``, ``plugin_contiguous``, ``flashinfer_contiguous``): the same server with
+  the plugin's contiguous KV allocator (``SPECDIAG_SGLANG_KV_ALLOC=contiguous``); 10 pairs it with ``<arm>``: fresh,
+  scattered by the filler with SGLang's allocator, and the same traffic with the contiguous one.
 
     python scripts/kv_layout.py --out /tmp/kvl --model-path /tmp/mla4 --site /tmp/site --plugin-path /tmp/plugin \\
         --arms triton,plugin --contexts 32768,131072 --max-total-tokens 200000 --budget-s 540
-    # a dry run of the flow on a CPU: embedded servers as arms (their own slot pools; no plugin)
-    python scripts/kv_layout.py --engine embedded --out /tmp/kvl --arms a,b --contexts 1024,2048 --max-total-tokens 4096
+    python scripts/kv_layout.py --out /tmp/kvl --model-path /tmp/mla4 --site /tmp/site --plugin-path /tmp/plugin \
+        --arms plugin,plugin_contiguous --contexts 131072 --repeats 3 --max-total-tokens 200000 --budget-s 540
+    # a dry run of the flow on a CPU: embedded servers as arms (their own slot pools; no plugin); an arm whose name
+    # ends in _contiguous runs with --kv-alloc contiguous
+    python scripts/kv_layout.py --engine embedded --out /tmp/kvl --arms embedded,embedded_contiguous \
+        --contexts 1024 --max-total-tokens 4096
     # two calls' run folders into one (the rows appended, the arms' facts joined)
     python scripts/kv_layout.py merge --out /tmp/kvl-all /tmp/call1/kv-layout /tmp/call2/kv-layout
 
@@ -33,11 +40,21 @@ sys.path.insert(0, str(ROOT / "lib"))
 from specdiag.runs import Run, merge_command, merge_runs  # noqa: E402
 
 T0 = time.monotonic()
-ARMS: dict[str, dict[str, Any]] = {
+BASE_ARMS: dict[str, dict[str, Any]] = {
     "triton": {"backend": "triton", "verify": "off", "extra": []},
     "plugin": {"backend": "triton", "verify": "splitkv", "extra": []},
     "flashinfer": {"backend": "flashinfer", "verify": "off", "extra": []},
 }
+CONTIGUOUS = "_contiguous"  # specdiag.steps.kv_layout.analysis.CONTIGUOUS_SUFFIX: 10 pairs <arm> with <arm>_contiguous
+ARMS: dict[str, dict[str, Any]] = {
+    **{name: {**spec, "kv_alloc": "sglang"} for name, spec in BASE_ARMS.items()},
+    **{name + CONTIGUOUS: {**spec, "kv_alloc": "contiguous"} for name, spec in BASE_ARMS.items()},
+}
+
+
+def kv_alloc_of(arm: str) -> str:
+    """The KV slot allocator of an arm: ``contiguous`` for a name ending in _contiguous (either engine)."""
+    return "contiguous" if arm.endswith(CONTIGUOUS) else "sglang"
 
 
 def log(msg: str) -> None:
@@ -56,7 +73,7 @@ def arm_env(arm: str, args: argparse.Namespace, work: Path) -> dict[str, str]:
     from specdiag.launchers.sglang import plugin_env  # noqa: PLC0415
 
     return {**plugin_env(ARMS.get(arm, {"verify": "off"})["verify"], site=args.site, plugin_path=args.plugin_path,
-                         stats_dir=work / f"stats-{arm}", plugin_on_path=True),
+                         stats_dir=work / f"stats-{arm}", plugin_on_path=True, kv_alloc=kv_alloc_of(arm)),
             "SPECDIAG_SGLANG_LAYOUT": "1", "FLASHINFER_WORKSPACE_BASE": args.flashinfer_ws}
 
 
@@ -68,7 +85,8 @@ def make_server(arm: str, args: argparse.Namespace, work: Path):
         def command(port: int) -> list[str]:
             return [sys.executable, "-m", "specdiag.localserver", "--host", "127.0.0.1", "--port", str(port),
                     "--speculative-algorithm", "STANDALONE", "--speculative-num-draft-tokens", str(args.draft_tokens),
-                    "--max-total-tokens", str(args.max_total_tokens), "--device", "cpu"]
+                    "--max-total-tokens", str(args.max_total_tokens), "--device", "cpu",
+                    "--kv-alloc", kv_alloc_of(arm)]
         return ManagedServer(command, name=f"embedded ({arm})", ready_path="/health", log_path=log_path,
                              startup_timeout_s=args.startup_s, stop_grace_s=8, progress=False)
     from specdiag.launchers.sglang import SGLangLaunch, sglang_server  # noqa: PLC0415
@@ -119,6 +137,7 @@ def run_arms(args: argparse.Namespace) -> int:
             log(f"{arm}: ready after {time.monotonic() - t:.0f} s at {server.url}")
             client = reach(server.url)
             facts.append({"arm": arm, "url": server.url, "what": ARM_TEXT.get(arm, ""), **server_pool(client),
+                          "kv_alloc": kv_alloc_of(arm),
                           "layout_source": f"plugin records (stats-{arm}/)" if args.engine == "sglang"
                           else "server-reported (meta_info.kv_layout)", "ready_after_s": round(time.monotonic() - t, 1)})
             run.update(kv_layout_arms=facts)

@@ -211,3 +211,54 @@ def test_07_says_when_the_layout_costs_nothing_or_was_not_scattered():
     d = diagnose([{**dataclasses.asdict(f), "notebook": "10_kv_layout"} for f in found])
     assert d.numbers["kv_layout_arm"] == "triton"  # the gaps finding is no verdict
     assert "on triton" in d.after and "(plugin: no request on a scattered pool to judge)" in d.after
+
+
+def _three_state_rows(contiguous_center, contiguous_share=0.99, ctx=131072):
+    """plugin: fresh 10 ms, scattered 11 ms (2 requests each); plugin_contiguous: its fresh, and after the same traffic
+    ``contiguous_center`` ms with ``contiguous_share`` of tokens in long runs."""
+    return [_row("plugin", "fresh", ctx, 0, 0.99, 2, _samples(10.0, seed=1)),
+            _row("plugin", "fresh", ctx, 1, 0.99, 2, _samples(10.05, seed=2)),
+            _row("plugin", "fragmented", ctx, 0, 0.02, 300, _samples(11.0, seed=3)),
+            _row("plugin", "fragmented", ctx, 1, 0.03, 290, _samples(11.1, seed=4)),
+            _row("plugin_contiguous", "fresh", ctx, 0, 0.99, 2, _samples(10.0, seed=5)),
+            _row("plugin_contiguous", "fresh", ctx, 1, 0.99, 2, _samples(10.02, seed=6)),
+            _row("plugin_contiguous", "fragmented", ctx, 0, contiguous_share, 3, _samples(contiguous_center, seed=7)),
+            _row("plugin_contiguous", "fragmented", ctx, 1, contiguous_share, 3,
+                 _samples(contiguous_center * 1.004, seed=8))]
+
+
+def test_three_states_per_arm_say_whether_the_contiguous_allocator_buys_the_cost_back():
+    import dataclasses
+
+    from specdiag.steps.findings.diagnosis import diagnose
+    from specdiag.steps.kv_layout import tier0
+
+    assert tier0.pairs(["triton", "plugin", "plugin_contiguous", "flashinfer_contiguous"]) == {
+        "plugin": "plugin_contiguous"}
+    rows = _three_state_rows(10.02)
+    states = tier0.three_states(rows)
+    r = states.iloc[0]
+    assert (r["arm"], r["contiguous_arm"], r["context_tokens"]) == ("plugin", "plugin_contiguous", 131072)
+    assert r["scattered_costs"] and not r["contiguous_costs"] and r["buys_back"]
+    assert r["scattered_x"] == pytest.approx(1.1, abs=0.01) and r["contiguous_x"] == pytest.approx(1.0, abs=0.01)
+    f = {x.id: x for x in tier0.findings(states)}["kv_layout.tier0.plugin"]
+    assert f.severity == "ok" and "buys back" in f.verdict and f.numbers["fix_speedup_x"] == pytest.approx(1.1, abs=0.02)
+    assert tier0.metrics(states)["plugin"]["131072"]["buys_back"] is True
+    # the contiguous arm is judged beside its base arm, not as an arm of its own
+    base = {x.id for x in kla.findings(kla.costs(rows), kla.kernel_prediction([]))}
+    assert "kv_layout.plugin" in base and not any("plugin_contiguous" in i for i in base)
+    found = [*kla.findings(kla.costs(rows), kla.kernel_prediction([])), *tier0.findings(states)]
+    d = diagnose([{**dataclasses.asdict(x), "notebook": "10_kv_layout"} for x in found])
+    assert "the contiguous KV allocator, buys it back there" in d.after
+
+    slow = tier0.three_states(_three_state_rows(11.0))  # contiguous, yet as slow as scattered: not bought back
+    f = tier0.findings(slow)[0]
+    assert not slow.iloc[0]["buys_back"] and f.severity == "warning" and "does not buy back" in f.verdict
+    assert "fix" not in f.numbers
+    loose = tier0.findings(tier0.three_states(_three_state_rows(10.0, contiguous_share=0.3)))[0]
+    assert "did not keep the request contiguous" in loose.verdict
+    # without a contiguous arm, 07 names the allocator as the next fix
+    only = [x for x in rows if x["arm"] == "plugin"]
+    d = diagnose([{**dataclasses.asdict(x), "notebook": "10_kv_layout"}
+                  for x in kla.findings(kla.costs(only), kla.kernel_prediction([]))])
+    assert "The next fix: the contiguous KV allocator" in d.after and "plugin_contiguous" in d.after

@@ -63,3 +63,40 @@ def test_kv_layout_replays_the_h200_run(run_notebook, tmp_path):
     # nothing scattered on the plugin: the prediction is said untested, and what the run lacks is listed
     assert ids["kv_layout.prediction"]["severity"] == "info" and "not tested" in ids["kv_layout.prediction"]["title"]
     assert ids["kv_layout.gaps"]["numbers"]["missing"] == ["plugin at 128k: no fragmented request"]
+
+
+@pytest.mark.notebook
+def test_kv_layout_pairs_an_arm_with_its_contiguous_arm(run_notebook, tmp_path):
+    """10 replaying a folder with an arm and its _contiguous arm (rows built here, in 10's row shape): the three states
+    are tabled, the contiguous arm is judged beside its base arm, and the verdict follows the numbers."""
+    import random
+
+    def row(arm, state, rep, share, center, seed):
+        rng = random.Random(seed)
+        samples = [center * (1 + 0.01 * rng.uniform(-1, 1)) for _ in range(30)]
+        tokens = 2088
+        return {"arm": arm, "pool_state": state, "context_tokens": 2048, "repeat": rep, "error": None,
+                "step_ms": sum(samples) / 30, "step_ms_samples": samples,
+                "layout": {"tokens": tokens, "runs": 3 if share > 0.9 else 600, "tokens_in_long_runs": round(share * tokens),
+                           "longest_run": 2048, "share_in_long_runs": share,
+                           "runs_per_1k_tokens": 1.4 if share > 0.9 else 287.0},
+                "filler": {"cycles": 1.2} if state == "fragmented" else None}
+
+    src = Run.create(tmp_path / "recorded", label="kv-layout")
+    src.update(kv_layout_arms=[{"arm": "embedded", "kv_alloc": "sglang"},
+                               {"arm": "embedded_contiguous", "kv_alloc": "contiguous"}])
+    for i, r in enumerate([row("embedded", "fresh", 0, 0.99, 10.0, 1), row("embedded", "fresh", 1, 0.99, 10.1, 2),
+                           row("embedded", "fragmented", 0, 0.0, 12.0, 3), row("embedded", "fragmented", 1, 0.0, 12.2, 4),
+                           row("embedded_contiguous", "fresh", 0, 1.0, 10.0, 5),
+                           row("embedded_contiguous", "fragmented", 0, 1.0, 10.05, 6),
+                           row("embedded_contiguous", "fragmented", 1, 1.0, 10.02, 7)]):
+        src.append_row("kv_layout", r)
+    run_dir = tmp_path / "replay"
+    run_notebook("10_kv_layout", replay_dir=str(src.path), run_dir=str(run_dir))
+    result = json.loads((run_dir / "findings" / "10_kv_layout.json").read_text())
+    t = result["metrics"]["tier0"]["embedded"]["2048"]
+    assert t["scattered_x"] == pytest.approx(1.2, abs=0.02) and t["contiguous_x"] == pytest.approx(1.0, abs=0.01)
+    assert t["buys_back"] is True and t["contiguous_share_in_long_runs"] == 1.0
+    ids = {f["id"]: f for f in result["findings"]}
+    assert "buys back" in ids["kv_layout.tier0.embedded"]["verdict"]
+    assert not any(i.startswith("kv_layout.embedded_contiguous") for i in ids)

@@ -157,6 +157,36 @@ def test_a_fragmented_pool_scatters_the_next_request_and_a_clear_makes_it_contig
     assert again["share_in_long_runs"] == pytest.approx(fresh["share_in_long_runs"], abs=0.05)
 
 
+def test_contiguous_allocator_is_lossless_and_keeps_a_request_in_one_run_after_traffic():
+    """--kv-alloc contiguous: greedy output identical to the plain cache and to SGLang's allocator on the same traffic,
+    every slot back after each request, and where SGLang's allocator scatters the long request after a filler of short
+    ones, the contiguous allocator keeps it in long runs."""
+    plain = _engine(None)
+    cfg = plain.target.config
+    rng = random.Random(5)
+    long_prompt = [rng.randrange(1, TINY_VOCAB_SIZE) for _ in range(150)]
+    filler = [([rng.randrange(1, TINY_VOCAB_SIZE) for _ in range(rng.randint(3, 20))], rng.randint(10, 30))
+              for _ in range(40)]
+    expected, _ = _generate(plain, long_prompt, 12)
+    layouts = {}
+    for kind in ("sglang", "contiguous"):
+        pool = KVPool.for_model(cfg, 400, torch.float32, CPU, kv_alloc=kind)
+        assert pool.allocator.state()["allocator"] == kind
+        engine = _engine(pool, drafter_name="drafter")  # most drafts rejected: their slots are freed every step
+        for ids, n in filler:
+            if pool.allocator.cycles >= 1.5:
+                break
+            out, _ = _generate(engine, ids, n)
+            assert out == _generate(plain, ids, n)[0]
+            assert pool.allocator.available() == 400
+        assert pool.allocator.cycles >= 1.5  # the pool cycled, for both allocators
+        got, layouts[kind] = _generate(engine, long_prompt, 12)
+        assert got == expected
+        assert pool.allocator.available() == 400
+    assert layouts["sglang"]["share_in_long_runs"] < 0.5
+    assert layouts["contiguous"]["share_in_long_runs"] >= 0.95 and layouts["contiguous"]["runs"] <= 2
+
+
 def test_models_with_sliding_layers_keep_the_plain_cache():
     paths = cached_tiny_models()
     drafter = load_model(paths.drafter, "drafter", CPU, torch.float32, "tiny")

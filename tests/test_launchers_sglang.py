@@ -301,3 +301,9 @@ def test_plugin_env_says_off_and_orders_the_path(tmp_path: Path) -> None:
     assert "/plugin" in plugin_env("off", plugin_path="/plugin", plugin_on_path=True)["PYTHONPATH"]
     with pytest.raises(ValueError, match="splitkv, upstream, off"):
         plugin_env("fast")
+    # the KV slot allocator is always said; the contiguous one keeps the plugin on the path with the kernel off
+    assert on["SPECDIAG_SGLANG_KV_ALLOC"] == "sglang"
+    tier0 = plugin_env("off", site="/site", plugin_path="/plugin", kv_alloc="contiguous")
+    assert tier0["SPECDIAG_SGLANG_KV_ALLOC"] == "contiguous" and "/plugin" in tier0["PYTHONPATH"]
+    with pytest.raises(ValueError, match="sglang, contiguous"):
+        plugin_env("off", kv_alloc="buddy")

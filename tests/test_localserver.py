@@ -77,6 +77,7 @@ def test_server_info_has_sglang_flat_keys(client):
     assert info["speculative_num_steps"] == 3 and info["speculative_eagle_topk"] == 1
     assert info["context_length"] == CONTEXT and info["device"] == "cpu"
     assert info["speculative_draft_model_config"]["sliding_window"] == 24
+    assert info["kv_alloc"] == "sglang" and info["internal_states"][0]["kv_pool"]["allocator"] == "sglang"
     state = info["internal_states"][0]
     assert "avg_spec_accept_length" in state and "last_gen_throughput" in state
     assert client.get("/get_server_info").json()["model_path"] == info["model_path"]
@@ -223,10 +224,11 @@ def test_none_algorithm_sends_no_spec_fields():
     assert meta["completion_tokens"] == 5 and not any(k.startswith("spec_") for k in meta)
 
 
-def test_ngram_server_reports_its_algorithm():
-    with make_client(algorithm="NGRAM") as c:
+def test_ngram_server_reports_its_algorithm_and_kv_allocator():
+    with make_client("--kv-alloc", "contiguous", algorithm="NGRAM") as c:
         info = c.get("/server_info").json()
         assert info["speculative_algorithm"] == "NGRAM" and info["speculative_draft_model_path"] is None
+        assert info["kv_alloc"] == "contiguous" and info["internal_states"][0]["kv_pool"]["allocator"] == "contiguous"
         ids = c.post("/tokenize", json={"text": PROMPT * 4}).json()["tokens"]
         meta = c.post("/generate", json={"input_ids": ids, "sampling_params": {"max_new_tokens": 12}}).json()["meta_info"]
     assert meta["spec_verify_ct"] >= 1 and sum(meta["spec_step_commit_lengths"]) == 11

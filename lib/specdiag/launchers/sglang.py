@@ -151,24 +151,30 @@ def sglang_env(launch: SGLangLaunch) -> dict[str, str]:
 
 
 PLUGIN_MODES = ("splitkv", "upstream", "off")
+#: the plugin's KV slot allocators (plugins/sglang/specdiag_sglang_plugin/contiguous.py, SPECDIAG_SGLANG_KV_ALLOC)
+KV_ALLOCS = ("sglang", "contiguous")
 
 
 def plugin_env(verify: str, *, site: str = "", plugin_path: str = "", stats_dir: str | os.PathLike[str] | None = None,
-               plugin_on_path: bool | None = None) -> dict[str, str]:
+               plugin_on_path: bool | None = None, kv_alloc: str = "sglang") -> dict[str, str]:
     """Environment of one SGLang server for the specdiag plugin in mode ``verify`` (splitkv, upstream or off).
 
     PYTHONPATH: SGLang's ``site`` first, then ``plugin_path`` (by default only when the plugin is on), then the
     project's lib/ (the kernel). SGLang 0.5.17 loads every installed plugin by default, so ``off`` is said
     (SPECDIAG_SGLANG_VERIFY=off), not left to a missing SGLANG_PLUGINS: a plugin kept on the path with its kernel off
     (``plugin_on_path=True``) still records what it is asked to (layout, stats under ``stats_dir``).
+    ``kv_alloc``: SGLang's KV slot allocator (``sglang``) or the plugin's contiguous one (``contiguous``, which puts
+    the plugin on the path whatever ``verify`` is), always said (SPECDIAG_SGLANG_KV_ALLOC).
     """
     if verify not in PLUGIN_MODES:
         raise ValueError(f"plugin mode {verify!r} is not one of {', '.join(PLUGIN_MODES)}")
-    on_path = verify != "off" if plugin_on_path is None else plugin_on_path
+    if kv_alloc not in KV_ALLOCS:
+        raise ValueError(f"KV allocator {kv_alloc!r} is not one of {', '.join(KV_ALLOCS)}")
+    on_path = (verify != "off" or kv_alloc != "sglang") if plugin_on_path is None else plugin_on_path
     from specdiag.paths import PROJECT_ROOT  # noqa: PLC0415
 
     paths = [p for p in (site, plugin_path if on_path else "", str(PROJECT_ROOT / "lib")) if p]
-    env = {"PYTHONPATH": os.pathsep.join(paths), "SPECDIAG_SGLANG_VERIFY": verify}
+    env = {"PYTHONPATH": os.pathsep.join(paths), "SPECDIAG_SGLANG_VERIFY": verify, "SPECDIAG_SGLANG_KV_ALLOC": kv_alloc}
     if verify != "off":
         env["SGLANG_PLUGINS"] = "specdiag_splitkv"
     if stats_dir is not None:

@@ -34,6 +34,7 @@ class ServerConfig:
     speculative_ngram_max_match_window_size: int = 12
     context_length: int | None = None  # None = the target's max_position_embeddings
     max_total_tokens: int | None = None  # slots of the target's KV pool (SGLang's flag); None = 2 x context length
+    kv_alloc: str = "sglang"  # slot allocator of the target's KV pool: sglang (0.5.17's free list) | contiguous
     chunked_prefill_size: int = 2048  # prefill chunk, tokens
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "auto"  # auto (= float32) | float32 | bfloat16 | float16 | float64
@@ -75,6 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="token slots of the target's KV pool (SGLang's flag; default: twice the context length). "
                    "Slots are handed out and freed as SGLang 0.5.17 does at page_size 1, so traffic fragments the "
                    "pool and /flush_cache makes it contiguous again (kvpool.py)")
+    p.add_argument("--kv-alloc", choices=("sglang", "contiguous"), default="sglang",
+                   help="slot allocator of the KV pool: sglang (default; SGLang 0.5.17's page_size-1 free list) or "
+                   "contiguous (specdiag.kvalloc: each request's KV in as few runs as the pool allows; the SGLang "
+                   "plugin's SPECDIAG_SGLANG_KV_ALLOC=contiguous)")
     p.add_argument("--chunked-prefill-size", type=int, default=2048, help="prefill chunk in tokens")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16", "float64"), default="auto",
@@ -123,6 +128,7 @@ def parse_args(argv: list[str]) -> ServerConfig:
         speculative_ngram_max_match_window_size=a.speculative_ngram_max_match_window_size,
         context_length=a.context_length,
         max_total_tokens=a.max_total_tokens,
+        kv_alloc=a.kv_alloc,
         chunked_prefill_size=a.chunked_prefill_size,
         device=a.device,
         dtype=a.dtype,

@@ -12,6 +12,9 @@ Here the same, for the embedded engine's target model:
 
 - :class:`SlotAllocator`: the free list (head alloc, tail free, ``clear``), with a count of slots handed out since the
   last clear (``cycles`` = that over the pool size);
+- :class:`ContiguousSlotAllocator` (``--kv-alloc contiguous``): the same interface over specdiag.kvalloc's contiguous
+  allocator (sorted free ranges: grow the last run, best fit, largest first), the Tier 0 fix the SGLang plugin offers
+  with ``SPECDIAG_SGLANG_KV_ALLOC=contiguous``;
 - :class:`KVPool`: one key and one value tensor per layer, ``[size + 1, kv_heads, head_dim]``, allocated once;
 - :class:`PooledKVCache`: one request's cache for transformers: each forward allocates a slot per new token, each layer
   writes its new keys and values at those slots and **gathers** the request's whole KV through its slot indices
@@ -29,7 +32,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from specdiag.kvalloc import ContiguousAllocator
 from specdiag.kvlayout import LayoutStats, layout_stats
+
+#: the slot allocators of the embedded server (``--kv-alloc``): SGLang 0.5.17's free list, or the contiguous one
+KV_ALLOCS = ("sglang", "contiguous")
 
 
 class PoolExhausted(RuntimeError):
@@ -82,16 +89,66 @@ class SlotAllocator:
         return self.allocated_since_clear / self.size
 
     def state(self) -> dict[str, Any]:
-        return {"size": self.size, "available": self.available(), "allocated_since_clear": self.allocated_since_clear,
-                "cycles": round(self.cycles, 4), "clears": self.clears}
+        return {"allocator": "sglang", "size": self.size, "available": self.available(),
+                "allocated_since_clear": self.allocated_since_clear, "cycles": round(self.cycles, 4),
+                "clears": self.clears}
+
+
+class ContiguousSlotAllocator:
+    """:class:`SlotAllocator`'s interface over specdiag.kvalloc's contiguous allocator (host indices, numpy)."""
+
+    def __init__(self, size: int) -> None:
+        if size < 2:
+            raise ValueError(f"the KV pool needs at least 2 slots; got {size}")
+        self.size = int(size)
+        self._alloc = ContiguousAllocator(self.size, "cpu")
+        self.clears = -1
+        self.clear()
+
+    def clear(self) -> None:
+        """One contiguous free range 1..size, as after /flush_cache."""
+        self._alloc.clear()
+        self.allocated_since_clear = 0
+        self.clears += 1
+
+    def available(self) -> int:
+        return self._alloc.available_size()
+
+    def alloc(self, n: int) -> np.ndarray:
+        out = self._alloc.alloc(n)
+        if out is None:
+            raise PoolExhausted(f"the KV pool has {self.available()} free slots of {self.size}; {n} are needed")
+        self.allocated_since_clear += int(n)
+        return out.numpy()
+
+    def free(self, slots: np.ndarray) -> None:
+        self._alloc.free(np.asarray(slots, dtype=np.int64))
+
+    @property
+    def cycles(self) -> float:
+        return self.allocated_since_clear / self.size
+
+    def state(self) -> dict[str, Any]:
+        return {"allocator": "contiguous", "size": self.size, "available": self.available(),
+                "allocated_since_clear": self.allocated_since_clear, "cycles": round(self.cycles, 4),
+                "clears": self.clears, "free_ranges": self._alloc.num_free_ranges}
+
+
+def make_allocator(kind: str, size: int) -> SlotAllocator | ContiguousSlotAllocator:
+    """The slot allocator ``kind`` (one of KV_ALLOCS) for a pool of ``size`` slots."""
+    if kind == "sglang":
+        return SlotAllocator(size)
+    if kind == "contiguous":
+        return ContiguousSlotAllocator(size)
+    raise ValueError(f"KV allocator {kind!r} is not one of {', '.join(KV_ALLOCS)}")
 
 
 class KVPool:
     """Key and value tensors of every layer, one row per slot (row 0 unused: the padding slot)."""
 
     def __init__(self, num_layers: int, size: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
-                 device: torch.device) -> None:
-        self.allocator = SlotAllocator(size)
+                 device: torch.device, kv_alloc: str = "sglang") -> None:
+        self.allocator = make_allocator(kv_alloc, size)
         shape = (size + 1, kv_heads, head_dim)
         # torch.empty: pages are committed as slots are first written, like a pool that has not been used yet
         self.keys = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
@@ -99,14 +156,15 @@ class KVPool:
         self.num_layers, self.kv_heads, self.head_dim = num_layers, kv_heads, head_dim
 
     @classmethod
-    def for_model(cls, config: Any, size: int, dtype: torch.dtype, device: torch.device) -> "KVPool | None":
+    def for_model(cls, config: Any, size: int, dtype: torch.dtype, device: torch.device,
+                  kv_alloc: str = "sglang") -> "KVPool | None":
         """A pool for ``config``'s layers; None when the model has sliding-window layers (they keep RollbackCache)."""
         types = getattr(config, "layer_types", None) or []
         if any(t != "full_attention" for t in types):
             return None
         heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
         head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
-        return cls(int(config.num_hidden_layers), size, heads, head_dim, dtype, device)
+        return cls(int(config.num_hidden_layers), size, heads, head_dim, dtype, device, kv_alloc)
 
     @property
     def bytes_per_token(self) -> int:

@@ -81,7 +81,7 @@ class Runtime:
             )
         self.context_length = cfg.context_length or model_ctx
         pool_size = cfg.max_total_tokens or 2 * self.context_length
-        self.pool = KVPool.for_model(self.target.config, pool_size, self.dtype, self.device)
+        self.pool = KVPool.for_model(self.target.config, pool_size, self.dtype, self.device, cfg.kv_alloc)
         if self.pool is not None and pool_size <= self.context_length:
             # like SGLang, a request must fit the pool: the usable context shrinks to it
             self.context_length = pool_size - cfg.speculative_num_draft_tokens - 1
@@ -129,6 +129,7 @@ class Runtime:
             "speculative_draft_attention_backend": self.drafter.attention_backend if self.drafter else None,
             "page_size": PAGE_SIZE,
             "max_total_tokens": cfg.max_total_tokens,
+            "kv_alloc": cfg.kv_alloc if self.pool is not None else None,  # None: no slot pool (sliding-window target)
             "disable_radix_cache": True,  # no prefix cache: a request's slots are freed when it finishes
             "context_length": self.context_length,
             "tp_size": 1,

@@ -3,6 +3,7 @@
 Install next to SGLang (``pip install --no-deps . ./plugins/sglang`` from the checkout) and allow it:
 ``SGLANG_PLUGINS=specdiag_splitkv``.
 ``SPECDIAG_SGLANG_VERIFY=splitkv|upstream|off`` picks the mode at server start (hook.py).
+``SPECDIAG_SGLANG_KV_ALLOC=sglang|contiguous`` picks the KV slot allocator (contiguous.py; ``sglang`` by default).
 """
 
 from specdiag_sglang_plugin.hook import MODE_ENV, STATS, STATS_ENV, register, stats_snapshot  # noqa: F401

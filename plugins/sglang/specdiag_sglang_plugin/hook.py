@@ -38,6 +38,9 @@ without one; above 32 rows in row tiles of whole draft tokens). There is no Trit
 cannot run (another GPU, a logit cap, ``SPECDIAG_SGLANG_GLUON=0``, k_scale != v_scale) SGLang's own kernel serves the
 call, with the reason logged once and counted, before anything is stored.
 
+KV slots (``SPECDIAG_SGLANG_KV_ALLOC``, ``sglang`` by default, ``contiguous``; any mode, and on its own): with
+``contiguous`` the target's page_size-1 KV slots come from specdiag's contiguous allocator (contiguous.py).
+
 KV layout (``SPECDIAG_SGLANG_LAYOUT=1``, any mode, ``off`` included, and on its own: it then activates only the layout
 recorder): each target-verify forward's runs of consecutive KV slots, recorded without a host sync
 (layout.py); in the stats file under ``layout``.
@@ -536,8 +539,10 @@ def register_layout(registry, hook_type) -> None:
 def register() -> None:
     """The ``sglang.srt.plugins`` entry point: register the hooks of the chosen mode, or nothing unless asked
     (:func:`activation_from_env`); the KV-layout recorder whenever ``SPECDIAG_SGLANG_LAYOUT=1``."""
+    from specdiag_sglang_plugin.contiguous import register_kv_alloc  # noqa: PLC0415
     from specdiag_sglang_plugin.layout import layout_from_env  # noqa: PLC0415
 
+    register_kv_alloc()  # SPECDIAG_SGLANG_KV_ALLOC, on its own like the layout recorder (contiguous.py)
     if layout_from_env():
         try:
             from sglang.srt.plugins.hook_registry import HookRegistry, HookType  # noqa: PLC0415

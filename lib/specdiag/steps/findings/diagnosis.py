@@ -22,7 +22,8 @@ The parts, and the findings they read:
   one, a sentence saying no TTFT was set against the floor.
 - after the attention, the investigation's last two steps, each a sentence when its notebook ran: the KV layout
   (10's ``kv_layout.<arm>``: a fragmented pool's cost per verify step on the arm where it is largest, or that no
-  arm's layout differed enough to judge) and MoE experts at batch 1 (11's ``moe.expert_share``: a verify step of T
+  arm's layout differed enough to judge; where it costs time, the next fix named: the contiguous KV allocator, with
+  10's ``kv_layout.tier0.<arm>`` result when an ``<arm>_contiguous`` arm was measured) and MoE experts at batch 1 (11's ``moe.expert_share``: a verify step of T
   tokens against a one-token step at the shortest context, the experts' share of its bytes, its distance from the
   floor; ``moe.verify_drafts`` when the served drafts repeated a token).
 - fix, one per collapse: a finding whose ``numbers`` hold ``fix`` (what was changed, in words) and ``fix_speedup_x``
@@ -361,13 +362,30 @@ def _kv_layout(findings: Sequence[Mapping[str, Any]], used: list[Mapping[str, An
     if "fix_speedup_x" in n or worst.get("severity") in ("warning", "critical"):
         return (f"A fragmented KV pool costs {n['arm']} {100 * (float(n['cost_x']) - 1):+.1f}% per verify step at "
                 f"{_tok(n['context_tokens'])} ({worst.get('source', 'measured')}, 10_kv_layout): keeping each "
-                "request's KV contiguous pays there.")
+                "request's KV contiguous pays there. " + _tier0(findings, str(n.get("arm")), used))
     judged_arms = {str(f["numbers"].get("arm")) for f in judged}
     not_judged = sorted({str(f["numbers"].get("arm")) for f in unjudged if f.get("numbers")} - judged_arms)
     return (f"A fragmented KV pool costs no measurable time on {arms} (at most {100 * (float(n['cost_x']) - 1):+.1f}% "
             f"at {_tok(n['context_tokens'])}; {worst.get('source', 'measured')}, 10_kv_layout): defragmenting is "
             "not where the time goes"
             + (f" there ({', '.join(not_judged)}: no request on a scattered pool to judge)." if not_judged else "."))
+
+
+def _tier0(findings: Sequence[Mapping[str, Any]], arm: str, used: list[Mapping[str, Any]]) -> str:
+    """The next fix where the layout costs time: the contiguous KV allocator, with 10's result for ``arm`` if measured
+    (its ``kv_layout.tier0.<arm>`` finding)."""
+    f = _find(findings, f"kv_layout.tier0.{arm}")
+    if f is None or not f.get("numbers"):
+        return ("The next fix: the contiguous KV allocator (the SGLang plugin's SPECDIAG_SGLANG_KV_ALLOC=contiguous, "
+                "the embedded server's --kv-alloc contiguous); 10 measures what it buys back with an arm "
+                f"{arm}_contiguous.")
+    used.append(f)
+    t = f["numbers"]
+    result = (f"{float(t['contiguous_ms']):.3g} against {float(t['scattered_ms']):.3g} ms per step scattered and "
+              f"{float(t['fresh_ms']):.3g} fresh at {_tok(t['context_tokens'])}")
+    if t.get("buys_back"):
+        return f"The next fix, the contiguous KV allocator, buys it back there: {result} (10_kv_layout)."
+    return f"The contiguous KV allocator, the next fix, did not buy it back there: {result} (10_kv_layout)."
 
 
 def _moe(findings: Sequence[Mapping[str, Any]], used: list[Mapping[str, Any]], numbers: dict[str, Any]) -> str:

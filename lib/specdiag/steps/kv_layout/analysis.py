@@ -33,6 +33,8 @@ FRAG_MAX_SHARE = 0.5  # a fragmented request counts as scattered at or below thi
 MAX_SAMPLES = 60  # steps per side the exact test takes (evenly spaced when there are more)
 KEY = ["arm", "pool_state", "context_tokens", "repeat"]
 STATES = ("fresh", "fragmented")
+#: an arm named ``<arm>`` + this is ``<arm>``'s server with the contiguous allocator (tier0.py pairs them)
+CONTIGUOUS_SUFFIX = "_contiguous"
 
 
 def latest(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
@@ -215,6 +217,8 @@ def findings(cost: pd.DataFrame, pred: pd.DataFrame, source: str = "measured",
                         "No arm has both a fresh and a fragmented request without error, so the layout's cost is not "
                         "judged.", "info", ("every arm lacks one of the two states (see the rows)",), {}, source), *gap]
     for arm, g in cost.groupby("arm", sort=False):
+        if str(arm).endswith(CONTIGUOUS_SUFFIX) and str(arm)[: -len(CONTIGUOUS_SUFFIX)] in set(cost["arm"]):
+            continue  # a contiguous allocator's arm: judged beside its base arm (tier0.findings)
         g = g.sort_values("context_tokens")
         ev = [f"{format_tokens(r.context_tokens)}: {r.fresh_ms:.3g} ms per step fresh, {r.fragmented_ms:.3g} ms "
               f"fragmented ({_pct(r.cost_x)}, p = {r.p_slower:.2g} that fragmented is slower; "

@@ -43,6 +43,7 @@ ARM_TEXT = {
     "plugin": "SGLang, Triton backend with the specdiag plugin's split-KV verify kernel",
     "flashinfer": "SGLang, FlashInfer attention backend",
 }
+ARM_TEXT.update({f"{name}_contiguous": f"{text}, with the contiguous KV allocator" for name, text in list(ARM_TEXT.items())})
 KEY = ("arm", "pool_state", "context_tokens", "repeat")
 
 
@@ -156,7 +157,8 @@ def server_pool(client: Any) -> dict[str, Any]:
     return {"pool_tokens": info.get("max_total_num_tokens"), "reports_layout": own, "page_size": info.get("page_size"),
             "disable_radix_cache": info.get("disable_radix_cache"), "attention_backend": info.get("attention_backend"),
             "speculative_algorithm": info.get("speculative_algorithm"),
-            "tokens_per_step": info.get("speculative_num_draft_tokens")}
+            "tokens_per_step": info.get("speculative_num_draft_tokens"),
+            "kv_alloc": info.get("kv_alloc")}  # the embedded server reports its allocator; SGLang does not
 
 
 def _row(arm: Arm, state: str, ctx: int, repeat: int, plan: LayoutPlan, done: Any, pool: Mapping[str, Any],
