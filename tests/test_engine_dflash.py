@@ -228,3 +228,32 @@ def test_embedded_server_command_and_checks_before_start(drafter_dir: Path) -> N
         EmbeddedServer("DFLASH", 4, draft_model_path=drafter_dir, dflash_block_size=8).start()
     with pytest.raises(EmbeddedServerError, match="not a DFlash drafter's"):
         EmbeddedServer("DFLASH", None, draft_model_path=MODELS_DIR / "drafter").start()
+
+
+def test_the_training_forward_is_the_served_forward(target: LoadedModel) -> None:
+    """data/models/train_dflash.py trains all blocks of a sequence in one masked forward; each block's hidden states
+    must be what the embedded engine computes for it with the context cached up to its anchor."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_dflash", MODELS_DIR / "train_dflash.py")
+    train = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train)
+    maker = _maker()
+    cfg = maker.make_config(json.loads((TARGET / "config.json").read_text()), 2, 4, 2, 64, 256, 8, [1, 2], 4095,
+                            None, 0)
+    w = {k: v.float() for k, v in maker.make_weights(cfg, seed=3).items()}
+    from specdiag.geometry.dflash import parse_dflash_config
+
+    model = DFlashModel(parse_dflash_config(cfg), cfg, w, (1, 2), 4095, 8)
+    gen = torch.Generator().manual_seed(1)
+    feats, tokens = torch.randn(40, 512, generator=gen), torch.randint(0, 4000, (40,), generator=gen)
+    embed = target.model.get_input_embeddings().weight.detach()
+    anchors = torch.tensor([3, 17, 30])
+    trained = train.blocks_hidden(w, cfg, feats, tokens, anchors, embed)
+    for j, p in enumerate(anchors.tolist()):
+        cache = DraftCache(2, None)
+        model.add_context(cache, feats[:p])
+        ids = torch.full((8,), 4095)
+        ids[0] = tokens[p]
+        served = model.block_hidden(cache, F.embedding(ids, embed), p)
+        torch.testing.assert_close(trained[j], served, rtol=1e-4, atol=1e-4)

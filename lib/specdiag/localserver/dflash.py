@@ -234,6 +234,12 @@ class TargetTap:
         self._out.clear()
         return feats
 
+    def take_batch(self) -> torch.Tensor:
+        """Features [batch, tokens, K x hidden] of the last forward (for training); clears them."""
+        feats = torch.cat([self._out[i] for i in self.layer_ids], dim=-1)
+        self._out.clear()
+        return feats
+
     def remove(self) -> None:
         for h in self._handles:
             h.remove()
