@@ -3,7 +3,9 @@
 The objective (DFlash, z-lab, arXiv 2602.06036; the forward as SGLang's srt/models/dflash.py and the embedded engine's
 lib/specdiag/localserver/dflash.py run it):
 
-- a training sequence (the project's corpus with the copy curriculum of curriculum.py) goes once through the frozen
+- a training sequence (the project's corpus with the copy curriculum of curriculum.py, denser than the target's: the
+  target memorized its corpus, so its continuations of plain corpus text are recall a small drafter cannot learn in
+  minutes, while copies from the context are learnable) goes once through the frozen
   target; its outputs of the drafter's ``target_layer_ids`` layers are the context features of every position, and
   its greedy next-token predictions the labels;
 - ``blocks_per_seq`` anchors ``p`` per sequence: a block of ``block_size`` tokens, the sequence's token at ``p`` then
@@ -40,7 +42,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO / "lib"))
 
 from curriculum import CopyCurriculum, sample_batch  # noqa: E402
-from make_dflash_drafter import make_config, tensor_shapes, write_safetensors  # noqa: E402
+from make_dflash_drafter import make_config, make_weights, tensor_shapes, write_safetensors  # noqa: E402
 
 from specdiag.localserver.dflash import TargetTap, apply_rope, rms_norm, rope_cos_sin  # noqa: E402
 
@@ -149,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=HERE / "dflash")
     ap.add_argument("--corpus", type=Path, default=REPO / "data/corpus/train.txt")
     ap.add_argument("--layers", type=int, default=2, help="drafter layers")
-    ap.add_argument("--init-layers", type=int, nargs="+", default=[2, 3], help="target layers the drafter starts as")
+    ap.add_argument("--init-layers", type=int, nargs="*", default=[2, 3],
+                    help="target layers the drafter starts as (an empty list: make_dflash_drafter.py's random init)")
     ap.add_argument("--target-layers", type=int, nargs="+", default=[1, 2], help="target layer ids (<= L - 2)")
     ap.add_argument("--block-size", type=int, default=8)
     ap.add_argument("--seq-len", type=int, default=512)
@@ -157,13 +160,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--blocks-per-seq", type=int, default=24)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--decay", type=float, default=0.8, help="weight of block position i is decay^(i - 1)")
+    ap.add_argument("--periodic-per-16k", type=float, default=64.0,
+                    help="periodic stretches per 16,384 tokens (curriculum.py; the target's memorized corpus text "
+                    "teaches a drafter little, copies are what it can learn in minutes)")
+    ap.add_argument("--phrases-per-1k", type=float, default=8.0, help="repeated phrases per 1,000 tokens")
     ap.add_argument("--steps", type=int, default=100000, help="at most this many steps")
     ap.add_argument("--budget-s", type=float, default=900.0, help="stop after this many seconds of training")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    if len(args.init_layers) != args.layers:
-        ap.error("give one --init-layers entry per drafter layer")
+    if args.init_layers and len(args.init_layers) != args.layers:
+        ap.error("give one --init-layers entry per drafter layer, or none for a random init")
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
     rng = np.random.default_rng(args.seed)
@@ -176,11 +183,15 @@ def main(argv: list[str] | None = None) -> int:
     cfg = make_config(tcfg, args.layers, tcfg["num_attention_heads"], tcfg["num_key_value_heads"], tcfg["head_dim"],
                       tcfg["intermediate_size"], args.block_size, list(args.target_layers), tcfg["vocab_size"] - 1,
                       None, 0)
-    w = init_weights(cfg, target, args.init_layers, args.seed)
+    if args.init_layers:
+        w = init_weights(cfg, target, args.init_layers, args.seed)
+    else:
+        w = {k: v.float().requires_grad_(True) for k, v in make_weights(cfg, args.seed).items()}
     embed = target.get_input_embeddings().weight.detach()
     tap = TargetTap(target, tuple(args.target_layers))
     opt = torch.optim.AdamW(list(w.values()), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    curriculum = CopyCurriculum()
+    curriculum = CopyCurriculum(copy_share=1.0, phrases_per_1k_tokens=args.phrases_per_1k,
+                                periodic_per_16k_tokens=args.periodic_per_16k, periodic_span_tokens=(32, 256))
     t0, step, log = time.perf_counter(), 0, []
     while step < args.steps and time.perf_counter() - t0 < args.budget_s:
         frac = min(1.0, (time.perf_counter() - t0) / args.budget_s)
