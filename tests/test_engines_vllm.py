@@ -128,3 +128,36 @@ def test_notebooks_00_01_03_04_on_vllm(vllm_draft: str, run_notebook: Any, tmp_p
     assert steps and all(1 <= s["commit_length"] <= 8 for s in steps)
     result = json.loads((run_dir / "findings" / "04_commit_probe.json").read_text())
     assert result["findings"]
+
+
+@pytest.fixture(scope="module")
+def vllm_dflash(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """vLLM's dflash method with the embedded engine's default DFlash drafter (data/models/dflash/ when shipped,
+    else a random tiny one made on first use): block 8, so k = 7."""
+    yield from vllm_server(tmp_path_factory, "vllm-dflash", algorithm="DFLASH")
+
+
+def test_dflash_serves_greedy_output_and_the_client_reads_its_per_request_metrics(vllm_dflash: str) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from specdiag.paths import MODELS_DIR
+
+    client = make_client(vllm_dflash)
+    st = client.settings()
+    assert (st.speculative_method, st.draft_steps, st.tokens_per_step, st.block_size) == ("dflash", 7, 8, 8)
+    ids = client.tokenize("The cat sat on the mat. " * 40)
+    client.reset_cache()
+    trace = client.generate(input_ids=ids, sampling_params={"max_new_tokens": 40, "temperature": 0.0,
+                                                            "ignore_eos": True})
+    assert trace.error is None and trace.completion_tokens == 40 and trace.warnings == []
+    assert trace.spec_source == "per-request metrics (metrics.speculative_decoding)"
+    delta = trace.meta_info["metrics_delta"]
+    assert trace.spec.verify_ct == delta["drafts"] >= 1 and trace.spec.num_correct_drafts == delta["accepted"]
+    assert len(trace.spec.step_commit_lengths) == trace.spec.verify_ct
+    assert all(1 <= c <= 8 for c in trace.spec.step_commit_lengths)
+    # lossless: the target's own greedy continuation (transformers, float32 as vLLM runs it here)
+    target = AutoModelForCausalLM.from_pretrained(str(MODELS_DIR / "target"), dtype=torch.float32)
+    with torch.inference_mode():
+        greedy = target.generate(torch.tensor([ids]), max_new_tokens=40, do_sample=False)[0, len(ids):].tolist()
+    assert trace.output_ids == greedy

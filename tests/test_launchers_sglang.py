@@ -307,3 +307,110 @@ def test_plugin_env_says_off_and_orders_the_path(tmp_path: Path) -> None:
     assert tier0["SPECDIAG_SGLANG_KV_ALLOC"] == "contiguous" and "/plugin" in tier0["PYTHONPATH"]
     with pytest.raises(ValueError, match="sglang, contiguous"):
         plugin_env("off", kv_alloc="buddy")
+
+
+# ---- DFLASH (SGLang 0.5.17: srt/arg_groups/speculative_hook.py _handle_dflash) ----------------------------------
+DFLASH_FLAGS = {"--speculative-dflash-block-size", "--speculative-draft-window-size",
+                "--speculative-draft-attention-backend", "--max-total-tokens"}
+
+
+@pytest.fixture(scope="module")
+def dflash_pair(tmp_path_factory) -> tuple[Path, Path]:
+    """The shipped tiny target and a random tiny DFlash drafter made for it (block 8, target layer 1)."""
+    from specdiag.localserver.dflash_drafter import default_dflash_drafter
+
+    target = PROJECT_ROOT / "data" / "models" / "target"
+    return target, default_dflash_drafter(target, tmp_path_factory.mktemp("dflash"))
+
+
+def test_dflash_command_has_block_window_backend_and_pool_cap():
+    launch = SGLangLaunch(model_path="/m/mla61", draft_model_path="/m/dflash", algorithm="dflash", dflash_block_size=8,
+                          draft_window_size=2048, draft_attention_backend="flashinfer", max_total_tokens=200000)
+    f = flags(sglang_command(launch))
+    assert set(f) <= SGLANG_0_5_17_FLAGS | DFLASH_FLAGS
+    assert (f["--speculative-algorithm"], f["--speculative-draft-model-path"]) == ("DFLASH", "/m/dflash")
+    assert (f["--speculative-dflash-block-size"], f["--speculative-draft-window-size"]) == ("8", "2048")
+    assert f["--speculative-draft-attention-backend"] == "flashinfer" and f["--max-total-tokens"] == "200000"
+    # SGLang forces one step and topk 1 for DFLASH: the launcher leaves them (and unset draft tokens) out
+    assert not {"--speculative-num-steps", "--speculative-eagle-topk", "--speculative-num-draft-tokens"} & set(f)
+    both = flags(sglang_command(SGLangLaunch(model_path="m", draft_model_path="d", algorithm="DFLASH",
+                                             dflash_block_size=16, num_draft_tokens=16)))
+    assert both["--speculative-dflash-block-size"] == both["--speculative-num-draft-tokens"] == "16"
+
+
+@pytest.mark.parametrize("launch, message", [
+    (SGLangLaunch(model_path="m", algorithm="DFLASH", dflash_block_size=8), "DFLASH needs a DFlash drafter"),
+    (SGLangLaunch(model_path="m", draft_model_path="d", algorithm="DFLASH", dflash_block_size=8, num_draft_tokens=4),
+     "block size 8 disagrees with DRAFT_TOKENS 4"),
+    (SGLangLaunch(model_path="m", draft_model_path="d", algorithm="DFLASH", dflash_block_size=8, draft_window_size=4),
+     "smaller than the block"),
+    (SGLangLaunch(model_path="m", draft_model_path="d", algorithm="DFLASH", num_steps=3), "leave num_steps and topk"),
+    (SGLangLaunch(model_path="m", algorithm="NGRAM", dflash_block_size=8), "takes no block size or draft window"),
+])
+def test_dflash_settings_sglang_would_refuse_are_errors(launch, message):
+    with pytest.raises(SGLangLaunchError, match=message):
+        sglang_command(launch)
+
+
+def test_dflash_drafter_is_checked_against_the_target_before_start(tmp_path: Path, dflash_pair):
+    import json
+
+    from specdiag.launchers.sglang import check_dflash_drafter
+
+    target, drafter = dflash_pair
+    check_dflash_drafter(SGLangLaunch(model_path=target, draft_model_path=drafter, algorithm="DFLASH"))
+    with pytest.raises(SGLangLaunchError, match="block size 8 disagrees with DRAFT_TOKENS 4"):
+        check_dflash_drafter(SGLangLaunch(model_path=target, draft_model_path=drafter, algorithm="DFLASH",
+                                          num_draft_tokens=4, dflash_block_size=8))
+    with pytest.raises(SGLangLaunchError, match="draft window 4 is smaller than the block \\(8 tokens\\)"):
+        check_dflash_drafter(SGLangLaunch(model_path=target, draft_model_path=drafter, algorithm="DFLASH",
+                                          draft_window_size=4))  # the block from the drafter's config.json
+
+    def variant(name: str, **changes: object) -> Path:
+        out = tmp_path / name
+        out.mkdir()
+        cfg = json.loads((drafter / "config.json").read_text())
+        for key, value in changes.items():
+            if key == "target_layer_ids":
+                cfg["dflash_config"]["target_layer_ids"] = value
+            else:
+                cfg[key] = value
+        (out / "config.json").write_text(json.dumps(cfg))
+        return out
+
+    for folder, message in ((variant("wide", hidden_size=512), "hidden_size 512 differs from the target's 256"),
+                            (variant("deep", target_layer_ids=[1, 3]), "include \\[3\\]: each must be 0..2"),
+                            (tmp_path.parent, "no config.json"),
+                            (target, "not a DFlash drafter's")):
+        with pytest.raises(SGLangLaunchError, match=message):
+            check_dflash_drafter(SGLangLaunch(model_path=target, draft_model_path=folder, algorithm="DFLASH"))
+    # the registry's path runs the same check before a port is taken
+    with pytest.raises(SGLangLaunchError, match="differs from the target's"):
+        engine_server("sglang", model_path=target, draft_model_path=tmp_path / "wide", algorithm="DFLASH",
+                      check=False)
+
+
+def test_dflash_registry_has_no_default_drafter_or_draft_tokens():
+    with pytest.raises(SGLangLaunchError, match="DFLASH needs a DFlash drafter"):
+        sglang_command(sglang_launch(algorithm="DFLASH"))
+    launch = sglang_launch(algorithm="DFLASH", draft_model_path="/m/d")
+    assert launch.num_draft_tokens is None and launch.dflash_block_size is None  # the drafter's block_size
+
+
+def test_make_serve_passes_the_dflash_variables():
+    import shlex
+
+    from specdiag.launchers.__main__ import build_parser
+    from specdiag.launchers.cli import engine_options_from_args
+
+    out = subprocess.run(
+        ["make", "-n", "-s", "serve", "PY=python3", "ENGINE=sglang", "MODEL=/m/t", "DRAFT_MODEL=/m/d",
+         "ALGORITHM=DFLASH", "BLOCK_SIZE=16", "DRAFT_WINDOW=2048", "DRAFT_ATTENTION_BACKEND=triton",
+         "MAX_TOTAL_TOKENS=300000"],
+        cwd=PROJECT_ROOT, capture_output=True, text=True, check=True).stdout
+    line = next(ln for ln in out.splitlines() if "specdiag.launchers serve" in ln)
+    argv = shlex.split(line)
+    args = build_parser().parse_args(argv[argv.index("specdiag.launchers") + 1:])
+    assert engine_options_from_args(args) == {
+        "model_path": "/m/t", "draft_model_path": "/m/d", "algorithm": "DFLASH", "dflash_block_size": 16,
+        "draft_window_size": 2048, "draft_attention_backend": "triton", "max_total_tokens": 300000, "port": 30000}

@@ -54,3 +54,24 @@ def test_command_and_environment(tmp_path: Path) -> None:
     env = vllm_env(launch, base={"PYTHONPATH": "x"})
     assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["VLLM_CPU_KVCACHE_SPACE"] == "1" and "PYTHONPATH" not in env
     assert vllm_env(vllm_launch(dev_mode=False), base={"VLLM_SERVER_DEV_MODE": "1"})["VLLM_SERVER_DEV_MODE"] == "0"
+
+
+def test_dflash_maps_the_block_to_k_and_passes_the_drafter_unpatched(tmp_path: Path) -> None:
+    """vLLM 0.32 queries the bonus token plus k mask tokens (vllm/config/speculative.py
+    max_num_new_slots_for_drafting): a block of B tokens is k = B - 1; the drafter goes in as it is."""
+    from specdiag.localserver.dflash_drafter import default_dflash_drafter
+
+    drafter = default_dflash_drafter(MODELS_DIR / "target", tmp_path)
+    launch = vllm_launch(algorithm="DFLASH", draft_model_path=drafter)  # the block from its config.json: 8
+    assert (launch.method, launch.num_speculative_tokens, launch.drafter) == ("dflash", 7, drafter)
+    cmd = vllm_command(launch, 8123, python=Path("/py"), drafter_dir=launch.drafter)
+    spec = json.loads(cmd[cmd.index("--speculative-config") + 1])
+    assert spec == {"method": "dflash", "num_speculative_tokens": 7, "model": str(drafter)}
+    assert vllm_launch(algorithm="DFLASH", draft_model_path=drafter, dflash_block_size=4).num_speculative_tokens == 3
+    for kwargs, message in (({"dflash_block_size": 8, "num_draft_tokens": 4}, "disagrees with DRAFT_TOKENS 4"),
+                            ({"draft_window_size": 1024}, "no draft window"),
+                            ({"draft_model_path": MODELS_DIR / "drafter"}, "not a DFlash drafter's")):
+        with pytest.raises(VLLMLaunchError, match=message):
+            vllm_launch(algorithm="DFLASH", **{"draft_model_path": drafter, **kwargs})
+    with pytest.raises(VLLMLaunchError, match="takes no block size"):
+        vllm_launch(algorithm="NGRAM", dflash_block_size=8)

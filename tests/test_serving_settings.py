@@ -60,3 +60,52 @@ def test_the_unique_head_keeps_the_bos_of_a_prompt_built_with_special_tokens() -
     assert ADD_SPECIAL_TOKENS is True
     assert len(a.input_ids) == 300 and a.input_ids[0] == 1 and b.input_ids[0] == 1  # the BOS stays first
     assert a.input_ids[1:40] != b.input_ids[1:40] and 1 not in a.input_ids[1:]
+
+
+def test_dflash_settings_as_each_server_states_them_and_what_it_does_not() -> None:
+    from specdiag.steps.snapshot.settings import dflash_rows, not_reported
+
+    # SGLang 0.5.17: block and window in /server_info, no drafter config, draft backend null
+    sglang = {"speculative_algorithm": "DFLASH", "speculative_num_draft_tokens": 16, "speculative_num_steps": 1,
+              "speculative_dflash_block_size": 16, "speculative_draft_window_size": 2048,
+              "speculative_draft_attention_backend": None, "attention_backend": "triton"}
+    st = settings_from_sglang(sglang)
+    assert (st.block_size, st.draft_window, st.target_layer_ids, st.draft_attention_backend) == (16, 2048, None, None)
+    assert st.source("target_layer_ids").startswith("not stated: SGLang's /server_info does not carry")
+    assert st.source("draft_attention_backend").startswith("not stated")
+    rows = {r["setting"].split(" (")[0].split(",")[0]: r for r in dflash_rows(st, sglang)}
+    assert rows["block size"]["value"] == 16 and rows["draft window"]["value"] == 2048
+    assert rows["target layer ids"]["value"] is None and "not stated" in rows["target layer ids"]["source"]
+    assert any(line.startswith("target_layer_ids (not stated") for line in not_reported(st))
+    # only num_draft_tokens given: the block is it (SGLang sets it so), said as computed; no window: said
+    bare = settings_from_sglang({**sglang, "speculative_dflash_block_size": None,
+                                 "speculative_draft_window_size": None})
+    assert bare.block_size == 16 and bare.source("block_size").startswith("computed")
+    assert "null (no window" in bare.source("draft_window")
+    # the embedded server carries the drafter's config: the target layers are stated
+    embedded = {**sglang, "speculative_draft_attention_backend": "torch_sdpa",
+                "speculative_draft_model_config": {"dflash_config": {"target_layer_ids": [1], "mask_token_id": 4095}}}
+    st = settings_from_sglang(embedded)
+    assert (st.target_layer_ids, st.draft_attention_backend) == ((1,), "torch_sdpa")
+    flat = st.as_server_info()
+    assert flat["speculative_dflash_block_size"] == 16
+    replayed = {r["setting"]: r["value"] for r in dflash_rows(None, flat)}  # a recorded run: run.json's server
+    assert "1" in replayed.values() and 16 in replayed.values() and "torch_sdpa" in replayed.values()
+    # another algorithm: no DFLASH table, and the block is not listed as unreported
+    ngram = settings_from_sglang({"speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": 8})
+    assert dflash_rows(ngram, {"speculative_algorithm": "NGRAM"}) == []
+    assert not any(line.startswith(("block_size", "target_layer_ids")) for line in not_reported(ngram))
+
+
+def test_vllm_dflash_block_is_k_plus_one_and_unexposed_fields_say_so() -> None:
+    from specdiag.serving.vllm import VLLMClient
+
+    values = {"speculative_method": "dflash", "tokens_per_step": 8}
+    sources: dict[str, str] = {}
+    VLLMClient._dflash(values, sources, {"method": "dflash", "num_speculative_tokens": 7, "attention_backend": None})
+    assert values["block_size"] == 8 and sources["block_size"].startswith("computed (num_speculative_tokens + 1")
+    assert "draft_attention_backend" not in values and sources["draft_attention_backend"].startswith("not exposed")
+    assert sources["target_layer_ids"].startswith("not exposed")
+    values = {"speculative_method": "ngram", "tokens_per_step": 8}
+    VLLMClient._dflash(values, sources, {"method": "ngram"})
+    assert "block_size" not in values and sources["block_size"].startswith("not applicable")

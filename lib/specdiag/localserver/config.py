@@ -9,7 +9,7 @@ from pathlib import Path
 from specdiag.paths import MODELS_DIR, PROJECT_ROOT
 
 #: speculative algorithms, under SGLang's names
-ALGORITHMS: tuple[str, ...] = ("NONE", "NGRAM", "STANDALONE")
+ALGORITHMS: tuple[str, ...] = ("NONE", "NGRAM", "STANDALONE", "DFLASH")
 DEFAULT_TARGET = MODELS_DIR / "target"
 DEFAULT_DRAFTER = MODELS_DIR / "drafter"
 #: what to tell someone whose model folder is missing
@@ -29,7 +29,9 @@ class ServerConfig:
     served_model_name: str | None = None  # defaults to the model folder's name
     speculative_algorithm: str = "NONE"
     speculative_draft_model_path: Path | None = None
-    speculative_num_draft_tokens: int = 8  # tokens per verify, last committed one included
+    speculative_num_draft_tokens: int = 8  # tokens per verify, last committed one included (DFLASH: the block)
+    speculative_dflash_block_size: int | None = None  # DFLASH: as given (--speculative-dflash-block-size)
+    speculative_draft_window_size: int | None = None  # DFLASH: context tokens the drafter keeps (None: all)
     speculative_ngram_min_match_window_size: int = 1
     speculative_ngram_max_match_window_size: int = 12
     context_length: int | None = None  # None = the target's max_position_embeddings
@@ -62,12 +64,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-path", type=_path, default=DEFAULT_TARGET, help="target model folder (local)")
     p.add_argument("--served-model-name", default=None, help="name in /model_info and /v1/models")
     p.add_argument("--speculative-algorithm", type=str.upper, choices=ALGORITHMS, default=None,
-                   help="NGRAM, STANDALONE or NONE (default NONE)")
+                   help="NGRAM, STANDALONE, DFLASH or NONE (default NONE)")
     p.add_argument("--speculative-draft-model-path", type=_path, default=None,
-                   help=f"drafter folder for STANDALONE (default {DEFAULT_DRAFTER.relative_to(PROJECT_ROOT)})")
-    p.add_argument("--speculative-num-draft-tokens", type=int, default=8,
+                   help=f"drafter folder for STANDALONE (default {DEFAULT_DRAFTER.relative_to(PROJECT_ROOT)}) or "
+                   "DFLASH (default: data/models/dflash/ when shipped, else a random tiny DFlash drafter made on "
+                   "first use into .dflash-models/)")
+    p.add_argument("--speculative-num-draft-tokens", type=int, default=None,
                    help="tokens per verify forward, the last committed token included (SGLang's meaning): "
-                   "a step drafts N-1 tokens and commits at most N (default 8)")
+                   "a step drafts N-1 tokens and commits at most N (default 8; DFLASH: the block size)")
+    p.add_argument("--speculative-dflash-block-size", type=int, default=None,
+                   help="DFLASH: tokens per block (default: --speculative-num-draft-tokens, else the drafter's "
+                   "block_size); both given must be equal")
+    p.add_argument("--speculative-draft-window-size", type=int, default=None,
+                   help="DFLASH: context tokens the drafter keeps (SGLang's compact draft cache; default: all); at "
+                   "least the block size")
     p.add_argument("--speculative-ngram-min-match-window-size", type=int, default=1)
     p.add_argument("--speculative-ngram-max-match-window-size", type=int, default=12)
     p.add_argument("--context-length", type=int, default=None,
@@ -94,6 +104,29 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _dflash_settings(parser: argparse.ArgumentParser, a: argparse.Namespace) -> tuple[Path, int]:
+    """DFLASH's drafter folder (the default one made when none is given) and block size, checked against the
+    target before any model loads (specdiag.geometry.dflash); parser errors name the fix."""
+    from specdiag.geometry.dflash import DFlashConfigError, check_dflash_launch  # noqa: PLC0415
+    from specdiag.localserver.dflash_drafter import default_dflash_drafter  # noqa: PLC0415
+
+    draft = a.speculative_draft_model_path
+    if draft is None:
+        try:
+            draft = default_dflash_drafter(a.model_path)
+        except FileNotFoundError as exc:
+            parser.error(str(exc))
+    if not Path(draft).is_dir():
+        parser.error(f"no DFlash drafter folder at {draft}: give one (python data/models/make_dflash_drafter.py "
+                     "--target TARGET --out DIR writes a random one)")
+    try:
+        _, block = check_dflash_launch(draft, a.model_path, a.speculative_dflash_block_size,
+                                       a.speculative_num_draft_tokens, a.speculative_draft_window_size)
+    except DFlashConfigError as exc:
+        parser.error(str(exc))
+    return Path(draft), block
+
+
 def parse_args(argv: list[str]) -> ServerConfig:
     """Parse the command line; errors (missing folders, bad numbers) exit with a message naming the fix."""
     parser = build_parser()
@@ -102,6 +135,14 @@ def parse_args(argv: list[str]) -> ServerConfig:
     draft = a.speculative_draft_model_path
     if algorithm == "STANDALONE" and draft is None:
         draft = DEFAULT_DRAFTER
+    if algorithm != "DFLASH" and (a.speculative_dflash_block_size is not None
+                                  or a.speculative_draft_window_size is not None):
+        parser.error("--speculative-dflash-block-size and --speculative-draft-window-size are DFLASH settings: "
+                     "add --speculative-algorithm DFLASH or drop them")
+    if algorithm == "DFLASH":
+        draft, a.speculative_num_draft_tokens = _dflash_settings(parser, a)
+    elif a.speculative_num_draft_tokens is None:
+        a.speculative_num_draft_tokens = 8
     if algorithm != "NONE" and a.speculative_num_draft_tokens < 2:
         parser.error("--speculative-num-draft-tokens must be at least 2 (it counts the last committed token)")
     if a.context_length is not None and a.context_length < 2:
@@ -124,6 +165,8 @@ def parse_args(argv: list[str]) -> ServerConfig:
         speculative_algorithm=algorithm,
         speculative_draft_model_path=draft,
         speculative_num_draft_tokens=a.speculative_num_draft_tokens,
+        speculative_dflash_block_size=a.speculative_dflash_block_size,
+        speculative_draft_window_size=a.speculative_draft_window_size,
         speculative_ngram_min_match_window_size=a.speculative_ngram_min_match_window_size,
         speculative_ngram_max_match_window_size=a.speculative_ngram_max_match_window_size,
         context_length=a.context_length,

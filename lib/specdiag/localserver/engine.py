@@ -5,6 +5,9 @@ Algorithms, under SGLang's names:
 - ``NONE``: target only, one token per forward.
 - ``NGRAM``: prompt lookup (see ngram.py) proposes up to ``num_draft_tokens - 1`` tokens.
 - ``STANDALONE``: a small draft model proposes ``num_draft_tokens - 1`` tokens greedily.
+- ``DFLASH``: a DFlash block drafter (dflash.py) proposes ``num_draft_tokens - 1`` tokens (its block is
+  ``num_draft_tokens`` long: the last committed token, then mask tokens) in one forward, from the target's
+  hidden states of its target layers, which the target's prefill and verify forwards hand it.
 
 ``num_draft_tokens`` follows SGLang's ``speculative_num_draft_tokens``: the tokens one verify
 forward scores, the last committed token included, so a step drafts ``num_draft_tokens - 1``
@@ -37,12 +40,13 @@ import numpy as np
 import torch
 
 from specdiag.localserver.config import ALGORITHMS
+from specdiag.localserver.dflash import DFlashModel, DraftCache, TargetTap
 from specdiag.localserver.kvcache import RollbackCache
 from specdiag.localserver.kvpool import KVPool, PooledKVCache
 from specdiag.localserver.models import LoadedModel
 from specdiag.localserver.ngram import propose_ngram
 
-Algorithm = Literal["NONE", "NGRAM", "STANDALONE"]
+Algorithm = Literal["NONE", "NGRAM", "STANDALONE", "DFLASH"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,8 @@ class SpecSettings:
     ngram_max_match_window_size: int = 12
     #: prefill (target and drafter) runs in chunks of at most this many tokens
     chunked_prefill_size: int = 2048
+    #: DFLASH: context tokens the drafter keeps (SGLang's speculative_draft_window_size); None: all
+    draft_window_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -70,6 +76,9 @@ class SpecSettings:
             raise ValueError("need 1 <= ngram_min_match_window_size <= ngram_max_match_window_size")
         if self.chunked_prefill_size < 1:
             raise ValueError("chunked_prefill_size must be at least 1")
+        if self.draft_window_size is not None and self.draft_window_size < self.num_draft_tokens:
+            raise ValueError(f"speculative_draft_window_size {self.draft_window_size} is smaller than the block "
+                             f"({self.num_draft_tokens} tokens): SGLang requires window >= block size")
 
     @property
     def drafts_per_step(self) -> int:
@@ -117,17 +126,26 @@ class _State:
     ids: list[int]
     out: list[int] = field(default_factory=list)
     drafter_len: int = 0  # tokens of ``ids`` held in the drafter's cache
+    dflash: DraftCache | None = None  # DFLASH: the drafter's context for this request
+    dflash_pending: torch.Tensor | None = None  # DFLASH: target features of committed tokens not yet in it
 
 
 class SpecEngine:
     """Greedy speculative decoding of one request at a time (callers serialize requests)."""
 
     def __init__(self, target: LoadedModel, drafter: LoadedModel | None, settings: SpecSettings,
-                 pool: KVPool | None = None) -> None:
+                 pool: KVPool | None = None, dflash: DFlashModel | None = None) -> None:
         if settings.algorithm == "STANDALONE" and drafter is None:
             raise ValueError("STANDALONE needs a draft model: pass --speculative-draft-model-path")
+        if settings.algorithm == "DFLASH" and dflash is None:
+            raise ValueError("DFLASH needs a DFlash drafter: pass --speculative-draft-model-path")
+        if dflash is not None and dflash.block_size != settings.num_draft_tokens:
+            raise ValueError(f"the DFlash drafter drafts blocks of {dflash.block_size} tokens but "
+                             f"speculative_num_draft_tokens is {settings.num_draft_tokens}: make them equal")
         self.target = target
         self.drafter = drafter if settings.algorithm == "STANDALONE" else None
+        self.dflash = dflash if settings.algorithm == "DFLASH" else None
+        self.tap = TargetTap(target.model, self.dflash.target_layer_ids) if self.dflash is not None else None
         self.settings = settings
         self.device = next(target.model.parameters()).device
         self.pool = pool  # the target's slot pool; None: a RollbackCache per request
@@ -165,6 +183,16 @@ class SpecEngine:
             logits = self._forward(lm, ids[start : start + size], cache, keep=1)
         return logits[-1]
 
+    def _prefill_tapped(self, ids: list[int], cache: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """DFLASH's prefill: the target's chunks as ``_prefill``, and the prompt's features from the tap."""
+        assert self.tap is not None
+        size = self.settings.chunked_prefill_size
+        logits, feats = torch.empty(0), []
+        for start in range(0, len(ids), size):
+            logits = self._forward(self.target, ids[start : start + size], cache, keep=1)
+            feats.append(self.tap.take())
+        return logits[-1], torch.cat(feats)
+
     @staticmethod
     def _mask_stops(logits: torch.Tensor, first_index: int, req: DecodeRequest) -> torch.Tensor:
         """Forbid stop tokens at output positions before ``min_new_tokens`` (row j = output index first_index + j)."""
@@ -199,7 +227,11 @@ class SpecEngine:
 
         self._sync()
         t0 = time.perf_counter()
-        last_logits = self._prefill(self.target, state.ids, t_cache)
+        if self.dflash is not None:
+            state.dflash = DraftCache(self.dflash.info.num_hidden_layers, self.settings.draft_window_size)
+            last_logits, state.dflash_pending = self._prefill_tapped(state.ids, t_cache)
+        else:
+            last_logits = self._prefill(self.target, state.ids, t_cache)
         if d_cache is not None:
             self._prefill(self.drafter, state.ids, d_cache)  # type: ignore[arg-type]
             state.drafter_len = len(state.ids)
@@ -252,6 +284,8 @@ class SpecEngine:
     def _draft(self, state: _State, d_cache: Any | None) -> tuple[list[int], int]:
         """Draft tokens for the next verify; also the number of tokens the drafter processed."""
         k = self.settings.drafts_per_step
+        if self.settings.algorithm == "DFLASH":
+            return self._draft_dflash(state)
         if self.settings.algorithm == "NGRAM":
             drafts = propose_ngram(
                 np.asarray(state.ids, dtype=np.int64),
@@ -273,6 +307,17 @@ class SpecEngine:
         state.drafter_len = len(state.ids) + k - 1
         return drafts, processed
 
+    def _draft_dflash(self, state: _State) -> tuple[list[int], int]:
+        """The committed tokens' features into the drafter's context, then one block: B - 1 drafts."""
+        assert self.dflash is not None and state.dflash is not None and state.dflash_pending is not None
+        added = int(state.dflash_pending.shape[0])
+        self.dflash.add_context(state.dflash, state.dflash_pending)
+        state.dflash_pending = None
+        lm = self.target.model
+        drafts = self.dflash.propose(state.dflash, state.ids[-1], len(state.ids) - 1, lm.get_input_embeddings(),
+                                     lm.get_output_embeddings(), self.device)
+        return drafts, added + self.dflash.block_size
+
     def _spec_step(self, state: _State, t_cache: Any, d_cache: Any | None, req: DecodeRequest) -> Chunk:
         self._sync()
         t0 = time.perf_counter()
@@ -287,6 +332,8 @@ class SpecEngine:
         while accepted < len(drafts) and drafts[accepted] == preds[accepted]:
             accepted += 1
         t_cache.rollback(len(drafts) - accepted)  # remove the rejected drafts
+        if self.tap is not None:  # DFLASH: the last committed token and the accepted drafts become context
+            state.dflash_pending = self.tap.take()[: accepted + 1]
         if d_cache is not None:
             keep = base_len + min(accepted, len(drafts) - 1)  # drafter cache: ids + accepted drafts it was fed
             d_cache.rollback(state.drafter_len - keep)

@@ -74,7 +74,7 @@ class EmbeddedServer:
     def __init__(
         self,
         algorithm: str = "STANDALONE",
-        num_draft_tokens: int = 8,
+        num_draft_tokens: int | None = 8,
         port: int | None = None,
         device: str = "auto",
         log_path: Path | str | None = None,
@@ -84,15 +84,21 @@ class EmbeddedServer:
         progress: bool = False,
         startup_timeout_s: float = 300.0,
         die_with_parent: bool = True,
+        dflash_block_size: int | None = None,
+        draft_window_size: int | None = None,
     ) -> None:
         self.algorithm = algorithm.upper()
-        self.num_draft_tokens = num_draft_tokens
+        # DFLASH: None leaves the block to --speculative-dflash-block-size or the drafter's block_size
+        self.num_draft_tokens = 8 if num_draft_tokens is None and self.algorithm != "DFLASH" else num_draft_tokens
+        self.dflash_block_size = dflash_block_size
+        self.draft_window_size = draft_window_size
         self.port = port or None
         self.device = device
         self.log_path = Path(log_path) if log_path is not None else None
         self.extra_args = tuple(extra_args)
         self.model_path = Path(model_path) if model_path is not None else DEFAULT_TARGET
-        self.draft_model_path = Path(draft_model_path) if draft_model_path is not None else DEFAULT_DRAFTER
+        self.draft_model_path = (Path(draft_model_path) if draft_model_path is not None
+                                 else None if self.algorithm == "DFLASH" else DEFAULT_DRAFTER)
         self.progress = progress
         self.startup_timeout_s = startup_timeout_s
         self.die_with_parent = die_with_parent
@@ -119,12 +125,34 @@ class EmbeddedServer:
             "--host", HOST, "--port", str(self.port if port is None else port),
             "--model-path", str(self.model_path),
             "--speculative-algorithm", self.algorithm,
-            "--speculative-num-draft-tokens", str(self.num_draft_tokens),
             "--device", self.device,
         ]
-        if self.algorithm == "STANDALONE":
+        if self.num_draft_tokens is not None:
+            cmd += ["--speculative-num-draft-tokens", str(self.num_draft_tokens)]
+        if self.algorithm in ("STANDALONE", "DFLASH") and self.draft_model_path is not None:
             cmd += ["--speculative-draft-model-path", str(self.draft_model_path)]
+        for flag, value in (("--speculative-dflash-block-size", self.dflash_block_size),
+                            ("--speculative-draft-window-size", self.draft_window_size)):
+            if value is not None:
+                cmd += [flag, str(value)]
         return cmd + list(self.extra_args)
+
+    def _check_dflash(self) -> None:
+        """Before the process starts: the drafter (the default one made now when none was given) fits the target,
+        and the block size and window agree (specdiag.geometry.dflash); EmbeddedServerError naming the fix."""
+        from specdiag.geometry.dflash import DFlashConfigError, check_dflash_launch  # noqa: PLC0415
+        from specdiag.localserver.dflash_drafter import default_dflash_drafter  # noqa: PLC0415
+
+        if self.draft_model_path is None:
+            self.draft_model_path = default_dflash_drafter(self.model_path)
+        if not self.draft_model_path.is_dir():
+            raise EmbeddedServerError(f"no DFlash drafter at {self.draft_model_path}: give a DFlashDraftModel folder "
+                                      "(python data/models/make_dflash_drafter.py --target TARGET --out DIR)")
+        try:
+            check_dflash_launch(self.draft_model_path, self.model_path, self.dflash_block_size,
+                                self.num_draft_tokens, self.draft_window_size)
+        except DFlashConfigError as exc:
+            raise EmbeddedServerError(str(exc)) from None
 
     def start(self, timeout_s: float | None = None) -> "EmbeddedServer":
         """Start the process and wait until /health answers (within ``timeout_s``, default
@@ -132,8 +160,10 @@ class EmbeddedServer:
         timeout_s = self.startup_timeout_s if timeout_s is None else timeout_s
         if not self.model_path.is_dir():
             raise EmbeddedServerError(f"no model at {self.model_path}: {MODEL_HINT}")
-        if self.algorithm == "STANDALONE" and not self.draft_model_path.is_dir():
+        if self.algorithm == "STANDALONE" and not (self.draft_model_path and self.draft_model_path.is_dir()):
             raise EmbeddedServerError(f"no drafter at {self.draft_model_path}: {MODEL_HINT}")
+        if self.algorithm == "DFLASH":
+            self._check_dflash()
         lib = str(PROJECT_ROOT / "lib")
         pythonpath = lib + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")
         self.managed = ManagedServer(

@@ -9,6 +9,7 @@ it in a worker thread.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -19,6 +20,8 @@ import torch
 from specdiag import __version__
 from specdiag.paths import relative_to_project  # reported paths: project-relative, so shared reports hold none of this machine
 from specdiag.localserver.config import MODEL_HINT, ServerConfig
+from specdiag.geometry.dflash import DEFAULT_MASK_TOKEN, parse_dflash_config
+from specdiag.localserver.dflash import DFlashLoadError, DFlashModel, load_dflash
 from specdiag.localserver.engine import DecodeRequest, SpecEngine, SpecSettings
 from specdiag.localserver.kvpool import KVPool
 from specdiag.localserver.models import (
@@ -50,6 +53,16 @@ def _config_summary(config: Any) -> dict[str, Any]:
     return out
 
 
+def _dflash_summary(model: DFlashModel) -> dict[str, Any]:
+    """The DFlash drafter's config as its config.json names it (SGLang reads the same keys), with the target layer
+    ids and mask token as this server resolved them."""
+    out = {k: model.config[k] for k in _CONFIG_KEYS if k in model.config}
+    out.update(block_size=model.block_size, num_target_layers=model.config.get("num_target_layers"),
+               dflash_config={**(model.config.get("dflash_config") or {}),
+                              "target_layer_ids": list(model.target_layer_ids), "mask_token_id": model.mask_token_id})
+    return out
+
+
 def _weight_bytes(lm: LoadedModel) -> int:
     return int(sum(p.numel() * p.element_size() for p in lm.model.parameters()))
 
@@ -74,6 +87,10 @@ class Runtime:
                     f"({self.target.config.vocab_size}): they must share one tokenizer"
                 )
         self.tokenizer = load_tokenizer(cfg.model_path)
+        self.dflash: DFlashModel | None = None
+        if cfg.speculative_algorithm == "DFLASH":
+            assert cfg.speculative_draft_model_path is not None
+            self.dflash = self._load_dflash(cfg)
         model_ctx = context_length_of(self.target.config)
         if cfg.context_length is not None and cfg.context_length > model_ctx:
             raise ModelLoadError(
@@ -92,8 +109,9 @@ class Runtime:
             ngram_min_match_window_size=cfg.speculative_ngram_min_match_window_size,
             ngram_max_match_window_size=cfg.speculative_ngram_max_match_window_size,
             chunked_prefill_size=cfg.chunked_prefill_size,
+            draft_window_size=cfg.speculative_draft_window_size,
         )
-        self.engine = SpecEngine(self.target, self.drafter, self.settings, pool=self.pool)
+        self.engine = SpecEngine(self.target, self.drafter, self.settings, pool=self.pool, dflash=self.dflash)
         self.engine.warm_up()
         if self.pool is not None:
             self.pool.allocator.clear()  # a started server's pool is one contiguous free range
@@ -104,6 +122,23 @@ class Runtime:
         self.tokenizer_lock = threading.Lock()
         self.served_model_name = cfg.served_model_name or cfg.model_path.name
         self.started_unix_s = time.time()
+
+    def _load_dflash(self, cfg: ServerConfig) -> DFlashModel:
+        """The DFlash drafter for this target: the mask token from its config, else the tokenizer's token of the
+        config's mask_token text (SGLang's resolve_dflash_mask_token); ModelLoadError naming the fix."""
+        assert cfg.speculative_draft_model_path is not None
+        folder = cfg.speculative_draft_model_path
+        try:
+            info = parse_dflash_config(json.loads((folder / "config.json").read_text()))
+            mask = info.mask_token_id
+            if mask is None:
+                token = info.mask_token or DEFAULT_MASK_TOKEN
+                found = self.tokenizer.get_vocab().get(token)
+                mask = int(found) if found is not None else None
+            return load_dflash(folder, self.target.config.to_dict(), self.device, self.dtype,
+                               cfg.speculative_num_draft_tokens, mask)
+        except (DFlashLoadError, ValueError, OSError) as exc:
+            raise ModelLoadError(f"DFlash drafter {folder}: {exc}") from exc
 
     # ---- info -------------------------------------------------------------------------
     @property
@@ -126,7 +161,8 @@ class Runtime:
             "attention_backend": backend,
             "decode_attention_backend": backend,
             "prefill_attention_backend": backend,
-            "speculative_draft_attention_backend": self.drafter.attention_backend if self.drafter else None,
+            "speculative_draft_attention_backend": (self.drafter.attention_backend if self.drafter
+                                                    else "torch_sdpa" if self.dflash else None),
             "page_size": PAGE_SIZE,
             "max_total_tokens": cfg.max_total_tokens,
             "kv_alloc": cfg.kv_alloc if self.pool is not None else None,  # None: no slot pool (sliding-window target)
@@ -139,11 +175,15 @@ class Runtime:
             "chunked_prefill_size": spec.chunked_prefill_size,
             "speculative_algorithm": algo,
             "speculative_draft_model_path": (relative_to_project(cfg.speculative_draft_model_path)
-                                             if self.drafter else None),
+                                             if self.drafter or self.dflash else None),
             "speculative_num_draft_tokens": spec.num_draft_tokens if self.speculative else None,
-            "speculative_num_steps": spec.num_draft_tokens - 1 if spec.algorithm == "STANDALONE" else None,
-            "speculative_eagle_topk": 1 if spec.algorithm == "STANDALONE" else None,
-            "speculative_draft_window_size": None,  # no cap: the drafter's full layers see the whole context
+            # DFLASH: SGLang forces one step and topk 1 (speculative_hook._handle_dflash)
+            "speculative_num_steps": (spec.num_draft_tokens - 1 if spec.algorithm == "STANDALONE"
+                                      else 1 if spec.algorithm == "DFLASH" else None),
+            "speculative_eagle_topk": 1 if spec.algorithm in ("STANDALONE", "DFLASH") else None,
+            "speculative_dflash_block_size": spec.num_draft_tokens if spec.algorithm == "DFLASH" else None,
+            # STANDALONE: no cap, the drafter's full layers see the whole context; DFLASH: as started
+            "speculative_draft_window_size": spec.draft_window_size if spec.algorithm == "DFLASH" else None,
             "speculative_ngram_min_match_window_size": spec.ngram_min_match_window_size,
             "speculative_ngram_max_match_window_size": spec.ngram_max_match_window_size,
             "stream_interval": cfg.stream_interval,
@@ -156,7 +196,9 @@ class Runtime:
 
     def server_info(self) -> dict[str, Any]:
         args = self.server_args()
-        weight_gb = (_weight_bytes(self.target) + (_weight_bytes(self.drafter) if self.drafter else 0)) / 1e9
+        draft_bytes = (_weight_bytes(self.drafter) if self.drafter else
+                       sum(t.numel() * t.element_size() for t in self.dflash.w.values()) if self.dflash else 0)
+        weight_gb = (_weight_bytes(self.target) + draft_bytes) / 1e9
         pool = self.pool
         state = {
             **args,
@@ -182,7 +224,8 @@ class Runtime:
             "engine": "specdiag.localserver (transformers, one request at a time)",
             "torch_version": torch.__version__,
             "model_config": _config_summary(self.target.config),
-            "speculative_draft_model_config": _config_summary(self.drafter.config) if self.drafter else None,
+            "speculative_draft_model_config": (_config_summary(self.drafter.config) if self.drafter
+                                               else _dflash_summary(self.dflash) if self.dflash else None),
             "internal_states": [state],
             "frontend": "python",
         }

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-__all__ = ["ServerSettings", "VLLM_METHODS", "settings_from_sglang", "speculation_state"]
+__all__ = ["ServerSettings", "VLLM_METHODS", "settings_from_sglang", "speculation_state", "target_layer_ids_of"]
 
 #: vLLM ``--speculative-config`` methods and the suite's (SGLang's) algorithm names.
 VLLM_METHODS: dict[str, str] = {
@@ -51,6 +51,9 @@ class ServerSettings:
     draft_steps: int | None = None  # draft tokens proposed per verify step
     draft_model: str | None = None  # the drafter's path, when a model drafts
     draft_window: int | None = None  # tokens of context the drafter sees (SGLang's draft window); None: no cap
+    block_size: int | None = None  # DFLASH: tokens per drafted block, the last committed token included
+    target_layer_ids: tuple[int, ...] | None = None  # DFLASH: target layers whose hidden states the drafter reads
+    draft_attention_backend: str | None = None  # the drafter's attention kernels, when the server names them
     attention_backend: str | None = None
     page_size: int | None = None  # KV page (SGLang) or block (vLLM) size, tokens
     kv_cache_dtype: str | None = None
@@ -103,6 +106,9 @@ class ServerSettings:
             "speculative_algorithm": self.algorithm, "speculative_num_draft_tokens": self.tokens_per_step,
             "speculative_num_steps": self.draft_steps, "speculative_draft_model_path": self.draft_model,
             "speculative_draft_window_size": self.draft_window, "attention_backend": self.attention_backend,
+            "speculative_dflash_block_size": self.block_size,
+            "dflash_target_layer_ids": list(self.target_layer_ids) if self.target_layer_ids else None,
+            "speculative_draft_attention_backend": self.draft_attention_backend,
             "page_size": self.page_size, "kv_cache_dtype": self.kv_cache_dtype, "dtype": self.dtype,
             "tp_size": self.tp_size, "device": self.device, "cache_reset": self.cache_reset,
             "per_request_spec": self.per_request_spec, "settings_sources": dict(self.sources),
@@ -134,6 +140,51 @@ def _state(info: Mapping[str, Any]) -> Mapping[str, Any]:
     return states[0] if isinstance(states, list) and states and isinstance(states[0], Mapping) else {}
 
 
+def _target_layer_ids(drafter_config: Any) -> tuple[int, ...] | None:
+    dcfg = drafter_config.get("dflash_config") if isinstance(drafter_config, Mapping) else None
+    ids = dcfg.get("target_layer_ids") if isinstance(dcfg, Mapping) else None
+    return tuple(int(i) for i in ids) if isinstance(ids, (list, tuple)) and ids else None
+
+
+def target_layer_ids_of(drafter_config: Any) -> tuple[int, ...] | None:
+    """``dflash_config.target_layer_ids`` of a drafter config mapping (None when it has none)."""
+    return _target_layer_ids(drafter_config)
+
+
+def _sglang_dflash(get: Any, dflash: bool, n_draft: int | None) -> dict[str, Any]:
+    """DFLASH's block, target layers and drafter backend as SGLang's /server_info states them: the block is
+    ``speculative_dflash_block_size``, else ``speculative_num_draft_tokens`` (SGLang sets it to the block,
+    speculative_hook._handle_dflash); the target layers only where the server carries the drafter's config (the
+    embedded server's ``speculative_draft_model_config``; SGLang's /server_info does not)."""
+    if not dflash:
+        return {"draft_attention_backend": get("speculative_draft_attention_backend")}
+    return {"block_size": _int(get("speculative_dflash_block_size")) or n_draft,
+            "target_layer_ids": _target_layer_ids(get("speculative_draft_model_config")),
+            "draft_attention_backend": get("speculative_draft_attention_backend")}
+
+
+def _sglang_dflash_sources(values: Mapping[str, Any], get: Any, dflash: bool) -> dict[str, str]:
+    out: dict[str, str] = {}
+    if not dflash:
+        out["block_size"] = out["target_layer_ids"] = "not applicable: the server does not run DFLASH"
+    else:
+        if get("speculative_dflash_block_size") is None and values.get("block_size") is not None:
+            out["block_size"] = ("computed: speculative_num_draft_tokens, which SGLang sets to the DFLASH block "
+                                 "(speculative_dflash_block_size is null)")
+        if values.get("target_layer_ids") is not None:
+            out["target_layer_ids"] = "/server_info speculative_draft_model_config.dflash_config"
+        else:
+            out["target_layer_ids"] = ("not stated: SGLang's /server_info does not carry the drafter's config.json "
+                                       "(its dflash_config.target_layer_ids is in the drafter folder)")
+        if values.get("draft_window") is None:
+            out["draft_window"] = ("/server_info: speculative_draft_window_size is null (no window: the drafter "
+                                   "keeps the whole context)")
+    if values.get("draft_attention_backend") is None and values.get("speculating"):
+        out["draft_attention_backend"] = ("not stated: /server_info has speculative_draft_attention_backend null "
+                                          "(SGLang then picks the drafter's backend from the target's at start-up)")
+    return out
+
+
 def settings_from_sglang(server_info: Mapping[str, Any]) -> ServerSettings:
     """ServerSettings from SGLang's (or the embedded server's) /server_info; every field server-reported."""
     info = dict(server_info)
@@ -160,7 +211,9 @@ def settings_from_sglang(server_info: Mapping[str, Any]) -> ServerSettings:
         page_size=_int(get("page_size")), kv_cache_dtype=get("kv_cache_dtype"), dtype=get("dtype"),
         tp_size=_int(get("tp_size")), device=get("device"), cache_reset=True, per_request_spec=True,
     )
+    values.update(_sglang_dflash(get, on and str(algo).upper() == "DFLASH", n_draft))
     sources = {k: "/server_info" for k, v in values.items() if v is not None and k != "engine"}
+    sources.update(_sglang_dflash_sources(values, get, on and str(algo).upper() == "DFLASH"))
     sources["cache_reset"] = "SGLang API (POST /flush_cache)"
     sources["per_request_spec"] = "SGLang API (meta_info spec_verify_ct)"
     if on and steps is None and n_draft:

@@ -31,7 +31,7 @@ import requests
 
 from specdiag.serving.errors import ServerError, ServerHTTPError, ServerUnreachable, StreamError
 from specdiag.serving.http import HTTPClient
-from specdiag.serving.settings import VLLM_METHODS, ServerSettings
+from specdiag.serving.settings import VLLM_METHODS, ServerSettings, target_layer_ids_of
 from specdiag.serving.trace import RequestTrace
 from specdiag.serving.traffic import COUNTER_SPEC_SOURCE
 from specdiag.serving.vllm_stream import (
@@ -168,6 +168,7 @@ class VLLMClient(HTTPClient):
         if values.get("attention_backend") is None:
             sources["attention_backend"] = ("not exposed: vLLM picks its attention backend at start-up and reports "
                                             "none (dev mode's attention_config.backend is null unless set by flag)")
+        self._dflash(values, sources, spec_cfg)
         sources["draft_window"] = "vLLM has no draft window: the drafter sees the whole context"
         sources["per_request_spec"] = ("known per request: metrics.speculative_decoding arrives on the usage chunk "
                                        "only when the server runs with --per-request-spec-decode-metrics")
@@ -253,6 +254,36 @@ class VLLMClient(HTTPClient):
             sources["draft_steps"] = sources["tokens_per_step"] = (
                 "not seen: no dev mode, no per-position counter on /metrics, no per-request metrics "
                 "(--per-request-spec-decode-metrics); pass speculative_config={'num_speculative_tokens': k}")
+
+    @staticmethod
+    def _dflash(values: dict[str, Any], sources: dict[str, str], spec_cfg: Mapping[str, Any] | None) -> None:
+        """DFLASH's block, target layers and drafter backend as vLLM states them: the block is k + 1 (the bonus
+        query and k mask queries, vllm/config/speculative.py ``max_num_new_slots_for_drafting``); the drafter's
+        attention backend is dev mode's ``speculative_config.attention_backend`` (null: vLLM picks one at
+        start-up and does not say which); the target layers where dev mode's draft model config carries them."""
+        if values.get("speculative_method") != "dflash":
+            sources["block_size"] = sources["target_layer_ids"] = "not applicable: the server does not run dflash"
+            return
+        if values.get("tokens_per_step"):
+            values["block_size"] = values["tokens_per_step"]
+            sources["block_size"] = ("computed (num_speculative_tokens + 1: vLLM's dflash block is the bonus query "
+                                     "and k mask queries)")
+        cfg = spec_cfg or {}
+        backend = cfg.get("attention_backend")
+        if backend:
+            values["draft_attention_backend"], sources["draft_attention_backend"] = backend, "/server_info (dev mode)"
+        else:
+            sources["draft_attention_backend"] = ("not exposed: speculative_config.attention_backend is null "
+                                                  "(vLLM picks the drafter's backend at start-up and reports none)"
+                                                  if spec_cfg else "not exposed: no dev mode /server_info")
+        draft_cfg = cfg.get("draft_model_config") if isinstance(cfg.get("draft_model_config"), Mapping) else {}
+        ids = next((target_layer_ids_of(c) for c in (draft_cfg.get("hf_config"), draft_cfg.get("hf_overrides"),
+                                                      draft_cfg.get("hf_text_config")) if target_layer_ids_of(c)), None)
+        if ids:
+            values["target_layer_ids"], sources["target_layer_ids"] = ids, "/server_info (dev mode) draft model config"
+        else:
+            sources["target_layer_ids"] = ("not exposed: vLLM's /server_info does not carry the drafter's "
+                                           "config.json (its dflash_config.target_layer_ids is in the drafter folder)")
 
     def probe_speculation(self) -> None:
         """One short greedy request (32 prompt tokens, 16 new) to learn whether the server speculates and its k,

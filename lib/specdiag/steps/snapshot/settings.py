@@ -26,6 +26,7 @@ SERVER_FIELDS: tuple[tuple[str, str], ...] = (
     ("speculative_num_steps", "draft steps"),
     ("speculative_eagle_topk", "draft tree top-k"),
     ("speculative_draft_window_size", "draft window, tokens"),
+    ("speculative_dflash_block_size", "DFLASH block size, tokens"),
     ("attention_backend", "attention backend"),
     ("decode_attention_backend", "decode attention backend"),
     ("prefill_attention_backend", "prefill attention backend"),
@@ -79,7 +80,9 @@ def server_settings(server_info: Mapping[str, Any]) -> list[dict[str, Any]]:
 _SETTINGS_FIELD = {"model_path": "model", "speculative_algorithm": "algorithm", "speculative_method": "speculative_method",
                    "speculative_decoding": "speculating",
                    "speculative_num_draft_tokens": "tokens_per_step", "speculative_num_steps": "draft_steps",
-                   "speculative_draft_model_path": "draft_model", "speculative_draft_window_size": "draft_window"}
+                   "speculative_draft_model_path": "draft_model", "speculative_draft_window_size": "draft_window",
+                   "speculative_dflash_block_size": "block_size", "dflash_target_layer_ids": "target_layer_ids",
+                   "speculative_draft_attention_backend": "draft_attention_backend"}
 
 
 def _source_of(info: Mapping[str, Any], key: str) -> str:
@@ -99,10 +102,48 @@ def _source_of(info: Mapping[str, Any], key: str) -> str:
 
 
 def not_reported(settings: Any) -> list[str]:
-    """The typed settings (``ServerSettings``) the server did not report: shown as such, never guessed."""
+    """The typed settings (``ServerSettings``) the server did not report: shown as such, never guessed (settings
+    that do not apply to the server's algorithm, such as a DFLASH block on an NGRAM server, are left out)."""
     if settings is None:
         return []
-    return [f"{r['setting']} ({r['source']})" for r in settings.rows() if r["value"] is None]
+    return [f"{r['setting']} ({r['source']})" for r in settings.rows()
+            if r["value"] is None and not str(r["source"]).startswith("not applicable")]
+
+
+#: DFLASH's settings 00 shows: (label, ServerSettings field, run.json server key)
+DFLASH_FIELDS: tuple[tuple[str, str, str], ...] = (
+    ("block size, tokens (the last committed token + drafts)", "block_size", "speculative_dflash_block_size"),
+    ("draft window, tokens", "draft_window", "speculative_draft_window_size"),
+    ("target layer ids (the drafter's context)", "target_layer_ids", "dflash_target_layer_ids"),
+    ("drafter attention backend", "draft_attention_backend", "speculative_draft_attention_backend"),
+)
+
+
+def dflash_rows(settings: Any, server_info: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Rows ``{setting, value, source}`` of DFLASH's block size, draft window, target layer ids and drafter
+    attention backend as the server states them, a value it does not state shown empty with why ([] unless the
+    server runs DFLASH). ``settings``: the live ServerSettings; None when replaying: run.json's flat ``server``
+    then gives the values and its ``settings_sources`` the sources."""
+    if str(server_info.get("speculative_algorithm") or "").upper() != "DFLASH":
+        return []
+    if settings is not None:
+        return [{"setting": label, "value": _shown(getattr(settings, name)), "source": settings.source(name)}
+                for label, name, _ in DFLASH_FIELDS]
+    rows = []
+    state = _first_state(server_info)
+    for label, _, key in DFLASH_FIELDS:
+        value = server_info.get(key, state.get(key))
+        if key == "dflash_target_layer_ids" and value is None:
+            drafter = server_info.get("speculative_draft_model_config") or {}
+            value = (drafter.get("dflash_config") or {}).get("target_layer_ids") if isinstance(drafter, Mapping) \
+                else None
+        rows.append({"setting": label, "value": _shown(value),
+                     "source": _source_of(server_info, key) if value is not None else "not stated in the record"})
+    return rows
+
+
+def _shown(value: Any) -> Any:
+    return ", ".join(map(str, value)) if isinstance(value, (list, tuple)) else value
 
 
 def model_settings(model_info: Mapping[str, Any]) -> list[dict[str, Any]]:
