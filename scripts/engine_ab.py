@@ -133,6 +133,27 @@ def spec_args(arm: str, args: argparse.Namespace) -> tuple[str, int | None, str 
     return args.algorithm, args.draft_tokens, None, ()
 
 
+#: NVLink multicast stays off on shared multi-GPU hosts (NCCL_NVLS_ENABLE=0 and friends): SGLang 0.5.17 then hangs at
+#: TP > 1 in FlashInfer's all-reduce fusion and its custom all-reduce (both set up symmetric memory), seen on two H200s
+PARALLEL_FLAGS = ("--disable-custom-all-reduce", "--enforce-disable-flashinfer-allreduce-fusion")
+
+
+def parallel_args(args: argparse.Namespace) -> tuple[str, ...]:
+    """The flags of a server over several GPUs: expert parallelism (``--ep-size``, EPLB) and, at TP or EP above 1,
+    NCCL's all-reduce in place of the two that need NVLink multicast."""
+    tp, ep = int(getattr(args, "tp_size", 1) or 1), int(getattr(args, "ep_size", 1) or 1)
+    if ep > tp:
+        raise SystemExit(f"--ep-size {ep} exceeds --tp-size {tp}: SGLang 0.5.17 places experts over the TP ranks")
+    flags: tuple[str, ...] = ()
+    if ep > 1:
+        flags += ("--ep-size", str(ep))
+        if getattr(args, "enable_eplb", False):
+            flags += ("--enable-eplb",)
+    if tp > 1 or ep > 1:
+        flags += PARALLEL_FLAGS
+    return flags
+
+
 def make_server(arm: str, args: argparse.Namespace, work: Path, mem_fraction: float | None = None):
     from specdiag.launchers import ManagedServer  # noqa: PLC0415
 
@@ -152,8 +173,9 @@ def make_server(arm: str, args: argparse.Namespace, work: Path, mem_fraction: fl
                           draft_model_path=drafter,
                           attention_backend=spec["backend"], context_length=args.context_length,
                           mem_fraction_static=mem_fraction or args.mem_fraction,
+                          tp_size=int(getattr(args, "tp_size", 1) or 1),
                           extra_args=("--log-level", "info", "--max-total-tokens", str(args.max_total_tokens),
-                                      *spec_extra, *spec["extra"]),
+                                      *spec_extra, *parallel_args(args), *spec["extra"]),
                           env=arm_env(arm, args, work), python=sys.executable)
     return sglang_server(launch, log_path=log_path, startup_timeout_s=args.startup_s, stop_grace_s=8, progress=False,
                          check=False)
@@ -189,6 +211,9 @@ def main(argv: list[str] | None = None) -> int:
                                                                 "(--speculative-draft-window-size; 0: none)")
     ap.add_argument("--simulate-acc-len", type=float, default=0.0,
                     help="SGLANG_SIMULATE_ACC_LEN on the speculating arms (0: unset, the drafter's own acceptance)")
+    ap.add_argument("--tp-size", type=int, default=1, help="tensor-parallel GPUs per server (the investigation: 8)")
+    ap.add_argument("--ep-size", type=int, default=1, help="expert-parallel ranks of an MoE model (at most --tp-size)")
+    ap.add_argument("--enable-eplb", action="store_true", help="SGLang's expert-parallel load balancer (with --ep-size)")
     ap.add_argument("--context-length", type=int, default=200000)
     ap.add_argument("--max-total-tokens", type=int, default=260000)
     ap.add_argument("--mem-fraction", type=float, default=0.16)

@@ -68,3 +68,18 @@ def test_check_summary_counts_causal_block_calls_and_the_largest_error() -> None
     got = mod.check_summary(stats)
     assert got["calls"] == 3 and got["causal_block_calls"] == 2 and got["max_rel_err"] == 4e-3
     assert got["median_rel_err"] == 2e-3 and got["all_finite"] is False and got["prefix_tokens_max"] == 20000
+
+
+def test_a_server_over_several_gpus_gets_tp_ep_and_nccls_all_reduce() -> None:
+    """TP 8 (the investigation's shape) and EP 8 reach SGLang's flags, with the two all-reduces that need NVLink
+    multicast turned off; one GPU gets none of them; EP above TP is refused before anything starts."""
+    import argparse
+
+    mod = _script()
+    one = argparse.Namespace(tp_size=1, ep_size=1, enable_eplb=False)
+    assert mod.parallel_args(one) == ()
+    tp8 = argparse.Namespace(tp_size=8, ep_size=8, enable_eplb=True)
+    flags = mod.parallel_args(tp8)
+    assert flags[:3] == ("--ep-size", "8", "--enable-eplb") and set(mod.PARALLEL_FLAGS) <= set(flags)
+    with pytest.raises(SystemExit, match="exceeds --tp-size"):
+        mod.parallel_args(argparse.Namespace(tp_size=2, ep_size=8, enable_eplb=False))

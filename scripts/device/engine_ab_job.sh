@@ -6,6 +6,7 @@
 #
 #   OUT=/path [LAYERS=61] [BUDGET=540] [ARMS=flashinfer,triton] [CONTEXTS=1024,...,185000] \
 #     [ARM_CONTEXTS='triton=1024:65536:131072'] bash scripts/device/engine_ab_job.sh
+#   # the whole attention (64 heads) over 8 GPUs: HEADS=64 TP=8; an MoE at EP 8: EP=8 (with TP=8)
 #   # DFLASH: a random drafter of DRAFTER_SHAPE (data/models/make_dflash_drafter.py) for the same model
 #   OUT=/path ALGORITHM=DFLASH [DRAFTER_SHAPE=kimi-k2.6-tp8] [BLOCK=8] [WINDOW=2048] [SIM_ACC=4] \
 #     ARMS=triton,triton_plugin bash scripts/device/engine_ab_job.sh
@@ -29,6 +30,9 @@ BLOCK=${BLOCK:-8}
 WINDOW=${WINDOW:-2048}
 SIM_ACC=${SIM_ACC:-0}
 REPEATS=${REPEATS:-5}
+HEADS=${HEADS:-8}   # query heads of the model: 8 is one TP8 rank of Kimi K2.6's 64; 64 with TP=8 is the whole model
+TP=${TP:-1}
+EP=${EP:-1}
 t0=$(date +%s)
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 # shellcheck source=scripts/device/sglang_site.sh
@@ -38,9 +42,11 @@ stage_sglang_site "$SITE" "$log" engine-ab || exit $?
 install_plugin /tmp/plugin "$log" engine-ab
 write_sglang_env "$SITE" "$OUT/env.txt"
 [ -f "/tmp/mla$LAYERS/config.json" ] || python3 data/models/make_mla_model.py --out "/tmp/mla$LAYERS" --layers "$LAYERS" \
-  --seed 0 >> "$log" 2>&1 || { echo "[engine-ab] model failed" | tee -a "$log"; exit 5; }
+  --heads "$HEADS" --seed 0 >> "$log" 2>&1 || { echo "[engine-ab] model failed" | tee -a "$log"; exit 5; }
+grep -q "\"num_attention_heads\": $HEADS," "/tmp/mla$LAYERS/config.json" \
+  || { echo "[engine-ab] /tmp/mla$LAYERS has other heads than HEADS=$HEADS: remove it first" | tee -a "$log"; exit 5; }
 echo "[engine-ab] model /tmp/mla$LAYERS after $(( $(date +%s) - t0 )) s: $(du -sh /tmp/mla$LAYERS | cut -f1)" | tee -a "$log"
-spec=(--algorithm "$ALGORITHM")
+spec=(--algorithm "$ALGORITHM" --tp-size "$TP" --ep-size "$EP")
 if [ "$ALGORITHM" = DFLASH ]; then
   drafter=/tmp/dflash$LAYERS-$DRAFTER_SHAPE
   [ -f "$drafter/config.json" ] || python3 data/models/make_dflash_drafter.py --target "/tmp/mla$LAYERS" \
