@@ -262,3 +262,13 @@ def test_three_states_per_arm_say_whether_the_contiguous_allocator_buys_the_cost
     d = diagnose([{**dataclasses.asdict(x), "notebook": "10_kv_layout"}
                   for x in kla.findings(kla.costs(only), kla.kernel_prediction([]))])
     assert "The next fix: the contiguous KV allocator" in d.after and "plugin_contiguous" in d.after
+
+
+def test_every_state_and_repeat_decodes_its_own_prompt() -> None:
+    """A fragmented request re-decoding the fresh one's prompt let NGRAM recall its answer (commit 7.9 against 1.9 on
+    the H200): each state and repeat gets its own prompt seed, the same for every arm."""
+    from specdiag.steps.kv_layout.measure import STATES, prompt_seed
+
+    seeds = {prompt_seed(0, state, rep) for state in STATES for rep in range(5)}
+    assert len(seeds) == len(STATES) * 5
+    assert prompt_seed(0, "fresh", 2) == prompt_seed(0, "fresh", 2)

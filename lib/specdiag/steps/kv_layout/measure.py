@@ -195,6 +195,15 @@ def _row(arm: Arm, state: str, ctx: int, repeat: int, plan: LayoutPlan, done: An
     return row
 
 
+def prompt_seed(seed: int, state: str, repeat: int) -> int:
+    """The prompt of one request: distinct for every state and repeat, the same across arms and contexts' lengths.
+
+    A scattered request must not decode the prompt a fresh one decoded before it: SGLang's NGRAM keeps its n-gram
+    store across requests and recalls the earlier answer (on the H200 a repeated prompt committed 7.9 tokens per step
+    against 1.9), which would be read as a layout effect."""
+    return seed + repeat + 1_000 * STATES.index(state) if state in STATES else seed + repeat + 1_000 * len(STATES)
+
+
 def measure_arm(run: Any, arm: Arm, plan: LayoutPlan, progress: Callable[[str], None] = print) -> int:
     """Every state, context and repeat of ``plan`` on ``arm``, one row each appended to ``run``'s table (rows
     already there are kept and skipped: a re-run resumes). Returns the rows measured now."""
@@ -224,7 +233,7 @@ def measure_arm(run: Any, arm: Arm, plan: LayoutPlan, progress: Callable[[str], 
             if need > pool_tokens:
                 raise ValueError(f"{arm.name}: a {ctx}-token request needs about {need} slots; the pool holds "
                                  f"{pool_tokens}")
-            prompt = exact_prompt(client, ctx, plan.prompt_kind, plan.seed + rep)
+            prompt = exact_prompt(client, ctx, plan.prompt_kind, prompt_seed(plan.seed, state, rep))
             if state == "fresh":
                 t0 = time.time()
                 flushed = client.reset_cache()
