@@ -109,6 +109,7 @@ class Pair:
     algorithm: str          #: the speculating arm's algorithm (server-reported or configured)
     draft_tokens: int | None
     note: str = ""          #: why this twin, when more than one off arm shares the backend
+    forced_acceptance: float | None = None  #: SGLANG_SIMULATE_ACC_LEN in the arm's environment: commits are forced
 
 
 def pair_arms(arms_meta: Mapping[str, Any], arm_names: Sequence[str]) -> tuple[list[Pair], list[str]]:
@@ -124,7 +125,8 @@ def pair_arms(arms_meta: Mapping[str, Any], arm_names: Sequence[str]) -> tuple[l
             continue
         note = (f"{len(same)} speculation-off arms on {backend_of(r) or 'an unreported backend'} "
                 f"({', '.join(same)}): the first is the twin") if len(same) > 1 else ""
-        pairs.append(Pair(a, same[0], backend_of(r), algorithm_of(r), draft_tokens_of(r), note))
+        forced = _f((r.get("env") or {}).get("SGLANG_SIMULATE_ACC_LEN"))
+        pairs.append(Pair(a, same[0], backend_of(r), algorithm_of(r), draft_tokens_of(r), note, forced))
     return pairs, off
 
 
@@ -371,3 +373,49 @@ def best_draft_lengths(cells: Sequence[Cell], pairs: Sequence[Pair]) -> list[dic
                         "candidates": {f"{c.arm} ({by_arm[c.arm].draft_tokens})": c.on_tok_s for c in at},
                         "source": "measured"})
     return out
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """Everything 09 shows of the break-even, from one run (:func:`analyse`)."""
+
+    pairs: list[Pair]
+    off_arms: list[str]
+    cells: list[Cell]               #: measured, then computed per text kind
+    evens: list[BreakEven]
+    best_drafts: list[dict[str, Any]]
+    computed_note: str              #: why there is no computed line per text kind, or which arm it is of
+
+    def table(self) -> list[dict[str, Any]]:
+        """The cells as table rows (plain values, units in the keys)."""
+        return [{"arm": c.arm, "off_arm": c.off_arm, "kind": c.kind, "source": c.source,
+                 "context_tokens": c.context_tokens, "requests": f"{c.n_on} / {c.n_off}", "on_tok_s": c.on_tok_s,
+                 "off_tok_s": c.off_tok_s, "ratio_x": c.ratio, "interval_x": (f"{c.lo:.3g}-{c.hi:.3g}"
+                                                                              if c.lo is not None else None),
+                 "verdict": c.verdict} for c in self.cells]
+
+
+def analyse(rows: Sequence[Mapping[str, Any]], arms_meta: Mapping[str, Any], arm_names: Sequence[str],
+            probe_rows: Sequence[Mapping[str, Any]] = (), probe_server: Mapping[str, Any] | None = None) -> Analysis:
+    """The run's twins, cells (measured; computed per text kind where 04 probed a server that runs one paired arm's
+    algorithm and draft tokens), break-evens and best draft lengths (module doc)."""
+    pairs, off = pair_arms(arms_meta, arm_names)
+    cells = measured_cells(rows, pairs)
+    commits = probe_commits(probe_rows)
+    arm = probe_arm(pairs, probe_server or {}) if commits else None
+    if not commits:
+        note = "04's commit per text kind: not in this run (04_commit_probe did not run), no computed line"
+    elif arm is None:
+        srv = dict(probe_server or {})
+        note = (f"04's commits are of {srv.get('speculative_algorithm') or 'a server without speculation'} with "
+                f"{srv.get('speculative_num_draft_tokens')} tokens per verify step, which no paired arm runs: "
+                "no computed line per text kind")
+    else:
+        extra = computed_cells(rows, arm, commits)
+        cells += extra
+        kinds = sorted({c.kind for c in extra})
+        note = (f"per text kind ({', '.join(kinds)}): 04's commit per verify step x 1000 / {arm.arm}'s measured ms "
+                f"per verify step, against {arm.off_arm} (computed; 04's server runs {arm.algorithm} with "
+                f"{arm.draft_tokens} tokens per verify step, as {arm.arm} does)" if extra else
+                f"04 and 09 share no context: no computed line per text kind for {arm.arm}")
+    return Analysis(pairs, off, cells, break_evens(cells), best_draft_lengths(cells, pairs), note)
