@@ -147,3 +147,51 @@ def test_commits_of_the_probe_per_text_kind_are_computed() -> None:
     assert pred.source == novel.source == "computed"
     assert pred.on_tok_s == pytest.approx(600.0) and pred.ratio == pytest.approx(12.0) and pred.verdict == "pays"
     assert novel.ratio == pytest.approx(2.4)
+
+
+def _finding_dict(f, notebook: str = "09_engine_ab") -> dict:
+    return {"id": f.id, "title": f.title, "verdict": f.verdict, "severity": f.severity, "evidence": list(f.evidence),
+            "numbers": f.numbers, "source": f.source, "notebook": notebook}
+
+
+def test_the_finding_and_07s_recommendation_before_against_after() -> None:
+    from specdiag.steps.engine_ab import verdicts
+    from specdiag.steps.findings.diagnosis import NO_OFF_ARM, diagnose
+
+    meta = {"triton": _arm("NGRAM"), "triton_plugin": _arm("NGRAM"), "triton_nospec": _arm(None)}
+    ctxs = (1024, 16384, 131072)
+    rows = (sum((_rows("triton", c, [s] * 3, 2.0) for c, s in zip(ctxs, (10.0, 80.0, 900.0))), [])
+            + sum((_rows("triton_plugin", c, [s] * 3, 2.0) for c, s in zip(ctxs, (10.0, 11.0, 12.0))), [])
+            + sum((_rows("triton_nospec", c, [s] * 3) for c, s in zip(ctxs, (20.0, 21.0, 25.0))), []))
+    res = be.analyse(rows, meta, list(meta), [{"kind": "predictable", "context_tokens": 1024, "commit_length": 6.0}],
+                     {"speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": 8})
+    f = verdicts.break_even_finding(res.pairs, res.off_arms, res.evens, res.best_drafts, res.computed_note)
+    lines = {(x["arm"], x["source"]): x for x in f.numbers["lines"]}
+    assert lines[("triton", "measured")]["outcome"] == "crosses"
+    assert 1024 < lines[("triton", "measured")]["context_tokens"] < 16384
+    assert lines[("triton_plugin", "measured")]["outcome"] == "always pays"
+    assert lines[("triton", "computed")]["kind"] == "predictable"  # 04 probed NGRAM at 8: triton is the first such arm
+    fix = {"id": "engine_ab.decode_fix", "severity": "ok", "source": "computed", "notebook": "09_engine_ab",
+           "numbers": {"fix": "the plugin", "fix_speedup_x": 75.0, "stock_arm": "triton", "fixed_arm": "triton_plugin"}}
+    d = diagnose([_finding_dict(f), fix])
+    assert "speculation on below about" in d.recommend and "always pays on this server" in d.recommend
+    assert "before, triton stops paying at about" in d.recommend and "after, triton_plugin always pays" in d.recommend
+    assert "predictable text on triton" in d.recommend and d.paragraph.endswith(d.recommend)
+    # no off arm: 09 says so, and 07 ends with the fallback sentence
+    none = verdicts.break_even_finding([], [], [], [])
+    assert none.numbers["lines"] == [] and "no speculation-off arm" in none.verdict
+    assert diagnose([_finding_dict(none)]).recommend == NO_OFF_ARM
+    assert diagnose([]).recommend == NO_OFF_ARM
+
+
+def test_forced_acceptance_is_said_wherever_the_commit_is_used() -> None:
+    from specdiag.steps.engine_ab import verdicts
+    from specdiag.steps.findings.diagnosis import diagnose
+
+    meta = {"dflash": {**_arm("DFLASH"), "env": {"SGLANG_SIMULATE_ACC_LEN": "4.0"}}, "off": _arm(None)}
+    rows = _rows("dflash", 1024, [10.0] * 3, 4.0) + _rows("off", 1024, [20.0] * 3)
+    res = be.analyse(rows, meta, list(meta))
+    assert res.pairs[0].forced_acceptance == 4.0
+    f = verdicts.break_even_finding(res.pairs, res.off_arms, res.evens, res.best_drafts, res.computed_note)
+    assert any("forced to 4 by SGLANG_SIMULATE_ACC_LEN" in e for e in f.evidence)
+    assert "forced to 4 by SGLANG_SIMULATE_ACC_LEN" in diagnose([_finding_dict(f)]).recommend

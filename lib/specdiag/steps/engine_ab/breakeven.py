@@ -271,7 +271,7 @@ def break_even(cells: Sequence[Cell]) -> BreakEven:
     past = [c.context_tokens for c in use if at is not None and c.context_tokens > at and float(c.ratio) > 1.0]  # type: ignore[arg-type]
     lo_text = f"{tok(lo_tokens)}" if lo_tokens is not None else f"at or below {tok(ctxs[0])}"
     hi_text = f"{tok(hi_tokens)}" if hi_tokens is not None else f"beyond {tok(ctxs[-1])}"
-    text = (f"{who}: speculation stops paying at about {tok(at)} tokens (interval {lo_text} to {hi_text}, from the "
+    text = (f"{who}: speculation stops paying at about {tok(at)} tokens (interval from {lo_text} to {hi_text}, from the "
             f"requests' spread; measured {span})"
             + (f"; it pays again at {', '.join(tok(c) for c in past)}" if past else ""))
     return BreakEven(arm, off_arm, kind, source, "crosses", at, lo_tokens, hi_tokens, ctxs, tuple(past), text)

@@ -115,8 +115,10 @@ def tok_s_on_off(ax: Any, cells: Sequence[Any], evens: Sequence[Any], styles: di
         lo = b.lo_tokens if b.lo_tokens is not None else min(b.contexts)
         hi = b.hi_tokens if b.hi_tokens is not None else max(b.contexts)
         ax.axvspan(lo, hi, color=color, alpha=0.08, label=f"{b.arm}: break-even and its interval (computed)")
+    dotted = any(src == "computed" for _a, _k, src in _groups(cells))
     _finish(ax, sorted(set(contexts)), "decode tokens/s (median over requests, log)",
-            "Decode tokens/s, speculation on and off", source)
+            "Decode tokens/s, speculation on and off",
+            source + ("; dotted: computed from 04's commits x 09's steps" if dotted else ""))
 
 
 def _groups(cells: Sequence[Any]) -> dict[tuple[str, str, str], list[Any]]:

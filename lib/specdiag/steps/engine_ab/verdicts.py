@@ -225,7 +225,7 @@ def recommendation(b: be.BreakEven) -> str:
         lo = tok(b.lo_tokens) if b.lo_tokens is not None else f"at or below {tok(b.contexts[0])}"
         hi = tok(b.hi_tokens) if b.hi_tokens is not None else f"beyond {tok(b.contexts[-1])}"
         return (f"speculation on below about {tok(b.context_tokens)} tokens and off above it "
-                f"(interval {lo} to {hi})")
+                f"(interval from {lo} to {hi})")
     if b.outcome == "always pays":
         return f"speculation on: it always pays on this server ({span} measured)"
     if b.outcome == "never pays":
@@ -252,7 +252,7 @@ def break_even_finding(pairs: Sequence[be.Pair], off_arms: Sequence[str], evens:
     for b in evens:
         note = (f" (acceptance forced to {forced[b.arm]:g} by SGLANG_SIMULATE_ACC_LEN: not the drafter's own)"
                 if b.arm in forced else "")
-        lines.append(f"{b.text}{note}: {recommendation(b)}")
+        lines.append(f"{b.text}{note}")
     for d in best_drafts:
         lines.append(f"{d['algorithm']} at {tok(d['context_tokens'])}: {d['best_draft_tokens']} tokens per verify step "
                      f"pays best ({d['best_arm']}, {d['best_tok_s']:,.3g} tokens/s; "
@@ -262,7 +262,7 @@ def break_even_finding(pairs: Sequence[be.Pair], off_arms: Sequence[str], evens:
     measured = [b for b in evens if b.source == "measured"]
     head = measured[0] if measured else evens[0] if evens else None
     title = ("Where speculation stops paying: " + (f"{head.arm}, {recommendation(head)}" if head else "no line"))
-    sev = "warning" if any(b.outcome in ("crosses", "never pays") for b in measured) else "info"
+    sev = "warning" if any(b.outcome == "never pays" for b in measured) else "info"  # a crossing is a setting, not a fault
     return Finding(
         "engine_ab.break_even", title,
         " ".join(f"{b.text}." for b in measured) or "No measured line.", sev,  # type: ignore[arg-type]
@@ -287,8 +287,9 @@ def findings(dec: pd.DataFrame, pre: pd.DataFrame, own_floors: Mapping[str, Sequ
 
 
 def metrics(dec: pd.DataFrame, pre: pd.DataFrame, floors: pd.DataFrame, verdicts: pd.DataFrame, tt: pd.DataFrame,
-            lacking: Sequence[str], arms: Sequence[str]) -> dict[str, Any]:
-    """09's key numbers (tests and the index read them): per arm and context, units in the names."""
+            lacking: Sequence[str], arms: Sequence[str], break_even: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """09's key numbers (tests and the index read them): per arm and context, units in the names; ``break_even``:
+    the break-even finding's numbers (:func:`break_even_finding`)."""
     def by_arm(df: pd.DataFrame, col: str) -> dict[str, dict[str, Any]]:
         out: dict[str, dict[str, Any]] = {}
         for r in df.itertuples() if not df.empty else ():
@@ -306,6 +307,7 @@ def metrics(dec: pd.DataFrame, pre: pd.DataFrame, floors: pd.DataFrame, verdicts
         "bands": [{"band": r.band, "fastest": r.fastest, "by_x": r.by_x, "verdict": r.verdict}
                   for r in verdicts.itertuples()] if not verdicts.empty else [],
         "lacks": list(lacking),
+        "break_even": dict(break_even or {}),
     })
 
 
