@@ -12,7 +12,10 @@ pairing says so. An arm with no off arm on its backend has no twin: nothing is s
 **Tokens/s per request** (decode rows, the prompt served again): speculating, the committed tokens per verify step
 over the ms per verify step (``commit_length`` x 1000 / ``step_ms``: both from the request, the verify steps
 server-reported, the decode window measured); off, 1000 / ms per token (``step_ms``, measured). A cell (arm pair,
-context) needs :data:`MIN_REQUESTS` requests on each side, else it says "not enough requests".
+context) needs :data:`MIN_REQUESTS` requests on each side, else it says "not enough requests". Every decode request
+counts: on SGLang, NGRAM's later requests on the same prompt may draft from the arm's own earlier output of it
+(:mod:`.analysis`), which makes the speculating side optimistic there; the embedded engine's NGRAM looks up only the
+request's own tokens, so its repeats commit alike.
 
 **The ratio** speculating / off of the medians over requests, with a percentile bootstrap interval (requests of each
 side resampled independently, :data:`BOOT_RESAMPLES` resamples, seed 0, :data:`LEVEL`). Its verdict: "pays" (the
