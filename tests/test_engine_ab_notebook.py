@@ -47,6 +47,8 @@ def test_09_replays_the_61_layer_run(run_notebook, tmp_path) -> None:
     page = out.read_text()
     assert "start to ready (s)" in page and "one-time kernel compilation" in page and "paid back after" in page
     assert "x its floor" in page and "NVIDIA H200" in page and "recorded run" in page and ">nan<" not in page.lower()
+    # no speculation-off arm in that run: no break-even, and the page says so rather than inventing one
+    assert m["break_even"]["lines"] == [] and ids["engine_ab.break_even"]["title"].endswith("not measured here")
 
 
 def test_configured_arms_are_started_measured_and_stopped_one_after_another(tmp_path, monkeypatch,
@@ -111,6 +113,31 @@ def test_09_measures_two_embedded_arms_one_after_another(run_notebook, tmp_path)
     page = out.read_text()
     assert "2 arms measured: ngram, plain" in page
     assert "indistinguishable" in page  # 2 requests against 2: the rank test cannot tell them apart, and says so
+    (line,) = m["break_even"]["lines"]  # plain is ngram's speculation-off twin; 2 requests a side are not enough
+    assert (line["arm"], line["off_arm"], line["outcome"]) == ("ngram", "plain", "not enough requests")
+
+
+@pytest.mark.notebook
+@pytest.mark.slow  # two embedded servers started and measured at 3 requests a context (about 40 s on 2 cores)
+def test_09_states_the_break_even_on_embedded_arms_and_07_recommends(run_notebook, tmp_path) -> None:
+    """A speculating arm and its speculation-off twin on the embedded engine: per context the ratio of tokens/s with
+    its interval, a break-even line (whichever outcome these requests give, its numbers consistent), the plot, and
+    07's diagnosis ending with the recommendation from it."""
+    out = run_notebook("09_engine_ab", engine_configs="ngram=embedded:NGRAM:4,off=embedded:NONE",
+                       context_lengths=[128, 1024], repeats=3, max_new_tokens=8, memory_bandwidth_gb_s=20.0,
+                       matmul_tflops=1.0)
+    (line,) = _result(tmp_path)["metrics"]["break_even"]["lines"]
+    assert (line["arm"], line["off_arm"], line["source"]) == ("ngram", "off", "measured")
+    assert line["contexts"] == [128, 1024] and line["outcome"] in ("crosses", "always pays", "never pays", "tie")
+    assert (line["context_tokens"] is not None) == (line["outcome"] == "crosses")
+    page = out.read_text()
+    assert "Where speculation stops paying" in page and "95% interval (x, bootstrap)" in page
+    assert "image/png" in page and ">nan<" not in page.lower()
+    run_notebook("07_findings")
+    res = json.loads((tmp_path / "run" / "findings" / "07_findings.json").read_text())
+    diagnosis = next(f for f in res["findings"] if f["id"] == "findings.diagnosis")
+    assert diagnosis["verdict"].rstrip().endswith(line["recommendation"] + ".")
+    assert "on ngram (against off)" in diagnosis["verdict"]
 
 
 @pytest.mark.notebook

@@ -84,3 +84,46 @@ def ttft_vs_context(ax: Any, floors: pd.DataFrame, styles: dict[str, dict[str, A
         ax.plot(fl["context_tokens"], fl["floor_s"], color="k", linestyle="--", linewidth=1,
                 label="prefill floor (computed)")
     _finish(ax, ctx, "time to first token (s, log)", "Prefill: TTFT against its floor", source)
+
+
+def tok_s_on_off(ax: Any, cells: Sequence[Any], evens: Sequence[Any], styles: dict[str, dict[str, Any]],
+                 source: str = "measured") -> None:
+    """Decode tokens/s against context of each speculating arm (solid; dotted: a text kind computed from 04's
+    commits) and of its speculation-off twin (dashed, grey), medians over requests; a vertical line where the
+    measured line crosses (:mod:`.breakeven`), its interval shaded. ``cells``: :class:`.breakeven.Cell`s."""
+    contexts: list[int] = []
+    offs_drawn: set[str] = set()
+    for (arm, kind, src), group in _groups(cells).items():
+        g = sorted(group, key=lambda c: c.context_tokens)
+        st = styles.get(arm, {"color": "grey", "marker": "o"})
+        xs = [c.context_tokens for c in g]
+        computed = src == "computed"
+        ax.plot(xs, [c.on_tok_s for c in g], color=st["color"], marker=st["marker"], linewidth=1.2,
+                linestyle=":" if computed else "-", markerfacecolor="white" if computed else st["color"],
+                label=f"{arm}, {kind} ({src})" if computed else f"{arm} (speculation on)")
+        off = g[0].off_arm
+        if off not in offs_drawn and not computed:
+            ax.plot(xs, [c.off_tok_s for c in g], color="#444", marker="s", linewidth=1.2, linestyle="--",
+                    label=f"{off} (speculation off)")
+            offs_drawn.add(off)
+        contexts += xs
+    for b in evens:
+        if b.source != "measured" or b.outcome != "crosses":
+            continue
+        color = styles.get(b.arm, {"color": "grey"})["color"]
+        ax.axvline(b.context_tokens, color=color, linewidth=1, linestyle="-.")
+        lo = b.lo_tokens if b.lo_tokens is not None else min(b.contexts)
+        hi = b.hi_tokens if b.hi_tokens is not None else max(b.contexts)
+        ax.axvspan(lo, hi, color=color, alpha=0.08, label=f"{b.arm}: break-even and its interval (computed)")
+    dotted = any(src == "computed" for _a, _k, src in _groups(cells))
+    _finish(ax, sorted(set(contexts)), "decode tokens/s (median over requests, log)",
+            "Decode tokens/s, speculation on and off",
+            source + ("; dotted: computed from 04's commits x 09's steps" if dotted else ""))
+
+
+def _groups(cells: Sequence[Any]) -> dict[tuple[str, str, str], list[Any]]:
+    out: dict[tuple[str, str, str], list[Any]] = {}
+    for c in cells:
+        if c.on_tok_s is not None and c.off_tok_s is not None:
+            out.setdefault((c.arm, c.kind, c.source), []).append(c)
+    return out

@@ -11,6 +11,7 @@ import pandas as pd
 
 from specdiag.findings import Finding
 from specdiag.steps.bandwidth_analysis import prefill
+from specdiag.steps.engine_ab import breakeven as be
 from specdiag.steps.engine_ab.analysis import tok
 
 
@@ -217,6 +218,63 @@ def lacks_finding(lacking: Sequence[str]) -> Finding | None:
                    tuple(lacking), {"gaps": len(lacking)}, "measured")
 
 
+def recommendation(b: be.BreakEven) -> str:
+    """What to run, from one break-even line: speculation on below the context, off above it (or always / never)."""
+    span = f"{tok(b.contexts[0])}-{tok(b.contexts[-1])}" if b.contexts else ""
+    if b.outcome == "crosses":
+        lo = tok(b.lo_tokens) if b.lo_tokens is not None else f"at or below {tok(b.contexts[0])}"
+        hi = tok(b.hi_tokens) if b.hi_tokens is not None else f"beyond {tok(b.contexts[-1])}"
+        return (f"speculation on below about {tok(b.context_tokens)} tokens and off above it "
+                f"(interval from {lo} to {hi})")
+    if b.outcome == "always pays":
+        return f"speculation on: it always pays on this server ({span} measured)"
+    if b.outcome == "never pays":
+        return f"speculation off: it never pays on this server ({span} measured)"
+    if b.outcome == "tie":
+        return f"either: speculation ties with no speculation at every context measured ({span})"
+    return "not enough requests to say"
+
+
+def break_even_finding(pairs: Sequence[be.Pair], off_arms: Sequence[str], evens: Sequence[be.BreakEven],
+                       best_drafts: Sequence[Mapping[str, Any]], computed_note: str = "") -> Finding:
+    """Where speculation stops paying (:mod:`.breakeven`): one line per speculating arm with a speculation-off twin
+    (measured, novel prose) and per text kind of 04 (computed), the draft length that pays best where the run has
+    several; without an off arm, a finding that says so. ``numbers['lines']`` is what 07's recommendation reads."""
+    if not off_arms or not pairs:
+        why = ("the run has no speculation-off arm" if not off_arms else
+               f"no speculating arm shares a decode backend with the speculation-off arm(s) {', '.join(off_arms)}")
+        return Finding("engine_ab.break_even", "Where speculation stops paying: not measured here",
+                       f"{why[0].upper()}{why[1:]}, so the context where speculation stops paying is not measured "
+                       "(an off arm: embedded:NONE in engine_configs, or scripts/engine_ab.py's triton_nospec / "
+                       "flashinfer_nospec).", "info", (why,), {"lines": [], "off_arms": list(off_arms)}, "computed")
+    forced = {p.arm: p.forced_acceptance for p in pairs if p.forced_acceptance}
+    lines = []
+    for b in evens:
+        note = (f" (acceptance forced to {forced[b.arm]:g} by SGLANG_SIMULATE_ACC_LEN: not the drafter's own)"
+                if b.arm in forced else "")
+        lines.append(f"{b.text}{note}")
+    for d in best_drafts:
+        lines.append(f"{d['algorithm']} at {tok(d['context_tokens'])}: {d['best_draft_tokens']} tokens per verify step "
+                     f"pays best ({d['best_arm']}, {d['best_tok_s']:,.3g} tokens/s; "
+                     + ", ".join(f"{k}: {v:,.3g}" for k, v in d["candidates"].items()) + "; measured)")
+    if computed_note:
+        lines.append(computed_note)
+    measured = [b for b in evens if b.source == "measured"]
+    head = measured[0] if measured else evens[0] if evens else None
+    title = ("Where speculation stops paying: " + (f"{head.arm}, {recommendation(head)}" if head else "no line"))
+    sev = "warning" if any(b.outcome == "never pays" for b in measured) else "info"  # a crossing is a setting, not a fault
+    return Finding(
+        "engine_ab.break_even", title,
+        " ".join(f"{b.text}." for b in measured) or "No measured line.", sev,  # type: ignore[arg-type]
+        tuple(lines) + ("tokens/s per request: speculating, commit per verify step x 1000 / ms per verify step; off, "
+                        "1000 / ms per token (measured); ratio of the medians, 95% bootstrap interval over requests; "
+                        "the crossing interpolated on log-context (computed)",),
+        {"lines": [{**b.as_dict(), "recommendation": recommendation(b),
+                    "forced_acceptance": forced.get(b.arm)} for b in evens],
+         "pairs": {p.arm: p.off_arm for p in pairs}, "off_arms": list(off_arms),
+         "best_draft_tokens": [dict(d) for d in best_drafts]}, "computed")
+
+
 def findings(dec: pd.DataFrame, pre: pd.DataFrame, own_floors: Mapping[str, Sequence[prefill.PrefillFloor]],
              verdicts: pd.DataFrame, tt: pd.DataFrame, lacking: Sequence[str], arms_meta: Mapping[str, Any],
              stock_arm: str = "triton", plugin_arm: str = "triton_plugin") -> list[Finding]:
@@ -229,8 +287,9 @@ def findings(dec: pd.DataFrame, pre: pd.DataFrame, own_floors: Mapping[str, Sequ
 
 
 def metrics(dec: pd.DataFrame, pre: pd.DataFrame, floors: pd.DataFrame, verdicts: pd.DataFrame, tt: pd.DataFrame,
-            lacking: Sequence[str], arms: Sequence[str]) -> dict[str, Any]:
-    """09's key numbers (tests and the index read them): per arm and context, units in the names."""
+            lacking: Sequence[str], arms: Sequence[str], break_even: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """09's key numbers (tests and the index read them): per arm and context, units in the names; ``break_even``:
+    the break-even finding's numbers (:func:`break_even_finding`)."""
     def by_arm(df: pd.DataFrame, col: str) -> dict[str, dict[str, Any]]:
         out: dict[str, dict[str, Any]] = {}
         for r in df.itertuples() if not df.empty else ():
@@ -248,6 +307,7 @@ def metrics(dec: pd.DataFrame, pre: pd.DataFrame, floors: pd.DataFrame, verdicts
         "bands": [{"band": r.band, "fastest": r.fastest, "by_x": r.by_x, "verdict": r.verdict}
                   for r in verdicts.itertuples()] if not verdicts.empty else [],
         "lacks": list(lacking),
+        "break_even": dict(break_even or {}),
     })
 
 

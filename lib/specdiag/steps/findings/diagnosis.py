@@ -32,6 +32,11 @@ The parts, and the findings they read:
   verify step; ``engine_ab.prefill_fix``: the arm with the shortest TTFT against stock Triton's). Without one, the
   paragraph says no fix was measured here and names where one would be (from the cause, or 09 for prefill), as a
   pointer, not a result.
+- recommendation, last: 09's ``engine_ab.break_even`` (``numbers['lines']``: each speculating arm against its
+  speculation-off twin): speculation on below the break-even context and off above it, or that it always / never
+  pays on this server, per arm measured (novel prose) and per text kind where 04's commits made a computed line; and,
+  where a fix of this run (``numbers['stock_arm']`` / ``['fixed_arm']`` of a fix finding) has a line on both sides,
+  how it moves the line, before against after. Without a line: a sentence saying the run has no speculation-off arm.
 """
 
 from __future__ import annotations
@@ -59,10 +64,12 @@ class Diagnosis:
     based_on: tuple[str, ...] = ()               # "notebook: finding id" of every finding used
     prefill: str = ""                            # the prefill against its floor (the second collapse), or why not
     after: str = ""                              # the KV layout (10) and MoE at batch 1 (11), when they ran
+    recommend: str = ""                          # speculation on below the break-even context, off above (09)
 
     @property
     def paragraph(self) -> str:
-        return " ".join(s for s in (self.slow, self.floor, self.cause, self.prefill, self.fix, self.after) if s)
+        return " ".join(s for s in (self.slow, self.floor, self.cause, self.prefill, self.fix, self.after,
+                                    self.recommend) if s)
 
     def as_finding(self) -> Finding:
         return Finding("findings.diagnosis", "Diagnosis", self.paragraph, self.severity,  # type: ignore[arg-type]
@@ -418,6 +425,55 @@ def _moe(findings: Sequence[Mapping[str, Any]], used: list[Mapping[str, Any]], n
     return text + "."
 
 
+#: What 07 says when no line of 09 sets speculation against its speculation-off twin.
+NO_OFF_ARM = ("Where speculation stops paying is not measured in this run: it has no speculation-off arm beside a "
+              "speculating one (09_engine_ab with an arm such as off=embedded:NONE in engine_configs, or "
+              "scripts/engine_ab.py's triton_nospec and flashinfer_nospec arms on a GPU).")
+
+
+def _line_short(line: Mapping[str, Any]) -> str:
+    """A break-even line in a few words: 'stops paying at about 8.9k tokens', 'always pays', ..."""
+    out = str(line.get("outcome"))
+    if out == "crosses":
+        return f"stops paying at about {_tok(line['context_tokens'])}"
+    return {"tie": "ties with no speculation throughout"}.get(out, out)
+
+
+def _recommend(findings: Sequence[Mapping[str, Any]], used: list[Mapping[str, Any]], numbers: dict[str, Any]) -> str:
+    brk = _find(findings, "engine_ab.break_even")
+    lines = [dict(x) for x in ((brk or {}).get("numbers") or {}).get("lines") or []]
+    if brk is None or not lines:
+        return NO_OFF_ARM
+    used.append(brk)
+    where = f"({brk.get('source', 'computed')}, {brk.get('notebook', '09_engine_ab')})"
+    measured = [x for x in lines if x.get("source") == "measured"]
+    computed = [x for x in lines if x.get("source") == "computed"]
+    numbers.update(break_even={f"{x['arm']}:{x['kind']}:{x['source']}": x.get("context_tokens") for x in lines})
+
+    def forced(x: Mapping[str, Any]) -> str:
+        return (f" (acceptance forced to {float(x['forced_acceptance']):g} by SGLANG_SIMULATE_ACC_LEN)"
+                if x.get("forced_acceptance") else "")
+
+    parts = [f"on {x['arm']} (against {x['off_arm']}), {x['recommendation']}{forced(x)}" for x in measured]
+    text = ("Recommendation, from this run's requests on novel prose " + where + ": " + "; ".join(parts) + "."
+            if parts else "")
+    if computed:
+        text += (" By text kind, computed from 04's commit per verify step and 09's measured steps: "
+                 + "; ".join(f"{x['kind']} text on {x['arm']}, {x['recommendation']}" for x in computed) + ".")
+    by_arm = {x["arm"]: x for x in measured}
+    moves = []
+    for f in findings:
+        n = f.get("numbers") or {}
+        a, b = n.get("stock_arm"), n.get("fixed_arm")
+        if all(k in n for k in FIX_KEYS) and a in by_arm and b in by_arm and a != b:
+            moves.append(f"{n['fix']}: before, {a} {_line_short(by_arm[a])}; after, {b} {_line_short(by_arm[b])}")
+            if f not in used:
+                used.append(f)
+    if moves:
+        text += " How this run's fix moves the line: " + "; ".join(dict.fromkeys(moves)) + "."
+    return text.strip() or NO_OFF_ARM
+
+
 def diagnose(findings: Sequence[Mapping[str, Any]]) -> Diagnosis:
     """The diagnosis from this run's findings (``overview.collect_findings`` of this run's own results, each
     with its ``notebook``). Pure; see the module docstring for the findings each part reads."""
@@ -429,10 +485,11 @@ def diagnose(findings: Sequence[Mapping[str, Any]]) -> Diagnosis:
     prefill, collapsed = _prefill(findings, used, numbers)
     fix = _fix(findings, cause_id, used, numbers, collapsed)
     after = " ".join(x for x in (_kv_layout(findings, used, numbers), _moe(findings, used, numbers)) if x)
+    recommend = _recommend(findings, used, numbers)
     worst = min((f.get("severity", "info") for f in used), key=lambda s: SEVERITY_ORDER.get(s, 9), default="info")
     seen: list[str] = []
     for f in used:
         if _by(f) not in seen:
             seen.append(_by(f))
     return Diagnosis(slow, floor, cause, fix, worst, {k: v for k, v in numbers.items() if v is not None}, tuple(seen),
-                     prefill, after)
+                     prefill, after, recommend)

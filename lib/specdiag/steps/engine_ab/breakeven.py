@@ -1,0 +1,424 @@
+"""Where speculation stops paying: each speculating arm against its speculation-off twin, per context (pure).
+
+**Twins.** An arm is *off* when its server reports no speculative algorithm (``speculative_algorithm`` empty or
+"NONE" in run.json ``arms[arm].server``; an embedded arm's ``engine_config`` ``embedded:NONE`` says the same). A
+speculating arm's twin is the off arm whose server reports the same decode attention backend
+(``decode_attention_backend``, else ``attention_backend``): a speculation-off arm decodes on that backend's plain
+decode kernel, which is what the speculating arm would run with speculation turned off. ``triton_plugin`` and
+``triton`` both pair with ``triton_nospec`` (the plugin changes only the verify kernel), ``flashinfer`` with
+``flashinfer_nospec``. Where several off arms share a backend, the first in the run's arm order is the twin, and the
+pairing says so. An arm with no off arm on its backend has no twin: nothing is said about it.
+
+**Tokens/s per request** (decode rows, the prompt served again): speculating, the committed tokens per verify step
+over the ms per verify step (``commit_length`` x 1000 / ``step_ms``: both from the request, the verify steps
+server-reported, the decode window measured); off, 1000 / ms per token (``step_ms``, measured). A cell (arm pair,
+context) needs :data:`MIN_REQUESTS` requests on each side, else it says "not enough requests". Every decode request
+counts: on SGLang, NGRAM's later requests on the same prompt may draft from the arm's own earlier output of it
+(:mod:`.analysis`), which makes the speculating side optimistic there; the embedded engine's NGRAM looks up only the
+request's own tokens, so its repeats commit alike.
+
+**The ratio** speculating / off of the medians over requests, with a percentile bootstrap interval (requests of each
+side resampled independently, :data:`BOOT_RESAMPLES` resamples, seed 0, :data:`LEVEL`). Its verdict: "pays" (the
+interval above 1), "costs" (below 1), "tie" (it contains 1).
+
+**The break-even context** (:func:`break_even`): scanning the contexts that have enough requests upward, the first
+where the ratio is at or below 1 and the one before it, where it pays; the crossing interpolated on log-context
+(log ratio linear in log context between the two). Its interval: the same crossing of the interval's lower ends
+(the earliest the line can fall) and of its upper ends (the latest), open ("at or below" the shortest context,
+"beyond" the longest) where those do not cross inside the measured range. No crossing: "always pays" or "never pays"
+within the measured range; every cell a tie: "tie".
+
+**Per text kind, computed**: 04's commit per verify step on predictable and on novel text (``commit_probe`` rows, a
+pooled commit per context and kind) times 1000 over 09's measured ms per verify step of the arm whose algorithm and
+draft tokens 04's server ran, at the contexts both measured; the interval from 09's requests (04's commit taken as
+given). Labelled computed, beside 09's measured (novel prose) line.
+
+**Draft lengths**: where several speculating arms share an algorithm and backend at different draft tokens (NGRAM's
+``speculative_num_draft_tokens``, DFLASH's block size), which one has the highest measured tokens/s at each context.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from specdiag.plots import format_tokens
+
+MIN_REQUESTS = 3        #: requests on each side of a cell for a ratio
+BOOT_RESAMPLES = 2000   #: bootstrap resamples of each cell
+LEVEL = 0.95            #: the interval's coverage
+OFF_ALGORITHMS = ("", "NONE", "NULL")
+
+
+def _f(v: Any) -> float | None:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+def tok(n: Any) -> str:
+    return format_tokens(float(n))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Twins
+# ---------------------------------------------------------------------------------------------------------------------
+
+def algorithm_of(record: Mapping[str, Any]) -> str:
+    """An arm's speculative algorithm, upper case ("" when off): server-reported, else its ``engine_config``."""
+    srv = dict(record.get("server") or {})
+    algo = srv.get("speculative_algorithm")
+    if algo in (None, "") and record.get("engine_config"):
+        parts = str(record["engine_config"]).split(":")
+        algo = parts[1] if len(parts) > 1 else None
+    algo = str(algo or "").upper()
+    return "" if algo in OFF_ALGORITHMS else algo
+
+
+def backend_of(record: Mapping[str, Any]) -> str | None:
+    """The decode attention backend the arm's server reports (``decode_attention_backend``, else
+    ``attention_backend``); None when it reports neither."""
+    srv = dict(record.get("server") or {})
+    value = srv.get("decode_attention_backend") or srv.get("attention_backend")
+    return str(value) if value not in (None, "") else None
+
+
+def draft_tokens_of(record: Mapping[str, Any]) -> int | None:
+    """Tokens per verify step the arm's server reports (DFLASH's block size, else ``speculative_num_draft_tokens``)."""
+    srv = dict(record.get("server") or {})
+    for key in ("speculative_dflash_block_size", "speculative_num_draft_tokens"):
+        if _f(srv.get(key)) is not None:
+            return int(float(srv[key]))
+    if record.get("engine_config"):
+        parts = str(record["engine_config"]).split(":")
+        if len(parts) > 2 and parts[2].isdigit():
+            return int(parts[2])
+    return None
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A speculating arm and its speculation-off twin (module doc: the rule)."""
+
+    arm: str
+    off_arm: str
+    backend: str | None     #: the decode attention backend both report (server-reported)
+    algorithm: str          #: the speculating arm's algorithm (server-reported or configured)
+    draft_tokens: int | None
+    note: str = ""          #: why this twin, when more than one off arm shares the backend
+    forced_acceptance: float | None = None  #: SGLANG_SIMULATE_ACC_LEN in the arm's environment: commits are forced
+
+
+def pair_arms(arms_meta: Mapping[str, Any], arm_names: Sequence[str]) -> tuple[list[Pair], list[str]]:
+    """(pairs, off arms) of the run, in arm order (module doc). Arms without a record are left out."""
+    recs = {a: dict(arms_meta.get(a) or {}) for a in arm_names if arms_meta.get(a)}
+    off = [a for a, r in recs.items() if not algorithm_of(r)]
+    pairs = []
+    for a, r in recs.items():
+        if a in off:
+            continue
+        same = [o for o in off if backend_of(recs[o]) == backend_of(r)]
+        if not same:
+            continue
+        note = (f"{len(same)} speculation-off arms on {backend_of(r) or 'an unreported backend'} "
+                f"({', '.join(same)}): the first is the twin") if len(same) > 1 else ""
+        forced = _f((r.get("env") or {}).get("SGLANG_SIMULATE_ACC_LEN"))
+        pairs.append(Pair(a, same[0], backend_of(r), algorithm_of(r), draft_tokens_of(r), note, forced))
+    return pairs, off
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Cells
+# ---------------------------------------------------------------------------------------------------------------------
+
+def request_tok_s(row: Mapping[str, Any], speculating: bool) -> float | None:
+    """One decode request's tokens/s (module doc): speculating, ``commit_length`` x 1000 / ``step_ms``; off,
+    1000 / ``step_ms``. None when the row lacks them or failed."""
+    if row.get("error"):
+        return None
+    step = _f(row.get("step_ms"))
+    if step is None or step <= 0:
+        return None
+    if not speculating:
+        return 1000.0 / step
+    commit = _f(row.get("commit_length"))
+    return commit * 1000.0 / step if commit is not None else None
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One arm pair at one context: medians of each side's tokens/s over requests, their ratio and its interval."""
+
+    arm: str
+    off_arm: str
+    context_tokens: int
+    n_on: int
+    n_off: int
+    on_tok_s: float | None      #: median over requests (measured, or computed for a text kind)
+    off_tok_s: float | None     #: median over requests (measured)
+    ratio: float | None         #: on / off (computed)
+    lo: float | None            #: the interval's lower end (bootstrap, computed)
+    hi: float | None
+    verdict: str                #: "pays", "costs", "tie" or "not enough requests"
+    kind: str = "novel"         #: the text: 09's prompts are novel prose
+    source: str = "measured"    #: "measured" (09's requests) or "computed" (04's commit x 09's step)
+
+
+def _verdict(lo: float, hi: float) -> str:
+    return "pays" if lo > 1.0 else "costs" if hi < 1.0 else "tie"
+
+
+def ratio_cell(arm: str, off_arm: str, context_tokens: int, on: Sequence[float], off: Sequence[float],
+               commit: float | None = None, kind: str = "novel", seed: int = 0) -> Cell:
+    """The cell of one context (module doc). ``on``: the speculating arm's tokens/s per request, or, with ``commit``
+    (a commit per verify step from elsewhere), its ms per verify step per request, each turned into commit x 1000 /
+    ms (computed). ``off``: the off arm's tokens/s per request."""
+    on, off = [float(x) for x in on], [float(x) for x in off]
+    if commit is not None:
+        on = [commit * 1000.0 / x for x in on if x > 0]
+    source = "computed" if commit is not None else "measured"
+    med_on = statistics.median(on) if on else None
+    med_off = statistics.median(off) if off else None
+    if len(on) < MIN_REQUESTS or len(off) < MIN_REQUESTS or not med_off:
+        return Cell(arm, off_arm, int(context_tokens), len(on), len(off), med_on, med_off,
+                    (med_on / med_off) if med_on is not None and med_off else None, None, None,
+                    "not enough requests", kind, source)
+    rng = np.random.default_rng(seed)
+    a, b = np.asarray(on), np.asarray(off)
+    ra = np.median(a[rng.integers(0, len(a), (BOOT_RESAMPLES, len(a)))], axis=1)
+    rb = np.median(b[rng.integers(0, len(b), (BOOT_RESAMPLES, len(b)))], axis=1)
+    tail = (1.0 - LEVEL) / 2.0
+    lo, hi = (float(x) for x in np.quantile(ra / rb, [tail, 1.0 - tail]))
+    ratio = med_on / med_off  # type: ignore[operator]
+    return Cell(arm, off_arm, int(context_tokens), len(on), len(off), med_on, med_off, ratio, lo, hi,
+                _verdict(lo, hi), kind, source)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The break-even context
+# ---------------------------------------------------------------------------------------------------------------------
+
+def crossing(contexts: Sequence[float], ratios: Sequence[float]) -> tuple[str, float | None]:
+    """Where a ratio curve first falls to 1 or below, going up in context: ("crosses", the context interpolated on
+    log-context between the last context where it pays and the first where it does not), ("always pays", None) or
+    ("never pays", None: at or below 1 at the shortest context)."""
+    pts = sorted(zip(contexts, ratios))
+    for i, (c, r) in enumerate(pts):
+        if r <= 1.0:
+            if i == 0:
+                return "never pays", None
+            (c0, r0), (c1, r1) = pts[i - 1], (c, r)
+            if r1 <= 0:
+                return "crosses", float(c1)
+            frac = math.log(r0) / (math.log(r0) - math.log(r1))
+            return "crosses", math.exp(math.log(c0) + frac * (math.log(c1) - math.log(c0)))
+    return "always pays", None
+
+
+@dataclass(frozen=True)
+class BreakEven:
+    """One arm pair's (and text kind's) break-even context, its interval and the sentence a page shows."""
+
+    arm: str
+    off_arm: str
+    kind: str
+    source: str                        #: "measured" or "computed"
+    outcome: str                       #: "crosses", "always pays", "never pays", "tie", "not enough requests"
+    context_tokens: float | None       #: where speculation stops paying (interpolated, computed)
+    lo_tokens: float | None            #: the interval's lower end; None: at or below the shortest context
+    hi_tokens: float | None            #: its upper end; None: beyond the longest context
+    contexts: tuple[int, ...]          #: the contexts the line rests on (enough requests on both sides)
+    pays_again: tuple[int, ...] = ()   #: contexts past the crossing where it pays again
+    text: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def break_even(cells: Sequence[Cell]) -> BreakEven:
+    """The break-even of one arm pair and text kind from its cells (module doc)."""
+    first = cells[0] if cells else None
+    arm, off_arm = (first.arm, first.off_arm) if first else ("", "")
+    kind, source = (first.kind, first.source) if first else ("novel", "measured")
+    use = sorted((c for c in cells if c.verdict != "not enough requests"), key=lambda c: c.context_tokens)
+    ctxs = tuple(c.context_tokens for c in use)
+    who = f"{arm} against {off_arm}" + ("" if kind == "novel" and source == "measured" else f", {kind} text ({source})")
+    if not use:
+        short = sorted({c.context_tokens for c in cells})
+        return BreakEven(arm, off_arm, kind, source, "not enough requests", None, None, None, (), (),
+                         f"{who}: not enough requests (fewer than {MIN_REQUESTS} on a side at "
+                         f"{', '.join(tok(c) for c in short) or 'any context'}): no break-even")
+    ratios = [float(c.ratio) for c in use]  # type: ignore[arg-type]
+    span = f"{tok(ctxs[0])}-{tok(ctxs[-1])}" if len(ctxs) > 1 else tok(ctxs[0])
+    if all(c.verdict == "tie" for c in use):
+        return BreakEven(arm, off_arm, kind, source, "tie", None, None, None, ctxs, (),
+                         f"{who}: a tie at every measured context ({span}; ratio "
+                         f"{min(ratios):.3g}-{max(ratios):.3g}, each interval holding 1): neither pays")
+    outcome, at = crossing(ctxs, ratios)
+    if outcome != "crosses":
+        ties = [c.context_tokens for c in use if c.verdict == "tie"]
+        tie_text = f"; a tie at {', '.join(tok(c) for c in ties)}" if ties else ""
+        return BreakEven(arm, off_arm, kind, source, outcome, None, None, None, ctxs, (),
+                         f"{who}: {outcome} within the measured range ({span}; ratio "
+                         f"{min(ratios):.3g}-{max(ratios):.3g}{tie_text})")
+    lo_out, lo_at = crossing(ctxs, [float(c.lo) for c in use])  # type: ignore[arg-type]
+    hi_out, hi_at = crossing(ctxs, [float(c.hi) for c in use])  # type: ignore[arg-type]
+    lo_tokens = lo_at if lo_out == "crosses" else None
+    hi_tokens = hi_at if hi_out == "crosses" else None
+    past = [c.context_tokens for c in use if at is not None and c.context_tokens > at and float(c.ratio) > 1.0]  # type: ignore[arg-type]
+    lo_text = f"{tok(lo_tokens)}" if lo_tokens is not None else f"at or below {tok(ctxs[0])}"
+    hi_text = f"{tok(hi_tokens)}" if hi_tokens is not None else f"beyond {tok(ctxs[-1])}"
+    text = (f"{who}: speculation stops paying at about {tok(at)} tokens (interval from {lo_text} to {hi_text}, from the "
+            f"requests' spread; measured {span})"
+            + (f"; it pays again at {', '.join(tok(c) for c in past)}" if past else ""))
+    return BreakEven(arm, off_arm, kind, source, "crosses", at, lo_tokens, hi_tokens, ctxs, tuple(past), text)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# From a run's rows
+# ---------------------------------------------------------------------------------------------------------------------
+
+def _decode_rows(rows: Iterable[Mapping[str, Any]], arm: str) -> dict[int, list[Mapping[str, Any]]]:
+    out: dict[int, list[Mapping[str, Any]]] = {}
+    for r in rows:
+        if r.get("arm") == arm and r.get("phase") == "decode" and not r.get("error"):
+            out.setdefault(int(r["context_tokens"]), []).append(r)
+    return out
+
+
+def measured_cells(rows: Sequence[Mapping[str, Any]], pairs: Sequence[Pair]) -> list[Cell]:
+    """Every pair's cells at the contexts both arms decoded, from the ``engine_ab`` rows (measured)."""
+    out = []
+    for p in pairs:
+        on, off = _decode_rows(rows, p.arm), _decode_rows(rows, p.off_arm)
+        for ctx in sorted(set(on) & set(off)):
+            a = [x for r in on[ctx] if (x := request_tok_s(r, True)) is not None]
+            b = [x for r in off[ctx] if (x := request_tok_s(r, False)) is not None]
+            out.append(ratio_cell(p.arm, p.off_arm, ctx, a, b))
+    return out
+
+
+def probe_commits(probe_rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, int], float]:
+    """04's commit per verify step by (kind, context): pooled, (completion - 1) summed over verify steps summed (the
+    rows' mean commit where counts are missing); rows that failed or whose commit is unreliable left out."""
+    groups: dict[tuple[str, int], list[Mapping[str, Any]]] = {}
+    for r in probe_rows:
+        if r.get("error") or _f(r.get("commit_length")) is None or r.get("commit_length_reliable") is False:
+            continue
+        groups.setdefault((str(r.get("kind") or ""), int(r["context_tokens"])), []).append(r)
+    out = {}
+    for key, rs in groups.items():
+        if all(_f(r.get("completion_tokens")) and _f(r.get("verify_steps")) for r in rs):
+            out[key] = sum(float(r["completion_tokens"]) - 1 for r in rs) / sum(float(r["verify_steps"]) for r in rs)
+        else:
+            out[key] = statistics.mean(float(r["commit_length"]) for r in rs)
+    return out
+
+
+def probe_arm(pairs: Sequence[Pair], probe_server: Mapping[str, Any]) -> Pair | None:
+    """The paired arm whose algorithm and tokens per verify step are those of the server 04 probed (server-reported),
+    the first in order; None when none is."""
+    rec = {"server": dict(probe_server or {})}
+    algo, k = algorithm_of(rec), draft_tokens_of(rec)
+    return next((p for p in pairs if algo and p.algorithm == algo and p.draft_tokens == k), None)
+
+
+def computed_cells(rows: Sequence[Mapping[str, Any]], pair: Pair, commits: Mapping[tuple[str, int], float]
+                   ) -> list[Cell]:
+    """Per text kind 04 probed, the pair's cells at the contexts 04 and both arms measured: 04's commit x 1000 over
+    the speculating arm's ms per verify step per request (computed) against the off arm's tokens/s (measured)."""
+    on, off = _decode_rows(rows, pair.arm), _decode_rows(rows, pair.off_arm)
+    out = []
+    for (kind, ctx), commit in sorted(commits.items()):
+        if ctx not in on or ctx not in off:
+            continue
+        steps = [x for r in on[ctx] if (x := _f(r.get("step_ms"))) is not None and x > 0]
+        b = [x for r in off[ctx] if (x := request_tok_s(r, False)) is not None]
+        out.append(ratio_cell(pair.arm, pair.off_arm, ctx, steps, b, commit=commit, kind=kind))
+    return out
+
+
+def break_evens(cells: Sequence[Cell]) -> list[BreakEven]:
+    """One break-even per (arm, kind, source), in the cells' order."""
+    groups: dict[tuple[str, str, str], list[Cell]] = {}
+    for c in cells:
+        groups.setdefault((c.arm, c.kind, c.source), []).append(c)
+    return [break_even(g) for g in groups.values()]
+
+
+def best_draft_lengths(cells: Sequence[Cell], pairs: Sequence[Pair]) -> list[dict[str, Any]]:
+    """Where two or more paired arms share an algorithm and backend at different tokens per verify step: at each
+    context, the one with the highest measured tokens/s (median over requests), with every candidate's."""
+    by_arm = {p.arm: p for p in pairs}
+    families: dict[tuple[str, str | None], set[int]] = {}
+    for p in pairs:
+        if p.draft_tokens is not None:
+            families.setdefault((p.algorithm, p.backend), set()).add(p.draft_tokens)
+    out = []
+    for (algo, backend), ks in families.items():
+        if len(ks) < 2:
+            continue
+        members = [c for c in cells if c.source == "measured" and c.arm in by_arm
+                   and (by_arm[c.arm].algorithm, by_arm[c.arm].backend) == (algo, backend) and c.on_tok_s is not None]
+        for ctx in sorted({c.context_tokens for c in members}):
+            at = [c for c in members if c.context_tokens == ctx]
+            if len(at) < 2:
+                continue
+            best = max(at, key=lambda c: float(c.on_tok_s))  # type: ignore[arg-type]
+            out.append({"algorithm": algo, "backend": backend, "context_tokens": ctx, "best_arm": best.arm,
+                        "best_draft_tokens": by_arm[best.arm].draft_tokens, "best_tok_s": best.on_tok_s,
+                        "candidates": {f"{c.arm} ({by_arm[c.arm].draft_tokens})": c.on_tok_s for c in at},
+                        "source": "measured"})
+    return out
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """Everything 09 shows of the break-even, from one run (:func:`analyse`)."""
+
+    pairs: list[Pair]
+    off_arms: list[str]
+    cells: list[Cell]               #: measured, then computed per text kind
+    evens: list[BreakEven]
+    best_drafts: list[dict[str, Any]]
+    computed_note: str              #: why there is no computed line per text kind, or which arm it is of
+
+    def table(self) -> list[dict[str, Any]]:
+        """The cells as table rows (plain values, units in the keys)."""
+        return [{"arm": c.arm, "off_arm": c.off_arm, "kind": c.kind, "source": c.source,
+                 "context_tokens": c.context_tokens, "requests": f"{c.n_on} / {c.n_off}", "on_tok_s": c.on_tok_s,
+                 "off_tok_s": c.off_tok_s, "ratio_x": c.ratio, "interval_x": (f"{c.lo:.3g}-{c.hi:.3g}"
+                                                                              if c.lo is not None else None),
+                 "verdict": c.verdict} for c in self.cells]
+
+
+def analyse(rows: Sequence[Mapping[str, Any]], arms_meta: Mapping[str, Any], arm_names: Sequence[str],
+            probe_rows: Sequence[Mapping[str, Any]] = (), probe_server: Mapping[str, Any] | None = None) -> Analysis:
+    """The run's twins, cells (measured; computed per text kind where 04 probed a server that runs one paired arm's
+    algorithm and draft tokens), break-evens and best draft lengths (module doc)."""
+    pairs, off = pair_arms(arms_meta, arm_names)
+    cells = measured_cells(rows, pairs)
+    commits = probe_commits(probe_rows)
+    arm = probe_arm(pairs, probe_server or {}) if commits else None
+    if not commits:
+        note = "04's commit per text kind: not in this run (04_commit_probe did not run), no computed line"
+    elif arm is None:
+        srv = dict(probe_server or {})
+        note = (f"04's commits are of {srv.get('speculative_algorithm') or 'a server without speculation'} with "
+                f"{srv.get('speculative_num_draft_tokens')} tokens per verify step, which no paired arm runs: "
+                "no computed line per text kind")
+    else:
+        extra = computed_cells(rows, arm, commits)
+        cells += extra
+        kinds = sorted({c.kind for c in extra})
+        note = (f"per text kind ({', '.join(kinds)}): 04's commit per verify step x 1000 / {arm.arm}'s measured ms "
+                f"per verify step, against {arm.off_arm} (computed; 04's server runs {arm.algorithm} with "
+                f"{arm.draft_tokens} tokens per verify step, as {arm.arm} does)" if extra else
+                f"04 and 09 share no context: no computed line per text kind for {arm.arm}")
+    return Analysis(pairs, off, cells, break_evens(cells), best_draft_lengths(cells, pairs), note)

@@ -1,0 +1,197 @@
+"""09's break-even (specdiag.steps.engine_ab.breakeven) on synthetic rows: twins, per-request tokens/s, the ratio's
+interval and its verdict (a tie), the crossing on log-context, always / never pays, fewer than 3 requests, the draft
+length that pays best, 04's commits per text kind (computed)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from specdiag.steps.engine_ab import breakeven as be
+
+
+def _arm(algo: str | None, backend: str | None = "triton", k: int | None = 8) -> dict:
+    return {"server": {"speculative_algorithm": algo, "attention_backend": backend,
+                       "speculative_num_draft_tokens": k if algo else None}}
+
+
+def _rows(arm: str, ctx: int, step_ms: list[float], commit: float | None = None) -> list[dict]:
+    return [{"arm": arm, "phase": "decode", "context_tokens": ctx, "repeat": i, "step_ms": s, "commit_length": commit,
+             "error": None} for i, s in enumerate(step_ms)]
+
+
+def _run(on_ms: dict[int, list[float]], off_ms: dict[int, list[float]], commit: float = 2.0) -> list[dict]:
+    rows: list[dict] = []
+    for ctx, ms in on_ms.items():
+        rows += _rows("spec", ctx, ms, commit)
+    for ctx, ms in off_ms.items():
+        rows += _rows("spec_off", ctx, ms)
+    return rows
+
+
+PAIR = be.Pair("spec", "spec_off", "triton", "NGRAM", 8)
+
+
+def test_twins_pair_on_the_reported_decode_backend() -> None:
+    meta = {"triton": _arm("NGRAM"), "triton_plugin": {**_arm("NGRAM"), "plugin": "splitkv"},
+            "flashinfer": _arm("NGRAM", "flashinfer"), "triton_nospec": _arm(None),
+            "flashinfer_nospec": _arm("NONE", "flashinfer"), "other": _arm("NGRAM", "fa3")}
+    pairs, off = be.pair_arms(meta, list(meta))
+    assert off == ["triton_nospec", "flashinfer_nospec"]
+    assert [(p.arm, p.off_arm) for p in pairs] == [("triton", "triton_nospec"), ("triton_plugin", "triton_nospec"),
+                                                   ("flashinfer", "flashinfer_nospec")]  # fa3 has no twin
+    # the embedded arms: no backend difference, the configured algorithm where the server reports none
+    emb = {"ngram": {"server": {}, "engine_config": "embedded:NGRAM:4"},
+           "off": {"server": {}, "engine_config": "embedded:NONE:8"}}
+    (p,), off = be.pair_arms(emb, ["ngram", "off"])
+    assert (p.arm, p.off_arm, p.draft_tokens, off) == ("ngram", "off", 4, ["off"])
+    # two off arms on one backend: the first is the twin, and the pair says so
+    two = {"a": _arm("NGRAM"), "x_nospec": _arm(None), "y_nospec": _arm(None)}
+    (p,), _ = be.pair_arms(two, list(two))
+    assert p.off_arm == "x_nospec" and "the first is the twin" in p.note
+
+
+def test_request_tokens_per_second() -> None:
+    assert be.request_tok_s({"step_ms": 10.0, "commit_length": 2.5}, True) == pytest.approx(250.0)
+    assert be.request_tok_s({"step_ms": 20.0, "commit_length": 2.5}, False) == pytest.approx(50.0)
+    assert be.request_tok_s({"step_ms": None}, False) is None
+    assert be.request_tok_s({"step_ms": 10.0, "error": "boom"}, False) is None
+
+
+def test_a_ratio_whose_interval_holds_one_is_a_tie_and_a_clear_one_pays() -> None:
+    tie = be.ratio_cell("a", "b", 1024, [90.0, 110.0, 100.0], [95.0, 105.0, 100.0])
+    assert tie.verdict == "tie" and tie.lo < 1.0 < tie.hi and tie.ratio == pytest.approx(1.0)
+    pays = be.ratio_cell("a", "b", 1024, [200.0, 210.0, 190.0], [100.0, 98.0, 102.0])
+    assert pays.verdict == "pays" and pays.lo > 1.0 and pays.ratio == pytest.approx(2.0)
+    assert pays.lo == pytest.approx(190 / 102) and pays.hi == pytest.approx(210 / 98)  # 3 vs 3: the extremes
+    costs = be.ratio_cell("a", "b", 1024, [50.0, 52.0, 48.0], [100.0, 98.0, 102.0])
+    assert costs.verdict == "costs" and costs.hi < 1.0
+
+
+def test_fewer_than_three_requests_is_not_enough() -> None:
+    c = be.ratio_cell("a", "b", 1024, [200.0, 210.0], [100.0, 98.0, 102.0])
+    assert c.verdict == "not enough requests" and c.lo is None and c.ratio == pytest.approx(2.05)
+    b = be.break_even([c])
+    assert b.outcome == "not enough requests" and "not enough requests" in b.text and b.context_tokens is None
+
+
+def test_the_crossing_is_interpolated_on_log_context() -> None:
+    # ratio 2 at 1k, 0.5 at 16k: log ratio linear in log context crosses 1 half-way, at 4k
+    outcome, at = be.crossing([1024, 16384], [2.0, 0.5])
+    assert outcome == "crosses" and at == pytest.approx(4096.0)
+    assert be.crossing([1024, 4096], [1.5, 1.2]) == ("always pays", None)
+    assert be.crossing([1024, 4096], [1.0, 0.5]) == ("never pays", None)  # not above 1 at the shortest
+
+
+def test_break_even_from_rows_with_its_interval() -> None:
+    # speculating: commit 2 per step; step grows with context; off: steady, so the ratio falls through 1
+    on = {1024: [10.0, 10.5, 9.5], 4096: [16.0, 16.5, 15.5], 16384: [80.0, 82.0, 78.0], 65536: [180.0, 181.0, 179.0]}
+    off = {c: [20.0, 20.5, 19.5] for c in on}
+    cells = be.measured_cells(_run(on, off), [PAIR])
+    assert [c.verdict for c in cells] == ["pays", "pays", "costs", "costs"]
+    (b,) = be.break_evens(cells)
+    assert b.outcome == "crosses" and 4096 < b.context_tokens < 16384
+    # ratio 2 x 20/16 = 2.5 at 4k, 2 x 20/80 = 0.5 at 16k: log-linear between them
+    expect = math.exp(math.log(4096) + math.log(2.5) / (math.log(2.5) - math.log(0.5)) * math.log(4))
+    assert b.context_tokens == pytest.approx(expect)
+    assert b.lo_tokens is not None and b.hi_tokens is not None
+    assert 4096 <= b.lo_tokens <= b.context_tokens <= b.hi_tokens <= 16384
+    assert "stops paying at about" in b.text and "interval" in b.text
+
+
+def test_always_never_and_tie_within_the_measured_range() -> None:
+    on = {1024: [10.0, 10.5, 9.5], 4096: [12.0, 12.5, 11.5]}
+    off = {c: [40.0, 41.0, 39.0] for c in on}  # 2 tokens per 10 ms against 1 per 40 ms
+    (b,) = be.break_evens(be.measured_cells(_run(on, off), [PAIR]))
+    assert b.outcome == "always pays" and "always pays within the measured range" in b.text
+    (b,) = be.break_evens(be.measured_cells(_run(on, {c: [4.0, 4.1, 3.9] for c in on}), [PAIR]))
+    assert b.outcome == "never pays" and b.context_tokens is None
+    tie_off = {1024: [19.0, 21.0, 20.0], 4096: [23.0, 25.0, 24.0]}
+    tie_on = {1024: [38.0, 42.0, 40.0], 4096: [46.0, 50.0, 48.0]}  # ratio 1, the spread on both sides
+    (b,) = be.break_evens(be.measured_cells(_run(tie_on, tie_off), [PAIR]))
+    assert b.outcome == "tie" and "a tie at every measured context" in b.text
+
+
+def test_contexts_with_too_few_requests_are_left_out_of_the_line() -> None:
+    on = {1024: [10.0, 10.5, 9.5], 4096: [16.0, 16.5], 16384: [80.0, 82.0, 78.0]}
+    off = {c: [20.0, 20.5, 19.5] for c in on}
+    cells = be.measured_cells(_run(on, off), [PAIR])
+    assert [c.verdict for c in cells] == ["pays", "not enough requests", "costs"]
+    (b,) = be.break_evens(cells)
+    assert b.contexts == (1024, 16384) and 1024 < b.context_tokens < 16384
+
+
+def test_the_draft_length_that_pays_best() -> None:
+    meta = {"k4": _arm("NGRAM", k=4), "k8": _arm("NGRAM", k=8), "off": _arm(None)}
+    pairs, _ = be.pair_arms(meta, list(meta))
+    rows = (_rows("k4", 1024, [10.0, 10.0, 10.0], 2.0) + _rows("k8", 1024, [12.0, 12.0, 12.0], 3.0)
+            + _rows("k4", 8192, [20.0, 20.0, 20.0], 2.0) + _rows("k8", 8192, [40.0, 40.0, 40.0], 3.0)
+            + _rows("off", 1024, [8.0] * 3) + _rows("off", 8192, [16.0] * 3))
+    best = be.best_draft_lengths(be.measured_cells(rows, pairs), pairs)
+    assert [(b["context_tokens"], b["best_draft_tokens"]) for b in best] == [(1024, 8), (8192, 4)]
+    assert best[0]["best_tok_s"] == pytest.approx(250.0) and best[0]["source"] == "measured"
+
+
+def test_commits_of_the_probe_per_text_kind_are_computed() -> None:
+    probe = [{"kind": "predictable", "context_tokens": 1024, "commit_length": 6.0, "completion_tokens": 61,
+              "verify_steps": 10},
+             {"kind": "novel", "context_tokens": 1024, "commit_length": 1.2, "completion_tokens": 13, "verify_steps": 10},
+             {"kind": "novel", "context_tokens": 4096, "commit_length": 9.0, "error": "boom"}]
+    commits = be.probe_commits(probe)
+    assert commits == {("predictable", 1024): pytest.approx(6.0), ("novel", 1024): pytest.approx(1.2)}
+    assert be.probe_arm([PAIR], {"speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": 8}) == PAIR
+    assert be.probe_arm([PAIR], {"speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": 4}) is None
+    rows = _run({1024: [10.0, 10.0, 10.0]}, {1024: [20.0, 20.0, 20.0]})
+    pred, novel = sorted(be.computed_cells(rows, PAIR, commits), key=lambda c: c.kind != "predictable")
+    assert pred.source == novel.source == "computed"
+    assert pred.on_tok_s == pytest.approx(600.0) and pred.ratio == pytest.approx(12.0) and pred.verdict == "pays"
+    assert novel.ratio == pytest.approx(2.4)
+
+
+def _finding_dict(f, notebook: str = "09_engine_ab") -> dict:
+    return {"id": f.id, "title": f.title, "verdict": f.verdict, "severity": f.severity, "evidence": list(f.evidence),
+            "numbers": f.numbers, "source": f.source, "notebook": notebook}
+
+
+def test_the_finding_and_07s_recommendation_before_against_after() -> None:
+    from specdiag.steps.engine_ab import verdicts
+    from specdiag.steps.findings.diagnosis import NO_OFF_ARM, diagnose
+
+    meta = {"triton": _arm("NGRAM"), "triton_plugin": _arm("NGRAM"), "triton_nospec": _arm(None)}
+    ctxs = (1024, 16384, 131072)
+    rows = (sum((_rows("triton", c, [s] * 3, 2.0) for c, s in zip(ctxs, (10.0, 80.0, 900.0))), [])
+            + sum((_rows("triton_plugin", c, [s] * 3, 2.0) for c, s in zip(ctxs, (10.0, 11.0, 12.0))), [])
+            + sum((_rows("triton_nospec", c, [s] * 3) for c, s in zip(ctxs, (20.0, 21.0, 25.0))), []))
+    res = be.analyse(rows, meta, list(meta), [{"kind": "predictable", "context_tokens": 1024, "commit_length": 6.0}],
+                     {"speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": 8})
+    f = verdicts.break_even_finding(res.pairs, res.off_arms, res.evens, res.best_drafts, res.computed_note)
+    lines = {(x["arm"], x["source"]): x for x in f.numbers["lines"]}
+    assert lines[("triton", "measured")]["outcome"] == "crosses"
+    assert 1024 < lines[("triton", "measured")]["context_tokens"] < 16384
+    assert lines[("triton_plugin", "measured")]["outcome"] == "always pays"
+    assert lines[("triton", "computed")]["kind"] == "predictable"  # 04 probed NGRAM at 8: triton is the first such arm
+    fix = {"id": "engine_ab.decode_fix", "severity": "ok", "source": "computed", "notebook": "09_engine_ab",
+           "numbers": {"fix": "the plugin", "fix_speedup_x": 75.0, "stock_arm": "triton", "fixed_arm": "triton_plugin"}}
+    d = diagnose([_finding_dict(f), fix])
+    assert "speculation on below about" in d.recommend and "always pays on this server" in d.recommend
+    assert "before, triton stops paying at about" in d.recommend and "after, triton_plugin always pays" in d.recommend
+    assert "predictable text on triton" in d.recommend and d.paragraph.endswith(d.recommend)
+    # no off arm: 09 says so, and 07 ends with the fallback sentence
+    none = verdicts.break_even_finding([], [], [], [])
+    assert none.numbers["lines"] == [] and "no speculation-off arm" in none.verdict
+    assert diagnose([_finding_dict(none)]).recommend == NO_OFF_ARM
+    assert diagnose([]).recommend == NO_OFF_ARM
+
+
+def test_forced_acceptance_is_said_wherever_the_commit_is_used() -> None:
+    from specdiag.steps.engine_ab import verdicts
+    from specdiag.steps.findings.diagnosis import diagnose
+
+    meta = {"dflash": {**_arm("DFLASH"), "env": {"SGLANG_SIMULATE_ACC_LEN": "4.0"}}, "off": _arm(None)}
+    rows = _rows("dflash", 1024, [10.0] * 3, 4.0) + _rows("off", 1024, [20.0] * 3)
+    res = be.analyse(rows, meta, list(meta))
+    assert res.pairs[0].forced_acceptance == 4.0
+    f = verdicts.break_even_finding(res.pairs, res.off_arms, res.evens, res.best_drafts, res.computed_note)
+    assert any("forced to 4 by SGLANG_SIMULATE_ACC_LEN" in e for e in f.evidence)
+    assert "forced to 4 by SGLANG_SIMULATE_ACC_LEN" in diagnose([_finding_dict(f)]).recommend
