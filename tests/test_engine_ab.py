@@ -294,3 +294,12 @@ def test_a_prefill_is_predicted_only_from_a_context_near_enough() -> None:
     assert predicted(rows[:1], "ttft_s", 65536, 2.0) is None
     assert predicted(rows, "ttft_s", 131072, 2.0) == pytest.approx(1.67 * 64)
     assert predicted(rows, "ttft_s", 1024, 2.0) is None
+
+
+def test_an_arm_with_forced_acceptance_says_its_commits_are_the_simulations() -> None:
+    from specdiag.steps.engine_ab.arms import acceptance_text, forced_acceptance
+
+    forced = {"env": {"SGLANG_SIMULATE_ACC_LEN": "4.0", "SPECDIAG_SGLANG_VERIFY": "off"}}
+    assert forced_acceptance(forced) == 4.0 and "forced to 4" in acceptance_text(forced)
+    assert forced_acceptance({"env": {}}) is None and acceptance_text({}) == "the drafter's own"
+    assert forced_acceptance({"env": {"SGLANG_SIMULATE_ACC_LEN": "-1"}}) is None  # SGLang's default: off

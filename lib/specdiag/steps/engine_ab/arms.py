@@ -168,6 +168,27 @@ def _model_section(server_info: Mapping[str, Any]) -> dict[str, Any]:
     return {"path": path, "model_config": json.loads(cfg.read_text()) if path and cfg.is_file() else None}
 
 
+SIMULATED_ACCEPTANCE_ENV = "SGLANG_SIMULATE_ACC_LEN"  #: SGLang forces a mean acceptance length when it is set
+
+
+def forced_acceptance(record: Mapping[str, Any]) -> float | None:
+    """The acceptance length an arm's server was told to simulate (``SGLANG_SIMULATE_ACC_LEN`` in its recorded
+    environment), None when its commits are the drafter's own."""
+    value = dict(record.get("env") or {}).get(SIMULATED_ACCEPTANCE_ENV)
+    try:
+        return float(value) if value not in (None, "") and float(value) > 0 else None
+    except (TypeError, ValueError):
+        return None
+
+
+def acceptance_text(record: Mapping[str, Any]) -> str:
+    """How an arm's commit lengths came about, for its settings row: forced by SGLang's simulation, or the drafter's."""
+    forced = forced_acceptance(record)
+    if forced is None:
+        return "the drafter's own"
+    return f"forced to {forced:g} ({SIMULATED_ACCEPTANCE_ENV}): commit lengths are the simulation's, step times the engine's"
+
+
 def startup_s(record: Mapping[str, Any]) -> float | None:
     """Seconds from an arm's server start to its readiness (measured): ``ready_at_s - started_after_s`` where the run
     kept both (servers started one after another, waited on in turn), else the launcher's ``ready_after_s``."""
