@@ -303,3 +303,20 @@ def test_an_arm_with_forced_acceptance_says_its_commits_are_the_simulations() ->
     assert forced_acceptance(forced) == 4.0 and "forced to 4" in acceptance_text(forced)
     assert forced_acceptance({"env": {}}) is None and acceptance_text({}) == "the drafter's own"
     assert forced_acceptance({"env": {"SGLANG_SIMULATE_ACC_LEN": "-1"}}) is None  # SGLang's default: off
+
+
+def test_single_request_ttfts_inside_the_noise_are_a_tie_not_a_fix_or_a_trade() -> None:
+    """The DFLASH run's 64k TTFTs (36.76 s plugin, 36.74 s stock, one request each) were read as a prefill 'fix' of
+    0.999x and a trade 'paid back after 0.03 verify steps': within 5% of each other they are a tie."""
+    import pandas as pd
+
+    pre = pd.DataFrame([{"arm": "triton", "context_tokens": 65536, "ttft_s": 36.74, "own": True},
+                        {"arm": "triton_plugin", "context_tokens": 65536, "ttft_s": 36.76, "own": True}])
+    dec = pd.DataFrame([{"arm": "triton", "context_tokens": 65536, "step_ms": 633.4, "commit_first": 3.5},
+                        {"arm": "triton_plugin", "context_tokens": 65536, "step_ms": 6.54, "commit_first": 3.75}])
+    fix = verdicts.prefill_fix(pre, {}, "triton")
+    assert fix.numbers["tie"] and "fix" not in fix.numbers and "a tie" in fix.title
+    trade = verdicts.tradeoff(dec, pre)
+    assert "ties" in trade.title and "break_even_steps" not in trade.numbers
+    slower = pre.assign(ttft_s=[36.74, 44.0])  # 20% apart: a real trade
+    assert verdicts.tradeoff(dec, slower).numbers["break_even_steps"] > 0
