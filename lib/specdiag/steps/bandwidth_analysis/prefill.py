@@ -236,6 +236,14 @@ def verdict_text(f: PrefillFloor) -> str:
     return f"{x:,.3g} x its floor" if x is not None else "not measured"
 
 
+def _floor_basis(f: "PrefillFloor") -> str:
+    """What a floor assumes, said beside it: the bound, and for a compute bound the attention form counted and the
+    matmul peak (another form, e.g. the absorbed MLA form a kernel may run, counts other FLOPs)."""
+    if f.bound != "compute" or not f.compute_s:
+        return f"{f.bound}-bound"
+    return f"compute-bound: the {f.form} form's FLOPs at {f.flops / f.compute_s / 1e12:,.0f} TFLOPS"
+
+
 def prefill_finding(floors: Sequence[PrefillFloor], source: str, *, finding_id: str = "bandwidth.prefill_floor",
                     label: str = "", threshold_x: float = 10.0, extra: Mapping[str, Any] | None = None,
                     peaks: HardwarePeaks | None = None) -> Finding | None:
@@ -266,7 +274,7 @@ def prefill_finding(floors: Sequence[PrefillFloor], source: str, *, finding_id: 
     return Finding(
         finding_id, title,
         f"{who} first token of a {f.prompt_tokens:,}-token prompt came after {f.measured_ttft_s:,.3g} s, "
-        f"{x:,.3g}x the prefill's floor of {f.floor_s:.3g} s ({f.bound}-bound), {chunk}: about {tok_s:,.0f} prompt "
+        f"{x:,.3g}x the prefill's floor of {f.floor_s:.3g} s ({_floor_basis(f)}), {chunk}: about {tok_s:,.0f} prompt "
         f"tokens/s, {float(f.measured_ttft_s or 0) / f.n_chunks:.3g} s per chunk"
         + (f": {below_floor_cause(f.bound, peaks)}." if below and peaks is not None else "."),
         sev,  # type: ignore[arg-type]

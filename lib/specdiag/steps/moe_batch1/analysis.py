@@ -330,7 +330,8 @@ def findings(mr: MoERun, pass_df: pd.DataFrame, dt: pd.DataFrame, steps: pd.Data
               f"+ other weights {r.other_weight_bytes / 1e9:.3g} GB + KV {r.kv_bytes / 1e9:.3g} GB per GPU: floor "
               f"{r.floor_ms:.3g} ms, experts {100 * r.expert_share:.0f}%" for r in proj.itertuples()]
         ev.append(f"distinct experts: {proj_source}; shape and INT4 quantization: published (Kimi K2.6 preset); "
-                  "peak: published (RTX PRO 6000 Blackwell, 1,792 GB/s); bytes and floors: computed")
+                  f"peak: {float(proj['peak_gb_s'].iloc[0]):,.0f} GB/s per GPU, the projection's (published for the "
+                  "investigation's GPU); bytes and floors: computed")
         out.append(Finding("moe.kimi_projection", "Projected: Kimi K2.6 on 8 GPUs at batch 1",
                            f"On Kimi K2.6 under TP8 with INT4 experts at {format_tokens(context_tokens)} tokens, the "
                            f"routed experts are {100 * p1.expert_share:.0f}% of a one-token step's bytes and "

@@ -86,6 +86,7 @@ def project(distinct_by_tokens: Mapping[int, float], context_tokens: int, peak_g
     df = pd.DataFrame(rows)
     if df.empty:
         return df
+    df["peak_gb_s"] = float(peak_gb_s)
     df["floor_ms"] = df["total_bytes"] / (peak_gb_s * 1e9) * 1e3
     df["expert_floor_ms"] = df["routed_expert_bytes"] / (peak_gb_s * 1e9) * 1e3
     df["floor_over_first_x"] = df["floor_ms"] / df["floor_ms"].iloc[0]
