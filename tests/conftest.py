@@ -67,6 +67,15 @@ def embedded_server() -> Iterator[Any]:
         yield server
 
 
+@pytest.fixture(scope="session")
+def embedded_dflash_server() -> Iterator[Any]:
+    """One embedded DFLASH server (the default DFlash drafter for the shipped target, no draft window, CPU)."""
+    from specdiag.localserver import EmbeddedServer
+
+    with EmbeddedServer(algorithm="DFLASH", num_draft_tokens=None, device="cpu") as server:
+        yield server
+
+
 @pytest.fixture
 def run_notebook(tmp_path: Path) -> Callable[..., Path]:
     """Execute ``notebooks/<name>.ipynb`` with papermill and the given parameters; returns the

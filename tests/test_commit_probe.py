@@ -116,3 +116,24 @@ def test_latest_rows_prefers_success() -> None:
     bad = {**_row(1024, "predictable", 0.0), "error": "x"}
     good = _row(1024, "predictable", 7.0)
     assert cp.latest_rows([good, bad]) == [good]
+
+
+def test_target_forwards_where_steps_pass_without_a_draft() -> None:
+    from specdiag.steps.commit_probe.probe import target_forwards
+
+    assert target_forwards(33, 10, 40, steps_are_verifies=True) == 10  # SGLang: every decode step verifies
+    assert target_forwards(33, 10, 12, steps_are_verifies=False) == 20  # vLLM: 32 = 10 drafted steps + 12 + 10 plain
+    assert target_forwards(33, None, None, steps_are_verifies=False) is None
+    assert target_forwards(1, 0, 0, steps_are_verifies=True) is None
+
+
+def test_no_commit_on_either_text_is_the_only_verdict() -> None:
+    from specdiag.steps.commit_probe.probe import probe_findings
+
+    summary = [{"kind": k, "context_tokens": c, "commit_length": 1.0, "prefill_share": 0.2, "prefill_s": 1, "wall_s": 5}
+               for k in ("predictable", "novel") for c in (1024, 4096)]
+    found = {f.id: f for f in probe_findings(summary, 8)}
+    assert set(found) == {"probe.drafter_does_not_commit"}
+    assert "neither a long-context bug nor the text's difficulty" in found["probe.drafter_does_not_commit"].verdict
+    summary[0]["commit_length"] = 6.0  # the cat text commits: the ordinary verdicts again
+    assert "probe.drafter_does_not_commit" not in {f.id for f in probe_findings(summary, 8)}

@@ -68,3 +68,24 @@ def test_commit_probe_against_embedded_server(run_notebook, embedded_server, tmp
     assert "sound at long context" in found["probe.predictable_flat"]["verdict"]
     assert "probe.novel_is_text_difficulty" in found
     assert not {"probe.predictable_falls", "probe.novel_close_to_predictable"} & set(found)
+
+
+@pytest.mark.notebook
+def test_commit_probe_on_embedded_dflash(run_notebook, embedded_dflash_server, tmp_path) -> None:
+    """DFLASH with the random tiny drafter commits about 1 token per step on both texts: 04 says that, and only that."""
+    run_dir = tmp_path / "dflash"
+    run_notebook("04_commit_probe", server_url=embedded_dflash_server.url, run_dir=str(run_dir),
+                 context_lengths=[512, 1024], max_new_tokens=16)
+    rows = Run.open(run_dir).rows("commit_probe")
+    assert len(rows) == 4 and all(r["error"] is None for r in rows)
+    for r in rows:
+        assert r["target_forwards"] == r["verify_steps"] and r["steps_without_draft"] == 0
+        assert r["tokens_per_target_forward"] == pytest.approx(r["commit_length"])
+    result = _findings(run_dir)
+    assert result["metrics"]["algorithm"] == "DFLASH"
+    assert set(result["metrics"]["tokens_per_target_forward"]["novel"]) == {"512", "1024"}
+    found = {f["id"]: f for f in result["findings"]}
+    if max(r["commit_length"] for r in rows) <= 1.1:  # the random drafter (a trained one would commit on the cat text)
+        assert "probe.drafter_does_not_commit" in found
+        assert not {"probe.predictable_flat", "probe.predictable_falls", "probe.novel_is_text_difficulty",
+                    "probe.novel_close_to_predictable"} & set(found)

@@ -63,7 +63,7 @@ def test_measured_cost_and_timing_row() -> None:
                            verify_ct=3)
     trace = SimpleNamespace(spec=spec, prompt_tokens=1000, error=None)
     row = drafter.timing_row(trace, 1000, prompt_kind="novel")
-    assert set(drafter.DRAFTER_TIMING_COLUMNS) - {"seed", "max_new_tokens"} <= set(row)
+    assert set(drafter.DRAFTER_TIMING_COLUMNS) - {"seed", "max_new_tokens", "draft_window_tokens"} <= set(row)  # labels
     assert row["draft_ms_median"] == 3.0 and row["verify_ms_median"] == 6.0 and row["commit_length_mean"] == 2.0
     no_spec = drafter.timing_row(SimpleNamespace(spec=None, prompt_tokens=5, error="boom"), 5)
     assert no_spec["draft_ms_median"] is None and no_spec["error"] == "boom"

@@ -20,6 +20,11 @@ Columns of ``commit_probe`` (units in the names; source in brackets):
   histogram the drafts the last verify step accepted past max_new_tokens, which never reach the output: recorded
   in tests/data/sglang-0.5.17, e.g. 16 correct drafts in 19 steps for 32 tokens; so the counts decide.)
   ``proposed_drafts``: mean proposed per step [computed].
+- ``target_forwards``: the target's decode forwards of the request (the prefill's excluded), ``steps_without_draft``
+  (forwards that verified no draft: they commit 1 token each) and ``tokens_per_target_forward = (completion_tokens -
+  1) / target_forwards`` [computed from server-reported counts; :func:`target_forwards`]. Where every decode step is a
+  verify step (SGLang, the embedded server) it equals the commit length; where steps can pass without a draft (vLLM
+  counts only the steps that drafted) it is lower.
 - ``commit_histogram``: verify steps per commit length (index = tokens) [server-reported or computed].
 - ``wall_s``: send to last byte; ``prefill_s``: send to first token (TTFT); ``prefill_share =
   prefill_s / wall_s``; ``decode_tok_s = (completion_tokens - first chunk's tokens) / (last chunk -
@@ -36,7 +41,10 @@ Verdict rules (:func:`probe_findings`), all on the pooled commit length per (con
 - predictable falling with context (the longest context more than ``flat_tolerance`` below the
   shortest): a long-context speculative bug; look at the drafter's window, positions/rope scaling and
   the draft KV cache;
-- novel at most ``text_share`` of predictable at the same context: the gap is text difficulty.
+- novel at most ``text_share`` of predictable at the same context: the gap is text difficulty;
+- every (kind, context) at most ``1 + no_commit_drafts`` tokens per verify step: the drafter does not commit on
+  either text (a random-weight drafter), so the probe can tell neither a bug nor the text's difficulty; that is the
+  only verdict then.
 """
 
 from __future__ import annotations
@@ -61,7 +69,8 @@ KINDS = ("predictable", "novel")
 PROBE_COLUMNS: tuple[str, ...] = (
     "ts_unix_s", "context_tokens", "kind", "seed", "max_new_tokens", "num_draft_tokens", "max_commit_length",
     "cache_flushed", "prompt_tokens", "prompt_tokens_match", "completion_tokens", "verify_steps",
-    "commit_length", "accepted_drafts", "proposed_drafts", "commit_histogram", "wall_s", "prefill_s",
+    "commit_length", "accepted_drafts", "proposed_drafts", "target_forwards", "steps_without_draft",
+    "tokens_per_target_forward", "commit_histogram", "wall_s", "prefill_s",
     "prefill_share", "decode_tok_s", "finish_reason", "error", *TRAFFIC_COLUMNS,
 )
 STEP_COLUMNS: tuple[str, ...] = (
@@ -113,6 +122,21 @@ def _num(x: Any) -> float | None:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
 
 
+def target_forwards(completion_tokens: int, verify_steps: int | None, accepted_drafts_total: int | None,
+                    steps_are_verifies: bool) -> int | None:
+    """The target's decode forwards of one request (pure). Each forward commits its accepted drafts plus one token,
+    and the first token comes from the prefill, so forwards = completion_tokens - 1 - accepted drafts. Where every
+    decode step is a verify step (``steps_are_verifies``: SGLang and the embedded server, whose ``num_correct_drafts``
+    also counts drafts past max_new_tokens) that is ``verify_steps``; elsewhere (vLLM, whose step count holds only
+    the steps that drafted) it is computed from the accepted drafts. None without the counts."""
+    if steps_are_verifies:
+        return verify_steps if verify_steps else None
+    if accepted_drafts_total is None or completion_tokens < 1:
+        return None
+    forwards = completion_tokens - 1 - accepted_drafts_total
+    return forwards if forwards > 0 else None
+
+
 def probe_row(trace: Any, request: Mapping[str, Any], num_draft_tokens: int | None,
               cache_flushed: bool | None = None, cache_note: str | None = None) -> dict[str, Any]:
     """One ``commit_probe`` row from a :class:`specdiag.serving.RequestTrace` (pure)."""
@@ -135,8 +159,14 @@ def probe_row(trace: Any, request: Mapping[str, Any], num_draft_tokens: int | No
     decode = decode_tok_s(list(trace.chunk_t_s or []), list(trace.chunk_tokens or []), completion)
     prompt_tokens = trace.prompt_tokens
     finish = getattr(trace, "finish_type", None)
+    # vLLM states its own per-step mean (mean_commit_length) and counts only the steps that drafted
+    forwards = target_forwards(completion, verify, correct,
+                               steps_are_verifies=spec is None or spec.mean_commit_length is None)
     row = {c: None for c in PROBE_COLUMNS}
     row.update({
+        "target_forwards": forwards,
+        "steps_without_draft": forwards - verify if (forwards is not None and verify is not None) else None,
+        "tokens_per_target_forward": (completion - 1) / forwards if forwards else None,
         "ts_unix_s": trace.t_send_unix_s, **{k: request[k] for k in PROBE_KEY},
         "num_draft_tokens": num_draft_tokens,
         "max_commit_length": num_draft_tokens or None,
@@ -223,6 +253,7 @@ def summarize(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
             commit = sum(r["completion_tokens"] - 1 for r in rs) / sum(r["verify_steps"] for r in rs)
         else:
             commit = sum(float(r["commit_length"]) for r in rs) / len(rs)
+        fw = [r for r in rs if r.get("target_forwards") and r.get("completion_tokens")]
         walls = [float(r["wall_s"]) for r in rs if r.get("wall_s") is not None]
         pre = [float(r["prefill_s"]) for r in rs if r.get("prefill_s") is not None]
         maxc = [r.get("max_commit_length") for r in rs if r.get("max_commit_length")]
@@ -230,6 +261,8 @@ def summarize(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
                     # commit - 1, not the rows' accepted_drafts: rows recorded before that column became
                     # commit - 1 hold SGLang's num_correct_drafts / steps (drafts past max_new_tokens counted)
                     "accepted_drafts": commit - 1,
+                    "tokens_per_target_forward": (sum(r["completion_tokens"] - 1 for r in fw)
+                                                  / sum(r["target_forwards"] for r in fw)) if fw else None,
                     "wall_s": sum(walls) / len(walls) if walls else None,
                     "prefill_s": sum(pre) / len(pre) if pre else None,
                     "prefill_share": (sum(pre) / sum(walls)) if (pre and walls and len(pre) == len(walls)) else None,
@@ -246,13 +279,16 @@ def _k(n: int) -> str:
 def probe_findings(summary: Sequence[Mapping[str, Any]], max_commit_length: int | None,
                    source: Source = "measured", flat_tolerance: float = 0.15, healthy_share: float = 0.5,
                    text_share: float = 0.5, prefill_share_note: float = 0.5,
-                   rows: Sequence[Mapping[str, Any]] = ()) -> list[Finding]:
+                   rows: Sequence[Mapping[str, Any]] = (), no_commit_drafts: float = 0.1) -> list[Finding]:
     """The probe's verdicts (see the module docstring), each with the numbers behind it; with ``rows``, also how
     many requests ran beside other traffic (``probe.other_traffic``)."""
     found: list[Finding] = []
     traffic = traffic_finding(rows, "probe")
     if traffic is not None:
         found.append(traffic)
+    silent = no_commit_finding(summary, max_commit_length, source, no_commit_drafts)
+    if silent is not None:  # neither text commits: no bug and no text verdict can be read
+        return found + [silent] + _prefill_findings(summary, source, prefill_share_note)
     pred = sorted((s for s in summary if s["kind"] == "predictable"), key=lambda s: s["context_tokens"])
     novel = {s["context_tokens"]: s for s in summary if s["kind"] == "novel"}
     maxc = f" of at most {max_commit_length}" if max_commit_length else ""
@@ -321,6 +357,35 @@ def probe_findings(summary: Sequence[Mapping[str, Any]], max_commit_length: int 
                             f"Ratios above {text_share} at: "
                             + ", ".join(f"{_k(c)} ({r:.2f})" for c, r in ratios.items() if r > text_share) + "."),
                 numbers, source))
+    return found + _prefill_findings(summary, source, prefill_share_note)
+
+
+def no_commit_finding(summary: Sequence[Mapping[str, Any]], max_commit_length: int | None, source: Source = "measured",
+                      no_commit_drafts: float = 0.1) -> Finding | None:
+    """``probe.drafter_does_not_commit``: at every (kind, context) the drafter's drafts were almost never accepted (at
+    most ``no_commit_drafts`` accepted drafts per verify step), on predictable text as on novel prose. None otherwise."""
+    if not summary or any(s["commit_length"] > 1 + no_commit_drafts for s in summary):
+        return None
+    kinds = sorted({str(s["kind"]) for s in summary}, key=lambda k: KINDS.index(k) if k in KINDS else 9)
+    text = "; ".join(f"{k} " + ", ".join(f"{_k(s['context_tokens'])}: {s['commit_length']:.2f}"
+                                           for s in summary if s["kind"] == k) for k in kinds)
+    maxc = f" of at most {max_commit_length}" if max_commit_length else ""
+    return Finding(
+        "probe.drafter_does_not_commit", "The drafter does not commit on either text",
+        f"Every verify step committed about 1 token{maxc} on {' and '.join(kinds)} text at every context: the target "
+        f"rejected nearly all the drafts, however predictable the text. This drafter does not commit, so the probe shows"
+        f" neither a long-context bug nor the text's difficulty; run it with a "
+        f"trained drafter to ask that.", "warning",
+        (f"Commit length per kind and context (tokens per verify step{maxc}, {source}): {text}.",
+         f"At most {no_commit_drafts:g} accepted drafts per verify step everywhere counts as not committing."),
+        {"commit_length_max": max(s["commit_length"] for s in summary), "no_commit_drafts": no_commit_drafts,
+         "max_commit_length": max_commit_length}, source)
+
+
+def _prefill_findings(summary: Sequence[Mapping[str, Any]], source: Source, prefill_share_note: float) -> list[Finding]:
+    """``probe.prefill_dominates``: the predictable requests' prefill share of the wall time at the longest context."""
+    found: list[Finding] = []
+    pred = sorted((s for s in summary if s["kind"] == "predictable"), key=lambda s: s["context_tokens"])
     shares = [s for s in pred if s.get("prefill_share") is not None]
     if shares:
         top = max(shares, key=lambda s: s["context_tokens"])

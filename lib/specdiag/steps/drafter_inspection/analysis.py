@@ -29,7 +29,8 @@ from specdiag.stats import fit_line
 
 #: Columns of the ``drafter_timing`` table (one row per request).
 DRAFTER_TIMING_COLUMNS: tuple[str, ...] = (
-    "ts_unix_s", "context_tokens", "prompt_kind", "seed", "max_new_tokens", "prompt_tokens", "verify_steps",
+    "ts_unix_s", "context_tokens", "prompt_kind", "seed", "max_new_tokens", "draft_window_tokens", "prompt_tokens",
+    "verify_steps",
     "draft_steps_timed", "draft_ms_median", "draft_ms_mean", "verify_ms_median", "commit_length_mean", "error",
 )
 
@@ -100,7 +101,7 @@ def timing_row(trace: Any, context_tokens: int, **labels: Any) -> dict[str, Any]
 
 
 #: Fields that identify one draft-timing request (for resuming a run folder).
-TIMING_KEY = ("context_tokens", "prompt_kind", "seed", "max_new_tokens")
+TIMING_KEY = ("context_tokens", "prompt_kind", "seed", "max_new_tokens", "draft_window_tokens")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,10 +112,12 @@ class TimingPlan:
     max_new_tokens: int
     prompt_kind: str = "novel"
     seed: int = 0
+    draft_window_tokens: int | None = None  # the measured server's speculative_draft_window_size (None: none)
 
     def requests(self) -> list[dict[str, Any]]:
         return [{"context_tokens": int(c), "prompt_kind": self.prompt_kind, "seed": self.seed,
-                 "max_new_tokens": self.max_new_tokens} for c in self.context_lengths]
+                 "max_new_tokens": self.max_new_tokens, "draft_window_tokens": self.draft_window_tokens}
+                for c in self.context_lengths]
 
     def pending(self, done: Iterable[tuple[Any, ...]]) -> list[dict[str, Any]]:
         done = set(done)
@@ -122,12 +125,14 @@ class TimingPlan:
 
 
 def measure_draft_timing(client: Any, context_tokens: int, max_new_tokens: int, prompt_kind: str = "novel",
-                         seed: int = 0) -> dict[str, Any]:
+                         seed: int = 0, draft_window_tokens: int | None = None) -> dict[str, Any]:
     """One measured request (:func:`specdiag.measure.request.measured_request`: stamp, fresh exact-length
-    prompt, stream, server errors caught) as its ``drafter_timing`` row (errors kept)."""
+    prompt, stream, server errors caught) as its ``drafter_timing`` row (errors kept); ``draft_window_tokens``:
+    the server's draft window, as it reports it (a label of the row)."""
     from specdiag.measure.request import measured_request  # noqa: PLC0415
 
-    labels = {"prompt_kind": prompt_kind, "seed": seed, "max_new_tokens": max_new_tokens}
+    labels = {"prompt_kind": prompt_kind, "seed": seed, "max_new_tokens": max_new_tokens,
+              "draft_window_tokens": draft_window_tokens}
     done = measured_request(client, int(context_tokens), prompt_kind, int(seed), int(max_new_tokens))
     if done.cache_note:
         labels["cache_note"] = done.cache_note
