@@ -8,7 +8,7 @@ Vocabulary (the same in every notebook):
   ``avg_commit_len``). Always >= 1.
 - **accepted drafts** (``correct drafts``): commit length - 1.
 
-Sources of the formulas (SGLang, see reference/sglang-protocol.md):
+Sources of the formulas (SGLang 0.5.17, its replies recorded in tests/data/sglang-0.5.17/):
 
 - Per request, exact: ``(completion_tokens - 1) / spec_verify_ct``; the first output token comes
   from prefill, not from a verify step. ``1 + sum(i * hist[i]) / sum(hist)`` over
