@@ -1,7 +1,7 @@
 """A small threaded HTTP server on 127.0.0.1 that answers like SGLang, for client contract tests.
 
 It replays SGLang-format answers (field names as in SGLang 0.5.23's http_server.py and
-tokenizer_manager.py, see reference/sglang-protocol.md), no model behind it. ``POST /generate``
+tokenizer_manager.py; recorded replies in tests/data/sglang-0.5.17/), no model behind it. ``POST /generate``
 picks a scenario by the request's ``text`` (``input_ids`` requests get "cumulative"):
 
     cumulative    default stream: cumulative text/output_ids, spec fields (current names) at the end

@@ -115,7 +115,7 @@ def test_plugin_diag_sweep_order_is_repeat_major():
                                              ({"GPU_TESTS_S": "x"}, "GPU_TESTS_S >= 35"),
                                              ({"TOTAL": "350"}, "TOTAL >= 400")])
 def test_plugin_job_refuses_budgets_too_small_to_start_a_server(tmp_path: Path, env: dict, needle: str) -> None:
-    """Session 10: GPU_TESTS_S=20 left the launch gate 5 s and the job stopped with no server; TOTAL=350 left four
+    """On the H200 (2026-12-01, commit ef95753): GPU_TESTS_S=20 left the launch gate 5 s and the job stopped with no server; TOTAL=350 left four
     servers no time to capture and start. The job refuses both before any work, naming the setting and the fix."""
     import os
 

@@ -28,7 +28,7 @@ CONTEXT_LENGTH = 2048  # tokens: small contexts keep the whole module within a f
 
 def counters_commit_length(before: str, after: str) -> float:
     """The server's own commit length over what ran between two /metrics scrapes: 1 + accepted drafts / drafts
-    (vLLM's counters; reference/vllm-protocol.md section 3)."""
+    (vLLM's counters, as recorded in tests/data/vllm/metrics_*.txt)."""
     from specdiag.serving.vllm_stream import counter_delta
     from specdiag.spec import parse_prometheus
 

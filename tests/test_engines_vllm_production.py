@@ -1,4 +1,4 @@
-"""A real vLLM started the production way (issue 29): ngram speculation, per-request speculative metrics on, NO dev
+"""A real vLLM started the production way (docs/production.md): ngram speculation, per-request speculative metrics on, NO dev
 mode (no /server_info, no cache reset) and ``--api-key``; notebooks 00, 01, 03 and 04 run against it as a new user
 would, with ``SPECDIAG_API_KEY`` in the environment. Then the same port gets a restarted server that reports its
 speculative counts on /metrics only: 04 still probes (commit lengths from counter differences), the run says which

@@ -92,7 +92,7 @@ def test_layout_tables() -> None:
 
 def test_counts_and_units() -> None:
     assert KV_ROW_BYTES == 1152
-    assert kv_bytes(185_000) * 61 == 13_000_320_000  # kernels.md section 7: 13.0 GB per step
+    assert kv_bytes(185_000) * 61 == 13_000_320_000  # 13.0 GB per step at 185k, 61 layers (the investigation's key number)
     assert verify_flops(8, 8, 1000) == 2 * 64 * 1000 * 1088
     assert arithmetic_intensity_flop_per_byte(16, 64) == pytest.approx(1.889 * 1024, rel=1e-3)
     assert ridge_rows(790, 4230) == pytest.approx(98.9, rel=1e-2)

@@ -1,4 +1,4 @@
-"""Session 13 on the CPU: the pick's rows-as-N kernel on the fp8 cache (gluon_ws_fp8). Triton's interpreter does not
+"""On the CPU: the pick's rows-as-N kernel on the fp8 cache (gluon_ws_fp8). Triton's interpreter does not
 run Gluon, so here: each form compiles for sm_90 with the shared memory, tensor-core instructions, conversions and
 registers its design says; bad calls are refused before any launch; the integer conversion's algorithm gives torch's
 float8_e4m3fn values for every byte; the harness, the A/B tables and the phase tables read fp8 rows. Correctness and
@@ -216,7 +216,7 @@ def _ab_rows() -> pd.DataFrame:
 
 
 def test_fp8_wide_row_tiles_hold_64_rows_in_the_s12_ring() -> None:
-    """Session 15: with the s12 ring (``FP8_N64_RINGS``) a call's row tiles hold up to 64 rows (8 x 8: one tile, so
+    """With the s12 ring (``FP8_N64_RINGS``) a call's row tiles hold up to 64 rows (8 x 8: one tile, so
     each KV tile is converted once), still whole draft tokens or a divisor of the heads; a call of 32 rows or fewer
     keeps its own tile's defaults; a 64-row tile without an N-64 ring, or a tile over 64 rows, is refused."""
     from specdiag.kernels.gluon_ws_ragged import (FP8_N64_RINGS, FP8_WIDE_TILE_MAX_ROWS, fp8_call_tiles,

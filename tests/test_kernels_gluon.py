@@ -1,4 +1,4 @@
-"""Run 10 on the CPU: the split-KV partial kernel written in Gluon (gluon_splitkv). Triton's interpreter does not run
+"""On the CPU: the split-KV partial kernel written in Gluon (gluon_splitkv). Triton's interpreter does not run
 Gluon, so here: the variants resolve to the Gluon tile, the kernel compiles for sm_90 with the shared memory and the
 tensor-core instructions its design says (Q K^T split by keys between the two warpgroups: 36 m64nXk16 per warpgroup
 per tile, each covering its half of the keys; P V split by value dims: m64n256k16), no spill beyond a word, and the
@@ -66,7 +66,7 @@ def test_warp_specialized_kernel_compiles_for_sm90_as_designed(block_n: int, sta
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed here")
 def test_ragged_warp_specialized_kernel_compiles_for_sm90_as_the_picks() -> None:
-    """Run 32's entry (gluon_ws_ragged: SGLang's ragged layout, lengths read on the device) around gluon_ws's two
+    """The ragged entry (gluon_ws_ragged: SGLang's ragged layout, lengths read on the device) around gluon_ws's two
     partitions, for sm_90: the same wgmma shapes and counts as the pick's dense kernel (PREFETCH, DRAFT_BRANCH, FOLD),
     its copies arriving on the ring's mbarriers, shared memory within 64 B of the dense kernel's; its copy partition
     reads the prefix's and the draft tokens' cache rows from two tables (more index loads than the dense kernel).
@@ -102,7 +102,7 @@ def test_ragged_warp_specialized_kernel_compiles_for_sm90_as_the_picks() -> None
 @pytest.mark.parametrize("qo, kv, mask", [("i64", "i32", "i64"), ("i64", "i64", "i32"), ("i32", "i64", "i64")])
 def test_ragged_kernel_compiles_with_every_index_dtype_sglang_passes(qo: str, kv: str, mask: str) -> None:
     """SGLang's CUDA-graph buffers hold qo_indptr and mask_indptr as int64 (eager calls: int32 qo_indptr): the first
-    form of the entry failed to compile with an int64 qo_indptr inside a real SGLang (session 9's plugin call)."""
+    form of the entry failed to compile with an int64 qo_indptr inside a real SGLang 0.5.17 on the H200 (2026-12-01, commit a1c03c5)."""
     from specdiag.kernels.gluon_ws_ragged import compile_sm90
 
     k = compile_sm90(qo_indptr=qo, kv_indptr=kv, mask_indptr=mask)

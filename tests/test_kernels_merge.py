@@ -18,7 +18,7 @@ def test_merge_block_takes_every_split_at_once_only_in_one_pass() -> None:
 
     two, one = SplitKVConfig(merge_block_dv=64), SplitKVConfig(merge_block_dv=64, merge_one_pass=True)
     assert merge_block(129, two) == (64, 64, False)  # 3 steps of 64 splits, after a pass over the lse
-    assert merge_block(129, one) == (256, 32, True)  # run 27's 128k h8T8: 129 splits in one round trip
+    assert merge_block(129, one) == (256, 32, True)  # 128k h8T8: 129 splits in one round trip
     assert merge_block(8, one) == (8, 512, True)  # a whole row of values per program
     assert merge_block(1, one) == (2, 512, True)
     assert merge_block(600, one) == (64, 64, False)  # past 512 splits: the default
@@ -66,7 +66,7 @@ def test_both_merge_kernels_compile_for_sm90_through_the_shared_merge(one_pass: 
                                                           "PDL": False, "ONE_PASS": one_pass}, 8 if one_pass else 4)
     assert rc == 0 and spills == [0]
     assert ("ld.global" in ptx) and (ptx.count("ex2.approx") >= 1)
-    # the plugin's merge at 128k h8T1 (264 splits in the grid): two passes of 256 x 16, or one of 512 x 16 (run 30)
+    # the plugin's merge at 128k h8T1 (264 splits in the grid): two passes of 256 x 16, or one of 512 x 16 (the one-pass merge, commit b35fdaf)
     block_s, block_dv, single = merge_block(264, SplitKVConfig(merge_block_dv=16, merge_one_pass=one_pass))
     assert (block_s, block_dv, single) == ((512, 16, True) if one_pass else (256, 16, False))
     rc, spills, ptx = _compile_sm90(_ragged_merge_kernel, {**ptr, "QO_INDPTR": "*i32", "KV_INDPTR": "*i64"},

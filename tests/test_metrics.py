@@ -88,7 +88,7 @@ def test_fit_line_exact_and_noisy() -> None:
 
 
 def published_rows() -> list[dict]:
-    # The investigation's published sweep (reference/investigation.md, step 1): context, decode tok/s, ms/step.
+    # The investigation's published sweep (tests/data/investigation_tables.md, step 1): context, decode tok/s, ms/step.
     table = [(1400, 118.6, 8.4), (11000, 19.9, 50), (32000, 6.3, 159), (64000, 2.8, 357), (128000, 1.4, 714),
              (185000, 0.7, 1430)]
     return [{"context_tokens": c, "decode_tok_s": d, "step_ms": s, "commit_length": 1.0 if c >= 64000 else None,

@@ -234,7 +234,7 @@ def test_07_diagnosis_carries_11s_verdict_from_the_h200_run():
 
 
 def test_merge_appends_calls_and_gzips_their_files(tmp_path):
-    """scripts/moe_batch1.py merge: two calls' folders into one run 11 reads as one (rows carry their call)."""
+    """scripts/moe_batch1.py merge: two calls' folders into one run that 11 reads as one (rows carry their call)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("moe_script", Path(__file__).resolve().parents[1] / "scripts" /

@@ -1,4 +1,4 @@
-"""Other traffic beside the suite's requests (issue 29 item 3): the watch on synthetic /metrics scrapes, the row
+"""Other traffic beside the suite's requests (docs/production.md): the watch on synthetic /metrics scrapes, the row
 columns and the step findings, and the embedded server measured beside a bounded load generator on 127.0.0.1."""
 
 from __future__ import annotations

@@ -186,3 +186,19 @@ def test_a_kernel_gets_longer_than_papermills_minute_to_start(monkeypatch: pytes
     monkeypatch.setattr(papermill, "execute_notebook", lambda *args, **kwargs: seen.update(kwargs))
     execute.execute_notebook("00_tiny", Run.create(tmp_path / "run"), {})
     assert seen["start_timeout"] == execute.KERNEL_START_TIMEOUT_S >= 180
+
+
+def test_the_runs_index_lists_every_run_escaped_and_offline(tmp_path: Path) -> None:
+    """data/runs/index.html (Jinja2, templates/index/): newest first, a link only where the run has its index, text
+    escaped, nothing loaded from the network."""
+    from specdiag.report.index import write_runs_index
+
+    Run.create(tmp_path / "a-run", server_url="http://gpu-host:30000/?a=<b>")
+    run = Run.create(tmp_path / "b-run", replay_of="data/reference/x")
+    run.update(report={"statuses": {"00_snapshot": "ok", "01_baseline_sweep": "failed"}})
+    (run.path / "index.html").write_text("", encoding="utf-8")
+    page = write_runs_index(tmp_path).read_text()
+    assert page.index("b-run") < page.index("a-run")
+    assert '<a href="b-run/index.html">b-run</a>' in page and 'href="a-run/' not in page
+    assert "?a=&lt;b&gt;" in page and "00_snapshot: ok, 01_baseline_sweep: failed" in page
+    assert "not run through the report" in page and report.network_references(page) == []

@@ -16,7 +16,7 @@ def test_mla_verify_flops_absorbed() -> None:
     # 2 x local heads x draft tokens x L x (576 + 512) per layer, 61 layers; TP 8 -> 8 local heads.
     flops = rl.verify_attention_flops(geom, 185_000, draft_tokens=8, tp_size=8)
     assert flops == 2 * 8 * 8 * 185_000 * (576 + 512) * 61
-    assert flops / 1e12 == pytest.approx(1.57, abs=0.005)  # kernels.md §7 table, h*s_q = 64
+    assert flops / 1e12 == pytest.approx(1.57, abs=0.005)  # h*s_q = 64
 
 
 def test_gqa_verify_flops_window_capped() -> None:
@@ -33,7 +33,7 @@ def test_floors_effective_bandwidth_and_percent_of_peak_at_185k() -> None:
     row = step.as_row()
     kv = 185_000 * 61 * 1152
     assert row["kv_gb_per_step"] == pytest.approx(kv / 1e9)
-    assert row["kv_floor_ms"] == pytest.approx(1e3 * kv / 1792e9)             # 7.25 ms (kernels.md §7)
+    assert row["kv_floor_ms"] == pytest.approx(1e3 * kv / 1792e9)             # 7.25 ms
     assert row["kv_floor_ms"] == pytest.approx(7.25, abs=0.01)
     assert row["effective_gb_s_kv"] == pytest.approx(kv / 1.430 / 1e9)        # 9.09 GB/s
     assert row["effective_gb_s_kv"] == pytest.approx(9.09, abs=0.01)
@@ -49,7 +49,7 @@ def test_floors_effective_bandwidth_and_percent_of_peak_at_185k() -> None:
 
 def test_compute_bound_when_heads_times_draft_tokens_large() -> None:
     geom = g.load_geometry("kimi-k2")
-    # 16 local heads x 64 draft tokens (TP 4): compute floor above the KV floor (kernels.md §0).
+    # 16 local heads x 64 draft tokens (TP 4): compute floor above the KV floor (about 2 h T FLOP per KV byte).
     step = rl.step_roofline(geom, 128_000, RTX_PRO, tp_size=4, draft_tokens=64)
     assert step.compute_floor_s > step.kv_floor_s
     assert step.floor_s == step.compute_floor_s

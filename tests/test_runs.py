@@ -72,7 +72,7 @@ def test_bad_table_name(tmp_path) -> None:
 
 
 def test_paths_are_shown_relative_to_the_project(tmp_path, monkeypatch) -> None:
-    """Shared pages hold no absolute path of the machine that made them (issue 11, item 8)."""
+    """Shared pages hold no absolute path of the machine that made them."""
     import sys
 
     from specdiag.paths import PROJECT_ROOT, REFERENCE_DIR, ShownPath, relative_to_project, shown

@@ -1,4 +1,4 @@
-"""Which notebooks saw which server (issue 29 item 4): a restart or other settings between notebooks is detected,
+"""Which notebooks saw which server: a restart or other settings between notebooks is detected,
 recorded in run.json and said by 07."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""SGLang's two keys (issue 29 item 2): the replay server enforces SGLang 0.5.17's rules exactly as recorded from its
+"""SGLang's two keys (docs/production.md): the replay server enforces SGLang 0.5.17's rules exactly as recorded from its
 wheel (tests/data/sglang-0.5.17/auth.json), and the client sends each key where it belongs: ``SPECDIAG_API_KEY`` to
 /generate, /server_info, /tokenize, ...; ``SPECDIAG_ADMIN_API_KEY`` (else the API key) to the admin endpoints
 (/flush_cache, /start_profile, ...). A 401 or 403 names the endpoint and the variable to set; without the admin key a

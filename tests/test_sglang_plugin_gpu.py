@@ -30,7 +30,7 @@ def to_cuda(batch: VerifyBatch) -> VerifyBatch:
 
 def with_draft_in_cache(batch: VerifyBatch) -> tuple[VerifyBatch, torch.Tensor]:
     """``batch`` with its draft rows (k_ext) appended to the cache, as SGLang's set_kv_buffer stores them, and their
-    slots (SGLang's out_cache_loc): the Gluon kernel (run 32) reads the draft rows there."""
+    slots (SGLang's out_cache_loc): the Gluon kernel (gluon_ws_ragged) reads the draft rows there."""
     pool = batch.kv_buffer.shape[0]
     kv = torch.cat([batch.kv_buffer, batch.k_ext.reshape(-1, 1, batch.k_ext.shape[-1])], dim=0)
     loc = torch.arange(pool, pool + batch.k_ext.shape[0], dtype=torch.int64, device=kv.device)
@@ -83,7 +83,7 @@ def test_ragged_kernel_launches_with_the_ladder_config(heads):
 
 @pytest.mark.parametrize("heads, draft", [(8, 1), (4, 8), (8, 8), (16, 64)])
 def test_ladder_launches_its_first_rung_the_tuned_tile(heads, draft):
-    """With one tile as keys and values (run 30) the tuned tile of every row count fits the H200: the ladder's first
+    """With one tile as keys and values the tuned tile of every row count fits the H200: the ladder's first
     rung launches without an OutOfResources (the form before needed 295,936 B at 64 rows and stepped down to 64 x 32)
     and gives the right output. The stepping itself is tested on the CPU (tests/test_splitkv_shared.py)."""
     from specdiag.kernels.splitkv_plan import ConfigLadder, fitting_ladder
@@ -143,7 +143,7 @@ def test_ragged_kernel_matches_sglang_extend_attention(prefix_lens, chain, kind)
 def test_ragged_kernel_replays_in_a_cuda_graph_at_other_lengths(kind, qo_int64, draft):
     """Captured at one prefix length, replayed after the indptr buffers change: lengths are read on the device. The
     Gluon kernel with qo_indptr int64, as SGLang's CUDA-graph buffer holds it; at 16 and 8 rows its rows-as-N form
-    (session 11), with an N of 16 and of 8."""
+    (commit c6e7e3c), with an N of 16 and of 8."""
     heads = 8
     long_batch, _ = make_batch([20000], draft, heads, chain=False, seed=3)
     g = to_cuda(long_batch)
@@ -175,8 +175,8 @@ def test_ragged_kernel_replays_in_a_cuda_graph_at_other_lengths(kind, qo_int64, 
     assert math.isfinite(float(out.float().abs().max()))
 
 
-# ---- run 32: the warp-specialized Gluon kernel on the ragged layout (gluon_ws_ragged), what the plugin serves on
-# sm_90 (from 33 rows in run 32, at every row count since run 35); it reads the draft rows from the cache at their slots (out_cache_loc), where the hook stores them
+# ---- the warp-specialized Gluon kernel on the ragged layout (gluon_ws_ragged), what the plugin serves on
+# sm_90 (at every row count since commit 4056b13, where it beat the Triton kernels at 8-32 rows); it reads the draft rows from the cache at their slots (out_cache_loc), where the hook stores them
 
 @pytest.mark.parametrize("prefix_lens, draft, heads, chain, dtype", [
     ([1000], 8, 8, True, torch.bfloat16),
@@ -186,7 +186,7 @@ def test_ragged_kernel_replays_in_a_cuda_graph_at_other_lengths(kind, qo_int64, 
     ([20000], 64, 16, False, torch.bfloat16),  # 1,024 rows: 16 row tiles, few splits
     ([7000, 300], 8, 8, False, torch.float16),
     ([2500] * 8, 4, 16, True, torch.bfloat16),  # a batch of 8: fewer splits per request
-    ([131072], 1, 8, True, torch.bfloat16),  # 8 rows, one draft token: served by the Gluon kernel since run 35
+    ([131072], 1, 8, True, torch.bfloat16),  # 8 rows, one draft token: served by the Gluon kernel
     ([3000, 50000], 2, 8, False, torch.bfloat16),  # 16 rows
     ([60000], 8, 4, False, torch.bfloat16),  # 32 rows: the investigation's shape at tensor parallel 2
 ], ids=lambda v: "x".join(map(str, v[:3])) + f"-{len(v)}" if isinstance(v, list) else str(v))
@@ -218,7 +218,7 @@ def test_gluon_ragged_kernel_both_forms_up_to_16_rows(prefix_lens, draft, heads,
             run_kernel(to_cuda(make_batch([100], 4, 8, True, seed=1)[0]), 4, "gluon", swap=True)  # 32 rows
 
 
-# ---- session 14: the fp8 kernel on the ragged layout (gluon_ws_ragged.ragged_split_kv_gluon_fp8), what the plugin
+# ---- the fp8 kernel on the ragged layout (gluon_ws_ragged.ragged_split_kv_gluon_fp8), what the plugin
 # serves on an fp8_e4m3 cache up to 16 rows: every row read from the fp8 pool, draft rows at their slots
 
 FP8_CASES = [
@@ -260,8 +260,8 @@ def fp8_call(g8: VerifyBatch, loc: torch.Tensor, draft: int, scale: float, out: 
                          ids=["qo-int32", "qo-int64", "qo-int64-s13", "qo-int64-s12"])
 def test_fp8_ragged_kernel_matches_the_exact_reference(prefix_lens, draft, heads, chain, scale, qo_int64, rings):
     """Against translate.fp8_reference (fp32 on the dequantized pool, drafts from their slots): the bf16 output's
-    rounding only (the dense fp8 pick measured 1.65-1.75e-3 in session 13); above 16 rows in both rings of the 32-row
-    tiles (``rings`` s13; None: the default d2) and in the 64-row tiles of s12 above 32 rows (session 15)."""
+    rounding only (the dense fp8 pick measured 1.65-1.75e-3 on the H200, commit 4f0a82c); above 16 rows in both rings of the 32-row
+    tiles (``rings`` s13; None: the default d2) and in the 64-row tiles of s12 above 32 rows (commit c648a79)."""
     from specdiag_sglang_plugin.translate import fp8_reference
 
     if rings is not None and heads * draft <= (32 if rings == "s12" else 16):

@@ -233,8 +233,15 @@ def test_parse_prometheus() -> None:
 def test_parse_prometheus_rejects_malformed_line() -> None:
     with pytest.raises(ValueError, match="line 2"):
         spec.parse_prometheus("ok 1\nbroken{x=1} 2\n")
-    with pytest.raises(ValueError, match="no value"):
+    with pytest.raises(ValueError, match="line 1: .*'lonely_metric'"):
         spec.parse_prometheus("lonely_metric\n")
+
+
+def test_parse_prometheus_names_counters_with_total() -> None:
+    """prometheus_client's convention: a counter typed without ``_total`` has its sample named with it."""
+    s = spec.parse_prometheus("# TYPE energy_joules counter\nenergy_joules 5\n# TYPE up gauge\nup 1\n")
+    assert s == {"energy_joules_total": [({}, 5.0)], "up": [({}, 1.0)]}
+    assert isinstance(s["up"][0][1], float)
 
 
 def test_commit_length_from_scrapes() -> None:

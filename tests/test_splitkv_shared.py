@@ -3,8 +3,8 @@
 RAGGED_SHARED_SM90 (splitkv_plan) holds ``metadata.shared`` of triton_splitkv_ragged._ragged_partial_kernel compiled
 offline with Triton 3.6.0 for sm_90 (pointers and the strides SGLang passes marked divisible by 16, as at run time);
 the slow test compiles every entry again, so a change to the kernel that moves its shared memory fails here. The form
-before run 30 (a separate value tile) needed 295,936 B at (64, 64, 8 warps, 3 stages): the failed H200 launch,
-"Required: 295936, Hardware limit: 232448" (/work/devres/plugin1/gpu-tests.log, 2026-11-30).
+with a separate value tile (before commit b52100f) needed 295,936 B at (64, 64, 8 warps, 3 stages): the failed H200 launch,
+"Required: 295936, Hardware limit: 232448" (the H200's GPU tests, 2026-11-30).
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def test_formula_reproduces_the_pipelined_tiles_and_is_short_by_at_most_20k_else
 
 
 def test_the_tuned_tiles_now_fit_the_h200():
-    # 8 heads x 8 draft tokens (64 rows): the tuned (64, 64, 8 warps, 3 stages) tile, which the form before run 30
+    # 8 heads x 8 draft tokens (64 rows): the tuned (64, 64, 8 warps, 3 stages) tile, which the form with a separate value tile
     # could not launch (295,936 B), fits in one block's opt-in shared memory
     assert ragged_shared_bytes(default_config(64)) == 230400 <= SHARED_LIMIT_SM90
     first = fitting_ladder(64)[0]

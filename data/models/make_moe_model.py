@@ -8,7 +8,7 @@ bytes as one TP8 rank's slice of a Kimi K2.6 expert (width 2048 / 8 = 256) in IN
 (30 MoE layers, about 33 GB) fit the H200 with room for a long KV cache and the 64 GiB disk of the 1-GPU machine;
 ``--max-gb`` picks the most layers that fit a budget.
 
-Routing that spreads (shared/engines/README.md, measured on the H200): ``--load-format dummy``, and transformers'
+Routing that spreads (measured on the H200 with SGLang 0.5.17, 2026-12-02): ``--load-format dummy``, and transformers'
 default init even with a fresh router, sent almost every token to the same few experts, because the residual stream
 of a random model is nearly the same vector for every token and the router reads it. Here the residual stays each
 token's own: token embeddings of unit scale (N(0, 1)), every output projection into the residual (attention o_proj,

@@ -42,8 +42,8 @@ class GpuSpec:
 #: Known GPUs. Dense bf16 rates are the "with sparsity" datasheet figure halved where only that is given.
 KNOWN_GPUS: tuple[GpuSpec, ...] = (
     GpuSpec("NVIDIA H200", 4800, 989.4,
-            "NVIDIA H200 spec: 4.8 TB/s HBM3e (shared/reference/kernels.md §7)",
-            "NVIDIA H200 spec: 1,979 TFLOPS bf16 with sparsity, halved (kernels.md §7); same SMs as H100 SXM",
+            "NVIDIA H200 datasheet: 4.8 TB/s HBM3e",
+            "NVIDIA H200 datasheet: 1,979 TFLOPS bf16 with sparsity, halved; same SMs as H100 SXM",
             ("h200",)),
     GpuSpec("NVIDIA H100 PCIe", 2000, 756.5,
             "NVIDIA H100 datasheet (reprinted by archive-lib.hpctech.co.jp); product brief PB-11133-001: 2,000 GB/s",
@@ -78,8 +78,8 @@ KNOWN_GPUS: tuple[GpuSpec, ...] = (
             "Ada whitepaper via waredb.com: BF16 tensor 165.15 TFLOPS dense (FP32 accumulate)",
             ("4090",)),
     GpuSpec("NVIDIA RTX PRO 6000 Blackwell", 1792, 503.8,
-            "512-bit GDDR7 at 28 Gbps = 1,792 GB/s (gpu.name citing VideoCardz; kernels.md §7)",
-            "hmc-tech.com spec aggregator, 503.8 TFLOPS bf16 dense (UNCONFIRMED against NVIDIA; kernels.md §7)",
+            "512-bit GDDR7 at 28 Gbps = 1,792 GB/s (gpu.name citing VideoCardz)",
+            "hmc-tech.com spec aggregator, 503.8 TFLOPS bf16 dense (UNCONFIRMED against NVIDIA)",
             ("rtx pro 6000",)),
 )
 

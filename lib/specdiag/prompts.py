@@ -1,6 +1,6 @@
 """Prompts of an exact token length, predictable or novel, reproducible from a seed.
 
-Two kinds (see reference/investigation.md, steps 1 and 4):
+Two kinds (the investigation's steps 1 and 4: tests/data/investigation_tables.md):
 
 - ``novel``: held-out prose from ``data/prompts/novel_prose.txt``. A seed picks the start (the
   beginning of a paragraph); the text is read as a ring from there (to the end, then from the file's

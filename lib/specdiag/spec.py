@@ -8,7 +8,7 @@ Vocabulary (the same in every notebook):
   ``avg_commit_len``). Always >= 1.
 - **accepted drafts** (``correct drafts``): commit length - 1.
 
-Sources of the formulas (SGLang, see reference/sglang-protocol.md):
+Sources of the formulas (SGLang 0.5.17, its replies recorded in tests/data/sglang-0.5.17/):
 
 - Per request, exact: ``(completion_tokens - 1) / spec_verify_ct``; the first output token comes
   from prefill, not from a verify step. ``1 + sum(i * hist[i]) / sum(hist)`` over
@@ -28,7 +28,6 @@ Everything here is a pure function of its arguments: no I/O, no global state.
 
 from __future__ import annotations
 
-import math
 import re
 import statistics
 from dataclasses import dataclass
@@ -422,65 +421,44 @@ def parse_commit_stats_line(line: str) -> dict[str, float] | None:
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
 
-_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
-_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
 
+def _samples(text: str) -> Samples:
+    # imported here: prometheus_client loads its registry and HTTP exposition (about 85 ms), which replay never needs
+    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
 
-def _unescape(value: str) -> str:
-    return value.replace("\\\\", "\x00").replace('\\"', '"').replace("\\n", "\n").replace("\x00", "\\")
-
-
-def _parse_value(text: str) -> float:
-    lowered = text.lower()
-    if lowered in ("+inf", "inf"):
-        return math.inf
-    if lowered == "-inf":
-        return -math.inf
-    if lowered == "nan":
-        return math.nan
-    return float(text)
+    out: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, []).append((dict(sample.labels), float(sample.value)))
+    return out
 
 
 def parse_prometheus(text: str) -> Samples:
-    """Parse Prometheus text exposition into ``{metric name: [(labels, value), ...]}``.
+    """Parse Prometheus text exposition into ``{sample name: [(labels, value), ...]}``, with prometheus_client's
+    parser (``prometheus_client.parser.text_string_to_metric_families``).
 
-    Comments (``# HELP``/``# TYPE``) and blank lines are skipped; optional timestamps are dropped;
-    ``+Inf``/``-Inf``/``NaN`` become floats. Histogram series keep their ``_bucket``/``_sum``/
-    ``_count`` names. A malformed sample line raises ValueError naming the line.
+    Comments (``# HELP``/``# TYPE``) and blank lines are skipped; optional timestamps are dropped; values are
+    floats (``+Inf``/``-Inf``/``NaN`` included). Histogram series keep their ``_bucket``/``_sum``/``_count``
+    names; a counter's samples are named with ``_total`` (the parser's OpenMetrics convention: a sample of a
+    counter typed without the suffix gets it; SGLang, vLLM and the embedded server write it already). A malformed
+    line raises ValueError naming its number and text.
     """
-    out: Samples = {}
+    try:
+        return _samples(text)
+    except ValueError as exc:
+        raise ValueError(_malformed(text, exc)) from None
+
+
+def _malformed(text: str, exc: ValueError) -> str:
+    """The first line the parser refuses on its own, numbered, for the error the whole text raised."""
     for lineno, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
+        if not raw.strip():
             continue
-        m = _METRIC_NAME.match(line)
-        if not m:
-            raise ValueError(f"Prometheus text line {lineno}: no metric name in {raw!r}")
-        name = m.group(0)
-        pos = m.end()
-        labels: dict[str, str] = {}
-        if pos < len(line) and line[pos] == "{":
-            end = pos + 1
-            while True:
-                if end >= len(line):
-                    raise ValueError(f"Prometheus text line {lineno}: unclosed label set in {raw!r}")
-                if line[end] == "}":
-                    break
-                lm = _LABEL.match(line, end)
-                if not lm:
-                    raise ValueError(f"Prometheus text line {lineno}: bad label in {raw!r}")
-                labels[lm.group(1)] = _unescape(lm.group(2))
-                end = lm.end()
-            pos = end + 1
-        parts = line[pos:].split()
-        if not parts:
-            raise ValueError(f"Prometheus text line {lineno}: no value in {raw!r}")
         try:
-            value = _parse_value(parts[0])
-        except ValueError:
-            raise ValueError(f"Prometheus text line {lineno}: bad value {parts[0]!r} in {raw!r}") from None
-        out.setdefault(name, []).append((labels, value))
-    return out
+            _samples(raw + "\n")
+        except ValueError as line_exc:
+            return f"Prometheus text line {lineno}: {line_exc or 'unparsable'} in {raw!r}"
+    return f"Prometheus text: {exc}"
 
 
 def metric_total(samples: Samples, name: str, **label_filter: str) -> float | None:

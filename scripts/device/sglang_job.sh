@@ -4,7 +4,7 @@
 #
 # SGLang comes from /tmp/site. If it is not there yet, it is joined from /tmp/stage/part.00 (staged by
 # call 1) and .rs2/part.* (carried in this call), checked against .rs2/SHA256SUMS, and extracted
-# (../shared/engines/README.md). /tmp/site goes FIRST on PYTHONPATH (its transformers 5.12.1 hides the
+# (scripts/device/README.md). /tmp/site goes FIRST on PYTHONPATH (its transformers 5.12.1 hides the
 # machine's 5.17). The whole call is bounded: $BUDGET s for the recording (default 500; the recorder is killed at BUDGET + 30), then tar.
 # Dry run elsewhere: ENGINE=embedded EXTRA="--device cpu --contexts 256,512 ..." SITE=none.
 #

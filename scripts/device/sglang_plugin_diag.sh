@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Plugin calls of 2026-11-30, session 3 (scripts/sglang_plugin_diag.py): PHASE=tp1 (four TP 1 servers on two GPUs:
+# Plugin calls of 2026-11-30 (scripts/sglang_plugin_diag.py): PHASE=tp1 (four TP 1 servers on two GPUs:
 # identity with logprob margins, the step sweep, torch-profiler traces) or PHASE=tp2 (stock, plugin and check at
 # TP 2). Run from the repository root on nvidia-h200-x2, SGLang staged as in scripts/device/sglang_plugin_job.sh
 # (/tmp/site, or /tmp/stage/part.00 + carried .rs2/part.*). Bounded by TOTAL seconds (default 530) in all.

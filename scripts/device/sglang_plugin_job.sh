@@ -2,7 +2,7 @@
 # One device call: the SGLang plugin (plugins/sglang) on a real SGLang 0.5.17 on the H200.
 # Run from the repository root:  bash scripts/device/sglang_plugin_job.sh   (call limit 540 s)
 #
-# Needs SGLang unpacked at $SITE (default /tmp/site, staged by an earlier call: ../shared/engines/README.md);
+# Needs SGLang unpacked at $SITE (default /tmp/site, or staged by an earlier call: scripts/device/README.md);
 # without it, joins /tmp/stage/part.00 (call 1) with .rs2/part.* (carried) as scripts/device/sglang_job.sh does.
 # Steps, bounded in all by TOTAL (default 505 s from the start) + about 35 s (each driver gets the time left less 45 s
 #  and keeps 40 s of its budget to stop; timeout kills it 40 s past its budget):
@@ -30,9 +30,9 @@ TP2_MIN_S=${TP2_MIN_S:-90}
 SITE=${SITE:-/tmp/site}
 PLUGIN=${PLUGIN_TARGET:-/tmp/plugin}
 EXTRA=${EXTRA:-}
-# the launch gate gets GPU_TESTS_S - 15 s and needs about 15 s to import and run (session 10, call 22: 5 s was too
+# the launch gate gets GPU_TESTS_S - 15 s and needs about 15 s to import and run (on the H200, 2026-12-01: 5 s was too
 # little, and the job stopped with no server started); TOTAL below 400 s leaves four servers no time to start and
-# capture (session 10, call 23: an 80 s target-verify capture)
+# capture (the same day: an 80 s target-verify capture)
 if ! [[ "$GPU_TESTS_S" =~ ^[0-9]+$ ]] || [ "$GPU_TESTS_S" -lt 35 ]; then
   echo "[plugin-job] GPU_TESTS_S=$GPU_TESTS_S: the launch gate needs GPU_TESTS_S >= 35 (it gets GPU_TESTS_S - 15 s); set GPU_TESTS_S=35 or more" >&2
   exit 2

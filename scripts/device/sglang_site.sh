@@ -15,7 +15,7 @@ stage_sglang_site() {
   [ -f "$site/sglang/version.py" ] && return 0
   if [ ! -f "$stage/part.00" ] || ! compgen -G ".rs2/part.*" >/dev/null; then
     echo "[$tag] FAILED: no SGLang at $site and no $stage/part.00 + .rs2/part.* to join: stage it first" \
-      "(../shared/engines/README.md)" | tee -a "$log"
+      "(scripts/device/README.md)" | tee -a "$log"
     return 2
   fi
   h=$(cat "$stage"/part.* .rs2/part.* | sha256sum | cut -c1-64)

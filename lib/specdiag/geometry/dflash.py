@@ -3,8 +3,8 @@
 DFlash (z-lab, arXiv 2602.06036) drafts a block of ``block_size`` tokens, the last committed token then mask
 tokens, in one forward, from the target's hidden states of a few target layers. What a drafter folder must say, and
 what the engines require of it (read in sgl-project/sglang ``python/sglang/srt/models/dflash.py``,
-``srt/speculative/dflash_utils.py`` and ``srt/arg_groups/speculative_hook.py`` ``_handle_dflash``; measured limits
-in ../shared/engines/README.md, section DFLASH):
+``srt/speculative/dflash_utils.py`` and ``srt/arg_groups/speculative_hook.py`` ``_handle_dflash``; limits
+measured on the H200 with SGLang 0.5.17, 2026-12-03):
 
 - ``architectures`` holds ``DFlashDraftModel``; ``hidden_size`` equals the target's (``fc`` projects the target's
   features straight into the drafter's residual stream, and the target's embedding and LM head are reused);

@@ -65,7 +65,7 @@ def _kimi_k26_config() -> dict[str, Any]:
 
 
 def _investigation_drafter_config() -> dict[str, Any]:
-    # The investigation's DFlash drafter (reference/investigation.md, "The deployment"): a 6-layer
+    # The investigation's DFlash drafter (tests/data/investigation_tables.md, "The deployment"): a 6-layer
     # Qwen3ForCausalLM, 64 heads, 8 KV heads, head_dim 128, max_position_embeddings 262144; 5 layers
     # sliding-window (2048), 1 full-attention layer with YaRN. Which layer is the full one, the YaRN
     # factor, hidden and intermediate sizes and the vocabulary were not published: the full layer is
@@ -101,7 +101,7 @@ PRESETS: dict[str, tuple[Callable[[], dict[str, Any]], str]] = {
     "kimi-k2.6": (_kimi_k26_config,
                   "Kimi K2.6: Kimi-K2 text shape with INT4 routed experts (compressed-tensors, group 32)"),
     "investigation-drafter": (_investigation_drafter_config,
-                              "the investigation's DFlash drafter (reference/investigation.md)"),
+                              "the investigation's DFlash drafter (its deployment, data/reference/ct200-kimi-k26)"),
     "embedded-target": (_embedded("target"), "data/models/target/config.json"),
     "embedded-drafter": (_embedded("drafter"), "data/models/drafter/config.json"),
 }

@@ -2,7 +2,7 @@
 
 Pure functions, no I/O. Names and shapes follow SGLang 0.5.x (``srt/managers/io_struct.py``,
 ``sglang/api/v1/api_types.py``, ``TokenizerManager._handle_batch_output`` and
-``fill_spec_decoding_meta``); see shared/reference/sglang-protocol.md.
+``fill_spec_decoding_meta``); a real SGLang 0.5.17's replies are recorded in tests/data/sglang-0.5.17/.
 """
 
 from __future__ import annotations

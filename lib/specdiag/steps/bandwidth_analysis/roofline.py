@@ -14,7 +14,7 @@ Formulas (per rank, one step at context L; 1 GB = 1e9 B):
 - compute floor = verify FLOPs / peak matmul rate (bf16 on a GPU; a CPU's faster of bf16 and fp32); the step's
   floor = max(memory, compute).
   MLA verify does about 2 h T FLOP per KV byte, so many heads x draft tokens make it compute-bound
-  (reference/kernels.md §0).
+  (``kernels.mla.verify_flops`` against ``kernels.mla.kv_bytes``).
 - effective bandwidth = bytes / measured step time; efficiency = floor / measured (1 = at the floor);
   % of peak = effective bandwidth / peak bandwidth.
 - slopes: least-squares ms per 1k tokens of the measured step time and of the memory floor over the

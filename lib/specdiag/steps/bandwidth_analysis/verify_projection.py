@@ -1,6 +1,6 @@
 """Per-layer verify time from two arms of one server (stock and a fixed attention), projected to a deeper model.
 
-Two runs of the same server and model that differ only in the verify-attention kernel (issue 12: stock Triton
+Two runs of the same server and model that differ only in the verify-attention kernel (stock Triton
 verify and the specdiag split-KV plugin, or SGLang's upstream split-KV) give two projections.
 
 **Step-based** (:func:`project_layers`), from the whole verify step of each arm (ms per verify step, measured):

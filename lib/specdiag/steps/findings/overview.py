@@ -15,7 +15,7 @@ from specdiag.stats import fit_line, median_diff_test
 from specdiag.runs import Run
 from specdiag.steps.baseline_sweep.sweep import latest_rows, rows_source
 
-#: The question each notebook answers (DESIGN.md), in run order.
+#: The question each notebook answers, in run order.
 QUESTIONS: dict[str, str] = {
     "00_snapshot": "What server, model, drafter, attention backend, page size and hardware is this run about?",
     "01_baseline_sweep": "How do TTFT, prefill, decode, ms per step and commit length scale with context?",

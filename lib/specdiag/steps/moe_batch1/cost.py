@@ -29,7 +29,7 @@ from specdiag.geometry import kv_bytes_per_step, weight_bytes_per_step
 from specdiag.geometry.types import ModelGeometry
 
 KIMI_PRESET = "kimi-k2.6"
-KIMI_GPU = "NVIDIA RTX PRO 6000 Blackwell"  # the investigation's GPUs (shared/reference/investigation.md)
+KIMI_GPU = "NVIDIA RTX PRO 6000 Blackwell"  # the investigation's GPUs (data/reference/ct200-kimi-k26)
 KIMI_TP = 8
 ACCEPTANCE = (0.0, 0.5, 0.8, 0.95)  # per-draft acceptance rates shown (0.0: the investigation's long-context prose)
 

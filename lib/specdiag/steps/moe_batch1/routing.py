@@ -12,7 +12,7 @@ consecutive tokens from a request's routed experts, against the uniform expectat
   experts of E uniformly and independently: E x (1 - (1 - k/E)^T). For independent tokens no routing distribution
   touches more experts on average, so a trained model's tokens, which share experts, touch fewer.
 - **Spread**: the median over a group's passes and layers of distinct / expected. Random weights can route every token
-  alike (shared/engines/README.md: ``--load-format dummy`` sent every token to the same 8 experts); conclusions
+  alike (on the H200 with SGLang 0.5.17, 2026-12-02: ``--load-format dummy`` sent every token to the same 8 experts); conclusions
   about expert bytes are drawn only when the verify passes' ratio is at least :data:`SPREAD_MIN` (the check).
 - A request's **routed experts** (SGLang 0.5.17 ``--enable-return-routed-experts``: ``meta_info.routed_experts``,
   base64 of raw int32 ``[tokens, layers, top_k]`` covering positions ``[start, seqlen - 1)``; vLLM 0.32

@@ -1,7 +1,7 @@
 """What a run is about: the server's settings, the model and the machine, as rows for tables.
 
 ``server_settings(server_info)`` picks the fields that decide long-context speculative decoding
-(SGLang's flat ``/server_info`` names, reference/sglang-protocol.md section 2); ``local_machine()``
+(SGLang's flat ``/server_info`` names, as recorded from SGLang 0.5.17 in tests/data/sglang-0.5.17/); ``local_machine()``
 describes the host this code runs on, which is the server's hardware only when the server runs here
 (:func:`specdiag.serving.locality.is_local_url`). Secrets are redacted by :func:`specdiag.serving.redaction.redact` before anything is kept.
 """
