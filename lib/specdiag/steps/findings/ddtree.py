@@ -2,7 +2,7 @@
 
 DDTree (Ringel & Romano, arXiv 2604.12989; the investigation's tree on top of DFlash) builds a draft tree from DFlash's
 per-position distributions and verifies it in one target pass with a tree mask. No engine release serves it (SGLang
-has it only in an open pull request; published, ../shared/reference/sglang-protocol.md section 5), so no server of a run
+has it only in an open pull request, published), so no server of a run
 runs it. What a run can hold of its parts, all read from run.json (its own and the recorded runs it replayed):
 
 - servers that ran DFLASH, and their verify block (``speculative_num_draft_tokens``, server-reported): DFlash's
