@@ -193,7 +193,7 @@ VERBS: dict[str, tuple[Callable[[Sequence[str]], int], bool, str]] = {
     "compare": (_compare, True, "08 on two recorded run folders, no server (--run-a A --run-b B, or --params "
                                 "params/compare-plugin.yaml)"),
     "sweep": (_sweep, False, "start each arm of an arms file in turn, measure it (--measure engine_ab|kv_layout|"
-                             "moe_batch1|plugin_check), stop it: --arms FILE --measure NAME --out RUN"),
+                             "moe_batch1), stop it: --arms FILE --measure NAME --out RUN"),
     "merge": (_merge, False, "join several sweeps' run folders into one run: --out DEST SRC..."),
 }
 

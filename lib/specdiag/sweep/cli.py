@@ -131,9 +131,9 @@ def models_main(argv: Sequence[str]) -> int:
             continue
         cmd = recipe.command(args.python)
         print(f"[models] {shlex.join(cmd)}", flush=True)
-        if subprocess.call(cmd) != 0:  # noqa: S603 - the arms file's own recipe
-            print(f"[models] FAILED: {shlex.join(cmd)}", file=sys.stderr)
-            return 5
+        rc = subprocess.call(cmd)  # noqa: S603 - the arms file's own recipe
+        if rc != 0:  # a maker's own check may exit non-zero with the model written (make_moe_model.py --check: 3)
+            print(f"[models] {recipe.path}: the recipe exited {rc}", file=sys.stderr, flush=True)
     missing = sorted(p for p in named if not (Path(p) / "config.json").is_file())
     if missing:
         print(f"[models] no recipe made {', '.join(missing)}: add it under models: in {args.arms}", file=sys.stderr)

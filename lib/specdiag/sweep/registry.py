@@ -42,8 +42,6 @@ MEASUREMENTS: dict[str, Measurement] = {m.name: m for m in (
                 "10: a long request on a fresh pool and on a pool the filler scattered"),
     Measurement("moe_batch1", "specdiag.steps.moe_batch1.measure",
                 "11: the expert recorder's pass, timed requests and one routed-experts request per server"),
-    Measurement("plugin_check", "specdiag.steps.plugin_check.measure",
-                "the SGLang plugin in a server: greedy outputs per arm (identity) and its per-call check"),
 )}
 
 
