@@ -154,7 +154,8 @@ def _where(index: int | None, name: str | None) -> str:
 def _unknown(keys: Mapping[str, Any], allowed: tuple[str, ...], where: str) -> None:
     for key in keys:
         if key not in allowed:
-            near = difflib.get_close_matches(str(key), allowed, n=1)
+            near = difflib.get_close_matches(str(key), allowed, n=1) or [
+                a for a in allowed if str(key) in a or a in str(key)][:1]
             hint = f"; did you mean {near[0]!r}?" if near else ""
             raise ArmsError(f"{where}: unknown key {key!r}{hint} (keys: {', '.join(allowed)})")
 

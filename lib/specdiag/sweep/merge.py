@@ -55,7 +55,9 @@ def merge_calls(dest: str | Path, sources: list[str | Path]) -> Run:
         raise MergeError(f"merge: the calls ran different measurements ({', '.join(sorted(kinds))}): merge only "
                          "calls of one measurement")
     arms: dict[str, Any] = dict(prior.meta.get("arms") or {}) if prior else {}
-    for src, r in zip(sources, runs):
+    offset = max([int(c.get("call") or 0) for c in (prior.meta.get("calls") or [])] + [0]) if prior else 0
+    first_call = {name: (rec.get("calls") or ["?"])[0] for name, rec in arms.items()}
+    for i, (src, r) in enumerate(zip(sources, runs), start=offset + 1):
         if r.meta.get("calls"):
             raise MergeError(f"merge: {src} is a merged run already; give the calls' own folders (or --out it to "
                              "extend it)")
@@ -63,9 +65,10 @@ def merge_calls(dest: str | Path, sources: list[str | Path]) -> Run:
             if name in arms and arms[name].get("configured") != rec.get("configured"):
                 diff = differences(dict(rec.get("configured") or {}), dict(arms[name].get("configured") or {}))
                 raise MergeError(f"merge: arm {name!r} of {src} is not configured as in call "
-                                 f"{(arms[name].get('calls') or ['?'])[0]}: " + "; ".join(diff)
+                                 f"{first_call[name]}: " + "; ".join(diff)
                                  + ". Give the arm another name in one of the arms files")
             arms.setdefault(name, {**rec, "calls": [], "per_call": {}})
+            first_call.setdefault(name, i)
     first_keys = sorted({k for r in runs for k in r.meta if k not in OWN_KEYS} - set(_list_keys(runs)))
     out, calls = merge_runs(dest, sources, _tables(runs), label="merged", list_keys=_list_keys(runs),
                             first_keys=first_keys, gzip_files=True)
