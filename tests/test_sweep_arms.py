@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from specdiag.paths import PROJECT_ROOT
 from specdiag.sweep.arms import ArmsError, load_arms, parse_arms
 from specdiag.sweep.registry import measurement

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from specdiag import cli
 from specdiag.paths import PROJECT_ROOT
 from specdiag.runs import Run

@@ -8,11 +8,16 @@ import os
 from pathlib import Path
 
 import pytest
-
 from specdiag.paths import PROJECT_ROOT
 from specdiag.sweep.arms import ArmsError, load_arms, parse_arms
 from specdiag.sweep.driver import preflight
-from specdiag.sweep.servers import PARALLEL_FLAGS, Host, arm_env, recorded_env, server_command
+from specdiag.sweep.servers import (
+    PARALLEL_FLAGS,
+    Host,
+    arm_env,
+    recorded_env,
+    server_command,
+)
 
 ARMS_DIR = PROJECT_ROOT / "params" / "arms"
 HOST = Host(work=Path("/w"), site="/tmp/site", plugin_path="/tmp/plugin")
@@ -78,7 +83,6 @@ def test_every_kv_layout_arm_records_its_layout_with_its_allocator() -> None:
 
 
 def test_moe_servers_carry_the_recorder_flags_and_their_t() -> None:
-    from specdiag.steps.moe_batch1.measure import sweep_env
 
     for a in load_arms(ARMS_DIR / "moe-batch1.yaml").arms:
         cmd = server_command(a, HOST)

@@ -31,7 +31,13 @@ from specdiag.runs import Run
 from specdiag.sweep.arms import Arm, ArmsError, ArmsFile
 from specdiag.sweep.job import ArmJob
 from specdiag.sweep.registry import Measurement
-from specdiag.sweep.servers import Host, arm_env, make_server, recorded_env, server_command
+from specdiag.sweep.servers import (
+    Host,
+    arm_env,
+    make_server,
+    recorded_env,
+    server_command,
+)
 from specdiag.sweep.settings import as_record
 
 
