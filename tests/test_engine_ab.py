@@ -231,7 +231,7 @@ def test_the_tradeoff_weighs_a_faster_decode_against_a_slower_prefill() -> None:
 
 
 def test_the_61_layer_reference_run_is_read_as_measured() -> None:
-    """data/reference/sglang-h200-mla61-engine-ab (three calls joined by engine_ab.py merge): the tables are the
+    """data/reference/sglang-h200-mla61-engine-ab (three calls joined by the engine A/B script's merge): the tables are the
     rows' medians, the first request of each server is flagged and no other, every decode ran alone, and the targets
     are the ratios of those medians."""
     from specdiag.paths import REFERENCE_DIR
@@ -278,7 +278,7 @@ def test_arm_lists_are_checked_before_any_work() -> None:
                        ("a=gpu:30000", "http")):
         with pytest.raises(ArmError, match=match):
             parse_servers(bad)
-    for bad, match in (("a=sglang:NGRAM", "scripts/engine_ab.py"), ("a=embedded:EAGLE", "ALGORITHM"),
+    for bad, match in (("a=sglang:NGRAM", "specdiag sweep"), ("a=embedded:EAGLE", "ALGORITHM"),
                        ("a=embedded:NGRAM:x", "whole number"), ("a=embedded:NGRAM:1", "2 or more"), ("", "names no arm")):
         with pytest.raises(ArmError, match=match):
             parse_engine_configs(bad)

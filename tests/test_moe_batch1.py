@@ -234,17 +234,13 @@ def test_07_diagnosis_carries_11s_verdict_from_the_h200_run():
 
 
 def test_merge_appends_calls_and_gzips_their_files(tmp_path):
-    """scripts/moe_batch1.py merge: two calls' folders into one run that 11 reads as one (rows carry their call)."""
-    import importlib.util
+    """specdiag merge: two calls' folders into one run 11 reads as one (rows carry their call, files gzipped)."""
+    from specdiag.sweep.merge import merge_calls
 
-    spec = importlib.util.spec_from_file_location("moe_script", Path(__file__).resolve().parents[1] / "scripts" /
-                                                  "moe_batch1.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
     a = build_run(tmp_path / "a", tokens_per_step=(1, 8))
     b = build_run(tmp_path / "b", seed=1, tokens_per_step=(2, 4))
-    assert script.merge(str(tmp_path / "m"), [str(a.path)]) == 0
-    assert script.merge(str(tmp_path / "m"), [str(b.path)]) == 0
+    merge_calls(tmp_path / "m", [a.path])
+    merge_calls(tmp_path / "m", [b.path])
     merged = Run.open(tmp_path / "m")
     assert {r["call"] for r in merged.rows("moe_dumps")} == {1, 2}
     assert all(p.suffix == ".gz" for p in (tmp_path / "m" / "files").iterdir())

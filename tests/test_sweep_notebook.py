@@ -8,7 +8,6 @@ import math
 from pathlib import Path
 
 import pytest
-
 from specdiag.runs import Run
 
 pytestmark = [pytest.mark.notebook, pytest.mark.slow]

@@ -6,6 +6,8 @@
     specdiag serve    [--engine embedded|sglang] [engine options]                       (make serve)
     (report, notebook and serve also take --plugin splitkv|upstream|off: make's PLUGIN=)
     specdiag lab      [jupyter lab options]                                             (make lab)
+    specdiag sweep    --arms FILE --measure NAME --out RUN [--contexts ...] [--budget-s N]  (arms as data)
+    specdiag merge    --out DEST SRC...                                                 (join calls' run folders)
 
 Each verb hands its options to the module the Makefile calls (``python -m specdiag.report run|replay``,
 ``python -m specdiag.launchers serve``), so the options are the same ones; ``specdiag VERB --help`` shows the
@@ -151,6 +153,18 @@ def _serve(argv: Sequence[str]) -> int:
     return launchers_main(["serve", *argv])
 
 
+def _sweep(argv: Sequence[str]) -> int:
+    from specdiag.sweep.cli import sweep_main  # noqa: PLC0415
+
+    return sweep_main(argv)
+
+
+def _merge(argv: Sequence[str]) -> int:
+    from specdiag.sweep.cli import merge_main  # noqa: PLC0415
+
+    return merge_main(argv)
+
+
 def lab_command(argv: Sequence[str] = (), uid: int | None = None) -> list[str]:
     """The JupyterLab command ``make lab`` runs: on the notebooks folder, ``--allow-root`` as root."""
     if uid is None:
@@ -178,6 +192,9 @@ VERBS: dict[str, tuple[Callable[[Sequence[str]], int], bool, str]] = {
     "lab": (_lab, True, "open JupyterLab on the notebooks"),
     "compare": (_compare, True, "08 on two recorded run folders, no server (--run-a A --run-b B, or --params "
                                 "params/compare-plugin.yaml)"),
+    "sweep": (_sweep, False, "start each arm of an arms file in turn, measure it (--measure engine_ab|kv_layout|"
+                             "moe_batch1), stop it: --arms FILE --measure NAME --out RUN"),
+    "merge": (_merge, False, "join several sweeps' run folders into one run: --out DEST SRC..."),
 }
 
 
@@ -189,6 +206,10 @@ def verb_parser(verb: str) -> argparse.ArgumentParser:
     """The parser whose help ``specdiag VERB --help`` prints: the verb's own usage (``specdiag VERB ...``) and every
     option it takes, ``--plugin`` included where the verb starts servers."""
     help_ = VERBS[verb][2]
+    if verb == "sweep":
+        from specdiag.sweep.cli import sweep_parser  # noqa: PLC0415
+
+        return sweep_parser()
     if verb == "serve":
         from specdiag.launchers.__main__ import add_serve_arguments  # noqa: PLC0415
 
@@ -224,7 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"[specdiag] error: unknown verb {verb!r}\n{usage()}", file=sys.stderr)
         return 2
     run, needs_notebooks, _ = VERBS[verb]
-    if verb != "lab" and ("-h" in rest or "--help" in rest):
+    if verb not in ("lab", "merge") and ("-h" in rest or "--help" in rest):
         print(verb_parser(verb).format_help())  # the verb's own usage, not the module's it hands on to
         return 0
     if needs_notebooks:

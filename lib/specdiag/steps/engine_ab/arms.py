@@ -6,7 +6,7 @@ another; and each arm's record in run.json ``arms`` (what it is, plugin, environ
 - ``engine_configs``: ``"name=embedded:ALGORITHM[:DRAFT_TOKENS],..."``: embedded servers (the tiny trained target on
   this machine), each started, measured and stopped before the next (``ALGORITHM`` NGRAM, STANDALONE or NONE;
   ``DRAFT_TOKENS`` SGLang's ``speculative_num_draft_tokens``, default 8). This is the CPU's A/B: the GPU arms (SGLang
-  backends, the plugin, hybrids) are started by ``scripts/engine_ab.py`` on the GPU host, whose run folder 09 replays.
+  backends, the plugin, hybrids) are started by ``specdiag sweep --measure engine_ab`` on the GPU host, whose run folder 09 replays.
 
 Arm names are words (letters, digits, ``_ . -``), each used once.
 """
@@ -86,7 +86,7 @@ def parse_engine_configs(text: str) -> list[EngineConfig]:
         engine, algorithm = parts[0].lower(), (parts[1].upper() if len(parts) > 1 else "NGRAM")
         if engine not in ENGINES:
             raise ArmError(f"engine_configs: {name}'s engine {parts[0]!r} is not one 09 starts ({', '.join(ENGINES)}); "
-                           "SGLang arms run on the GPU host with scripts/engine_ab.py, and 09 replays that run")
+                           "SGLang arms run on the GPU host with specdiag sweep --measure engine_ab, and 09 replays that run")
         if algorithm not in ALGORITHMS or len(parts) > 3:
             raise ArmError(f"engine_configs: {value!r} is not engine:ALGORITHM[:DRAFT_TOKENS]; write {form}")
         try:

@@ -14,14 +14,25 @@ backend takes minutes at a model's depth). :func:`prefill_all` and :func:`decode
 :func:`measure_arm` runs both on one arm alone, context by context, within a time budget (``concurrent`` on a row says
 how many arms prefilled at once where a driver overlapped them: those TTFTs are not an arm's own). Each row is :func:`specdiag.measure.metrics.sweep_row`'s plus ``arm``,
 ``phase``, ``repeat``, ``seed``, ``concurrent``; rows are appended as they are measured (``run.append_row``).
+
+``specdiag sweep --measure engine_ab`` runs :func:`sweep_arm` on each arm of an arms file (params/arms/engine-ab-*.yaml),
+with :class:`SweepSettings`; :func:`sweep_begin` records what 09 reads beside the rows (the model's config, the
+plan, the peaks of the prefill floor).
 """
 
 from __future__ import annotations
 
+import json
 import time
-from typing import Any, Callable, Iterable, Optional
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
 from specdiag.runs import Run
+
+if TYPE_CHECKING:
+    from specdiag.sweep.arms import ArmsFile
+    from specdiag.sweep.job import ArmJob
 
 TABLE = "engine_ab"
 KIND = "novel"  #: prose the drafter cannot predict: the investigation's worst case
@@ -155,3 +166,57 @@ def measure_arm(run: Run, client: Any, arm: str, contexts: Iterable[int], repeat
         dec += first + decode_all(run, client, arm, prompts, (slow_repeats if slow else repeats) - 1,
                                   half if slow else max_new_tokens, seed, deadline_s, progress, first_repeat=1)
     return not_run
+
+
+@dataclass(frozen=True)
+class SweepSettings:
+    """09's settings in a sweep (the arms file's ``settings:``, ``--contexts``, ``--set KEY=VALUE``)."""
+
+    contexts: tuple[int, ...] = (1024, 4096, 16384, 32768, 65536, 131072, 185000)  # prompt tokens, in order
+    arm_contexts: dict[str, tuple[int, ...]] = field(default_factory=dict)  # an arm's own contexts instead
+    repeats: int = 5  # decode requests per context on the cached prompt
+    slow_repeats: int = 3  # decode requests where a verify step takes over slow_step_ms
+    slow_step_ms: float = 200.0  # ms per verify step (measured or predicted) above which a context is slow
+    max_new_tokens: int = 16  # per decode request (half where slow)
+    seed: int = 0  # prompt seed (one prompt per context, the same for every arm)
+
+
+def sweep_begin(run: Run, arms: "ArmsFile", settings: SweepSettings) -> None:
+    """run.json keys 09 reads: the model's config (``model``), the plan (``params.09_engine_ab``), the speculation
+    where every speculating arm agrees, and the peaks of the prefill floor (``hardware``, measured before any server
+    takes the GPU)."""
+    first = arms.arms[0]
+    cfg = Path(first.model) / "config.json" if first.model else None
+    specs = {json.dumps(vars(a.speculation), sort_keys=True) for a in arms.arms if a.speculation.speculates}
+    spec = json.loads(specs.pop()) if len(specs) == 1 else None
+    run.update(kind="engine_ab",
+               model={"path": first.model, "model_config": json.loads(cfg.read_text())
+                      if cfg is not None and cfg.is_file() else None},
+               params={"09_engine_ab": {
+                   "contexts": list(settings.contexts),
+                   "arm_contexts": {k: list(v) for k, v in settings.arm_contexts.items()},
+                   "repeats": settings.repeats, "slow_repeats": settings.slow_repeats,
+                   "slow_step_ms": settings.slow_step_ms, "max_new_tokens": settings.max_new_tokens,
+                   "draft_tokens": next((a.speculation.tokens_per_step for a in arms.arms
+                                         if a.speculation.speculates), None),
+                   "order": "serial: each arm's server started, measured and stopped before the next"}},
+               speculation=None if spec is None else {
+                   **spec, "note": (f"SGLANG_SIMULATE_ACC_LEN={spec['simulate_acc_len']:g} on the speculating arms: "
+                                    "acceptance is forced, not the drafter's own") if spec.get("simulate_acc_len")
+                   else "the drafter's own acceptance"})
+    try:
+        from specdiag import hardware  # noqa: PLC0415
+
+        hardware.run_peaks(run, server_url="http://127.0.0.1")
+    except Exception as exc:  # noqa: BLE001 - 09 then says the floor has no peaks
+        run.update(hardware_error=f"no peaks recorded: {type(exc).__name__}: {exc}"[:300])
+
+
+def sweep_arm(job: "ArmJob") -> list[str]:
+    """:func:`measure_arm` on the arm's server, its contexts from the settings; returns what was not run."""
+    from specdiag.serving import make_client  # noqa: PLC0415
+
+    s: SweepSettings = job.settings
+    return measure_arm(job.run, make_client(job.url), job.arm.name, s.arm_contexts.get(job.arm.name, s.contexts),
+                       s.repeats, s.max_new_tokens, s.seed, deadline_s=job.deadline_s, progress=job.progress,
+                       slow_step_ms=s.slow_step_ms, slow_repeats=s.slow_repeats)

@@ -24,6 +24,7 @@ otherwise (the row says so). Server code is imported inside the functions (repla
 from __future__ import annotations
 
 import json
+import dataclasses
 import re
 import statistics
 import time
@@ -204,9 +205,11 @@ def prompt_seed(seed: int, state: str, repeat: int) -> int:
     return seed + repeat + 1_000 * STATES.index(state) if state in STATES else seed + repeat + 1_000 * len(STATES)
 
 
-def measure_arm(run: Any, arm: Arm, plan: LayoutPlan, progress: Callable[[str], None] = print) -> int:
+def measure_arm(run: Any, arm: Arm, plan: LayoutPlan, progress: Callable[[str], None] = print,
+                deadline_s: float | None = None, not_run: list[str] | None = None) -> int:
     """Every state, context and repeat of ``plan`` on ``arm``, one row each appended to ``run``'s table (rows
-    already there are kept and skipped: a re-run resumes). Returns the rows measured now."""
+    already there are kept and skipped: a re-run resumes). Returns the rows measured now. Past ``deadline_s``
+    (time.monotonic()) no request is started; ``not_run`` (a list) then receives what was left, a sentence."""
     from specdiag.measure.request import exact_prompt, send  # noqa: PLC0415
     from specdiag.serving import reach  # noqa: PLC0415
 
@@ -229,6 +232,12 @@ def measure_arm(run: Any, arm: Arm, plan: LayoutPlan, progress: Callable[[str], 
         for ctx in plan.contexts:
             if (arm.name, state, ctx, rep) in done_keys:
                 continue
+            if deadline_s is not None and time.monotonic() > deadline_s:
+                if not_run is not None:
+                    not_run.append(f"{arm.name}: {state} at {ctx:,} tokens, repeat {rep}, and what follows: not "
+                                   "started (time budget)")
+                progress(f"{arm.name}: stopped at the time budget before {state} {ctx:,} #{rep}")
+                return written
             need = ctx + plan.max_new_tokens * (tpp or 1)
             if need > pool_tokens:
                 raise ValueError(f"{arm.name}: a {ctx}-token request needs about {need} slots; the pool holds "
@@ -261,6 +270,60 @@ def measure_arm(run: Any, arm: Arm, plan: LayoutPlan, progress: Callable[[str], 
                      + (f", {100 * lay['share_in_long_runs']:.0f}% of tokens in runs >= 64, "
                         f"{lay['runs_per_1k_tokens']:.1f} runs/1k" if lay else ", layout not reported"))
     return written
+
+
+@dataclass(frozen=True)
+class SweepSettings:
+    """10's settings in a sweep (the arms file's ``settings:``, ``--contexts``, ``--set KEY=VALUE``)."""
+
+    contexts: tuple[int, ...] = (32768, 131072)  # long requests' prompt tokens
+    max_new_tokens: int = 64  # per long request
+    repeats: int = 1  # long requests per arm, pool state and context (each its own prompt)
+    states: tuple[str, ...] = STATES  # pool states, in this order
+    filler_cycles: float = 1.1  # slots the filler pushes through the allocator, in pool sizes
+    filler_concurrency: int = 8  # filler requests in flight
+    filler_max_s: float = 240.0  # the filler stops after this long, s
+    seed: int = 0
+
+    def plan(self) -> LayoutPlan:
+        if not self.states or set(self.states) - set(STATES):
+            raise ValueError(f"states takes {' and/or '.join(STATES)}, in the order to measure; got {self.states}")
+        return LayoutPlan(contexts=self.contexts, max_new_tokens=self.max_new_tokens, repeats=self.repeats,
+                          seed=self.seed, states=self.states,
+                          filler=FillerPlan(cycles=self.filler_cycles, concurrency=self.filler_concurrency,
+                                            max_seconds=self.filler_max_s))
+
+
+def sweep_begin(run: Any, arms: Any, settings: SweepSettings) -> None:
+    """run.json's plan (``kv_layout_plan``) before the first server starts; a bad plan fails here."""
+    settings.plan()
+    run.update(data_source="measured", kv_layout_plan={**dataclasses.asdict(settings),
+                                                       "arms": [a.name for a in arms.arms]})
+
+
+def sweep_arm(job: Any) -> list[str]:
+    """:func:`measure_arm` on the arm's server (a :class:`specdiag.sweep.job.ArmJob`): its pool's facts appended to
+    run.json ``kv_layout_arms``, the layout read from the plugin's records in the arm's stats folder (SGLang) or the
+    server's own report (embedded); a failure is a row too."""
+    from specdiag.serving import reach  # noqa: PLC0415
+
+    arm = job.arm
+    sglang = arm.engine == "sglang"
+    facts = list(job.run.meta.get("kv_layout_arms") or [])
+    facts.append({"arm": arm.name, "url": job.url, "what": arm.what or ARM_TEXT.get(arm.name, ""),
+                  **server_pool(reach(job.url)), "kv_alloc": arm.kv_alloc,
+                  "layout_source": f"plugin records ({job.stats_dir.name}/)" if sglang
+                  else "server-reported (meta_info.kv_layout)"})
+    job.run.update(kv_layout_arms=facts)
+    not_run: list[str] = []
+    try:
+        measure_arm(job.run, Arm(arm.name, job.url, str(job.stats_dir) if sglang else ""), job.settings.plan(),
+                    progress=job.progress, deadline_s=job.deadline_s, not_run=not_run)
+    except Exception as exc:  # a row says why, as 10 reads it; the sweep records the arm as failed
+        job.run.append_row(TABLE, {"arm": arm.name, "pool_state": None, "context_tokens": None, "repeat": None,
+                                   "ts_unix_s": time.time(), "error": f"{type(exc).__name__}: {exc}"})
+        raise
+    return not_run
 
 
 def _embedded_url() -> str:

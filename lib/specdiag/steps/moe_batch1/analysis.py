@@ -209,8 +209,8 @@ def findings(mr: MoERun, pass_df: pd.DataFrame, dt: pd.DataFrame, steps: pd.Data
                            "This run holds no recorder dump, step times or routed experts: the expert bytes, the "
                            "balance and the best draft-token count below come from the uniform expectation and Kimi "
                            "K2.6's published shape, not from a measurement.", "info",
-                           ("run scripts/device/moe_batch1_job.sh on the H200, or point 11 at an SGLang MoE server "
-                            "started with the recorder flags (docs/moe-batch1.md)",), {}, "computed"))
+                           ("run `specdiag sweep --measure moe_batch1 --arms params/arms/moe-batch1.yaml` on the H200, "
+                            "or point 11 at an SGLang MoE server started with the recorder flags (docs/moe-batch1.md)",), {}, "computed"))
     windows = windows if windows is not None else pd.DataFrame()
     ok, ratio, text = spread(pass_df, windows)
     if ok is not None:

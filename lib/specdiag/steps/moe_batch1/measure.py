@@ -10,7 +10,8 @@ for the launch flags and the model recipe):
    distinct experts -> ``moe_routing``; where the server does not return them beside speculation, the row says so.
 
 ``T`` is the server's tokens per verify step (``speculative_num_draft_tokens``; 1 without speculation). One server
-is one T: the H200 job starts one per T (1, 2, 4, 8, 16) into the same run folder (scripts/moe_batch1.py).
+is one T: ``specdiag sweep --measure moe_batch1 --arms params/arms/moe-batch1.yaml`` starts one per T (1, 2, 4, 8,
+16), one after another, into the same run folder (:func:`sweep_arm`, with :class:`SweepSettings`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -163,3 +165,60 @@ def routed_request(client: Any, run: Any, context: int, max_new_tokens: int, con
         row["error"] = "the model's config.json is not readable here: the answer is kept undecoded"
     run.append_row(ROUTING_TABLE, row)
     return row
+
+
+@dataclass(frozen=True)
+class SweepSettings:
+    """11's settings in a sweep (the arms file's ``settings:``, ``--contexts``, ``--set KEY=VALUE``)."""
+
+    contexts: tuple[int, ...] = (1024, 16384)  # timed requests' prompt tokens
+    recorder_contexts: tuple[int, ...] = (1024,)  # the untimed recorder pass's prompt tokens (the first: routed)
+    max_new_tokens: int = 64
+    repeats: int = 2  # timed requests per context
+    seed: int = 0
+
+
+def sweep_env(arm: Any, work: Path) -> dict[str, str]:
+    """The recorder's folder of one server (SGLang writes its dumps there; this process reads them)."""
+    folder = Path(work) / f"edr-{arm.name}"
+    folder.mkdir(parents=True, exist_ok=True)
+    return {"SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR": str(folder)}
+
+
+def sweep_begin(run: Any, arms: Any, settings: SweepSettings) -> None:
+    """What 11 reads beside the rows: the model's config and how it was made (its MADE_BY.txt), the data source."""
+    model = next((a.model for a in arms.arms if a.model), None)
+    config, made = None, None
+    if model:
+        cfg, made_by = Path(model) / "config.json", Path(model) / "MADE_BY.txt"
+        config = json.loads(cfg.read_text()) if cfg.is_file() else None
+        made = made_by.read_text() if made_by.is_file() else None
+    run.update(data_source="measured", moe_model_config=config, moe_model_made_by=made)
+
+
+def sweep_arm(job: Any) -> list[str]:
+    """One server (one T): the recorder pass (SGLang), the timed requests, one routed-experts request; the server's
+    facts appended to run.json ``moe_servers``."""
+    from specdiag.serving import reach  # noqa: PLC0415
+
+    s: SweepSettings = job.settings
+    client = reach(job.url)
+    info: dict[str, Any] = {"arm": job.arm.name, "tokens_per_step": tokens_per_step(job.server_info or
+                                                                                    client.server_info()),
+                            "routed_experts_flag": "--enable-return-routed-experts" in job.arm.flags,
+                            "flags": list(job.arm.flags), "started": True, "url": job.url}
+    try:
+        if job.arm.engine == "sglang":
+            recorder_pass(client, job.run, str(job.work / f"edr-{job.arm.name}"), s.recorder_contexts,
+                          s.max_new_tokens, s.seed, progress=job.progress)
+        timed_requests(client, job.run, s.contexts, s.max_new_tokens, s.repeats, s.seed, progress=job.progress)
+        config = job.run.meta.get("moe_model_config") or model_config(job.server_info)
+        row = routed_request(client, job.run, s.recorder_contexts[0], s.max_new_tokens, config, s.seed)
+        job.progress(f"T={info['tokens_per_step']}: routed experts: "
+                     + (row.get("error") or f"{row.get('rows')} rows, match {row.get('rows_match')}"))
+    except Exception as exc:
+        info["error"] = f"{type(exc).__name__}: {str(exc)[-1500:]}"
+        raise
+    finally:
+        job.run.update(moe_servers=[*list(job.run.meta.get("moe_servers") or []), info])
+    return []

@@ -1,0 +1,190 @@
+"""The sweep: each arm's server started, measured by the named measurement and stopped, then the next.
+
+Before any server starts, the arms, the measurement's settings and every arm's server command are checked
+(:func:`preflight`): a mistake fails in a second, naming the arm and the key. Then, arm by arm in the file's order:
+
+1. an arm is started only with ``min_arm_s`` of the budget left (else run.json ``not_run`` says why it was not);
+2. its server starts (readiness bounded by what is left), its record goes into run.json ``arms[name]``: what it
+   is, its configuration, its environment (no host paths, secrets redacted), the server's own settings
+   (``/server_info``, redacted), its command (redacted), the seconds to start and measure;
+3. the measurement runs (rows appended as they are taken: a cut call keeps them) up to the budget's end less
+   ``stop_margin_s``; what it left is added to ``not_run``;
+4. the server is stopped, also on an error, Ctrl-C or SIGTERM (the process tree, as the launchers do); the
+   plugin's stats files of the arm, where it wrote them, go into run.json (``plugin_stats``, and ``plugin_check``:
+   the per-call comparisons of a check arm, summarized).
+
+run.json also holds the device (nvidia-smi's name, or why there is none), the provenance (host, code, time), the
+command, the arms file and the settings; ``finished_after_s`` is set only when every arm was dealt with, so a cut
+call reads as cut.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from specdiag.runs import Run
+from specdiag.sweep.arms import Arm, ArmsError, ArmsFile
+from specdiag.sweep.job import ArmJob
+from specdiag.sweep.registry import Measurement
+from specdiag.sweep.servers import (
+    Host,
+    arm_env,
+    make_server,
+    recorded_env,
+    server_command,
+)
+from specdiag.sweep.settings import as_record
+
+
+@dataclass(frozen=True)
+class SweepOptions:
+    """How a sweep runs on this host."""
+
+    out: Path  # the run folder (created; rows appended)
+    budget_s: float | None = None  # wall-clock seconds for the whole sweep (None: no limit)
+    min_arm_s: float = 60.0  # start an arm only with this much of the budget left, s
+    stop_margin_s: float = 20.0  # the measurement stops this long before the budget ends (time to stop a server), s
+    startup_s: float = 900.0  # longest wait for one server to be ready, s
+    command: str = ""  # the command line, for run.json
+
+
+def _log(t0: float) -> Callable[[str], None]:
+    def log(msg: str) -> None:
+        print(f"[sweep {time.monotonic() - t0:7.1f}s] {msg}", flush=True)
+    return log
+
+
+def preflight(arms: ArmsFile, host: Host) -> None:
+    """Every arm's server command built (nothing started): the launchers' settings errors, named by arm."""
+    for arm in arms.arms:
+        try:
+            server_command(arm, host, port=1)
+        except (ValueError, OSError) as exc:
+            raise ArmsError(f"arm {arm.name!r}: {exc}") from None
+
+
+def check_summary(stats: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """A check arm's per-call comparisons (the plugin's ``check`` records: SGLang's kernel against the plugin's on
+    the same inputs) in a few numbers: calls checked (DFLASH's causal-block calls apart), the largest and median
+    relative error, whether every output was finite, the longest prefix checked."""
+    rows = [r for s in stats for r in s.get("check") or []]
+    errs = [float(r["rel_err"]) for r in rows]
+    return {"calls": len(rows), "causal_block_calls": sum(1 for r in rows if r.get("causal_block")),
+            "max_rel_err": max(errs) if errs else None, "median_rel_err": statistics.median(errs) if errs else None,
+            "all_finite": all(r.get("finite", False) for r in rows),
+            "prefix_tokens_max": max((max(r.get("prefix_tokens") or [0]) for r in rows), default=None)}
+
+
+def read_stats(folder: Path) -> list[dict[str, Any]]:
+    """The plugin's stats files of one server (``stats-*.json``), [] where it wrote none."""
+    return [json.loads(p.read_text()) for p in sorted(folder.glob("stats-*.json"))] if folder.is_dir() else []
+
+
+def _update_arm(run: Run, name: str, **fields: Any) -> None:
+    arms = dict(run.meta.get("arms") or {})
+    run.update(arms={**arms, name: {**dict(arms.get(name) or {}), **fields}})
+
+
+def _server_info(url: str) -> dict[str, Any]:
+    from specdiag.serving import make_client  # noqa: PLC0415
+    from specdiag.serving.redaction import redact  # noqa: PLC0415
+
+    client = make_client(url)
+    return dict(redact(client.server_info())) if hasattr(client, "server_info") else {}
+
+
+def _plugin_record(run: Run, arm: Arm, host: Host) -> None:
+    stats = read_stats(host.stats_dir(arm))
+    if not stats:
+        return
+    run.update(plugin_stats={**dict(run.meta.get("plugin_stats") or {}),
+                             arm.name: [{k: v for k, v in s.items() if k != "check"} for s in stats]})
+    if any(s.get("check") for s in stats):
+        run.update(plugin_check={**dict(run.meta.get("plugin_check") or {}), arm.name: check_summary(stats)})
+
+
+def sweep(arms: ArmsFile, measurement: Measurement, settings: Any, opts: SweepOptions, host: Host) -> int:
+    """Run the sweep (module doc); 0 when every arm started was measured without an error, else 1."""
+    from specdiag.hardware import nvidia_smi_gpu  # noqa: PLC0415
+    from specdiag.launchers.process import redacted_command  # noqa: PLC0415
+
+    t0 = time.monotonic()
+    log = _log(t0)
+    end = t0 + opts.budget_s if opts.budget_s else None
+    env_hook = measurement.hook("sweep_env")
+    preflight(arms, host)
+    run = Run.create(opts.out, label=f"sweep-{measurement.name}")
+    run.update(kind=measurement.name, measurement={"name": measurement.name, "what": measurement.what,
+                                                   "settings": as_record(settings)},
+               command=opts.command, arms_file={"source": arms.source, "description": arms.description,
+                                                "arms": [a.name for a in arms.arms]},
+               budget={"budget_s": opts.budget_s, "min_arm_s": opts.min_arm_s, "stop_margin_s": opts.stop_margin_s},
+               device=nvidia_smi_gpu(), not_run=[],
+               arms={a.name: {"what": a.label, "engine": a.engine, "plugin": a.plugin, "kv_alloc": a.kv_alloc,
+                              "configured": a.configured()} for a in arms.arms})
+    begin = measurement.hook("sweep_begin")
+    if begin is not None:
+        begin(run, arms, settings)
+    measure = measurement.hook("sweep_arm")
+    not_run: list[str] = []
+    failed = False
+    for arm in arms.arms:
+        arm_host = replace(host, extra_env=env_hook(arm, host.work) if env_hook else {})
+        _update_arm(run, arm.name, env=recorded_env(arm_env(arm, arm_host)))
+        left = None if end is None else end - time.monotonic()
+        if left is not None and left < opts.min_arm_s:
+            not_run.append(f"{arm.name}: not started: {max(left, 0):.0f} s of the {opts.budget_s:.0f} s budget left, "
+                           f"an arm is started with at least {opts.min_arm_s:.0f} s")
+            log(not_run[-1])
+            run.update(not_run=not_run)
+            continue
+        server = make_server(arm, arm_host, opts.startup_s)
+        t_arm = time.monotonic()
+        _update_arm(run, arm.name, started_after_s=round(t_arm - t0, 1))
+        log(f"{arm.name}: starting ({arm.label})")
+        try:
+            wait = opts.startup_s if left is None else max(10.0, min(opts.startup_s, left - opts.stop_margin_s))
+            server.start(timeout_s=wait)
+            info = _server_info(server.url)
+            _update_arm(run, arm.name, url=server.url, ready_after_s=server.ready_after_s,
+                        ready_at_s=round(time.monotonic() - t0, 1), server=info,
+                        command=redacted_command(server.command))
+            log(f"{arm.name}: ready after {server.ready_after_s} s at {server.url}")
+            job = ArmJob(run=run, arm=arm, url=server.url, settings=settings,
+                         deadline_s=float("inf") if end is None else end - opts.stop_margin_s,
+                         stats_dir=arm_host.stats_dir(arm), work=arm_host.work, progress=log, server_info=info)
+            not_run += measure(job) or []
+        except BaseException as exc:  # noqa: BLE001 - recorded; Ctrl-C and SIGTERM end the sweep after the stop
+            failed = True
+            _update_arm(run, arm.name, failed=f"{type(exc).__name__}: {exc}"[:1000])
+            log(f"{arm.name}: FAILED {type(exc).__name__}: {str(exc)[:400]}")
+            if not isinstance(exc, Exception):
+                _stop(server, arm, run, log, t_arm)
+                run.update(not_run=not_run + [f"{a.name}: the sweep was interrupted" for a in
+                                              arms.arms[arms.arms.index(arm) + 1:]], interrupted=type(exc).__name__)
+                _plugin_record(run, arm, arm_host)
+                raise
+        _stop(server, arm, run, log, t_arm)
+        _plugin_record(run, arm, arm_host)
+        run.update(not_run=not_run)
+    end_hook = measurement.hook("sweep_end")
+    if end_hook is not None:
+        end_hook(run, arms, host.work)
+    run.update(not_run=not_run, finished_after_s=round(time.monotonic() - t0, 1))
+    tables = {p.stem: len(run.rows(p.stem)) for p in sorted(Path(run.path).glob("*.jsonl"))}
+    log(f"done: {', '.join(f'{n} {t} rows' for t, n in tables.items()) or 'no rows'} in {run.path}; "
+        f"{len(not_run)} not run" + ("; an arm FAILED (run.json arms.*.failed)" if failed else ""))
+    return 1 if failed else 0
+
+
+def _stop(server: Any, arm: Arm, run: Run, log: Callable[[str], None], t_arm: float) -> None:
+    try:
+        server.stop()
+    except Exception as exc:  # noqa: BLE001 - said; the next arm still starts
+        log(f"{arm.name}: stop failed: {exc}")
+    _update_arm(run, arm.name, measured_s=round(time.monotonic() - t_arm, 1))

@@ -1,0 +1,100 @@
+"""``specdiag merge --out DEST SRC...``: several calls' run folders (sweeps of one measurement) joined into one run.
+
+- rows: every table of every call (each ``*.jsonl``), in call order, each row with its ``call`` (1, 2, ...; a
+  merge extended later counts on);
+- arms: an arm measured in several calls is joined only when it was configured alike (run.json
+  ``arms[name].configured``: engine, model, backend, plugin, allocator, speculation, flags, env, parallelism, pool);
+  otherwise the merge stops and names the keys that differ. A joined arm keeps its first call's record, the calls it
+  was measured in, and per call its times and failure;
+- ``calls``: each call's source, command, provenance, device, peaks, settings, and whether it was cut (no
+  ``finished_after_s``); ``not_run``: every call's, tagged with its call, plus the arms a cut call never finished;
+- the plugin's stats and check summaries keyed ``arm (call N)``; run.json lists of records (``kv_layout_arms``,
+  ``moe_servers``) joined with their call; other keys from the first call that has them; each call's ``files/``
+  gzipped (a ``.gz`` copied as it is) and its servers' logs under ``servers/``.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from specdiag.runs import Run, merge_runs
+
+#: run.json keys the merge builds itself (not copied from a call)
+OWN_KEYS = ("run_id", "provenance", "arms", "calls", "not_run", "plugin_stats", "plugin_check", "command",
+            "finished_after_s", "merged_from", "interrupted")
+
+
+class MergeError(ValueError):
+    """Calls that cannot be one run; the message names the call, the arm and what differs."""
+
+
+def differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    """The keys whose values differ between two arm configurations, each with both values."""
+    return [f"{k}: {a.get(k)!r} against {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+
+
+def _tables(runs: Iterable[Run]) -> list[str]:
+    return sorted({p.stem for r in runs for p in Path(r.path).glob("*.jsonl")})
+
+
+def _list_keys(runs: Iterable[Run]) -> list[str]:
+    return sorted({k for r in runs for k, v in r.meta.items() if k not in OWN_KEYS and isinstance(v, list)
+                   and v and all(isinstance(x, Mapping) for x in v)})
+
+
+def merge_calls(dest: str | Path, sources: list[str | Path]) -> Run:
+    """Join ``sources`` (run folders of one measurement, in the order they ran) into ``dest`` (module doc)."""
+    if not sources:
+        raise MergeError("merge: give at least one call's run folder")
+    runs = [Run.open(s) for s in sources]
+    prior = Run.open(dest) if (Path(dest) / "run.json").is_file() else None
+    kinds = {str(r.meta.get("kind")) for r in runs + ([prior] if prior else [])}
+    if len(kinds) != 1:
+        raise MergeError(f"merge: the calls ran different measurements ({', '.join(sorted(kinds))}): merge only "
+                         "calls of one measurement")
+    arms: dict[str, Any] = dict(prior.meta.get("arms") or {}) if prior else {}
+    offset = max([int(c.get("call") or 0) for c in (prior.meta.get("calls") or [])] + [0]) if prior else 0
+    first_call = {name: (rec.get("calls") or ["?"])[0] for name, rec in arms.items()}
+    for i, (src, r) in enumerate(zip(sources, runs), start=offset + 1):
+        if r.meta.get("calls"):
+            raise MergeError(f"merge: {src} is a merged run already; give the calls' own folders (or --out it to "
+                             "extend it)")
+        for name, rec in (r.meta.get("arms") or {}).items():
+            if name in arms and arms[name].get("configured") != rec.get("configured"):
+                diff = differences(dict(rec.get("configured") or {}), dict(arms[name].get("configured") or {}))
+                raise MergeError(f"merge: arm {name!r} of {src} is not configured as in call "
+                                 f"{first_call[name]}: " + "; ".join(diff)
+                                 + ". Give the arm another name in one of the arms files")
+            arms.setdefault(name, {**rec, "calls": [], "per_call": {}})
+            first_call.setdefault(name, i)
+    first_keys = sorted({k for r in runs for k in r.meta if k not in OWN_KEYS} - set(_list_keys(runs)))
+    out, calls = merge_runs(dest, sources, _tables(runs), label="merged", list_keys=_list_keys(runs),
+                            first_keys=first_keys, gzip_files=True)
+    records = list(out.meta.get("calls") or [])
+    not_run = list(out.meta.get("not_run") or [])
+    stats = dict(out.meta.get("plugin_stats") or {})
+    checks = dict(out.meta.get("plugin_check") or {})
+    for (call, r), src in zip(calls, sources):
+        cut = r.meta.get("finished_after_s") is None
+        records.append({"call": call, "source": str(src), "command": r.meta.get("command"),
+                        "provenance": r.meta.get("provenance"), "device": r.meta.get("device"),
+                        "hardware": r.meta.get("hardware"), "settings": (r.meta.get("measurement") or {}).get("settings"),
+                        "finished_after_s": r.meta.get("finished_after_s"), "cut": cut})
+        not_run += [f"{x} (call {call})" for x in r.meta.get("not_run") or []]
+        for name, rec in (r.meta.get("arms") or {}).items():
+            arms[name]["calls"] = [*arms[name].get("calls", []), call]
+            arms[name].setdefault("per_call", {})[str(call)] = {
+                k: rec.get(k) for k in ("started_after_s", "ready_after_s", "measured_s", "failed")}
+            if cut and rec.get("started_after_s") is not None and rec.get("measured_s") is None:
+                not_run.append(f"{name} (call {call}): the call was cut before this arm finished (its rows so far "
+                               "are kept)")
+        stats.update({f"{a} (call {call})": v for a, v in (r.meta.get("plugin_stats") or {}).items()})
+        checks.update({f"{a} (call {call})": v for a, v in (r.meta.get("plugin_check") or {}).items()})
+        for log_file in sorted(Path(r.path).glob("server-*.log")):
+            (Path(out.path) / "servers").mkdir(exist_ok=True)
+            shutil.copyfile(log_file, Path(out.path) / "servers" / f"call{call}-{log_file.name}")
+    out.update(arms=arms, calls=records, not_run=not_run, plugin_stats=stats, plugin_check=checks,
+               command="specdiag merge --out " + " ".join(str(x) for x in [dest, *sources]))
+    return out

@@ -1,0 +1,56 @@
+"""The named measurements a sweep runs, each a function of its step's package.
+
+A measurement's module (``specdiag.steps.<step>.measure``) provides:
+
+- ``SweepSettings``: a frozen dataclass of its settings (defaults included; :mod:`specdiag.sweep.settings` reads
+  the arms file's ``settings:`` and ``--set`` into it);
+- ``sweep_arm(job: ArmJob) -> list[str]``: measure one arm's ready server, rows appended to ``job.run`` as they
+  are taken; returns what it left unmeasured, a sentence each (run.json ``not_run``);
+- optionally ``sweep_begin(run, arms, settings)``: run.json keys its notebook reads, written once before the first
+  server starts; ``sweep_env(arm, work) -> dict``: variables its servers need (a recorder's folder);
+  ``sweep_end(run, arms, work)``: run-level summaries once every arm is done.
+
+The modules are imported by name when a sweep asks for one (the registry itself imports no step).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Measurement:
+    name: str
+    module: str  # the step's module that holds SweepSettings and sweep_arm
+    what: str  # one line for --help and run.json
+
+    def load(self) -> ModuleType:
+        return importlib.import_module(self.module)
+
+    def hook(self, name: str) -> Any:
+        """The module's function ``name``, or None where it has none (optional hooks)."""
+        return getattr(self.load(), name, None)
+
+
+MEASUREMENTS: dict[str, Measurement] = {m.name: m for m in (
+    Measurement("engine_ab", "specdiag.steps.engine_ab.measure",
+                "09: per context, the prompt prefilled from an empty cache, then decoded on the cached prompt"),
+    Measurement("kv_layout", "specdiag.steps.kv_layout.measure",
+                "10: a long request on a fresh pool and on a pool the filler scattered"),
+    Measurement("moe_batch1", "specdiag.steps.moe_batch1.measure",
+                "11: the expert recorder's pass, timed requests and one routed-experts request per server"),
+)}
+
+
+class UnknownMeasurement(ValueError):
+    pass
+
+
+def measurement(name: str) -> Measurement:
+    try:
+        return MEASUREMENTS[name]
+    except KeyError:
+        raise UnknownMeasurement(f"no measurement named {name!r}; choose one of {', '.join(MEASUREMENTS)}") from None
