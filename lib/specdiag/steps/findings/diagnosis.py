@@ -428,7 +428,7 @@ def _moe(findings: Sequence[Mapping[str, Any]], used: list[Mapping[str, Any]], n
 #: What 07 says when no line of 09 sets speculation against its speculation-off twin.
 NO_OFF_ARM = ("Where speculation stops paying is not measured in this run: it has no speculation-off arm beside a "
               "speculating one (09_engine_ab with an arm such as off=embedded:NONE in engine_configs, or "
-              "scripts/engine_ab.py's triton_nospec and flashinfer_nospec arms on a GPU).")
+              "the triton_nospec and flashinfer_nospec arms of params/arms/engine-ab-*.yaml on a GPU).")
 
 
 def _line_short(line: Mapping[str, Any]) -> str:
