@@ -195,3 +195,25 @@ def test_forced_acceptance_is_said_wherever_the_commit_is_used() -> None:
     f = verdicts.break_even_finding(res.pairs, res.off_arms, res.evens, res.best_drafts, res.computed_note)
     assert any("forced to 4 by SGLANG_SIMULATE_ACC_LEN" in e for e in f.evidence)
     assert "forced to 4 by SGLANG_SIMULATE_ACC_LEN" in diagnose([_finding_dict(f)]).recommend
+
+
+def test_a_speculation_off_arm_is_compared_in_tokens_per_second_not_step_against_step() -> None:
+    """On the embedded report the off arm's 42 ms per token was read as '1.83x faster per verify step' than NGRAM's
+    65 ms verify step, and as a trade against its prefill: only verify steps are weighed step against step."""
+    import pandas as pd
+
+    from specdiag.steps.engine_ab import analysis, breakeven, verdicts
+
+    meta = {"ngram": {"engine_config": "embedded:NGRAM:4", "server": {"speculative_algorithm": "NGRAM"}},
+            "off": {"engine_config": "embedded:NONE:8", "server": {"speculative_algorithm": None}},
+            "remote": {"server": {}}}
+    assert breakeven.verify_arms(meta, ["ngram", "off", "remote"]) == ["ngram", "remote"]
+    dec = pd.DataFrame([{"arm": a, "context_tokens": c, "step_ms": ms, "commit_first": 2.0, "clean": True, "n": 3}
+                        for a, ms in (("ngram", 65.1), ("off", 42.1)) for c in (1024, 8192)])
+    pre = pd.DataFrame([{"arm": a, "context_tokens": c, "ttft_s": t, "own": True, "why_not_own": ""}
+                        for a, t in (("ngram", 5.17), ("off", 6.15)) for c in (1024, 8192)])
+    bands = analysis.band_verdicts(dec, pre, meta, [8192])
+    assert set(bands["fastest"].dropna()) <= {"ngram"}
+    tt = analysis.targets(dec, pre, ["ngram", "off"], None, "triton", "triton_plugin")
+    found = {f.id for f in verdicts.findings(dec, pre, {}, bands, tt, [], meta, "triton", "triton_plugin")}
+    assert "engine_ab.tradeoff" not in found

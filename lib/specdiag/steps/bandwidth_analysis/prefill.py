@@ -241,7 +241,7 @@ def _floor_basis(f: "PrefillFloor") -> str:
     matmul peak (another form, e.g. the absorbed MLA form a kernel may run, counts other FLOPs)."""
     if f.bound != "compute" or not f.compute_s:
         return f"{f.bound}-bound"
-    return f"compute-bound: the {f.form} form's FLOPs at {f.flops / f.compute_s / 1e12:,.0f} TFLOPS"
+    return f"compute-bound: the {f.form} form's FLOPs at {f.flops / f.compute_s / 1e12:,.3g} TFLOPS"
 
 
 def prefill_finding(floors: Sequence[PrefillFloor], source: str, *, finding_id: str = "bandwidth.prefill_floor",

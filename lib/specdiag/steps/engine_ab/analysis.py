@@ -256,6 +256,11 @@ def band_verdicts(dec: pd.DataFrame, pre: pd.DataFrame, arms_meta: Mapping[str, 
     cols = ["band", "contexts", "arms", "fastest", "fastest_ms", "runner_up", "by_x", "ttft_s", "ttft_own",
             "ttft_vs_best_x", "kv_pool_tokens", "mem_fraction_static", "verdict"]
     out = []
+    if not dec.empty:  # step against step: only verify steps (speculation-off arms are compared in tokens/s)
+        from specdiag.steps.engine_ab.breakeven import verify_arms  # noqa: PLC0415
+
+        keep = verify_arms(arms_meta, list(dict.fromkeys(dec["arm"])))
+        dec, pre = dec[dec["arm"].isin(keep)], pre[pre["arm"].isin(keep)] if not pre.empty else pre
     if dec.empty:
         return pd.DataFrame(out, columns=cols)
     bands = sorted({band_of(int(c), edges) for c in dec["context_tokens"]})

@@ -81,6 +81,22 @@ def algorithm_of(record: Mapping[str, Any]) -> str:
     return "" if algo in OFF_ALGORITHMS else algo
 
 
+def is_off(record: Mapping[str, Any]) -> bool:
+    """Whether an arm is known to run without speculation: its server reports an off algorithm, or its
+    ``engine_config`` says NONE. An arm that reports nothing is not taken for off."""
+    srv = dict(record.get("server") or {})
+    if "speculative_algorithm" in srv:
+        return str(srv.get("speculative_algorithm") or "").upper() in OFF_ALGORITHMS
+    parts = str(record.get("engine_config") or "").split(":")
+    return len(parts) > 1 and parts[1].upper() in OFF_ALGORITHMS
+
+
+def verify_arms(arms_meta: Mapping[str, Any], arm_names: Sequence[str]) -> list[str]:
+    """The arms whose ms per step is a verify step's: every arm but those known to run without speculation (their ms
+    per step is one token's, compared with the others in tokens/s by :func:`analyse`, never step against step)."""
+    return [a for a in arm_names if not is_off(dict(arms_meta.get(a) or {}))]
+
+
 def backend_of(record: Mapping[str, Any]) -> str | None:
     """The decode attention backend the arm's server reports (``decode_attention_backend``, else
     ``attention_backend``); None when it reports neither."""
