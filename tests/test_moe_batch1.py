@@ -234,7 +234,7 @@ def test_07_diagnosis_carries_11s_verdict_from_the_h200_run():
 
 
 def test_merge_appends_calls_and_gzips_their_files(tmp_path):
-    """specdiag merge: two calls' folders into one run 11 reads as one (rows carry their call, files gzipped)."""
+    """specdiag merge: two calls' folders into one run that notebook 11 reads as one (rows carry their call, files gzipped)."""
     from specdiag.sweep.merge import merge_calls
 
     a = build_run(tmp_path / "a", tokens_per_step=(1, 8))
