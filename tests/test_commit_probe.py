@@ -68,30 +68,71 @@ def test_make_plan_checks() -> None:
     assert len(plan.pending(done)) == 3
 
 
-def _row(ctx: int, kind: str, commit: float, wall: float = 1.0, pre: float = 0.2) -> dict:
-    return {"context_tokens": ctx, "kind": kind, "seed": 0, "max_new_tokens": 64, "commit_length": commit,
+def _row(ctx: int, kind: str, commit: float, wall: float = 1.0, pre: float = 0.2, seed: int = 0) -> dict:
+    return {"context_tokens": ctx, "kind": kind, "seed": seed, "max_new_tokens": 64, "commit_length": commit,
             "accepted_drafts": commit - 1, "wall_s": wall, "prefill_s": pre, "max_commit_length": 8,
             "error": None}
 
 
+def _cell(ctx: int, kind: str, commits: list[float]) -> list[dict]:
+    """One request per commit length (seeds 0, 1, ...)."""
+    return [_row(ctx, kind, c, seed=i) for i, c in enumerate(commits)]
+
+
+def test_plan_repeats_take_seeds() -> None:
+    plan = cp.make_plan([1024], ["predictable", "novel"], 64, 5, repeats=3)
+    assert [(q["kind"], q["seed"]) for q in plan.requests()] == [
+        ("predictable", 5), ("novel", 5), ("predictable", 6), ("novel", 6), ("predictable", 7), ("novel", 7)]
+    with pytest.raises(ParameterError, match="repeats"):
+        cp.make_plan([1024], ["novel"], 64, 0, repeats=0)
+
+
 def test_findings_flat_and_text_difficulty() -> None:
-    rows = [_row(c, "predictable", 7.5) for c in (1024, 4096, 16384)] + \
-           [_row(c, "novel", 1.6) for c in (1024, 4096, 16384)]
+    rows = [r for c in (1024, 4096, 16384) for r in _cell(c, "predictable", [7.5, 7.4, 7.6])] + \
+           [r for c in (1024, 4096, 16384) for r in _cell(c, "novel", [1.6, 1.5, 1.7])]
     found = {f.id: f for f in cp.probe_findings(cp.summarize(rows), 8)}
-    assert found["probe.predictable_flat"].severity == "ok"
-    assert "probe.novel_is_text_difficulty" in found
+    assert found["probe.predictable_flat"].severity == "ok" and "a tie" in found["probe.predictable_flat"].verdict
+    assert "3 / 3 requests" in found["probe.predictable_flat"].evidence[1]
+    text = found["probe.novel_is_text_difficulty"]
+    assert text.numbers["requests_by_context"][1024] == [3, 3]
+    lo, hi = text.numbers["interval_by_context"][1024]
+    assert lo <= 1.6 / 7.5 <= hi <= 0.5
     assert "probe.predictable_falls" not in found
 
 
 def test_findings_falling_is_a_bug() -> None:
-    rows = [_row(1024, "predictable", 7.8), _row(4096, "predictable", 5.0), _row(16384, "predictable", 1.2)]
+    rows = _cell(1024, "predictable", [7.8, 7.7, 7.9]) + _cell(4096, "predictable", [5.0, 5.1, 4.9]) + \
+        _cell(16384, "predictable", [1.2, 1.3, 1.1])
     found = {f.id: f for f in cp.probe_findings(cp.summarize(rows), 8)}
-    assert found["probe.predictable_falls"].severity == "critical"
-    assert "sliding window" in found["probe.predictable_falls"].verdict
+    falls = found["probe.predictable_falls"]
+    assert falls.severity == "critical" and "sliding window" in falls.verdict
+    assert falls.numbers["ratio_hi"] < 1.0 and "3 / 3 requests" in falls.verdict
+
+
+def test_two_requests_a_cell_are_not_enough_for_a_verdict() -> None:
+    rows = _cell(1024, "predictable", [7.8, 7.7]) + _cell(16384, "predictable", [1.2, 1.3]) + \
+        _cell(1024, "novel", [1.5, 1.6]) + _cell(16384, "novel", [1.1, 1.0])
+    found = {f.id: f for f in cp.probe_findings(cp.summarize(rows), 8)}
+    assert set(found) == {"probe.predictable_not_enough", "probe.novel_not_enough"}
+    assert all(f.severity == "info" and "Not enough requests" in f.verdict for f in found.values())
+    assert "2 / 2 requests: not enough requests" in found["probe.predictable_not_enough"].evidence[1]
+
+
+def test_overlapping_requests_are_a_tie_and_separated_ones_a_difference() -> None:
+    overlap = _cell(1024, "predictable", [6.0, 7.5, 7.0]) + _cell(16384, "predictable", [5.5, 7.2, 6.6])
+    flat = {f.id: f for f in cp.probe_findings(cp.summarize(overlap), 8)}["probe.predictable_flat"]
+    assert "a tie" in flat.verdict and flat.numbers["ratio_lo"] <= 1.0 <= flat.numbers["ratio_hi"]
+    # a drop above the band whose interval holds no change is no bug: uneven, said as a tie
+    wide = _cell(1024, "predictable", [7.5, 3.0, 7.0]) + _cell(16384, "predictable", [7.4, 2.5, 2.6])
+    found = {f.id: f for f in cp.probe_findings(cp.summarize(wide), 8)}
+    assert "probe.predictable_falls" not in found and "a tie" in found["probe.predictable_uneven"].verdict
+    straddle = _cell(1024, "predictable", [4.0, 4.2, 4.1]) + _cell(1024, "novel", [1.0, 3.0, 2.0])
+    assert "probe.novel_undecided" in {f.id for f in cp.probe_findings(cp.summarize(straddle), 8)}
 
 
 def test_findings_flat_but_low_and_novel_close() -> None:
-    rows = [_row(c, "predictable", 1.5) for c in (1024, 4096)] + [_row(c, "novel", 1.4) for c in (1024, 4096)]
+    rows = [r for c in (1024, 4096) for r in _cell(c, "predictable", [1.5, 1.52, 1.48])] + \
+        [r for c in (1024, 4096) for r in _cell(c, "novel", [1.4, 1.42, 1.38])]
     found = {f.id: f for f in cp.probe_findings(cp.summarize(rows), 8)}
     assert found["probe.predictable_flat"].severity == "warning"
     assert "probe.novel_close_to_predictable" in found

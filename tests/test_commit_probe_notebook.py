@@ -26,20 +26,23 @@ def test_commit_probe_replays_published_rows(run_notebook, tmp_path) -> None:
     assert result["metrics"]["commit_length"]["predictable"] == {"1000": 7.88, "16000": 7.0, "64000": 7.0,
                                                                "128000": 7.88}
     ids = {f["id"]: f for f in result["findings"]}
-    assert ids["probe.predictable_flat"]["severity"] == "ok"
+    # one published request per context: the flat line is tabled, but no verdict is drawn from single requests
+    assert ids["probe.predictable_not_enough"]["severity"] == "info" and "probe.predictable_flat" not in ids
+    assert "1 / 1 requests" in ids["probe.predictable_not_enough"]["evidence"][1]
     assert "probe.prefill_dominates" in ids
     assert not (run_dir / "commit_probe.jsonl").exists()  # replay sends nothing and records no rows
     assert nbformat.read(str(out), as_version=4).cells  # executed copy written
 
 
+@pytest.mark.slow
 @pytest.mark.notebook
 def test_commit_probe_against_embedded_server(run_notebook, embedded_server, tmp_path) -> None:
     run_dir = tmp_path / "live"
     run_notebook("04_commit_probe", server_url=embedded_server.url, run_dir=str(run_dir),
-                 context_lengths=[1024, 2048], max_new_tokens=64)
+                 context_lengths=[1024, 2048], max_new_tokens=64, repeats=3)
     rows = Run.open(run_dir).rows("commit_probe")
-    assert [(r["context_tokens"], r["kind"]) for r in rows] == [(1024, "predictable"), (1024, "novel"),
-                                                               (2048, "predictable"), (2048, "novel")]
+    assert [(r["context_tokens"], r["kind"], r["seed"]) for r in rows] == [
+        (c, k, i) for c in (1024, 2048) for i in range(3) for k in ("predictable", "novel")]
     for r in rows:
         assert r["error"] is None, r["error"]
         assert r["prompt_tokens"] == r["context_tokens"]
@@ -50,7 +53,8 @@ def test_commit_probe_against_embedded_server(run_notebook, embedded_server, tmp
         assert 0 < r["prefill_share"] < 1
     steps = Run.open(run_dir).rows("commit_probe_steps")
     for r in rows:
-        mine = [s["commit_length"] for s in steps if (s["context_tokens"], s["kind"]) == (r["context_tokens"], r["kind"])]
+        mine = [s["commit_length"] for s in steps
+                if (s["context_tokens"], s["kind"], s["seed"]) == (r["context_tokens"], r["kind"], r["seed"])]
         assert len(mine) == r["verify_steps"]
         assert sum(mine) == r["completion_tokens"] - 1
     result = _findings(run_dir)
@@ -66,8 +70,14 @@ def test_commit_probe_against_embedded_server(run_notebook, embedded_server, tmp
     found = {f["id"]: f for f in result["findings"]}
     assert found["probe.predictable_flat"]["severity"] == "ok"
     assert "sound at long context" in found["probe.predictable_flat"]["verdict"]
-    assert "probe.novel_is_text_difficulty" in found
+    # the gap is the text where every interval of novel / predictable lies at or below one half; three novel
+    # paragraphs can spread wider than that on this CPU (measured: undecided at 2k), and then the page says so
+    text = found.get("probe.novel_is_text_difficulty") or found["probe.novel_undecided"]
+    assert text["numbers"]["requests_by_context"]["1024"] == [3, 3]
+    his = [hi for _, hi in text["numbers"]["interval_by_context"].values()]
+    assert (text["id"] == "probe.novel_is_text_difficulty") == all(hi <= 0.5 for hi in his)
     assert not {"probe.predictable_falls", "probe.novel_close_to_predictable"} & set(found)
+    assert "3 / 3 requests" in found["probe.predictable_flat"]["evidence"][1]
 
 
 @pytest.mark.notebook
@@ -75,7 +85,7 @@ def test_commit_probe_on_embedded_dflash(run_notebook, embedded_dflash_server, t
     """DFLASH with the random tiny drafter commits about 1 token per step on both texts: 04 says that, and only that."""
     run_dir = tmp_path / "dflash"
     run_notebook("04_commit_probe", server_url=embedded_dflash_server.url, run_dir=str(run_dir),
-                 context_lengths=[512, 1024], max_new_tokens=16)
+                 context_lengths=[512, 1024], max_new_tokens=16, repeats=1)
     rows = Run.open(run_dir).rows("commit_probe")
     assert len(rows) == 4 and all(r["error"] is None for r in rows)
     for r in rows:

@@ -119,7 +119,7 @@ def test_notebooks_00_01_03_04_on_vllm(vllm_draft: str, run_notebook: Any, tmp_p
     assert all(r["spec_source"] == "per-request metrics (metrics.speculative_decoding)" for r in sweep)
     assert all(1 <= r["commit_length"] <= 8 and r["step_ms"] > 0 for r in sweep)
     probe = run.rows("commit_probe")
-    assert len(probe) == 4 and all(r["error"] is None and r["max_commit_length"] == 8 for r in probe)
+    assert len(probe) == 12 and all(r["error"] is None and r["max_commit_length"] == 8 for r in probe)  # 2 x 2 x 3
     assert rows_commit_length(probe) == pytest.approx(counters_commit_length(before, after), rel=0.10)
     by_kind = {k: [r["commit_length"] for r in probe if r["kind"] == k] for k in ("predictable", "novel")}
     for predictable, novel in zip(by_kind["predictable"], by_kind["novel"]):

@@ -69,18 +69,25 @@ def _samples(center, n=30, seed=0):
     return [center * (1 + 0.01 * rng.uniform(-1, 1)) for _ in range(n)]
 
 
+def _reps(arm, state, ctx, share, runs_1k, centers, seed=0):
+    """One request per centre (its own step samples around it)."""
+    return [_row(arm, state, ctx, i, share, runs_1k, _samples(c, seed=seed + i)) for i, c in enumerate(centers)]
+
+
 def test_costs_and_findings_from_the_numbers():
-    rows = [_row("plugin", "fresh", 32768, 0, 0.99, 2, _samples(10.0, seed=1)),
-            _row("plugin", "fragmented", 32768, 0, 0.02, 300, _samples(10.6, seed=2)),
-            _row("triton", "fresh", 32768, 0, 0.99, 2, _samples(159.0, seed=3)),
-            _row("triton", "fragmented", 32768, 0, 0.03, 280, _samples(159.0, seed=4)),
-            _row("flashinfer", "fresh", 32768, 0, 0.99, 2, _samples(8.0, seed=5)),
-            _row("flashinfer", "fragmented", 32768, 0, 0.8, 20, _samples(9.0, seed=6)),  # not scattered enough
+    rows = [*_reps("plugin", "fresh", 32768, 0.99, 2, [10.0, 10.05, 9.95], seed=1),
+            *_reps("plugin", "fragmented", 32768, 0.02, 300, [10.6, 10.65, 10.55], seed=11),
+            *_reps("triton", "fresh", 32768, 0.99, 2, [159.0, 160.0, 158.0], seed=21),
+            *_reps("triton", "fragmented", 32768, 0.03, 280, [159.5, 158.5, 160.5], seed=31),
+            *_reps("flashinfer", "fresh", 32768, 0.99, 2, [8.0, 8.0, 8.0], seed=41),
+            *_reps("flashinfer", "fragmented", 32768, 0.8, 20, [9.0, 9.0, 9.0], seed=51),  # not scattered enough
             {"arm": "broken", "pool_state": None, "error": "ValueError: no pool"}]
     cost = kla.costs(rows)
     by = cost.set_index("arm")
     assert by.loc["plugin", "cost_x"] == pytest.approx(1.06, abs=0.01) and by.loc["plugin", "costs_time"]
+    assert by.loc["plugin", "verdict"] == "higher" and 1.0 < by.loc["plugin", "cost_lo_x"] <= 1.06
     assert not by.loc["triton", "costs_time"] and by.loc["triton", "cost_x"] == pytest.approx(1.0, abs=0.01)
+    assert by.loc["triton", "verdict"] == "tie" and by.loc["triton", "cost_lo_x"] <= 1.0 <= by.loc["triton", "cost_hi_x"]
     assert not by.loc["flashinfer", "layouts_differ"]
     assert kla.arm_failures(rows) == ["broken: ValueError: no pool"]
     pred = kla.kernel_prediction(Run.open(REFERENCE_DIR / "kernel-ab-h200").rows("kernel_ab"))
@@ -89,51 +96,59 @@ def test_costs_and_findings_from_the_numbers():
     assert p32[1] == 32768 and 1.0 < p32[0] < 1.2
     found = {f.id: f for f in kla.findings(cost, pred, prediction_source="06 reference")}
     plug = found["kv_layout.plugin"]
-    assert "costs time" in plug.verdict and "+6" in plug.verdict
+    assert "costs time" in plug.verdict and "+6" in plug.verdict and "3 / 3 requests" in plug.verdict
     assert plug.numbers["fix_speedup_x"] == pytest.approx(1.06, abs=0.01)  # a measured fix for 07's diagnosis
-    assert found["kv_layout.triton"].severity == "ok" and "no measurable time" in found["kv_layout.triton"].verdict
-    assert "fix" not in found["kv_layout.triton"].numbers
+    tri = found["kv_layout.triton"]
+    assert tri.severity == "ok" and "a tie" in tri.verdict and "no cost above +" in tri.verdict
+    assert "3 / 3 requests fresh / fragmented" in tri.evidence[0]
+    assert "fix" not in tri.numbers
     assert found["kv_layout.flashinfer.not_fragmented"].severity == "warning"
     pr = found["kv_layout.prediction"]
     assert pr.numbers["predicted_max_x"] == pytest.approx(p32[0])
     assert (pr.severity == "ok") == (1.06 <= p32[0] + 0.02)
     m = kla.metrics(cost, kla.summary(rows))
-    assert m["arms"]["plugin"]["32768"]["costs_time"] is True and m["requests"] == 6
+    assert m["arms"]["plugin"]["32768"]["costs_time"] is True and m["requests"] == 18
+    assert m["arms"]["triton"]["32768"]["verdict"] == "tie" and m["arms"]["plugin"]["32768"]["requests_fresh"] == 3
 
 
-def test_a_cost_needs_the_requests_to_separate_not_only_the_steps():
-    """Two make report runs on one 2-core host: the same layouts, fresh requests 15.8 and 18.1 ms against fragmented
-    15.4 and 15.8 in one, 12.6 and 12.2 against 16.2 and 15.4 in the other (measured). Steps of one request are not
-    independent: a cost is claimed only when every fragmented request is slower than every fresh one."""
+def test_a_cost_needs_3_requests_per_state_and_an_interval_over_requests():
+    """The request is the unit: steps of one request are not independent (two make report runs on one 2-core host: fresh
+    requests 12.0 and 15.6 ms against fragmented 15.4 and 16.2, measured). Two requests per state: not enough requests;
+    three that overlap: a tie; three that separate: a cost with its interval."""
     import dataclasses
 
     from specdiag.steps.findings.diagnosis import diagnose
 
-    def rows(fresh, frag):
-        return ([_row("embedded", "fresh", 2048, i, 0.98, 6, _samples(c, seed=i)) for i, c in enumerate(fresh)]
-                + [_row("embedded", "fragmented", 2048, i, 0.0, 215, _samples(c, seed=9 + i)) for i, c in enumerate(frag)])
+    def rows(fresh, frag, ctx=2048):
+        return ([_row("embedded", "fresh", ctx, i, 0.98, 6, _samples(c, seed=i)) for i, c in enumerate(fresh)]
+                + [_row("embedded", "fragmented", ctx, i, 0.0, 215, _samples(c, seed=9 + i)) for i, c in enumerate(frag)])
 
-    overlap = rows([12.0, 15.6], [15.4, 16.2])
-    cost = kla.costs(overlap).iloc[0]
-    assert cost["p_slower"] < 0.05 and cost["cost_x"] > 1.02  # the steps alone would say "slower"
-    assert not bool(cost["requests_separate"]) and cost["requests_separate"] is not None and not cost["costs_time"]
-    f = {x.id: x for x in kla.findings(kla.costs(overlap), kla.kernel_prediction([]))}["kv_layout.embedded"]
-    assert f.severity == "info" and "not established" in f.verdict and "requests overlap" in f.verdict
-    assert "fix" not in f.numbers and f.numbers["requests_overlap"] is True
-    assert "per request: fresh 12, 15.6 ms, fragmented 15.4, 16.2 ms" in f.evidence[0]
-    d = diagnose([{**dataclasses.asdict(x), "notebook": "10_kv_layout"}
-                  for x in kla.findings(kla.costs(overlap), kla.kernel_prediction([]))])
-    assert "is not established" in d.after and not d.numbers.get("fix")
-    apart = kla.costs(rows([12.6, 12.2], [16.2, 15.4])).iloc[0]
-    assert bool(apart["requests_separate"]) and apart["costs_time"]
-    # one context that costs beside one whose requests overlap: the cost is the verdict (a make report run: 2k fresh
-    # 12.3, 12.3 against fragmented 13.2, 15.5; 8k fresh 38.7, 34.3 against 34.2, 72.4 ms)
-    both = rows([12.3, 12.3], [13.2, 15.5]) + [
-        {**r, "context_tokens": 8192} for r in rows([38.7, 34.3], [34.2, 72.4])]
-    mixed = {x.id: x for x in kla.findings(kla.costs(both), kla.kernel_prediction([]))}["kv_layout.embedded"]
+    def finding(rs):
+        return {x.id: x for x in kla.findings(kla.costs(rs), kla.kernel_prediction([]))}["kv_layout.embedded"]
+
+    two = rows([12.6, 12.2], [16.2, 15.4])  # apart, but two requests a state
+    cost = kla.costs(two).iloc[0]
+    assert cost["verdict"] == "not enough requests" and not cost["costs_time"] and cost["cost_lo_x"] is None
+    f = finding(two)
+    assert f.severity == "info" and "not enough requests" in f.verdict and "2 fresh, 2 fragmented" in f.verdict
+    assert "fix" not in f.numbers and f.numbers["not_enough_requests"] is True
+    d = diagnose([{**dataclasses.asdict(f), "notebook": "10_kv_layout"}])
+    assert "not judged: not enough requests" in d.after and not d.numbers.get("fix")
+    overlap = rows([12.0, 15.6, 13.0], [15.4, 16.2, 12.5])
+    tie = kla.costs(overlap).iloc[0]
+    assert tie["verdict"] == "tie" and tie["cost_x"] > 1.02 and not tie["costs_time"]
+    f = finding(overlap)
+    assert f.severity == "ok" and "a tie" in f.verdict and f"no cost above {100 * (tie['cost_hi_x'] - 1):+.1f}%" in f.verdict
+    assert "per request: fresh 12, 15.6, 13 ms, fragmented 15.4, 16.2, 12.5 ms" in f.evidence[0]
+    apart = rows([12.6, 12.2, 12.4], [16.2, 15.4, 15.8])
+    c = kla.costs(apart).iloc[0]
+    assert c["verdict"] == "higher" and c["costs_time"] and 1.0 < c["cost_lo_x"] <= c["cost_x"] <= c["cost_hi_x"]
+    f = finding(apart)
+    assert "costs time" in f.verdict and f"interval {100 * (c['cost_lo_x'] - 1):+.1f}%" in f.verdict
+    # one context that costs beside one that ties: the cost is the verdict
+    both = apart + rows([38.7, 34.3, 36.0], [34.2, 72.4, 35.0], ctx=8192)
+    mixed = finding(both)
     assert "costs time" in mixed.verdict and mixed.numbers["context_tokens"] == 2048
-    single = kla.findings(kla.costs(rows([12.4], [16.1])), kla.kernel_prediction([]))[0]
-    assert "costs time" in single.verdict and "one request per state" in single.verdict
 
 
 def test_fresh_requests_come_before_and_after_the_fragmented_ones():
@@ -181,8 +196,8 @@ def test_a_layout_cost_reaches_07s_diagnosis_as_a_measured_fix():
 
     from specdiag.steps.findings.diagnosis import diagnose
 
-    rows = [_row("plugin", "fresh", 131072, 0, 0.99, 2, _samples(10.0, seed=1)),
-            _row("plugin", "fragmented", 131072, 0, 0.02, 300, _samples(11.0, seed=2))]
+    rows = [*_reps("plugin", "fresh", 131072, 0.99, 2, [10.0, 10.02, 9.98], seed=1),
+            *_reps("plugin", "fragmented", 131072, 0.02, 300, [11.0, 11.02, 10.98], seed=11)]
     found = kla.findings(kla.costs(rows), kla.kernel_prediction([]))
     d = diagnose([{**dataclasses.asdict(f), "notebook": "10_kv_layout"} for f in found])
     assert "contiguous KV layout (flushed pool) on plugin" in d.fix and "1.1x faster" in d.fix
@@ -195,8 +210,8 @@ def test_07_says_when_the_layout_costs_nothing_or_was_not_scattered():
 
     from specdiag.steps.findings.diagnosis import diagnose
 
-    same = [_row("triton", "fresh", 131072, 0, 0.99, 2, _samples(100.0, seed=1)),
-            _row("triton", "fragmented", 131072, 0, 0.44, 212, _samples(100.0, seed=2))]
+    same = [*_reps("triton", "fresh", 131072, 0.99, 2, [100.0, 100.5, 99.5], seed=1),
+            *_reps("triton", "fragmented", 131072, 0.44, 212, [100.2, 99.8, 100.4], seed=11)]
     d = diagnose([{**dataclasses.asdict(f), "notebook": "10_kv_layout"}
                   for f in kla.findings(kla.costs(same), kla.kernel_prediction([]))])
     assert "costs no measurable time on triton" in d.after and not d.numbers.get("fix")
@@ -213,18 +228,15 @@ def test_07_says_when_the_layout_costs_nothing_or_was_not_scattered():
     assert "on triton" in d.after and "(plugin: no request on a scattered pool to judge)" in d.after
 
 
-def _three_state_rows(contiguous_center, contiguous_share=0.99, ctx=131072):
-    """plugin: fresh 10 ms, scattered 11 ms (2 requests each); plugin_contiguous: its fresh, and after the same traffic
-    ``contiguous_center`` ms with ``contiguous_share`` of tokens in long runs."""
-    return [_row("plugin", "fresh", ctx, 0, 0.99, 2, _samples(10.0, seed=1)),
-            _row("plugin", "fresh", ctx, 1, 0.99, 2, _samples(10.05, seed=2)),
-            _row("plugin", "fragmented", ctx, 0, 0.02, 300, _samples(11.0, seed=3)),
-            _row("plugin", "fragmented", ctx, 1, 0.03, 290, _samples(11.1, seed=4)),
-            _row("plugin_contiguous", "fresh", ctx, 0, 0.99, 2, _samples(10.0, seed=5)),
-            _row("plugin_contiguous", "fresh", ctx, 1, 0.99, 2, _samples(10.02, seed=6)),
-            _row("plugin_contiguous", "fragmented", ctx, 0, contiguous_share, 3, _samples(contiguous_center, seed=7)),
-            _row("plugin_contiguous", "fragmented", ctx, 1, contiguous_share, 3,
-                 _samples(contiguous_center * 1.004, seed=8))]
+def _three_state_rows(contiguous_center, contiguous_share=0.99, ctx=131072, n=3):
+    """plugin: fresh 10 ms, scattered 11 ms (``n`` requests each); plugin_contiguous: its fresh, and after the same
+    traffic ``contiguous_center`` ms with ``contiguous_share`` of tokens in long runs."""
+    spread = [1.0, 1.005, 0.997][:n]
+    return [*_reps("plugin", "fresh", ctx, 0.99, 2, [10.0 * x for x in spread], seed=1),
+            *_reps("plugin", "fragmented", ctx, 0.02, 300, [11.0 * x for x in spread], seed=11),
+            *_reps("plugin_contiguous", "fresh", ctx, 0.99, 2, [10.0 * x for x in spread], seed=21),
+            *_reps("plugin_contiguous", "fragmented", ctx, contiguous_share, 3,
+                   [contiguous_center * x for x in spread], seed=31)]
 
 
 def test_three_states_per_arm_say_whether_the_contiguous_allocator_buys_the_cost_back():
@@ -257,6 +269,9 @@ def test_three_states_per_arm_say_whether_the_contiguous_allocator_buys_the_cost
     assert "fix" not in f.numbers
     loose = tier0.findings(tier0.three_states(_three_state_rows(10.0, contiguous_share=0.3)))[0]
     assert "did not keep the request contiguous" in loose.verdict
+    few = tier0.three_states(_three_state_rows(10.02, n=2))  # two requests a state: no verdict
+    f = tier0.findings(few)[0]
+    assert not few.iloc[0]["buys_back"] and f.severity == "info" and "not enough requests" in f.verdict
     # without a contiguous arm, 07 names the allocator as the next fix
     only = [x for x in rows if x["arm"] == "plugin"]
     d = diagnose([{**dataclasses.asdict(x), "notebook": "10_kv_layout"}

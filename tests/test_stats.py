@@ -76,3 +76,19 @@ def test_median_diff_test_exact_mann_whitney() -> None:
     assert same.diff == 0.0 and same.verdict == "indistinguishable"
     with pytest.raises(ValueError, match="2 or more values"):
         stats.median_diff_test([1.0], [1.0, 2.0])
+
+
+def test_compare_requests_verdicts() -> None:
+    """Per-request values: 2 in a cell say "not enough requests"; overlapping cells a tie; separated ones a
+    difference with an interval that excludes 1; the interval is seeded (same call, same numbers)."""
+    few = stats.compare_requests([10.0, 10.2], [12.0, 12.1, 12.2])
+    assert few.verdict == "not enough requests" and few.lo is None and (few.n_a, few.n_b) == (2, 3)
+    assert few.ratio == pytest.approx(12.1 / 10.1)
+    tie = stats.compare_requests([10.0, 11.0, 12.0], [10.5, 11.5, 12.5])
+    assert tie.verdict == "tie" and tie.lo <= 1.0 <= tie.hi and tie.enough
+    slower = stats.compare_requests([10.0, 10.1, 10.2], [12.0, 12.1, 12.2])
+    assert slower.verdict == "higher" and 1.0 < slower.lo <= slower.ratio <= slower.hi
+    assert slower.ratio == pytest.approx(12.1 / 10.1) and slower.interval_text().endswith("x")
+    assert stats.compare_requests([12.0, 12.1, 12.2], [10.0, 10.1, 10.2]).verdict == "lower"
+    assert stats.compare_requests([10.0, 10.1, 10.2], [12.0, 12.1, 12.2]) == slower  # seeded
+    assert stats.no_cost_above(tie).startswith("no cost above +") and stats.no_cost_above(few) == ""

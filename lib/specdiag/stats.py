@@ -8,6 +8,11 @@ timings, step-time slopes), so a p90 or a slope means the same thing on every pa
 - :func:`fit_line`: ordinary least squares ``y = slope * x + intercept`` with its r².
 - :func:`median_diff_test`: the difference of two samples' medians (B - A) with exact one-sided Mann-Whitney
   p-values, so "B is slower than A" is said only where the ranks show it.
+- :func:`compare_requests`: two cells of per-request values (a request's value is its own median over its steps;
+  steps of one request are never independent samples), the ratio of their medians B / A with a seeded percentile
+  bootstrap interval over requests (each cell resampled on its own), and its verdict: "higher" (the interval above
+  1), "lower" (below 1), "tie" (it holds 1), or "not enough requests" (fewer than :data:`MIN_REQUESTS` in a cell).
+  A "no cost" reads its upper end: "no cost above (hi - 1)".
 """
 
 from __future__ import annotations
@@ -16,6 +21,13 @@ import math
 import statistics
 from dataclasses import dataclass
 from typing import Sequence
+
+import numpy as np
+
+MIN_REQUESTS = 3        #: requests per cell before a comparison states a verdict
+BOOT_RESAMPLES = 2000   #: bootstrap resamples of each cell
+LEVEL = 0.95            #: the interval's coverage
+NOT_ENOUGH = "not enough requests"
 
 
 def quantile(values: Sequence[float], q: float) -> float:
@@ -121,3 +133,64 @@ def median_diff_test(a: Sequence[float], b: Sequence[float], alpha: float = 0.05
     p_higher = sum(c for k, c in enumerate(counts) if k >= u) / total
     p_lower = sum(c for k, c in enumerate(counts) if k <= u) / total
     return MedianDiff(statistics.median(fb) - statistics.median(fa), p_higher, p_lower, len(fa), len(fb), alpha)
+
+
+@dataclass(frozen=True)
+class RequestComparison:
+    """Cell B against cell A over requests: medians, their ratio B / A, its bootstrap interval and the verdict."""
+
+    n_a: int                    #: requests in cell A
+    n_b: int
+    median_a: float | None      #: median over A's request values (the values' unit)
+    median_b: float | None
+    ratio: float | None         #: median_b / median_a
+    lo: float | None            #: the interval's lower end (None: not enough requests)
+    hi: float | None
+    verdict: str                #: "higher", "lower", "tie" or "not enough requests"
+    level: float = LEVEL
+
+    @property
+    def enough(self) -> bool:
+        return self.verdict != NOT_ENOUGH
+
+    def interval_text(self) -> str:
+        """'1.02-1.10x' (or '' without an interval)."""
+        return f"{self.lo:.3g}-{self.hi:.3g}x" if self.lo is not None and self.hi is not None else ""
+
+    def counts_text(self) -> str:
+        """'3 / 3 requests'."""
+        return f"{self.n_a} / {self.n_b} requests"
+
+
+def ratio_verdict(lo: float, hi: float) -> str:
+    """"higher" (the interval above 1), "lower" (below 1) or "tie" (it holds 1)."""
+    return "higher" if lo > 1.0 else "lower" if hi < 1.0 else "tie"
+
+
+def compare_requests(a: Sequence[float], b: Sequence[float], seed: int = 0,
+                     min_requests: int = MIN_REQUESTS) -> RequestComparison:
+    """B against A over per-request values (module doc): the ratio of the medians with a percentile bootstrap
+    interval (:data:`BOOT_RESAMPLES` resamples of each cell independently, numpy's default_rng(seed), :data:`LEVEL`);
+    fewer than ``min_requests`` values in either cell, or a zero median in A: "not enough requests", no interval."""
+    fa = [float(x) for x in a if x is not None and math.isfinite(float(x))]
+    fb = [float(x) for x in b if x is not None and math.isfinite(float(x))]
+    med_a = statistics.median(fa) if fa else None
+    med_b = statistics.median(fb) if fb else None
+    ratio = med_b / med_a if med_a and med_b is not None else None
+    if len(fa) < min_requests or len(fb) < min_requests or not med_a:
+        return RequestComparison(len(fa), len(fb), med_a, med_b, ratio, None, None, NOT_ENOUGH)
+    rng = np.random.default_rng(seed)
+    xa, xb = np.asarray(fa), np.asarray(fb)
+    rb = np.median(xb[rng.integers(0, len(xb), (BOOT_RESAMPLES, len(xb)))], axis=1)  # B's resamples first
+    ra = np.median(xa[rng.integers(0, len(xa), (BOOT_RESAMPLES, len(xa)))], axis=1)
+    tail = (1.0 - LEVEL) / 2.0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        boot = rb / ra
+    boot = boot[np.isfinite(boot)]
+    lo, hi = (float(x) for x in np.quantile(boot, [tail, 1.0 - tail]))
+    return RequestComparison(len(fa), len(fb), med_a, med_b, ratio, lo, hi, ratio_verdict(lo, hi))
+
+
+def no_cost_above(c: RequestComparison) -> str:
+    """An upper bound from the interval: 'no cost above +4.1%' (or '' without an interval)."""
+    return f"no cost above {100 * (c.hi - 1):+.1f}%" if c.hi is not None else ""

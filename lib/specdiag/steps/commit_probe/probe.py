@@ -35,13 +35,18 @@ Columns of ``commit_probe_steps``: ``context_tokens``, ``kind``, ``seed``, ``ste
 ``commit_length``, ``accepted_drafts`` (= commit_length - 1), ``draft_ms``, ``verify_ms``
 [server-reported by the embedded server].
 
-Verdict rules (:func:`probe_findings`), all on the pooled commit length per (context, kind):
-- predictable flat across contexts (every context within ``flat_tolerance`` of the mean) and high
-  (>= ``healthy_share`` of the maximum): the speculative pipeline is sound at long context;
-- predictable falling with context (the longest context more than ``flat_tolerance`` below the
-  shortest): a long-context speculative bug; look at the drafter's window, positions/rope scaling and
-  the draft KV cache;
-- novel at most ``text_share`` of predictable at the same context: the gap is text difficulty;
+Verdict rules (:func:`probe_findings`). The request is the unit: a request's value is its own commit length, a cell
+(kind, context) the median over its requests, and every comparison takes at least 3 requests per cell
+(:func:`specdiag.stats.compare_requests`: the ratio of the medians with a seeded bootstrap interval over requests);
+a comparison with fewer says "not enough requests" (info) instead of a verdict. Repeats: ``repeats`` requests per
+(context, kind), seeds ``seed`` .. ``seed + repeats - 1`` (novel prose starts at another paragraph each; the predictable
+sentence is the same text, sent again on a flushed cache).
+- predictable, longest context against shortest: a fall (the interval below 1 and the drop above ``flat_tolerance``)
+  is a long-context speculative bug; look at the drafter's window, positions/rope scaling and the draft KV cache;
+  otherwise flat when every context's median lies within ``flat_tolerance`` of their mean (a tie when the interval
+  holds 1, said as one), and healthy at ``healthy_share`` of the maximum or more; else uneven;
+- novel against predictable at each context: text difficulty where the whole interval of novel / predictable lies
+  at or below ``text_share``; close to predictable where it lies above; undecided where it straddles it;
 - every (kind, context) at most ``1 + no_commit_drafts`` tokens per verify step: the drafter does not commit on
   either text (a random-weight drafter), so the probe can tell neither a bug nor the text's difficulty; that is the
   only verdict then.
@@ -49,6 +54,7 @@ Verdict rules (:func:`probe_findings`), all on the pooled commit length per (con
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
@@ -60,6 +66,7 @@ from specdiag.measure.request import measured_request
 from specdiag.nb import check, check_context_lengths
 from specdiag.prompts import NOVEL_PROSE_PATH
 from specdiag.spec import commit_histogram, commit_histogram_from_correct_drafts, commit_length_of
+from specdiag.stats import MIN_REQUESTS, RequestComparison, compare_requests
 
 PROBE_TABLE = "commit_probe"
 STEPS_TABLE = "commit_probe_steps"
@@ -90,10 +97,11 @@ class ProbePlan:
     max_new_tokens: int = 64
     seed: int = 0
     flush_cache: bool = True
+    repeats: int = 1  # requests per (context, kind), seeds seed .. seed + repeats - 1
 
     def requests(self) -> list[dict[str, Any]]:
-        return [{"context_tokens": c, "kind": k, "seed": self.seed, "max_new_tokens": self.max_new_tokens}
-                for c in self.context_lengths for k in self.kinds]
+        return [{"context_tokens": c, "kind": k, "seed": self.seed + i, "max_new_tokens": self.max_new_tokens}
+                for c in self.context_lengths for i in range(self.repeats) for k in self.kinds]
 
     def pending(self, done: Iterable[tuple[Any, ...]]) -> list[dict[str, Any]]:
         done = set(done)
@@ -101,7 +109,7 @@ class ProbePlan:
 
 
 def make_plan(context_lengths: Any, kinds: Any, max_new_tokens: Any, seed: Any, flush_cache: Any = True,
-              server_context_length: int | None = None) -> ProbePlan:
+              server_context_length: int | None = None, repeats: Any = 1) -> ProbePlan:
     """Check the probe's parameters (a ParameterError naming the parameter and the fix) and plan it."""
     check(isinstance(max_new_tokens, int) and not isinstance(max_new_tokens, bool) and max_new_tokens >= 2,
           f"max_new_tokens must be a whole number >= 2; got {max_new_tokens!r}")
@@ -112,10 +120,12 @@ def make_plan(context_lengths: Any, kinds: Any, max_new_tokens: Any, seed: Any, 
     check(len(set(kinds)) == len(kinds), f"kinds lists a kind twice: {kinds!r}")
     check(isinstance(seed, int) and not isinstance(seed, bool), f"seed must be a whole number; got {seed!r}")
     check(isinstance(flush_cache, bool), f"flush_cache must be True or False; got {flush_cache!r}")
+    check(isinstance(repeats, int) and not isinstance(repeats, bool) and repeats >= 1,
+          f"repeats must be a whole number >= 1 (a verdict takes {MIN_REQUESTS} per cell); got {repeats!r}")
     check("novel" not in kinds or NOVEL_PROSE_PATH.exists(),
           f"kind 'novel' needs the held-out prose {NOVEL_PROSE_PATH}, which is missing: restore it "
           f"(git checkout data/prompts) or use kinds=['predictable']")
-    return ProbePlan(tuple(contexts), tuple(kinds), max_new_tokens, seed, flush_cache)
+    return ProbePlan(tuple(contexts), tuple(kinds), max_new_tokens, seed, flush_cache, repeats)
 
 
 def _num(x: Any) -> float | None:
@@ -258,6 +268,7 @@ def summarize(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
         pre = [float(r["prefill_s"]) for r in rs if r.get("prefill_s") is not None]
         maxc = [r.get("max_commit_length") for r in rs if r.get("max_commit_length")]
         out.append({"kind": kind, "context_tokens": ctx_tokens, "requests": len(rs), "commit_length": commit,
+                    "request_commits": [float(r["commit_length"]) for r in rs],
                     # commit - 1, not the rows' accepted_drafts: rows recorded before that column became
                     # commit - 1 hold SGLang's num_correct_drafts / steps (drafts past max_new_tokens counted)
                     "accepted_drafts": commit - 1,
@@ -291,73 +302,126 @@ def probe_findings(summary: Sequence[Mapping[str, Any]], max_commit_length: int 
         return found + [silent] + _prefill_findings(summary, source, prefill_share_note)
     pred = sorted((s for s in summary if s["kind"] == "predictable"), key=lambda s: s["context_tokens"])
     novel = {s["context_tokens"]: s for s in summary if s["kind"] == "novel"}
-    maxc = f" of at most {max_commit_length}" if max_commit_length else ""
-    pred_text = "; ".join(f"{_k(s['context_tokens'])}: {s['commit_length']:.2f}" for s in pred)
     if len(pred) >= 2:
-        mean = sum(s["commit_length"] for s in pred) / len(pred)
-        dev = max(abs(s["commit_length"] - mean) / mean for s in pred)
-        first, last = pred[0], pred[-1]
-        drop = (first["commit_length"] - last["commit_length"]) / first["commit_length"]
-        numbers = {"predictable_commit_length_by_context": {s["context_tokens"]: s["commit_length"] for s in pred},
-                   "mean_commit_length": mean, "max_relative_deviation": dev, "drop_first_to_last": drop,
-                   "max_commit_length": max_commit_length, "flat_tolerance": flat_tolerance}
-        if drop > flat_tolerance:
-            found.append(Finding(
-                "probe.predictable_falls", "Predictable-text commit length falls with context",
-                f"Commit length on predictable text drops {drop:.0%} from {_k(first['context_tokens'])} to "
-                f"{_k(last['context_tokens'])} tokens: a long-context speculative bug, not text difficulty. Look at "
-                f"the drafter's attention window (sliding window, which layers are full attention), its positions "
-                f"and rope scaling (max_position_embeddings, YaRN factor and original length), and the draft KV cache "
-                f"(eviction, page reuse, positions after a rejected draft).",
-                "critical",
-                (f"Predictable commit length per context (tokens per verify step{maxc}, {source}): {pred_text}.",
-                 f"The drop from the shortest to the longest context is {drop:.0%}, above the ±{flat_tolerance:.0%} "
-                 f"band of a flat line."), numbers, source))
-        elif dev <= flat_tolerance:
-            healthy = max_commit_length is None or mean >= healthy_share * max_commit_length
-            found.append(Finding(
-                "probe.predictable_flat", "Predictable-text commit length is flat across contexts",
-                ("The drafter, its window, positions and KV cache and the verification are sound at long context: "
-                 "a low commit length on other text is the text's difficulty, not a bug." if healthy else
-                 "Flat but low: the drafter does not copy even predictable text at the shortest context. That is a "
-                 "drafter quality problem (or a short-context bug), not a long-context one."),
-                "ok" if healthy else "warning",
-                (f"Predictable commit length per context (tokens per verify step{maxc}, {source}): {pred_text}.",
-                 f"Every context lies within {dev:.0%} of the mean {mean:.2f} (band ±{flat_tolerance:.0%})."
-                 + (f" The mean is {mean / max_commit_length:.0%} of the maximum {max_commit_length}."
-                    if max_commit_length else "")), numbers, source))
-        else:
-            found.append(Finding(
-                "probe.predictable_uneven", "Predictable-text commit length varies with context, without a fall",
-                "Not a steady fall with context, but outside a flat band: repeat the probe (repeats, another seed) "
-                "before concluding.", "info",
-                (f"Predictable commit length per context (tokens per verify step{maxc}, {source}): {pred_text}.",
-                 f"Largest deviation from the mean {mean:.2f}: {dev:.0%} (band ±{flat_tolerance:.0%}); shortest to "
-                 f"longest context changes by {-drop:+.0%}."), numbers, source))
+        found.append(_predictable_finding(pred, max_commit_length, source, flat_tolerance, healthy_share))
     pairs = [(s, novel[s["context_tokens"]]) for s in pred if s["context_tokens"] in novel]
     if pairs:
-        ratios = {p["context_tokens"]: n["commit_length"] / p["commit_length"] for p, n in pairs}
-        text = "; ".join(f"{_k(p['context_tokens'])}: {n['commit_length']:.2f} vs {p['commit_length']:.2f}"
-                         for p, n in pairs)
-        numbers = {"novel_over_predictable_by_context": ratios, "text_share": text_share}
-        if all(r <= text_share for r in ratios.values()):
-            found.append(Finding(
-                "probe.novel_is_text_difficulty", "Novel prose commits far less than predictable text",
-                "At every context the novel-prose commit length is at most half the predictable one: the gap is "
-                "text difficulty (the drafter cannot guess new prose), which no long-context fix will close.",
-                "info", (f"Commit length novel vs predictable (tokens per verify step, {source}): {text}.",
-                         f"Novel / predictable ratio at most {max(ratios.values()):.2f} (threshold {text_share})."),
-                numbers, source))
-        else:
-            found.append(Finding(
-                "probe.novel_close_to_predictable", "Novel prose commits nearly as much as predictable text",
-                "The novel prompt is not much harder for the drafter than the repeated sentence: the generated text "
-                "may be copying or looping, so novel prose does not show the drafter's real acceptance here.",
-                "warning", (f"Commit length novel vs predictable (tokens per verify step, {source}): {text}.",
-                            f"Ratios above {text_share} at: "
-                            + ", ".join(f"{_k(c)} ({r:.2f})" for c, r in ratios.items() if r > text_share) + "."),
-                numbers, source))
+        found.append(_text_finding(pairs, source, text_share))
     return found + _prefill_findings(summary, source, prefill_share_note)
+
+
+def _values(cell: Mapping[str, Any]) -> list[float]:
+    """A cell's per-request commit lengths (a summary row without them: its pooled value, one request)."""
+    return list(cell.get("request_commits") or [cell["commit_length"]])
+
+
+def _cell_text(cell: Mapping[str, Any]) -> str:
+    vals = _values(cell)
+    return (f"{_k(cell['context_tokens'])}: {statistics.median(vals):.2f} (median of {len(vals)} request"
+            f"{'' if len(vals) == 1 else 's'})")
+
+
+def _interval(c: RequestComparison) -> str:
+    return (f"{c.ratio:.2f}x, interval {c.interval_text()}, {c.counts_text()}" if c.enough else
+            f"{c.ratio:.2f}x, {c.counts_text()}: not enough requests" if c.ratio is not None else c.counts_text())
+
+
+def _not_enough(fid: str, title: str, what: str, evidence: Sequence[str], source: Source) -> Finding:
+    return Finding(fid, title, f"Not enough requests to compare {what}: a verdict takes at least {MIN_REQUESTS} "
+                   "requests per cell (the probe's repeats parameter).", "info", tuple(evidence),
+                   {"not_enough_requests": True, "min_requests": MIN_REQUESTS}, source)
+
+
+def _predictable_finding(pred: Sequence[Mapping[str, Any]], max_commit_length: int | None, source: Source,
+                         flat_tolerance: float, healthy_share: float) -> Finding:
+    """probe.predictable_*: the longest context against the shortest, over requests (module doc)."""
+    maxc = f" of at most {max_commit_length}" if max_commit_length else ""
+    first, last = pred[0], pred[-1]
+    c = compare_requests(_values(first), _values(last))
+    meds = {s["context_tokens"]: statistics.median(_values(s)) for s in pred}
+    evidence = [f"Predictable commit length per context (tokens per verify step{maxc}, {source}): "
+                + "; ".join(_cell_text(s) for s in pred) + ".",
+                f"Longest over shortest context: {_interval(c)}."]
+    if not c.enough:
+        return _not_enough("probe.predictable_not_enough", "Predictable text across contexts: not enough requests",
+                           f"the predictable text's commit length at {_k(first['context_tokens'])} and "
+                           f"{_k(last['context_tokens'])} tokens", evidence, source)
+    mean = sum(meds.values()) / len(meds)
+    dev = max(abs(m - mean) / mean for m in meds.values())
+    drop = 1.0 - float(c.ratio)  # type: ignore[arg-type]
+    numbers = {"predictable_commit_length_by_context": meds, "mean_commit_length": mean,
+               "max_relative_deviation": dev, "drop_first_to_last": drop, "ratio_last_first": c.ratio,
+               "ratio_lo": c.lo, "ratio_hi": c.hi, "requests_first": c.n_a, "requests_last": c.n_b,
+               "max_commit_length": max_commit_length, "flat_tolerance": flat_tolerance}
+    if c.verdict == "lower" and drop > flat_tolerance:
+        return Finding(
+            "probe.predictable_falls", "Predictable-text commit length falls with context",
+            f"Commit length on predictable text drops {drop:.0%} from {_k(first['context_tokens'])} to "
+            f"{_k(last['context_tokens'])} tokens (interval {c.interval_text()} over {c.counts_text()}): a "
+            f"long-context speculative bug, not text difficulty. Look at the drafter's attention window (sliding "
+            f"window, which layers are full attention), its positions and rope scaling (max_position_embeddings, YaRN "
+            f"factor and original length), and the draft KV cache (eviction, page reuse, positions after a rejected "
+            f"draft).", "critical",
+            (*evidence, f"The drop is above the ±{flat_tolerance:.0%} band of a flat line and its interval lies below "
+                        "no change."), numbers, source)
+    tie = " (a tie: the interval holds no change)" if c.verdict == "tie" else ""
+    if dev <= flat_tolerance:
+        healthy = max_commit_length is None or mean >= healthy_share * max_commit_length
+        return Finding(
+            "probe.predictable_flat", "Predictable-text commit length is flat across contexts",
+            (f"Longest over shortest context {c.ratio:.2f}x{tie}, interval {c.interval_text()}: "
+             + ("the drafter, its window, positions and KV cache and the verification are sound at long context: a low "
+                "commit length on other text is the text's difficulty, not a bug." if healthy else
+                "flat but low: the drafter does not copy even predictable text at the shortest context. That is a "
+                "drafter quality problem (or a short-context bug), not a long-context one.")),
+            "ok" if healthy else "warning",
+            (*evidence, f"Every context's median lies within {dev:.0%} of the mean {mean:.2f} (band ±{flat_tolerance:.0%})."
+             + (f" The mean is {mean / max_commit_length:.0%} of the maximum {max_commit_length}."
+                if max_commit_length else "")), numbers, source)
+    return Finding(
+        "probe.predictable_uneven", "Predictable-text commit length varies with context, without a fall",
+        f"Longest over shortest context {c.ratio:.2f}x{tie} (interval {c.interval_text()}): not a fall beyond the "
+        "requests' spread, but outside a flat band: more requests (repeats, another seed) before concluding.", "info",
+        (*evidence, f"Largest deviation from the mean {mean:.2f}: {dev:.0%} (band ±{flat_tolerance:.0%})."),
+        numbers, source)
+
+
+def _text_finding(pairs: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]], source: Source,
+                  text_share: float) -> Finding:
+    """probe.novel_*: novel against predictable at each context, over requests (module doc)."""
+    cmp = {p["context_tokens"]: compare_requests(_values(p), _values(n)) for p, n in pairs}
+    evidence = [f"{_k(ctx)}: novel / predictable {_interval(c)}" + (" (a tie)" if c.verdict == "tie" else "")
+                for ctx, c in cmp.items()]
+    evidence.append(f"commit lengths: tokens per verify step, each request's own ({source}); medians over requests")
+    enough = {ctx: c for ctx, c in cmp.items() if c.enough}
+    if not enough:
+        return _not_enough("probe.novel_not_enough", "Novel against predictable text: not enough requests",
+                           "novel prose with predictable text at any context", evidence, source)
+    numbers = {"novel_over_predictable_by_context": {ctx: c.ratio for ctx, c in enough.items()},
+               "interval_by_context": {ctx: [c.lo, c.hi] for ctx, c in enough.items()},
+               "requests_by_context": {ctx: [c.n_a, c.n_b] for ctx, c in enough.items()}, "text_share": text_share}
+    few = [ctx for ctx in cmp if ctx not in enough]
+    if few:
+        evidence.append(f"not enough requests at {', '.join(_k(c) for c in few)}: left out of the verdict")
+    if all(float(c.hi) <= text_share for c in enough.values()):  # type: ignore[arg-type]
+        return Finding(
+            "probe.novel_is_text_difficulty", "Novel prose commits far less than predictable text",
+            f"At every compared context the novel-prose commit length is at most {text_share:.0%} of the predictable "
+            f"one, the whole interval over requests included (at most {max(float(c.hi) for c in enough.values()):.2f}x): "  # type: ignore[arg-type]
+            "the gap is text difficulty (the drafter cannot guess new prose), which no long-context fix will close.",
+            "info", tuple(evidence), numbers, source)
+    if all(float(c.lo) > text_share for c in enough.values()):  # type: ignore[arg-type]
+        return Finding(
+            "probe.novel_close_to_predictable", "Novel prose commits nearly as much as predictable text",
+            "The novel prompt is not much harder for the drafter than the repeated sentence (novel / predictable above "
+            f"{text_share} over the whole interval at every compared context): the generated text may be copying or "
+            "looping, so novel prose does not show the drafter's real acceptance here.",
+            "warning", tuple(evidence), numbers, source)
+    return Finding(
+        "probe.novel_undecided", "Novel against predictable text: not settled by these requests",
+        f"The interval of novel / predictable straddles {text_share} at some context, or the contexts disagree: more "
+        "requests (the repeats parameter) before reading the gap as the text's difficulty or as copying.", "info",
+        tuple(evidence), numbers, source)
 
 
 def no_commit_finding(summary: Sequence[Mapping[str, Any]], max_commit_length: int | None, source: Source = "measured",

@@ -18,7 +18,7 @@ counts: on SGLang, NGRAM's later requests on the same prompt may draft from the 
 request's own tokens, so its repeats commit alike.
 
 **The ratio** speculating / off of the medians over requests, with a percentile bootstrap interval (requests of each
-side resampled independently, :data:`BOOT_RESAMPLES` resamples, seed 0, :data:`LEVEL`). Its verdict: "pays" (the
+side resampled independently, :func:`specdiag.stats.compare_requests`: its resamples, seed 0, 95%). Its verdict: "pays" (the
 interval above 1), "costs" (below 1), "tie" (it contains 1).
 
 **The break-even context** (:func:`break_even`): scanning the contexts that have enough requests upward, the first
@@ -44,13 +44,8 @@ import statistics
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
-import numpy as np
-
 from specdiag.plots import format_tokens
-
-MIN_REQUESTS = 3        #: requests on each side of a cell for a ratio
-BOOT_RESAMPLES = 2000   #: bootstrap resamples of each cell
-LEVEL = 0.95            #: the interval's coverage
+from specdiag.stats import MIN_REQUESTS, NOT_ENOUGH, compare_requests
 OFF_ALGORITHMS = ("", "NONE", "NULL")
 
 
@@ -186,34 +181,22 @@ class Cell:
     source: str = "measured"    #: "measured" (09's requests) or "computed" (04's commit x 09's step)
 
 
-def _verdict(lo: float, hi: float) -> str:
-    return "pays" if lo > 1.0 else "costs" if hi < 1.0 else "tie"
+VERDICTS = {"higher": "pays", "lower": "costs", "tie": "tie", NOT_ENOUGH: NOT_ENOUGH}
 
 
 def ratio_cell(arm: str, off_arm: str, context_tokens: int, on: Sequence[float], off: Sequence[float],
                commit: float | None = None, kind: str = "novel", seed: int = 0) -> Cell:
     """The cell of one context (module doc). ``on``: the speculating arm's tokens/s per request, or, with ``commit``
     (a commit per verify step from elsewhere), its ms per verify step per request, each turned into commit x 1000 /
-    ms (computed). ``off``: the off arm's tokens/s per request."""
+    ms (computed). ``off``: the off arm's tokens/s per request. The ratio and its interval:
+    :func:`specdiag.stats.compare_requests` (off as A, on as B)."""
     on, off = [float(x) for x in on], [float(x) for x in off]
     if commit is not None:
         on = [commit * 1000.0 / x for x in on if x > 0]
     source = "computed" if commit is not None else "measured"
-    med_on = statistics.median(on) if on else None
-    med_off = statistics.median(off) if off else None
-    if len(on) < MIN_REQUESTS or len(off) < MIN_REQUESTS or not med_off:
-        return Cell(arm, off_arm, int(context_tokens), len(on), len(off), med_on, med_off,
-                    (med_on / med_off) if med_on is not None and med_off else None, None, None,
-                    "not enough requests", kind, source)
-    rng = np.random.default_rng(seed)
-    a, b = np.asarray(on), np.asarray(off)
-    ra = np.median(a[rng.integers(0, len(a), (BOOT_RESAMPLES, len(a)))], axis=1)
-    rb = np.median(b[rng.integers(0, len(b), (BOOT_RESAMPLES, len(b)))], axis=1)
-    tail = (1.0 - LEVEL) / 2.0
-    lo, hi = (float(x) for x in np.quantile(ra / rb, [tail, 1.0 - tail]))
-    ratio = med_on / med_off  # type: ignore[operator]
-    return Cell(arm, off_arm, int(context_tokens), len(on), len(off), med_on, med_off, ratio, lo, hi,
-                _verdict(lo, hi), kind, source)
+    c = compare_requests(off, on, seed=seed, min_requests=MIN_REQUESTS)
+    return Cell(arm, off_arm, int(context_tokens), c.n_b, c.n_a, c.median_b, c.median_a, c.ratio, c.lo, c.hi,
+                VERDICTS[c.verdict], kind, source)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

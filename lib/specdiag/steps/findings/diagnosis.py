@@ -348,9 +348,15 @@ def _kv_layout(findings: Sequence[Mapping[str, Any]], used: list[Mapping[str, An
     judged = [f for f in findings if str(f.get("id", "")).startswith("kv_layout.") and f["id"].count(".") == 1
               and f["id"] not in ("kv_layout.prediction", "kv_layout.not_measured", "kv_layout.gaps")
               and f.get("numbers")]
+    few = [f for f in judged if f["numbers"].get("not_enough_requests")]
+    judged = [f for f in judged if f not in few]
     unjudged = [f for f in findings if str(f.get("id", "")).startswith("kv_layout.")
                 and str(f.get("id", "")).endswith(".not_fragmented")]
     if not judged:
+        if few:
+            used.extend(few)
+            return ("The KV layout (10_kv_layout) was not judged: not enough requests per pool state on "
+                    f"{', '.join(str(f['numbers'].get('arm')) for f in few)}.")
         if unjudged:
             used.extend(unjudged)
             return ("The KV layout (10_kv_layout) was not judged: its fragmented requests were laid out like the "
@@ -372,7 +378,9 @@ def _kv_layout(findings: Sequence[Mapping[str, Any]], used: list[Mapping[str, An
                 "request's KV contiguous pays there. " + _tier0(findings, str(n.get("arm")), used))
     judged_arms = {str(f["numbers"].get("arm")) for f in judged}
     not_judged = sorted({str(f["numbers"].get("arm")) for f in unjudged if f.get("numbers")} - judged_arms)
-    return (f"A fragmented KV pool costs no measurable time on {arms} (at most {100 * (float(n['cost_x']) - 1):+.1f}% "
+    bound = (f"no cost above {100 * (float(n['cost_hi_x']) - 1):+.1f}%" if n.get("cost_hi_x") is not None else
+             f"at most {100 * (float(n['cost_x']) - 1):+.1f}%")
+    return (f"A fragmented KV pool costs no measurable time on {arms} ({bound} "
             f"at {_tok(n['context_tokens'])}; {worst.get('source', 'measured')}, 10_kv_layout): defragmenting is "
             "not where the time goes"
             + (f" there ({', '.join(not_judged)}: no request on a scattered pool to judge)." if not_judged else "."))

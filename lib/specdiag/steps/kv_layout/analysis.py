@@ -1,15 +1,17 @@
 """10's numbers from its rows: fresh against fragmented per arm and context, the kernel A/B's prediction, the
 verdicts (pure functions, no I/O).
 
-The time of a step: per request, the steps' samples (the gaps between stream chunks, client side; on the embedded
-server its own verify times, which leave out HTTP and streaming) pooled over the repeats; the arm's number at a context
-and pool state is their median. Fragmented over fresh is the layout's cost; "costs time" is said only where the
-fragmented samples rank above the fresh ones (stats.median_diff_test, one-sided, p < 0.05), the ratio is at least
-:data:`MIN_COST_X`, and, with two or more requests in each state, every fragmented request's median step is above every
-fresh one's. The steps of one request are not independent of each other, and on a shared 2-core host one fragmented
-request took 72.4 ms per step where its twin took 34.2 (measured), so the requests must separate too. A comparison
-counts only when the fresh requests were contiguous (at least :data:`FRESH_MIN_SHARE` of tokens in runs of 64 or more) and the fragmented ones were not (at most
-:data:`FRAG_MAX_SHARE`); otherwise the finding says the layouts did not differ enough to judge.
+The time of a step: per request, the median of its own step samples (the gaps between stream chunks, client side; on
+the embedded server its own verify times, which leave out HTTP and streaming); a request is the unit, its steps are
+never pooled as independent samples (on a shared 2-core host one fragmented request took 72.4 ms per step where its
+twin took 34.2, measured). An arm's number at a context and pool state is the median over its requests. Fragmented
+over fresh is the layout's cost, with a seeded bootstrap interval over requests (:func:`specdiag.stats.compare_requests`);
+a cell with fewer than :data:`specdiag.stats.MIN_REQUESTS` requests says "not enough requests" instead of a verdict.
+"Costs time" is said only where the interval lies above 1 and the ratio is at least :data:`MIN_COST_X`; an interval
+that holds 1 is a tie, said as one, and "no cost" is an upper bound from the interval ("no cost above +X%"). A
+comparison counts only when the fresh requests were contiguous (at least :data:`FRESH_MIN_SHARE` of tokens in runs of
+64 or more) and the fragmented ones were not (at most :data:`FRAG_MAX_SHARE`); otherwise the finding says the layouts
+did not differ enough to judge.
 
 The prediction: the kernel A/B (06) timed the same split-KV kernel family on a page_size-1 token table shuffled token
 by token against 64-token pages (``analysis.page_size_effect``); the largest of those ratios at a context, over the
@@ -25,12 +27,11 @@ import pandas as pd
 
 from specdiag.findings import Finding
 from specdiag.plots import format_tokens
-from specdiag.stats import median_diff_test
+from specdiag.stats import MIN_REQUESTS, NOT_ENOUGH, compare_requests
 
-MIN_COST_X = 1.02  # a fragmented/fresh ratio below this is called no cost, whatever the test says
+MIN_COST_X = 1.02  # a fragmented/fresh ratio below this is called no cost, whatever the interval says
 FRESH_MIN_SHARE = 0.9  # a fresh request counts as contiguous at this share of tokens in runs >= 64
 FRAG_MAX_SHARE = 0.5  # a fragmented request counts as scattered at or below this share
-MAX_SAMPLES = 60  # steps per side the exact test takes (evenly spaced when there are more)
 KEY = ["arm", "pool_state", "context_tokens", "repeat"]
 STATES = ("fresh", "fragmented")
 #: an arm named ``<arm>`` + this is ``<arm>``'s server with the contiguous allocator (tier0.py pairs them)
@@ -114,27 +115,15 @@ def _request_medians(group: pd.DataFrame) -> list[float]:
     return [statistics.median(m) for m in medians if m]
 
 
-def separated(fresh: list[float], fragmented: list[float]) -> bool | None:
-    """Whether every fragmented request is slower than every fresh one; None with one request in either state."""
-    if len(fresh) < 2 or len(fragmented) < 2:
-        return None
-    return min(fragmented) > max(fresh)
-
-
 def _filler_cycles(g: pd.DataFrame) -> float | None:
     vals = [float(v["cycles"]) for v in g.get("filler", pd.Series(dtype=object)) if isinstance(v, Mapping)]
     return max(vals) if vals else None
 
 
-def _spaced(values: list[float], n: int = MAX_SAMPLES) -> list[float]:
-    if len(values) <= n:
-        return values
-    return [values[round(i * (len(values) - 1) / (n - 1))] for i in range(n)]
-
-
 def costs(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
-    """Per arm and context with both states: fresh and fragmented ms per step, their ratio, the test's p-value that
-    fragmented is slower, both layouts, and whether the comparison counts (module docstring)."""
+    """Per arm and context with both states: fresh and fragmented ms per step (medians over requests), their ratio with
+    its interval over requests and verdict (:func:`specdiag.stats.compare_requests`), the requests per state, both
+    layouts, and whether the comparison counts (module docstring)."""
     df = latest(rows)
     if df.empty:
         return pd.DataFrame()
@@ -144,25 +133,21 @@ def costs(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
         fresh, frag = g[g["pool_state"] == "fresh"], g[g["pool_state"] == "fragmented"]
         if fresh.empty or frag.empty:
             continue
-        a, what = _samples(fresh)
-        b, _ = _samples(frag)
-        if not a or not b:
+        fresh_req, frag_req = _request_medians(fresh), _request_medians(frag)
+        if not fresh_req or not frag_req:
             continue
-        ratio = statistics.median(b) / statistics.median(a)
-        p = median_diff_test(_spaced(a), _spaced(b)).p_higher if len(a) >= 2 and len(b) >= 2 else None
+        c = compare_requests(fresh_req, frag_req)
         sf, sg = _share(fresh, "share_in_long_runs"), _share(frag, "share_in_long_runs")
         counts = sf is not None and sg is not None and sf >= FRESH_MIN_SHARE and sg <= FRAG_MAX_SHARE
-        fresh_req, frag_req = _request_medians(fresh), _request_medians(frag)
-        apart = separated(fresh_req, frag_req)
-        out.append({"arm": arm, "context_tokens": int(ctx), "fresh_ms": statistics.median(a),
-                    "fragmented_ms": statistics.median(b), "cost_x": ratio, "p_slower": p,
-                    "fresh_request_ms": fresh_req, "fragmented_request_ms": frag_req, "requests_separate": apart,
-                    "costs_time": bool(counts and p is not None and p < 0.05 and ratio >= MIN_COST_X
-                                       and apart is not False),
+        out.append({"arm": arm, "context_tokens": int(ctx), "fresh_ms": c.median_a, "fragmented_ms": c.median_b,
+                    "cost_x": c.ratio, "cost_lo_x": c.lo, "cost_hi_x": c.hi, "verdict": c.verdict,
+                    "requests_fresh": c.n_a, "requests_fragmented": c.n_b,
+                    "fresh_request_ms": fresh_req, "fragmented_request_ms": frag_req,
+                    "costs_time": bool(counts and c.verdict == "higher" and c.ratio >= MIN_COST_X),
                     "fresh_share": sf, "fragmented_share": sg,
                     "fresh_runs_per_1k": _share(fresh, "runs_per_1k_tokens"),
                     "fragmented_runs_per_1k": _share(frag, "runs_per_1k_tokens"),
-                    "layouts_differ": counts, "steps_fresh": len(a), "steps_fragmented": len(b), "step_source": what})
+                    "layouts_differ": counts, "step_source": _samples(fresh)[1]})
     return pd.DataFrame(out)
 
 
@@ -219,66 +204,87 @@ def findings(cost: pd.DataFrame, pred: pd.DataFrame, source: str = "measured",
     for arm, g in cost.groupby("arm", sort=False):
         if str(arm).endswith(CONTIGUOUS_SUFFIX) and str(arm)[: -len(CONTIGUOUS_SUFFIX)] in set(cost["arm"]):
             continue  # a contiguous allocator's arm: judged beside its base arm (tier0.findings)
-        g = g.sort_values("context_tokens")
-        ev = [f"{format_tokens(r.context_tokens)}: {r.fresh_ms:.3g} ms per step fresh, {r.fragmented_ms:.3g} ms "
-              f"fragmented ({_pct(r.cost_x)}, p = {r.p_slower:.2g} that fragmented is slower; "
-              f"{_share_text(r.fresh_share)} then {_share_text(r.fragmented_share)} of tokens in runs >= 64, "
-              f"{_num(r.fresh_runs_per_1k)} then {_num(r.fragmented_runs_per_1k)} runs per 1k tokens"
-              + (f"; per request: fresh {_ms_list(r.fresh_request_ms)}, fragmented {_ms_list(r.fragmented_request_ms)}"
-                 if len(r.fresh_request_ms) + len(r.fragmented_request_ms) > 2 else "") + ")"
-              for r in g.itertuples()]
-        ev.append(f"step times: {g['step_source'].iloc[0]} ({source})")
-        judged = g[g["layouts_differ"]]
-        last = g.iloc[-1]
-        numbers: dict[str, Any] = {"arm": arm, "context_tokens": int(last["context_tokens"]),
-                                   "fresh_ms": float(last["fresh_ms"]), "fragmented_ms": float(last["fragmented_ms"]),
-                                   "cost_x": float(last["cost_x"]), "p_slower": last["p_slower"],
-                                   "fresh_share_in_long_runs": last["fresh_share"],
-                                   "fragmented_share_in_long_runs": last["fragmented_share"]}
-        if judged.empty:
-            out.append(Finding(f"kv_layout.{arm}.not_fragmented", f"KV layout on {arm}: the layouts did not differ",
-                               f"On {arm} the fresh and fragmented requests were laid out too much alike to judge the "
-                               f"layout's cost (fresh needs >= {FRESH_MIN_SHARE:.0%} of tokens in runs >= 64, "
-                               f"fragmented <= {FRAG_MAX_SHARE:.0%}): cycle the pool more (filler cycles) or check "
-                               "that the radix cache is off.", "warning", ev, numbers, source))
-            continue
-        costing = judged[judged["costs_time"]]
-        pool = costing if not costing.empty else judged  # a context that costs is the verdict, else the largest ratio
-        worst = pool.loc[pool["cost_x"].idxmax()]
-        numbers.update(context_tokens=int(worst["context_tokens"]), fresh_ms=float(worst["fresh_ms"]),
-                       fragmented_ms=float(worst["fragmented_ms"]), cost_x=float(worst["cost_x"]),
-                       p_slower=worst["p_slower"])
-        overlap = judged[(judged["requests_separate"] == False) & (judged["cost_x"] >= MIN_COST_X)  # noqa: E712
-                         & (judged["p_slower"].fillna(1.0) < 0.05)]
-        if bool(worst["costs_time"]):
-            single = worst["requests_separate"] is None
-            verdict = (f"On {arm} a fragmented pool costs time: {_pct(worst['cost_x'])} per verify step at "
-                       f"{format_tokens(worst['context_tokens'])} ({worst['fragmented_ms']:.3g} against "
-                       f"{worst['fresh_ms']:.3g} ms), so keeping each request's KV contiguous pays there"
-                       + (" (one request per state: the test ranks one request's steps against another's, so a "
-                          "repeat would confirm it)." if single else "."))
-            severity = "warning" if worst["cost_x"] >= 1.10 else "info"
-            if worst["cost_x"] >= 1.05:
-                numbers.update(fix=f"a contiguous KV layout (flushed pool) on {arm}",
-                               fix_speedup_x=float(worst["cost_x"]), fix_context_tokens=int(worst["context_tokens"]))
-        elif not overlap.empty:
-            o = overlap.loc[overlap["cost_x"].idxmax()]
-            verdict = (f"On {arm} the layout's cost is not established: fragmented steps were {_pct(o['cost_x'])} at "
-                       f"{format_tokens(o['context_tokens'])}, but the requests overlap (fresh "
-                       f"{_ms_list(o['fresh_request_ms'])}, fragmented {_ms_list(o['fragmented_request_ms'])}): the "
-                       "spread between requests covers the difference. More repeats would settle it.")
-            severity = "info"
-            numbers.update(context_tokens=int(o["context_tokens"]), cost_x=float(o["cost_x"]),
-                           fresh_ms=float(o["fresh_ms"]), fragmented_ms=float(o["fragmented_ms"]),
-                           p_slower=o["p_slower"], requests_overlap=True)
-        else:
-            verdict = (f"On {arm} the layout costs no measurable time: fragmented over fresh is at most "
-                       f"{worst['cost_x']:.3f}x ({_pct(worst['cost_x'])}) at {format_tokens(worst['context_tokens'])} "
-                       "and the step samples do not rank it slower, so defragmenting would not speed this arm up.")
-            severity = "ok"
-        out.append(Finding(f"kv_layout.{arm}", f"KV layout on {arm}", verdict, severity, ev, numbers, source))
+        out.append(_arm_finding(str(arm), g.sort_values("context_tokens"), source))
     out.extend(_prediction_findings(cost, pred, source, prediction_source, missing))
     return out + gap
+
+
+def cost_text(r: Any) -> str:
+    """'+6.0% (interval +4.1% to +8.2%, 3 / 3 requests)' of a :func:`costs` row (a dict or a named tuple)."""
+    get = r.get if isinstance(r, Mapping) else lambda k: getattr(r, k)
+    n = f"{get('requests_fresh')} / {get('requests_fragmented')} requests fresh / fragmented"
+    if get("cost_lo_x") is None or get("cost_lo_x") != get("cost_lo_x"):
+        return f"{_pct(get('cost_x'))}, {n}"
+    return f"{_pct(get('cost_x'))} (interval {_pct(get('cost_lo_x'))} to {_pct(get('cost_hi_x'))}, {n})"
+
+
+def _evidence(r: Any) -> str:
+    return (f"{format_tokens(r.context_tokens)}: {r.fresh_ms:.3g} ms per step fresh, {r.fragmented_ms:.3g} ms "
+            f"fragmented (medians over requests; {cost_text(r)}: {_verdict_word(r.verdict)}; "
+            f"{_share_text(r.fresh_share)} then {_share_text(r.fragmented_share)} of tokens in runs >= 64, "
+            f"{_num(r.fresh_runs_per_1k)} then {_num(r.fragmented_runs_per_1k)} runs per 1k tokens; per request: fresh "
+            f"{_ms_list(r.fresh_request_ms)}, fragmented {_ms_list(r.fragmented_request_ms)})")
+
+
+def _verdict_word(verdict: str) -> str:
+    return {"higher": "fragmented slower", "lower": "fragmented faster", "tie": "a tie"}.get(verdict, verdict)
+
+
+def _arm_finding(arm: str, g: pd.DataFrame, source: str) -> Finding:
+    """``kv_layout.<arm>``: the layout's cost on one arm over its contexts (module docstring)."""
+    ev = [_evidence(r) for r in g.itertuples()]
+    ev.append(f"step times: {g['step_source'].iloc[0]}, each request's median over its own steps ({source}); "
+              f"at least {MIN_REQUESTS} requests per state for a verdict")
+    judged = g[g["layouts_differ"]]
+    last = g.iloc[-1]
+
+    def nums(r: Any) -> dict[str, Any]:
+        return {"arm": arm, "context_tokens": int(r["context_tokens"]), "fresh_ms": float(r["fresh_ms"]),
+                "fragmented_ms": float(r["fragmented_ms"]), "cost_x": float(r["cost_x"]), "cost_lo_x": r["cost_lo_x"],
+                "cost_hi_x": r["cost_hi_x"], "verdict": r["verdict"], "requests_fresh": int(r["requests_fresh"]),
+                "requests_fragmented": int(r["requests_fragmented"]),
+                "fresh_share_in_long_runs": r["fresh_share"], "fragmented_share_in_long_runs": r["fragmented_share"]}
+
+    if judged.empty:
+        return Finding(f"kv_layout.{arm}.not_fragmented", f"KV layout on {arm}: the layouts did not differ",
+                       f"On {arm} the fresh and fragmented requests were laid out too much alike to judge the layout's "
+                       f"cost (fresh needs >= {FRESH_MIN_SHARE:.0%} of tokens in runs >= 64, fragmented <= "
+                       f"{FRAG_MAX_SHARE:.0%}): cycle the pool more (filler cycles) or check that the radix cache is "
+                       "off.", "warning", ev, nums(last), source)
+    enough = judged[judged["verdict"] != NOT_ENOUGH]
+    if enough.empty:
+        few = "; ".join(f"{format_tokens(r.context_tokens)}: {r.requests_fresh} fresh, {r.requests_fragmented} "
+                        f"fragmented (fragmented/fresh {_pct(r.cost_x)})" for r in judged.itertuples())
+        return Finding(f"kv_layout.{arm}", f"KV layout on {arm}",
+                       f"On {arm}: not enough requests to judge the layout's cost ({few}; a verdict takes at least "
+                       f"{MIN_REQUESTS} requests per state).", "info", ev,
+                       {**nums(judged.iloc[-1]), "not_enough_requests": True}, source)
+    costing = enough[enough["costs_time"]]
+    if not costing.empty:
+        worst = costing.loc[costing["cost_x"].idxmax()]
+        numbers = nums(worst)
+        verdict = (f"On {arm} a fragmented pool costs time: {cost_text(worst)} per verify step at "
+                   f"{format_tokens(worst['context_tokens'])} ({worst['fragmented_ms']:.3g} against "
+                   f"{worst['fresh_ms']:.3g} ms), so keeping each request's KV contiguous pays there.")
+        severity = "warning" if worst["cost_x"] >= 1.10 else "info"
+        if worst["cost_x"] >= 1.05:
+            numbers.update(fix=f"a contiguous KV layout (flushed pool) on {arm}",
+                           fix_speedup_x=float(worst["cost_x"]), fix_context_tokens=int(worst["context_tokens"]))
+        return Finding(f"kv_layout.{arm}", f"KV layout on {arm}", verdict, severity, ev, numbers, source)
+    top = enough.loc[enough["cost_hi_x"].idxmax()]  # the widest upper bound: the bound holds at every context
+    numbers = nums(top)
+    ties = enough[enough["verdict"] == "tie"]
+    bound = f"no cost above {_pct(top['cost_hi_x'])}"
+    if not ties.empty:
+        t = ties.loc[ties["cost_x"].idxmax()]
+        verdict = (f"On {arm} fragmented against fresh is a tie: {cost_text(t)} at "
+                   f"{format_tokens(t['context_tokens'])}, the interval holding no change; {bound} per verify step "
+                   f"at {format_tokens(top['context_tokens'])}, so defragmenting would not measurably speed this arm up.")
+    else:
+        verdict = (f"On {arm} the layout costs no measurable time: {bound} per verify step at "
+                   f"{format_tokens(top['context_tokens'])} ({cost_text(top)}), so defragmenting would not speed this "
+                   "arm up.")
+    return Finding(f"kv_layout.{arm}", f"KV layout on {arm}", verdict, "ok", ev, numbers, source)
 
 
 def _prediction_findings(cost: pd.DataFrame, pred: pd.DataFrame, source: str, pred_source: str,
@@ -331,6 +337,10 @@ def _prediction_findings(cost: pd.DataFrame, pred: pd.DataFrame, source: str, pr
                     "ok" if held else "warning", ev, numbers, source)]
 
 
+def _round(x: Any) -> float | None:
+    return None if x is None or x != x else round(float(x), 4)
+
+
 def _ms_list(values: Iterable[float]) -> str:
     """'12.6, 12.2 ms'."""
     return ", ".join(f"{v:.3g}" for v in values) + " ms"
@@ -350,7 +360,9 @@ def metrics(cost: pd.DataFrame, summ: pd.DataFrame) -> dict[str, Any]:
     for r in cost.itertuples():
         out.setdefault(r.arm, {})[str(r.context_tokens)] = {
             "fresh_ms": round(r.fresh_ms, 4), "fragmented_ms": round(r.fragmented_ms, 4), "cost_x": round(r.cost_x, 4),
-            "p_slower": None if r.p_slower is None else float(f"{float(r.p_slower):.3g}"), "costs_time": bool(r.costs_time),
+            "cost_lo_x": _round(r.cost_lo_x), "cost_hi_x": _round(r.cost_hi_x), "verdict": r.verdict,
+            "requests_fresh": int(r.requests_fresh), "requests_fragmented": int(r.requests_fragmented),
+            "costs_time": bool(r.costs_time),
             "fresh_share_in_long_runs": r.fresh_share, "fragmented_share_in_long_runs": r.fragmented_share,
             "fresh_runs_per_1k": r.fresh_runs_per_1k, "fragmented_runs_per_1k": r.fragmented_runs_per_1k}
     return {"arms": out, "requests": int(summ["requests"].sum()) if not summ.empty else 0}

@@ -10,12 +10,14 @@ with its base arm it gives three states per arm and context:
 - **scattered**: the base arm's requests after the filler (SGLang's allocator);
 - **contiguous**: the contiguous arm's requests after the same filler.
 
-Scattered and contiguous are each set against fresh with 10's own rule (analysis.costs: the rank test, the
-:data:`analysis.MIN_COST_X` ratio, and with two or more requests per state every slower request above every fresh one).
-The contiguous requests are meant to lie like fresh ones, so their comparison drops analysis.costs' layout condition
-and keeps the rest (p < 0.05, at least MIN_COST_X, the requests separate). The contiguous allocator **buys back** the
-layout's cost on an arm where the scattered requests cost time and the contiguous ones, after the same traffic, lie in
-long runs (at least :data:`analysis.FRESH_MIN_SHARE` of tokens in runs of 64 or more) and do not cost time.
+Scattered and contiguous are each set against fresh with 10's own rule (analysis.costs: per-request medians, the ratio
+of the medians over requests with its bootstrap interval, at least :data:`specdiag.stats.MIN_REQUESTS` requests per
+state, the interval above 1 and the ratio at least :data:`analysis.MIN_COST_X`). The contiguous requests are meant to
+lie like fresh ones, so their comparison drops analysis.costs' layout condition and keeps the rest. The contiguous
+allocator **buys back** the layout's cost on an arm where the scattered requests cost time and the contiguous ones,
+after the same traffic, lie in long runs (at least :data:`analysis.FRESH_MIN_SHARE` of tokens in runs of 64 or more)
+and do not cost time (their interval holds 1 or lies below it). With fewer requests in any of the three states the
+finding says "not enough requests".
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import pandas as pd
 
 from specdiag.findings import Finding
 from specdiag.plots import format_tokens
+from specdiag.stats import MIN_REQUESTS, NOT_ENOUGH
 from specdiag.steps.kv_layout import analysis as kla
 
 SUFFIX = kla.CONTIGUOUS_SUFFIX
@@ -60,22 +63,29 @@ def three_states(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
         for r in both.to_dict("records"):
             long_runs = r["fragmented_share_c"] is not None and r["fragmented_share_c"] >= kla.FRESH_MIN_SHARE
             # 10's rule without its layout condition (contiguous requests are meant to be laid out like fresh ones)
-            contiguous_costs = bool(r["p_slower_c"] is not None and r["p_slower_c"] < 0.05
-                                    and r["cost_x_c"] >= kla.MIN_COST_X and r["requests_separate_c"] is not False)
+            contiguous_costs = bool(r["verdict_c"] == "higher" and r["cost_x_c"] >= kla.MIN_COST_X)
+            enough = r["verdict_s"] != NOT_ENOUGH and r["verdict_c"] != NOT_ENOUGH
             out.append({"arm": base, "contiguous_arm": contig, "context_tokens": int(r["context_tokens"]),
                         "fresh_ms": r["fresh_ms_s"], "scattered_ms": r["fragmented_ms_s"],
                         "contiguous_ms": r["fragmented_ms_c"], "scattered_x": r["cost_x_s"],
-                        "contiguous_x": r["cost_x_c"], "p_scattered_slower": r["p_slower_s"],
-                        "p_contiguous_slower": r["p_slower_c"], "scattered_costs": bool(r["costs_time_s"]),
+                        "contiguous_x": r["cost_x_c"], "scattered_interval": kla.cost_text(_side(r, "_s")),
+                        "contiguous_interval": kla.cost_text(_side(r, "_c")), "enough_requests": enough,
+                        "scattered_verdict": r["verdict_s"], "contiguous_verdict": r["verdict_c"],
+                        "scattered_costs": bool(r["costs_time_s"]),
                         "contiguous_costs": contiguous_costs,
                         "layouts_differ": bool(r["layouts_differ_s"]), "fresh_share": r["fresh_share_s"],
                         "scattered_share": r["fragmented_share_s"], "contiguous_share": r["fragmented_share_c"],
                         "contiguous_long_runs": long_runs,
                         "fresh_request_ms": r["fresh_request_ms_s"], "scattered_request_ms": r["fragmented_request_ms_s"],
                         "contiguous_request_ms": r["fragmented_request_ms_c"],
-                        "buys_back": bool(r["costs_time_s"]) and long_runs and not contiguous_costs,
+                        "buys_back": enough and bool(r["costs_time_s"]) and long_runs and not contiguous_costs,
                         "step_source": r["step_source_s"]})
     return pd.DataFrame(out)
+
+
+def _side(r: Mapping[str, Any], suffix: str) -> dict[str, Any]:
+    """One side's columns of a merged scattered/contiguous row, without the suffix."""
+    return {k[: -len(suffix)]: v for k, v in r.items() if k.endswith(suffix)}
 
 
 def _pct(x: float) -> str:
@@ -95,19 +105,25 @@ def findings(states: pd.DataFrame, source: str = "measured") -> list[Finding]:
     for arm, g in states.groupby("arm", sort=False):
         g = g.sort_values("context_tokens")
         ev = [f"{format_tokens(r.context_tokens)}: fresh {r.fresh_ms:.3g}, scattered {r.scattered_ms:.3g} "
-              f"({_pct(r.scattered_x)}), contiguous allocator {r.contiguous_ms:.3g} ms per step ({_pct(r.contiguous_x)}"
-              f"); tokens in runs >= 64: {_share(r.fresh_share)} fresh, {_share(r.scattered_share)} scattered, "
-              f"{_share(r.contiguous_share)} contiguous" for r in g.itertuples()]
+              f"({r.scattered_interval}), contiguous allocator {r.contiguous_ms:.3g} ms per step "
+              f"({r.contiguous_interval}), medians over requests; tokens in runs >= 64: {_share(r.fresh_share)} fresh, "
+              f"{_share(r.scattered_share)} scattered, {_share(r.contiguous_share)} contiguous" for r in g.itertuples()]
         ev.append(f"step times: {g['step_source'].iloc[0]} ({source}); contiguous arm: {g['contiguous_arm'].iloc[0]}")
-        costing = g[g["scattered_costs"]]
-        pick = (costing if not costing.empty else g).sort_values("scattered_x").iloc[-1]
+        costing, enough = g[g["scattered_costs"] & g["enough_requests"]], g[g["enough_requests"]]
+        pick = (costing if not costing.empty else enough if not enough.empty else g).sort_values("scattered_x").iloc[-1]
         numbers: dict[str, Any] = {
             "arm": arm, "context_tokens": int(pick["context_tokens"]), "fresh_ms": float(pick["fresh_ms"]),
             "scattered_ms": float(pick["scattered_ms"]), "contiguous_ms": float(pick["contiguous_ms"]),
             "scattered_x": float(pick["scattered_x"]), "contiguous_x": float(pick["contiguous_x"]),
             "contiguous_share_in_long_runs": pick["contiguous_share"], "buys_back": bool(pick["buys_back"])}
         at = format_tokens(int(pick["context_tokens"]))
-        if not pick["contiguous_long_runs"]:
+        if not g["enough_requests"].any():
+            verdict = (f"On {arm}: not enough requests to say whether the contiguous allocator buys back the layout's "
+                       f"cost (at {at}: scattered {pick['scattered_interval']}, contiguous {pick['contiguous_interval']}; "
+                       f"a verdict takes at least {MIN_REQUESTS} requests per state).")
+            severity = "info"
+            numbers["not_enough_requests"] = True
+        elif not pick["contiguous_long_runs"]:
             verdict = (f"On {arm} the contiguous allocator did not keep the request contiguous after the traffic: "
                        f"{_share(pick['contiguous_share'])} of its tokens in runs >= 64 at {at} (needs "
                        f"{kla.FRESH_MIN_SHARE:.0%}); check that {pick['contiguous_arm']} ran with it (its server log).")
@@ -116,7 +132,7 @@ def findings(states: pd.DataFrame, source: str = "measured") -> list[Finding]:
             verdict = (f"On {arm} the contiguous allocator buys back the layout's cost: after the same traffic its "
                        f"request took {pick['contiguous_ms']:.3g} ms per verify step at {at} against "
                        f"{pick['scattered_ms']:.3g} scattered and {pick['fresh_ms']:.3g} fresh "
-                       f"({_pct(pick['contiguous_x'])} against fresh, within 10's rule).")
+                       f"({pick['contiguous_interval']} against fresh, within 10's rule).")
             severity = "ok"
             numbers.update(fix=f"{FIX_TEXT} on {arm}", fix_speedup_x=float(pick["scattered_ms"] / pick["contiguous_ms"]),
                            fix_context_tokens=int(pick["context_tokens"]))
@@ -132,9 +148,10 @@ def findings(states: pd.DataFrame, source: str = "measured") -> list[Finding]:
                        f"ms per step at {at} ({_pct(pick['contiguous_x'])} against fresh).")
             severity = "info"
         else:
-            verdict = (f"On {arm} a scattered pool costs no measurable time, so the contiguous allocator has nothing "
-                       f"to buy back: {pick['contiguous_ms']:.3g} ms per step at {at} against {pick['fresh_ms']:.3g} "
-                       f"fresh ({_pct(pick['contiguous_x'])}), with {_share(pick['contiguous_share'])} of tokens in "
+            verdict = (f"On {arm} a scattered pool costs no measurable time (scattered against fresh "
+                       f"{pick['scattered_interval']}), so the contiguous allocator has nothing to buy back: "
+                       f"{pick['contiguous_ms']:.3g} ms per step at {at} against {pick['fresh_ms']:.3g} fresh "
+                       f"({pick['contiguous_interval']}), with {_share(pick['contiguous_share'])} of tokens in "
                        "runs >= 64.")
             severity = "ok" if not bool(pick["contiguous_costs"]) else "info"
         out.append(Finding(f"kv_layout.tier0.{arm}", f"KV layout on {arm}: the contiguous allocator", verdict,
