@@ -120,7 +120,7 @@ def test_notebooks_00_01_03_04_against_the_production_server(production: str, ru
                  max_new_tokens=16)
     before = requests.get(f"{production}/metrics", timeout=30).text
     run_notebook("04_commit_probe", server_url=production, run_dir=str(run_dir), context_lengths=[256, 1024],
-                 max_new_tokens=48, kinds=["predictable", "novel"])
+                 max_new_tokens=48, kinds=["predictable", "novel"], repeats=1)  # keys and counters, not verdicts
     after = requests.get(f"{production}/metrics", timeout=30).text
     run = Run.open(run_dir)
     assert run.meta["server_engine"] == "vllm" and run.meta["server"]["speculative_decoding"] is True
@@ -148,7 +148,7 @@ def test_counters_only_restart_and_other_traffic(restarted: str, run_notebook: A
     # 04 again in the same run, on the restarted server, at a context not measured yet: commit lengths from /metrics
     before = requests.get(f"{restarted}/metrics", timeout=30).text
     run_notebook("04_commit_probe", server_url=restarted, run_dir=str(run_dir), context_lengths=[768],
-                 max_new_tokens=48, kinds=["predictable", "novel"])
+                 max_new_tokens=48, kinds=["predictable", "novel"], repeats=1)
     after = requests.get(f"{restarted}/metrics", timeout=30).text
     run = Run.open(run_dir)
     new = [r for r in run.rows("commit_probe") if r["context_tokens"] == 768]
