@@ -60,8 +60,10 @@ def test_compare_sweeps_slopes_and_findings(tmp_path: Path) -> None:
     assert changed["sweep.decode_collapse"]["severity_b"] == "ok"
     found = {f.id: f for f in overview.comparison_findings(cmp, sa, sb, fc)}
     assert found["compare.decode_speed"].numbers["decode_ratio_b_a_last"] == pytest.approx(3.0)
-    assert found["compare.decode_speed"].severity == "ok"
+    # one request a context: the ratio is shown, no verdict drawn from it
+    assert found["compare.decode_speed"].severity == "info" and "not enough requests" in found["compare.decode_speed"].verdict
     assert found["compare.decode_speed"].numbers["decode_ratio_b_a_geomean"] == pytest.approx((2.0 * 3.0) ** 0.5)
+    assert "compare.step_time_test" not in found
     assert found["compare.verdicts"].numbers == {"changed": 3, "findings": 3}
 
 
@@ -223,3 +225,26 @@ def test_the_diagnosis_names_both_collapses_and_the_measured_fix_of_each() -> No
     assert "No prefill fix was measured here" in only.fix and "09_engine_ab" in only.fix
     near = diagnose([{**floor, "numbers": {**floor["numbers"], "ttft_over_floor_x": 1.4}}])
     assert near.prefill.startswith("Prefill is near its floor") and near.fix == "No fix was measured in this run."
+
+
+def _repeats(step_ms: dict[int, list[float]]) -> list[dict]:
+    return [{"context_tokens": c, "repeat": i, "prompt_kind": "novel", "seed": i, "max_new_tokens": 9,
+             "decode_tok_s": 1000.0 / ms, "step_ms": ms, "completion_tokens": 9, "verify_steps": 4, "ttft_s": 0.1,
+             "error": None} for c, mss in step_ms.items() for i, ms in enumerate(mss)]
+
+
+def test_two_runs_compare_requests_with_an_interval_and_call_overlap_a_tie() -> None:
+    """08 compares requests, not steps: 3 requests a side give a verdict with its interval, overlapping requests are
+    a tie, fewer than 3 say so."""
+    a = _repeats({1000: [10.0, 10.5, 9.8], 4000: [40.0, 41.0, 39.0], 8000: [80.0, 81.0]})
+    b = _repeats({1000: [10.2, 9.9, 10.4], 4000: [13.0, 13.4, 12.9], 8000: [20.0, 21.0]})
+    cmp = {r["context_tokens"]: r for r in overview.compare_sweeps(a, b)}
+    assert cmp[1000]["step_verdict"] == "tie" and cmp[1000]["step_ratio_lo"] < 1 < cmp[1000]["step_ratio_hi"]
+    assert cmp[4000]["step_verdict"] == "faster" and cmp[4000]["step_ratio_hi"] < 1
+    assert cmp[4000]["decode_verdict"] == "faster"
+    assert cmp[8000]["step_verdict"] == "not enough requests" and cmp[8000]["step_ratio_lo"] is None
+    found = {f.id: f for f in overview.comparison_findings(list(cmp.values()), None, None, [])}
+    test = found["compare.step_time_test"]
+    assert test.numbers["faster_at"] == [4000] and test.numbers["tie_at"] == [1000]
+    assert test.numbers["not_enough_at"] == [8000] and test.severity == "ok"
+    assert "not enough requests" in found["compare.decode_speed"].verdict  # its last common context has 2 a side

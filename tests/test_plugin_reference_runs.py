@@ -52,13 +52,14 @@ def test_compare_stock_vs_plugin_from_the_params_file(tmp_path: Path) -> None:
 
 
 @pytest.mark.notebook
-def test_compare_upstream_vs_plugin_reports_the_rank_test(tmp_path: Path) -> None:
+def test_compare_upstream_vs_plugin_compares_requests(tmp_path: Path) -> None:
     """make compare PARAMS=params/compare-plugin-upstream.yaml: 7 requests per context and arm, so 08 says per context
-    whether B's step is slower (at no context) or faster (at 131,072 tokens: 2.65 against 4.08 ms median, p 0.0055)."""
+    whether B's step is slower (at no context), faster (at 131,072 tokens: 2.65 against 4.08 ms median, the ratio's
+    interval over requests 0.59-0.94) or a tie (1k-64k: each interval holds 1)."""
     res = _compare(tmp_path, "params/compare-plugin-upstream.yaml")
     m = res["metrics"]
     assert m["common_contexts"] == [1024, 16384, 65536, 131072]
-    assert m["step_verdict"][-1] == "faster" and "slower" not in m["step_verdict"]
+    assert m["step_verdict"] == ["tie", "tie", "tie", "faster"]
     test = next(f for f in res["findings"] if f["id"] == "compare.step_time_test")
     assert test["severity"] == "ok" and "slower than A's at no context" in test["verdict"]
 

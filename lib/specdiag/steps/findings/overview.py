@@ -11,7 +11,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from specdiag.findings import SEVERITY_ORDER, Finding
 from specdiag.steps.baseline_sweep.summary import samples_by_context, summarize_sweep
 from specdiag.paths import relative_to_project
-from specdiag.stats import fit_line, median_diff_test
+from specdiag.stats import MIN_REQUESTS, NOT_ENOUGH, compare_requests, fit_line
 from specdiag.runs import Run
 from specdiag.steps.baseline_sweep.sweep import latest_rows, rows_source
 
@@ -154,16 +154,18 @@ def sweep_rows_of(run: Run) -> tuple[list[dict[str, Any]], str, str]:
 
 
 def compare_sweeps(rows_a: Iterable[Mapping[str, Any]], rows_b: Iterable[Mapping[str, Any]],
-                   alpha: float = 0.05) -> list[dict[str, Any]]:
-    """Per context present in both runs: decode tok/s, ms per step, commit length and TTFT of each, and
-    B/A ratios (medians over each run's successful repeats). Where both runs have 2 or more repeats at a context,
-    also the step-time rank test (:func:`specdiag.stats.median_diff_test`): ``step_ms_diff_b_a`` (ms, medians),
-    ``p_b_slower``, ``p_b_faster`` (exact one-sided Mann-Whitney) and ``step_verdict`` (slower / faster /
-    indistinguishable at ``alpha``)."""
+                   seed: int = 0) -> list[dict[str, Any]]:
+    """Per context present in both runs: decode tok/s, ms per step, commit length and TTFT of each, and B/A ratios
+    (medians over each run's successful requests); and, over requests (one value each: a request is the unit), B
+    against A for the step and for decode tok/s (:func:`specdiag.stats.compare_requests`): the interval of the
+    ratio (``step_ratio_lo``/``_hi``, ``decode_ratio_lo``/``_hi``), the requests each side had (``step_n_a``,
+    ``step_n_b``) and the verdict (``step_verdict``: slower / faster / tie; ``decode_verdict``: faster / slower /
+    tie; "not enough requests" under 3 a side)."""
     rows_a, rows_b = list(rows_a), list(rows_b)
     sa = {s["context_tokens"]: s for s in summarize_sweep(rows_a)}
     sb = {s["context_tokens"]: s for s in summarize_sweep(rows_b)}
     xa, xb = samples_by_context(rows_a, "step_ms"), samples_by_context(rows_b, "step_ms")
+    da, db = samples_by_context(rows_a, "decode_tok_s"), samples_by_context(rows_b, "decode_tok_s")
     out = []
     for ctx in sorted(set(sa) & set(sb)):
         row: dict[str, Any] = {"context_tokens": ctx}
@@ -171,12 +173,12 @@ def compare_sweeps(rows_a: Iterable[Mapping[str, Any]], rows_b: Iterable[Mapping
             a, b = sa[ctx].get(f), sb[ctx].get(f)
             row[f"{f}_a"], row[f"{f}_b"] = a, b
             row[f"{f}_ratio_b_a"] = b / a if a and b else None
-        a_ms, b_ms = xa.get(ctx, []), xb.get(ctx, [])
-        if 2 <= len(a_ms) <= 60 and 2 <= len(b_ms) <= 60:
-            t = median_diff_test(a_ms, b_ms, alpha)
-            row.update({"step_n_a": t.n_a, "step_n_b": t.n_b, "step_ms_diff_b_a": t.diff, "step_alpha": alpha,
-                        "p_b_slower": t.p_higher, "p_b_faster": t.p_lower,
-                        "step_verdict": {"higher": "slower", "lower": "faster"}.get(t.verdict, t.verdict)})
+        step = compare_requests(xa.get(ctx, []), xb.get(ctx, []), seed)
+        dec = compare_requests(da.get(ctx, []), db.get(ctx, []), seed)
+        row.update({"step_n_a": step.n_a, "step_n_b": step.n_b, "step_ratio_lo": step.lo, "step_ratio_hi": step.hi,
+                    "step_verdict": {"higher": "slower", "lower": "faster"}.get(step.verdict, step.verdict),
+                    "decode_n_a": dec.n_a, "decode_n_b": dec.n_b, "decode_ratio_lo": dec.lo, "decode_ratio_hi": dec.hi,
+                    "decode_verdict": {"higher": "faster", "lower": "slower"}.get(dec.verdict, dec.verdict)})
         out.append(row)
     return out
 
@@ -228,23 +230,32 @@ def comparison_findings(sweep_cmp: Sequence[Mapping[str, Any]], slope_a: float |
     """Verdicts of a comparison: decode speed B vs A at the common contexts, the step-time slopes, and
     which findings changed severity."""
     out: list[Finding] = []
-    dec = [(r["context_tokens"], r["decode_tok_s_ratio_b_a"]) for r in sweep_cmp if r.get("decode_tok_s_ratio_b_a")]
+    dec = [r for r in sweep_cmp if r.get("decode_tok_s_ratio_b_a")]
     if dec:
-        ctx_last, ratio_last = dec[-1]
+        last = dec[-1]
+        ctx_last, ratio_last = last["context_tokens"], last["decode_tok_s_ratio_b_a"]
         geo = 1.0
-        for _, r in dec:
-            geo *= r
+        for r in dec:
+            geo *= r["decode_tok_s_ratio_b_a"]
         geo **= 1.0 / len(dec)
-        faster = ratio_last > 1.05
-        slower = ratio_last < 0.95
+        verdict = last.get("decode_verdict") or NOT_ENOUGH
+        said = {"faster": " (faster", "slower": " (slower", "tie": " (a tie"}.get(verdict)
+        interval = (f": {last['decode_ratio_lo']:.3g}-{last['decode_ratio_hi']:.3g}x over requests)"
+                    if said else "")
         out.append(Finding(
             "compare.decode_speed", "Decode speed, run B vs run A",
             f"At {ctx_last:,} tokens run B decodes {ratio_last:.3g}x as fast as run A"
-            + (" (faster)." if faster else " (slower)." if slower else " (within 5%)."),
-            "warning" if slower else "info" if not faster else "ok",
-            tuple(f"{c:,} tokens: B/A decode tok/s = {r:.3g}" for c, r in dec)
+            + (f"{said}{interval}." if said else
+               f" (not enough requests for a verdict: {last.get('decode_n_a', 0)} in A, {last.get('decode_n_b', 0)} "
+               f"in B; a verdict takes {MIN_REQUESTS} a side)."),
+            "warning" if verdict == "slower" else "ok" if verdict == "faster" else "info",
+            tuple(f"{r['context_tokens']:,} tokens: B/A decode tok/s = {r['decode_tok_s_ratio_b_a']:.3g}"
+                  + (f", interval {r['decode_ratio_lo']:.3g}-{r['decode_ratio_hi']:.3g} over "
+                     f"{r['decode_n_a']} / {r['decode_n_b']} requests" if r.get("decode_ratio_lo") is not None else
+                     f" ({r.get('decode_n_a', 0)} / {r.get('decode_n_b', 0)} requests: no interval)") for r in dec)
             + (f"geometric mean over {len(dec)} common contexts: {geo:.3g}x (computed)",),
-            {"decode_ratio_b_a_last": ratio_last, "decode_ratio_b_a_geomean": geo, "context_tokens_last": ctx_last},
+            {"decode_ratio_b_a_last": ratio_last, "decode_ratio_b_a_geomean": geo, "context_tokens_last": ctx_last,
+             "decode_verdict_last": verdict},
             source))  # type: ignore[arg-type]
     if slope_a is not None and slope_b is not None:
         out.append(Finding(
@@ -256,22 +267,23 @@ def comparison_findings(sweep_cmp: Sequence[Mapping[str, Any]], slope_a: float |
             (f"least-squares slope of the per-context median ms per step: A {slope_a:.4g}, B {slope_b:.4g} "
              f"ms per 1k tokens (computed)",),
             {"slope_a_ms_per_1k_tokens": slope_a, "slope_b_ms_per_1k_tokens": slope_b}, "computed"))
-    tested = [r for r in sweep_cmp if r.get("step_verdict")]
+    tested = [r for r in sweep_cmp if r.get("step_verdict") and r["step_verdict"] != NOT_ENOUGH]
     if tested:
-        by = {v: [r["context_tokens"] for r in tested if r["step_verdict"] == v]
-              for v in ("slower", "faster", "indistinguishable")}
+        by = {v: [r["context_tokens"] for r in tested if r["step_verdict"] == v] for v in ("slower", "faster", "tie")}
+        short = [r["context_tokens"] for r in sweep_cmp if r.get("step_verdict") == NOT_ENOUGH]
         ctxs = lambda cs: ", ".join(f"{c:,}" for c in cs) or "none"  # noqa: E731
         out.append(Finding(
             "compare.step_time_test", "Is run B's verify step slower than run A's?",
             (f"Run B's step is slower than A's at {ctxs(by['slower'])} tokens" if by["slower"] else
              "Run B's step is slower than A's at no context")
-            + f"; faster at {ctxs(by['faster'])}; indistinguishable at {ctxs(by['indistinguishable'])} "
-            f"(exact one-sided Mann-Whitney on the repeats, alpha {tested[0]['step_alpha']:g}).",
+            + f"; faster at {ctxs(by['faster'])}; a tie at {ctxs(by['tie'])} (the ratio of the requests' medians "
+            "with its bootstrap interval; an interval that holds 1 is a tie)"
+            + (f"; not enough requests at {ctxs(short)}." if short else "."),
             "warning" if by["slower"] else "ok" if by["faster"] else "info",
-            tuple(f"{r['context_tokens']:,} tokens: median B - A {r['step_ms_diff_b_a']:+.3g} ms "
-                  f"(n {r['step_n_a']} / {r['step_n_b']}), p(B slower) {r['p_b_slower']:.3g}, "
-                  f"p(B faster) {r['p_b_faster']:.3g}" for r in tested),
-            {"slower_at": by["slower"], "faster_at": by["faster"], "indistinguishable_at": by["indistinguishable"]},
+            tuple(f"{r['context_tokens']:,} tokens: B/A ms per step {r['step_ms_ratio_b_a']:.3g}, interval "
+                  f"{r['step_ratio_lo']:.3g}-{r['step_ratio_hi']:.3g} over {r['step_n_a']} / {r['step_n_b']} requests"
+                  for r in tested),
+            {"slower_at": by["slower"], "faster_at": by["faster"], "tie_at": by["tie"], "not_enough_at": short},
             "computed"))
     changed = [f for f in findings_cmp if f["changed"]]
     out.append(Finding(
