@@ -202,12 +202,13 @@ def test_a_speculation_off_arm_is_compared_in_tokens_per_second_not_step_against
     65 ms verify step, and as a trade against its prefill: only verify steps are weighed step against step."""
     import pandas as pd
 
-    from specdiag.steps.engine_ab import analysis, breakeven, verdicts
+    from specdiag.steps.engine_ab import analysis, verdicts
+    from specdiag.steps.engine_ab import arms as eab_arms
 
     meta = {"ngram": {"engine_config": "embedded:NGRAM:4", "server": {"speculative_algorithm": "NGRAM"}},
             "off": {"engine_config": "embedded:NONE:8", "server": {"speculative_algorithm": None}},
             "remote": {"server": {}}}
-    assert breakeven.verify_arms(meta, ["ngram", "off", "remote"]) == ["ngram", "remote"]
+    assert eab_arms.verify_arms(meta, ["ngram", "off", "remote"]) == ["ngram", "remote"]
     dec = pd.DataFrame([{"arm": a, "context_tokens": c, "step_ms": ms, "commit_first": 2.0, "clean": True, "n": 3}
                         for a, ms in (("ngram", 65.1), ("off", 42.1)) for c in (1024, 8192)])
     pre = pd.DataFrame([{"arm": a, "context_tokens": c, "ttft_s": t, "own": True, "why_not_own": ""}

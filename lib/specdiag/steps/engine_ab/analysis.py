@@ -257,7 +257,7 @@ def band_verdicts(dec: pd.DataFrame, pre: pd.DataFrame, arms_meta: Mapping[str, 
             "ttft_vs_best_x", "kv_pool_tokens", "mem_fraction_static", "verdict"]
     out = []
     if not dec.empty:  # step against step: only verify steps (speculation-off arms are compared in tokens/s)
-        from specdiag.steps.engine_ab.breakeven import verify_arms  # noqa: PLC0415
+        from specdiag.steps.engine_ab.arms import verify_arms  # noqa: PLC0415
 
         keep = verify_arms(arms_meta, list(dict.fromkeys(dec["arm"])))
         dec, pre = dec[dec["arm"].isin(keep)], pre[pre["arm"].isin(keep)] if not pre.empty else pre

@@ -17,7 +17,7 @@ import contextlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Sequence
 
 NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 ALGORITHMS = ("NGRAM", "STANDALONE", "NONE")
@@ -166,6 +166,26 @@ def _model_section(server_info: Mapping[str, Any]) -> dict[str, Any]:
     cfg = Path(path) if Path(path).is_absolute() else PROJECT_ROOT / path
     cfg = cfg / "config.json" if cfg.suffix != ".json" else cfg
     return {"path": path, "model_config": json.loads(cfg.read_text()) if path and cfg.is_file() else None}
+
+
+#: what a server reports as its speculative algorithm when speculation is off
+OFF_ALGORITHMS = ("", "NONE", "NULL")
+
+
+def is_off(record: Mapping[str, Any]) -> bool:
+    """Whether an arm is known to run without speculation: its server reports an off algorithm, or its
+    ``engine_config`` says NONE. An arm that reports nothing is not taken for off."""
+    srv = dict(record.get("server") or {})
+    if "speculative_algorithm" in srv:
+        return str(srv.get("speculative_algorithm") or "").upper() in OFF_ALGORITHMS
+    parts = str(record.get("engine_config") or "").split(":")
+    return len(parts) > 1 and parts[1].upper() in OFF_ALGORITHMS
+
+
+def verify_arms(arms_meta: Mapping[str, Any], arm_names: Sequence[str]) -> list[str]:
+    """The arms whose ms per step is a verify step's: every arm but those known to run without speculation (their ms
+    per step is one token's, compared with the others in tokens/s by breakeven.analyse, never step against step)."""
+    return [a for a in arm_names if not is_off(dict(arms_meta.get(a) or {}))]
 
 
 SIMULATED_ACCEPTANCE_ENV = "SGLANG_SIMULATE_ACC_LEN"  #: SGLang forces a mean acceptance length when it is set

@@ -44,21 +44,9 @@ import statistics
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
-from specdiag.plots import format_tokens
 from specdiag.stats import MIN_REQUESTS, NOT_ENOUGH, compare_requests
-OFF_ALGORITHMS = ("", "NONE", "NULL")
-
-
-def _f(v: Any) -> float | None:
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        return None
-    return x if math.isfinite(x) else None
-
-
-def tok(n: Any) -> str:
-    return format_tokens(float(n))
+from specdiag.steps.engine_ab.analysis import _f, tok
+from specdiag.steps.engine_ab.arms import OFF_ALGORITHMS
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -74,22 +62,6 @@ def algorithm_of(record: Mapping[str, Any]) -> str:
         algo = parts[1] if len(parts) > 1 else None
     algo = str(algo or "").upper()
     return "" if algo in OFF_ALGORITHMS else algo
-
-
-def is_off(record: Mapping[str, Any]) -> bool:
-    """Whether an arm is known to run without speculation: its server reports an off algorithm, or its
-    ``engine_config`` says NONE. An arm that reports nothing is not taken for off."""
-    srv = dict(record.get("server") or {})
-    if "speculative_algorithm" in srv:
-        return str(srv.get("speculative_algorithm") or "").upper() in OFF_ALGORITHMS
-    parts = str(record.get("engine_config") or "").split(":")
-    return len(parts) > 1 and parts[1].upper() in OFF_ALGORITHMS
-
-
-def verify_arms(arms_meta: Mapping[str, Any], arm_names: Sequence[str]) -> list[str]:
-    """The arms whose ms per step is a verify step's: every arm but those known to run without speculation (their ms
-    per step is one token's, compared with the others in tokens/s by :func:`analyse`, never step against step)."""
-    return [a for a in arm_names if not is_off(dict(arms_meta.get(a) or {}))]
 
 
 def backend_of(record: Mapping[str, Any]) -> str | None:

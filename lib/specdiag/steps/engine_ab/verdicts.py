@@ -13,6 +13,7 @@ from specdiag.findings import Finding
 from specdiag.steps.bandwidth_analysis import prefill
 from specdiag.steps.engine_ab import breakeven as be
 from specdiag.steps.engine_ab.analysis import tok
+from specdiag.steps.engine_ab.arms import verify_arms
 
 
 def arm_what(arms_meta: Mapping[str, Any], arm: str) -> str:
@@ -314,7 +315,7 @@ def findings(dec: pd.DataFrame, pre: pd.DataFrame, own_floors: Mapping[str, Sequ
     """09's findings, those that the rows support (each builder returns None when they do not). The trade between a
     faster verify step and a slower prefill is weighed among verify steps only (a speculation-off arm's ms per step is
     one token's: the break-even compares it in tokens/s)."""
-    keep = be.verify_arms(arms_meta, list(dict.fromkeys(dec["arm"]))) if not dec.empty else []
+    keep = verify_arms(arms_meta, list(dict.fromkeys(dec["arm"]))) if not dec.empty else []
     steps_dec = dec[dec["arm"].isin(keep)] if not dec.empty else dec
     steps_pre = pre[pre["arm"].isin(keep)] if not pre.empty else pre
     out = [stock_decode(dec, stock_arm), decode_fix(dec, arms_meta, stock_arm, plugin_arm),
