@@ -1,5 +1,5 @@
 """The contiguous slot allocator (specdiag.kvalloc): its policy (grow the last run, best fit, largest first), merging
-frees, clear, free groups, backup/restore as SGLang uses them, and a seeded soak of mixed traffic that checks no slot
+frees, clear, free groups as SGLang uses them, and a seeded soak of mixed traffic that checks no slot
 is ever held by two owners, none is lost, and slot 0 is never handed out."""
 
 from __future__ import annotations
@@ -90,23 +90,6 @@ def test_free_group_holds_frees_until_its_end():
     assert a.free_ranges() == [(1, 6), (11, 21)]
 
 
-def test_backup_and_restore_give_a_drafts_slots_back():
-    """EAGLE-style use: back up, allocate the draft's slots, restore; the state is the backed-up one exactly (a free
-    made after the backup is dropped, as SGLang's restore drops it)."""
-    a = ContiguousAllocator(50)
-    keep = a.alloc(10)
-    state = a.backup_state()
-    draft = a.alloc(7)
-    assert draft.tolist() == list(range(11, 18))
-    a.restore_state(state)
-    assert a.available_size() == 40 and a.free_ranges() == [(11, 51)]
-    assert a.alloc(3).tolist() == [11, 12, 13]  # the cursor came back too
-    state = a.backup_state()
-    a.free(keep)
-    a.restore_state(state)
-    assert a.available_size() == 37
-
-
 def test_runs_helpers_round_trip():
     slots = np.array([9, 3, 4, 5, 20, 21, 8])
     runs = slots_to_runs(slots, 30)
@@ -129,7 +112,7 @@ def test_many_runs_come_back_as_one_tensor_in_run_order():
 
 def test_soak_no_slot_doubled_or_lost_and_slot_0_never_handed_out():
     """A few thousand seeded mixed operations of many simulated requests: prefill, verify steps (alloc 8, free the
-    rejected), finishing requests, free groups, draft backup/restore, occasional clear when idle."""
+    rejected), finishing requests, free groups, occasional clear when idle."""
     rng = np.random.default_rng(1234)
     size = 5000
     a = ContiguousAllocator(size)
@@ -164,14 +147,6 @@ def test_soak_no_slot_doubled_or_lost_and_slot_0_never_handed_out():
                 k = int(rng.integers(1, 9))
                 take(rid, out[:k])
                 a.free(out[k:])
-        elif op < 0.80:  # an EAGLE draft: backup, alloc, restore
-            state = a.backup_state()
-            before = a.available_size()
-            draft = a.alloc(int(rng.integers(1, 30)))
-            if draft is not None:
-                assert (owner[draft.tolist()] == 0).all()
-            a.restore_state(state)
-            assert a.available_size() == before
         else:  # finishing requests, sometimes several in one free group
             group = rng.random() < 0.5
             if group:

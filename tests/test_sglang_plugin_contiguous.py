@@ -1,7 +1,7 @@
 """The SGLang plugin's contiguous KV allocator (specdiag_sglang_plugin.contiguous) against a fake of SGLang's
 TokenToKVPoolAllocator transcribed below (no sglang import): registered only with SPECDIAG_SGLANG_KV_ALLOC=contiguous,
 said once in the log; installed through the hook registry on the model runner's page_size-1 allocator only; then
-SGLang's interface (alloc, free, free groups, backup/restore, clear, available_size, merge_and_sort_free) is served by
+SGLang's interface (alloc, free, free groups, clear, available_size, merge_and_sort_free) is served by
 the contiguous allocator, a request's KV stays in one run, and mixed traffic loses no slot and doubles none."""
 
 from __future__ import annotations
@@ -29,12 +29,6 @@ class BaseTokenToKVPoolAllocator:
 
     def available_size(self):
         return (len(self.free_pages) + len(self.release_pages)) * self.page_size
-
-    def restore_state(self, state):
-        self.free_pages, self.release_pages = state
-
-    def backup_state(self):
-        return (self.free_pages, self.release_pages)
 
     def free_group_begin(self):
         self.is_not_in_free_group = False
@@ -97,7 +91,7 @@ class ModelRunner:
     def __init__(self, allocator):
         self.allocator = allocator
 
-    def init_memory_pool(self, pre_model_load_memory):
+    def alloc_memory_pool(self, memory_pool_config=None):
         self.token_to_kv_pool_allocator = self.allocator
 
 
@@ -141,7 +135,7 @@ def hooked(monkeypatch):
         for cls in (TokenToKVPoolAllocator, BaseTokenToKVPoolAllocator):
             if name in cls.__dict__:
                 monkeypatch.setattr(cls, name, cls.__dict__[name])
-    monkeypatch.setattr(ModelRunner, "init_memory_pool", ModelRunner.__dict__["init_memory_pool"])
+    monkeypatch.setattr(ModelRunner, "alloc_memory_pool", ModelRunner.__dict__["alloc_memory_pool"])
     for name in contiguous.METHODS:  # inherited methods get their own attribute on the class, as setattr gives them
         if name not in TokenToKVPoolAllocator.__dict__:
             monkeypatch.setattr(TokenToKVPoolAllocator, name, getattr(TokenToKVPoolAllocator, name), raising=False)
@@ -152,7 +146,7 @@ def hooked(monkeypatch):
 
 def _runner(size=1000, cls=TokenToKVPoolAllocator, need_sort=False):
     runner = ModelRunner(cls(size, torch.bfloat16, "cpu", None, need_sort))
-    runner.init_memory_pool(0)
+    runner.alloc_memory_pool()
     return runner.token_to_kv_pool_allocator
 
 
@@ -184,7 +178,7 @@ def test_register_through_the_plugin_entry_point(monkeypatch):
     monkeypatch.delenv(hook.MODE_ENV, raising=False)
     monkeypatch.setenv(contiguous.ALLOC_ENV, "contiguous")
     hook.register()
-    assert (contiguous.INIT_MEMORY_POOL, "after") in calls and hook.STATS["mode"] == "off"
+    assert (contiguous.ALLOC_MEMORY_POOL, "after") in calls and hook.STATS["mode"] == "off"
     assert {t for t, k in calls if k == "around"} == {f"{contiguous.TOKEN_ALLOCATOR}.{m}" for m in contiguous.METHODS}
 
 
@@ -213,10 +207,6 @@ def test_sglangs_interface_served_contiguously(hooked):
         a.free(step[k:])
         kept += step[:k].tolist()
     assert layout_stats(kept).runs == 1
-    state = a.backup_state()  # speculative decoding: back up, allocate a draft's slots, restore
-    assert a.alloc(30) is not None and a.available_size() == 1000 - len(kept) - 30
-    a.restore_state(state)
-    assert a.available_size() == 1000 - len(kept)
     a.free_group_begin()  # the output processor frees finished requests in a group
     assert a.is_not_in_free_group is False
     a.free(torch.tensor(kept[:50]))
@@ -234,7 +224,7 @@ def test_sglangs_interface_served_contiguously(hooked):
 
 def test_mixed_traffic_loses_no_slot_and_doubles_none(hooked):
     """Seeded traffic through the hooked allocator as the scheduler drives it: new requests (chunked prefill in
-    pieces), verify steps, finished requests freed in groups, draft backup/restore, PD's need_sort merges."""
+    pieces), verify steps, finished requests freed in groups, PD's need_sort merges."""
     rng = np.random.default_rng(7)
     size = 4000
     a = _runner(size, need_sort=True)
@@ -263,10 +253,6 @@ def test_mixed_traffic_loses_no_slot_and_doubles_none(hooked):
                 owner[s] = rid
                 live[rid] += s
                 a.free(out[k:])
-        elif op < 0.85:
-            state = a.backup_state()
-            a.alloc(int(rng.integers(1, 40)))
-            a.restore_state(state)
         else:
             a.free_group_begin()
             for rid in rng.choice(list(live), size=min(len(live), 2), replace=False).tolist():

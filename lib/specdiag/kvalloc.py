@@ -19,10 +19,6 @@ padded tokens) and is never handed out: the pool is slots ``1..size``, as SGLang
 The rest of SGLang's allocator state has the same meaning here (token.py, allocator/base.py):
 
 - free groups: between ``free_group_begin()`` and ``free_group_end()`` frees are collected and released at the end;
-- ``backup_state()`` / ``restore_state(state)``: speculative decoding backs the state up before allocating a draft's
-  slots and restores it to give them back; a restore returns exactly the backed-up free state (frees made after the
-  backup are dropped, as SGLang's restore drops them). A backup copies the range lists: O(free ranges), which merging
-  keeps small;
 - ``clear()``: one range ``1..size``, no group, no pending frees.
 
 Frees of tensors on an accelerator are kept as device copies (stream-ordered, no host sync) and merged at the next
@@ -42,7 +38,6 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left, bisect_right, insort
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -58,16 +53,6 @@ class SlotError(ValueError):
     """A free of a slot that is not allocated (freed twice, slot 0, or beyond the pool): a caller's bug."""
 
 
-@dataclass(frozen=True)
-class AllocatorState:
-    """What ``backup_state`` returns and ``restore_state`` takes back (opaque to callers, as SGLang's tuple is)."""
-
-    starts: tuple[int, ...]
-    ends: tuple[int, ...]
-    cursor: int
-    pending: tuple[torch.Tensor, ...]
-
-
 class ContiguousAllocator:
     """Free slots as sorted merged ranges ``[start, end)`` of ``1..size``; the module docstring gives the policy."""
 
@@ -76,7 +61,7 @@ class ContiguousAllocator:
             raise ValueError(f"the pool needs at least 1 slot besides the padding slot 0; got {size}")
         self.size = int(size)
         self.device = torch.device(device)
-        self.allocated_total = 0  # slots handed out since construction (restores and clears do not take them back)
+        self.allocated_total = 0  # slots handed out since construction (clears do not take them back)
         self.clears = -1
         self.clear()
 
@@ -106,17 +91,6 @@ class ContiguousAllocator:
         """The free ranges ``(start, end)`` (end exclusive), pending frees merged first."""
         self.merge_pending()
         return list(zip(self._starts, self._ends))
-
-    def backup_state(self) -> AllocatorState:
-        return AllocatorState(tuple(self._starts), tuple(self._ends), self._cursor, tuple(self._pending))
-
-    def restore_state(self, state: AllocatorState) -> None:
-        self._starts, self._ends = list(state.starts), list(state.ends)
-        self._by_size = sorted((e - s, s) for s, e in zip(self._starts, self._ends))
-        self._free_n = sum(length for length, _ in self._by_size)
-        self._cursor = state.cursor
-        self._pending = list(state.pending)
-        self._pending_n = sum(int(t.numel()) for t in self._pending)
 
     # -- free groups (SGLang's BaseTokenToKVPoolAllocator semantics) ----------------------------------------------
     def free_group_begin(self) -> None:

@@ -8,21 +8,23 @@ free list, whose head-out/tail-in order scatters a request's KV after traffic.
 
 How it is installed, through SGLang's hook registry (``sglang.srt.plugins.hook_registry``), no class replaced:
 
-- AFTER ``ModelRunner.init_memory_pool``: the runner's ``token_to_kv_pool_allocator`` gets a ContiguousAllocator of
-  its size on its device when it is exactly SGLang's ``TokenToKVPoolAllocator`` (page_size 1 by construction:
-  sglang/srt/mem_cache/allocator/token.py passes 1 to the base). Any other allocator (paged, SWA, hybrid, NPU) is
-  left to SGLang, and the log says which and why. The draft worker's runner shares the target's allocator: the second
-  call finds it installed. SGLang's own ``free_pages``/``release_pages`` are emptied, so no path left unhooked can
-  hand out a slot the contiguous allocator owns.
-- AROUND ``TokenToKVPoolAllocator.{alloc, free, clear, available_size, backup_state, restore_state, free_group_begin,
-  free_group_end, merge_and_sort_free}``: an instance with a ContiguousAllocator is served by it, every other instance
-  (the SWA allocator's inner ones) by SGLang's method. These are all the allocator calls of the scheduler
-  (``ScheduleBatch.alloc_token_slots``: ``backup_state``, ``alloc``; the verify step's free of rejected drafts; the
-  output processor's ``free_group_begin/end``), of the radix and chunk caches (``free``, ``available_size`` beside
-  their own ``evictable_size``), of chunked prefill (``alloc`` per chunk, ``free`` of the unfinished chunk's slots),
-  of speculative decoding (``backup_state``/``restore_state``) and of ``/flush_cache`` (``clear``); PD
-  disaggregation's ``need_sort`` path (``merge_and_sort_free``) merges the pending frees, since the free ranges are
-  always sorted.
+- AFTER ``ModelRunner.alloc_memory_pool`` (SGLang 0.5.17: it builds the pools through the KV cache configurator):
+  the runner's ``token_to_kv_pool_allocator`` gets a ContiguousAllocator of its size on its device when it is exactly
+  SGLang's ``TokenToKVPoolAllocator`` (page_size 1 by construction: sglang/srt/mem_cache/allocator/token.py passes 1
+  to the base). Any other allocator (paged, SWA, hybrid, NPU) is left to SGLang, and the log says which and why. The
+  draft worker's runner shares the target's allocator: the second call finds it installed. SGLang's own
+  ``free_pages``/``release_pages`` are emptied, so no path left unhooked can hand out a slot the contiguous allocator
+  owns.
+- AROUND ``TokenToKVPoolAllocator.{alloc, free, clear, available_size, free_group_begin, free_group_end,
+  merge_and_sort_free}``: an instance with a ContiguousAllocator is served by it, every other instance (the SWA
+  allocator's inner ones) by SGLang's method. In 0.5.17 these are all the page_size-1 allocator calls of the
+  scheduler (``alloc_token_slots``: ``available_size``, ``alloc``; the verify step's free of rejected drafts; the
+  result processor's ``free_group_begin/end``), of the radix and chunk caches (``free``, ``free_segment`` and
+  ``free_segments``, which end in ``free``; ``available_size`` beside their own ``evictable_size``), of chunked
+  prefill (``alloc`` per chunk, ``free`` of the unfinished chunk's slots), of ``/flush_cache`` and ``resize`` (both
+  ``clear``); PD disaggregation's ``need_sort`` path (``merge_and_sort_free``) merges the pending frees, since the
+  free ranges are always sorted. The recorded list of 0.5.17's names (tests/data/sglang-0.5.17/hook-targets.json)
+  is checked against every target the plugin registers.
 
 CUDA graphs: every one of these calls runs on the scheduler's CPU path, before a forward is launched or after its
 result is read, never inside a captured graph; a graph replay reads the step's ``out_cache_loc`` after the graph runner
@@ -40,10 +42,9 @@ ALLOC_ENV = "SPECDIAG_SGLANG_KV_ALLOC"
 ALLOC_MODES = ("sglang", "contiguous")
 #: SGLang 0.5.17's page_size-1 allocator and where the model runner builds its pools
 TOKEN_ALLOCATOR = "sglang.srt.mem_cache.allocator.token.TokenToKVPoolAllocator"
-INIT_MEMORY_POOL = "sglang.srt.model_executor.model_runner.ModelRunner.init_memory_pool"
+ALLOC_MEMORY_POOL = "sglang.srt.model_executor.model_runner.ModelRunner.alloc_memory_pool"
 #: the methods served by the contiguous allocator on an instance that has one
-METHODS = ("alloc", "free", "clear", "available_size", "backup_state", "restore_state", "free_group_begin",
-           "free_group_end", "merge_and_sort_free")
+METHODS = ("alloc", "free", "clear", "available_size", "free_group_begin", "free_group_end", "merge_and_sort_free")
 STATE_ATTR = "_specdiag_contiguous"
 
 
@@ -105,8 +106,8 @@ def _around(method: str) -> Callable:
     return hook
 
 
-def after_init_memory_pool(result, runner, *args, **kwargs):
-    """AFTER hook of ModelRunner.init_memory_pool: install on the runner's token-to-KV allocator, logged once."""
+def after_alloc_memory_pool(result, runner, *args, **kwargs):
+    """AFTER hook of ModelRunner.alloc_memory_pool: install on the runner's token-to-KV allocator, logged once."""
     from specdiag_sglang_plugin.hook import log_once  # noqa: PLC0415
 
     allocator = getattr(runner, "token_to_kv_pool_allocator", None)
@@ -141,7 +142,7 @@ def register_kv_alloc(registry=None, hook_type=None, environ=os.environ) -> str:
         registry, hook_type = HookRegistry, HookType
     for method in METHODS:
         registry.register(f"{TOKEN_ALLOCATOR}.{method}", _around(method), hook_type.AROUND)
-    registry.register(INIT_MEMORY_POOL, after_init_memory_pool, hook_type.AFTER)
+    registry.register(ALLOC_MEMORY_POOL, after_alloc_memory_pool, hook_type.AFTER)
     log_once("kv-alloc-on", "%s=contiguous: the target's page_size-1 KV slots come from specdiag's contiguous "
              "allocator (hooks registered; the model runner's allocator is checked when its pool is built)", ALLOC_ENV)
     return mode
