@@ -320,3 +320,11 @@ def test_single_request_ttfts_inside_the_noise_are_a_tie_not_a_fix_or_a_trade() 
     assert "ties" in trade.title and "break_even_steps" not in trade.numbers
     slower = pre.assign(ttft_s=[36.74, 44.0])  # 20% apart: a real trade
     assert verdicts.tradeoff(dec, slower).numbers["break_even_steps"] > 0
+
+
+def test_break_even_carries_the_range_of_its_requests() -> None:
+    """Extra prefill over saved step time, taken at the requests' extremes: 10 s extra (9-11) over 5 ms saved per
+    step (4-6 ms) is 2,000 steps, 1,500-2,750 over the spread; a pair of requests that saves nothing makes it 'never'."""
+    low, high = verdicts.break_even_range([20.0, 21.0], [10.0, 11.0], [10.0, 11.0], [5.0, 6.0])
+    assert (low, high) == (9.0 * 1000 / 6.0, 11.0 * 1000 / 4.0)
+    assert verdicts.break_even_range([20.0], [10.0], [10.0, 11.0], [9.0, 12.0])[1] == float("inf")

@@ -151,9 +151,10 @@ def _not_own(r: Mapping[str, Any]) -> str:
 
 def prefill_table(df: pd.DataFrame) -> pd.DataFrame:
     """One row per arm and context of the prefill rows: ``ttft_s`` (median of the arm's own rows, else of the
-    flagged ones), ``prefill_tok_s``, ``own`` (True: measured alone), ``why_not_own``, ``concurrent`` (the most
-    arms prefilling at once among the rows used), ``n``."""
-    cols = ["arm", "context_tokens", "n", "ttft_s", "prefill_tok_s", "own", "why_not_own", "concurrent"]
+    flagged ones), ``ttft_s_samples`` (the rows used), ``prefill_tok_s``, ``own`` (True: measured alone),
+    ``why_not_own``, ``concurrent`` (the most arms prefilling at once among the rows used), ``n``."""
+    cols = ["arm", "context_tokens", "n", "ttft_s", "ttft_s_samples", "prefill_tok_s", "own", "why_not_own",
+            "concurrent"]
     p = _ok(df, "prefill")
     out = []
     for (arm, ctx), g in p.groupby(["arm", "context_tokens"], sort=False):
@@ -162,7 +163,7 @@ def prefill_table(df: pd.DataFrame) -> pd.DataFrame:
         use = own or recs
         ttft = statistics.median(float(r["ttft_s"]) for r in use)
         out.append({"arm": arm, "context_tokens": int(ctx), "n": len(use), "ttft_s": ttft,
-                    "prefill_tok_s": int(ctx) / ttft if ttft > 0 else None, "own": bool(own),
+                    "ttft_s_samples": [float(r["ttft_s"]) for r in use], "prefill_tok_s": int(ctx) / ttft if ttft > 0 else None, "own": bool(own),
                     "why_not_own": "" if own else "; ".join(dict.fromkeys(_not_own(r) for r in recs)),
                     "concurrent": int(max((_f(r.get("concurrent")) or 1) for r in use))})
     return pd.DataFrame(out, columns=cols)

@@ -160,6 +160,20 @@ def break_even_steps(extra_ttft_s: float, saved_step_ms: float) -> float:
     return extra_ttft_s * 1000.0 / saved_step_ms if saved_step_ms > 0 else float("inf")
 
 
+def break_even_range(ttft_fast_s: Sequence[float], ttft_quick_s: Sequence[float], step_quick_ms: Sequence[float],
+                     step_fast_ms: Sequence[float]) -> tuple[float, float]:
+    """The break-even steps' range over the requests measured: the fewest steps (least extra prefill over the most
+    saved per step) to the most (most extra prefill over the least saved; inf when some pair of requests saves
+    nothing). Each argument holds one value per request."""
+    extra_lo = min(ttft_fast_s) - max(ttft_quick_s)
+    extra_hi = max(ttft_fast_s) - min(ttft_quick_s)
+    saved_lo = min(step_quick_ms) - max(step_fast_ms)
+    saved_hi = max(step_quick_ms) - min(step_fast_ms)
+    low = break_even_steps(max(extra_lo, 0.0), saved_hi)
+    high = break_even_steps(extra_hi, saved_lo)
+    return low, high
+
+
 def tradeoff(dec: pd.DataFrame, pre: pd.DataFrame) -> Finding | None:
     """At the longest context where two or more arms have a decode and an own TTFT: the arm with the fastest verify
     step against the arm with the shortest TTFT. When they differ, what the faster decode costs in prefill and after
@@ -198,6 +212,16 @@ def tradeoff(dec: pd.DataFrame, pre: pd.DataFrame) -> Finding | None:
     ttft_f = float(p[p["arm"] == fast["arm"]]["ttft_s"].iloc[0])
     extra_s, saved_ms = ttft_f - float(quick["ttft_s"]), step_q - float(fast["step_ms"])
     steps = break_even_steps(extra_s, saved_ms)
+    def samples(frame: pd.DataFrame, arm: str, col: str) -> list[float]:  # per request; the median where not kept
+        row = frame[frame["arm"] == arm].iloc[0]
+        kept = row.get(col + "_samples")
+        return [float(x) for x in kept] if isinstance(kept, (list, tuple)) and kept else [float(row[col])]
+
+    lo, hi = break_even_range(samples(p, fast["arm"], "ttft_s"), samples(p, quick["arm"], "ttft_s"),
+                              samples(d, quick["arm"], "step_ms"), samples(d, fast["arm"], "step_ms"))
+    n_ttft = (len(samples(p, fast["arm"], "ttft_s")), len(samples(p, quick["arm"], "ttft_s")))
+    span = (f"{lo:,.0f}-{hi:,.0f} steps over the requests' spread" if hi != float("inf")
+            else f"from {lo:,.0f} steps to never over the requests' spread")
     commit = fast.get("commit_first")
     tokens = steps * float(commit) if commit is not None and commit == commit else None
     return Finding(
@@ -206,13 +230,15 @@ def tradeoff(dec: pd.DataFrame, pre: pd.DataFrame) -> Finding | None:
         f"{quick['arm']} but prefills {ttft_f / float(quick['ttft_s']):,.3g}x slower",
         f"{fast['arm']}: {float(fast['step_ms']):,.3g} ms per verify step, TTFT {ttft_f:,.3g} s; {quick['arm']}: "
         f"{step_q:,.3g} ms, TTFT {float(quick['ttft_s']):,.3g} s. The {extra_s:,.3g} s of extra prefill is paid back "
-        f"after {steps:,.0f} verify steps" + (f" (about {tokens:,.0f} tokens at {fast['arm']}'s first-request commit "
+        f"after {steps:,.0f} verify steps ({span}; TTFTs from {n_ttft[0]} and {n_ttft[1]} request(s))"
+        + (f" (about {tokens:,.0f} tokens at {fast['arm']}'s first-request commit "
                                               f"of {float(commit):.2f} tokens per step)" if tokens is not None else "")
         + f": a request that generates less than that finishes sooner on {quick['arm']}.", "info",
         ("medians of the decode requests; TTFTs of each arm alone (measured)",
          "break-even steps = extra TTFT / ms saved per step (computed)"),
         {"context_tokens": ctx, "fast_decode_arm": str(fast["arm"]), "fast_prefill_arm": str(quick["arm"]),
-         "extra_ttft_s": extra_s, "saved_step_ms": saved_ms, "break_even_steps": steps, "break_even_tokens": tokens},
+         "extra_ttft_s": extra_s, "saved_step_ms": saved_ms, "break_even_steps": steps, "break_even_tokens": tokens,
+         "break_even_steps_range": [lo, hi]},
         "computed")
 
 
