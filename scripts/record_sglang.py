@@ -564,21 +564,30 @@ def utilization(run: Run, client: SGLangClient, job: Job, budget: Budget, teleme
 
 
 def drafter_cost(runs: dict[str, Run]) -> list[dict[str, Any]]:
-    """Per context: STANDALONE ms per verify step minus NGRAM ms per verify step (both measured, 01)."""
+    """Per context: STANDALONE ms per verify step minus NGRAM ms per verify step (both measured, 01; medians over the
+    requests), and each server's requests' values (``standalone_request_ms``, ``ngram_request_ms``) for 03's
+    comparison over requests."""
     from specdiag.steps.baseline_sweep.sweep import latest_rows  # noqa: PLC0415
 
-    by: dict[str, dict[int, dict[str, Any]]] = {}
+    by: dict[str, dict[int, list[dict[str, Any]]]] = {}
     for label in ("standalone", "ngram"):
-        rows = [r for r in latest_rows(runs[label].rows("sweep")) if not r.get("error")]
-        by[label] = {int(r["context_tokens"]): r for r in rows}
+        rows = [r for r in latest_rows(runs[label].rows("sweep")) if not r.get("error") and r.get("step_ms") is not None]
+        by[label] = {}
+        for r in rows:
+            by[label].setdefault(int(r["context_tokens"]), []).append(r)
     out = []
     for c in sorted(set(by["standalone"]) & set(by["ngram"])):
-        s, n = by["standalone"][c], by["ngram"][c]
-        ds, dn = s.get("step_ms"), n.get("step_ms")
+        s_ms = [float(r["step_ms"]) for r in by["standalone"][c]]
+        n_ms = [float(r["step_ms"]) for r in by["ngram"][c]]
+        ds, dn = median(s_ms), median(n_ms)
         row = {"context_tokens": c, "standalone_step_ms": ds, "ngram_step_ms": dn,
+               "standalone_request_ms": s_ms, "ngram_request_ms": n_ms,
                "drafter_ms_per_verify_step": (ds - dn) if ds is not None and dn is not None else None,
                "draft_steps_per_verify_step": 7,
-               "standalone_commit_length": s.get("commit_length"), "ngram_commit_length": n.get("commit_length"),
+               "standalone_commit_length": median([r["commit_length"] for r in by["standalone"][c]
+                                                   if r.get("commit_length") is not None]),
+               "ngram_commit_length": median([r["commit_length"] for r in by["ngram"][c]
+                                              if r.get("commit_length") is not None]),
                "source": "computed from measured ms per verify step (sweep rows of the STANDALONE and NGRAM "
                          "servers, same target, same prompts)"}
         row["drafter_ms_per_draft_step"] = (row["drafter_ms_per_verify_step"] / 7

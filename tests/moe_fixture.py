@@ -1,6 +1,7 @@
 """A constructed 11_moe_batch1 run folder for the tests: expert-distribution dumps written with ``torch.save`` in the
 exact structure SGLang 0.5.17's per_pass recorder writes (specdiag.steps.moe_batch1.recorder), a routed-experts answer
-encoded as SGLang encodes it (base64 of int32 [tokens, layers, top_k]), and step-time rows. Everything here is
+encoded as SGLang encodes it (base64 of int32 [tokens, layers, top_k]), and step-time rows (``repeats`` a cell,
+sent after each server's recorder dump). Everything here is
 BUILT from seeded random routing (each token picks top_k distinct experts uniformly): none of it is recorded."""
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ def counts_of(ids: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(c)
 
 
-def build_run(folder: Path, seed: int = 0, alike: bool = False, tokens_per_step=(1, 2, 4, 8, 16)) -> Run:
+def build_run(folder: Path, seed: int = 0, alike: bool = False, tokens_per_step=(1, 2, 4, 8, 16),
+              repeats: int = 3) -> Run:
     rng = np.random.default_rng(seed)
     run = Run.create(folder)
     run.update(moe_model_config=config(), data_source="constructed (tests/moe_fixture.py: not recorded)")
@@ -55,13 +57,16 @@ def build_run(folder: Path, seed: int = 0, alike: bool = False, tokens_per_step=
         obj = recorder.dump_object(passes, torch.arange(E).repeat(LAYERS, 1))
         name = f"expert_distribution_t{t}.pt"
         torch.save(obj, Path(run.path) / FILES_DIR / name)
-        run.append_row(DUMPS_TABLE, {"tokens_per_step": t, "file": f"{FILES_DIR}/{name}", "passes": len(passes),
-                                     "error": None})
+        run.append_row(DUMPS_TABLE, {"ts_unix_s": 1000.0 * t, "tokens_per_step": t, "file": f"{FILES_DIR}/{name}",
+                                     "passes": len(passes), "error": None})
         for ctx in (1024, 16384):
             distinct = E * (1 - (1 - K / E) ** t)
             step = 2.0 + 0.004 * ctx / 1024 + 0.05 * distinct
-            run.append_row(STEPS_TABLE, {"context_tokens": ctx, "tokens_per_step": t, "step_ms": step,
-                                         "commit_length": 1.0 + 0.5 * (t - 1), "error": None})
+            for rep in range(repeats):  # requests a cell, +-1% around the made-up step, sent after the dump
+                run.append_row(STEPS_TABLE, {"ts_unix_s": 1000.0 * t + ctx / 1024 + rep, "context_tokens": ctx,
+                                             "tokens_per_step": t, "repeat": rep,
+                                             "step_ms": step * (1 + 0.01 * (rep - (repeats - 1) / 2)),
+                                             "commit_length": 1.0 + 0.5 * (t - 1), "error": None})
     answer = routing(rng, 200, alike)
     b64 = base64.b64encode(answer.tobytes()).decode()
     (Path(run.path) / FILES_DIR / "routed_experts_t8.json").write_text('{"routed_experts": "%s"}' % b64)

@@ -101,7 +101,7 @@ def test_notebooks_00_01_03_04_on_vllm(vllm_draft: str, run_notebook: Any, tmp_p
     run_notebook("01_baseline_sweep", server_url=vllm_draft, run_dir=str(run_dir), context_lengths=[256, 1024],
                  max_new_tokens=32, prompt_kind="novel")
     run_notebook("03_drafter_inspection", server_url=vllm_draft, run_dir=str(run_dir), context_lengths=[256, 1024],
-                 max_new_tokens=16)
+                 max_new_tokens=16, repeats=1)  # the configuration and the rows' keys, not verdicts
     before = requests.get(f"{vllm_draft}/metrics", timeout=30).text
     run_notebook("04_commit_probe", server_url=vllm_draft, run_dir=str(run_dir), context_lengths=[256, 1024],
                  max_new_tokens=48, kinds=["predictable", "novel"])

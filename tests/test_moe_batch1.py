@@ -141,8 +141,9 @@ def test_a_run_folder_read_and_judged(tmp_path):
     dt = ma.distinct_table(mr, pass_df)
     ok, ratio, _ = routing.spread_check(pass_df)
     assert ok and 0.9 < ratio < 1.1
-    distinct, src = ma.distinct_by_tokens(dt, ok)
-    assert src.startswith("measured") and distinct[8] == pytest.approx(59.5, abs=4)
+    assert ma.passes_distinct(dt)[8] == pytest.approx(59.5, abs=4)  # what the constructed verify passes read
+    distinct, src = ma.projection_distinct(mr, ma.window_tables(mr), ok, load_geometry("kimi-k2.6"))
+    assert src.startswith("measured") and distinct[8] == pytest.approx(59.5, abs=4)  # windows: no random router named
 
 
 def test_routing_that_does_not_spread_is_not_used(tmp_path):
@@ -151,12 +152,9 @@ def test_routing_that_does_not_spread_is_not_used(tmp_path):
     dt = ma.distinct_table(mr, pass_df)
     ok, ratio, _ = routing.spread_check(pass_df)
     assert ok is False and ratio < 0.3
-    distinct, src = ma.distinct_by_tokens(dt, ok)
-    assert src.startswith("computed (uniform expectation") and distinct[8] == pytest.approx(59.52, abs=0.01)
-    found = {f.id: f for f in ma.findings(mr, pass_df, dt, cost.measured_steps(mr.steps), ma.balance_table(mr),
-                                           cost.project(distinct, 131072, 1792, load_geometry("kimi-k2.6")), src,
-                                           ma.expert_share_table(mr, distinct, 16384),
-                                           cost.best_draft_tokens({}), 131072)}
+    distinct, src = ma.projection_distinct(mr, ma.window_tables(mr), ok, load_geometry("kimi-k2.6"))
+    assert src.startswith("uniform upper bound") and distinct[8] == pytest.approx(59.52, abs=0.01)
+    found = {f.id: f for f in ma.findings(mr, ma.tables(mr, 131072), 131072)}
     assert found["moe.routing_spread"].severity == "warning" and "no conclusion" in found["moe.routing_spread"].verdict
     assert "expert_share" not in found["moe.expert_share"].numbers  # no share claimed from unspread counts
     assert "did not spread" in found["moe.ep_balance"].verdict
@@ -218,19 +216,56 @@ def test_07_diagnosis_carries_11s_verdict_from_the_h200_run():
     from specdiag.steps.findings.diagnosis import diagnose
 
     mr = ma.load_run(Run.open(REFERENCE))
-    pass_df = ma.passes(mr)
-    dt = ma.distinct_table(mr, pass_df)
-    windows = ma.window_tables(mr)
-    ok, _, _ = ma.spread(pass_df, windows)
-    distinct, src = ma.distinct_by_tokens(dt, ok, windows=windows)
-    steps = cost.measured_steps(mr.steps)
-    found = ma.findings(mr, pass_df, dt, steps, ma.balance_table(mr),
-                        cost.project(distinct, 131072, 1792, load_geometry("kimi-k2.6")), src,
-                        ma.expert_share_table(mr, distinct, 1024), cost.best_draft_tokens({}), 131072, windows)
+    found = ma.findings(mr, ma.tables(mr, 131072), 131072)
     d = diagnose([{**dataclasses.asdict(f), "notebook": "11_moe_batch1"} for f in found])
-    assert "a verify step of 16 tokens takes 3.45x a step of 1 at 1k tokens" in d.after
+    # two timed requests a cell in this recording: the ladder is not a verdict
+    assert "a verify step of 16 tokens against a step of 1 at 1k tokens: 3.45x on 2 requests a cell, not enough" in d.after
     assert "not bound by expert bytes" in d.after and "routed like 2.02" in d.after
     assert "11_moe_batch1: moe.expert_share" in d.based_on
+
+
+def test_h200_run_floor_reads_the_measured_passes_and_the_projection_is_an_upper_bound():
+    mr = ma.load_run(Run.open(REFERENCE))
+    assert mr.random_router and not any(r["first_on_server"] for r in mr.steps)  # each server's recorder pass came first
+    t = ma.tables(mr, 131072)
+    # the floor of the measured steps: the experts the recorded verify passes read (16 at T=8), not 8 distinct drafts'
+    assert dict(zip(t.share["tokens"], t.share["distinct"])) == {1: 8.0, 8: 16.0, 16: 16.0}
+    assert dict(zip(t.share_windows["tokens"], t.share_windows["distinct"]))[8] == 60.0
+    found = {f.id: f for f in ma.findings(mr, t, 131072)}
+    share = found["moe.expert_share"]
+    assert share.numbers["distinct_passes"] == 16.0 and share.numbers["distinct_windows"] == 110.0
+    assert share.numbers["ladder"]["16"]["verdict"] == "not enough requests" and share.numbers["ladder"]["16"]["lo"] is None
+    assert "does not speculate" in share.verdict and "4,800 GB/s" in share.verdict
+    assert all(lo <= hi for lo, hi in share.numbers["step_over_floor_range"].values())
+    proj = found["moe.kimi_projection"]
+    assert proj.numbers["upper_bound"] and "upper bound" in proj.title and "at most" in proj.verdict
+    assert t.proj_source.startswith(ma.UPPER_BOUND) and "token id" in t.proj_source
+    bal = found["moe.ep_balance"]
+    assert "distinct experts" in bal.verdict and bal.numbers["busiest_rank_experts"] == 4.0
+    assert bal.numbers["experts_range"][0] <= bal.numbers["experts_max_over_mean"] <= bal.numbers["experts_range"][1]
+    assert found["moe.best_draft_tokens"].numbers["enough_requests"] is False
+    assert "1,792 GB/s" in ma.projection_text(t, 131072)  # from the hardware table, not typed in the notebook
+
+
+def test_ladder_two_requests_not_enough_three_an_interval():
+    def rows(n):
+        return [{"context_tokens": 1024, "tokens_per_step": t, "step_ms": ms * (1 + 0.01 * i), "error": None}
+                for t, ms in ((1, 5.0), (8, 15.0)) for i in range(n)]
+
+    two = cost.ladder(rows(2)).set_index("tokens_per_step")
+    assert two.loc[8, "verdict"] == "not enough requests" and two.loc[8, "lo"] is None
+    assert "not enough requests" in cost.ladder_text(next(cost.ladder(rows(2)).iloc[[1]].itertuples()))
+    three = cost.ladder(rows(3)).set_index("tokens_per_step")
+    assert three.loc[8, "verdict"] == "higher" and three.loc[8, "lo"] <= 3.0 <= three.loc[8, "hi"]
+    assert "95% interval" in cost.ladder_text(next(cost.ladder(rows(3)).iloc[[1]].itertuples()))
+    flagged = rows(3) + [{"context_tokens": 1024, "tokens_per_step": 8, "step_ms": 99.0, "first_on_server": True}]
+    assert cost.ladder(flagged).set_index("tokens_per_step").loc[8, "requests"] == 3  # the server's first left out
+
+
+def test_a_servers_first_timed_request_is_flagged_only_without_an_earlier_pass():
+    steps = [{"ts_unix_s": 10.0, "tokens_per_step": 8}, {"ts_unix_s": 11.0, "tokens_per_step": 8}]
+    assert [r["first_on_server"] for r in ma.flag_first(steps, [])] == [True, False]
+    assert [r["first_on_server"] for r in ma.flag_first(steps, [{"ts_unix_s": 5.0, "tokens_per_step": 8}])] == [False, False]
 
 
 def test_merge_appends_calls_and_gzips_their_files(tmp_path):

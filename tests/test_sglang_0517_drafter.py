@@ -2,8 +2,8 @@
 
 The drafter window check recorded on the H200 (the shipped drafter and its all-full-attention copy drafted alike
 at every context) must turn the configuration's 2 sliding + 1 full layers into 3 full layers as the engine ran
-them, and the drafter_cost rows (STANDALONE minus NGRAM ms per verify step) must stand in for the per-step draft
-time real SGLang does not report.
+them, and the drafter_cost rows (STANDALONE against NGRAM ms per verify step) stand in for the per-step draft time
+real SGLang does not report: over requests, and with one request per server and context here, 'not enough requests'.
 """
 
 from __future__ import annotations
@@ -56,7 +56,9 @@ def test_cost_difference_from_the_recorded_rows() -> None:
     by = {int(r["context_tokens"]): r for r in rows}
     assert f is not None and f.numbers["context_tokens_first"] == 1024 and f.numbers["context_tokens_last"] == 16000
     assert f.numbers["drafter_ms_last"] == by[16000]["standalone_step_ms"] - by[16000]["ngram_step_ms"]
-    assert f.numbers["grows"] and f.severity == "warning"
-    assert any("noise" in e for e in f.evidence)  # 2,048 and 4,096 came out negative
+    # one request per server and context: the differences are shown (2,048 and 4,096 came out negative), no verdict
+    assert f.numbers["reading"] == "not enough requests" and not f.numbers["grows"] and f.severity == "info"
+    assert any("2,048 tokens" in e and "difference -0.593 ms" in e for e in f.evidence)
+    assert not any("least squares" in e for e in f.evidence)  # no line through single requests
     cost = {x.id: x for x in drafter.drafter_findings(None, [], None, cost_rows=rows)}["drafter.cost_bounded"]
-    assert cost.numbers["measured_flat"] is False
+    assert cost.numbers["measured_flat"] is None and "gives no verdict" in cost.verdict

@@ -45,6 +45,10 @@ def test_tiny_03_says_the_window_was_ignored_and_04_shows_the_contrast(run_noteb
     assert (f["metrics"]["n_full_layers"], f["metrics"]["n_full_layers_as_run"]) == (1, 3)
     assert f["drafter.attention_bounded"]["numbers"]["n_full_layers"] == 3
     assert f["drafter.cost_difference"]["numbers"]["drafter_ms_last"] == pytest.approx(3.657, abs=0.001)
+    # one request per server and context in this recording: the difference is tabled, no verdict drawn from it
+    assert f["drafter.cost_difference"]["numbers"]["reading"] == "not enough requests"
+    assert "not enough requests" in f["drafter.cost_difference"]["verdict"]
+    assert f["drafter.window_honoured"]["numbers"]["rows_beyond_window"] == 6
     run_notebook("04_commit_probe", replay_dir=str(TINY))
     p = _findings(tmp_path, "04_commit_probe")
     # one request per (kind, context) in this recording: the contrast is tabled, but no verdict is drawn from it

@@ -92,3 +92,12 @@ def test_compare_requests_verdicts() -> None:
     assert stats.compare_requests([12.0, 12.1, 12.2], [10.0, 10.1, 10.2]).verdict == "lower"
     assert stats.compare_requests([10.0, 10.1, 10.2], [12.0, 12.1, 12.2]) == slower  # seeded
     assert stats.no_cost_above(tie).startswith("no cost above +") and stats.no_cost_above(few) == ""
+
+
+def test_against_target_reads_the_interval() -> None:
+    from specdiag.stats import against_target, compare_requests
+
+    assert against_target(compare_requests([10.0, 10.1, 9.9], [11.0, 11.1, 10.9]), 1.5) == "within"
+    assert against_target(compare_requests([10.0, 10.1, 9.9], [20.0, 20.1, 19.9]), 1.5) == "beyond"
+    assert against_target(compare_requests([10.0, 10.0, 10.0], [12.0, 16.0, 20.0]), 1.5) == "spans"
+    assert against_target(compare_requests([10.0, 10.1], [20.0, 20.1]), 1.5) == "not enough requests"

@@ -13,6 +13,8 @@ timings, step-time slopes), so a p90 or a slope means the same thing on every pa
   bootstrap interval over requests (each cell resampled on its own), and its verdict: "higher" (the interval above
   1), "lower" (below 1), "tie" (it holds 1), or "not enough requests" (fewer than :data:`MIN_REQUESTS` in a cell).
   A "no cost" reads its upper end: "no cost above (hi - 1)".
+- :func:`against_target`: the same interval read against a target multiple (growth within 1.5x): "within" only where
+  its upper end is at or below the target, "beyond" where its lower end is above it, else "spans".
 """
 
 from __future__ import annotations
@@ -194,3 +196,11 @@ def compare_requests(a: Sequence[float], b: Sequence[float], seed: int = 0,
 def no_cost_above(c: RequestComparison) -> str:
     """An upper bound from the interval: 'no cost above +4.1%' (or '' without an interval)."""
     return f"no cost above {100 * (c.hi - 1):+.1f}%" if c.hi is not None else ""
+
+
+def against_target(c: RequestComparison, target: float) -> str:
+    """A ratio's interval read against a target multiple (e.g. 1.5x growth): "within" (the upper end at or below it),
+    "beyond" (the lower end above it), "spans" (the interval holds it: neither is shown) or "not enough requests"."""
+    if c.lo is None or c.hi is None:
+        return NOT_ENOUGH
+    return "within" if c.hi <= target else "beyond" if c.lo > target else "spans"

@@ -5,6 +5,14 @@ A draft step runs the drafter once over its own KV cache. A layer with a sliding
 caps the context the drafter sees (SGLang's ``speculative_draft_window_size``). So the drafter's cost is
 bounded in context exactly when every layer is bounded; :func:`span_rows` shows it layer by layer, and the
 embedded server's per-step draft times (``meta_info.spec_step_draft_ms``) show it measured.
+
+The request is the unit of every measured verdict: a request's value is its own median over its draft steps, a
+context's the median over its requests (``repeats`` per context, distinct novel prose per seed), and the server's
+first request (the earliest row of each server, :func:`flag_first`; the plan sends a warm-up request first) is flagged
+and left out. The longest context against the shortest is the ratio of their medians with a bootstrap interval over
+requests (:func:`specdiag.stats.compare_requests`): "flat" only where the interval's upper end is within
+``growth_threshold``, "grows" where its lower end is above it, otherwise the interval spans the threshold and neither
+is said; fewer than :data:`specdiag.stats.MIN_REQUESTS` requests at a context: "not enough requests".
 """
 
 from __future__ import annotations
@@ -25,12 +33,12 @@ from specdiag.geometry import (
 )
 from specdiag.measure.disturbance import traffic_finding
 from specdiag.measure.metrics import trace_columns
-from specdiag.stats import fit_line
+from specdiag.stats import MIN_REQUESTS, NOT_ENOUGH, RequestComparison, against_target, compare_requests, fit_line
 
 #: Columns of the ``drafter_timing`` table (one row per request).
 DRAFTER_TIMING_COLUMNS: tuple[str, ...] = (
     "ts_unix_s", "context_tokens", "prompt_kind", "seed", "max_new_tokens", "draft_window_tokens", "prompt_tokens",
-    "verify_steps",
+    "verify_steps", "warmup",
     "draft_steps_timed", "draft_ms_median", "draft_ms_mean", "verify_ms_median", "commit_length_mean", "error",
 )
 
@@ -106,18 +114,28 @@ TIMING_KEY = ("context_tokens", "prompt_kind", "seed", "max_new_tokens", "draft_
 
 @dataclasses.dataclass(frozen=True)
 class TimingPlan:
-    """03's draft-timing requests: one per context (``measure.loop.measure_missing`` measures the pending)."""
+    """03's draft-timing requests (``measure.loop.measure_missing`` measures the pending): first one warm-up request
+    at the shortest context (seed ``seed + repeats``: prose no timed request sends; flagged and left out as the
+    server's first request), then ``repeats`` requests per context, seeds ``seed`` .. ``seed + repeats - 1`` (novel
+    prose starts at another paragraph each, so no request re-decodes another's answer)."""
 
     context_lengths: tuple[int, ...]
     max_new_tokens: int
     prompt_kind: str = "novel"
     seed: int = 0
     draft_window_tokens: int | None = None  # the measured server's speculative_draft_window_size (None: none)
+    repeats: int = MIN_REQUESTS
+    warmup: bool = True
+
+    def _request(self, context: int, seed: int, warmup: bool = False) -> dict[str, Any]:
+        return {"context_tokens": int(context), "prompt_kind": self.prompt_kind, "seed": int(seed),
+                "max_new_tokens": self.max_new_tokens, "draft_window_tokens": self.draft_window_tokens,
+                "warmup": warmup}
 
     def requests(self) -> list[dict[str, Any]]:
-        return [{"context_tokens": int(c), "prompt_kind": self.prompt_kind, "seed": self.seed,
-                 "max_new_tokens": self.max_new_tokens, "draft_window_tokens": self.draft_window_tokens}
-                for c in self.context_lengths]
+        first = [self._request(min(self.context_lengths), self.seed + self.repeats, True)] if (
+            self.warmup and self.context_lengths) else []
+        return first + [self._request(c, self.seed + i) for c in self.context_lengths for i in range(self.repeats)]
 
     def pending(self, done: Iterable[tuple[Any, ...]]) -> list[dict[str, Any]]:
         done = set(done)
@@ -125,14 +143,14 @@ class TimingPlan:
 
 
 def measure_draft_timing(client: Any, context_tokens: int, max_new_tokens: int, prompt_kind: str = "novel",
-                         seed: int = 0, draft_window_tokens: int | None = None) -> dict[str, Any]:
+                         seed: int = 0, draft_window_tokens: int | None = None, warmup: bool = False) -> dict[str, Any]:
     """One measured request (:func:`specdiag.measure.request.measured_request`: stamp, fresh exact-length
     prompt, stream, server errors caught) as its ``drafter_timing`` row (errors kept); ``draft_window_tokens``:
-    the server's draft window, as it reports it (a label of the row)."""
+    the server's draft window, as it reports it (a label of the row); ``warmup``: the plan's warm-up request."""
     from specdiag.measure.request import measured_request  # noqa: PLC0415
 
     labels = {"prompt_kind": prompt_kind, "seed": seed, "max_new_tokens": max_new_tokens,
-              "draft_window_tokens": draft_window_tokens}
+              "draft_window_tokens": draft_window_tokens, "warmup": bool(warmup)}
     done = measured_request(client, int(context_tokens), prompt_kind, int(seed), int(max_new_tokens))
     if done.cache_note:
         labels["cache_note"] = done.cache_note
@@ -141,6 +159,89 @@ def measure_draft_timing(client: Any, context_tokens: int, max_new_tokens: int, 
         row.update(ts_unix_s=done.t_send_unix_s, context_tokens=int(context_tokens), **labels, error=done.error)
         return row
     return timing_row(done.trace, context_tokens, **labels)
+
+
+def flag_first(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The rows with ``first_on_server``: True on the earliest row (``ts_unix_s``, else the first in order) of each
+    server: rows of one draft window (``draft_window_tokens``) and ``call`` come from one server."""
+    out = [dict(r) for r in rows]
+    first: dict[tuple[Any, Any], int] = {}
+    for i, r in enumerate(out):
+        k = (r.get("draft_window_tokens"), r.get("call"))
+        j = first.get(k)
+        if j is None or (r.get("ts_unix_s") or 0) < (out[j].get("ts_unix_s") or 0):
+            first[k] = i
+    for i, r in enumerate(out):
+        r["first_on_server"] = i in first.values()
+    return out
+
+
+def request_values(rows: Iterable[Mapping[str, Any]], field: str = "draft_ms_median") -> dict[int, list[float]]:
+    """Per context: each request's ``field`` (its own median over its steps), without failed rows, the warm-up and the
+    server's first request (``first_on_server``, from :func:`flag_first`)."""
+    out: dict[int, list[float]] = {}
+    for r in rows:
+        if r.get("error") or r.get(field) is None or r.get("first_on_server") or r.get("warmup"):
+            continue
+        out.setdefault(int(r["context_tokens"]), []).append(float(r[field]))
+    return out
+
+
+def span_text(values: Sequence[float], fmt: str = "{:.3g}") -> str:
+    """A figure from single measurements with its range over requests: '3.1 (2.9-3.4, 3 requests)'."""
+    if not values:
+        return "-"
+    med = statistics.median(values)
+    if len(values) == 1:
+        return f"{fmt.format(med)} (1 request)"
+    return f"{fmt.format(med)} ({fmt.format(min(values))}-{fmt.format(max(values))}, {len(values)} requests)"
+
+
+def timing_table(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per context of the timed rows (:func:`flag_first` applied): requests used, the one left out as the server's
+    first, the median over requests of the draft and verify ms per step with their ranges, the draft share of a step
+    (per request, median and range) and the mean commit length."""
+    rows = flag_first(rows)
+    draft, verify = request_values(rows), request_values(rows, "verify_ms_median")
+    commits = request_values(rows, "commit_length_mean")
+    first = {int(r["context_tokens"]) for r in rows if r.get("first_on_server") or r.get("warmup")}
+    shares: dict[int, list[float]] = {}
+    for r in rows:
+        d, v = r.get("draft_ms_median"), r.get("verify_ms_median")
+        if not (r.get("error") or r.get("first_on_server") or r.get("warmup")) and d is not None and v:
+            shares.setdefault(int(r["context_tokens"]), []).append(float(d) / (float(d) + float(v)))
+    out = []
+    for c in sorted(draft):
+        out.append({"context_tokens": c, "requests": len(draft[c]), "first_left_out": c in first,
+                    "draft_ms": statistics.median(draft[c]), "draft_ms_range": span_text(draft[c]),
+                    "verify_ms": statistics.median(verify[c]) if verify.get(c) else None,
+                    "verify_ms_range": span_text(verify.get(c, [])),
+                    "draft_share": statistics.median(shares[c]) if shares.get(c) else None,
+                    "draft_share_range": span_text(shares.get(c, []), "{:.0%}"),
+                    "commit_length": statistics.fmean(commits[c]) if commits.get(c) else None})
+    return out
+
+
+def interval_text(c: RequestComparison) -> str:
+    """'1.08x (95% interval 1.02-1.15x over 3 / 3 requests)', or the counts when there are too few."""
+    if c.lo is None:
+        return f"{c.ratio:.3g}x on {c.counts_text()}" if c.ratio is not None else f"{c.counts_text()}"
+    return f"{c.ratio:.3g}x (95% interval {c.interval_text()} over {c.counts_text()})"
+
+
+def growth_reading(c: RequestComparison, threshold: float) -> str:
+    """"flat", "grows", "spans" or "not enough requests": the longest over the shortest context's interval read
+    against ``threshold`` (:func:`specdiag.stats.against_target`)."""
+    return {"within": "flat", "beyond": "grows"}.get(against_target(c, threshold), against_target(c, threshold))
+
+
+def growth_words(reading: str, threshold: float) -> str:
+    return {"flat": f"flat: the interval's upper end is within {threshold:g}x",
+            "grows": f"it grows with context: the whole interval lies above {threshold:g}x",
+            "spans": f"the interval spans {threshold:g}x, so it is neither shown flat nor shown to grow (more "
+                     f"requests narrow it)",
+            NOT_ENOUGH: f"{NOT_ENOUGH} for a verdict (at least {MIN_REQUESTS} a context, the server's first request "
+                        f"left out: raise the repeats parameter)"}[reading]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -214,32 +315,32 @@ def _config_findings(geom: ModelGeometry, spans: Sequence[Mapping[str, Any]], wi
 
 def _measured_finding(timing: Sequence[Mapping[str, Any]], timing_source: Source,
                       growth_threshold: float) -> Finding | None:
-    """drafter.measured_cost: the median draft time per context, longest over shortest."""
-    pts = sorted((int(r["context_tokens"]), float(r["draft_ms_median"])) for r in timing
-                 if not r.get("error") and r.get("draft_ms_median") is not None)
-    if len({c for c, _ in pts}) >= 2:
-        by_ctx: dict[int, list[float]] = {}
-        for c, ms in pts:
-            by_ctx.setdefault(c, []).append(ms)
-        meds = sorted((c, statistics.median(v)) for c, v in by_ctx.items())
-        ratio = meds[-1][1] / meds[0][1]
-        fit = fit_line([c for c, _ in meds], [m for _, m in meds])
-        flat = ratio < growth_threshold
-        return Finding(
-            "drafter.measured_cost", "Measured draft time vs context",
-            f"A draft step took {meds[0][1]:.3g} ms at {meds[0][0]:,} tokens and {meds[-1][1]:.3g} ms at {meds[-1][0]:,} "
-            f"({ratio:.3g}x; {fit.slope_per_1k:.3g} ms per 1k tokens): "
-            + ("the measured draft step is flat over these contexts." if flat else
-               "the measured draft step grows with context."),
-            "ok" if flat else "warning",
-            (f"median per-step draft time per context (meta_info spec_step_draft_ms; {timing_source})",
-             f"least squares {fit.slope_per_1k:.4g} ms per 1k tokens, r² {fit.r2:.3f}, {fit.n} contexts",
-             f"threshold: longest/shortest below {growth_threshold:g}x counts as bounded"),
-            {"draft_ms_first": meds[0][1], "draft_ms_last": meds[-1][1], "growth_x": ratio,
-             "slope_ms_per_1k_tokens": fit.slope_per_1k, "context_tokens_first": meds[0][0],
-             "context_tokens_last": meds[-1][0]},
-            timing_source)
-    return None
+    """drafter.measured_cost: the draft time per step at the longest context over the shortest, over requests (module
+    doc); None without two timed contexts."""
+    by_ctx = request_values(flag_first(timing))
+    if len(by_ctx) < 2:
+        return None
+    first, last = min(by_ctx), max(by_ctx)
+    c = compare_requests(by_ctx[first], by_ctx[last])
+    reading = growth_reading(c, growth_threshold)
+    meds = sorted((ctx, statistics.median(v)) for ctx, v in by_ctx.items())
+    fit = fit_line([x for x, _ in meds], [m for _, m in meds])
+    evidence = [f"{ctx:,} tokens: {span_text(by_ctx[ctx])} ms per draft step (median of each request's steps; "
+                f"{timing_source} meta_info spec_step_draft_ms)" for ctx in sorted(by_ctx)]
+    evidence += [f"{last:,} over {first:,} tokens: {interval_text(c)}; the server's first request left out",
+                 f"least squares over the contexts' medians {fit.slope_per_1k:.4g} ms per 1k tokens, r\u00b2 "
+                 f"{fit.r2:.3f}, {fit.n} contexts",
+                 f"flat: the interval's upper end at or below {growth_threshold:g}x (growth_threshold)"]
+    title = "Measured draft time vs context" + (f": {NOT_ENOUGH}" if reading == NOT_ENOUGH else "")
+    return Finding(
+        "drafter.measured_cost", title,
+        f"A draft step took {c.median_a:.3g} ms at {first:,} tokens and {c.median_b:.3g} ms at {last:,} "
+        f"({interval_text(c)}): " + growth_words(reading, growth_threshold) + ".",
+        {"flat": "ok", "grows": "warning"}.get(reading, "info"), tuple(evidence),
+        {"draft_ms_first": c.median_a, "draft_ms_last": c.median_b, "growth_x": c.ratio, "growth_lo": c.lo,
+         "growth_hi": c.hi, "reading": reading, "requests_first": c.n_a, "requests_last": c.n_b,
+         "slope_ms_per_1k_tokens": fit.slope_per_1k, "context_tokens_first": first, "context_tokens_last": last},
+        timing_source)
 
 
 def drafter_findings(geom: ModelGeometry | None, spans: Sequence[Mapping[str, Any]], window_cap_tokens: int | None,
@@ -277,43 +378,58 @@ def drafter_findings(geom: ModelGeometry | None, spans: Sequence[Mapping[str, An
     return found
 
 
+def _measured_state(found: Sequence[Finding]) -> tuple[Finding | None, str | None]:
+    """The measured cost's finding and its reading: "flat", "grows", or None where it gives no verdict (not enough
+    requests, an interval that spans the threshold, no growth shown beyond the noise); (None, None) unmeasured."""
+    measured = next((f for f in found if f.id == "drafter.measured_cost"), None)
+    if measured is None:
+        measured = next((f for f in found if f.id == "drafter.cost_difference"), None)
+    if measured is None:
+        return None, None
+    reading = measured.numbers.get("reading")
+    return measured, reading if reading in ("flat", "grows") else None
+
+
 def _cost_verdict(found: Sequence[Finding], cap: int | None, longest: int, source: Source,
                   has_model: bool = True) -> Finding:
     """``drafter.cost_bounded``: the configuration's verdict and the measured one, together."""
-    measured = next((f for f in found if f.id == "drafter.measured_cost"), None)
-    flat = measured is not None and measured.severity == "ok"
-    difference = next((f for f in found if f.id == "drafter.cost_difference"), None)
-    if measured is None and difference is not None:  # no per-step draft time: STANDALONE minus NGRAM instead
-        measured, flat = difference, not difference.numbers["grows"]
+    measured, state = _measured_state(found)
+    why = ("" if measured is None or state else
+           f" ({measured.id}: {measured.numbers.get('reading')})")
     if not has_model:
-        verdict, sev = (("The draft step (no draft model) is flat over the measured contexts up to "
-                         f"{longest:,} tokens." if flat else
-                         "The draft step (no draft model) grows with context: the lookup over the context costs "
-                         "more as it grows." if measured else
+        verdict, sev = ({"flat": f"The draft step (no draft model) is flat over the measured contexts up to "
+                                 f"{longest:,} tokens.",
+                         "grows": "The draft step (no draft model) grows with context: the lookup over the context "
+                                  "costs more as it grows."}.get(state or "") or
+                        (f"No draft model, and the measured draft time gives no verdict{why}." if measured else
                          "No draft model and no measured draft time: nothing to judge."),
-                        "ok" if flat else "warning" if measured else "info")
-    elif cap is not None and (measured is None or flat):
+                        "ok" if state == "flat" else "warning" if state == "grows" else "info")
+    elif cap is not None and state != "grows":
         verdict, sev = (f"Bounded: every drafter layer attends at most {cap:,} tokens"
-                        + (", and the measured draft time is flat." if measured else
+                        + (", and the measured draft time is flat." if state == "flat" else
+                           f"; the measured draft time gives no verdict{why}, so this rests on the configuration."
+                           if measured else
                            "; no per-step draft time was measured, so this rests on the configuration."), "ok")
     elif cap is not None:
         verdict, sev = (f"The configuration bounds the drafter's attention at {cap:,} tokens, yet the measured draft time "
                         f"grows with context: something else in the draft step depends on the context (recomputing "
                         f"instead of reusing its KV cache, or the target states it conditions on).", "warning")
-    elif flat:
+    elif state == "flat":
         verdict, sev = (f"Not bounded in principle (full-attention layers read the whole context), but flat over the "
                         f"measured contexts up to {longest:,} tokens: there the full layers' KV is a small share of a "
                         f"draft step.", "info")
     else:
         verdict, sev = ("Not bounded: full-attention layers read the whole context"
-                        + (" and the measured draft time grows with it." if measured else
+                        + (" and the measured draft time grows with it." if state == "grows" else
+                           f"; the measured draft time gives no verdict{why} on how much it costs." if measured else
                            "; no per-step draft time was measured to show how much it costs."), "warning")
     evidence = [f"{f.id}: {f.verdict}" for f in found
                 if f.id in ("drafter.attention_bounded", "drafter.measured_cost", "drafter.cost_difference",
                             "drafter.no_model")]
     return Finding("drafter.cost_bounded", "Is the drafter's cost bounded in context?", verdict, sev, tuple(evidence),
                    {"bounded_by_config": cap is not None, "max_span_tokens": cap,
-                    "measured_flat": flat if measured is not None else None},
+                    "measured_flat": (state == "flat") if state else None,
+                    "measured_reading": measured.numbers.get("reading") if measured is not None else None},
                    measured.source if measured is not None else source)
 
 
@@ -389,7 +505,8 @@ def window_check_finding(rows: Sequence[Mapping[str, Any]], source: Source = "me
     sent to the server with the drafter as shipped and to one with a copy whose config declares every layer
     full attention (same weights). Beyond the window, identical drafting (verify steps, correct drafts,
     histogram) means the server ran the shipped drafter with full attention in every layer. None without
-    rows that compare (no error, a verify count).
+    rows that compare (no error, a verify count) beyond the window; fewer than :data:`specdiag.stats.MIN_REQUESTS`
+    requests beyond it: "not enough requests" (``numbers["verdict"]``: "honoured", "ignored" or that).
     """
     ok = [r for r in rows if not r.get("error") and r.get("same_drafting") is not None]
     beyond = [r for r in ok if r.get("beyond_window")]
@@ -407,18 +524,24 @@ def window_check_finding(rows: Sequence[Mapping[str, Any]], source: Source = "me
         evidence.append(_window_settings_evidence(server))
     numbers = {"window_tokens": window, "rows_beyond_window": len(beyond), "rows_differing_beyond_window": len(differ),
                "contexts_tokens": sorted({int(r["context_tokens"]) for r in ok})}
+    if len(beyond) < MIN_REQUESTS:
+        return Finding(
+            "drafter.window_honoured", f"Does the server honour the drafter's sliding window? {NOT_ENOUGH}",
+            f"Only {len(beyond)} request(s) compared the drafter as shipped with its all-full-attention copy beyond the "
+            f"{window}-token window ({len(differ)} drafted differently): {NOT_ENOUGH} for a verdict (at least "
+            f"{MIN_REQUESTS}).", "info", tuple(evidence), {**numbers, "verdict": NOT_ENOUGH}, source)
     if differ:
         return Finding(
             "drafter.window_honoured", "The server honours the drafter's sliding window",
             f"Beyond the {window}-token window, the drafter as shipped drafted differently from its all-full-attention "
             f"copy in {len(differ)} of {len(beyond)} requests: its sliding layers attend only the window.",
-            "ok", tuple(evidence), numbers, source)
+            "ok", tuple(evidence), {**numbers, "verdict": "honoured"}, source)
     return Finding(
         "drafter.window_honoured", "The server ignores the drafter's sliding window",
         f"At every context beyond the {window}-token window the drafter as shipped drafted exactly like its "
         f"all-full-attention copy ({len(beyond)} requests): the server runs every drafter layer with full attention, "
         f"so the drafter's cost and its positions beyond what it was trained on grow with context.",
-        "warning", tuple(evidence), numbers, source)
+        "warning", tuple(evidence), {**numbers, "verdict": "ignored"}, source)
 
 
 def _window_settings_evidence(server: Mapping[str, Any]) -> str:
@@ -434,7 +557,7 @@ def _window_settings_evidence(server: Mapping[str, Any]) -> str:
 def as_engine_ran(geom: ModelGeometry | None, window_finding: Finding | None) -> ModelGeometry | None:
     """The drafter as the engine ran it: every layer full attention when ``drafter.window_honoured`` found that
     the server ignores the sliding window (same shapes and weights), else ``geom`` unchanged."""
-    if geom is None or window_finding is None or window_finding.severity == "ok":
+    if geom is None or window_finding is None or window_finding.numbers.get("verdict") != "ignored":
         return geom
     if all(t == LAYER_FULL for t in geom.layer_types):
         return geom
@@ -444,32 +567,60 @@ def as_engine_ran(geom: ModelGeometry | None, window_finding: Finding | None) ->
                f"{window_finding.source})")
 
 
+def _cost_requests(rows: Sequence[Mapping[str, Any]]) -> dict[int, tuple[list[float], list[float]]]:
+    """Per context: the STANDALONE and the NGRAM server's ms per verify step, one value per request (a row's
+    ``standalone_request_ms`` / ``ngram_request_ms`` lists, else its one ``standalone_step_ms`` / ``ngram_step_ms``)."""
+    out: dict[int, tuple[list[float], list[float]]] = {}
+    for r in rows:
+        s = r.get("standalone_request_ms") or ([r["standalone_step_ms"]] if r.get("standalone_step_ms") is not None else [])
+        n = r.get("ngram_request_ms") or ([r["ngram_step_ms"]] if r.get("ngram_step_ms") is not None else [])
+        if s and n:
+            a, b = out.setdefault(int(r["context_tokens"]), ([], []))
+            a.extend(float(x) for x in s)
+            b.extend(float(x) for x in n)
+    return out
+
+
 def cost_difference_finding(rows: Sequence[Mapping[str, Any]], source: Source = "measured") -> Finding | None:
     """``drafter.cost_difference``: the drafter's cost per verify step measured from outside, where the engine
-    reports no per-step draft time: per context, the STANDALONE server's ms per verify step minus the NGRAM
-    server's (same target, same prompts; the ``drafter_cost`` table). None without two usable contexts."""
-    pts = sorted((int(r["context_tokens"]), float(r["drafter_ms_per_verify_step"])) for r in rows
-                 if r.get("drafter_ms_per_verify_step") is not None)
-    if len(pts) < 2:
+    reports no per-step draft time: per context, the STANDALONE server's ms per verify step against the NGRAM
+    server's (same target, same prompts; the ``drafter_cost`` table), over requests: STANDALONE / NGRAM with its
+    bootstrap interval (:func:`specdiag.stats.compare_requests`). "grows" where the longest context's interval lies
+    wholly above the shortest's; else no growth is shown beyond the noise, and the drafter's share at the longest
+    context is bounded by its interval ("no cost above"). None without two usable contexts."""
+    by = _cost_requests(rows)
+    if len(by) < 2:
         return None
-    fit = fit_line([c for c, _ in pts], [d for _, d in pts])
-    grows = fit.slope_per_1k > 0 and pts[-1][1] > max(pts[0][1], 0.0) + 1.0
-    negative = [c for c, d in pts if d < 0]
-    evidence = [f"{c:,} tokens: STANDALONE {r.get('standalone_step_ms'):.3g} ms - NGRAM {r.get('ngram_step_ms'):.3g} ms = "
-                f"{d:+.3g} ms per verify step (computed from {source} ms per verify step)"
-                for (c, d), r in zip(pts, sorted((r for r in rows if r.get("drafter_ms_per_verify_step") is not None),
-                                                 key=lambda r: int(r["context_tokens"])))]
-    evidence.append(f"least squares {fit.slope_per_1k:+.3g} ms per 1k tokens, r\u00b2 {fit.r2:.2f}, {fit.n} contexts (computed)")
-    if negative:
-        evidence.append(f"negative at {', '.join(f'{c:,}' for c in negative)} tokens: one request per context and "
-                        f"server, so differences under about 1 ms are noise")
+    cmp = {c: compare_requests(n, s) for c, (s, n) in sorted(by.items())}
+    first, last = min(cmp), max(cmp)
+    cf, cl = cmp[first], cmp[last]
+    diff = {c: (k.median_b - k.median_a) for c, k in cmp.items()}
+    fit = fit_line(list(diff), list(diff.values()))
+    enough = cf.enough and cl.enough
+    reading = NOT_ENOUGH if not enough else "grows" if cl.lo > cf.hi else "no growth shown"
+    evidence = [f"{c:,} tokens: STANDALONE {k.median_b:.3g} ms, NGRAM {k.median_a:.3g} ms per verify step "
+                f"(difference {diff[c]:+.3g} ms); STANDALONE / NGRAM {interval_text(k)} (computed from {source} ms "
+                f"per verify step)" for c, k in cmp.items()]
+    if reading != NOT_ENOUGH:  # a line through single requests would carry no range
+        evidence.append(f"least squares of the differences {fit.slope_per_1k:+.3g} ms per 1k tokens, r\u00b2 "
+                        f"{fit.r2:.2f}, {fit.n} contexts (computed from the request medians)")
+    head = (f"The engine reports no per-step draft time; the STANDALONE server's ms per verify step against the NGRAM "
+            f"server's was {interval_text(cf)} at {first:,} tokens and {interval_text(cl)} at {last:,} "
+            f"(differences {diff[first]:+.3g} and {diff[last]:+.3g} ms): ")
+    if reading == NOT_ENOUGH:
+        tail = f"{NOT_ENOUGH} for a verdict (at least {MIN_REQUESTS} per server and context)."
+    elif reading == "grows":
+        tail = "the drafter's cost grows with context (the longest context's interval lies above the shortest's)."
+    else:
+        tail = (f"no growth beyond the noise; at {last:,} tokens the drafter adds "
+                + ("nothing measurable" if cl.hi <= 1 else f"at most {100 * (cl.hi - 1):.0f}%")
+                + " to a verify step (the interval's upper end).")
     return Finding(
-        "drafter.cost_difference", "The drafter's cost per verify step, measured against NGRAM",
-        f"The engine reports no per-step draft time; the STANDALONE server's ms per verify step minus the NGRAM "
-        f"server's was {pts[0][1]:+.3g} ms at {pts[0][0]:,} tokens and {pts[-1][1]:+.3g} ms at {pts[-1][0]:,} "
-        f"({fit.slope_per_1k:+.3g} ms per 1k tokens): "
-        + ("the drafter's cost grows with context." if grows else "no growth with context beyond the noise."),
-        "warning" if grows else "info", tuple(evidence),
-        {"drafter_ms_first": pts[0][1], "drafter_ms_last": pts[-1][1], "slope_ms_per_1k_tokens": fit.slope_per_1k,
-         "r2": fit.r2, "context_tokens_first": pts[0][0], "context_tokens_last": pts[-1][0], "grows": grows},
+        "drafter.cost_difference", "The drafter's cost per verify step, measured against NGRAM"
+        + (f": {NOT_ENOUGH}" if reading == NOT_ENOUGH else ""), head + tail,
+        "warning" if reading == "grows" else "info", tuple(evidence),
+        {"drafter_ms_first": diff[first], "drafter_ms_last": diff[last], "slope_ms_per_1k_tokens": fit.slope_per_1k,
+         "r2": fit.r2, "context_tokens_first": first, "context_tokens_last": last, "grows": reading == "grows",
+         "reading": reading, "ratio_first": cf.ratio, "ratio_last": cl.ratio, "ratio_last_lo": cl.lo,
+         "ratio_last_hi": cl.hi, "requests_first": min(cf.n_a, cf.n_b), "requests_last": min(cl.n_a, cl.n_b)},
         source)

@@ -8,7 +8,11 @@ tokens of that cache (the draft window). Figures here:
 
 - the drafter's settings: ``config`` (the drafter's config.json) or ``server-reported`` (/server_info);
 - draft ms and verify ms per step: ``server-reported`` by the embedded server (``meta_info.spec_step_draft_ms`` and
-  ``spec_step_verify_ms``, one value per verify step; the median per request). SGLang 0.5.17's DFLASH reports per
+  ``spec_step_verify_ms``, one value per verify step; the median per request). The request is the unit: each arm's
+  first request (the server's first) is left out, a cell is the median over its requests, and every comparison (the
+  longest context over the shortest within an arm, no window over a window at one context) is a ratio of medians with
+  a bootstrap interval over requests (:func:`specdiag.stats.compare_requests`), "not enough requests" under
+  :data:`specdiag.stats.MIN_REQUESTS` a cell. SGLang 0.5.17's DFLASH reports per
   request only counts (``spec_verify_ct``, ``spec_accept_length``, the correct-drafts histogram; request timestamps
   with ``--enable-metrics``) and vLLM 0.32 counters: no drafter time, so there it is not measurable;
 - spans (tokens a layer attends): ``computed`` from the configuration and the window.
@@ -24,6 +28,9 @@ import statistics
 from typing import Any, Iterator, Mapping, Sequence
 
 from specdiag.findings import Finding, Source
+from specdiag.stats import NOT_ENOUGH, compare_requests
+from specdiag.steps.drafter_inspection.analysis import (
+    flag_first, growth_reading, growth_words, interval_text, span_text)
 
 ALGORITHM = "DFLASH"
 EMBEDDED_VERSION = "specdiag-localserver"  # how the embedded server's /server_info "version" starts
@@ -107,7 +114,8 @@ def time_other_window(run: Any, server: Mapping[str, Any], window_tokens: int | 
                   + (f"{window_tokens:,} tokens" if window_tokens else "none"))
             measure_missing(run, plan, table, TIMING_KEY, desc="draft timing, other window",
                             measure=lambda q: measure_draft_timing(client, q["context_tokens"], plan.max_new_tokens,
-                                                                   plan.prompt_kind, plan.seed, window_tokens))
+                                                                   plan.prompt_kind, q["seed"], window_tokens,
+                                                                   q.get("warmup", False)))
     return plan_rows(run, plan, table, TIMING_KEY)
 
 
@@ -163,26 +171,29 @@ def drafter_config(server: Mapping[str, Any], meta: Mapping[str, Any]) -> tuple[
     return (dict(recorded), "recorded run's speculation.drafter_config") if isinstance(recorded, Mapping) else (None, "")
 
 
-def _median(values: Sequence[float]) -> float | None:
-    return statistics.median(values) if values else None
-
-
 def arm_table(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Per draft window (None: none) and context: requests, the median over requests of each request's median draft
-    ms and verify ms per step (server-reported), the draft share of a step (computed) and the mean commit length."""
+    """Per draft window (None: none) and context: requests (the arm's first request, the server's first, left out),
+    the median over requests of each request's median draft ms and verify ms per step (server-reported), the draft
+    share of a step (computed per request: median and range), the mean commit length, and the requests' values
+    (``draft_request_ms``, ``verify_request_ms``) for the comparisons."""
     groups: dict[tuple[int | None, int], list[Mapping[str, Any]]] = {}
-    for r in rows:
-        if r.get("error") or r.get("draft_ms_median") is None:
+    for r in flag_first(rows):
+        if r.get("error") or r.get("draft_ms_median") is None or r.get("first_on_server") or r.get("warmup"):
             continue
         groups.setdefault((r.get("draft_window_tokens"), int(r["context_tokens"])), []).append(r)
     out = []
     for (window, ctx), rs in sorted(groups.items(), key=lambda kv: (kv[0][0] is not None, kv[0][0] or 0, kv[0][1])):
-        draft = _median([float(r["draft_ms_median"]) for r in rs])
-        verify = _median([float(r["verify_ms_median"]) for r in rs if r.get("verify_ms_median") is not None])
+        draft = [float(r["draft_ms_median"]) for r in rs]
+        verify = [float(r["verify_ms_median"]) for r in rs if r.get("verify_ms_median") is not None]
+        shares = [float(r["draft_ms_median"]) / (float(r["draft_ms_median"]) + float(r["verify_ms_median"]))
+                  for r in rs if r.get("verify_ms_median")]
         commits = [float(r["commit_length_mean"]) for r in rs if r.get("commit_length_mean") is not None]
-        out.append({"draft_window_tokens": window, "context_tokens": ctx, "requests": len(rs), "draft_ms": draft,
-                    "verify_ms": verify, "draft_share": draft / (draft + verify) if draft is not None and verify else None,
-                    "commit_length": statistics.fmean(commits) if commits else None})
+        out.append({"draft_window_tokens": window, "context_tokens": ctx, "requests": len(rs),
+                    "draft_ms": statistics.median(draft), "verify_ms": statistics.median(verify) if verify else None,
+                    "draft_share": statistics.median(shares) if shares else None,
+                    "draft_share_range": span_text(shares, "{:.0%}") if shares else None,
+                    "commit_length": statistics.fmean(commits) if commits else None,
+                    "draft_request_ms": draft, "verify_request_ms": verify})
     return out
 
 
@@ -195,60 +206,76 @@ def _arms(table: Sequence[Mapping[str, Any]]) -> dict[int | None, list[Mapping[s
 
 def _line(rs: Sequence[Mapping[str, Any]]) -> str:
     return "; ".join(f"{int(r['context_tokens']):,} tokens: draft {r['draft_ms']:.3g} ms, verify "
-                     + (f"{r['verify_ms']:.3g} ms" if r.get("verify_ms") is not None else "-") for r in rs)
+                     + (f"{r['verify_ms']:.3g} ms" if r.get("verify_ms") is not None else "-")
+                     + f" ({r['requests']} requests)" for r in rs)
+
+
+def _growth(rs: Sequence[Mapping[str, Any]], field: str = "draft_request_ms") -> Any:
+    """The longest context over the shortest of one arm, over requests."""
+    return compare_requests(rs[0].get(field) or [rs[0]["draft_ms"]], rs[-1].get(field) or [rs[-1]["draft_ms"]])
 
 
 def window_findings(table: Sequence[Mapping[str, Any]], n_full_layers: int | None, source: Source = "server-reported",
                     growth_threshold: float = 1.5) -> list[Finding]:
-    """From :func:`arm_table`'s rows: ``drafter.window_applied`` (an arm with a draft window: is the drafter's own
-    time per step within ``growth_threshold`` x from the shortest to the longest context) and
-    ``drafter.no_window`` (an arm without one: its drafter reads the whole context, and what that cost as measured).
-    An arm needs two contexts; ``n_full_layers``: the drafter's full-attention layers (config), None when unknown."""
+    """From :func:`arm_table`'s rows: ``drafter.window_applied`` (an arm with a draft window: does the drafter's own
+    time per step stay within ``growth_threshold`` x from the shortest to the longest context, the interval's upper end
+    within it) and ``drafter.no_window`` (an arm without one: its drafter reads the whole context, and what that cost
+    as measured, against a window at the longest context). An arm needs two contexts; ``n_full_layers``: the drafter's
+    full-attention layers (config), None when unknown."""
     arms = _arms(table)
     found: list[Finding] = []
-    growth = {w: rs[-1]["draft_ms"] / rs[0]["draft_ms"] for w, rs in arms.items() if rs[0]["draft_ms"]}
+    growth = {w: _growth(rs) for w, rs in arms.items()}
     none_arm = arms.get(None)
     for window, rs in sorted(((w, rs) for w, rs in arms.items() if w is not None), key=lambda kv: kv[0]):
-        first, last, ratio = rs[0], rs[-1], growth.get(window)
-        if ratio is None:
-            continue
-        flat = ratio <= growth_threshold
+        first, last, c = rs[0], rs[-1], growth[window]
+        reading = growth_reading(c, growth_threshold)
         beyond = [int(r["context_tokens"]) for r in rs if r["context_tokens"] > window]
-        evidence = [f"draft window {window:,} tokens ({source} per-step times, median per request): {_line(rs)}",
-                    f"longest over shortest context: {ratio:.3g}x (flat at or below {growth_threshold:g}x)"]
-        if none_arm is not None and growth.get(None) is not None:
-            evidence.append(f"without a window: {growth[None]:.3g}x over {_line(none_arm)}")
+        verify = _growth(rs, "verify_request_ms") if first.get("verify_request_ms") and last.get("verify_request_ms") else None
+        evidence = [f"draft window {window:,} tokens ({source} per-step times, median per request, the arm's first "
+                    f"request left out): {_line(rs)}",
+                    f"longest over shortest context: {interval_text(c)} (flat: the interval's upper end at or below "
+                    f"{growth_threshold:g}x)"]
+        if verify is not None:
+            evidence.append(f"verify step, longest over shortest context: {interval_text(verify)}")
+        if none_arm is not None:
+            evidence.append(f"without a window: {interval_text(growth[None])} over {_line(none_arm)}")
         if not beyond:
             evidence.append(f"no measured context exceeds the {window:,}-token window: it cannot act here")
         verdict = (f"With a {window:,}-token draft window the drafter's own time per step went from "
                    f"{first['draft_ms']:.3g} ms at {first['context_tokens']:,} tokens to {last['draft_ms']:.3g} ms at "
-                   f"{last['context_tokens']:,} ({ratio:.3g}x): ")
+                   f"{last['context_tokens']:,} ({interval_text(c)}): ")
         if not beyond:
             verdict += "no context exceeded the window, so these requests cannot show whether it is applied."
             severity = "info"
-        elif flat:
-            verdict += (f"within {growth_threshold:g}x, so the window is applied and the draft cost is flat in "
-                        f"context; the verify step went from {first['verify_ms']:.3g} to {last['verify_ms']:.3g} ms."
-                        if first.get("verify_ms") and last.get("verify_ms") else
-                        f"within {growth_threshold:g}x, so the window is applied and the draft cost is flat in context.")
+        elif reading == "flat":
+            verdict += (f"{growth_words(reading, growth_threshold)}, so the window is applied and the draft cost is flat "
+                        "in context" + (f"; the verify step went {interval_text(verify)}." if verify is not None else "."))
             severity = "ok"
-        else:
-            verdict += (f"more than {growth_threshold:g}x, so the window does not bound the draft cost (not applied, "
-                        f"or another part of the draft step grows with the context).")
+        elif reading == "grows":
+            verdict += (f"{growth_words(reading, growth_threshold)}, so the window does not bound the draft cost (not "
+                        f"applied, or another part of the draft step grows with the context).")
             severity = "warning"
+        else:
+            verdict += growth_words(reading, growth_threshold) + ": whether the window is applied is not shown."
+            severity = "info"
         found.append(Finding(
-            "drafter.window_applied", "Is the draft window applied?", verdict, severity, tuple(evidence),
-            {"draft_window_tokens": window, "growth_x": ratio, "draft_ms_first": first["draft_ms"],
-             "draft_ms_last": last["draft_ms"], "verify_ms_first": first.get("verify_ms"),
-             "verify_ms_last": last.get("verify_ms"), "context_tokens_first": first["context_tokens"],
-             "context_tokens_last": last["context_tokens"], "growth_threshold": growth_threshold,
+            "drafter.window_applied", "Is the draft window applied?" + (f" {NOT_ENOUGH}" if reading == NOT_ENOUGH else ""),
+            verdict, severity, tuple(evidence),
+            {"draft_window_tokens": window, "growth_x": c.ratio, "growth_lo": c.lo, "growth_hi": c.hi,
+             "reading": reading, "draft_ms_first": first["draft_ms"], "draft_ms_last": last["draft_ms"],
+             "verify_ms_first": first.get("verify_ms"), "verify_ms_last": last.get("verify_ms"),
+             "verify_growth_x": verify.ratio if verify is not None else None,
+             "verify_growth_lo": verify.lo if verify is not None else None,
+             "verify_growth_hi": verify.hi if verify is not None else None,
+             "context_tokens_first": first["context_tokens"], "context_tokens_last": last["context_tokens"],
+             "requests_first": c.n_a, "requests_last": c.n_b, "growth_threshold": growth_threshold,
              "contexts_beyond_window": len(beyond)}, source))
-    if none_arm is not None and growth.get(None) is not None:
+    if none_arm is not None:
         found.append(_no_window_finding(none_arm, growth[None], arms, n_full_layers, source, growth_threshold))
     return found
 
 
-def _no_window_finding(rs: Sequence[Mapping[str, Any]], ratio: float, arms: Mapping[int | None, Sequence[Mapping[str, Any]]],
+def _no_window_finding(rs: Sequence[Mapping[str, Any]], c: Any, arms: Mapping[int | None, Sequence[Mapping[str, Any]]],
                        n_full_layers: int | None, source: Source, growth_threshold: float) -> Finding:
     """``drafter.no_window``: without a draft window every full-attention layer attends the whole context."""
     first, last = rs[0], rs[-1]
@@ -256,28 +283,38 @@ def _no_window_finding(rs: Sequence[Mapping[str, Any]], ratio: float, arms: Mapp
     reads = (f"its layers can attend all {n} tokens" if n_full_layers is None else
              f"its {n_full_layers} full-attention layer(s) attend all {n} tokens" if n_full_layers else
              f"its layers all slide over their own window, so they attend at most that of the {n} tokens")
-    numbers: dict[str, Any] = {"growth_x": ratio, "draft_ms_first": first["draft_ms"], "draft_ms_last": last["draft_ms"],
+    reading = growth_reading(c, growth_threshold)
+    numbers: dict[str, Any] = {"growth_x": c.ratio, "growth_lo": c.lo, "growth_hi": c.hi, "reading": reading,
+                               "draft_ms_first": first["draft_ms"], "draft_ms_last": last["draft_ms"],
                                "context_tokens_first": first["context_tokens"],
-                               "context_tokens_last": last["context_tokens"], "n_full_layers": n_full_layers}
+                               "context_tokens_last": last["context_tokens"], "n_full_layers": n_full_layers,
+                               "requests_first": c.n_a, "requests_last": c.n_b}
     compare = ""
     for window, others in sorted(((w, o) for w, o in arms.items() if w is not None), key=lambda kv: kv[0]):
         same = next((o for o in others if o["context_tokens"] == last["context_tokens"]), None)
         if same is not None and same["draft_ms"]:
-            numbers["no_window_over_window_x"] = last["draft_ms"] / same["draft_ms"]
+            k = compare_requests(same.get("draft_request_ms") or [same["draft_ms"]],
+                                 last.get("draft_request_ms") or [last["draft_ms"]])
+            numbers.update(no_window_over_window_x=k.ratio, no_window_over_window_lo=k.lo,
+                           no_window_over_window_hi=k.hi, no_window_over_window_verdict=k.verdict)
+            said = {"higher": "slower without it", "lower": "faster without it",
+                    "tie": "a tie: the interval holds 1", NOT_ENOUGH: NOT_ENOUGH}[k.verdict]
             compare = (f" At {last['context_tokens']:,} tokens a draft step took {last['draft_ms']:.3g} ms without the "
-                       f"window and {same['draft_ms']:.3g} ms with a {window:,}-token one "
-                       f"({numbers['no_window_over_window_x']:.3g}x).")
+                       f"window and {same['draft_ms']:.3g} ms with a {window:,}-token one ({interval_text(k)}: {said}).")
             break
-    grows = ratio > growth_threshold
     verdict = (f"Without a draft window the drafter keeps the whole context: {reads} at the longest context "
                f"(computed from the configuration). Its own time per step went from "
                f"{first['draft_ms']:.3g} ms at {first['context_tokens']:,} tokens to {last['draft_ms']:.3g} ms "
-               f"({ratio:.3g}x): " + ("it grows with the context." if grows else
-                                      f"within {growth_threshold:g}x over these contexts, where reading them is a "
-                                      f"small part of this drafter's step.") + compare)
-    return Finding("drafter.no_window", "The drafter without a draft window", verdict, "warning" if grows else "info",
-                   (f"no draft window ({source} per-step times, median per request): {_line(rs)}",
-                    f"longest over shortest context: {ratio:.3g}x (flat at or below {growth_threshold:g}x)"),
+               f"({interval_text(c)}): " + ("it grows with the context." if reading == "grows" else
+                                             f"{growth_words(reading, growth_threshold)}; reading these contexts is a "
+                                             f"small part of this drafter's step." if reading == "flat" else
+                                             growth_words(reading, growth_threshold) + ".") + compare)
+    return Finding("drafter.no_window", "The drafter without a draft window", verdict,
+                   "warning" if reading == "grows" else "info",
+                   (f"no draft window ({source} per-step times, median per request, the arm's first request left "
+                    f"out): {_line(rs)}",
+                    f"longest over shortest context: {interval_text(c)} (flat: the interval's upper end at or below "
+                    f"{growth_threshold:g}x)"),
                    numbers, source)
 
 

@@ -24,8 +24,8 @@ The parts, and the findings they read:
   (10's ``kv_layout.<arm>``: a fragmented pool's cost per verify step on the arm where it is largest, or that no
   arm's layout differed enough to judge; where it costs time, the next fix named: the contiguous KV allocator, with
   10's ``kv_layout.tier0.<arm>`` result when an ``<arm>_contiguous`` arm was measured) and MoE experts at batch 1 (11's ``moe.expert_share``: a verify step of T
-  tokens against a one-token step at the shortest context, the experts' share of its bytes, its distance from the
-  floor; ``moe.verify_drafts`` when the served drafts repeated a token).
+  tokens against a one-token step at the shortest context, over requests with its interval, or 'not enough requests'
+  under 3 a cell; the experts' share of its bytes, its distance from the floor; ``moe.verify_drafts`` when the served drafts repeated a token).
 - fix, one per collapse: a finding whose ``numbers`` hold ``fix`` (what was changed, in words) and ``fix_speedup_x``
   (time before / after, > 1 is faster; optional ``fix_context_tokens``) is a fix measured in this run, of decode
   unless ``numbers['fix_phase']`` says "prefill" (09's ``engine_ab.decode_fix``: the plugin against stock Triton per
@@ -414,16 +414,23 @@ def _moe(findings: Sequence[Mapping[str, Any]], used: list[Mapping[str, Any]], n
     used.append(share)
     lo, hi = min(by_t), max(by_t)
     numbers.update(moe_context_tokens=n.get("context_tokens"), moe_step_ms_by_tokens=n.get("step_ms_by_tokens"))
-    text = (f"On an MoE model at batch 1 (11_moe_batch1, {share.get('source', 'measured')}), a verify step of {hi} "
-            f"tokens takes {_num(by_t[hi] / by_t[lo])}x a step of {lo} at {_tok(n.get('context_tokens'))}")
+    cmp = (n.get("ladder") or {}).get(str(hi)) or {}
+    head = (f"On an MoE model at batch 1 (11_moe_batch1, {share.get('source', 'measured')}), a verify step of {hi} "
+            f"tokens against a step of {lo} at {_tok(n.get('context_tokens'))}: ")
+    if cmp.get("lo") is not None and cmp.get("hi") is not None:
+        text = head + (f"{_num(cmp['over_base_x'])}x (95% interval {_num(cmp['lo'])}-{_num(cmp['hi'])}x over requests"
+                       + (", a tie" if cmp.get("verdict") == "tie" else "") + ")")
+    else:  # fewer than 3 requests a cell (or a result written before the ladder was over requests)
+        text = head + (f"{_num(by_t[hi] / by_t[lo])}x on {cmp.get('requests', 'too few')} requests a cell, not enough "
+                       "requests for a comparison")
     if n.get("expert_share") is not None:
-        text += (f"; with {n.get('share_tokens')} distinct tokens its routed experts are "
-                 f"{100 * float(n['expert_share']):.0f}% of the bytes it reads ({_num(n.get('experts_over_t1_x'))}x a "
+        text += (f"; the {n.get('share_tokens')}-token verify passes it measured read routed experts that are "
+                 f"{100 * float(n['expert_share']):.0f}% of the bytes ({_num(n.get('experts_over_t1_x'))}x a "
                  "one-token step's)")
-    over = n.get("step_over_floor_x") or {}
+    over = n.get("step_over_floor_range") or {}
     if over:
-        text += (f", yet the steps run {_num(min(over.values()))}-{_num(max(over.values()))}x above their bytes "
-                 "floor: at batch 1 that step is not bound by expert bytes")
+        text += (f", yet the steps run {_num(min(v[0] for v in over.values()))}-{_num(max(v[1] for v in over.values()))}x "
+                 "above their bytes floor: at batch 1 that step is not bound by expert bytes")
     drafts = _find(findings, "moe.verify_drafts")
     if drafts is not None and drafts.get("numbers"):
         d = drafts["numbers"]

@@ -4,8 +4,9 @@
 - **Expert parallelism over n ranks** (SGLang's default placement with no redundant experts: physical expert e lives on
   rank e // (E / n), so each rank holds a contiguous block of E / n whole experts). A pass's layer gives each rank the
   tokens routed to its experts and the distinct experts of its block it must read. The step waits for the busiest
-  rank: **max over mean** tokens per rank (the balance the issue asks for; 1.0 is even), and the same for distinct
-  experts per rank, which sets the weight bytes each rank reads at batch 1, where bytes, not FLOPs, decide.
+  rank: **max over mean distinct experts** per rank (1.0 is even), which sets the weight bytes each rank reads at
+  batch 1, where bytes, not FLOPs, decide (it is also the busiest rank's expert bytes over tensor parallelism's, whose
+  ranks each read 1/n of every distinct expert), and beside it max over mean tokens per rank (what FLOPs see).
 - **Tensor parallelism over n ranks**: every rank holds 1/n of every expert and processes every token, so both ratios
   are 1.0 by construction; the cost is that every rank reads its slice of every distinct expert.
 
@@ -59,11 +60,14 @@ def pass_balance(dump: Dump, top_k: int, ranks: tuple[int, ...] = RANKS) -> pd.D
 
 
 def balance_table(per_pass: pd.DataFrame) -> pd.DataFrame:
-    """Per tokens per pass and rank count: EP's medians beside TP's 1.0."""
+    """Per tokens per pass and rank count: EP's medians over the passes, with the range over the passes of each ratio
+    (``experts_lo``/``experts_hi``, ``tokens_lo``/``tokens_hi``), beside TP's 1.0."""
     if per_pass.empty:
         return pd.DataFrame()
     g = per_pass.groupby(["tokens", "ranks"])
     out = g[["tokens_max_over_mean", "experts_max_over_mean", "busiest_rank_experts", "mean_rank_experts"]].median()
+    out["experts_lo"], out["experts_hi"] = g["experts_max_over_mean"].min(), g["experts_max_over_mean"].max()
+    out["tokens_lo"], out["tokens_hi"] = g["tokens_max_over_mean"].min(), g["tokens_max_over_mean"].max()
     out["passes"] = g.size()
     out["tp_max_over_mean"] = 1.0
     return out.reset_index()

@@ -6,10 +6,15 @@
   bytes, and the expert bytes over those of a one-token step (top_k experts).
 - :func:`measured_steps`: ms per verify step against tokens per step from 11's ``moe_steps`` rows (medians), and
   the multiplier over the fewest tokens measured.
+- :func:`ladder`: the token ladder over requests: at each context, a step of T tokens against the fewest tokens' step
+  (T = 1: a server that does not speculate, a plain one-token decode step) as the ratio of the request medians with a
+  bootstrap interval over requests (:func:`specdiag.stats.compare_requests`), "not enough requests" under 3 a cell;
+  requests flagged ``first_on_server`` are left out.
 - :func:`project`: the same bytes for Kimi K2.6 (preset ``kimi-k2.6``: 61 layers, 60 MoE layers of 384 experts,
   top-8, one shared expert, INT4 routed experts in groups of 32 with bf16 scales) under tensor parallelism over the
-  investigation's 8 GPUs (RTX PRO 6000 Blackwell, 1,792 GB/s each), at a context, with the distinct experts the seeds
-  measured: a bytes floor (bytes / peak), not a time measurement.
+  investigation's 8 GPUs (:data:`KIMI_GPU`, its published bandwidth from :mod:`specdiag.hardware`), at a context, with
+  distinct experts per MoE layer (the uniform expectation, an upper bound, unless a trained router's were measured):
+  a bytes floor (bytes / peak), not a time measurement.
 - :func:`best_draft_tokens`: with per-draft acceptance a (a chain: a step scoring T tokens commits
   (1 - a^T) / (1 - a) tokens on average, the bonus included), tokens per ms = that / time(T); the best T per a.
 
@@ -27,6 +32,7 @@ import pandas as pd
 
 from specdiag.geometry import kv_bytes_per_step, weight_bytes_per_step
 from specdiag.geometry.types import ModelGeometry
+from specdiag.stats import compare_requests
 
 KIMI_PRESET = "kimi-k2.6"
 KIMI_GPU = "NVIDIA RTX PRO 6000 Blackwell"  # the investigation's GPUs (data/reference/ct200-kimi-k26)
@@ -76,6 +82,52 @@ def measured_steps(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
     base = res.groupby("context_tokens")["step_ms"].transform("first")
     res["over_fewest_x"] = res["step_ms"] / base
     return res
+
+
+def _ok_steps(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
+    df = pd.DataFrame([dict(r) for r in rows])
+    if df.empty or "step_ms" not in df:
+        return pd.DataFrame()
+    keep = df["step_ms"].notna()
+    if "error" in df:
+        keep &= df["error"].isna()
+    if "first_on_server" in df:
+        keep &= ~df["first_on_server"].fillna(False).astype(bool)
+    return df[keep]
+
+
+def ladder(rows: Iterable[Mapping[str, Any]], seed: int = 0) -> pd.DataFrame:
+    """Per context and T (module doc): requests, ms per step (median over requests and its range), and against the
+    fewest tokens' step at that context the ratio with its interval and verdict ("higher", "lower", "tie",
+    "not enough requests"); the values of each request kept in ``request_ms``."""
+    df = _ok_steps(rows)
+    if df.empty:
+        return pd.DataFrame()
+    out = []
+    for ctx, g in df.groupby("context_tokens"):
+        by_t = {int(t): [float(x) for x in gt["step_ms"]] for t, gt in g.groupby("tokens_per_step")}
+        base = min(by_t)
+        for t, vals in sorted(by_t.items()):
+            c = compare_requests(by_t[base], vals, seed=seed)
+            out.append({"context_tokens": int(ctx), "tokens_per_step": t, "base_tokens": base,
+                        "base_requests": len(by_t[base]), "requests": len(vals),
+                        "step_ms": statistics.median(vals), "step_ms_min": min(vals), "step_ms_max": max(vals),
+                        "over_base_x": c.ratio, "lo": c.lo if t != base else None, "hi": c.hi if t != base else None,
+                        "verdict": c.verdict if t != base else "", "request_ms": vals})
+    df = pd.DataFrame(out)
+    for col in ("lo", "hi"):  # None where there is no interval (not NaN: the result is JSON)
+        df[col] = pd.Series([None if v is None or v != v else float(v) for v in df[col]], dtype=object)
+    return df
+
+
+def ladder_text(r: Any) -> str:
+    """One ladder row against its base: '3.45x (95% interval 3.4-3.5x over 3 / 3 requests): slower', or
+    '3.45x on 2 / 2 requests: not enough requests'."""
+    counts = f"{int(r.base_requests)} / {int(r.requests)} requests"
+    if r.lo is None or (isinstance(r.lo, float) and math.isnan(r.lo)):
+        return f"{r.over_base_x:.3g}x on {counts}: not enough requests"
+    said = {"higher": "slower", "lower": "faster", "tie": "a tie: the interval holds 1"}.get(r.verdict, r.verdict)
+    return f"{r.over_base_x:.3g}x (95% interval {r.lo:.3g}-{r.hi:.3g}x over {counts}): {said}"
 
 
 def project(distinct_by_tokens: Mapping[int, float], context_tokens: int, peak_gb_s: float,

@@ -174,7 +174,7 @@ class SweepSettings:
     contexts: tuple[int, ...] = (1024, 16384)  # timed requests' prompt tokens
     recorder_contexts: tuple[int, ...] = (1024,)  # the untimed recorder pass's prompt tokens (the first: routed)
     max_new_tokens: int = 64
-    repeats: int = 2  # timed requests per context
+    repeats: int = 3  # timed requests per context (a comparison takes at least 3 per cell)
     seed: int = 0
 
 
