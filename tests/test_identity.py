@@ -60,3 +60,35 @@ def test_recorded_differences_are_all_rounding_ties(path, prompts, identical):
     assert (s["prompts"], s["identical"]) == (prompts, identical)
     assert s["rounding_ties"] == prompts - identical and s["differs"] == 0 and s["unjudged"] == 0, s["not_ties"]
     assert all(r.get("ref_repeat_identical", True) for r in rows)  # stock against itself: always identical
+
+
+
+def as_sweep_rows(pairs: list[dict]) -> list[dict]:
+    """Recorded pair rows as ``specdiag sweep --measure plugin_identity`` writes its rows: one per arm and prompt, each
+    server's top-2 read at the first difference in its ``at_diff``."""
+    out = []
+    for p in pairs:
+        key = {k: p[k] for k in ("set", "context_tokens", "seed")}
+        for arm, other, side in (("stock", "plugin", "ref"), ("plugin", "stock", "test")):
+            at = ({other: {"first_diff": p["first_diff"], "top2": p[f"{arm}_top2_at_diff"],
+                           "margin": p[f"{arm}_margin_at_diff"], "error": p[f"{arm}_top2_error"]}}
+                  if p.get(f"{arm}_top2_at_diff") else {})
+            out.append({"arm": arm, **key, "repeat": 0, "output_ids": p[f"{side}_ids"], "error": p[f"{side}_error"],
+                        "at_diff": at})
+    return out
+
+
+@pytest.mark.parametrize("path,prompts,identical", [
+    ("sglang-h200-mla2-plugin-traced/device/identity.jsonl", 23, 16),
+    ("sglang-h200-mla2-plugin-traced/device-tp2/identity.jsonl", 21, 17),
+])
+def test_compare_arms_judges_the_recorded_runs_as_their_pairs_were(path, prompts, identical):
+    """The sweep's judge (compare_arms over one row per arm and prompt) on the recorded outputs: the same counts, every
+    difference a rounding tie read from stock's server."""
+    pairs = [json.loads(line) for line in (REFERENCE_DIR / path).read_text().splitlines()]
+    res = identity.compare_arms(as_sweep_rows(pairs), "stock")
+    plugin = res["arms"]["plugin"]
+    assert (plugin["prompts"], plugin["identical"], plugin["rounding_ties"]) == (prompts, identical, prompts - identical)
+    assert plugin["differs"] == plugin["unjudged"] == 0
+    assert {d["margin_from"] for d in plugin["differences"]} == {"stock"}
+    assert [d["first_diff"] for d in plugin["differences"]] == [p["first_diff"] for p in pairs if not p["identical"]]

@@ -68,7 +68,8 @@ def run_kernel(batch: VerifyBatch, draft: int, kind: str = "triton", qo_int64: b
 
 @pytest.mark.parametrize("heads", [8, 4, 16])  # TP 1, TP 2's local heads, and 128 rows
 def test_ragged_kernel_launches_with_the_ladder_config(heads):
-    """The launch gate of scripts/device/sglang_plugin_job.sh: the default config fits this GPU and is correct."""
+    """The ragged kernel's default config fits this GPU and is correct (8 heads: TP 1; 4: TP 2's local heads; 16:
+    128 rows). Run it before a sweep of plugin arms: `pytest -m gpu tests/test_sglang_plugin_gpu.py -k ladder`."""
     from specdiag.kernels.splitkv_plan import ragged_shared_bytes
     from specdiag.kernels.triton_splitkv_ragged import ragged_default_config, shared_limit
 

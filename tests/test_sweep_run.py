@@ -159,3 +159,23 @@ def test_the_job_runs_the_embedded_arms_end_to_end(tmp_path: Path) -> None:
     run = Run.open(tmp_path / "out" / "sweep")
     assert {x["arm"] for x in run.rows("engine_ab")} == {"ngram", "nospec"}
     assert json.loads((tmp_path / "out" / "sweep" / "run.json").read_text())["finished_after_s"] > 0
+
+
+def test_check_summary_judges_fp8_calls_against_the_exact_reference() -> None:
+    """A check arm's calls in run.json plugin_check: on a bf16 cache judged against SGLang's output; on an fp8 cache
+    against the exact fp32 reference of the fp8 cache (SGLang's kernel casts q and P to fp8: its own error is reported
+    beside); passed only with calls, all finite, each within 1e-2."""
+    from specdiag.sweep.driver import check_summary
+
+    base = {"layer": 0, "prefix_tokens": [1000], "draft_tokens": 2, "heads": 8, "finite": True}
+    bf16 = check_summary([{"check": [{**base, "rel_err": 1.6e-3}, {**base, "rel_err": 1.8e-3}]}])
+    assert bf16["passed"] and bf16["judged_by"] == "SGLang's output" and bf16["max_judged_err"] == 1.8e-3
+    assert bf16["fp8_calls"] == 0 and bf16["max_sglang_rel_err_ref"] is None and bf16["calls"] == 2
+    fp8 = [{**base, "rel_err": 3e-2, "rel_err_ref": 1.7e-3, "sglang_rel_err_ref": 3e-2},
+           {**base, "rel_err": 2.5e-2, "rel_err_ref": 1.6e-3, "sglang_rel_err_ref": 2.4e-2}]
+    got = check_summary([{"check": fp8[:1]}, {"check": fp8[1:]}])  # two server processes' stats
+    assert got["passed"] and got["judged_by"] == "the fp32 reference of the fp8 cache"
+    assert got["max_judged_err"] == 1.7e-3 and got["max_rel_err"] == 3e-2 and got["max_sglang_rel_err_ref"] == 3e-2
+    assert not check_summary([{"check": [{**fp8[0], "rel_err_ref": 2e-2}]}])["passed"]
+    assert not check_summary([{"check": [{**base, "rel_err": 1e-3, "finite": False}]}])["passed"]
+    assert not check_summary([])["passed"]

@@ -7,6 +7,7 @@
 #     [SWEEP_ARGS='--contexts 1024,65536 --repeats 3 --set slow_step_ms=200'] bash scripts/device/sweep_job.sh
 #   OUT=/path ARMS=params/arms/kv-layout.yaml MEASURE=kv_layout ONLY=plugin,plugin_contiguous bash scripts/device/sweep_job.sh
 #   OUT=/path ARMS=params/arms/moe-batch1.yaml MEASURE=moe_batch1 ONLY=t1,t2,t4 bash scripts/device/sweep_job.sh
+#   OUT=/path ARMS=params/arms/plugin-identity.yaml MEASURE=plugin_identity bash scripts/device/sweep_job.sh
 #   # a dry run on a CPU: the embedded arms, no SGLang
 #   OUT=/tmp/o ARMS=params/arms/embedded.yaml MEASURE=engine_ab ENGINE=embedded bash scripts/device/sweep_job.sh
 #
@@ -16,7 +17,7 @@
 set -uo pipefail
 OUT=${OUT:?set OUT to the folder to write results to}
 ARMS=${ARMS:?set ARMS to an arms file (params/arms/)}
-MEASURE=${MEASURE:?set MEASURE to engine_ab, kv_layout or moe_batch1}
+MEASURE=${MEASURE:?set MEASURE to engine_ab, kv_layout, moe_batch1 or plugin_identity}
 ONLY=${ONLY:-}
 BUDGET=${BUDGET:-540}
 SWEEP_ARGS=${SWEEP_ARGS:-}
@@ -49,7 +50,7 @@ rm -rf "$run"
 # shellcheck disable=SC2086  # SWEEP_ARGS is a list of options
 PYTHONPATH=$pypath timeout $(( left + 30 )) "$PYTHON" -m specdiag.sweep sweep --arms "$ARMS" --measure "$MEASURE" \
   --out "$run" "${only[@]}" --site "$SITE" --plugin-path "$PLUGIN" --budget-s "$left" $SWEEP_ARGS 2>&1 | tee -a "$log" \
-  | grep -E "starting|ready|FAILED|done|not started|prefill|#0|fresh|fragmented|filler|ms per verify|routed"
+  | grep -E "starting|ready|FAILED|done|not started|prefill|#0|fresh|fragmented|filler|ms per verify|routed|identity|differs"
 rc=${PIPESTATUS[0]}
 echo "[sweep] driver exit $rc after $(( $(date +%s) - t0 )) s" | tee -a "$log"
 for f in "$run"/server-*.log; do [ -f "$f" ] && tail -c 2000000 "$f" > "$f.tmp" && mv "$f.tmp" "$f"; done

@@ -11,7 +11,7 @@ Before any server starts, the arms, the measurement's settings and every arm's s
    ``stop_margin_s``; what it left is added to ``not_run``;
 4. the server is stopped, also on an error, Ctrl-C or SIGTERM (the process tree, as the launchers do); the
    plugin's stats files of the arm, where it wrote them, go into run.json (``plugin_stats``, and ``plugin_check``:
-   the per-call comparisons of a check arm, summarized).
+   the per-call comparisons of a check arm, summarized and judged: :func:`check_summary`).
 
 run.json also holds the device (nvidia-smi's name, or why there is none), the provenance (host, code, time), the
 command, the arms file and the settings; ``finished_after_s`` is set only when every arm was dealt with, so a cut
@@ -68,16 +68,34 @@ def preflight(arms: ArmsFile, host: Host) -> None:
             raise ArmsError(f"arm {arm.name!r}: {exc}") from None
 
 
+#: the largest relative error a checked verify call may have (the plugin's kernel against the call's reference)
+CHECK_MAX_REL_ERR = 1e-2
+
+
 def check_summary(stats: list[Mapping[str, Any]]) -> dict[str, Any]:
     """A check arm's per-call comparisons (the plugin's ``check`` records: SGLang's kernel against the plugin's on
     the same inputs) in a few numbers: calls checked (DFLASH's causal-block calls apart), the largest and median
-    relative error, whether every output was finite, the longest prefix checked."""
+    relative error against SGLang's output, whether every output was finite, the longest prefix checked, and the
+    verdict: ``passed`` when there were calls, all finite, each within :data:`CHECK_MAX_REL_ERR` of its reference.
+    On a bf16 cache the reference is SGLang's output (``rel_err``); on an fp8 cache the exact fp32 reference of the
+    fp8 cache (``rel_err_ref``: SGLang's own kernel casts q and P to fp8, so its error against that reference is
+    reported beside, ``max_sglang_rel_err_ref``, not used as the reference)."""
     rows = [r for s in stats for r in s.get("check") or []]
     errs = [float(r["rel_err"]) for r in rows]
+    fp8 = [r for r in rows if "rel_err_ref" in r]
+    judged = [float(r.get("rel_err_ref", r["rel_err"])) for r in rows]
+    finite = all(r.get("finite", False) for r in rows)
     return {"calls": len(rows), "causal_block_calls": sum(1 for r in rows if r.get("causal_block")),
             "max_rel_err": max(errs) if errs else None, "median_rel_err": statistics.median(errs) if errs else None,
-            "all_finite": all(r.get("finite", False) for r in rows),
-            "prefix_tokens_max": max((max(r.get("prefix_tokens") or [0]) for r in rows), default=None)}
+            "all_finite": finite,
+            "prefix_tokens_max": max((max(r.get("prefix_tokens") or [0]) for r in rows), default=None),
+            "fp8_calls": len(fp8),
+            "judged_by": ("SGLang's output" if not fp8 else "the fp32 reference of the fp8 cache"
+                          if len(fp8) == len(rows) else "each call's reference (mixed caches)"),
+            "max_judged_err": max(judged) if judged else None,
+            "max_sglang_rel_err_ref": max((float(r["sglang_rel_err_ref"]) for r in fp8), default=None),
+            "threshold": CHECK_MAX_REL_ERR,
+            "passed": bool(rows) and finite and max(judged) <= CHECK_MAX_REL_ERR}
 
 
 def read_stats(folder: Path) -> list[dict[str, Any]]:

@@ -10,7 +10,9 @@
   ``finished_after_s``); ``not_run``: every call's, tagged with its call, plus the arms a cut call never finished;
 - the plugin's stats and check summaries keyed ``arm (call N)``; run.json lists of records (``kv_layout_arms``,
   ``moe_servers``) joined with their call; other keys from the first call that has them; each call's ``files/``
-  gzipped (a ``.gz`` copied as it is) and its servers' logs under ``servers/``.
+  gzipped (a ``.gz`` copied as it is) and its servers' logs under ``servers/``;
+- last, the measurement's ``merge_end`` where it has one (plugin_identity: run.json ``identity`` over every call's
+  rows).
 """
 
 from __future__ import annotations
@@ -97,4 +99,10 @@ def merge_calls(dest: str | Path, sources: list[str | Path]) -> Run:
             shutil.copyfile(log_file, Path(out.path) / "servers" / f"call{call}-{log_file.name}")
     out.update(arms=arms, calls=records, not_run=not_run, plugin_stats=stats, plugin_check=checks,
                command="specdiag merge --out " + " ".join(str(x) for x in [dest, *sources]))
+    from specdiag.sweep.registry import MEASUREMENTS  # noqa: PLC0415
+
+    known = MEASUREMENTS.get(kinds.pop())
+    merge_end = known.hook("merge_end") if known is not None else None
+    if merge_end is not None:  # what the measurement computes over all its rows (plugin_identity: identity)
+        merge_end(out)
     return out

@@ -1,6 +1,6 @@
 """The named measurements a sweep runs, each a function of its step's package.
 
-A measurement's module (``specdiag.steps.<step>.measure``) provides:
+A measurement's module (``specdiag.steps.<step>.measure``, or another module of the step) provides:
 
 - ``SweepSettings``: a frozen dataclass of its settings (defaults included; :mod:`specdiag.sweep.settings` reads
   the arms file's ``settings:`` and ``--set`` into it);
@@ -8,7 +8,8 @@ A measurement's module (``specdiag.steps.<step>.measure``) provides:
   are taken; returns what it left unmeasured, a sentence each (run.json ``not_run``);
 - optionally ``sweep_begin(run, arms, settings)``: run.json keys its notebook reads, written once before the first
   server starts; ``sweep_env(arm, work) -> dict``: variables its servers need (a recorder's folder);
-  ``sweep_end(run, arms, work)``: run-level summaries once every arm is done.
+  ``sweep_end(run, arms, work)``: run-level summaries once every arm is done; ``merge_end(run)``: the same over a
+  merged run's rows (``specdiag merge`` calls it last).
 
 The modules are imported by name when a sweep asks for one (the registry itself imports no step).
 """
@@ -42,6 +43,9 @@ MEASUREMENTS: dict[str, Measurement] = {m.name: m for m in (
                 "10: a long request on a fresh pool and on a pool the filler scattered"),
     Measurement("moe_batch1", "specdiag.steps.moe_batch1.measure",
                 "11: the expert recorder's pass, timed requests and one routed-experts request per server"),
+    Measurement("plugin_identity", "specdiag.steps.engine_ab.plugin_identity",
+                "greedy output ids per prompt on every arm, judged against the reference arm's (top-2 margins at "
+                "the first difference)"),
 )}
 
 

@@ -9,5 +9,7 @@ per context, and which arm to run.
   per band, the targets (pure);
 - :mod:`.verdicts`: the prefill floor per arm, the findings (each collapse's measured fix, in 07's shape) and the key
   numbers (pure);
-- :mod:`.plots`: 09's figures.
+- :mod:`.plots`: 09's figures;
+- :mod:`.plugin_identity`: the sweep's ``plugin_identity`` measurement (greedy output ids per arm and prompt, judged
+  against the reference arm's by :func:`specdiag.identity.compare_arms`).
 """
