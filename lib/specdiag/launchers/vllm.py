@@ -89,6 +89,11 @@ class VLLMLaunch:
         return cfg
 
 
+def patched_drafter_dir(drafter: Path = MODELS_DIR / "drafter", out_root: Path = PATCH_DIR) -> Path:
+    """Where :func:`patched_drafter` writes the copy of ``drafter`` (nothing is written here)."""
+    return Path(out_root) / f"{Path(drafter).name}-full-attention"
+
+
 def patched_drafter(drafter: Path = MODELS_DIR / "drafter", out_root: Path = PATCH_DIR) -> Path:
     """A copy of ``drafter`` that vLLM accepts: every layer full attention, no sliding window.
 
@@ -97,7 +102,7 @@ def patched_drafter(drafter: Path = MODELS_DIR / "drafter", out_root: Path = PAT
     """
     drafter = Path(drafter)
     config = json.loads((drafter / "config.json").read_text())
-    out = Path(out_root) / f"{drafter.name}-full-attention"
+    out = patched_drafter_dir(drafter, out_root)
     out.mkdir(parents=True, exist_ok=True)
     for item in drafter.iterdir():
         if item.name == "config.json" or not item.is_file():

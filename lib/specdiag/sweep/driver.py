@@ -109,10 +109,15 @@ def _update_arm(run: Run, name: str, **fields: Any) -> None:
 
 
 def _server_info(url: str) -> dict[str, Any]:
+    """The arm's ``server`` record: SGLang's (and the embedded server's) /server_info as it is; a vLLM's settings under
+    SGLang's names (``ServerSettings.as_server_info``: ``speculative_algorithm``, ``speculative_num_draft_tokens``,
+    ...), since vLLM's own /server_info (dev mode) is its nested ``vllm_config``, which names none of them."""
     from specdiag.serving import make_client  # noqa: PLC0415
     from specdiag.serving.redaction import redact  # noqa: PLC0415
 
     client = make_client(url)
+    if getattr(client, "engine", None) == "vllm":
+        return dict(redact(client.settings().as_server_info()))
     return dict(redact(client.server_info())) if hasattr(client, "server_info") else {}
 
 

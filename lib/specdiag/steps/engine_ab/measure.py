@@ -9,6 +9,11 @@ An arm is a name and a server (a URL: a live server, or one the launcher started
    serves the prompt from its prefix cache, so each request is a short prefill of the tail and a clean decode at that
    context (``phase`` "decode"; ``cached_tokens`` says how much the server reused).
 
+``kinds`` (default novel prose only) adds text kinds: each context's prompt of each kind is prefilled and decoded in
+turn (rows carry ``prompt_kind``; 09's sections other than the break-even read the novel rows only). Predictable text
+(one sentence repeated, :mod:`specdiag.prompts`) is where a drafter commits most: with it the break-even is measured
+per text kind instead of computed from 04's commits.
+
 So a long context's prefill is paid once per arm, not once per decode repeat (a 128k-token prefill on SGLang's Triton
 backend takes minutes at a model's depth). :func:`prefill_all` and :func:`decode_all` are the two phases;
 :func:`measure_arm` runs both on one arm alone, context by context, within a time budget (``concurrent`` on a row says
@@ -26,7 +31,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Sequence
 
 from specdiag.runs import Run
 
@@ -36,6 +41,13 @@ if TYPE_CHECKING:
 
 TABLE = "engine_ab"
 KIND = "novel"  #: prose the drafter cannot predict: the investigation's worst case
+KINDS = ("novel", "predictable")  #: the text kinds a run may measure (specdiag.prompts)
+
+
+def main_rows(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of novel prose (rows without ``prompt_kind`` are): what 09 compares arms on, apart from the
+    break-even per text kind."""
+    return [r for r in rows if (r.get("prompt_kind") or KIND) == KIND]
 
 
 def prompt_seed(context_tokens: int, seed: int = 0) -> int:
@@ -57,7 +69,7 @@ def _send_row(client: Any, ids: list[int], arm: str, ctx: int, labels: dict[str,
 def prefill_all(run: Run, client: Any, arm: str, contexts: Iterable[int], seed: int = 0, prefill_new_tokens: int = 2,
                 concurrent: int = 1, deadline_s: Optional[float] = None,
                 progress: Callable[[str], None] = lambda s: None,
-                rows_out: Optional[list[dict[str, Any]]] = None) -> dict[int, list[int]]:
+                rows_out: Optional[list[dict[str, Any]]] = None, kind: str = KIND) -> dict[int, list[int]]:
     """Phase 1 on one arm: the prefix cache emptied once (or, where the server offers no reset, each prompt given a
     unique head), then each context's prompt prefilled (module doc). Returns the prompts sent, by context: phase 2
     sends them again; ``rows_out`` (a list) also receives the rows written."""
@@ -71,11 +83,11 @@ def prefill_all(run: Run, client: Any, arm: str, contexts: Iterable[int], seed: 
         if deadline_s is not None and time.monotonic() > deadline_s:
             progress(f"{arm}: prefill at {ctx:,} tokens not started (time budget)")
             break
-        labels = {"phase": "prefill", "repeat": 0, "seed": prompt_seed(ctx, seed), "prompt_kind": KIND,
+        labels = {"phase": "prefill", "repeat": 0, "seed": prompt_seed(ctx, seed), "prompt_kind": kind,
                   "max_new_tokens": prefill_new_tokens, "concurrent": concurrent}
         t0 = time.time()
         try:
-            prompt = exact_prompt(client, ctx, KIND, labels["seed"])
+            prompt = exact_prompt(client, ctx, kind, labels["seed"])
             if i == 0 or not flushed:  # one reset for the arm; without one, every prompt its own head
                 prompt, flushed = freshen(client, prompt, reset=True, add_special_tokens=ADD_SPECIAL_TOKENS)
         except Exception as exc:  # noqa: BLE001 - the row says why
@@ -86,14 +98,15 @@ def prefill_all(run: Run, client: Any, arm: str, contexts: Iterable[int], seed: 
         run.append_row(TABLE, row)
         if rows_out is not None:
             rows_out.append(row)
-        progress(f"{arm:>26} prefill {ctx:>7,}: TTFT {row.get('ttft_s')} s, {row.get('prefill_tok_s')} tok/s"
+        progress(f"{arm:>26} prefill {ctx:>7,}{'' if kind == KIND else ' ' + kind}: TTFT {row.get('ttft_s')} s, {row.get('prefill_tok_s')} tok/s"
                  + (f" ERROR {row['error']}" if row.get("error") else ""))
     return prompts
 
 
 def decode_all(run: Run, client: Any, arm: str, prompts: dict[int, list[int]], repeats: int | dict[int, int] = 3,
                max_new_tokens: int | dict[int, int] = 16, seed: int = 0, deadline_s: Optional[float] = None,
-               progress: Callable[[str], None] = lambda s: None, first_repeat: int = 0) -> list[dict[str, Any]]:
+               progress: Callable[[str], None] = lambda s: None, first_repeat: int = 0,
+               kind: str = KIND) -> list[dict[str, Any]]:
     """Phase 2 on one arm: ``repeats`` requests per context on the prompt phase 1 left in the prefix cache.
     ``repeats`` and ``max_new_tokens`` may differ per context (a slow arm at depth gets fewer, shorter ones);
     ``first_repeat`` numbers the first of them (a caller measuring in steps)."""
@@ -105,12 +118,12 @@ def decode_all(run: Run, client: Any, arm: str, prompts: dict[int, list[int]], r
             if deadline_s is not None and time.monotonic() > deadline_s:
                 progress(f"{arm}: decode at {ctx:,} tokens, repeat {r}, not started (time budget)")
                 return rows
-            labels = {"phase": "decode", "repeat": r, "seed": prompt_seed(ctx, seed), "prompt_kind": KIND,
+            labels = {"phase": "decode", "repeat": r, "seed": prompt_seed(ctx, seed), "prompt_kind": kind,
                       "max_new_tokens": m, "concurrent": 1, "cache_flushed": None}
             row = _send_row(client, ids, arm, ctx, labels, m)
             run.append_row(TABLE, row)
             rows.append(row)
-            progress(f"{arm:>26} decode  {ctx:>7,} #{r}: {row.get('step_ms')} ms/step, "
+            progress(f"{arm:>26} decode  {ctx:>7,}{'' if kind == KIND else ' ' + kind} #{r}: {row.get('step_ms')} ms/step, "
                      f"{row.get('decode_tok_s')} tok/s, cached {row.get('cached_tokens')}"
                      + (f" ERROR {row['error']}" if row.get("error") else ""))
     return rows
@@ -137,12 +150,14 @@ def predicted(rows: Iterable[dict[str, Any]], key: str, ctx: int, power: float) 
 
 def measure_arm(run: Run, client: Any, arm: str, contexts: Iterable[int], repeats: int = 3, max_new_tokens: int = 16,
                 seed: int = 0, deadline_s: Optional[float] = None, progress: Callable[[str], None] = lambda s: None,
-                slow_step_ms: Optional[float] = None, slow_repeats: int = 3) -> list[str]:
-    """Both phases on one arm alone, context by context: each prompt prefilled, then decoded on its cached prompt
-    before the next context (the prefix cache never has to hold two long prompts). A context whose prefill is
-    predicted (:func:`predicted`, quadratic) to end past ``deadline_s`` is not started. Where a verify step takes over
-    ``slow_step_ms`` (measured at the context, or predicted from the previous one in proportion to the tokens), the
-    context gets ``slow_repeats`` requests of half ``max_new_tokens``. Returns what was not run, a sentence each."""
+                slow_step_ms: Optional[float] = None, slow_repeats: int = 3,
+                kinds: Sequence[str] = (KIND,)) -> list[str]:
+    """Both phases on one arm alone, context by context (and, at a context, text kind by kind): each prompt
+    prefilled, then decoded on its cached prompt before the next (the prefix cache never has to hold two long
+    prompts). A context whose prefill is predicted (:func:`predicted`, quadratic) to end past ``deadline_s`` is not
+    started. Where a verify step takes over ``slow_step_ms`` (measured at the context, or predicted from the previous
+    one in proportion to the tokens), the context gets ``slow_repeats`` requests of half ``max_new_tokens``. Returns
+    what was not run, a sentence each."""
     not_run: list[str] = []
     pre: list[dict[str, Any]] = []
     dec: list[dict[str, Any]] = []
@@ -155,16 +170,21 @@ def measure_arm(run: Run, client: Any, arm: str, contexts: Iterable[int], repeat
                            f"context, would outlast the {max(left, 0):,.0f} s left")
             progress(not_run[-1])
             continue
-        prompts = prefill_all(run, client, arm, [ctx], seed, deadline_s=deadline_s, progress=progress, rows_out=pre)
-        if ctx not in prompts:
-            not_run.append(f"{arm} at {ctx:,} tokens: no prompt prefilled (time budget or an error row)")
-            continue
-        step = predicted(dec, "step_ms", ctx, 1.0)
-        slow = slow_step_ms is not None and step is not None and step > slow_step_ms
-        first = decode_all(run, client, arm, prompts, 1, half if slow else max_new_tokens, seed, deadline_s, progress)
-        slow = slow or bool(slow_step_ms is not None and first and (first[0].get("step_ms") or 0) > slow_step_ms)
-        dec += first + decode_all(run, client, arm, prompts, (slow_repeats if slow else repeats) - 1,
-                                  half if slow else max_new_tokens, seed, deadline_s, progress, first_repeat=1)
+        for kind in kinds:
+            what = "" if kind == KIND else f", {kind} text"
+            prompts = prefill_all(run, client, arm, [ctx], seed, deadline_s=deadline_s, progress=progress,
+                                  rows_out=pre, kind=kind)
+            if ctx not in prompts:
+                not_run.append(f"{arm} at {ctx:,} tokens{what}: no prompt prefilled (time budget or an error row)")
+                continue
+            step = predicted(dec, "step_ms", ctx, 1.0)
+            slow = slow_step_ms is not None and step is not None and step > slow_step_ms
+            first = decode_all(run, client, arm, prompts, 1, half if slow else max_new_tokens, seed, deadline_s,
+                               progress, kind=kind)
+            slow = slow or bool(slow_step_ms is not None and first and (first[0].get("step_ms") or 0) > slow_step_ms)
+            dec += first + decode_all(run, client, arm, prompts, (slow_repeats if slow else repeats) - 1,
+                                      half if slow else max_new_tokens, seed, deadline_s, progress, first_repeat=1,
+                                      kind=kind)
     return not_run
 
 
@@ -179,6 +199,12 @@ class SweepSettings:
     slow_step_ms: float = 200.0  # ms per verify step (measured or predicted) above which a context is slow
     max_new_tokens: int = 16  # per decode request (half where slow)
     seed: int = 0  # prompt seed (one prompt per context, the same for every arm)
+    kinds: tuple[str, ...] = (KIND,)  # text kinds, each context's prompt of each (KINDS; the first is novel prose)
+
+    def __post_init__(self) -> None:
+        if KIND not in self.kinds or any(k not in KINDS for k in self.kinds) or len(set(self.kinds)) < len(self.kinds):
+            raise ValueError(f"engine_ab setting kinds must hold {KIND!r} (what 09 compares arms on), each of "
+                             f"{', '.join(KINDS)} at most once; got {list(self.kinds)}")
 
 
 def sweep_begin(run: Run, arms: "ArmsFile", settings: SweepSettings) -> None:
@@ -197,6 +223,7 @@ def sweep_begin(run: Run, arms: "ArmsFile", settings: SweepSettings) -> None:
                    "arm_contexts": {k: list(v) for k, v in settings.arm_contexts.items()},
                    "repeats": settings.repeats, "slow_repeats": settings.slow_repeats,
                    "slow_step_ms": settings.slow_step_ms, "max_new_tokens": settings.max_new_tokens,
+                   "kinds": list(settings.kinds),
                    "draft_tokens": next((a.speculation.tokens_per_step for a in arms.arms
                                          if a.speculation.speculates), None),
                    "order": "serial: each arm's server started, measured and stopped before the next"}},
@@ -219,4 +246,4 @@ def sweep_arm(job: "ArmJob") -> list[str]:
     s: SweepSettings = job.settings
     return measure_arm(job.run, make_client(job.url), job.arm.name, s.arm_contexts.get(job.arm.name, s.contexts),
                        s.repeats, s.max_new_tokens, s.seed, deadline_s=job.deadline_s, progress=job.progress,
-                       slow_step_ms=s.slow_step_ms, slow_repeats=s.slow_repeats)
+                       slow_step_ms=s.slow_step_ms, slow_repeats=s.slow_repeats, kinds=s.kinds)

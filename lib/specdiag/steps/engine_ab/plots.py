@@ -88,33 +88,39 @@ def ttft_vs_context(ax: Any, floors: pd.DataFrame, styles: dict[str, dict[str, A
 
 def tok_s_on_off(ax: Any, cells: Sequence[Any], evens: Sequence[Any], styles: dict[str, dict[str, Any]],
                  source: str = "measured") -> None:
-    """Decode tokens/s against context of each speculating arm (solid; dotted: a text kind computed from 04's
-    commits) and of its speculation-off twin (dashed, grey), medians over requests; a vertical line where the
-    measured line crosses (:mod:`.breakeven`), its interval shaded. ``cells``: :class:`.breakeven.Cell`s."""
+    """Decode tokens/s against context of each speculating arm (solid on novel prose; dash-dot on another text kind
+    the run measured; dotted: a text kind computed from 04's commits) and of its speculation-off twin (dashed, grey;
+    square markers on novel prose, diamonds on another kind), medians over requests; a vertical line where a measured
+    line crosses (:mod:`.breakeven`), its interval shaded. ``cells``: :class:`.breakeven.Cell`s."""
     contexts: list[int] = []
-    offs_drawn: set[str] = set()
+    offs_drawn: set[tuple[str, str]] = set()
     for (arm, kind, src), group in _groups(cells).items():
         g = sorted(group, key=lambda c: c.context_tokens)
         st = styles.get(arm, {"color": "grey", "marker": "o"})
         xs = [c.context_tokens for c in g]
         computed = src == "computed"
+        novel = kind == "novel"
         ax.plot(xs, [c.on_tok_s for c in g], color=st["color"], marker=st["marker"], linewidth=1.2,
-                linestyle=":" if computed else "-", markerfacecolor="white" if computed else st["color"],
-                label=f"{arm}, {kind} ({src})" if computed else f"{arm} (speculation on)")
+                linestyle=":" if computed else "-" if novel else "-.",
+                markerfacecolor="white" if computed else st["color"],
+                label=(f"{arm}, {kind} ({src})" if computed else f"{arm} (speculation on)" if novel
+                       else f"{arm}, {kind} text (speculation on)"))
         off = g[0].off_arm
-        if off not in offs_drawn and not computed:
-            ax.plot(xs, [c.off_tok_s for c in g], color="#444", marker="s", linewidth=1.2, linestyle="--",
-                    label=f"{off} (speculation off)")
-            offs_drawn.add(off)
+        if (off, kind) not in offs_drawn and not computed:
+            ax.plot(xs, [c.off_tok_s for c in g], color="#444", marker="s" if novel else "D", linewidth=1.2,
+                    linestyle="--", label=f"{off} (speculation off)" if novel else f"{off}, {kind} text (speculation off)")
+            offs_drawn.add((off, kind))
         contexts += xs
     for b in evens:
         if b.source != "measured" or b.outcome != "crosses":
             continue
         color = styles.get(b.arm, {"color": "grey"})["color"]
-        ax.axvline(b.context_tokens, color=color, linewidth=1, linestyle="-.")
+        novel = b.kind == "novel"
+        ax.axvline(b.context_tokens, color=color, linewidth=1, linestyle="-." if novel else ":")
         lo = b.lo_tokens if b.lo_tokens is not None else min(b.contexts)
         hi = b.hi_tokens if b.hi_tokens is not None else max(b.contexts)
-        ax.axvspan(lo, hi, color=color, alpha=0.08, label=f"{b.arm}: break-even and its interval (computed)")
+        ax.axvspan(lo, hi, color=color, alpha=0.08 if novel else 0.04,
+                   label=f"{b.arm}{'' if novel else ', ' + b.kind + ' text'}: break-even and its interval (computed)")
     dotted = any(src == "computed" for _a, _k, src in _groups(cells))
     _finish(ax, sorted(set(contexts)), "decode tokens/s (median over requests, log)",
             "Decode tokens/s, speculation on and off",

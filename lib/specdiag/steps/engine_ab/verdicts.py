@@ -283,8 +283,10 @@ def recommendation(b: be.BreakEven) -> str:
     if b.outcome == "crosses":
         lo = tok(b.lo_tokens) if b.lo_tokens is not None else f"at or below {tok(b.contexts[0])}"
         hi = tok(b.hi_tokens) if b.hi_tokens is not None else f"beyond {tok(b.contexts[-1])}"
+        again = (f"; but it pays again at {', '.join(tok(c) for c in b.pays_again)}, so one line does not hold "
+                 "over the measured range" if b.pays_again else "")
         return (f"speculation on below about {tok(b.context_tokens)} tokens and off above it "
-                f"(interval from {lo} to {hi})")
+                f"(interval from {lo} to {hi}){again}")
     if b.outcome == "always pays":
         return f"speculation on: it always pays on this server ({span} measured)"
     if b.outcome == "never pays":
@@ -326,7 +328,8 @@ def break_even_finding(pairs: Sequence[be.Pair], off_arms: Sequence[str], evens:
     return Finding(
         "engine_ab.break_even", title,
         " ".join(f"{b.text}." for b in measured) or "No measured line.", sev,  # type: ignore[arg-type]
-        tuple(lines) + ("tokens/s per request: speculating, commit per verify step x 1000 / ms per verify step; off, "
+        tuple(lines) + ("tokens/s per request: speculating, the decode tokens over the decode window (commit per verify "
+                        "step x 1000 / ms per verify step where a row lacks it); off, "
                         "1000 / ms per token (measured); ratio of the medians, 95% bootstrap interval over requests; "
                         "the crossing interpolated on log-context (computed)",),
         {"lines": [{**b.as_dict(), "recommendation": recommendation(b),

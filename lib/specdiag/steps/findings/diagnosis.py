@@ -34,7 +34,8 @@ The parts, and the findings they read:
   pointer, not a result.
 - recommendation, last: 09's ``engine_ab.break_even`` (``numbers['lines']``: each speculating arm against its
   speculation-off twin): speculation on below the break-even context and off above it, or that it always / never
-  pays on this server, per arm measured (novel prose) and per text kind where 04's commits made a computed line; and,
+  pays on this server, per arm measured (novel prose), per text kind where the run measured other kinds' prompts
+  too (09's ``kinds``), and per text kind where 04's commits made a computed line; and,
   where a fix of this run (``numbers['stock_arm']`` / ``['fixed_arm']`` of a fix finding) has a line on both sides,
   how it moves the line, before against after. Without a line: a sentence saying the run has no speculation-off arm.
 """
@@ -461,7 +462,8 @@ def _recommend(findings: Sequence[Mapping[str, Any]], used: list[Mapping[str, An
         return NO_OFF_ARM
     used.append(brk)
     where = f"({brk.get('source', 'computed')}, {brk.get('notebook', '09_engine_ab')})"
-    measured = [x for x in lines if x.get("source") == "measured"]
+    measured = [x for x in lines if x.get("source") == "measured" and (x.get("kind") or "novel") == "novel"]
+    by_kind = [x for x in lines if x.get("source") == "measured" and (x.get("kind") or "novel") != "novel"]
     computed = [x for x in lines if x.get("source") == "computed"]
     numbers.update(break_even={f"{x['arm']}:{x['kind']}:{x['source']}": x.get("context_tokens") for x in lines})
 
@@ -472,6 +474,10 @@ def _recommend(findings: Sequence[Mapping[str, Any]], used: list[Mapping[str, An
     parts = [f"on {x['arm']} (against {x['off_arm']}), {x['recommendation']}{forced(x)}" for x in measured]
     text = ("Recommendation, from this run's requests on novel prose " + where + ": " + "; ".join(parts) + "."
             if parts else "")
+    if by_kind:
+        text += (" By text kind, measured on this run's requests on that kind's prompts: "
+                 + "; ".join(f"{x['kind']} text on {x['arm']} (against {x['off_arm']}), {x['recommendation']}{forced(x)}"
+                             for x in by_kind) + ".")
     if computed:
         text += (" By text kind, computed from 04's commit per verify step and 09's measured steps: "
                  + "; ".join(f"{x['kind']} text on {x['arm']}, {x['recommendation']}" for x in computed) + ".")
