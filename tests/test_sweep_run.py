@@ -3,6 +3,8 @@ and ``specdiag merge`` of calls (rows with their call, arms joined only when con
 
 from __future__ import annotations
 
+import gzip
+
 import json
 import os
 import subprocess
@@ -116,7 +118,7 @@ def test_merge_joins_calls_rows_arms_and_provenance(tmp_path: Path) -> None:
     assert [(x["arm"], x["call"]) for x in meta["kv_layout_arms"]][-1] == ("fi_prefill_plugin", 2)
     assert meta["model"] == {"model_config": {"layers": 61}} and meta["kind"] == "engine_ab"
     assert (tmp_path / "m" / "files" / "dump.pt.gz").is_file()
-    assert (tmp_path / "m" / "servers" / "call2-server-triton.log").is_file()
+    assert gzip.open(tmp_path / "m" / "servers" / "call2-server-triton.log.gz", "rt").read() == "log\n"
     # a later call extends the merge: its rows count on
     merge_calls(tmp_path / "m", [a])
     assert sorted({r["call"] for r in Run.open(tmp_path / "m").rows("engine_ab")}) == [1, 2, 3]

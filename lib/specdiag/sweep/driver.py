@@ -121,12 +121,22 @@ def _server_info(url: str) -> dict[str, Any]:
     return dict(redact(client.server_info())) if hasattr(client, "server_info") else {}
 
 
+def kept_stats(stats: Mapping[str, Any]) -> dict[str, Any]:
+    """One server process's plugin stats as run.json keeps them: the per-call check records go to ``plugin_check``'s
+    summary, and the layout recorder's per-forward records (every filler forward too: megabytes per arm) are counted,
+    since each measured row carries its own request's layout."""
+    out = {k: v for k, v in stats.items() if k != "check"}
+    layout = out.get("layout")
+    if isinstance(layout, Mapping) and isinstance(layout.get("records"), list):
+        out["layout"] = {**{k: v for k, v in layout.items() if k != "records"}, "records_n": len(layout["records"])}
+    return out
+
+
 def _plugin_record(run: Run, arm: Arm, host: Host) -> None:
     stats = read_stats(host.stats_dir(arm))
     if not stats:
         return
-    run.update(plugin_stats={**dict(run.meta.get("plugin_stats") or {}),
-                             arm.name: [{k: v for k, v in s.items() if k != "check"} for s in stats]})
+    run.update(plugin_stats={**dict(run.meta.get("plugin_stats") or {}), arm.name: [kept_stats(s) for s in stats]})
     if any(s.get("check") for s in stats):
         run.update(plugin_check={**dict(run.meta.get("plugin_check") or {}), arm.name: check_summary(stats)})
 

@@ -8,20 +8,23 @@
   was measured in, and per call its times and failure;
 - ``calls``: each call's source, command, provenance, device, peaks, settings, and whether it was cut (no
   ``finished_after_s``); ``not_run``: every call's, tagged with its call, plus the arms a cut call never finished;
-- the plugin's stats and check summaries keyed ``arm (call N)``; run.json lists of records (``kv_layout_arms``,
+- the plugin's stats (the layout recorder's per-forward records counted, not kept: driver.kept_stats) and check
+  summaries keyed ``arm (call N)``; run.json lists of records (``kv_layout_arms``,
   ``moe_servers``) joined with their call; other keys from the first call that has them; each call's ``files/``
-  gzipped (a ``.gz`` copied as it is) and its servers' logs under ``servers/``;
+  gzipped (a ``.gz`` copied as it is) and its servers' logs, gzipped, under ``servers/``;
 - last, the measurement's ``merge_end`` where it has one (plugin_identity: run.json ``identity`` over every call's
   rows).
 """
 
 from __future__ import annotations
 
+import gzip
 import shutil
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from specdiag.runs import Run, merge_runs
+from specdiag.sweep.driver import kept_stats
 
 #: run.json keys the merge builds itself (not copied from a call)
 OWN_KEYS = ("run_id", "provenance", "arms", "calls", "not_run", "plugin_stats", "plugin_check", "command",
@@ -92,11 +95,14 @@ def merge_calls(dest: str | Path, sources: list[str | Path]) -> Run:
             if cut and rec.get("started_after_s") is not None and rec.get("measured_s") is None:
                 not_run.append(f"{name} (call {call}): the call was cut before this arm finished (its rows so far "
                                "are kept)")
-        stats.update({f"{a} (call {call})": v for a, v in (r.meta.get("plugin_stats") or {}).items()})
+        stats.update({f"{a} (call {call})": [kept_stats(x) if isinstance(x, Mapping) else x for x in v]
+                      if isinstance(v, list) else v for a, v in (r.meta.get("plugin_stats") or {}).items()})
         checks.update({f"{a} (call {call})": v for a, v in (r.meta.get("plugin_check") or {}).items()})
         for log_file in sorted(Path(r.path).glob("server-*.log")):
             (Path(out.path) / "servers").mkdir(exist_ok=True)
-            shutil.copyfile(log_file, Path(out.path) / "servers" / f"call{call}-{log_file.name}")
+            with open(log_file, "rb") as src, gzip.open(Path(out.path) / "servers" / f"call{call}-{log_file.name}.gz",
+                                                        "wb") as dst:
+                shutil.copyfileobj(src, dst)
     out.update(arms=arms, calls=records, not_run=not_run, plugin_stats=stats, plugin_check=checks,
                command="specdiag merge --out " + " ".join(str(x) for x in [dest, *sources]))
     from specdiag.sweep.registry import MEASUREMENTS  # noqa: PLC0415
