@@ -91,7 +91,7 @@ def arm_env(arm: str, args: argparse.Namespace, work: Path) -> dict[str, str]:
 
 def make_server(arm: str, args: argparse.Namespace, work: Path):
     """A ManagedServer (not started) for one arm."""
-    from specdiag.launchers import ManagedServer  # noqa: PLC0415
+    from specdiag.process import ManagedServer  # noqa: PLC0415
 
     log_path = work / f"server-{arm}.log"
     if args.engine == "embedded":
