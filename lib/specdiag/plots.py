@@ -11,6 +11,7 @@ import math
 from typing import Any, Callable, Sequence
 
 import matplotlib.ticker as mticker
+import numpy as np
 
 SOURCE_NOTE = {"measured": "measured", "server-reported": "server-reported", "computed": "computed",
                "published": "published"}
@@ -167,6 +168,21 @@ def source_note(ax: Any, text: str) -> None:
     # below the x label wherever the label ends up (a second row of context ticks moves it down), right-aligned
     ax.annotate(text, xy=(1.0, 0.0), xycoords=("axes fraction", ax.xaxis.label), xytext=(0, -3),
                 textcoords="offset points", ha="right", va="top", fontsize=8, color="#666")
+
+
+def roof(ax: Any, intensity_range: tuple[float, float], bandwidth_gbps: float, matmul_tflops: float | None) -> None:
+    """The roof over ``intensity_range`` (FLOP per byte): min(matmul peak, intensity x bandwidth); only the memory
+    slope when no matmul peak is known. Log axes, units on both."""
+    lo, hi = intensity_range
+    xs = np.logspace(np.log10(lo), np.log10(hi), 200)
+    ys = xs * bandwidth_gbps / 1e3 if matmul_tflops is None else np.minimum(matmul_tflops, xs * bandwidth_gbps / 1e3)
+    ax.plot(xs, ys, color="k", label=(f"roof: I x {bandwidth_gbps:,.0f} GB/s" if matmul_tflops is None else
+                                      f"roof: min({matmul_tflops:,.0f} TFLOP/s, I x {bandwidth_gbps:,.0f} GB/s)"))
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP per KV byte, log)")
+    ax.set_ylabel("achieved (TFLOP/s, log)")
+    ax.grid(True, which="both", alpha=0.3)
 
 
 def show(fig: Any) -> None:
