@@ -16,6 +16,20 @@ import numpy as np
 SOURCE_NOTE = {"measured": "measured", "server-reported": "server-reported", "computed": "computed",
                "published": "published"}
 
+#: Colours of the torch-trace kernel classes (:data:`specdiag.telemetry.trace_tables.KERNEL_CLASSES`), the same in 02's
+#: timeline and 08's step profile: attention warm, matrix units blue, the rest muted.
+KERNEL_CLASS_COLORS = {"attn_specdiag_splitkv": "#d62728", "attn_sglang_verify_splitkv": "#ff7f0e",
+                       "attn_sglang_triton": "#e377c2", "attn_other": "#f7b6d2", "kv_indices": "#8c564b",
+                       "moe": "#17becf", "gemm": "#1f77b4", "comm": "#9467bd", "norm": "#2ca02c",
+                       "elementwise": "#98df8a", "memcpy": "#c49c94", "memset": "#dbdb8d", "other": "#7f7f7f"}
+#: The colour of a kernel class :data:`KERNEL_CLASS_COLORS` does not list.
+UNLISTED_KERNEL_CLASS_COLOR = "#bcbd22"
+
+
+def kernel_class_color(kernel_class: str) -> str:
+    """A kernel class's colour in every figure that shows one (:data:`KERNEL_CLASS_COLORS`)."""
+    return KERNEL_CLASS_COLORS.get(kernel_class, UNLISTED_KERNEL_CLASS_COLOR)
+
 
 def format_tokens(n: float, _pos: Any = None) -> str:
     """1400 -> '1.4k', 32768 -> '32k', 131072 -> '128k', 128000 -> '128k', 1_000_000 -> '1M'."""
