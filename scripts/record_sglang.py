@@ -565,7 +565,7 @@ def utilization(run: Run, client: SGLangClient, job: Job, budget: Budget, teleme
 
 def drafter_cost(runs: dict[str, Run]) -> list[dict[str, Any]]:
     """Per context: STANDALONE ms per verify step minus NGRAM ms per verify step (both measured, 01)."""
-    from specdiag.steps.baseline_sweep.sweep import latest_rows  # noqa: PLC0415
+    from specdiag.measure.sweep_table import latest_rows  # noqa: PLC0415
 
     by: dict[str, dict[int, dict[str, Any]]] = {}
     for label in ("standalone", "ngram"):
@@ -757,7 +757,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def print_summary(job: Job, runs: dict[str, Run]) -> None:
-    from specdiag.steps.baseline_sweep.sweep import latest_rows  # noqa: PLC0415
+    from specdiag.measure.sweep_table import latest_rows  # noqa: PLC0415
 
     print(f"\n=== summary: job {job.name}")
     for label, run in runs.items():

@@ -250,7 +250,7 @@ def sweep_step(clients: dict[str, SGLangClient], runs: dict[str, Run], args: arg
 
 
 def summary(work: Path, runs: dict[str, Run], results: dict[str, Any], failures: list) -> str:
-    from specdiag.steps.baseline_sweep.sweep import latest_rows  # noqa: PLC0415
+    from specdiag.measure.sweep_table import latest_rows  # noqa: PLC0415
 
     lines = ["=== summary (measured on this call)"]
     steps: dict[str, dict[int, float]] = {}

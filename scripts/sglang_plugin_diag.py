@@ -214,7 +214,7 @@ def sweep(clients: dict[str, SGLangClient], runs: dict[str, Run], args: argparse
 
 def profile_one(url: str, arm: str, ctx: int, args: argparse.Namespace, work: Path, run: Run | None) -> dict:
     """One long greedy request; /start_profile once its prefill is over; the trace file SGLang wrote."""
-    from specdiag.steps.baseline_sweep.sweep import latest_rows  # noqa: PLC0415
+    from specdiag.measure.sweep_table import latest_rows  # noqa: PLC0415
 
     gen, ctl = SGLangClient(url, timeout_s=240), SGLangClient(url, timeout_s=60)
     swept = {int(r["context_tokens"]): r for r in latest_rows(run.rows("sweep"))} if run else {}
@@ -254,7 +254,7 @@ def profile_one(url: str, arm: str, ctx: int, args: argparse.Namespace, work: Pa
 
 
 def summarize(work: Path, rows: list, runs: dict, failures: list, args: argparse.Namespace) -> str:
-    from specdiag.steps.baseline_sweep.sweep import latest_rows  # noqa: PLC0415
+    from specdiag.measure.sweep_table import latest_rows  # noqa: PLC0415
 
     lines = [f"=== summary (measured on this call; phase {args.phase}, TP {args.tp_size})"]
     skipped = [r for r in rows if r.get("skipped")]

@@ -141,5 +141,5 @@ def rows_for_table(steps: Sequence[StepRoofline]) -> list[dict[str, Any]]:
 
 
 def measured_step_ms_by_context(summary: Sequence[Mapping[str, Any]]) -> dict[int, float]:
-    """{context: step_ms} from :func:`specdiag.steps.baseline_sweep.summary.summarize_sweep` lines that have a step time."""
+    """{context: step_ms} from :func:`specdiag.measure.sweep_table.summarize_sweep` lines that have a step time."""
     return {int(s["context_tokens"]): float(s["step_ms"]) for s in summary if s.get("step_ms")}
