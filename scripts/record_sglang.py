@@ -155,7 +155,7 @@ def full_attention_copy(drafter: str, out: str) -> str:  # noqa: ARG001
 
 
 # ---------------------------------------------------------------------------------------------
-# Servers: specdiag.launchers (SGLangLaunch / sglang_command, ManagedServer)
+# Servers: specdiag.launchers (SGLangLaunch / sglang_command), specdiag.process (ManagedServer)
 # ---------------------------------------------------------------------------------------------
 
 def server_command(engine: str, spec: ServerSpec, job: Job, port: int, device: str) -> tuple[list[str], dict[str, str]]:
@@ -192,11 +192,11 @@ def server_command(engine: str, spec: ServerSpec, job: Job, port: int, device: s
 
 
 class Server:
-    """One server process, started and stopped by ``specdiag.launchers.ManagedServer`` (own session,
+    """One server process, started and stopped by ``specdiag.process.ManagedServer`` (own session,
     log file, SIGTERM then SIGKILL of the whole group); readiness = /health_generate answers 200."""
 
     def __init__(self, command: list[str], env: dict[str, str], port: int, log_path: Path, name: str) -> None:
-        from specdiag.launchers import ManagedServer  # noqa: PLC0415
+        from specdiag.process import ManagedServer  # noqa: PLC0415
 
         self.command, self.port, self.log_path = command, port, log_path
         self.url = f"http://127.0.0.1:{port}"
@@ -212,7 +212,7 @@ class Server:
         log(f"started pid {self.ms.pid}: {shlex.join(self.command)}")
 
     def wait_ready(self, timeout_s: float) -> None:
-        from specdiag.launchers import EngineStartError  # noqa: PLC0415
+        from specdiag.process import EngineStartError  # noqa: PLC0415
 
         try:
             self.ms.wait_ready(timeout_s=max(1.0, timeout_s))
@@ -567,7 +567,7 @@ def drafter_cost(runs: dict[str, Run]) -> list[dict[str, Any]]:
     """Per context: STANDALONE ms per verify step minus NGRAM ms per verify step (both measured, 01; medians over the
     requests), and each server's requests' values (``standalone_request_ms``, ``ngram_request_ms``) for 03's
     comparison over requests."""
-    from specdiag.steps.baseline_sweep.sweep import latest_rows  # noqa: PLC0415
+    from specdiag.measure.sweep_table import latest_rows  # noqa: PLC0415
 
     by: dict[str, dict[int, list[dict[str, Any]]]] = {}
     for label in ("standalone", "ngram"):
@@ -766,7 +766,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def print_summary(job: Job, runs: dict[str, Run]) -> None:
-    from specdiag.steps.baseline_sweep.sweep import latest_rows  # noqa: PLC0415
+    from specdiag.measure.sweep_table import latest_rows  # noqa: PLC0415
 
     print(f"\n=== summary: job {job.name}")
     for label, run in runs.items():

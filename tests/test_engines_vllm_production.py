@@ -22,7 +22,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from load_generator import LoadGenerator  # noqa: E402
 from test_engines_vllm import CONTEXT_LENGTH, counters_commit_length, rows_commit_length  # noqa: E402
 
-from specdiag.launchers import engine_server, free_port  # noqa: E402
+from specdiag.launchers import engine_server  # noqa: E402
+from specdiag.process import free_port  # noqa: E402
 from specdiag.runs import Run  # noqa: E402
 from specdiag.serving import VLLMClient, make_client  # noqa: E402
 from specdiag.serving.http import API_KEY_ENV  # noqa: E402

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
+from specdiag import kernel_ab_table
 from specdiag.runs import Run
 from specdiag.steps.kernel_ab import analysis
 from specdiag.steps.kernel_ab.arms import ARMS, OURS, arm
@@ -53,7 +54,7 @@ def test_a_run_stopped_by_its_budget_resumes_the_cases_it_did_not_start(tmp_path
     measure(run, [(128, 1, 1), (192, 1, 1)], ["baseline"], "cpu", n_runs=1, deadline_s=0.0)
     assert [r["skipped"] for r in run.rows(TABLE)] == [BUDGET_SKIP, BUDGET_SKIP]
     assert measure(run, [(128, 1, 1), (192, 1, 1)], ["baseline"], "cpu", n_runs=1) == 2
-    latest = analysis.latest(run.rows(TABLE))
+    latest = kernel_ab_table.latest(run.rows(TABLE))
     assert len(latest) == 2 and latest["ms_median"].notna().all()
     assert measure(run, [(128, 1, 1)], ["baseline"], "cpu", n_runs=1) == 0  # nothing left to do
 
@@ -78,7 +79,7 @@ def test_targets_are_judged_per_case_with_the_gap_from_the_numbers() -> None:
                   (131072, 8, 8, "pick"): 60.0, (131072, 8, 8, "plugin"): 70.0,
                   (131072, 16, 64, "pick"): 1000.0, (65536, 8, 1, "pick"): 30.0},
                  {(131072, 1): 40.0, (131072, 8): 50.0, (65536, 1): 20.0})
-    tt = analysis.target_table(analysis.measured(rows)).set_index(["target", "case", "arm"])
+    tt = analysis.target_table(kernel_ab_table.measured(rows)).set_index(["target", "case", "arm"])
     one = tt.loc[("one draft token, 128k-256k", "128k, 8 x 1", "pick")]
     assert one["value"] == pytest.approx(1.1) and bool(one["met"])
     miss = tt.loc[("one draft token, 128k-256k", "128k, 8 x 1", "plugin")]
@@ -90,7 +91,7 @@ def test_targets_are_judged_per_case_with_the_gap_from_the_numbers() -> None:
     cb = tt.loc[("compute-bound (>= 256 rows)", "128k, 16 x 64", "pick")]
     assert cb["value"] == pytest.approx(100 * 2 * 1024 * 131136 * 1088 / 1e-3 / 1e12 / 800) and not cb["met"]
     assert ("one draft token, 128k-256k", "64k, 8 x 1", "pick") not in tt.index  # 64k is not a target case
-    found = {f.id: f for f in analysis.findings(analysis.measured(rows), {"copy_gbps": 4000.0}, {"gpu": "GPU"})}
+    found = {f.id: f for f in analysis.findings(kernel_ab_table.measured(rows), {"copy_gbps": 4000.0}, {"gpu": "GPU"})}
     assert found["kernel_ab.targets"].severity == "warning" and "short" in found["kernel_ab.targets"].verdict
     assert found["kernel_ab.flashinfer"].numbers["plugin_over_flashinfer_max"] == pytest.approx(50 / 48)
 
@@ -98,21 +99,21 @@ def test_targets_are_judged_per_case_with_the_gap_from_the_numbers() -> None:
 def test_the_baseline_finding_and_speedups_follow_the_numbers() -> None:
     rows = _rows({(131072, 8, 8, "baseline"): 10000.0, (131072, 8, 8, "pick"): 100.0, (131072, 8, 8, "plugin"): 125.0},
                  {})
-    df = analysis.measured(rows)
+    df = kernel_ab_table.measured(rows)
     su = analysis.speedups(df)
     assert su.loc["128k, 8 x 8", "pick"] == pytest.approx(100.0) and su.loc["128k, 8 x 8", "plugin"] == 80.0
     f = {x.id: x for x in analysis.findings(df, {"copy_gbps": 4000.0}, {"gpu": "H200"})}
     assert f["kernel_ab.baseline"].severity == "critical"  # 15 GB/s of 4,000
     assert f["kernel_ab.split_kv"].numbers["speedup_max"] == pytest.approx(100.0)
     fast = _rows({(131072, 8, 8, "baseline"): 60.0}, {})
-    assert {x.id: x for x in analysis.findings(analysis.measured(fast), {"copy_gbps": 4000.0}, {})}[
+    assert {x.id: x for x in analysis.findings(kernel_ab_table.measured(fast), {"copy_gbps": 4000.0}, {})}[
         "kernel_ab.baseline"].severity == "ok"
 
 
 def test_tables_pair_each_arm_with_its_twin() -> None:
     rows = _rows({(65536, 8, 1, "split_triton"): 60.0, (65536, 8, 1, "split_triton_b64"): 50.0,
                   (65536, 8, 1, "pick"): 30.0, (65536, 8, 1, "pick_fp8"): 27.0}, {})
-    df = analysis.measured(rows)
+    df = kernel_ab_table.measured(rows)
     assert analysis.page_size_effect(df).iloc[0, 0] == pytest.approx(1.2)
     f8 = analysis.fp8_table(df)
     assert list(f8["arm"]) == ["pick_fp8"] and f8["fp8_over_bf16"].iloc[0] == pytest.approx(0.9)
@@ -121,7 +122,7 @@ def test_tables_pair_each_arm_with_its_twin() -> None:
                                                                      "pick_fp8"]
     bad = rows + [{"context_tokens": 65536, "heads": 8, "draft_tokens": 1, "arm": "plugin", "ms_median": None,
                    "correct": None, "error": None, "skipped": "plugin is an sm_90 (Hopper) kernel"}]
-    nm = analysis.not_measured(bad)
+    nm = kernel_ab_table.not_measured(bad)
     assert list(nm["arm"]) == ["plugin"] and "sm_90" in nm["why"].iloc[0]
     assert isinstance(analysis.fixed_cost_fit(df), pd.DataFrame)
 
@@ -139,7 +140,7 @@ def test_06_replays_the_canonical_run_and_shows_its_targets(run_notebook, tmp_pa
     res = json.loads((tmp_path / "run" / "findings" / "06_kernel_ab.json").read_text())
     assert res["recorded_from"] == "data/reference/kernel-ab-h200"
     m = res["metrics"]
-    df = analysis.measured(ref.rows(TABLE))
+    df = kernel_ab_table.measured(ref.rows(TABLE))
     assert m["rows_measured"] == len(df) and m["cases"] == 15 and m["copy_gbps"] == ref.meta["peaks"]["copy_gbps"]
     pick = df[(df["arm"] == "pick") & (df["context_tokens"] == 131072) & (df["heads"] == 8) & (df["draft_tokens"] == 8)]
     assert m["us"]["pick 128k, 8 x 8"] == pytest.approx(float(pick["us"].iloc[0]))

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from specdiag.launchers import engine_names, engine_server, start_engine
-from specdiag.launchers.process import group_alive, url_answers
+from specdiag.process import group_alive, url_answers
 from specdiag.launchers.sglang import (
     SGLangLaunch,
     SGLangLaunchError,

@@ -11,7 +11,8 @@ from test_sweep import FakeClient, plan_args
 from specdiag.measure.loop import measure_missing, plan_rows
 from specdiag.measure.request import ADD_SPECIAL_TOKENS, measured_request, send
 from specdiag.serving import ServerUnreachable
-from specdiag.steps.baseline_sweep.sweep import SWEEP_KEY, make_plan, measure_request
+from specdiag.measure.sweep_table import SWEEP_KEY
+from specdiag.steps.baseline_sweep.sweep import make_plan, measure_request
 from specdiag.steps.commit_probe import probe as cp
 from specdiag.steps.drafter_inspection import analysis as drafter
 

@@ -9,7 +9,8 @@ import pytest
 from specdiag.serving import RequestTrace
 from specdiag.measure.metrics import SWEEP_COLUMNS, error_row, sweep_row, verify_steps_in_window
 from specdiag.stats import fit_line
-from specdiag.steps.baseline_sweep.summary import summarize_sweep, sweep_findings
+from specdiag.measure.sweep_table import summarize_sweep
+from specdiag.steps.baseline_sweep.summary import sweep_findings
 from specdiag.spec import spec_fields_from_meta
 
 

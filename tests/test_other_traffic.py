@@ -96,7 +96,7 @@ def test_the_finding_says_how_much_of_the_run_was_disturbed() -> None:
 
 
 def test_sweep_summary_leaves_unreliable_commit_lengths_out() -> None:
-    from specdiag.steps.baseline_sweep.summary import summarize_sweep
+    from specdiag.measure.sweep_table import summarize_sweep
 
     base = {"context_tokens": 512, "error": None, "completion_tokens": 33, "verify_steps": 8}
     rows = [{**base, "commit_length": 5.0}, {**base, "commit_length": 1.0, "commit_length_reliable": False}]

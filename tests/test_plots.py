@@ -99,14 +99,13 @@ def test_drawn_context_tick_labels_never_overlap(ladder: list[int], log: bool, w
 
 
 def test_bandwidth_figure_is_three_panels_drawn_by_the_library() -> None:
-    """05's figure: step vs floors, effective bandwidth, the verify attention on kernels/plots' roofline."""
+    """05's figure: step vs floors, effective bandwidth, the verify attention under specdiag.plots.roof."""
     import matplotlib.pyplot as plt
 
-    from specdiag import geometry, hardware
-    from specdiag.steps.bandwidth_analysis import roofline
-    from specdiag.steps.bandwidth_analysis import plots as roofline_plots
+    from specdiag import geometry, hardware, roofline
     from specdiag.paths import REFERENCE_DIR
     from specdiag.runs import Run
+    from specdiag.steps.bandwidth_analysis import plots as roofline_plots
 
     meta = Run.open(REFERENCE_DIR / "ct200-kimi-k26").meta
     geom = geometry.geometry_for_run(run_meta=meta)

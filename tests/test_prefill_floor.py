@@ -1,12 +1,12 @@
-"""05's prefill floor (steps/bandwidth_analysis/prefill.py), checked by hand arithmetic on a tiny MLA geometry."""
+"""The prefill floor (specdiag/prefill.py, 05's and 09's), checked by hand arithmetic on a tiny MLA geometry."""
 
 from __future__ import annotations
 
 import pytest
 
+from specdiag import prefill
 from specdiag.geometry import ModelGeometry
 from specdiag.hardware import HardwarePeaks, Peak
-from specdiag.steps.bandwidth_analysis import prefill
 
 # 2 layers, 4 heads, hidden 8, kv_lora_rank 4 + rope 2, nope 3, v 3, no q LoRA, dense MLP 16, vocabulary 10
 GEOM = ModelGeometry(name="tiny-mla", attention="mla", num_layers=2, num_attention_heads=4, num_kv_heads=1, head_dim=5,

@@ -10,7 +10,7 @@ import pytest
 from specdiag import geometry, hardware
 from specdiag.paths import REFERENCE_DIR
 from specdiag.runs import Run
-from specdiag.steps.baseline_sweep.sweep import rows_source
+from specdiag.runs import rows_source
 
 REFERENCE = REFERENCE_DIR / "ct200-kimi-k26"
 #: The investigation's published tables, committed as test data (copied verbatim from its write-up).

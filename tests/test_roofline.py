@@ -1,12 +1,14 @@
-"""specdiag.steps.bandwidth_analysis.roofline: floors, FLOPs, effective bandwidth, slopes and findings, against hand arithmetic."""
+"""specdiag.roofline (floors, FLOPs, effective bandwidth, slopes) and 05's verdicts on it
+(specdiag.steps.bandwidth_analysis.verdicts), against hand arithmetic."""
 
 from __future__ import annotations
 
 import pytest
 
 from specdiag import geometry as g
-from specdiag.steps.bandwidth_analysis import roofline as rl
+from specdiag import roofline as rl
 from specdiag.hardware import HardwarePeaks, Peak
+from specdiag.steps.bandwidth_analysis import verdicts
 
 RTX_PRO = HardwarePeaks("RTX PRO 6000 Blackwell", Peak(1792e9, "parameter", "test"), Peak(503.8e12, "parameter", "t"))
 
@@ -84,7 +86,7 @@ def test_slope_comparison() -> None:
 
 
 def test_findings_thresholds() -> None:
-    far = {f.id: f for f in rl.bandwidth_findings(_steps(7.7), RTX_PRO, quoted_attention_gb_s=14)}
+    far = {f.id: f for f in verdicts.bandwidth_findings(_steps(7.7), RTX_PRO, quoted_attention_gb_s=14)}
     assert far["bandwidth.far_from_floor"].severity == "critical"
     assert far["bandwidth.slope"].severity == "critical"
     assert far["bandwidth.compute_bound"].numbers["bound"] == "memory"
@@ -94,7 +96,7 @@ def test_findings_thresholds() -> None:
     # a quote the caller passed is labelled a parameter, one from a recorded run as the caller names it
     assert att["quoted_source"] == "parameter"
     assert "14 GB/s (parameter)" in far["bandwidth.attention_only"].evidence[1]
-    pub = {f.id: f for f in rl.bandwidth_findings(_steps(7.7), RTX_PRO, quoted_attention_gb_s=14,
+    pub = {f.id: f for f in verdicts.bandwidth_findings(_steps(7.7), RTX_PRO, quoted_attention_gb_s=14,
                                                   quoted_source="published (run.json)")}
     assert "14 GB/s (published (run.json))" in pub["bandwidth.attention_only"].evidence[1]
     # A step near its floor: measured = 1.5 x floor everywhere -> ok.
@@ -103,18 +105,18 @@ def test_findings_thresholds() -> None:
     for c in (1_000, 64_000, 128_000):
         s = rl.step_roofline(geom, c, RTX_PRO, tp_size=8, draft_tokens=8)
         near.append(rl.step_roofline(geom, c, RTX_PRO, tp_size=8, draft_tokens=8, measured_step_ms=1.5e3 * s.floor_s))
-    ok = {f.id: f for f in rl.bandwidth_findings(near, RTX_PRO)}
+    ok = {f.id: f for f in verdicts.bandwidth_findings(near, RTX_PRO)}
     assert ok["bandwidth.far_from_floor"].severity == "ok"
     assert ok["bandwidth.slope"].severity == "ok"
     # Thresholds are parameters.
-    strict = {f.id: f for f in rl.bandwidth_findings(near, RTX_PRO, floor_ratio_threshold=1.2)}
+    strict = {f.id: f for f in verdicts.bandwidth_findings(near, RTX_PRO, floor_ratio_threshold=1.2)}
     assert strict["bandwidth.far_from_floor"].severity == "critical"
-    assert rl.bandwidth_findings([], RTX_PRO) == []
+    assert verdicts.bandwidth_findings([], RTX_PRO) == []
     # A step under its floor cannot be: a warning that names the peak to pass, not an ok.
     under = [rl.step_roofline(geom, c, RTX_PRO, tp_size=8, draft_tokens=8,
                               measured_step_ms=0.4e3 * rl.step_roofline(geom, c, RTX_PRO, tp_size=8, draft_tokens=8).floor_s)
              for c in (1_000, 128_000)]
-    low = {f.id: f for f in rl.bandwidth_findings(under, RTX_PRO)}["bandwidth.far_from_floor"]
+    low = {f.id: f for f in verdicts.bandwidth_findings(under, RTX_PRO)}["bandwidth.far_from_floor"]
     assert low.severity == "warning" and "faster than the floor allows" in low.verdict
     assert "pass memory_bandwidth_gb_s" in low.verdict  # Kimi K2 at TP8 on that GPU is memory-bound
 
@@ -132,9 +134,9 @@ def test_flat_excess_points_to_per_step_cost_and_negative_slope_is_ok() -> None:
     geom = g.load_geometry("kimi-k2")
     flat = [rl.step_roofline(geom, c, RTX_PRO, tp_size=8, draft_tokens=8, measured_step_ms=500.0 - c / 1e5)
             for c in (1_000, 64_000, 128_000)]
-    f = {x.id: x for x in rl.bandwidth_findings(flat, RTX_PRO)}
+    f = {x.id: x for x in verdicts.bandwidth_findings(flat, RTX_PRO)}
     assert f["bandwidth.far_from_floor"].severity == "critical"
     assert "per-step cost" in f["bandwidth.far_from_floor"].verdict
     assert f["bandwidth.slope"].severity == "ok" and "does not grow" in f["bandwidth.slope"].verdict
-    steep = {x.id: x for x in rl.bandwidth_findings(_steps(7.7), RTX_PRO)}
+    steep = {x.id: x for x in verdicts.bandwidth_findings(_steps(7.7), RTX_PRO)}
     assert "attention kernel" in steep["bandwidth.far_from_floor"].verdict

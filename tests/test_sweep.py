@@ -1,5 +1,6 @@
-"""Unit tests of specdiag.steps.baseline_sweep.sweep (plan checks, resume, one request per row) with a fake client, and of
-params/full.yaml against the notebooks' declared parameters."""
+"""Unit tests of specdiag.steps.baseline_sweep.sweep (plan checks, resume, one request per row, with a fake client), of
+the sweep table read back (specdiag.measure.sweep_table, specdiag.runs.rows_source) and of params/full.yaml against
+the notebooks' declared parameters."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from specdiag.serving import RequestTrace, ServerHTTPError, ServerUnreachable
 from specdiag.nb import ParameterError
 from specdiag.paths import NOTEBOOKS_DIR, PARAMS_DIR
 from specdiag.spec import spec_fields_from_meta
-from specdiag.steps.baseline_sweep.sweep import SWEEP_KEY, SweepPlan, latest_rows, make_plan, measure_request, rows_source
+from specdiag.measure.sweep_table import SWEEP_KEY, latest_rows
+from specdiag.runs import rows_source
+from specdiag.steps.baseline_sweep.sweep import SweepPlan, make_plan, measure_request
 
 
 def plan_args(**kw):

@@ -192,7 +192,7 @@ QWEN3_TINY = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "num
 def test_decode_bytes_match_the_roofline_and_add_the_drafter() -> None:
     from specdiag.geometry import load_geometry
     from specdiag.hardware import HardwarePeaks, Peak
-    from specdiag.steps.bandwidth_analysis.roofline import step_roofline
+    from specdiag.roofline import step_roofline
     from specdiag.steps.gpu_utilization.analysis import decode_bytes_per_step
 
     server = {"speculative_algorithm": "STANDALONE", "speculative_num_draft_tokens": 8, "speculative_num_steps": 7,

@@ -11,9 +11,24 @@ import math
 from typing import Any, Callable, Sequence
 
 import matplotlib.ticker as mticker
+import numpy as np
 
 SOURCE_NOTE = {"measured": "measured", "server-reported": "server-reported", "computed": "computed",
                "published": "published"}
+
+#: Colours of the torch-trace kernel classes (:data:`specdiag.telemetry.trace_tables.KERNEL_CLASSES`), the same in 02's
+#: timeline and 08's step profile: attention warm, matrix units blue, the rest muted.
+KERNEL_CLASS_COLORS = {"attn_specdiag_splitkv": "#d62728", "attn_sglang_verify_splitkv": "#ff7f0e",
+                       "attn_sglang_triton": "#e377c2", "attn_other": "#f7b6d2", "kv_indices": "#8c564b",
+                       "moe": "#17becf", "gemm": "#1f77b4", "comm": "#9467bd", "norm": "#2ca02c",
+                       "elementwise": "#98df8a", "memcpy": "#c49c94", "memset": "#dbdb8d", "other": "#7f7f7f"}
+#: The colour of a kernel class :data:`KERNEL_CLASS_COLORS` does not list.
+UNLISTED_KERNEL_CLASS_COLOR = "#bcbd22"
+
+
+def kernel_class_color(kernel_class: str) -> str:
+    """A kernel class's colour in every figure that shows one (:data:`KERNEL_CLASS_COLORS`)."""
+    return KERNEL_CLASS_COLORS.get(kernel_class, UNLISTED_KERNEL_CLASS_COLOR)
 
 
 def format_tokens(n: float, _pos: Any = None) -> str:
@@ -167,6 +182,21 @@ def source_note(ax: Any, text: str) -> None:
     # below the x label wherever the label ends up (a second row of context ticks moves it down), right-aligned
     ax.annotate(text, xy=(1.0, 0.0), xycoords=("axes fraction", ax.xaxis.label), xytext=(0, -3),
                 textcoords="offset points", ha="right", va="top", fontsize=8, color="#666")
+
+
+def roof(ax: Any, intensity_range: tuple[float, float], bandwidth_gbps: float, matmul_tflops: float | None) -> None:
+    """The roof over ``intensity_range`` (FLOP per byte): min(matmul peak, intensity x bandwidth); only the memory
+    slope when no matmul peak is known. Log axes, units on both."""
+    lo, hi = intensity_range
+    xs = np.logspace(np.log10(lo), np.log10(hi), 200)
+    ys = xs * bandwidth_gbps / 1e3 if matmul_tflops is None else np.minimum(matmul_tflops, xs * bandwidth_gbps / 1e3)
+    ax.plot(xs, ys, color="k", label=(f"roof: I x {bandwidth_gbps:,.0f} GB/s" if matmul_tflops is None else
+                                      f"roof: min({matmul_tflops:,.0f} TFLOP/s, I x {bandwidth_gbps:,.0f} GB/s)"))
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP per KV byte, log)")
+    ax.set_ylabel("achieved (TFLOP/s, log)")
+    ax.grid(True, which="both", alpha=0.3)
 
 
 def show(fig: Any) -> None:

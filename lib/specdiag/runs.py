@@ -86,6 +86,13 @@ def provenance() -> dict[str, Any]:
     }
 
 
+def rows_source(run_meta: Mapping[str, Any]) -> str:
+    """Where a run's rows came from: run.json's ``data_source`` (``published`` for reference runs made
+    from published tables), else ``measured``."""
+    value = run_meta.get("data_source")
+    return value if value in ("measured", "server-reported", "computed", "published") else "measured"
+
+
 class Run:
     """One run folder. Create with :meth:`create` (new or existing folder) or :meth:`open` (existing)."""
 

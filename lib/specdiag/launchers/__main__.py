@@ -12,9 +12,10 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from specdiag.launchers import EngineStartError, engine_server
+from specdiag.launchers import engine_server
 from specdiag.launchers.cli import add_engine_arguments, engine_options_from_args
 from specdiag.launchers.sglang import SGLangLaunchError
+from specdiag.process import EngineStartError
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Mapping
 
-from specdiag.launchers.process import DEFAULT_HOST, EngineStartError, ManagedServer
+from specdiag.process import DEFAULT_HOST, ManagedServer
 
 #: Algorithms whose draft comes from a separate draft model (SGLang's EAGLE family without NEXTN,
 #: which uses the target's own MTP layers).
@@ -326,6 +326,6 @@ def sglang_engine(*, log_path: Path | str | None = None, startup_timeout_s: floa
                          startup_timeout_s=startup_timeout_s, progress=progress, check=check)
 
 
-__all__ = ["DFLASH", "DRAFT_MODEL_ALGORITHMS", "EAGLE_FAMILY", "KNOWN_ALGORITHMS", "EngineStartError", "SGLangLaunch",
+__all__ = ["DFLASH", "DRAFT_MODEL_ALGORITHMS", "EAGLE_FAMILY", "KNOWN_ALGORITHMS", "SGLangLaunch",
            "SGLangLaunchError", "check_dflash_drafter", "check_sglang", "sglang_command", "sglang_engine", "sglang_env",
            "sglang_launch", "sglang_server"]

@@ -275,7 +275,7 @@ def vllm_engine(*, algorithm: str = "STANDALONE", num_draft_tokens: int | None =
     that has vllm instead) and writes the patched drafter copy. Ready when GET /v1/models answers (with the key,
     when ``api_key`` starts it with ``--api-key``). ``spec_metrics``: ``--per-request-spec-decode-metrics``
     (``none``: the speculative counts are on /metrics only)."""
-    from specdiag.launchers.process import ManagedServer  # noqa: PLC0415
+    from specdiag.process import ManagedServer  # noqa: PLC0415
 
     launch = vllm_launch(algorithm=algorithm, num_draft_tokens=num_draft_tokens, model_path=model_path,
                          draft_model_path=draft_model_path, context_length=context_length, extra_args=extra_args,

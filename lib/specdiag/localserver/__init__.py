@@ -5,12 +5,6 @@
   (lifecycle.py). Importing this package does not import torch.
 """
 
-from specdiag.localserver.lifecycle import (
-    EmbeddedServer,
-    EmbeddedServerError,
-    ensure_running,
-    free_port,
-    stop_recorded,
-)
+from specdiag.localserver.lifecycle import EmbeddedServer, EmbeddedServerError, ensure_running, stop_recorded
 
-__all__ = ["EmbeddedServer", "EmbeddedServerError", "ensure_running", "free_port", "stop_recorded"]
+__all__ = ["EmbeddedServer", "EmbeddedServerError", "ensure_running", "stop_recorded"]

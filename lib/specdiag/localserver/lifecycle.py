@@ -1,6 +1,6 @@
 """Starting and stopping the embedded server as a child process (the pattern of sglang/utils.py:
 reserve a free port, wait for readiness, always end the process tree; the process handling itself is
-``specdiag.launchers.process``, shared with the real engines' launchers).
+:mod:`specdiag.process`, shared with the real engines' launchers).
 
 - ``EmbeddedServer``: a context manager for one server owned by the caller.
 - ``ensure_running()``: reuse the server recorded in ``data/runs/.embedded-server.json`` while it
@@ -20,22 +20,15 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Sequence
 
-from specdiag.launchers.process import (
-    DEFAULT_HOST,
-    EngineStartError,
-    ManagedServer,
-    end_process_group,
-    free_port,
-    url_answers,
-)
 from specdiag.localserver.config import DEFAULT_DRAFTER, DEFAULT_TARGET, MODEL_HINT
 from specdiag.paths import PROJECT_ROOT, RUNS_DIR
+from specdiag.process import DEFAULT_HOST, EngineStartError, ManagedServer, end_process_group, url_answers
 
 RECORD_PATH = RUNS_DIR / ".embedded-server.json"
 RECORD_LOG_PATH = RUNS_DIR / ".embedded-server.log"
 HOST = DEFAULT_HOST
 
-__all__ = ["EmbeddedServer", "EmbeddedServerError", "answers", "ensure_running", "free_port", "stop_recorded"]
+__all__ = ["EmbeddedServer", "EmbeddedServerError", "answers", "ensure_running", "stop_recorded"]
 
 
 class EmbeddedServerError(EngineStartError):
@@ -69,7 +62,7 @@ class EmbeddedServer:
     """One embedded server process: ``with EmbeddedServer("NGRAM", 8) as s: use(s.url)``.
 
     The process handling (own session, log, readiness on /health, ending the group) is
-    ``specdiag.launchers.process.ManagedServer``'s; this class adds the model checks and the command."""
+    ``specdiag.process.ManagedServer``'s; this class adds the model checks and the command."""
 
     def __init__(
         self,

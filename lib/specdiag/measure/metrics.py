@@ -1,5 +1,6 @@
 """Per-request metrics from a request trace: the row every measuring step writes (the sweep's columns).
-The per-context summary and the sweep's findings are :mod:`specdiag.steps.baseline_sweep.summary`.
+The per-context summary is :mod:`specdiag.measure.sweep_table`, the sweep's findings
+:mod:`specdiag.steps.baseline_sweep.summary`.
 
 Formulas (units in the names; times from the client's clock unless said otherwise):
 

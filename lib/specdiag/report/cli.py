@@ -113,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("[specdiag] interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # noqa: BLE001 - one clear line for the user, not a traceback
-        from specdiag.launchers import EngineStartError  # noqa: PLC0415
+        from specdiag.process import EngineStartError  # noqa: PLC0415
         from specdiag.nb import ParameterError  # noqa: PLC0415
 
         known = (ValueError, FileNotFoundError, ParameterError, EngineStartError)

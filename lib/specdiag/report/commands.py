@@ -37,7 +37,7 @@ def server_for_report(server_url: str, run: Run, engine: str = "embedded",
             yield server_url
         return
     from specdiag.launchers import engine_server  # noqa: PLC0415
-    from specdiag.launchers.process import redacted_command  # noqa: PLC0415
+    from specdiag.process import redacted_command  # noqa: PLC0415
 
     if server is None:
         server = engine_server(engine, **dict(engine_options or {}))

@@ -144,7 +144,7 @@ def _plugin_record(run: Run, arm: Arm, host: Host) -> None:
 def sweep(arms: ArmsFile, measurement: Measurement, settings: Any, opts: SweepOptions, host: Host) -> int:
     """Run the sweep (module doc); 0 when every arm started was measured without an error, else 1."""
     from specdiag.hardware import nvidia_smi_gpu  # noqa: PLC0415
-    from specdiag.launchers.process import redacted_command  # noqa: PLC0415
+    from specdiag.process import redacted_command  # noqa: PLC0415
 
     t0 = time.monotonic()
     log = _log(t0)

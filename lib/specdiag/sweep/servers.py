@@ -152,7 +152,7 @@ def server_command(arm: Arm, host: Host, port: int = 0) -> list[str]:
 
 def make_server(arm: Arm, host: Host, startup_timeout_s: float) -> Any:
     """The arm's server, not started (``start()``, then always ``stop()``)."""
-    from specdiag.launchers import ManagedServer  # noqa: PLC0415
+    from specdiag.process import ManagedServer  # noqa: PLC0415
 
     host.work.mkdir(parents=True, exist_ok=True)
     if arm.engine == "embedded":

@@ -1,5 +1,5 @@
 """Plots of the bandwidth analysis (notebook 05): the step against its floors, the effective bandwidth, the
-verify attention on the roofline (:func:`roof`, which 06 draws its kernels under too).
+verify attention on the roofline (under :func:`specdiag.plots.roof`, which 06 draws its kernels under too).
 
 Each panel function draws on the Axes it is given; :func:`figure` puts the three side by side.
 """
@@ -9,12 +9,11 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import matplotlib.pyplot as plt
-import numpy as np
 import pandas as pd
 
 from specdiag import plots
 from specdiag.hardware import HardwarePeaks, gb_s
-from specdiag.steps.bandwidth_analysis.roofline import StepRoofline
+from specdiag.roofline import StepRoofline
 
 
 def step_vs_floors(ax: Any, steps: Sequence[StepRoofline], step_source: str, has_matmul: bool) -> None:
@@ -57,21 +56,6 @@ def effective_bandwidth(ax: Any, steps: Sequence[StepRoofline], peaks: HardwareP
 POINT_LABEL = "verify attention FLOPs / measured step"
 
 
-def roof(ax: Any, intensity_range: tuple[float, float], bandwidth_gbps: float, matmul_tflops: float | None) -> None:
-    """The roof over ``intensity_range`` (FLOP per byte): min(matmul peak, intensity x bandwidth); only the memory
-    slope when no matmul peak is known. Log axes, units on both."""
-    lo, hi = intensity_range
-    xs = np.logspace(np.log10(lo), np.log10(hi), 200)
-    ys = xs * bandwidth_gbps / 1e3 if matmul_tflops is None else np.minimum(matmul_tflops, xs * bandwidth_gbps / 1e3)
-    ax.plot(xs, ys, color="k", label=(f"roof: I x {bandwidth_gbps:,.0f} GB/s" if matmul_tflops is None else
-                                      f"roof: min({matmul_tflops:,.0f} TFLOP/s, I x {bandwidth_gbps:,.0f} GB/s)"))
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("arithmetic intensity (FLOP per KV byte, log)")
-    ax.set_ylabel("achieved (TFLOP/s, log)")
-    ax.grid(True, which="both", alpha=0.3)
-
-
 def verify_points(steps: Sequence[StepRoofline]) -> pd.DataFrame:
     """One roofline point per context: intensity = verify FLOPs / KV bytes, achieved = FLOPs / measured step
     (TFLOP/s; an upper bound on what the attention reached, since the step holds more than the attention)."""
@@ -88,7 +72,7 @@ def verify_roofline(ax: Any, steps: Sequence[StepRoofline], peaks: HardwarePeaks
     bw, mm = peaks.memory_bandwidth_gb_s, peaks.matmul_tflops
     x = pts["intensity_flop_per_byte"] if len(pts) else pd.Series([1.0])
     ridge = [mm * 1e3 / bw] if mm else []
-    roof(ax, (max(0.05, min([float(x.min())] + ridge) / 4), max([float(x.max())] + ridge) * 4), bw, mm)
+    plots.roof(ax, (max(0.05, min([float(x.min())] + ridge) / 4), max([float(x.max())] + ridge) * 4), bw, mm)
     ax.scatter(pts.get("intensity_flop_per_byte", []), pts.get("tflops", []), s=30, color="C3", label=POINT_LABEL,
                zorder=3)
     ax.legend(fontsize=7)

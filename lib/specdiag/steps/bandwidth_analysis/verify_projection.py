@@ -216,13 +216,10 @@ def recorded_peak_gb_s(meta: Mapping[str, Any], gpu_name: str = "") -> tuple[flo
 def arm_steps(meta: Mapping[str, Any], engine_ab_rows: Sequence[Mapping[str, Any]],
               sweep_rows: Sequence[Mapping[str, Any]], arm: str) -> dict[int, float]:
     """An arm's median ms per verify step per context from a run folder's rows: an engine A/B run's decode rows of
-    ``arm`` (:func:`specdiag.steps.engine_ab.analysis.decode_table`), else its sweep rows (one server, one arm)."""
+    ``arm`` (``phase`` "decode", docs/run-folder.md; the median 09's decode table shows), else its sweep rows (one
+    server, one arm). Rows with an error or without a step time are left out."""
     if engine_ab_rows:
-        from specdiag.steps.engine_ab.analysis import decode_table, frame  # noqa: PLC0415
-
-        dec = decode_table(frame(engine_ab_rows))
-        sel = dec[dec["arm"] == arm]
-        return {int(c): float(v) for c, v in zip(sel["context_tokens"], sel["step_ms"])}
+        return step_ms_by_context([r for r in engine_ab_rows if r.get("arm") == arm and r.get("phase") == "decode"])
     return step_ms_by_context(sweep_rows)
 
 

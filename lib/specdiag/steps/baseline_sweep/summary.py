@@ -1,68 +1,14 @@
-"""01_baseline_sweep's summary: one line per context (medians of the per-request metrics, pooled commit
-length) and the sweep's findings (step-time slope from :func:`specdiag.stats.fit_line`). Pure functions."""
+"""01_baseline_sweep's findings on its summary (one line per context,
+:func:`specdiag.measure.sweep_table.summarize_sweep`): the step-time slope (:func:`specdiag.stats.fit_line`), a decode
+collapse, the commit length at long context, failed or mis-sized requests. Pure functions."""
 
 from __future__ import annotations
 
-import statistics
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from specdiag.findings import Finding, Source
-from specdiag.measure.metrics import positive
-from specdiag.measure.disturbance import commit_usable, traffic_finding
-from specdiag.spec import pooled_commit_length
+from specdiag.measure.disturbance import traffic_finding
 from specdiag.stats import fit_line
-
-# ---------------------------------------------------------------------------------------------
-# Sweep summary and findings
-# ---------------------------------------------------------------------------------------------
-
-SUMMARY_FIELDS = ("ttft_s", "prefill_tok_s", "decode_tok_s", "step_ms", "e2e_s")
-
-
-def _ok(row: Mapping[str, Any]) -> bool:
-    return not row.get("error")
-
-
-def samples_by_context(rows: Iterable[Mapping[str, Any]], field: str) -> dict[int, list[float]]:
-    """The successful requests' positive values of ``field`` per context: the repeats a median (or a rank test,
-    :func:`specdiag.stats.median_diff_test`) is taken over."""
-    out: dict[int, list[float]] = {}
-    for r in rows:
-        if _ok(r) and positive(r.get(field)) is not None:
-            out.setdefault(int(r["context_tokens"]), []).append(float(r[field]))
-    return out
-
-
-def summarize_sweep(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """One line per context: requests, failures, medians of :data:`SUMMARY_FIELDS` over successful
-    repeats, and the step-weighted commit length (``pooled_commit_length``). Sorted by context."""
-    by_ctx: dict[int, list[Mapping[str, Any]]] = {}
-    for r in rows:
-        by_ctx.setdefault(int(r["context_tokens"]), []).append(r)
-    out = []
-    for ctx in sorted(by_ctx):
-        group = by_ctx[ctx]
-        ok = [r for r in group if _ok(r)]
-        line: dict[str, Any] = {"context_tokens": ctx, "requests": len(group), "failed": len(group) - len(ok)}
-        for f in SUMMARY_FIELDS:
-            vals = [float(r[f]) for r in ok if positive(r.get(f)) is not None]
-            line[f] = statistics.median(vals) if vals else None
-        # Step-weighted: each row's committed tokens (commit_length x verify_steps, whatever the engine's
-        # way of counting) over all its verify steps.
-        # A commit length from /metrics counter differences while others ran is unreliable: left out.
-        usable = [r for r in ok if commit_usable(r)]
-        weighted = [(float(r["commit_length"]), int(r["verify_steps"])) for r in usable
-                    if r.get("commit_length") is not None and r.get("verify_steps")]
-        pairs = [(int(r["completion_tokens"]), int(r["verify_steps"])) for r in usable
-                 if r.get("completion_tokens") is not None and r.get("verify_steps")]
-        published = [float(r["commit_length"]) for r in usable if r.get("commit_length") is not None]
-        if weighted and len(weighted) == len(pairs):
-            line["commit_length"] = sum(c * n for c, n in weighted) / sum(n for _, n in weighted)
-        else:
-            line["commit_length"] = pooled_commit_length(pairs) if pairs else (
-                statistics.median(published) if published else None)
-        out.append(line)
-    return out
 
 
 def _fmt(x: float, unit: str) -> str:
@@ -72,7 +18,7 @@ def _fmt(x: float, unit: str) -> str:
 def sweep_findings(summary: Sequence[Mapping[str, Any]], source: Source = "measured",
                    rows: Sequence[Mapping[str, Any]] = ()) -> list[Finding]:
     """The baseline sweep's verdicts: step-time slope, decode collapse, commit length at long context,
-    and failed or mis-sized requests. ``summary`` is :func:`summarize_sweep`'s output.
+    and failed or mis-sized requests. ``summary`` is :func:`specdiag.measure.sweep_table.summarize_sweep`'s output.
 
     Thresholds (judgement, stated in each finding's evidence): decode collapse >= 10x critical,
     >= 3x warning; step time at the longest context >= 3x the shortest's is a warning; a commit length

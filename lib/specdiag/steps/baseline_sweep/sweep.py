@@ -14,12 +14,9 @@ from typing import Any, Iterable
 
 from specdiag.measure.metrics import error_row, sweep_row
 from specdiag.measure.request import measured_request
+from specdiag.measure.sweep_table import SWEEP_KEY
 from specdiag.nb import check, check_context_lengths
 from specdiag.prompts import NOVEL_PROSE_PATH
-
-#: Fields that identify one request of a sweep (for resuming a run folder).
-SWEEP_KEY = ("context_tokens", "repeat", "prompt_kind", "seed", "max_new_tokens")
-
 
 @dataclass(frozen=True)
 class SweepPlan:
@@ -105,27 +102,3 @@ def measure_request(client: Any, request: dict[str, Any], plan: SweepPlan) -> di
     if done.trace is None:
         return error_row(ctx, str(done.error), done.t_send_unix_s, **labels, cache_flushed=done.cache_flushed)
     return sweep_row(done.trace, ctx, **labels, cache_flushed=done.cache_flushed)
-
-
-def latest_rows(rows: Iterable[dict[str, Any]], requests: Iterable[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
-    """One row per request key (:data:`SWEEP_KEY`): the last successful one, else the last failed one.
-
-    A resumed run re-measures failed requests, so a key can have an error row and a later good row.
-    ``requests`` (``plan.requests()``) keeps only the rows of this plan; the order is the rows' order.
-    """
-    wanted = None if requests is None else {tuple(q[k] for k in SWEEP_KEY) for q in requests}
-    best: dict[tuple[Any, ...], dict[str, Any]] = {}
-    for row in rows:
-        key = tuple(row.get(k) for k in SWEEP_KEY)
-        if wanted is not None and key not in wanted:
-            continue
-        if key not in best or not row.get("error") or best[key].get("error"):
-            best[key] = row
-    return sorted(best.values(), key=lambda r: (r.get("context_tokens") or 0, r.get("repeat") or 0))
-
-
-def rows_source(run_meta: dict[str, Any]) -> str:
-    """Where a run's rows came from: run.json's ``data_source`` (``published`` for reference runs made
-    from published tables), else ``measured``."""
-    value = run_meta.get("data_source")
-    return value if value in ("measured", "server-reported", "computed", "published") else "measured"

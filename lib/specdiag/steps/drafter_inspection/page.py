@@ -60,7 +60,7 @@ class Inspection:
 
     @property
     def rows_source(self) -> str:
-        from specdiag.steps.baseline_sweep.sweep import rows_source  # noqa: PLC0415 - 01's naming of a run's rows
+        from specdiag.runs import rows_source  # noqa: PLC0415
 
         return rows_source(self.meta) if self.replaying else "measured"
 

@@ -9,8 +9,8 @@ from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
+from specdiag import prefill
 from specdiag.findings import Finding
-from specdiag.steps.bandwidth_analysis import prefill
 from specdiag.steps.engine_ab import breakeven as be
 from specdiag.steps.engine_ab.analysis import tok
 from specdiag.steps.engine_ab.arms import verify_arms
@@ -42,7 +42,7 @@ def run_peaks(run: Any, meta: Mapping[str, Any], measuring: bool, server_info: M
 
 def prefill_floors(pre: pd.DataFrame, geom: Any, peaks: Any, arms_meta: Mapping[str, Any], tp_size: int = 1
                    ) -> tuple[pd.DataFrame, dict[str, list[prefill.PrefillFloor]]]:
-    """Each arm's TTFT per context against the prefill floor (:mod:`specdiag.steps.bandwidth_analysis.prefill`) with
+    """Each arm's TTFT per context against the prefill floor (:mod:`specdiag.prefill`) with
     the arm's own chunk size (server-reported ``chunked_prefill_size``): a table (one row per arm and context,
     ``own`` kept) and, per arm, the floors of its own TTFTs (what a finding may rest on)."""
     rows, own_floors = [], {}

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from specdiag.findings import SEVERITY_ORDER, Finding
-from specdiag.steps.bandwidth_analysis.roofline import BELOW_FLOOR_X
+from specdiag.roofline import BELOW_FLOOR_X
 
 #: Keys of a finding's numbers that mark a fix measured in the run (see the module docstring).
 FIX_KEYS = ("fix", "fix_speedup_x")

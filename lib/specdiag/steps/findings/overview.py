@@ -9,11 +9,10 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping, Sequence
 
 from specdiag.findings import SEVERITY_ORDER, Finding
-from specdiag.steps.baseline_sweep.summary import samples_by_context, summarize_sweep
+from specdiag.measure.sweep_table import latest_rows, samples_by_context, summarize_sweep
 from specdiag.paths import relative_to_project
+from specdiag.runs import Run, rows_source
 from specdiag.stats import MIN_REQUESTS, NOT_ENOUGH, compare_requests, fit_line
-from specdiag.runs import Run
-from specdiag.steps.baseline_sweep.sweep import latest_rows, rows_source
 
 #: The question each notebook answers, in run order.
 QUESTIONS: dict[str, str] = {

@@ -11,10 +11,6 @@ from specdiag.telemetry.torch_trace import class_names, summarize
 #: Columns shown besides the kernel classes and CPU phases, in order.
 HEAD = ("run", "arm", "context_tokens", "steps", "wall_ms", "gpu_busy_ms", "gpu_idle_ms", "gpu_idle_in_window_ms",
         "graph_launches")
-#: Bar colours per kernel class: attention warm, matrix units blue, the rest muted; idle is hatched white.
-COLORS = {"attn_specdiag_splitkv": "#d62728", "attn_sglang_verify_splitkv": "#ff7f0e", "attn_sglang_triton": "#e377c2",
-          "attn_other": "#f7b6d2", "kv_indices": "#8c564b", "moe": "#17becf", "gemm": "#1f77b4", "comm": "#9467bd",
-          "norm": "#2ca02c", "elementwise": "#98df8a", "memcpy": "#c49c94", "memset": "#dbdb8d", "other": "#7f7f7f"}
 
 
 def _groups(rows: Sequence[Mapping[str, Any]]) -> dict[tuple[str, int], list[Mapping[str, Any]]]:
@@ -71,7 +67,7 @@ def plot_profile(table: Sequence[Mapping[str, Any]], note: str = "measured: torc
         bottom = [0.0] * len(bars)
         for c in classes:
             h = [float(r.get(f"gpu_{c}_ms") or 0.0) for r in bars]
-            ax.bar(x, h, bottom=bottom, color=COLORS.get(c, "#bcbd22"), label=f"GPU {c}")
+            ax.bar(x, h, bottom=bottom, color=plots.kernel_class_color(c), label=f"GPU {c}")
             bottom = [b + v for b, v in zip(bottom, h)]
         idle = [max(0.0, float(r.get("gpu_idle_ms") or 0.0)) for r in bars]
         ax.bar(x, idle, bottom=bottom, color="white", edgecolor="#555", hatch="//", label="GPU idle (wall - busy)")

@@ -22,6 +22,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from specdiag.findings import Finding
 from specdiag.hardware import gb_s
 from specdiag.measure.disturbance import traffic_finding
+from specdiag.roofline import effective_bandwidth, memory_floor_s
 from specdiag.stats import quantile  # noqa: F401 - re-exported (utilization.quantile)
 from specdiag.serving.settings import speculation_state
 from specdiag.telemetry.sampler import METRIC_FIELDS
@@ -234,8 +235,6 @@ def predicted_bandwidth_utilization(bytes_per_step: float, step_s: float, peak_b
     ``effective_bytes_per_s = bytes_per_step / step_s`` (the bytes the analysis says one step must
     read, over the measured step time) and ``predicted_bw_util_pct = 100 * effective / peak``.
     """
-    from specdiag.steps.bandwidth_analysis.roofline import effective_bandwidth, memory_floor_s  # noqa: PLC0415
-
     if not (bytes_per_step > 0 and step_s > 0 and peak_bytes_per_s > 0):
         raise ValueError(f"bytes_per_step, step_s and peak_bytes_per_s must be > 0; got "
                          f"{bytes_per_step!r}, {step_s!r}, {peak_bytes_per_s!r}")

@@ -4,7 +4,7 @@ A run folder may hold SGLang torch profiler traces (``profiles/*.trace.json.gz``
 with CPU + GPU activities and Python stacks) and the per-step rows computed from them (``step_profile.jsonl``,
 :mod:`specdiag.telemetry.torch_trace`). For each trace this module cuts the steps as torch_trace does and draws
 ``n_steps`` consecutive complete verify steps: one lane per GPU kernel class (the union of that class's ops,
-colours of 08's step-profile view), one lane for the CPU phases (torch_trace's phase table; phases nest, so the
+the colours of :func:`specdiag.plots.kernel_class_color`, as in 08's step-profile view), one lane for the CPU phases (torch_trace's phase table; phases nest, so the
 lane shows the innermost phase the scheduler thread was in), the step boundaries, and x in ms from the first
 drawn step's start (the trace's own clock). The summary row of a trace is computed over all its complete steps:
 the median of ``gpu_busy_ms / wall_ms`` per step, and the kernel class with the largest median ms per step.
@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 from specdiag import plots
 from specdiag.findings import Finding
 from specdiag.stats import quantile
-from specdiag.steps.findings.step_profile_view import COLORS as CLASS_COLORS
 from specdiag.telemetry import torch_trace as tt
 from specdiag.telemetry.intervals import innermost_segments, union_us
 from specdiag.telemetry.trace_tables import CPU_PHASES
@@ -236,7 +235,7 @@ def plot_trace_timeline(tl: TraceTimeline) -> Any:
         if p not in phases_seen:
             phases_seen.append(p)
     for lane, spans in tl.gpu_lanes.items():
-        color = "#333333" if lane == ALL_GPU else CLASS_COLORS.get(lane, "#bcbd22")
+        color = "#333333" if lane == ALL_GPU else plots.kernel_class_color(lane)
         ax.broken_barh([(s, e - s) for s, e in spans], (y[lane] - 0.4, 0.8), facecolors=color, edgecolors=color,
                        linewidth=0.3)  # a 0.3 pt edge keeps µs-long kernels visible as hairlines
     for b in tl.boundaries_ms:

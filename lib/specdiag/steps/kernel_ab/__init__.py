@@ -5,6 +5,7 @@
 - :mod:`.timing`: CUDA-graph replays with the L2 flushed before each, and the same-bytes copy;
 - :mod:`.anchors`: FlashInfer's MLA kernel and SGLang's own split-KV kernel on the same inputs;
 - :mod:`.harness`: every arm on every case into a run folder (``python -m specdiag.steps.kernel_ab``);
-- :mod:`.analysis`: tables, the targets and the findings, pure functions of the rows;
+- :mod:`.analysis`: tables, the targets and the findings, pure functions of the rows (read back through
+  :mod:`specdiag.kernel_ab_table`, which 10 reads too);
 - :mod:`.plots`: 06's figures.
 """

@@ -1,4 +1,4 @@
-"""06's numbers from a kernel A/B run's rows: pure functions, no I/O.
+"""06's numbers from a kernel A/B run's rows (read through :mod:`specdiag.kernel_ab_table`): pure functions, no I/O.
 
 Times are medians of CUDA-graph replays (µs); ``over_copy`` is a case's time over a device copy moving the bytes the
 case reads (read + write = the KV bytes), timed the same way; ``pct_copy_bw`` the effective GB/s (KV bytes read once
@@ -20,38 +20,9 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 import pandas as pd
 
 from specdiag.findings import Finding
+from specdiag.kernel_ab_table import CASE
 from specdiag.plots import format_tokens
 from specdiag.steps.kernel_ab.arms import ARMS, OURS
-
-CASE = ["context_tokens", "heads", "draft_tokens"]
-
-
-def latest(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
-    """One row per (case, arm): the last one written (a resumed run may hold an earlier skip of the same key)."""
-    df = pd.DataFrame(list(rows))
-    if df.empty:
-        return df
-    return df.drop_duplicates(subset=[*CASE, "arm"], keep="last").reset_index(drop=True)
-
-
-def measured(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
-    """The rows with a time and a correct result."""
-    df = latest(rows)
-    if df.empty or "ms_median" not in df:
-        return pd.DataFrame(columns=[*CASE, "arm", "us"])
-    ok = df["ms_median"].notna() & df.get("correct", pd.Series(True, index=df.index)).fillna(False).astype(bool)
-    return df[ok].reset_index(drop=True)
-
-
-def not_measured(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
-    """Case, arm and why, for every row skipped or failed."""
-    df = latest(rows)
-    if df.empty:
-        return pd.DataFrame(columns=[*CASE, "arm", "why"])
-    bad = df[df.get("ms_median", pd.Series(index=df.index, dtype=float)).isna()
-             | ~df.get("correct", pd.Series(True, index=df.index)).fillna(False).astype(bool)].copy()
-    bad["why"] = bad["skipped"].fillna(bad["error"]) if "error" in bad else bad["skipped"]
-    return bad[[*CASE, "arm", "why"]].reset_index(drop=True)
 
 
 def case_label(ctx: int, heads: int, draft: int) -> str:

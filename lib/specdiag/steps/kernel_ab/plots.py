@@ -6,8 +6,7 @@ from typing import Any
 
 import pandas as pd
 
-from specdiag.plots import context_axis, source_note
-from specdiag.steps.bandwidth_analysis.plots import roof
+from specdiag.plots import context_axis, roof, source_note
 from specdiag.steps.kernel_ab.analysis import case_label
 from specdiag.steps.kernel_ab.arms import ARMS
 

@@ -25,6 +25,7 @@ from typing import Any, Iterable, Mapping
 
 import pandas as pd
 
+from specdiag import kernel_ab_table
 from specdiag.findings import Finding
 from specdiag.plots import format_tokens
 from specdiag.stats import MIN_REQUESTS, NOT_ENOUGH, compare_requests
@@ -154,13 +155,11 @@ def costs(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
 def kernel_prediction(kernel_ab_rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
     """From a kernel A/B run's rows: per context, the largest p1-shuffled over 64-token-page time of the split-KV
     Triton kernel over the 8-head shapes, and the shapes it covers."""
-    from specdiag.steps.kernel_ab import analysis as kab  # noqa: PLC0415 - 06's analysis (pure)
-
-    df = kab.measured(kernel_ab_rows)
+    df = kernel_ab_table.measured(kernel_ab_rows)
     both = df[df["arm"].isin(["split_triton", "split_triton_b64"])]
     if both.empty:
         return pd.DataFrame()
-    t = both.pivot_table(index=kab.CASE, columns="arm", values="us", aggfunc="first").dropna()
+    t = both.pivot_table(index=kernel_ab_table.CASE, columns="arm", values="us", aggfunc="first").dropna()
     if not {"split_triton", "split_triton_b64"} <= set(t.columns):
         return pd.DataFrame()
     t = (t["split_triton"] / t["split_triton_b64"]).rename("p1_over_b64").reset_index()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from specdiag.launchers.process import (
+from specdiag.process import (
     LOG_TAIL_LINES,
     EngineStartError,
     ManagedServer,
@@ -151,7 +151,7 @@ def test_the_engine_is_ended_when_its_parent_is_killed(tmp_path: Path):
 
     log, port = tmp_path / "s.log", free_port()
     parent = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from specdiag.launchers.process import ManagedServer; "
+        [sys.executable, "-c", "import sys, time; from specdiag.process import ManagedServer; "
          f"s = ManagedServer([sys.executable, {str(FAKE)!r}, '--port', '{port}'], port={port}, ready_path='/health', "
          f"log_path={str(log)!r}, progress=False, startup_timeout_s=30).start(); print(s.pid, flush=True); "
          "time.sleep(120)"],

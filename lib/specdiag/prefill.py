@@ -30,6 +30,7 @@ the chunks before each chunk read by it (the prefix a chunk attends to).
 Floor = max(FLOPs / peak matmul rate, bytes / peak bandwidth), as 05 takes a decode step's (roofline: the larger
 bound). A measured TTFT over it is "N x its floor"; a TTFT also holds the first decode step and the request's own
 overhead, so a short prompt is far from its floor by construction and the verdict reads the longest one.
+05 (the sweep's TTFT) and 09 (each arm's) both give that verdict (:func:`prefill_finding`).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from specdiag.geometry import (
     weight_bytes_per_step,
 )
 from specdiag.hardware import HardwarePeaks
+from specdiag.roofline import BELOW_FLOOR_X, below_floor_cause
 
 AttentionForm = Literal["mha", "absorbed"]
 
@@ -248,15 +250,13 @@ def prefill_finding(floors: Sequence[PrefillFloor], source: str, *, finding_id: 
                     label: str = "", threshold_x: float = 10.0, extra: Mapping[str, Any] | None = None,
                     peaks: HardwarePeaks | None = None) -> Finding | None:
     """The prefill verdict at the longest measured prompt: critical at or above ``threshold_x`` x its floor, a
-    warning at or above 2x or under :data:`~specdiag.steps.bandwidth_analysis.roofline.BELOW_FLOOR_X` (a peak is too
+    warning at or above 2x or under :data:`~specdiag.roofline.BELOW_FLOOR_X` (a peak is too
     low: ``peaks`` names which and where it came from), else ok. ``label`` names what was measured (an arm);
     ``extra`` adds numbers (the arm's name). None without a measured TTFT."""
     measured = [f for f in floors if f.ttft_over_floor_x is not None]
     if not measured:
         return None
     f = max(measured, key=lambda x: x.prompt_tokens)
-    from specdiag.steps.bandwidth_analysis.roofline import BELOW_FLOOR_X, below_floor_cause  # noqa: PLC0415
-
     x = float(f.ttft_over_floor_x or 0.0)
     below = x < BELOW_FLOOR_X
     sev = "critical" if x >= threshold_x else "warning" if x >= 2 or below else "ok"

@@ -1,7 +1,8 @@
 """One engine process owned by the caller: free port, own process session, log file, readiness, stop.
 
 The pattern of sglang/utils.py (launch_server_cmd / wait_for_server / terminate_process), for any
-engine command::
+engine command (the engine launchers of :mod:`specdiag.launchers` and the embedded server of
+:mod:`specdiag.localserver` both start theirs here)::
 
     with ManagedServer(lambda port: ["python", "-m", "x", "--port", str(port)],
                        ready_path="/health_generate", log_path="server.log") as server:
