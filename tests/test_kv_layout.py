@@ -104,7 +104,8 @@ def test_costs_and_findings_from_the_numbers():
     assert "fix" not in tri.numbers
     assert found["kv_layout.flashinfer.not_fragmented"].severity == "warning"
     pr = found["kv_layout.prediction"]
-    assert pr.numbers["predicted_max_x"] == pytest.approx(p32[0])
+    assert (pr.severity == "ok") == (by.loc["plugin", "cost_hi_x"] <= p32[0] + 0.02)  # the interval's upper end
+    assert pr.numbers["measured_cost_hi_x"] == pytest.approx(by.loc["plugin", "cost_hi_x"])
     assert (pr.severity == "ok") == (1.06 <= p32[0] + 0.02)
     m = kla.metrics(cost, kla.summary(rows))
     assert m["arms"]["plugin"]["32768"]["costs_time"] is True and m["requests"] == 18
@@ -287,3 +288,13 @@ def test_every_state_and_repeat_decodes_its_own_prompt() -> None:
     seeds = {prompt_seed(0, state, rep) for state in STATES for rep in range(5)}
     assert len(seeds) == len(STATES) * 5
     assert prompt_seed(0, "fresh", 2) == prompt_seed(0, "fresh", 2)
+
+
+def test_a_merged_runs_calls_are_separate_requests() -> None:
+    """Repeat 0 of two calls (two servers) is two requests; a row written twice in one call is one."""
+    from specdiag.steps.kv_layout import analysis as kla
+
+    rows = [{"arm": "plugin", "pool_state": "fresh", "context_tokens": 1024, "repeat": 0, "call": c, "step_ms": ms}
+            for c, ms in ((1, 3.0), (1, 3.1), (2, 4.0))]
+    got = kla.latest(rows)
+    assert sorted(got["step_ms"]) == [3.1, 4.0]

@@ -40,12 +40,17 @@ CONTIGUOUS_SUFFIX = "_contiguous"
 
 
 def latest(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
-    """One row per (arm, state, context, repeat), the last written; arm-level failures kept apart (no state)."""
+    """One row per (arm, state, context, repeat) of each call, the last written (a merged run's calls are separate
+    servers, so their requests are separate requests); arm-level failures kept apart (no state)."""
     df = pd.DataFrame([dict(r) for r in rows])
     if df.empty or "pool_state" not in df:
         return pd.DataFrame(columns=[*KEY, "error"])
     df = df[df["pool_state"].notna()]
-    return df.drop_duplicates(subset=KEY, keep="last").reset_index(drop=True)
+    key = list(KEY)
+    if "call" in df:
+        df = df.assign(call=df["call"].fillna(0))
+        key.append("call")
+    return df.drop_duplicates(subset=key, keep="last").reset_index(drop=True)
 
 
 def arm_failures(rows: Iterable[Mapping[str, Any]]) -> list[str]:
@@ -306,27 +311,40 @@ def _prediction_findings(cost: pd.DataFrame, pred: pd.DataFrame, source: str, pr
                         "nor refuted by this run.", "info",
                         why + ([f"prediction: {pred_source}"] if pred_source else []),
                         {"predicted_max_x": at[0], "prediction_context_tokens": at[1]}, source)]
-    ev, worst_gap = [], None
+    ev, worst_gap, few = [], None, []
     numbers: dict[str, Any] = {}
     for r in plug.sort_values("context_tokens").itertuples():
         at = predicted_at(pred, r.context_tokens)
         if at is None:
             continue
         limit, pctx = at
-        ev.append(f"{format_tokens(r.context_tokens)}: measured {r.cost_x:.3f}x, predicted at most {limit:.3f}x "
-                  f"(06 at {format_tokens(pctx)})")
-        gap = r.cost_x - limit
+        if r.verdict == NOT_ENOUGH:  # one request against another is no test of a prediction
+            few.append(f"{format_tokens(r.context_tokens)}: {r.requests_fresh} / {r.requests_fragmented} requests "
+                       f"fresh / fragmented (measured {r.cost_x:.3f}x; at least {MIN_REQUESTS} a state to test the "
+                       f"prediction of at most {limit:.3f}x)")
+            continue
+        ev.append(f"{format_tokens(r.context_tokens)}: measured {r.cost_x:.3f}x (interval {r.cost_lo_x:.3f}-"
+                  f"{r.cost_hi_x:.3f}x over requests), predicted at most {limit:.3f}x (06 at {format_tokens(pctx)})")
+        gap = r.cost_hi_x - limit  # the prediction holds when the interval's upper end does not pass it
         if worst_gap is None or gap > worst_gap:
             worst_gap = gap
             numbers = {"context_tokens": int(r.context_tokens), "measured_cost_x": float(r.cost_x),
-                       "predicted_max_x": limit, "prediction_context_tokens": pctx}
+                       "measured_cost_hi_x": float(r.cost_hi_x), "predicted_max_x": limit,
+                       "prediction_context_tokens": pctx}
     if worst_gap is None:
-        return []
+        if not few:
+            return []
+        return [Finding("kv_layout.prediction", "KV layout: the kernel A/B's prediction, not tested",
+                        "Not enough requests on a scattered pool to test the kernel A/B's prediction for the plugin's "
+                        "kernel.", "info", few + ([f"prediction: {pred_source}"] if pred_source else []),
+                        {"verdict": NOT_ENOUGH}, source)]
+    ev += few
     if pred_source:
         ev.append(f"prediction: {pred_source}")
     held = worst_gap <= 0.02
     verdict = (f"The plugin's kernel pays for scattering what the kernel A/B predicted or less: at most "
-               f"{numbers['measured_cost_x']:.3f}x against a predicted {numbers['predicted_max_x']:.3f}x."
+               f"{numbers['measured_cost_hi_x']:.3f}x (the interval's upper end) against a predicted "
+               f"{numbers['predicted_max_x']:.3f}x."
                if held else
                f"The plugin's kernel pays more for scattering than the kernel A/B predicted: "
                f"{numbers['measured_cost_x']:.3f}x at {format_tokens(numbers['context_tokens'])} against at most "
