@@ -85,8 +85,8 @@ def configurations() -> dict[str, Callable[[], Any]]:
             c[f"plugin_fp8_rows{rows}_qo{qo}"] = lambda qo=qo, rows=rows: R.compile_sm90(qo_indptr=qo, fp8_rows=rows)
     c["pick_rowsN8"] = lambda: S.compile_sm90(rn=8)
     c["pick_rowsN16"] = lambda: S.compile_sm90(rn=16)
-    c["pick_rowmajor_earlyq"] = lambda: W.compile_sm90(prefetch=True, draft_branch=True, fold=True, early_q=True)
-    c["pick_rowmajor"] = lambda: W.compile_sm90(prefetch=True, draft_branch=True, fold=True)
+    c["pick_rowmajor_earlyq"] = lambda: W.compile_sm90(early_q=True)
+    c["pick_rowmajor"] = lambda: W.compile_sm90()
     c["pick_fp8_rowsN8_s22"] = lambda: F.compile_sm90(rn=8, rings="s22")
     c["pick_fp8_rowsN16_d2"] = lambda: F.compile_sm90(rn=16, rings="d2")
     ptr = {"O_PART": "*fp32", "LSE_PART": "*fp32", "OUT": "*bf16", "QO_INDPTR": "*i32", "KV_INDPTR": "*i64"}
@@ -107,8 +107,7 @@ def configurations() -> dict[str, Callable[[], Any]]:
                 _ragged_partial_kernel, ptr2, {"BLOCK_M": bm, "BLOCK_N": 64, "D_NOPE": 512, "D_PE": 64,
                                                "LOGIT_CAP": cap, "ROUND": 64}, 4 if bm < 64 else 8)
     ptr3 = {"Q": "*bf16", "KV": "*bf16", "TOKEN_TABLE": "*i64", "BLOCK_TABLE": "*i32", "MASK": "*u8",
-            "O_PART": "*fp32", "LSE_PART": "*fp32", "P_SCR": "*fp32", "OUT": "*bf16", "qk_scale": "fp32",
-            "sm_scale": "fp32"}
+            "O_PART": "*fp32", "LSE_PART": "*fp32", "OUT": "*bf16", "qk_scale": "fp32", "sm_scale": "fp32"}
     c["ab_baseline"] = lambda: _triton_sm90(_baseline_verify_kernel, ptr3, {"BLOCK_M": 32, "BLOCK_N": 64, "D_NOPE": 512,
                                                                            "D_PE": 64, "D_V": 512}, 8, 1)
     for rows in (8, 32, 64):  # default_config's tiles (its 64 rows at 2 stages compile to the code of 3 stages)
@@ -116,9 +115,8 @@ def configurations() -> dict[str, Callable[[], Any]]:
         for page in (1, 64):
             c[f"ab_split_bm{cfg.block_m}_s{cfg.num_stages}_page{page}"] = lambda cfg=cfg, page=page: _triton_sm90(
                 _split_partial_kernel, ptr3, {"PAGE_SIZE": page, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
-                                              "D_NOPE": 512, "D_PE": 64, "EVICT": "", "DIRECT": False, "DV_SPLIT": 1,
-                                              "QK_ONCE": False, "ASM": False, "PDL": False, "TIMELINE": False,
-                                              "TL": None}, cfg.num_warps, cfg.num_stages)
+                                              "D_NOPE": 512, "D_PE": 64, "DIRECT": False}, cfg.num_warps,
+                                             cfg.num_stages)
     return c
 
 

@@ -125,13 +125,9 @@ class VerifyInputs:
     cache_fp8: Optional[torch.Tensor] = field(default=None, repr=False)
     kv_scale: float = 1.0
     mask_u8: torch.Tensor = field(init=False, repr=False)  #: the mask as uint8, for kernels
-    #: two int32 counters a grid that merges inside itself waits on (gluon_ws ``grid_merge``, off in everything that
-    #: ships); 0 between calls, which put them back; calls that share these inputs must be ordered (one stream)
-    grid_sync: torch.Tensor = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.mask_u8 = self.mask.to(torch.uint8).contiguous()
-        self.grid_sync = torch.zeros(2, dtype=torch.int32, device=self.q.device)
 
     @property
     def draft_tokens(self) -> int:

@@ -4,9 +4,8 @@ One call each, with one frozen config object passed through unchanged:
 
 - :func:`split_kv_pick` (:class:`PickConfig`): up to ``swap_max_rows`` packed rows (heads x draft tokens) the
   warp-specialized kernel with the rows as the wgmma's N (gluon_ws_swap; an N of 8 where the rows fit it), above
-  them the row-major warp-specialized kernel (gluon_ws: the token-table rows prefetched a tile ahead, the tree mask
-  only on the tiles that reach the draft tokens, the scale folded into the exponent, warpgroup 0 loading Q under the
-  first tiles' copies up to ``early_q_max_rows``). Both merge the splits' partials in one pass where that pays (up to
+  them the row-major warp-specialized kernel (gluon_ws, warpgroup 0 loading Q under the first tiles' copies up to
+  ``early_q_max_rows``). Both merge the splits' partials in one pass where that pays (up to
   32 rows at every split count, up to 16 splits above: :func:`splitkv_plan.one_pass_merge_fields`) with 64 value dims
   per merge program, the merge launched as a programmatic dependent launch.
 - :func:`split_kv_pick_fp8` (:class:`PickFp8Config`): the rows-as-N kernel on the fp8 e4m3 cache (gluon_ws_fp8), up
@@ -43,7 +42,6 @@ class PickConfig:
 class PickFp8Config:
     block_n: int = 64  #: tokens per KV tile
     rings: tuple[str, str] = ("s22", "d2")  #: gluon_ws_fp8.FP8_RINGS names up to 8 rows and above
-    conversion: str = "cvt"  #: e4m3 -> fp16 by the cvt pipe ("cvt") or integer instructions ("int")
     merge_block_dv: int = 64  #: value dims per merge program
     pdl_merge: bool = True  #: the merge as a programmatic dependent launch
     split_round_tokens: int = BLOCK_TOKENS  #: each split's tokens a multiple of this
@@ -62,15 +60,14 @@ def pick_launch(cfg: PickConfig, rows: int) -> tuple[str, dict[str, Any]]:
                   split_round_tokens=cfg.split_round_tokens, **merge)
     if 0 < rows <= cfg.swap_max_rows:
         return "swap", dict(common, fit_rows=cfg.fit_rows)
-    return "ws", dict(common, prefetch=True, draft_branch=True, fold=True, early_q=rows <= cfg.early_q_max_rows)
+    return "ws", dict(common, early_q=rows <= cfg.early_q_max_rows)
 
 
 def pick_fp8_launch(cfg: PickFp8Config, rows: int) -> dict[str, Any]:
     """The fp8 launcher's keyword arguments for a call of ``rows`` packed rows (pure)."""
     merge = {"merge_one_pass": False, "merge_one_pass_max_splits": 512, **one_pass_merge_fields(rows)}
     return dict(block_n=cfg.block_n, pdl_merge=cfg.pdl_merge, merge_block_dv=cfg.merge_block_dv, **merge,
-                rings=cfg.rings[0 if rows <= 8 else 1], conversion=cfg.conversion,
-                split_round_tokens=cfg.split_round_tokens)
+                rings=cfg.rings[0 if rows <= 8 else 1], split_round_tokens=cfg.split_round_tokens)
 
 
 def split_kv_pick(inputs: VerifyInputs, out: torch.Tensor, cfg: PickConfig = PICK) -> torch.Tensor:

@@ -213,7 +213,7 @@ def describe_ragged_plan(rows: int, n_kv: int, cfg: SplitKVConfig, num_sms: int,
     ``batch`` such requests, as splitkv_plan.describe_plan's fields: the grid's splits (``grid_splits``), those that
     hold tokens (``n_splits``: the merge's), tokens per split, programs of the grid, fp32 partial bytes, waves.
     ``tile_rows``: rows per row tile where the kernel's are not ``cfg.block_m`` (the fp8 kernel's, gluon_ws_ragged
-    ``fp8_call_tiles``: the splits are shared out over them)."""
+    ``fp8_tile_rows``: the splits are shared out over them)."""
     n_tiles = -(-rows // (tile_rows or cfg.block_m))
     grid_splits = n_splits_for(rows, batch, num_sms, cfg, tile_rows=tile_rows)
     per_split = split_tokens(n_kv, grid_splits, cfg)
