@@ -67,14 +67,15 @@ def configurations() -> dict[str, Callable[[], Any]]:
     with and without the early Q; fp8 at 8 and 16 rows in their rings), both merge kernels in both forms, and the
     kernel A/B's Triton arms: the baseline, and the split kernel at each tile of ``default_config`` on a token table
     and on 64-token pages."""
-    from specdiag.kernels import gluon_ws as W  # noqa: PLC0415
-    from specdiag.kernels import gluon_ws_fp8 as F  # noqa: PLC0415
-    from specdiag.kernels import gluon_ws_ragged as R  # noqa: PLC0415
-    from specdiag.kernels import gluon_ws_swap as S  # noqa: PLC0415
-    from specdiag.kernels.splitkv_plan import default_config  # noqa: PLC0415
-    from specdiag.kernels.triton_baseline import _baseline_verify_kernel  # noqa: PLC0415
-    from specdiag.kernels.triton_splitkv import _merge_kernel, _split_partial_kernel  # noqa: PLC0415
-    from specdiag.kernels.triton_splitkv_ragged import _ragged_merge_kernel, _ragged_partial_kernel  # noqa: PLC0415
+    from specdiag.kernels.gluon import fp8 as F  # noqa: PLC0415
+    from specdiag.kernels.gluon import ragged as R  # noqa: PLC0415
+    from specdiag.kernels.gluon import swap as S  # noqa: PLC0415
+    from specdiag.kernels.gluon import ws as W  # noqa: PLC0415
+    from specdiag.kernels.merge import _merge_kernel, _ragged_merge_kernel  # noqa: PLC0415
+    from specdiag.kernels.plan import default_config  # noqa: PLC0415
+    from specdiag.kernels.triton.baseline import _baseline_verify_kernel  # noqa: PLC0415
+    from specdiag.kernels.triton.ragged import _ragged_partial_kernel  # noqa: PLC0415
+    from specdiag.kernels.triton.splitkv import _split_partial_kernel  # noqa: PLC0415
 
     c: dict[str, Callable[[], Any]] = {}
     for qo in ("i32", "i64"):

@@ -1,4 +1,4 @@
-"""On the CPU: the warp-specialized Gluon kernels (gluon_ws, and the plugin's gluon_ws_ragged around its partitions).
+"""On the CPU: the warp-specialized Gluon kernels (gluon.ws, and the plugin's gluon.ragged around its partitions).
 Triton's interpreter does not run Gluon, so here each compiles for sm_90 with the shared memory, tensor-core
 instructions, copies and registers its design says, with every index dtype SGLang passes. Correctness on the GPU:
 tests/test_kernels_gpu.py and tests/test_sglang_plugin_gpu.py.
@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from specdiag.kernels.splitkv_plan import SHARED_LIMIT_SM90
+from specdiag.kernels.plan import SHARED_LIMIT_SM90
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 
@@ -22,7 +22,7 @@ HAS_TRITON = importlib.util.find_spec("triton") is not None
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed here")
 @pytest.mark.parametrize("early_q", [False, True], ids=["q-first", "early-q"])
 def test_warp_specialized_kernel_compiles_for_sm90_as_designed(early_q: bool) -> None:
-    """The pick's row-major kernel (gluon_ws) for sm_90, Q loaded before the partitions or by warpgroup 0 (EARLY_Q):
+    """The pick's row-major kernel (gluon.ws) for sm_90, Q loaded before the partitions or by warpgroup 0 (EARLY_Q):
     two partitions of one warpgroup each; warpgroup 0's scores as whole-tile m64n64k16 wgmmas (36 per tile: no score
     computed twice, no cross-warpgroup reduction), both halves of P V as m64n256k16, warpgroup 0's with P from
     registers; the cp.async copies arrive on the ring's mbarriers (.noinc: one arrival per copying thread); no spill,
@@ -32,7 +32,7 @@ def test_warp_specialized_kernel_compiles_for_sm90_as_designed(early_q: bool) ->
 
     from triton.backends.nvidia.compiler import get_ptxas
 
-    from specdiag.kernels.gluon_ws import compile_sm90
+    from specdiag.kernels.gluon.ws import compile_sm90
 
     k = compile_sm90(early_q=early_q)
     assert 0 < k.metadata.shared <= SHARED_LIMIT_SM90, k.metadata.shared
@@ -57,7 +57,7 @@ def test_warp_specialized_kernel_compiles_for_sm90_as_designed(early_q: bool) ->
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed here")
 def test_ragged_warp_specialized_kernel_compiles_for_sm90_as_the_picks() -> None:
-    """The ragged entry (gluon_ws_ragged: SGLang's ragged layout, lengths read on the device) around gluon_ws's two
+    """The ragged entry (gluon.ragged: SGLang's ragged layout, lengths read on the device) around gluon.ws's two
     partitions, for sm_90: the same wgmma shapes and counts as the pick's dense kernel, its copies arriving on the ring's mbarriers, shared memory within 64 B of the dense kernel's; its copy partition
     reads the prefix's and the draft tokens' cache rows from two tables (more index loads than the dense kernel).
     ptxas spills 32 bytes (Triton 3.6; the dense kernel none): the request's offsets kept live beside 255 registers."""
@@ -66,8 +66,8 @@ def test_ragged_warp_specialized_kernel_compiles_for_sm90_as_the_picks() -> None
 
     from triton.backends.nvidia.compiler import get_ptxas
 
-    from specdiag.kernels.gluon_ws import compile_sm90 as dense_sm90
-    from specdiag.kernels.gluon_ws_ragged import compile_sm90
+    from specdiag.kernels.gluon.ws import compile_sm90 as dense_sm90
+    from specdiag.kernels.gluon.ragged import compile_sm90
 
     k, dense = compile_sm90(), dense_sm90()
     assert k.metadata.num_warps == 8 and 0 < k.metadata.shared <= SHARED_LIMIT_SM90
@@ -93,7 +93,7 @@ def test_ragged_warp_specialized_kernel_compiles_for_sm90_as_the_picks() -> None
 def test_ragged_kernel_compiles_with_every_index_dtype_sglang_passes(qo: str, kv: str, mask: str) -> None:
     """SGLang's CUDA-graph buffers hold qo_indptr and mask_indptr as int64 (eager calls: int32 qo_indptr): the first
     form of the entry failed to compile with an int64 qo_indptr inside a real SGLang 0.5.17 on the H200 (2026-12-01, commit a1c03c5)."""
-    from specdiag.kernels.gluon_ws_ragged import compile_sm90
+    from specdiag.kernels.gluon.ragged import compile_sm90
 
     k = compile_sm90(qo_indptr=qo, kv_indptr=kv, mask_indptr=mask)
     assert k.metadata.num_warps == 8 and 0 < k.metadata.shared <= SHARED_LIMIT_SM90

@@ -22,9 +22,10 @@ import torch
 from specdiag.kernels.reference import relative_error
 from specdiag.kernels.mla import VerifyInputs, VerifyShape, make_inputs, tree_mask
 from specdiag.kernels.reference import reference_verify
-from specdiag.kernels.splitkv_plan import SplitKVConfig, plan_splits
-from specdiag.kernels.triton_splitkv import split_kv_triton
-from specdiag.kernels.triton_splitkv_ragged import ragged_args, ragged_split_kv_triton
+from specdiag.kernels.plan import SplitKVConfig, plan_splits
+from specdiag.kernels.mla import ragged_args
+from specdiag.kernels.triton.splitkv import split_kv_triton
+from specdiag.kernels.verify import TRITON, choose, verify
 
 def fp16(x):
     return VerifyInputs(q=x.q.half(), cache=x.cache.half(), token_table=x.token_table, block_table=x.block_table,
@@ -49,7 +50,8 @@ for shape, page, sms, splits in ((VerifyShape(256, 2, 4, "shuffled_p1"), 1, 5, 5
         print("split", shape, page, one_pass, splits, err)
         assert err < 1e-2 and not torch.isnan(out).any(), err
 
-# the ragged kernel on VerifyInputs laid out by ragged_args (the harness's ragged arms), both merge forms
+# the ragged kernel on VerifyInputs laid out by ragged_args (the harness's ragged arms), both merge forms, through the
+# kernels' entry point as the plugin calls it (on the CPU it chooses the Triton kernel)
 for shape, chain in ((VerifyShape(200, 2, 4, "shuffled_p1"), False), (VerifyShape(130, 4, 1, "contiguous"), True)):
     x = make_inputs(shape, seed=11)
     if chain:
@@ -60,13 +62,14 @@ for shape, chain in ((VerifyShape(200, 2, 4, "shuffled_p1"), False), (VerifyShap
         cfg = SplitKVConfig(**{**cfg0.as_dict(), "merge_one_pass": one_pass})
         out = torch.full((y.draft_tokens, y.heads, 512), float("nan"), dtype=torch.float16)
         args = ragged_args(y, out)
-        assert torch.equal(y.cache[args.pop("draft_loc")], args["k_ext"])  # the draft rows' slots, for Gluon
-        ragged_split_kv_triton(**args, cfg=cfg, num_sms=8)
+        assert torch.equal(y.cache[args["draft_loc"]], args["k_ext"])  # the draft rows' slots, for Gluon
+        assert choose(args["q"], args["kv"])[0] == TRITON
+        verify(**args, cfg=cfg, num_sms=8)
         err = relative_error(out, ref)
         print("ragged", shape, chain, one_pass, err)
         assert err < 1e-2 and not torch.isnan(out).any(), err
 # the baseline (SGLang's verify structure) on the same inputs
-from specdiag.kernels.triton_baseline import baseline_triton
+from specdiag.kernels.triton.baseline import baseline_triton
 for shape in (VerifyShape(130, 2, 5, "shuffled_p1"), VerifyShape(64, 1, 33, "contiguous")):
     x = make_inputs(shape, seed=5)
     ref = reference_verify(x)
@@ -79,8 +82,8 @@ print("ok")"""
 
 MERGE_SCRIPT = r"""
 import torch
-from specdiag.kernels.splitkv_plan import SplitKVConfig
-from specdiag.kernels.triton_splitkv import merge_partials
+from specdiag.kernels.plan import SplitKVConfig
+from specdiag.kernels.merge import merge_partials
 
 g = torch.Generator().manual_seed(7)
 for n_splits, rows in ((1, 3), (3, 5), (129, 2), (300, 1)):

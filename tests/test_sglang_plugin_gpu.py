@@ -19,7 +19,7 @@ if not torch.cuda.is_available():
 
 from test_sglang_plugin import make_batch, rel_err, sglang_reference  # noqa: E402
 
-from specdiag.kernels.triton_splitkv_ragged import ragged_split_kv_triton  # noqa: E402
+from specdiag.kernels.triton.ragged import ragged_split_kv_triton  # noqa: E402
 from specdiag_sglang_plugin.translate import VerifyBatch  # noqa: E402
 
 
@@ -30,7 +30,7 @@ def to_cuda(batch: VerifyBatch) -> VerifyBatch:
 
 def with_draft_in_cache(batch: VerifyBatch) -> tuple[VerifyBatch, torch.Tensor]:
     """``batch`` with its draft rows (k_ext) appended to the cache, as SGLang's set_kv_buffer stores them, and their
-    slots (SGLang's out_cache_loc): the Gluon kernel (gluon_ws_ragged) reads the draft rows there."""
+    slots (SGLang's out_cache_loc): the Gluon kernel (gluon.ragged) reads the draft rows there."""
     pool = batch.kv_buffer.shape[0]
     kv = torch.cat([batch.kv_buffer, batch.k_ext.reshape(-1, 1, batch.k_ext.shape[-1])], dim=0)
     loc = torch.arange(pool, pool + batch.k_ext.shape[0], dtype=torch.int64, device=kv.device)
@@ -38,8 +38,8 @@ def with_draft_in_cache(batch: VerifyBatch) -> tuple[VerifyBatch, torch.Tensor]:
 
 
 def ragged_call(kind: str, batch: VerifyBatch, draft: int, out: torch.Tensor, qo_int64: bool = False):
-    """A call of the plugin's kernel ``kind`` on ``batch`` into ``out``: "triton" (triton_splitkv_ragged, draft rows
-    from k_ext) or "gluon" (gluon_ws_ragged, what the plugin serves on sm_90: draft rows from the cache at their
+    """A call of the plugin's kernel ``kind`` on ``batch`` into ``out``: "triton" (triton.ragged, draft rows
+    from k_ext) or "gluon" (gluon.ragged, what the plugin serves on sm_90: draft rows from the cache at their
     slots; the rows as the wgmma's N up to 16 rows). ``qo_int64``: qo_indptr as int64, as in SGLang's CUDA-graph
     buffers (eager calls: int32)."""
     if qo_int64:
@@ -49,7 +49,7 @@ def ragged_call(kind: str, batch: VerifyBatch, draft: int, out: torch.Tensor, qo
                                               batch.kv_indptr, batch.kv_indices, batch.custom_mask,
                                               batch.mask_indptr, max_draft=draft, sm_scale=batch.sm_scale,
                                               logit_cap=batch.logit_cap)
-    from specdiag.kernels.gluon_ws_ragged import ragged_split_kv_gluon_ws
+    from specdiag.kernels.gluon.ragged import ragged_split_kv_gluon_ws
 
     g, loc = with_draft_in_cache(batch)
     return lambda: ragged_split_kv_gluon_ws(g.q, g.kv_buffer, out, g.qo_indptr, g.kv_indptr, g.kv_indices, loc,
@@ -66,8 +66,8 @@ def run_kernel(batch: VerifyBatch, draft: int, kind: str = "triton", qo_int64: b
 @pytest.mark.parametrize("heads", [8, 4, 16])  # TP 1, TP 2's local heads, and 128 rows
 def test_ragged_kernel_launches_with_the_ladder_config(heads):
     """The launch gate of scripts/device/sglang_plugin_job.sh: the default config fits this GPU and is correct."""
-    from specdiag.kernels.splitkv_plan import ragged_shared_bytes
-    from specdiag.kernels.triton_splitkv_ragged import ragged_default_config, shared_limit
+    from specdiag.kernels.plan import ragged_shared_bytes
+    from specdiag.kernels.triton.ragged import ragged_default_config, shared_limit
 
     draft = 8
     cfg = ragged_default_config(heads * draft, torch.device("cuda"))
@@ -83,8 +83,8 @@ def test_ladder_launches_its_first_rung_the_tuned_tile(heads, draft):
     """With one tile as keys and values the tuned tile of every row count fits the H200: the ladder's first
     rung launches without an OutOfResources (the form before needed 295,936 B at 64 rows and stepped down to 64 x 32)
     and gives the right output. The stepping itself is tested on the CPU (tests/test_splitkv_shared.py)."""
-    from specdiag.kernels.splitkv_plan import ConfigLadder, fitting_ladder
-    from specdiag.kernels.triton_splitkv_ragged import shared_limit
+    from specdiag.kernels.plan import ConfigLadder, fitting_ladder
+    from specdiag.kernels.triton.ragged import shared_limit
 
     batch, _ = make_batch([5000], draft, heads, chain=False, seed=11)
     g = to_cuda(batch)
@@ -172,7 +172,7 @@ def test_ragged_kernel_replays_in_a_cuda_graph_at_other_lengths(kind, qo_int64, 
     assert math.isfinite(float(out.float().abs().max()))
 
 
-# ---- the warp-specialized Gluon kernel on the ragged layout (gluon_ws_ragged), what the plugin serves on
+# ---- the warp-specialized Gluon kernel on the ragged layout (gluon.ragged), what the plugin serves on
 # sm_90 (at every row count since commit 4056b13, where it beat the Triton kernels at 8-32 rows); it reads the draft rows from the cache at their slots (out_cache_loc), where the hook stores them
 
 @pytest.mark.parametrize("prefix_lens, draft, heads, chain, dtype", [
@@ -203,7 +203,7 @@ def test_gluon_ragged_kernel_matches_sglang_definition(prefix_lens, draft, heads
     ([7000], 1, 5, True),  # 5 rows
 ], ids=lambda v: "x".join(map(str, v[:3])) + f"-{len(v)}" if isinstance(v, list) else str(v))
 def test_gluon_ragged_kernel_up_to_16_rows(prefix_lens, draft, heads, chain):
-    """Up to 16 rows the plugin serves the rows-as-N form (gluon_ws_swap's partitions on the ragged layout); int64
+    """Up to 16 rows the plugin serves the rows-as-N form (gluon.swap's partitions on the ragged layout); int64
     qo_indptr."""
     batch, _ = make_batch(prefix_lens, draft, heads, chain, seed=sum(prefix_lens) % 83)
     out = run_kernel(to_cuda(batch), draft, "gluon", qo_int64=True)
@@ -211,7 +211,7 @@ def test_gluon_ragged_kernel_up_to_16_rows(prefix_lens, draft, heads, chain):
     assert rel_err(out.cpu(), sglang_reference(batch)) < 1e-2
 
 
-# ---- the fp8 kernel on the ragged layout (gluon_ws_ragged.ragged_split_kv_gluon_fp8), what the plugin
+# ---- the fp8 kernel on the ragged layout (gluon.ragged.ragged_split_kv_gluon_fp8), what the plugin
 # serves on an fp8_e4m3 cache up to 16 rows: every row read from the fp8 pool, draft rows at their slots
 
 FP8_CASES = [
@@ -238,7 +238,7 @@ def fp8_on_cuda(prefix_lens, draft, heads, chain, scale, seed):
 
 
 def fp8_call(g8: VerifyBatch, loc: torch.Tensor, draft: int, scale: float, out: torch.Tensor, qo_int64: bool = False):
-    from specdiag.kernels.gluon_ws_ragged import ragged_split_kv_gluon_fp8
+    from specdiag.kernels.gluon.ragged import ragged_split_kv_gluon_fp8
 
     qo = g8.qo_indptr.to(torch.int64) if qo_int64 else g8.qo_indptr
     return lambda: ragged_split_kv_gluon_fp8(g8.q, g8.kv_buffer, out, qo, g8.kv_indptr, g8.kv_indices, loc,

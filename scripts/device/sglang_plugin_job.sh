@@ -62,7 +62,7 @@ export PYTHONPATH=$SITE:$PLUGIN:$PWD/lib
 from importlib.metadata import entry_points
 eps = [(e.name, e.value, e.dist.name if e.dist else None) for e in entry_points(group='sglang.srt.plugins')]
 print('entry points sglang.srt.plugins:', eps)
-import specdiag_sglang_plugin, specdiag.kernels.triton_splitkv_ragged
+import specdiag_sglang_plugin, specdiag.kernels.triton.ragged
 print('plugin and kernel import: ok')" 2>&1 | tail -3
 } >> "$env_log" 2>&1
 

@@ -1,8 +1,8 @@
 """Split-KV MLA verify attention in Gluon with two warp-specialized warpgroups (FlashMLA's division of work).
 
-The pick (specdiag.kernels.pick) runs this kernel above 16 packed rows (heads x draft tokens); its partitions, barriers
-and copy helpers are also the building blocks of the rows-as-N kernel (gluon_ws_swap), the fp8 kernel (gluon_ws_fp8)
-and the SGLang plugin's kernels (gluon_ws_ragged).
+The pick (specdiag.kernels.gluon.pick) runs this kernel above 16 packed rows (heads x draft tokens); its partitions, barriers
+and copy helpers are also the building blocks of the rows-as-N kernel (gluon.swap), the fp8 kernel (gluon.fp8)
+and the SGLang plugin's kernels (gluon.ragged).
 
 Why two roles rather than two equal halves: when both warpgroups split each tile's scores by keys (m64n32 wgmmas, both
 re-reading Q from shared memory), reduce the row max and sum across each other through shared memory and meet at a CTA
@@ -22,8 +22,8 @@ tile i + 1, and each KV copy is in flight for a whole tile. V is the first 512 c
 there is no second load. Barriers (all in shared memory): ``kv_ready[s]`` (the copy into buffer s landed; 128
 arrivals, one per worker thread), ``kv_free[s]`` (warpgroup 0 is done with buffer s), ``p_ready`` / ``p_free`` (P and
 the rescale factors written / read), ``l_ready`` (the row sums for the worker's normalization). Each split writes its
-normalized partial output (fp32, [splits, rows, 512]) and its base-2 LSE per row; the merge is triton_splitkv's
-(``merge_partials``). Registers: the worker keeps ``WS_WORKER_REGS`` (232) per thread, 128 of them its 64 x 256 fp32
+normalized partial output (fp32, [splits, rows, 512]) and its base-2 LSE per row; the merge is
+merge.merge_partials. Registers: the worker keeps ``WS_WORKER_REGS`` (232) per thread, 128 of them its 64 x 256 fp32
 accumulator; warpgroup 0 gets the rest. Shared memory at 64-token tiles and two stages, as compiled: 229,900 B of
 sm_90's 232,448.
 
@@ -32,11 +32,11 @@ the tree mask is loaded only on tiles that reach the draft tokens; tiles wholly 
 not masked at all and the scale is folded into the exponent. One option (a constexpr), which the pick turns on up to
 64 rows: EARLY_Q, warpgroup 0 loads Q into shared memory itself while warpgroup 1 already issues the first tiles'
 copies (with Q loaded before the partitions, the first copies waited 1.0-2.1 us for it on the H200). The pick merges
-with 64 value dims per merge program, in one pass where splitkv_plan.one_pass_merge_fields says so, launched as a
+with 64 value dims per merge program, in one pass where plan.one_pass_merge_fields says so, launched as a
 programmatic dependent launch.
 
-On the H200 this kernel was faster than the Triton split kernel (triton_splitkv) at every row count, 8-32 rows
-included; up to 16 rows the rows-as-N form (gluon_ws_swap) is faster still, which is why the pick switches there.
+On the H200 this kernel was faster than the Triton split kernel (triton.splitkv) at every row count, 8-32 rows
+included; up to 16 rows the rows-as-N form (gluon.swap) is faster still, which is why the pick switches there.
 
 Chain or tree drafts, page_size 1 (token table), bf16 or fp16. CUDA sm_90 only: the CPU tests compile it for sm_90.
 """
@@ -53,10 +53,9 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from specdiag.kernels.mla import BLOCK_TOKENS, D_NOPE, D_PE, D_QK, D_V, VerifyInputs
-from specdiag.kernels.splitkv_plan import GLUON_BLOCK_M, gluon_config, plan_splits
-
-LOG2E = 1.4426950408889634
+from specdiag.kernels.merge import merge_partials
+from specdiag.kernels.mla import BLOCK_TOKENS, D_NOPE, D_PE, D_QK, D_V, LOG2E, VerifyInputs
+from specdiag.kernels.plan import GLUON_BLOCK_M, gluon_config, plan_splits, sm_count
 #: warps of each partition (one warpgroup each) and the worker's register budget per thread (its 64 x 256 fp32
 #: accumulator is 128 of them); the default partition gets the rest of the kernel's
 WS_PARTITION_WARPS = 4
@@ -81,7 +80,7 @@ def store_q(Q, q_smem, qpe_smem, pid_m, n_rows, BLOCK_M: gl.constexpr, D_NOPE: g
             WARPS: gl.constexpr):
     """The row tile's Q into ``q_smem`` / ``qpe_smem`` (allocated with LOAD_Q False) by the calling warps, 128 columns
     at a time (a quarter of the registers of one load), converted to the buffers' dtype (the same as Q's in the bf16
-    kernels: no conversion; fp16 in gluon_ws_fp8), then fenced for the tensor cores and barrier'd among them."""
+    kernels: no conversion; fp16 in gluon.fp8), then fenced for the tensor cores and barrier'd among them."""
     LD: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [WARPS, 1], [1, 0])
     LD_PE: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
     for c in gl.static_range(D_NOPE // 128):
@@ -123,7 +122,7 @@ def q_and_ring_smem(Q, pid_m, n_rows, BLOCK_M: gl.constexpr, BLOCK_N: gl.constex
 def _tile_slots(TOKEN_TABLE, DRAFT_TABLE, n_prefix, pos0, end, BLOCK_N: gl.constexpr, LD: gl.constexpr,
                 LD_PE: gl.constexpr, RAGGED: gl.constexpr):
     """The cache rows of tokens pos0 .. pos0 + BLOCK_N - 1 through the token table, in the two copy layouts (0 past
-    ``end``). With RAGGED (SGLang's layout, gluon_ws_ragged) the prefix's rows come from TOKEN_TABLE (the request's
+    ``end``). With RAGGED (SGLang's layout, gluon.ragged) the prefix's rows come from TOKEN_TABLE (the request's
     kv_indices) and the draft tokens' from DRAFT_TABLE (their slots): a tile inside the prefix (all but the last one
     or two of a request) reads only TOKEN_TABLE, so its loads (made a tile ahead) stay in flight until the copy a tile
     later needs them, as in the dense kernel; a tile that reaches the draft tokens reads both and picks. Picking on
@@ -193,8 +192,8 @@ def _refill(KV, kv_smem, pe_smem, kv_ready, buf, slot, slot_pe, TOKEN_TABLE, DRA
 
 @gluon.jit
 def split_bounds(pid_s, tokens_per_split, n_kv, BLOCK_N: gl.constexpr):
-    """Split ``pid_s``'s tokens [start, end) and its tile count. Every dense Gluon kernel (this one, gluon_ws_swap,
-    gluon_ws_fp8) cuts its splits through this."""
+    """Split ``pid_s``'s tokens [start, end) and its tile count. Every dense Gluon kernel (this one, gluon.swap,
+    gluon.fp8) cuts its splits through this."""
     start = pid_s * tokens_per_split
     end = gl.minimum(start + tokens_per_split, n_kv)
     return start, end, gl.cdiv(gl.maximum(end - start, 0), BLOCK_N)
@@ -323,7 +322,7 @@ def _pv_loader_partition(kv_smem, pe_smem, p_smem, row_smem, kv_ready, kv_free, 
                          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, D_NOPE: gl.constexpr,
                          D_PE: gl.constexpr, D_HALF: gl.constexpr, WARPS: gl.constexpr, RAGGED: gl.constexpr = False):
     """Warpgroup 1: every KV tile's copy into the ring, and the second half of O (module doc). With RAGGED the
-    prefix's rows come from TOKEN_TABLE and the draft tokens' from DRAFT_TABLE (gluon_ws_ragged, ``_tile_slots``)."""
+    prefix's rows come from TOKEN_TABLE and the draft tokens' from DRAFT_TABLE (gluon.ragged, ``_tile_slots``)."""
     LD: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [WARPS, 1], [1, 0])
     LD_PE: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
@@ -363,7 +362,7 @@ def _pv_loader_partition(kv_smem, pe_smem, p_smem, row_smem, kv_ready, kv_free, 
 @gluon.jit
 def ws_shared_state(Q, pid_m, n_rows, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                     D_NOPE: gl.constexpr, D_PE: gl.constexpr, num_warps: gl.constexpr, LOAD_Q: gl.constexpr = True):
-    """Both entries' shared memory before the partitions (this module's and gluon_ws_ragged's): the row tile's Q
+    """Both entries' shared memory before the partitions (this module's and gluon.ragged's): the row tile's Q
     (rows past ``n_rows`` 0; with LOAD_Q False left to warpgroup 0, EARLY_Q), the KV ring, P, the row factors, and the
     barriers, initialized and visible to all."""
     LD: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
@@ -440,16 +439,14 @@ def split_kv_gluon_ws(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 64
                       num_sms: int | None = None, pdl_merge: bool = False, merge_block_dv: int = 16,
                       merge_one_pass: bool = False, merge_one_pass_max_splits: int = 512, early_q: bool = False,
                       split_round_tokens: int = BLOCK_TOKENS) -> torch.Tensor:
-    """Split-KV verify attention with the warp-specialized partial kernel and triton_splitkv's merge; writes ``out``.
-    The pick's arguments come from ``pick.pick_launch``.
+    """Split-KV verify attention with the warp-specialized partial kernel and merge.merge_partials; writes ``out``.
+    The pick's arguments come from ``gluon.pick.pick_launch``.
 
     ``early_q``: the kernel's EARLY_Q (module doc). ``pdl_merge`` launches the merge as a programmatic dependent launch;
     ``merge_block_dv`` value dims per merge program (16: one row's 512 dims in 32 programs); ``merge_one_pass`` runs
     the merge kernel with every split of its outputs at once, up to ``merge_one_pass_max_splits`` splits
-    (``split_merge.merge_block``); ``split_round_tokens``: each split's tokens a multiple of this
+    (``merge.merge_block``); ``split_round_tokens``: each split's tokens a multiple of this
     (``SplitKVConfig.split_round_tokens``; 1: equal shares)."""
-    from specdiag.kernels.triton_splitkv import merge_partials, sm_count  # noqa: PLC0415
-
     check_gluon_inputs(inputs, "split_kv_gluon_ws")
     q, cache = inputs.q, inputs.cache
     T, H = inputs.draft_tokens, inputs.heads

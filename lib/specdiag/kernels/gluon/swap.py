@@ -1,26 +1,26 @@
 """The pick's warp-specialized kernel with the query rows as the wgmma's N operand, for up to 16 packed rows.
 
-Why: the wgmma's M is 64 whatever the rows, so with the rows as M (gluon_ws) the scores of 8-16 query rows cost what
+Why: the wgmma's M is 64 whatever the rows, so with the rows as M (gluon.ws) the scores of 8-16 query rows cost what
 64 rows cost (m64n64k16 x 36 per tile) and the P V too (m64n256k16 x 4 per warpgroup), and each ring buffer is held
-through that math. At one draft token gluon_ws streams its KV at only 0.78-0.89 of the read floor of its own launch
+through that math. At one draft token gluon.ws streams its KV at only 0.78-0.89 of the read floor of its own launch
 shape on the H200, about 2,900 of warpgroup 0's 4,650 cycles per tile going to that math at 128k tokens, 8 heads x 1
 draft token. Here the keys are the M side and the rows the N side:
 
 - scores transposed, S^T [64 keys, 16 rows] = K Q^T: A = the KV tile from shared memory, B = Q [16, 576] permuted
-  (m64n16k16 x 36: a quarter of the N of gluon_ws's);
+  (m64n16k16 x 36: a quarter of the N of gluon.ws's);
 - the online softmax runs down the keys (axis 0: a reduction across the warpgroup's four warps);
 - P^T [64 keys, 16 rows] to shared memory, the B operand of both warpgroups' O^T [256 dims, 16 rows] += V^T P^T, with
   V^T the permuted half of the same KV tile as the A operand (m64n16k16 x 16 per warpgroup);
-- Q is 16 x 576 (18 KB, not gluon_ws's 74 KB), loaded by warpgroup 0 while warpgroup 1 issues the first tiles.
+- Q is 16 x 576 (18 KB, not gluon.ws's 74 KB), loaded by warpgroup 0 while warpgroup 1 issues the first tiles.
 
 On the H200 this form was faster than the row-major kernel at 8-16 rows (0.94-0.96 of its time on SGLang's layout),
 so the pick and the plugin run it up to 16 rows. With ``fit_rows`` (the pick's) calls of up to 8 rows run an N of 8:
 half the math of an N of 16.
 
-The ring, its barriers, the copies (gluon_ws ``_issue_first_tiles`` / ``_refill``, token-table rows prefetched a tile
-ahead), the split and the partials' layout are gluon_ws's, so the merge is triton_splitkv's. Rows are packed as there
+The ring, its barriers, the copies (gluon.ws ``_issue_first_tiles`` / ``_refill``, token-table rows prefetched a tile
+ahead), the split and the partials' layout are gluon.ws's, so the merge is merge.merge_partials. Rows are packed as there
 (row = draft token x heads + head; tree mask by the row's draft token). ``_swap_pv_partition`` is the P V warpgroup of
-the three- and four-partition fp8 kernels (gluon_ws_fp8), where a separate warpgroup brings the tiles in. Chain or tree
+the three- and four-partition fp8 kernels (gluon.fp8), where a separate warpgroup brings the tiles in. Chain or tree
 drafts, page_size 1, bf16 or fp16, CUDA sm_90 only (the CPU tests compile it for sm_90).
 """
 
@@ -35,10 +35,11 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from specdiag.kernels.gluon_ws import (LOG2E, WS_PARTITION_WARPS, WS_WORKER_REGS, _issue_first_tiles, _refill,
+from specdiag.kernels.gluon.ws import (WS_PARTITION_WARPS, WS_WORKER_REGS, _issue_first_tiles, _refill,
                                        _wait_tile, check_gluon_inputs, split_bounds, store_q, ws_barriers)
-from specdiag.kernels.mla import BLOCK_TOKENS, D_NOPE, D_PE, D_V, VerifyInputs
-from specdiag.kernels.splitkv_plan import gluon_config, plan_splits
+from specdiag.kernels.merge import merge_partials
+from specdiag.kernels.mla import BLOCK_TOKENS, D_NOPE, D_PE, D_V, LOG2E, VerifyInputs
+from specdiag.kernels.plan import gluon_config, plan_splits, sm_count
 
 #: query rows per program (the wgmma's N): every call of up to this many packed rows runs one row tile
 SWAP_MAX_ROWS = 16
@@ -132,8 +133,8 @@ def _swap_pv_loader_partition(kv_smem, pe_smem, pt_smem, row_smem, kv_ready, kv_
                               pid_s, stride_kv,
                               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, RN: gl.constexpr, D_NOPE: gl.constexpr,
                               D_PE: gl.constexpr, D_HALF: gl.constexpr, WARPS: gl.constexpr, RAGGED: gl.constexpr):
-    """Warpgroup 1: every KV tile's copy into the ring (gluon_ws's, token-table rows prefetched a tile ahead; with
-    RAGGED the prefix's rows from TOKEN_TABLE and the draft tokens' from DRAFT_TABLE, as gluon_ws_ragged) and O^T's
+    """Warpgroup 1: every KV tile's copy into the ring (gluon.ws's, token-table rows prefetched a tile ahead; with
+    RAGGED the prefix's rows from TOKEN_TABLE and the draft tokens' from DRAFT_TABLE, as gluon.ragged) and O^T's
     second half; its half of the partial at the end."""
     LD: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [WARPS, 1], [1, 0])
     LD_PE: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
@@ -171,8 +172,8 @@ def _swap_pv_loader_partition(kv_smem, pe_smem, pt_smem, row_smem, kv_ready, kv_
 @gluon.jit
 def _swap_shared_state(dtype: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, RN: gl.constexpr,
                        D_NOPE: gl.constexpr, D_PE: gl.constexpr, num_warps: gl.constexpr, FREE_COUNT: gl.constexpr = 1):
-    """Both entries' shared memory and barriers (this module's and gluon_ws_ragged's), initialized and visible to
-    all: Q (filled by warpgroup 0), the KV ring, P^T, the rows' factors, and gluon_ws's barriers (``ws_barriers``;
+    """Both entries' shared memory and barriers (this module's and gluon.ragged's), initialized and visible to
+    all: Q (filled by warpgroup 0), the KV ring, P^T, the rows' factors, and gluon.ws's barriers (``ws_barriers``;
     FREE_COUNT is 1 in every kernel that ships)."""
     q_smem = gl.allocate_shared_memory(dtype, [RN, D_NOPE], gl.NVMMASharedLayout.get_default_for([RN, D_NOPE], dtype))
     qpe_smem = gl.allocate_shared_memory(dtype, [RN, D_PE], gl.NVMMASharedLayout.get_default_for([RN, D_PE], dtype))
@@ -215,7 +216,7 @@ def _swap_partial_kernel(Q, KV, TOKEN_TABLE, MASK, O_PART, LSE_PART,
 def _swap_pv_partition(kv_smem, pt_smem, row_smem, kv_free, p_ready, p_free, l_ready, O_PART, n_rows, part_stride,
                        n_iter, pid_s, STAGES: gl.constexpr, RN: gl.constexpr, D_HALF: gl.constexpr,
                        WARPS: gl.constexpr):
-    """Warpgroup 1 when another warpgroup brings the tiles in (the fp8 kernels, gluon_ws_fp8 and gluon_ws_ragged):
+    """Warpgroup 1 when another warpgroup brings the tiles in (the fp8 kernels, gluon.fp8 and gluon.ragged):
     O^T's second half per tile, then the buffer released (one of kv_free's two arrivals, warpgroup 0's the other);
     its half of the partial at the end."""
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, RN, 16])
@@ -246,19 +247,17 @@ def split_kv_gluon_swap(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 
                         merge_one_pass: bool = True, merge_one_pass_max_splits: int = 512, fit_rows: bool = False,
                         split_round_tokens: int = BLOCK_TOKENS) -> torch.Tensor:
     """Split-KV verify attention with the rows as the wgmma's N (module doc) for up to ``SWAP_MAX_ROWS`` packed rows,
-    then triton_splitkv's merge (one pass, as a programmatic dependent launch by default: the pick's); writes ``out``.
+    then merge.merge_partials (one pass, as a programmatic dependent launch by default: the pick's); writes ``out``.
     ``fit_rows``: an N of 8 where the rows fit it (half the math of 16 at 1-8 rows), else 16; ``split_round_tokens``:
     each split's tokens a multiple of this (``SplitKVConfig``'s field). The pick's arguments come from
-    ``pick.pick_launch``."""
-    from specdiag.kernels.triton_splitkv import merge_partials, sm_count  # noqa: PLC0415
-
+    ``gluon.pick.pick_launch``."""
     check_gluon_inputs(inputs, "split_kv_gluon_swap")
     q, cache = inputs.q, inputs.cache
     T, H = inputs.draft_tokens, inputs.heads
     rows, n_kv = T * H, inputs.n_kv
     if rows > SWAP_MAX_ROWS:
         raise ValueError(f"split_kv_gluon_swap holds every row in one tile of {SWAP_MAX_ROWS}; this call has {rows} "
-                         "(heads x draft tokens): use gluon_ws.split_kv_gluon_ws")
+                         "(heads x draft tokens): use gluon.ws.split_kv_gluon_ws")
     cfg = replace(gluon_config(block_n, stages), merge_block_dv=merge_block_dv, merge_one_pass=merge_one_pass,
                   merge_one_pass_max_splits=merge_one_pass_max_splits, split_round_tokens=split_round_tokens)
     plan = plan_splits(rows, n_kv, cfg, num_sms or sm_count(q.device.index or 0))

@@ -1,9 +1,9 @@
 """The SGLang plugin's verify kernels on sm_90: the pick's warp-specialized Gluon kernels on SGLang's ragged layout.
 
-On the H200 the plugin's Triton kernel (triton_splitkv_ragged) took 1.4-2.2x the time of the warp-specialized kernel
+On the H200 the plugin's Triton kernel (triton.ragged) took 1.4-2.2x the time of the warp-specialized kernel
 from 33 packed rows (heads x draft tokens) and 1.1-1.6x below. These are the same kernels, their partitions unchanged
-(gluon_ws ``_softmax_partition`` and ``_pv_loader_partition``; gluon_ws_swap's; gluon_ws_fp8's), behind entries that
-read every length on the device, as triton_splitkv_ragged does, so one launch serves any context length and a CUDA
+(gluon.ws ``_softmax_partition`` and ``_pv_loader_partition``; gluon.swap's; gluon.fp8's), behind entries that
+read every length on the device, as triton.ragged does, so one launch serves any context length and a CUDA
 graph captured at one length replays at another:
 
 - the grid is (64-row tiles of ``max_draft`` x H, splits, requests) for the row-major kernel, (splits, requests) for
@@ -12,19 +12,19 @@ graph captured at one length replays at another:
 - its prefix is ``kv_indices[kv_indptr[b] ..]`` and its draft tokens are cache slots ``draft_loc[qo_indptr[b] ..]``
   (SGLang's ``out_cache_loc``: the plugin stores the draft rows there before the kernel, as SGLang's backend does),
   both page_size 1 slots of the latent cache ``kv`` [slots, 576]; the copy partition gathers from either table
-  (gluon_ws ``_tile_slots`` with RAGGED);
+  (gluon.ws ``_tile_slots`` with RAGGED);
 - the tree mask is SGLang's flattened custom mask: row t of request b at ``mask_indptr[b] + t * (P + T) + P``;
 - the split of a program: ``per_split = roundup64(max(ceil(n_kv / splits), min_split_tokens))`` tokens, as
-  triton_splitkv_ragged cuts them, so the merge is that module's (``ragged_merge``): partials [requests, splits,
-  max rows, 512] fp32, the merge in one pass where splitkv_plan.one_pass_merge_fields says so, 64 value dims per
+  triton.ragged cuts them, so the merge is the same (merge.ragged_merge): partials [requests, splits,
+  max rows, 512] fp32, the merge in one pass where plan.one_pass_merge_fields says so, 64 value dims per
   program otherwise (the pick's), launched as a programmatic dependent launch.
 
-On a bf16 or fp16 cache (``ragged_split_kv_gluon_ws``): up to 16 rows the rows-as-N kernel (gluon_ws_swap's
+On a bf16 or fp16 cache (``ragged_split_kv_gluon_ws``): up to 16 rows the rows-as-N kernel (gluon.swap's
 partitions; an N of 8 up to 8 rows), above it the row-major kernel (Q is loaded before the partitions: the pick's
 EARLY_Q is not used here).
 
 On an fp8 e4m3 cache (SGLang's ``--kv-cache-dtype fp8_e4m3``; ``ragged_split_kv_gluon_fp8``): the fp8 pick's kernel
-(gluon_ws_fp8: the staged s22 ring up to 8 rows, the direct d2 ring up to 16, the math in fp16) behind the same
+(gluon.fp8: the staged s22 ring up to 8 rows, the direct d2 ring up to 16, the math in fp16) behind the same
 entry (``_fp8_ragged_partial_kernel``), the draft rows read from the fp8 cache where the hook stored them, the cache's
 one scale applied to each converted tile; above 16 rows an N of 32 (``FP8_N32_RING``) and, above 32, row tiles of
 whole draft tokens (``fp8_tile_rows``; 8 heads x 8 draft tokens: two tiles of 32), each reading the split's KV. (Row
@@ -44,15 +44,16 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared
 
-from specdiag.kernels.gluon_ws import (D_HALF, LOG2E, WS_PARTITION_WARPS, WS_WORKER_REGS, _pv_loader_partition,
+from specdiag.kernels.gluon.fp8 import (FP8_RINGS, Fp8Ring, _fp8_copy_convert_partition, _fp8_core_state,
+                                        _fp8_loader_partition, _fp8_staging_state, fp16_pair_bits, partition_regs,
+                                        ring_for)
+from specdiag.kernels.gluon.swap import (SWAP_MAX_ROWS, _swap_pv_loader_partition, _swap_pv_partition,
+                                         _swap_shared_state, _swap_softmax_partition)
+from specdiag.kernels.gluon.ws import (D_HALF, WS_PARTITION_WARPS, WS_WORKER_REGS, _pv_loader_partition,
                                        _softmax_partition, ws_shared_state)
-from specdiag.kernels.gluon_ws_fp8 import (FP8_RINGS, MAX_KV_SCALE, Fp8Ring, _fp8_copy_convert_partition,
-                                           _fp8_core_state, _fp8_loader_partition, _fp8_staging_state, fp16_pair_bits,
-                                           partition_regs, ring_for)
-from specdiag.kernels.gluon_ws_swap import (SWAP_MAX_ROWS, _swap_pv_loader_partition, _swap_pv_partition,
-                                            _swap_shared_state, _swap_softmax_partition)
-from specdiag.kernels.mla import BLOCK_TOKENS, D_NOPE, D_PE, D_QK, D_V
-from specdiag.kernels.splitkv_plan import GLUON_BLOCK_M, SplitKVConfig, gluon_config, one_pass_merge_fields
+from specdiag.kernels.merge import ragged_merge
+from specdiag.kernels.mla import BLOCK_TOKENS, D_NOPE, D_PE, D_QK, D_V, LOG2E, MAX_KV_SCALE
+from specdiag.kernels.plan import GLUON_BLOCK_M, SplitKVConfig, gluon_config, n_splits_for, one_pass_merge_fields
 
 #: value dims per merge program where the merge does not run in one pass (the pick's)
 MERGE_BLOCK_DV = 64
@@ -90,7 +91,7 @@ def _ws_ragged_partial_kernel(Q, KV, KV_INDICES, DRAFT_LOC, MASK, QO_INDPTR, KV_
                               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                               D_NOPE: gl.constexpr, D_PE: gl.constexpr, D_HALF: gl.constexpr,
                               num_warps: gl.constexpr, WORKER_REGS: gl.constexpr, ROUND: gl.constexpr):
-    """One program per (64-row tile, split, request): the request's lengths from the device, then gluon_ws's two
+    """One program per (64-row tile, split, request): the request's lengths from the device, then gluon.ws's two
     partitions on its rows, its tables and its slice of the partials (module doc)."""
     pid_m = gl.program_id(0)
     pid_s = gl.program_id(1)
@@ -124,7 +125,7 @@ def _swap_ragged_partial_kernel(Q, KV, KV_INDICES, DRAFT_LOC, MASK, QO_INDPTR, K
                                 D_PE: gl.constexpr, D_HALF: gl.constexpr, num_warps: gl.constexpr,
                                 WORKER_REGS: gl.constexpr, ROUND: gl.constexpr):
     """One program per (split, request) of a batch whose requests have at most RN rows each: the request's lengths
-    from the device as ``_ws_ragged_partial_kernel``'s, then gluon_ws_swap's partitions (the rows as the wgmma's N)
+    from the device as ``_ws_ragged_partial_kernel``'s, then gluon.swap's partitions (the rows as the wgmma's N)
     on its rows, its tables and its slice of the partials."""
     pid_s = gl.program_id(0)
     b = gl.program_id(1)
@@ -156,7 +157,7 @@ def _fp8_ragged_partial_kernel(Q, KV8, KV_INDICES, DRAFT_LOC, MASK, QO_INDPTR, K
                                D_NOPE: gl.constexpr, D_PE: gl.constexpr, D_HALF: gl.constexpr, num_warps: gl.constexpr,
                                PV_REGS: gl.constexpr, CONVERT_REGS: gl.constexpr, ROUND: gl.constexpr):
     """One program per (split, request, row tile) on the fp8 cache: the request's lengths from the device as
-    ``_swap_ragged_partial_kernel``'s, then gluon_ws_fp8's partitions (the fp8 pick's: the rows-as-N softmax, the
+    ``_swap_ragged_partial_kernel``'s, then gluon.fp8's partitions (the fp8 pick's: the rows-as-N softmax, the
     three-partition P V, and with S8 > 0 the staged copy-and-convert warpgroup, else the direct form's two loading
     warpgroups) on rows ``pid_m * tile_rows ..`` (at most ``tile_rows`` <= RN of them), its tables and its slice of the
     partials. A row tile starts at a draft token's first row or holds rows of one draft token only (``fp8_tile_rows``),
@@ -222,35 +223,17 @@ def ragged_gluon_config(rows: int) -> SplitKVConfig:
     return replace(gluon_config(64, 2), merge_block_dv=MERGE_BLOCK_DV, pdl=True, **one_pass_merge_fields(rows))
 
 
-def gluon_ragged_supported(q: torch.Tensor, kv: torch.Tensor, logit_cap: float = 0.0) -> tuple[bool, str]:
-    """(runs, why not): the Gluon kernel serves CUDA sm_90 (wgmma), bf16 or fp16 q and cache in one dtype, contiguous
-    q, no logit cap."""
-    if not q.is_cuda or torch.version.hip is not None:
-        return False, "not a CUDA device"
-    if torch.cuda.get_device_capability(q.device) != (9, 0):
-        return False, f"compute capability {torch.cuda.get_device_capability(q.device)}, the kernel is sm_90's (wgmma)"
-    if q.dtype not in (torch.bfloat16, torch.float16) or kv.dtype != q.dtype:
-        return False, f"dtypes q {q.dtype} / kv {kv.dtype}: needs both bf16 or both fp16"
-    if not q.is_contiguous():
-        return False, "q is not contiguous (a request's rows must be one block)"
-    if logit_cap and logit_cap > 0:
-        return False, "logit cap (the Triton ragged kernel has it)"
-    return True, "warp-specialized Gluon kernel (sm_90)"
-
-
 def ragged_split_kv_gluon_ws(q: torch.Tensor, kv: torch.Tensor, o: torch.Tensor, qo_indptr: torch.Tensor,
                              kv_indptr: torch.Tensor, kv_indices: torch.Tensor, draft_loc: torch.Tensor,
                              mask: torch.Tensor, mask_indptr: torch.Tensor, max_draft: int, sm_scale: float,
                              cfg: SplitKVConfig | None = None, num_sms: int | None = None) -> torch.Tensor:
     """Verify attention for a batch in SGLang's layout with the warp-specialized kernel; writes ``o`` [tokens, H, 512]
     and returns it: where every request's rows fit one tile of ``SWAP_MAX_ROWS`` (heads x ``max_draft``) the rows as
-    the wgmma's N (gluon_ws_swap; an N of 8 up to 8 rows; on the H200 0.94-0.96 of the row-major kernel's time at 8-16
+    the wgmma's N (gluon.swap; an N of 8 up to 8 rows; on the H200 0.94-0.96 of the row-major kernel's time at 8-16
     rows), else the row-major kernel. ``q`` [tokens, H, 576] contiguous; ``kv`` [slots, (1,) 576] the layer's
     latent cache, holding the draft rows at ``draft_loc`` [tokens] (SGLang's out_cache_loc); ``mask`` the flattened
     custom mask (bool or uint8); ``max_draft`` the most draft tokens of any request (SGLang's ``max_extend_len``). No
     host synchronisation: safe under CUDA-graph capture."""
-    from specdiag.kernels.triton_splitkv_ragged import n_splits_for, ragged_merge  # noqa: PLC0415
-
     if q.dim() != 3 or q.shape[-1] != D_QK or not q.is_contiguous():
         raise ValueError(f"q must be a contiguous [tokens, heads, {D_QK}]; got {tuple(q.shape)}")
     kv2 = kv.reshape(kv.shape[0], -1)
@@ -294,7 +277,7 @@ def ragged_split_kv_gluon_ws(q: torch.Tensor, kv: torch.Tensor, o: torch.Tensor,
 #: the fp8 ragged kernel's widest row tile (the wgmma's N): calls of more rows run several row tiles, each reading the
 #: split's KV (32 rows: twice the fp8 bytes of a 64-row call, the bf16 cache's)
 FP8_TILE_MAX_ROWS = 32
-#: the ring of a 32-row tile (gluon_ws_fp8.FP8_RINGS' d2: two fp16 tiles, two loading warpgroups, 189,144 B of shared
+#: the ring of a 32-row tile (gluon.fp8.FP8_RINGS' d2: two fp16 tiles, two loading warpgroups, 189,144 B of shared
 #: memory) and its registers per thread of warpgroup 1 and of each loading warpgroup, chosen by compiling for sm_90
 #: here: (104, 120), which spills 76 B at its best split
 FP8_N32_RING = "d2"
@@ -317,32 +300,13 @@ def fp8_tile_rows(heads: int, rows: int) -> int:
 
 def fp8_ragged_launch(tile_rows: int) -> tuple[int, Fp8Ring, int, int]:
     """(N, ring, warpgroup 1's registers, each converting warpgroup's) of a row tile of ``tile_rows``: up to 16 rows
-    the fp8 pick's (gluon_ws_fp8.ring_for: s22 at N 8, d2 at N 16), up to 32 an N of 32 in ``FP8_N32_RING``."""
+    the fp8 pick's (gluon.fp8.ring_for: s22 at N 8, d2 at N 16), up to 32 an N of 32 in ``FP8_N32_RING``."""
     if tile_rows <= SWAP_MAX_ROWS:
         rn, ring = ring_for(tile_rows, None)
         return (rn, ring, *partition_regs(ring))
     if tile_rows > FP8_TILE_MAX_ROWS:
         raise ValueError(f"a row tile holds at most {FP8_TILE_MAX_ROWS} rows; got {tile_rows}")
     return (FP8_TILE_MAX_ROWS, FP8_RINGS[FP8_N32_RING], *FP8_N32_REGS)
-
-
-def gluon_fp8_ragged_supported(q: torch.Tensor, kv: torch.Tensor, rows: int, kv_scale: float = 1.0,
-                                logit_cap: float = 0.0) -> tuple[bool, str]:
-    """(runs, why not) for an fp8 cache: CUDA sm_90, bf16 contiguous q, a float8_e4m3fn cache, a scale whose e4m3
-    range fits fp16's, no logit cap (any row count: ``rows`` is kept for the callers' logs)."""
-    if not q.is_cuda or torch.version.hip is not None:
-        return False, "not a CUDA device"
-    if torch.cuda.get_device_capability(q.device) != (9, 0):
-        return False, f"compute capability {torch.cuda.get_device_capability(q.device)}, the kernel is sm_90's (wgmma)"
-    if q.dtype != torch.bfloat16 or kv.dtype != torch.float8_e4m3fn:
-        return False, f"dtypes q {q.dtype} / kv {kv.dtype}: the fp8 kernel takes bf16 q and a float8_e4m3fn cache"
-    if not q.is_contiguous():
-        return False, "q is not contiguous (a request's rows must be one block)"
-    if not 0 < kv_scale <= MAX_KV_SCALE:
-        return False, f"KV scale {kv_scale}: the fp8 kernel converts to fp16 and needs one in (0, {MAX_KV_SCALE:.1f}]"
-    if logit_cap and logit_cap > 0:
-        return False, "logit cap (not in the fp8 kernel)"
-    return True, "warp-specialized Gluon fp8 kernel (sm_90)"
 
 
 def ragged_split_kv_gluon_fp8(q: torch.Tensor, kv: torch.Tensor, o: torch.Tensor, qo_indptr: torch.Tensor,
@@ -357,8 +321,6 @@ def ragged_split_kv_gluon_fp8(q: torch.Tensor, kv: torch.Tensor, o: torch.Tensor
     ``fp8_tile_rows``, the splits shared out over the tiles so that the grid stays one program per SM; each row tile's
     ring as ``fp8_ragged_launch`` says. Every other argument as ``ragged_split_kv_gluon_ws``'s; no host
     synchronisation: safe under CUDA-graph capture."""
-    from specdiag.kernels.triton_splitkv_ragged import n_splits_for, ragged_merge  # noqa: PLC0415
-
     if q.dim() != 3 or q.shape[-1] != D_QK or not q.is_contiguous() or q.dtype != torch.bfloat16:
         raise ValueError(f"q must be a contiguous bf16 [tokens, heads, {D_QK}]; got {q.dtype} {tuple(q.shape)}")
     kv2 = kv.reshape(kv.shape[0], -1)

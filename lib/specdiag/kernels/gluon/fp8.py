@@ -2,7 +2,7 @@
 
 Why: SGLang serves MLA with an ``fp8_e4m3`` KV cache (``--kv-cache-dtype fp8_e4m3``: one per-tensor scale), where a
 verify step reads half the bytes of a bf16 cache. A Triton split-KV kernel that loads each fp8 tile and upcasts it
-inside its loop for the tensor-core dots took 3-3.5x the bf16 pick's time on the H200. This is gluon_ws_swap's kernel
+inside its loop for the tensor-core dots took 3-3.5x the bf16 pick's time on the H200. This is gluon.swap's kernel
 (the rows as the wgmma's N, up to 16 rows) with a partition that brings fp8 tiles in and converts them for the tensor
 cores:
 
@@ -16,7 +16,7 @@ cores:
 - **the direct form** (``s8 == 0``; ``_fp8_loader_partition``, warpgroups 2 and 3): each loads every other tile into
   registers two tiles ahead and converts it there; no staging buffer. The default from 9 to 16 rows (d2).
 - **warpgroups 0 and 1**: the pick's rows-as-N softmax partition and the P V partition of warpgroup 1
-  (gluon_ws_swap ``_swap_pv_partition``), reading the fp16 tiles as the bf16 kernel reads its own.
+  (gluon.swap ``_swap_pv_partition``), reading the fp16 tiles as the bf16 kernel reads its own.
 
 Rings (``FP8_RINGS``; shared memory compiled for sm_90 here, 232,448 B the limit): s22 (two fp16 tiles, two staging
 tiles: 231,808 B at 8 rows) and d2 (two fp16 tiles, 168,344 B at 16 rows). The fp8 pick runs s22 up to 8 rows and d2
@@ -44,10 +44,11 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
-from specdiag.kernels.gluon_ws import LOG2E, WS_PARTITION_WARPS, _issue_first_tiles, _refill, _tile_slots, split_bounds
-from specdiag.kernels.gluon_ws_swap import D_HALF, FIT_ROWS, SWAP_MAX_ROWS, _swap_pv_partition, _swap_softmax_partition
-from specdiag.kernels.mla import BLOCK_TOKENS, D_NOPE, D_PE, D_QK, D_V, VerifyInputs
-from specdiag.kernels.splitkv_plan import SplitKVConfig, SplitPlan, gluon_config, plan_splits
+from specdiag.kernels.gluon.ws import WS_PARTITION_WARPS, _issue_first_tiles, _refill, _tile_slots, split_bounds
+from specdiag.kernels.gluon.swap import D_HALF, FIT_ROWS, SWAP_MAX_ROWS, _swap_pv_partition, _swap_softmax_partition
+from specdiag.kernels.merge import merge_partials
+from specdiag.kernels.mla import BLOCK_TOKENS, D_NOPE, D_PE, D_QK, D_V, FP16_MAX, LOG2E, MAX_KV_SCALE, VerifyInputs
+from specdiag.kernels.plan import SplitKVConfig, SplitPlan, gluon_config, plan_splits, sm_count
 
 #: registers per thread of warpgroup 1 (its half of O^T: 16-32 at N 8-16, P^T's reads) and of the staged form's
 #: converting warpgroup (the token-table rows a tile ahead, the copies' addresses, a chunk of words being converted)
@@ -74,9 +75,6 @@ FP8_RINGS: dict[str, Fp8Ring] = {
 }
 #: columns of the tile converted at once (a register chunk of the converting warpgroup)
 CONVERT_COLS: gl.constexpr = gl.constexpr(128)
-#: the largest cache scale whose e4m3 range (448 x scale) fits fp16's (65,504), the dtype the tile is converted to
-FP16_MAX = 65504.0
-MAX_KV_SCALE = FP16_MAX / 448.0
 
 
 @gluon.jit
@@ -104,7 +102,7 @@ def _fp8_copy_convert_partition(st_nope, st_pe, st_ready, kv_smem, pe_smem, kv_r
                                 BLOCK_N: gl.constexpr, SB: gl.constexpr, S8: gl.constexpr, D_NOPE: gl.constexpr,
                                 D_PE: gl.constexpr, WARPS: gl.constexpr, RAGGED: gl.constexpr):
     """Warpgroup 2 of the staged form: the fp8 tiles' copies into the staging ring and their conversion into the
-    fp16 ring (module doc). The copies are the pick's (gluon_ws ``_issue_first_tiles`` / ``_refill``: token-table
+    fp16 ring (module doc). The copies are the pick's (gluon.ws ``_issue_first_tiles`` / ``_refill``: token-table
     rows a tile ahead), in layouts of 16 fp8 (16 B) per thread."""
     LD: gl.constexpr = gl.BlockedLayout([1, 16], [1, 32], [WARPS, 1], [1, 0])  # a warp: one row's 512 fp8
     LD_PE: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [WARPS, 1], [1, 0])  # a warp: 8 rows' 64 fp8
@@ -350,11 +348,9 @@ def split_kv_gluon_fp8(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 6
                        merge_one_pass_max_splits: int = 512, rings: str | None = None,
                        split_round_tokens: int = BLOCK_TOKENS) -> torch.Tensor:
     """Split-KV verify attention on the fp8 cache (module doc) for up to ``SWAP_MAX_ROWS`` packed rows, then
-    triton_splitkv's merge (one pass, under PDL: the pick's); writes ``out`` [T, H, 512] in q's dtype. ``rings``: a
+    merge.merge_partials (one pass, under PDL: the pick's); writes ``out`` [T, H, 512] in q's dtype. ``rings``: a
     name of ``FP8_RINGS`` (None: ``DEFAULT_RINGS``' for the rows); ``split_round_tokens``: each split's tokens a
-    multiple of this (``SplitKVConfig``'s field). The pick's arguments come from ``pick.pick_fp8_launch``."""
-    from specdiag.kernels.triton_splitkv import merge_partials, sm_count  # noqa: PLC0415
-
+    multiple of this (``SplitKVConfig``'s field). The pick's arguments come from ``gluon.pick.pick_fp8_launch``."""
     check_fp8_inputs(inputs, "split_kv_gluon_fp8")
     q, cache8 = inputs.q, inputs.cache_fp8
     T, H = inputs.draft_tokens, inputs.heads

@@ -1,8 +1,8 @@
 """Split-KV MLA verify attention in Triton: the whole GPU on one request.
 
 The kernel A/B's ``split_triton`` (token table) and ``split_triton_b64`` (64-token pages) arms run it with
-``default_config``; its merge launch (:func:`merge_partials`) is also the dense Gluon kernels' (gluon_ws, gluon_ws_swap,
-gluon_ws_fp8). The plugin's Triton fallback is the same design on SGLang's layout (triton_splitkv_ragged).
+``default_config``; its merge launch (merge.merge_partials) is the dense Gluon kernels' too. The plugin's Triton
+fallback is the same design on SGLang's layout (triton.ragged).
 
 Design (FlashMLA and FlashInfer split the same way):
 
@@ -26,28 +26,13 @@ Design (FlashMLA and FlashInfer split the same way):
 
 from __future__ import annotations
 
-import functools
-import os
-
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_wait
 
-from specdiag.kernels.mla import BLOCK_TOKENS, D_NOPE, D_PE, D_QK, D_V, VerifyInputs
-from specdiag.kernels.split_merge import MERGE_ONE_PASS_ELEMS, merge_block, merge_one_pass, merge_two_pass  # noqa: F401
-from specdiag.kernels.splitkv_plan import SplitKVConfig, default_config, plan_splits
-
-LOG2E = 1.4426950408889634
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
-@functools.lru_cache(maxsize=8)
-def sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
+from specdiag.kernels.merge import merge_partials
+from specdiag.kernels.mla import BLOCK_TOKENS, D_NOPE, D_PE, D_QK, D_V, LOG2E, VerifyInputs
+from specdiag.kernels.plan import SplitKVConfig, default_config, plan_splits, sm_count
 
 
 @triton.jit
@@ -137,21 +122,6 @@ def _split_partial_kernel(
         tl.store(LSE_PART + part_row, lse, mask=row_ok)
 
 
-@triton.jit
-def _merge_kernel(O_PART, LSE_PART, OUT, n_splits, n_rows,
-                  BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr, D_V: tl.constexpr, PDL: tl.constexpr = False,
-                  ONE_PASS: tl.constexpr = False):
-    row = tl.program_id(0)
-    if PDL:  # launched early (programmatic dependent launch): wait for the partial grid's completion and stores
-        gdc_wait()
-    dv = tl.program_id(1) * BLOCK_DV + tl.arange(0, BLOCK_DV)
-    if ONE_PASS:  # BLOCK_S >= n_splits: the row's lse and this block's partials in one round trip
-        merged = merge_one_pass(O_PART, LSE_PART, 0, n_splits, n_rows, row, dv, BLOCK_S, D_V)
-    else:
-        merged = merge_two_pass(O_PART, LSE_PART, 0, n_splits, n_rows, row, dv, BLOCK_S, BLOCK_DV, D_V)
-    tl.store(OUT + row.to(tl.int64) * D_V + dv, merged.to(OUT.dtype.element_ty))
-
-
 def split_kv_triton(inputs: VerifyInputs, out: torch.Tensor, page_size: int = 1,
                     cfg: SplitKVConfig | None = None, num_sms: int | None = None) -> torch.Tensor:
     """Run split-KV verify attention on CUDA; writes ``out`` [T, H, 512] bf16 and returns it.
@@ -195,23 +165,4 @@ def split_kv_triton(inputs: VerifyInputs, out: torch.Tensor, page_size: int = 1,
     )
     if not direct:
         merge_partials(o_part, lse_part, out, cfg, pdl=cfg.pdl)
-    return out
-
-
-def merge_partials(o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor, cfg: SplitKVConfig,
-                   pdl: bool = False) -> torch.Tensor:
-    """The second launch alone: weight ``o_part`` [splits, rows, 512] by ``lse_part`` [splits, rows] into ``out``.
-
-    ``pdl``: launch it as a programmatic dependent launch (sm_90): its programs may be scheduled while the partial
-    grid drains and wait on ``griddepcontrol.wait`` for that grid's completion, so the launch latency overlaps it.
-    """
-    pdl = pdl and not _interpreting()
-    n_splits, rows = lse_part.shape
-    block_s, block_dv, one_pass = merge_block(n_splits, cfg)
-    extra = {"launch_pdl": True} if pdl else {}
-    _merge_kernel[(rows, D_V // block_dv)](
-        o_part, lse_part, out, n_splits, rows,
-        BLOCK_S=block_s, BLOCK_DV=block_dv, D_V=D_V, PDL=pdl, ONE_PASS=one_pass, num_warps=8 if one_pass else 4,
-        **extra,
-    )
     return out

@@ -10,7 +10,10 @@ split kernel can reach at short contexts.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass, replace
+
+import torch
 
 from specdiag.kernels.mla import BLOCK_TOKENS, D_V
 
@@ -76,7 +79,7 @@ class SplitPlan:
 def default_config(rows: int) -> SplitKVConfig:
     """The launch parameters used when none are given, by packed rows (heads x draft tokens).
 
-    The fastest correct configurations of a tuning sweep of triton_splitkv on the H200 (tiles, warps, stages,
+    The fastest correct configurations of a tuning sweep of triton.splitkv on the H200 (tiles, warps, stages,
     programs per SM, merge width, value-dim split); each branch notes its time at 128k tokens and the nearest rivals'.
     """
     if rows <= 32:  # 59.7 us at 8 heads x 1 draft token (one program per SM: 70.5 us; 32-token tiles: 65.1 us)
@@ -96,7 +99,7 @@ GLUON_NUM_WARPS = 8
 
 def gluon_config(block_n: int = 64, stages: int = 2) -> SplitKVConfig:
     """The split plan's parameters of the Gluon kernels at every row count: 64-row tiles, one program per SM
-    (gluon_ws's shared memory compiled with Triton 3.6 for sm_90: 229,900 B at (64, 2), 188,972 B at (32, 3)),
+    (gluon.ws's shared memory compiled with Triton 3.6 for sm_90: 229,900 B at (64, 2), 188,972 B at (32, 3)),
     ``block_n`` tokens per KV tile, ``stages`` tiles in the ring."""
     return SplitKVConfig(block_m=GLUON_BLOCK_M, block_n=block_n, num_warps=GLUON_NUM_WARPS, num_stages=stages,
                          programs_per_sm=1.0, merge_block_dv=16)
@@ -139,7 +142,37 @@ def describe_plan(rows: int, n_kv: int, cfg: SplitKVConfig, num_sms: int) -> dic
             "programs": plan.programs, "partial_bytes": partial_bytes, "waves": plan.programs / max(1, num_sms)}
 
 
-# ---- shared memory of the ragged kernel (triton_splitkv_ragged._ragged_partial_kernel) and the ladder ----
+@functools.lru_cache(maxsize=8)
+def sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def n_splits_for(rows_per_request: int, batch: int, num_sms: int, cfg: SplitKVConfig,
+                 tile_rows: int | None = None) -> int:
+    """KV splits per request of the fixed grid: about ``programs_per_sm`` x SMs programs in all, over the request's
+    row tiles of ``tile_rows`` (None: ``cfg.block_m``)."""
+    n_tiles = -(-rows_per_request // (tile_rows or cfg.block_m))
+    return max(1, round(cfg.programs_per_sm * num_sms / (n_tiles * max(1, batch))))
+
+
+def describe_ragged_plan(rows: int, n_kv: int, cfg: SplitKVConfig, num_sms: int, batch: int = 1,
+                         tile_rows: int | None = None) -> dict:
+    """The plan the ragged kernel makes on the device for a request of ``n_kv`` tokens (prefix + draft) in a batch of
+    ``batch`` such requests, as plan.describe_plan's fields: the grid's splits (``grid_splits``), those that
+    hold tokens (``n_splits``: the merge's), tokens per split, programs of the grid, fp32 partial bytes, waves.
+    ``tile_rows``: rows per row tile where the kernel's are not ``cfg.block_m`` (the fp8 kernel's, gluon.ragged
+    ``fp8_tile_rows``: the splits are shared out over them)."""
+    n_tiles = -(-rows // (tile_rows or cfg.block_m))
+    grid_splits = n_splits_for(rows, batch, num_sms, cfg, tile_rows=tile_rows)
+    per_split = split_tokens(n_kv, grid_splits, cfg)
+    n_active = -(-n_kv // per_split)
+    programs = n_tiles * grid_splits * batch
+    return {"n_tiles": n_tiles, "n_splits": n_active, "grid_splits": grid_splits, "tokens_per_split": per_split,
+            "programs": programs, "partial_bytes": n_active * rows * (D_V * 4 + 4) * batch,
+            "waves": programs / max(1, num_sms)}
+
+
+# ---- shared memory of the ragged kernel (triton.ragged._ragged_partial_kernel) and the ladder ----
 
 #: The H200's (sm_90) shared memory per block with opt-in, as Triton reports it when a launch asks for more
 #: (OutOfResources "Hardware limit: 232448").
