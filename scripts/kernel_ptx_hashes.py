@@ -1,9 +1,12 @@
-"""Hashes of the sm_90 code of every kernel configuration the SGLang plugin and the pick launch, compiled here
-without a GPU (Triton's ahead-of-time compile for sm_90).
+"""Hashes of the sm_90 code of every kernel configuration the SGLang plugin, the pick and the kernel A/B's Triton
+arms launch, compiled here without a GPU (Triton's ahead-of-time compile for sm_90).
 
     python scripts/kernel_ptx_hashes.py              # print the hashes as JSON
     python scripts/kernel_ptx_hashes.py --check      # compare with tests/data/kernel-ptx-sm90.json (exit 1 if any differ)
     python scripts/kernel_ptx_hashes.py --write      # record them there (after a deliberate kernel change)
+    python scripts/kernel_ptx_hashes.py --dump DIR   # also write each configuration's hashed PTX to DIR/<name>.ptx
+
+Where a hash changes, ``diff -r`` of two ``--dump`` folders (before and after) shows which instructions did.
 
 The hash is of the PTX with what does not change the code left out: debug sections, ``.loc`` / ``.file`` lines and
 comments (file names and line numbers move when code moves between modules). A code move that leaves every hash
@@ -39,30 +42,40 @@ def normalized_ptx(ptx: str) -> str:
     return "\n".join(out)
 
 
+def digest(normalized: str) -> str:
+    return hashlib.sha256(normalized.encode()).hexdigest()[:16]
+
+
 def ptx_hash(compiled: Any) -> str:
-    return hashlib.sha256(normalized_ptx(compiled.asm["ptx"]).encode()).hexdigest()[:16]
+    return digest(normalized_ptx(compiled.asm["ptx"]))
 
 
-def _triton_sm90(kernel: Any, ptr: dict, const: dict, warps: int) -> Any:
+def _triton_sm90(kernel: Any, ptr: dict, const: dict, warps: int, stages: int | None = None) -> Any:
     import triton  # noqa: PLC0415
     from triton.backends.compiler import GPUTarget  # noqa: PLC0415
     from triton.compiler import ASTSource  # noqa: PLC0415
 
     sig = {n: "constexpr" if n in const else ptr.get(n, "i32") for n in kernel.arg_names}
-    return triton.compile(ASTSource(kernel, sig, const), target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    options = {"num_warps": warps} if stages is None else {"num_warps": warps, "num_stages": stages}
+    return triton.compile(ASTSource(kernel, sig, const), target=GPUTarget("cuda", 90, 32), options=options)
 
 
 def configurations() -> dict[str, Callable[[], Any]]:
     """Name -> a compile of one configuration: the plugin's Gluon kernels (bf16 rows-as-N at N 8 and 16, row-major;
     fp8 at 8, 16 and 64 rows; int32 and int64 qo_indptr as SGLang passes them eager and under CUDA graphs), its Triton
     fallback at its three row tiles with and without a logit cap, the pick's kernels (rows as N at 8 and 16, row-major
-    with and without the early Q; fp8 at 8 and 16 rows in their rings) and both merge kernels in both forms."""
-    from specdiag.kernels import gluon_ws as W  # noqa: PLC0415
-    from specdiag.kernels import gluon_ws_fp8 as F  # noqa: PLC0415
-    from specdiag.kernels import gluon_ws_ragged as R  # noqa: PLC0415
-    from specdiag.kernels import gluon_ws_swap as S  # noqa: PLC0415
-    from specdiag.kernels.triton_splitkv import _merge_kernel  # noqa: PLC0415
-    from specdiag.kernels.triton_splitkv_ragged import _ragged_merge_kernel, _ragged_partial_kernel  # noqa: PLC0415
+    with and without the early Q; fp8 at 8 and 16 rows in their rings), both merge kernels in both forms, and the
+    kernel A/B's Triton arms: the baseline, and the split kernel at each tile of ``default_config`` on a token table
+    and on 64-token pages."""
+    from specdiag.kernels.gluon import fp8 as F  # noqa: PLC0415
+    from specdiag.kernels.gluon import ragged as R  # noqa: PLC0415
+    from specdiag.kernels.gluon import swap as S  # noqa: PLC0415
+    from specdiag.kernels.gluon import ws as W  # noqa: PLC0415
+    from specdiag.kernels.merge import _merge_kernel, _ragged_merge_kernel  # noqa: PLC0415
+    from specdiag.kernels.plan import default_config  # noqa: PLC0415
+    from specdiag.kernels.triton.baseline import _baseline_verify_kernel  # noqa: PLC0415
+    from specdiag.kernels.triton.ragged import _ragged_partial_kernel  # noqa: PLC0415
+    from specdiag.kernels.triton.splitkv import _split_partial_kernel  # noqa: PLC0415
 
     c: dict[str, Callable[[], Any]] = {}
     for qo in ("i32", "i64"):
@@ -73,8 +86,8 @@ def configurations() -> dict[str, Callable[[], Any]]:
             c[f"plugin_fp8_rows{rows}_qo{qo}"] = lambda qo=qo, rows=rows: R.compile_sm90(qo_indptr=qo, fp8_rows=rows)
     c["pick_rowsN8"] = lambda: S.compile_sm90(rn=8)
     c["pick_rowsN16"] = lambda: S.compile_sm90(rn=16)
-    c["pick_rowmajor_earlyq"] = lambda: W.compile_sm90(prefetch=True, draft_branch=True, fold=True, early_q=True)
-    c["pick_rowmajor"] = lambda: W.compile_sm90(prefetch=True, draft_branch=True, fold=True)
+    c["pick_rowmajor_earlyq"] = lambda: W.compile_sm90(early_q=True)
+    c["pick_rowmajor"] = lambda: W.compile_sm90()
     c["pick_fp8_rowsN8_s22"] = lambda: F.compile_sm90(rn=8, rings="s22")
     c["pick_fp8_rowsN16_d2"] = lambda: F.compile_sm90(rn=16, rings="d2")
     ptr = {"O_PART": "*fp32", "LSE_PART": "*fp32", "OUT": "*bf16", "QO_INDPTR": "*i32", "KV_INDPTR": "*i64"}
@@ -94,13 +107,29 @@ def configurations() -> dict[str, Callable[[], Any]]:
             c[f"plugin_triton_bm{bm}_cap{int(cap)}"] = lambda bm=bm, cap=cap: _triton_sm90(
                 _ragged_partial_kernel, ptr2, {"BLOCK_M": bm, "BLOCK_N": 64, "D_NOPE": 512, "D_PE": 64,
                                                "LOGIT_CAP": cap, "ROUND": 64}, 4 if bm < 64 else 8)
+    ptr3 = {"Q": "*bf16", "KV": "*bf16", "TOKEN_TABLE": "*i64", "BLOCK_TABLE": "*i32", "MASK": "*u8",
+            "O_PART": "*fp32", "LSE_PART": "*fp32", "OUT": "*bf16", "qk_scale": "fp32", "sm_scale": "fp32"}
+    c["ab_baseline"] = lambda: _triton_sm90(_baseline_verify_kernel, ptr3, {"BLOCK_M": 32, "BLOCK_N": 64, "D_NOPE": 512,
+                                                                           "D_PE": 64, "D_V": 512}, 8, 1)
+    for rows in (8, 32, 64):  # default_config's tiles (its 64 rows at 2 stages compile to the code of 3 stages)
+        cfg = default_config(rows)
+        for page in (1, 64):
+            c[f"ab_split_bm{cfg.block_m}_s{cfg.num_stages}_page{page}"] = lambda cfg=cfg, page=page: _triton_sm90(
+                _split_partial_kernel, ptr3, {"PAGE_SIZE": page, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
+                                              "D_NOPE": 512, "D_PE": 64, "DIRECT": False}, cfg.num_warps,
+                                             cfg.num_stages)
     return c
 
 
-def hashes(progress: Callable[[str], None] = lambda s: None) -> dict[str, str]:
+def hashes(progress: Callable[[str], None] = lambda s: None, dump: Path | None = None) -> dict[str, str]:
+    """Name -> hash of every configuration; with ``dump`` each one's normalized PTX (what is hashed) written there."""
     out = {}
     for name, compile_ in configurations().items():
-        out[name] = ptx_hash(compile_())
+        ptx = normalized_ptx(compile_().asm["ptx"])
+        out[name] = digest(ptx)
+        if dump is not None:
+            dump.mkdir(parents=True, exist_ok=True)
+            (dump / f"{name}.ptx").write_text(ptx + "\n")
         progress(f"{name} {out[name]}")
     return out
 
@@ -115,8 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--check", action="store_true", help=f"compare with {RECORD.relative_to(ROOT)}")
     ap.add_argument("--write", action="store_true", help=f"record the hashes in {RECORD.relative_to(ROOT)}")
+    ap.add_argument("--dump", type=Path, metavar="DIR", help="write each configuration's hashed PTX to DIR/<name>.ptx")
     args = ap.parse_args(argv)
-    now = hashes(progress=lambda s: print(s, file=sys.stderr, flush=True))
+    now = hashes(progress=lambda s: print(s, file=sys.stderr, flush=True), dump=args.dump)
     if args.write:
         RECORD.write_text(json.dumps({"triton": triton.__version__, "hashes": now}, indent=1) + "\n")
         print(f"wrote {len(now)} hashes to {RECORD}")

@@ -12,9 +12,9 @@ import torch
 
 from specdiag.kernels.mla import (KV_ROW_BYTES, VerifyShape, arithmetic_intensity_flop_per_byte, kv_bytes,
                                   make_inputs, make_tables, ridge_rows, tree_mask, verify_flops, with_fp8_cache)
-from specdiag.kernels.pick import PICK, PICK_FP8, PickConfig, pick_fp8_launch, pick_launch, split_kv_pick_fp8
+from specdiag.kernels.gluon.pick import PICK, PICK_FP8, PickConfig, pick_fp8_launch, pick_launch, split_kv_pick_fp8
 from specdiag.kernels.reference import baseline_torch, reference_verify, split_kv_torch
-from specdiag.kernels.splitkv_plan import SplitKVConfig, describe_plan, plan_splits
+from specdiag.kernels.plan import SplitKVConfig, describe_plan, plan_splits
 from specdiag.kernels.reference import relative_error
 
 
@@ -107,13 +107,13 @@ def test_bad_shapes_are_refused_with_the_field_named() -> None:
 
 @pytest.mark.parametrize("rows,n_kv", [(8, 131_080), (64, 65_544), (8192, 262_208), (16, 8_193)])
 def test_split_plan_covers_the_cache(rows: int, n_kv: int) -> None:
-    for cfg in (SplitKVConfig(), SplitKVConfig(block_m=16, programs_per_sm=2.0), SplitKVConfig(dv_split=2),
-                SplitKVConfig(split_round_tokens=1), SplitKVConfig(block_m=16, split_round_tokens=16)):
+    for cfg in (SplitKVConfig(), SplitKVConfig(block_m=16, programs_per_sm=2.0), SplitKVConfig(split_round_tokens=1),
+                SplitKVConfig(block_m=16, split_round_tokens=16)):
         plan = plan_splits(rows, n_kv, cfg, num_sms=132)
         assert plan.tokens_per_split % cfg.split_round_tokens == 0 and plan.tokens_per_split >= cfg.min_split_tokens
         assert (plan.n_splits - 1) * plan.tokens_per_split < n_kv <= plan.n_splits * plan.tokens_per_split
         d = describe_plan(rows, n_kv, cfg, 132)
-        assert d["programs"] == plan.n_tiles * plan.n_splits * cfg.dv_split
+        assert d["programs"] == plan.n_tiles * plan.n_splits
         assert d["partial_bytes"] == (0 if plan.n_splits == 1 else plan.n_splits * rows * (512 * 4 + 4))
 
 
@@ -121,8 +121,8 @@ def test_equal_token_splits_fill_every_sm_where_64_token_splits_leave_some_idle(
     """A 64-token round cuts 128k + 1 draft token into 129 splits of 1,024 (3 of 132 SMs idle, the rest
     3 % over an equal share), 256k into 129 of 2,048; a round of 1 gives 132 splits of 993 and 1,986, the last the
     shortest; the plan's splits still cover every token once, and the ragged plan cuts the same."""
-    from specdiag.kernels.splitkv_plan import gluon_config, split_tokens
-    from specdiag.kernels.triton_splitkv_ragged import describe_ragged_plan
+    from specdiag.kernels.plan import gluon_config, split_tokens
+    from specdiag.kernels.plan import describe_ragged_plan
 
     tile, equal = gluon_config(64, 2), replace(gluon_config(64, 2), split_round_tokens=1)
     for n_kv, (n64, t64), (n1, t1) in [(131_073, (129, 1024), (132, 993)), (262_145, (129, 2048), (132, 1986)),
@@ -141,7 +141,7 @@ def test_equal_token_splits_fill_every_sm_where_64_token_splits_leave_some_idle(
 def test_block_table_kernels_refuse_splits_inside_a_page() -> None:
     """The page-table path reads a tile's slots as one page's: a split round that is not a multiple of 64 would
     start splits inside a page, so the kernel refuses it before any launch, naming the fix."""
-    from specdiag.kernels.triton_splitkv import split_kv_triton
+    from specdiag.kernels.triton.splitkv import split_kv_triton
 
     x = make_inputs(VerifyShape(300, 2, 2, "shuffled_b64"))
     cfg = replace(SplitKVConfig(block_n=64), split_round_tokens=16)
@@ -154,8 +154,8 @@ def test_block_table_kernels_refuse_splits_inside_a_page() -> None:
     (17, "ws", None, True, True), (32, "ws", None, True, True), (64, "ws", None, True, True),
     (65, "ws", None, False, True), (1024, "ws", None, False, True)])
 def test_the_pick_launches_its_form_by_the_rows(rows: int, form: str, n: int, early_q: bool, one_pass: bool) -> None:
-    """Up to 16 packed rows the rows-as-N kernel (an N of 8 up to 8 rows), above them the row-major kernel with its
-    options, Q loaded early up to 64 rows; the merge in one pass (every split count up to 32 rows, up to 16 splits
+    """Up to 16 packed rows the rows-as-N kernel (an N of 8 up to 8 rows), above them the row-major kernel, Q loaded
+    early up to 64 rows; the merge in one pass (every split count up to 32 rows, up to 16 splits
     above), 64 value dims per merge program, under PDL."""
     got_form, kw = pick_launch(PICK, rows)
     assert got_form == form
@@ -165,7 +165,7 @@ def test_the_pick_launches_its_form_by_the_rows(rows: int, form: str, n: int, ea
     if form == "swap":
         assert kw["fit_rows"] is True and (8 if rows <= 8 else 16) == n
     else:
-        assert (kw["prefetch"], kw["draft_branch"], kw["fold"], kw["early_q"]) == (True, True, True, early_q)
+        assert kw["early_q"] is early_q
     assert pick_launch(replace(PICK, swap_max_rows=0), 8)[0] == "ws"
 
 
@@ -185,3 +185,26 @@ def test_a_pick_config_is_frozen_and_passed_through() -> None:
     with pytest.raises(Exception):
         PICK.block_n = 32  # type: ignore[misc]
     assert pick_launch(PickConfig(block_n=32, stages=4), 8)[1]["block_n"] == 32
+
+
+def test_the_entry_point_chooses_by_device_and_cache_dtype_and_refuses_what_cannot_run() -> None:
+    """On the CPU (no sm_90): a bf16 or fp16 cache gets the Triton kernel, an fp8 cache none, each with the reason;
+    with the Gluon kernels off the same. ``verify`` refuses, before any launch, an unknown kernel, a Gluon call without
+    the draft rows' slots or with a logit cap, a Triton call without the draft rows, and a call nothing here serves."""
+    from specdiag.kernels.mla import ragged_args
+    from specdiag.kernels.verify import GLUON, TRITON, choose, verify
+
+    q = torch.zeros(2, 8, 576, dtype=torch.bfloat16)
+    fp8 = torch.zeros(64, 576, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    assert choose(q, torch.zeros(64, 576, dtype=torch.bfloat16)) == (TRITON, "not a CUDA device")
+    half = torch.zeros(64, 576, dtype=torch.float16)
+    assert choose(q.half(), half, gluon=False) == (TRITON, "the Gluon kernels are off")
+    assert choose(q, fp8) == (None, "not a CUDA device")
+    assert choose(q, fp8, gluon=False)[0] is None
+    x = make_inputs(VerifyShape(100, 8, 2, "shuffled_p1"))
+    args = ragged_args(x, x.out_like())
+    for kw, match in ((dict(kernel="flash"), "kernel must be one of"), (dict(kernel=GLUON, draft_loc=None), "draft_loc"),
+                      (dict(kernel=GLUON, logit_cap=30.0), "no logit cap"), (dict(kernel=TRITON, k_ext=None), "k_ext"),
+                      (dict(kv=fp8, kernel=None), "no verify kernel here serves this call: not a CUDA device")):
+        with pytest.raises(ValueError, match=match):
+            verify(**{**args, **kw})

@@ -1,8 +1,7 @@
-"""On the CPU: the pick's rows-as-N kernel on the fp8 cache (gluon_ws_fp8). Triton's interpreter does not
+"""On the CPU: the pick's rows-as-N kernel on the fp8 cache (gluon.fp8). Triton's interpreter does not
 run Gluon, so here: each form compiles for sm_90 with the shared memory, tensor-core instructions, conversions and
-registers its design says; bad calls are refused before any launch; the integer conversion's algorithm gives torch's
-float8_e4m3fn values for every byte; the harness, the A/B tables and the phase tables read fp8 rows. Correctness and
-times on the GPU: tests/test_kernels_gpu.py (fp8), docs/kernel-notes.md runs 47-51.
+registers its design says; bad calls are refused before any launch; the fp16 scale's bits. Correctness and times on
+the GPU: tests/test_kernels_gpu.py (fp8), docs/kernel-notes.md runs 47-51.
 """
 
 from __future__ import annotations
@@ -14,12 +13,10 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
 import pytest
 import torch
 
-from specdiag.kernels.splitkv_plan import SHARED_LIMIT_SM90
+from specdiag.kernels.plan import SHARED_LIMIT_SM90
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed here")
@@ -43,7 +40,7 @@ def test_fp8_row_tiles_start_at_a_draft_token_or_stay_inside_one() -> None:
     """Up to 32 rows one tile; above, whole draft tokens' rows (8 heads: 32, 5 heads: 30), or with more heads than 32
     the largest divisor of the heads (40: 20, 128: 32), so every tile's first row is a draft token's first row or
     every row of the tile belongs to one draft token; bad counts are refused."""
-    from specdiag.kernels.gluon_ws_ragged import FP8_TILE_MAX_ROWS, fp8_tile_rows
+    from specdiag.kernels.gluon.ragged import FP8_TILE_MAX_ROWS, fp8_tile_rows
 
     assert FP8_TILE_MAX_ROWS == 32
     assert [fp8_tile_rows(h, r) for h, r in ((8, 8), (8, 32), (8, 64), (16, 1024), (5, 40), (40, 40), (128, 256),
@@ -62,35 +59,35 @@ def test_fp8_row_tiles_start_at_a_draft_token_or_stay_inside_one() -> None:
 
 @pytest.mark.slow
 @needs_triton
-@pytest.mark.parametrize("rows, ring, max_spill", [(32, "s13", 0), (64, "d2", 80)])
-def test_ragged_fp8_kernel_at_an_n_of_32(rows: int, ring: str, max_spill: int) -> None:
-    """Above 16 rows the fp8 ragged kernel's tiles are 32 rows (68 m64n32k16 fp16 wgmmas a tile) in either ring of
-    ``FP8_N32_RINGS``, within sm_90's shared memory: s13 without spills, d2 with at most 80 B (76 at its best split)."""
-    from specdiag.kernels.gluon_ws_ragged import FP8_N32_RINGS, compile_sm90
+def test_ragged_fp8_kernel_at_an_n_of_32() -> None:
+    """Above 16 rows the fp8 ragged kernel's tiles are 32 rows (68 m64n32k16 fp16 wgmmas a tile) in the direct ring
+    d2 (``FP8_N32_RING``: two loading warpgroups, no cp.async), within sm_90's shared memory, with the registers of
+    ``FP8_N32_REGS`` and a spill of at most 80 B (76 at its best split)."""
+    from specdiag.kernels.gluon.ragged import FP8_N32_REGS, FP8_N32_RING, compile_sm90
 
-    assert set(FP8_N32_RINGS) == {"d2", "s13"}
-    k = compile_sm90(qo_indptr="i64", kv_indptr="i32", fp8_rows=rows, fp8_rings=ring)
+    assert FP8_N32_RING == "d2"
+    k = compile_sm90(qo_indptr="i64", kv_indptr="i32", fp8_rows=64)
     assert k.metadata.shared <= SHARED_LIMIT_SM90
     ptx = k.asm["ptx"]
     wgmma = r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+\.f32\.f16\.f16)"
     assert collections.Counter(re.findall(wgmma, ptx)) == {"m64n32k16.f32.f16.f16": 68}
-    assert (ptx.count("cp.async.cg") > 0) == (ring == "s13")
+    assert ptx.count("cp.async.cg") == 0
     regs = [int(n) for n in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32 \t?(\d+)", ptx)]
-    assert set(FP8_N32_RINGS[ring]) <= set(regs)
-    assert _ptxas_spill_bytes(ptx) <= max_spill
+    assert set(FP8_N32_REGS) <= set(regs)
+    assert _ptxas_spill_bytes(ptx) <= 80
 
 
 @pytest.mark.slow
 @needs_triton
 @pytest.mark.parametrize("rows, qo, max_spill", [(8, "i32", 0), (8, "i64", 0), (16, "i32", 8), (16, "i64", 8), (5, "i64", 0)])
 def test_ragged_fp8_kernel_compiles_for_sm90_as_the_dense_fp8_pick(rows: int, qo: str, max_spill: int) -> None:
-    """The plugin's fp8 kernel (gluon_ws_ragged ``_fp8_ragged_partial_kernel``: SGLang's ragged layout, lengths read on
+    """The plugin's fp8 kernel (gluon.ragged ``_fp8_ragged_partial_kernel``: SGLang's ragged layout, lengths read on
     the device) with the index dtypes SGLang passes: the dense fp8 pick's ring for the rows (s22 at N 8, d2 at N 16),
     its 68 fp16 wgmmas, conversions and copies, shared memory within 64 B of the dense kernel's, more 64-bit index
     loads (the prefix's and the draft tokens' tables). ptxas spills 8 B at N 16 (the dense kernel none), as the bf16
     ragged kernel spills 32 B beside its dense one: the request's offsets kept live."""
-    from specdiag.kernels.gluon_ws_fp8 import DEFAULT_RINGS, compile_sm90 as dense_sm90
-    from specdiag.kernels.gluon_ws_ragged import compile_sm90
+    from specdiag.kernels.gluon.fp8 import DEFAULT_RINGS, compile_sm90 as dense_sm90
+    from specdiag.kernels.gluon.ragged import compile_sm90
 
     rn = 8 if rows <= 8 else 16
     k, dense = compile_sm90(qo_indptr=qo, kv_indptr=qo, fp8_rows=rows), dense_sm90(rn, DEFAULT_RINGS[rn])
@@ -106,13 +103,13 @@ def test_ragged_fp8_kernel_compiles_for_sm90_as_the_dense_fp8_pick(rows: int, qo
 
 
 def test_ragged_fp8_launcher_refuses_bad_calls_before_any_launch() -> None:
-    """A bf16 cache, fp16 q, a ring that does not hold the call's row tile, a scale past fp16's range, too few draft
-    slots: refused with the fix, before any allocation or launch (CPU tensors: a launch would fail otherwise); off
+    """A bf16 cache, fp16 q, a scale past fp16's range, too few draft slots: refused with the fix, before any allocation or launch (CPU tensors: a launch would fail otherwise); off
     sm_90 the plugin's check says why the fp8 kernel cannot run."""
     pytest.importorskip("triton.experimental.gluon")
-    from specdiag.kernels.gluon_ws_ragged import gluon_fp8_ragged_supported, ragged_split_kv_gluon_fp8
+    from specdiag.kernels.gluon.ragged import ragged_split_kv_gluon_fp8
+    from specdiag.kernels.verify import gluon_fp8_supported
 
-    def call(heads=8, draft=1, qd=torch.bfloat16, kvd=torch.float8_e4m3fn, scale=1.0, loc_n=None, rings=None):
+    def call(heads=8, draft=1, qd=torch.bfloat16, kvd=torch.float8_e4m3fn, scale=1.0, loc_n=None):
         tokens = draft
         q = torch.zeros(tokens, heads, 576, dtype=qd)
         kv = torch.zeros(100, 1, 576, dtype=torch.uint8).view(kvd) if kvd == torch.float8_e4m3fn else \
@@ -122,68 +119,31 @@ def test_ragged_fp8_launcher_refuses_bad_calls_before_any_launch() -> None:
         loc = torch.arange(tokens if loc_n is None else loc_n)
         ragged_split_kv_gluon_fp8(q, kv, o, i32, torch.tensor([0, 50], dtype=torch.int32), torch.arange(50), loc,
                                   torch.ones(tokens * (50 + tokens), dtype=torch.bool), torch.tensor([0, 0]),
-                                  max_draft=draft, sm_scale=0.1, kv_scale=scale, num_sms=4, rings=rings)
+                                  max_draft=draft, sm_scale=0.1, kv_scale=scale, num_sms=4)
 
     for kw, match in ((dict(kvd=torch.bfloat16), "float8_e4m3fn cache"), (dict(qd=torch.float16), "bf16"),
-                      (dict(draft=2, rings="s22"), "only at an N of 8"), (dict(scale=200.0), "kv_scale must be in"),
-                      (dict(draft=4, rings="d3"), "an N of 32 runs the rings"),
-                      (dict(loc_n=0), "a cache slot per query token")):
+                      (dict(scale=200.0), "kv_scale must be in"), (dict(loc_n=0), "a cache slot per query token")):
         with pytest.raises(ValueError, match=match):
             call(**kw)
-    ok, why = gluon_fp8_ragged_supported(torch.zeros(1, 8, 576, dtype=torch.bfloat16),
-                                         torch.zeros(4, 576, dtype=torch.uint8).view(torch.float8_e4m3fn), 8)
+    ok, why = gluon_fp8_supported(torch.zeros(1, 8, 576, dtype=torch.bfloat16),
+                                  torch.zeros(4, 576, dtype=torch.uint8).view(torch.float8_e4m3fn))
     assert not ok and why == "not a CUDA device"
 
 
-def test_fp8_launcher_refuses_the_cpu_and_a_missing_fp8_cache() -> None:
+def test_fp8_launcher_refuses_the_cpu_and_a_ring_that_does_not_fit() -> None:
     pytest.importorskip("triton.experimental.gluon")
-    from specdiag.kernels.gluon_ws_fp8 import split_kv_gluon_fp8
+    from specdiag.kernels.gluon.fp8 import ring_for, split_kv_gluon_fp8
     from specdiag.kernels.mla import VerifyShape, make_inputs, with_fp8_cache
 
     x = make_inputs(VerifyShape(200, 8, 1, "shuffled_p1"))
     with pytest.raises(ValueError, match="CUDA"):
         split_kv_gluon_fp8(with_fp8_cache(x), x.out_like())
-
-
-def _model_int_conversion(words: np.ndarray) -> np.ndarray:
-    """The integer conversion of ``_e4m3x4_to_f16`` (CVT 1) in numpy, instruction for instruction: two prmt, a shift,
-    the sign moved up a bit; returns the four fp16 values of each word times 256."""
-    def prmt(x: np.ndarray, sel: int) -> np.ndarray:
-        out = np.zeros_like(x)
-        for i in range(4):
-            s = (sel >> (4 * i)) & 0xF
-            out |= (((x >> (8 * s)) & 0xFF) if s < 4 else 0) << (8 * i)
-        return out
-
-    halves = []
-    for sel in (0x1404, 0x3424):
-        a = prmt(words, sel) >> 1
-        a = (a + (a & 0x40004000)) & 0xFFFFFFFF
-        halves += [a & 0xFFFF, a >> 16]
-    h = np.stack(halves, -1).astype(np.uint16).view(np.float16).astype(np.float32)
-    return h * 256.0
-
-
-def test_integer_conversion_gives_torchs_e4m3_values_for_every_byte() -> None:
-    """Every e4m3 byte in every position of a word: the model of the asm (its selectors and masks are the ones in the
-    kernel's asm string) equals torch's float8_e4m3fn -> float32; NaN bytes become +-480."""
-    from specdiag.kernels import gluon_ws_fp8
-
-    src = open(gluon_ws_fp8.__file__).read()
-    for token in ("0x1404", "0x3424", "0x40004000", "shr.b32 a, a, 1", "add.u32 a, a, sa"):
-        assert token in src, token
-    b = np.arange(256, dtype=np.uint32)
-    words = b | (b << 8) | ((255 - b) << 16) | (((b * 7) & 255) << 24)
-    got = _model_int_conversion(words)
-    byts = np.stack([words & 255, (words >> 8) & 255, (words >> 16) & 255, words >> 24], -1).astype(np.uint8)
-    ref = torch.from_numpy(byts).view(torch.float8_e4m3fn).float().numpy()
-    finite = np.isfinite(ref)
-    assert finite.sum() == 4 * 254 and np.array_equal(got[finite], ref[finite])
-    assert set(np.abs(got[~finite]).tolist()) == {480.0}
+    with pytest.raises(ValueError, match="only at an N of 8"):  # the staged ring does not fit beside a 16-row Q
+        ring_for(16, "s22")
 
 
 def test_fp16_pair_bits_hold_the_rounded_scale_in_both_halves() -> None:
-    from specdiag.kernels.gluon_ws_fp8 import MAX_KV_SCALE, fp16_pair_bits
+    from specdiag.kernels.gluon.fp8 import MAX_KV_SCALE, fp16_pair_bits
 
     assert fp16_pair_bits(1.0) == 0x3C003C00
     assert fp16_pair_bits(2.0) & 0xFFFF == 0x4000 and (fp16_pair_bits(2.0) >> 16) & 0xFFFF == 0x4000
@@ -193,52 +153,3 @@ def test_fp16_pair_bits_hold_the_rounded_scale_in_both_halves() -> None:
     for bad in (0.0, -1.0, 70000.0):
         with pytest.raises(ValueError, match="fp16 multiplier"):
             fp16_pair_bits(bad)
-
-
-def _ab_rows() -> pd.DataFrame:
-    base = {"heads": 8, "draft_tokens": 1, "layout": "shuffled_p1", "rel_err": 1.7e-3, "pct_copy_bw": 80.0,
-            "actual_gbps": 1700.0}
-    rows = []
-    for ctx, pick_ms, fp8_ms, fused8_ms, fused_ms in ((131072, 0.048, 0.042, 0.167, 0.060),
-                                                      (262144, 0.084, 0.090, 0.295, 0.099)):
-        rows += [
-            {**base, "context_tokens": ctx, "kernel": "split_gwsw8_p1", "kv_dtype": "bf16", "ms_median": pick_ms},
-            {**base, "context_tokens": ctx, "kernel": "split_gwsw8_fp8p_p1", "kv_dtype": "fp8_e4m3",
-             "ms_median": fp8_ms, "rel_err_vs_bf16_ref": 0.01},
-            {**base, "context_tokens": ctx, "kernel": "fused_p1", "kv_dtype": "bf16", "ms_median": fused_ms},
-            {**base, "context_tokens": ctx, "kernel": "fused_fp8_p1", "kv_dtype": "fp8_e4m3", "ms_median": fused8_ms,
-             "rel_err_vs_bf16_ref": 0.011},
-        ]
-    rows.append({**base, "context_tokens": 131072, "heads": 8, "draft_tokens": 8, "kernel": "split_gwsw8_fp8p_p1",
-                 "kv_dtype": "fp8_e4m3", "ms_median": float("nan"), "rel_err": float("nan"),
-                 "rel_err_vs_bf16_ref": float("nan"), "skipped": "holds up to 16 packed rows"})
-    return pd.DataFrame(rows)
-
-
-def test_fp8_wide_row_tiles_hold_64_rows_in_the_s12_ring() -> None:
-    """With the s12 ring (``FP8_N64_RINGS``) a call's row tiles hold up to 64 rows (8 x 8: one tile, so
-    each KV tile is converted once), still whole draft tokens or a divisor of the heads; a call of 32 rows or fewer
-    keeps its own tile's defaults; a 64-row tile without an N-64 ring, or a tile over 64 rows, is refused."""
-    from specdiag.kernels.gluon_ws_ragged import (FP8_N64_RINGS, FP8_WIDE_TILE_MAX_ROWS, fp8_call_tiles,
-                                                  fp8_ragged_launch, fp8_tile_rows)
-
-    assert set(FP8_N64_RINGS) == {"s12"} and FP8_WIDE_TILE_MAX_ROWS == 64
-    assert [fp8_call_tiles(h, r, "s12") for h, r in ((8, 64), (16, 128), (5, 40), (40, 80), (8, 32), (8, 8))] == [
-        (64, "s12"), (64, "s12"), (40, "s12"), (40, "s12"), (32, None), (8, None)]
-    assert fp8_call_tiles(8, 64) == (32, None) and fp8_call_tiles(8, 64, "s13") == (32, "s13")
-    for heads in range(1, 130):
-        for draft in (1, 2, 3, 8, 16):
-            rows = heads * draft
-            tr = fp8_tile_rows(heads, rows, 64)
-            assert 1 <= tr <= 64
-            for row0 in range(0, rows, tr):
-                same_token = row0 // heads == (min(row0 + tr, rows) - 1) // heads
-                assert rows <= 64 or row0 % heads == 0 or same_token, (heads, draft, row0)
-    assert fp8_ragged_launch(64, "s12")[0] == 64 and fp8_ragged_launch(40, "s12")[2:] == FP8_N64_RINGS["s12"]
-    for tile, rings in ((64, None), (64, "d2"), (65, "s12")):
-        with pytest.raises(ValueError, match="a row tile holds at most 32 rows, or 64"):
-            fp8_ragged_launch(tile, rings)
-    with pytest.raises(ValueError, match="32 or 64 rows"):
-        fp8_tile_rows(8, 64, 48)
-
-

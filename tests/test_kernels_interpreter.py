@@ -1,6 +1,6 @@
 """The Triton kernels' own code run by Triton's CPU interpreter (TRITON_INTERPRET=1, in a subprocess so the
 compiled path of the other tests is untouched) against the fp32 reference: the split-KV kernel (token table and
-64-token pages, joined tails, both merge forms), the plugin's Triton fallback on SGLang's ragged layout, the baseline,
+64-token pages, both merge forms), the plugin's Triton fallback on SGLang's ragged layout, the baseline,
 and both merge forms against the merge written in torch. Slow (a minute or more on 2 cores): ``make test-all``."""
 
 from __future__ import annotations
@@ -22,24 +22,24 @@ import torch
 from specdiag.kernels.reference import relative_error
 from specdiag.kernels.mla import VerifyInputs, VerifyShape, make_inputs, tree_mask
 from specdiag.kernels.reference import reference_verify
-from specdiag.kernels.splitkv_plan import SplitKVConfig, plan_splits
-from specdiag.kernels.triton_splitkv import split_kv_triton
-from specdiag.kernels.triton_splitkv_ragged import ragged_args, ragged_split_kv_triton
+from specdiag.kernels.plan import SplitKVConfig, plan_splits
+from specdiag.kernels.mla import ragged_args
+from specdiag.kernels.triton.splitkv import split_kv_triton
+from specdiag.kernels.verify import TRITON, choose, verify
 
 def fp16(x):
     return VerifyInputs(q=x.q.half(), cache=x.cache.half(), token_table=x.token_table, block_table=x.block_table,
                         mask=x.mask, n_prefix=x.n_prefix, sm_scale=x.sm_scale)
 
-# the split kernel: prefixes that fill whole 64-token splits so the draft tokens make a tail split (joined or not),
-# page_size 1 and 64, 16-row tiles; then a tail that is not joined (over the limit)
+# the split kernel: prefixes that fill whole 64-token splits so the draft tokens make a short last split, page_size 1
+# and 64, 16-row tiles; then a last split of 48 tokens
 cfg0 = SplitKVConfig(block_m=16, block_n=16, num_warps=4, num_stages=1, programs_per_sm=1.0, min_split_tokens=64,
                      merge_block_dv=128)
-for shape, page, sms, join, splits in ((VerifyShape(256, 2, 4, "shuffled_p1"), 1, 5, 64, 4),
-                                      (VerifyShape(256, 2, 4, "shuffled_p1"), 1, 5, 0, 5),
-                                      (VerifyShape(384, 4, 3, "shuffled_b64"), 64, 7, 64, 6),
-                                      (VerifyShape(300, 2, 4, "shuffled_p1"), 1, 5, 16, 5)):
+for shape, page, sms, splits in ((VerifyShape(256, 2, 4, "shuffled_p1"), 1, 5, 5),
+                                 (VerifyShape(384, 4, 3, "shuffled_b64"), 64, 7, 7),
+                                 (VerifyShape(300, 2, 4, "shuffled_p1"), 1, 5, 5)):
     for one_pass in (False, True):
-        cfg = SplitKVConfig(**{**cfg0.as_dict(), "join_tail_tokens": join, "merge_one_pass": one_pass})
+        cfg = SplitKVConfig(**{**cfg0.as_dict(), "merge_one_pass": one_pass})
         x = make_inputs(shape, seed=shape.context_tokens)
         assert plan_splits(shape.rows, x.n_kv, cfg, sms).n_splits == splits, plan_splits(shape.rows, x.n_kv, cfg, sms)
         ref = reference_verify(x)
@@ -47,10 +47,11 @@ for shape, page, sms, join, splits in ((VerifyShape(256, 2, 4, "shuffled_p1"), 1
         out = torch.full((y.draft_tokens, y.heads, 512), float("nan"), dtype=torch.float16)
         split_kv_triton(y, out, page_size=page, cfg=cfg, num_sms=sms)
         err = relative_error(out, ref)
-        print("split", shape, page, join, one_pass, splits, err)
+        print("split", shape, page, one_pass, splits, err)
         assert err < 1e-2 and not torch.isnan(out).any(), err
 
-# the ragged kernel on VerifyInputs laid out by ragged_args (the harness's ragged arms), both merge forms
+# the ragged kernel on VerifyInputs laid out by ragged_args (the harness's ragged arms), both merge forms, through the
+# kernels' entry point as the plugin calls it (on the CPU it chooses the Triton kernel)
 for shape, chain in ((VerifyShape(200, 2, 4, "shuffled_p1"), False), (VerifyShape(130, 4, 1, "contiguous"), True)):
     x = make_inputs(shape, seed=11)
     if chain:
@@ -61,13 +62,14 @@ for shape, chain in ((VerifyShape(200, 2, 4, "shuffled_p1"), False), (VerifyShap
         cfg = SplitKVConfig(**{**cfg0.as_dict(), "merge_one_pass": one_pass})
         out = torch.full((y.draft_tokens, y.heads, 512), float("nan"), dtype=torch.float16)
         args = ragged_args(y, out)
-        assert torch.equal(y.cache[args.pop("draft_loc")], args["k_ext"])  # the draft rows' slots, for Gluon
-        ragged_split_kv_triton(**args, cfg=cfg, num_sms=8)
+        assert torch.equal(y.cache[args["draft_loc"]], args["k_ext"])  # the draft rows' slots, for Gluon
+        assert choose(args["q"], args["kv"])[0] == TRITON
+        verify(**args, cfg=cfg, num_sms=8)
         err = relative_error(out, ref)
         print("ragged", shape, chain, one_pass, err)
         assert err < 1e-2 and not torch.isnan(out).any(), err
 # the baseline (SGLang's verify structure) on the same inputs
-from specdiag.kernels.triton_baseline import baseline_triton
+from specdiag.kernels.triton.baseline import baseline_triton
 for shape in (VerifyShape(130, 2, 5, "shuffled_p1"), VerifyShape(64, 1, 33, "contiguous")):
     x = make_inputs(shape, seed=5)
     ref = reference_verify(x)
@@ -80,8 +82,8 @@ print("ok")"""
 
 MERGE_SCRIPT = r"""
 import torch
-from specdiag.kernels.splitkv_plan import SplitKVConfig
-from specdiag.kernels.triton_splitkv import merge_partials
+from specdiag.kernels.plan import SplitKVConfig
+from specdiag.kernels.merge import merge_partials
 
 g = torch.Generator().manual_seed(7)
 for n_splits, rows in ((1, 3), (3, 5), (129, 2), (300, 1)):
@@ -109,7 +111,7 @@ def _interpret(script: str) -> str:
 
 def test_split_kernel_ragged_fallback_and_baseline_match_the_reference() -> None:
     out = _interpret(KERNELS_SCRIPT)
-    assert out.count("split VerifyShape") == 8 and out.count("ragged VerifyShape") == 4
+    assert out.count("split VerifyShape") == 6 and out.count("ragged VerifyShape") == 4
     assert out.count("baseline VerifyShape") == 2
 
 

@@ -1,4 +1,4 @@
-"""The split-KV merge kernel (triton_splitkv._merge_kernel): its block per split count, and both of its forms run by
+"""The split-KV merge kernels (merge._merge_kernel, merge._ragged_merge_kernel): the block per split count, and both forms run by
 Triton's CPU interpreter against the merge written in torch."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reas
 
 
 def test_merge_block_takes_every_split_at_once_only_in_one_pass() -> None:
-    from specdiag.kernels.splitkv_plan import SplitKVConfig
-    from specdiag.kernels.triton_splitkv import MERGE_ONE_PASS_ELEMS, merge_block
+    from specdiag.kernels.plan import SplitKVConfig
+    from specdiag.kernels.merge import MERGE_ONE_PASS_ELEMS, merge_block
 
     two, one = SplitKVConfig(merge_block_dv=64), SplitKVConfig(merge_block_dv=64, merge_one_pass=True)
     assert merge_block(129, two) == (64, 64, False)  # 3 steps of 64 splits, after a pass over the lse
@@ -53,11 +53,10 @@ def _compile_sm90(kernel, ptr: dict, const: dict, warps: int):
 @pytest.mark.parametrize("one_pass", [False, True], ids=["two_pass", "one_pass"])
 def test_both_merge_kernels_compile_for_sm90_through_the_shared_merge(one_pass: bool) -> None:
     """The split kernel's merge and the plugin's ragged merge (both forms each, the blocks merge_block picks) call
-    split_merge's functions: each compiles for sm_90 with no spill at the blocks picked for 129 and 264 splits."""
-    from specdiag.kernels.splitkv_plan import SplitKVConfig
-    from specdiag.kernels.split_merge import merge_block
-    from specdiag.kernels.triton_splitkv import _merge_kernel
-    from specdiag.kernels.triton_splitkv_ragged import _ragged_merge_kernel
+    merge's functions: each compiles for sm_90 with no spill at the blocks picked for 129 and 264 splits."""
+    from specdiag.kernels.plan import SplitKVConfig
+    from specdiag.kernels.merge import merge_block
+    from specdiag.kernels.merge import _merge_kernel, _ragged_merge_kernel
 
     block_s, block_dv, single = merge_block(129, SplitKVConfig(merge_block_dv=64, merge_one_pass=one_pass))
     assert single == one_pass
@@ -72,5 +71,5 @@ def test_both_merge_kernels_compile_for_sm90_through_the_shared_merge(one_pass: 
     rc, spills, ptx = _compile_sm90(_ragged_merge_kernel, {**ptr, "QO_INDPTR": "*i32", "KV_INDPTR": "*i64"},
                                     {"BLOCK_S": block_s, "BLOCK_DV": block_dv, "D_V": 512, "ROUND": 64,
                                      "ONE_PASS": one_pass}, 8 if one_pass else 4)
-    # no spill at these blocks (a 64 x 64 two-pass block spills 8 bytes, as it did before split_merge)
+    # no spill at these blocks (a 64 x 64 two-pass block spills 8 bytes, as it did before merge)
     assert rc == 0 and spills == [0] and ptx.count("ex2.approx") >= 1

@@ -405,8 +405,8 @@ INTERPRET_SCRIPT = r"""
 import sys, torch
 sys.path[:0] = [{tests!r}, {plugin!r}]
 from test_sglang_plugin import make_batch, sglang_reference, rel_err
-from specdiag.kernels.triton_splitkv_ragged import ragged_split_kv_triton
-from specdiag.kernels.splitkv_plan import SplitKVConfig
+from specdiag.kernels.triton.ragged import ragged_split_kv_triton
+from specdiag.kernels.plan import SplitKVConfig
 cfg = SplitKVConfig(block_m=16, block_n=16, num_warps=4, num_stages=1, programs_per_sm=1.0, min_split_tokens=64,
                     merge_block_dv=128)
 for lens, draft, heads, chain, cap in [([150], 8, 2, True, 0.0), ([70, 3, 200], 4, 4, False, 0.0),

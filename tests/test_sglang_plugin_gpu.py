@@ -19,7 +19,7 @@ if not torch.cuda.is_available():
 
 from test_sglang_plugin import make_batch, rel_err, sglang_reference  # noqa: E402
 
-from specdiag.kernels.triton_splitkv_ragged import ragged_split_kv_triton  # noqa: E402
+from specdiag.kernels.triton.ragged import ragged_split_kv_triton  # noqa: E402
 from specdiag_sglang_plugin.translate import VerifyBatch  # noqa: E402
 
 
@@ -30,19 +30,18 @@ def to_cuda(batch: VerifyBatch) -> VerifyBatch:
 
 def with_draft_in_cache(batch: VerifyBatch) -> tuple[VerifyBatch, torch.Tensor]:
     """``batch`` with its draft rows (k_ext) appended to the cache, as SGLang's set_kv_buffer stores them, and their
-    slots (SGLang's out_cache_loc): the Gluon kernel (gluon_ws_ragged) reads the draft rows there."""
+    slots (SGLang's out_cache_loc): the Gluon kernel (gluon.ragged) reads the draft rows there."""
     pool = batch.kv_buffer.shape[0]
     kv = torch.cat([batch.kv_buffer, batch.k_ext.reshape(-1, 1, batch.k_ext.shape[-1])], dim=0)
     loc = torch.arange(pool, pool + batch.k_ext.shape[0], dtype=torch.int64, device=kv.device)
     return VerifyBatch(**{**batch.__dict__, "kv_buffer": kv}), loc
 
 
-def ragged_call(kind: str, batch: VerifyBatch, draft: int, out: torch.Tensor, qo_int64: bool = False,
-                swap: bool | None = None):
-    """A call of the plugin's kernel ``kind`` on ``batch`` into ``out``: "triton" (triton_splitkv_ragged, draft rows
-    from k_ext) or "gluon" (gluon_ws_ragged, what the plugin serves on sm_90: draft rows from the cache at their
-    slots). ``qo_int64``: qo_indptr as int64, as in SGLang's CUDA-graph buffers (eager calls: int32). ``swap``: the
-    Gluon kernel's form (None: as the plugin calls it, the rows as the wgmma's N up to 16 rows)."""
+def ragged_call(kind: str, batch: VerifyBatch, draft: int, out: torch.Tensor, qo_int64: bool = False):
+    """A call of the plugin's kernel ``kind`` on ``batch`` into ``out``: "triton" (triton.ragged, draft rows
+    from k_ext) or "gluon" (gluon.ragged, what the plugin serves on sm_90: draft rows from the cache at their
+    slots; the rows as the wgmma's N up to 16 rows). ``qo_int64``: qo_indptr as int64, as in SGLang's CUDA-graph
+    buffers (eager calls: int32)."""
     if qo_int64:
         batch = VerifyBatch(**{**batch.__dict__, "qo_indptr": batch.qo_indptr.to(torch.int64)})
     if kind == "triton":
@@ -50,19 +49,17 @@ def ragged_call(kind: str, batch: VerifyBatch, draft: int, out: torch.Tensor, qo
                                               batch.kv_indptr, batch.kv_indices, batch.custom_mask,
                                               batch.mask_indptr, max_draft=draft, sm_scale=batch.sm_scale,
                                               logit_cap=batch.logit_cap)
-    from specdiag.kernels.gluon_ws_ragged import ragged_split_kv_gluon_ws
+    from specdiag.kernels.gluon.ragged import ragged_split_kv_gluon_ws
 
     g, loc = with_draft_in_cache(batch)
     return lambda: ragged_split_kv_gluon_ws(g.q, g.kv_buffer, out, g.qo_indptr, g.kv_indptr, g.kv_indices, loc,
-                                            g.custom_mask, g.mask_indptr, max_draft=draft, sm_scale=g.sm_scale,
-                                            swap=swap)
+                                            g.custom_mask, g.mask_indptr, max_draft=draft, sm_scale=g.sm_scale)
 
 
-def run_kernel(batch: VerifyBatch, draft: int, kind: str = "triton", qo_int64: bool = False,
-               swap: bool | None = None) -> torch.Tensor:
+def run_kernel(batch: VerifyBatch, draft: int, kind: str = "triton", qo_int64: bool = False) -> torch.Tensor:
     out = torch.full((batch.q.shape[0], batch.q.shape[1], 512), float("nan"), dtype=batch.q.dtype,
                      device=batch.q.device)
-    ragged_call(kind, batch, draft, out, qo_int64, swap)()
+    ragged_call(kind, batch, draft, out, qo_int64)()
     return out
 
 
@@ -70,8 +67,8 @@ def run_kernel(batch: VerifyBatch, draft: int, kind: str = "triton", qo_int64: b
 def test_ragged_kernel_launches_with_the_ladder_config(heads):
     """The ragged kernel's default config fits this GPU and is correct (8 heads: TP 1; 4: TP 2's local heads; 16:
     128 rows). Run it before a sweep of plugin arms: `pytest -m gpu tests/test_sglang_plugin_gpu.py -k ladder`."""
-    from specdiag.kernels.splitkv_plan import ragged_shared_bytes
-    from specdiag.kernels.triton_splitkv_ragged import ragged_default_config, shared_limit
+    from specdiag.kernels.plan import ragged_shared_bytes
+    from specdiag.kernels.triton.ragged import ragged_default_config, shared_limit
 
     draft = 8
     cfg = ragged_default_config(heads * draft, torch.device("cuda"))
@@ -87,8 +84,8 @@ def test_ladder_launches_its_first_rung_the_tuned_tile(heads, draft):
     """With one tile as keys and values the tuned tile of every row count fits the H200: the ladder's first
     rung launches without an OutOfResources (the form before needed 295,936 B at 64 rows and stepped down to 64 x 32)
     and gives the right output. The stepping itself is tested on the CPU (tests/test_splitkv_shared.py)."""
-    from specdiag.kernels.splitkv_plan import ConfigLadder, fitting_ladder
-    from specdiag.kernels.triton_splitkv_ragged import shared_limit
+    from specdiag.kernels.plan import ConfigLadder, fitting_ladder
+    from specdiag.kernels.triton.ragged import shared_limit
 
     batch, _ = make_batch([5000], draft, heads, chain=False, seed=11)
     g = to_cuda(batch)
@@ -176,7 +173,7 @@ def test_ragged_kernel_replays_in_a_cuda_graph_at_other_lengths(kind, qo_int64, 
     assert math.isfinite(float(out.float().abs().max()))
 
 
-# ---- the warp-specialized Gluon kernel on the ragged layout (gluon_ws_ragged), what the plugin serves on
+# ---- the warp-specialized Gluon kernel on the ragged layout (gluon.ragged), what the plugin serves on
 # sm_90 (at every row count since commit 4056b13, where it beat the Triton kernels at 8-32 rows); it reads the draft rows from the cache at their slots (out_cache_loc), where the hook stores them
 
 @pytest.mark.parametrize("prefix_lens, draft, heads, chain, dtype", [
@@ -206,20 +203,16 @@ def test_gluon_ragged_kernel_matches_sglang_definition(prefix_lens, draft, heads
     ([2500] * 8, 3, 5, False),  # 15 rows, a batch of 8, a tree mask
     ([7000], 1, 5, True),  # 5 rows
 ], ids=lambda v: "x".join(map(str, v[:3])) + f"-{len(v)}" if isinstance(v, list) else str(v))
-@pytest.mark.parametrize("swap", [True, False], ids=["rows-as-n", "row-major"])
-def test_gluon_ragged_kernel_both_forms_up_to_16_rows(prefix_lens, draft, heads, chain, swap):
-    """Up to 16 rows the plugin serves the rows-as-N form (gluon_ws_swap's partitions on the ragged layout, session
-    11); the row-major form (what it served before, ragged_gwap_p1's) stays correct too; int64 qo_indptr for both."""
+def test_gluon_ragged_kernel_up_to_16_rows(prefix_lens, draft, heads, chain):
+    """Up to 16 rows the plugin serves the rows-as-N form (gluon.swap's partitions on the ragged layout); int64
+    qo_indptr."""
     batch, _ = make_batch(prefix_lens, draft, heads, chain, seed=sum(prefix_lens) % 83)
-    out = run_kernel(to_cuda(batch), draft, "gluon", qo_int64=True, swap=swap)
+    out = run_kernel(to_cuda(batch), draft, "gluon", qo_int64=True)
     assert not out.isnan().any()
     assert rel_err(out.cpu(), sglang_reference(batch)) < 1e-2
-    if swap:
-        with pytest.raises(ValueError, match="one tile of 16"):
-            run_kernel(to_cuda(make_batch([100], 4, 8, True, seed=1)[0]), 4, "gluon", swap=True)  # 32 rows
 
 
-# ---- the fp8 kernel on the ragged layout (gluon_ws_ragged.ragged_split_kv_gluon_fp8), what the plugin
+# ---- the fp8 kernel on the ragged layout (gluon.ragged.ragged_split_kv_gluon_fp8), what the plugin
 # serves on an fp8_e4m3 cache up to 16 rows: every row read from the fp8 pool, draft rows at their slots
 
 FP8_CASES = [
@@ -245,34 +238,29 @@ def fp8_on_cuda(prefix_lens, draft, heads, chain, scale, seed):
     return to_cuda(b8), loc.cuda(), to_cuda(deq)
 
 
-def fp8_call(g8: VerifyBatch, loc: torch.Tensor, draft: int, scale: float, out: torch.Tensor, qo_int64: bool = False,
-             rings: str | None = None):
-    from specdiag.kernels.gluon_ws_ragged import ragged_split_kv_gluon_fp8
+def fp8_call(g8: VerifyBatch, loc: torch.Tensor, draft: int, scale: float, out: torch.Tensor, qo_int64: bool = False):
+    from specdiag.kernels.gluon.ragged import ragged_split_kv_gluon_fp8
 
     qo = g8.qo_indptr.to(torch.int64) if qo_int64 else g8.qo_indptr
     return lambda: ragged_split_kv_gluon_fp8(g8.q, g8.kv_buffer, out, qo, g8.kv_indptr, g8.kv_indices, loc,
                                              g8.custom_mask, g8.mask_indptr, max_draft=draft, sm_scale=g8.sm_scale,
-                                             kv_scale=scale, rings=rings)
+                                             kv_scale=scale)
 
 
 @pytest.mark.parametrize("prefix_lens, draft, heads, chain, scale", FP8_CASES,
                          ids=lambda v: "x".join(map(str, v[:3])) + f"-{len(v)}" if isinstance(v, list) else str(v))
-@pytest.mark.parametrize("qo_int64, rings", [(False, None), (True, None), (True, "s13"), (True, "s12")],
-                         ids=["qo-int32", "qo-int64", "qo-int64-s13", "qo-int64-s12"])
-def test_fp8_ragged_kernel_matches_the_exact_reference(prefix_lens, draft, heads, chain, scale, qo_int64, rings):
+@pytest.mark.parametrize("qo_int64", [False, True], ids=["qo-int32", "qo-int64"])
+def test_fp8_ragged_kernel_matches_the_exact_reference(prefix_lens, draft, heads, chain, scale, qo_int64):
     """Against translate.fp8_reference (fp32 on the dequantized pool, drafts from their slots): the bf16 output's
-    rounding only (the dense fp8 pick measured 1.65-1.75e-3 on the H200, commit 4f0a82c); above 16 rows in both rings of the 32-row
-    tiles (``rings`` s13; None: the default d2) and in the 64-row tiles of s12 above 32 rows (commit c648a79)."""
+    rounding only (the dense fp8 pick measured 1.65-1.75e-3 on the H200, commit 4f0a82c), in the 32-row tiles above 16
+    rows too."""
     from specdiag_sglang_plugin.translate import fp8_reference
 
-    if rings is not None and heads * draft <= (32 if rings == "s12" else 16):
-        pytest.skip(f"the ring {rings}'s tiles: calls of more than {32 if rings == 's12' else 16} rows")
     g8, loc, _ = fp8_on_cuda(prefix_lens, draft, heads, chain, scale, seed=sum(prefix_lens) % 79)
     out = torch.full((g8.q.shape[0], heads, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
-    fp8_call(g8, loc, draft, scale, out, qo_int64, rings)()
+    fp8_call(g8, loc, draft, scale, out, qo_int64)()
     err = rel_err(out, fp8_reference(g8, loc, scale))
-    print(f"fp8 ragged {prefix_lens[:3]} x{len(prefix_lens)} T{draft} H{heads} scale {scale} rings {rings}: "
-          f"rel. error {err:.3e}")
+    print(f"fp8 ragged {prefix_lens[:3]} x{len(prefix_lens)} T{draft} H{heads} scale {scale}: rel. error {err:.3e}")
     assert not out.isnan().any() and err < 4e-3
 
 
@@ -302,11 +290,10 @@ def test_fp8_ragged_kernel_beside_sglangs_fp8_extend_attention(prefix_lens, draf
     assert ours_err < 4e-3 and ours_err < theirs_err and between <= ours_err + theirs_err + 1e-6
 
 
-@pytest.mark.parametrize("draft, qo_int64, rings", [(1, True, None), (2, True, None), (2, False, None), (8, True, None),
-                                                    (8, True, "s12")])
-def test_fp8_ragged_kernel_replays_in_a_cuda_graph_at_other_lengths(draft, qo_int64, rings):
+@pytest.mark.parametrize("draft, qo_int64", [(1, True), (2, True), (2, False), (8, True)])
+def test_fp8_ragged_kernel_replays_in_a_cuda_graph_at_other_lengths(draft, qo_int64):
     """Captured at one prefix length, replayed after the indptr buffers change (SGLang's CUDA graphs): at 8, 16 and
-    64 rows (N 8 with the staged ring, N 16 with the direct one, two row tiles of 32, or one of 64 in s12)."""
+    64 rows (N 8 with the staged ring, N 16 with the direct one, two row tiles of 32)."""
     from specdiag_sglang_plugin.translate import fp8_reference
 
     heads, scale = 8, 0.25
@@ -314,7 +301,7 @@ def test_fp8_ragged_kernel_replays_in_a_cuda_graph_at_other_lengths(draft, qo_in
     kv_indptr, mask_indptr, mask = g8.kv_indptr.clone(), g8.mask_indptr.clone(), g8.custom_mask.clone()
     live = VerifyBatch(**{**g8.__dict__, "kv_indptr": kv_indptr, "custom_mask": mask, "mask_indptr": mask_indptr})
     out = torch.empty(draft, heads, 512, dtype=torch.bfloat16, device="cuda")
-    call = fp8_call(live, loc, draft, scale, out, qo_int64, rings)
+    call = fp8_call(live, loc, draft, scale, out, qo_int64)
     call()  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()

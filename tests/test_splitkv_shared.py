@@ -1,6 +1,6 @@
 """The ragged split-KV kernel's shared memory and the plugin's configuration ladder (CPU only).
 
-RAGGED_SHARED_SM90 (splitkv_plan) holds ``metadata.shared`` of triton_splitkv_ragged._ragged_partial_kernel compiled
+RAGGED_SHARED_SM90 (plan) holds ``metadata.shared`` of triton.ragged._ragged_partial_kernel compiled
 offline with Triton 3.6.0 for sm_90 (pointers and the strides SGLang passes marked divisible by 16, as at run time);
 the slow test compiles every entry again, so a change to the kernel that moves its shared memory fails here. The form
 with a separate value tile (before commit b52100f) needed 295,936 B at (64, 64, 8 warps, 3 stages): the failed H200 launch,
@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import pytest
 
-from specdiag.kernels.splitkv_plan import (RAGGED_SHARED_SM90, SHARED_LIMIT_SM90, ConfigLadder,
+from specdiag.kernels.plan import (RAGGED_SHARED_SM90, SHARED_LIMIT_SM90, ConfigLadder,
                                            SplitKVConfig, default_config, fitting_ladder, is_out_of_resources,
                                            one_pass_merge_fields, ragged_config_ladder, ragged_shared_bytes,
                                            ragged_shared_is_compiled)
@@ -30,7 +30,7 @@ def _compiled_shared(bm: int, bn: int, warps: int, stages: int) -> int:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from specdiag.kernels.triton_splitkv_ragged import _ragged_partial_kernel as fn
+    from specdiag.kernels.triton.ragged import _ragged_partial_kernel as fn
 
     ptr = {"Q": "*bf16", "K_EXT": "*bf16", "KV": "*bf16", "QO_INDPTR": "*i32", "KV_INDPTR": "*i32",
            "KV_INDICES": "*i64", "MASK": "*u8", "MASK_INDPTR": "*i64", "O_PART": "*fp32", "LSE_PART": "*fp32"}
@@ -61,15 +61,15 @@ def test_every_rung_and_default_tile_is_in_the_table():
 
 
 def test_formula_reproduces_the_pipelined_tiles_and_is_short_by_at_most_20k_elsewhere():
-    from specdiag.kernels import splitkv_plan
+    from specdiag.kernels import plan
 
     for (bm, bn, warps, stages), compiled in RAGGED_SHARED_SM90.items():
-        saved = splitkv_plan.RAGGED_SHARED_SM90
+        saved = plan.RAGGED_SHARED_SM90
         try:
-            splitkv_plan.RAGGED_SHARED_SM90 = {}
+            plan.RAGGED_SHARED_SM90 = {}
             est = ragged_shared_bytes(cfg(bm, bn, stages, warps))
         finally:
-            splitkv_plan.RAGGED_SHARED_SM90 = saved
+            plan.RAGGED_SHARED_SM90 = saved
         if bn >= 32 and stages >= 2:
             assert est == compiled, (bm, bn, warps, stages, est, compiled)
         else:

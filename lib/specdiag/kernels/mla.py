@@ -40,6 +40,7 @@ KV_ROW_BYTES: int = D_QK * BYTES_PER_ELEM  #: 1,152 B per token per layer
 BLOCK_TOKENS: int = 64  #: page size of the block layout (FlashMLA's hard requirement)
 #: softmax scale of DeepSeek-V3's MLA: 1/sqrt(qk_nope_head_dim 128 + qk_rope_head_dim 64)
 DEEPSEEK_SM_SCALE: float = 1.0 / math.sqrt(192.0)
+LOG2E: float = 1.4426950408889634  #: log2(e): the kernels' softmax runs in base 2, so scores are scaled by sm_scale x this
 
 Layout = Literal["contiguous", "shuffled_p1", "shuffled_b64"]
 LAYOUTS: tuple[str, ...] = ("contiguous", "shuffled_p1", "shuffled_b64")
@@ -125,13 +126,9 @@ class VerifyInputs:
     cache_fp8: Optional[torch.Tensor] = field(default=None, repr=False)
     kv_scale: float = 1.0
     mask_u8: torch.Tensor = field(init=False, repr=False)  #: the mask as uint8, for kernels
-    #: two int32 counters a grid that merges inside itself waits on (gluon_ws ``grid_merge``, off in everything that
-    #: ships); 0 between calls, which put them back; calls that share these inputs must be ordered (one stream)
-    grid_sync: torch.Tensor = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.mask_u8 = self.mask.to(torch.uint8).contiguous()
-        self.grid_sync = torch.zeros(2, dtype=torch.int32, device=self.q.device)
 
     @property
     def draft_tokens(self) -> int:
@@ -215,6 +212,9 @@ def with_fresh_data(inputs: VerifyInputs, seed: int) -> VerifyInputs:
 
 
 FP8_E4M3_MAX: float = 448.0  #: largest finite float8_e4m3fn value
+FP16_MAX: float = 65504.0  #: largest finite float16 value
+#: the largest cache scale whose e4m3 range (448 x scale) fits fp16's, the dtype the fp8 kernels convert tiles to
+MAX_KV_SCALE: float = FP16_MAX / FP8_E4M3_MAX
 
 
 def fp8_scale(cache: torch.Tensor) -> float:
@@ -239,3 +239,22 @@ def dequantized(inputs: VerifyInputs) -> VerifyInputs:
     return VerifyInputs(q=inputs.q, cache=inputs.cache_fp8.float() * inputs.kv_scale, token_table=inputs.token_table,
                         block_table=inputs.block_table, mask=inputs.mask, n_prefix=inputs.n_prefix,
                         sm_scale=inputs.sm_scale)
+
+
+def ragged_args(inputs: VerifyInputs, out: torch.Tensor) -> dict:
+    """``inputs`` (one request) in SGLang's ragged layout, as the keyword arguments of verify.verify (the kernels'
+    entry point) writing ``out`` [T, H, 512]: the prefix's slots as ``kv_indices``, the draft rows copied out of the
+    cache as ``k_ext`` (what the Triton kernel reads) and their slots as ``draft_loc`` (SGLang's out_cache_loc, what
+    the Gluon kernels read), the tree mask as the flattened custom mask of [T, P + T] with every prefix column set.
+    Made once per input set, so a timed call is the kernel's two launches."""
+    p, t = inputs.n_prefix, inputs.draft_tokens
+    dev = inputs.q.device
+    k_ext = inputs.cache[inputs.token_table[p:p + t]].contiguous()
+    mask = torch.ones(t, p + t, dtype=torch.uint8, device=dev)
+    mask[:, p:] = inputs.mask_u8
+    return {"q": inputs.q, "k_ext": k_ext, "draft_loc": inputs.token_table[p:p + t], "kv": inputs.cache, "o": out,
+            "qo_indptr": torch.tensor([0, t], dtype=torch.int32, device=dev),
+            "kv_indptr": torch.tensor([0, p], dtype=torch.int32, device=dev),
+            "kv_indices": inputs.token_table[:p], "mask": mask.reshape(-1),
+            "mask_indptr": torch.zeros(1, dtype=torch.int32, device=dev),
+            "max_draft": t, "sm_scale": inputs.sm_scale}

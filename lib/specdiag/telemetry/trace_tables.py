@@ -7,8 +7,8 @@ so a trace of another model or backend can bring its own.
 Where the names come from (looked up, not guessed):
 
 - Triton names a kernel after its ``@triton.jit`` function. specdiag's split-KV verify kernel:
-  ``_ragged_partial_kernel`` / ``_ragged_merge_kernel`` (lib/specdiag/kernels/triton_splitkv_ragged.py) and
-  the older ``_split_partial_kernel`` / ``_merge_kernel`` (triton_splitkv.py). SGLang 0.5.17
+  ``_ragged_partial_kernel`` (lib/specdiag/kernels/triton/ragged.py) / ``_ragged_merge_kernel`` (merge.py) and
+  the older ``_split_partial_kernel`` (triton/splitkv.py) / ``_merge_kernel`` (merge.py). SGLang 0.5.17
   (sglang/kernels/ops/attention/): extend/verify ``_fwd_kernel`` and ``_fwd_kernel_unified``
   (extend_attention.py), decode ``_fwd_kernel_stage1`` / ``_fwd_grouped_kernel_stage1`` /
   ``_fwd_kernel_stage2`` (decode_attention.py), ``merge_state_kernel`` (merge_state.py), the upstream

@@ -25,14 +25,15 @@ NGRAM's draft preparation reads only the prompt's tail instead of copying the wh
 Python list twice per verify step (ngram_tail.py). The same token lists, so the same drafts; the
 hooks check on first use that SGLang's methods are the 0.5.17 code they copy, else SGLang's run.
 
-Which kernel serves (``SPECDIAG_SGLANG_GLUON``, ``1`` by default): on sm_90, at every row count (heads x
-draft tokens; ``GLUON_MIN_ROWS``), the warp-specialized Gluon kernel (specdiag.kernels.gluon_ws_ragged, reading the
-draft rows from the cache at ``out_cache_loc``), faster than the Triton ragged kernel from 8 rows up on the H200;
-up to 16 rows in its rows-as-N form (gluon_ws_swap's partitions). Where it cannot run
-(another GPU, a logit cap, a non-contiguous q) or failed once, the Triton ragged kernel through its
+Which kernel serves: the one specdiag's entry point names for the device and the cache's dtype
+(specdiag.kernels.verify ``choose``; the call through its ``verify``), with ``SPECDIAG_SGLANG_GLUON`` (``1`` by
+default): on sm_90, at every row count (heads x draft tokens; ``GLUON_MIN_ROWS``), the warp-specialized Gluon kernel
+(specdiag.kernels.gluon.ragged, reading the draft rows from the cache at ``out_cache_loc``), faster than the Triton
+ragged kernel from 8 rows up on the H200; up to 16 rows in its rows-as-N form (gluon.swap's partitions). Where it
+cannot run (another GPU, a logit cap, a non-contiguous q) or failed once, the Triton ragged kernel through its
 configuration ladder. ``0``: the Triton kernel only.
 
-On an fp8 e4m3 cache (``--kv-cache-dtype fp8_e4m3``) on sm_90: the fp8 pick's kernel (gluon_ws_ragged
+On an fp8 e4m3 cache (``--kv-cache-dtype fp8_e4m3``) on sm_90: the fp8 pick's kernel (gluon.ragged
 ``ragged_split_kv_gluon_fp8``: the cache converted exactly to fp16 tile by tile, the layer's k_scale applied, 1.0
 without one; above 32 rows in row tiles of whole draft tokens). There is no Triton fp8 path: where the fp8 kernel
 cannot run (another GPU, a logit cap, ``SPECDIAG_SGLANG_GLUON=0``, k_scale != v_scale) SGLang's own kernel serves the
@@ -87,7 +88,7 @@ STATS: dict = {"mode": None, "served": 0, "served_in_capture": 0, "served_gluon"
                "upstream_served": 0, "upstream_declined": 0, "ngram_tail": Counter()}
 _logged: set = set()
 _last_write = [0.0]
-_LADDER: list = []  # the ConfigLadder of this process, made on first use (specdiag.kernels.splitkv_plan)
+_LADDER: list = []  # the ConfigLadder of this process, made on first use (specdiag.kernels.plan)
 _GLUON: dict = {}  # shape key -> None (the Gluon kernel serves it) or why not (cannot run, or failed once)
 _CAUSAL: list = []  # this process's causal.CausalMask, made on the first verify call without a custom mask
 
@@ -110,8 +111,8 @@ def _on_config_choice(key, cfg, shared_bytes, failed) -> None:
 def config_ladder(device):
     """This process's ConfigLadder, sized to ``device``'s shared memory on first use."""
     if not _LADDER:
-        from specdiag.kernels.splitkv_plan import ConfigLadder  # noqa: PLC0415
-        from specdiag.kernels.triton_splitkv_ragged import shared_limit  # noqa: PLC0415
+        from specdiag.kernels.plan import ConfigLadder  # noqa: PLC0415
+        from specdiag.kernels.triton.ragged import shared_limit  # noqa: PLC0415
         _LADDER.append(ConfigLadder(shared_limit=shared_limit(device), on_choice=_on_config_choice))
     return _LADDER[0]
 
@@ -263,7 +264,7 @@ def _serve(backend, q, k, v, layer, forward_batch, save_kv_cache):
     """The kernel for this call chosen (an fp8 cache: the fp8 kernel or ``Unservable``, before anything is stored),
     the draft KV stored as SGLang stores it, then the kernel: on sm_90 the Gluon kernel, else the ragged Triton one."""
     from sglang.srt.layers.attention import triton_backend as tb  # noqa: PLC0415
-    from specdiag.kernels.triton_splitkv_ragged import ragged_split_kv_triton  # noqa: PLC0415
+    from specdiag.kernels.verify import GLUON, GLUON_FP8, TRITON, verify  # noqa: PLC0415
     from specdiag_sglang_plugin.translate import max_draft_tokens  # noqa: PLC0415
 
     attn_out = getattr(forward_batch, "_attn_output", None)
@@ -281,16 +282,13 @@ def _serve(backend, q, k, v, layer, forward_batch, save_kv_cache):
         scale = kv_scale_of(layer)
         if not _gluon_fp8_serves(key, q, kv_buf, scale, forward_batch, logit_cap):
             raise Unservable(f"fp8 KV cache: {_GLUON[key]}")
-        from specdiag.kernels.gluon_ws_ragged import ragged_split_kv_gluon_fp8  # noqa: PLC0415
-
         mask = verify_mask(backend, layer, forward_batch, max_draft)
         if save_kv_cache:
             _store_draft_kv(backend, layer, forward_batch, k, v)
         try:
-            ragged_split_kv_gluon_fp8(
-                q.view(-1, heads, layer.qk_head_dim), kv_buf, o.view(-1, heads, layer.v_head_dim), meta.qo_indptr,
-                meta.kv_indptr, meta.kv_indices, forward_batch.out_cache_loc, mask, meta.mask_indptr,
-                max_draft=max_draft, sm_scale=layer.scaling, kv_scale=scale)
+            verify(q.view(-1, heads, layer.qk_head_dim), kv_buf, o.view(-1, heads, layer.v_head_dim), meta.qo_indptr,
+                   meta.kv_indptr, meta.kv_indices, mask, meta.mask_indptr, max_draft=max_draft,
+                   sm_scale=layer.scaling, draft_loc=forward_batch.out_cache_loc, kv_scale=scale, kernel=GLUON_FP8)
         except Exception as exc:  # noqa: BLE001  compile or launch: SGLang's kernel serves this shape from now on
             _GLUON[key] = f"failed: {type(exc).__name__}: {' '.join(str(exc).split())[-300:]}"
             log_once("gluon-failed:" + repr(key), "fp8 Gluon kernel failed for %s, SGLang's kernel serves it: %s",
@@ -306,13 +304,10 @@ def _serve(backend, q, k, v, layer, forward_batch, save_kv_cache):
     ladder.elem_bytes = q.element_size()
 
     if _gluon_serves(key, q, backend, layer, forward_batch, logit_cap):
-        from specdiag.kernels.gluon_ws_ragged import ragged_split_kv_gluon_ws  # noqa: PLC0415
-
         try:
-            ragged_split_kv_gluon_ws(
-                q.view(-1, heads, layer.qk_head_dim), kv_buf, o.view(-1, heads, layer.v_head_dim), meta.qo_indptr,
-                meta.kv_indptr, meta.kv_indices, forward_batch.out_cache_loc, mask, meta.mask_indptr,
-                max_draft=max_draft, sm_scale=layer.scaling)
+            verify(q.view(-1, heads, layer.qk_head_dim), kv_buf, o.view(-1, heads, layer.v_head_dim), meta.qo_indptr,
+                   meta.kv_indptr, meta.kv_indices, mask, meta.mask_indptr, max_draft=max_draft,
+                   sm_scale=layer.scaling, draft_loc=forward_batch.out_cache_loc, kernel=GLUON)
             _count_served(gluon=True, causal=causal)
             return o
         except Exception as exc:  # noqa: BLE001  compile or launch: the Triton kernel serves this shape from now on
@@ -322,12 +317,12 @@ def _serve(backend, q, k, v, layer, forward_batch, save_kv_cache):
                      _GLUON[key])
 
     def launch(cfg):
-        return ragged_split_kv_triton(
+        return verify(
+            q.view(-1, heads, layer.qk_head_dim), backend.token_to_kv_pool.get_key_buffer(layer.layer_id),
+            o.view(-1, heads, layer.v_head_dim), meta.qo_indptr, meta.kv_indptr, meta.kv_indices, mask,
+            meta.mask_indptr, max_draft=max_draft, sm_scale=layer.scaling,
             # the draft values are k's first 512 dims: what the MLA pool stores of them (set_kv_buffer keeps k)
-            q.view(-1, heads, layer.qk_head_dim), k.reshape(k.shape[0], -1),
-            backend.token_to_kv_pool.get_key_buffer(layer.layer_id), o.view(-1, heads, layer.v_head_dim),
-            meta.qo_indptr, meta.kv_indptr, meta.kv_indices, mask, meta.mask_indptr,
-            max_draft=max_draft, sm_scale=layer.scaling, logit_cap=logit_cap, cfg=cfg,
+            k_ext=k.reshape(k.shape[0], -1), logit_cap=logit_cap, cfg=cfg, kernel=TRITON,
         )
 
     ladder.run(key, heads * max_draft, launch)
@@ -352,14 +347,15 @@ def gluon_from_env(environ=os.environ) -> bool:
 
 def _gluon_serves(key, q, backend, layer, forward_batch, logit_cap) -> bool:
     """Whether the Gluon kernel serves this call (module doc); each reason it does not is logged once per shape."""
-    from specdiag.kernels.gluon_ws_ragged import gluon_ragged_supported  # noqa: PLC0415
-    from specdiag.kernels.gluon_ws_swap import SWAP_MAX_ROWS  # noqa: PLC0415
+    from specdiag.kernels.gluon.swap import SWAP_MAX_ROWS  # noqa: PLC0415
+    from specdiag.kernels.verify import GLUON, choose  # noqa: PLC0415
 
     if key[0] < GLUON_MIN_ROWS or not gluon_from_env():
         return False
     if key not in _GLUON:
         loc = getattr(forward_batch, "out_cache_loc", None)
-        ok, why = gluon_ragged_supported(q, backend.token_to_kv_pool.get_key_buffer(layer.layer_id), logit_cap)
+        kernel, why = choose(q, backend.token_to_kv_pool.get_key_buffer(layer.layer_id), logit_cap=logit_cap)
+        ok = kernel == GLUON
         if ok and (loc is None or loc.shape[0] < q.shape[0]):
             ok, why = False, "no out_cache_loc slot per draft token"
         _GLUON[key] = None if ok else why
@@ -373,12 +369,13 @@ def _gluon_fp8_serves(key, q, kv_buf, kv_scale, forward_batch, logit_cap) -> boo
     """Whether the fp8 kernel serves this call (an fp8 cache has no other kernel here: where it does not, SGLang's
     does); each reason it does not is kept per shape and logged once."""
     if key not in _GLUON:
-        from specdiag.kernels.gluon_ws_ragged import gluon_fp8_ragged_supported  # noqa: PLC0415
+        from specdiag.kernels.verify import GLUON_FP8, choose  # noqa: PLC0415
 
         if not gluon_from_env():
             ok, why = False, f"{GLUON_ENV}=0 (the fp8 kernel is the Gluon one)"
         else:
-            ok, why = gluon_fp8_ragged_supported(q, kv_buf, key[0], kv_scale, logit_cap)
+            kernel, why = choose(q, kv_buf, kv_scale, logit_cap)
+            ok = kernel == GLUON_FP8
         loc = getattr(forward_batch, "out_cache_loc", None)
         if ok and (loc is None or loc.shape[0] < q.shape[0]):
             ok, why = False, "no out_cache_loc slot per draft token"
@@ -573,7 +570,7 @@ def register() -> None:
         log_once("mode", "mode upstream (%s): SGLang's own split-KV verify is forced on in the Triton backend", why)
         return
     try:
-        import specdiag.kernels.triton_splitkv_ragged  # noqa: F401, PLC0415
+        import specdiag.kernels.triton.ragged  # noqa: F401, PLC0415
     except Exception as exc:  # noqa: BLE001  (no triton, no specdiag: SGLang's own path)
         log_once("import", "specdiag's split-KV kernel does not import (%s: %s): SGLang's verify runs unchanged",
                  type(exc).__name__, exc)

@@ -25,7 +25,7 @@ What SGLang 0.5.17 passes to ``extend_attention_fwd`` on a target-verify step of
 This module holds the plugin's decision (serve or fall back, and why), the per-request view of
 such a batch as specdiag's :class:`VerifyInputs`, and the torch path that runs the kernel's CPU
 fallback on it. The CUDA path (hook.py) hands the same tensors to the plugin's kernels directly
-(gluon_ws_ragged on sm_90, else triton_splitkv_ragged).
+(gluon.ragged on sm_90, else triton.ragged).
 """
 
 from __future__ import annotations

@@ -7,9 +7,9 @@ Ten arms, all MLA verify attention at batch 1 on the same :class:`~specdiag.kern
 | ``baseline`` | SGLang's Triton verify structure: one program per head and 32 draft tokens, no KV split |
 | ``split_triton`` | our split-KV kernel in Triton, page_size 1 token table |
 | ``split_triton_b64`` | the same kernel reading 64-token pages (a block table): the page-size effect |
-| ``pick`` | our fastest dense kernel on sm_90 (specdiag.kernels.pick) |
+| ``pick`` | our fastest dense kernel on sm_90 (specdiag.kernels.gluon.pick) |
 | ``pick_fp8`` | the pick on an fp8 e4m3 cache (up to 16 rows) |
-| ``plugin`` | what the SGLang plugin serves on sm_90, on SGLang's ragged layout (gluon_ws_ragged) |
+| ``plugin`` | what the SGLang plugin serves on sm_90, on SGLang's ragged layout (gluon.ragged) |
 | ``plugin_fp8`` | what it serves on an fp8_e4m3 cache |
 | ``plugin_triton`` | its Triton fallback (other GPUs, a logit cap) |
 | ``flashinfer_mla`` | FlashInfer's MLA paged attention (anchor) |
@@ -29,7 +29,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from specdiag.kernels.mla import VerifyInputs, dequantized
-from specdiag.kernels.pick import PICK, PICK_FP8, PickConfig, PickFp8Config
+from specdiag.kernels.gluon.pick import PICK, PICK_FP8, PickConfig, PickFp8Config
 
 
 TOL = 1e-2  #: largest relative error against the fp32 reference of the cache the arm reads
@@ -100,21 +100,21 @@ def prepare(a: Arm, inputs: VerifyInputs, out: torch.Tensor) -> Callable[[], obj
     if not inputs.q.is_cuda:
         return _torch_call(a, inputs, out)
     if a.name == "baseline":
-        from specdiag.kernels.triton_baseline import baseline_triton  # noqa: PLC0415
+        from specdiag.kernels.triton.baseline import baseline_triton  # noqa: PLC0415
 
         return lambda: baseline_triton(inputs, out)
     if a.name in ("split_triton", "split_triton_b64"):
-        from specdiag.kernels.triton_splitkv import split_kv_triton  # noqa: PLC0415
+        from specdiag.kernels.triton.splitkv import split_kv_triton  # noqa: PLC0415
 
         page = 64 if a.layout == "shuffled_b64" else 1
         return lambda: split_kv_triton(inputs, out, page_size=page, cfg=a.config)
     if a.name == "pick":
-        from specdiag.kernels.pick import split_kv_pick  # noqa: PLC0415
+        from specdiag.kernels.gluon.pick import split_kv_pick  # noqa: PLC0415
 
         cfg: PickConfig = a.config
         return lambda: split_kv_pick(inputs, out, cfg)
     if a.name == "pick_fp8":
-        from specdiag.kernels.pick import split_kv_pick_fp8  # noqa: PLC0415
+        from specdiag.kernels.gluon.pick import split_kv_pick_fp8  # noqa: PLC0415
 
         cfg8: PickFp8Config = a.config
         return lambda: split_kv_pick_fp8(inputs, out, cfg8)
@@ -135,24 +135,17 @@ def prepare(a: Arm, inputs: VerifyInputs, out: torch.Tensor) -> Callable[[], obj
 
 
 def _plugin_call(a: Arm, inputs: VerifyInputs, out: torch.Tensor) -> Callable[[], object]:
-    """The plugin's entry points as its hook calls them, on one request laid out as SGLang passes it (made once)."""
-    from specdiag.kernels.triton_splitkv_ragged import ragged_args, ragged_split_kv_triton  # noqa: PLC0415
+    """The plugin's entry point (specdiag.kernels.verify) with the kernel the hook serves there, on one request laid
+    out as SGLang passes it (made once)."""
+    from specdiag.kernels.mla import ragged_args  # noqa: PLC0415
+    from specdiag.kernels.verify import GLUON, GLUON_FP8, TRITON, verify  # noqa: PLC0415
 
     args = ragged_args(inputs, out.view(inputs.draft_tokens, inputs.heads, -1))
-    draft_loc = args.pop("draft_loc")
-    keys = ("q", "o", "qo_indptr", "kv_indptr", "kv_indices", "mask", "mask_indptr", "max_draft", "sm_scale")
     if a.name == "plugin_fp8":
-        from specdiag.kernels.gluon_ws_ragged import ragged_split_kv_gluon_fp8  # noqa: PLC0415
-
-        kw = {k: args[k] for k in keys}
-        return lambda: ragged_split_kv_gluon_fp8(**kw, kv=inputs.cache_fp8, draft_loc=draft_loc,
-                                                 kv_scale=inputs.kv_scale, cfg=a.config)
-    if a.name == "plugin":
-        from specdiag.kernels.gluon_ws_ragged import ragged_split_kv_gluon_ws  # noqa: PLC0415
-
-        kw = {k: args[k] for k in (*keys, "kv")}
-        return lambda: ragged_split_kv_gluon_ws(**kw, draft_loc=draft_loc, cfg=a.config)
-    return lambda: ragged_split_kv_triton(**args, cfg=a.config)
+        fp8 = {**args, "kv": inputs.cache_fp8, "kv_scale": inputs.kv_scale}
+        return lambda: verify(**fp8, cfg=a.config, kernel=GLUON_FP8)
+    kernel = GLUON if a.name == "plugin" else TRITON
+    return lambda: verify(**args, cfg=a.config, kernel=kernel)
 
 
 def _torch_call(a: Arm, inputs: VerifyInputs, out: torch.Tensor) -> Callable[[], object]:

@@ -1,10 +1,10 @@
 """The split-KV verify kernel on SGLang's ragged batch layout, safe inside a captured CUDA graph.
 
-The SGLang plugin's fallback: it serves where the Gluon kernels (gluon_ws_ragged) cannot run (another GPU than sm_90,
-a logit cap, a non-contiguous q) or failed once, with a configuration from splitkv_plan's ladder that fits the GPU's
+The SGLang plugin's fallback: it serves where the Gluon kernels (gluon.ragged) cannot run (another GPU than sm_90,
+a logit cap, a non-contiguous q) or failed once, with a configuration from plan's ladder that fits the GPU's
 shared memory. The kernel A/B's ``plugin_triton`` arm times it.
 
-Same design as triton_splitkv.py (rows = draft tokens x heads packed into tiles, the KV cut into
+Same design as triton.splitkv (rows = draft tokens x heads packed into tiles, the KV cut into
 splits, a partial output and base-2 log-sum-exp per split, an LSE merge), but every length is read
 on the device, so one launch serves any context length and a CUDA graph captured at one length
 replays correctly at another:
@@ -15,7 +15,7 @@ replays correctly at another:
   of ``k_ext`` [tokens, 1, 576] (SGLang passes the draft block's K as a tensor, not through the index),
   and their values are those rows' first 512 dims too: what SGLang's MLA pool keeps of them
   (``MLATokenToKVPool.set_kv_buffer`` stores ``cache_k`` only; DeepSeek passes ``v = k_nope``, the
-  first 512 dims of ``k``). One tile serves as keys and values, as in triton_splitkv: a form that
+  first 512 dims of ``k``). One tile serves as keys and values, as in triton.splitkv: a form that
   loaded a separate value tile from ``v_ext`` took 1.5-1.7x the split kernel's time at one draft token
   on the H200 (its shared memory, 122,880 B at 16 x 32 tiles, left one program per SM).
 - The verify tree's mask is SGLang's flattened custom mask: request b's row t starts at
@@ -24,28 +24,23 @@ replays correctly at another:
 - The grid is fixed by the launch (row tiles x ``n_splits`` x batch); each program derives its token
   range from the request's length: ``per_split = roundup64(max(ceil(n_kv / n_splits), min_split))``,
   so short contexts use fewer splits and programs past the end return at once. The merge reads the
-  same count; in one pass (the lse and the partials in one round trip, split_merge.merge_one_pass) where the
-  configuration says so, as the plugin's ladder does (splitkv_plan.one_pass_merge_fields).
-- :func:`ragged_args` lays one specdiag VerifyInputs out this way, so the kernel A/B (specdiag.steps.kernel_ab) times
-  the plugin's kernels (the ``plugin``, ``plugin_fp8`` and ``plugin_triton`` arms) on the same cases as the others.
+  same count (merge.ragged_merge); in one pass (the lse and the partials in one round trip) where the
+  configuration says so, as the plugin's ladder does (plan.one_pass_merge_fields).
+- mla.ragged_args lays one specdiag VerifyInputs out this way, so the kernel A/B (specdiag.steps.kernel_ab) times the
+  plugin's kernels (the ``plugin``, ``plugin_fp8`` and ``plugin_triton`` arms) on the same cases as the others.
 - Scores: ``s = (q . k) * sm_scale``, then ``cap * tanh(s / cap)`` when a logit cap is set (SGLang's
   definition, natural-log units), then the softmax in base 2.
 """
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_wait
 
-from specdiag.kernels.mla import D_NOPE, D_PE, D_QK, D_V, VerifyInputs
-from specdiag.kernels.split_merge import merge_block, merge_one_pass, merge_two_pass
-from specdiag.kernels.splitkv_plan import SHARED_LIMIT_SM90, SplitKVConfig, fitting_ladder, split_tokens
-
-LOG2E = 1.4426950408889634
+from specdiag.kernels.merge import ragged_merge
+from specdiag.kernels.mla import D_NOPE, D_PE, D_QK, D_V
+from specdiag.kernels.plan import SHARED_LIMIT_SM90, SplitKVConfig, fitting_ladder, n_splits_for
 
 
 @triton.jit
@@ -156,38 +151,6 @@ def _ragged_partial_kernel(
     tl.store(LSE_PART + part_row, lse, mask=row_ok)
 
 
-@triton.jit
-def _ragged_merge_kernel(
-    O_PART, LSE_PART, OUT, QO_INDPTR, KV_INDPTR, n_heads, n_splits, max_rows, min_split_tokens,
-    stride_o_tok, stride_o_head,
-    BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr, D_V: tl.constexpr, ROUND: tl.constexpr,
-    ONE_PASS: tl.constexpr = False, PDL: tl.constexpr = False,
-):
-    row = tl.program_id(0)
-    b = tl.program_id(2)
-    if PDL:  # launched early (programmatic dependent launch): wait for the partial grid's completion and stores
-        gdc_wait()
-    q_start = tl.load(QO_INDPTR + b)
-    n_draft = tl.load(QO_INDPTR + b + 1) - q_start
-    if row >= n_draft * n_heads:
-        return
-    n_prefix = (tl.load(KV_INDPTR + b + 1) - tl.load(KV_INDPTR + b)).to(tl.int32)
-    n_kv = n_prefix + n_draft
-    per_split = tl.maximum(tl.cdiv(n_kv, n_splits), min_split_tokens)
-    per_split = tl.cdiv(per_split, ROUND) * ROUND
-    n_active = tl.cdiv(n_kv, per_split)
-    dv = tl.program_id(1) * BLOCK_DV + tl.arange(0, BLOCK_DV)
-    base = (b * n_splits).to(tl.int64)
-    if ONE_PASS:  # BLOCK_S >= n_splits >= n_active: the lse and the partials in one round trip
-        merged = merge_one_pass(O_PART, LSE_PART, base, n_active, max_rows, row, dv, BLOCK_S, D_V)
-    else:
-        merged = merge_two_pass(O_PART, LSE_PART, base, n_active, max_rows, row, dv, BLOCK_S, BLOCK_DV, D_V)
-    t = row // n_heads
-    h = row % n_heads
-    dst = OUT + (q_start + t).to(tl.int64) * stride_o_tok + h * stride_o_head + dv
-    tl.store(dst, merged.to(OUT.dtype.element_ty))
-
-
 def shared_limit(device: torch.device) -> int:
     """Shared memory per block (opt-in) of ``device`` in bytes, as torch reports it (else the H200's)."""
     props = torch.cuda.get_device_properties(device)
@@ -195,33 +158,8 @@ def shared_limit(device: torch.device) -> int:
 
 
 def ragged_default_config(rows: int, device: torch.device, elem_bytes: int = 2) -> SplitKVConfig:
-    """The fastest rung of the ladder whose estimated shared memory fits ``device`` (splitkv_plan)."""
+    """The fastest rung of the ladder whose estimated shared memory fits ``device`` (plan)."""
     return fitting_ladder(rows, shared_limit(device), elem_bytes)[0]
-
-
-def n_splits_for(rows_per_request: int, batch: int, num_sms: int, cfg: SplitKVConfig,
-                 tile_rows: int | None = None) -> int:
-    """KV splits per request of the fixed grid: about ``programs_per_sm`` x SMs programs in all, over the request's
-    row tiles of ``tile_rows`` (None: ``cfg.block_m``)."""
-    n_tiles = -(-rows_per_request // (tile_rows or cfg.block_m))
-    return max(1, round(cfg.programs_per_sm * num_sms / (n_tiles * max(1, batch))))
-
-
-def describe_ragged_plan(rows: int, n_kv: int, cfg: SplitKVConfig, num_sms: int, batch: int = 1,
-                         tile_rows: int | None = None) -> dict:
-    """The plan the ragged kernel makes on the device for a request of ``n_kv`` tokens (prefix + draft) in a batch of
-    ``batch`` such requests, as splitkv_plan.describe_plan's fields: the grid's splits (``grid_splits``), those that
-    hold tokens (``n_splits``: the merge's), tokens per split, programs of the grid, fp32 partial bytes, waves.
-    ``tile_rows``: rows per row tile where the kernel's are not ``cfg.block_m`` (the fp8 kernel's, gluon_ws_ragged
-    ``fp8_call_tiles``: the splits are shared out over them)."""
-    n_tiles = -(-rows // (tile_rows or cfg.block_m))
-    grid_splits = n_splits_for(rows, batch, num_sms, cfg, tile_rows=tile_rows)
-    per_split = split_tokens(n_kv, grid_splits, cfg)
-    n_active = -(-n_kv // per_split)
-    programs = n_tiles * grid_splits * batch
-    return {"n_tiles": n_tiles, "n_splits": n_active, "grid_splits": grid_splits, "tokens_per_split": per_split,
-            "programs": programs, "partial_bytes": n_active * rows * (D_V * 4 + 4) * batch,
-            "waves": programs / max(1, num_sms)}
 
 
 def ragged_split_kv_triton(q: torch.Tensor, k_ext: torch.Tensor, kv: torch.Tensor, o: torch.Tensor, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
@@ -266,40 +204,3 @@ def ragged_split_kv_triton(q: torch.Tensor, k_ext: torch.Tensor, kv: torch.Tenso
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return ragged_merge(o_part, lse_part, o, qo_indptr, kv_indptr, cfg)
-
-
-def ragged_merge(o_part: torch.Tensor, lse_part: torch.Tensor, o: torch.Tensor, qo_indptr: torch.Tensor,
-                 kv_indptr: torch.Tensor, cfg: SplitKVConfig) -> torch.Tensor:
-    """The second launch of a ragged call: each request's ``o_part`` [batch, splits, max_rows, 512] weighted by
-    ``lse_part`` [batch, splits, max_rows] into its rows of ``o`` [tokens, H, 512]; the splits that hold tokens are
-    counted on the device from the request's length and ``cfg.min_split_tokens``, as the partial kernel cut them."""
-    batch, n_splits, max_rows = lse_part.shape
-    block_s, block_dv, one_pass = merge_block(n_splits, cfg)  # the grid's splits: every request's n_active or fewer
-    pdl = cfg.pdl and os.environ.get("TRITON_INTERPRET") != "1"  # cfg.pdl: the merge as a programmatic dependent launch (sm_90)
-    _ragged_merge_kernel[(max_rows, D_V // block_dv, batch)](
-        o_part, lse_part, o, qo_indptr, kv_indptr, o.shape[1], n_splits, max_rows, cfg.min_split_tokens,
-        o.stride(0), o.stride(1),
-        BLOCK_S=block_s, BLOCK_DV=block_dv, D_V=D_V, ROUND=cfg.split_round_tokens, ONE_PASS=one_pass, PDL=pdl,
-        num_warps=8 if one_pass else 4, **({"launch_pdl": True} if pdl else {}),
-    )
-    return o
-
-
-def ragged_args(inputs: VerifyInputs, out: torch.Tensor) -> dict:
-    """``inputs`` (one request) in SGLang's ragged layout, as :func:`ragged_split_kv_triton`'s keyword arguments
-    writing ``out`` [T, H, 512]: the prefix's slots as ``kv_indices``, the draft rows copied out of the cache as
-    ``k_ext`` and their slots as ``draft_loc`` (SGLang's out_cache_loc, for gluon_ws_ragged; not an argument of
-    :func:`ragged_split_kv_triton`), the tree mask as the flattened custom mask of
-    [T, P + T] with every prefix column set. Made once per input set, so a timed call is the kernel's two launches.
-    """
-    p, t = inputs.n_prefix, inputs.draft_tokens
-    dev = inputs.q.device
-    k_ext = inputs.cache[inputs.token_table[p:p + t]].contiguous()
-    mask = torch.ones(t, p + t, dtype=torch.uint8, device=dev)
-    mask[:, p:] = inputs.mask_u8
-    return {"q": inputs.q, "k_ext": k_ext, "draft_loc": inputs.token_table[p:p + t], "kv": inputs.cache, "o": out,
-            "qo_indptr": torch.tensor([0, t], dtype=torch.int32, device=dev),
-            "kv_indptr": torch.tensor([0, p], dtype=torch.int32, device=dev),
-            "kv_indices": inputs.token_table[:p], "mask": mask.reshape(-1),
-            "mask_indptr": torch.zeros(1, dtype=torch.int32, device=dev),
-            "max_draft": t, "sm_scale": inputs.sm_scale}

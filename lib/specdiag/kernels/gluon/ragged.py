@@ -1,9 +1,9 @@
 """The SGLang plugin's verify kernels on sm_90: the pick's warp-specialized Gluon kernels on SGLang's ragged layout.
 
-On the H200 the plugin's Triton kernel (triton_splitkv_ragged) took 1.4-2.2x the time of the warp-specialized kernel
+On the H200 the plugin's Triton kernel (triton.ragged) took 1.4-2.2x the time of the warp-specialized kernel
 from 33 packed rows (heads x draft tokens) and 1.1-1.6x below. These are the same kernels, their partitions unchanged
-(gluon_ws ``_softmax_partition`` and ``_pv_loader_partition``; gluon_ws_swap's; gluon_ws_fp8's), behind entries that
-read every length on the device, as triton_splitkv_ragged does, so one launch serves any context length and a CUDA
+(gluon.ws ``_softmax_partition`` and ``_pv_loader_partition``; gluon.swap's; gluon.fp8's), behind entries that
+read every length on the device, as triton.ragged does, so one launch serves any context length and a CUDA
 graph captured at one length replays at another:
 
 - the grid is (64-row tiles of ``max_draft`` x H, splits, requests) for the row-major kernel, (splits, requests) for
@@ -12,24 +12,24 @@ graph captured at one length replays at another:
 - its prefix is ``kv_indices[kv_indptr[b] ..]`` and its draft tokens are cache slots ``draft_loc[qo_indptr[b] ..]``
   (SGLang's ``out_cache_loc``: the plugin stores the draft rows there before the kernel, as SGLang's backend does),
   both page_size 1 slots of the latent cache ``kv`` [slots, 576]; the copy partition gathers from either table
-  (gluon_ws ``_tile_slots`` with RAGGED);
+  (gluon.ws ``_tile_slots`` with RAGGED);
 - the tree mask is SGLang's flattened custom mask: row t of request b at ``mask_indptr[b] + t * (P + T) + P``;
 - the split of a program: ``per_split = roundup64(max(ceil(n_kv / splits), min_split_tokens))`` tokens, as
-  triton_splitkv_ragged cuts them, so the merge is that module's (``ragged_merge``): partials [requests, splits,
-  max rows, 512] fp32, the merge in one pass where splitkv_plan.one_pass_merge_fields says so, 64 value dims per
+  triton.ragged cuts them, so the merge is the same (merge.ragged_merge): partials [requests, splits,
+  max rows, 512] fp32, the merge in one pass where plan.one_pass_merge_fields says so, 64 value dims per
   program otherwise (the pick's), launched as a programmatic dependent launch.
 
-On a bf16 or fp16 cache (``ragged_split_kv_gluon_ws``): up to 16 rows the rows-as-N kernel (gluon_ws_swap's
-partitions; an N of 8 up to 8 rows), above it the row-major kernel with the pick's PREFETCH, DRAFT_BRANCH and FOLD
-(Q is loaded before the partitions: the pick's EARLY_Q is not used here).
+On a bf16 or fp16 cache (``ragged_split_kv_gluon_ws``): up to 16 rows the rows-as-N kernel (gluon.swap's
+partitions; an N of 8 up to 8 rows), above it the row-major kernel (Q is loaded before the partitions: the pick's
+EARLY_Q is not used here).
 
 On an fp8 e4m3 cache (SGLang's ``--kv-cache-dtype fp8_e4m3``; ``ragged_split_kv_gluon_fp8``): the fp8 pick's kernel
-(gluon_ws_fp8: the staged s22 ring up to 8 rows, the direct d2 ring up to 16, the math in fp16) behind the same
+(gluon.fp8: the staged s22 ring up to 8 rows, the direct d2 ring up to 16, the math in fp16) behind the same
 entry (``_fp8_ragged_partial_kernel``), the draft rows read from the fp8 cache where the hook stored them, the cache's
-one scale applied to each converted tile; above 16 rows an N of 32 (``FP8_N32_RINGS``) and, above 32, row tiles of
-whole draft tokens (``fp8_tile_rows``; 8 heads x 8 draft tokens: two tiles of 32), each reading the split's KV. Row
-tiles of up to 64 rows (``FP8_N64_RINGS``) run only when a caller names that ring: on the H200 they took 1.18-1.38x
-the time of the 32-row tiles, their conversion and math in series.
+one scale applied to each converted tile; above 16 rows an N of 32 (``FP8_N32_RING``) and, above 32, row tiles of
+whole draft tokens (``fp8_tile_rows``; 8 heads x 8 draft tokens: two tiles of 32), each reading the split's KV. (Row
+tiles of 64 rows, which convert each KV tile once, took 1.18-1.38x the time of the 32-row tiles on the H200: their
+conversion and math in series.)
 
 No logit cap (the Triton ragged kernel has one). CUDA sm_90 only (wgmma); the CPU tests compile it for sm_90.
 """
@@ -44,15 +44,16 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared
 
-from specdiag.kernels.gluon_ws import (D_HALF, LOG2E, WS_PARTITION_WARPS, WS_WORKER_REGS, _pv_loader_partition,
+from specdiag.kernels.gluon.fp8 import (FP8_RINGS, Fp8Ring, _fp8_copy_convert_partition, _fp8_core_state,
+                                        _fp8_loader_partition, _fp8_staging_state, fp16_pair_bits, partition_regs,
+                                        ring_for)
+from specdiag.kernels.gluon.swap import (SWAP_MAX_ROWS, _swap_pv_loader_partition, _swap_pv_partition,
+                                         _swap_shared_state, _swap_softmax_partition)
+from specdiag.kernels.gluon.ws import (D_HALF, WS_PARTITION_WARPS, WS_WORKER_REGS, _pv_loader_partition,
                                        _softmax_partition, ws_shared_state)
-from specdiag.kernels.gluon_ws_fp8 import (CONVERSIONS, FP8_RINGS, MAX_KV_SCALE, Fp8Ring, _fp8_copy_convert_partition,
-                                           _fp8_core_state, _fp8_loader_partition, _fp8_staging_state, fp16_pair_bits,
-                                           partition_regs, ring_for)
-from specdiag.kernels.gluon_ws_swap import (SWAP_MAX_ROWS, _swap_pv_loader_partition, _swap_pv_partition,
-                                            _swap_shared_state, _swap_softmax_partition)
-from specdiag.kernels.mla import BLOCK_TOKENS, D_NOPE, D_PE, D_QK, D_V
-from specdiag.kernels.splitkv_plan import GLUON_BLOCK_M, SplitKVConfig, gluon_config, one_pass_merge_fields
+from specdiag.kernels.merge import ragged_merge
+from specdiag.kernels.mla import BLOCK_TOKENS, D_NOPE, D_PE, D_QK, D_V, LOG2E, MAX_KV_SCALE
+from specdiag.kernels.plan import GLUON_BLOCK_M, SplitKVConfig, gluon_config, n_splits_for, one_pass_merge_fields
 
 #: value dims per merge program where the merge does not run in one pass (the pick's)
 MERGE_BLOCK_DV = 64
@@ -89,9 +90,8 @@ def _ws_ragged_partial_kernel(Q, KV, KV_INDICES, DRAFT_LOC, MASK, QO_INDPTR, KV_
                               LSE_PART, qk_scale, n_heads, n_splits, max_rows, min_split_tokens, stride_kv,
                               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                               D_NOPE: gl.constexpr, D_PE: gl.constexpr, D_HALF: gl.constexpr,
-                              num_warps: gl.constexpr, WORKER_REGS: gl.constexpr, PREFETCH: gl.constexpr,
-                              DRAFT_BRANCH: gl.constexpr, FOLD: gl.constexpr, ROUND: gl.constexpr):
-    """One program per (64-row tile, split, request): the request's lengths from the device, then gluon_ws's two
+                              num_warps: gl.constexpr, WORKER_REGS: gl.constexpr, ROUND: gl.constexpr):
+    """One program per (64-row tile, split, request): the request's lengths from the device, then gluon.ws's two
     partitions on its rows, its tables and its slice of the partials (module doc)."""
     pid_m = gl.program_id(0)
     pid_s = gl.program_id(1)
@@ -106,16 +106,15 @@ def _ws_ragged_partial_kernel(Q, KV, KV_INDICES, DRAFT_LOC, MASK, QO_INDPTR, KV_
      l_ready) = ws_shared_state(q_b, pid_m, n_rows, BLOCK_M, BLOCK_N, STAGES, D_NOPE, D_PE, num_warps)
     mask_b, o_part_b, lse_part_b = _request_blocks(MASK, O_PART, LSE_PART, MASK_INDPTR, b, n_splits, max_rows, n_prefix,
                                                    D_HALF)
-    prog = (b * n_splits + pid_s) * gl.num_programs(0) + pid_m
     gl.warp_specialize([
         (_softmax_partition, (q_smem, qpe_smem, kv_smem, pe_smem, p_smem, row_smem, kv_ready, kv_free, p_ready,
-                              p_free, l_ready, mask_b, o_part_b, lse_part_b, lse_part_b, qk_scale, n_prefix, n_kv,
-                              n_heads, n_rows, max_rows, start, end, n_iter, pid_m, pid_s, prog, BLOCK_M, BLOCK_N,
-                              STAGES, D_NOPE, D_HALF, num_warps, False, DRAFT_BRANCH, False, FOLD)),
+                              p_free, l_ready, mask_b, o_part_b, lse_part_b, qk_scale, n_prefix, n_kv, n_heads,
+                              n_rows, max_rows, start, end, n_iter, pid_m, pid_s, BLOCK_M, BLOCK_N, STAGES, D_NOPE,
+                              D_HALF, num_warps)),
         (_pv_loader_partition, (kv_smem, pe_smem, p_smem, row_smem, kv_ready, kv_free, p_ready, p_free, l_ready, KV,
-                                KV_INDICES + kv_start, DRAFT_LOC + q_start, n_prefix, o_part_b, lse_part_b, n_rows,
-                                max_rows, start, end, n_iter, pid_m, pid_s, prog, stride_kv, BLOCK_M, BLOCK_N, STAGES,
-                                D_NOPE, D_PE, D_HALF, num_warps, PREFETCH, False, True)),
+                                KV_INDICES + kv_start, DRAFT_LOC + q_start, n_prefix, o_part_b, n_rows, max_rows,
+                                start, end, n_iter, pid_m, pid_s, stride_kv, BLOCK_M, BLOCK_N, STAGES, D_NOPE, D_PE,
+                                D_HALF, num_warps, True)),
     ], [num_warps], [WORKER_REGS])
 
 
@@ -126,7 +125,7 @@ def _swap_ragged_partial_kernel(Q, KV, KV_INDICES, DRAFT_LOC, MASK, QO_INDPTR, K
                                 D_PE: gl.constexpr, D_HALF: gl.constexpr, num_warps: gl.constexpr,
                                 WORKER_REGS: gl.constexpr, ROUND: gl.constexpr):
     """One program per (split, request) of a batch whose requests have at most RN rows each: the request's lengths
-    from the device as ``_ws_ragged_partial_kernel``'s, then gluon_ws_swap's partitions (the rows as the wgmma's N)
+    from the device as ``_ws_ragged_partial_kernel``'s, then gluon.swap's partitions (the rows as the wgmma's N)
     on its rows, its tables and its slice of the partials."""
     pid_s = gl.program_id(0)
     b = gl.program_id(1)
@@ -156,10 +155,9 @@ def _fp8_ragged_partial_kernel(Q, KV8, KV_INDICES, DRAFT_LOC, MASK, QO_INDPTR, K
                                LSE_PART, qk_scale, kv_scale2, n_heads, n_splits, max_rows, min_split_tokens, stride_kv,
                                tile_rows, BLOCK_N: gl.constexpr, SB: gl.constexpr, S8: gl.constexpr, RN: gl.constexpr,
                                D_NOPE: gl.constexpr, D_PE: gl.constexpr, D_HALF: gl.constexpr, num_warps: gl.constexpr,
-                               PV_REGS: gl.constexpr, CONVERT_REGS: gl.constexpr, CVT: gl.constexpr,
-                               ROUND: gl.constexpr):
+                               PV_REGS: gl.constexpr, CONVERT_REGS: gl.constexpr, ROUND: gl.constexpr):
     """One program per (split, request, row tile) on the fp8 cache: the request's lengths from the device as
-    ``_swap_ragged_partial_kernel``'s, then gluon_ws_fp8's partitions (the fp8 pick's: the rows-as-N softmax, the
+    ``_swap_ragged_partial_kernel``'s, then gluon.fp8's partitions (the fp8 pick's: the rows-as-N softmax, the
     three-partition P V, and with S8 > 0 the staged copy-and-convert warpgroup, else the direct form's two loading
     warpgroups) on rows ``pid_m * tile_rows ..`` (at most ``tile_rows`` <= RN of them), its tables and its slice of the
     partials. A row tile starts at a draft token's first row or holds rows of one draft token only (``fp8_tile_rows``),
@@ -189,8 +187,7 @@ def _fp8_ragged_partial_kernel(Q, KV8, KV_INDICES, DRAFT_LOC, MASK, QO_INDPTR, K
     lse_part_b += row0
     table_b = KV_INDICES + kv_start
     draft_b = DRAFT_LOC + q_start
-    # one warp_specialize per form: a partition list cannot be built from variables (LSE_PART stands in for the
-    # untimed kernel's unused TIMES)
+    # one warp_specialize per form: a partition list cannot be built from variables
     if S8 > 0:
         gl.warp_specialize([
             (_swap_softmax_partition, (q_b, q_smem, qpe_smem, kv_smem, pe_smem, pt_smem, row_smem, kv_ready, kv_free,
@@ -200,8 +197,8 @@ def _fp8_ragged_partial_kernel(Q, KV8, KV_INDICES, DRAFT_LOC, MASK, QO_INDPTR, K
             (_swap_pv_partition, (kv_smem, pt_smem, row_smem, kv_free, p_ready, p_free, l_ready, o_part_b, n_rows,
                                   max_rows, n_iter, pid_s, SB, RN, D_HALF, num_warps)),
             (_fp8_copy_convert_partition, (st_nope, st_pe, st_ready, kv_smem, pe_smem, kv_ready, kv_free, KV8, table_b,
-                                           draft_b, kv_scale2, n_prefix, start, end, n_iter, stride_kv, LSE_PART,
-                                           pid_s, BLOCK_N, SB, S8, D_NOPE, D_PE, num_warps, True, CVT, False)),
+                                           draft_b, kv_scale2, n_prefix, start, end, n_iter, stride_kv, BLOCK_N, SB,
+                                           S8, D_NOPE, D_PE, num_warps, True)),
         ], [num_warps, num_warps], [PV_REGS, CONVERT_REGS])
     else:
         gl.warp_specialize([
@@ -212,11 +209,9 @@ def _fp8_ragged_partial_kernel(Q, KV8, KV_INDICES, DRAFT_LOC, MASK, QO_INDPTR, K
             (_swap_pv_partition, (kv_smem, pt_smem, row_smem, kv_free, p_ready, p_free, l_ready, o_part_b, n_rows,
                                   max_rows, n_iter, pid_s, SB, RN, D_HALF, num_warps)),
             (_fp8_loader_partition, (kv_smem, pe_smem, kv_ready, kv_free, KV8, table_b, draft_b, kv_scale2, n_prefix,
-                                     start, end, n_iter, stride_kv, LSE_PART, pid_s, 0, BLOCK_N, SB, D_NOPE, D_PE,
-                                     num_warps, True, CVT, False)),
+                                     start, end, n_iter, stride_kv, 0, BLOCK_N, SB, D_NOPE, D_PE, num_warps, True)),
             (_fp8_loader_partition, (kv_smem, pe_smem, kv_ready, kv_free, KV8, table_b, draft_b, kv_scale2, n_prefix,
-                                     start, end, n_iter, stride_kv, LSE_PART, pid_s, 1, BLOCK_N, SB, D_NOPE, D_PE,
-                                     num_warps, True, CVT, False)),
+                                     start, end, n_iter, stride_kv, 1, BLOCK_N, SB, D_NOPE, D_PE, num_warps, True)),
         ], [num_warps, num_warps, num_warps], [PV_REGS, CONVERT_REGS, CONVERT_REGS])
 
 
@@ -228,36 +223,17 @@ def ragged_gluon_config(rows: int) -> SplitKVConfig:
     return replace(gluon_config(64, 2), merge_block_dv=MERGE_BLOCK_DV, pdl=True, **one_pass_merge_fields(rows))
 
 
-def gluon_ragged_supported(q: torch.Tensor, kv: torch.Tensor, logit_cap: float = 0.0) -> tuple[bool, str]:
-    """(runs, why not): the Gluon kernel serves CUDA sm_90 (wgmma), bf16 or fp16 q and cache in one dtype, contiguous
-    q, no logit cap."""
-    if not q.is_cuda or torch.version.hip is not None:
-        return False, "not a CUDA device"
-    if torch.cuda.get_device_capability(q.device) != (9, 0):
-        return False, f"compute capability {torch.cuda.get_device_capability(q.device)}, the kernel is sm_90's (wgmma)"
-    if q.dtype not in (torch.bfloat16, torch.float16) or kv.dtype != q.dtype:
-        return False, f"dtypes q {q.dtype} / kv {kv.dtype}: needs both bf16 or both fp16"
-    if not q.is_contiguous():
-        return False, "q is not contiguous (a request's rows must be one block)"
-    if logit_cap and logit_cap > 0:
-        return False, "logit cap (the Triton ragged kernel has it)"
-    return True, "warp-specialized Gluon kernel (sm_90)"
-
-
 def ragged_split_kv_gluon_ws(q: torch.Tensor, kv: torch.Tensor, o: torch.Tensor, qo_indptr: torch.Tensor,
                              kv_indptr: torch.Tensor, kv_indices: torch.Tensor, draft_loc: torch.Tensor,
                              mask: torch.Tensor, mask_indptr: torch.Tensor, max_draft: int, sm_scale: float,
-                             cfg: SplitKVConfig | None = None, num_sms: int | None = None,
-                             swap: bool | None = None) -> torch.Tensor:
+                             cfg: SplitKVConfig | None = None, num_sms: int | None = None) -> torch.Tensor:
     """Verify attention for a batch in SGLang's layout with the warp-specialized kernel; writes ``o`` [tokens, H, 512]
-    and returns it. ``swap``: the rows as the wgmma's N (gluon_ws_swap; on the H200 0.94-0.96 of the row-major
-    kernel's time at 8-16 rows); None: where every request's rows fit one tile of ``SWAP_MAX_ROWS`` (heads x
-    ``max_draft``), an N of 8 up to 8 rows. ``q`` [tokens, H, 576] contiguous; ``kv`` [slots, (1,) 576] the layer's
+    and returns it: where every request's rows fit one tile of ``SWAP_MAX_ROWS`` (heads x ``max_draft``) the rows as
+    the wgmma's N (gluon.swap; an N of 8 up to 8 rows; on the H200 0.94-0.96 of the row-major kernel's time at 8-16
+    rows), else the row-major kernel. ``q`` [tokens, H, 576] contiguous; ``kv`` [slots, (1,) 576] the layer's
     latent cache, holding the draft rows at ``draft_loc`` [tokens] (SGLang's out_cache_loc); ``mask`` the flattened
     custom mask (bool or uint8); ``max_draft`` the most draft tokens of any request (SGLang's ``max_extend_len``). No
     host synchronisation: safe under CUDA-graph capture."""
-    from specdiag.kernels.triton_splitkv_ragged import n_splits_for, ragged_merge  # noqa: PLC0415
-
     if q.dim() != 3 or q.shape[-1] != D_QK or not q.is_contiguous():
         raise ValueError(f"q must be a contiguous [tokens, heads, {D_QK}]; got {tuple(q.shape)}")
     kv2 = kv.reshape(kv.shape[0], -1)
@@ -280,12 +256,7 @@ def ragged_split_kv_gluon_ws(q: torch.Tensor, kv: torch.Tensor, o: torch.Tensor,
     mask_u8 = mask.view(torch.uint8) if mask.dtype == torch.bool else mask
     o_part = torch.empty(batch, n_splits, max_rows, D_V, device=q.device, dtype=torch.float32)
     lse_part = torch.empty(batch, n_splits, max_rows, device=q.device, dtype=torch.float32)
-    if swap is None:
-        swap = max_rows <= SWAP_MAX_ROWS
-    if swap and max_rows > SWAP_MAX_ROWS:
-        raise ValueError(f"swap holds a request's rows in one tile of {SWAP_MAX_ROWS}; this batch has up to {max_rows} "
-                         "(heads x max_draft)")
-    if swap:
+    if max_rows <= SWAP_MAX_ROWS:
         _swap_ragged_partial_kernel[(n_splits, batch)](
             q, kv2, kv_indices, draft_loc, mask_u8, qo_indptr, kv_indptr, mask_indptr, o_part, lse_part,
             float(sm_scale) * LOG2E, heads, n_splits, max_rows, cfg.min_split_tokens, kv2.stride(0),
@@ -298,8 +269,7 @@ def ragged_split_kv_gluon_ws(q: torch.Tensor, kv: torch.Tensor, o: torch.Tensor,
         q, kv2, kv_indices, draft_loc, mask_u8, qo_indptr, kv_indptr, mask_indptr, o_part, lse_part,
         float(sm_scale) * LOG2E, heads, n_splits, max_rows, cfg.min_split_tokens, kv2.stride(0),
         BLOCK_M=GLUON_BLOCK_M, BLOCK_N=cfg.block_n, STAGES=cfg.num_stages, D_NOPE=D_NOPE, D_PE=D_PE, D_HALF=D_HALF,
-        num_warps=WS_PARTITION_WARPS, WORKER_REGS=WS_WORKER_REGS, PREFETCH=True, DRAFT_BRANCH=True, FOLD=True,
-        ROUND=cfg.split_round_tokens,
+        num_warps=WS_PARTITION_WARPS, WORKER_REGS=WS_WORKER_REGS, ROUND=cfg.split_round_tokens,
     )
     return ragged_merge(o_part, lse_part, o, qo_indptr, kv_indptr, cfg)
 
@@ -307,101 +277,50 @@ def ragged_split_kv_gluon_ws(q: torch.Tensor, kv: torch.Tensor, o: torch.Tensor,
 #: the fp8 ragged kernel's widest row tile (the wgmma's N): calls of more rows run several row tiles, each reading the
 #: split's KV (32 rows: twice the fp8 bytes of a 64-row call, the bf16 cache's)
 FP8_TILE_MAX_ROWS = 32
-#: the rings a 32-row tile can run (gluon_ws_fp8.FP8_RINGS' names) and each one's registers per thread of warpgroup 1
-#: and of each converting warpgroup, chosen by compiling for sm_90 here: d2 (two fp16 tiles, two loading warpgroups,
-#: 189,144 B of shared memory) spills 76 B at its best split, (104, 120); s13 (one fp16 tile, three staging tiles, one
-#: converting warpgroup, 226,032 B) none at (112, 160)
-FP8_N32_RINGS: dict[str, tuple[int, int]] = {"d2": (104, 120), "s13": (112, 160)}
-FP8_N32_DEFAULT = "d2"
-#: row tiles of up to 64 rows at an N of 64, so a 64-row call (8 heads x 8 draft tokens) converts each KV tile once
-#: instead of once per 32-row tile; only the staged ring with one fp16 tile fits beside the 64-row Q (s12: 230,752 B),
-#: its conversion and math in series. Only when a caller names the ring: on the H200 it took 1.18-1.38x the time of
-#: the 32-row tiles, so the plugin does not use it. Registers of warpgroup 1 and of the converting warpgroup, chosen
-#: by compiling for sm_90 here: (160, 96) spills the least, 752 B (WG0's 64-column softmax and its half of O^T, 128
-#: registers, beside a third warpgroup; 760 B with int64 qo_indptr)
-FP8_N64_RINGS: dict[str, tuple[int, int]] = {"s12": (160, 96)}
-FP8_WIDE_TILE_MAX_ROWS = 64
+#: the ring of a 32-row tile (gluon.fp8.FP8_RINGS' d2: two fp16 tiles, two loading warpgroups, 189,144 B of shared
+#: memory) and its registers per thread of warpgroup 1 and of each loading warpgroup, chosen by compiling for sm_90
+#: here: (104, 120), which spills 76 B at its best split
+FP8_N32_RING = "d2"
+FP8_N32_REGS = (104, 120)
 
 
-def fp8_tile_rows(heads: int, rows: int, max_tile: int = FP8_TILE_MAX_ROWS) -> int:
+def fp8_tile_rows(heads: int, rows: int) -> int:
     """Rows per program of the fp8 ragged kernel for ``rows`` packed rows (heads x the most draft tokens): all of them
-    up to ``max_tile`` (32, or ``FP8_WIDE_TILE_MAX_ROWS`` with an ``FP8_N64_RINGS`` ring); above, the most whole draft
-    tokens' rows that fit (heads x floor(max_tile / heads)), or with more heads than that the largest divisor of the
-    heads that fits, so that every tile starts at a draft token's first row or lies inside one draft token (the tree
-    mask is read by the tile's own rows)."""
+    up to ``FP8_TILE_MAX_ROWS``; above, the most whole draft tokens' rows that fit (heads x floor(32 / heads)), or
+    with more heads than that the largest divisor of the heads that fits, so that every tile starts at a draft token's
+    first row or lies inside one draft token (the tree mask is read by the tile's own rows)."""
     if heads < 1 or rows < 1:
         raise ValueError(f"heads and rows must be positive; got {heads} and {rows}")
-    if max_tile not in (FP8_TILE_MAX_ROWS, FP8_WIDE_TILE_MAX_ROWS):
-        raise ValueError(f"a row tile holds {FP8_TILE_MAX_ROWS} or {FP8_WIDE_TILE_MAX_ROWS} rows; got {max_tile}")
-    if rows <= max_tile:
+    if rows <= FP8_TILE_MAX_ROWS:
         return rows
-    if heads <= max_tile:
-        return (max_tile // heads) * heads
-    return max(d for d in range(1, max_tile + 1) if heads % d == 0)
+    if heads <= FP8_TILE_MAX_ROWS:
+        return (FP8_TILE_MAX_ROWS // heads) * heads
+    return max(d for d in range(1, FP8_TILE_MAX_ROWS + 1) if heads % d == 0)
 
 
-def fp8_call_tiles(heads: int, rows: int, rings: str | None = None) -> tuple[int, str | None]:
-    """(rows per row tile, the ring ``fp8_ragged_launch`` gets) of a call: with an ``FP8_N64_RINGS`` ring tiles of up
-    to 64 rows in it, and a call of 32 rows or fewer the defaults of its own tile; else ``fp8_tile_rows``' 32."""
-    if rings in FP8_N64_RINGS:
-        tile_rows = fp8_tile_rows(heads, rows, FP8_WIDE_TILE_MAX_ROWS)
-        return tile_rows, rings if tile_rows > FP8_TILE_MAX_ROWS else None
-    return fp8_tile_rows(heads, rows), rings
-
-
-def fp8_ragged_launch(tile_rows: int, rings: str | None = None) -> tuple[int, Fp8Ring, int, int]:
+def fp8_ragged_launch(tile_rows: int) -> tuple[int, Fp8Ring, int, int]:
     """(N, ring, warpgroup 1's registers, each converting warpgroup's) of a row tile of ``tile_rows``: up to 16 rows
-    the fp8 pick's (gluon_ws_fp8.ring_for: s22 at N 8, d2 at N 16; or the ring named), up to 32 an N of 32 with
-    ``rings`` (one of ``FP8_N32_RINGS``; None: ``FP8_N32_DEFAULT``), up to 64 an N of 64 with one of
-    ``FP8_N64_RINGS`` (named: no default)."""
+    the fp8 pick's (gluon.fp8.ring_for: s22 at N 8, d2 at N 16), up to 32 an N of 32 in ``FP8_N32_RING``."""
     if tile_rows <= SWAP_MAX_ROWS:
-        rn, ring = ring_for(tile_rows, rings)
+        rn, ring = ring_for(tile_rows, None)
         return (rn, ring, *partition_regs(ring))
     if tile_rows > FP8_TILE_MAX_ROWS:
-        if tile_rows > FP8_WIDE_TILE_MAX_ROWS or rings not in FP8_N64_RINGS:
-            raise ValueError(f"a row tile holds at most {FP8_TILE_MAX_ROWS} rows, or {FP8_WIDE_TILE_MAX_ROWS} in one of "
-                             f"the rings {sorted(FP8_N64_RINGS)}; got {tile_rows} rows, rings {rings!r}")
-        return (FP8_WIDE_TILE_MAX_ROWS, FP8_RINGS[rings], *FP8_N64_RINGS[rings])
-    name = rings if rings is not None else FP8_N32_DEFAULT
-    if name not in FP8_N32_RINGS:
-        raise ValueError(f"an N of 32 runs the rings {sorted(FP8_N32_RINGS)}; got {name!r}")
-    return (FP8_TILE_MAX_ROWS, FP8_RINGS[name], *FP8_N32_RINGS[name])
-
-
-def gluon_fp8_ragged_supported(q: torch.Tensor, kv: torch.Tensor, rows: int, kv_scale: float = 1.0,
-                                logit_cap: float = 0.0) -> tuple[bool, str]:
-    """(runs, why not) for an fp8 cache: CUDA sm_90, bf16 contiguous q, a float8_e4m3fn cache, a scale whose e4m3
-    range fits fp16's, no logit cap (any row count: ``rows`` is kept for the callers' logs)."""
-    if not q.is_cuda or torch.version.hip is not None:
-        return False, "not a CUDA device"
-    if torch.cuda.get_device_capability(q.device) != (9, 0):
-        return False, f"compute capability {torch.cuda.get_device_capability(q.device)}, the kernel is sm_90's (wgmma)"
-    if q.dtype != torch.bfloat16 or kv.dtype != torch.float8_e4m3fn:
-        return False, f"dtypes q {q.dtype} / kv {kv.dtype}: the fp8 kernel takes bf16 q and a float8_e4m3fn cache"
-    if not q.is_contiguous():
-        return False, "q is not contiguous (a request's rows must be one block)"
-    if not 0 < kv_scale <= MAX_KV_SCALE:
-        return False, f"KV scale {kv_scale}: the fp8 kernel converts to fp16 and needs one in (0, {MAX_KV_SCALE:.1f}]"
-    if logit_cap and logit_cap > 0:
-        return False, "logit cap (not in the fp8 kernel)"
-    return True, "warp-specialized Gluon fp8 kernel (sm_90)"
+        raise ValueError(f"a row tile holds at most {FP8_TILE_MAX_ROWS} rows; got {tile_rows}")
+    return (FP8_TILE_MAX_ROWS, FP8_RINGS[FP8_N32_RING], *FP8_N32_REGS)
 
 
 def ragged_split_kv_gluon_fp8(q: torch.Tensor, kv: torch.Tensor, o: torch.Tensor, qo_indptr: torch.Tensor,
                               kv_indptr: torch.Tensor, kv_indices: torch.Tensor, draft_loc: torch.Tensor,
                               mask: torch.Tensor, mask_indptr: torch.Tensor, max_draft: int, sm_scale: float,
                               kv_scale: float = 1.0, cfg: SplitKVConfig | None = None,
-                              num_sms: int | None = None, rings: str | None = None) -> torch.Tensor:
+                              num_sms: int | None = None) -> torch.Tensor:
     """Verify attention for a batch in SGLang's layout on an fp8 e4m3 cache (the module doc's fp8 paragraph); writes
     ``o`` [tokens, H, 512] (bf16) and returns it. ``kv`` [slots, (1,) 576] float8_e4m3fn holds the prefix rows and
     the draft rows at ``draft_loc`` (SGLang's out_cache_loc), each value ``kv_scale`` x its e4m3 (SGLang: the layer's
     k_scale, 1.0 without one); any row count (heads x ``max_draft``): up to 32 rows one row tile, more in tiles of
-    ``fp8_tile_rows``, the splits shared out over the tiles so that the grid stays one program per SM; ``rings``: the
-    ring of the call's row tiles (``fp8_ragged_launch``; None: the fp8 pick's up to 16 rows, d2 at 32; one of
-    ``FP8_N64_RINGS``: tiles of up to 64 rows in it, ``fp8_call_tiles``). Every other
-    argument as ``ragged_split_kv_gluon_ws``'s; no host synchronisation: safe under CUDA-graph capture."""
-    from specdiag.kernels.triton_splitkv_ragged import n_splits_for, ragged_merge  # noqa: PLC0415
-
+    ``fp8_tile_rows``, the splits shared out over the tiles so that the grid stays one program per SM; each row tile's
+    ring as ``fp8_ragged_launch`` says. Every other argument as ``ragged_split_kv_gluon_ws``'s; no host
+    synchronisation: safe under CUDA-graph capture."""
     if q.dim() != 3 or q.shape[-1] != D_QK or not q.is_contiguous() or q.dtype != torch.bfloat16:
         raise ValueError(f"q must be a contiguous bf16 [tokens, heads, {D_QK}]; got {q.dtype} {tuple(q.shape)}")
     kv2 = kv.reshape(kv.shape[0], -1)
@@ -422,9 +341,9 @@ def ragged_split_kv_gluon_fp8(q: torch.Tensor, kv: torch.Tensor, o: torch.Tensor
     heads = q.shape[1]
     batch = qo_indptr.shape[0] - 1
     max_rows = max_draft * heads
-    tile_rows, tile_rings = fp8_call_tiles(heads, max_rows, rings)
+    tile_rows = fp8_tile_rows(heads, max_rows)
     n_row_tiles = -(-max_rows // tile_rows)
-    rn, ring, pv_regs, convert_regs = fp8_ragged_launch(tile_rows, tile_rings)  # refusals before any allocation
+    rn, ring, pv_regs, convert_regs = fp8_ragged_launch(tile_rows)
     cfg = cfg or ragged_gluon_config(max_rows)
     if num_sms is None:
         num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count
@@ -436,22 +355,21 @@ def ragged_split_kv_gluon_fp8(q: torch.Tensor, kv: torch.Tensor, o: torch.Tensor
         q, kv2, kv_indices, draft_loc, mask_u8, qo_indptr, kv_indptr, mask_indptr, o_part, lse_part,
         float(sm_scale) * LOG2E, fp16_pair_bits(float(kv_scale)), heads, n_splits, max_rows, cfg.min_split_tokens,
         kv2.stride(0), tile_rows, BLOCK_N=cfg.block_n, SB=ring.sb, S8=ring.s8, RN=rn, D_NOPE=D_NOPE, D_PE=D_PE, D_HALF=D_HALF,
-        num_warps=WS_PARTITION_WARPS, PV_REGS=pv_regs, CONVERT_REGS=convert_regs, CVT=CONVERSIONS["cvt"],
-        ROUND=cfg.split_round_tokens,
+        num_warps=WS_PARTITION_WARPS, PV_REGS=pv_regs, CONVERT_REGS=convert_regs, ROUND=cfg.split_round_tokens,
     )
     return ragged_merge(o_part, lse_part, o, qo_indptr, kv_indptr, cfg)
 
 
 def compile_sm90(dtype: str = "bf16", qo_indptr: str = "i32", kv_indptr: str = "i32",
                  mask_indptr: str = "i64", swap_rn: int = 0, fp8_rows: int = 0,
-                 fp8_rings: str | None = None, round_tokens: int = BLOCK_TOKENS) -> "triton.compiler.CompiledKernel":
+                 round_tokens: int = BLOCK_TOKENS) -> "triton.compiler.CompiledKernel":
     """The ragged partial kernel compiled ahead of time for sm_90 (no GPU needed), as the plugin launches it, with the
     index dtypes SGLang passes (int32 qo_indptr in eager calls, int64 in its CUDA-graph buffers); ``swap_rn`` 8 or 16:
     the rows-as-N kernel with that N instead; ``fp8_rows``: the fp8 kernel as a call of that many rows launches it
-    (its row tile's N and ring, ``fp8_rings`` as ``ragged_split_kv_gluon_fp8``'s ``rings``; bf16 q); ``round_tokens``:
+    (its row tile's N and ring; bf16 q); ``round_tokens``:
     the splits' round (``SplitKVConfig.split_round_tokens``)."""
     if fp8_rows:
-        return _compile_fp8_sm90(fp8_rows, qo_indptr, kv_indptr, mask_indptr, fp8_rings, round_tokens)
+        return _compile_fp8_sm90(fp8_rows, qo_indptr, kv_indptr, mask_indptr, round_tokens)
     from triton.backends.compiler import GPUTarget  # noqa: PLC0415
     from triton.experimental.gluon._runtime import GluonASTSource  # noqa: PLC0415
 
@@ -465,8 +383,8 @@ def compile_sm90(dtype: str = "bf16", qo_indptr: str = "i32", kv_indptr: str = "
                  "num_warps": WS_PARTITION_WARPS, "WORKER_REGS": WS_WORKER_REGS, "ROUND": round_tokens}
     else:
         const = {"BLOCK_M": GLUON_BLOCK_M, "BLOCK_N": 64, "STAGES": 2, "D_NOPE": D_NOPE, "D_PE": D_PE,
-                 "D_HALF": D_HALF, "num_warps": WS_PARTITION_WARPS, "WORKER_REGS": WS_WORKER_REGS, "PREFETCH": True,
-                 "DRAFT_BRANCH": True, "FOLD": True, "ROUND": round_tokens}
+                 "D_HALF": D_HALF, "num_warps": WS_PARTITION_WARPS, "WORKER_REGS": WS_WORKER_REGS,
+                 "ROUND": round_tokens}
     sig.update({k: "constexpr" for k in const})
     attrs = {(i,): [["tt.divisibility", 16]] for i, k in enumerate(sig)
              if k in ("Q", "KV", "KV_INDICES", "DRAFT_LOC", "O_PART", "LSE_PART", "stride_kv", "min_split_tokens")}
@@ -476,19 +394,18 @@ def compile_sm90(dtype: str = "bf16", qo_indptr: str = "i32", kv_indptr: str = "
 
 
 def _compile_fp8_sm90(rows: int, qo_indptr: str, kv_indptr: str, mask_indptr: str,
-                      rings: str | None = None, round_tokens: int = BLOCK_TOKENS) -> "triton.compiler.CompiledKernel":
+                      round_tokens: int = BLOCK_TOKENS) -> "triton.compiler.CompiledKernel":
     from triton.backends.compiler import GPUTarget  # noqa: PLC0415
     from triton.experimental.gluon._runtime import GluonASTSource  # noqa: PLC0415
 
-    rn, ring, pv_regs, convert_regs = fp8_ragged_launch(
-        min(rows, FP8_WIDE_TILE_MAX_ROWS if rings in FP8_N64_RINGS else FP8_TILE_MAX_ROWS), rings)
+    rn, ring, pv_regs, convert_regs = fp8_ragged_launch(min(rows, FP8_TILE_MAX_ROWS))
     sig = {"Q": "*bf16", "KV8": "*fp8e4nv", "KV_INDICES": "*i64", "DRAFT_LOC": "*i64", "MASK": "*u8",
            "QO_INDPTR": f"*{qo_indptr}", "KV_INDPTR": f"*{kv_indptr}", "MASK_INDPTR": f"*{mask_indptr}",
            "O_PART": "*fp32", "LSE_PART": "*fp32", "qk_scale": "fp32", "kv_scale2": "i32", "n_heads": "i32",
            "n_splits": "i32", "max_rows": "i32", "min_split_tokens": "i32", "stride_kv": "i32", "tile_rows": "i32"}
     const = {"BLOCK_N": 64, "SB": ring.sb, "S8": ring.s8, "RN": rn, "D_NOPE": D_NOPE, "D_PE": D_PE, "D_HALF": D_HALF,
              "num_warps": WS_PARTITION_WARPS, "PV_REGS": pv_regs, "CONVERT_REGS": convert_regs,
-             "CVT": CONVERSIONS["cvt"], "ROUND": round_tokens}
+             "ROUND": round_tokens}
     sig.update({k: "constexpr" for k in const})
     attrs = {(i,): [["tt.divisibility", 16]] for i, k in enumerate(sig)
              if k in ("Q", "KV8", "KV_INDICES", "DRAFT_LOC", "O_PART", "LSE_PART", "stride_kv", "min_split_tokens")}

@@ -2,26 +2,25 @@
 
 Why: SGLang serves MLA with an ``fp8_e4m3`` KV cache (``--kv-cache-dtype fp8_e4m3``: one per-tensor scale), where a
 verify step reads half the bytes of a bf16 cache. A Triton split-KV kernel that loads each fp8 tile and upcasts it
-inside its loop for the tensor-core dots took 3-3.5x the bf16 pick's time on the H200. This is gluon_ws_swap's kernel
+inside its loop for the tensor-core dots took 3-3.5x the bf16 pick's time on the H200. This is gluon.swap's kernel
 (the rows as the wgmma's N, up to 16 rows) with a partition that brings fp8 tiles in and converts them for the tensor
 cores:
 
 - **the conversion**: e4m3 -> fp16 is exact, so each tile is converted once into the pick's swizzled operand layout
   in fp16 and multiplied by the cache's scale in one fp16 rounding; the math (Q, converted once in ``store_q``, P and
   both wgmmas) runs in fp16, whose 11-bit significand holds every bf16 query exactly. Through int32 words of four
-  e4m3 (``_e4m3x4_to_f16``): ``cvt.rn.f16x2.e4m3x2`` (CVT 0) or the same values by integer instructions (CVT 1).
+  e4m3 (``_e4m3x4_to_f16``: ``cvt.rn.f16x2.e4m3x2``).
 - **the staged form** (a ring ``s8 > 0``; ``_fp8_copy_convert_partition``, warpgroup 2): the token-table gather of
   each tile with ``cp.async`` (576 B a token: 36 16-byte copies where bf16 takes 72) into ``s8`` staging tiles, each
   converted into one of ``sb`` fp16 tiles once warpgroups 0 and 1 have freed it. The default up to 8 rows (s22).
 - **the direct form** (``s8 == 0``; ``_fp8_loader_partition``, warpgroups 2 and 3): each loads every other tile into
   registers two tiles ahead and converts it there; no staging buffer. The default from 9 to 16 rows (d2).
 - **warpgroups 0 and 1**: the pick's rows-as-N softmax partition and the P V partition of warpgroup 1
-  (gluon_ws_swap ``_swap_pv_partition``), reading the fp16 tiles as the bf16 kernel reads its own.
+  (gluon.swap ``_swap_pv_partition``), reading the fp16 tiles as the bf16 kernel reads its own.
 
-Rings (``FP8_RINGS``; shared memory compiled for sm_90 here, 232,448 B the limit): s13 (one fp16 tile, three staging
-tiles: 205,232 B at 16 rows), s22 (two of each, 231,808 B at 8 rows), d2 (two fp16 tiles, 168,344 B at 16 rows), d3
-(three, 231,768 B at 8 rows). The fp8 pick runs s22 up to 8 rows and d2 above (``DEFAULT_RINGS``); s13 and d3 run
-only when named.
+Rings (``FP8_RINGS``; shared memory compiled for sm_90 here, 232,448 B the limit): s22 (two fp16 tiles, two staging
+tiles: 231,808 B at 8 rows) and d2 (two fp16 tiles, 168,344 B at 16 rows). The fp8 pick runs s22 up to 8 rows and d2
+above (``DEFAULT_RINGS``), the fastest of the rings measured on the H200 at each.
 
 Measured on the H200: correct on every shape and ring tested (1.65-1.74e-3 against the fp32 reference of the
 dequantized cache: the bf16 output's rounding; 0.67-1.28e-2 against the bf16 cache's: the quantization); 0.84-0.89 of
@@ -29,10 +28,8 @@ the bf16 pick's time at 8 rows (s22), 0.95-1.01 at 16 (d2). Not the half that th
 counts show the conversion (1,600-2,200 cycles of a warpgroup per 64-token tile) and warpgroup 0's chain (whose
 softmax slows from 722 to 1,200-1,800 cycles beside a converting warpgroup) in series, the bottleneck moving between
 them across the forms while the tile's cost stays at 3,800-4,400 cycles. Neither the random placement of the cache
-rows nor the conversion's instructions (CVT) is what sets it.
-
-TIMED (per-phase cycle counters, ``FP8_PHASES``) is off in everything that ships, and kept so that the shipped
-kernels' compiled code stays byte-identical.
+rows nor the conversion's instructions (integer instructions instead of the cvt pipe were no faster) is
+what sets it.
 
 Chain or tree drafts, page_size 1 (token table), bf16 queries, CUDA sm_90 only (the CPU tests compile it for sm_90).
 """
@@ -47,13 +44,11 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
-from specdiag.kernels.gluon_ws import PHASES as WS_PHASES
-from specdiag.kernels.gluon_ws import (LOG2E, PHASE_SLOTS, WS_PARTITION_WARPS, _clock, _globaltimer,
-                                       _issue_first_tiles, _phase_counters, _refill, _stamp, _store_phases,
-                                       _tile_slots, split_bounds)
-from specdiag.kernels.gluon_ws_swap import D_HALF, FIT_ROWS, SWAP_MAX_ROWS, _swap_pv_partition, _swap_softmax_partition
-from specdiag.kernels.mla import BLOCK_TOKENS, D_NOPE, D_PE, D_QK, D_V, VerifyInputs
-from specdiag.kernels.splitkv_plan import SplitKVConfig, SplitPlan, gluon_config, plan_splits
+from specdiag.kernels.gluon.ws import WS_PARTITION_WARPS, _issue_first_tiles, _refill, _tile_slots, split_bounds
+from specdiag.kernels.gluon.swap import D_HALF, FIT_ROWS, SWAP_MAX_ROWS, _swap_pv_partition, _swap_softmax_partition
+from specdiag.kernels.merge import merge_partials
+from specdiag.kernels.mla import BLOCK_TOKENS, D_NOPE, D_PE, D_QK, D_V, FP16_MAX, LOG2E, MAX_KV_SCALE, VerifyInputs
+from specdiag.kernels.plan import SplitKVConfig, SplitPlan, gluon_config, plan_splits, sm_count
 
 #: registers per thread of warpgroup 1 (its half of O^T: 16-32 at N 8-16, P^T's reads) and of the staged form's
 #: converting warpgroup (the token-table rows a tile ahead, the copies' addresses, a chunk of words being converted)
@@ -75,24 +70,16 @@ class Fp8Ring:
 
 #: the rings that fit sm_90's shared memory, by name (the launchers' ``rings``)
 FP8_RINGS: dict[str, Fp8Ring] = {
-    "s13": Fp8Ring(1, 3, SWAP_MAX_ROWS),  # staged: one fp16 tile, three staging tiles
     "s22": Fp8Ring(2, 2, FIT_ROWS),  # staged: two of each, at an N of 8 (the default up to 8 rows)
     "d2": Fp8Ring(2, 0, SWAP_MAX_ROWS),  # direct: two fp16 tiles, two loading warpgroups (the default at 9-16 rows)
-    "d3": Fp8Ring(3, 0, FIT_ROWS),  # direct: three fp16 tiles, two loading warpgroups, at an N of 8
-    # staged: one fp16 tile, two staging tiles; what fits beside a 64-row Q, for the plugin's kernel in 64-row tiles
-    # (gluon_ws_ragged.FP8_N64_RINGS: 230,752 B at an N of 64; only when named, not the plugin's default)
-    "s12": Fp8Ring(1, 2, SWAP_MAX_ROWS),
 }
 #: columns of the tile converted at once (a register chunk of the converting warpgroup)
 CONVERT_COLS: gl.constexpr = gl.constexpr(128)
-#: the largest cache scale whose e4m3 range (448 x scale) fits fp16's (65,504), the dtype the tile is converted to
-FP16_MAX = 65504.0
-MAX_KV_SCALE = FP16_MAX / 448.0
 
 
 @gluon.jit
 def _convert_tile(st_nope, st_pe, kv_buf, pe_buf, scale2, scale2_pe, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr,
-                  D_PE: gl.constexpr, WARPS: gl.constexpr, CVT: gl.constexpr):
+                  D_PE: gl.constexpr, WARPS: gl.constexpr):
     """One fp8 staging tile [BLOCK_N, 576] -> the fp16 tile the tensor cores read (``_store_words``), read as int32
     words (the staging and fp16 buffers viewed as int32 with the same 128-byte swizzle), ``CONVERT_COLS`` columns at
     a time: 16 B of fp8 per thread and row, 32 B of fp16."""
@@ -103,110 +90,73 @@ def _convert_tile(st_nope, st_pe, kv_buf, pe_buf, scale2, scale2_pe, BLOCK_N: gl
     src = st_nope._reinterpret(gl.int32, [BLOCK_N, D_NOPE // 4], I32)
     dst = kv_buf._reinterpret(gl.int32, [BLOCK_N, D_NOPE // 2], I32)
     for c in gl.static_range(D_NOPE // CONVERT_COLS):
-        _store_words(src.slice(c * CW, CW, dim=1).load(W), scale2, dst.slice(2 * c * CW, 2 * CW, dim=1), CVT)
+        _store_words(src.slice(c * CW, CW, dim=1).load(W), scale2, dst.slice(2 * c * CW, 2 * CW, dim=1))
     I32_64: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=32, rank=2)  # 64-B fp8 rows
     _store_words(st_pe._reinterpret(gl.int32, [BLOCK_N, D_PE // 4], I32_64).load(W_PE), scale2_pe,
-                 pe_buf._reinterpret(gl.int32, [BLOCK_N, D_PE // 2], I32), CVT)
+                 pe_buf._reinterpret(gl.int32, [BLOCK_N, D_PE // 2], I32))
 
 
 @gluon.jit
 def _fp8_copy_convert_partition(st_nope, st_pe, st_ready, kv_smem, pe_smem, kv_ready, kv_free, KV8, TOKEN_TABLE,
-                                DRAFT_TABLE, kv_scale2, n_prefix, start, end, n_iter, stride_kv, TIMES, pid_s,
+                                DRAFT_TABLE, kv_scale2, n_prefix, start, end, n_iter, stride_kv,
                                 BLOCK_N: gl.constexpr, SB: gl.constexpr, S8: gl.constexpr, D_NOPE: gl.constexpr,
-                                D_PE: gl.constexpr, WARPS: gl.constexpr, RAGGED: gl.constexpr, CVT: gl.constexpr,
-                                TIMED: gl.constexpr):
+                                D_PE: gl.constexpr, WARPS: gl.constexpr, RAGGED: gl.constexpr):
     """Warpgroup 2 of the staged form: the fp8 tiles' copies into the staging ring and their conversion into the
-    fp16 ring (module doc). The copies are the pick's (gluon_ws ``_issue_first_tiles`` / ``_refill``: token-table
-    rows a tile ahead), in layouts of 16 fp8 (16 B) per thread. TIMED (off in everything that ships) sums each
-    thread's loop phases (``FP8_PHASES["convert_wg"]``) in SM cycles into ``TIMES[pid_s, 1]``."""
+    fp16 ring (module doc). The copies are the pick's (gluon.ws ``_issue_first_tiles`` / ``_refill``: token-table
+    rows a tile ahead), in layouts of 16 fp8 (16 B) per thread."""
     LD: gl.constexpr = gl.BlockedLayout([1, 16], [1, 32], [WARPS, 1], [1, 0])  # a warp: one row's 512 fp8
     LD_PE: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [WARPS, 1], [1, 0])  # a warp: 8 rows' 64 fp8
     W: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [WARPS, 1], [1, 0])
     W_PE: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [WARPS, 1], [1, 0])
     scale2 = gl.full([BLOCK_N, CONVERT_COLS // 4], 0, gl.int32, layout=W) + kv_scale2
     scale2_pe = gl.full([BLOCK_N, D_PE // 4], 0, gl.int32, layout=W_PE) + kv_scale2
-    if TIMED:  # phases: staging wait, buffer wait, conversion, publish, refill issue
-        tick, q0, t_loop = _phase_counters(WARPS)
-        q1 = q0
-        q2 = q0
-        q3 = q0
-        q4 = q0
     nx_slot, nx_slot_pe = _issue_first_tiles(KV8, st_nope, st_pe, st_ready, TOKEN_TABLE, DRAFT_TABLE, n_prefix, start,
                                              end, stride_kv, BLOCK_N, S8, D_NOPE, D_PE, LD, LD_PE, RAGGED)
     for it in range(0, n_iter):
         s = it % S8
         b = it % SB
-        if TIMED:
-            u0 = _clock(tick)
         mbarrier.wait(st_ready.index(s), (it // S8) & 1)  # every thread's copies of tile it have landed
-        if TIMED:
-            u1 = _clock(tick)
-            q0 += u1 - u0
         mbarrier.wait(kv_free.index(b), ((it // SB) & 1) ^ 1)  # warpgroups 0 and 1 are done with tile it - SB
-        if TIMED:
-            u2 = _clock(tick)
-            q1 += u2 - u1
         _convert_tile(st_nope.index(s), st_pe.index(s), kv_smem.index(b), pe_smem.index(b), scale2, scale2_pe,
-                      BLOCK_N, D_NOPE, D_PE, WARPS, CVT)
-        if TIMED:
-            u3 = _clock(tick)
-            q2 += u3 - u2
+                      BLOCK_N, D_NOPE, D_PE, WARPS)
         _publish_tile(kv_ready, b)  # its barrier also orders every thread's reads of staging buffer s before the refill
-        if TIMED:
-            u4 = _clock(tick)
-            q3 += u4 - u3
         if it + S8 < n_iter:
             nx_slot, nx_slot_pe = _refill(KV8, st_nope, st_pe, st_ready, s, nx_slot, nx_slot_pe, TOKEN_TABLE,
                                           DRAFT_TABLE, n_prefix, start + (it + S8) * BLOCK_N, end, stride_kv, BLOCK_N,
-                                          D_NOPE, D_PE, LD, LD_PE, True, RAGGED)
-        if TIMED:
-            q4 += _clock(tick) - u4
-    if TIMED:
-        _store_phases(TIMES, pid_s, 1, tick, (q0, q1, q2, q3, q4), t_loop, n_iter, WARPS)
+                                          D_NOPE, D_PE, LD, LD_PE, RAGGED)
 
 
 @gluon.jit
-def _e4m3x4_to_f16(x, scale2, CVT: gl.constexpr):
+def _e4m3x4_to_f16(x, scale2):
     """Four e4m3 values packed in each int32 of ``x`` -> two int32 of two fp16 each (values 0-1, then 2-3, in memory
-    order), times the cache's scale in one rounding. CVT 0: ``cvt.rn.f16x2.e4m3x2`` (exact) then ``scale2`` (the fp16
-    scale in both halves); CVT 1, the same values by integer instructions (Hopper's conversion pipe is narrow): each
-    byte's sign to bit 15 and its 7 other bits to bits 7-13 (``prmt``, a shift, the sign moved up one bit by adding it
-    to itself) make an fp16 of value / 256, exact for normal and subnormal e4m3 alike, and ``scale2`` there holds 256 x
-    the scale (a NaN byte becomes 480 x the scale)."""
-    if CVT == 0:
-        return gl.inline_asm_elementwise(
-            "{ .reg .b16 l, h; mov.b32 {l, h}, $2; cvt.rn.f16x2.e4m3x2 $0, l; cvt.rn.f16x2.e4m3x2 $1, h; "
-            "mul.rn.f16x2 $0, $0, $3; mul.rn.f16x2 $1, $1, $3; }",
-            "=r,=r,r,r", [x, scale2], dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
+    order), times the cache's scale in one rounding: ``cvt.rn.f16x2.e4m3x2`` (exact) then ``scale2`` (the fp16 scale
+    in both halves)."""
     return gl.inline_asm_elementwise(
-        "{ .reg .b32 a, b, sa, sb; prmt.b32 a, $2, 0, 0x1404; prmt.b32 b, $2, 0, 0x3424; "
-        "shr.b32 a, a, 1; shr.b32 b, b, 1; and.b32 sa, a, 0x40004000; and.b32 sb, b, 0x40004000; "
-        "add.u32 a, a, sa; add.u32 b, b, sb; mul.rn.f16x2 $0, a, $3; mul.rn.f16x2 $1, b, $3; }",
+        "{ .reg .b16 l, h; mov.b32 {l, h}, $2; cvt.rn.f16x2.e4m3x2 $0, l; cvt.rn.f16x2.e4m3x2 $1, h; "
+        "mul.rn.f16x2 $0, $0, $3; mul.rn.f16x2 $1, $1, $3; }",
         "=r,=r,r,r", [x, scale2], dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
 
 
 @gluon.jit
-def _store_words(x, scale2, dst, CVT: gl.constexpr):
+def _store_words(x, scale2, dst):
     """``x`` [rows, n] int32 (4 e4m3 each) converted (``_e4m3x4_to_f16``) into ``dst``, the fp16 tile's columns viewed
     as [rows, 2 n] int32 (2 fp16 each)."""
-    lo, hi = _e4m3x4_to_f16(x, scale2, CVT)
+    lo, hi = _e4m3x4_to_f16(x, scale2)
     w = gl.join(lo, hi)  # [rows, n, 2]: a word's two halves side by side
     dst.store(w.reshape([w.shape[0], 2 * w.shape[1]]))
 
 
 @gluon.jit
 def _fp8_loader_partition(kv_smem, pe_smem, kv_ready, kv_free, KV8, TOKEN_TABLE, DRAFT_TABLE, kv_scale2, n_prefix,
-                          start, end, n_iter, stride_kv, TIMES, pid_s, PARITY: gl.constexpr, BLOCK_N: gl.constexpr,
+                          start, end, n_iter, stride_kv, PARITY: gl.constexpr, BLOCK_N: gl.constexpr,
                           SB: gl.constexpr, D_NOPE: gl.constexpr, D_PE: gl.constexpr, WARPS: gl.constexpr,
-                          RAGGED: gl.constexpr, CVT: gl.constexpr, TIMED: gl.constexpr):
+                          RAGGED: gl.constexpr):
     """Warpgroup 2 + PARITY of the direct form: the split's tiles PARITY, PARITY + 2, ... Each is loaded into
     registers as int32 words (four e4m3 a word: 16 B a thread and load; fp8 values carried across the loop would
     take a register each) while this warpgroup's previous tile converts, chunk by chunk: a chunk is converted into
     the fp16 buffer, then its registers take the same chunk of the tile two ahead, so one tile per warpgroup is in
     flight through the other warpgroup's turn and the math. The token-table rows are loaded before the wait for the
-    buffer, so the chunks' loads never wait for them. The fp8 bytes never pass through shared memory. TIMED (off in
-    everything that ships): the even warpgroup sums its loop's phases (``FP8_PHASES["convert_wg"]``; the conversion
-    includes waiting for the loads) in SM cycles into ``TIMES[pid_s, 1]``."""
+    buffer, so the chunks' loads never wait for them. The fp8 bytes never pass through shared memory."""
     W: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [WARPS, 1], [1, 0])  # [rows, 32] words: 128 fp8 a row
     W_PE: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [WARPS, 1], [1, 0])  # [rows, 16] words: the 64 PE fp8
     I32: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
@@ -226,45 +176,26 @@ def _fp8_loader_partition(kv_smem, pe_smem, kv_ready, kv_free, KV8, TOKEN_TABLE,
     xp = gl.load(words + (slot_pe * stride_w)[:, None] + cols_pe[None, :], mask=ok_pe, other=0)
     scale2 = gl.full([BLOCK_N, CW], 0, gl.int32, layout=W) + kv_scale2
     scale2_pe = gl.full([BLOCK_N, D_PE // 4], 0, gl.int32, layout=W_PE) + kv_scale2
-    TIMING: gl.constexpr = TIMED and PARITY == 0
-    if TIMING:  # phases: (none: the loads are not waited for apart), buffer wait, conversion, publish, (none)
-        tick, q0, t_loop = _phase_counters(WARPS)
-        q1 = q0
-        q2 = q0
-        q3 = q0
-        q4 = q0
     for it in range(PARITY, n_iter, 2):
         b = it % SB
         pos = start + (it + 2) * BLOCK_N  # the tile two ahead: this warpgroup's next
         slot, slot_pe = _tile_slots(TOKEN_TABLE, DRAFT_TABLE, n_prefix, pos, end, BLOCK_N, W, W_PE, RAGGED)
         ok = ((pos + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, W))) < end)[:, None]
         ok_pe = ((pos + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, W_PE))) < end)[:, None]
-        if TIMING:
-            u1 = _clock(tick)
         mbarrier.wait(kv_free.index(b), ((it // SB) & 1) ^ 1)  # warpgroups 0 and 1 are done with tile it - SB
-        if TIMING:
-            u2 = _clock(tick)
-            q1 += u2 - u1
         dst = kv_smem.index(b)._reinterpret(gl.int32, [BLOCK_N, D_NOPE // 2], I32)
         base = slot * stride_w  # the rows' offsets: each chunk's addresses made at its load, none kept live
-        _store_words(x0, scale2, dst.slice(0, 2 * CW, dim=1), CVT)
+        _store_words(x0, scale2, dst.slice(0, 2 * CW, dim=1))
         x0 = gl.load(words + base[:, None] + cols[None, :], mask=ok, other=0)
-        _store_words(x1, scale2, dst.slice(2 * CW, 2 * CW, dim=1), CVT)
+        _store_words(x1, scale2, dst.slice(2 * CW, 2 * CW, dim=1))
         x1 = gl.load(words + (base + CW)[:, None] + cols[None, :], mask=ok, other=0)
-        _store_words(x2, scale2, dst.slice(4 * CW, 2 * CW, dim=1), CVT)
+        _store_words(x2, scale2, dst.slice(4 * CW, 2 * CW, dim=1))
         x2 = gl.load(words + (base + 2 * CW)[:, None] + cols[None, :], mask=ok, other=0)
-        _store_words(x3, scale2, dst.slice(6 * CW, 2 * CW, dim=1), CVT)
+        _store_words(x3, scale2, dst.slice(6 * CW, 2 * CW, dim=1))
         x3 = gl.load(words + (base + 3 * CW)[:, None] + cols[None, :], mask=ok, other=0)
-        _store_words(xp, scale2_pe, pe_smem.index(b)._reinterpret(gl.int32, [BLOCK_N, D_PE // 2], I32), CVT)
+        _store_words(xp, scale2_pe, pe_smem.index(b)._reinterpret(gl.int32, [BLOCK_N, D_PE // 2], I32))
         xp = gl.load(words + (slot_pe * stride_w)[:, None] + cols_pe[None, :], mask=ok_pe, other=0)
-        if TIMING:
-            u3 = _clock(tick)
-            q2 += u3 - u2
         _publish_tile(kv_ready, b)
-        if TIMING:
-            q3 += _clock(tick) - u3
-    if TIMING:
-        _store_phases(TIMES, pid_s, 1, tick, (q0, q1, q2, q3, q4), t_loop, (n_iter - PARITY + 1) // 2, WARPS)
 
 
 @gluon.jit
@@ -320,23 +251,16 @@ def _fp8_staging_state(BLOCK_N: gl.constexpr, S8: gl.constexpr, D_NOPE: gl.const
 
 
 @gluon.jit
-def _fp8_partial_kernel(Q, KV8, TOKEN_TABLE, MASK, O_PART, LSE_PART, TIMES,
+def _fp8_partial_kernel(Q, KV8, TOKEN_TABLE, MASK, O_PART, LSE_PART,
                         qk_scale, kv_scale2, n_prefix, n_kv, n_draft, n_heads, n_rows, tokens_per_split, stride_kv,
-                        n_splits,
                         BLOCK_N: gl.constexpr, SB: gl.constexpr, S8: gl.constexpr, RN: gl.constexpr,
                         D_NOPE: gl.constexpr, D_PE: gl.constexpr, D_HALF: gl.constexpr, num_warps: gl.constexpr,
-                        PV_REGS: gl.constexpr, CONVERT_REGS: gl.constexpr, CVT: gl.constexpr,
-                        TIMED: gl.constexpr = False):
+                        PV_REGS: gl.constexpr, CONVERT_REGS: gl.constexpr):
     """One program per split (every row in one tile of RN): the shared memory and barriers, then the partitions
     (module doc): with S8 > 0 the staged form (a ring of S8 fp8 staging tiles filled by cp.async, one converting
     warpgroup), with S8 = 0 the direct form (two warpgroups each loading its tiles into registers and converting them;
-    CONVERT_REGS is then each one's). CVT: the conversion's instructions (``_e4m3x4_to_f16``). TIMES is used only
-    with TIMED (off in everything that ships): warpgroup 0's phases and timeline (gluon_ws_swap's), the converting
-    warpgroup's phases."""
+    CONVERT_REGS is then each one's)."""
     pid_s = gl.program_id(0)
-    if TIMED:  # the program's entry (gluon_ws.TIMELINE_SLOTS)
-        tick0 = gl.arange(0, 32 * num_warps, layout=gl.BlockedLayout([1], [32], [num_warps], [0]))
-        _stamp(TIMES, pid_s, 8, tick0, _globaltimer(tick0), num_warps)
     dtype: gl.constexpr = gl.float16
     (q_smem, qpe_smem, kv_smem, pe_smem, pt_smem, row_smem, kv_ready, kv_free, p_ready, p_free,
      l_ready) = _fp8_core_state(dtype, BLOCK_N, SB, RN, D_NOPE, D_PE)
@@ -344,47 +268,40 @@ def _fp8_partial_kernel(Q, KV8, TOKEN_TABLE, MASK, O_PART, LSE_PART, TIMES,
         st_nope, st_pe, st_ready = _fp8_staging_state(BLOCK_N, S8, D_NOPE, D_PE, num_warps)
     fence_async_shared()
     gl.thread_barrier()
-    start, end, n_iter = split_bounds(pid_s, tokens_per_split, n_kv, n_splits, BLOCK_N)
+    start, end, n_iter = split_bounds(pid_s, tokens_per_split, n_kv, BLOCK_N)
     # one warp_specialize per form: a partition list cannot be built from variables
     if S8 > 0:
         gl.warp_specialize([
             (_swap_softmax_partition, (Q, q_smem, qpe_smem, kv_smem, pe_smem, pt_smem, row_smem, kv_ready, kv_free,
                                        p_ready, p_free, l_ready, MASK, O_PART, LSE_PART, qk_scale, n_prefix, n_draft,
                                        n_heads, n_rows, n_rows, start, end, n_iter, pid_s, BLOCK_N, SB, RN, D_NOPE,
-                                       D_PE, D_HALF, num_warps, TIMES, TIMED)),
+                                       D_PE, D_HALF, num_warps)),
             (_swap_pv_partition, (kv_smem, pt_smem, row_smem, kv_free, p_ready, p_free, l_ready, O_PART, n_rows,
                                   n_rows, n_iter, pid_s, SB, RN, D_HALF, num_warps)),
             (_fp8_copy_convert_partition, (st_nope, st_pe, st_ready, kv_smem, pe_smem, kv_ready, kv_free, KV8,
                                            TOKEN_TABLE, TOKEN_TABLE, kv_scale2, n_prefix, start, end, n_iter,
-                                           stride_kv, TIMES, pid_s, BLOCK_N, SB, S8, D_NOPE, D_PE, num_warps, False,
-                                           CVT, TIMED)),
+                                           stride_kv, BLOCK_N, SB, S8, D_NOPE, D_PE, num_warps, False)),
         ], [num_warps, num_warps], [PV_REGS, CONVERT_REGS])
     else:
         gl.warp_specialize([
             (_swap_softmax_partition, (Q, q_smem, qpe_smem, kv_smem, pe_smem, pt_smem, row_smem, kv_ready, kv_free,
                                        p_ready, p_free, l_ready, MASK, O_PART, LSE_PART, qk_scale, n_prefix, n_draft,
                                        n_heads, n_rows, n_rows, start, end, n_iter, pid_s, BLOCK_N, SB, RN, D_NOPE,
-                                       D_PE, D_HALF, num_warps, TIMES, TIMED)),
+                                       D_PE, D_HALF, num_warps)),
             (_swap_pv_partition, (kv_smem, pt_smem, row_smem, kv_free, p_ready, p_free, l_ready, O_PART, n_rows,
                                   n_rows, n_iter, pid_s, SB, RN, D_HALF, num_warps)),
             (_fp8_loader_partition, (kv_smem, pe_smem, kv_ready, kv_free, KV8, TOKEN_TABLE, TOKEN_TABLE, kv_scale2,
-                                     n_prefix, start, end, n_iter, stride_kv, TIMES, pid_s, 0, BLOCK_N, SB, D_NOPE,
-                                     D_PE, num_warps, False, CVT, TIMED)),
+                                     n_prefix, start, end, n_iter, stride_kv, 0, BLOCK_N, SB, D_NOPE, D_PE, num_warps,
+                                     False)),
             (_fp8_loader_partition, (kv_smem, pe_smem, kv_ready, kv_free, KV8, TOKEN_TABLE, TOKEN_TABLE, kv_scale2,
-                                     n_prefix, start, end, n_iter, stride_kv, TIMES, pid_s, 1, BLOCK_N, SB, D_NOPE,
-                                     D_PE, num_warps, False, CVT, TIMED)),
+                                     n_prefix, start, end, n_iter, stride_kv, 1, BLOCK_N, SB, D_NOPE, D_PE, num_warps,
+                                     False)),
         ], [num_warps, num_warps, num_warps], [PV_REGS, CONVERT_REGS, CONVERT_REGS])
 
 
-def smem_bytes(rn: int, ring: Fp8Ring, block_n: int = 64) -> int:
-    """The shared memory of the kernel's buffers at N ``rn`` with ``ring`` (bytes; Triton adds alignment: the
-    compiled kernel's ``metadata.shared`` is the measure)."""
-    return (2 * rn * D_QK + ring.sb * 2 * block_n * D_QK + ring.s8 * block_n * D_QK + 2 * block_n * rn + 4 * rn
-            + 8 * (2 * ring.sb + ring.s8 + 3))
-
-
 #: the ring a call runs when it names none, by its N (the rows' tile: 8 up to 8 rows, else 16): the fastest measured
-#: on the H200 at each (s22 0.84-0.89 of the bf16 pick's time at 8 rows; d2 0.95-1.01 at 16, where s13 took 1.03-1.10)
+#: on the H200 at each (s22 0.84-0.89 of the bf16 pick's time at 8 rows; d2 0.95-1.01 at 16, where a staged ring of
+#: one fp16 tile and three staging tiles took 1.03-1.10)
 DEFAULT_RINGS: dict[int, str] = {FIT_ROWS: "s22", SWAP_MAX_ROWS: "d2"}
 
 
@@ -426,28 +343,15 @@ def check_fp8_inputs(inputs: VerifyInputs, who: str) -> None:
                          f"within fp16's {FP16_MAX:g}); got {inputs.kv_scale}")
 
 
-#: the conversion's instructions by name (``_e4m3x4_to_f16``'s CVT): the cvt pipe (what the pick and the plugin run),
-#: or integer instructions (measured no faster on the H200)
-CONVERSIONS: dict[str, int] = {"cvt": 0, "int": 1}
-
-
 def split_kv_gluon_fp8(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 64, num_sms: int | None = None,
                        pdl_merge: bool = True, merge_block_dv: int = 64, merge_one_pass: bool = True,
-                       merge_one_pass_max_splits: int = 512, rings: str | None = None, conversion: str = "cvt",
-                       times: torch.Tensor | None = None,
+                       merge_one_pass_max_splits: int = 512, rings: str | None = None,
                        split_round_tokens: int = BLOCK_TOKENS) -> torch.Tensor:
     """Split-KV verify attention on the fp8 cache (module doc) for up to ``SWAP_MAX_ROWS`` packed rows, then
-    triton_splitkv's merge (one pass, under PDL: the pick's); writes ``out`` [T, H, 512] in q's dtype. ``rings``: a
-    name of ``FP8_RINGS`` (None: ``DEFAULT_RINGS``' for the rows); ``conversion``: a name of ``CONVERSIONS``;
-    ``split_round_tokens``: each split's tokens a multiple of this (``SplitKVConfig``'s field); ``times``
-    (``gluon_ws.phase_buffer(inputs)``; off in everything that ships): the timed kernel writes warpgroup 0's phases and
-    timeline and the converting warpgroup's phases (``FP8_PHASES``) into it. The pick's arguments come from
-    ``pick.pick_fp8_launch``."""
-    from specdiag.kernels.triton_splitkv import merge_partials, sm_count  # noqa: PLC0415
-
+    merge.merge_partials (one pass, under PDL: the pick's); writes ``out`` [T, H, 512] in q's dtype. ``rings``: a
+    name of ``FP8_RINGS`` (None: ``DEFAULT_RINGS``' for the rows); ``split_round_tokens``: each split's tokens a
+    multiple of this (``SplitKVConfig``'s field). The pick's arguments come from ``gluon.pick.pick_fp8_launch``."""
     check_fp8_inputs(inputs, "split_kv_gluon_fp8")
-    if conversion not in CONVERSIONS:
-        raise ValueError(f"conversion must be one of {sorted(CONVERSIONS)}; got {conversion!r}")
     q, cache8 = inputs.q, inputs.cache_fp8
     T, H = inputs.draft_tokens, inputs.heads
     rows, n_kv = T * H, inputs.n_kv
@@ -457,31 +361,17 @@ def split_kv_gluon_fp8(inputs: VerifyInputs, out: torch.Tensor, block_n: int = 6
                                  merge_one_pass=merge_one_pass, merge_one_pass_max_splits=merge_one_pass_max_splits,
                                  split_round_tokens=split_round_tokens)
     plan: SplitPlan = plan_splits(rows, n_kv, cfg, num_sms or sm_count(q.device.index or 0))
-    if times is not None and tuple(times.shape) != (plan.n_splits, 2, PHASE_SLOTS, 32 * WS_PARTITION_WARPS):
-        raise ValueError(f"times has shape {tuple(times.shape)}; make it with gluon_ws.phase_buffer(inputs) "
-                         f"([{plan.n_splits}, 2, {PHASE_SLOTS}, {32 * WS_PARTITION_WARPS}] for this call)")
     o_part = torch.empty(plan.n_splits, rows, D_V, device=q.device, dtype=torch.float32)
     lse_part = torch.empty(plan.n_splits, rows, device=q.device, dtype=torch.float32)
-    scale = float(inputs.kv_scale) * (256.0 if CONVERSIONS[conversion] == 1 else 1.0)
     _fp8_partial_kernel[(plan.n_splits,)](
-        q, cache8, inputs.token_table, inputs.mask_u8, o_part, lse_part, lse_part if times is None else times,
-        inputs.sm_scale * LOG2E, fp16_pair_bits(scale), inputs.n_prefix, n_kv, T, H, rows, plan.tokens_per_split,
-        cache8.stride(0), plan.n_splits,
+        q, cache8, inputs.token_table, inputs.mask_u8, o_part, lse_part,
+        inputs.sm_scale * LOG2E, fp16_pair_bits(float(inputs.kv_scale)), inputs.n_prefix, n_kv, T, H, rows,
+        plan.tokens_per_split, cache8.stride(0),
         BLOCK_N=block_n, SB=ring.sb, S8=ring.s8, RN=rn, D_NOPE=D_NOPE, D_PE=D_PE, D_HALF=D_HALF,
         num_warps=WS_PARTITION_WARPS, PV_REGS=pv_regs, CONVERT_REGS=convert_regs,
-        CVT=CONVERSIONS[conversion], TIMED=times is not None,
     )
     merge_partials(o_part, lse_part, out.view(rows, D_V), cfg, pdl=pdl_merge)
     return out
-
-
-#: what a timed call's slots 0-5 hold per partition (SM cycles summed over the loop; TIMED only): warpgroup 0's are
-#: gluon_ws.PHASES'; the converting warpgroup's (the staged form's, or the direct form's even warpgroup, whose
-#: conversion includes waiting for its loads and which has no staging wait or refill)
-FP8_PHASES: dict[str, tuple[str, ...]] = {
-    "softmax_wg": WS_PHASES["softmax_wg"],
-    "convert_wg": ("stage_wait", "free_wait", "convert", "publish", "refill_issue"),
-}
 
 
 def fp16_pair_bits(scale: float) -> int:
@@ -500,8 +390,7 @@ def partition_regs(ring: Fp8Ring) -> tuple[int, int]:
     return (PV_REGS, CONVERT_REGS) if ring.s8 else (DIRECT_PV_REGS, LOADER_REGS)
 
 
-def compile_sm90(rn: int = SWAP_MAX_ROWS, rings: str = "s13", block_n: int = 64, conversion: str = "cvt",
-                 timed: bool = False) -> "triton.compiler.CompiledKernel":
+def compile_sm90(rn: int = SWAP_MAX_ROWS, rings: str = "d2", block_n: int = 64) -> "triton.compiler.CompiledKernel":
     """The partial kernel compiled ahead of time for sm_90 (no GPU needed), for the CPU tests and
     scripts/kernel_ptx_hashes.py."""
     from triton.backends.compiler import GPUTarget  # noqa: PLC0415
@@ -509,15 +398,13 @@ def compile_sm90(rn: int = SWAP_MAX_ROWS, rings: str = "s13", block_n: int = 64,
 
     ring = FP8_RINGS[rings]
     sig = {"Q": "*bf16", "KV8": "*fp8e4nv", "TOKEN_TABLE": "*i64", "MASK": "*u8", "O_PART": "*fp32",
-           "LSE_PART": "*fp32", "TIMES": "*i64" if timed else "*fp32", "qk_scale": "fp32", "kv_scale2": "i32",
-           "n_prefix": "i32", "n_kv": "i32", "n_draft": "i32", "n_heads": "i32", "n_rows": "i32",
-           "tokens_per_split": "i32", "stride_kv": "i32", "n_splits": "i32"}
+           "LSE_PART": "*fp32", "qk_scale": "fp32", "kv_scale2": "i32", "n_prefix": "i32", "n_kv": "i32",
+           "n_draft": "i32", "n_heads": "i32", "n_rows": "i32", "tokens_per_split": "i32", "stride_kv": "i32"}
     pv_regs, convert_regs = partition_regs(ring)
     const = {"BLOCK_N": block_n, "SB": ring.sb, "S8": ring.s8, "RN": rn, "D_NOPE": D_NOPE, "D_PE": D_PE,
-             "D_HALF": D_HALF, "num_warps": WS_PARTITION_WARPS, "PV_REGS": pv_regs,
-             "CONVERT_REGS": convert_regs, "CVT": CONVERSIONS[conversion], "TIMED": timed}
+             "D_HALF": D_HALF, "num_warps": WS_PARTITION_WARPS, "PV_REGS": pv_regs, "CONVERT_REGS": convert_regs}
     sig.update({k: "constexpr" for k in const})
     attrs = {(i,): [["tt.divisibility", 16]] for i, k in enumerate(sig)
-             if k in ("Q", "KV8", "TOKEN_TABLE", "O_PART", "LSE_PART", "TIMES", "stride_kv")}
+             if k in ("Q", "KV8", "TOKEN_TABLE", "O_PART", "LSE_PART", "stride_kv")}
     return triton.compile(GluonASTSource(_fp8_partial_kernel, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": WS_PARTITION_WARPS})

@@ -10,7 +10,10 @@ split kernel can reach at short contexts.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass, replace
+
+import torch
 
 from specdiag.kernels.mla import BLOCK_TOKENS, D_V
 
@@ -25,13 +28,7 @@ class SplitKVConfig:
     num_stages:       software-pipelining depth of the KV loads
     programs_per_sm:  target programs (tiles x splits) per SM; sets the number of KV splits
     min_split_tokens: fewest tokens per split (a split's fixed costs: Q load, partial write)
-    partial_bf16:     store split partials in bf16 instead of fp32 (half the partial bytes)
-    evict_first:      load KV with the evict_first cache hint (streamed once)
-    dv_split:         programs sharing one (row tile, split), each accumulating 512/dv_split value dims
-                      (smaller accumulators; each recomputes the scores)
     merge_block_dv:   value dims per merge program (smaller: more merge programs in flight)
-    qk_once:          split kernel (triton_splitkv) only: P and the rescale reach the P V dot through a scratch, so
-                      Triton does not compute Q K^T in both warpgroups of a 64-row, 8-warp tile
     pdl:              launch the merge as a programmatic dependent launch (sm_90), its launch overlapping the partial
                       grid's drain (the plugin's Gluon calls set it)
     merge_one_pass:   the merge loads every split of its outputs at once, lse and partials together, in one round
@@ -40,20 +37,12 @@ class SplitKVConfig:
     merge_one_pass_max_splits: the one pass only up to this many splits (padded to a power of two; on the H200 calls
                       with it took 1.00-1.04x those with two passes at 33-129 splits from 64 rows, 0.96-0.98x at 8
                       splits and at 8-16 rows: ``one_pass_merge_fields``)
-    join_tail_tokens: when the last split would hold this many tokens or fewer, the split before it takes them and
-                      the plan has one split fewer (0: never). n_kv = prefix + draft tokens, so a prefix that is a
-                      multiple of the split leaves the draft tokens a split of their own (128k tokens, 8 heads x 8
-                      draft tokens: 129 splits, the last of 8 tokens, which the merge pads to 256). split_kv_triton
-                      and split_kv_gluon_ws only (their last split ends at n_kv)
     split_round_tokens: each split's tokens a multiple of this (64: a tile's, and a page's of the block layout, which
                       the block-table kernels need). 1 cuts the KV into equal shares of tokens: at 128k and one
                       draft token a 64-token round gives 129 splits of 1,024 tokens (3 of 132 SMs idle, the rest
                       3 % over an equal share of 993), a round of 1 gives 132 of 993 (the last split's last tile
                       partly filled). Token-table kernels only (page_size 1). Everything that ships keeps 64: on the
                       H200 equal shares took 1.003-1.040x the time on a bf16 cache and 0.987-1.007x on fp8.
-
-    Off in everything that ships (the plugin, the pick and the kernel A/B's arms), and kept so that the kernels
-    compile as they ship: partial_bf16, evict_first, dv_split > 1, qk_once, join_tail_tokens > 0.
     """
 
     block_m: int = 64
@@ -62,15 +51,10 @@ class SplitKVConfig:
     num_stages: int = 3
     programs_per_sm: float = 1.0
     min_split_tokens: int = 128
-    partial_bf16: bool = False
-    evict_first: bool = False
-    dv_split: int = 1
     merge_block_dv: int = 64
-    qk_once: bool = False
     pdl: bool = False
     merge_one_pass: bool = False
     merge_one_pass_max_splits: int = 512
-    join_tail_tokens: int = 0
     split_round_tokens: int = BLOCK_TOKENS
 
     def __post_init__(self) -> None:
@@ -95,7 +79,7 @@ class SplitPlan:
 def default_config(rows: int) -> SplitKVConfig:
     """The launch parameters used when none are given, by packed rows (heads x draft tokens).
 
-    The fastest correct configurations of a tuning sweep of triton_splitkv on the H200 (tiles, warps, stages,
+    The fastest correct configurations of a tuning sweep of triton.splitkv on the H200 (tiles, warps, stages,
     programs per SM, merge width, value-dim split); each branch notes its time at 128k tokens and the nearest rivals'.
     """
     if rows <= 32:  # 59.7 us at 8 heads x 1 draft token (one program per SM: 70.5 us; 32-token tiles: 65.1 us)
@@ -115,7 +99,7 @@ GLUON_NUM_WARPS = 8
 
 def gluon_config(block_n: int = 64, stages: int = 2) -> SplitKVConfig:
     """The split plan's parameters of the Gluon kernels at every row count: 64-row tiles, one program per SM
-    (gluon_ws's shared memory compiled with Triton 3.6 for sm_90: 229,900 B at (64, 2), 188,972 B at (32, 3)),
+    (gluon.ws's shared memory compiled with Triton 3.6 for sm_90: 229,900 B at (64, 2), 188,972 B at (32, 3)),
     ``block_n`` tokens per KV tile, ``stages`` tiles in the ring."""
     return SplitKVConfig(block_m=GLUON_BLOCK_M, block_n=block_n, num_warps=GLUON_NUM_WARPS, num_stages=stages,
                          programs_per_sm=1.0, merge_block_dv=16)
@@ -124,10 +108,9 @@ def gluon_config(block_n: int = 64, stages: int = 2) -> SplitKVConfig:
 def plan_splits(rows: int, n_kv: int, cfg: SplitKVConfig, num_sms: int) -> SplitPlan:
     """How many row tiles and KV splits, and how many tokens per split (a multiple of ``cfg.split_round_tokens``)."""
     n_tiles = -(-rows // cfg.block_m)
-    want = max(1, round(cfg.programs_per_sm * num_sms / (n_tiles * cfg.dv_split)))
+    want = max(1, round(cfg.programs_per_sm * num_sms / n_tiles))
     per_split = split_tokens(n_kv, want, cfg)
-    return SplitPlan(n_tiles=n_tiles, n_splits=split_count(n_kv, per_split, cfg.join_tail_tokens),
-                     tokens_per_split=per_split)
+    return SplitPlan(n_tiles=n_tiles, n_splits=-(-n_kv // per_split), tokens_per_split=per_split)
 
 
 def split_tokens(n_kv: int, want_splits: int, cfg: SplitKVConfig) -> int:
@@ -136,15 +119,6 @@ def split_tokens(n_kv: int, want_splits: int, cfg: SplitKVConfig) -> int:
     same on the device, from their ROUND)."""
     per_split = max(-(-n_kv // want_splits), cfg.min_split_tokens)
     return -(-per_split // cfg.split_round_tokens) * cfg.split_round_tokens
-
-
-def split_count(n_kv: int, per_split: int, join_tail_tokens: int = 0) -> int:
-    """Splits of ``per_split`` tokens over ``n_kv`` tokens; the last one (which always ends at ``n_kv``) takes the
-    remainder when that is at most ``join_tail_tokens`` tokens, instead of a split of its own."""
-    n_splits = -(-n_kv // per_split)
-    if n_splits > 1 and n_kv - (n_splits - 1) * per_split <= join_tail_tokens:
-        return n_splits - 1
-    return n_splits
 
 
 #: On the H200 the merge kernel in one pass paid below 33 rows (8-16 rows, 132-257 splits: 0.96-0.97 of the two-pass
@@ -160,34 +134,45 @@ def one_pass_merge_fields(rows: int) -> dict:
             "merge_one_pass_max_splits": 512 if rows <= 32 else ONE_PASS_MAX_SPLITS_FROM_33_ROWS}
 
 
-def plan_splits_coresident(rows: int, n_kv: int, cfg: SplitKVConfig, num_sms: int) -> SplitPlan:
-    """``plan_splits`` with at most ``num_sms`` programs (one per SM): the plan of a grid whose programs all run at
-    once and wait for each other (gluon_ws's merge inside the grid, a cooperative launch; off in everything that
-    ships). plan_splits rounds the splits per row tile to the nearest integer, so 7 row tiles on 132 SMs get 19 splits
-    (133 programs); here the splits per row tile are rounded down (18: 126 programs)."""
+def describe_plan(rows: int, n_kv: int, cfg: SplitKVConfig, num_sms: int) -> dict:
+    """The plan as a dict for result rows (tiles, splits, tokens per split, fp32 partial bytes)."""
     plan = plan_splits(rows, n_kv, cfg, num_sms)
-    if plan.n_tiles * plan.n_splits <= num_sms:
-        return plan
-    if plan.n_tiles > num_sms:
-        raise ValueError(f"{rows} rows make {plan.n_tiles} row tiles, more than the {num_sms} SMs a co-resident grid "
-                         "can hold: use the two-launch merge for this shape")
-    per_split = split_tokens(n_kv, num_sms // plan.n_tiles, cfg)
-    return SplitPlan(n_tiles=plan.n_tiles, n_splits=split_count(n_kv, per_split, cfg.join_tail_tokens),
-                     tokens_per_split=per_split)
-
-
-def describe_plan(rows: int, n_kv: int, cfg: SplitKVConfig, num_sms: int, coresident: bool = False) -> dict:
-    """The plan as a dict for result rows (tiles, splits, tokens per split, partial bytes); ``coresident``: the plan
-    of a grid that merges inside itself (``plan_splits_coresident``)."""
-    plan = (plan_splits_coresident if coresident else plan_splits)(rows, n_kv, cfg, num_sms)
-    partial_elem_bytes = 2 if cfg.partial_bf16 else 4
-    partial_bytes = 0 if plan.n_splits == 1 else plan.n_splits * rows * (D_V * partial_elem_bytes + 4)
-    programs = plan.programs * cfg.dv_split
+    partial_bytes = 0 if plan.n_splits == 1 else plan.n_splits * rows * (D_V * 4 + 4)
     return {"n_tiles": plan.n_tiles, "n_splits": plan.n_splits, "tokens_per_split": plan.tokens_per_split,
-            "programs": programs, "partial_bytes": partial_bytes, "waves": programs / max(1, num_sms)}
+            "programs": plan.programs, "partial_bytes": partial_bytes, "waves": plan.programs / max(1, num_sms)}
 
 
-# ---- shared memory of the ragged kernel (triton_splitkv_ragged._ragged_partial_kernel) and the ladder ----
+@functools.lru_cache(maxsize=8)
+def sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def n_splits_for(rows_per_request: int, batch: int, num_sms: int, cfg: SplitKVConfig,
+                 tile_rows: int | None = None) -> int:
+    """KV splits per request of the fixed grid: about ``programs_per_sm`` x SMs programs in all, over the request's
+    row tiles of ``tile_rows`` (None: ``cfg.block_m``)."""
+    n_tiles = -(-rows_per_request // (tile_rows or cfg.block_m))
+    return max(1, round(cfg.programs_per_sm * num_sms / (n_tiles * max(1, batch))))
+
+
+def describe_ragged_plan(rows: int, n_kv: int, cfg: SplitKVConfig, num_sms: int, batch: int = 1,
+                         tile_rows: int | None = None) -> dict:
+    """The plan the ragged kernel makes on the device for a request of ``n_kv`` tokens (prefix + draft) in a batch of
+    ``batch`` such requests, as plan.describe_plan's fields: the grid's splits (``grid_splits``), those that
+    hold tokens (``n_splits``: the merge's), tokens per split, programs of the grid, fp32 partial bytes, waves.
+    ``tile_rows``: rows per row tile where the kernel's are not ``cfg.block_m`` (the fp8 kernel's, gluon.ragged
+    ``fp8_tile_rows``: the splits are shared out over them)."""
+    n_tiles = -(-rows // (tile_rows or cfg.block_m))
+    grid_splits = n_splits_for(rows, batch, num_sms, cfg, tile_rows=tile_rows)
+    per_split = split_tokens(n_kv, grid_splits, cfg)
+    n_active = -(-n_kv // per_split)
+    programs = n_tiles * grid_splits * batch
+    return {"n_tiles": n_tiles, "n_splits": n_active, "grid_splits": grid_splits, "tokens_per_split": per_split,
+            "programs": programs, "partial_bytes": n_active * rows * (D_V * 4 + 4) * batch,
+            "waves": programs / max(1, num_sms)}
+
+
+# ---- shared memory of the ragged kernel (triton.ragged._ragged_partial_kernel) and the ladder ----
 
 #: The H200's (sm_90) shared memory per block with opt-in, as Triton reports it when a launch asks for more
 #: (OutOfResources "Hardware limit: 232448").
