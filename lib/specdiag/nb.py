@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.metadata
 import platform
 import sys
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -63,6 +64,64 @@ def check(condition: bool, message: str) -> None:
     """Raise :class:`ParameterError` with ``message`` unless ``condition`` holds."""
     if not condition:
         raise ParameterError(message)
+
+
+_TYPE_WORDS = {str: "a string", int: "a whole number", float: "a number", bool: "True or False", list: "a list",
+               dict: "a mapping"}
+_PLURALS = {str: "strings", int: "whole numbers", float: "numbers", bool: "True or False values"}
+
+
+def _describe(tp: Any) -> str:
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) is list and args:
+        return f"a list of {_PLURALS.get(args[0], getattr(args[0], '__name__', str(args[0])))}"
+    return _TYPE_WORDS.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def _is_a(value: Any, tp: Any) -> bool:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is list:
+        return isinstance(value, (list, tuple)) and all(_is_a(v, args[0]) for v in value) if args else \
+            isinstance(value, (list, tuple))
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if tp is dict:
+        return isinstance(value, Mapping)
+    return isinstance(value, tp) if isinstance(tp, type) else True
+
+
+def check_parameters(namespace: Mapping[str, Any]) -> dict[str, Any]:
+    """Every parameter against the type its ``parameters`` cell annotates it with (``name: int = 3``), before any server
+    starts; the notebook's own checks of ranges and combinations follow. Returns ``{name: value}`` of the annotated
+    parameters (a notebook's ``params``). The first mismatch raises :class:`ParameterError` naming the parameter, the
+    type it takes and how to set it."""
+    annotations = dict(namespace.get("__annotations__") or {})
+    for name, tp in annotations.items():
+        value = namespace.get(name)
+        check(_is_a(value, tp), f"{name} must be {_describe(tp)}; got {value!r} ({type(value).__name__}): set it in "
+              f"the parameters cell, or with papermill -p {name} VALUE (make: PARAMS=file.yaml)")
+    return {name: namespace.get(name) for name in annotations}
+
+
+def brief_parameter_errors() -> None:
+    """Show a :class:`ParameterError` on the page as its one-line message, not as a traceback through the library;
+    the cell still fails (a papermill run stops there and says which parameter). Outside IPython: nothing."""
+    try:
+        from IPython import get_ipython  # noqa: PLC0415
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is None:
+        return
+
+    def one_line(sh: Any, etype: type, value: BaseException, _tb: Any, tb_offset: Any = None) -> list[str]:
+        stb = [f"{etype.__name__}: {value}"]
+        sh._showtraceback(etype, value, stb)  # IPython leaves the showing to the handler (an error output on the page)
+        return stb
+
+    shell.set_custom_exc((ParameterError,), one_line)
 
 
 def check_context_lengths(name: str, values: Any, maximum: int | None = None) -> list[int]:
@@ -164,6 +223,9 @@ def note_server(run: Run, notebook: str, client: Any, settings: Any) -> list[str
 
 
 def print_versions() -> None:
+    """Every notebook's first call: the versions a reader needs, and from here on a parameter error shown in one line
+    (:func:`brief_parameter_errors`)."""
+    brief_parameter_errors()
     for k, v in versions().items():
         print(f"{k:>13}: {v}")
     print(f"{'executable':>13}: {shown(sys.executable)}")

@@ -1,0 +1,43 @@
+"""Notebook parameters checked from the parameters cell's own annotations (specdiag.nb.check_parameters), and a
+parameter error shown on the page as its one line (nb.brief_parameter_errors, through papermill)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import nbformat
+import pytest
+
+from specdiag import nb
+
+
+def test_each_annotation_is_checked_and_the_message_names_the_fix() -> None:
+    ns = {"__annotations__": {"repeats": int, "rate_gb_s": float, "contexts": list[int], "url": str, "on": bool},
+          "repeats": 3, "rate_gb_s": 2, "contexts": [1024, 4096], "url": "", "on": False}
+    assert nb.check_parameters(ns) == {k: ns[k] for k in ns["__annotations__"]}  # an int is a float's number
+    for name, bad, words in (("repeats", 2.5, "a whole number"), ("repeats", True, "a whole number"),
+                             ("rate_gb_s", "fast", "a number"), ("contexts", [1024, "4k"], "a list of whole numbers"),
+                             ("contexts", 1024, "a list of whole numbers"), ("url", None, "a string"),
+                             ("on", 1, "True or False")):
+        with pytest.raises(nb.ParameterError, match=rf"^{name} must be {words}; got .*papermill -p {name} VALUE"):
+            nb.check_parameters({**ns, name: bad})
+
+
+def test_a_parameter_error_is_one_line_on_the_page(tmp_path) -> None:
+    book = nbformat.v4.new_notebook()
+    book.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    book.cells = [nbformat.v4.new_code_cell("from specdiag import nb\nnb.print_versions()"),
+                  nbformat.v4.new_code_cell("repeats: int = 3", metadata={"tags": ["parameters"]}),
+                  nbformat.v4.new_code_cell("nb.check_parameters(globals())")]
+    src, out = tmp_path / "in.ipynb", tmp_path / "out.ipynb"
+    nbformat.write(book, src)
+    done = subprocess.run([sys.executable, "-m", "papermill", "-k", "python3", str(src), str(out), "-p", "repeats",
+                           "2.5"], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    errors = [o for c in json.loads(out.read_text())["cells"] for o in c.get("outputs", [])
+              if o["output_type"] == "error"]
+    assert [e["traceback"] for e in errors] == [["ParameterError: repeats must be a whole number; got 2.5 (float): "
+                                                  "set it in the parameters cell, or with papermill -p repeats VALUE "
+                                                  "(make: PARAMS=file.yaml)"]]
