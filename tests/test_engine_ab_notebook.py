@@ -123,6 +123,7 @@ def test_configured_arms_are_started_measured_and_stopped_one_after_another(tmp_
     assert cmd[cmd.index("--speculative-num-draft-tokens") + 1] == "4" and cmd[cmd.index("--device") + 1] == "auto"
     assert "--speculative-algorithm" in arms["plain"]["command"] and "NONE" in arms["plain"]["command"]
     assert (arms["ngram"]["engine_config"], arms["plain"]["engine_config"]) == ("embedded:NGRAM:4", "embedded:NONE:8")
+    assert all("--enable-prefix-cache" in arms[a]["command"] for a in ("ngram", "plain"))
 
 
 @pytest.mark.notebook
@@ -142,6 +143,7 @@ def test_09_measures_two_embedded_arms_one_after_another(run_notebook, tmp_path)
     meta = Run.open(tmp_path / "run").meta
     cmd = meta["arms"]["ngram"]["command"]
     assert cmd[cmd.index("--speculative-num-draft-tokens") + 1] == "4" and cmd[cmd.index("--device") + 1] == "auto"
+    assert "--enable-prefix-cache" in cmd  # the decode requests reuse the prefilled prompt (cached_tokens says so)
     assert meta["arms"]["plain"]["server"]["speculative_algorithm"] in (None, "NONE")
     assert meta["hardware"]["memory_bandwidth_source"] == "parameter"
     page = out.read_text()

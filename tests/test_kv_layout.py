@@ -298,3 +298,23 @@ def test_a_merged_runs_calls_are_separate_requests() -> None:
             for c, ms in ((1, 3.0), (1, 3.1), (2, 4.0))]
     got = kla.latest(rows)
     assert sorted(got["step_ms"]) == [3.1, 4.0]
+
+
+def test_arms_started_here_and_the_smallest_pool_one_filler_serves() -> None:
+    """engine_configs: embedded arms 10 starts itself, a name ending in _contiguous on the contiguous allocator; the
+    default pool is the smallest on which 10's own rule runs the filler once for every fragmented request (one
+    64-slot step less needs a second run), and always holds the longest request."""
+    a, b = klm.parse_engine_configs("embedded=embedded:NGRAM:8,embedded_contiguous=embedded:NONE")
+    assert (a.name, a.algorithm, a.num_draft_tokens, a.kv_alloc, a.tokens_per_step) == ("embedded", "NGRAM", 8,
+                                                                                         "sglang", 8)
+    assert (b.kv_alloc, b.tokens_per_step, b.config) == ("contiguous", None, "embedded:NONE:8")
+    for bad in ("embedded=sglang:NGRAM", "embedded=embedded:EAGLE", "embedded=embedded:NGRAM:1", "Embedded=embedded",
+                "embedded=embedded:NGRAM:x"):
+        with pytest.raises(ValueError, match="engine_configs"):
+            klm.parse_engine_configs(bad)
+    for contexts, repeats, tpp in (((1024,), 3, 8), ((2048,), 3, None), ((512, 1024), 2, 4), ((512,), 1, 8)):
+        plan = klm.LayoutPlan(contexts=contexts, max_new_tokens=48, repeats=repeats)
+        pool, need = klm.smallest_pool(plan, tpp), max(contexts) + 48 * (tpp or 1)
+        assert pool % 64 == 0 and pool >= need and klm.fillers_needed(plan, pool, tpp) == 1
+        assert pool - 64 < need or klm.fillers_needed(plan, pool - 64, tpp) >= 2
+    assert klm.smallest_pool(klm.LayoutPlan(contexts=(1024,), max_new_tokens=48, repeats=3), 8) == 5120

@@ -107,3 +107,27 @@ def test_kv_layout_pairs_an_arm_with_its_contiguous_arm(run_notebook, tmp_path):
     ids = {f["id"]: f for f in result["findings"]}
     assert "buys back" in ids["kv_layout.tier0.embedded"]["verdict"]
     assert not any(i.startswith("kv_layout.embedded_contiguous") for i in ids)
+
+
+@pytest.mark.notebook
+def test_kv_layout_starts_an_arm_and_its_contiguous_twin(run_notebook, tmp_path):
+    """engine_configs: 10 starts two embedded servers one after another on the smallest pool one filler run serves,
+    SGLang's allocator and the contiguous one, and tables the three states; the contiguous arm's fragmented request
+    lies in one run where the other's is scattered."""
+    run_dir = tmp_path / "started"
+    run_notebook("10_kv_layout", engine_configs="embedded=embedded:NGRAM:4,embedded_contiguous=embedded:NGRAM:4",
+                 context_lengths=[256], max_new_tokens=16, repeats=1, run_dir=str(run_dir))
+    run = Run.open(run_dir)
+    rows = {(r["arm"], r["pool_state"]): r for r in run.rows("kv_layout")}
+    assert set(rows) == {(a, s) for a in ("embedded", "embedded_contiguous") for s in ("fresh", "fragmented")}
+    assert all(r["error"] is None and r["pool_tokens"] == rows["embedded", "fresh"]["pool_tokens"] for r in rows.values())
+    facts = {f["arm"]: f for f in run.meta["kv_layout_arms"]}
+    assert (facts["embedded"]["kv_alloc"], facts["embedded_contiguous"]["kv_alloc"]) == ("sglang", "contiguous")
+    assert facts["embedded"]["started_here"] and "--kv-alloc" in facts["embedded_contiguous"]["command"]
+    assert rows["embedded", "fragmented"]["layout"]["share_in_long_runs"] <= 0.5
+    assert rows["embedded_contiguous", "fragmented"]["layout"]["share_in_long_runs"] >= 0.9
+    assert rows["embedded", "fragmented"]["filler"]["cycles"] >= 1.0
+    result = json.loads((run_dir / "findings" / "10_kv_layout.json").read_text())
+    t = result["metrics"]["tier0"]["embedded"]["256"]
+    assert t["contiguous_share_in_long_runs"] >= 0.9 and not t["buys_back"]  # one request a state: no verdict
+    assert "not enough requests" in {f["id"]: f for f in result["findings"]}["kv_layout.tier0.embedded"]["verdict"]

@@ -187,6 +187,31 @@ def test_contiguous_allocator_is_lossless_and_keeps_a_request_in_one_run_after_t
     assert layouts["contiguous"]["share_in_long_runs"] >= 0.95 and layouts["contiguous"]["runs"] <= 2
 
 
+def test_prefix_cache_reuses_the_last_prompt_losslessly_and_holds_only_its_slots():
+    """--enable-prefix-cache: a request that starts with the last request's prompt prefills only the rest (cached_tokens
+    says how many it reused, at most all but the last token), the output is the plain cache's, and between requests the
+    pool holds the last prompt's slots and nothing else; dropping the entry gives them back."""
+    plain = _engine(None)
+    cfg = plain.target.config
+    for algorithm in ("NONE", "STANDALONE"):
+        pool = KVPool.for_model(cfg, 600, torch.float32, CPU)
+        paths = cached_tiny_models()
+        engine = SpecEngine(plain.target, load_model(paths.clone_drafter, "drafter", CPU, torch.float32, "tiny"),
+                            SpecSettings(algorithm=algorithm, num_draft_tokens=5), pool=pool, prefix_cache=True)
+        rng = random.Random(7)
+        a = [rng.randrange(1, TINY_VOCAB_SIZE) for _ in range(120)]
+        b = a[:80] + [rng.randrange(1, TINY_VOCAB_SIZE) for _ in range(30)]
+        for ids, cached in ((a, 0), (a, 119), (b, 80), (b[:50], 49), ([3, 4, 5] * 20, 0)):
+            chunks = list(engine.generate(DecodeRequest(input_ids=ids, max_new_tokens=16)))
+            assert chunks[0].cached_tokens == cached
+            assert [t for ch in chunks for t in ch.new_ids] == _generate(plain, ids, 16)[0]
+            assert pool.allocator.available() == 600 - len(ids)  # the prompt stays cached, the rest went back
+        engine.drop_prefix()
+        assert pool.allocator.available() == 600
+    with pytest.raises(ValueError, match="slot pool"):
+        SpecEngine(plain.target, None, SpecSettings(algorithm="NONE"), pool=None, prefix_cache=True)
+
+
 def test_models_with_sliding_layers_keep_the_plain_cache():
     paths = cached_tiny_models()
     drafter = load_model(paths.drafter, "drafter", CPU, torch.float32, "tiny")

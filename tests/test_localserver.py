@@ -224,6 +224,27 @@ def test_none_algorithm_sends_no_spec_fields():
     assert meta["completion_tokens"] == 5 and not any(k.startswith("spec_") for k in meta)
 
 
+def test_prefix_cache_is_off_by_default_and_reports_what_it_reused():
+    """Without --enable-prefix-cache nothing is reused (disable_radix_cache, 10's filler needs it); with it the same
+    prompt again is served from the cache (meta_info.cached_tokens, the metric), and /flush_cache empties it."""
+    with make_client(algorithm="NGRAM") as c:
+        assert c.get("/server_info").json()["disable_radix_cache"] is True
+        body = {"text": PROMPT * 4, "sampling_params": {"max_new_tokens": 6}}
+        c.post("/generate", json=body)
+        assert c.post("/generate", json=body).json()["meta_info"]["cached_tokens"] == 0
+    with make_client("--enable-prefix-cache", algorithm="NGRAM") as c:
+        info = c.get("/server_info").json()
+        assert info["disable_radix_cache"] is False and info["prefix_cache"]
+        first = c.post("/generate", json=body).json()
+        again = c.post("/generate", json=body).json()
+        n = first["meta_info"]["prompt_tokens"]
+        assert first["meta_info"]["cached_tokens"] == 0 and again["meta_info"]["cached_tokens"] == n - 1
+        assert again["output_ids"] == first["output_ids"]
+        assert _value(c.get("/metrics").text, "sglang:cached_tokens_total") == n - 1
+        assert c.post("/flush_cache").status_code == 200
+        assert c.post("/generate", json=body).json()["meta_info"]["cached_tokens"] == 0
+
+
 def test_ngram_server_reports_its_algorithm_and_kv_allocator():
     with make_client("--kv-alloc", "contiguous", algorithm="NGRAM") as c:
         info = c.get("/server_info").json()

@@ -37,6 +37,7 @@ class ServerConfig:
     context_length: int | None = None  # None = the target's max_position_embeddings
     max_total_tokens: int | None = None  # slots of the target's KV pool (SGLang's flag); None = 2 x context length
     kv_alloc: str = "sglang"  # slot allocator of the target's KV pool: sglang (0.5.17's free list) | contiguous
+    prefix_cache: bool = False  # keep the last request's prompt in the pool for the next request (one entry)
     chunked_prefill_size: int = 2048  # prefill chunk, tokens
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "auto"  # auto (= float32) | float32 | bfloat16 | float16 | float64
@@ -90,6 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="slot allocator of the KV pool: sglang (default; SGLang 0.5.17's page_size-1 free list) or "
                    "contiguous (specdiag.kvalloc: each request's KV in as few runs as the pool allows; the SGLang "
                    "plugin's SPECDIAG_SGLANG_KV_ALLOC=contiguous)")
+    p.add_argument("--enable-prefix-cache", action="store_true",
+                   help="keep the last request's prompt KV in the pool: a request that starts with it prefills only "
+                   "the rest (one entry, where SGLang's radix cache keeps many; meta_info.cached_tokens says how "
+                   "many were reused). Off by default: a finished request's slots then all go back to the free "
+                   "list, which 10's filler needs")
     p.add_argument("--chunked-prefill-size", type=int, default=2048, help="prefill chunk in tokens")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16", "float64"), default="auto",
@@ -143,6 +149,9 @@ def parse_args(argv: list[str]) -> ServerConfig:
         draft, a.speculative_num_draft_tokens = _dflash_settings(parser, a)
     elif a.speculative_num_draft_tokens is None:
         a.speculative_num_draft_tokens = 8
+    if a.enable_prefix_cache and algorithm == "DFLASH":
+        parser.error("--enable-prefix-cache works with NONE, NGRAM and STANDALONE: DFLASH's drafter needs the target's "
+                     "features of the whole prompt")
     if algorithm != "NONE" and a.speculative_num_draft_tokens < 2:
         parser.error("--speculative-num-draft-tokens must be at least 2 (it counts the last committed token)")
     if a.context_length is not None and a.context_length < 2:
@@ -172,6 +181,7 @@ def parse_args(argv: list[str]) -> ServerConfig:
         context_length=a.context_length,
         max_total_tokens=a.max_total_tokens,
         kv_alloc=a.kv_alloc,
+        prefix_cache=a.enable_prefix_cache,
         chunked_prefill_size=a.chunked_prefill_size,
         device=a.device,
         dtype=a.dtype,

@@ -23,7 +23,11 @@ Caches: with a slot pool (kvpool.KVPool, the server's default for a full-attenti
 in pool slots allocated as SGLang allocates at page_size 1: each forward takes a slot per new token from the head of
 the free list, each layer gathers the request's KV through its slot indices, rejected drafts' slots go back to the
 tail at once and the request's slots when it finishes (kvpool.PooledKVCache); the final chunk carries the request's
-layout (runs of consecutive slots, specdiag.kvlayout). Otherwise, and always for the drafter, a transformers
+layout (runs of consecutive slots, specdiag.kvlayout). With ``prefix_cache`` (the server's --enable-prefix-cache, a
+slot pool and no DFLASH) the pool keeps one entry: the last request's prompt stays in its slots, and the next request
+takes over the longest prefix it shares with it (all of its prompt but the last token at most: the first output token
+needs a forward) and prefills only the rest; the entry's other slots go back to the free list's tail before the request
+starts. The drafter always prefills the whole prompt. Otherwise, and always for the drafter, a transformers
 ``DynamicCache`` (kvcache.RollbackCache), from which rejected tokens are removed: cropped from full-attention
 layers, and from sliding-window layers with the entries that slid out restored, so each sliding
 layer holds exactly its window of the committed sequence. The drafter only processes the tokens
@@ -119,6 +123,7 @@ class Chunk:
     decode_ms: float | None = None  # NONE decoding: the one-token forward's wall time
     finish: dict[str, Any] | None = None  # SGLang finish_reason on the last chunk
     kv_layout: dict[str, Any] | None = None  # on the last chunk, with a slot pool: the request's layout (kvlayout)
+    cached_tokens: int = 0  # on the prefill chunk: prompt tokens the prefix cache held (not prefilled)
 
 
 @dataclass
@@ -134,7 +139,7 @@ class SpecEngine:
     """Greedy speculative decoding of one request at a time (callers serialize requests)."""
 
     def __init__(self, target: LoadedModel, drafter: LoadedModel | None, settings: SpecSettings,
-                 pool: KVPool | None = None, dflash: DFlashModel | None = None) -> None:
+                 pool: KVPool | None = None, dflash: DFlashModel | None = None, prefix_cache: bool = False) -> None:
         if settings.algorithm == "STANDALONE" and drafter is None:
             raise ValueError("STANDALONE needs a draft model: pass --speculative-draft-model-path")
         if settings.algorithm == "DFLASH" and dflash is None:
@@ -149,6 +154,13 @@ class SpecEngine:
         self.settings = settings
         self.device = next(target.model.parameters()).device
         self.pool = pool  # the target's slot pool; None: a RollbackCache per request
+        if prefix_cache and (pool is None or settings.algorithm == "DFLASH"):
+            raise ValueError("the prefix cache keeps the target's KV in its slot pool (a full-attention target) and "
+                             "works with NONE, NGRAM and STANDALONE (DFLASH's drafter needs the whole prompt's "
+                             "target features)")
+        self.prefix_cache = prefix_cache
+        self._prefix_ids: list[int] = []  # the cached prompt (the last request's), and its slots in the pool
+        self._prefix_slots = torch.zeros(0, dtype=torch.long)
 
     def warm_up(self, n_tokens: int = 16) -> None:
         """One short generation so first-request timings do not include one-off setup costs."""
@@ -212,15 +224,53 @@ class SpecEngine:
         with torch.inference_mode():
             yield from self._generate(req, should_abort)
 
+    # ---- the prefix cache (one entry) ------------------------------------------------------------
+    def cached_prefix(self, ids: list[int]) -> int:
+        """Tokens of ``ids`` the prefix cache holds: the common prefix with the cached prompt, at most all but the
+        last token (0 without the cache)."""
+        if not self.prefix_cache:
+            return 0
+        n = min(len(self._prefix_ids), len(ids) - 1)
+        i = 0
+        while i < n and self._prefix_ids[i] == ids[i]:
+            i += 1
+        return i
+
+    def drop_prefix(self, free: bool = True) -> None:
+        """Forget the cached prompt; ``free``: its slots back to the free list's tail (False: the caller clears the
+        whole pool)."""
+        if free and self._prefix_slots.numel() and self.pool is not None:
+            self.pool.allocator.free(self._prefix_slots.cpu().numpy())
+        self._prefix_ids, self._prefix_slots = [], self._prefix_slots[:0]
+
+    def _take_prefix(self, n: int) -> torch.Tensor | None:
+        """The cached prompt's first ``n`` slots for a request (its other slots freed); the entry is emptied."""
+        slots = self._prefix_slots
+        self.drop_prefix(free=False)
+        if slots[n:].numel() and self.pool is not None:
+            self.pool.allocator.free(slots[n:].cpu().numpy())
+        return slots[:n] if n else None
+
     def _generate(self, req: DecodeRequest, should_abort: Callable[[], bool]) -> Iterator[Chunk]:
-        t_cache = self._new_cache(self.target)
+        if self.prefix_cache:
+            cached = self.cached_prefix(req.input_ids)
+            t_cache = PooledKVCache(self.pool, self._take_prefix(cached))  # type: ignore[arg-type]
+        else:
+            cached, t_cache = 0, self._new_cache(self.target)
         try:
-            yield from self._generate_on(req, should_abort, t_cache)
+            yield from self._generate_on(req, should_abort, t_cache, cached)
         finally:
-            t_cache.release()  # a pooled request's slots back to the free list's tail, in sequence order
+            if self.prefix_cache:  # the prompt's slots (as far as they were written) become the cached entry
+                keep = min(len(req.input_ids), t_cache.get_seq_length())
+                self._prefix_slots = t_cache.release(keep)
+                self._prefix_ids = list(req.input_ids[:keep])
+            else:
+                t_cache.release()  # a pooled request's slots back to the free list's tail, in sequence order
 
     def _generate_on(self, req: DecodeRequest, should_abort: Callable[[], bool],
-                     t_cache: RollbackCache | PooledKVCache) -> Iterator[Chunk]:
+                     t_cache: RollbackCache | PooledKVCache, cached: int = 0) -> Iterator[Chunk]:
+        """``cached``: prompt tokens whose KV ``t_cache`` already holds (the prefix cache's); the target prefills
+        the rest."""
         state = _State(ids=list(req.input_ids))
         d_cache = self._new_cache(self.drafter) if self.drafter is not None else None
         layout = (lambda: t_cache.layout().as_dict()) if isinstance(t_cache, PooledKVCache) else (lambda: None)
@@ -231,7 +281,7 @@ class SpecEngine:
             state.dflash = DraftCache(self.dflash.info.num_hidden_layers, self.settings.draft_window_size)
             last_logits, state.dflash_pending = self._prefill_tapped(state.ids, t_cache)
         else:
-            last_logits = self._prefill(self.target, state.ids, t_cache)
+            last_logits = self._prefill(self.target, state.ids[cached:], t_cache)
         if d_cache is not None:
             self._prefill(self.drafter, state.ids, d_cache)  # type: ignore[arg-type]
             state.drafter_len = len(state.ids)
@@ -240,10 +290,12 @@ class SpecEngine:
         prefill_ms = (time.perf_counter() - t0) * 1e3
 
         if req.max_new_tokens <= 0:
-            yield Chunk([], prefill_ms=prefill_ms, finish={"type": "length", "length": 0}, kv_layout=layout())
+            yield Chunk([], prefill_ms=prefill_ms, finish={"type": "length", "length": 0}, kv_layout=layout(),
+                        cached_tokens=cached)
             return
         new, finish = self._commit(state, [first], req)
-        yield Chunk(new, prefill_ms=prefill_ms, finish=finish, kv_layout=layout() if finish else None)
+        yield Chunk(new, prefill_ms=prefill_ms, finish=finish, kv_layout=layout() if finish else None,
+                    cached_tokens=cached)
         while finish is None:
             if should_abort():
                 yield Chunk([], finish={"type": "abort", "message": "the client went away; generation stopped"},

@@ -201,13 +201,16 @@ def _pooled_layer_class():
 class PooledKVCache:
     """One request's KV in a :class:`KVPool` (module docstring). Not thread-safe: one request at a time."""
 
-    def __init__(self, pool: KVPool) -> None:
+    def __init__(self, pool: KVPool, prefix: torch.Tensor | None = None) -> None:
         from transformers.cache_utils import Cache  # noqa: PLC0415
 
         self.pool = pool
         layer_cls = _pooled_layer_class()
         self.cache = Cache(layers=[layer_cls(self, i) for i in range(pool.num_layers)])
-        self._slots = torch.zeros(0, dtype=torch.long, device=pool.keys[0].device)  # committed, in sequence order
+        # committed slots, in sequence order; ``prefix``: slots whose KV a prefix cache hands this request (already
+        # written, its first tokens), which the request then owns like its own
+        self._slots = (prefix.clone() if prefix is not None
+                       else torch.zeros(0, dtype=torch.long, device=pool.keys[0].device))
         self._pending: torch.Tensor | None = None  # this forward's new slots
         self._index: torch.Tensor | None = None  # committed + pending: what this forward's attention gathers
 
@@ -255,11 +258,14 @@ class PooledKVCache:
     def layout(self) -> LayoutStats:
         return layout_stats(self.slots())
 
-    def release(self) -> None:
-        """Free every slot of the request to the tail, in sequence order (the request finished; radix cache off)."""
+    def release(self, keep: int = 0) -> torch.Tensor:
+        """Free the request's slots to the tail, in sequence order (the request finished), all but its first ``keep``
+        tokens' (a prefix cache keeps those: the caller owns them from now on, and gets them back)."""
         if self._pending is not None:  # a forward that failed half-way: its slots go back too
             self.pool.allocator.free(self._pending.cpu().numpy())
             self._pending = self._index = None
-        if self._slots.numel():
-            self.pool.allocator.free(self._slots.cpu().numpy())
+        kept, rest = self._slots[:keep], self._slots[keep:]
+        if rest.numel():
+            self.pool.allocator.free(rest.cpu().numpy())
         self._slots = self._slots[:0]
+        return kept

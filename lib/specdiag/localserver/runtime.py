@@ -111,8 +111,13 @@ class Runtime:
             chunked_prefill_size=cfg.chunked_prefill_size,
             draft_window_size=cfg.speculative_draft_window_size,
         )
-        self.engine = SpecEngine(self.target, self.drafter, self.settings, pool=self.pool, dflash=self.dflash)
+        if cfg.prefix_cache and (self.pool is None or self.dflash is not None):
+            raise ValueError("--enable-prefix-cache keeps the target's KV in its slot pool: it needs a full-attention "
+                             "target and NONE, NGRAM or STANDALONE speculation (not DFLASH)")
+        self.engine = SpecEngine(self.target, self.drafter, self.settings, pool=self.pool, dflash=self.dflash,
+                                 prefix_cache=cfg.prefix_cache)
         self.engine.warm_up()
+        self.engine.drop_prefix(free=False)  # the warm-up's prompt is not a cached prefix
         if self.pool is not None:
             self.pool.allocator.clear()  # a started server's pool is one contiguous free range
         self.stats = ServerStats()
@@ -166,7 +171,10 @@ class Runtime:
             "page_size": PAGE_SIZE,
             "max_total_tokens": cfg.max_total_tokens,
             "kv_alloc": cfg.kv_alloc if self.pool is not None else None,  # None: no slot pool (sliding-window target)
-            "disable_radix_cache": True,  # no prefix cache: a request's slots are freed when it finishes
+            # by default no prefix cache: a request's slots are freed when it finishes; --enable-prefix-cache keeps
+            # the last request's prompt in its slots (one entry, engine.py), as SGLang's radix cache keeps many
+            "disable_radix_cache": not cfg.prefix_cache,
+            "prefix_cache": "one entry (the last request's prompt)" if cfg.prefix_cache else None,
             "context_length": self.context_length,
             "tp_size": 1,
             "dp_size": 1,
@@ -266,6 +274,7 @@ class Runtime:
         if self.busy():
             return False
         with self.engine_lock:
+            self.engine.drop_prefix(free=False)
             if self.pool is not None:
                 self.pool.allocator.clear()
             self.stats.reset_spec()
@@ -324,6 +333,7 @@ class Runtime:
         verify_ms: list[float] = []
         sent_ids = sent_chars = 0
         first_token_s: float | None = None
+        cached_tokens = 0  # prompt tokens the prefix cache held (the prefill chunk says)
 
         def text_of(ids: list[int], finish: dict[str, Any] | None) -> str:
             if finish and finish.get("type") == "stop" and not p.no_stop_trim and ids:
@@ -343,7 +353,7 @@ class Runtime:
                 "num_retractions": 0,
                 "reasoning_tokens": 0,
                 "completion_tokens": len(out),
-                "cached_tokens": 0,
+                "cached_tokens": cached_tokens,
                 "queue_time": queue_time,
             }
             if finish is not None:
@@ -366,6 +376,8 @@ class Runtime:
         for chunk in gen:
             out.extend(chunk.new_ids)
             kv_layout = chunk.kv_layout or kv_layout
+            if chunk.prefill_ms is not None:
+                cached_tokens = chunk.cached_tokens
             if first_token_s is None and chunk.new_ids:
                 first_token_s = time.time()
             if chunk.step is not None:
@@ -387,6 +399,7 @@ class Runtime:
         end_s = time.time()
         self.stats.record_finished(
             prompt_tokens=len(prompt_ids),
+            cached_tokens=cached_tokens,
             completion_tokens=len(out),
             verify_ct=len(commits) if self.speculative else 0,
             ttft_s=(first_token_s - received_s) if first_token_s else None,

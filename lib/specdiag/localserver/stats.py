@@ -33,6 +33,7 @@ class ServerStats:
     """Counters since start (``*_total``) and the spec average since the last flush."""
 
     prompt_tokens_total: int = 0
+    cached_tokens_total: int = 0  # prompt tokens served from the prefix cache
     generation_tokens_total: int = 0
     spec_verify_calls_total: int = 0
     num_requests_total: int = 0
@@ -48,9 +49,10 @@ class ServerStats:
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def record_finished(self, prompt_tokens: int, completion_tokens: int, verify_ct: int, ttft_s: float | None,
-                        e2e_s: float, decode_s: float | None, aborted: bool) -> None:
+                        e2e_s: float, decode_s: float | None, aborted: bool, cached_tokens: int = 0) -> None:
         with self.lock:
             self.prompt_tokens_total += prompt_tokens
+            self.cached_tokens_total += cached_tokens
             self.generation_tokens_total += completion_tokens
             self.spec_verify_calls_total += verify_ct
             self.num_requests_total += 1
@@ -105,7 +107,9 @@ def prometheus_text(stats: ServerStats, model_name: str, context_len: int, page_
         metric("num_requests_total", "counter", "Finished requests.", stats.num_requests_total)
         metric("num_aborted_requests_total", "counter", "Requests aborted (client went away).",
                stats.num_aborted_requests_total)
-        metric("cached_tokens_total", "counter", "Prompt tokens served from a prefix cache (none here).", 0)
+        metric("cached_tokens_total", "counter",
+               "Prompt tokens served from the prefix cache (--enable-prefix-cache; 0 without it).",
+               stats.cached_tokens_total)
         if speculative:
             metric("spec_verify_calls_total", "counter", "Verify steps of finished requests.",
                    stats.spec_verify_calls_total)

@@ -5,7 +5,9 @@ another; and each arm's record in run.json ``arms`` (what it is, plugin, environ
   another with :func:`specdiag.steps.engine_ab.measure.measure_arm`.
 - ``engine_configs``: ``"name=embedded:ALGORITHM[:DRAFT_TOKENS],..."``: embedded servers (the tiny trained target on
   this machine), each started, measured and stopped before the next (``ALGORITHM`` NGRAM, STANDALONE or NONE;
-  ``DRAFT_TOKENS`` SGLang's ``speculative_num_draft_tokens``, default 8). This is the CPU's A/B: the GPU arms (SGLang
+  ``DRAFT_TOKENS`` SGLang's ``speculative_num_draft_tokens``, default 8), with its prefix cache on
+  (``--enable-prefix-cache``): 09's decode requests repeat the prefilled prompt, and are served from the cache as on
+  SGLang instead of prefilling it again. This is the CPU's A/B: the GPU arms (SGLang
   backends, the plugin, hybrids) are started by ``specdiag sweep --measure engine_ab`` on the GPU host, whose run folder 09 replays.
 
 Arm names are words (letters, digits, ``_ . -``), each used once.
@@ -70,11 +72,13 @@ class EngineConfig:
     @property
     def what(self) -> str:
         spec = "no speculation" if self.algorithm == "NONE" else f"{self.algorithm}, {self.num_draft_tokens} tokens per verify step"
-        return f"the embedded server (tiny trained target, CPU), {spec}"
+        return f"the embedded server (tiny trained target, CPU), {spec}, prefix cache on"
 
     def options(self) -> dict[str, Any]:
-        """The launcher's options (``specdiag.launchers.start_engine(engine, **options)``)."""
-        return {"algorithm": self.algorithm, "num_draft_tokens": self.num_draft_tokens}
+        """The launcher's options (``specdiag.launchers.start_engine(engine, **options)``): the prefix cache on, so a
+        decode request on the prompt just prefilled reuses its KV (09's phase 2, as SGLang's radix cache serves it)."""
+        return {"algorithm": self.algorithm, "num_draft_tokens": self.num_draft_tokens,
+                "extra_args": ("--enable-prefix-cache",)}
 
 
 def parse_engine_configs(text: str) -> list[EngineConfig]:

@@ -13,6 +13,12 @@ embedded server. For each arm, in this order:
    pool minus what the long requests since the last filler took, an estimate) are fewer than it needs. The row's
    measured layout, not the filler's count, says whether the request was scattered.
 
+Arms 10 starts itself (``engine_configs``, :func:`measure_started`): embedded servers, each started with its own pool
+(``pool_tokens``; by default the smallest from which one filler run serves every fragmented request,
+:func:`smallest_pool`), measured and stopped before the next; an arm named ``NAME_contiguous`` gets the contiguous
+allocator (``--kv-alloc contiguous``), so ``embedded`` and ``embedded_contiguous`` give 10's three states. A small pool
+is what keeps the filler short: its 1.1 pool cycles are the embedded arms' largest cost.
+
 Each request is a measured request (specdiag.measure.request: exact length, greedy, streamed, ignore_eos). Its row
 holds 01's columns (``step_ms``: decode window over verify steps, client side), the per-step samples (chunk gaps,
 ms), the embedded server's own verify times where it reports them, and the request's **layout**: from the embedded
@@ -324,6 +330,121 @@ def sweep_arm(job: Any) -> list[str]:
                                    "ts_unix_s": time.time(), "error": f"{type(exc).__name__}: {exc}"})
         raise
     return not_run
+
+
+@dataclass(frozen=True)
+class EngineArm:
+    """An arm 10 starts itself: an embedded server, its speculation and KV allocator (contiguous for a name that ends
+    in ``_contiguous``)."""
+
+    name: str
+    algorithm: str  # NONE, NGRAM or STANDALONE
+    num_draft_tokens: int  # SGLang's speculative_num_draft_tokens (the last committed token included)
+
+    @property
+    def kv_alloc(self) -> str:
+        return "contiguous" if self.name.endswith("_contiguous") else "sglang"
+
+    @property
+    def tokens_per_step(self) -> int | None:
+        return None if self.algorithm == "NONE" else self.num_draft_tokens
+
+    @property
+    def config(self) -> str:
+        return f"embedded:{self.algorithm}:{self.num_draft_tokens}"
+
+
+ENGINE_ALGORITHMS = ("NGRAM", "STANDALONE", "NONE")
+
+
+def parse_engine_configs(text: str) -> list[EngineArm]:
+    """``"embedded=embedded:NGRAM:8,embedded_contiguous=embedded:NGRAM:8"`` -> arms, in order (DRAFT_TOKENS default
+    8). ValueError naming the item and the form."""
+    form = "name=embedded:ALGORITHM[:DRAFT_TOKENS],... (ALGORITHM one of " + ", ".join(ENGINE_ALGORITHMS) + ")"
+    out = []
+    for name, value in _pairs(text, "engine_configs").items():
+        parts = [p.strip() for p in value.split(":")]
+        if parts[0].lower() != "embedded" or len(parts) > 3 or (len(parts) > 1 and parts[1].upper()
+                                                                   not in ENGINE_ALGORITHMS):
+            raise ValueError(f"engine_configs: {name}={value} is not embedded:ALGORITHM[:DRAFT_TOKENS]; write {form} "
+                             "(SGLang arms: start them yourself and name them in arms, or run specdiag sweep "
+                             "--measure kv_layout)")
+        algorithm = parts[1].upper() if len(parts) > 1 else "NGRAM"
+        try:
+            tokens = int(parts[2]) if len(parts) == 3 else 8
+        except ValueError:
+            raise ValueError(f"engine_configs: {name}'s draft tokens {parts[2]!r} is not a whole number") from None
+        if algorithm != "NONE" and tokens < 2:
+            raise ValueError(f"engine_configs: {name} needs 2 or more draft tokens per verify step; got {tokens}")
+        out.append(EngineArm(name, algorithm, tokens))
+    return out
+
+
+def fillers_needed(plan: LayoutPlan, pool_tokens: int, tokens_per_step: int | None) -> int:
+    """How many filler runs :func:`measure_arm` makes on a pool of ``pool_tokens`` slots: its own rule (a filler before
+    a fragmented request whose need the pieces left ahead do not cover 1.1 times), each request taking its prompt,
+    ``max_new_tokens`` and one step's drafts (:func:`slots_of`)."""
+    ahead, runs = 0, 0
+    for state, _ in schedule(plan.states, plan.repeats):
+        if state == "fresh":
+            ahead = 0
+            continue
+        for ctx in plan.contexts:
+            need = ctx + plan.max_new_tokens * (tokens_per_step or 1)
+            if ahead < 1.1 * need:
+                runs += 1
+                ahead = pool_tokens - need
+            ahead -= ctx + plan.max_new_tokens + (tokens_per_step or 0)
+    return runs
+
+
+def smallest_pool(plan: LayoutPlan, tokens_per_step: int | None, step: int = 64) -> int:
+    """The smallest pool (a multiple of ``step`` slots) on which one filler run serves every fragmented request of
+    ``plan``: the filler's cost is 1.1 pool sizes of slots, so this is the cheapest pool that still scatters every
+    fragmented request of the plan over the filler's pieces."""
+    need = max(ctx + plan.max_new_tokens * (tokens_per_step or 1) for ctx in plan.contexts)
+    pool = -(-need // step) * step
+    while fillers_needed(plan, pool, tokens_per_step) > 1:
+        pool += step
+    return pool
+
+
+def measure_started(run: Any, arms: Sequence[EngineArm], plan: LayoutPlan, pool_tokens: int = 0,
+                    log_dir: Path | None = None, progress: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    """Each arm's embedded server started (its pool ``pool_tokens`` slots, 0: :func:`smallest_pool` of the plan), its
+    pool's facts appended to run.json ``kv_layout_arms`` as the server reported them, measured by
+    :func:`measure_arm`, and stopped before the next starts; a failing arm's error is a row and the next still runs.
+    Returns the arms' facts."""
+    from specdiag.launchers import engine_server  # noqa: PLC0415 - replay imports no launcher
+    from specdiag.launchers.process import redacted_command  # noqa: PLC0415
+    from specdiag.paths import shown  # noqa: PLC0415
+    from specdiag.serving import reach  # noqa: PLC0415
+
+    names = {a.name for a in arms}  # a re-run's arms replace their earlier facts
+    facts: list[dict[str, Any]] = [f for f in run.meta.get("kv_layout_arms") or [] if f.get("arm") not in names]
+    for arm in arms:
+        pool = pool_tokens or smallest_pool(plan, arm.tokens_per_step)
+        server = engine_server("embedded", algorithm=arm.algorithm, num_draft_tokens=arm.num_draft_tokens,
+                               max_total_tokens=pool, extra_args=("--kv-alloc", arm.kv_alloc), progress=False,
+                               log_path=Path(log_dir) / f"server-{arm.name}.log" if log_dir else None)
+        try:
+            progress(f"{arm.name}: starting the embedded server ({arm.config}, {arm.kv_alloc} allocator, "
+                     f"{pool:,} slots)")
+            server.start()
+            client = reach(server.url, "embedded")
+            command = [shown(c) if str(c).startswith("/") else str(c) for c in redacted_command(server.command())]
+            facts.append({"arm": arm.name, "url": server.url, "what": ARM_TEXT.get(arm.name, ""), **server_pool(client),
+                          "layout_source": "server-reported (meta_info.kv_layout)", "engine_config": arm.config,
+                          "started_here": True, "ready_after_s": server.ready_after_s, "command": command})
+            run.update(kv_layout_arms=facts)
+            measure_arm(run, Arm(arm.name, server.url), plan, progress)
+        except Exception as exc:  # noqa: BLE001 - recorded, the next arm still runs
+            run.append_row(TABLE, {"arm": arm.name, "pool_state": None, "context_tokens": None, "repeat": None,
+                                   "ts_unix_s": time.time(), "error": f"{type(exc).__name__}: {exc}"})
+            progress(f"{arm.name}: failed: {exc}")
+        finally:
+            server.stop()
+    return facts
 
 
 def _embedded_url() -> str:
