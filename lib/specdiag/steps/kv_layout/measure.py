@@ -416,7 +416,7 @@ def measure_started(run: Any, arms: Sequence[EngineArm], plan: LayoutPlan, pool_
     :func:`measure_arm`, and stopped before the next starts; a failing arm's error is a row and the next still runs.
     Returns the arms' facts."""
     from specdiag.launchers import engine_server  # noqa: PLC0415 - replay imports no launcher
-    from specdiag.launchers.process import redacted_command  # noqa: PLC0415
+    from specdiag.process import redacted_command  # noqa: PLC0415
     from specdiag.paths import shown  # noqa: PLC0415
     from specdiag.serving import reach  # noqa: PLC0415
 
