@@ -484,7 +484,7 @@ def drafter_log_lines(log_path: Path) -> list[str]:
 
 def sweep(run: Run, client: SGLangClient, job: Job, budget: Budget, est_s: Callable[[int], float],
           which: Callable[[int], bool] = lambda c: True) -> None:
-    from specdiag.steps.baseline_sweep.sweep import make_plan, measure_request  # noqa: PLC0415
+    from specdiag.measure.sweep_plan import make_plan, measure_request  # noqa: PLC0415
 
     info = client.server_info()
     plan = make_plan(job.sweep_contexts, job.sweep_new_tokens, 1, "novel", 0, True,

@@ -69,6 +69,33 @@ def test_parameters_win_and_bad_input_is_named(run_notebook: Callable[..., Path]
         run_notebook("05_bandwidth_analysis", replay_dir=str(REFERENCE), expert_routing="random")
 
 
+def _errors(executed: Path) -> list[list[str]]:
+    return [o["traceback"] for cell in json.loads(executed.read_text())["cells"] for o in cell.get("outputs", [])
+            if o["output_type"] == "error"]
+
+
+@pytest.mark.notebook
+def test_a_bad_parameter_stops_05_in_one_line_before_any_server_starts(tmp_path: Path) -> None:
+    """No server_url and no replay_dir: 05 would start the embedded server. A context_lengths of the wrong type, and
+    then one out of range, fail on the page in their one line before nb.start: no run folder, no server."""
+    import papermill
+
+    from specdiag.paths import NOTEBOOKS_DIR
+    from specdiag.report.execute import KERNEL_START_TIMEOUT_S
+
+    for bad, message in (("1k", "context_lengths must be a list of whole numbers; got '1k' (str): set it in the "
+                                "parameters cell, or with papermill -p context_lengths VALUE (make: PARAMS=file.yaml)"),
+                         ([1024, -1], "context_lengths must hold positive whole token counts; -1 is not one")):
+        run_dir, out = tmp_path / "run", tmp_path / "05.out.ipynb"
+        with pytest.raises(papermill.PapermillExecutionError, match="ParameterError"):
+            papermill.execute_notebook(str(NOTEBOOKS_DIR / "05_bandwidth_analysis.ipynb"), str(out),
+                                       parameters={"run_dir": str(run_dir), "context_lengths": bad}, kernel_name="python3",
+                                       cwd=str(NOTEBOOKS_DIR), progress_bar=False, start_timeout=KERNEL_START_TIMEOUT_S)
+        assert _errors(out) == [[f"ParameterError: {message}"]]
+        assert not run_dir.exists(), "nb.start ran (it opens the run folder before it starts or reaches a server)"
+        assert "embedded" not in _page(out)  # no server was started or reached: no line about one
+
+
 @pytest.mark.notebook
 @pytest.mark.slow
 def test_live_embedded_server(run_notebook: Callable[..., Path], tmp_path: Path, embedded_server: Any) -> None:

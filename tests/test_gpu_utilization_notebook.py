@@ -133,3 +133,24 @@ def test_replay_skips_02_only_without_telemetry_and_traces(tmp_path: Path) -> No
     assert not replay_need_met(bare, need)  # an empty folder is no trace
     (bare.path / "profiles" / "x.trace.json.gz").write_bytes(b"")
     assert replay_need_met(bare, need)
+
+
+@pytest.mark.notebook
+def test_a_bad_parameter_stops_02_in_one_line_before_any_server_starts(tmp_path: Path) -> None:
+    """No server_url and no replay_dir: 02 would start the embedded server. A telemetry it cannot read fails on the page
+    in its one line before nb.start: no run folder, no server, no telemetry opened."""
+    import papermill
+
+    from specdiag.paths import NOTEBOOKS_DIR
+    from specdiag.report.execute import KERNEL_START_TIMEOUT_S
+
+    run_dir, out = tmp_path / "run", tmp_path / "02.out.ipynb"
+    with pytest.raises(papermill.PapermillExecutionError, match="ParameterError"):
+        papermill.execute_notebook(str(NOTEBOOKS_DIR / "02_gpu_utilization.ipynb"), str(out),
+                                   parameters={"run_dir": str(run_dir), "telemetry": "gpu0"}, kernel_name="python3",
+                                   cwd=str(NOTEBOOKS_DIR), progress_bar=False, start_timeout=KERNEL_START_TIMEOUT_S)
+    errors = [o["traceback"] for cell in json.loads(out.read_text())["cells"] for o in cell.get("outputs", [])
+              if o["output_type"] == "error"]
+    assert errors == [["ParameterError: telemetry must be 'auto', 'nvml', 'cpu' or a DCGM exporter / Prometheus URL "
+                       "(http://...); got 'gpu0'"]]
+    assert not run_dir.exists(), "nb.start ran (it opens the run folder before it starts or reaches a server)"

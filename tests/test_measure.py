@@ -12,7 +12,7 @@ from specdiag.measure.loop import measure_missing, plan_rows
 from specdiag.measure.request import ADD_SPECIAL_TOKENS, measured_request, send
 from specdiag.serving import ServerUnreachable
 from specdiag.measure.sweep_table import SWEEP_KEY
-from specdiag.steps.baseline_sweep.sweep import make_plan, measure_request
+from specdiag.measure.sweep_plan import make_plan, measure_request
 from specdiag.steps.commit_probe import probe as cp
 from specdiag.steps.drafter_inspection import analysis as drafter
 

@@ -109,7 +109,7 @@ def test_embedded_server_beside_a_load_generator(embedded_server: Any) -> None:
     server counts two requests running or waiting."""
     from specdiag.serving import make_client
     from specdiag.steps.baseline_sweep.summary import sweep_findings
-    from specdiag.steps.baseline_sweep.sweep import make_plan, measure_request
+    from specdiag.measure.sweep_plan import make_plan, measure_request
 
     client = make_client(embedded_server.url)
     plan = make_plan([256, 512], 16, 1, "novel", 0, True)

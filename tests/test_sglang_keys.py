@@ -79,7 +79,7 @@ def test_both_keys_each_where_it_belongs() -> None:
 
 
 def test_without_the_admin_key_a_run_still_measures_and_says_why_there_was_no_flush() -> None:
-    from specdiag.steps.baseline_sweep.sweep import make_plan, measure_request
+    from specdiag.measure.sweep_plan import make_plan, measure_request
 
     with ReplayServer(recorded=RAW, api_key=API, admin_api_key=ADMIN) as srv:
         client = SGLangClient(srv.url, api_key=API)

@@ -1,4 +1,4 @@
-"""Unit tests of specdiag.steps.baseline_sweep.sweep (plan checks, resume, one request per row, with a fake client), of
+"""Unit tests of specdiag.measure.sweep_plan (plan checks, resume, one request per row, with a fake client), of
 the sweep table read back (specdiag.measure.sweep_table, specdiag.runs.rows_source) and of params/full.yaml against
 the notebooks' declared parameters."""
 
@@ -14,7 +14,7 @@ from specdiag.paths import NOTEBOOKS_DIR, PARAMS_DIR
 from specdiag.spec import spec_fields_from_meta
 from specdiag.measure.sweep_table import SWEEP_KEY, latest_rows
 from specdiag.runs import rows_source
-from specdiag.steps.baseline_sweep.sweep import SweepPlan, make_plan, measure_request
+from specdiag.measure.sweep_plan import SweepPlan, make_plan, measure_request
 
 
 def plan_args(**kw):

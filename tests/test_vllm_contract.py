@@ -173,7 +173,7 @@ def test_generate_keeps_per_request_metrics_and_the_counter_difference() -> None
 
 
 def test_without_dev_mode_rows_say_the_cache_was_not_reset() -> None:
-    from specdiag.steps.baseline_sweep.sweep import make_plan, measure_request
+    from specdiag.measure.sweep_plan import make_plan, measure_request
 
     with VLLMReplayServer(dev_mode=False) as srv:
         client = VLLMClient(srv.url)
@@ -194,7 +194,7 @@ def test_prompt_too_long_gives_the_server_message() -> None:
 
 
 def test_api_key_from_the_environment_never_reaches_disk(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from specdiag.steps.baseline_sweep.sweep import make_plan, measure_request
+    from specdiag.measure.sweep_plan import make_plan, measure_request
 
     with VLLMReplayServer(api_key=API_KEY, dev_mode=False) as srv:  # dev mode's /server_info is not guarded
         refused = VLLMClient(srv.url).generate(input_ids=[1, 2], sampling_params={"max_new_tokens": 4})
