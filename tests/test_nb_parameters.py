@@ -41,3 +41,18 @@ def test_a_parameter_error_is_one_line_on_the_page(tmp_path) -> None:
     assert [e["traceback"] for e in errors] == [["ParameterError: repeats must be a whole number; got 2.5 (float): "
                                                   "set it in the parameters cell, or with papermill -p repeats VALUE "
                                                   "(make: PARAMS=file.yaml)"]]
+
+
+def test_live_or_replay_is_decided_once_by_start(tmp_path) -> None:
+    """ctx.live: measuring into the run (needs_server=False too), else replaying; a reference is replayed only when no
+    replay_dir is given, and only then named as ctx.recorded_from (a run nobody asked for)."""
+    from specdiag.paths import relative_to_project
+    from specdiag.runs import Run
+
+    ref, asked = Run.create(tmp_path / "reference"), Run.create(tmp_path / "asked")
+    ctx = nb.start("09_engine_ab", run_dir=str(tmp_path / "a"), needs_server=False)
+    assert ctx.live and not ctx.replaying and ctx.source is ctx.run and ctx.recorded_from is None
+    ctx = nb.start("09_engine_ab", run_dir=str(tmp_path / "b"), reference=ref.path, needs_server=False)
+    assert not ctx.live and ctx.source.path == ref.path and ctx.recorded_from == relative_to_project(ref.path)
+    ctx = nb.start("09_engine_ab", run_dir=str(tmp_path / "c"), replay_dir=str(asked.path), reference=ref.path)
+    assert ctx.replaying and ctx.source.path == asked.path and ctx.recorded_from is None
