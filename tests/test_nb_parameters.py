@@ -41,3 +41,44 @@ def test_a_parameter_error_is_one_line_on_the_page(tmp_path) -> None:
     assert [e["traceback"] for e in errors] == [["ParameterError: repeats must be a whole number; got 2.5 (float): "
                                                   "set it in the parameters cell, or with papermill -p repeats VALUE "
                                                   "(make: PARAMS=file.yaml)"]]
+
+
+def test_live_or_replay_is_decided_once_by_start(tmp_path) -> None:
+    """ctx.live: measuring into the run (needs_server=False too), else replaying; a reference is replayed only when no
+    replay_dir is given, and only then named as ctx.recorded_from (a run nobody asked for)."""
+    from specdiag.paths import relative_to_project
+    from specdiag.runs import Run
+
+    ref, asked = Run.create(tmp_path / "reference"), Run.create(tmp_path / "asked")
+    ctx = nb.start("09_engine_ab", run_dir=str(tmp_path / "a"), needs_server=False)
+    assert ctx.live and not ctx.replaying and ctx.source is ctx.run and ctx.recorded_from is None
+    ctx = nb.start("09_engine_ab", run_dir=str(tmp_path / "b"), reference=ref.path, needs_server=False)
+    assert not ctx.live and ctx.source.path == ref.path and ctx.recorded_from == relative_to_project(ref.path)
+    ctx = nb.start("09_engine_ab", run_dir=str(tmp_path / "c"), replay_dir=str(asked.path), reference=ref.path)
+    assert ctx.replaying and ctx.source.path == asked.path and ctx.recorded_from is None
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize("bad, message", [
+    ("1k", "context_lengths must be a list of whole numbers; got '1k' (str): set it in the parameters cell, or with "
+           "papermill -p context_lengths VALUE (make: PARAMS=file.yaml)"),
+    ([0], "context_lengths must hold positive whole token counts; 0 is not one"),
+], ids=["not-a-list", "zero"])
+def test_a_bad_context_lengths_fails_before_any_server_starts(run_notebook, tmp_path, bad, message) -> None:
+    """01 with no server_url would start the embedded engine: a bad context_lengths stops the notebook at the cell
+    after the parameters cell, in one line, before the run folder is opened or any server is started."""
+    import papermill
+
+    run_dir = tmp_path / "run"
+    with pytest.raises(papermill.PapermillExecutionError):
+        run_notebook("01_baseline_sweep", server_url="", run_dir=str(run_dir), context_lengths=bad)
+    cells = [c for c in json.loads((tmp_path / "01_baseline_sweep.out.ipynb").read_text())["cells"]
+             if "papermill-error-cell-tag" not in c["metadata"].get("tags", [])]  # papermill's notes on the error
+    errors = [(i, o) for i, c in enumerate(cells) for o in c.get("outputs", []) if o["output_type"] == "error"]
+    assert [o["traceback"] for _, o in errors] == [[f"ParameterError: {message}"]]
+    (failed, _), = errors
+    assert "nb.check_parameters(globals())" in "".join(cells[failed]["source"])
+    injected = next(i for i, c in enumerate(cells) if "injected-parameters" in c["metadata"].get("tags", []))
+    assert failed == injected + 1  # right after the parameters
+    assert not any(c.get("execution_count") for c in cells[failed + 1:])
+    assert not run_dir.exists()  # nb.start opens the run folder before it reaches or starts a server

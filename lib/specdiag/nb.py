@@ -7,6 +7,7 @@ Notebooks call :func:`start` right after their ``parameters`` cell::
                    params=dict(context_lengths=context_lengths, max_new_tokens=max_new_tokens))
     ctx.run        # where this notebook writes (rows, findings)
     ctx.source     # the run whose rows are analysed: ctx.run when measuring, the recorded run when replaying
+    ctx.live       # measuring (True) or replaying (False): decided here, once, for every section of the notebook
     ctx.client     # a specdiag.serving.ServingClient (SGLang or vLLM, recognised from the server), or None when replaying
 """
 
@@ -17,6 +18,7 @@ import platform
 import sys
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Mapping
 
 from specdiag.paths import relative_to_project, shown
@@ -36,6 +38,8 @@ class NotebookContext:
     client: Any = None  # specdiag.serving.ServingClient when measuring
     params: dict[str, Any] = field(default_factory=dict)
     settings: Any = None  # specdiag.serving.ServerSettings of the server, when measuring
+    live: bool = True  # measuring into ``run`` (False: analysing the recorded run ``source``)
+    recorded_from: str | None = None  # the reference run replayed because nothing was asked for (07 keeps it apart)
 
     @property
     def server_info(self) -> dict[str, Any]:
@@ -45,8 +49,8 @@ class NotebookContext:
 
     @property
     def replaying(self) -> bool:
-        """True when analysing a recorded run instead of measuring."""
-        return self.client is None
+        """True when analysing a recorded run instead of measuring (``not live``)."""
+        return not self.live
 
 
 def versions() -> dict[str, str]:
@@ -142,12 +146,16 @@ def check_context_lengths(name: str, values: Any, maximum: int | None = None) ->
 
 def start(notebook: str, server_url: str = "", run_dir: str = "", replay_dir: str = "",
           params: Mapping[str, Any] | None = None, needs_server: bool = True,
-          speculative_config: Mapping[str, Any] | None = None) -> NotebookContext:
-    """Open the run folder and either reach the server or open the recorded run.
+          speculative_config: Mapping[str, Any] | None = None, reference: str | Path | None = None) -> NotebookContext:
+    """Open the run folder and either reach the server or open the recorded run: whether the notebook measures or
+    replays is decided here, once (``ctx.live``).
 
     - ``replay_dir`` set: analyse that run's rows; outputs go to ``run_dir`` (or a new run folder
       labelled ``replay``), whose run.json records ``replays`` (and ``replay_of`` when
       the run measured nothing live).
+    - ``reference`` set and ``replay_dir`` empty: replay that recorded run as above; a notebook passes it when it has
+      nothing to measure (09 without arms, 06 without CUDA, 11 without an MoE server), and ``ctx.recorded_from`` names
+      it (a run nobody asked for: 07 keeps its findings apart).
     - else ``server_url`` set: check it answers (a clear error naming the URL if not) and measure; in a
       report run the report checked it once (``serving.reach``) and the notebook does not check again.
     - else: start or reuse the embedded server (``specdiag.localserver.ensure_running``).
@@ -166,6 +174,9 @@ def start(notebook: str, server_url: str = "", run_dir: str = "", replay_dir: st
     check(isinstance(server_url, str), f"server_url must be a string URL or ''; got {server_url!r}")
     check(isinstance(run_dir, str), f"run_dir must be a folder path or ''; got {run_dir!r}")
     check(isinstance(replay_dir, str), f"replay_dir must be a folder path or ''; got {replay_dir!r}")
+    by_reference = not replay_dir and bool(reference)
+    if by_reference:
+        replay_dir = str(reference)
     if replay_dir:
         source = Run.open(replay_dir)
         run = Run.create(run_dir or None, label=f"replay-{source.path.name}")
@@ -177,7 +188,8 @@ def start(notebook: str, server_url: str = "", run_dir: str = "", replay_dir: st
         if not run.meta.get("server_url"):
             fields["replay_of"] = run.meta.get("replay_of") or recorded
         run.update(**fields)
-        return NotebookContext(notebook, run, source, "", None, params)
+        return NotebookContext(notebook, run, source, "", None, params, live=False,
+                               recorded_from=recorded if by_reference else None)
     run = Run.create(run_dir or None)
     run.update(params={notebook: params})
     if not needs_server:

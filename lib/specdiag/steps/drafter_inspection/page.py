@@ -72,20 +72,20 @@ class Inspection:
 
 def start(server_url: str = "", run_dir: str = "", replay_dir: str = "", speculative_config: Mapping[str, Any] | None = None,
           **params: Any) -> Inspection:
-    """Check the parameters, open the run (``nb.start``), read the server (or the recorded run) and the contexts."""
+    """Check the parameters' ranges (their types: ``nb.check_parameters`` on the parameters cell), open the run
+    (``nb.start``), read the server (or the recorded run) and the contexts."""
     p = {"drafter_config": "", "kv_dtype": "", "tp_size": 0, "draft_window_tokens": -1, "context_lengths": [512, 1024],
          "max_new_tokens": 32, "prompt_kind": "novel", "growth_threshold": 1.5, "compare_draft_window_tokens": 256,
          "repeats": MIN_REQUESTS, "seed": 0, **params}
     nb.check(p["prompt_kind"] in ("novel", "predictable"), f"prompt_kind must be 'novel' or 'predictable'; got {p['prompt_kind']!r}")
-    nb.check(isinstance(p["tp_size"], int) and p["tp_size"] >= 0, f"tp_size must be a whole number >= 0 (0: from the run); got {p['tp_size']!r}")
-    nb.check(isinstance(p["draft_window_tokens"], int) and p["draft_window_tokens"] >= -1,
+    nb.check(p["tp_size"] >= 0, f"tp_size must be a whole number >= 0 (0: from the run); got {p['tp_size']!r}")
+    nb.check(p["draft_window_tokens"] >= -1,
              f"draft_window_tokens must be -1 (server's), 0 (none) or a token count; got {p['draft_window_tokens']!r}")
-    nb.check(isinstance(p["max_new_tokens"], int) and p["max_new_tokens"] >= 2,
-             f"max_new_tokens must be a whole number >= 2; got {p['max_new_tokens']!r}")
-    nb.check(isinstance(p["compare_draft_window_tokens"], int) and p["compare_draft_window_tokens"] >= 0,
+    nb.check(p["max_new_tokens"] >= 2, f"max_new_tokens must be a whole number >= 2; got {p['max_new_tokens']!r}")
+    nb.check(p["compare_draft_window_tokens"] >= 0,
              f"compare_draft_window_tokens must be a whole number of tokens >= 0 (0: no second server); got "
              f"{p['compare_draft_window_tokens']!r}")
-    nb.check(isinstance(p["repeats"], int) and not isinstance(p["repeats"], bool) and p["repeats"] >= 1,
+    nb.check(p["repeats"] >= 1,
              f"repeats must be a whole number >= 1 (a verdict takes {MIN_REQUESTS} per context); got {p['repeats']!r}")
     contexts = nb.check_context_lengths("context_lengths", p["context_lengths"])
     ctx = nb.start(NOTEBOOK, server_url=server_url, speculative_config=speculative_config or {}, run_dir=run_dir,

@@ -197,6 +197,36 @@ def lacks(df: pd.DataFrame, arms: Sequence[str]) -> list[str]:
     return out
 
 
+def step_grid(dec: pd.DataFrame, arms: Sequence[str]) -> pd.DataFrame:
+    """Median ms per verify step, contexts down (``context``, as 1k, 128k...), arms across in ``arms`` order."""
+    step = dec.pivot_table(index="context_tokens", columns="arm", values="step_ms", aggfunc="first")
+    step = step.reindex(columns=[a for a in arms if a in step.columns])
+    step.index = [tok(c) for c in step.index]
+    return step.rename_axis("context").reset_index()
+
+
+def _times_text(x: float) -> str:
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+
+def ttft_grid(floors: pd.DataFrame, arms: Sequence[str]) -> pd.DataFrame:
+    """Each arm's TTFT and how many times its floor (``"1.2 s, 35x floor"``, `` *`` when not the arm's own), contexts
+    down, arms across, the floor (s, the least over arms) first; from :func:`verdicts.prefill_floors`' table."""
+    cells = floors.assign(cell=[f"{t:,.3g} s, {_times_text(x)}x floor" + ("" if o else " *")
+                                for t, x, o in zip(floors["ttft_s"], floors["ttft_over_floor_x"], floors["own"])])
+    grid = cells.pivot_table(index="context_tokens", columns="arm", values="cell", aggfunc="first")
+    grid = grid.reindex(columns=[a for a in arms if a in grid.columns])
+    grid.insert(0, "floor (s, computed)", floors.groupby("context_tokens")["floor_s"].min())
+    grid.index = [tok(c) for c in grid.index]
+    return grid.rename_axis("context")
+
+
+def floor_verdicts(floors: pd.DataFrame) -> pd.DataFrame:
+    """The floors' table with ``verdict``: "N x its floor", prefixed "not its own: " for a TTFT that is not the arm's."""
+    return floors.assign(verdict=[("" if o else "not its own: ") + (f"{x:,.3g} x its floor" if x == x else "-")
+                                  for o, x in zip(floors["own"], floors["ttft_over_floor_x"])])
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Across arms
 # ---------------------------------------------------------------------------------------------------------------------

@@ -221,3 +221,41 @@ def startup_s(record: Mapping[str, Any]) -> float | None:
         return round(float(ready) - float(started), 1)
     value = record.get("ready_after_s")
     return float(value) if isinstance(value, (int, float)) else None
+
+
+def _server_value(record: Mapping[str, Any], *keys: str) -> Any:
+    srv = dict(record.get("server") or {})
+    return next((srv.get(k) for k in keys if srv.get(k) not in (None, "")), None)
+
+
+def _plugin_of(record: Mapping[str, Any]) -> Any:
+    return record.get("plugin") or (record.get("env") or {}).get("SPECDIAG_SGLANG_VERIFY")
+
+
+#: 09's settings rows: (what, source, value of an arm's run.json record)
+SETTINGS: tuple[tuple[str, str, Any], ...] = (
+    ("what", "configured", lambda r, a: r.get("what") or a),
+    ("attention backend", "server-reported", lambda r, a: _server_value(r, "attention_backend")),
+    ("prefill attention backend", "server-reported",
+     lambda r, a: _server_value(r, "prefill_attention_backend") or _server_value(r, "attention_backend")),
+    ("speculative attention mode", "server-reported", lambda r, a: _server_value(r, "speculative_attention_mode")),
+    ("specdiag plugin", "configured", lambda r, a: _plugin_of(r)),
+    ("speculation", "server-reported", lambda r, a: (f"{_server_value(r, 'speculative_algorithm')}, "
+                                                     f"{_server_value(r, 'speculative_num_draft_tokens')} tokens per step")),
+    ("draft window (tokens)", "server-reported", lambda r, a: _server_value(r, "speculative_draft_window_size")),
+    ("acceptance", "configured", lambda r, a: acceptance_text(r)),
+    ("page size (tokens)", "server-reported", lambda r, a: _server_value(r, "page_size")),
+    ("chunked prefill (tokens)", "server-reported", lambda r, a: _server_value(r, "chunked_prefill_size")),
+    ("KV pool (tokens)", "server-reported", lambda r, a: _server_value(r, "max_total_num_tokens")),
+    ("memory fraction (static)", "server-reported", lambda r, a: _server_value(r, "mem_fraction_static")),
+    ("tensor parallelism", "server-reported", lambda r, a: _server_value(r, "tp_size")),
+    ("engine version", "server-reported", lambda r, a: _server_value(r, "version")),
+    ("start to ready (s)", "measured", lambda r, a: startup_s(r)),
+)
+
+
+def settings_rows(arms_meta: Mapping[str, Any], arm_names: Sequence[str]) -> list[dict[str, Any]]:
+    """One row per setting of :data:`SETTINGS` (``setting``, ``source``), one column per arm: what each arm's server
+    reported, how it was configured, and its start-up time."""
+    return [{"setting": name, "source": src, **{a: get(dict(arms_meta.get(a) or {}), a) for a in arm_names}}
+            for name, src, get in SETTINGS]

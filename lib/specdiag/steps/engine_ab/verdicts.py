@@ -340,15 +340,17 @@ def break_even_finding(pairs: Sequence[be.Pair], off_arms: Sequence[str], evens:
 
 def findings(dec: pd.DataFrame, pre: pd.DataFrame, own_floors: Mapping[str, Sequence[prefill.PrefillFloor]],
              verdicts: pd.DataFrame, tt: pd.DataFrame, lacking: Sequence[str], arms_meta: Mapping[str, Any],
-             stock_arm: str = "triton", plugin_arm: str = "triton_plugin") -> list[Finding]:
+             stock_arm: str = "triton", plugin_arm: str = "triton_plugin", floor_ratio_threshold: float = 10.0
+             ) -> list[Finding]:
     """09's findings, those that the rows support (each builder returns None when they do not). The trade between a
     faster verify step and a slower prefill is weighed among verify steps only (a speculation-off arm's ms per step is
-    one token's: the break-even compares it in tokens/s)."""
+    one token's: the break-even compares it in tokens/s). ``floor_ratio_threshold``: a TTFT at or above this many
+    times its floor is critical."""
     keep = verify_arms(arms_meta, list(dict.fromkeys(dec["arm"]))) if not dec.empty else []
     steps_dec = dec[dec["arm"].isin(keep)] if not dec.empty else dec
     steps_pre = pre[pre["arm"].isin(keep)] if not pre.empty else pre
     out = [stock_decode(dec, stock_arm), decode_fix(dec, arms_meta, stock_arm, plugin_arm),
-           prefill_floor_finding(own_floors), prefill_fix(pre, arms_meta, stock_arm), verdict_finding(verdicts),
+           prefill_floor_finding(own_floors, floor_ratio_threshold), prefill_fix(pre, arms_meta, stock_arm), verdict_finding(verdicts),
            tradeoff(steps_dec, steps_pre),
            targets_finding(tt), lacks_finding(lacking)]
     return [f for f in out if f is not None]

@@ -63,21 +63,18 @@ def start(server_url: str = "", run_dir: str = "", replay_dir: str = "", recorde
     recorded reference run when nothing was asked for."""
     from specdiag.paths import REFERENCE_DIR, relative_to_project  # noqa: PLC0415
 
-    nb.check(isinstance(max_new_tokens, int) and max_new_tokens >= 2, f"max_new_tokens must be >= 2; got {max_new_tokens!r}")
-    nb.check(isinstance(repeats, int) and not isinstance(repeats, bool) and repeats >= 1,
-             f"repeats must be >= 1 (a comparison takes {MIN_REQUESTS} per cell); got {repeats!r}")
-    nb.check(all(isinstance(a, (int, float)) and 0 <= a <= 1 for a in acceptance),
-             f"acceptance rates lie in [0, 1]; got {acceptance!r}")
+    nb.check(max_new_tokens >= 2, f"max_new_tokens must be >= 2; got {max_new_tokens!r}")
+    nb.check(repeats >= 1, f"repeats must be >= 1 (a comparison takes {MIN_REQUESTS} per cell); got {repeats!r}")
+    nb.check(all(0 <= a <= 1 for a in acceptance), f"acceptance rates lie in [0, 1]; got {acceptance!r}")
     contexts = nb.check_context_lengths("context_lengths", list(context_lengths))
     rec_contexts = nb.check_context_lengths("recorder_contexts", list(recorder_contexts))
     reference = REFERENCE_DIR / REFERENCE
     live = bool(server_url) and not replay_dir
-    source_dir = replay_dir or ("" if live else (str(reference) if reference.exists() else ""))
     params = dict(recorder_dir=recorder_dir, context_lengths=contexts, max_new_tokens=max_new_tokens, repeats=repeats,
                   recorder_contexts=rec_contexts, projection_context=projection_context, acceptance=list(acceptance),
                   seed=seed)
-    ctx = nb.start(NOTEBOOK, server_url=server_url if live else "", run_dir=run_dir, replay_dir=source_dir,
-                   params=params, needs_server=live)
+    ctx = nb.start(NOTEBOOK, server_url=server_url if live else "", run_dir=run_dir, replay_dir=replay_dir,
+                   params=params, needs_server=live, reference=None if live or not reference.exists() else reference)
     opening, config = Section(), None
     if live:
         why_not, config = _why_not(ctx, recorder_dir)
@@ -88,7 +85,7 @@ def start(server_url: str = "", run_dir: str = "", replay_dir: str = "", recorde
             ctx.run.update(moe_model_config=config, device={"gpu": (ctx.server_info or {}).get("device") or ""},
                            data_source="measured")
     # the reference shown when nothing was asked for is not this run's; a replay_dir asked for is (as in 09)
-    recorded_from = relative_to_project(ctx.source.path) if ctx.replaying and not replay_dir else None
+    recorded_from = ctx.recorded_from
     shown = relative_to_project(ctx.source.path) if ctx.replaying else None
     opening.text(f"run folder: {ctx.run.path}"
                  + (f"; replaying {shown}" + (" (the recorded reference: nothing was asked to measure)"

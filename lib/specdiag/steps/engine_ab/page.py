@@ -1,0 +1,298 @@
+"""Notebook 09's sections, one call each (:class:`specdiag.section.Section`: tables, figures, text): the notebook keeps
+its parameters, these calls and its prose.
+
+:func:`start` checks the parameters and parses the arms (before any server starts) and opens the run: measuring the
+arms named, else replaying ``replay_dir``, else the H200 reference run; then :func:`measure_or_replay` (the rows and
+their per-arm tables), :func:`arms` (each arm's settings and what the run lacks), :func:`decode`, :func:`prefill`
+(TTFT against its floor), :func:`rank_tests`, :func:`bands`, :func:`targets`, :func:`break_even`, :func:`findings` and
+:func:`metrics`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import pandas as pd
+
+from specdiag import nb
+from specdiag.section import Section
+from specdiag.steps.engine_ab import analysis, verdicts
+from specdiag.steps.engine_ab import arms as eab_arms
+
+NOTEBOOK = "09_engine_ab"
+REFERENCE = "sglang-h200-mla61-engine-ab"
+
+
+@dataclass
+class Page:
+    """What 09's sections share: the notebook context, its parameters and what each section computed."""
+
+    ctx: Any
+    params: dict[str, Any]
+    servers: dict[str, str]
+    configs: list[Any]
+    contexts: list[int]
+    opening: Section
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    arms_meta: dict[str, Any] = field(default_factory=dict)
+    arm_names: list[str] = field(default_factory=list)
+    df: pd.DataFrame = field(default_factory=pd.DataFrame)
+    dec: pd.DataFrame = field(default_factory=pd.DataFrame)
+    pre: pd.DataFrame = field(default_factory=pd.DataFrame)
+    styles: dict[str, Any] = field(default_factory=dict)
+    src_note: str = ""
+    gaps: list[str] = field(default_factory=list)
+    geom: Any = None
+    floors: pd.DataFrame = field(default_factory=pd.DataFrame)
+    own_floors: dict[str, Any] = field(default_factory=dict)
+    bands: pd.DataFrame = field(default_factory=pd.DataFrame)
+    tt: pd.DataFrame = field(default_factory=pd.DataFrame)
+    brk_finding: Any = None
+
+
+def start(server_url: str = "", run_dir: str = "", replay_dir: str = "", servers: str = "", engine_configs: str = "",
+          context_lengths: Sequence[int] = (256, 1024), repeats: int = 3, max_new_tokens: int = 16,
+          stock_arm: str = "triton", plugin_arm: str = "triton_plugin", band_edges: Sequence[int] = (8192, 65536),
+          gpu_name: str = "", memory_bandwidth_gb_s: float = 0.0, matmul_tflops: float = 0.0,
+          floor_ratio_threshold: float = 10.0) -> Page:
+    """Check the parameters and parse the arms, then open the run (``nb.start``): measure the arms named in
+    ``servers`` or ``engine_configs``, else replay ``replay_dir``, else the reference run (``ctx.recorded_from``).
+    ``server_url`` is not used: an A/B needs two or more arms."""
+    from specdiag.paths import REFERENCE_DIR, relative_to_project  # noqa: PLC0415
+
+    for name, value in (("repeats", repeats), ("max_new_tokens", max_new_tokens)):
+        nb.check(value > 0, f"{name} must be a positive int; got {value!r}")
+    nb.check(all(e > 0 for e in band_edges),
+             f"band_edges must be a list of positive token counts, e.g. [8192, 65536]; got {band_edges!r}")
+    for name, value in (("memory_bandwidth_gb_s", memory_bandwidth_gb_s), ("matmul_tflops", matmul_tflops),
+                        ("floor_ratio_threshold", floor_ratio_threshold)):
+        nb.check(value >= 0, f"{name} must be a number >= 0; got {value!r}")
+    nb.check(not (servers and engine_configs), "servers and engine_configs both name arms: pass one of them")
+    nb.check(not (replay_dir and (servers or engine_configs)),
+             "replay_dir analyses a recorded run, servers and engine_configs measure: pass one of them")
+    try:
+        live = eab_arms.parse_servers(servers) if servers else {}
+        configs = eab_arms.parse_engine_configs(engine_configs) if engine_configs else []
+    except eab_arms.ArmError as exc:
+        raise nb.ParameterError(str(exc)) from None
+    measuring = bool(live or configs)
+    contexts = nb.check_context_lengths("context_lengths", context_lengths) if measuring else []
+    params = dict(servers=servers, engine_configs=engine_configs, context_lengths=context_lengths, repeats=repeats,
+                  max_new_tokens=max_new_tokens, stock_arm=stock_arm, plugin_arm=plugin_arm, band_edges=band_edges,
+                  gpu_name=gpu_name)
+    ctx = nb.start(NOTEBOOK, server_url="", run_dir=run_dir, replay_dir=replay_dir, params=params, needs_server=False,
+                   reference=None if measuring else REFERENCE_DIR / REFERENCE)
+    opening = Section().text(
+        f"measuring {len(live) + len(configs)} arms into {ctx.run.path}" if ctx.live else
+        f"replaying {relative_to_project(ctx.source.path)}"
+        + (" (no arms given: the H200 reference run)" if ctx.recorded_from else ""))
+    all_params = {**params, "memory_bandwidth_gb_s": memory_bandwidth_gb_s, "matmul_tflops": matmul_tflops,
+                  "floor_ratio_threshold": floor_ratio_threshold}
+    return Page(ctx, all_params, live, configs, contexts, opening)
+
+
+def measure_or_replay(pg: Page) -> Section:
+    """Section 1: live, each arm in turn (started, measured and stopped one after another); then the run's
+    ``engine_ab`` rows as per-arm decode and prefill tables."""
+    from specdiag.paths import relative_to_project  # noqa: PLC0415
+    from specdiag.steps.engine_ab import measure  # noqa: PLC0415
+    from specdiag.steps.engine_ab import plots as eplots  # noqa: PLC0415
+
+    ctx, p, s = pg.ctx, pg.params, Section()
+    if ctx.live:
+        done = eab_arms.measure_arms(ctx.run, pg.servers, pg.configs, pg.contexts, p["repeats"], p["max_new_tokens"],
+                                     log_dir=ctx.run.path / "servers", progress=print)
+        s.text(f"{len(done)} arms measured: {', '.join(done)}")
+    pg.rows = ctx.source.rows(measure.TABLE)
+    nb.check(bool(pg.rows), f"{ctx.source.path} has no engine_ab rows (engine_ab.jsonl): replay_dir must be an engine "
+             "A/B run folder, e.g. data/reference/sglang-h200-mla61-engine-ab")
+    pg.arms_meta = dict(ctx.source.meta.get("arms") or {})
+    pg.df = analysis.frame(measure.main_rows(pg.rows))  # novel prose; other text kinds feed section 8 only
+    pg.arm_names = analysis.arm_order(pg.df, pg.arms_meta)
+    pg.dec, pg.pre = analysis.decode_table(pg.df), analysis.prefill_table(pg.df)
+    pg.styles = eplots.arm_style(pg.arm_names)
+    pg.src_note = "measured here" if ctx.live else f"recorded run {relative_to_project(ctx.source.path)}"
+    return s
+
+
+def arms(pg: Page) -> Section:
+    """Section 2: each arm's settings and command, the rows per arm and phase, and what the run does not hold."""
+    df, s = pg.df, Section()
+    s.table(pd.DataFrame(eab_arms.settings_rows(pg.arms_meta, pg.arm_names)).astype(object),
+            dash_means="not reported by the server or not recorded")
+    unknown = ["(started elsewhere: see its server info in run.json)"]
+    commands = "".join(f"<li><b>{a}</b>: <code>{' '.join((pg.arms_meta.get(a) or {}).get('command') or unknown)}"
+                       "</code></li>" for a in pg.arm_names)
+    s.html(f"<details><summary>each arm's command (server flags, recorded)</summary><ul>{commands}</ul></details>")
+    counts = (df.assign(failed=df["error"].notna()).groupby(["arm", "phase"], sort=False)
+              .agg(rows=("phase", "size"), failed=("failed", "sum")).reset_index())
+    s.table(counts, {"arm": "arm", "phase": "phase", "rows": "requests (measured)", "failed": "failed (measured)"})
+    pg.gaps = analysis.lacks(df, pg.arm_names)
+    return s.markdown("**What this run does not hold** (from its rows):\n\n" + "\n".join(f"- {g}" for g in pg.gaps)
+                      if pg.gaps else "Every arm has decode rows and its own TTFTs; no request failed.")
+
+
+def decode(pg: Page) -> Section:
+    """Section 3: ms per verify step per arm and context (table, per-request details) and the two decode plots."""
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    from specdiag import tables  # noqa: PLC0415
+    from specdiag.steps.engine_ab import plots as eplots  # noqa: PLC0415
+
+    dec, s = pg.dec, Section()
+    if dec.empty:
+        return s.markdown("**No decode rows in this run**: no ms per step, no decode tokens/s (section 2 says why).")
+    s.markdown("Ms per verify step, median (measured), contexts down, arms across:")
+    s.table(analysis.step_grid(dec, pg.arm_names), dash_means="the arm did not decode at that context")
+    unclean = dec[~dec["clean"]]
+    if not unclean.empty:
+        s.markdown("Not a clean decode (another arm's request in flight): " + "; ".join(
+            f"{a} at {', '.join(analysis.tok(c) for c in g['context_tokens'])}"
+            for a, g in unclean.groupby("arm", sort=False)) + ".")
+    s.html("<details><summary>per arm and context: requests, tokens/s, commit lengths, cached tokens</summary>"
+           + tables.table(dec, {"arm": "arm", "context_tokens": "context (tokens)", "n": "requests",
+                                "step_ms": "ms per step (median, measured)",
+                                "decode_tok_s": "decode tok/s (median, computed)",
+                                "decode_tok_s_first": "decode tok/s, first request (computed)",
+                                "commit_first": "commit, first request (tokens/step, computed)",
+                                "commit_later": "commit, later requests (median, computed)",
+                                "cached_tokens": "cached tokens (median, server-reported)",
+                                "clean": "alone on the GPU (computed)"}).to_html() + "</details>")
+    fig, axes = plt.subplots(1, 2, figsize=(12.5, 4.4))
+    eplots.step_ms_vs_context(axes[0], dec, pg.styles,
+                              source=f"measured (hollow: overlapped by another arm), {pg.src_note}")
+    eplots.decode_tok_s_vs_context(axes[1], dec, pg.styles, source=f"computed, {pg.src_note}")
+    fig.tight_layout()
+    return s.figure(fig)
+
+
+def prefill(pg: Page) -> Section:
+    """Section 4: each TTFT against its prefill floor at the run's peaks (grid, per-request details, plot)."""
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    from specdiag import geometry, hardware, tables  # noqa: PLC0415
+    from specdiag.steps.engine_ab import plots as eplots  # noqa: PLC0415
+
+    p, s = pg.params, Section()
+    first_server = next((dict(a["server"]) for a in pg.arms_meta.values() if a.get("server")), {})
+    first_url = next(iter(pg.servers.values()), "") if pg.servers else ""
+    try:
+        pg.geom = geometry.geometry_for_run("", "", pg.ctx.source.meta, first_server)
+        tp = int(first_server.get("tp_size") or 1)
+        peaks = verdicts.run_peaks(pg.ctx.run, pg.ctx.source.meta, pg.ctx.live, first_server,
+                                   first_url or "http://127.0.0.1", p["gpu_name"], p["memory_bandwidth_gb_s"],
+                                   p["matmul_tflops"])
+    except ValueError as exc:
+        pg.geom = peaks = None
+        floor_note = f"no prefill floor: {exc}"
+    if pg.pre.empty:
+        return s.markdown("**No prefill rows in this run.**")
+    if peaks is None:
+        return s.markdown(f"**{floor_note}**")
+    pg.floors, pg.own_floors = verdicts.prefill_floors(pg.pre, pg.geom, peaks, pg.arms_meta, tp)
+    s.text(f"model: {pg.geom.name} ({pg.geom.source}); {pg.geom.num_layers} layers, TP {tp}; peaks: "
+           f"{peaks.device_name}, {peaks.matmul_tflops or 0:,.4g} TFLOPS bf16 "
+           f"({peaks.matmul.label if peaks.matmul else 'none'}), {hardware.gb_s(peaks.memory_bandwidth_gb_s)} "
+           f"({peaks.memory_bandwidth.label})")
+    s.markdown("TTFT (measured) and how many times its floor (computed), contexts down, arms across:")
+    s.table(analysis.ttft_grid(pg.floors, pg.arm_names), formats={"floor (s, computed)": "{:.3g}"},
+            dash_means="no TTFT of the arm at that context",
+            note="*: not the arm's own TTFT (measured beside other arms: see the list in section 2), shown, not judged.")
+    s.html("<details><summary>per arm and context: chunks, s per chunk, the floor's bound, why not own</summary>"
+           + tables.table(analysis.floor_verdicts(pg.floors), {
+               "arm": "arm", "context_tokens": "context (tokens)", "ttft_s": "TTFT (s, measured)",
+               "prefill_tok_s": "prompt tok/s (computed)", "chunk_tokens": "chunk (tokens, server-reported)",
+               "n_chunks": "chunks", "s_per_chunk": "s per chunk (computed)", "floor_s": "floor (s, computed)",
+               "bound": "floor bound", "verdict": "TTFT / floor (computed)", "why_not_own": "not its own because"},
+               dash_means="not applicable").to_html() + "</details>")
+    fig, ax = plt.subplots(figsize=(9, 4.6))
+    eplots.ttft_vs_context(ax, pg.floors, pg.styles,
+                           source=f"measured TTFT (hollow: not the arm's own), computed floor; {pg.src_note}")
+    fig.tight_layout()
+    return s.figure(fig)
+
+
+def rank_tests(pg: Page) -> Section:
+    """Section 5: per context, the fastest arm's step times against each other verify arm's."""
+    dec = pg.dec
+    rt = analysis.rank_tests(dec[dec["arm"].isin(eab_arms.verify_arms(pg.arms_meta, pg.arm_names))]
+                             if not dec.empty else dec)
+    if rt.empty:
+        return Section().markdown("No context has decode rows of two arms: nothing to rank.")
+    return Section().table(rt, {"context_tokens": "context (tokens)", "fastest": "fastest arm", "other": "other arm",
+                                "fastest_ms": "fastest (ms/step, measured)", "other_ms": "other (ms/step, measured)",
+                                "ratio_x": "other / fastest (x, computed)", "p_slower": "p (other slower, computed)",
+                                "verdict": "verdict"}, formats={"p_slower": "{:.3g}"})
+
+
+def bands(pg: Page) -> Section:
+    """Section 6: the fastest arm per band of contexts, the runner-up and what the fastest costs."""
+    pg.bands = analysis.band_verdicts(pg.dec, pg.pre, pg.arms_meta, pg.params["band_edges"])
+    return Section().table(pg.bands, {
+        "band": "band", "contexts": "contexts compared", "fastest": "fastest arm",
+        "fastest_ms": "its ms/step (geometric mean, computed)", "runner_up": "runner-up",
+        "by_x": "runner-up / fastest (x, computed)", "ttft_s": "its TTFT (s, measured)",
+        "ttft_vs_best_x": "its TTFT / the shortest (x, computed)",
+        "kv_pool_tokens": "its KV pool (tokens, server-reported)",
+        "mem_fraction_static": "its memory fraction (server-reported)", "verdict": "verdict"},
+        dash_means="not comparable in this band")
+
+
+def targets(pg: Page) -> Section:
+    """Section 7: the issue's targets, each met, missed or not measurable with why."""
+    p = pg.params
+    pg.tt = analysis.targets(pg.dec, pg.pre, pg.arm_names, pg.geom.num_layers if pg.geom else None, p["stock_arm"],
+                             p["plugin_arm"])
+    return Section().table(pg.tt, {"target": "target", "status": "status", "arm": "arm judged",
+                                   "value": "value (computed)", "limit": "limit (the target)", "unit": "unit",
+                                   "why": "why not measurable"},
+                           formats={"value": "{:,.3g}", "limit": "{:g}"}, dash_means="not measured")
+
+
+def break_even(pg: Page) -> Section:
+    """Section 8: each speculating arm against its speculation-off twin, in tokens/s per context (table, plot) and
+    where the two cross (the break-even finding)."""
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    from specdiag import findings as sfind  # noqa: PLC0415
+    from specdiag.steps.engine_ab import breakeven  # noqa: PLC0415
+    from specdiag.steps.engine_ab import plots as eplots  # noqa: PLC0415
+
+    meta, s = pg.ctx.source.meta, Section()
+    brk = breakeven.analyse(pg.rows, pg.arms_meta, pg.arm_names, pg.ctx.source.rows("commit_probe"),
+                            dict(meta.get("server") or {}))
+    pg.brk_finding = verdicts.break_even_finding(brk.pairs, brk.off_arms, brk.evens, brk.best_drafts,
+                                                 brk.computed_note)
+    if brk.cells:
+        s.table(pd.DataFrame(brk.table()), {
+            "arm": "speculating arm", "off_arm": "off arm", "kind": "text", "source": "source",
+            "context_tokens": "context (tokens)", "requests": "requests (on / off)",
+            "on_tok_s": "on (tokens/s, median)", "off_tok_s": "off (tokens/s, median, measured)",
+            "ratio_x": "on / off (x, computed)", "interval_x": "95% interval (x, bootstrap)", "verdict": "verdict"},
+            dash_means="not enough requests for an interval")
+        fig, ax = plt.subplots(figsize=(9, 4.6))
+        eplots.tok_s_on_off(ax, brk.cells, brk.evens, pg.styles, source=f"measured, {pg.src_note}")
+        fig.tight_layout()
+        s.figure(fig)
+    return s.html(sfind.to_html([pg.brk_finding], collapse_over=8))
+
+
+def findings(pg: Page) -> Section:
+    """Section 9: the verdicts (``data["found"]``), said to come from the reference run when nothing was asked for."""
+    from specdiag import findings as sfind  # noqa: PLC0415
+
+    p = pg.params
+    found = sfind.sort_findings(verdicts.findings(pg.dec, pg.pre, pg.own_floors, pg.bands, pg.tt, pg.gaps,
+                                                  pg.arms_meta, p["stock_arm"], p["plugin_arm"],
+                                                  p["floor_ratio_threshold"]) + [pg.brk_finding])
+    s = Section(data={"found": found})
+    if pg.ctx.recorded_from:
+        s.markdown(f"These findings come from the recorded run `{pg.ctx.recorded_from}`, not from a measurement of "
+                   "this run.")
+    return s.html(sfind.to_html(found))
+
+
+def metrics(pg: Page) -> dict[str, Any]:
+    return verdicts.metrics(pg.dec, pg.pre, pg.floors, pg.bands, pg.tt, pg.gaps, pg.arm_names,
+                            pg.brk_finding.numbers)
