@@ -152,3 +152,29 @@ def test_06_replays_the_canonical_run_and_shows_its_targets(run_notebook, tmp_pa
     page = out.read_text()
     assert "NVIDIA H200" in page and "4,248 GB/s" in page and "recorded run" in page
     assert "128k, 8 x 8" in page and "% short" in page and ">nan<" not in page.lower()
+
+
+def test_the_page_refuses_bad_parameters_before_a_run_opens_then_replays_the_reference(tmp_path) -> None:
+    """06's page (CPU): a bad cases string or a zero n_runs stops start before the run folder opens; with good ones
+    the sections replay the H200 reference, and their findings and key numbers are the analysis' of its rows."""
+    from specdiag import nb
+    from specdiag.paths import REFERENCE_DIR
+    from specdiag.steps.kernel_ab import page
+
+    for bad in ({"cases": "128k:8:1"}, {"n_runs": 0}, {"arms": "pick,fused_p1"}):
+        with pytest.raises(nb.ParameterError):
+            page.start(run_dir=str(tmp_path / "bad"), **bad)
+    assert not (tmp_path / "bad").exists()
+    pg = page.start(run_dir=str(tmp_path / "run"), cpu_smoke=False)
+    assert pg.recorded_from == "data/reference/kernel-ab-h200" and pg.opening.lines[-1].startswith("replaying")
+    assert page.measure(pg).parts == []
+    page.the_run(pg)
+    targets = page.targets(pg)
+    assert "% short" in targets.parts[-1][1]
+    assert page.case_times(pg).lines == ["Time over the same-bytes copy (1.00 = as fast as copying what the call "
+                                         "reads):", "Speedup over the baseline (x):"]
+    assert [k for k, _ in page.bandwidth(pg).parts] == ["figure", "figure"]
+    found = page.findings(pg)["found"]
+    df = kernel_ab_table.measured(Run.open(REFERENCE_DIR / "kernel-ab-h200").rows(TABLE))
+    assert [f.id for f in found] == [f.id for f in analysis.findings(df, pg.peaks, pg.dev)]
+    assert page.metrics(pg) == analysis.metrics(df, analysis.target_table(df), pg.peaks)

@@ -8,4 +8,5 @@
 - :mod:`.analysis`: tables, the targets and the findings, pure functions of the rows (read back through
   :mod:`specdiag.kernel_ab_table`, which 10 reads too);
 - :mod:`.plots`: 06's figures.
+- :mod:`.page`: 06's sections, one call each (the notebook keeps its parameters, these calls and its prose).
 """
