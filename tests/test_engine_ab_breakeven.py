@@ -52,6 +52,23 @@ def test_twins_pair_on_the_reported_decode_backend() -> None:
     assert p.off_arm == "x_nospec" and "the first is the twin" in p.note
 
 
+def test_check_arms_and_graphs_off_arms_have_no_twin() -> None:
+    # the in-server check times SGLang's kernel beside the plugin's, with CUDA graphs off: not a serving arm
+    check = {**_arm("DFLASH"), "env": {"SPECDIAG_SGLANG_CHECK": "1"}}
+    check["server"]["disable_cuda_graph"] = True
+    graphs_off = _arm("DFLASH")
+    graphs_off["server"]["disable_cuda_graph"] = True
+    meta = {"triton_plugin_check": check, "eager": graphs_off, "triton_plugin": _arm("DFLASH"),
+            "triton_nospec": _arm(None)}
+    pairs, _ = be.pair_arms(meta, list(meta))
+    assert [(p.arm, p.off_arm) for p in pairs] == [("triton_plugin", "triton_nospec")]
+    # an off arm with graphs off pairs with a speculating arm with graphs off
+    meta["eager_nospec"] = {**_arm(None)}
+    meta["eager_nospec"]["server"]["disable_cuda_graph"] = True
+    pairs, _ = be.pair_arms(meta, list(meta))
+    assert ("eager", "eager_nospec") in [(p.arm, p.off_arm) for p in pairs]
+
+
 def test_request_tokens_per_second() -> None:
     assert be.request_tok_s({"step_ms": 10.0, "commit_length": 2.5}, True) == pytest.approx(250.0)
     assert be.request_tok_s({"step_ms": 20.0, "commit_length": 2.5}, False) == pytest.approx(50.0)

@@ -5,7 +5,9 @@
 - arms: an arm measured in several calls is joined only when it was configured alike (run.json
   ``arms[name].configured``: engine, model, backend, plugin, allocator, speculation, flags, env, parallelism, pool);
   otherwise the merge stops and names the keys that differ. A joined arm keeps its first call's record, the calls it
-  was measured in, and per call its times and failure;
+  was measured in, and per call its times and failure. An arm of a run recorded before the sweep has no
+  ``configured``; it is joined when what its server stated (model, attention backend, speculative algorithm) matches
+  the call's configuration, which it then takes (``configured_from_call``);
 - ``calls``: each call's source, command, provenance, device, peaks, settings, and whether it was cut (no
   ``finished_after_s``); ``not_run``: every call's, tagged with its call, plus the arms a cut call never finished;
 - the plugin's stats (the layout recorder's per-forward records counted, not kept: driver.kept_stats) and check
@@ -33,6 +35,19 @@ OWN_KEYS = ("run_id", "provenance", "arms", "calls", "not_run", "plugin_stats", 
 
 class MergeError(ValueError):
     """Calls that cannot be one run; the message names the call, the arm and what differs."""
+
+
+def stated_differences(recorded: Mapping[str, Any], configured: Mapping[str, Any]) -> list[str]:
+    """For an arm recorded before the sweep (no ``configured``): what its server stated (``server``: SGLang's
+    /server_info) against a call's configuration, on the model, the attention backend and the speculative algorithm."""
+    server = recorded.get("server") or {}
+    spec = (configured.get("speculation") or {}).get("algorithm")
+    pairs = {"model": (server.get("model_path"), configured.get("model")),
+             "attention_backend": (server.get("attention_backend"), configured.get("attention_backend")),
+             "speculation.algorithm": (server.get("speculative_algorithm") or "NONE", spec or "NONE")}
+    if not server:
+        return ["the recorded arm states no server configuration"]
+    return [f"{k}: {new!r} against {old!r}" for k, (old, new) in pairs.items() if old != new]
 
 
 def differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
@@ -67,6 +82,13 @@ def merge_calls(dest: str | Path, sources: list[str | Path]) -> Run:
             raise MergeError(f"merge: {src} is a merged run already; give the calls' own folders (or --out it to "
                              "extend it)")
         for name, rec in (r.meta.get("arms") or {}).items():
+            if name in arms and "configured" not in arms[name] and rec.get("configured") is not None:
+                diff = stated_differences(arms[name], rec["configured"])
+                if diff:
+                    raise MergeError(f"merge: arm {name!r} of {src} is not the recorded run's {name!r} (recorded "
+                                     "before the sweep): " + "; ".join(diff)
+                                     + ". Give the arm another name in one of the arms files")
+                arms[name] = {**arms[name], "configured": rec["configured"], "configured_from_call": i}
             if name in arms and arms[name].get("configured") != rec.get("configured"):
                 diff = differences(dict(rec.get("configured") or {}), dict(arms[name].get("configured") or {}))
                 raise MergeError(f"merge: arm {name!r} of {src} is not configured as in call "

@@ -7,7 +7,10 @@ speculating arm's twin is the off arm whose server reports the same decode atten
 decode kernel, which is what the speculating arm would run with speculation turned off. ``triton_plugin`` and
 ``triton`` both pair with ``triton_nospec`` (the plugin changes only the verify kernel), ``flashinfer`` with
 ``flashinfer_nospec``. Where several off arms share a backend, the first in the run's arm order is the twin, and the
-pairing says so. An arm with no off arm on its backend has no twin: nothing is said about it.
+pairing says so. An arm with no off arm on its backend has no twin: nothing is said about it. Nor has an arm that
+times something besides serving: one that checks every verify call against SGLang's kernel
+(``SPECDIAG_SGLANG_CHECK`` in its environment), or one whose server runs with CUDA graphs off
+(``disable_cuda_graph``) where the off arm's does not (or the other way round).
 
 **Tokens/s per request** (decode rows, the prompt served again): speculating, the decode tokens over the decode
 window (``decode_tok_s``, measured), or, in a row without it, the committed tokens per verify step over the ms per
@@ -107,15 +110,25 @@ class Pair:
     forced_acceptance: float | None = None  #: SGLANG_SIMULATE_ACC_LEN in the arm's environment: commits are forced
 
 
+def checks_verify(record: Mapping[str, Any]) -> bool:
+    """Whether the arm checks every verify call against SGLang's own kernel (its timing is the check's)."""
+    return str((record.get("env") or {}).get("SPECDIAG_SGLANG_CHECK") or "").strip() not in ("", "0")
+
+
+def graphs_off(record: Mapping[str, Any]) -> bool:
+    """Whether the arm's server reports CUDA graphs off."""
+    return bool((record.get("server") or {}).get("disable_cuda_graph"))
+
+
 def pair_arms(arms_meta: Mapping[str, Any], arm_names: Sequence[str]) -> tuple[list[Pair], list[str]]:
     """(pairs, off arms) of the run, in arm order (module doc). Arms without a record are left out."""
     recs = {a: dict(arms_meta.get(a) or {}) for a in arm_names if arms_meta.get(a)}
     off = [a for a, r in recs.items() if not algorithm_of(r)]
     pairs = []
     for a, r in recs.items():
-        if a in off:
+        if a in off or checks_verify(r):
             continue
-        same = [o for o in off if backend_of(recs[o]) == backend_of(r)]
+        same = [o for o in off if backend_of(recs[o]) == backend_of(r) and graphs_off(recs[o]) == graphs_off(r)]
         if not same:
             continue
         note = (f"{len(same)} speculation-off arms on {backend_of(r) or 'an unreported backend'} "

@@ -129,21 +129,22 @@ def decode_all(run: Run, client: Any, arm: str, prompts: dict[int, list[int]], r
     return rows
 
 
-#: a prediction reaches at most this many times its known context: beyond it the fixed and linear costs that dominate a
-#: short context's time are scaled as if quadratic (on the H200 a 1k TTFT of 0.17 s predicted 706 s at 64k; it took 37)
+#: a prediction reaches less than this many times its known context: beyond it the fixed and linear costs that dominate a
+#: short context's time are scaled as if quadratic (on the H200 a 1k TTFT of 0.17 s predicted 706 s at 64k; it took 37,
+#: and a server's first 1k request, 8.2 s with its warm-up, predicted 2,105 s at 16k)
 MAX_PREDICTION_RATIO = 16
 
 
 def predicted(rows: Iterable[dict[str, Any]], key: str, ctx: int, power: float) -> float | None:
     """A measure at ``ctx`` predicted from the arm's longest shorter context that has it: its value scaled by
     (ctx / that context) ** power (1 for a verify step, 2 for a prefill at depth, whose attention is quadratic); None
-    when there is none, or when it is more than ``MAX_PREDICTION_RATIO`` times shorter (no prediction is made)."""
+    when there is none, or when it is ``MAX_PREDICTION_RATIO`` or more times shorter (no prediction is made)."""
     known = [(int(r["context_tokens"]), float(r[key])) for r in rows
              if r.get(key) is not None and not r.get("error") and int(r["context_tokens"]) < ctx]
     if not known:
         return None
     c, v = max(known)
-    if ctx / c > MAX_PREDICTION_RATIO:
+    if ctx / c >= MAX_PREDICTION_RATIO:
         return None
     return v * (ctx / c) ** power
 

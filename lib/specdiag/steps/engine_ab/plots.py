@@ -86,6 +86,10 @@ def ttft_vs_context(ax: Any, floors: pd.DataFrame, styles: dict[str, dict[str, A
     _finish(ax, ctx, "time to first token (s, log)", "Prefill: TTFT against its floor", source)
 
 
+#: (colour, marker) of the speculation-off arms, in the order drawn
+OFF_SHADES = (("#333333", "s"), ("#888888", "v"), ("#555555", "X"), ("#aaaaaa", "P"))
+
+
 def tok_s_on_off(ax: Any, cells: Sequence[Any], evens: Sequence[Any], styles: dict[str, dict[str, Any]],
                  source: str = "measured") -> None:
     """Decode tokens/s against context of each speculating arm (solid on novel prose; dash-dot on another text kind
@@ -107,7 +111,9 @@ def tok_s_on_off(ax: Any, cells: Sequence[Any], evens: Sequence[Any], styles: di
                        else f"{arm}, {kind} text (speculation on)"))
         off = g[0].off_arm
         if (off, kind) not in offs_drawn and not computed:
-            ax.plot(xs, [c.off_tok_s for c in g], color="#444", marker="s" if novel else "D", linewidth=1.2,
+            # each off arm its own grey and marker: two off arms (triton_nospec, flashinfer_nospec) stay apart
+            shade = OFF_SHADES[len(offs_drawn) % len(OFF_SHADES)]
+            ax.plot(xs, [c.off_tok_s for c in g], color=shade[0], marker=shade[1] if novel else "D", linewidth=1.2,
                     linestyle="--", label=f"{off} (speculation off)" if novel else f"{off}, {kind} text (speculation off)")
             offs_drawn.add((off, kind))
         contexts += xs

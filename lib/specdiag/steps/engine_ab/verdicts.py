@@ -96,12 +96,15 @@ def ttft_tie(a_s: float, b_s: float) -> bool:
 
 def prefill_fix(pre: pd.DataFrame, arms_meta: Mapping[str, Any], stock_arm: str) -> Finding | None:
     """The arm with the shortest own TTFT against stock Triton's own TTFT, at the longest context both have one; a
-    difference inside :data:`TTFT_TIE_X` is said as a tie and claims no fix."""
+    difference inside :data:`TTFT_TIE_X` is said as a tie and claims no fix. Where the stock arm speculates, the
+    fix is looked for among the speculating arms (a speculation-off twin is another configuration, not a fix)."""
     if pre.empty:
         return None
     own = pre[pre["own"]]
     s = own[own["arm"] == stock_arm]
     others = own[own["arm"] != stock_arm]
+    if be.algorithm_of(arms_meta.get(stock_arm) or {}):
+        others = others[[bool(be.algorithm_of(arms_meta.get(a) or {})) for a in others["arm"]]]
     ctx = _longest_common(s, others)
     if ctx is None:
         return None
@@ -296,6 +299,16 @@ def recommendation(b: be.BreakEven) -> str:
     return "not enough requests to say"
 
 
+def in_a_few_words(b: be.BreakEven) -> str:
+    """A break-even line for a title: 'stops paying at about 1.75k tokens', 'always pays (1k-128k)', ..."""
+    span = f" ({tok(b.contexts[0])}-{tok(b.contexts[-1])})" if b.contexts else ""
+    if b.outcome == "crosses":
+        return f"stops paying at about {tok(b.context_tokens)} tokens"
+    if b.outcome == "tie":
+        return f"ties with speculation off{span}"
+    return f"{b.outcome}{span}"
+
+
 def break_even_finding(pairs: Sequence[be.Pair], off_arms: Sequence[str], evens: Sequence[be.BreakEven],
                        best_drafts: Sequence[Mapping[str, Any]], computed_note: str = "") -> Finding:
     """Where speculation stops paying (:mod:`.breakeven`): one line per speculating arm with a speculation-off twin
@@ -322,8 +335,9 @@ def break_even_finding(pairs: Sequence[be.Pair], off_arms: Sequence[str], evens:
     if computed_note:
         lines.append(computed_note)
     measured = [b for b in evens if b.source == "measured"]
-    head = measured[0] if measured else evens[0] if evens else None
-    title = ("Where speculation stops paying: " + (f"{head.arm}, {recommendation(head)}" if head else "no line"))
+    novel = [b for b in measured if b.kind == "novel"] or measured or list(evens)
+    title = ("Where speculation stops paying: " + ("; ".join(f"{b.arm} {in_a_few_words(b)}" for b in novel)
+                                                   if novel else "no line"))
     sev = "warning" if any(b.outcome == "never pays" for b in measured) else "info"  # a crossing is a setting, not a fault
     return Finding(
         "engine_ab.break_even", title,
