@@ -286,12 +286,15 @@ def test_arm_lists_are_checked_before_any_work() -> None:
 
 def test_a_prefill_is_predicted_only_from_a_context_near_enough() -> None:
     """A 1k TTFT scaled quadratically to 64k predicted 706 s for a 37 s prefill on the H200 and kept the context from
-    running: past 16x its known context nothing is predicted (the context is started); within it, the quadratic
-    scaling of the longest shorter context."""
+    running, and a server's first 1k request (8.2 s with its warm-up) predicted 2,105 s at 16k: at 16x its known
+    context or more nothing is predicted (the context is started); within it, the quadratic scaling of the longest
+    shorter context."""
     from specdiag.steps.engine_ab.measure import predicted
 
     rows = [{"context_tokens": 1024, "ttft_s": 0.172}, {"context_tokens": 16384, "ttft_s": 1.67}]
     assert predicted(rows[:1], "ttft_s", 65536, 2.0) is None
+    assert predicted([{"context_tokens": 1024, "ttft_s": 8.22}], "ttft_s", 16384, 2.0) is None
+    assert predicted(rows[:1], "ttft_s", 8192, 2.0) == pytest.approx(0.172 * 64)
     assert predicted(rows, "ttft_s", 131072, 2.0) == pytest.approx(1.67 * 64)
     assert predicted(rows, "ttft_s", 1024, 2.0) is None
 
