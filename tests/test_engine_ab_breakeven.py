@@ -138,6 +138,48 @@ def test_the_crossing_is_interpolated_on_log_context() -> None:
     assert outcome == "crosses" and at == pytest.approx(4096.0)
     assert be.crossing([1024, 4096], [1.5, 1.2]) == ("always pays", None)
     assert be.crossing([1024, 4096], [1.0, 0.5]) == ("never pays", None)  # not above 1 at the shortest
+    # below 1 at the shortest, above later: speculation starts paying (a flat verify against a slowing decode)
+    outcome, at = be.crossing([1024, 16384, 131072], [0.5, 2.0, 2.5])
+    assert outcome == "starts" and at == pytest.approx(4096.0)
+
+
+def test_a_line_that_starts_paying_says_off_below_and_on_above() -> None:
+    from specdiag.steps.engine_ab import verdicts
+
+    on = {1024: [20.0, 20.5, 19.5], 16384: [21.0, 21.5, 20.5], 131072: [22.0, 22.5, 21.5]}  # 2 tokens a step
+    off = {1024: [5.0, 5.1, 4.9], 16384: [20.0, 20.2, 19.8], 131072: [40.0, 40.4, 39.6]}     # plain decode slows
+    (b,) = be.break_evens(be.measured_cells(_run(on, off), [PAIR]))
+    assert b.outcome == "starts" and 1024 < b.context_tokens < 16384
+    assert b.lo_tokens is not None and b.hi_tokens is not None and b.lo_tokens <= b.context_tokens <= b.hi_tokens
+    assert "starts paying at about" in b.text
+    assert verdicts.recommendation(b).startswith("speculation off below about")
+    assert verdicts.in_a_few_words(b).startswith("starts paying at about")
+
+
+def test_ngram_recalling_its_earlier_answer_gets_a_line_at_the_first_requests_commit() -> None:
+    from specdiag.steps.engine_ab import verdicts
+    from specdiag.steps.findings import diagnosis
+
+    assert diagnosis.FIRST_REQUEST == be.FIRST_REQUEST  # the step's copy of the name
+    meta = {"spec": _arm("NGRAM"), "spec_off": _arm(None)}
+    rows = []
+    for ctx in (1024, 16384):
+        # the first request commits 1.2; the later ones recall its answer (7.5) at the same step time
+        rows += [{"arm": "spec", "phase": "decode", "context_tokens": ctx, "repeat": i, "seed": 1, "call": 1,
+                  "step_ms": 10.0, "commit_length": 1.2 if i == 0 else 7.5, "error": None} for i in range(4)]
+        rows += _rows("spec_off", ctx, [6.0, 6.1, 5.9])
+    res = be.analyse(rows, meta, list(meta))
+    assert res.recall == {"spec": {1024: (1.2, 7.5), 16384: (1.2, 7.5)}}
+    lines = {(b.kind, b.source): b for b in res.evens}
+    assert lines[("novel", "measured")].outcome in ("always pays", "tie")  # 7.5 x 1000 / 10 against 166 tokens/s
+    assert lines[(be.FIRST_REQUEST, "computed")].outcome == "never pays"    # 1.2 x 1000 / 10 = 120 against 166
+    f = verdicts.break_even_finding(res.pairs, res.off_arms, res.evens, res.best_drafts, res.computed_note, res.recall)
+    assert "spec never pays" in f.title and "recalled the first's answer" in f.verdict
+    d = diagnosis.diagnose([_finding_dict(f)])
+    assert "optimistic" in d.recommend and "At the commit of each prompt's first request" in d.recommend
+    # no recall where the later requests commit like the first
+    same = [{**r, "commit_length": 1.2} if r["arm"] == "spec" else r for r in rows]
+    assert be.analyse(same, meta, list(meta)).recall == {}
 
 
 def test_break_even_from_rows_with_its_interval() -> None:

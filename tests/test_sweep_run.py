@@ -136,6 +136,34 @@ def test_merge_refuses_an_arm_configured_otherwise_and_other_measurements(tmp_pa
         merge_calls(tmp_path / "m2", [a, c])
 
 
+def test_merge_takes_only_the_arms_asked_and_joins_a_run_recorded_before_the_sweep(tmp_path: Path, capsys) -> None:
+    a = call(tmp_path / "a", {"triton": rec(), "triton_nospec": rec(speculation={"algorithm": "NONE"})},
+             [{"arm": "triton", "context_tokens": 1024}, {"arm": "triton_nospec", "context_tokens": 1024}])
+    # a run recorded before the sweep: its arm states its server, not a configuration
+    old = Run.create(tmp_path / "old", label="old")
+    old.update(kind="engine_ab", arms={"triton_nospec": {"what": "w", "server": {
+        "model_path": "/m", "attention_backend": "triton", "speculative_algorithm": None}}},
+        calls=[{"call": 1, "source": "x"}])
+    old.append_row("engine_ab", {"arm": "triton_nospec", "context_tokens": 512, "call": 1})
+    with pytest.raises(MergeError, match="no call measured"):
+        merge_calls(tmp_path / "old", [a], ["flashinfer_nospec"])
+    # the recorded arm's server stated another model: refused
+    with pytest.raises(MergeError, match=r"not the recorded run's 'triton_nospec'.*model"):
+        merge_calls(tmp_path / "old", [a], ["triton_nospec"])
+    cfg = Run.open(a).meta["arms"]["triton_nospec"]["configured"]
+    cfg["model"] = "/m"
+    cfg["attention_backend"] = "triton"
+    Run.open(a).update(arms={**Run.open(a).meta["arms"], "triton_nospec": {**rec(), "configured": cfg}})
+    assert cli.main(["merge", "--out", str(tmp_path / "old"), "--arms", "triton_nospec", str(a)]) == 0
+    m = Run.open(tmp_path / "old")
+    assert [(r["arm"], r["call"]) for r in m.rows("engine_ab")] == [("triton_nospec", 1), ("triton_nospec", 2)]
+    assert set(m.meta["arms"]) == {"triton_nospec"}
+    assert m.meta["arms"]["triton_nospec"]["configured_from_call"] == 2
+    assert m.meta["calls"][-1]["arms_taken"] == ["triton_nospec"]
+    assert "--arms triton_nospec" in m.meta["command"]
+    assert not (tmp_path / "old" / "servers" / "call2-server-triton.log.gz").exists()
+
+
 def test_merge_verb(tmp_path: Path, capsys) -> None:
     a = call(tmp_path / "a", {"triton": rec()}, [{"arm": "triton"}])
     assert cli.main(["merge", "--out", str(tmp_path / "m"), str(a)]) == 0

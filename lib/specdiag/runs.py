@@ -25,7 +25,7 @@ import subprocess
 import sys
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from specdiag import __version__
 from specdiag.paths import PROJECT_ROOT, RUNS_DIR, ShownPath, relative_to_project
@@ -234,13 +234,15 @@ class Run:
 
 def merge_runs(dest: str | os.PathLike[str], sources: Iterable[str | os.PathLike[str]], tables: Iterable[str],
                label: str, list_keys: Iterable[str] = (), first_keys: Iterable[str] = (),
-               gzip_files: bool = False) -> tuple[Run, list[tuple[int, Run]]]:
+               gzip_files: bool = False, keep_row: Callable[[Mapping[str, Any]], bool] | None = None
+               ) -> tuple[Run, list[tuple[int, Run]]]:
     """Join the run folders of several device calls into ``dest`` (new, or an earlier merge to extend).
 
     Each source's rows of ``tables`` are appended with ``call`` = its number (counting on from ``dest``'s last call);
     each run.json list under ``list_keys`` is joined, its items tagged with their call; a key of ``first_keys`` keeps
     the first value any run has; ``merged_from`` lists the sources. With ``gzip_files``, each source's ``files/`` is
-    copied gzipped (the same bytes; a ``.gz`` is copied as it is). Returns the merged run and ``(call, source run)``.
+    copied gzipped (the same bytes; a ``.gz`` is copied as it is). With ``keep_row``, only the rows and list items it
+    keeps. Returns the merged run and ``(call, source run)``.
     """
     import gzip  # noqa: PLC0415
 
@@ -254,9 +256,10 @@ def merge_runs(dest: str | os.PathLike[str], sources: Iterable[str | os.PathLike
         calls.append((call, run))
         for table in tables:
             for row in run.rows(table):
-                out.append_row(table, {**row, "call": call})
+                if keep_row is None or keep_row(row):
+                    out.append_row(table, {**row, "call": call})
         for k in list_keys:
-            lists[k] += [{**item, "call": call} for item in run.meta.get(k) or []]
+            lists[k] += [{**item, "call": call} for item in run.meta.get(k) or [] if keep_row is None or keep_row(item)]
         for k in first_keys:
             if run.meta.get(k) and not out.meta.get(k):
                 out.update(**{k: run.meta[k]})

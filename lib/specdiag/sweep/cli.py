@@ -3,7 +3,7 @@
     specdiag sweep --arms params/arms/engine-ab-ngram.yaml --measure engine_ab --out RUN \\
         [--only triton,flashinfer] [--contexts 1024,65536] [--repeats 3] [--max-new-tokens 16] [--set KEY=VALUE] \\
         [--budget-s 540] [--min-arm-s 60] [--site DIR] [--plugin-path DIR] [--startup-s 900] [--check]
-    specdiag merge --out DEST SRC [SRC ...]
+    specdiag merge --out DEST [--arms A,B] SRC [SRC ...]
     python -m specdiag.sweep models --arms FILE [--only ARMS]   # make the model folders the arms name, if missing
 
 ``--check`` parses the arms file and the settings and builds every server's command, then stops: nothing starts.
@@ -95,10 +95,12 @@ def merge_main(argv: Sequence[str], prog: str = "specdiag merge") -> int:
 
     ap = argparse.ArgumentParser(prog=prog, description="join several calls' run folders into one run")
     ap.add_argument("--out", required=True, help="the merged run folder (created, or an earlier merge to extend)")
+    ap.add_argument("--arms", default="", help="only these arms of the calls, comma-separated (e.g. a speculation-off "
+                    "twin measured in calls made for another run)")
     ap.add_argument("sources", nargs="+", help="the calls' run folders, in the order they ran")
     args = ap.parse_args(list(argv))
     try:
-        out = merge_calls(args.out, args.sources)
+        out = merge_calls(args.out, args.sources, [a.strip() for a in args.arms.split(",") if a.strip()] or None)
     except (MergeError, FileNotFoundError) as exc:
         print(f"[specdiag merge] error: {exc}", file=sys.stderr)
         return 2

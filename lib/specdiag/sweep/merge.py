@@ -14,6 +14,8 @@
   summaries keyed ``arm (call N)``; run.json lists of records (``kv_layout_arms``,
   ``moe_servers``) joined with their call; other keys from the first call that has them; each call's ``files/``
   gzipped (a ``.gz`` copied as it is) and its servers' logs, gzipped, under ``servers/``;
+- with ``arms`` (``specdiag merge --arms A,B``), only those arms of the calls: their rows, records, stats, logs and
+  not-run lines (an arm measured in a call made for another run, e.g. a speculation-off twin that serves two runs);
 - last, the measurement's ``merge_end`` where it has one (plugin_identity: run.json ``identity`` over every call's
   rows).
 """
@@ -23,7 +25,7 @@ from __future__ import annotations
 import gzip
 import shutil
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from specdiag.runs import Run, merge_runs
 from specdiag.sweep.driver import kept_stats
@@ -64,11 +66,21 @@ def _list_keys(runs: Iterable[Run]) -> list[str]:
                    and v and all(isinstance(x, Mapping) for x in v)})
 
 
-def merge_calls(dest: str | Path, sources: list[str | Path]) -> Run:
-    """Join ``sources`` (run folders of one measurement, in the order they ran) into ``dest`` (module doc)."""
+def merge_calls(dest: str | Path, sources: list[str | Path], arms_only: Sequence[str] | None = None) -> Run:
+    """Join ``sources`` (run folders of one measurement, in the order they ran) into ``dest`` (module doc); with
+    ``arms_only``, only those arms of the calls."""
     if not sources:
         raise MergeError("merge: give at least one call's run folder")
     runs = [Run.open(s) for s in sources]
+    only = set(arms_only or ())
+    if only:
+        have = {a for r in runs for a in (r.meta.get("arms") or {})}
+        if only - have:
+            raise MergeError(f"merge: --arms names {', '.join(sorted(only - have))}, which no call measured (the calls' "
+                             f"arms: {', '.join(sorted(have))})")
+
+    def taken(name: Any) -> bool:
+        return not only or str(name) in only
     prior = Run.open(dest) if (Path(dest) / "run.json").is_file() else None
     kinds = {str(r.meta.get("kind")) for r in runs + ([prior] if prior else [])}
     if len(kinds) != 1:
@@ -82,6 +94,8 @@ def merge_calls(dest: str | Path, sources: list[str | Path]) -> Run:
             raise MergeError(f"merge: {src} is a merged run already; give the calls' own folders (or --out it to "
                              "extend it)")
         for name, rec in (r.meta.get("arms") or {}).items():
+            if not taken(name):
+                continue
             if name in arms and "configured" not in arms[name] and rec.get("configured") is not None:
                 diff = stated_differences(arms[name], rec["configured"])
                 if diff:
@@ -98,7 +112,8 @@ def merge_calls(dest: str | Path, sources: list[str | Path]) -> Run:
             first_call.setdefault(name, i)
     first_keys = sorted({k for r in runs for k in r.meta if k not in OWN_KEYS} - set(_list_keys(runs)))
     out, calls = merge_runs(dest, sources, _tables(runs), label="merged", list_keys=_list_keys(runs),
-                            first_keys=first_keys, gzip_files=True)
+                            first_keys=first_keys, gzip_files=True,
+                            keep_row=(lambda row: taken(row.get("arm"))) if only else None)
     records = list(out.meta.get("calls") or [])
     not_run = list(out.meta.get("not_run") or [])
     stats = dict(out.meta.get("plugin_stats") or {})
@@ -108,9 +123,13 @@ def merge_calls(dest: str | Path, sources: list[str | Path]) -> Run:
         records.append({"call": call, "source": str(src), "command": r.meta.get("command"),
                         "provenance": r.meta.get("provenance"), "device": r.meta.get("device"),
                         "hardware": r.meta.get("hardware"), "settings": (r.meta.get("measurement") or {}).get("settings"),
-                        "finished_after_s": r.meta.get("finished_after_s"), "cut": cut})
-        not_run += [f"{x} (call {call})" for x in r.meta.get("not_run") or []]
+                        "finished_after_s": r.meta.get("finished_after_s"), "cut": cut,
+                        **({"arms_taken": sorted(only)} if only else {})})
+        not_run += [f"{x} (call {call})" for x in r.meta.get("not_run") or []
+                    if not only or str(x).split(" ", 1)[0].rstrip(":") in only]
         for name, rec in (r.meta.get("arms") or {}).items():
+            if not taken(name):
+                continue
             arms[name]["calls"] = [*arms[name].get("calls", []), call]
             arms[name].setdefault("per_call", {})[str(call)] = {
                 k: rec.get(k) for k in ("started_after_s", "ready_after_s", "measured_s", "failed")}
@@ -118,15 +137,18 @@ def merge_calls(dest: str | Path, sources: list[str | Path]) -> Run:
                 not_run.append(f"{name} (call {call}): the call was cut before this arm finished (its rows so far "
                                "are kept)")
         stats.update({f"{a} (call {call})": [kept_stats(x) if isinstance(x, Mapping) else x for x in v]
-                      if isinstance(v, list) else v for a, v in (r.meta.get("plugin_stats") or {}).items()})
-        checks.update({f"{a} (call {call})": v for a, v in (r.meta.get("plugin_check") or {}).items()})
+                      if isinstance(v, list) else v for a, v in (r.meta.get("plugin_stats") or {}).items() if taken(a)})
+        checks.update({f"{a} (call {call})": v for a, v in (r.meta.get("plugin_check") or {}).items() if taken(a)})
         for log_file in sorted(Path(r.path).glob("server-*.log")):
+            if not taken(log_file.name[len("server-"):-len(".log")]):
+                continue
             (Path(out.path) / "servers").mkdir(exist_ok=True)
             with open(log_file, "rb") as src, gzip.open(Path(out.path) / "servers" / f"call{call}-{log_file.name}.gz",
                                                         "wb") as dst:
                 shutil.copyfileobj(src, dst)
     out.update(arms=arms, calls=records, not_run=not_run, plugin_stats=stats, plugin_check=checks,
-               command="specdiag merge --out " + " ".join(str(x) for x in [dest, *sources]))
+               command="specdiag merge --out " + " ".join(
+                   str(x) for x in [dest, *([f"--arms {','.join(sorted(only))}"] if only else []), *sources]))
     from specdiag.sweep.registry import MEASUREMENTS  # noqa: PLC0415
 
     known = MEASUREMENTS.get(kinds.pop())

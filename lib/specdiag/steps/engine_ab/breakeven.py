@@ -33,8 +33,10 @@ interval above 1), "costs" (below 1), "tie" (it contains 1).
 where the ratio is at or below 1 and the one before it, where it pays; the crossing interpolated on log-context
 (log ratio linear in log context between the two). Its interval: the same crossing of the interval's lower ends
 (the earliest the line can fall) and of its upper ends (the latest), open ("at or below" the shortest context,
-"beyond" the longest) where those do not cross inside the measured range. No crossing: "always pays" or "never pays"
-within the measured range; every cell a tie: "tie".
+"beyond" the longest) where those do not cross inside the measured range. A curve at or below 1 at the shortest
+context that rises above it later *starts* paying there (speculation off below, on above: a fast verify kernel
+against a plain decode that slows with context, at a low commit). No crossing: "always pays" or "never pays" within
+the measured range; every cell a tie: "tie".
 
 **Per text kind, measured**: where the run's rows carry another ``prompt_kind`` than novel prose (``specdiag sweep
 --measure engine_ab`` with the setting ``kinds: [novel, predictable]``), each kind's cells pair the two arms' requests
@@ -45,6 +47,13 @@ pooled commit per context and kind) times 1000 over 09's measured ms per verify 
 draft tokens 04's server ran, at the contexts both measured; the interval from 09's requests (04's commit taken as
 given). Labelled computed, beside 09's measured (novel prose) line.
 
+**Recall** (NGRAM on a server whose n-gram cache spans requests, as SGLang's does): every decode request of a
+context serves the same prompt again, so a later request can draft from the arm's own earlier answer to it. Where the
+later requests' median commit is at least :data:`RECALL_X` times the first request's (each call's first decode of
+the prompt, which had nothing to recall), the measured line is marked optimistic and a line is computed beside it:
+the first requests' mean commit x 1000 over every request's ms per verify step (the step's time does not depend on
+what is accepted), against the off arm (kind ``first request``, computed).
+
 **Draft lengths**: where several speculating arms share an algorithm and backend at different draft tokens (NGRAM's
 ``speculative_num_draft_tokens``, DFLASH's block size), which one has the highest measured tokens/s at each context.
 """
@@ -53,7 +62,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 from specdiag.stats import MIN_REQUESTS, NOT_ENOUGH, compare_requests
@@ -200,20 +209,32 @@ def ratio_cell(arm: str, off_arm: str, context_tokens: int, on: Sequence[float],
 # The break-even context
 # ---------------------------------------------------------------------------------------------------------------------
 
+def _interp(c0: float, r0: float, c1: float, r1: float) -> float:
+    """The context where log ratio, linear in log context between (c0, r0) and (c1, r1), is 0 (ratio 1)."""
+    if r1 <= 0:
+        return float(c1)
+    frac = math.log(r0) / (math.log(r0) - math.log(r1))
+    return math.exp(math.log(c0) + frac * (math.log(c1) - math.log(c0)))
+
+
 def crossing(contexts: Sequence[float], ratios: Sequence[float]) -> tuple[str, float | None]:
-    """Where a ratio curve first falls to 1 or below, going up in context: ("crosses", the context interpolated on
-    log-context between the last context where it pays and the first where it does not), ("always pays", None) or
-    ("never pays", None: at or below 1 at the shortest context)."""
+    """Where a ratio curve first crosses 1, going up in context: ("crosses", the context interpolated on log-context
+    between the last context where it pays and the first where it does not), ("starts", likewise where a curve at
+    or below 1 at the shortest context first rises above 1: speculation starts paying there), ("always pays", None)
+    or ("never pays", None)."""
     pts = sorted(zip(contexts, ratios))
+    if not pts:
+        return "never pays", None
+    if pts[0][1] <= 1.0:
+        for i, (c, r) in enumerate(pts[1:], start=1):
+            if r > 1.0:
+                (c0, r0) = pts[i - 1]
+                return "starts", _interp(c0, max(r0, 1e-12), c, r)
+        return "never pays", None
     for i, (c, r) in enumerate(pts):
         if r <= 1.0:
-            if i == 0:
-                return "never pays", None
-            (c0, r0), (c1, r1) = pts[i - 1], (c, r)
-            if r1 <= 0:
-                return "crosses", float(c1)
-            frac = math.log(r0) / (math.log(r0) - math.log(r1))
-            return "crosses", math.exp(math.log(c0) + frac * (math.log(c1) - math.log(c0)))
+            (c0, r0) = pts[i - 1]
+            return "crosses", _interp(c0, r0, c, r)
     return "always pays", None
 
 
@@ -225,12 +246,12 @@ class BreakEven:
     off_arm: str
     kind: str
     source: str                        #: "measured" or "computed"
-    outcome: str                       #: "crosses", "always pays", "never pays", "tie", "not enough requests"
+    outcome: str                       #: "crosses", "starts", "always pays", "never pays", "tie", "not enough requests"
     context_tokens: float | None       #: where speculation stops paying (interpolated, computed)
     lo_tokens: float | None            #: the interval's lower end; None: at or below the shortest context
     hi_tokens: float | None            #: its upper end; None: beyond the longest context
     contexts: tuple[int, ...]          #: the contexts the line rests on (enough requests on both sides)
-    pays_again: tuple[int, ...] = ()   #: contexts past the crossing where it pays again
+    pays_again: tuple[int, ...] = ()   #: contexts past the crossing where the verdict turns back (pays / costs again)
     text: str = ""
 
     def as_dict(self) -> dict[str, Any]:
@@ -244,7 +265,9 @@ def break_even(cells: Sequence[Cell]) -> BreakEven:
     kind, source = (first.kind, first.source) if first else ("novel", "measured")
     use = sorted((c for c in cells if c.verdict != "not enough requests"), key=lambda c: c.context_tokens)
     ctxs = tuple(c.context_tokens for c in use)
-    who = f"{arm} against {off_arm}" + ("" if kind == "novel" and source == "measured" else f", {kind} text ({source})")
+    who = f"{arm} against {off_arm}" + ("" if kind == "novel" and source == "measured" else
+                                        f", at the first request's commit ({source})" if kind == FIRST_REQUEST else
+                                        f", {kind} text ({source})")
     if not use:
         short = sorted({c.context_tokens for c in cells})
         return BreakEven(arm, off_arm, kind, source, "not enough requests", None, None, None, (), (),
@@ -257,7 +280,7 @@ def break_even(cells: Sequence[Cell]) -> BreakEven:
                          f"{who}: a tie at every measured context ({span}; ratio "
                          f"{min(ratios):.3g}-{max(ratios):.3g}, each interval holding 1): neither pays")
     outcome, at = crossing(ctxs, ratios)
-    if outcome != "crosses":
+    if outcome not in ("crosses", "starts"):
         ties = [c.context_tokens for c in use if c.verdict == "tie"]
         tie_text = f"; a tie at {', '.join(tok(c) for c in ties)}" if ties else ""
         return BreakEven(arm, off_arm, kind, source, outcome, None, None, None, ctxs, (),
@@ -265,20 +288,32 @@ def break_even(cells: Sequence[Cell]) -> BreakEven:
                          f"{min(ratios):.3g}-{max(ratios):.3g}{tie_text})")
     lo_out, lo_at = crossing(ctxs, [float(c.lo) for c in use])  # type: ignore[arg-type]
     hi_out, hi_at = crossing(ctxs, [float(c.hi) for c in use])  # type: ignore[arg-type]
-    lo_tokens = lo_at if lo_out == "crosses" else None
-    hi_tokens = hi_at if hi_out == "crosses" else None
-    past = [c.context_tokens for c in use if at is not None and c.context_tokens > at and float(c.ratio) > 1.0]  # type: ignore[arg-type]
+    if outcome == "crosses":  # the lower ends fall first (the earliest the line can be), the upper ends last
+        lo_tokens = lo_at if lo_out == "crosses" else None
+        hi_tokens = hi_at if hi_out == "crosses" else None
+        past = [c.context_tokens for c in use if at is not None and c.context_tokens > at and float(c.ratio) > 1.0]  # type: ignore[arg-type]
+        verb, again = "stops paying", "it pays again at"
+    else:  # starts: the upper ends rise above 1 first, the lower ends last
+        lo_tokens = hi_at if hi_out == "starts" else None
+        hi_tokens = lo_at if lo_out == "starts" else None
+        past = [c.context_tokens for c in use if at is not None and c.context_tokens > at and float(c.ratio) <= 1.0]  # type: ignore[arg-type]
+        verb, again = "starts paying", "it costs again at"
     lo_text = f"{tok(lo_tokens)}" if lo_tokens is not None else f"at or below {tok(ctxs[0])}"
     hi_text = f"{tok(hi_tokens)}" if hi_tokens is not None else f"beyond {tok(ctxs[-1])}"
-    text = (f"{who}: speculation stops paying at about {tok(at)} tokens (interval from {lo_text} to {hi_text}, from the "
+    text = (f"{who}: speculation {verb} at about {tok(at)} tokens (interval from {lo_text} to {hi_text}, from the "
             f"requests' spread; measured {span})"
-            + (f"; it pays again at {', '.join(tok(c) for c in past)}" if past else ""))
-    return BreakEven(arm, off_arm, kind, source, "crosses", at, lo_tokens, hi_tokens, ctxs, tuple(past), text)
+            + (f"; {again} {', '.join(tok(c) for c in past)}" if past else ""))
+    return BreakEven(arm, off_arm, kind, source, outcome, at, lo_tokens, hi_tokens, ctxs, tuple(past), text)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # From a run's rows
 # ---------------------------------------------------------------------------------------------------------------------
+
+#: later requests committing this many times the first's on the same prompt: recall, not the drafter (module doc)
+RECALL_X = 1.5
+#: the kind of the line computed from the first requests' commit
+FIRST_REQUEST = "first request"
 
 def _kind(row: Mapping[str, Any]) -> str:
     return str(row.get("prompt_kind") or "novel")
@@ -347,6 +382,28 @@ def computed_cells(rows: Sequence[Mapping[str, Any]], pair: Pair, commits: Mappi
     return out
 
 
+def recalled(rows: Sequence[Mapping[str, Any]], pair: Pair) -> dict[int, tuple[float, float]]:
+    """For an NGRAM pair: the contexts where later requests on the prompt commit at least :data:`RECALL_X` times the
+    first's (module doc), each with (the first requests' mean commit, the later ones' median); empty otherwise."""
+    if pair.algorithm != "NGRAM":
+        return {}
+    out = {}
+    for ctx, rs in _decode_rows(rows, pair.arm).items():
+        by_call: dict[Any, list[Mapping[str, Any]]] = {}
+        for r in rs:
+            by_call.setdefault((r.get("call"), r.get("seed")), []).append(r)
+        first, later = [], []
+        for group in by_call.values():
+            group = sorted(group, key=lambda r: int(r.get("repeat") or 0))
+            commits = [_f(r.get("commit_length")) for r in group]
+            if commits[0] is not None:
+                first.append(float(commits[0]))
+            later += [float(c) for c in commits[1:] if c is not None]
+        if first and later and statistics.median(later) >= RECALL_X * statistics.mean(first):
+            out[ctx] = (statistics.mean(first), statistics.median(later))
+    return out
+
+
 def break_evens(cells: Sequence[Cell]) -> list[BreakEven]:
     """One break-even per (arm, kind, source), in the cells' order."""
     groups: dict[tuple[str, str, str], list[Cell]] = {}
@@ -391,6 +448,8 @@ class Analysis:
     evens: list[BreakEven]
     best_drafts: list[dict[str, Any]]
     computed_note: str              #: why there is no computed line per text kind, or which arm it is of
+    #: NGRAM arms whose later requests recalled the first's answer: arm -> context -> (first commit, later median)
+    recall: dict[str, dict[int, tuple[float, float]]] = field(default_factory=dict)
 
     def table(self) -> list[dict[str, Any]]:
         """The cells as table rows (plain values, units in the keys)."""
@@ -424,4 +483,8 @@ def analyse(rows: Sequence[Mapping[str, Any]], arms_meta: Mapping[str, Any], arm
                 f"per verify step, against {arm.off_arm} (computed; 04's server runs {arm.algorithm} with "
                 f"{arm.draft_tokens} tokens per verify step, as {arm.arm} does)" if extra else
                 f"04 and 09 share no context: no computed line per text kind for {arm.arm}")
-    return Analysis(pairs, off, cells, break_evens(cells), best_draft_lengths(cells, pairs), note)
+    recall = {p.arm: r for p in pairs if (r := recalled(rows, p))}
+    for p in pairs:
+        if p.arm in recall:
+            cells += computed_cells(rows, p, {(FIRST_REQUEST, c): v[0] for c, v in recall[p.arm].items()})
+    return Analysis(pairs, off, cells, break_evens(cells), best_draft_lengths(cells, pairs), note, recall)

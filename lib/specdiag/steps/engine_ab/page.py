@@ -263,7 +263,7 @@ def break_even(pg: Page) -> Section:
     brk = breakeven.analyse(pg.rows, pg.arms_meta, pg.arm_names, pg.ctx.source.rows("commit_probe"),
                             dict(meta.get("server") or {}))
     pg.brk_finding = verdicts.break_even_finding(brk.pairs, brk.off_arms, brk.evens, brk.best_drafts,
-                                                 brk.computed_note)
+                                                 brk.computed_note, brk.recall)
     if brk.cells:
         s.table(pd.DataFrame(brk.table()), {
             "arm": "speculating arm", "off_arm": "off arm", "kind": "text", "source": "source",

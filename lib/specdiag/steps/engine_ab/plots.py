@@ -118,7 +118,7 @@ def tok_s_on_off(ax: Any, cells: Sequence[Any], evens: Sequence[Any], styles: di
             offs_drawn.add((off, kind))
         contexts += xs
     for b in evens:
-        if b.source != "measured" or b.outcome != "crosses":
+        if b.outcome not in ("crosses", "starts") or (b.source != "measured" and b.kind != "first request"):
             continue
         color = styles.get(b.arm, {"color": "grey"})["color"]
         novel = b.kind == "novel"
@@ -130,7 +130,8 @@ def tok_s_on_off(ax: Any, cells: Sequence[Any], evens: Sequence[Any], styles: di
     dotted = any(src == "computed" for _a, _k, src in _groups(cells))
     _finish(ax, sorted(set(contexts)), "decode tokens/s (median over requests, log)",
             "Decode tokens/s, speculation on and off",
-            source + ("; dotted: computed from 04's commits x 09's steps" if dotted else ""))
+            source + ("; dotted: computed, a commit from elsewhere (04's, or the first request's) x 09's measured steps"
+                      if dotted else ""))
 
 
 def _groups(cells: Sequence[Any]) -> dict[tuple[str, str, str], list[Any]]:

@@ -290,6 +290,13 @@ def recommendation(b: be.BreakEven) -> str:
                  "over the measured range" if b.pays_again else "")
         return (f"speculation on below about {tok(b.context_tokens)} tokens and off above it "
                 f"(interval from {lo} to {hi}){again}")
+    if b.outcome == "starts":
+        lo = tok(b.lo_tokens) if b.lo_tokens is not None else f"at or below {tok(b.contexts[0])}"
+        hi = tok(b.hi_tokens) if b.hi_tokens is not None else f"beyond {tok(b.contexts[-1])}"
+        again = (f"; but it costs again at {', '.join(tok(c) for c in b.pays_again)}, so one line does not hold "
+                 "over the measured range" if b.pays_again else "")
+        return (f"speculation off below about {tok(b.context_tokens)} tokens and on above it "
+                f"(interval from {lo} to {hi}){again}")
     if b.outcome == "always pays":
         return f"speculation on: it always pays on this server ({span} measured)"
     if b.outcome == "never pays":
@@ -304,13 +311,24 @@ def in_a_few_words(b: be.BreakEven) -> str:
     span = f" ({tok(b.contexts[0])}-{tok(b.contexts[-1])})" if b.contexts else ""
     if b.outcome == "crosses":
         return f"stops paying at about {tok(b.context_tokens)} tokens"
+    if b.outcome == "starts":
+        return f"starts paying at about {tok(b.context_tokens)} tokens"
     if b.outcome == "tie":
         return f"ties with speculation off{span}"
     return f"{b.outcome}{span}"
 
 
+def recall_text(recall: Mapping[int, tuple[float, float]]) -> str:
+    """'optimistic: later requests on a prompt recalled the first's answer (commit 7.5 against 1.17 at 1k, ...)'."""
+    at = ", ".join(f"{later:.3g} against {first:.3g} at {tok(c)}" for c, (first, later) in sorted(recall.items())[:3])
+    more = f" and {len(recall) - 3} more contexts" if len(recall) > 3 else ""
+    return (f"optimistic: NGRAM's later requests on a prompt recalled the first's answer (commit {at}{more}); the line "
+            "at the first request's commit is computed beside it")
+
+
 def break_even_finding(pairs: Sequence[be.Pair], off_arms: Sequence[str], evens: Sequence[be.BreakEven],
-                       best_drafts: Sequence[Mapping[str, Any]], computed_note: str = "") -> Finding:
+                       best_drafts: Sequence[Mapping[str, Any]], computed_note: str = "",
+                       recall: Mapping[str, Mapping[int, tuple[float, float]]] | None = None) -> Finding:
     """Where speculation stops paying (:mod:`.breakeven`): one line per speculating arm with a speculation-off twin
     (measured, novel prose) and per text kind of 04 (computed), the draft length that pays best where the run has
     several; without an off arm, a finding that says so. ``numbers['lines']`` is what 07's recommendation reads."""
@@ -323,10 +341,15 @@ def break_even_finding(pairs: Sequence[be.Pair], off_arms: Sequence[str], evens:
                        "flashinfer_nospec arms of params/arms/engine-ab-*.yaml).", "info", (why,),
                        {"lines": [], "off_arms": list(off_arms)}, "computed")
     forced = {p.arm: p.forced_acceptance for p in pairs if p.forced_acceptance}
+    recall = dict(recall or {})
+
+    def recalled(b: be.BreakEven) -> bool:
+        return b.arm in recall and b.source == "measured"
+
     lines = []
     for b in evens:
         note = (f" (acceptance forced to {forced[b.arm]:g} by SGLANG_SIMULATE_ACC_LEN: not the drafter's own)"
-                if b.arm in forced else "")
+                if b.arm in forced else f" ({recall_text(recall[b.arm])})" if recalled(b) else "")
         lines.append(f"{b.text}{note}")
     for d in best_drafts:
         lines.append(f"{d['algorithm']} at {tok(d['context_tokens'])}: {d['best_draft_tokens']} tokens per verify step "
@@ -335,19 +358,23 @@ def break_even_finding(pairs: Sequence[be.Pair], off_arms: Sequence[str], evens:
     if computed_note:
         lines.append(computed_note)
     measured = [b for b in evens if b.source == "measured"]
-    novel = [b for b in measured if b.kind == "novel"] or measured or list(evens)
+    first = {b.arm: b for b in evens if b.kind == be.FIRST_REQUEST}
+    novel = ([first.get(b.arm, b) if recalled(b) else b for b in measured if b.kind == "novel"]
+             or measured or list(evens))
     title = ("Where speculation stops paying: " + ("; ".join(f"{b.arm} {in_a_few_words(b)}" for b in novel)
                                                    if novel else "no line"))
     sev = "warning" if any(b.outcome == "never pays" for b in measured) else "info"  # a crossing is a setting, not a fault
     return Finding(
         "engine_ab.break_even", title,
-        " ".join(f"{b.text}." for b in measured) or "No measured line.", sev,  # type: ignore[arg-type]
+        " ".join(f"{b.text}" + (f" ({recall_text(recall[b.arm])}): {first[b.arm].text}" if recalled(b)
+                                 and b.arm in first else "") + "." for b in measured)
+        or "No measured line.", sev,  # type: ignore[arg-type]
         tuple(lines) + ("tokens/s per request: speculating, the decode tokens over the decode window (commit per verify "
                         "step x 1000 / ms per verify step where a row lacks it); off, "
                         "1000 / ms per token (measured); ratio of the medians, 95% bootstrap interval over requests; "
                         "the crossing interpolated on log-context (computed)",),
-        {"lines": [{**b.as_dict(), "recommendation": recommendation(b),
-                    "forced_acceptance": forced.get(b.arm)} for b in evens],
+        {"lines": [{**b.as_dict(), "recommendation": recommendation(b), "forced_acceptance": forced.get(b.arm),
+                    "recalled": recalled(b)} for b in evens],
          "pairs": {p.arm: p.off_arm for p in pairs}, "off_arms": list(off_arms),
          "best_draft_tokens": [dict(d) for d in best_drafts]}, "computed")
 

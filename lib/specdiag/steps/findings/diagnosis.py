@@ -441,6 +441,10 @@ def _moe(findings: Sequence[Mapping[str, Any]], used: list[Mapping[str, Any]], n
     return text + "."
 
 
+#: the kind of 09's break-even line at NGRAM's first-request commit (09's ``breakeven.FIRST_REQUEST``; steps do not
+#: import each other, tests/test_engine_ab_breakeven.py holds the two equal)
+FIRST_REQUEST = "first request"
+
 #: What 07 says when no line of 09 sets speculation against its speculation-off twin.
 NO_OFF_ARM = ("Where speculation stops paying is not measured in this run: it has no speculation-off arm beside a "
               "speculating one (09_engine_ab with an arm such as off=embedded:NONE in engine_configs, or "
@@ -452,6 +456,8 @@ def _line_short(line: Mapping[str, Any]) -> str:
     out = str(line.get("outcome"))
     if out == "crosses":
         return f"stops paying at about {_tok(line['context_tokens'])}"
+    if out == "starts":
+        return f"starts paying at about {_tok(line['context_tokens'])}"
     return {"tie": "ties with no speculation throughout"}.get(out, out)
 
 
@@ -464,16 +470,23 @@ def _recommend(findings: Sequence[Mapping[str, Any]], used: list[Mapping[str, An
     where = f"({brk.get('source', 'computed')}, {brk.get('notebook', '09_engine_ab')})"
     measured = [x for x in lines if x.get("source") == "measured" and (x.get("kind") or "novel") == "novel"]
     by_kind = [x for x in lines if x.get("source") == "measured" and (x.get("kind") or "novel") != "novel"]
-    computed = [x for x in lines if x.get("source") == "computed"]
+    first = [x for x in lines if x.get("source") == "computed" and x.get("kind") == FIRST_REQUEST]
+    computed = [x for x in lines if x.get("source") == "computed" and x.get("kind") != FIRST_REQUEST]
     numbers.update(break_even={f"{x['arm']}:{x['kind']}:{x['source']}": x.get("context_tokens") for x in lines})
 
     def forced(x: Mapping[str, Any]) -> str:
         return (f" (acceptance forced to {float(x['forced_acceptance']):g} by SGLANG_SIMULATE_ACC_LEN)"
                 if x.get("forced_acceptance") else "")
 
-    parts = [f"on {x['arm']} (against {x['off_arm']}), {x['recommendation']}{forced(x)}" for x in measured]
+    def recalled(x: Mapping[str, Any]) -> str:
+        return (" (optimistic: NGRAM's later requests recalled the first's answer)" if x.get("recalled") else "")
+
+    parts = [f"on {x['arm']} (against {x['off_arm']}), {x['recommendation']}{forced(x)}{recalled(x)}" for x in measured]
     text = ("Recommendation, from this run's requests on novel prose " + where + ": " + "; ".join(parts) + "."
             if parts else "")
+    if first:
+        text += (" At the commit of each prompt's first request (computed: the later requests recalled its answer): "
+                 + "; ".join(f"on {x['arm']}, {x['recommendation']}" for x in first) + ".")
     if by_kind:
         text += (" By text kind, measured on this run's requests on that kind's prompts: "
                  + "; ".join(f"{x['kind']} text on {x['arm']} (against {x['off_arm']}), {x['recommendation']}{forced(x)}"
@@ -482,6 +495,7 @@ def _recommend(findings: Sequence[Mapping[str, Any]], used: list[Mapping[str, An
         text += (" By text kind, computed from 04's commit per verify step and 09's measured steps: "
                  + "; ".join(f"{x['kind']} text on {x['arm']}, {x['recommendation']}" for x in computed) + ".")
     by_arm = {x["arm"]: x for x in measured}
+    by_arm.update({x["arm"]: x for x in first})  # a recalled arm's line is its first request's
     moves = []
     for f in findings:
         n = f.get("numbers") or {}
