@@ -79,10 +79,17 @@ def merge_calls(dest: str | Path, sources: list[str | Path], arms_only: Sequence
             raise MergeError(f"merge: --arms names {', '.join(sorted(only - have))}, which no call measured (the calls' "
                              f"arms: {', '.join(sorted(have))})")
 
+        armless = sorted({f"{Path(r.path).name}/{t}" for r in runs for t in _tables([r])
+                          if any("arm" not in row for row in r.rows(t))})
+        if armless:
+            raise MergeError(f"merge: --arms picks rows by their arm, and rows of {', '.join(armless)} carry none: "
+                             "merge those calls whole")
+
     def taken(name: Any) -> bool:
         return not only or str(name) in only
     prior = Run.open(dest) if (Path(dest) / "run.json").is_file() else None
-    kinds = {str(r.meta.get("kind")) for r in runs + ([prior] if prior else [])}
+    # a run recorded before the sweep has no kind: it takes its calls'
+    kinds = {str(r.meta.get("kind")) for r in runs + ([prior] if prior and prior.meta.get("kind") else [])}
     if len(kinds) != 1:
         raise MergeError(f"merge: the calls ran different measurements ({', '.join(sorted(kinds))}): merge only "
                          "calls of one measurement")
