@@ -47,8 +47,15 @@ def test_09_replays_the_61_layer_run(run_notebook, tmp_path) -> None:
     page = out.read_text()
     assert "start to ready (s)" in page and "one-time kernel compilation" in page and "paid back after" in page
     assert "x its floor" in page and "NVIDIA H200" in page and "recorded run" in page and ">nan<" not in page.lower()
-    # no speculation-off arm in that run: no break-even, and the page says so rather than inventing one
-    assert m["break_even"]["lines"] == [] and ids["engine_ab.break_even"]["title"].endswith("not measured here")
+    # the speculation-off twins (merged from the DFLASH calls): NGRAM's later requests recalled the first's answer,
+    # so beside each measured line a line at the first request's commit, and the title reads those
+    lines = {(x["arm"], x["kind"], x["source"]): x for x in m["break_even"]["lines"]}
+    assert {x["recalled"] for k, x in lines.items() if k[2] == "measured"} == {True}
+    first = {a: x for (a, kind, src), x in lines.items() if kind == "first request" and src == "computed"}
+    assert set(first) == {"triton", "triton_plugin", "flashinfer", "fi_prefill_plugin"}
+    assert first["triton"]["outcome"] == "never pays" and first["triton_plugin"]["outcome"] == "starts"
+    assert "triton never pays" in ids["engine_ab.break_even"]["title"]
+    assert "recalled the first's answer" in ids["engine_ab.break_even"]["verdict"]
 
 
 @pytest.mark.notebook

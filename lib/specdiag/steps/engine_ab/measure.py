@@ -7,7 +7,11 @@ An arm is a name and a server (a URL: a live server, or one the launcher started
    (``phase`` "prefill");
 2. **decode**: the same prompt again ``repeats`` times, ``max_new_tokens`` each, the cache NOT flushed: the server
    serves the prompt from its prefix cache, so each request is a short prefill of the tail and a clean decode at that
-   context (``phase`` "decode"; ``cached_tokens`` says how much the server reused).
+   context (``phase`` "decode"; ``cached_tokens`` says how much the server reused). With ``tail_tokens`` (novel prose
+   only), each decode request's last ``tail_tokens`` ids are its own (held-out prose from its own seed, row
+   ``tail_seed``): the context stays the same length, the cached prefix is shared, and no request re-decodes another's
+   answer (SGLang's NGRAM keeps one n-gram cache across requests: on the same prompt a later request drafts from the
+   earlier answer, commit 7.5 against the first's 1.2 on the H200).
 
 ``kinds`` (default novel prose only) adds text kinds: each context's prompt of each kind is prefilled and decoded in
 turn (rows carry ``prompt_kind``; 09's sections other than the break-even read the novel rows only). Predictable text
@@ -103,13 +107,37 @@ def prefill_all(run: Run, client: Any, arm: str, contexts: Iterable[int], seed: 
     return prompts
 
 
+#: a decode request's own tail draws its prose from this seed + the prompt's seed + the repeat
+TAIL_SEED_BASE = 100_000
+
+
+def tail_seed(ctx: int, seed: int, repeat: int) -> int:
+    """The seed of a decode request's own tail (module doc)."""
+    return TAIL_SEED_BASE + prompt_seed(ctx, seed) + repeat
+
+
+def with_tail(client: Any, ids: Sequence[int], tail_tokens: int, seed: int) -> list[int]:
+    """``ids`` with its last ``tail_tokens`` replaced by held-out prose of ``seed`` (no special tokens): the same
+    length, the prefix shared."""
+    from specdiag.prompts import build_prompt  # noqa: PLC0415
+
+    if tail_tokens <= 0:
+        return list(ids)
+    if tail_tokens >= len(ids):
+        raise ValueError(f"a decode tail of {tail_tokens} tokens needs a longer prompt than {len(ids)}")
+    tail = build_prompt(lambda text: client.tokenize(text, add_special_tokens=False), tail_tokens, KIND,
+                        seed=seed).input_ids
+    return list(ids[: len(ids) - tail_tokens]) + list(tail)
+
+
 def decode_all(run: Run, client: Any, arm: str, prompts: dict[int, list[int]], repeats: int | dict[int, int] = 3,
                max_new_tokens: int | dict[int, int] = 16, seed: int = 0, deadline_s: Optional[float] = None,
                progress: Callable[[str], None] = lambda s: None, first_repeat: int = 0,
-               kind: str = KIND) -> list[dict[str, Any]]:
+               kind: str = KIND, tail_tokens: int = 0) -> list[dict[str, Any]]:
     """Phase 2 on one arm: ``repeats`` requests per context on the prompt phase 1 left in the prefix cache.
     ``repeats`` and ``max_new_tokens`` may differ per context (a slow arm at depth gets fewer, shorter ones);
-    ``first_repeat`` numbers the first of them (a caller measuring in steps)."""
+    ``first_repeat`` numbers the first of them (a caller measuring in steps); ``tail_tokens`` gives each request of
+    novel prose its own tail (module doc)."""
     rows = []
     for ctx, ids in prompts.items():
         n = repeats.get(ctx, 3) if isinstance(repeats, dict) else repeats
@@ -120,7 +148,19 @@ def decode_all(run: Run, client: Any, arm: str, prompts: dict[int, list[int]], r
                 return rows
             labels = {"phase": "decode", "repeat": r, "seed": prompt_seed(ctx, seed), "prompt_kind": kind,
                       "max_new_tokens": m, "concurrent": 1, "cache_flushed": None}
-            row = _send_row(client, ids, arm, ctx, labels, m)
+            sent = ids
+            if tail_tokens > 0 and kind == KIND:
+                labels["tail_seed"] = tail_seed(ctx, seed, r)
+                try:
+                    sent = with_tail(client, ids, tail_tokens, labels["tail_seed"])
+                except Exception as exc:  # noqa: BLE001 - the row says why
+                    from specdiag.measure.metrics import error_row  # noqa: PLC0415
+
+                    row = error_row(ctx, f"tail: {exc}", time.time(), arm=arm, **labels)
+                    run.append_row(TABLE, row)
+                    rows.append(row)
+                    continue
+            row = _send_row(client, sent, arm, ctx, labels, m)
             run.append_row(TABLE, row)
             rows.append(row)
             progress(f"{arm:>26} decode  {ctx:>7,}{'' if kind == KIND else ' ' + kind} #{r}: {row.get('step_ms')} ms/step, "
@@ -152,7 +192,7 @@ def predicted(rows: Iterable[dict[str, Any]], key: str, ctx: int, power: float) 
 def measure_arm(run: Run, client: Any, arm: str, contexts: Iterable[int], repeats: int = 3, max_new_tokens: int = 16,
                 seed: int = 0, deadline_s: Optional[float] = None, progress: Callable[[str], None] = lambda s: None,
                 slow_step_ms: Optional[float] = None, slow_repeats: int = 3,
-                kinds: Sequence[str] = (KIND,)) -> list[str]:
+                kinds: Sequence[str] = (KIND,), tail_tokens: int = 0) -> list[str]:
     """Both phases on one arm alone, context by context (and, at a context, text kind by kind): each prompt
     prefilled, then decoded on its cached prompt before the next (the prefix cache never has to hold two long
     prompts). A context whose prefill is predicted (:func:`predicted`, quadratic) to end past ``deadline_s`` is not
@@ -181,11 +221,11 @@ def measure_arm(run: Run, client: Any, arm: str, contexts: Iterable[int], repeat
             step = predicted(dec, "step_ms", ctx, 1.0)
             slow = slow_step_ms is not None and step is not None and step > slow_step_ms
             first = decode_all(run, client, arm, prompts, 1, half if slow else max_new_tokens, seed, deadline_s,
-                               progress, kind=kind)
+                               progress, kind=kind, tail_tokens=tail_tokens)
             slow = slow or bool(slow_step_ms is not None and first and (first[0].get("step_ms") or 0) > slow_step_ms)
             dec += first + decode_all(run, client, arm, prompts, (slow_repeats if slow else repeats) - 1,
                                       half if slow else max_new_tokens, seed, deadline_s, progress, first_repeat=1,
-                                      kind=kind)
+                                      kind=kind, tail_tokens=tail_tokens)
     return not_run
 
 
@@ -201,6 +241,7 @@ class SweepSettings:
     max_new_tokens: int = 16  # per decode request (half where slow)
     seed: int = 0  # prompt seed (one prompt per context, the same for every arm)
     kinds: tuple[str, ...] = (KIND,)  # text kinds, each context's prompt of each (KINDS; the first is novel prose)
+    tail_tokens: int = 32  # each decode request's own last tokens (novel prose; 0: the same prompt each time)
 
     def __post_init__(self) -> None:
         if KIND not in self.kinds or any(k not in KINDS for k in self.kinds) or len(set(self.kinds)) < len(self.kinds):
@@ -247,4 +288,4 @@ def sweep_arm(job: "ArmJob") -> list[str]:
     s: SweepSettings = job.settings
     return measure_arm(job.run, make_client(job.url), job.arm.name, s.arm_contexts.get(job.arm.name, s.contexts),
                        s.repeats, s.max_new_tokens, s.seed, deadline_s=job.deadline_s, progress=job.progress,
-                       slow_step_ms=s.slow_step_ms, slow_repeats=s.slow_repeats, kinds=s.kinds)
+                       slow_step_ms=s.slow_step_ms, slow_repeats=s.slow_repeats, kinds=s.kinds, tail_tokens=s.tail_tokens)

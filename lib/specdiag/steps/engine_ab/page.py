@@ -242,8 +242,13 @@ def bands(pg: Page) -> Section:
 def targets(pg: Page) -> Section:
     """Section 7: the issue's targets, each met, missed or not measurable with why."""
     p = pg.params
-    pg.tt = analysis.targets(pg.dec, pg.pre, pg.arm_names, pg.geom.num_layers if pg.geom else None, p["stock_arm"],
-                             p["plugin_arm"])
+    spec = eab_arms.verify_arms(pg.arms_meta, pg.arm_names)  # a speculation-off arm has no verify step to judge
+
+    def keep(df: pd.DataFrame) -> pd.DataFrame:
+        return df[df["arm"].isin(spec)] if not df.empty else df
+
+    pg.tt = analysis.targets(keep(pg.dec), keep(pg.pre), spec, pg.geom.num_layers if pg.geom else None,
+                             p["stock_arm"], p["plugin_arm"])
     return Section().table(pg.tt, {"target": "target", "status": "status", "arm": "arm judged",
                                    "value": "value (computed)", "limit": "limit (the target)", "unit": "unit",
                                    "why": "why not measurable"},
