@@ -229,6 +229,20 @@ def test_the_draft_length_that_pays_best() -> None:
     best = be.best_draft_lengths(be.measured_cells(rows, pairs), pairs)
     assert [(b["context_tokens"], b["best_draft_tokens"]) for b in best] == [(1024, 8), (8192, 4)]
     assert best[0]["best_tok_s"] == pytest.approx(250.0) and best[0]["source"] == "measured"
+    # with the requests: a clear best is "best"; one inside the other's spread is a tie; two requests are too few
+    judged = be.best_draft_lengths(be.measured_cells(rows, pairs), pairs, rows)
+    assert [b["verdict"] for b in judged] == ["best", "best"]
+    close = (_rows("k4", 1024, [10.0, 12.5, 9.0], 2.0) + _rows("k8", 1024, [12.0, 16.0, 13.5], 3.0)
+             + _rows("off", 1024, [8.0] * 3))
+    (tie,) = be.best_draft_lengths(be.measured_cells(close, pairs), pairs, close)
+    assert tie["verdict"] == "tie" and tie["ties"] == ["k4 (4)"]
+    from specdiag.steps.engine_ab import verdicts
+
+    f = verdicts.break_even_finding(pairs, ["off"], be.break_evens(be.measured_cells(close, pairs)), [tie])
+    assert any("ties with k4 (4) inside the requests' noise" in e for e in f.evidence)
+    few = _rows("k4", 1024, [10.0, 10.0], 2.0) + _rows("k8", 1024, [12.0, 12.0], 3.0) + _rows("off", 1024, [8.0] * 3)
+    (b,) = be.best_draft_lengths(be.measured_cells(few, pairs), pairs, few)
+    assert b["verdict"] == "not enough requests"
 
 
 def test_commits_of_the_probe_per_text_kind_are_computed() -> None:

@@ -413,9 +413,13 @@ def break_evens(cells: Sequence[Cell]) -> list[BreakEven]:
     return [break_even(g) for g in groups.values()]
 
 
-def best_draft_lengths(cells: Sequence[Cell], pairs: Sequence[Pair]) -> list[dict[str, Any]]:
+def best_draft_lengths(cells: Sequence[Cell], pairs: Sequence[Pair],
+                       rows: Sequence[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
     """Where two or more paired arms share an algorithm and backend at different tokens per verify step: at each
-    context, the one with the highest measured tokens/s (median over requests), with every candidate's."""
+    context, the one with the highest measured tokens/s (median over requests), with every candidate's. With the
+    decode ``rows``, the best is set against each other candidate over requests
+    (:func:`specdiag.stats.compare_requests`): a candidate inside the noise ties with it (``ties``), and fewer than
+    :data:`MIN_REQUESTS` a side is "not enough requests" (``verdict``)."""
     by_arm = {p.arm: p for p in pairs}
     families: dict[tuple[str, str | None], set[int]] = {}
     for p in pairs:
@@ -425,16 +429,34 @@ def best_draft_lengths(cells: Sequence[Cell], pairs: Sequence[Pair]) -> list[dic
     for (algo, backend), ks in families.items():
         if len(ks) < 2:
             continue
-        members = [c for c in cells if c.source == "measured" and c.arm in by_arm
+        members = [c for c in cells if c.source == "measured" and c.kind == "novel" and c.arm in by_arm
                    and (by_arm[c.arm].algorithm, by_arm[c.arm].backend) == (algo, backend) and c.on_tok_s is not None]
         for ctx in sorted({c.context_tokens for c in members}):
             at = [c for c in members if c.context_tokens == ctx]
             if len(at) < 2:
                 continue
             best = max(at, key=lambda c: float(c.on_tok_s))  # type: ignore[arg-type]
+            ties: list[str] = []
+            verdict = "best"
+            if rows:
+                mine = _decode_rows(rows, best.arm).get(ctx, [])
+                a = [x for r in mine if (x := request_tok_s(r, True)) is not None]
+                for c in at:
+                    if c.arm == best.arm:
+                        continue
+                    theirs = _decode_rows(rows, c.arm).get(ctx, [])
+                    b = [x for r in theirs if (x := request_tok_s(r, True)) is not None]
+                    cmp = compare_requests(b, a, min_requests=MIN_REQUESTS)
+                    if cmp.verdict == NOT_ENOUGH:
+                        verdict = NOT_ENOUGH
+                    elif cmp.verdict != "higher":
+                        ties.append(c.arm)
+                if verdict == "best" and ties:
+                    verdict = "tie"
             out.append({"algorithm": algo, "backend": backend, "context_tokens": ctx, "best_arm": best.arm,
                         "best_draft_tokens": by_arm[best.arm].draft_tokens, "best_tok_s": best.on_tok_s,
                         "candidates": {f"{c.arm} ({by_arm[c.arm].draft_tokens})": c.on_tok_s for c in at},
+                        "ties": [f"{t} ({by_arm[t].draft_tokens})" for t in ties], "verdict": verdict,
                         "source": "measured"})
     return out
 
@@ -488,4 +510,4 @@ def analyse(rows: Sequence[Mapping[str, Any]], arms_meta: Mapping[str, Any], arm
     for p in pairs:
         if p.arm in recall:
             cells += computed_cells(rows, p, {(FIRST_REQUEST, c): v[0] for c, v in recall[p.arm].items()})
-    return Analysis(pairs, off, cells, break_evens(cells), best_draft_lengths(cells, pairs), note, recall)
+    return Analysis(pairs, off, cells, break_evens(cells), best_draft_lengths(cells, pairs, rows), note, recall)

@@ -11,6 +11,7 @@ import pandas as pd
 
 from specdiag import prefill
 from specdiag.findings import Finding
+from specdiag.stats import NOT_ENOUGH
 from specdiag.steps.engine_ab import breakeven as be
 from specdiag.steps.engine_ab.analysis import tok
 from specdiag.steps.engine_ab.arms import verify_arms
@@ -352,9 +353,16 @@ def break_even_finding(pairs: Sequence[be.Pair], off_arms: Sequence[str], evens:
                 if b.arm in forced else f" ({recall_text(recall[b.arm])})" if recalled(b) else "")
         lines.append(f"{b.text}{note}")
     for d in best_drafts:
-        lines.append(f"{d['algorithm']} at {tok(d['context_tokens'])}: {d['best_draft_tokens']} tokens per verify step "
-                     f"pays best ({d['best_arm']}, {d['best_tok_s']:,.3g} tokens/s; "
-                     + ", ".join(f"{k}: {v:,.3g}" for k, v in d["candidates"].items()) + "; measured)")
+        all_ = "; ".join(f"{k}: {v:,.3g}" for k, v in d["candidates"].items())
+        if d.get("verdict") == "tie":
+            head = (f"{d['best_draft_tokens']} tokens per verify step ({d['best_arm']}) ties with "
+                    f"{', '.join(d['ties'])} inside the requests' noise")
+        elif d.get("verdict") == NOT_ENOUGH:
+            head = (f"{d['best_draft_tokens']} tokens per verify step has the highest median ({d['best_arm']}), "
+                    "not enough requests to call it")
+        else:
+            head = f"{d['best_draft_tokens']} tokens per verify step pays best ({d['best_arm']})"
+        lines.append(f"{d['algorithm']} at {tok(d['context_tokens'])}: {head} (tokens/s, median: {all_}; measured)")
     if computed_note:
         lines.append(computed_note)
     measured = [b for b in evens if b.source == "measured"]
