@@ -334,3 +334,20 @@ def test_break_even_carries_the_range_of_its_requests() -> None:
     low, high = verdicts.break_even_range([20.0, 21.0], [10.0, 11.0], [10.0, 11.0], [5.0, 6.0])
     assert (low, high) == (9.0 * 1000 / 6.0, 11.0 * 1000 / 4.0)
     assert verdicts.break_even_range([20.0], [10.0], [10.0, 11.0], [9.0, 12.0])[1] == float("inf")
+
+
+def test_the_scorecard_judges_every_arm_on_every_target_by_its_interval() -> None:
+    """The DFLASH run at 61 layers: the plugin clears 100x over stock at 128k by its interval's lower end, FlashInfer
+    misses 0.60 on 1k/128k, no arm meets all three; a value whose interval holds the target is inside the noise."""
+    run = Run.open(REFERENCE_DIR / "sglang-h200-mla61-dflash")
+    df = analysis.frame(run.rows("engine_ab"))
+    card = analysis.scorecard(analysis.decode_table(df), analysis.prefill_table(df),
+                              ["triton_plugin", "triton", "flashinfer"]).set_index("arm")
+    plug = card.loc["triton_plugin"]
+    assert plug["speedup_status"] == "met" and plug["speedup_lo"] >= 100 and plug["speedup_lo"] <= plug["speedup_128k_x"]
+    assert card.loc["flashinfer", "keep_status"] == "missed" and card.loc["flashinfer", "keep_hi"] < 0.60
+    assert card.loc["triton", "ttft_status"].startswith("missed (one prefill each)")
+    assert not card["all_met"].any()
+    assert analysis._judge(0.62, 0.55, 0.70, 0.60, "") == "inside the noise"
+    assert analysis._judge(0.62, None, None, 0.60, "1 / 1 requests: no interval") == "met (1 / 1 requests: no interval)"
+    assert analysis._judge(None, None, None, 0.60, "") == "not measured"

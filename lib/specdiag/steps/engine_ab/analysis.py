@@ -415,3 +415,52 @@ def targets(dec: pd.DataFrame, pre: pd.DataFrame, arms: Sequence[str], layers: i
     rows.append({**_status(value, t3, why), "arm": None if fastest is None else fastest["arm"]})
     rows[0]["arm"], rows[1]["arm"] = plugin_arm, (None if best is None or without else best["arm"])
     return pd.DataFrame(rows)
+
+
+def _samples(dec: pd.DataFrame, arm: str, ctx: int) -> list[float]:
+    c = _cell(dec, arm, ctx)
+    return [float(x) for x in (c or {}).get("step_ms_samples") or [] if _f(x) is not None]
+
+
+def _judge(value: float | None, lo: float | None, hi: float | None, limit: float, single: str) -> str:
+    """A target read against an interval: met (its lower end at or above the limit), missed (its upper end below),
+    inside the noise (the interval holds the limit); without an interval, the value alone, saying why."""
+    if value is None:
+        return "not measured"
+    if lo is None or hi is None:
+        return f"{'met' if value >= limit else 'missed'} ({single})"
+    return "met" if lo >= limit else "missed" if hi < limit else "inside the noise"
+
+
+def scorecard(dec: pd.DataFrame, pre: pd.DataFrame, arms: Sequence[str], stock_arm: str = "triton") -> pd.DataFrame:
+    """Each verify arm against every target (:data:`TARGETS`, read per arm): its speed-up over ``stock_arm``'s verify
+    step at 128k, its own step at 1k over its step at 128k (both ratios of medians over requests with a bootstrap
+    interval, :func:`specdiag.stats.compare_requests`), and ``stock_arm``'s own TTFT at 64k over its own (one prefill
+    each: no interval, said so). A target is met only where the interval's lower end clears it, missed where its upper
+    end falls short, and "inside the noise" where the interval holds it (:func:`_judge`). Pure."""
+    from specdiag.stats import compare_requests  # noqa: PLC0415
+
+    t1, t2, t3 = TARGETS
+    out = []
+    stock_128 = _samples(dec, stock_arm, CTX_128K)
+    st = _cell(pre, stock_arm, CTX_64K) if not pre.empty else None
+    for arm in arms:
+        row: dict[str, Any] = {"arm": arm}
+        mine = _samples(dec, arm, CTX_128K)
+        c = compare_requests(mine, stock_128) if mine and stock_128 else None
+        row.update(speedup_128k_x=c.ratio if c else None, speedup_lo=c.lo if c else None, speedup_hi=c.hi if c else None,
+                   speedup_status=_judge(c.ratio if c else None, c.lo if c else None, c.hi if c else None, t1.limit,
+                                         f"{c.n_a} / {c.n_b} requests: no interval" if c else ""))
+        one = _samples(dec, arm, CTX_1K)
+        k = compare_requests(mine, one) if mine and one else None
+        row.update(keep_128k=k.ratio if k else None, keep_lo=k.lo if k else None, keep_hi=k.hi if k else None,
+                   keep_status=_judge(k.ratio if k else None, k.lo if k else None, k.hi if k else None, t2.limit,
+                                      f"{k.n_a} / {k.n_b} requests: no interval" if k else ""))
+        me = _cell(pre, arm, CTX_64K) if not pre.empty else None
+        own = bool(st and me and st.get("own") and me.get("own"))
+        ttft = st["ttft_s"] / me["ttft_s"] if own and me and me.get("ttft_s") else None  # type: ignore[index]
+        row.update(ttft_64k_x=ttft, ttft_status=_judge(ttft, None, None, t3.limit, "one prefill each")
+                   if own or ttft is not None else "not measured")
+        row["all_met"] = all(str(row[k]).startswith("met") for k in ("speedup_status", "keep_status", "ttft_status"))
+        out.append(row)
+    return pd.DataFrame(out)

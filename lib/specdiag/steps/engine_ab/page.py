@@ -48,6 +48,7 @@ class Page:
     own_floors: dict[str, Any] = field(default_factory=dict)
     bands: pd.DataFrame = field(default_factory=pd.DataFrame)
     tt: pd.DataFrame = field(default_factory=pd.DataFrame)
+    scorecard: pd.DataFrame = field(default_factory=pd.DataFrame)  #: each arm against every target (the targets section)
     brk_finding: Any = None
 
 
@@ -249,10 +250,36 @@ def targets(pg: Page) -> Section:
 
     pg.tt = analysis.targets(keep(pg.dec), keep(pg.pre), spec, pg.geom.num_layers if pg.geom else None,
                              p["stock_arm"], p["plugin_arm"])
-    return Section().table(pg.tt, {"target": "target", "status": "status", "arm": "arm judged",
-                                   "value": "value (computed)", "limit": "limit (the target)", "unit": "unit",
-                                   "why": "why not measurable"},
-                           formats={"value": "{:,.3g}", "limit": "{:g}"}, dash_means="not measured")
+    s = Section().table(pg.tt, {"target": "target", "status": "status", "arm": "arm judged",
+                                "value": "value (computed)", "limit": "limit (the target)", "unit": "unit",
+                                "why": "why not measurable"},
+                        formats={"value": "{:,.3g}", "limit": "{:g}"}, dash_means="not measured")
+    from specdiag.steps.engine_ab.breakeven import checks_verify  # noqa: PLC0415
+
+    serving = [a for a in spec if not checks_verify(pg.arms_meta.get(a) or {})]  # a check arm times its check
+    card = analysis.scorecard(pg.dec, pg.pre, serving, p["stock_arm"])
+    if card.empty:
+        return s
+    pg.scorecard = card
+
+    def span(lo: Any, hi: Any) -> str | None:
+        return f"{lo:,.3g}-{hi:,.3g}" if pd.notna(lo) and pd.notna(hi) else None
+
+    shown = pd.DataFrame({
+        "arm": card["arm"],
+        "speedup": card["speedup_128k_x"], "speedup_ci": [span(a, b) for a, b in zip(card["speedup_lo"], card["speedup_hi"])],
+        "speedup_status": card["speedup_status"],
+        "keep": card["keep_128k"], "keep_ci": [span(a, b) for a, b in zip(card["keep_lo"], card["keep_hi"])],
+        "keep_status": card["keep_status"], "ttft": card["ttft_64k_x"], "ttft_status": card["ttft_status"]})
+    winners = list(card.loc[card["all_met"], "arm"])
+    s.text("Each arm against every target (ratios of medians over requests, 95% bootstrap interval; met only where "
+           "the interval clears the target): " + (f"{', '.join(winners)} meets all three." if winners else
+                                                  "no single arm meets all three targets."))
+    return s.table(shown, {"arm": "arm", "speedup": f"x {p['stock_arm']}'s step at 128k", "speedup_ci": "its interval",
+                           "speedup_status": "100x?", "keep": "1k step / 128k step", "keep_ci": "interval (1k / 128k)",
+                           "keep_status": "0.60?", "ttft": f"{p['stock_arm']}'s TTFT / its own at 64k",
+                           "ttft_status": "10x?"},
+                   formats={"speedup": "{:,.3g}", "keep": "{:.3g}", "ttft": "{:,.3g}"}, dash_means="not measured")
 
 
 def break_even(pg: Page) -> Section:
