@@ -339,6 +339,9 @@ def test_break_even_carries_the_range_of_its_requests() -> None:
 def test_the_scorecard_judges_every_arm_on_every_target_by_its_interval() -> None:
     """The DFLASH run at 61 layers: the plugin clears 100x over stock at 128k by its interval's lower end, FlashInfer
     misses 0.60 on 1k/128k, no arm meets all three; a value whose interval holds the target is inside the noise."""
+    from specdiag.paths import REFERENCE_DIR
+    from specdiag.runs import Run
+
     run = Run.open(REFERENCE_DIR / "sglang-h200-mla61-dflash")
     df = analysis.frame(run.rows("engine_ab"))
     card = analysis.scorecard(analysis.decode_table(df), analysis.prefill_table(df),
