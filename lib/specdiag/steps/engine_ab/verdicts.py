@@ -284,19 +284,13 @@ def lacks_finding(lacking: Sequence[str]) -> Finding | None:
 def recommendation(b: be.BreakEven) -> str:
     """What to run, from one break-even line: speculation on below the context, off above it (or always / never)."""
     span = f"{tok(b.contexts[0])}-{tok(b.contexts[-1])}" if b.contexts else ""
-    if b.outcome == "crosses":
+    if b.outcome in ("crosses", "starts"):
         lo = tok(b.lo_tokens) if b.lo_tokens is not None else f"at or below {tok(b.contexts[0])}"
         hi = tok(b.hi_tokens) if b.hi_tokens is not None else f"beyond {tok(b.contexts[-1])}"
-        again = (f"; but it pays again at {', '.join(tok(c) for c in b.pays_again)}, so one line does not hold "
+        below, above, turn = ("on", "off", "pays") if b.outcome == "crosses" else ("off", "on", "costs")
+        again = (f"; but it {turn} again at {', '.join(tok(c) for c in b.pays_again)}, so one line does not hold "
                  "over the measured range" if b.pays_again else "")
-        return (f"speculation on below about {tok(b.context_tokens)} tokens and off above it "
-                f"(interval from {lo} to {hi}){again}")
-    if b.outcome == "starts":
-        lo = tok(b.lo_tokens) if b.lo_tokens is not None else f"at or below {tok(b.contexts[0])}"
-        hi = tok(b.hi_tokens) if b.hi_tokens is not None else f"beyond {tok(b.contexts[-1])}"
-        again = (f"; but it costs again at {', '.join(tok(c) for c in b.pays_again)}, so one line does not hold "
-                 "over the measured range" if b.pays_again else "")
-        return (f"speculation off below about {tok(b.context_tokens)} tokens and on above it "
+        return (f"speculation {below} below about {tok(b.context_tokens)} tokens and {above} above it "
                 f"(interval from {lo} to {hi}){again}")
     if b.outcome == "always pays":
         return f"speculation on: it always pays on this server ({span} measured)"
