@@ -256,6 +256,8 @@ def test_three_states_per_arm_say_whether_the_contiguous_allocator_buys_the_cost
     assert r["scattered_x"] == pytest.approx(1.1, abs=0.01) and r["contiguous_x"] == pytest.approx(1.0, abs=0.01)
     f = {x.id: x for x in tier0.findings(states)}["kv_layout.tier0.plugin"]
     assert f.severity == "ok" and "buys back" in f.verdict and f.numbers["fix_speedup_x"] == pytest.approx(1.1, abs=0.02)
+    assert "99% fresh" in f.evidence[0] and "against its own server's fresh requests" in f.evidence[0]
+    assert "{" not in f.evidence[0]
     assert tier0.metrics(states)["plugin"]["131072"]["buys_back"] is True
     # the contiguous arm is judged beside its base arm, not as an arm of its own
     base = {x.id for x in kla.findings(kla.costs(rows), kla.kernel_prediction([]))}
@@ -263,6 +265,17 @@ def test_three_states_per_arm_say_whether_the_contiguous_allocator_buys_the_cost
     found = [*kla.findings(kla.costs(rows), kla.kernel_prediction([])), *tier0.findings(states)]
     d = diagnose([{**dataclasses.asdict(x), "notebook": "10_kv_layout"} for x in found])
     assert "the contiguous KV allocator, buys it back there" in d.after
+
+    assert r["contiguous_against"] == "its own server's fresh requests"
+    # a slower server: its own fresh requests are the reference, so the spread between servers is no layout cost
+    other = [({**x, "step_ms": x["step_ms"] * 1.3, "step_ms_samples": [v * 1.3 for v in x["step_ms_samples"]]}
+              if x["arm"] == "plugin_contiguous" else x) for x in rows]
+    r2 = tier0.three_states(other).iloc[0]
+    assert r2["buys_back"] and r2["contiguous_x"] == pytest.approx(1.0, abs=0.01)
+    assert r2["contiguous_fresh_ms"] == pytest.approx(13.0, rel=0.01)  # against the base arm's it would read 1.3x
+    no_own = tier0.three_states([x for x in rows if not (x["arm"] == "plugin_contiguous"
+                                                         and x["pool_state"] == "fresh")]).iloc[0]
+    assert no_own["contiguous_against"] == "plugin's fresh requests" and no_own["buys_back"]
 
     slow = tier0.three_states(_three_state_rows(11.0))  # contiguous, yet as slow as scattered: not bought back
     f = tier0.findings(slow)[0]
