@@ -177,6 +177,9 @@ def test_ngram_recalling_its_earlier_answer_gets_a_line_at_the_first_requests_co
     assert "spec never pays" in f.title and "recalled the first's answer" in f.verdict
     d = diagnosis.diagnose([_finding_dict(f)])
     assert "optimistic" in d.recommend and "At the commit of each prompt's first request" in d.recommend
+    # requests with their own tails re-decode nothing: no recall is read into their commits
+    tailed = [{**r, "tail_seed": 100 + r["repeat"]} if r["arm"] == "spec" else r for r in rows]
+    assert be.analyse(tailed, meta, list(meta)).recall == {}
     # no recall where the later requests commit like the first
     same = [{**r, "commit_length": 1.2} if r["arm"] == "spec" else r for r in rows]
     assert be.analyse(same, meta, list(meta)).recall == {}

@@ -384,15 +384,17 @@ def computed_cells(rows: Sequence[Mapping[str, Any]], pair: Pair, commits: Mappi
 
 
 def recalled(rows: Sequence[Mapping[str, Any]], pair: Pair) -> dict[int, tuple[float, float]]:
-    """For an NGRAM pair: the contexts where later requests on the prompt commit at least :data:`RECALL_X` times the
-    first's (module doc), each with (the first requests' mean commit, the later ones' median); empty otherwise."""
+    """For an NGRAM pair: the contexts where later requests on the same prompt commit at least :data:`RECALL_X` times
+    the first's (module doc), each with (the first requests' mean commit, the later ones' median); empty otherwise.
+    Requests with their own tail (``tail_seed``) re-decode no earlier answer and are not counted."""
     if pair.algorithm != "NGRAM":
         return {}
     out = {}
     for ctx, rs in _decode_rows(rows, pair.arm).items():
         by_call: dict[Any, list[Mapping[str, Any]]] = {}
         for r in rs:
-            by_call.setdefault((r.get("call"), r.get("seed")), []).append(r)
+            if r.get("tail_seed") is None:  # a request with its own tail re-decodes no earlier answer
+                by_call.setdefault((r.get("call"), r.get("seed")), []).append(r)
         first, later = [], []
         for group in by_call.values():
             group = sorted(group, key=lambda r: int(r.get("repeat") or 0))
