@@ -57,7 +57,12 @@ def _finish(ax: Any, ctx: list[int], ylabel: str, title: str, source: str, legen
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
     if legend:
-        ax.legend(fontsize=8)
+        many = len(ax.get_legend_handles_labels()[0]) > 8  # beside the axes, where it hides no line
+        if many:
+            w, h = ax.figure.get_size_inches()
+            ax.figure.set_size_inches(w + 5.5, h)
+        ax.legend(fontsize=8, **({"loc": "upper left", "bbox_to_anchor": (1.01, 1.0), "borderaxespad": 0.0}
+                                 if many else {}))
     source_note(ax, source)
 
 
@@ -90,6 +95,11 @@ def ttft_vs_context(ax: Any, floors: pd.DataFrame, styles: dict[str, dict[str, A
 OFF_SHADES = (("#333333", "s"), ("#888888", "v"), ("#555555", "X"), ("#aaaaaa", "P"))
 
 
+def _kind_words(kind: str) -> str:
+    """'predictable text'; the first-request line: 'at the first request's commit'."""
+    return "at the first request's commit" if kind == "first request" else f"{kind} text"
+
+
 def tok_s_on_off(ax: Any, cells: Sequence[Any], evens: Sequence[Any], styles: dict[str, dict[str, Any]],
                  source: str = "measured") -> None:
     """Decode tokens/s against context of each speculating arm (solid on novel prose; dash-dot on another text kind
@@ -107,7 +117,7 @@ def tok_s_on_off(ax: Any, cells: Sequence[Any], evens: Sequence[Any], styles: di
         ax.plot(xs, [c.on_tok_s for c in g], color=st["color"], marker=st["marker"], linewidth=1.2,
                 linestyle=":" if computed else "-" if novel else "-.",
                 markerfacecolor="white" if computed else st["color"],
-                label=(f"{arm}, {kind} ({src})" if computed else f"{arm} (speculation on)" if novel
+                label=(f"{arm}, {_kind_words(kind)} ({src})" if computed else f"{arm} (speculation on)" if novel
                        else f"{arm}, {kind} text (speculation on)"))
         off = g[0].off_arm
         if (off, kind) not in offs_drawn and not computed:
@@ -126,7 +136,7 @@ def tok_s_on_off(ax: Any, cells: Sequence[Any], evens: Sequence[Any], styles: di
         lo = b.lo_tokens if b.lo_tokens is not None else min(b.contexts)
         hi = b.hi_tokens if b.hi_tokens is not None else max(b.contexts)
         ax.axvspan(lo, hi, color=color, alpha=0.08 if novel else 0.04,
-                   label=f"{b.arm}{'' if novel else ', ' + b.kind + ' text'}: break-even and its interval (computed)")
+                   label=f"{b.arm}{'' if novel else ', ' + _kind_words(b.kind)}: break-even and its interval (computed)")
     dotted = any(src == "computed" for _a, _k, src in _groups(cells))
     _finish(ax, sorted(set(contexts)), "decode tokens/s (median over requests, log)",
             "Decode tokens/s, speculation on and off",
