@@ -47,7 +47,8 @@ from make_dflash_drafter import make_config, make_weights, tensor_shapes, write_
 from specdiag.localserver.dflash import TargetTap, apply_rope, rms_norm, rope_cos_sin  # noqa: E402
 
 
-def init_weights(cfg: dict, target: torch.nn.Module, init_layers: list[int], seed: int) -> dict[str, torch.Tensor]:
+def init_weights(cfg: dict, target: torch.nn.Module, init_layers: list[int], seed: int,
+                 hidden_norm_from: int | None = None) -> dict[str, torch.Tensor]:
     """float32 trainable tensors: drafter layer i from target layer ``init_layers[i]``, norms from the target's final
     norm, ``fc`` the identity on the last tapped layer's features (the rest small noise)."""
     gen = torch.Generator().manual_seed(seed)
@@ -65,6 +66,9 @@ def init_weights(cfg: dict, target: torch.nn.Module, init_layers: list[int], see
             fc = torch.randn(shape, generator=gen) * 0.02 / math.sqrt(k)
             fc[:, (k - 1) * h:] += torch.eye(h)
             w[name] = fc
+        elif name == "hidden_norm.weight" and hidden_norm_from is not None:
+            # the context as target layer hidden_norm_from reads its input (its input_layernorm)
+            w[name] = sd[f"model.layers.{hidden_norm_from}.input_layernorm.weight"].float().clone()
         else:
             w[name] = sd["model.norm.weight"].float().clone()
     for t in w.values():
@@ -153,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, default=2, help="drafter layers")
     ap.add_argument("--init-layers", type=int, nargs="*", default=[2, 3],
                     help="target layers the drafter starts as (an empty list: make_dflash_drafter.py's random init)")
+    ap.add_argument("--hidden-norm-from", type=int, default=None,
+                    help="start hidden_norm as this target layer's input_layernorm (default: the final norm)")
     ap.add_argument("--target-layers", type=int, nargs="+", default=[1, 2], help="target layer ids (<= L - 2)")
     ap.add_argument("--block-size", type=int, default=8)
     ap.add_argument("--seq-len", type=int, default=512)
@@ -164,8 +170,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="periodic stretches per 16,384 tokens (curriculum.py; the target's memorized corpus text "
                     "teaches a drafter little, copies are what it can learn in minutes)")
     ap.add_argument("--phrases-per-1k", type=float, default=8.0, help="repeated phrases per 1,000 tokens")
+    ap.add_argument("--periodic-share", type=float, default=0.0,
+                    help="share of sequences that are one periodic stretch from a random start (a unit of "
+                    "--period tokens of the corpus tiled, the shape of the predictable prompt) after plain text")
+    ap.add_argument("--period", type=int, nargs=2, default=[4, 40], help="period range of those sequences, tokens")
     ap.add_argument("--steps", type=int, default=100000, help="at most this many steps")
     ap.add_argument("--budget-s", type=float, default=900.0, help="stop after this many seconds of training")
+    ap.add_argument("--save-every-s", type=float, default=0.0,
+                    help="also write the drafter to OUT every this many seconds of training (0: only at the end)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
@@ -184,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
                       tcfg["intermediate_size"], args.block_size, list(args.target_layers), tcfg["vocab_size"] - 1,
                       None, 0)
     if args.init_layers:
-        w = init_weights(cfg, target, args.init_layers, args.seed)
+        w = init_weights(cfg, target, args.init_layers, args.seed, args.hidden_norm_from)
     else:
         w = {k: v.float().requires_grad_(True) for k, v in make_weights(cfg, args.seed).items()}
     embed = target.get_input_embeddings().weight.detach()
@@ -193,11 +205,20 @@ def main(argv: list[str] | None = None) -> int:
     curriculum = CopyCurriculum(copy_share=1.0, phrases_per_1k_tokens=args.phrases_per_1k,
                                 periodic_per_16k_tokens=args.periodic_per_16k, periodic_span_tokens=(32, 256))
     t0, step, log = time.perf_counter(), 0, []
+    next_save = args.save_every_s or math.inf
     while step < args.steps and time.perf_counter() - t0 < args.budget_s:
         frac = min(1.0, (time.perf_counter() - t0) / args.budget_s)
         for g in opt.param_groups:  # 3% warm-up, then cosine to 10% over the time budget
             g["lr"] = args.lr * (min(1.0, (step + 1) / 30) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac))))
-        batch = torch.from_numpy(sample_batch(corpus, args.batch, args.seq_len, curriculum, rng))
+        batch = sample_batch(corpus, args.batch, args.seq_len, curriculum, rng)
+        for row in batch:
+            if rng.random() < args.periodic_share:
+                period = int(rng.integers(args.period[0], args.period[1] + 1))
+                src = int(rng.integers(0, len(corpus) - period))
+                start = int(rng.integers(0, args.seq_len // 4))
+                span = args.seq_len - start
+                row[start:] = np.tile(corpus[src:src + period], -(-span // period))[:span]
+        batch = torch.from_numpy(batch)
         with torch.no_grad():
             labels = target(input_ids=batch).logits.argmax(-1)
             feats = tap.take_batch()
@@ -220,6 +241,10 @@ def main(argv: list[str] | None = None) -> int:
             log.append(entry)
             print(json.dumps(entry), flush=True)
         step += 1
+        if time.perf_counter() - t0 >= next_save:
+            next_save += args.save_every_s
+            save(w, cfg, args.out, {"partial": True, "steps": step, "train_s": round(time.perf_counter() - t0, 1),
+                                    "log": log})
     tap.remove()
     record = {"command": "python data/models/train_dflash.py " + " ".join(sys.argv[1:] if argv is None else argv),
               "steps": step, "train_s": round(time.perf_counter() - t0, 1), "seed": args.seed,
