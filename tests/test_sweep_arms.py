@@ -14,6 +14,7 @@ from specdiag.sweep.settings import SettingsError, parse_settings
 ARMS_DIR = PROJECT_ROOT / "params" / "arms"
 MEASURE_OF = {"embedded.yaml": "engine_ab", "engine-ab-ngram.yaml": "engine_ab", "engine-ab-dflash.yaml": "engine_ab",
               "kv-layout.yaml": "kv_layout", "moe-batch1.yaml": "moe_batch1",
+              "moe-batch1-plugin.yaml": "moe_batch1",
               "plugin-identity.yaml": "plugin_identity", "vllm-cpu.yaml": "engine_ab"}
 
 
