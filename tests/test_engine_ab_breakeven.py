@@ -347,3 +347,29 @@ def test_a_line_that_pays_again_past_its_crossing_says_so_in_the_recommendation(
     rec = verdicts.recommendation(b)
     assert rec.startswith("speculation on below about") and rec.endswith(
         "but it pays again at 4k, so one line does not hold over the measured range")
+
+
+def test_arms_of_different_step_sizes_are_not_ranked_step_against_step() -> None:
+    """NGRAM at 4 and at 8 tokens a step (make report's 09): a band verdict or a trade per verify step would set a
+    4-token step against an 8-token one; the page says so and leaves the pick to the break-even's draft lengths."""
+    import pandas as pd
+
+    from specdiag.steps.engine_ab import analysis, verdicts
+    from specdiag.steps.engine_ab import arms as eab_arms
+
+    meta = {"ngram": _arm("NGRAM", k=4), "ngram8": _arm("NGRAM", k=8), "off": _arm(None)}
+    assert eab_arms.step_sizes(meta, ["ngram", "ngram8"]) == {"ngram": 4, "ngram8": 8}
+    dec = pd.DataFrame([{"arm": a, "context_tokens": c, "step_ms": ms, "commit_first": 2.0, "clean": True, "n": 3}
+                        for a, ms in (("ngram", 20.0), ("ngram8", 25.0)) for c in (1024, 8192)])
+    pre = pd.DataFrame([{"arm": a, "context_tokens": c, "ttft_s": t, "own": True, "why_not_own": ""}
+                        for a, t in (("ngram", 1.0), ("ngram8", 2.0)) for c in (1024, 8192)])
+    bands = analysis.band_verdicts(dec, pre, meta, [8192])
+    assert bands["fastest"].isna().all()
+    assert all(v.startswith("not comparable per step: ngram verifies 4, ngram8 verifies 8") for v in bands["verdict"])
+    tt = analysis.targets(dec, pre, ["ngram", "ngram8"], None)
+    found = {f.id: f for f in verdicts.findings(dec, pre, {}, bands, tt, [], meta)}
+    assert "engine_ab.tradeoff" not in found
+    assert found["engine_ab.verdict"].title == "No band compares arms step against step"
+    # the same step size: ranked as before
+    same = {"ngram": _arm("NGRAM", k=8), "ngram8": _arm("NGRAM", k=8)}
+    assert analysis.band_verdicts(dec, pre, same, [8192])["fastest"].notna().all()

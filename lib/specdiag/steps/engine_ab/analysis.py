@@ -301,6 +301,15 @@ def band_verdicts(dec: pd.DataFrame, pre: pd.DataFrame, arms_meta: Mapping[str, 
         ctxs = sorted(int(c) for c, n in counts.items() if n >= 2)
         row: dict[str, Any] = {"band": band_label(b, edges), "contexts": [tok(c) for c in ctxs]}
         full = [a for a in dict.fromkeys(sel["arm"]) if all(_cell(sel, a, c) for c in ctxs)] if ctxs else []
+        from specdiag.steps.engine_ab.arms import step_sizes  # noqa: PLC0415
+
+        sizes = step_sizes(arms_meta, full)
+        if len(full) >= 2 and len({k for k in sizes.values() if k is not None}) > 1:
+            row.update(arms=full, verdict="not comparable per step: " + ", ".join(f"{a} verifies {k}" for a, k in
+                                                                                    sizes.items())
+                       + " tokens a step (the break-even's draft lengths compare them in tokens/s)")
+            out.append(row)
+            continue
         if len(full) < 2:
             only = sorted(set(sel["arm"]))
             row.update(arms=only, verdict=f"not comparable: {'only ' + ', '.join(only) if only else 'no arm'} "

@@ -262,3 +262,25 @@ def settings_rows(arms_meta: Mapping[str, Any], arm_names: Sequence[str]) -> lis
     reported, how it was configured, and its start-up time."""
     return [{"setting": name, "source": src, **{a: get(dict(arms_meta.get(a) or {}), a) for a in arm_names}}
             for name, src, get in SETTINGS]
+
+
+def draft_tokens_of(record: Mapping[str, Any]) -> int | None:
+    """Tokens per verify step the arm's server reports (DFLASH's block size, else ``speculative_num_draft_tokens``),
+    else its ``engine_config``'s (embedded arms); None when neither says."""
+    srv = dict(record.get("server") or {})
+    for key in ("speculative_dflash_block_size", "speculative_num_draft_tokens"):
+        try:
+            return int(float(srv[key]))
+        except (KeyError, TypeError, ValueError):
+            continue
+    if record.get("engine_config"):
+        parts = str(record["engine_config"]).split(":")
+        if len(parts) > 2 and parts[2].isdigit():
+            return int(parts[2])
+    return None
+
+
+def step_sizes(arms_meta: Mapping[str, Any], arm_names: Sequence[str]) -> dict[str, int | None]:
+    """Tokens per verify step of each arm (:func:`draft_tokens_of`): arms whose steps differ in size are compared
+    in tokens/s (09's draft length that pays best), not step against step."""
+    return {a: draft_tokens_of(dict(arms_meta.get(a) or {})) for a in arm_names}

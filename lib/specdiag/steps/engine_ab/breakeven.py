@@ -68,7 +68,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from specdiag.stats import MIN_REQUESTS, NOT_ENOUGH, compare_requests
 from specdiag.steps.engine_ab.analysis import _f, tok
-from specdiag.steps.engine_ab.arms import OFF_ALGORITHMS
+from specdiag.steps.engine_ab.arms import OFF_ALGORITHMS, draft_tokens_of, step_sizes
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -92,19 +92,6 @@ def backend_of(record: Mapping[str, Any]) -> str | None:
     srv = dict(record.get("server") or {})
     value = srv.get("decode_attention_backend") or srv.get("attention_backend")
     return str(value) if value not in (None, "") else None
-
-
-def draft_tokens_of(record: Mapping[str, Any]) -> int | None:
-    """Tokens per verify step the arm's server reports (DFLASH's block size, else ``speculative_num_draft_tokens``)."""
-    srv = dict(record.get("server") or {})
-    for key in ("speculative_dflash_block_size", "speculative_num_draft_tokens"):
-        if _f(srv.get(key)) is not None:
-            return int(float(srv[key]))
-    if record.get("engine_config"):
-        parts = str(record["engine_config"]).split(":")
-        if len(parts) > 2 and parts[2].isdigit():
-            return int(parts[2])
-    return None
 
 
 @dataclass(frozen=True)

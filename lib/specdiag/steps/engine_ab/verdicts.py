@@ -14,7 +14,7 @@ from specdiag.findings import Finding
 from specdiag.stats import NOT_ENOUGH
 from specdiag.steps.engine_ab import breakeven as be
 from specdiag.steps.engine_ab.analysis import tok
-from specdiag.steps.engine_ab.arms import verify_arms
+from specdiag.steps.engine_ab.arms import step_sizes, verify_arms
 
 
 def arm_what(arms_meta: Mapping[str, Any], arm: str) -> str:
@@ -252,6 +252,11 @@ def verdict_finding(verdicts: pd.DataFrame) -> Finding | None:
     judged = verdicts[verdicts["fastest"].notna()]
     lines = tuple(f"{r.band}: {r.verdict}" for r in verdicts.itertuples())
     if judged.empty:
+        sizes = [r.verdict for r in verdicts.itertuples() if str(r.verdict).startswith("not comparable per step")]
+        if sizes:
+            return Finding("engine_ab.verdict", "No band compares arms step against step",
+                           f"{sizes[0][0].upper()}{sizes[0][1:]}: which arm to run is the break-even's draft length "
+                           "that pays best.", "info", lines, {}, "computed")
         return Finding("engine_ab.verdict", "No band had two arms to compare", "No context band holds decode rows of "
                        "two or more arms: which arm to run is not measured here.", "info", lines, {}, "computed")
     last = judged.iloc[-1]
@@ -390,6 +395,8 @@ def findings(dec: pd.DataFrame, pre: pd.DataFrame, own_floors: Mapping[str, Sequ
     one token's: the break-even compares it in tokens/s). ``floor_ratio_threshold``: a TTFT at or above this many
     times its floor is critical."""
     keep = verify_arms(arms_meta, list(dict.fromkeys(dec["arm"]))) if not dec.empty else []
+    if len({k for k in step_sizes(arms_meta, keep).values() if k is not None}) > 1:
+        keep = []  # steps of different sizes: no trade step against step (the break-even compares tokens/s)
     steps_dec = dec[dec["arm"].isin(keep)] if not dec.empty else dec
     steps_pre = pre[pre["arm"].isin(keep)] if not pre.empty else pre
     out = [stock_decode(dec, stock_arm), decode_fix(dec, arms_meta, stock_arm, plugin_arm),
