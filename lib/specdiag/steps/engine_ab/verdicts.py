@@ -380,8 +380,8 @@ def break_even_finding(pairs: Sequence[be.Pair], off_arms: Sequence[str], evens:
                         "step x 1000 / ms per verify step where a row lacks it); off, "
                         "1000 / ms per token (measured); ratio of the medians, 95% bootstrap interval over requests; "
                         "the crossing interpolated on log-context (computed)",),
-        {"lines": [{**b.as_dict(), "recommendation": recommendation(b), "forced_acceptance": forced.get(b.arm),
-                    "recalled": recalled(b)} for b in evens],
+        {"lines": [{**b.as_dict(), "recommendation": recommendation(b), "short": in_a_few_words(b),
+                    "forced_acceptance": forced.get(b.arm), "recalled": recalled(b)} for b in evens],
          "pairs": {p.arm: p.off_arm for p in pairs}, "off_arms": list(off_arms),
          "best_draft_tokens": [dict(d) for d in best_drafts]}, "computed")
 

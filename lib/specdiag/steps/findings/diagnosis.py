@@ -452,13 +452,9 @@ NO_OFF_ARM = ("Where speculation stops paying is not measured in this run: it ha
 
 
 def _line_short(line: Mapping[str, Any]) -> str:
-    """A break-even line in a few words: 'stops paying at about 8.9k tokens', 'always pays', ..."""
-    out = str(line.get("outcome"))
-    if out == "crosses":
-        return f"stops paying at about {_tok(line['context_tokens'])}"
-    if out == "starts":
-        return f"starts paying at about {_tok(line['context_tokens'])}"
-    return {"tie": "ties with no speculation throughout"}.get(out, out)
+    """A break-even line in a few words, as 09 wrote it ('stops paying at about 1.75k tokens', 'always pays
+    (1k-128k)'); the bare outcome where a line has none."""
+    return str(line.get("short") or line.get("outcome"))
 
 
 def _recommend(findings: Sequence[Mapping[str, Any]], used: list[Mapping[str, Any]], numbers: dict[str, Any]) -> str:
