@@ -331,3 +331,21 @@ def test_arms_started_here_and_the_smallest_pool_one_filler_serves() -> None:
         assert pool % 64 == 0 and pool >= need and klm.fillers_needed(plan, pool, tpp) == 1
         assert pool - 64 < need or klm.fillers_needed(plan, pool - 64, tpp) >= 2
     assert klm.smallest_pool(klm.LayoutPlan(contexts=(1024,), max_new_tokens=48, repeats=3), 8) == 5120
+
+
+def test_one_filler_serves_every_fragmented_request_when_asked() -> None:
+    """filler_once: one filler after each flush however small the pool (the later requests land on the slots the
+    earlier ones freed); without it, a pool that holds one request's pieces needs a filler per request. A fresh
+    request's flush between fragmented ones calls for a filler again."""
+    for once, want in ((True, 1), (False, 3)):
+        plan = klm.LayoutPlan(contexts=(131072,), max_new_tokens=64, repeats=3, states=("fragmented",),
+                              filler_once=once)
+        assert klm.fillers_needed(plan, 140_000, 8) == want
+    aba = klm.LayoutPlan(contexts=(131072,), max_new_tokens=64, repeats=3, filler_once=True)
+    assert [s for s, _ in klm.schedule(aba.states, aba.repeats)] == ["fresh", "fresh", "fragmented", "fragmented",
+                                                                     "fragmented", "fresh"]
+    assert klm.fillers_needed(aba, 140_000, 8) == 1
+    assert klm.filler_due(aba, filled=False, ahead=10**9, need=1) is True
+    assert klm.filler_due(aba, filled=True, ahead=0, need=10**6) is False
+    settings = klm.SweepSettings(filler_once=True, states=("fragmented",))
+    assert settings.plan().filler_once is True

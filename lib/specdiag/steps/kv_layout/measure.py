@@ -70,6 +70,11 @@ class LayoutPlan:
     seed: int = 0
     filler: FillerPlan = field(default_factory=FillerPlan)
     states: tuple[str, ...] = STATES
+    # one filler per run of fragmented requests (after each flush): the later requests land on the slots the earlier
+    # ones freed, which SGLang's page_size-1 allocator appends to its free list in the order the request held them, so
+    # they lie as scattered as the first (each row's measured layout is the check). False: a filler whenever the
+    # filler's pieces left ahead in the free list (an estimate) do not cover the next request
+    filler_once: bool = False
 
 
 def schedule(states: Sequence[str], repeats: int) -> list[tuple[str, int]]:
@@ -231,10 +236,11 @@ def measure_arm(run: Any, arm: Arm, plan: LayoutPlan, progress: Callable[[str], 
     base = exact_prompt(client, max(2 * plan.filler.prompt_tokens[1], 512), "novel", plan.seed + 7919).input_ids
     written = 0
     ahead = 0  # filler pieces left ahead in the free list (estimate), slots
+    filled = False  # a filler ran since the last flush
     filler_note: dict[str, Any] | None = None
     for state, rep in schedule(plan.states, plan.repeats):
         if state == "fresh":
-            ahead = 0  # the flush before a fresh request undoes the filler's work
+            ahead, filled = 0, False  # the flush before a fresh request undoes the filler's work
         for ctx in plan.contexts:
             if (arm.name, state, ctx, rep) in done_keys:
                 continue
@@ -255,13 +261,14 @@ def measure_arm(run: Any, arm: Arm, plan: LayoutPlan, progress: Callable[[str], 
                 done = send(client, prompt.input_ids, plan.max_new_tokens, cache_flushed=flushed, prompt=prompt,
                             t_stamp=t0)
             else:
-                if ahead < 1.1 * need:
+                if filler_due(plan, filled, ahead, need):
                     require_loopback(url)
                     progress(f"{arm.name}: filling the pool ({pool_tokens:,} slots) before {ctx:,} tokens")
                     client.reset_cache()  # the filler's cycles count from one contiguous free list
                     res = fill(url, client.engine, base, plan.filler, pool_tokens, tpp, progress)
                     filler_note = res.as_dict()
                     ahead = pool_tokens - need if res.stopped == "cycled" else 0
+                    filled = True
                     progress(f"{arm.name}: filler {res.requests} requests, {res.cycles:.2f} pool cycles "
                              f"({res.slots_source}), {res.seconds:.1f} s, stopped: {res.stopped}")
                 done = send(client, prompt.input_ids, plan.max_new_tokens, cache_flushed=None, prompt=prompt)
@@ -286,6 +293,7 @@ class SweepSettings:
     max_new_tokens: int = 64  # per long request
     repeats: int = 1  # long requests per arm, pool state and context (each its own prompt)
     states: tuple[str, ...] = STATES  # pool states, in this order
+    filler_once: bool = False  # one filler per run of fragmented requests (LayoutPlan.filler_once)
     filler_cycles: float = 1.1  # slots the filler pushes through the allocator, in pool sizes
     filler_concurrency: int = 8  # filler requests in flight
     filler_max_s: float = 240.0  # the filler stops after this long, s
@@ -295,7 +303,7 @@ class SweepSettings:
         if not self.states or set(self.states) - set(STATES):
             raise ValueError(f"states takes {' and/or '.join(STATES)}, in the order to measure; got {self.states}")
         return LayoutPlan(contexts=self.contexts, max_new_tokens=self.max_new_tokens, repeats=self.repeats,
-                          seed=self.seed, states=self.states,
+                          seed=self.seed, states=self.states, filler_once=self.filler_once,
                           filler=FillerPlan(cycles=self.filler_cycles, concurrency=self.filler_concurrency,
                                             max_seconds=self.filler_max_s))
 
@@ -380,20 +388,26 @@ def parse_engine_configs(text: str) -> list[EngineArm]:
     return out
 
 
+def filler_due(plan: LayoutPlan, filled: bool, ahead: int, need: int) -> bool:
+    """Whether a filler runs before the next fragmented request: with ``plan.filler_once``, when none ran since the last
+    flush (``filled``); otherwise when the filler's pieces left ahead in the free list (``ahead``, slots, an estimate)
+    do not cover 1.1 times the request's ``need``."""
+    return not filled if plan.filler_once else ahead < 1.1 * need
+
+
 def fillers_needed(plan: LayoutPlan, pool_tokens: int, tokens_per_step: int | None) -> int:
-    """How many filler runs :func:`measure_arm` makes on a pool of ``pool_tokens`` slots: its own rule (a filler before
-    a fragmented request whose need the pieces left ahead do not cover 1.1 times), each request taking its prompt,
-    ``max_new_tokens`` and one step's drafts (:func:`slots_of`)."""
-    ahead, runs = 0, 0
+    """How many filler runs :func:`measure_arm` makes on a pool of ``pool_tokens`` slots: its own rule
+    (:func:`filler_due`), each request taking its prompt, ``max_new_tokens`` and one step's drafts (:func:`slots_of`)."""
+    ahead, runs, filled = 0, 0, False
     for state, _ in schedule(plan.states, plan.repeats):
         if state == "fresh":
-            ahead = 0
+            ahead, filled = 0, False
             continue
         for ctx in plan.contexts:
             need = ctx + plan.max_new_tokens * (tokens_per_step or 1)
-            if ahead < 1.1 * need:
+            if filler_due(plan, filled, ahead, need):
                 runs += 1
-                ahead = pool_tokens - need
+                ahead, filled = pool_tokens - need, True
             ahead -= ctx + plan.max_new_tokens + (tokens_per_step or 0)
     return runs
 
