@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import statistics
 
+import pandas as pd
 import pytest
 
 from specdiag.geometry import from_hf_config
@@ -354,3 +355,75 @@ def test_the_scorecard_judges_every_arm_on_every_target_by_its_interval() -> Non
     assert analysis._judge(0.62, 0.55, 0.70, 0.60, "") == "inside the noise"
     assert analysis._judge(0.62, None, None, 0.60, "1 / 1 requests: no interval") == "met (1 / 1 requests: no interval)"
     assert analysis._judge(None, None, None, 0.60, "") == "not measured"
+
+
+def test_the_best_arm_at_128k_leaves_out_check_arms_and_drafter_variants() -> None:
+    """An arm missing at 128k keeps the best arm from being named unless it cannot be the best: a check arm (each
+    verify call also runs SGLang's kernel) or one that verifies as an arm decoded there (the same decode backend,
+    plugin, algorithm and tokens per step: only its drafter's window differs). The row says what it left out."""
+    rows = h200_61_layer_run()
+    _, dec, pre = tables(rows)
+    arms = ["triton", "triton_plugin"]
+    srv = {"attention_backend": "triton", "speculative_algorithm": "DFLASH", "speculative_dflash_block_size": 8}
+    meta = {"triton": {"server": srv}, "triton_plugin": {"server": srv, "plugin": "splitkv"},
+            "check": {"server": srv, "plugin": "splitkv", "env": {"SPECDIAG_SGLANG_CHECK": "1"}},
+            "nowindow": {"server": {**srv, "speculative_draft_window_size": None}, "plugin": "splitkv"},
+            "fi": {"server": {**srv, "attention_backend": "flashinfer"}}}
+    one_k = dec[(dec["arm"] == "triton_plugin") & (dec["context_tokens"] == K1)]
+    extra = pd.concat([one_k.assign(arm=a) for a in ("check", "nowindow", "fi")])
+    dec2 = pd.concat([dec[dec["arm"].isin(arms)], extra])
+    tt = analysis.targets(dec2, pre, [*arms, "check", "nowindow"], 61, arms_meta=meta).set_index("target_id")
+    row = tt.loc["best_decode_128k_vs_1k"]
+    assert row["status"] == "met" and row["arm"] == "triton_plugin"
+    assert "check, a check arm" in row["why"] and "nowindow, verifies as triton_plugin does" in row["why"]
+    # another backend missing at 128k could be the best there: not named
+    tt = analysis.targets(dec2, pre, [*arms, "check", "nowindow", "fi"], 61, arms_meta=meta).set_index("target_id")
+    assert tt.loc["best_decode_128k_vs_1k", "status"] == "not measurable"
+    assert "no decode at 128k for fi" in tt.loc["best_decode_128k_vs_1k", "why"]
+    # without the arms' records nothing is left out
+    tt = analysis.targets(dec2, pre, [*arms, "nowindow"], 61).set_index("target_id")
+    assert tt.loc["best_decode_128k_vs_1k", "status"] == "not measurable"
+
+
+def test_the_band_pick_consults_the_requests() -> None:
+    """Each band's fastest arm is set against its runner-up over requests at every context of the band: clearly apart,
+    "faster at every context"; overlapping, a tie said as one (and the finding's title says tie); two requests, not
+    enough to pick."""
+    _, dec, pre = tables(h200_61_layer_run())
+    bands = analysis.band_verdicts(dec, pre, ARMS_META, [8192, 65536]).set_index("band")
+    assert bands.loc["8k to 64k", "against_runner_up"].startswith("faster at every context over requests: 64k 1.34x")
+    assert "interval 1.31-1.35x, 3 / 3 requests" in bands.loc["8k to 64k", "verdict"]
+    near = dec.copy()
+    at = (near["arm"] == "triton_plugin") & (near["context_tokens"] == K1)
+    near.loc[at, "step_ms_samples"] = pd.Series([[6.4, 6.9, 6.6]], index=near[at].index)
+    short = analysis.band_verdicts(near, pre, ARMS_META, [8192, 65536]).iloc[0]
+    assert short["against_runner_up"].startswith("tie inside the requests' noise")
+    assert short["verdict"].startswith("flashinfer and triton_plugin tie")
+    f = verdicts.verdict_finding(analysis.band_verdicts(near, pre, ARMS_META, [8192]))
+    assert f is not None and "tie" not in f.title  # the longest band (above 8k) has a clear winner
+    f = verdicts.verdict_finding(analysis.band_verdicts(near[near["context_tokens"] == K1], pre, ARMS_META, [8192]))
+    assert f is not None and f.title == "At the longest band, flashinfer and triton_plugin tie"
+    few = dec.copy()
+    at = (few["arm"] == "flashinfer") & (few["context_tokens"] == K64)
+    few.loc[at, "step_ms_samples"] = pd.Series([[11.4, 11.5]], index=few[at].index)
+    mid = analysis.band_verdicts(few, pre, ARMS_META, [8192, 65536]).set_index("band").loc["8k to 64k"]
+    assert mid["against_runner_up"].startswith("not enough requests")
+
+
+def test_requests_of_several_servers_keep_their_spread() -> None:
+    """A merged run's arm pooled over servers (calls): another arm's median inside the range of those servers' medians
+    is a tie inside the spread between servers, even where the pooled requests' interval clears 1."""
+    rows = []
+    for call, ms in ((1, [4.45, 4.5, 4.4]), (2, [6.0, 6.1, 5.9]), (3, [6.2, 6.1, 6.3]), (4, [5.9, 6.0, 6.05])):
+        rows += [{"arm": "a", "phase": "decode", "context_tokens": K1, "repeat": i, "call": call, "step_ms": v,
+                  "decode_tok_s": 700.0, "commit_length": 3.5, "cached_tokens": 1000} for i, v in enumerate(ms)]
+    rows += [{"arm": "b", "phase": "decode", "context_tokens": K1, "repeat": i, "call": 5, "step_ms": v,
+              "decode_tok_s": 700.0, "commit_length": 3.5, "cached_tokens": 1000} for i, v in enumerate([4.6, 4.62, 4.58])]
+    dec = analysis.decode_table(pd.DataFrame(rows).assign(error=None, overlapped_by=[[]] * len(rows)))
+    assert dec.set_index("arm").loc["a", "server_step_ms"] == {"1": 4.45, "2": 6.0, "3": 6.2, "4": 6.0}
+    band = analysis.band_verdicts(dec, pd.DataFrame(), {}, [8192]).iloc[0]
+    assert band["fastest"] == "b" and band["against_runner_up"].startswith("tie inside the spread between servers")
+    assert "a's 4 servers 4.45-6.2 ms" in band["verdict"] and "interval 1.13-1.33x" in band["verdict"]
+    apart = analysis.decode_table(pd.DataFrame([{**r, "step_ms": r["step_ms"] * (0.5 if r["arm"] == "b" else 1)}
+                                                for r in rows]).assign(error=None, overlapped_by=[[]] * len(rows)))
+    assert analysis.band_verdicts(apart, pd.DataFrame(), {}, [8192]).iloc[0]["against_runner_up"].startswith("faster")

@@ -293,6 +293,27 @@ def test_three_states_per_arm_say_whether_the_contiguous_allocator_buys_the_cost
     assert "The next fix: the contiguous KV allocator" in d.after and "plugin_contiguous" in d.after
 
 
+def test_the_contiguous_allocator_is_judged_alone_when_the_scattered_state_has_too_few_requests() -> None:
+    """Two fresh requests on the base server (no verdict on the layout's cost) and three a state on the contiguous
+    arm's own server: the allocator's own cost is judged (an upper bound from the interval), the buy-back is not."""
+    from specdiag.steps.kv_layout import tier0
+
+    rows = [x for x in _three_state_rows(10.02) if not (x["arm"] == "plugin" and x["pool_state"] == "fresh"
+                                                         and x["repeat"] == 2)]
+    states = tier0.three_states(rows)
+    r = states.iloc[0]
+    assert not r["enough_requests"] and r["contiguous_enough"] and not r["buys_back"]
+    f = tier0.findings(states)[0]
+    assert f.severity == "info" and f.numbers["not_enough_requests"] and "fix" not in f.numbers
+    assert "no cost above +" in f.verdict and "against its own server's fresh requests" in f.verdict
+    assert "not enough requests (scattered" in f.verdict and f.numbers["contiguous_hi_x"] > 1.0
+    # the same with the contiguous arm slower than its own fresh requests beyond the noise: it costs time
+    slow = [({**x, "step_ms": x["step_ms"] * 1.2, "step_ms_samples": [v * 1.2 for v in x["step_ms_samples"]]}
+             if x["arm"] == "plugin_contiguous" and x["pool_state"] == "fragmented" else x) for x in rows]
+    f = tier0.findings(tier0.three_states(slow))[0]
+    assert "it costs time" in f.verdict and "no cost above" not in f.verdict
+
+
 def test_every_state_and_repeat_decodes_its_own_prompt() -> None:
     """A fragmented request re-decoding the fresh one's prompt let NGRAM recall its answer (commit 7.9 against 1.9 on
     the H200): each state and repeat gets its own prompt seed, the same for every arm."""

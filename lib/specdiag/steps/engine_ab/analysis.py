@@ -111,11 +111,13 @@ def _ok(df: pd.DataFrame, phase: str) -> pd.DataFrame:
 
 def decode_table(df: pd.DataFrame) -> pd.DataFrame:
     """One row per arm and context of the decode rows (module doc): ``step_ms`` (median, ms per verify step),
-    ``step_ms_samples``, ``n``, ``decode_tok_s`` (median), ``decode_tok_s_first`` (the first request), ``commit_first``
+    ``step_ms_samples``, ``server_step_ms`` (the median of each server's requests, by call, where a merged run's
+    requests came from two or more), ``n``, ``decode_tok_s`` (median), ``decode_tok_s_first`` (the first request), ``commit_first``
     and ``commit_later`` (median of the later ones), ``cached_tokens`` (median), ``overlapped`` (rows another arm's
     request overlapped), ``clean`` (none did)."""
-    cols = ["arm", "context_tokens", "n", "step_ms", "step_ms_samples", "decode_tok_s", "decode_tok_s_first",
-            "commit_first", "commit_later", "cached_tokens", "overlapped", "overlapped_by", "clean"]
+    cols = ["arm", "context_tokens", "n", "step_ms", "step_ms_samples", "server_step_ms", "decode_tok_s",
+            "decode_tok_s_first", "commit_first", "commit_later", "cached_tokens", "overlapped", "overlapped_by",
+            "clean"]
     d = _ok(df, "decode")
     out = []
     for (arm, ctx), g in d.groupby(["arm", "context_tokens"], sort=False):
@@ -124,8 +126,10 @@ def decode_table(df: pd.DataFrame) -> pd.DataFrame:
         later = [float(x) for x in g["commit_length"].iloc[1:] if _f(x) is not None]
         by = sorted({a for hits in g["overlapped_by"] for a in hits})
         n_over = int(sum(1 for hits in g["overlapped_by"] if hits))
+        servers = ({str(c): statistics.median(float(x) for x in h["step_ms"]) for c, h in g.groupby("call")}
+                   if "call" in g and g["call"].nunique() > 1 else {})
         out.append({"arm": arm, "context_tokens": int(ctx), "n": len(g), "step_ms": statistics.median(steps),
-                    "step_ms_samples": steps, "decode_tok_s": statistics.median([float(x) for x in g["decode_tok_s"]
+                    "step_ms_samples": steps, "server_step_ms": servers, "decode_tok_s": statistics.median([float(x) for x in g["decode_tok_s"]
                                                                                 if _f(x) is not None] or [math.nan]),
                     "decode_tok_s_first": _f(g["decode_tok_s"].iloc[0]), "commit_first": _f(g["commit_length"].iloc[0]),
                     "commit_later": statistics.median(later) if later else None,
@@ -278,14 +282,57 @@ def _geomean(xs: Iterable[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
+def _servers_overlap(sel: pd.DataFrame, a: str, b: str, ctx: int) -> str:
+    """Where one arm's requests came from several servers (calls of a merged run): whether the other arm's median lies
+    inside the range of those servers' medians (or the two ranges overlap), said as the spread between servers, which
+    requests pooled over servers do not carry; '' otherwise."""
+    ca, cb = _cell(sel, a, ctx), _cell(sel, b, ctx)
+    if not ca or not cb:
+        return ""
+    ra = list((ca.get("server_step_ms") or {}).values()) or [float(ca["step_ms"])]
+    rb = list((cb.get("server_step_ms") or {}).values()) or [float(cb["step_ms"])]
+    if len(ra) < 2 and len(rb) < 2 or max(ra) < min(rb) or max(rb) < min(ra):
+        return ""
+    side = lambda name, r: (f"{name}'s {len(r)} servers {min(r):.3g}-{max(r):.3g} ms" if len(r) > 1  # noqa: E731
+                            else f"{name} {r[0]:.3g} ms")
+    return f"inside the spread between servers ({side(a, ra)}; {side(b, rb)})"
+
+
+def _against_runner_up(sel: pd.DataFrame, best: str, second: str, ctxs: Sequence[int]) -> str:
+    """The band's pick over requests: at each context, the runner-up's ms per step against the fastest arm's (ratio of
+    the medians over requests, bootstrap interval, :func:`specdiag.stats.compare_requests`). Starts "faster" where each
+    interval lies above 1 and no spread between servers holds the other arm (:func:`_servers_overlap`), "tie" where one
+    holds 1 (or lies below) or the servers' spread does, "not enough requests" where a cell has fewer than 3; then
+    each context's ratio, interval and requests."""
+    from specdiag.stats import NOT_ENOUGH, compare_requests  # noqa: PLC0415
+
+    parts, verdicts = [], []
+    for c in ctxs:
+        k = compare_requests(_samples(sel, best, c), _samples(sel, second, c))
+        spread = _servers_overlap(sel, best, second, c) if k.verdict == "higher" else ""
+        verdicts.append("servers" if spread else k.verdict)
+        parts.append(f"{tok(c)} {k.ratio:.3g}x" + (f", interval {k.interval_text()}" if k.enough else "")
+                     + f", {k.counts_text()}" + (f"; {spread}" if spread else "") if k.ratio else f"{tok(c)} -")
+    detail = "; ".join(parts)
+    if NOT_ENOUGH in verdicts:
+        return f"not enough requests to judge it (3 a cell): {detail}"
+    if all(v == "higher" for v in verdicts):
+        return f"faster at every context over requests: {detail}"
+    if "lower" in verdicts:
+        return f"tie, neither faster at every context: {detail}"
+    if "tie" not in verdicts:
+        return f"tie inside the spread between servers: {detail}"
+    return f"tie inside the requests' noise: {detail}"
+
+
 def band_verdicts(dec: pd.DataFrame, pre: pd.DataFrame, arms_meta: Mapping[str, Any], edges: Sequence[int]
                   ) -> pd.DataFrame:
     """Per context band: the fastest arm (the lowest geometric mean of its median ms per step over the band's
     contexts that two or more arms decoded, among the arms that decoded every one of them), the runner-up and by how
     much (x, the same mean), the fastest arm's TTFT at the band's longest context against the shortest TTFT there
     (x; own or flagged), its KV pool (tokens, server-reported) and memory fraction, and the verdict in words."""
-    cols = ["band", "contexts", "arms", "fastest", "fastest_ms", "runner_up", "by_x", "ttft_s", "ttft_own",
-            "ttft_vs_best_x", "kv_pool_tokens", "mem_fraction_static", "verdict"]
+    cols = ["band", "contexts", "arms", "fastest", "fastest_ms", "runner_up", "by_x", "against_runner_up", "ttft_s",
+            "ttft_own", "ttft_vs_best_x", "kv_pool_tokens", "mem_fraction_static", "verdict"]
     out = []
     if not dec.empty:  # step against step: only verify steps (speculation-off arms are compared in tokens/s)
         from specdiag.steps.engine_ab.arms import verify_arms  # noqa: PLC0415
@@ -334,8 +381,15 @@ def band_verdicts(dec: pd.DataFrame, pre: pd.DataFrame, arms_meta: Mapping[str, 
                 + (f", {row['ttft_vs_best_x']:.3g}x the shortest there" if row["ttft_vs_best_x"] and
                    row["ttft_vs_best_x"] > 1.005 else ", the shortest there")
                 + ("" if p_best["own"] else " (not its own: " + p_best["why_not_own"] + ")"))
-        row["verdict"] = (f"{best} is fastest, {by:.3g}x faster per verify step than {second} (geometric mean over "
-                          f"{', '.join(tok(c) for c in ctxs)}); {cost}")
+        judged = _against_runner_up(sel, best, second, ctxs)
+        row["against_runner_up"] = judged
+        over = ", ".join(tok(c) for c in ctxs)
+        if judged.startswith("tie"):
+            row["verdict"] = (f"{best} and {second} {judged} ({second} over {best}; {best}'s geometric mean over {over} "
+                              f"is {by:.3g}x lower); {cost}")
+        else:
+            row["verdict"] = (f"{best} is fastest, {by:.3g}x faster per verify step than {second} (geometric mean over "
+                              f"{over}); {judged}; {cost}")
         out.append(row)
     return pd.DataFrame(out, columns=cols)
 
@@ -363,19 +417,51 @@ TARGETS: tuple[Target, ...] = (
 TARGET_LAYERS = 61  #: the depth the targets are set at (the investigation's model)
 
 
-def _status(value: float | None, t: Target, why: str = "") -> dict[str, Any]:
+def _status(value: float | None, t: Target, why: str = "", note: str = "") -> dict[str, Any]:
     if value is None or why:
         return {"target_id": t.id, "target": t.name, "status": "not measurable", "value": value, "limit": t.limit,
                 "unit": t.unit, "why": why}
     met = value >= t.limit
     return {"target_id": t.id, "target": t.name, "status": "met" if met else "missed", "value": value,
-            "limit": t.limit, "unit": t.unit, "why": ""}
+            "limit": t.limit, "unit": t.unit, "why": note}
+
+
+def _verify_path(record: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    """What decides an arm's verify step (decode backend, plugin, algorithm, tokens per step); None when its server
+    reports no backend."""
+    from specdiag.steps.engine_ab.arms import plugin_of, draft_tokens_of  # noqa: PLC0415
+    from specdiag.steps.engine_ab.breakeven import algorithm_of, backend_of  # noqa: PLC0415
+
+    backend = backend_of(record)
+    return None if backend is None else (backend, plugin_of(record), algorithm_of(record), draft_tokens_of(record))
+
+
+def unranked_at(arms_meta: Mapping[str, Any], missing: Sequence[str], present: Sequence[str]) -> dict[str, str]:
+    """Of the arms ``missing`` at a context, those that cannot be the best arm there, and why: an arm that checks
+    every verify call against SGLang's kernel (its time is the check's), or one whose verify step is decided as a
+    ``present`` arm's is (same decode backend, plugin, algorithm and tokens per step; only its drafter's settings
+    differ, as a draft window's)."""
+    from specdiag.steps.engine_ab.breakeven import checks_verify  # noqa: PLC0415
+
+    paths = {a: _verify_path(dict(arms_meta.get(a) or {})) for a in present}
+    out: dict[str, str] = {}
+    for a in missing:
+        rec = dict(arms_meta.get(a) or {})
+        twin = next((p for p, v in paths.items() if v is not None and v == _verify_path(rec)), None)
+        if checks_verify(rec):
+            out[a] = "a check arm (each verify call also runs SGLang's kernel)"
+        elif twin:
+            out[a] = f"verifies as {twin} does (its drafter's settings differ)"
+    return out
 
 
 def targets(dec: pd.DataFrame, pre: pd.DataFrame, arms: Sequence[str], layers: int | None,
-            stock_arm: str = "triton", plugin_arm: str = "triton_plugin") -> pd.DataFrame:
+            stock_arm: str = "triton", plugin_arm: str = "triton_plugin",
+            arms_meta: Mapping[str, Any] | None = None) -> pd.DataFrame:
     """The three targets (:data:`TARGETS`), each "met", "missed" or "not measurable" with why (an arm missing, a
-    context not decoded, a TTFT not the arm's own, a decode another arm overlapped, a model of other depth)."""
+    context not decoded, a TTFT not the arm's own, a decode another arm overlapped, a model of other depth). An arm
+    missing at 128k that cannot be the best there (:func:`unranked_at`, from ``arms_meta``) is left out of the best
+    arm's naming, and the row says so."""
     t1, t2, t3 = TARGETS
     rows = []
     # 1. plugin vs stock Triton per verify step at 128k, 61 layers
@@ -394,6 +480,10 @@ def targets(dec: pd.DataFrame, pre: pd.DataFrame, arms: Sequence[str], layers: i
     # 2. the best arm's decode at 128k against its own at 1k (per step: the same tokens per verify step)
     at = dec[dec["context_tokens"] == CTX_128K] if not dec.empty else dec
     without = [a for a in arms if at.empty or a not in set(at["arm"])]
+    left_out = unranked_at(arms_meta or {}, without, [] if at.empty else list(dict.fromkeys(at["arm"])))
+    without = [a for a in without if a not in left_out]
+    note = ("left out, not decoded at 128k: " + "; ".join(f"{a}, {why}" for a, why in left_out.items())
+            if left_out else "")
     best = at.loc[at["step_ms"].idxmin()] if not at.empty else None
     one = _cell(dec, str(best["arm"]), CTX_1K) if best is not None else None
     value = one["step_ms"] / best["step_ms"] if best is not None and one else None
@@ -406,7 +496,7 @@ def targets(dec: pd.DataFrame, pre: pd.DataFrame, arms: Sequence[str], layers: i
         why = f"{best['arm']}, the fastest at 128k, has no decode at 1k"
     elif not (best["clean"] and one["clean"]):
         why = f"{best['arm']}'s decode at 1k or 128k was measured while another arm had a request in flight"
-    rows.append(_status(value, t2, why))
+    rows.append(_status(value, t2, why, note))
     # 3. the best arm's TTFT at 64k against Triton's (own TTFTs only)
     tr = _cell(pre, stock_arm, CTX_64K)
     own = pre[(pre["context_tokens"] == CTX_64K) & pre["own"] & (pre["arm"] != stock_arm)] if not pre.empty else pre

@@ -231,7 +231,7 @@ def _server_value(record: Mapping[str, Any], *keys: str) -> Any:
     return next((srv.get(k) for k in keys if srv.get(k) not in (None, "")), None)
 
 
-def _plugin_of(record: Mapping[str, Any]) -> Any:
+def plugin_of(record: Mapping[str, Any]) -> Any:
     return record.get("plugin") or (record.get("env") or {}).get("SPECDIAG_SGLANG_VERIFY")
 
 
@@ -242,7 +242,7 @@ SETTINGS: tuple[tuple[str, str, Any], ...] = (
     ("prefill attention backend", "server-reported",
      lambda r, a: _server_value(r, "prefill_attention_backend") or _server_value(r, "attention_backend")),
     ("speculative attention mode", "server-reported", lambda r, a: _server_value(r, "speculative_attention_mode")),
-    ("specdiag plugin", "configured", lambda r, a: _plugin_of(r)),
+    ("specdiag plugin", "configured", lambda r, a: plugin_of(r)),
     ("speculation", "server-reported", lambda r, a: (f"{_server_value(r, 'speculative_algorithm')}, "
                                                      f"{_server_value(r, 'speculative_num_draft_tokens')} tokens per step")),
     ("draft window (tokens)", "server-reported", lambda r, a: _server_value(r, "speculative_draft_window_size")),

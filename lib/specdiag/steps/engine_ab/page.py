@@ -249,10 +249,10 @@ def targets(pg: Page) -> Section:
         return df[df["arm"].isin(spec)] if not df.empty else df
 
     pg.tt = analysis.targets(keep(pg.dec), keep(pg.pre), spec, pg.geom.num_layers if pg.geom else None,
-                             p["stock_arm"], p["plugin_arm"])
+                             p["stock_arm"], p["plugin_arm"], pg.arms_meta)
     s = Section().table(pg.tt, {"target": "target", "status": "status", "arm": "arm judged",
                                 "value": "value (computed)", "limit": "limit (the target)", "unit": "unit",
-                                "why": "why not measurable"},
+                                "why": "why not measurable, or what it leaves out"},
                         formats={"value": "{:,.3g}", "limit": "{:g}"}, dash_means="not measured")
     from specdiag.steps.engine_ab.breakeven import checks_verify  # noqa: PLC0415
 

@@ -260,10 +260,15 @@ def verdict_finding(verdicts: pd.DataFrame) -> Finding | None:
         return Finding("engine_ab.verdict", "No band had two arms to compare", "No context band holds decode rows of "
                        "two or more arms: which arm to run is not measured here.", "info", lines, {}, "computed")
     last = judged.iloc[-1]
+    against = str(last.get("against_runner_up") or "")
+    title = (f"At the longest band, {last['fastest']} and {last['runner_up']} tie" if against.startswith("tie") else
+             f"At the longest band, {last['fastest']} and {last['runner_up']}: not enough requests to pick"
+             if against.startswith("not enough") else f"At the longest band, run {last['fastest']}")
     return Finding(
-        "engine_ab.verdict", f"At the longest band, run {last['fastest']}",
-        f"{last['band']}: {last['verdict']}.", "info", lines,
-        {"bands": {r.band: {"fastest": r.fastest, "by_x": r.by_x} for r in judged.itertuples()}}, "computed")
+        "engine_ab.verdict", title, f"{last['band']}: {last['verdict']}.", "info", lines,
+        {"bands": {r.band: {"fastest": r.fastest, "by_x": r.by_x, "against_runner_up": getattr(r, "against_runner_up",
+                                                                                              None)}
+                   for r in judged.itertuples()}}, "computed")
 
 
 def targets_finding(tt: pd.DataFrame) -> Finding:

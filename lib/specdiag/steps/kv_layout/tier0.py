@@ -81,6 +81,7 @@ def three_states(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
                         "scattered_verdict": r["verdict_s"], "contiguous_verdict": r["verdict_c"],
                         "scattered_costs": bool(r["costs_time_s"]),
                         "contiguous_costs": contiguous_costs,
+                        "contiguous_enough": r["verdict_c"] != NOT_ENOUGH, "contiguous_hi_x": r["cost_hi_x_c"],
                         "layouts_differ": bool(r["layouts_differ_s"]), "fresh_share": r["fresh_share_s"],
                         "scattered_share": r["fragmented_share_s"], "contiguous_share": r["fragmented_share_c"],
                         "contiguous_long_runs": long_runs,
@@ -128,7 +129,24 @@ def findings(states: pd.DataFrame, source: str = "measured") -> list[Finding]:
             "scattered_x": float(pick["scattered_x"]), "contiguous_x": float(pick["contiguous_x"]),
             "contiguous_share_in_long_runs": pick["contiguous_share"], "buys_back": bool(pick["buys_back"])}
         at = format_tokens(int(pick["context_tokens"]))
-        if not g["enough_requests"].any():
+        alone = g[g["contiguous_enough"] & g["contiguous_long_runs"]]
+        if not g["enough_requests"].any() and not alone.empty:
+            r = alone.sort_values("context_tokens").iloc[-1]
+            at = format_tokens(int(r["context_tokens"]))
+            hi = r["contiguous_hi_x"]
+            bound = (f"no cost above {_pct(hi)}" if not bool(r["contiguous_costs"]) and hi == hi and hi is not None
+                     else "it costs time")
+            verdict = (f"On {arm} the contiguous allocator, after the traffic, kept {_share(r['contiguous_share'])} "
+                       f"of the request's tokens in runs >= 64 and took {r['contiguous_ms']:.3g} ms per verify step at "
+                       f"{at} against {r['contiguous_fresh_ms']:.3g} fresh ({r['contiguous_interval']}, against "
+                       f"{r['contiguous_against']}): {bound}. Whether the scattered pool costs time, and so whether "
+                       f"there is a cost to buy back: not enough requests (scattered {r['scattered_interval']}; a "
+                       f"verdict takes at least {MIN_REQUESTS} requests per state).")
+            severity = "info"
+            numbers.update(not_enough_requests=True, context_tokens=int(r["context_tokens"]),
+                           contiguous_ms=float(r["contiguous_ms"]), contiguous_x=float(r["contiguous_x"]),
+                           contiguous_hi_x=None if hi != hi else float(hi))
+        elif not g["enough_requests"].any():
             verdict = (f"On {arm}: not enough requests to say whether the contiguous allocator buys back the layout's "
                        f"cost (at {at}: scattered {pick['scattered_interval']}, contiguous {pick['contiguous_interval']}; "
                        f"a verdict takes at least {MIN_REQUESTS} requests per state).")
