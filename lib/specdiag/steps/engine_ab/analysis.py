@@ -426,7 +426,7 @@ def _status(value: float | None, t: Target, why: str = "", note: str = "") -> di
             "limit": t.limit, "unit": t.unit, "why": note}
 
 
-def _verify_path(record: Mapping[str, Any]) -> tuple[Any, ...] | None:
+def verify_path(record: Mapping[str, Any]) -> tuple[Any, ...] | None:
     """What decides an arm's verify step (decode backend, plugin, algorithm, tokens per step); None when its server
     reports no backend."""
     from specdiag.steps.engine_ab.arms import plugin_of, draft_tokens_of  # noqa: PLC0415
@@ -443,11 +443,11 @@ def unranked_at(arms_meta: Mapping[str, Any], missing: Sequence[str], present: S
     differ, as a draft window's)."""
     from specdiag.steps.engine_ab.breakeven import checks_verify  # noqa: PLC0415
 
-    paths = {a: _verify_path(dict(arms_meta.get(a) or {})) for a in present}
+    paths = {a: verify_path(dict(arms_meta.get(a) or {})) for a in present}
     out: dict[str, str] = {}
     for a in missing:
         rec = dict(arms_meta.get(a) or {})
-        twin = next((p for p, v in paths.items() if v is not None and v == _verify_path(rec)), None)
+        twin = next((p for p, v in paths.items() if v is not None and v == verify_path(rec)), None)
         if checks_verify(rec):
             out[a] = "a check arm (each verify call also runs SGLang's kernel)"
         elif twin:

@@ -408,6 +408,11 @@ def findings(dec: pd.DataFrame, pre: pd.DataFrame, own_floors: Mapping[str, Sequ
            prefill_floor_finding(own_floors, floor_ratio_threshold), prefill_fix(pre, arms_meta, stock_arm), verdict_finding(verdicts),
            tradeoff(steps_dec, steps_pre),
            targets_finding(tt), lacks_finding(lacking)]
+    if not dec.empty:
+        from specdiag.steps.engine_ab import window  # noqa: PLC0415
+
+        out.append(window.window_finding(window.window_table(dec, window.window_pairs(arms_meta,
+                                                                                        list(dict.fromkeys(dec["arm"]))))))
     return [f for f in out if f is not None]
 
 
