@@ -229,7 +229,7 @@ def test_h200_run_floor_reads_the_measured_passes_and_the_projection_is_an_upper
     assert mr.random_router and not any(r["first_on_server"] for r in mr.steps)  # each server's recorder pass came first
     t = ma.tables(mr, 131072)
     # the floor of the measured steps: the experts the recorded verify passes read (16 at T=8), not 8 distinct drafts'
-    assert dict(zip(t.share["tokens"], t.share["distinct"])) == {1: 8.0, 2: 16.0, 8: 16.0, 16: 16.0}
+    assert dict(zip(t.share["tokens"], t.share["distinct"])) == {1: 8.0, 2: 16.0, 4: 16.0, 8: 16.0, 16: 16.0}
     assert dict(zip(t.share_windows["tokens"], t.share_windows["distinct"]))[8] == 60.0
     found = {f.id: f for f in ma.findings(mr, t, 131072)}
     share = found["moe.expert_share"]

@@ -58,7 +58,7 @@ def test_moe_notebook_replays_the_h200_reference_by_default(run_notebook, tmp_pa
     assert ids["moe.kimi_projection"]["numbers"]["upper_bound"] is True
     assert m["distinct_by_tokens"]["8"] == 16  # what the served verify passes touched
     # the floor of the measured steps uses those passes' experts; distinct drafts' beside it
-    assert m["floor_distinct_passes"] == {"1": 8.0, "2": 16.0, "8": 16.0, "16": 16.0} and m["floor_distinct_windows"]["8"] == 60.0
+    assert m["floor_distinct_passes"] == {"1": 8.0, "2": 16.0, "4": 16.0, "8": 16.0, "16": 16.0} and m["floor_distinct_windows"]["8"] == 60.0
     # two timed requests a cell in this recording: no ladder verdict, and the page says so
     assert {v["verdict"] for v in m["ladder"].values()} == {"not enough requests"}
     assert "not enough requests" in ids["moe.expert_share"]["verdict"]

@@ -327,7 +327,9 @@ def not_measurable_finding(server: Mapping[str, Any], engine: str | None) -> Fin
         f"{name} reports no per-step drafter time for DFLASH (per request it gives verify steps, the accept length and "
         f"the correct-drafts histogram; per step, nothing): the drafter's time apart from the verify time is not "
         f"measurable from outside here, so this notebook does not estimate it. The server states its draft window as "
-        + (f"{window:,} tokens." if window else "none: the drafter keeps the whole context."),
+        + (f"{window:,} tokens." if window else "none: the drafter keeps the whole context.")
+        + " What the window buys shows in 09 (engine_ab.draft_window): two arms that verify alike, one with the window "
+        "and one without, set step against step per context.",
         "info", (f"speculative_draft_window_size = {server.get('speculative_draft_window_size')!r} (server-reported)",
                  "no per-step draft time in any drafter_timing row (meta_info spec_step_draft_ms absent)"),
         {"draft_window_tokens": window}, "server-reported")

@@ -32,6 +32,7 @@ import pandas as pd
 
 from specdiag.plots import format_tokens
 from specdiag.stats import median_diff_test
+from specdiag.steps.engine_ab.arms import checks_verify, verify_path
 
 CTX_1K, CTX_64K, CTX_128K = 1024, 65536, 131072
 
@@ -426,23 +427,11 @@ def _status(value: float | None, t: Target, why: str = "", note: str = "") -> di
             "limit": t.limit, "unit": t.unit, "why": note}
 
 
-def verify_path(record: Mapping[str, Any]) -> tuple[Any, ...] | None:
-    """What decides an arm's verify step (decode backend, plugin, algorithm, tokens per step); None when its server
-    reports no backend."""
-    from specdiag.steps.engine_ab.arms import plugin_of, draft_tokens_of  # noqa: PLC0415
-    from specdiag.steps.engine_ab.breakeven import algorithm_of, backend_of  # noqa: PLC0415
-
-    backend = backend_of(record)
-    return None if backend is None else (backend, plugin_of(record), algorithm_of(record), draft_tokens_of(record))
-
-
 def unranked_at(arms_meta: Mapping[str, Any], missing: Sequence[str], present: Sequence[str]) -> dict[str, str]:
     """Of the arms ``missing`` at a context, those that cannot be the best arm there, and why: an arm that checks
     every verify call against SGLang's kernel (its time is the check's), or one whose verify step is decided as a
     ``present`` arm's is (same decode backend, plugin, algorithm and tokens per step; only its drafter's settings
     differ, as a draft window's)."""
-    from specdiag.steps.engine_ab.breakeven import checks_verify  # noqa: PLC0415
-
     paths = {a: verify_path(dict(arms_meta.get(a) or {})) for a in present}
     out: dict[str, str] = {}
     for a in missing:

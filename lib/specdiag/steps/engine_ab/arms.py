@@ -284,3 +284,34 @@ def step_sizes(arms_meta: Mapping[str, Any], arm_names: Sequence[str]) -> dict[s
     """Tokens per verify step of each arm (:func:`draft_tokens_of`): arms whose steps differ in size are compared
     in tokens/s (09's draft length that pays best), not step against step."""
     return {a: draft_tokens_of(dict(arms_meta.get(a) or {})) for a in arm_names}
+
+
+def algorithm_of(record: Mapping[str, Any]) -> str:
+    """An arm's speculative algorithm, upper case ("" when off): server-reported, else its ``engine_config``."""
+    srv = dict(record.get("server") or {})
+    algo = srv.get("speculative_algorithm")
+    if algo in (None, "") and record.get("engine_config"):
+        parts = str(record["engine_config"]).split(":")
+        algo = parts[1] if len(parts) > 1 else None
+    algo = str(algo or "").upper()
+    return "" if algo in OFF_ALGORITHMS else algo
+
+
+def backend_of(record: Mapping[str, Any]) -> str | None:
+    """The decode attention backend the arm's server reports (``decode_attention_backend``, else
+    ``attention_backend``); None when it reports neither."""
+    srv = dict(record.get("server") or {})
+    value = srv.get("decode_attention_backend") or srv.get("attention_backend")
+    return str(value) if value not in (None, "") else None
+
+
+def checks_verify(record: Mapping[str, Any]) -> bool:
+    """Whether the arm checks every verify call against SGLang's own kernel (its timing is the check's)."""
+    return str((record.get("env") or {}).get("SPECDIAG_SGLANG_CHECK") or "").strip() not in ("", "0")
+
+
+def verify_path(record: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    """What decides an arm's verify step (decode backend, plugin, algorithm, tokens per step); None when its server
+    reports no backend."""
+    backend = backend_of(record)
+    return None if backend is None else (backend, plugin_of(record), algorithm_of(record), draft_tokens_of(record))

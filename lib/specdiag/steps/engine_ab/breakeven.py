@@ -68,31 +68,13 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from specdiag.stats import MIN_REQUESTS, NOT_ENOUGH, compare_requests
 from specdiag.steps.engine_ab.analysis import _f, tok
-from specdiag.steps.engine_ab.arms import OFF_ALGORITHMS, draft_tokens_of, step_sizes
+from specdiag.steps.engine_ab.arms import (  # noqa: F401 - algorithm_of, backend_of, checks_verify: as before
+    OFF_ALGORITHMS, algorithm_of, backend_of, checks_verify, draft_tokens_of, step_sizes)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Twins
 # ---------------------------------------------------------------------------------------------------------------------
-
-def algorithm_of(record: Mapping[str, Any]) -> str:
-    """An arm's speculative algorithm, upper case ("" when off): server-reported, else its ``engine_config``."""
-    srv = dict(record.get("server") or {})
-    algo = srv.get("speculative_algorithm")
-    if algo in (None, "") and record.get("engine_config"):
-        parts = str(record["engine_config"]).split(":")
-        algo = parts[1] if len(parts) > 1 else None
-    algo = str(algo or "").upper()
-    return "" if algo in OFF_ALGORITHMS else algo
-
-
-def backend_of(record: Mapping[str, Any]) -> str | None:
-    """The decode attention backend the arm's server reports (``decode_attention_backend``, else
-    ``attention_backend``); None when it reports neither."""
-    srv = dict(record.get("server") or {})
-    value = srv.get("decode_attention_backend") or srv.get("attention_backend")
-    return str(value) if value not in (None, "") else None
-
 
 @dataclass(frozen=True)
 class Pair:
@@ -105,11 +87,6 @@ class Pair:
     draft_tokens: int | None
     note: str = ""          #: why this twin, when more than one off arm shares the backend
     forced_acceptance: float | None = None  #: SGLANG_SIMULATE_ACC_LEN in the arm's environment: commits are forced
-
-
-def checks_verify(record: Mapping[str, Any]) -> bool:
-    """Whether the arm checks every verify call against SGLang's own kernel (its timing is the check's)."""
-    return str((record.get("env") or {}).get("SPECDIAG_SGLANG_CHECK") or "").strip() not in ("", "0")
 
 
 def graphs_off(record: Mapping[str, Any]) -> bool:

@@ -19,7 +19,8 @@ import pandas as pd
 
 from specdiag.findings import Finding
 from specdiag.stats import NOT_ENOUGH, compare_requests
-from specdiag.steps.engine_ab.analysis import _samples, tok, verify_path
+from specdiag.steps.engine_ab.analysis import _samples, tok
+from specdiag.steps.engine_ab.arms import checks_verify, verify_path
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ def window_pairs(arms_meta: Mapping[str, Any], arm_names: Sequence[str]) -> list
     """Each DFLASH arm without a draft window paired with the first arm that verifies alike with one."""
     recs = {a: dict(arms_meta.get(a) or {}) for a in arm_names if arms_meta.get(a)}
     dflash = {a: r for a, r in recs.items() if str((r.get("server") or {}).get("speculative_algorithm") or "").upper()
-              == "DFLASH" and verify_path(r) is not None and not (r.get("env") or {}).get("SPECDIAG_SGLANG_CHECK")}
+              == "DFLASH" and verify_path(r) is not None and not checks_verify(r)}
     out = []
     for a, r in dflash.items():
         if draft_window(r) is not None:
