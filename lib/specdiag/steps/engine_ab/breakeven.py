@@ -68,8 +68,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from specdiag.stats import MIN_REQUESTS, NOT_ENOUGH, compare_requests
 from specdiag.steps.engine_ab.analysis import _f, tok
-from specdiag.steps.engine_ab.arms import (  # noqa: F401 - algorithm_of, backend_of, checks_verify: as before
-    OFF_ALGORITHMS, algorithm_of, backend_of, checks_verify, draft_tokens_of, step_sizes)
+from specdiag.steps.engine_ab.arms import algorithm_of, backend_of, checks_verify, draft_tokens_of, step_sizes
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -254,7 +254,7 @@ def targets(pg: Page) -> Section:
                                 "value": "value (computed)", "limit": "limit (the target)", "unit": "unit",
                                 "why": "why not measurable, or what it leaves out"},
                         formats={"value": "{:,.3g}", "limit": "{:g}"}, dash_means="not measured")
-    from specdiag.steps.engine_ab.breakeven import checks_verify  # noqa: PLC0415
+    from specdiag.steps.engine_ab.arms import checks_verify  # noqa: PLC0415
 
     serving = [a for a in spec if not checks_verify(pg.arms_meta.get(a) or {})]  # a check arm times its check
     card = analysis.scorecard(pg.dec, pg.pre, serving, p["stock_arm"])
