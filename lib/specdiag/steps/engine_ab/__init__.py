@@ -3,10 +3,12 @@ per context, and which arm to run.
 
 - :mod:`.measure`: the same requests against every arm into one ``engine_ab`` table (prefill once, then decode on the
   cached prompt);
-- :mod:`.arms`: the arms 09 measures (live servers by URL, or embedded configurations started one after another) and
-  each arm's run.json record;
+- :mod:`.arms`: the arms 09 measures (live servers by URL, or embedded configurations started one after another),
+  each arm's run.json record and what it states (algorithm, backend, tokens per step, verify path);
 - :mod:`.analysis`: per arm and context (ms per step, decode tokens/s, TTFT, own or not), the rank test, the verdict
-  per band, the targets (pure);
+  per band (the pick against its runner-up over requests), the targets (pure);
+- :mod:`.breakeven`: where speculation stops paying, each arm against its speculation-off twin (pure);
+- :mod:`.window`: what a DFLASH drafter costs without its draft window, two arms that verify alike (pure);
 - :mod:`.verdicts`: the prefill floor per arm, the findings (each collapse's measured fix, in 07's shape) and the key
   numbers (pure);
 - :mod:`.plots`: 09's figures;
