@@ -113,8 +113,8 @@ def _ok(df: pd.DataFrame, phase: str) -> pd.DataFrame:
 def decode_table(df: pd.DataFrame) -> pd.DataFrame:
     """One row per arm and context of the decode rows (module doc): ``step_ms`` (median, ms per verify step),
     ``step_ms_samples``, ``server_step_ms`` (the median of each server's requests, by call, where a merged run's
-    requests came from two or more), ``n``, ``decode_tok_s`` (median), ``decode_tok_s_first`` (the first request), ``commit_first``
-    and ``commit_later`` (median of the later ones), ``cached_tokens`` (median), ``overlapped`` (rows another arm's
+    requests came from two or more), ``n``, ``decode_tok_s`` (median), ``decode_tok_s_first`` (the first request),
+    ``commit_first`` and ``commit_later`` (median of the later ones), ``cached_tokens`` (median), ``overlapped`` (rows another arm's
     request overlapped), ``clean`` (none did)."""
     cols = ["arm", "context_tokens", "n", "step_ms", "step_ms_samples", "server_step_ms", "decode_tok_s",
             "decode_tok_s_first", "commit_first", "commit_later", "cached_tokens", "overlapped", "overlapped_by",
@@ -130,8 +130,9 @@ def decode_table(df: pd.DataFrame) -> pd.DataFrame:
         servers = ({str(c): statistics.median(float(x) for x in h["step_ms"]) for c, h in g.groupby("call")}
                    if "call" in g and g["call"].nunique() > 1 else {})
         out.append({"arm": arm, "context_tokens": int(ctx), "n": len(g), "step_ms": statistics.median(steps),
-                    "step_ms_samples": steps, "server_step_ms": servers, "decode_tok_s": statistics.median([float(x) for x in g["decode_tok_s"]
-                                                                                if _f(x) is not None] or [math.nan]),
+                    "step_ms_samples": steps, "server_step_ms": servers,
+                    "decode_tok_s": statistics.median([float(x) for x in g["decode_tok_s"] if _f(x) is not None]
+                                                      or [math.nan]),
                     "decode_tok_s_first": _f(g["decode_tok_s"].iloc[0]), "commit_first": _f(g["commit_length"].iloc[0]),
                     "commit_later": statistics.median(later) if later else None,
                     "cached_tokens": statistics.median([float(x) for x in g["cached_tokens"] if _f(x) is not None]
