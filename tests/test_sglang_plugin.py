@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from specdiag.kernels.mla import D_QK, D_V, tree_mask as random_tree
-from specdiag_sglang_plugin import hook
+from specdiag_sglang_plugin import hook, logs
 from specdiag_sglang_plugin.causal import CausalMask, capacity, causal_positions
 from specdiag_sglang_plugin.translate import (CallFacts, VerifyBatch, decide, fp8_reference, max_draft_tokens,
                                               request_inputs, run_torch, tree_mask)
@@ -332,7 +332,7 @@ def test_register_does_nothing_unless_asked_and_logs_it_once(monkeypatch, caplog
     _fake_sglang(monkeypatch)
     monkeypatch.delenv(hook.PLUGINS_ENV, raising=False)
     monkeypatch.delenv(hook.MODE_ENV, raising=False)
-    monkeypatch.setattr(hook, "_logged", set())
+    monkeypatch.setattr(logs, "_logged", set())
     with caplog.at_level("WARNING", logger="specdiag_sglang_plugin"):
         hook.register()
         hook.register()
@@ -351,7 +351,7 @@ def test_register_off_and_without_sglang_registers_nothing(monkeypatch):
     if importlib.util.find_spec("sglang") is None:  # no SGLang here: the registry import fails softly
         monkeypatch.setenv(hook.MODE_ENV, "splitkv")
         hook.register()
-        assert "import" in hook._logged
+        assert "import" in logs._logged
 
 
 class _Mode:
@@ -502,7 +502,7 @@ def test_hook_sends_an_unservable_verify_call_to_sglang():
     before = hook.STATS["fallback"]["not on a CUDA device"]
     out = hook.forward_extend_hook(lambda *a, **kw: "sglang-out", backend, q, k, v, layer, fb)
     assert out == "sglang-out" and hook.STATS["fallback"]["not on a CUDA device"] == before + 1
-    assert "fallback:not on a CUDA device" in hook._logged  # logged once
+    assert "fallback:not on a CUDA device" in logs._logged  # logged once
 
 
 def test_gluon_switch_from_env():
@@ -531,7 +531,7 @@ def test_gluon_kernel_serves_at_every_row_count_where_it_can_run(monkeypatch):
     assert not hook._gluon_serves(key, q, backend, layer, fb, 0.0)
     assert not hook._gluon_serves(key8, q, backend, layer, fb, 0.0)  # one draft token x 8 heads is asked too
     assert hook._GLUON == {key: "not a CUDA device", key8: "not a CUDA device"}
-    assert "gluon:" + repr(key) in hook._logged
+    assert "gluon:" + repr(key) in logs._logged
     assert hook.stats_snapshot()["gluon"] == {repr(key): "not a CUDA device", repr(key8): "not a CUDA device"}
 
 
@@ -584,4 +584,4 @@ def test_an_fp8_call_no_kernel_here_can_run_goes_to_sglang_with_its_reason(monke
     out = hook.forward_extend_hook(lambda *a, **kw: "sglang-out", backend, q, k, v, layer, fb)
     assert out == "sglang-out" and stored == []
     assert hook.STATS["fallback"]["fp8 KV cache: not a CUDA device"] == before + 1
-    assert not any(r.startswith("kernel error") for r in hook._logged)
+    assert not any(r.startswith("kernel error") for r in logs._logged)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from specdiag.kvlayout import layout_stats
-from specdiag_sglang_plugin import contiguous, hook
+from specdiag_sglang_plugin import contiguous, hook, logs
 
 
 # -- a transcription of SGLang's allocator: sglang/srt/mem_cache/allocator/base.py and token.py (page_size 1) --------
@@ -129,7 +129,7 @@ HOOK_TYPE = types.SimpleNamespace(AROUND="around", AFTER="after", BEFORE="before
 @pytest.fixture
 def hooked(monkeypatch):
     """The hooks of SPECDIAG_SGLANG_KV_ALLOC=contiguous applied to the fake classes (undone after the test)."""
-    monkeypatch.setattr(hook, "_logged", set())
+    monkeypatch.setattr(logs, "_logged", set())
     _Registry.hooks = []
     for name in contiguous.METHODS:
         for cls in (TokenToKVPoolAllocator, BaseTokenToKVPoolAllocator):
@@ -151,7 +151,7 @@ def _runner(size=1000, cls=TokenToKVPoolAllocator, need_sort=False):
 
 
 def test_switch_is_off_by_default_and_checked(monkeypatch, caplog):
-    monkeypatch.setattr(hook, "_logged", set())
+    monkeypatch.setattr(logs, "_logged", set())
     _Registry.hooks = []
     with caplog.at_level("WARNING", logger="specdiag_sglang_plugin"):
         assert contiguous.register_kv_alloc(_Registry, HOOK_TYPE, {}) == "sglang"
@@ -173,7 +173,7 @@ def test_register_through_the_plugin_entry_point(monkeypatch):
     for name in ("sglang", "sglang.srt", "sglang.srt.plugins"):
         monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
     monkeypatch.setitem(sys.modules, "sglang.srt.plugins.hook_registry", mod)
-    monkeypatch.setattr(hook, "_logged", set())
+    monkeypatch.setattr(logs, "_logged", set())
     monkeypatch.delenv(hook.PLUGINS_ENV, raising=False)
     monkeypatch.delenv(hook.MODE_ENV, raising=False)
     monkeypatch.setenv(contiguous.ALLOC_ENV, "contiguous")

@@ -108,7 +108,7 @@ def _around(method: str) -> Callable:
 
 def after_alloc_memory_pool(result, runner, *args, **kwargs):
     """AFTER hook of ModelRunner.alloc_memory_pool: install on the runner's token-to-KV allocator, logged once."""
-    from specdiag_sglang_plugin.hook import log_once  # noqa: PLC0415
+    from specdiag_sglang_plugin.logs import log_once  # noqa: PLC0415
 
     allocator = getattr(runner, "token_to_kv_pool_allocator", None)
     if allocator is None:
@@ -123,7 +123,7 @@ def after_alloc_memory_pool(result, runner, *args, **kwargs):
 def register_kv_alloc(registry=None, hook_type=None, environ=os.environ) -> str:
     """Register the hooks when ``SPECDIAG_SGLANG_KV_ALLOC=contiguous`` and say so once in the server log (a value
     that is neither mode is said too, and leaves SGLang's allocator); returns the mode in effect."""
-    from specdiag_sglang_plugin.hook import log_once  # noqa: PLC0415
+    from specdiag_sglang_plugin.logs import log_once  # noqa: PLC0415
 
     try:
         mode = alloc_mode_from_env(environ)

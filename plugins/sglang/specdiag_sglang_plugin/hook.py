@@ -58,7 +58,6 @@ SGLang's own kernel casts q and P to fp8 and so is not the reference there.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import threading
 import time
@@ -67,7 +66,7 @@ from pathlib import Path
 
 import torch
 
-logger = logging.getLogger("specdiag_sglang_plugin")
+from specdiag_sglang_plugin.logs import first_time, log_once, logger  # noqa: F401  (log_once: the plugin's one log)
 
 MODE_ENV = "SPECDIAG_SGLANG_VERIFY"
 PLUGINS_ENV = "SGLANG_PLUGINS"  # SGLang's allow-list of plugins (comma-separated entry point names)
@@ -86,7 +85,6 @@ BACKEND_INIT = "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.__i
 STATS: dict = {"mode": None, "served": 0, "served_in_capture": 0, "served_gluon": 0, "served_causal": 0,
                "fallback": Counter(),
                "upstream_served": 0, "upstream_declined": 0, "ngram_tail": Counter()}
-_logged: set = set()
 _last_write = [0.0]
 _LADDER: list = []  # the ConfigLadder of this process, made on first use (specdiag.kernels.plan)
 _GLUON: dict = {}  # shape key -> None (the Gluon kernel serves it) or why not (cannot run, or failed once)
@@ -138,12 +136,6 @@ def activation_from_env(environ=os.environ) -> tuple[bool, str]:
         return True, f"{PLUGINS_ENV} names {ENTRY_POINT}"
     why = f"{PLUGINS_ENV} is unset" if not named else f"{PLUGINS_ENV}={environ.get(PLUGINS_ENV)} does not name it"
     return False, f"{why} and {MODE_ENV} is unset"
-
-
-def log_once(key: str, message: str, *args) -> None:
-    if key not in _logged:
-        _logged.add(key)
-        logger.warning("[specdiag plugin] " + message, *args)
 
 
 def stats_snapshot() -> dict:
@@ -448,8 +440,7 @@ def forward_extend_hook(original, backend, q, k, v, layer, forward_batch, save_k
             reason = str(exc)
         except Exception as exc:  # noqa: BLE001  SGLang's path instead (it stores the same KV again)
             reason = f"kernel error: {type(exc).__name__}: {exc}"
-            if reason not in _logged:  # the traceback once per distinct error, not once per layer and step
-                _logged.add(reason)
+            if first_time(reason):  # the traceback once per distinct error, not once per layer and step
                 logger.exception("[specdiag plugin] split-KV kernel failed; falling back to SGLang's verify")
     STATS["fallback"][reason] += 1
     if reason != "not a target-verify step":
