@@ -1,4 +1,4 @@
-"""The library's imports: no loops, and the layering below (lazy imports inside functions count too)."""
+"""The library's and the plugin's imports: no loops, and the layering below (lazy imports inside functions count too)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,12 @@ import ast
 from pathlib import Path
 
 import specdiag
+import specdiag_sglang_plugin
 
 LIB = Path(specdiag.__file__).parent
+PLUGIN = Path(specdiag_sglang_plugin.__file__).parent
+#: the packages read: the library and the SGLang plugin (which imports the library, never the other way)
+ROOTS = (LIB, PLUGIN)
 
 #: What is not the base: the steps and the top that runs them (the console script, the report, `specdiag sweep`).
 NOT_BASE = ("steps", "sweep", "report", "cli")
@@ -20,11 +24,12 @@ LAYERING: tuple[tuple[str, str, str], ...] = (
     ("base", "report", "the report runs notebooks and renders pages; nothing it runs calls back into it"),
     ("steps", "report", "the report runs notebooks and renders pages; nothing it runs calls back into it"),
     ("localserver", "launchers", "the embedded server starts its process with specdiag.process, not the registry"),
+    ("specdiag", "plugin", "the plugin runs inside SGLang and imports the library; the library never needs it"),
 )
 
 
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(LIB.parent).with_suffix("").parts
+def _module_name(path: Path, root: Path = LIB) -> str:
+    parts = path.relative_to(root.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -48,8 +53,8 @@ def imported_names(tree: ast.AST, module: str, is_package: bool = False) -> set[
 
 
 def import_graph() -> dict[str, set[str]]:
-    """module -> the specdiag modules it imports (packages resolved to their __init__)."""
-    paths = {_module_name(p): p for p in LIB.rglob("*.py")}
+    """module -> the modules of the library and the plugin it imports (packages resolved to their __init__)."""
+    paths = {_module_name(p, root): p for root in ROOTS for p in root.rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for mod, path in paths.items():
         names = imported_names(ast.parse(path.read_text()), mod, path.name == "__init__.py")
@@ -79,8 +84,9 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def _place(module: str) -> list[str]:
-    """specdiag.steps.kernel_ab.plots -> ['steps', 'kernel_ab', 'plots']."""
-    return module.split(".")[1:]
+    """specdiag.steps.kernel_ab.plots -> ['steps', 'kernel_ab', 'plots']; the plugin's modules lie outside the
+    library (specdiag_sglang_plugin.hook -> ['plugin'])."""
+    return ["plugin"] if module.split(".")[0] == specdiag_sglang_plugin.__name__ else module.split(".")[1:]
 
 
 def _step(module: str) -> str | None:
@@ -91,8 +97,12 @@ def _step(module: str) -> str | None:
 
 def _in(module: str, place: str) -> bool:
     p = _place(module)
+    if place == "specdiag":  # anywhere in the library
+        return p != ["plugin"]
+    if place == "plugin":
+        return p == ["plugin"]
     if place == "base":
-        return not p or p[0] not in NOT_BASE
+        return not p or p[0] not in NOT_BASE + ("plugin",)
     return p[:len(place.split("."))] == place.split(".")
 
 
@@ -115,10 +125,19 @@ def test_no_import_loops() -> None:
     assert not found, "import loops: " + "; ".join(" -> ".join(c) for c in found)
 
 
-def test_the_two_former_loops_stay_cut() -> None:
+def test_the_former_loops_stay_cut() -> None:
     g = import_graph()
     assert "specdiag.telemetry.sampler" not in g["specdiag.telemetry.nvml"]
     assert "specdiag.telemetry.sampler" not in g["specdiag.telemetry.prometheus"]
+    # the plugin's log lines live in their own module, below both hook modules
+    assert "specdiag_sglang_plugin.hook" not in g["specdiag_sglang_plugin.contiguous"]
+    assert {"specdiag_sglang_plugin.logs"} <= g["specdiag_sglang_plugin.contiguous"] & g["specdiag_sglang_plugin.hook"]
+
+
+def test_the_graph_reads_the_plugin() -> None:
+    g = import_graph()
+    assert "specdiag.kernels.verify" in g["specdiag_sglang_plugin.hook"]
+    assert cycles({**g, "specdiag_sglang_plugin.logs": {"specdiag_sglang_plugin.hook"}})
 
 
 def test_the_library_keeps_its_layering() -> None:
@@ -138,9 +157,12 @@ def test_the_layering_check_sees_each_kind_of_break() -> None:
         "specdiag.nb": {"specdiag.report.execute"},
         "specdiag.sweep.registry": {"specdiag.steps.engine_ab.measure"},
         "specdiag.launchers": {"specdiag.localserver"},
+        "specdiag.kvalloc": {"specdiag_sglang_plugin.contiguous"},
+        "specdiag_sglang_plugin.contiguous": {"specdiag.kvalloc"},
     }
     assert [b.split(" (")[0] for b in layering_breaks(graph)] == [
         "specdiag.hardware -> specdiag.steps.bandwidth_analysis.roofline",
+        "specdiag.kvalloc -> specdiag_sglang_plugin.contiguous",
         "specdiag.localserver.lifecycle -> specdiag.launchers.process",
         "specdiag.nb -> specdiag.report.execute",
         "specdiag.steps.findings.overview -> specdiag.steps.baseline_sweep.sweep",
