@@ -25,9 +25,10 @@ ROOT = Path(__file__).resolve().parents[1]
 def plugin_targets() -> list[str]:
     """Every dotted SGLang name the plugin can register a hook on, whatever its environment switches."""
     sys.path[:0] = [str(ROOT / "plugins" / "sglang"), str(ROOT / "lib")]
-    from specdiag_sglang_plugin import contiguous, hook, layout, ngram_tail  # noqa: PLC0415
+    from specdiag_sglang_plugin import backends, contiguous, hook, layout, ngram_tail, prefill  # noqa: PLC0415
 
     return sorted({hook.FORWARD_EXTEND, hook.BACKEND_INIT, layout.MODEL_RUNNER_FORWARD, ngram_tail.PREPARE,
+                   prefill.DISPATCH, backends.INIT_BACKENDS,
                    ngram_tail.UPDATE, contiguous.ALLOC_MEMORY_POOL,
                    *(f"{contiguous.TOKEN_ALLOCATOR}.{m}" for m in contiguous.METHODS)})
 

@@ -3,6 +3,8 @@
 Install next to SGLang (``pip install --no-deps . ./plugins/sglang`` from the checkout) and allow it:
 ``SGLANG_PLUGINS=specdiag_splitkv``.
 ``SPECDIAG_SGLANG_VERIFY=splitkv|upstream|off`` picks the mode at server start (hook.py).
+``SPECDIAG_SGLANG_PREFILL=off|mha``: long prompts' chunks on a Triton server in the MHA form on specdiag's kernel
+(prefill.py; off by default).
 ``SPECDIAG_SGLANG_KV_ALLOC=sglang|contiguous`` picks the KV slot allocator (contiguous.py; ``sglang`` by default).
 """
 

@@ -39,6 +39,10 @@ without one; above 32 rows in row tiles of whole draft tokens). There is no Trit
 cannot run (another GPU, a logit cap, ``SPECDIAG_SGLANG_GLUON=0``, k_scale != v_scale) SGLang's own kernel serves the
 call, with the reason logged once and counted, before anything is stored.
 
+Prefill (``SPECDIAG_SGLANG_PREFILL``, ``off`` by default, ``mha``; modes splitkv and upstream): a pure Triton server's
+long prompt chunks run the MHA form on specdiag's ragged flash-attention kernel instead of the absorbed form
+(prefill.py). The log says once, per model runner, which verify and prefill paths run (backends.py).
+
 KV slots (``SPECDIAG_SGLANG_KV_ALLOC``, ``sglang`` by default, ``contiguous``; any mode, and on its own): with
 ``contiguous`` the target's page_size-1 KV slots come from specdiag's contiguous allocator (contiguous.py).
 
@@ -66,6 +70,8 @@ from pathlib import Path
 
 import torch
 
+from specdiag_sglang_plugin import prefill
+from specdiag_sglang_plugin.backends import INIT_BACKENDS, after_init_backends
 from specdiag_sglang_plugin.logs import first_time, log_once, logger  # noqa: F401  (log_once: the plugin's one log)
 
 MODE_ENV = "SPECDIAG_SGLANG_VERIFY"
@@ -82,7 +88,7 @@ GLUON_MIN_ROWS = 1
 FORWARD_EXTEND = "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.forward_extend"
 BACKEND_INIT = "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.__init__"
 
-STATS: dict = {"mode": None, "served": 0, "served_in_capture": 0, "served_gluon": 0, "served_causal": 0,
+STATS: dict = {"mode": None, "prefill": "off", "served": 0, "served_in_capture": 0, "served_gluon": 0, "served_causal": 0,
                "fallback": Counter(),
                "upstream_served": 0, "upstream_declined": 0, "ngram_tail": Counter()}
 _last_write = [0.0]
@@ -146,7 +152,9 @@ def stats_snapshot() -> dict:
             "served_causal": STATS["served_causal"],
             "gluon": {repr(k): (why or "serves") for k, why in _GLUON.items()}, "fallback": dict(STATS["fallback"]),
             "upstream_served": STATS["upstream_served"], "upstream_declined": STATS["upstream_declined"],
-            "ngram_tail": dict(STATS["ngram_tail"]),
+            "ngram_tail": dict(STATS["ngram_tail"]), "prefill_mode": STATS["prefill"],
+            "prefill": {"served": dict(prefill.STATS["served"]), "declined": dict(prefill.STATS["declined"]),
+                        "check": prefill.STATS["check"]},
             "check": STATS.get("check", []), "configs": STATS.get("configs", []),
             "layout": layout.snapshot() if layout.RECORDS or layout.COUNTS else None}
 
@@ -421,9 +429,25 @@ def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def forward_extend_hook(original, backend, q, k, v, layer, forward_batch, save_kv_cache=True,
                         sinks=None, score_mod=None, aux_tensors=None, **kwargs):
-    """AROUND hook of TritonAttnBackend.forward_extend: the kernel where it can serve, SGLang elsewhere."""
+    """AROUND hook of TritonAttnBackend.forward_extend: an MHA-form prefill call on specdiag's prefill kernel where
+    ``SPECDIAG_SGLANG_PREFILL=mha`` (prefill.py), a target-verify call on the split-KV kernel where it can serve (mode
+    splitkv), SGLang elsewhere."""
     from specdiag_sglang_plugin.translate import decide  # noqa: PLC0415
 
+    if STATS["prefill"] == "mha" and prefill.is_mha_call(backend, k, layer, forward_batch, save_kv_cache):
+        if forward_batch.attn_attend_prefix_cache is not None:  # the chunked-prefix path: SGLang's Triton has none
+            return prefill.mha_call(backend, q, k, v, layer, forward_batch)
+        try:
+            return prefill.mha_call(backend, q, k, v, layer, forward_batch)
+        except Exception as exc:  # noqa: BLE001  a first chunk: SGLang's own kernel serves it
+            if first_time(f"prefill-error:{type(exc).__name__}"):
+                logger.exception("[specdiag plugin] prefill kernel failed on a first chunk; SGLang's serves it")
+            prefill.STATS["declined"][f"kernel error: {type(exc).__name__}"] += 1
+            return original(backend, q, k, v, layer, forward_batch, save_kv_cache=save_kv_cache, sinks=sinks,
+                            score_mod=score_mod, aux_tensors=aux_tensors, **kwargs)
+    if STATS["mode"] != "splitkv":
+        return original(backend, q, k, v, layer, forward_batch, save_kv_cache=save_kv_cache, sinks=sinks,
+                        score_mod=score_mod, aux_tensors=aux_tensors, **kwargs)
     serve, reason = decide(_facts(backend, q, k, v, layer, forward_batch, sinks, score_mod))
     if serve:
         log_once("serve:" + reason, "verify attention runs on specdiag's split-KV kernel: %s", reason)
@@ -556,17 +580,26 @@ def register() -> None:
         return
     if ngram_tail_from_env():
         register_ngram_tail(HookRegistry, HookType)
+    wants_prefill = prefill.prefill_from_env() == "mha"
     if mode == "upstream":
         HookRegistry.register(BACKEND_INIT, backend_init_upstream_hook, HookType.AFTER)
         log_once("mode", "mode upstream (%s): SGLang's own split-KV verify is forced on in the Triton backend", why)
-        return
     try:
         import specdiag.kernels.triton.ragged  # noqa: F401, PLC0415
     except Exception as exc:  # noqa: BLE001  (no triton, no specdiag: SGLang's own path)
-        log_once("import", "specdiag's split-KV kernel does not import (%s: %s): SGLang's verify runs unchanged",
+        log_once("import", "specdiag's kernels do not import (%s: %s): SGLang's attention runs unchanged",
                  type(exc).__name__, exc)
+        if mode == "splitkv":
+            STATS["mode"] = "off"
+        wants_prefill = False
+    if wants_prefill and prefill.register_prefill(HookRegistry, HookType):
+        STATS["prefill"] = "mha"
+    HookRegistry.register(INIT_BACKENDS, after_init_backends(STATS["mode"] == "splitkv", STATS["prefill"] == "mha"),
+                          HookType.AFTER)
+    if STATS["mode"] != "splitkv" and STATS["prefill"] != "mha":
         return
     # like SGLang's own Triton launchers, kept out of torch.compile's tracing (a graph break, run eagerly)
     HookRegistry.register(FORWARD_EXTEND, torch.compiler.disable(forward_extend_hook), HookType.AROUND)
-    log_once("mode", "mode splitkv (%s): MLA target-verify attention of the Triton backend goes through "
-             "specdiag's split-KV kernel where it can serve", why)
+    if STATS["mode"] == "splitkv":
+        log_once("mode", "mode splitkv (%s): MLA target-verify attention of the Triton backend goes through "
+                 "specdiag's split-KV kernel where it can serve", why)

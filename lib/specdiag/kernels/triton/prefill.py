@@ -1,0 +1,173 @@
+"""Ragged flash-attention forward in Triton: the MHA form of an MLA prefill (SGLang's chunked-prefix path).
+
+What SGLang's DeepSeek attention asks a backend for when it runs a long prompt in the MHA form
+(``forward_normal_chunked_kv``; ``models/deepseek_common/attention_forward_methods/forward_mha.py``): per request,
+``q`` [n_q, H, 192] (128 nope + 64 rope dims) against ``k`` [n_k, H, 192] and ``v`` [n_k, H, 128], ragged over the
+batch by ``cu_q`` / ``cu_k``, causal inside the chunk (bottom-right aligned: key j is visible to query i when
+j <= i + n_k - n_q) or no mask (a prefix chunk), and the log-sum-exp returned so SGLang's own ``merge_state_v2``
+joins the parts: natural log, [n_q, H] float32, -inf for a query that sees no key (its output rows are 0).
+
+Design (FlashAttention-2's forward, which FlashInfer's and FA3's ragged prefill also follow):
+
+- Grid ``(query tiles, heads, requests)``: one program owns ``block_m`` query rows of one head; K and V stream
+  through in ``block_n``-key tiles with an online softmax in base 2 (scores scaled by sm_scale x log2 e).
+- The 192 q-k dims are two dot products, 128 + 64 (powers of two, no padding to 256); the 128 value dims one.
+- Tiles wholly visible run unmasked; only the last partial tile and, when causal, the diagonal tiles are masked.
+- Strided inputs are read in place: SGLang's ``v`` is a view into ``kv_b_proj``'s output (row stride H x 256).
+
+:func:`prefill_triton` launches it with a :class:`PrefillConfig`; ``specdiag.kernels.prefill`` is the entry point
+that the plugin and the kernel A/B call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+LN2: float = 0.6931471805599453  #: ln 2: the kernel's base-2 log-sum-exp times this is the natural one
+LOG2E: float = 1.4426950408889634  #: log2 e: scores are scaled by sm_scale x this so the softmax runs in base 2
+
+
+@dataclass(frozen=True)
+class PrefillConfig:
+    block_m: int = 128  #: query rows per program
+    block_n: int = 64  #: keys per tile
+    num_warps: int = 8
+    num_stages: int = 3
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+#: the configuration the plugin runs on sm_90 (H100/H200) and elsewhere, chosen by 06's prefill cases
+DEFAULT_CONFIG = PrefillConfig()
+
+
+@triton.jit
+def _tile(acc, m_i, l_i, q1, q2, K, V, start_n, k_len, offs_m_k, offs_n, offs_d1, offs_d2, offs_dv,
+          stride_kt, stride_vt, qk_scale, MASK_KEYS: tl.constexpr, CAUSAL_TILE: tl.constexpr, D1: tl.constexpr):
+    keys = start_n + offs_n
+    if MASK_KEYS:
+        key_ok = keys < k_len
+        k1 = tl.load(K + keys[None, :].to(tl.int64) * stride_kt + offs_d1[:, None], mask=key_ok[None, :], other=0.0)
+        k2 = tl.load(K + keys[None, :].to(tl.int64) * stride_kt + (D1 + offs_d2)[:, None], mask=key_ok[None, :],
+                     other=0.0)
+        v = tl.load(V + keys[:, None].to(tl.int64) * stride_vt + offs_dv[None, :], mask=key_ok[:, None], other=0.0)
+    else:
+        k1 = tl.load(K + keys[None, :].to(tl.int64) * stride_kt + offs_d1[:, None])
+        k2 = tl.load(K + keys[None, :].to(tl.int64) * stride_kt + (D1 + offs_d2)[:, None])
+        v = tl.load(V + keys[:, None].to(tl.int64) * stride_vt + offs_dv[None, :])
+    s = tl.dot(q1, k1)
+    s = tl.dot(q2, k2, s)
+    s = s * qk_scale
+    if MASK_KEYS:
+        visible = key_ok[None, :]
+        if CAUSAL_TILE:
+            visible = visible & (keys[None, :] <= offs_m_k[:, None])
+        s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    acc = tl.dot(p.to(v.dtype), v, acc)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _prefill_fwd_kernel(
+    Q, K, V, O, LSE, CU_Q, CU_K, qk_scale,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_lt, stride_lh,
+    CAUSAL: tl.constexpr, RETURN_LSE: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr, DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    head = tl.program_id(1)
+    req = tl.program_id(2)
+    q_start = tl.load(CU_Q + req)
+    q_len = tl.load(CU_Q + req + 1) - q_start
+    if pid_m * BLOCK_M >= q_len:
+        return
+    k_start = tl.load(CU_K + req)
+    k_len = tl.load(CU_K + req + 1) - k_start
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d1 = tl.arange(0, D1)
+    offs_d2 = tl.arange(0, D2)
+    offs_dv = tl.arange(0, DV)
+    row_ok = offs_m < q_len
+    q_rows = Q + (q_start + offs_m)[:, None].to(tl.int64) * stride_qt + head * stride_qh
+    q1 = tl.load(q_rows + offs_d1[None, :], mask=row_ok[:, None], other=0.0)
+    q2 = tl.load(q_rows + (D1 + offs_d2)[None, :], mask=row_ok[:, None], other=0.0)
+    K += k_start.to(tl.int64) * stride_kt + head * stride_kh
+    V += k_start.to(tl.int64) * stride_vt + head * stride_vh
+
+    # bottom-right causal: query i sees keys j <= i + k_len - q_len
+    offs_m_k = offs_m + (k_len - q_len)
+    if CAUSAL:
+        hi = tl.minimum(k_len, (pid_m + 1) * BLOCK_M + k_len - q_len)
+        full = tl.maximum(tl.minimum(hi, pid_m * BLOCK_M + k_len - q_len + 1), 0) // BLOCK_N * BLOCK_N
+    else:
+        hi = k_len
+        full = k_len // BLOCK_N * BLOCK_N
+    hi = tl.maximum(hi, 0)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, DV], tl.float32)
+    for start_n in range(0, full, BLOCK_N):
+        acc, m_i, l_i = _tile(acc, m_i, l_i, q1, q2, K, V, start_n, k_len, offs_m_k, offs_n, offs_d1, offs_d2,
+                              offs_dv, stride_kt, stride_vt, qk_scale, False, False, D1)
+    for start_n in range(full, hi, BLOCK_N):
+        acc, m_i, l_i = _tile(acc, m_i, l_i, q1, q2, K, V, start_n, k_len, offs_m_k, offs_n, offs_d1, offs_d2,
+                              offs_dv, stride_kt, stride_vt, qk_scale, True, CAUSAL, D1)
+
+    seen = l_i > 0.0
+    l_safe = tl.where(seen, l_i, 1.0)
+    out = acc / l_safe[:, None]
+    o_rows = O + (q_start + offs_m)[:, None].to(tl.int64) * stride_ot + head * stride_oh
+    tl.store(o_rows + offs_dv[None, :], out.to(O.dtype.element_ty), mask=row_ok[:, None])
+    if RETURN_LSE:
+        lse = tl.where(seen, (m_i + tl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+        tl.store(LSE + (q_start + offs_m).to(tl.int64) * stride_lt + head * stride_lh, lse, mask=row_ok)
+
+
+def prefill_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
+                   max_q_len: int, causal: bool, sm_scale: float, out: Optional[torch.Tensor] = None,
+                   lse: Optional[torch.Tensor] = None, return_lse: bool = False,
+                   cfg: PrefillConfig = DEFAULT_CONFIG) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Attention of ``q`` [n_q, H, D1 + D2] over ``k`` [n_k, H, D1 + D2] and ``v`` [n_k, H, DV] (module doc).
+
+    ``cu_q``/``cu_k`` [B + 1] int32 are the requests' offsets, ``max_q_len`` the longest request's queries (a host
+    int: the grid). Returns ``out`` [n_q, H, DV] in q's dtype, and with ``return_lse`` the natural log-sum-exp
+    [n_q, H] float32 too. The last dim of each input must be contiguous; other strides are read as given."""
+    n_q, heads, d_qk = q.shape
+    d_v = v.shape[-1]
+    d1 = 1 << (d_qk.bit_length() - 1)  # 192 -> 128 + 64
+    d2 = d_qk - d1
+    if d2 == 0 or d2 & (d2 - 1):
+        raise ValueError(f"q-k width {d_qk}: the kernel takes a power of two plus a smaller power of two (192)")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name}'s last dim is not contiguous (stride {t.stride(-1)})")
+    if out is None:
+        out = q.new_empty((n_q, heads, d_v))
+    if return_lse and lse is None:
+        lse = torch.empty((n_q, heads), dtype=torch.float32, device=q.device)
+    batch = cu_q.shape[0] - 1
+    grid = (triton.cdiv(max(int(max_q_len), 1), cfg.block_m), heads, batch)
+    lse_arg = lse if return_lse else out
+    _prefill_fwd_kernel[grid](
+        q, k, v, out, lse_arg, cu_q, cu_k, sm_scale * LOG2E,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
+        lse_arg.stride(0) if return_lse else 0, lse_arg.stride(1) if return_lse else 0,
+        CAUSAL=bool(causal), RETURN_LSE=bool(return_lse), D1=d1, D2=d2, DV=d_v,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return (out, lse) if return_lse else out

@@ -1,0 +1,205 @@
+"""The plugin's prefill path (plugins/sglang prefill.py, backends.py) on fakes of SGLang's objects, and the prefill
+kernel's own code in Triton's CPU interpreter against the fp32 reference (the kernel on a GPU: test_kernels_gpu.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import types
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from specdiag_sglang_plugin import backends, hook, logs, prefill
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class _Mode:
+    def __init__(self, extend: bool = True):
+        self.extend = extend
+
+    def is_extend_without_speculative(self):
+        return self.extend
+
+
+def _attn(backend="triton", disable=False, kv_dtype="auto", logit_cap=0.0):
+    return types.SimpleNamespace(current_attention_backend=backend, disable_chunked_prefix_cache=disable,
+                                 chunked_prefix_cache_threshold=8192, kv_cache_dtype=kv_dtype,
+                                 attn_mha=types.SimpleNamespace(logit_cap=logit_cap))
+
+
+def _batch(prefix=(16384,), extend=True):
+    return types.SimpleNamespace(forward_mode=_Mode(extend), extend_prefix_lens_cpu=list(prefix), attn_dcp_metadata=None,
+                                 attn_attend_prefix_cache=None)
+
+
+@pytest.fixture
+def fake_sglang(monkeypatch):
+    """The two SGLang modules the dispatch hook imports when it acts, as fakes."""
+    forward_methods = types.ModuleType("sglang.srt.models.deepseek_common.attention_forward_methods.forward_methods")
+    forward_methods.AttnForwardMethod = types.SimpleNamespace(MHA_CHUNKED_KV=types.SimpleNamespace(name="MHA_CHUNKED_KV"))
+    graph = types.ModuleType("sglang.srt.model_executor.runner_backend_utils.tc_piecewise_cuda_graph")
+    graph.is_in_tc_piecewise_cuda_graph = lambda: False
+    for mod in (forward_methods, graph):
+        monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    monkeypatch.setattr(prefill.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(logs, "_logged", set())
+    monkeypatch.setitem(prefill.STATS, "declined", Counter())
+    return graph
+
+
+MLA = types.SimpleNamespace(name="MLA")
+
+
+def test_a_long_triton_chunk_takes_the_mha_form(fake_sglang):
+    method = prefill.dispatch_hook(lambda attn, fb: MLA, _attn(), _batch((16384,)))
+    assert method.name == "MHA_CHUNKED_KV"
+
+
+@pytest.mark.parametrize("attn,batch,reason", [
+    (_attn(backend="flashinfer"), _batch(), None),  # another backend's choice is its own
+    (_attn(), _batch((4096,)), None),  # a prefix under SGLang's threshold: the absorbed form is SGLang's pick
+    (_attn(), _batch(extend=False), None),  # decode, verify, draft extend
+    (_attn(disable=True), _batch(), "chunked prefix cache is off"),
+    (_attn(kv_dtype="fp8_e4m3"), _batch(), "KV cache fp8_e4m3"),
+    (_attn(logit_cap=30.0), _batch(), "logit cap"),
+])
+def test_sglangs_choice_stands_where_the_kernel_does_not_serve(fake_sglang, caplog, attn, batch, reason):
+    with caplog.at_level("WARNING", logger="specdiag_sglang_plugin"):
+        assert prefill.dispatch_hook(lambda a, fb: MLA, attn, batch) is MLA
+        prefill.dispatch_hook(lambda a, fb: MLA, attn, batch)
+    lines = [r.getMessage() for r in caplog.records]
+    if reason is None:
+        assert lines == [] and not prefill.STATS["declined"]
+    else:  # said once however many calls, and counted per call
+        assert len(lines) == 1 and reason in lines[0] and "stays SGLang's" in lines[0]
+        assert sum(prefill.STATS["declined"].values()) == 2
+
+
+def test_prefill_cuda_graphs_keep_the_absorbed_form(fake_sglang):
+    fake_sglang.is_in_tc_piecewise_cuda_graph = lambda: True
+    assert prefill.dispatch_hook(lambda a, fb: MLA, _attn(), _batch()) is MLA
+    assert "prefill CUDA graphs" in next(iter(prefill.STATS["declined"]))
+
+
+def test_other_methods_pass_through_untouched(fake_sglang):
+    mha = types.SimpleNamespace(name="MHA")
+    assert prefill.dispatch_hook(lambda a, fb: mha, _attn(), _batch((0,))) is mha
+
+
+def test_mha_calls_are_told_from_absorbed_and_verify_calls():
+    backend = types.SimpleNamespace(use_mla=True)
+    mha_layer = types.SimpleNamespace(qk_head_dim=192, v_head_dim=128, tp_q_head_num=8, tp_k_head_num=8)
+    latent_layer = types.SimpleNamespace(qk_head_dim=576, v_head_dim=512, tp_q_head_num=8, tp_k_head_num=1)
+    chunked = _batch((16384,))
+    chunked.attn_attend_prefix_cache = False
+    assert prefill.is_mha_call(backend, object(), mha_layer, chunked, save_kv_cache=False)
+    assert prefill.is_mha_call(backend, object(), mha_layer, _batch((0,)), save_kv_cache=False)  # a first chunk
+    assert not prefill.is_mha_call(backend, object(), mha_layer, _batch((16384,)), save_kv_cache=False)  # no path
+    assert not prefill.is_mha_call(backend, object(), latent_layer, chunked, save_kv_cache=False)
+    assert not prefill.is_mha_call(backend, object(), mha_layer, chunked, save_kv_cache=True)
+    assert not prefill.is_mha_call(backend, None, mha_layer, chunked, save_kv_cache=False)
+    assert not prefill.is_mha_call(backend, object(), mha_layer, _batch(extend=False), save_kv_cache=False)
+    assert not prefill.is_mha_call(types.SimpleNamespace(use_mla=False), object(), mha_layer, chunked, False)
+
+
+def test_the_prefill_switch_is_checked():
+    assert prefill.prefill_from_env({}) == "off"
+    assert prefill.prefill_from_env({prefill.PREFILL_ENV: "MHA"}) == "mha"
+    with pytest.raises(ValueError, match="use mha"):
+        prefill.prefill_from_env({prefill.PREFILL_ENV: "fast"})
+
+
+def test_register_adds_the_prefill_hooks_only_when_asked(monkeypatch):
+    registered: list = []
+    added: list = []
+    registry = type("R", (), {"register": classmethod(lambda cls, t, fn, kind: registered.append((t, kind)))})
+    kinds = types.SimpleNamespace(AROUND="around", AFTER="after", BEFORE="before")
+    hook_registry = types.ModuleType("sglang.srt.plugins.hook_registry")
+    hook_registry.HookRegistry, hook_registry.HookType = registry, kinds
+    server_args = types.ModuleType("sglang.srt.server_args")
+    server_args.add_chunked_prefix_cache_attention_backend = added.append
+    for name in ("sglang", "sglang.srt", "sglang.srt.plugins"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, hook_registry.__name__, hook_registry)
+    monkeypatch.setitem(sys.modules, server_args.__name__, server_args)
+    monkeypatch.setattr(logs, "_logged", set())
+    monkeypatch.setenv(hook.MODE_ENV, "splitkv")
+    monkeypatch.setenv(hook.NGRAM_TAIL_ENV, "0")
+    monkeypatch.delenv(prefill.PREFILL_ENV, raising=False)
+    hook.register()
+    assert (prefill.DISPATCH, "around") not in registered and added == [] and hook.STATS["prefill"] == "off"
+    assert (backends.INIT_BACKENDS, "after") in registered and (hook.FORWARD_EXTEND, "around") in registered
+    registered.clear()
+    monkeypatch.setenv(prefill.PREFILL_ENV, "mha")
+    monkeypatch.setenv(hook.MODE_ENV, "upstream")  # prefill without the split-KV verify: the extend hook still goes in
+    hook.register()
+    assert (prefill.DISPATCH, "around") in registered and added == ["triton"] and hook.STATS["prefill"] == "mha"
+    assert (hook.FORWARD_EXTEND, "around") in registered
+    monkeypatch.setitem(hook.STATS, "prefill", "off")
+
+
+def test_the_log_says_which_paths_run():
+    line = backends.describe("flashinfer", "triton", "decode", True, True, False, False)
+    assert line == ("target: verify on the triton backend through specdiag's split-KV kernel; "
+                    "prefill on flashinfer (chunked-prefix MHA form)")
+    idle = backends.describe("flashinfer", "flashinfer", "prefill", True, True, False, False)
+    assert "IDLE" in idle and "runs on flashinfer" in idle and "--decode-attention-backend triton" in idle
+    assert "absorbed form" in backends.describe("triton", "triton", "prefill", True, True, False, False)
+    assert "specdiag's kernel" in backends.describe("triton", "triton", "prefill", True, True, True, False)
+    assert backends.describe("triton", "triton", "prefill", False, True, True, True).startswith(
+        "drafter: no speculative verify")
+    assert "verify is off" in backends.describe("triton", "triton", "prefill", True, False, False, False)
+
+
+KERNEL_SCRIPT = r"""
+import math, torch
+from specdiag.kernels.prefill import reference, merge, PrefillShape, make_inputs
+from specdiag.kernels.triton.prefill import prefill_triton, PrefillConfig
+torch.manual_seed(0)
+cfg = PrefillConfig(block_m=16, block_n=16, num_warps=4, num_stages=1)
+def rel(a, b):
+    fin = torch.isfinite(b)
+    return float((a.float()[fin] - b[fin]).norm() / b[fin].norm())
+# ragged requests: causal chunks, a prefix chunk with a request that has no keys, a causal call with a longer key side
+for causal, ql, kl in ((True, [37, 20], [37, 20]), (False, [37, 5], [50, 0]), (True, [9], [40])):
+    cu_q = torch.tensor([0] + torch.tensor(ql).cumsum(0).tolist(), dtype=torch.int32)
+    cu_k = torch.tensor([0] + torch.tensor(kl).cumsum(0).tolist(), dtype=torch.int32)
+    q, k = torch.randn(sum(ql), 2, 192), torch.randn(sum(kl), 2, 192)
+    v = torch.randn(sum(kl), 2, 256)[..., 128:]  # a strided view, as SGLang passes it
+    o, lse = prefill_triton(q, k, v, cu_q, cu_k, max(ql), causal, 1 / math.sqrt(192), return_lse=True, cfg=cfg)
+    ro, rl = reference(q, k, v, cu_q, cu_k, causal, 1 / math.sqrt(192))
+    assert rel(o, ro) < 1e-5 and rel(lse, rl) < 1e-5, (causal, ql, kl, rel(o, ro), rel(lse, rl))
+    assert torch.equal(torch.isinf(lse), torch.isinf(rl)) and torch.equal(o[torch.isinf(lse)], torch.zeros_like(o[torch.isinf(lse)]))
+# SGLang's chunked path: the prefix part (no mask) and the chunk (causal) merged by their lse = one causal call
+x = make_inputs(PrefillShape(prefix_tokens=40, chunk_tokens=24, heads=2), dtype=torch.float32)
+cq = torch.tensor([0, 24], dtype=torch.int32)
+o1, l1 = prefill_triton(x["q"], x["k"][:40], x["v"][:40], cq, torch.tensor([0, 40], dtype=torch.int32), 24, False,
+                        x["sm_scale"], return_lse=True, cfg=cfg)
+o2, l2 = prefill_triton(x["q"], x["k"][40:], x["v"][40:], cq, cq, 24, True, x["sm_scale"], return_lse=True, cfg=cfg)
+om, lm = merge(o1, l1, o2, l2)
+ro, rl = reference(x["q"], x["k"], x["v"], cq, torch.tensor([0, 64], dtype=torch.int32), True, x["sm_scale"])
+assert rel(om, ro) < 1e-5 and rel(lm, rl) < 1e-5, (rel(om, ro), rel(lm, rl))
+print("prefill kernel ok")
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed here")
+def test_the_prefill_kernel_matches_the_reference_in_the_interpreter():
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT / "lib")}
+    res = subprocess.run([sys.executable, "-c", KERNEL_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and "prefill kernel ok" in res.stdout, res.stderr[-3000:]
+
+
+def test_pair_counts_and_flops():
+    from specdiag.kernels.prefill import PrefillShape, mha_flops, visible_pairs
+
+    assert visible_pairs(4, 4, causal=True) == 10 and visible_pairs(2, 5, causal=True) == 4 + 5
+    assert visible_pairs(3, 1, causal=True) == 1 and visible_pairs(3, 7, causal=False) == 21
+    # an 8k chunk after a 120k prefix, 8 heads: 640 FLOP a pair and head
+    shape = PrefillShape(prefix_tokens=122_880, chunk_tokens=8192, heads=8)
+    assert shape.flops() == mha_flops(8, 122_880 * 8192 + 8192 * 8193 // 2) == 640 * 8 * (122_880 * 8192 + 33_558_528)
