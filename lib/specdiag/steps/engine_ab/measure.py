@@ -73,10 +73,12 @@ def _send_row(client: Any, ids: list[int], arm: str, ctx: int, labels: dict[str,
 def prefill_all(run: Run, client: Any, arm: str, contexts: Iterable[int], seed: int = 0, prefill_new_tokens: int = 2,
                 concurrent: int = 1, deadline_s: Optional[float] = None,
                 progress: Callable[[str], None] = lambda s: None,
-                rows_out: Optional[list[dict[str, Any]]] = None, kind: str = KIND) -> dict[int, list[int]]:
+                rows_out: Optional[list[dict[str, Any]]] = None, kind: str = KIND,
+                repeat: int = 0) -> dict[int, list[int]]:
     """Phase 1 on one arm: the prefix cache emptied once (or, where the server offers no reset, each prompt given a
     unique head), then each context's prompt prefilled (module doc). Returns the prompts sent, by context: phase 2
-    sends them again; ``rows_out`` (a list) also receives the rows written."""
+    sends them again; ``rows_out`` (a list) also receives the rows written. ``repeat`` labels the rows (a TTFT
+    measured again on another prompt: :func:`measure_arm`'s ``prefill_repeats``)."""
     from specdiag.measure.fresh_prompt import freshen  # noqa: PLC0415
     from specdiag.measure.metrics import error_row  # noqa: PLC0415
     from specdiag.measure.request import ADD_SPECIAL_TOKENS, exact_prompt  # noqa: PLC0415
@@ -87,7 +89,7 @@ def prefill_all(run: Run, client: Any, arm: str, contexts: Iterable[int], seed: 
         if deadline_s is not None and time.monotonic() > deadline_s:
             progress(f"{arm}: prefill at {ctx:,} tokens not started (time budget)")
             break
-        labels = {"phase": "prefill", "repeat": 0, "seed": prompt_seed(ctx, seed), "prompt_kind": kind,
+        labels = {"phase": "prefill", "repeat": repeat, "seed": prompt_seed(ctx, seed), "prompt_kind": kind,
                   "max_new_tokens": prefill_new_tokens, "concurrent": concurrent}
         t0 = time.time()
         try:
@@ -106,6 +108,9 @@ def prefill_all(run: Run, client: Any, arm: str, contexts: Iterable[int], seed: 
                  + (f" ERROR {row['error']}" if row.get("error") else ""))
     return prompts
 
+
+#: a repeated prefill's prompt seed: the run's seed + this x the repeat (a prompt no other request shares)
+PREFILL_SEED_STEP = 7919
 
 #: a decode request's own tail draws its prose from this seed + the prompt's seed + the repeat
 TAIL_SEED_BASE = 100_000
@@ -192,12 +197,14 @@ def predicted(rows: Iterable[dict[str, Any]], key: str, ctx: int, power: float) 
 def measure_arm(run: Run, client: Any, arm: str, contexts: Iterable[int], repeats: int = 3, max_new_tokens: int = 16,
                 seed: int = 0, deadline_s: Optional[float] = None, progress: Callable[[str], None] = lambda s: None,
                 slow_step_ms: Optional[float] = None, slow_repeats: int = 3,
-                kinds: Sequence[str] = (KIND,), tail_tokens: int = 0) -> list[str]:
+                kinds: Sequence[str] = (KIND,), tail_tokens: int = 0, prefill_repeats: int = 1) -> list[str]:
     """Both phases on one arm alone, context by context (and, at a context, text kind by kind): each prompt
     prefilled, then decoded on its cached prompt before the next (the prefix cache never has to hold two long
     prompts). A context whose prefill is predicted (:func:`predicted`, quadratic) to end past ``deadline_s`` is not
     started. Where a verify step takes over ``slow_step_ms`` (measured at the context, or predicted from the previous
-    one in proportion to the tokens), the context gets ``slow_repeats`` requests of half ``max_new_tokens``. Returns
+    one in proportion to the tokens), the context gets ``slow_repeats`` requests of half ``max_new_tokens``. With
+    ``prefill_repeats`` > 1 each context's TTFT is measured that many times, each on a prompt of its own seed (``repeat``
+    1, 2, ... first, the cache emptied before each; then repeat 0, whose prompt the decode requests reuse). Returns
     what was not run, a sentence each."""
     not_run: list[str] = []
     pre: list[dict[str, Any]] = []
@@ -213,6 +220,9 @@ def measure_arm(run: Run, client: Any, arm: str, contexts: Iterable[int], repeat
             continue
         for kind in kinds:
             what = "" if kind == KIND else f", {kind} text"
+            for r in range(1, max(1, prefill_repeats)):
+                prefill_all(run, client, arm, [ctx], seed + PREFILL_SEED_STEP * r, deadline_s=deadline_s,
+                            progress=progress, rows_out=pre, kind=kind, repeat=r)
             prompts = prefill_all(run, client, arm, [ctx], seed, deadline_s=deadline_s, progress=progress,
                                   rows_out=pre, kind=kind)
             if ctx not in prompts:
@@ -242,6 +252,7 @@ class SweepSettings:
     seed: int = 0  # prompt seed (one prompt per context, the same for every arm)
     kinds: tuple[str, ...] = (KIND,)  # text kinds, each context's prompt of each (KINDS; the first is novel prose)
     tail_tokens: int = 32  # each decode request's own last tokens (novel prose; 0: the same prompt each time)
+    prefill_repeats: int = 1  # prefills per context for TTFT, each on a fresh prompt (the last one is decoded)
 
     def __post_init__(self) -> None:
         if KIND not in self.kinds or any(k not in KINDS for k in self.kinds) or len(set(self.kinds)) < len(self.kinds):
@@ -265,7 +276,7 @@ def sweep_begin(run: Run, arms: "ArmsFile", settings: SweepSettings) -> None:
                    "arm_contexts": {k: list(v) for k, v in settings.arm_contexts.items()},
                    "repeats": settings.repeats, "slow_repeats": settings.slow_repeats,
                    "slow_step_ms": settings.slow_step_ms, "max_new_tokens": settings.max_new_tokens,
-                   "kinds": list(settings.kinds),
+                   "kinds": list(settings.kinds), "prefill_repeats": settings.prefill_repeats,
                    "draft_tokens": next((a.speculation.tokens_per_step for a in arms.arms
                                          if a.speculation.speculates), None),
                    "order": "serial: each arm's server started, measured and stopped before the next"}},
@@ -288,4 +299,5 @@ def sweep_arm(job: "ArmJob") -> list[str]:
     s: SweepSettings = job.settings
     return measure_arm(job.run, make_client(job.url), job.arm.name, s.arm_contexts.get(job.arm.name, s.contexts),
                        s.repeats, s.max_new_tokens, s.seed, deadline_s=job.deadline_s, progress=job.progress,
-                       slow_step_ms=s.slow_step_ms, slow_repeats=s.slow_repeats, kinds=s.kinds, tail_tokens=s.tail_tokens)
+                       slow_step_ms=s.slow_step_ms, slow_repeats=s.slow_repeats, kinds=s.kinds, tail_tokens=s.tail_tokens,
+                       prefill_repeats=s.prefill_repeats)
