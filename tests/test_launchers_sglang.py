@@ -414,3 +414,39 @@ def test_make_serve_passes_the_dflash_variables():
     assert engine_options_from_args(args) == {
         "model_path": "/m/t", "draft_model_path": "/m/d", "algorithm": "DFLASH", "dflash_block_size": 16,
         "draft_window_size": 2048, "draft_attention_backend": "triton", "max_total_tokens": 300000, "port": 30000}
+
+
+def test_the_plugin_picks_one_configuration_fast_at_prefill_and_verify(monkeypatch, tmp_path):
+    """PLUGIN=splitkv with no attention backend named: FlashInfer prefill + Triton decode/verify where FlashInfer is
+    importable (a DFLASH drafter kept on Triton), else pure Triton with the plugin's MHA prefill."""
+    from specdiag.launchers import sglang as sg
+
+    hybrid = sg.plugin_serving("DFLASH", flashinfer=True)
+    assert hybrid.attention_backend == "flashinfer" and hybrid.draft_attention_backend == "triton"
+    assert hybrid.extra_args == ("--decode-attention-backend", "triton", "--speculative-attention-mode", "decode")
+    assert sg.plugin_serving("NGRAM", flashinfer=True).draft_attention_backend is None
+    assert sg.plugin_serving("DFLASH", flashinfer=True, draft_attention_backend="fa3").draft_attention_backend == "fa3"
+    pure = sg.plugin_serving("NGRAM", flashinfer=False)
+    assert pure.attention_backend == "triton" and pure.extra_args == () and pure.env == {"SPECDIAG_SGLANG_PREFILL": "mha"}
+    launch = sg.sglang_launch(algorithm="NGRAM", model_path=tmp_path, extra_args=("--log-level", "debug"))
+    configured, why = sg.with_plugin_serving(launch, flashinfer=True)
+    cmd = sg.sglang_command(replace_port(configured))
+    assert cmd[cmd.index("--attention-backend") + 1] == "flashinfer" and "FlashInfer is importable" in why
+    assert cmd[-6:] == ["--decode-attention-backend", "triton", "--speculative-attention-mode", "decode",
+                        "--log-level", "debug"]  # the user's own flags last: they win
+    configured, why = sg.with_plugin_serving(launch, flashinfer=False)
+    assert configured.attention_backend == "triton" and sg.sglang_env(configured)["SPECDIAG_SGLANG_PREFILL"] == "mha"
+    # the registry's engine applies it only when the plugin's verify is asked for and no backend was named
+    monkeypatch.setattr(sg, "has_flashinfer", lambda launch: True)
+    monkeypatch.setattr(sg, "sglang_server", lambda launch, **kw: launch)
+    monkeypatch.setenv("SPECDIAG_SGLANG_VERIFY", "splitkv")
+    assert sg.sglang_engine(algorithm="NGRAM", model_path=tmp_path).attention_backend == "flashinfer"
+    assert sg.sglang_engine(algorithm="NGRAM", model_path=tmp_path, attention_backend="triton").attention_backend == "triton"
+    monkeypatch.setenv("SPECDIAG_SGLANG_VERIFY", "off")
+    assert sg.sglang_engine(algorithm="NGRAM", model_path=tmp_path).attention_backend == "triton"
+
+
+def replace_port(launch):
+    import dataclasses
+
+    return dataclasses.replace(launch, port=30000)

@@ -319,13 +319,71 @@ def sglang_launch(*, algorithm: str = "STANDALONE", num_draft_tokens: int | None
                         algorithm=algo, num_draft_tokens=num_draft_tokens, **fields)  # type: ignore[arg-type]
 
 
+@dataclass(frozen=True)
+class PluginServing:
+    """How a server with the plugin is configured when the user named no attention backend (:func:`plugin_serving`)."""
+
+    attention_backend: str  # --attention-backend
+    extra_args: tuple[str, ...]  # the flags that route decode and verify to the Triton backend
+    draft_attention_backend: str | None  # --speculative-draft-attention-backend
+    env: Mapping[str, str]  # the plugin's prefill switch where the Triton backend prefills
+    why: str  # one line for the log: which prefill and verify paths run
+
+
+def plugin_serving(algorithm: str, flashinfer: bool, draft_attention_backend: str | None = None) -> PluginServing:
+    """The one configuration fast at both prefill and verify with the plugin's split-KV kernel (pure).
+
+    With FlashInfer importable: FlashInfer prefills (its chunked-prefix MHA form), Triton decodes and verifies
+    (``--decode-attention-backend triton --speculative-attention-mode decode``) through the plugin; a DFLASH drafter
+    keeps Triton attention (SGLang would move it to FlashInfer, about 3 ms a step at 1k on an H100). Without it: the
+    Triton backend for all, long prompt chunks in the MHA form on the plugin's prefill kernel
+    (``SPECDIAG_SGLANG_PREFILL=mha``)."""
+    if flashinfer:
+        draft = draft_attention_backend or ("triton" if (algorithm or "").upper() == DFLASH else None)
+        return PluginServing("flashinfer", ("--decode-attention-backend", "triton", "--speculative-attention-mode",
+                                            "decode"), draft, {},
+                             "FlashInfer is importable: prefill on FlashInfer (chunked-prefix MHA form), decode and "
+                             "verify on the Triton backend through the plugin's split-KV kernel")
+    return PluginServing("triton", (), draft_attention_backend, {"SPECDIAG_SGLANG_PREFILL": "mha"},
+                         "FlashInfer is not importable: the Triton backend, verify on the plugin's split-KV kernel and "
+                         "long prompt chunks in the MHA form on its prefill kernel")
+
+
+_FLASHINFER_PROBE = "import importlib.util as u, sys\nsys.exit(0 if u.find_spec('flashinfer') else 4)\n"
+
+
+def has_flashinfer(launch: SGLangLaunch, timeout_s: float = 60.0) -> bool:
+    """Whether ``launch.python`` (with the launch's environment) can import FlashInfer (found, not imported)."""
+    try:
+        proc = subprocess.run([launch.python, "-c", _FLASHINFER_PROBE], capture_output=True, text=True,  # noqa: S603
+                              timeout=timeout_s, env={**os.environ, **sglang_env(launch)}, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return proc.returncode == 0
+
+
+def with_plugin_serving(launch: SGLangLaunch, flashinfer: bool) -> tuple[SGLangLaunch, str]:
+    """``launch`` configured by :func:`plugin_serving` (the user's own extra args kept after its flags)."""
+    ps = plugin_serving(launch.algorithm_name, flashinfer, launch.draft_attention_backend)
+    return replace(launch, attention_backend=ps.attention_backend, draft_attention_backend=ps.draft_attention_backend,
+                   extra_args=(*ps.extra_args, *launch.extra_args), env={**ps.env, **dict(launch.env)}), ps.why
+
+
 def sglang_engine(*, log_path: Path | str | None = None, startup_timeout_s: float = 900.0, progress: bool = True,
                   check: bool = True, **options: object) -> ManagedServer:
-    """The registry's ``sglang`` engine: ``sglang_server(sglang_launch(**options))``, not started."""
-    return sglang_server(sglang_launch(**options), log_path=log_path,  # type: ignore[arg-type]
-                         startup_timeout_s=startup_timeout_s, progress=progress, check=check)
+    """The registry's ``sglang`` engine: ``sglang_server(sglang_launch(**options))``, not started. With the plugin's
+    split-KV verify asked for (``SPECDIAG_SGLANG_VERIFY=splitkv``, what ``make ... PLUGIN=splitkv`` sets) and no
+    attention backend named, the server takes :func:`plugin_serving`'s configuration and the log says which."""
+    launch = sglang_launch(**options)  # type: ignore[arg-type]
+    if options.get("attention_backend") is None and os.environ.get("SPECDIAG_SGLANG_VERIFY", "").strip() == "splitkv":
+        launch, why = with_plugin_serving(launch, has_flashinfer(launch))
+        print(f"[sglang] plugin splitkv, no attention backend named: {why} (--attention-backend "
+              f"{launch.attention_backend}{' ' + ' '.join(launch.extra_args) if launch.extra_args else ''})",
+              file=sys.stderr, flush=True)
+    return sglang_server(launch, log_path=log_path, startup_timeout_s=startup_timeout_s, progress=progress,
+                         check=check)
 
 
-__all__ = ["DFLASH", "DRAFT_MODEL_ALGORITHMS", "EAGLE_FAMILY", "KNOWN_ALGORITHMS", "SGLangLaunch",
+__all__ = ["DFLASH", "DRAFT_MODEL_ALGORITHMS", "EAGLE_FAMILY", "KNOWN_ALGORITHMS", "PluginServing", "SGLangLaunch",
            "SGLangLaunchError", "check_dflash_drafter", "check_sglang", "sglang_command", "sglang_engine", "sglang_env",
-           "sglang_launch", "sglang_server"]
+           "sglang_launch", "sglang_server", "plugin_serving", "with_plugin_serving"]
