@@ -25,7 +25,7 @@ from specdiag.steps.kernel_ab.arms import ARMS
 
 NOTEBOOK = "06_kernel_ab"
 REFERENCE = "kernel-ab-h200"
-DASH_MEANS = "the arm did not run that case (section 7 says why)"
+DASH_MEANS = "the arm did not run that case (section 8 says why)"
 
 
 @dataclass
@@ -115,7 +115,7 @@ def the_run(pg: Page) -> Section:
              "command": meta.get("command"), "device copy (2 GiB)": f"{copy_gbps:,.0f} GB/s (read + write, measured)",
              "bf16 matmul (8192³)": f"{matmul_tflops:,.0f} TFLOP/s (measured)",
              "cases x arms measured": f"{len(df)} ({df[kernel_ab_table.CASE].drop_duplicates().shape[0]} cases)",
-             "not measured": f"{len(kernel_ab_table.not_measured(pg.rows))} (listed in section 7)"}
+             "not measured": f"{len(kernel_ab_table.not_measured(pg.rows))} (listed in section 8)"}
     return Section().table(pd.DataFrame({"": list(facts), "value": [str(v) for v in facts.values()]}))
 
 
@@ -206,7 +206,7 @@ def roofline(pg: Page) -> Section:
 
 
 def findings(pg: Page) -> Section:
-    """Section 7: the verdicts (``data["found"]``, as analysis.findings gives them) and the pairs not measured."""
+    """Section 8: the verdicts (``data["found"]``, as analysis.findings gives them) and the pairs not measured."""
     found = analysis.findings(pg.df, pg.peaks, pg.dev)
     s = Section(data={"found": found})
     if pg.recorded_from:
@@ -223,3 +223,25 @@ def findings(pg: Page) -> Section:
 
 def metrics(pg: Page) -> dict[str, Any]:
     return analysis.metrics(pg.df, pg.tt, pg.peaks)
+
+
+def prefill_cases(pg: Page) -> Section:
+    """Section 7: one long prompt's chunk in the MHA form (specdiag.steps.kernel_ab.prefill), each arm's TFLOP/s and
+    share of the run's measured matmul rate, where the run has the table."""
+    rows = pg.ctx.source.rows(analysis.PREFILL_TABLE)
+    pt = analysis.prefill_table(rows)
+    s = Section(data={"prefill": pt})
+    if pt.empty:
+        return s.markdown("This run has no prefill cases (`python -m specdiag.steps.kernel_ab.prefill --out RUN` "
+                          "measures them on a CUDA GPU).")
+    verdict = analysis.prefill_verdict(pt)
+    if verdict:
+        s.markdown(verdict)
+    peaks = pg.ctx.source.meta.get("prefill_peaks") or {}
+    s.table(pt, {"prefix_tokens": "prefix (tokens)", "chunk_tokens": "chunk (tokens)", "heads": "heads", "arm": "arm",
+                 "ms_median": "ms (median)", "tflops": "TFLOP/s (measured)",
+                 "pct_matmul": f"% of bf16 matmul ({peaks.get('matmul_tflops', float('nan')):,.0f} TFLOP/s, measured)",
+                 "rel_err": "rel. error vs fp32", "lse_abs_err": "lse abs. error", "n_runs": "replays"},
+            formats={"ms_median": "{:.3f}", "tflops": "{:,.0f}", "pct_matmul": "{:.0f}", "rel_err": "{:.1e}",
+                     "lse_abs_err": "{:.1e}"})
+    return s
