@@ -203,3 +203,17 @@ def test_pair_counts_and_flops():
     # an 8k chunk after a 120k prefix, 8 heads: 640 FLOP a pair and head
     shape = PrefillShape(prefix_tokens=122_880, chunk_tokens=8192, heads=8)
     assert shape.flops() == mha_flops(8, 122_880 * 8192 + 8192 * 8193 // 2) == 640 * 8 * (122_880 * 8192 + 33_558_528)
+
+
+def test_a_check_arms_prefill_calls_are_summarised_for_run_json():
+    from specdiag.sweep.driver import kept_stats, prefill_check_summary
+
+    stats = [{"prefill": {"served": {"prefix_chunk": 2}, "check": [
+        {"rel_err": 3e-3, "lse_abs_err": 1e-3, "keys": 122880, "prefix_chunk": True},
+        {"rel_err": 5e-3, "lse_abs_err": None, "keys": 8192, "prefix_chunk": False}]}}]
+    s = prefill_check_summary(stats)
+    assert s["calls"] == 2 and s["prefix_chunk_calls"] == 1 and s["max_rel_err"] == 5e-3 and s["passed"]
+    assert s["keys_max"] == 122880 and s["max_lse_abs_err"] == 1e-3
+    assert not prefill_check_summary([{"prefill": {"check": [{"rel_err": 0.5, "keys": 9}]}}])["passed"]
+    assert not prefill_check_summary([{}])["passed"]  # no calls checked: nothing passed
+    assert kept_stats(stats[0])["prefill"] == {"served": {"prefix_chunk": 2}, "check_n": 2}

@@ -98,6 +98,25 @@ def check_summary(stats: list[Mapping[str, Any]]) -> dict[str, Any]:
             "passed": bool(rows) and finite and max(judged) <= CHECK_MAX_REL_ERR}
 
 
+#: the largest relative error a checked prefill call may have against the fp32 reference on its sampled rows (bf16 output)
+PREFILL_CHECK_MAX_REL_ERR = 2e-2
+
+
+def prefill_check_summary(stats: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """A check arm's prefill calls (the plugin's ``prefill.check`` records: specdiag's MHA prefill kernel against the
+    fp32 reference on a sample of each call's query rows): calls by part (a prefix chunk, a chunk's own causal part),
+    the largest relative error of the output and absolute error of the log-sum-exp, the most keys one call read, and
+    ``passed`` when there were calls, each within :data:`PREFILL_CHECK_MAX_REL_ERR`."""
+    rows = [r for s in stats for r in ((s.get("prefill") or {}).get("check") or [])]
+    errs = [float(r["rel_err"]) for r in rows]
+    lse = [float(r["lse_abs_err"]) for r in rows if r.get("lse_abs_err") is not None]
+    return {"calls": len(rows), "prefix_chunk_calls": sum(1 for r in rows if r.get("prefix_chunk")),
+            "max_rel_err": max(errs) if errs else None, "median_rel_err": statistics.median(errs) if errs else None,
+            "max_lse_abs_err": max(lse) if lse else None, "keys_max": max((int(r["keys"]) for r in rows), default=None),
+            "threshold": PREFILL_CHECK_MAX_REL_ERR,
+            "passed": bool(rows) and max(errs) <= PREFILL_CHECK_MAX_REL_ERR}
+
+
 def read_stats(folder: Path) -> list[dict[str, Any]]:
     """The plugin's stats files of one server (``stats-*.json``), [] where it wrote none."""
     return [json.loads(p.read_text()) for p in sorted(folder.glob("stats-*.json"))] if folder.is_dir() else []
@@ -126,6 +145,9 @@ def kept_stats(stats: Mapping[str, Any]) -> dict[str, Any]:
     summary, and the layout recorder's per-forward records (every filler forward too: megabytes per arm) are counted,
     since each measured row carries its own request's layout."""
     out = {k: v for k, v in stats.items() if k != "check"}
+    if isinstance(out.get("prefill"), Mapping) and "check" in out["prefill"]:
+        out["prefill"] = {**{k: v for k, v in out["prefill"].items() if k != "check"},
+                          "check_n": len(out["prefill"]["check"] or [])}
     layout = out.get("layout")
     if isinstance(layout, Mapping) and isinstance(layout.get("records"), list):
         out["layout"] = {**{k: v for k, v in layout.items() if k != "records"}, "records_n": len(layout["records"])}
@@ -139,6 +161,9 @@ def _plugin_record(run: Run, arm: Arm, host: Host) -> None:
     run.update(plugin_stats={**dict(run.meta.get("plugin_stats") or {}), arm.name: [kept_stats(s) for s in stats]})
     if any(s.get("check") for s in stats):
         run.update(plugin_check={**dict(run.meta.get("plugin_check") or {}), arm.name: check_summary(stats)})
+    if any((s.get("prefill") or {}).get("check") for s in stats):
+        run.update(prefill_check={**dict(run.meta.get("prefill_check") or {}),
+                                  arm.name: prefill_check_summary(stats)})
 
 
 def sweep(arms: ArmsFile, measurement: Measurement, settings: Any, opts: SweepOptions, host: Host) -> int:

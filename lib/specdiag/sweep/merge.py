@@ -31,8 +31,8 @@ from specdiag.runs import Run, merge_runs
 from specdiag.sweep.driver import kept_stats
 
 #: run.json keys the merge builds itself (not copied from a call)
-OWN_KEYS = ("run_id", "provenance", "arms", "calls", "not_run", "plugin_stats", "plugin_check", "command",
-            "finished_after_s", "merged_from", "interrupted")
+OWN_KEYS = ("run_id", "provenance", "arms", "calls", "not_run", "plugin_stats", "plugin_check", "prefill_check",
+            "command", "finished_after_s", "merged_from", "interrupted")
 
 
 class MergeError(ValueError):
@@ -125,6 +125,7 @@ def merge_calls(dest: str | Path, sources: list[str | Path], arms_only: Sequence
     not_run = list(out.meta.get("not_run") or [])
     stats = dict(out.meta.get("plugin_stats") or {})
     checks = dict(out.meta.get("plugin_check") or {})
+    prefill_checks = dict(out.meta.get("prefill_check") or {})
     for (call, r), src in zip(calls, sources):
         cut = r.meta.get("finished_after_s") is None
         records.append({"call": call, "source": str(src), "command": r.meta.get("command"),
@@ -146,6 +147,8 @@ def merge_calls(dest: str | Path, sources: list[str | Path], arms_only: Sequence
         stats.update({f"{a} (call {call})": [kept_stats(x) if isinstance(x, Mapping) else x for x in v]
                       if isinstance(v, list) else v for a, v in (r.meta.get("plugin_stats") or {}).items() if taken(a)})
         checks.update({f"{a} (call {call})": v for a, v in (r.meta.get("plugin_check") or {}).items() if taken(a)})
+        prefill_checks.update({f"{a} (call {call})": v for a, v in (r.meta.get("prefill_check") or {}).items()
+                               if taken(a)})
         for log_file in sorted(Path(r.path).glob("server-*.log")):
             if not taken(log_file.name[len("server-"):-len(".log")]):
                 continue
@@ -154,6 +157,7 @@ def merge_calls(dest: str | Path, sources: list[str | Path], arms_only: Sequence
                                                         "wb") as dst:
                 shutil.copyfileobj(src, dst)
     out.update(arms=arms, calls=records, not_run=not_run, plugin_stats=stats, plugin_check=checks,
+               **({"prefill_check": prefill_checks} if prefill_checks else {}),
                command="specdiag merge --out " + " ".join(
                    str(x) for x in [dest, *([f"--arms {','.join(sorted(only))}"] if only else []), *sources]))
     from specdiag.sweep.registry import MEASUREMENTS  # noqa: PLC0415
