@@ -23,8 +23,8 @@ How it is installed, through SGLang's hook registry (``sglang.srt.plugins.hook_r
   ``free_segments``, which end in ``free``; ``available_size`` beside their own ``evictable_size``), of chunked
   prefill (``alloc`` per chunk, ``free`` of the unfinished chunk's slots), of ``/flush_cache`` and ``resize`` (both
   ``clear``); PD disaggregation's ``need_sort`` path (``merge_and_sort_free``) merges the pending frees, since the
-  free ranges are always sorted. The recorded list of 0.5.17's names (tests/data/sglang-0.5.17/hook-targets.json)
-  is checked against every target the plugin registers.
+  free ranges are always sorted. The recorded list of 0.5.17's names (sglang-0.5.17-hook-targets.json beside this
+  module) is checked against every target the plugin registers.
 
 CUDA graphs: every one of these calls runs on the scheduler's CPU path, before a forward is launched or after its
 result is read, never inside a captured graph; a graph replay reads the step's ``out_cache_loc`` after the graph runner

@@ -1,4 +1,4 @@
-"""Which SGLang the plugin serves: a switch goes in only where SGLang's code under its hooks is the code it was tested on.
+"""Which SGLang the plugin serves: a switch goes in only where SGLang's code under its hooks is the tested code.
 
 The plugin was run on SGLang 0.5.17 (the GPU image; newer releases pin a newer torch). Its hooks replace or wrap
 SGLang methods whose code they assume (hook.py stores the draft block's KV as 0.5.17's ``forward_extend`` does,
@@ -8,10 +8,10 @@ SGLang installed beside it, and compares it with 0.5.17's (``sglang-0.5.17-hook-
 SHA-256 per method; written by scripts/record_sglang_hook_targets.py from 0.5.17's wheel). A switch (:func:`switches`)
 any of whose methods differs is left to SGLang: its environment variable is set to off for the registration (as if the
 user had: every other log line of the plugin then agrees), and SGLang's hook registry is not handed any differing
-target. A verify mode left to SGLang takes the NGRAM tail and the prefill path with it, as ``SPECDIAG_SGLANG_VERIFY=off``
-does. One log line, before the others, says which SGLang runs and, on code other than the tested one's, what is left
-to SGLang. ``SPECDIAG_SGLANG_ANY_VERSION=1`` registers every switch as asked, on the user's word. Where SGLang's
-version or source cannot be read, the hooks go in unchecked and the line says so.
+target. A verify mode left to SGLang takes the NGRAM tail and the prefill path with it, as
+``SPECDIAG_SGLANG_VERIFY=off`` does. One log line, before the others, says which SGLang runs and, on code other than
+the tested one's, what is left to SGLang. ``SPECDIAG_SGLANG_ANY_VERSION=1`` registers every switch as asked, on the
+user's word. Where SGLang's version or source cannot be read, the hooks go in unchecked and the line says so.
 
 A method's code is its lines from its first decorator to its end, blank and comment-only lines left out (a method
 defined on a base class is found through the module's imports, as Python would look it up).
