@@ -364,6 +364,7 @@ class _Mode:
 
 def test_hook_falls_back_to_sglang_and_counts(monkeypatch, tmp_path):
     """A prefill call goes to SGLang's method untouched, counted, and stats reach the stats folder."""
+    monkeypatch.setitem(hook.STATS, "mode", "splitkv")  # the hook decides only in mode splitkv
     monkeypatch.setenv(hook.STATS_ENV, str(tmp_path))
     hook._last_write[0] = 0.0
     before = hook.STATS["fallback"]["not a target-verify step"]
@@ -497,7 +498,8 @@ def test_facts_read_from_sglang_objects():
     assert "value buffer" in decide(facts)[1]
 
 
-def test_hook_sends_an_unservable_verify_call_to_sglang():
+def test_hook_sends_an_unservable_verify_call_to_sglang(monkeypatch):
+    monkeypatch.setitem(hook.STATS, "mode", "splitkv")  # the hook decides only in mode splitkv
     backend, q, k, v, layer, fb = _fake_sglang_call()
     before = hook.STATS["fallback"]["not on a CUDA device"]
     out = hook.forward_extend_hook(lambda *a, **kw: "sglang-out", backend, q, k, v, layer, fb)
@@ -557,6 +559,7 @@ def test_facts_of_an_fp8_call_carry_its_rows_and_scales():
 def test_an_fp8_call_no_kernel_here_can_run_goes_to_sglang_with_its_reason(monkeypatch):
     """decide() serves it but the fp8 kernel cannot run (here: SPECDIAG_SGLANG_GLUON=0, then CPU tensors): _serve
     raises Unservable before anything is stored, the hook counts the reason and returns SGLang's own output."""
+    monkeypatch.setitem(hook.STATS, "mode", "splitkv")  # the hook decides only in mode splitkv
     pytest.importorskip("triton.experimental.gluon")
     fp8 = torch.float8_e4m3fn
     backend, q, k, v, layer, fb = _fake_sglang_call(kv_dtype=fp8)

@@ -10,6 +10,7 @@ tests/data/sglang-0.5.23/.
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import json
 import logging
@@ -27,6 +28,15 @@ from specdiag_sglang_plugin import contiguous, hook, versions  # noqa: E402
 
 RECORDED = {"0.5.17": ROOT / "plugins" / "sglang" / "specdiag_sglang_plugin" / "sglang-0.5.17-hook-targets.json",
             "0.5.23": ROOT / "tests" / "data" / "sglang-0.5.23" / "hook-targets.json"}
+
+
+@pytest.fixture(autouse=True)
+def _hook_state_kept():
+    """register() records its mode in hook.STATS, which the hook reads on every call: put it back for other tests."""
+    saved = copy.deepcopy(hook.STATS)
+    yield
+    hook.STATS.clear()
+    hook.STATS.update(saved)
 
 
 def _recorder():
