@@ -57,3 +57,24 @@ def test_predictable_text_and_no_tail_send_the_prompt_itself(tmp_path, monkeypat
     # a tail as long as the prompt is an error row, not a crash
     rows = measure.decode_all(run, WordClient(), "a", {16: prompt[:16]}, repeats=1, tail_tokens=32)
     assert rows[0]["error"].startswith("tail: a decode tail of 32 tokens")
+
+
+def test_repeated_prefills_each_read_a_fresh_prompt_before_the_decoded_one(tmp_path, monkeypatch) -> None:
+    """prefill_repeats: the TTFT of a context over several prompts no cache holds (each its own seed, the cache emptied
+    before each), the prompt the decode requests reuse prefilled last."""
+    sent = _capture(monkeypatch)
+    prompts: list[int] = []
+
+    def exact(client, ctx, kind, seed):
+        prompts.append(seed)
+        return type("P", (), {"input_ids": [seed % 1000 + 5] * ctx})()
+
+    monkeypatch.setattr("specdiag.measure.request.exact_prompt", exact)
+    monkeypatch.setattr("specdiag.measure.fresh_prompt.freshen", lambda client, p, reset, add_special_tokens: (p, True))
+    run = Run.create(tmp_path / "r")
+    measure.measure_arm(run, WordClient(), "a", [64], repeats=2, prefill_repeats=3)
+    pre = [r for r in run.rows("engine_ab") if r["phase"] == "prefill"]
+    dec = [r for r in run.rows("engine_ab") if r["phase"] == "decode"]
+    assert [r["repeat"] for r in pre] == [1, 2, 0] and len({r["seed"] for r in pre}) == 3
+    assert pre[-1]["seed"] == measure.prompt_seed(64, 0)  # the decoded prompt is the run's own
+    assert len(dec) == 2 and sent[-1] == sent[2]  # decode reuses the last prefilled prompt
