@@ -11,8 +11,8 @@ from specdiag.steps.findings.ddtree import ddtree_finding
 def test_dflash_run_with_causal_and_tree_mask_plugin_calls() -> None:
     meta = {"arms": {"plugin": {"server": {"speculative_algorithm": "DFLASH", "speculative_num_draft_tokens": 8}},
                      "ngram": {"server": {"speculative_algorithm": "NGRAM"}}},
-            "plugin_stats": {"plugin (call 1)": [{"served": 100, "served_causal": 100}],
-                             "ngram (call 1)": [{"served": 30, "served_causal": 0}]}}
+            "plugin_stats": {"plugin (part 1)": [{"served": 100, "served_causal": 100}],
+                             "ngram (part 1)": [{"served": 30, "served_causal": 0}]}}
     f = ddtree_finding({}, [meta])
     assert f is not None and f.id == "findings.ddtree" and f.severity == "info"
     assert f.numbers["dflash_block_tokens"] == [8] and f.numbers["plugin_causal_calls"] == 100

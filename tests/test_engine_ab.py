@@ -232,7 +232,7 @@ def test_the_tradeoff_weighs_a_faster_decode_against_a_slower_prefill() -> None:
 
 
 def test_the_61_layer_reference_run_is_read_as_measured() -> None:
-    """data/reference/sglang-h200-mla61-engine-ab (three calls joined by the engine A/B script's merge): the tables are the
+    """data/reference/sglang-h200-mla61-engine-ab (three parts joined by specdiag merge): the tables are the
     rows' medians, the first request of each server is flagged and no other, every decode ran alone, and the targets
     are the ratios of those medians."""
     from specdiag.paths import REFERENCE_DIR
@@ -250,13 +250,13 @@ def test_the_61_layer_reference_run_is_read_as_measured() -> None:
     for arm in ("triton", "triton_plugin", "flashinfer", "fi_prefill_plugin"):
         assert cell.loc[(arm, K128), "step_ms"] == med(arm, K128)
     assert dec["clean"].all()  # one arm at a time: no decode shared the GPU
-    servers = {(r["call"], r["arm"]) for r in rows}
-    firsts = [(r.call, r.arm) for r in df[df["first_on_server"]].itertuples()]
-    assert sorted(firsts) == sorted(servers)  # exactly one per server (an arm in two calls had two)
+    servers = {(r["part"], r["arm"]) for r in rows}
+    firsts = [(r.part, r.arm) for r in df[df["first_on_server"]].itertuples()]
+    assert sorted(firsts) == sorted(servers)  # exactly one per server (an arm in two parts had two)
     flagged = pre[~pre["own"]]
     assert set(flagged["why_not_own"]) == {"the run's first request to this server (it may carry one-time kernel "
                                            "compilation)"}
-    assert {a: run.meta["arms"][a]["calls"] for a in ("triton", "triton_plugin")} == {"triton": [1, 3],
+    assert {a: run.meta["arms"][a]["parts"] for a in ("triton", "triton_plugin")} == {"triton": [1, 3],
                                                                                      "triton_plugin": [2, 3]}
     spec = [a for a in analysis.arm_order(df, run.meta["arms"]) if not a.endswith("_nospec")]  # the verify arms
     dec, pre = dec[dec["arm"].isin(spec)], pre[pre["arm"].isin(spec)]
@@ -269,7 +269,7 @@ def test_the_61_layer_reference_run_is_read_as_measured() -> None:
             and r["arm"] in spec}
     assert tt.loc["best_ttft_64k_vs_triton", "value"] == pytest.approx(ttft["triton"] / min(
         v for a, v in ttft.items() if a != "triton"))
-    assert "triton (call 3): the call reached its time limit" in " ".join(run.meta["not_run"])
+    assert "triton (part 3): the call reached its time limit" in " ".join(run.meta["not_run"])
 
 
 def test_arm_lists_are_checked_before_any_work() -> None:
@@ -411,13 +411,13 @@ def test_the_band_pick_consults_the_requests() -> None:
 
 
 def test_requests_of_several_servers_keep_their_spread() -> None:
-    """A merged run's arm pooled over servers (calls): another arm's median inside the range of those servers' medians
+    """A merged run's arm pooled over servers (parts): another arm's median inside the range of those servers' medians
     is a tie inside the spread between servers, even where the pooled requests' interval clears 1."""
     rows = []
-    for call, ms in ((1, [4.45, 4.5, 4.4]), (2, [6.0, 6.1, 5.9]), (3, [6.2, 6.1, 6.3]), (4, [5.9, 6.0, 6.05])):
-        rows += [{"arm": "a", "phase": "decode", "context_tokens": K1, "repeat": i, "call": call, "step_ms": v,
+    for part, ms in ((1, [4.45, 4.5, 4.4]), (2, [6.0, 6.1, 5.9]), (3, [6.2, 6.1, 6.3]), (4, [5.9, 6.0, 6.05])):
+        rows += [{"arm": "a", "phase": "decode", "context_tokens": K1, "repeat": i, "part": part, "step_ms": v,
                   "decode_tok_s": 700.0, "commit_length": 3.5, "cached_tokens": 1000} for i, v in enumerate(ms)]
-    rows += [{"arm": "b", "phase": "decode", "context_tokens": K1, "repeat": i, "call": 5, "step_ms": v,
+    rows += [{"arm": "b", "phase": "decode", "context_tokens": K1, "repeat": i, "part": 5, "step_ms": v,
               "decode_tok_s": 700.0, "commit_length": 3.5, "cached_tokens": 1000} for i, v in enumerate([4.6, 4.62, 4.58])]
     dec = analysis.decode_table(pd.DataFrame(rows).assign(error=None, overlapped_by=[[]] * len(rows)))
     assert dec.set_index("arm").loc["a", "server_step_ms"] == {"1": 4.45, "2": 6.0, "3": 6.2, "4": 6.0}

@@ -165,7 +165,7 @@ def test_ngram_recalling_its_earlier_answer_gets_a_line_at_the_first_requests_co
     rows = []
     for ctx in (1024, 16384):
         # the first request commits 1.2; the later ones recall its answer (7.5) at the same step time
-        rows += [{"arm": "spec", "phase": "decode", "context_tokens": ctx, "repeat": i, "seed": 1, "call": 1,
+        rows += [{"arm": "spec", "phase": "decode", "context_tokens": ctx, "repeat": i, "seed": 1, "part": 1,
                   "step_ms": 10.0, "commit_length": 1.2 if i == 0 else 7.5, "error": None} for i in range(4)]
         rows += _rows("spec_off", ctx, [6.0, 6.1, 5.9])
     res = be.analyse(rows, meta, list(meta))

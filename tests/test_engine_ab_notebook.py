@@ -47,7 +47,7 @@ def test_09_replays_the_61_layer_run(run_notebook, tmp_path) -> None:
     page = out.read_text()
     assert "start to ready (s)" in page and "one-time kernel compilation" in page and "paid back after" in page
     assert "x its floor" in page and "NVIDIA H200" in page and "recorded run" in page and ">nan<" not in page.lower()
-    # the speculation-off twins (merged from the DFLASH calls): NGRAM's later requests recalled the first's answer,
+    # the speculation-off twins (merged from the DFLASH parts): NGRAM's later requests recalled the first's answer,
     # so beside each measured line a line at the first request's commit, and the title reads those
     lines = {(x["arm"], x["kind"], x["source"]): x for x in m["break_even"]["lines"]}
     assert {x["recalled"] for k, x in lines.items() if k[2] == "measured"} == {True}

@@ -324,11 +324,11 @@ def test_every_state_and_repeat_decodes_its_own_prompt() -> None:
     assert prompt_seed(0, "fresh", 2) == prompt_seed(0, "fresh", 2)
 
 
-def test_a_merged_runs_calls_are_separate_requests() -> None:
-    """Repeat 0 of two calls (two servers) is two requests; a row written twice in one call is one."""
+def test_a_merged_runs_parts_are_separate_requests() -> None:
+    """Repeat 0 of two parts (two servers) is two requests; a row written twice in one part is one."""
     from specdiag.steps.kv_layout import analysis as kla
 
-    rows = [{"arm": "plugin", "pool_state": "fresh", "context_tokens": 1024, "repeat": 0, "call": c, "step_ms": ms}
+    rows = [{"arm": "plugin", "pool_state": "fresh", "context_tokens": 1024, "repeat": 0, "part": c, "step_ms": ms}
             for c, ms in ((1, 3.0), (1, 3.1), (2, 4.0))]
     got = kla.latest(rows)
     assert sorted(got["step_ms"]) == [3.1, 4.0]

@@ -268,16 +268,16 @@ def test_a_servers_first_timed_request_is_flagged_only_without_an_earlier_pass()
     assert [r["first_on_server"] for r in ma.flag_first(steps, [{"ts_unix_s": 5.0, "tokens_per_step": 8}])] == [False, False]
 
 
-def test_merge_appends_calls_and_gzips_their_files(tmp_path):
-    """specdiag merge: two calls' folders into one run that notebook 11 reads as one (rows carry their call, files gzipped)."""
-    from specdiag.sweep.merge import merge_calls
+def test_merge_appends_parts_and_gzips_their_files(tmp_path):
+    """specdiag merge: two parts' folders into one run that notebook 11 reads as one (rows carry their part, files gzipped)."""
+    from specdiag.sweep.merge import merge_parts
 
     a = build_run(tmp_path / "a", tokens_per_step=(1, 8))
     b = build_run(tmp_path / "b", seed=1, tokens_per_step=(2, 4))
-    merge_calls(tmp_path / "m", [a.path])
-    merge_calls(tmp_path / "m", [b.path])
+    merge_parts(tmp_path / "m", [a.path])
+    merge_parts(tmp_path / "m", [b.path])
     merged = Run.open(tmp_path / "m")
-    assert {r["call"] for r in merged.rows("moe_dumps")} == {1, 2}
+    assert {r["part"] for r in merged.rows("moe_dumps")} == {1, 2}
     assert all(p.suffix == ".gz" for p in (tmp_path / "m" / "files").iterdir())
     mr = ma.load_run(merged)
     assert sorted(mr.dumps) == [1, 2, 4, 8]

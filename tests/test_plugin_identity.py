@@ -1,6 +1,6 @@
 """``specdiag sweep --measure plugin_identity``: specdiag.identity.compare_arms on synthetic rows, one prompt on a fake
 server (the top-2 read at a difference), and the sweep on the embedded arms (NGRAM against no speculation: greedy
-outputs identical), its merge judged again over every call's rows."""
+outputs identical), its merge judged again over every part's rows."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from specdiag import cli, identity
 from specdiag.paths import PROJECT_ROOT
 from specdiag.runs import Run
 from specdiag.steps.engine_ab import plugin_identity as pid
-from specdiag.sweep.merge import merge_calls
+from specdiag.sweep.merge import merge_parts
 
 EMBEDDED = str(PROJECT_ROOT / "params" / "arms" / "embedded.yaml")
 
@@ -145,7 +145,7 @@ def test_an_embedded_sweep_finds_ngram_and_no_speculation_greedy_identical(tmp_p
     assert res["arms"]["nospec"]["prompts"] == res["arms"]["nospec"]["identical"] == 4
     assert res["repeats"] == {"ngram": {"prompts": 4, "identical": 4}, "nospec": {"prompts": 4, "identical": 4}}
     assert "identity nospec vs ngram: 4/4 prompts identical" in capsys.readouterr().out
-    # a second call of one arm, merged: identity judged again over both calls' rows
+    # a second part of one arm, merged: identity judged again over both parts' rows
     assert sweep(tmp_path / "b", "--only", "nospec", "--set", "short_prompts=1") == 0
-    merged = merge_calls(tmp_path / "m", [tmp_path / "a", tmp_path / "b"])
+    merged = merge_parts(tmp_path / "m", [tmp_path / "a", tmp_path / "b"])
     assert merged.meta["identity"]["arms"]["nospec"]["identical"] == 4

@@ -1,5 +1,5 @@
 """``specdiag sweep`` on the embedded engine (two arms, NGRAM and no speculation, one server at a time), its budget,
-and ``specdiag merge`` of calls (rows with their call, arms joined only when configured alike)."""
+and ``specdiag merge`` of parts (rows with their part, arms joined only when configured alike)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 from specdiag import cli
 from specdiag.paths import PROJECT_ROOT
 from specdiag.runs import Run
-from specdiag.sweep.merge import MergeError, merge_calls
+from specdiag.sweep.merge import MergeError, merge_parts
 
 EMBEDDED = str(PROJECT_ROOT / "params" / "arms" / "embedded.yaml")
 JOB = PROJECT_ROOT / "scripts" / "device" / "sweep_job.sh"
@@ -80,7 +80,7 @@ def test_sweep_help_is_its_own() -> None:
         o for a in parser._actions for o in a.option_strings}
 
 
-def call(folder: Path, arms: dict, rows: list[dict], finished: bool = True, kind: str = "engine_ab") -> Path:
+def part(folder: Path, arms: dict, rows: list[dict], finished: bool = True, kind: str = "engine_ab") -> Path:
     run = Run.create(folder)
     run.update(kind=kind, command=f"specdiag sweep --out {folder}", device={"gpu": "H200"}, arms=arms,
                not_run=["x at 185,000 tokens: budget"], plugin_stats={a: [{"served": 3}] for a in arms},
@@ -99,73 +99,73 @@ def rec(**configured) -> dict:
             "started_after_s": 1.0, "ready_after_s": 2.0}
 
 
-def test_merge_joins_calls_rows_arms_and_provenance(tmp_path: Path) -> None:
-    a = call(tmp_path / "a", {"triton": {**rec(), "measured_s": 5.0}, "flashinfer": {**rec(), "measured_s": 4.0}},
+def test_merge_joins_parts_rows_arms_and_provenance(tmp_path: Path) -> None:
+    a = part(tmp_path / "a", {"triton": {**rec(), "measured_s": 5.0}, "flashinfer": {**rec(), "measured_s": 4.0}},
              [{"arm": "triton", "context_tokens": 1024}, {"arm": "flashinfer", "context_tokens": 1024}])
-    b = call(tmp_path / "b", {"triton": rec(), "fi_prefill_plugin": rec(plugin="splitkv")},
+    b = part(tmp_path / "b", {"triton": rec(), "fi_prefill_plugin": rec(plugin="splitkv")},
              [{"arm": "triton", "context_tokens": 131072}], finished=False)
-    out = merge_calls(tmp_path / "m", [a, b])
+    out = merge_parts(tmp_path / "m", [a, b])
     rows = out.rows("engine_ab")
-    assert [(r["arm"], r["call"]) for r in rows] == [("triton", 1), ("flashinfer", 1), ("triton", 2)]
+    assert [(r["arm"], r["part"]) for r in rows] == [("triton", 1), ("flashinfer", 1), ("triton", 2)]
     meta = out.meta
-    assert meta["arms"]["triton"]["calls"] == [1, 2] and meta["arms"]["fi_prefill_plugin"]["calls"] == [2]
-    assert meta["arms"]["triton"]["per_call"]["2"]["measured_s"] is None
-    assert [(c["call"], c["cut"], c["device"]["gpu"]) for c in meta["calls"]] == [(1, False, "H200"), (2, True, "H200")]
-    assert "x at 185,000 tokens: budget (call 2)" in meta["not_run"]
-    assert any(x.startswith("triton (call 2): the call was cut") for x in meta["not_run"])
-    assert set(meta["plugin_stats"]) == {"triton (call 1)", "flashinfer (call 1)", "triton (call 2)",
-                                         "fi_prefill_plugin (call 2)"}
-    assert [(x["arm"], x["call"]) for x in meta["kv_layout_arms"]][-1] == ("fi_prefill_plugin", 2)
+    assert meta["arms"]["triton"]["parts"] == [1, 2] and meta["arms"]["fi_prefill_plugin"]["parts"] == [2]
+    assert meta["arms"]["triton"]["per_part"]["2"]["measured_s"] is None
+    assert [(c["part"], c["cut"], c["device"]["gpu"]) for c in meta["parts"]] == [(1, False, "H200"), (2, True, "H200")]
+    assert "x at 185,000 tokens: budget (part 2)" in meta["not_run"]
+    assert any(x.startswith("triton (part 2): the part was cut") for x in meta["not_run"])
+    assert set(meta["plugin_stats"]) == {"triton (part 1)", "flashinfer (part 1)", "triton (part 2)",
+                                         "fi_prefill_plugin (part 2)"}
+    assert [(x["arm"], x["part"]) for x in meta["kv_layout_arms"]][-1] == ("fi_prefill_plugin", 2)
     assert meta["model"] == {"model_config": {"layers": 61}} and meta["kind"] == "engine_ab"
     assert (tmp_path / "m" / "files" / "dump.pt.gz").is_file()
-    assert gzip.open(tmp_path / "m" / "servers" / "call2-server-triton.log.gz", "rt").read() == "log\n"
-    # a later call extends the merge: its rows count on
-    merge_calls(tmp_path / "m", [a])
-    assert sorted({r["call"] for r in Run.open(tmp_path / "m").rows("engine_ab")}) == [1, 2, 3]
+    assert gzip.open(tmp_path / "m" / "servers" / "part2-server-triton.log.gz", "rt").read() == "log\n"
+    # a later part extends the merge: its rows count on
+    merge_parts(tmp_path / "m", [a])
+    assert sorted({r["part"] for r in Run.open(tmp_path / "m").rows("engine_ab")}) == [1, 2, 3]
 
 
 def test_merge_refuses_an_arm_configured_otherwise_and_other_measurements(tmp_path: Path) -> None:
-    a = call(tmp_path / "a", {"triton": rec()}, [{"arm": "triton"}])
-    b = call(tmp_path / "b", {"triton": rec(flags=["--disable-cuda-graph"])}, [{"arm": "triton"}])
-    with pytest.raises(MergeError, match=r"arm 'triton' of .* is not configured as in call 1: flags: "
+    a = part(tmp_path / "a", {"triton": rec()}, [{"arm": "triton"}])
+    b = part(tmp_path / "b", {"triton": rec(flags=["--disable-cuda-graph"])}, [{"arm": "triton"}])
+    with pytest.raises(MergeError, match=r"arm 'triton' of .* is not configured as in part 1: flags: "
                                          r"\['--disable-cuda-graph'\] against \[\]"):
-        merge_calls(tmp_path / "m", [a, b])
+        merge_parts(tmp_path / "m", [a, b])
     assert not (tmp_path / "m").exists()
-    c = call(tmp_path / "c", {"x": rec()}, [], kind="kv_layout")
+    c = part(tmp_path / "c", {"x": rec()}, [], kind="kv_layout")
     with pytest.raises(MergeError, match="different measurements"):
-        merge_calls(tmp_path / "m2", [a, c])
+        merge_parts(tmp_path / "m2", [a, c])
 
 
 def test_merge_takes_only_the_arms_asked_and_joins_a_run_recorded_before_the_sweep(tmp_path: Path, capsys) -> None:
-    a = call(tmp_path / "a", {"triton": rec(), "triton_nospec": rec(speculation={"algorithm": "NONE"})},
+    a = part(tmp_path / "a", {"triton": rec(), "triton_nospec": rec(speculation={"algorithm": "NONE"})},
              [{"arm": "triton", "context_tokens": 1024}, {"arm": "triton_nospec", "context_tokens": 1024}])
     # a run recorded before the sweep: its arm states its server, not a configuration
     old = Run.create(tmp_path / "old", label="old")
     old.update(kind="engine_ab", arms={"triton_nospec": {"what": "w", "server": {
         "model_path": "/m", "attention_backend": "triton", "speculative_algorithm": None}}},
-        calls=[{"call": 1, "source": "x"}])
-    old.append_row("engine_ab", {"arm": "triton_nospec", "context_tokens": 512, "call": 1})
-    with pytest.raises(MergeError, match="no call measured"):
-        merge_calls(tmp_path / "old", [a], ["flashinfer_nospec"])
+        parts=[{"part": 1, "source": "x"}])
+    old.append_row("engine_ab", {"arm": "triton_nospec", "context_tokens": 512, "part": 1})
+    with pytest.raises(MergeError, match="no part measured"):
+        merge_parts(tmp_path / "old", [a], ["flashinfer_nospec"])
     # the recorded arm's server stated another model: refused
     with pytest.raises(MergeError, match=r"not the recorded run's 'triton_nospec'.*model"):
-        merge_calls(tmp_path / "old", [a], ["triton_nospec"])
+        merge_parts(tmp_path / "old", [a], ["triton_nospec"])
     cfg = Run.open(a).meta["arms"]["triton_nospec"]["configured"]
     cfg["model"] = "/m"
     cfg["attention_backend"] = "triton"
     Run.open(a).update(arms={**Run.open(a).meta["arms"], "triton_nospec": {**rec(), "configured": cfg}})
     assert cli.main(["merge", "--out", str(tmp_path / "old"), "--arms", "triton_nospec", str(a)]) == 0
     m = Run.open(tmp_path / "old")
-    assert [(r["arm"], r["call"]) for r in m.rows("engine_ab")] == [("triton_nospec", 1), ("triton_nospec", 2)]
+    assert [(r["arm"], r["part"]) for r in m.rows("engine_ab")] == [("triton_nospec", 1), ("triton_nospec", 2)]
     assert set(m.meta["arms"]) == {"triton_nospec"}
-    assert m.meta["arms"]["triton_nospec"]["configured_from_call"] == 2
-    assert m.meta["calls"][-1]["arms_taken"] == ["triton_nospec"]
+    assert m.meta["arms"]["triton_nospec"]["configured_from_part"] == 2
+    assert m.meta["parts"][-1]["arms_taken"] == ["triton_nospec"]
     assert "--arms triton_nospec" in m.meta["command"]
-    assert not (tmp_path / "old" / "servers" / "call2-server-triton.log.gz").exists()
+    assert not (tmp_path / "old" / "servers" / "part2-server-triton.log.gz").exists()
 
 
 def test_merge_verb(tmp_path: Path, capsys) -> None:
-    a = call(tmp_path / "a", {"triton": rec()}, [{"arm": "triton"}])
+    a = part(tmp_path / "a", {"triton": rec()}, [{"arm": "triton"}])
     assert cli.main(["merge", "--out", str(tmp_path / "m"), str(a)]) == 0
     assert "1 engine_ab rows" in capsys.readouterr().out
     assert cli.main(["merge", "--out", str(tmp_path / "m2"), str(tmp_path / "none")]) == 2

@@ -7,7 +7,7 @@
     (report, notebook and serve also take --plugin splitkv|upstream|off: make's PLUGIN=)
     specdiag lab      [jupyter lab options]                                             (make lab)
     specdiag sweep    --arms FILE --measure NAME --out RUN [--contexts ...] [--budget-s N]  (arms as data)
-    specdiag merge    --out DEST SRC...                                                 (join calls' run folders)
+    specdiag merge    --out DEST SRC...                                                 (join a sweep's parts)
 
 Each verb hands its options to the module the Makefile calls (``python -m specdiag.report run|replay``,
 ``python -m specdiag.launchers serve``), so the options are the same ones; ``specdiag VERB --help`` shows the

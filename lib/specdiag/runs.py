@@ -236,30 +236,30 @@ def merge_runs(dest: str | os.PathLike[str], sources: Iterable[str | os.PathLike
                label: str, list_keys: Iterable[str] = (), first_keys: Iterable[str] = (),
                gzip_files: bool = False, keep_row: Callable[[Mapping[str, Any]], bool] | None = None
                ) -> tuple[Run, list[tuple[int, Run]]]:
-    """Join the run folders of several device calls into ``dest`` (new, or an earlier merge to extend).
+    """Join the run folders of several parts of one sweep into ``dest`` (new, or an earlier merge to extend).
 
-    Each source's rows of ``tables`` are appended with ``call`` = its number (counting on from ``dest``'s last call);
-    each run.json list under ``list_keys`` is joined, its items tagged with their call; a key of ``first_keys`` keeps
+    Each source's rows of ``tables`` are appended with ``part`` = its number (counting on from ``dest``'s last part);
+    each run.json list under ``list_keys`` is joined, its items tagged with their part; a key of ``first_keys`` keeps
     the first value any run has; ``merged_from`` lists the sources. With ``gzip_files``, each source's ``files/`` is
     copied gzipped (the same bytes; a ``.gz`` is copied as it is). With ``keep_row``, only the rows and list items it
-    keeps. Returns the merged run and ``(call, source run)``.
+    keeps. Returns the merged run and ``(part, source run)``.
     """
     import gzip  # noqa: PLC0415
 
     tables, list_keys, first_keys, sources = tuple(tables), tuple(list_keys), tuple(first_keys), list(sources)
     out = Run.create(dest, label=label)
     lists = {k: list(out.meta.get(k) or []) for k in list_keys}
-    first = 1 + max([int(r.get("call") or 0) for t in tables for r in out.rows(t)] + [0])
-    calls = []
-    for call, src in enumerate(sources, start=first):
+    first = 1 + max([int(r.get("part") or 0) for t in tables for r in out.rows(t)] + [0])
+    parts = []
+    for part, src in enumerate(sources, start=first):
         run = Run.open(src)
-        calls.append((call, run))
+        parts.append((part, run))
         for table in tables:
             for row in run.rows(table):
                 if keep_row is None or keep_row(row):
-                    out.append_row(table, {**row, "call": call})
+                    out.append_row(table, {**row, "part": part})
         for k in list_keys:
-            lists[k] += [{**item, "call": call} for item in run.meta.get(k) or [] if keep_row is None or keep_row(item)]
+            lists[k] += [{**item, "part": part} for item in run.meta.get(k) or [] if keep_row is None or keep_row(item)]
         for k in first_keys:
             if run.meta.get(k) and not out.meta.get(k):
                 out.update(**{k: run.meta[k]})
@@ -269,7 +269,7 @@ def merge_runs(dest: str | os.PathLike[str], sources: Iterable[str | os.PathLike
             data = f.read_bytes()
             target.write_bytes(data if f.suffix == ".gz" else gzip.compress(data, 9, mtime=0))
     out.update(**lists, merged_from=list(out.meta.get("merged_from") or []) + [str(s) for s in sources])
-    return out, calls
+    return out, parts
 
 
 def merge_command(prog: str, argv: list[str]) -> tuple[str, list[str]]:

@@ -8,7 +8,7 @@
 - ``registry.py``: the named measurements (``engine_ab``, ``kv_layout``, ``moe_batch1``, ``plugin_identity``), each a
   function of its step's package taking an :class:`~specdiag.sweep.job.ArmJob`.
 - ``driver.py``: the sweep itself (start, measure, stop, next; rows appended as measured; a time budget).
-- ``merge.py``: several calls' run folders joined into one (``specdiag merge``).
+- ``merge.py``: the parts of a sweep (its run folders) joined into one run (``specdiag merge``).
 - ``cli.py``: the verbs' command lines (``python -m specdiag.sweep sweep|merge|models``).
 
 Nothing here is imported by a replayed notebook: steps import only :mod:`specdiag.sweep.job` and

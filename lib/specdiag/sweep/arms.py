@@ -106,7 +106,7 @@ class Arm:
         return self.what or self.name
 
     def configured(self) -> dict[str, Any]:
-        """What makes two servers the same arm (``specdiag merge`` joins an arm's calls only when these agree)."""
+        """What makes two servers the same arm (``specdiag merge`` joins an arm's parts only when these agree)."""
         return {"engine": self.engine, "model": self.model, "attention_backend": self.attention_backend,
                 "plugin": self.plugin, "kv_alloc": self.kv_alloc, "speculation": vars(self.speculation),
                 "flags": list(self.flags), "env": dict(sorted(self.env.items())), "tp": self.tp, "ep": self.ep,

@@ -91,21 +91,21 @@ def sweep_main(argv: Sequence[str], prog: str = "specdiag sweep") -> int:
 
 
 def merge_main(argv: Sequence[str], prog: str = "specdiag merge") -> int:
-    from specdiag.sweep.merge import MergeError, merge_calls  # noqa: PLC0415
+    from specdiag.sweep.merge import MergeError, merge_parts  # noqa: PLC0415
 
-    ap = argparse.ArgumentParser(prog=prog, description="join several calls' run folders into one run")
+    ap = argparse.ArgumentParser(prog=prog, description="join the parts of a sweep (their run folders) into one run")
     ap.add_argument("--out", required=True, help="the merged run folder (created, or an earlier merge to extend)")
-    ap.add_argument("--arms", default="", help="only these arms of the calls, comma-separated (e.g. a speculation-off "
-                    "twin measured in calls made for another run)")
-    ap.add_argument("sources", nargs="+", help="the calls' run folders, in the order they ran")
+    ap.add_argument("--arms", default="", help="only these arms of the parts, comma-separated (e.g. a speculation-off "
+                    "twin measured in parts made for another run)")
+    ap.add_argument("sources", nargs="+", help="the parts' run folders, in the order they ran")
     args = ap.parse_args(list(argv))
     try:
-        out = merge_calls(args.out, args.sources, [a.strip() for a in args.arms.split(",") if a.strip()] or None)
+        out = merge_parts(args.out, args.sources, [a.strip() for a in args.arms.split(",") if a.strip()] or None)
     except (MergeError, FileNotFoundError) as exc:
         print(f"[specdiag merge] error: {exc}", file=sys.stderr)
         return 2
     tables = {p.stem: len(out.rows(p.stem)) for p in sorted(Path(out.path).glob("*.jsonl"))}
-    print(f"merged {len(args.sources)} calls into {args.out}: "
+    print(f"merged {len(args.sources)} parts into {args.out}: "
           + ", ".join(f"{n} {t} rows" for t, n in tables.items()) + f"; arms {', '.join(out.meta.get('arms') or {})}")
     return 0
 

@@ -7,7 +7,7 @@ Before any server starts, the arms, the measurement's settings and every arm's s
 2. its server starts (readiness bounded by what is left), its record goes into run.json ``arms[name]``: what it
    is, its configuration, its environment (no host paths, secrets redacted), the server's own settings
    (``/server_info``, redacted), its command (redacted), the seconds to start and measure;
-3. the measurement runs (rows appended as they are taken: a cut call keeps them) up to the budget's end less
+3. the measurement runs (rows appended as they are taken: a sweep cut short keeps them) up to the budget's end less
    ``stop_margin_s``; what it left is added to ``not_run``;
 4. the server is stopped, also on an error, Ctrl-C or SIGTERM (the process tree, as the launchers do); the
    plugin's stats files of the arm, where it wrote them, go into run.json (``plugin_stats``, and ``plugin_check``:
@@ -15,7 +15,7 @@ Before any server starts, the arms, the measurement's settings and every arm's s
 
 run.json also holds the device (nvidia-smi's name, or why there is none), the provenance (host, code, time), the
 command, the arms file and the settings; ``finished_after_s`` is set only when every arm was dealt with, so a cut
-call reads as cut.
+sweep reads as cut.
 """
 
 from __future__ import annotations

@@ -163,11 +163,11 @@ def measure_draft_timing(client: Any, context_tokens: int, max_new_tokens: int, 
 
 def flag_first(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The rows with ``first_on_server``: True on the earliest row (``ts_unix_s``, else the first in order) of each
-    server: rows of one draft window (``draft_window_tokens``) and ``call`` come from one server."""
+    server: rows of one draft window (``draft_window_tokens``) and ``part`` come from one server."""
     out = [dict(r) for r in rows]
     first: dict[tuple[Any, Any], int] = {}
     for i, r in enumerate(out):
-        k = (r.get("draft_window_tokens"), r.get("call"))
+        k = (r.get("draft_window_tokens"), r.get("part"))
         j = first.get(k)
         if j is None or (r.get("ts_unix_s") or 0) < (out[j].get("ts_unix_s") or 0):
             first[k] = i

@@ -83,14 +83,14 @@ def overlaps(rows: Sequence[Mapping[str, Any]]) -> list[list[str]]:
 
 def frame(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     """The rows as a frame in file order, with ``overlapped_by`` (other arms in flight, :func:`overlaps`) and
-    ``first_on_server`` (the first request a server answered: its arm's first row of the call)."""
+    ``first_on_server`` (the first request a server answered: its arm's first row of the part)."""
     rows = list(rows)
     df = pd.DataFrame(rows)
     if df.empty:
         return pd.DataFrame(columns=["arm", "phase", "context_tokens", "overlapped_by", "error"])
     df["overlapped_by"] = overlaps(rows)
-    # one server per arm and call: an arm's first row of a call is the first request its server answered
-    df["first_on_server"] = ~df.duplicated(["call", "arm"] if "call" in df else ["arm"])
+    # one server per arm and part: an arm's first row of a part is the first request its server answered
+    df["first_on_server"] = ~df.duplicated(["part", "arm"] if "part" in df else ["arm"])
     for col in ("concurrent", "cached_tokens", "step_ms", "ttft_s", "error", "commit_length", "decode_tok_s"):
         if col not in df:
             df[col] = None
@@ -112,7 +112,7 @@ def _ok(df: pd.DataFrame, phase: str) -> pd.DataFrame:
 
 def decode_table(df: pd.DataFrame) -> pd.DataFrame:
     """One row per arm and context of the decode rows (module doc): ``step_ms`` (median, ms per verify step),
-    ``step_ms_samples``, ``server_step_ms`` (the median of each server's requests, by call, where a merged run's
+    ``step_ms_samples``, ``server_step_ms`` (the median of each server's requests, by part, where a merged run's
     requests came from two or more), ``n``, ``decode_tok_s`` (median), ``decode_tok_s_first`` (the first request),
     ``commit_first`` and ``commit_later`` (median of the later ones), ``cached_tokens`` (median), ``overlapped`` (rows another arm's
     request overlapped), ``clean`` (none did)."""
@@ -127,8 +127,8 @@ def decode_table(df: pd.DataFrame) -> pd.DataFrame:
         later = [float(x) for x in g["commit_length"].iloc[1:] if _f(x) is not None]
         by = sorted({a for hits in g["overlapped_by"] for a in hits})
         n_over = int(sum(1 for hits in g["overlapped_by"] if hits))
-        servers = ({str(c): statistics.median(float(x) for x in h["step_ms"]) for c, h in g.groupby("call")}
-                   if "call" in g and g["call"].nunique() > 1 else {})
+        servers = ({str(c): statistics.median(float(x) for x in h["step_ms"]) for c, h in g.groupby("part")}
+                   if "part" in g and g["part"].nunique() > 1 else {})
         out.append({"arm": arm, "context_tokens": int(ctx), "n": len(g), "step_ms": statistics.median(steps),
                     "step_ms_samples": steps, "server_step_ms": servers,
                     "decode_tok_s": statistics.median([float(x) for x in g["decode_tok_s"] if _f(x) is not None]
@@ -285,7 +285,7 @@ def _geomean(xs: Iterable[float]) -> float:
 
 
 def _servers_overlap(sel: pd.DataFrame, a: str, b: str, ctx: int) -> str:
-    """Where one arm's requests came from several servers (calls of a merged run): whether the other arm's median lies
+    """Where one arm's requests came from several servers (parts of a merged run): whether the other arm's median lies
     inside the range of those servers' medians (or the two ranges overlap), said as the spread between servers, which
     requests pooled over servers do not carry; '' otherwise."""
     ca, cb = _cell(sel, a, ctx), _cell(sel, b, ctx)

@@ -50,7 +50,7 @@ given). Labelled computed, beside 09's measured (novel prose) line.
 
 **Recall** (NGRAM on a server whose n-gram cache spans requests, as SGLang's does): every decode request of a
 context serves the same prompt again, so a later request can draft from the arm's own earlier answer to it. Where the
-later requests' median commit is at least :data:`RECALL_X` times the first request's (each call's first decode of
+later requests' median commit is at least :data:`RECALL_X` times the first request's (each part's first decode of
 the prompt, which had nothing to recall), the measured line is marked optimistic and a line is computed beside it:
 the first requests' mean commit x 1000 over every request's ms per verify step (the step's time does not depend on
 what is accepted), against the off arm (kind ``first request``, computed).
@@ -354,12 +354,12 @@ def recalled(rows: Sequence[Mapping[str, Any]], pair: Pair) -> dict[int, tuple[f
         return {}
     out = {}
     for ctx, rs in _decode_rows(rows, pair.arm).items():
-        by_call: dict[Any, list[Mapping[str, Any]]] = {}
+        by_part: dict[Any, list[Mapping[str, Any]]] = {}
         for r in rs:
             if r.get("tail_seed") is None:  # a request with its own tail re-decodes no earlier answer
-                by_call.setdefault((r.get("call"), r.get("seed")), []).append(r)
+                by_part.setdefault((r.get("part"), r.get("seed")), []).append(r)
         first, later = [], []
-        for group in by_call.values():
+        for group in by_part.values():
             group = sorted(group, key=lambda r: int(r.get("repeat") or 0))
             commits = [_f(r.get("commit_length")) for r in group]
             if commits[0] is not None:

@@ -4,7 +4,7 @@ Every arm (one server of the sweep at a time) gets the same prompts (:func:`prom
 ``short_min``..``short_max`` tokens, then the long ``contexts``; seeded novel prose, exact lengths), and per prompt:
 
 1. the prefix cache flushed, one greedy request of ``max_new_tokens`` (``ignore_eos``): the row's ``output_ids``;
-2. for each arm measured before it in this call whose output for the prompt differs, at the first differing
+2. for each arm measured before it in this sweep whose output for the prompt differs, at the first differing
    position j: the cache flushed, a 1-token request on *this* server for the prompt plus the j tokens both produced,
    asking for the top-2 logprobs (its prefill's logits there): the row's ``at_diff[that arm]`` = ``first_diff``,
    ``top2`` [[logprob, token], [logprob, token]], ``margin``, ``error`` (a server without logprobs, such as the
@@ -12,7 +12,7 @@ Every arm (one server of the sweep at a time) gets the same prompts (:func:`prom
 3. with ``repeats`` above 1, the prompt again (cache flushed) ``repeats - 1`` times: rows with ``repeat`` 1, 2, ...,
    the in-server control (a server must decode the same ids twice).
 
-Rows go into the table ``plugin_identity`` as they are measured (a call cut short keeps them). A prompt predicted to
+Rows go into the table ``plugin_identity`` as they are measured (a sweep cut short keeps them). A prompt predicted to
 outlast the time left is not started (run.json ``not_run`` says which). :func:`specdiag.identity.compare_arms` judges
 the rows (each arm against the reference: identical prompts, first differences, and whether each is a rounding tie:
 the margin at the difference within a bf16 step and the tested token among the top-2); :func:`summarize_run` puts
@@ -193,5 +193,5 @@ def sweep_end(run: Any, arms: "ArmsFile", work: Any) -> None:
 
 
 def merge_end(run: Any) -> None:
-    """A merged run's ``identity`` computed again over every call's rows."""
+    """A merged run's ``identity`` computed again over every part's rows."""
     summarize_run(run)

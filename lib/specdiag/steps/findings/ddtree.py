@@ -34,7 +34,7 @@ def _plugin_calls(meta: Mapping[str, Any]) -> tuple[int, dict[str, int]]:
     """(causal-block calls, tree-mask calls per algorithm) the plugin served, from ``plugin_stats``."""
     arms = meta.get("arms") or {}
     stats = meta.get("plugin_stats") or {}
-    stats = stats if isinstance(stats, Mapping) else {"": stats}  # one server's records, or per arm ("arm (call n)")
+    stats = stats if isinstance(stats, Mapping) else {"": stats}  # one server's records, or per arm ("arm (part n)")
     causal, masked = 0, {}
     for key, records in stats.items():
         server = (arms.get(str(key).split(" (")[0]) or {}).get("server") or meta.get("server") or {}

@@ -40,16 +40,16 @@ CONTIGUOUS_SUFFIX = "_contiguous"
 
 
 def latest(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
-    """One row per (arm, state, context, repeat) of each call, the last written (a merged run's calls are separate
+    """One row per (arm, state, context, repeat) of each part, the last written (a merged run's parts are separate
     servers, so their requests are separate requests); arm-level failures kept apart (no state)."""
     df = pd.DataFrame([dict(r) for r in rows])
     if df.empty or "pool_state" not in df:
         return pd.DataFrame(columns=[*KEY, "error"])
     df = df[df["pool_state"].notna()]
     key = list(KEY)
-    if "call" in df:
-        df = df.assign(call=df["call"].fillna(0))
-        key.append("call")
+    if "part" in df:
+        df = df.assign(part=df["part"].fillna(0))
+        key.append("part")
     return df.drop_duplicates(subset=key, keep="last").reset_index(drop=True)
 
 

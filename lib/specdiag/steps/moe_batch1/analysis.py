@@ -85,18 +85,18 @@ def load_run(run: Any) -> MoERun:
 
 
 def flag_first(steps: list[dict[str, Any]], earlier: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The timed rows with ``first_on_server``: True on each server's earliest timed row (a server: one T and call)
+    """The timed rows with ``first_on_server``: True on each server's earliest timed row (a server: one T and part)
     when no recorder pass or routed-experts request of that server was sent before it (then that row is the server's
     first request, left out of the comparisons)."""
     out = [dict(r) for r in steps]
     first: dict[tuple[Any, Any], int] = {}
     for i, r in enumerate(out):
-        k = (r.get("tokens_per_step"), r.get("call"))
+        k = (r.get("tokens_per_step"), r.get("part"))
         if k not in first or (r.get("ts_unix_s") or 0) < (out[first[k]].get("ts_unix_s") or 0):
             first[k] = i
     for i, r in enumerate(out):
-        k = (r.get("tokens_per_step"), r.get("call"))
-        before = any((e.get("tokens_per_step"), e.get("call")) == k and (e.get("ts_unix_s") or 0) < (r.get("ts_unix_s") or 0)
+        k = (r.get("tokens_per_step"), r.get("part"))
+        before = any((e.get("tokens_per_step"), e.get("part")) == k and (e.get("ts_unix_s") or 0) < (r.get("ts_unix_s") or 0)
                      for e in earlier)
         r["first_on_server"] = first.get(k) == i and not before
     return out
