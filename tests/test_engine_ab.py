@@ -12,7 +12,6 @@ import pytest
 from specdiag.geometry import from_hf_config
 from specdiag.hardware import HardwarePeaks, Peak
 from specdiag.steps.engine_ab import analysis, verdicts
-from specdiag.steps.engine_ab.arms import ArmError, parse_engine_configs, parse_servers
 
 K1, K64, K128 = 1024, 65536, 131072
 
@@ -270,22 +269,6 @@ def test_the_61_layer_reference_run_is_read_as_measured() -> None:
     assert tt.loc["best_ttft_64k_vs_triton", "value"] == pytest.approx(ttft["triton"] / min(
         v for a, v in ttft.items() if a != "triton"))
     assert "triton (part 3): the call reached its time limit" in " ".join(run.meta["not_run"])
-
-
-def test_arm_lists_are_checked_before_any_work() -> None:
-    assert parse_servers("triton=http://gpu:30000/, fi=https://gpu:30001") == {"triton": "http://gpu:30000",
-                                                                               "fi": "https://gpu:30001"}
-    cfgs = parse_engine_configs("ngram=embedded:NGRAM:4, plain=embedded:none, std=embedded:STANDALONE")
-    assert [(c.name, c.algorithm, c.num_draft_tokens) for c in cfgs] == [("ngram", "NGRAM", 4), ("plain", "NONE", 8),
-                                                                          ("std", "STANDALONE", 8)]
-    for bad, match in (("triton", "name=value"), ("a=http://x,a=http://y", "named twice"), ("a b=http://x", "word"),
-                       ("a=gpu:30000", "http")):
-        with pytest.raises(ArmError, match=match):
-            parse_servers(bad)
-    for bad, match in (("a=sglang:NGRAM", "specdiag sweep"), ("a=embedded:EAGLE", "ALGORITHM"),
-                       ("a=embedded:NGRAM:x", "whole number"), ("a=embedded:NGRAM:1", "2 or more"), ("", "names no arm")):
-        with pytest.raises(ArmError, match=match):
-            parse_engine_configs(bad)
 
 
 def test_a_prefill_is_predicted_only_from_a_context_near_enough() -> None:

@@ -42,8 +42,8 @@ def test_twins_pair_on_the_reported_decode_backend() -> None:
     assert [(p.arm, p.off_arm) for p in pairs] == [("triton", "triton_nospec"), ("triton_plugin", "triton_nospec"),
                                                    ("flashinfer", "flashinfer_nospec")]  # fa3 has no twin
     # the embedded arms: no backend difference, the configured algorithm where the server reports none
-    emb = {"ngram": {"server": {}, "engine_config": "embedded:NGRAM:4"},
-           "off": {"server": {}, "engine_config": "embedded:NONE:8"}}
+    emb = {"ngram": {"server": {}, "configured": {"speculation": {"algorithm": "NGRAM", "draft_tokens": 4}}},
+           "off": {"server": {}, "configured": {"speculation": {"algorithm": "NONE"}}}}
     (p,), off = be.pair_arms(emb, ["ngram", "off"])
     assert (p.arm, p.off_arm, p.draft_tokens, off) == ("ngram", "off", 4, ["off"])
     # two off arms on one backend: the first is the twin, and the pair says so
@@ -320,8 +320,9 @@ def test_a_speculation_off_arm_is_compared_in_tokens_per_second_not_step_against
     from specdiag.steps.engine_ab import analysis, verdicts
     from specdiag.steps.engine_ab import arms as eab_arms
 
-    meta = {"ngram": {"engine_config": "embedded:NGRAM:4", "server": {"speculative_algorithm": "NGRAM"}},
-            "off": {"engine_config": "embedded:NONE:8", "server": {"speculative_algorithm": None}},
+    meta = {"ngram": {"configured": {"speculation": {"algorithm": "NGRAM", "draft_tokens": 4}},
+                      "server": {"speculative_algorithm": "NGRAM"}},
+            "off": {"configured": {"speculation": {"algorithm": "NONE"}}, "server": {"speculative_algorithm": None}},
             "remote": {"server": {}}}
     assert eab_arms.verify_arms(meta, ["ngram", "off", "remote"]) == ["ngram", "remote"]
     dec = pd.DataFrame([{"arm": a, "context_tokens": c, "step_ms": ms, "commit_first": 2.0, "clean": True, "n": 3}

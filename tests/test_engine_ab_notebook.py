@@ -91,54 +91,64 @@ def test_09_and_07_replay_the_vllm_cpu_break_even(run_notebook, tmp_path) -> Non
     assert "predictable text on standalone (against nospec)" in diagnosis
 
 
-def test_configured_arms_are_started_measured_and_stopped_one_after_another(tmp_path, monkeypatch,
-                                                                         embedded_server) -> None:
-    """09's engine_configs path (eab_arms.measure_arms with configs) through the real launcher registry: each arm gets
-    an EmbeddedServer with its algorithm and draft tokens, is started, measured, recorded with its command and engine
-    config, and stopped before the next one starts. Only the process start is replaced: EmbeddedServer.start adopts
-    the session's embedded server (its port) instead of starting one. Two real arm servers, their own server info
+def _arms_file(folder: Path, arms: str) -> str:
+    """An arms file of embedded arms (YAML lines under ``arms:``) in ``folder``."""
+    path = folder / "arms.yaml"
+    path.write_text("defaults: {engine: embedded}\narms:\n" + arms)
+    return str(path)
+
+
+TWO_ARMS = ("  - {name: ngram, speculation: {algorithm: NGRAM, draft_tokens: 4}}\n"
+            "  - {name: plain, speculation: {algorithm: NONE}}\n")
+
+
+def test_09s_arms_are_started_measured_and_stopped_one_after_another(tmp_path, monkeypatch, embedded_server) -> None:
+    """09's arms path: the arms file planned as 09 plans it (its parameters over the file's settings) and run by the
+    sweep's driver into 09's run: each arm's server started with its speculation and the prefix cache on, measured,
+    recorded with its command, and stopped before the next one starts. Only the process start is replaced:
+    ManagedServer.start adopts the session's embedded server (its port) instead of starting one. Two real arm servers
     and 09's page on them: test_09_measures_two_embedded_arms_one_after_another (slow)."""
-    from specdiag.localserver import EmbeddedServer
-    from specdiag.steps.engine_ab import arms as eab_arms
+    from specdiag.process import ManagedServer
+    from specdiag.sweep.driver import plan, sweep_into
 
     port = int(embedded_server.url.rsplit(":", 1)[1])
     run = Run.create(tmp_path / "run")
     events: list[tuple] = []
 
     def adopt(self, timeout_s=None):
-        events.append(("start", self.algorithm, self.num_draft_tokens, len(run.rows("engine_ab"))))
         self.port = port
+        self.command = self._resolve_command()
+        events.append(("start", self.command, len(run.rows("engine_ab"))))
         return self
 
     def release(self, timeout_s=10.0):
-        events.append(("stop", self.algorithm, len(run.rows("engine_ab"))))
+        events.append(("stop", len(run.rows("engine_ab"))))
 
-    monkeypatch.setattr(EmbeddedServer, "start", adopt)
-    monkeypatch.setattr(EmbeddedServer, "stop", release)
-    configs = eab_arms.parse_engine_configs("ngram=embedded:NGRAM:4,plain=embedded:NONE")
-    assert eab_arms.measure_arms(run, {}, configs, [128], 2, 4) == ["ngram", "plain"]
-    (_, a1, t1, r0), (_, s1, r1), (_, a2, t2, r2), (_, s2, r3) = events  # start, stop, start, stop: one at a time
-    assert [e[0] for e in events] == ["start", "stop", "start", "stop"]
-    assert (a1, t1, s1, a2, t2, s2) == ("NGRAM", 4, "NGRAM", "NONE", 8, "NONE")
+    monkeypatch.setattr(ManagedServer, "start", adopt)
+    monkeypatch.setattr(ManagedServer, "stop", release)
+    planned = plan(_arms_file(tmp_path, TWO_ARMS), "engine_ab", (),
+                   {"contexts": [128], "repeats": 2, "max_new_tokens": 4})
+    assert sweep_into(run, planned) == 0
+    assert [e[0] for e in events] == ["start", "stop", "start", "stop"]  # one at a time
+    (_, c1, r0), (_, r1), (_, c2, r2), (_, r3) = events
     assert r0 == 0 < r1 == r2 < r3  # each arm measured while it was up
+    assert c1[c1.index("--speculative-num-draft-tokens") + 1] == "4" and "NONE" in c2
+    assert all("--enable-prefix-cache" in c for c in (c1, c2))  # engine_ab's: decode on the cached prompt
     rows = run.rows("engine_ab")
     assert {r["arm"] for r in rows[:r1]} == {"ngram"} and {r["arm"] for r in rows[r1:]} == {"plain"}
     for arm in ("ngram", "plain"):
         assert sum(r["phase"] == "decode" and r["error"] is None for r in rows if r["arm"] == arm) == 2
-    arms = Run.open(run.path).meta["arms"]
-    cmd = arms["ngram"]["command"]
-    assert cmd[cmd.index("--speculative-num-draft-tokens") + 1] == "4" and cmd[cmd.index("--device") + 1] == "auto"
-    assert "--speculative-algorithm" in arms["plain"]["command"] and "NONE" in arms["plain"]["command"]
-    assert (arms["ngram"]["engine_config"], arms["plain"]["engine_config"]) == ("embedded:NGRAM:4", "embedded:NONE:8")
-    assert all("--enable-prefix-cache" in arms[a]["command"] for a in ("ngram", "plain"))
+    meta = Run.open(run.path).meta
+    assert meta["arms"]["ngram"]["command"] == c1 and meta["arms"]["plain"]["configured"]["speculation"]["algorithm"] \
+        == "NONE"
+    assert "kind" not in meta and meta["params"]["09_engine_ab"]["contexts"] == [128]  # the notebook's run stays its own
 
 
 @pytest.mark.notebook
 @pytest.mark.slow  # cheaper siblings in make test: the test above, test_09_measures_live_servers_named_by_url
 def test_09_measures_two_embedded_arms_one_after_another(run_notebook, tmp_path) -> None:
-    out = run_notebook("09_engine_ab", engine_configs="ngram=embedded:NGRAM:4,plain=embedded:NONE",
-                       context_lengths=[128, 256], repeats=2, max_new_tokens=8, memory_bandwidth_gb_s=20.0,
-                       matmul_tflops=1.0)
+    out = run_notebook("09_engine_ab", arms=_arms_file(tmp_path, TWO_ARMS), context_lengths=[128, 256], repeats=2,
+                       max_new_tokens=8, memory_bandwidth_gb_s=20.0, matmul_tflops=1.0)
     res = _result(tmp_path)
     assert "recorded_from" not in res
     m = res["metrics"]
@@ -166,9 +176,10 @@ def test_09_states_the_break_even_on_embedded_arms_and_07_recommends(run_noteboo
     """A speculating arm and its speculation-off twin on the embedded engine: per context the ratio of tokens/s with
     its interval, a break-even line (whichever outcome these requests give, its numbers consistent), the plot, and
     07's diagnosis ending with the recommendation from it."""
-    out = run_notebook("09_engine_ab", engine_configs="ngram=embedded:NGRAM:4,off=embedded:NONE",
-                       context_lengths=[128, 1024], repeats=3, max_new_tokens=8, memory_bandwidth_gb_s=20.0,
-                       matmul_tflops=1.0)
+    arms = ("  - {name: ngram, speculation: {algorithm: NGRAM, draft_tokens: 4}}\n"
+            "  - {name: \"off\", speculation: {algorithm: NONE}}\n")
+    out = run_notebook("09_engine_ab", arms=_arms_file(tmp_path, arms), context_lengths=[128, 1024], repeats=3,
+                       max_new_tokens=8, memory_bandwidth_gb_s=20.0, matmul_tflops=1.0)
     (line,) = _result(tmp_path)["metrics"]["break_even"]["lines"]
     assert (line["arm"], line["off_arm"], line["source"]) == ("ngram", "off", "measured")
     assert line["contexts"] == [128, 1024] and line["outcome"] in ("crosses", "always pays", "never pays", "tie")
@@ -185,10 +196,14 @@ def test_09_states_the_break_even_on_embedded_arms_and_07_recommends(run_noteboo
 
 @pytest.mark.notebook
 def test_09_measures_live_servers_named_by_url(run_notebook, tmp_path, embedded_server) -> None:
-    """servers: running servers, measured one after another; no command recorded (started elsewhere), their server
-    info is (the same server twice here: two names, one URL, is a valid if dull A/B)."""
+    """Running servers are arms with a url: measured one after another, neither started nor stopped; no command
+    recorded (started elsewhere), their server info is (the same server twice here: two names, one URL, is a valid if
+    dull A/B); only picks the arms of the file."""
     url = embedded_server.url
-    run_notebook("09_engine_ab", servers=f"first={url},second={url}", context_lengths=[128], repeats=2,
+    path = tmp_path / "arms.yaml"
+    path.write_text(f"arms:\n  - {{name: first, url: '{url}'}}\n  - {{name: second, url: '{url}'}}\n"
+                    f"  - {{name: third, url: 'http://127.0.0.1:9'}}\n")
+    run_notebook("09_engine_ab", arms=str(path), only=["first", "second"], context_lengths=[128], repeats=2,
                  max_new_tokens=4, memory_bandwidth_gb_s=20.0, matmul_tflops=1.0)
     res = _result(tmp_path)
     assert res["metrics"]["arms"] == ["first", "second"] and "recorded_from" not in res

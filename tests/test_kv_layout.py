@@ -15,20 +15,6 @@ from specdiag.steps.kv_layout import measure as klm
 from specdiag.steps.kv_layout.filler import FillerPlan, pool_allocated, require_loopback, slots_of
 
 
-def test_arms_from_text():
-    arms = klm.parse_arms("triton=http://127.0.0.1:30001, plugin=http://127.0.0.1:30002", "",
-                          "plugin=/tmp/st-plugin")
-    assert [(a.name, a.url, a.layout_dir) for a in arms] == [("triton", "http://127.0.0.1:30001", ""),
-                                                            ("plugin", "http://127.0.0.1:30002", "/tmp/st-plugin")]
-    assert klm.parse_arms("", "")[0].name == "embedded"
-    assert klm.parse_arms("", "http://x:1", default_name="embedded")[0].name == "embedded"
-    for bad in ("triton", "Triton=http://x", "a=http://x,a=http://y"):
-        with pytest.raises(ValueError):
-            klm.parse_arms(bad)
-    with pytest.raises(ValueError, match="layout_dirs names arms"):
-        klm.parse_arms("a=http://x", "", "b=/tmp")
-
-
 def test_filler_bounds_and_slots():
     require_loopback("http://127.0.0.1:30000")
     require_loopback("http://localhost:1")
@@ -334,18 +320,22 @@ def test_a_merged_runs_parts_are_separate_requests() -> None:
     assert sorted(got["step_ms"]) == [3.1, 4.0]
 
 
-def test_arms_started_here_and_the_smallest_pool_one_filler_serves() -> None:
-    """engine_configs: embedded arms 10 starts itself, a name ending in _contiguous on the contiguous allocator; the
-    default pool is the smallest on which 10's own rule runs the filler once for every fragmented request (one
-    64-slot step less needs a second run), and always holds the longest request."""
-    a, b = klm.parse_engine_configs("embedded=embedded:NGRAM:8,embedded_contiguous=embedded:NONE")
-    assert (a.name, a.algorithm, a.num_draft_tokens, a.kv_alloc, a.tokens_per_step) == ("embedded", "NGRAM", 8,
-                                                                                         "sglang", 8)
-    assert (b.kv_alloc, b.tokens_per_step, b.config) == ("contiguous", None, "embedded:NONE:8")
-    for bad in ("embedded=sglang:NGRAM", "embedded=embedded:EAGLE", "embedded=embedded:NGRAM:1", "Embedded=embedded",
-                "embedded=embedded:NGRAM:x"):
-        with pytest.raises(ValueError, match="engine_configs"):
-            klm.parse_engine_configs(bad)
+def test_embedded_arms_get_the_smallest_pool_one_filler_serves() -> None:
+    """kv_layout's sweep_configure: an embedded arm without max_total_tokens gets the smallest pool on which 10's own
+    rule runs the filler once for every fragmented request (one 64-slot step less needs a second run), which always
+    holds the longest request; a pool the arm names, and any other engine's arm, are kept."""
+    from specdiag.sweep.arms import parse_arms
+
+    arms = parse_arms({"defaults": {"engine": "embedded"}, "arms": [
+        {"name": "embedded", "speculation": {"algorithm": "NGRAM", "draft_tokens": 8}},
+        {"name": "plain_contiguous", "kv_alloc": "contiguous"},
+        {"name": "ngram", "speculation": {"algorithm": "NGRAM"}},
+        {"name": "sized", "max_total_tokens": 9000},
+        {"name": "sglang", "engine": "sglang", "model": "/m"}]}).arms
+    settings = klm.SweepSettings(contexts=(1024,), max_new_tokens=48, repeats=3)
+    pools = [klm.sweep_configure(a, settings).max_total_tokens for a in arms]
+    plan = settings.plan()
+    assert pools == [klm.smallest_pool(plan, 8), klm.smallest_pool(plan, None), klm.smallest_pool(plan, 8), 9000, None]
     for contexts, repeats, tpp in (((1024,), 3, 8), ((2048,), 3, None), ((512, 1024), 2, 4), ((512,), 1, 8)):
         plan = klm.LayoutPlan(contexts=contexts, max_new_tokens=48, repeats=repeats)
         pool, need = klm.smallest_pool(plan, tpp), max(contexts) + 48 * (tpp or 1)

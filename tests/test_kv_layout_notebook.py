@@ -111,19 +111,24 @@ def test_kv_layout_pairs_an_arm_with_its_contiguous_arm(run_notebook, tmp_path):
 
 @pytest.mark.notebook
 def test_kv_layout_starts_an_arm_and_its_contiguous_twin(run_notebook, tmp_path):
-    """engine_configs: 10 starts two embedded servers one after another on the smallest pool one filler run serves,
-    SGLang's allocator and the contiguous one, and tables the three states; the contiguous arm's fragmented request
-    lies in one run where the other's is scattered."""
+    """An arms file: 10 runs the sweep's driver on two embedded servers, one after another, each on the smallest pool
+    one filler run serves (kv_layout's sweep_configure), SGLang's allocator and the contiguous one, and tables the
+    three states; the contiguous arm's fragmented request lies in one run where the other's is scattered."""
+    arms = tmp_path / "arms.yaml"
+    arms.write_text("defaults: {engine: embedded, speculation: {algorithm: NGRAM, draft_tokens: 4}}\narms:\n"
+                    "  - {name: embedded}\n  - {name: embedded_contiguous, kv_alloc: contiguous}\n")
     run_dir = tmp_path / "started"
-    run_notebook("10_kv_layout", engine_configs="embedded=embedded:NGRAM:4,embedded_contiguous=embedded:NGRAM:4",
-                 context_lengths=[256], max_new_tokens=16, repeats=1, run_dir=str(run_dir))
+    run_notebook("10_kv_layout", arms=str(arms), context_lengths=[256], max_new_tokens=16, repeats=1,
+                 run_dir=str(run_dir))
     run = Run.open(run_dir)
     rows = {(r["arm"], r["pool_state"]): r for r in run.rows("kv_layout")}
     assert set(rows) == {(a, s) for a in ("embedded", "embedded_contiguous") for s in ("fresh", "fragmented")}
     assert all(r["error"] is None and r["pool_tokens"] == rows["embedded", "fresh"]["pool_tokens"] for r in rows.values())
     facts = {f["arm"]: f for f in run.meta["kv_layout_arms"]}
     assert (facts["embedded"]["kv_alloc"], facts["embedded_contiguous"]["kv_alloc"]) == ("sglang", "contiguous")
-    assert facts["embedded"]["started_here"] and "--kv-alloc" in facts["embedded_contiguous"]["command"]
+    cmd = run.meta["arms"]["embedded_contiguous"]["command"]
+    assert cmd[cmd.index("--kv-alloc") + 1] == "contiguous"
+    assert int(cmd[cmd.index("--max-total-tokens") + 1]) == facts["embedded_contiguous"]["pool_tokens"]
     assert rows["embedded", "fragmented"]["layout"]["share_in_long_runs"] <= 0.5
     assert rows["embedded_contiguous", "fragmented"]["layout"]["share_in_long_runs"] >= 0.9
     assert rows["embedded", "fragmented"]["filler"]["cycles"] >= 1.0

@@ -13,6 +13,7 @@ from specdiag.sweep.settings import SettingsError, parse_settings
 
 ARMS_DIR = PROJECT_ROOT / "params" / "arms"
 MEASURE_OF = {"embedded.yaml": "engine_ab", "engine-ab-ngram.yaml": "engine_ab", "engine-ab-dflash.yaml": "engine_ab",
+              "embedded-ladder.yaml": "engine_ab", "embedded-kv-layout.yaml": "kv_layout",
               "kv-layout.yaml": "kv_layout", "moe-batch1.yaml": "moe_batch1",
               "moe-batch1-plugin.yaml": "moe_batch1",
               "plugin-identity.yaml": "plugin_identity", "vllm-cpu.yaml": "engine_ab"}
@@ -46,12 +47,18 @@ def one(**arm: object) -> dict:
      "simulate_acc_len is SGLang's"),
     ({"arms": [{"name": "a"}]}, "engine is missing"),
     ({"arms": [{"name": "a b", "engine": "embedded"}]}, "name must be a word"),
+    ({"arms": [{"name": False, "engine": "embedded"}]}, "how YAML reads a bare on, off, yes or no: quote it"),
     ({"arms": [{"name": "a", "engine": "embedded"}, {"name": "a", "engine": "embedded"}]}, "appears twice"),
     ({"arms": []}, "arms must be a non-empty list"),
     ({"arm": [{"name": "a", "engine": "embedded"}]}, "unknown key 'arm'; did you mean 'arms'"),
     ({"defaults": {"name": "x"}, "arms": [{"name": "a", "engine": "embedded"}]}, "defaults: unknown key 'name'"),
     ({"models": [{"path": "/m", "make": ["data/models/make_mla_model.py", "--out", "/m"]}],
       "arms": [{"name": "a", "engine": "embedded"}]}, "must not give --out"),
+    ({"arms": [{"name": "a", "url": "http://gpu:30000", "attention_backend": "triton"}]},
+     "url names a running server, which keeps its own settings: drop attention_backend"),
+    ({"arms": [{"name": "a", "url": "gpu:30000"}]}, "url 'gpu:30000' is not http"),
+    ({"arms": [{"name": "a", "url": "http://gpu:30000", "engine": "trt"}]}, "engine 'trt' is not one of"),
+    ({"arms": [{"name": "a", "engine": "sglang", "model": "/m", "stats_dir": "/tmp/s"}]}, "stats_dir is a running"),
 ])
 def test_a_bad_arm_is_named_with_its_key_and_fix(data: dict, match: str) -> None:
     with pytest.raises(ArmsError, match=match):
@@ -66,6 +73,32 @@ def test_defaults_merge_env_and_flags_and_an_arms_speculation_replaces_the_defau
     assert arms[0].flags == ("--disable-radix-cache", "--log-level", "info")
     assert arms[0].env == {"A": "1", "B": "2", "C": "1"} and arms[0].speculation.draft_tokens == 8
     assert not arms[1].speculation.speculates and arms[1].speculation.draft_tokens is None
+
+
+def test_a_running_server_is_an_arm_with_a_url_and_no_default_applies_to_it() -> None:
+    """A running server is measured as it runs: no server setting of defaults reaches it, and it is configured by its
+    URL (what specdiag merge compares); its plugin's stats folder, where given, is where the sweep reads them."""
+    from specdiag.sweep.arms import running
+    from specdiag.sweep.servers import Host, arm_env, server_command
+
+    arms = parse_arms({"defaults": {"engine": "sglang", "model": "/m", "env": {"A": "1"}},
+                       "arms": [{"name": "live", "url": "http://gpu:30000/", "stats_dir": "/tmp/st"},
+                                {"name": "started", "attention_backend": "triton"}]}).arms
+    live, started = arms
+    assert live.running and not started.running and live.url == "http://gpu:30000" and live.engine == ""
+    assert live.configured() == {"url": "http://gpu:30000", "engine": None} and live.label == "the server at http://gpu:30000"
+    host = Host(work=Path("/w"))
+    assert arm_env(live, host) == {} and server_command(live, host) == [] and host.stats_dir(live) == Path("/tmp/st")
+    assert host.stats_dir(started) == Path("/w/stats-started") and started.env == {"A": "1"}
+    one = running({"embedded": "http://127.0.0.1:30000"}).arms[0]
+    assert (one.name, one.url, one.running) == ("embedded", "http://127.0.0.1:30000", True)
+
+
+def test_a_relative_arms_file_is_read_from_the_project_root_too(monkeypatch: pytest.MonkeyPatch,
+                                                              tmp_path: Path) -> None:
+    """A notebook runs in notebooks/: params/arms/... is read from the project's root."""
+    monkeypatch.chdir(tmp_path)
+    assert load_arms("params/arms/embedded.yaml").source == "params/arms/embedded.yaml"
 
 
 def test_only_picks_arms_in_the_files_order_and_names_a_missing_one() -> None:

@@ -51,6 +51,29 @@ def test_an_embedded_sweep_measures_each_arm_in_turn_and_records_it(tmp_path: Pa
     assert set(dec["arm"]) == {"ngram", "nospec"}
 
 
+def test_a_running_server_is_measured_as_it_runs(tmp_path: Path, embedded_server, capsys) -> None:
+    """An arm with url: measured by the same loop, never started or stopped by it (no command, no server log), the
+    server as it reported itself; --check names it without a command."""
+    arms = tmp_path / "arms.yaml"
+    arms.write_text(f"arms:\n  - {{name: live, url: '{embedded_server.url}', what: the session's server}}\n")
+    assert cli.main(["sweep", "--arms", str(arms), "--measure", "engine_ab", "--out", str(tmp_path / "c"),
+                     "--check"]) == 0
+    assert f"live: the running server at {embedded_server.url} (not started)" in capsys.readouterr().out
+    out = tmp_path / "run"
+    assert cli.main(["sweep", "--arms", str(arms), "--measure", "engine_ab", "--out", str(out), "--contexts", "128",
+                     "--repeats", "1", "--max-new-tokens", "4"]) == 0
+    run = Run.open(out)
+    assert [(r["arm"], r["phase"], r["error"]) for r in run.rows("engine_ab")] == [("live", "prefill", None),
+                                                                                   ("live", "decode", None)]
+    rec = run.meta["arms"]["live"]
+    assert rec["command"] is None and rec["url"] == embedded_server.url and rec["env"] == {}
+    assert rec["configured"] == {"url": embedded_server.url, "engine": None}
+    assert rec["server"]["speculative_algorithm"] == "STANDALONE" and not list(out.glob("server-*.log"))
+    from specdiag.localserver.lifecycle import answers
+
+    assert answers(embedded_server.url)  # still up
+
+
 def test_a_budget_too_short_starts_no_arm_and_says_so(tmp_path: Path) -> None:
     out = tmp_path / "run"
     assert cli.main(["sweep", "--arms", EMBEDDED, "--measure", "engine_ab", "--out", str(out), "--budget-s", "30",

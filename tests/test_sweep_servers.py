@@ -125,3 +125,48 @@ def test_a_launcher_settings_error_stops_the_sweep_before_any_start() -> None:
                                 "speculation": {"algorithm": "STANDALONE", "draft_tokens": 4}}]})
     with pytest.raises(ArmsError, match="arm 'std': STANDALONE needs a drafter"):
         preflight(bad, HOST)
+
+
+class _FakeServer:
+    url = "http://127.0.0.1:1"
+    command = ["fake"]
+    ready_after_s = 0.1
+
+    def __init__(self, fail_start: bool = False) -> None:
+        self.fail_start, self.events = fail_start, []
+
+    def start(self, timeout_s: float | None = None) -> "_FakeServer":
+        self.events.append(("start", timeout_s))
+        if self.fail_start:
+            raise RuntimeError("not ready")
+        return self
+
+    def stop(self) -> None:
+        self.events.append(("stop",))
+
+
+@pytest.mark.parametrize("inside,fail_start", [(None, False), (RuntimeError("measured badly"), False),
+                                               (KeyboardInterrupt(), False), (None, True)])
+def test_a_started_server_is_stopped_however_its_block_ends(monkeypatch, inside, fail_start) -> None:
+    """serving: the one path that stops an arm's server, after the block, an error in it, Ctrl-C, or a failed start;
+    a running server (url) is neither started nor stopped."""
+    from specdiag.sweep import servers
+
+    fake = _FakeServer(fail_start)
+    monkeypatch.setattr(servers, "make_server", lambda arm, host, startup_timeout_s: fake)
+    arm = parse_arms({"arms": [{"name": "a", "engine": "embedded"}]}).arms[0]
+    raised = RuntimeError if fail_start else type(inside) if inside else None
+    try:
+        with servers.serving(arm, servers.Host(work=Path("/tmp")), 30.0, 12.0) as server:
+            assert server is fake
+            if inside is not None:
+                raise inside
+    except BaseException as exc:  # noqa: BLE001
+        assert raised is not None and isinstance(exc, raised)
+    else:
+        assert raised is None
+    assert fake.events == [("start", 12.0), ("stop",)]
+    live = parse_arms({"arms": [{"name": "b", "url": "http://gpu:30000"}]}).arms[0]
+    with servers.serving(live, servers.Host(work=Path("/tmp")), 30.0) as server:
+        assert (server.url, server.command, server.ready_after_s) == ("http://gpu:30000", None, None)
+    assert fake.events == [("start", 12.0), ("stop",)]

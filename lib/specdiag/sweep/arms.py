@@ -15,7 +15,12 @@
         attention_backend: triton
         plugin: splitkv
 
-An arm's keys (:data:`ARM_KEYS`): ``name`` (a word), ``what``, ``engine`` (sglang, vllm, embedded), ``model`` (a
+A running server is an arm too: ``url`` (``http://host:port``) and, beside ``name`` and ``what``, only ``engine``
+(what it is, when known; the server says so when reached) and ``stats_dir`` (the folder its SGLang plugin writes its
+stats and layout records to, ``SPECDIAG_SGLANG_STATS``). The sweep measures it as it runs: it neither starts nor stops
+it, so no key of ``defaults`` applies to it and a server setting under it is an error.
+
+A started arm's keys (:data:`ARM_KEYS`): ``name`` (a word), ``what``, ``engine`` (sglang, vllm, embedded), ``model`` (a
 folder; the embedded engine's default is the shipped tiny target), ``attention_backend``, ``plugin`` (splitkv,
 upstream, off: the SGLang plugin's verify mode), ``plugin_on_path`` (the plugin kept importable with its kernel off,
 to record layouts), ``kv_alloc`` (sglang, contiguous), ``speculation`` (``algorithm`` NONE, NGRAM, DFLASH, STANDALONE;
@@ -37,6 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from specdiag.paths import PROJECT_ROOT
+
 ENGINES = ("sglang", "vllm", "embedded")
 PLUGIN_MODES = ("splitkv", "upstream", "off")  #: specdiag.launchers.sglang.PLUGIN_MODES
 KV_ALLOCS = ("sglang", "contiguous")  #: specdiag.launchers.sglang.KV_ALLOCS
@@ -46,6 +53,8 @@ ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 TOP_KEYS = ("description", "models", "defaults", "settings", "arms")
 ARM_KEYS = ("name", "what", "engine", "model", "attention_backend", "plugin", "plugin_on_path", "kv_alloc",
             "speculation", "flags", "env", "tp", "ep", "eplb", "context_length", "max_total_tokens", "mem_fraction")
+URL_ARM_KEYS = ("name", "what", "url", "engine", "stats_dir")  #: a running server's keys (module doc)
+URL = re.compile(r"^https?://[^\s/]+")
 SPEC_KEYS = ("algorithm", "draft_tokens", "drafter", "block_size", "window", "simulate_acc_len")
 MODEL_KEYS = ("path", "make")
 
@@ -77,10 +86,10 @@ class Speculation:
 
 @dataclass(frozen=True)
 class Arm:
-    """One server of a sweep, as the arms file configures it."""
+    """One server of a sweep, as the arms file configures it (started by the sweep), or a running server (``url``)."""
 
     name: str  # a word; the rows' ``arm``
-    engine: str  # sglang | vllm | embedded
+    engine: str  # sglang | vllm | embedded; "" for a running server that did not say
     what: str = ""  # one line a reader sees (default: the name)
     model: str | None = None  # model folder (embedded: None is the shipped tiny target)
     attention_backend: str | None = None  # --attention-backend (SGLang; None: the launcher's default, triton)
@@ -96,6 +105,8 @@ class Arm:
     context_length: int | None = None  # tokens (--context-length)
     max_total_tokens: int | None = None  # KV pool slots (--max-total-tokens)
     mem_fraction: float | None = None  # --mem-fraction-static (SGLang)
+    url: str | None = None  # a running server: measured as it runs, never started or stopped by the sweep
+    stats_dir: str | None = None  # a running server's plugin stats folder (SPECDIAG_SGLANG_STATS), where known
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "flags", tuple(self.flags))
@@ -103,10 +114,17 @@ class Arm:
 
     @property
     def label(self) -> str:
-        return self.what or self.name
+        return self.what or (f"the server at {self.url}" if self.url else self.name)
+
+    @property
+    def running(self) -> bool:
+        """A server already running (``url``): the sweep neither starts nor stops it."""
+        return self.url is not None
 
     def configured(self) -> dict[str, Any]:
         """What makes two servers the same arm (``specdiag merge`` joins an arm's parts only when these agree)."""
+        if self.running:
+            return {"url": self.url, "engine": self.engine or None}
         return {"engine": self.engine, "model": self.model, "attention_backend": self.attention_backend,
                 "plugin": self.plugin, "kv_alloc": self.kv_alloc, "speculation": vars(self.speculation),
                 "flags": list(self.flags), "env": dict(sorted(self.env.items())), "tp": self.tp, "ep": self.ep,
@@ -237,15 +255,36 @@ def _env(raw: Any, where: str) -> dict[str, str]:
     return out
 
 
+def running_arm(raw: Mapping[str, Any], where: str) -> Arm:
+    """A running server's arm (``url``; module doc): its own keys only, checked."""
+    setting = [k for k in raw if k not in URL_ARM_KEYS]
+    if setting:
+        raise ArmsError(f"{where}: url names a running server, which keeps its own settings: drop "
+                        f"{', '.join(map(str, setting))} (or drop url to have the sweep start the server)")
+    url = str(raw["url"]).rstrip("/")
+    if not URL.match(url):
+        raise ArmsError(f"{where}: url {raw['url']!r} is not http(s)://host:port")
+    engine = _choice(raw["engine"], "engine", where, ENGINES) if raw.get("engine") else ""
+    return Arm(name=str(raw["name"]), engine=engine, what=str(raw.get("what") or ""), url=url,
+               stats_dir=str(raw["stats_dir"]) if raw.get("stats_dir") else None)
+
+
 def parse_arm(raw: Mapping[str, Any], defaults: Mapping[str, Any], index: int) -> Arm:
-    """One arm: its keys over ``defaults`` (module doc), checked."""
+    """One arm: its keys over ``defaults`` (module doc), checked; a running server's (``url``) without them."""
     if not isinstance(raw, Mapping):
-        raise ArmsError(f"arms[{index}] must be a mapping with at least name and engine, not {raw!r}")
+        raise ArmsError(f"arms[{index}] must be a mapping with at least name and engine (or url), not {raw!r}")
     name = raw.get("name")
     where = _where(index, str(name) if name else None)
-    _unknown(raw, ARM_KEYS, where)
+    _unknown(raw, ARM_KEYS + ("url", "stats_dir"), where)
+    if isinstance(name, bool):
+        raise ArmsError(f"{where}: name {name!r} is how YAML reads a bare on, off, yes or no: quote it (name: \"off\")")
     if not name or not NAME.match(str(name)):
         raise ArmsError(f"{where}: name must be a word (letters, digits, _ . -), not {name!r}")
+    if raw.get("url"):
+        return running_arm(raw, where)
+    if raw.get("stats_dir"):
+        raise ArmsError(f"{where}: stats_dir is a running server's (with url); a server the sweep starts writes its "
+                        "stats to the sweep's own folder")
     merged = {**defaults, **raw,
               "env": {**dict(defaults.get("env") or {}), **dict(raw.get("env") or {})}
               if isinstance(defaults.get("env", {}), Mapping) and isinstance(raw.get("env", {}), Mapping)
@@ -254,7 +293,8 @@ def parse_arm(raw: Mapping[str, Any], defaults: Mapping[str, Any], index: int) -
               if isinstance(defaults.get("flags", []), list) and isinstance(raw.get("flags", []), list)
               else raw.get("flags")}
     if "engine" not in merged:
-        raise ArmsError(f"{where}: engine is missing: sglang, vllm or embedded (here or in defaults)")
+        raise ArmsError(f"{where}: engine is missing: sglang, vllm or embedded (here or in defaults), or url for a "
+                        "running server")
     engine = _choice(merged["engine"], "engine", where, ENGINES)
     plugin = _choice(merged.get("plugin", "off"), "plugin", where, PLUGIN_MODES)
     kv_alloc = _choice(merged.get("kv_alloc", "sglang"), "kv_alloc", where, KV_ALLOCS)
@@ -345,15 +385,24 @@ def parse_arms(data: Any, source: str = "") -> ArmsFile:
     return ArmsFile(arms, dict(settings), _models(data.get("models")), str(data.get("description") or ""), source)
 
 
+def running(urls: Mapping[str, str], what: str = "") -> ArmsFile:
+    """Running servers as an arms file: ``{name: url}``, in order (a notebook's one server is an arm too)."""
+    return parse_arms({"arms": [{"name": n, "url": u, **({"what": what} if what else {})} for n, u in urls.items()]},
+                      "running servers")
+
+
 def load_arms(path: str | Path) -> ArmsFile:
-    """Read and check an arms file (YAML)."""
+    """Read and check an arms file (YAML); a relative path that is not found here is read from the project's root
+    (a notebook runs in notebooks/)."""
     import yaml  # noqa: PLC0415
 
     p = Path(path)
+    if not p.is_absolute() and not p.is_file():
+        p = PROJECT_ROOT / p
     if not p.is_file():
-        raise ArmsError(f"no arms file at {p}: give a YAML file of arms (params/arms/ has examples)")
+        raise ArmsError(f"no arms file at {path}: give a YAML file of arms (params/arms/ has examples)")
     try:
         data = yaml.safe_load(p.read_text())
     except yaml.YAMLError as exc:
-        raise ArmsError(f"{p} is not valid YAML: {exc}") from None
-    return parse_arms(data, str(p))
+        raise ArmsError(f"{path} is not valid YAML: {exc}") from None
+    return parse_arms(data, str(path))

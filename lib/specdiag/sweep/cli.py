@@ -19,9 +19,9 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from specdiag.sweep.arms import ArmsError, ArmsFile, load_arms
-from specdiag.sweep.registry import MEASUREMENTS, UnknownMeasurement, measurement
-from specdiag.sweep.settings import SettingsError, overrides, parse_settings
+from specdiag.sweep.arms import ArmsError, load_arms
+from specdiag.sweep.registry import MEASUREMENTS, UnknownMeasurement
+from specdiag.sweep.settings import SettingsError, overrides
 
 
 def sweep_parser(prog: str = "specdiag sweep") -> argparse.ArgumentParser:
@@ -47,16 +47,16 @@ def sweep_parser(prog: str = "specdiag sweep") -> argparse.ArgumentParser:
     return ap
 
 
-def _settings(args: argparse.Namespace, arms: ArmsFile) -> object:
-    m = measurement(args.measure)
-    raw = {**arms.settings, **overrides(args.set)}
+def _overrides(args: argparse.Namespace) -> dict[str, object]:
+    """The command line's settings, over the arms file's."""
+    raw: dict[str, object] = dict(overrides(args.set))
     if args.contexts:
         raw["contexts"] = args.contexts
     if args.repeats is not None:
         raw["repeats"] = args.repeats
     if args.max_new_tokens is not None:
         raw["max_new_tokens"] = args.max_new_tokens
-    return parse_settings(m.load().SweepSettings, raw, m.name)
+    return raw
 
 
 def _sigterm(signum: int, frame: object) -> None:
@@ -64,30 +64,29 @@ def _sigterm(signum: int, frame: object) -> None:
 
 
 def sweep_main(argv: Sequence[str], prog: str = "specdiag sweep") -> int:
-    from specdiag.sweep.driver import SweepOptions, preflight, sweep  # noqa: PLC0415
+    from specdiag.sweep.driver import SweepOptions, plan, sweep  # noqa: PLC0415
     from specdiag.sweep.servers import Host, server_command  # noqa: PLC0415
 
     args = sweep_parser(prog).parse_args(list(argv))
     out = Path(args.out).resolve()
+    host = Host(work=out, site=args.site, plugin_path=args.plugin_path, device=args.device)
     try:
-        arms = load_arms(args.arms)
-        if args.only:
-            arms = arms.select([a.strip() for a in args.only.split(",") if a.strip()])
-        settings = _settings(args, arms)
-        host = Host(work=out, site=args.site, plugin_path=args.plugin_path, device=args.device)
-        preflight(arms, host)
+        planned = plan(args.arms, args.measure, [a.strip() for a in args.only.split(",") if a.strip()],
+                       _overrides(args), host)
     except (ArmsError, SettingsError, UnknownMeasurement, ValueError) as exc:
         print(f"[specdiag sweep] error: {exc}", file=sys.stderr)
         return 2
+    arms = planned.arms
     if args.check:
         for arm in arms.arms:
-            print(f"{arm.name}: {shlex.join(server_command(arm, host, port=0))}")
+            print(f"{arm.name}: " + (f"the running server at {arm.url} (not started)" if arm.running
+                                     else shlex.join(server_command(arm, host, port=0))))
         print(f"[specdiag sweep] {len(arms.arms)} arms and the {args.measure} settings check out; nothing started")
         return 0
     signal.signal(signal.SIGTERM, _sigterm)
     opts = SweepOptions(out=out, budget_s=args.budget_s, min_arm_s=args.min_arm_s, stop_margin_s=args.stop_margin_s,
                         startup_s=args.startup_s, command=shlex.join([prog.split()[0], *prog.split()[1:], *argv]))
-    return sweep(arms, measurement(args.measure), settings, opts, host)
+    return sweep(arms, planned.measurement, planned.settings, opts, host)
 
 
 def merge_main(argv: Sequence[str], prog: str = "specdiag merge") -> int:

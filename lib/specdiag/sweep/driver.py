@@ -1,17 +1,20 @@
 """The sweep: each arm's server started, measured by the named measurement and stopped, then the next.
 
-Before any server starts, the arms, the measurement's settings and every arm's server command are checked
+One loop for every arm form and caller: ``specdiag sweep`` on a GPU host, and 09 and 10 in-process (their run folder
+passed as ``run``). Before any server starts, the measurement adjusts the arms it needs adjusted
+(:func:`configured_arms`) and the arms, the measurement's settings and every arm's server command are checked
 (:func:`preflight`): a mistake fails in a second, naming the arm and the key. Then, arm by arm in the file's order:
 
 1. an arm is started only with ``min_arm_s`` of the budget left (else run.json ``not_run`` says why it was not);
-2. its server starts (readiness bounded by what is left), its record goes into run.json ``arms[name]``: what it
-   is, its configuration, its environment (no host paths, secrets redacted), the server's own settings
-   (``/server_info``, redacted), its command (redacted), the seconds to start and measure;
+2. its server is held for the arm (:func:`specdiag.sweep.servers.serving`: started, readiness bounded by what is
+   left; a running server, ``url``, as it is), its record goes into run.json ``arms[name]``: what it is, its
+   configuration, its environment (no host paths, secrets redacted), the server's own settings (``/server_info``,
+   redacted), its command (redacted), the seconds to start and measure;
 3. the measurement runs (rows appended as they are taken: a sweep cut short keeps them) up to the budget's end less
    ``stop_margin_s``; what it left is added to ``not_run``;
-4. the server is stopped, also on an error, Ctrl-C or SIGTERM (the process tree, as the launchers do); the
-   plugin's stats files of the arm, where it wrote them, go into run.json (``plugin_stats``, and ``plugin_check``:
-   the per-call comparisons of a check arm, summarized and judged: :func:`check_summary`).
+4. the server is stopped as the block ends, also on an error, Ctrl-C or SIGTERM (the process tree, as the launchers
+   do); the plugin's stats files of the arm, where it wrote them, go into run.json (``plugin_stats``, and
+   ``plugin_check``: the per-call comparisons of a check arm, summarized and judged: :func:`check_summary`).
 
 run.json also holds the device (nvidia-smi's name, or why there is none), the provenance (host, code, time), the
 command, the arms file and the settings; ``finished_after_s`` is set only when every arm was dealt with, so a cut
@@ -25,20 +28,14 @@ import statistics
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from specdiag.runs import Run
-from specdiag.sweep.arms import Arm, ArmsError, ArmsFile
+from specdiag.sweep.arms import Arm, ArmsError, ArmsFile, load_arms
 from specdiag.sweep.job import ArmJob
-from specdiag.sweep.registry import Measurement
-from specdiag.sweep.servers import (
-    Host,
-    arm_env,
-    make_server,
-    recorded_env,
-    server_command,
-)
-from specdiag.sweep.settings import as_record
+from specdiag.sweep.registry import Measurement, measurement
+from specdiag.sweep.servers import Host, arm_env, recorded_env, server_command, serving
+from specdiag.sweep.settings import as_record, parse_settings
 
 
 @dataclass(frozen=True)
@@ -66,6 +63,39 @@ def preflight(arms: ArmsFile, host: Host) -> None:
             server_command(arm, host, port=1)
         except (ValueError, OSError) as exc:
             raise ArmsError(f"arm {arm.name!r}: {exc}") from None
+
+
+def configured_arms(arms: ArmsFile, measure: Measurement, settings: Any) -> ArmsFile:
+    """The arms as the measurement needs its servers (its ``sweep_configure(arm, settings)``, applied to every arm the
+    sweep starts; a running server is measured as it is)."""
+    adjust = measure.hook("sweep_configure")
+    if adjust is None:
+        return arms
+    return replace(arms, arms=tuple(a if a.running else adjust(a, settings) for a in arms.arms))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a sweep will run, checked: the arms (as the measurement needs them), the measurement and its settings."""
+
+    arms: ArmsFile
+    measurement: Measurement
+    settings: Any
+
+
+def plan(arms: str | ArmsFile, measure: str, only: Sequence[str] = (), overrides: Mapping[str, Any] | None = None,
+         host: Host | None = None) -> Plan:
+    """An arms file (a path, or parsed), only the arms named (all when none), the measurement's settings (the file's
+    ``settings:`` with ``overrides`` on top) and every server command built: each mistake an ArmsError,
+    SettingsError or UnknownMeasurement naming the fix, before any server starts."""
+    parsed = load_arms(arms) if isinstance(arms, str) else arms
+    if only:
+        parsed = parsed.select(list(only))
+    m = measurement(measure)
+    settings = parse_settings(m.load().SweepSettings, {**parsed.settings, **dict(overrides or {})}, m.name)
+    parsed = configured_arms(parsed, m, settings)
+    preflight(parsed, host or Host(work=Path(".")))
+    return Plan(parsed, m, settings)
 
 
 #: the largest relative error a checked verify call may have (the plugin's kernel against the call's reference)
@@ -166,8 +196,24 @@ def _plugin_record(run: Run, arm: Arm, host: Host) -> None:
                                   arm.name: prefill_check_summary(stats)})
 
 
-def sweep(arms: ArmsFile, measurement: Measurement, settings: Any, opts: SweepOptions, host: Host) -> int:
-    """Run the sweep (module doc); 0 when every arm started was measured without an error, else 1."""
+def sweep_into(run: Run, planned: Plan) -> int:
+    """A planned sweep (:func:`plan`) run in this process into a notebook's run folder (09, 10): no time budget, the
+    servers' logs and plugin stats under the run's ``servers/``."""
+    opts = SweepOptions(out=Path(run.path))
+    return sweep(planned.arms, planned.measurement, planned.settings, opts, Host(work=Path(run.path) / "servers"), run)
+
+
+def _arm_record(arm: Arm) -> dict[str, Any]:
+    if arm.running:
+        return {"what": arm.label, "engine": arm.engine or None, "plugin": None, "configured": arm.configured()}
+    return {"what": arm.label, "engine": arm.engine, "plugin": arm.plugin, "kv_alloc": arm.kv_alloc,
+            "configured": arm.configured()}
+
+
+def sweep(arms: ArmsFile, measurement: Measurement, settings: Any, opts: SweepOptions, host: Host,
+          run: Run | None = None) -> int:
+    """Run the sweep (module doc) into a new run folder at ``opts.out``, or into ``run`` (a notebook's: the sweep then
+    leaves the run's kind and command as they are); 0 when every arm started was measured without an error, else 1."""
     from specdiag.hardware import nvidia_smi_gpu  # noqa: PLC0415
     from specdiag.process import redacted_command  # noqa: PLC0415
 
@@ -175,16 +221,15 @@ def sweep(arms: ArmsFile, measurement: Measurement, settings: Any, opts: SweepOp
     log = _log(t0)
     end = t0 + opts.budget_s if opts.budget_s else None
     env_hook = measurement.hook("sweep_env")
+    arms = configured_arms(arms, measurement, settings)
     preflight(arms, host)
-    run = Run.create(opts.out, label=f"sweep-{measurement.name}")
-    run.update(kind=measurement.name, measurement={"name": measurement.name, "what": measurement.what,
-                                                   "settings": as_record(settings)},
-               command=opts.command, arms_file={"source": arms.source, "description": arms.description,
-                                                "arms": [a.name for a in arms.arms]},
+    if run is None:
+        run = Run.create(opts.out, label=f"sweep-{measurement.name}")
+        run.update(kind=measurement.name, command=opts.command)
+    run.update(measurement={"name": measurement.name, "what": measurement.what, "settings": as_record(settings)},
+               arms_file={"source": arms.source, "description": arms.description, "arms": [a.name for a in arms.arms]},
                budget={"budget_s": opts.budget_s, "min_arm_s": opts.min_arm_s, "stop_margin_s": opts.stop_margin_s},
-               device=nvidia_smi_gpu(), not_run=[],
-               arms={a.name: {"what": a.label, "engine": a.engine, "plugin": a.plugin, "kv_alloc": a.kv_alloc,
-                              "configured": a.configured()} for a in arms.arms})
+               device=nvidia_smi_gpu(), not_run=[], arms={a.name: _arm_record(a) for a in arms.arms})
     begin = measurement.hook("sweep_begin")
     if begin is not None:
         begin(run, arms, settings)
@@ -192,7 +237,7 @@ def sweep(arms: ArmsFile, measurement: Measurement, settings: Any, opts: SweepOp
     not_run: list[str] = []
     failed = False
     for arm in arms.arms:
-        arm_host = replace(host, extra_env=env_hook(arm, host.work) if env_hook else {})
+        arm_host = replace(host, extra_env=env_hook(arm, host.work) if env_hook and not arm.running else {})
         _update_arm(run, arm.name, env=recorded_env(arm_env(arm, arm_host)))
         left = None if end is None else end - time.monotonic()
         if left is not None and left < opts.min_arm_s:
@@ -201,33 +246,32 @@ def sweep(arms: ArmsFile, measurement: Measurement, settings: Any, opts: SweepOp
             log(not_run[-1])
             run.update(not_run=not_run)
             continue
-        server = make_server(arm, arm_host, opts.startup_s)
         t_arm = time.monotonic()
         _update_arm(run, arm.name, started_after_s=round(t_arm - t0, 1))
-        log(f"{arm.name}: starting ({arm.label})")
+        log(f"{arm.name}: " + (f"measuring the server at {arm.url}" if arm.running else f"starting ({arm.label})"))
+        wait = opts.startup_s if left is None else max(10.0, min(opts.startup_s, left - opts.stop_margin_s))
         try:
-            wait = opts.startup_s if left is None else max(10.0, min(opts.startup_s, left - opts.stop_margin_s))
-            server.start(timeout_s=wait)
-            info = _server_info(server.url)
-            _update_arm(run, arm.name, url=server.url, ready_after_s=server.ready_after_s,
-                        ready_at_s=round(time.monotonic() - t0, 1), server=info,
-                        command=redacted_command(server.command))
-            log(f"{arm.name}: ready after {server.ready_after_s} s at {server.url}")
-            job = ArmJob(run=run, arm=arm, url=server.url, settings=settings,
-                         deadline_s=float("inf") if end is None else end - opts.stop_margin_s,
-                         stats_dir=arm_host.stats_dir(arm), work=arm_host.work, progress=log, server_info=info)
-            not_run += measure(job) or []
-        except BaseException as exc:  # noqa: BLE001 - recorded; Ctrl-C and SIGTERM end the sweep after the stop
+            with serving(arm, arm_host, opts.startup_s, wait, log) as server:
+                info = _server_info(server.url)
+                _update_arm(run, arm.name, url=server.url, ready_after_s=server.ready_after_s,
+                            ready_at_s=round(time.monotonic() - t0, 1), server=info,
+                            command=redacted_command(server.command) if server.command else None)
+                log(f"{arm.name}: ready after {server.ready_after_s} s at {server.url}")
+                job = ArmJob(run=run, arm=arm, url=server.url, settings=settings,
+                             deadline_s=float("inf") if end is None else end - opts.stop_margin_s,
+                             stats_dir=arm_host.stats_dir(arm), work=arm_host.work, progress=log, server_info=info)
+                not_run += measure(job) or []
+        except BaseException as exc:  # noqa: BLE001 - recorded; Ctrl-C and SIGTERM end the sweep (the server stopped)
             failed = True
             _update_arm(run, arm.name, failed=f"{type(exc).__name__}: {exc}"[:1000])
             log(f"{arm.name}: FAILED {type(exc).__name__}: {str(exc)[:400]}")
             if not isinstance(exc, Exception):
-                _stop(server, arm, run, log, t_arm)
+                _update_arm(run, arm.name, measured_s=round(time.monotonic() - t_arm, 1))
                 run.update(not_run=not_run + [f"{a.name}: the sweep was interrupted" for a in
                                               arms.arms[arms.arms.index(arm) + 1:]], interrupted=type(exc).__name__)
                 _plugin_record(run, arm, arm_host)
                 raise
-        _stop(server, arm, run, log, t_arm)
+        _update_arm(run, arm.name, measured_s=round(time.monotonic() - t_arm, 1))
         _plugin_record(run, arm, arm_host)
         run.update(not_run=not_run)
     end_hook = measurement.hook("sweep_end")
@@ -238,11 +282,3 @@ def sweep(arms: ArmsFile, measurement: Measurement, settings: Any, opts: SweepOp
     log(f"done: {', '.join(f'{n} {t} rows' for t, n in tables.items()) or 'no rows'} in {run.path}; "
         f"{len(not_run)} not run" + ("; an arm FAILED (run.json arms.*.failed)" if failed else ""))
     return 1 if failed else 0
-
-
-def _stop(server: Any, arm: Arm, run: Run, log: Callable[[str], None], t_arm: float) -> None:
-    try:
-        server.stop()
-    except Exception as exc:  # noqa: BLE001 - said; the next arm still starts
-        log(f"{arm.name}: stop failed: {exc}")
-    _update_arm(run, arm.name, measured_s=round(time.monotonic() - t_arm, 1))

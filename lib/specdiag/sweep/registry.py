@@ -9,7 +9,9 @@ A measurement's module (``specdiag.steps.<step>.measure``, or another module of 
 - optionally ``sweep_begin(run, arms, settings)``: run.json keys its notebook reads, written once before the first
   server starts; ``sweep_env(arm, work) -> dict``: variables its servers need (a recorder's folder);
   ``sweep_end(run, arms, work)``: run-level summaries once every arm is done; ``merge_end(run)``: the same over a
-  merged run's rows (``specdiag merge`` calls it last).
+  merged run's rows (``specdiag merge`` calls it last); ``sweep_configure(arm, settings) -> Arm``: what the
+  measurement needs of a server the sweep starts (engine_ab: the embedded engine's prefix cache; kv_layout: the
+  embedded engine's smallest pool), applied before anything is checked or started.
 
 The modules are imported by name when a sweep asks for one (the registry itself imports no step).
 """

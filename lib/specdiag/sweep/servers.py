@@ -1,5 +1,5 @@
-"""An arm's server: its environment and command (pure functions of the arm and the host), and the ManagedServer that
-starts it and always ends its process tree.
+"""An arm's server: its environment and command (pure functions of the arm and the host), and :func:`serving`, which
+holds the arm's server for the length of a block (started, then always stopped; a running server as it is).
 
 The host's paths are not arm data: :class:`Host` holds SGLang's site folder, the installed plugin, the Python to run
 and the folder where each arm's plugin stats and server log go. Each flag and variable an arm configures reaches its
@@ -8,11 +8,12 @@ server's command or environment here (tests/test_sweep_servers.py checks every o
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from specdiag.sweep.arms import Arm
 
@@ -35,7 +36,8 @@ class Host:
     extra_env: Mapping[str, str] = field(default_factory=dict)  # the measurement's additions (e.g. a recorder dir)
 
     def stats_dir(self, arm: Arm) -> Path:
-        return self.work / f"stats-{arm.name}"
+        """Where the arm's plugin writes its stats: the sweep's own folder, or a running server's ``stats_dir``."""
+        return Path(arm.stats_dir) if arm.stats_dir else self.work / f"stats-{arm.name}"
 
     def log_path(self, arm: Arm) -> Path:
         return self.work / f"server-{arm.name}.log"
@@ -52,7 +54,10 @@ def plugin_used(arm: Arm) -> bool:
 
 def arm_env(arm: Arm, host: Host) -> dict[str, str]:
     """The server's environment on top of this process's: the plugin's mode, allocator, stats folder and path
-    (SGLang), SGLang's forced acceptance, the measurement's additions, then the arm's own ``env`` (which wins)."""
+    (SGLang), SGLang's forced acceptance, the measurement's additions, then the arm's own ``env`` (which wins); none
+    for a running server (its environment is its own)."""
+    if arm.running:
+        return {}
     env: dict[str, str] = {}
     if arm.engine == "sglang":
         from specdiag.launchers.sglang import plugin_env  # noqa: PLC0415
@@ -130,7 +135,10 @@ def vllm_options(arm: Arm, host: Host) -> dict[str, Any]:
 
 
 def server_command(arm: Arm, host: Host, port: int = 0) -> list[str]:
-    """The command an arm's server runs (pure; raises the launcher's settings errors, naming the fix)."""
+    """The command an arm's server runs (pure; raises the launcher's settings errors, naming the fix); [] for a running
+    server."""
+    if arm.running:
+        return []
     if arm.engine == "embedded":
         return embedded_command(arm, host, port)
     if arm.engine == "sglang":
@@ -150,8 +158,39 @@ def server_command(arm: Arm, host: Host, port: int = 0) -> list[str]:
     return vllm_command(launch, port, drafter_dir=drafter_dir)  # vLLM's own Python (.venv-vllm)
 
 
+@dataclass(frozen=True)
+class Running:
+    """A server the sweep did not start (an arm with ``url``): what :func:`serving` yields for it."""
+
+    url: str
+    command: None = None  # started elsewhere: its server info records its settings
+    ready_after_s: None = None
+
+
+@contextlib.contextmanager
+def serving(arm: Arm, host: Host, startup_timeout_s: float, wait_s: float | None = None,
+            log: Callable[[str], None] = print) -> Iterator[Any]:
+    """The arm's server for the length of the block: started (ready within ``wait_s``, default
+    ``startup_timeout_s``) and stopped when the block ends, however it ends (an error, Ctrl-C, SIGTERM: the process
+    tree ended as the launchers do; a failed stop is said through ``log``, not raised over the block's own error).
+    A running server (``url``) is yielded as it is: neither started nor stopped. Yields what has ``url``,
+    ``command`` and ``ready_after_s``."""
+    if arm.running:
+        yield Running(str(arm.url))
+        return
+    server = make_server(arm, host, startup_timeout_s)
+    try:
+        server.start(timeout_s=startup_timeout_s if wait_s is None else wait_s)
+        yield server
+    finally:
+        try:
+            server.stop()
+        except Exception as exc:  # noqa: BLE001 - said; the next arm still starts
+            log(f"{arm.name}: stop failed: {exc}")
+
+
 def make_server(arm: Arm, host: Host, startup_timeout_s: float) -> Any:
-    """The arm's server, not started (``start()``, then always ``stop()``)."""
+    """The arm's server, not started (``start()``, then always ``stop()``: :func:`serving` does both)."""
     from specdiag.process import ManagedServer  # noqa: PLC0415
 
     host.work.mkdir(parents=True, exist_ok=True)

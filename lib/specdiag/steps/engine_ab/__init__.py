@@ -3,8 +3,8 @@ per context, and which arm to run.
 
 - :mod:`.measure`: the same requests against every arm into one ``engine_ab`` table (prefill once, then decode on the
   cached prompt);
-- :mod:`.arms`: the arms 09 measures (live servers by URL, or embedded configurations started one after another),
-  each arm's run.json record and what it states (algorithm, backend, tokens per step, verify path);
+- :mod:`.arms`: what an arm's run.json record states (algorithm, backend, tokens per step, verify path; the arms
+  themselves are an arms file, measured by the sweep's driver, :mod:`specdiag.sweep.driver`);
 - :mod:`.analysis`: per arm and context (ms per step, decode tokens/s, TTFT, own or not), the rank test, the verdict
   per band (the pick against its runner-up over requests), the targets (pure);
 - :mod:`.breakeven`: where speculation stops paying, each arm against its speculation-off twin (pure);

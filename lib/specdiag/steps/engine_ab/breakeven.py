@@ -1,7 +1,7 @@
 """Where speculation stops paying: each speculating arm against its speculation-off twin, per context (pure).
 
 **Twins.** An arm is *off* when its server reports no speculative algorithm (``speculative_algorithm`` empty or
-"NONE" in run.json ``arms[arm].server``; an embedded arm's ``engine_config`` ``embedded:NONE`` says the same). A
+"NONE" in run.json ``arms[arm].server``; an arm configured with ``algorithm: NONE`` says the same). A
 speculating arm's twin is the off arm whose server reports the same decode attention backend
 (``decode_attention_backend``, else ``attention_backend``): a speculation-off arm decodes on that backend's plain
 decode kernel, which is what the speculating arm would run with speculation turned off. ``triton_plugin`` and

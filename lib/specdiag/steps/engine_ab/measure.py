@@ -24,23 +24,26 @@ backend takes minutes at a model's depth). :func:`prefill_all` and :func:`decode
 how many arms prefilled at once where a driver overlapped them: those TTFTs are not an arm's own). Each row is :func:`specdiag.measure.metrics.sweep_row`'s plus ``arm``,
 ``phase``, ``repeat``, ``seed``, ``concurrent``; rows are appended as they are measured (``run.append_row``).
 
-``specdiag sweep --measure engine_ab`` runs :func:`sweep_arm` on each arm of an arms file (params/arms/engine-ab-*.yaml),
-with :class:`SweepSettings`; :func:`sweep_begin` records what 09 reads beside the rows (the model's config, the
-plan, the peaks of the prefill floor).
+``specdiag sweep --measure engine_ab`` (and 09 in-process) runs :func:`sweep_arm` on each arm of an arms file
+(params/arms/engine-ab-*.yaml), with :class:`SweepSettings`; :func:`sweep_begin` records what 09 reads beside the rows
+(the model's config, the plan, the peaks of the prefill floor); :func:`sweep_configure` turns the embedded engine's
+prefix cache on (SGLang's radix cache and vLLM's prefix caching are on by default): phase 2 decodes on the cached
+prompt.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Sequence
 
+from specdiag.paths import PROJECT_ROOT
 from specdiag.runs import Run
 
 if TYPE_CHECKING:
-    from specdiag.sweep.arms import ArmsFile
+    from specdiag.sweep.arms import Arm, ArmsFile
     from specdiag.sweep.job import ArmJob
 
 TABLE = "engine_ab"
@@ -260,17 +263,34 @@ class SweepSettings:
                              f"{', '.join(KINDS)} at most once; got {list(self.kinds)}")
 
 
+#: the embedded engine's flag for a prefix cache (SGLang's radix cache and vLLM's prefix caching are on by default)
+PREFIX_CACHE_FLAG = "--enable-prefix-cache"
+
+
+def sweep_configure(arm: "Arm", settings: SweepSettings) -> "Arm":
+    """An embedded arm with its prefix cache on (phase 2 decodes on the cached prompt); any other arm as it is."""
+    if arm.engine != "embedded" or PREFIX_CACHE_FLAG in arm.flags:
+        return arm
+    return replace(arm, flags=(*arm.flags, PREFIX_CACHE_FLAG))
+
+
+def model_record(path: str | None) -> dict[str, Any]:
+    """run.json ``model``: the model folder's path and, when this machine can read it, its config.json (a relative
+    path is the project's)."""
+    cfg = Path(path) if path and Path(path).is_absolute() else PROJECT_ROOT / str(path or "")
+    cfg = cfg / "config.json" if cfg.suffix != ".json" else cfg
+    return {"path": path, "model_config": json.loads(cfg.read_text()) if path and cfg.is_file() else None}
+
+
 def sweep_begin(run: Run, arms: "ArmsFile", settings: SweepSettings) -> None:
-    """run.json keys 09 reads: the model's config (``model``), the plan (``params.09_engine_ab``), the speculation
+    """run.json keys 09 reads: the model's config (``model``: the first arm that names a model folder; else
+    :func:`sweep_arm` takes the model its first server reports), the plan (``params.09_engine_ab``), the speculation
     where every speculating arm agrees, and the peaks of the prefill floor (``hardware``, measured before any server
     takes the GPU)."""
-    first = arms.arms[0]
-    cfg = Path(first.model) / "config.json" if first.model else None
+    first = next((a.model for a in arms.arms if a.model), None)
     specs = {json.dumps(vars(a.speculation), sort_keys=True) for a in arms.arms if a.speculation.speculates}
     spec = json.loads(specs.pop()) if len(specs) == 1 else None
-    run.update(kind="engine_ab",
-               model={"path": first.model, "model_config": json.loads(cfg.read_text())
-                      if cfg is not None and cfg.is_file() else None},
+    run.update(model=model_record(first),
                params={"09_engine_ab": {
                    "contexts": list(settings.contexts),
                    "arm_contexts": {k: list(v) for k, v in settings.arm_contexts.items()},
@@ -293,9 +313,12 @@ def sweep_begin(run: Run, arms: "ArmsFile", settings: SweepSettings) -> None:
 
 
 def sweep_arm(job: "ArmJob") -> list[str]:
-    """:func:`measure_arm` on the arm's server, its contexts from the settings; returns what was not run."""
+    """:func:`measure_arm` on the arm's server, its contexts from the settings; returns what was not run. The run's
+    ``model`` is the server's where no arm named a readable model folder (the embedded engine's default target)."""
     from specdiag.serving import make_client  # noqa: PLC0415
 
+    if not (job.run.meta.get("model") or {}).get("model_config") and job.server_info.get("model_path"):
+        job.run.update(model=model_record(str(job.server_info["model_path"])))
     s: SweepSettings = job.settings
     return measure_arm(job.run, make_client(job.url), job.arm.name, s.arm_contexts.get(job.arm.name, s.contexts),
                        s.repeats, s.max_new_tokens, s.seed, deadline_s=job.deadline_s, progress=job.progress,

@@ -1,8 +1,8 @@
 """Notebook 09's sections, one call each (:class:`specdiag.section.Section`: tables, figures, text): the notebook keeps
 its parameters, these calls and its prose.
 
-:func:`start` checks the parameters and parses the arms (before any server starts) and opens the run: measuring the
-arms named, else replaying ``replay_dir``, else the H200 reference run; then :func:`measure_or_replay` (the rows and
+:func:`start` checks the parameters and the arms file (before any server starts) and opens the run: measuring the
+arms file's arms, else replaying ``replay_dir``, else the H200 reference run; then :func:`measure_or_replay` (the rows and
 their per-arm tables), :func:`arms` (each arm's settings and what the run lacks), :func:`decode`, :func:`prefill`
 (TTFT against its floor), :func:`rank_tests`, :func:`bands`, :func:`targets`, :func:`break_even`, :func:`findings` and
 :func:`metrics`.
@@ -19,6 +19,9 @@ from specdiag import nb
 from specdiag.section import Section
 from specdiag.steps.engine_ab import analysis, verdicts
 from specdiag.steps.engine_ab import arms as eab_arms
+from specdiag.sweep.arms import ArmsError
+from specdiag.sweep.driver import plan, sweep_into
+from specdiag.sweep.settings import SettingsError
 
 NOTEBOOK = "09_engine_ab"
 REFERENCE = "sglang-h200-mla61-engine-ab"
@@ -30,9 +33,7 @@ class Page:
 
     ctx: Any
     params: dict[str, Any]
-    servers: dict[str, str]
-    configs: list[Any]
-    contexts: list[int]
+    planned: Any  # the sweep to run (specdiag.sweep.driver.Plan), None when replaying
     opening: Section
     rows: list[dict[str, Any]] = field(default_factory=list)
     arms_meta: dict[str, Any] = field(default_factory=dict)
@@ -52,14 +53,15 @@ class Page:
     brk_finding: Any = None
 
 
-def start(server_url: str = "", run_dir: str = "", replay_dir: str = "", servers: str = "", engine_configs: str = "",
+def start(server_url: str = "", run_dir: str = "", replay_dir: str = "", arms: str = "", only: Sequence[str] = (),
           context_lengths: Sequence[int] = (256, 1024), repeats: int = 3, max_new_tokens: int = 16,
           stock_arm: str = "triton", plugin_arm: str = "triton_plugin", band_edges: Sequence[int] = (8192, 65536),
           gpu_name: str = "", memory_bandwidth_gb_s: float = 0.0, matmul_tflops: float = 0.0,
           floor_ratio_threshold: float = 10.0) -> Page:
-    """Check the parameters and parse the arms, then open the run (``nb.start``): measure the arms named in
-    ``servers`` or ``engine_configs``, else replay ``replay_dir``, else the reference run (``ctx.recorded_from``).
-    ``server_url`` is not used: an A/B needs two or more arms."""
+    """Check the parameters and the arms file (its arms, ``only``, the engine_ab settings with ``context_lengths``,
+    ``repeats`` and ``max_new_tokens`` on top, every server's command), then open the run (``nb.start``): measure the
+    arms, else replay ``replay_dir``, else the reference run (``ctx.recorded_from``). ``server_url`` is not used: an
+    A/B needs two or more arms (a running server is an arm with a ``url`` in the arms file)."""
     from specdiag.paths import REFERENCE_DIR, relative_to_project  # noqa: PLC0415
 
     for name, value in (("repeats", repeats), ("max_new_tokens", max_new_tokens)):
@@ -69,42 +71,46 @@ def start(server_url: str = "", run_dir: str = "", replay_dir: str = "", servers
     for name, value in (("memory_bandwidth_gb_s", memory_bandwidth_gb_s), ("matmul_tflops", matmul_tflops),
                         ("floor_ratio_threshold", floor_ratio_threshold)):
         nb.check(value >= 0, f"{name} must be a number >= 0; got {value!r}")
-    nb.check(not (servers and engine_configs), "servers and engine_configs both name arms: pass one of them")
-    nb.check(not (replay_dir and (servers or engine_configs)),
-             "replay_dir analyses a recorded run, servers and engine_configs measure: pass one of them")
-    try:
-        live = eab_arms.parse_servers(servers) if servers else {}
-        configs = eab_arms.parse_engine_configs(engine_configs) if engine_configs else []
-    except eab_arms.ArmError as exc:
-        raise nb.ParameterError(str(exc)) from None
-    measuring = bool(live or configs)
-    contexts = nb.check_context_lengths("context_lengths", context_lengths) if measuring else []
-    params = dict(servers=servers, engine_configs=engine_configs, context_lengths=context_lengths, repeats=repeats,
+    nb.check(not (replay_dir and arms), "replay_dir analyses a recorded run, arms measures: pass one of them")
+    nb.check(not only or bool(arms), "only picks arms of an arms file: pass arms too")
+    planned = None
+    if arms:
+        contexts = nb.check_context_lengths("context_lengths", context_lengths)
+        try:
+            planned = plan(arms, "engine_ab", only, {"contexts": contexts, "repeats": repeats,
+                                                     "max_new_tokens": max_new_tokens})
+        except (ArmsError, SettingsError, ValueError) as exc:
+            raise nb.ParameterError(str(exc)) from None
+    params = dict(arms=arms, only=list(only), context_lengths=context_lengths, repeats=repeats,
                   max_new_tokens=max_new_tokens, stock_arm=stock_arm, plugin_arm=plugin_arm, band_edges=band_edges,
                   gpu_name=gpu_name)
     ctx = nb.start(NOTEBOOK, server_url="", run_dir=run_dir, replay_dir=replay_dir, params=params, needs_server=False,
-                   reference=None if measuring else REFERENCE_DIR / REFERENCE)
+                   reference=None if planned else REFERENCE_DIR / REFERENCE)
     opening = Section().text(
-        f"measuring {len(live) + len(configs)} arms into {ctx.run.path}" if ctx.live else
+        f"measuring {len(planned.arms.arms)} arms of {arms} into {ctx.run.path}" if ctx.live else
         f"replaying {relative_to_project(ctx.source.path)}"
         + (" (no arms given: the H200 reference run)" if ctx.recorded_from else ""))
     all_params = {**params, "memory_bandwidth_gb_s": memory_bandwidth_gb_s, "matmul_tflops": matmul_tflops,
                   "floor_ratio_threshold": floor_ratio_threshold}
-    return Page(ctx, all_params, live, configs, contexts, opening)
+    return Page(ctx, all_params, planned, opening)
 
 
 def measure_or_replay(pg: Page) -> Section:
-    """Section 1: live, each arm in turn (started, measured and stopped one after another); then the run's
-    ``engine_ab`` rows as per-arm decode and prefill tables."""
+    """Section 1: live, the sweep's driver in this process (each arm's server started, measured and stopped before the
+    next; a running server measured as it runs); then the run's ``engine_ab`` rows as per-arm decode and prefill
+    tables."""
     from specdiag.paths import relative_to_project  # noqa: PLC0415
     from specdiag.steps.engine_ab import measure  # noqa: PLC0415
     from specdiag.steps.engine_ab import plots as eplots  # noqa: PLC0415
 
-    ctx, p, s = pg.ctx, pg.params, Section()
+    ctx, s = pg.ctx, Section()
     if ctx.live:
-        done = eab_arms.measure_arms(ctx.run, pg.servers, pg.configs, pg.contexts, p["repeats"], p["max_new_tokens"],
-                                     log_dir=ctx.run.path / "servers", progress=print)
-        s.text(f"{len(done)} arms measured: {', '.join(done)}")
+        sweep_into(ctx.run, pg.planned)
+        records = ctx.run.meta.get("arms") or {}
+        names = [a.name for a in pg.planned.arms.arms]
+        done = [n for n in names if not (records.get(n) or {}).get("failed")]
+        s.text(f"{len(done)} arms measured: {', '.join(done)}"
+               + "".join(f"; {n} FAILED: {records[n]['failed']}" for n in names if n not in done))
     pg.rows = ctx.source.rows(measure.TABLE)
     nb.check(bool(pg.rows), f"{ctx.source.path} has no engine_ab rows (engine_ab.jsonl): replay_dir must be an engine "
              "A/B run folder, e.g. data/reference/sglang-h200-mla61-engine-ab")
@@ -177,7 +183,7 @@ def prefill(pg: Page) -> Section:
 
     p, s = pg.params, Section()
     first_server = next((dict(a["server"]) for a in pg.arms_meta.values() if a.get("server")), {})
-    first_url = next(iter(pg.servers.values()), "") if pg.servers else ""
+    first_url = next((a.url for a in pg.planned.arms.arms if a.running), "") if pg.planned else ""
     try:
         pg.geom = geometry.geometry_for_run("", "", pg.ctx.source.meta, first_server)
         tp = int(first_server.get("tp_size") or 1)

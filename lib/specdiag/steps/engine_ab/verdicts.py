@@ -342,8 +342,9 @@ def break_even_finding(pairs: Sequence[be.Pair], off_arms: Sequence[str], evens:
                f"no speculating arm shares a decode backend with the speculation-off arm(s) {', '.join(off_arms)}")
         return Finding("engine_ab.break_even", "Where speculation stops paying: not measured here",
                        f"{why[0].upper()}{why[1:]}, so the context where speculation stops paying is not measured "
-                       "(an off arm: embedded:NONE in engine_configs, or the triton_nospec / "
-                       "flashinfer_nospec arms of params/arms/engine-ab-*.yaml).", "info", (why,),
+                       "(an off arm: speculation {algorithm: NONE} in the arms file, as params/arms/embedded-ladder.yaml's "
+                       "off, or the triton_nospec / flashinfer_nospec arms of params/arms/engine-ab-*.yaml).", "info",
+                       (why,),
                        {"lines": [], "off_arms": list(off_arms)}, "computed")
     forced = {p.arm: p.forced_acceptance for p in pairs if p.forced_acceptance}
     recall = dict(recall or {})

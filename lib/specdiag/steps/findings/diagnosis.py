@@ -447,8 +447,9 @@ FIRST_REQUEST = "first request"
 
 #: What 07 says when no line of 09 sets speculation against its speculation-off twin.
 NO_OFF_ARM = ("Where speculation stops paying is not measured in this run: it has no speculation-off arm beside a "
-              "speculating one (09_engine_ab with an arm such as off=embedded:NONE in engine_configs, or "
-              "the triton_nospec and flashinfer_nospec arms of params/arms/engine-ab-*.yaml on a GPU).")
+              "speculating one (09_engine_ab with an arm of speculation {algorithm: NONE} in its arms file, as "
+              "params/arms/embedded-ladder.yaml's off, or the triton_nospec and flashinfer_nospec arms of "
+              "params/arms/engine-ab-*.yaml on a GPU).")
 
 
 def _line_short(line: Mapping[str, Any]) -> str:

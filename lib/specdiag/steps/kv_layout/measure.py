@@ -13,25 +13,24 @@ embedded server. For each arm, in this order:
    pool minus what the long requests since the last filler took, an estimate) are fewer than it needs. The row's
    measured layout, not the filler's count, says whether the request was scattered.
 
-Arms 10 starts itself (``engine_configs``, :func:`measure_started`): embedded servers, each started with its own pool
-(``pool_tokens``; by default the smallest from which one filler run serves every fragmented request,
-:func:`smallest_pool`), measured and stopped before the next; an arm named ``NAME_contiguous`` gets the contiguous
-allocator (``--kv-alloc contiguous``), so ``embedded`` and ``embedded_contiguous`` give 10's three states. A small pool
-is what keeps the filler short: its 1.1 pool cycles are the embedded arms' largest cost.
+The arms come from an arms file (``specdiag sweep --measure kv_layout``, and 10 in-process: :func:`sweep_arm` on each,
+one server at a time), or a running server (an arm with ``url``). An embedded arm with no ``max_total_tokens`` gets
+the smallest pool from which one filler run serves every fragmented request (:func:`sweep_configure`,
+:func:`smallest_pool`): a small pool keeps the filler short, whose 1.1 pool cycles are the embedded arms' largest
+cost. An arm ``NAME_contiguous`` with ``kv_alloc: contiguous`` beside ``NAME`` gives 10's three states.
 
 Each request is a measured request (specdiag.measure.request: exact length, greedy, streamed, ignore_eos). Its row
 holds 01's columns (``step_ms``: decode window over verify steps, client side), the per-step samples (chunk gaps,
 ms), the embedded server's own verify times where it reports them, and the request's **layout**: from the embedded
 server's final ``meta_info.kv_layout``, or from the SGLang plugin's layout records (``SPECDIAG_SGLANG_LAYOUT=1``,
-written to the arm's ``SPECDIAG_SGLANG_STATS`` folder: the arm's ``layout_dir``) in the request's time window; none
-otherwise (the row says so). Server code is imported inside the functions (replay imports no client).
+written to the arm's ``SPECDIAG_SGLANG_STATS`` folder: the arm's ``layout_dir``, the sweep's stats folder of a server it
+started, or a running server's ``stats_dir``) in the request's time window; none otherwise (the row says so). Server code is imported inside the functions (replay imports no client).
 """
 
 from __future__ import annotations
 
-import json
 import dataclasses
-import re
+import json
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -87,35 +86,6 @@ def schedule(states: Sequence[str], repeats: int) -> list[tuple[str, int]]:
         return ([("fresh", r) for r in range(before)] + [("fragmented", r) for r in range(repeats)]
                 + [("fresh", r) for r in range(before, repeats)])
     return [(state, r) for state in states for r in range(repeats)]
-
-
-def parse_arms(arms: str, default_url: str = "", layout_dirs: str = "", default_name: str = "") -> list[Arm]:
-    """``"triton=http://127.0.0.1:30001,plugin=http://127.0.0.1:30002"`` -> arms; empty: one arm on
-    ``default_url`` named ``default_name`` (else ``embedded`` without a URL, ``server`` with one).
-    ``layout_dirs``: ``"triton=/tmp/st1,plugin=/tmp/st2"``."""
-    dirs = _pairs(layout_dirs, "layout_dirs") if layout_dirs else {}
-    if not arms.strip():
-        name = default_name or ("embedded" if not default_url else "server")
-        if set(dirs) - {name}:
-            raise ValueError(f"layout_dirs names arms other than the one arm {name!r}: {', '.join(sorted(dirs))}")
-        return [Arm(name, default_url, dirs.get(name, ""))]
-    out = [Arm(name, url, dirs.get(name, "")) for name, url in _pairs(arms, "arms").items()]
-    unknown = sorted(set(dirs) - {a.name for a in out})
-    if unknown:
-        raise ValueError(f"layout_dirs names arms that arms does not: {', '.join(unknown)}")
-    return out
-
-
-def _pairs(text: str, what: str) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for item in (p.strip() for p in text.split(",") if p.strip()):
-        name, sep, value = item.partition("=")
-        if not sep or not re.fullmatch(r"[a-z][a-z0-9_]*", name.strip()) or not value.strip():
-            raise ValueError(f"{what}: {item!r} is not name=value (a lower-case word, '=', a value)")
-        if name.strip() in out:
-            raise ValueError(f"{what}: {name.strip()!r} is given twice")
-        out[name.strip()] = value.strip()
-    return out
 
 
 def step_gaps_ms(trace: Any) -> list[float]:
@@ -199,8 +169,8 @@ def _row(arm: Arm, state: str, ctx: int, repeat: int, plan: LayoutPlan, done: An
         layout, forwards = plugin_layout(arm.layout_dir, trace.t_send_unix_s, t1)
         source = "server-reported (plugin SPECDIAG_SGLANG_LAYOUT)" if layout else None
     row["layout"] = layout.as_dict() if layout else None
-    row["layout_source"] = source or ("none: the server reports no layout (embedded server, or SGLang with the "
-                                      "plugin's SPECDIAG_SGLANG_LAYOUT=1 and layout_dirs)")
+    row["layout_source"] = source or ("none: the server reports no layout (the embedded server does; SGLang with the "
+                                      "plugin's SPECDIAG_SGLANG_LAYOUT=1 and its stats folder)")
     row["layout_forwards"] = forwards
     if row.get("error") is None and done.error:
         row["error"] = done.error
@@ -224,7 +194,7 @@ def measure_arm(run: Any, arm: Arm, plan: LayoutPlan, progress: Callable[[str], 
     from specdiag.measure.request import exact_prompt, send  # noqa: PLC0415
     from specdiag.serving import reach  # noqa: PLC0415
 
-    client = reach(arm.url or _embedded_url())
+    client = reach(arm.url)
     url = client.base_url
     pool = server_pool(client)
     if not pool.get("pool_tokens"):
@@ -297,7 +267,7 @@ class SweepSettings:
     filler_cycles: float = 1.1  # slots the filler pushes through the allocator, in pool sizes
     filler_concurrency: int = 8  # filler requests in flight
     filler_max_s: float = 240.0  # the filler stops after this long, s
-    seed: int = 0
+    seed: int = 0  # seeds the long prompts and the filler's lengths
 
     def plan(self) -> LayoutPlan:
         if not self.states or set(self.states) - set(STATES):
@@ -305,7 +275,21 @@ class SweepSettings:
         return LayoutPlan(contexts=self.contexts, max_new_tokens=self.max_new_tokens, repeats=self.repeats,
                           seed=self.seed, states=self.states, filler_once=self.filler_once,
                           filler=FillerPlan(cycles=self.filler_cycles, concurrency=self.filler_concurrency,
-                                            max_seconds=self.filler_max_s))
+                                            seed=self.seed, max_seconds=self.filler_max_s))
+
+
+def sweep_configure(arm: Any, settings: SweepSettings) -> Any:
+    """An embedded arm without ``max_total_tokens`` on the smallest pool one filler run serves (:func:`smallest_pool`
+    of the plan, tokens per verify step the arm's or the embedded engine's default of 8); any other arm as it is."""
+    if arm.engine != "embedded" or arm.max_total_tokens:
+        return arm
+    spec = arm.speculation
+    tokens = (spec.tokens_per_step or EMBEDDED_DRAFT_TOKENS) if spec.speculates else None
+    return dataclasses.replace(arm, max_total_tokens=smallest_pool(settings.plan(), tokens))
+
+
+#: the embedded engine's tokens per verify step when an arm does not say (specdiag.localserver.config)
+EMBEDDED_DRAFT_TOKENS = 8
 
 
 def sweep_begin(run: Any, arms: Any, settings: SweepSettings) -> None:
@@ -316,76 +300,35 @@ def sweep_begin(run: Any, arms: Any, settings: SweepSettings) -> None:
 
 
 def sweep_arm(job: Any) -> list[str]:
-    """:func:`measure_arm` on the arm's server (a :class:`specdiag.sweep.job.ArmJob`): its pool's facts appended to
-    run.json ``kv_layout_arms``, the layout read from the plugin's records in the arm's stats folder (SGLang) or the
-    server's own report (embedded); a failure is a row too."""
+    """:func:`measure_arm` on the arm's server (a :class:`specdiag.sweep.job.ArmJob`): its pool's facts in run.json
+    ``kv_layout_arms`` (an arm measured again replaces its earlier facts), the layout read from the server's own report
+    (embedded) or from the plugin's records in the arm's stats folder (SGLang; a running server's ``stats_dir``); a
+    failure is a row too."""
     from specdiag.serving import reach  # noqa: PLC0415
 
     arm = job.arm
-    sglang = arm.engine == "sglang"
-    facts = list(job.run.meta.get("kv_layout_arms") or [])
-    facts.append({"arm": arm.name, "url": job.url, "what": arm.what or ARM_TEXT.get(arm.name, ""),
-                  **server_pool(reach(job.url)), "kv_alloc": arm.kv_alloc,
-                  "layout_source": f"plugin records ({job.stats_dir.name}/)" if sglang
-                  else "server-reported (meta_info.kv_layout)"})
+    pool = server_pool(reach(job.url))
+    records = (arm.engine == "sglang" or bool(arm.stats_dir)) and not pool["reports_layout"]
+    layout_dir = str(job.stats_dir) if records else ""
+    kv_alloc = pool.get("kv_alloc") or (None if arm.running else arm.kv_alloc)
+    facts = [f for f in job.run.meta.get("kv_layout_arms") or [] if f.get("arm") != arm.name]
+    facts.append({"arm": arm.name, "url": job.url, "what": arm.what or ARM_TEXT.get(arm.name, ""), **pool,
+                  "kv_alloc": kv_alloc,
+                  "layout_source": "server-reported (meta_info.kv_layout)" if pool["reports_layout"]
+                  else f"plugin records ({job.stats_dir.name}/)" if records else "none"})
     job.run.update(kv_layout_arms=facts)
+    if pool.get("disable_radix_cache") is False:
+        job.progress(f"note: {arm.name} runs with the radix cache on: finished requests keep their slots in the tree, "
+                     "so the filler fragments less; start it with --disable-radix-cache")
     not_run: list[str] = []
     try:
-        measure_arm(job.run, Arm(arm.name, job.url, str(job.stats_dir) if sglang else ""), job.settings.plan(),
+        measure_arm(job.run, Arm(arm.name, job.url, layout_dir), job.settings.plan(),
                     progress=job.progress, deadline_s=job.deadline_s, not_run=not_run)
     except Exception as exc:  # a row says why, as 10 reads it; the sweep records the arm as failed
         job.run.append_row(TABLE, {"arm": arm.name, "pool_state": None, "context_tokens": None, "repeat": None,
                                    "ts_unix_s": time.time(), "error": f"{type(exc).__name__}: {exc}"})
         raise
     return not_run
-
-
-@dataclass(frozen=True)
-class EngineArm:
-    """An arm 10 starts itself: an embedded server, its speculation and KV allocator (contiguous for a name that ends
-    in ``_contiguous``)."""
-
-    name: str
-    algorithm: str  # NONE, NGRAM or STANDALONE
-    num_draft_tokens: int  # SGLang's speculative_num_draft_tokens (the last committed token included)
-
-    @property
-    def kv_alloc(self) -> str:
-        return "contiguous" if self.name.endswith("_contiguous") else "sglang"
-
-    @property
-    def tokens_per_step(self) -> int | None:
-        return None if self.algorithm == "NONE" else self.num_draft_tokens
-
-    @property
-    def config(self) -> str:
-        return f"embedded:{self.algorithm}:{self.num_draft_tokens}"
-
-
-ENGINE_ALGORITHMS = ("NGRAM", "STANDALONE", "NONE")
-
-
-def parse_engine_configs(text: str) -> list[EngineArm]:
-    """``"embedded=embedded:NGRAM:8,embedded_contiguous=embedded:NGRAM:8"`` -> arms, in order (DRAFT_TOKENS default
-    8). ValueError naming the item and the form."""
-    form = "name=embedded:ALGORITHM[:DRAFT_TOKENS],... (ALGORITHM one of " + ", ".join(ENGINE_ALGORITHMS) + ")"
-    out = []
-    for name, value in _pairs(text, "engine_configs").items():
-        parts = [p.strip() for p in value.split(":")]
-        if parts[0].lower() != "embedded" or len(parts) > 3 or (len(parts) > 1 and parts[1].upper()
-                                                                   not in ENGINE_ALGORITHMS):
-            raise ValueError(f"engine_configs: {name}={value} is not embedded:ALGORITHM[:DRAFT_TOKENS]; write {form} "
-                             "(SGLang arms: start them yourself and name them in arms, or run specdiag sweep "
-                             "--measure kv_layout)")
-        algorithm = parts[1].upper() if len(parts) > 1 else "NGRAM"
-        try:
-            tokens = int(parts[2]) if len(parts) == 3 else 8
-        except ValueError:
-            raise ValueError(f"engine_configs: {name}'s draft tokens {parts[2]!r} is not a whole number") from None
-        if algorithm != "NONE" and tokens < 2:
-            raise ValueError(f"engine_configs: {name} needs 2 or more draft tokens per verify step; got {tokens}")
-        out.append(EngineArm(name, algorithm, tokens))
-    return out
 
 
 def filler_due(plan: LayoutPlan, filled: bool, ahead: int, need: int) -> bool:
@@ -421,60 +364,3 @@ def smallest_pool(plan: LayoutPlan, tokens_per_step: int | None, step: int = 64)
     while fillers_needed(plan, pool, tokens_per_step) > 1:
         pool += step
     return pool
-
-
-def measure_started(run: Any, arms: Sequence[EngineArm], plan: LayoutPlan, pool_tokens: int = 0,
-                    log_dir: Path | None = None, progress: Callable[[str], None] = print) -> list[dict[str, Any]]:
-    """Each arm's embedded server started (its pool ``pool_tokens`` slots, 0: :func:`smallest_pool` of the plan), its
-    pool's facts appended to run.json ``kv_layout_arms`` as the server reported them, measured by
-    :func:`measure_arm`, and stopped before the next starts; a failing arm's error is a row and the next still runs.
-    Returns the arms' facts."""
-    from specdiag.launchers import engine_server  # noqa: PLC0415 - replay imports no launcher
-    from specdiag.process import redacted_command  # noqa: PLC0415
-    from specdiag.paths import shown  # noqa: PLC0415
-    from specdiag.serving import reach  # noqa: PLC0415
-
-    names = {a.name for a in arms}  # a re-run's arms replace their earlier facts
-    facts: list[dict[str, Any]] = [f for f in run.meta.get("kv_layout_arms") or [] if f.get("arm") not in names]
-    for arm in arms:
-        pool = pool_tokens or smallest_pool(plan, arm.tokens_per_step)
-        server = engine_server("embedded", algorithm=arm.algorithm, num_draft_tokens=arm.num_draft_tokens,
-                               max_total_tokens=pool, extra_args=("--kv-alloc", arm.kv_alloc), progress=False,
-                               log_path=Path(log_dir) / f"server-{arm.name}.log" if log_dir else None)
-        try:
-            progress(f"{arm.name}: starting the embedded server ({arm.config}, {arm.kv_alloc} allocator, "
-                     f"{pool:,} slots)")
-            server.start()
-            client = reach(server.url, "embedded")
-            command = [shown(c) if str(c).startswith("/") else str(c) for c in redacted_command(server.command())]
-            facts.append({"arm": arm.name, "url": server.url, "what": ARM_TEXT.get(arm.name, ""), **server_pool(client),
-                          "layout_source": "server-reported (meta_info.kv_layout)", "engine_config": arm.config,
-                          "started_here": True, "ready_after_s": server.ready_after_s, "command": command})
-            run.update(kv_layout_arms=facts)
-            measure_arm(run, Arm(arm.name, server.url), plan, progress)
-        except Exception as exc:  # noqa: BLE001 - recorded, the next arm still runs
-            run.append_row(TABLE, {"arm": arm.name, "pool_state": None, "context_tokens": None, "repeat": None,
-                                   "ts_unix_s": time.time(), "error": f"{type(exc).__name__}: {exc}"})
-            progress(f"{arm.name}: failed: {exc}")
-        finally:
-            server.stop()
-    return facts
-
-
-def _embedded_url() -> str:
-    from specdiag import localserver  # noqa: PLC0415
-
-    return localserver.ensure_running()
-
-
-def measure(run: Any, arms: Sequence[Arm], plan: LayoutPlan, progress: Callable[[str], None] = print) -> int:
-    """:func:`measure_arm` for every arm, one after another (a failing arm's error is a row, the others go on)."""
-    total = 0
-    for arm in arms:
-        try:
-            total += measure_arm(run, arm, plan, progress)
-        except Exception as exc:  # noqa: BLE001 - recorded, the next arm still runs
-            run.append_row(TABLE, {"arm": arm.name, "pool_state": None, "context_tokens": None, "repeat": None,
-                                   "ts_unix_s": time.time(), "error": f"{type(exc).__name__}: {exc}"})
-            progress(f"{arm.name}: failed: {exc}")
-    return total

@@ -1,8 +1,8 @@
 """Notebook 10's sections, one call each (:class:`specdiag.section.Section`: tables, figures, text): the notebook keeps
 its parameters, these calls and its prose.
 
-:func:`start` checks the parameters (before any server is reached) and opens the run; then :func:`arms` (each arm's
-server and pool), :func:`measure_or_replay`, :func:`layouts` (where each long request lay), :func:`step_times`
+:func:`start` checks the parameters and the arms (before any server is reached) and opens the run; then :func:`arms`
+(each arm's server and pool), :func:`measure_or_replay` (the sweep's driver in this process), :func:`layouts` (where each long request lay), :func:`step_times`
 (fresh against fragmented), :func:`contiguous` (an arm beside its ``_contiguous`` arm), :func:`prediction` (the kernel
 A/B's), :func:`findings` and :func:`metrics`.
 """
@@ -19,7 +19,9 @@ from specdiag.section import Section
 from specdiag.steps.kv_layout import analysis as kla
 from specdiag.steps.kv_layout import measure as klm
 from specdiag.steps.kv_layout import tier0
-from specdiag.steps.kv_layout.filler import FillerPlan
+from specdiag.sweep.arms import ArmsError, running
+from specdiag.sweep.driver import plan, sweep_into
+from specdiag.sweep.settings import SettingsError
 
 NOTEBOOK = "10_kv_layout"
 KERNEL_AB_REFERENCE = "kernel-ab-h200"
@@ -30,10 +32,7 @@ class Page:
     """What 10's sections share: the notebook context, its parameters and what each section found."""
 
     ctx: Any
-    plan: klm.LayoutPlan
-    arm_list: list[klm.Arm] | None
-    started: list[Any]  # embedded arms 10 starts itself (engine_configs), one after another in section 2
-    pool_tokens: int
+    planned: Any  # the sweep to run (specdiag.sweep.driver.Plan), None when replaying or on vLLM
     kernel_ab_dir: str
     on_vllm: bool
     replayed_from: str | None
@@ -47,50 +46,44 @@ class Page:
     pred_source: str = ""
 
 
-def start(server_url: str = "", run_dir: str = "", replay_dir: str = "", engine_configs: str = "", pool_tokens: int = 0,
-          arms: str = "", layout_dirs: str = "",
+def start(server_url: str = "", run_dir: str = "", replay_dir: str = "", arms: str = "", only: Sequence[str] = (),
           context_lengths: Sequence[int] = (2048, 8192), max_new_tokens: int = 48, repeats: int = 3,
           filler_cycles: float = 1.1, filler_concurrency: int = 1, filler_max_minutes: float = 5.0, seed: int = 0,
           kernel_ab_dir: str = "") -> Page:
-    """Check the parameters and parse the arms, then open the run (``nb.start``: reach the first arm's server, or open
-    the recorded run); on vLLM nothing is measured (section 6 says why)."""
+    """Check the parameters and the arms (an arms file and ``only``; without one, ``server_url`` or the embedded
+    server as one running arm) with the kv_layout settings the parameters give, then open the run (``nb.start``:
+    reach ``server_url``, or open the recorded run); on vLLM nothing is measured (section 6 says why)."""
     from specdiag.paths import relative_to_project  # noqa: PLC0415
 
     nb.check(repeats >= 1, f"repeats must be a whole number >= 1; got {repeats!r}")
     nb.check(max_new_tokens >= 2, f"max_new_tokens must be >= 2; got {max_new_tokens!r}")
     nb.check(filler_cycles > 0, f"filler_cycles must be > 0; got {filler_cycles!r}")
-    nb.check(pool_tokens >= 0, f"pool_tokens must be a whole number >= 0; got {pool_tokens!r}")
-    nb.check(not (engine_configs and (arms or replay_dir)),
-             "engine_configs starts arms here; arms names running servers and replay_dir a recorded run: pass one of them")
+    nb.check(not (arms and replay_dir), "arms measures an arms file's servers, replay_dir a recorded run: pass one")
+    nb.check(not only or bool(arms), "only picks arms of an arms file: pass arms too")
     contexts = nb.check_context_lengths("context_lengths", context_lengths)
+    settings = {"contexts": contexts, "max_new_tokens": max_new_tokens, "repeats": repeats, "seed": seed,
+                "filler_cycles": filler_cycles, "filler_concurrency": filler_concurrency,
+                "filler_max_s": 60.0 * float(filler_max_minutes)}
     try:
-        filler_plan = FillerPlan(cycles=float(filler_cycles), concurrency=int(filler_concurrency), seed=int(seed),
-                                 max_seconds=60.0 * float(filler_max_minutes))
-        arm_list = klm.parse_arms(arms, server_url, layout_dirs) if (arms or replay_dir) else None
-        started = klm.parse_engine_configs(engine_configs) if engine_configs else []
-    except ValueError as exc:
+        planned = plan(arms, klm.TABLE, only, settings) if arms else None
+    except (ArmsError, SettingsError, ValueError) as exc:
         raise nb.ParameterError(str(exc)) from None
-    plan = klm.LayoutPlan(contexts=tuple(contexts), max_new_tokens=max_new_tokens, repeats=repeats, seed=int(seed),
-                          filler=filler_plan)
-    first_url = arm_list[0].url if arm_list else server_url
-    ctx = nb.start(NOTEBOOK, server_url="" if started else first_url, run_dir=run_dir, replay_dir=replay_dir,
-                   params=dict(arms=arms, engine_configs=engine_configs, pool_tokens=pool_tokens,
-                               layout_dirs=layout_dirs, context_lengths=contexts, max_new_tokens=max_new_tokens,
+    ctx = nb.start(NOTEBOOK, server_url=server_url, run_dir=run_dir, replay_dir=replay_dir,
+                   params=dict(arms=arms, only=list(only), context_lengths=contexts, max_new_tokens=max_new_tokens,
                                repeats=repeats, filler_cycles=filler_cycles, filler_concurrency=filler_concurrency,
-                               seed=seed, kernel_ab_dir=kernel_ab_dir), needs_server=not started)
+                               seed=seed, kernel_ab_dir=kernel_ab_dir), needs_server=not arms)
     opening = Section()
-    on_vllm = ctx.live and not started and ctx.client.engine == "vllm"
+    on_vllm = ctx.live and not arms and ctx.client.engine == "vllm"
     if on_vllm:
         opening.text(f"{ctx.server_url} is vLLM: its KV lives in blocks of block_size tokens (contiguous inside a "
                      "block) and it shows no request's block table over HTTP, so 10 measures nothing there (section "
                      "6); run it against SGLang or the embedded server")
-        arm_list = []
-    elif ctx.live and not started and arm_list is None:
+    elif ctx.live and not arms:  # the notebook's one server, measured as it runs
         embedded = str((ctx.client.server_info() or {}).get("version", "")).startswith("specdiag-localserver")
-        arm_list = klm.parse_arms("", ctx.server_url, layout_dirs, default_name="embedded" if embedded else "server")
+        planned = plan(running({"embedded" if embedded else "server": ctx.server_url}), klm.TABLE, (), settings)
     replayed_from = relative_to_project(ctx.source.path) if ctx.replaying else None
     opening.text(f"run folder: {ctx.run.path}" + (f"; replaying {replayed_from}" if replayed_from else ""))
-    return Page(ctx, plan, arm_list, started, pool_tokens, kernel_ab_dir, on_vllm, replayed_from, opening)
+    return Page(ctx, planned, kernel_ab_dir, on_vllm, replayed_from, opening)
 
 
 ARM_COLUMNS = {"arm": "arm", "what": "what", "attention_backend": "attention backend", "pool_tokens": "pool (token slots)",
@@ -99,29 +92,17 @@ ARM_COLUMNS = {"arm": "arm", "what": "what", "attention_backend": "attention bac
 
 
 def arms(pg: Page) -> Section:
-    """Section 1: each arm's server, backend, pool, page size, radix cache and layout source (recorded when
-    replaying; live, asked of each server and kept in run.json)."""
+    """Section 1: replaying, each arm's server, backend, pool, page size, radix cache and layout source as recorded;
+    live, the arms as configured (each server reports its pool in section 2, as it is measured)."""
     ctx, s = pg.ctx, Section()
-    if pg.started:
-        return s.text(f"{len(pg.started)} arms started in section 2, one after another: "
-                      + ", ".join(f"{a.name} ({a.config}, {a.kv_alloc} allocator)" for a in pg.started))
     if ctx.replaying:
-        arm_rows = [dict(r) for r in (ctx.source.meta.get("kv_layout_arms") or [])]
-    else:
-        from specdiag.serving import reach  # noqa: PLC0415
-
-        arm_rows = []
-        for arm in pg.arm_list or []:
-            c = ctx.client if arm.url == ctx.server_url else reach(arm.url)
-            facts = klm.server_pool(c)
-            arm_rows.append({"arm": arm.name, "url": c.base_url, "what": klm.ARM_TEXT.get(arm.name, ""), **facts,
-                             "layout_source": ("server-reported (meta_info.kv_layout)" if facts["reports_layout"]
-                                               else f"plugin records in {arm.layout_dir}" if arm.layout_dir else "none")})
-            if facts.get("disable_radix_cache") is False:
-                s.text(f"note: {arm.name} runs with the radix cache on: finished requests keep their slots in the "
-                       "tree, so the filler fragments less; start it with --disable-radix-cache")
-        ctx.run.update(kv_layout_arms=arm_rows)
-    return s.table(arm_rows, ARM_COLUMNS)
+        return s.table([dict(r) for r in (ctx.source.meta.get("kv_layout_arms") or [])], ARM_COLUMNS)
+    if pg.planned is None:
+        return s
+    return s.text(f"{len(pg.planned.arms.arms)} arms, measured in section 2 one after another: "
+                  + "; ".join(f"{a.name} ({a.label}" + ("" if a.running else f", {a.kv_alloc} allocator, a pool of "
+                                                        f"{a.max_total_tokens or 'the server default'} slots") + ")"
+                              for a in pg.planned.arms.arms))
 
 
 def measure_or_replay(pg: Page) -> Section:
@@ -134,11 +115,9 @@ def measure_or_replay(pg: Page) -> Section:
         pg.source = "measured (recorded run)"
         s.text(f"replaying {len(pg.rows)} rows of {pg.replayed_from}; nothing is sent")
     else:
-        if pg.started:  # started, measured and stopped one after another, then tabled as they reported themselves
-            s.table(klm.measure_started(ctx.run, pg.started, pg.plan, pg.pool_tokens,
-                                        log_dir=ctx.run.path / "servers"), ARM_COLUMNS)
-        else:
-            klm.measure(ctx.run, pg.arm_list or [], pg.plan)
+        if pg.planned is not None:  # one arm at a time, each server's pool tabled as it reported it
+            sweep_into(ctx.run, pg.planned)
+            s.table(ctx.run.meta.get("kv_layout_arms") or [], ARM_COLUMNS)
         pg.rows = ctx.run.rows(klm.TABLE)
         pg.source = "not measured (vLLM)" if pg.on_vllm else "measured"
     for line in kla.arm_failures(pg.rows):
