@@ -44,7 +44,7 @@ class PrefillConfig:
 
 
 #: the configuration the plugin runs on sm_90 (H100/H200) and elsewhere, chosen by 06's prefill cases
-DEFAULT_CONFIG = PrefillConfig()
+DEFAULT_CONFIG = PrefillConfig(block_m=128, block_n=128, num_warps=8, num_stages=2)
 
 
 @triton.jit
