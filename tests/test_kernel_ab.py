@@ -152,6 +152,11 @@ def test_06_replays_the_canonical_run_and_shows_its_targets(run_notebook, tmp_pa
     page = out.read_text()
     assert "NVIDIA H200" in page and "4,248 GB/s" in page and "recorded run" in page
     assert "128k, 8 x 8" in page and "% short" in page and ">nan<" not in page.lower()
+    # the prefill cases: the H200 run has none, so the recorded H100 run's, said as such, with its verdict
+    pre = Run.open(REFERENCE_DIR / "sglang-h100-mla61-prefill").rows(analysis.PREFILL_TABLE)
+    ours = next(r for r in pre if r["arm"] == "triton" and r["prefix_tokens"] == 122880)
+    assert "data/reference/sglang-h100-mla61-prefill" in page and "NVIDIA H100" in page
+    assert f"specdiag's prefill kernel reaches {ours['tflops']:,.0f} TFLOP/s" in page
 
 
 def test_the_page_refuses_bad_parameters_before_a_run_opens_then_replays_the_reference(tmp_path) -> None:
