@@ -60,3 +60,16 @@ def test_the_ratios_and_the_kernel_rates_quoted_are_the_rows():
     assert pcheck["passed"] and vcheck["passed"]
     assert f"{pcheck['calls']:,} recorded prefill calls ({pcheck['prefix_chunk_calls']} of them" in text
     assert f"within {pcheck['max_rel_err']:.2e}".replace("e-03", "e-3") + " of the fp32" in text and f"{vcheck['calls']:,} verify calls" in text
+
+
+def test_the_readme_of_the_project_quotes_the_run():
+    cells = _cells()
+    text = " ".join((RUN.parents[2] / "README.md").read_text().split())
+    hy, fi = cells[("fi_hybrid_plugin", "decode", 131072)], cells[("flashinfer", "decode", 131072)]
+    assert (f"a verify step of {statistics.median(hy):.2f} ms against FlashInfer's {statistics.median(fi):.1f} "
+            f"({statistics.median(hy) / statistics.median(fi):.2f}x, range {min(hy) / max(fi):.2f}-"
+            f"{max(hy) / min(fi):.2f} over requests)") in text
+    assert f"({statistics.median(cells[('fi_hybrid_plugin', 'prefill', 131072)]):.2f} s at 128k tokens, a tie)" in text
+    tp, fp = cells[("triton_plugin_prefill", "prefill", 131072)], cells[("flashinfer", "prefill", 131072)]
+    assert (f"the first token at {statistics.median(tp) / statistics.median(fp):.2f}x FlashInfer's there "
+            f"({statistics.median(tp):.2f} s at 128k)") in text
