@@ -151,8 +151,9 @@ def test_the_log_says_which_paths_run():
     assert "IDLE" in idle and "runs on flashinfer" in idle and "--decode-attention-backend triton" in idle
     assert "absorbed form" in backends.describe("triton", "triton", "prefill", True, True, False, False)
     assert "specdiag's kernel" in backends.describe("triton", "triton", "prefill", True, True, True, False)
-    assert backends.describe("triton", "triton", "prefill", False, True, True, True).startswith(
-        "drafter: no speculative verify")
+    assert backends.describe("triton", "triton", "decode", True, True, True, True) == "drafter: attention on triton"
+    assert backends.describe("flashinfer", "triton", "decode", True, True, False, True) == (
+        "drafter: attention on flashinfer (prefill) and triton (decode)")
     assert "verify is off" in backends.describe("triton", "triton", "prefill", True, False, False, False)
 
 

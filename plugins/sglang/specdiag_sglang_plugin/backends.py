@@ -18,7 +18,10 @@ MHA_PREFILL_BACKENDS = ("flashinfer", "fa3", "fa4", "flashmla", "cutlass_mla", "
 def describe(prefill: str, decode: str, verify_mode: str, speculative: bool, verify_on: bool, prefill_mha: bool,
              is_draft: bool) -> str:
     """The log line for one model runner (pure: tests call it with plain values)."""
-    who = "drafter" if is_draft else "target"
+    if is_draft:  # a drafter's own attention (a DFLASH or EAGLE drafter is no MLA model): no plugin path to say
+        same = prefill == decode
+        return f"drafter: attention on {prefill if same else f'{prefill} (prefill) and {decode} (decode)'}"
+    who = "target"
     verify_backend = decode if verify_mode == "decode" else prefill
     if not speculative:
         verify = "no speculative verify"
