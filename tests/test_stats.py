@@ -80,7 +80,7 @@ def test_median_diff_test_exact_mann_whitney() -> None:
 
 def test_compare_requests_verdicts() -> None:
     """Per-request values: 2 in a cell say "not enough requests"; overlapping cells a tie; separated ones a
-    difference with an interval that excludes 1; the interval is seeded (same call, same numbers)."""
+    difference with an interval that excludes 1; the interval draws nothing (same call, same numbers)."""
     few = stats.compare_requests([10.0, 10.2], [12.0, 12.1, 12.2])
     assert few.verdict == "not enough requests" and few.lo is None and (few.n_a, few.n_b) == (2, 3)
     assert few.ratio == pytest.approx(12.1 / 10.1)
@@ -90,8 +90,28 @@ def test_compare_requests_verdicts() -> None:
     assert slower.verdict == "higher" and 1.0 < slower.lo <= slower.ratio <= slower.hi
     assert slower.ratio == pytest.approx(12.1 / 10.1) and slower.interval_text().endswith("x")
     assert stats.compare_requests([12.0, 12.1, 12.2], [10.0, 10.1, 10.2]).verdict == "lower"
-    assert stats.compare_requests([10.0, 10.1, 10.2], [12.0, 12.1, 12.2]) == slower  # seeded
+    assert stats.compare_requests([10.0, 10.1, 10.2], [12.0, 12.1, 12.2]) == slower  # exact: nothing drawn
     assert stats.no_cost_above(tie).startswith("no cost above +") and stats.no_cost_above(few) == ""
+    assert slower.named_interval() == "90% interval 1.18-1.22x" and few.named_interval() == ""
+
+
+def test_the_interval_is_named_for_the_level_it_has() -> None:
+    """3 against 3 requests: the interval is the range of the request ratios, [min B / max A, max B / min A], and its
+    level 90%: of the 20 equally likely ways 6 distinct requests of one configuration fall into two cells of 3, exactly
+    2 (1 in 10) give a verdict other than a tie. More requests reach the aimed 95%."""
+    import itertools
+
+    c = stats.compare_requests([10.0, 11.0, 12.5], [13.0, 14.0, 15.5])
+    assert (c.lo, c.hi) == (pytest.approx(13.0 / 12.5), pytest.approx(15.5 / 10.0)) and c.level == pytest.approx(0.9)
+    values = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    verdicts = [stats.compare_requests([values[i] for i in a], [values[i] for i in range(6) if i not in a]).verdict
+                for a in itertools.combinations(range(6), 3)]
+    assert len(verdicts) == 20 and sum(v != "tie" for v in verdicts) == 2
+    assert stats.ratio_interval([1.0] * 3, [1.0] * 4)[2] == pytest.approx(1 - 2 / 35)  # 3 against 4: 94.3%
+    lo, hi, level = stats.ratio_interval([1.0, 2.0, 3.0, 4.0, 5.0], [6.0, 7.0, 8.0, 9.0, 10.0])
+    assert level == pytest.approx(1 - 2 * 4 / 252) and (lo, hi) == (6 / 4, 8 / 1)  # the 3rd smallest and largest of 25
+    assert stats.level_text(0.9) == "90%" and stats.level_text(0.9683) == "96%"  # rounded down, never up
+    assert stats.ratio_interval(list(range(1, 51)), list(range(2, 52)))[2] >= 0.95  # the normal approximation
 
 
 def test_against_target_reads_the_interval() -> None:

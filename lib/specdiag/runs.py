@@ -74,11 +74,26 @@ def _git_commit() -> str | None:
         return None
 
 
+def machine_id() -> str:
+    """This machine as one boot of one host: 12 hex digits of a hash of the host name and the kernel's boot id
+    (``/proc/sys/kernel/random/boot_id``; the host name alone where there is none). Two calls on one warm lent machine
+    share it; a fresh machine (lent machines all call themselves ``vm``) gets another. Reveals neither."""
+    import hashlib  # noqa: PLC0415
+
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = ""
+    return hashlib.sha256(f"{socket.gethostname()}\n{boot}".encode()).hexdigest()[:12]
+
+
 def provenance() -> dict[str, Any]:
-    """Where and with what this run was made: host, Python, specdiag version and git commit, time."""
+    """Where and with what this run was made: host, machine (:func:`machine_id`), Python, specdiag version and git
+    commit, time."""
     return {
         "created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "host": socket.gethostname(),
+        "machine": machine_id(),
         "platform": platform.platform(),
         "python": sys.version.split()[0],
         "specdiag_version": __version__,
@@ -238,7 +253,10 @@ def merge_runs(dest: str | os.PathLike[str], sources: Iterable[str | os.PathLike
                ) -> tuple[Run, list[tuple[int, Run]]]:
     """Join the run folders of several parts of one sweep into ``dest`` (new, or an earlier merge to extend).
 
-    Each source's rows of ``tables`` are appended with ``part`` = its number (counting on from ``dest``'s last part);
+    Each source's rows of ``tables`` are appended with ``part`` = its number (counting on from ``dest``'s last part)
+    and, where the source's provenance names its machine (:func:`machine_id`), ``machine`` (a row that names its own
+    keeps it): which server and machine a row came from is what a comparison across parts needs
+    (:mod:`specdiag.spread`);
     each run.json list under ``list_keys`` is joined, its items tagged with their part; a key of ``first_keys`` keeps
     the first value any run has; ``merged_from`` lists the sources. With ``gzip_files``, each source's ``files/`` is
     copied gzipped (the same bytes; a ``.gz`` is copied as it is). With ``keep_row``, only the rows and list items it
@@ -254,10 +272,12 @@ def merge_runs(dest: str | os.PathLike[str], sources: Iterable[str | os.PathLike
     for part, src in enumerate(sources, start=first):
         run = Run.open(src)
         parts.append((part, run))
+        machine = (run.meta.get("provenance") or {}).get("machine")
+        stamp = {"part": part, **({"machine": machine} if machine else {})}
         for table in tables:
             for row in run.rows(table):
                 if keep_row is None or keep_row(row):
-                    out.append_row(table, {**row, "part": part})
+                    out.append_row(table, {**row, **{k: v for k, v in stamp.items() if k == "part" or not row.get(k)}})
         for k in list_keys:
             lists[k] += [{**item, "part": part} for item in run.meta.get(k) or [] if keep_row is None or keep_row(item)]
         for k in first_keys:

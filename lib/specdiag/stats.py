@@ -9,12 +9,19 @@ timings, step-time slopes), so a p90 or a slope means the same thing on every pa
 - :func:`median_diff_test`: the difference of two samples' medians (B - A) with exact one-sided Mann-Whitney
   p-values, so "B is slower than A" is said only where the ranks show it.
 - :func:`compare_requests`: two cells of per-request values (a request's value is its own median over its steps;
-  steps of one request are never independent samples), the ratio of their medians B / A with a seeded percentile
-  bootstrap interval over requests (each cell resampled on its own), and its verdict: "higher" (the interval above
-  1), "lower" (below 1), "tie" (it holds 1), or "not enough requests" (fewer than :data:`MIN_REQUESTS` in a cell).
-  A "no cost" reads its upper end: "no cost above (hi - 1)".
+  steps of one request are never independent samples), the ratio of their medians B / A with the distribution-free
+  interval of the ratio over requests (:func:`ratio_interval`: the Mann-Whitney test inverted on log values, exact,
+  no resampling), and its verdict: "higher" (the interval above 1), "lower" (below 1), "tie" (it holds 1), or "not
+  enough requests" (fewer than :data:`MIN_REQUESTS` in a cell). The interval's **level is the one it has**
+  (``RequestComparison.level``), never a nominal one: it aims at :data:`LEVEL` and reaches it from 3 against 5
+  requests; 3 against 3 cannot, and there the interval is the range of the 9 request ratios, [min B / max A,
+  max B / min A], at 90% (under no difference, a verdict other than "tie" comes 1 time in 10). A "no cost" reads its
+  upper end: "no cost above (hi - 1)".
 - :func:`against_target`: the same interval read against a target multiple (growth within 1.5x): "within" only where
   its upper end is at or below the target, "beyond" where its lower end is above it, else "spans".
+
+Where requests come from several servers or machines, :mod:`specdiag.spread` adds the spread between servers to this
+comparison.
 """
 
 from __future__ import annotations
@@ -22,13 +29,12 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Sequence
 
-import numpy as np
 
 MIN_REQUESTS = 3        #: requests per cell before a comparison states a verdict
-BOOT_RESAMPLES = 2000   #: bootstrap resamples of each cell
-LEVEL = 0.95            #: the interval's coverage
+LEVEL = 0.95            #: the level an interval aims at; ``RequestComparison.level`` is the one it has
 NOT_ENOUGH = "not enough requests"
 
 
@@ -102,6 +108,7 @@ class MedianDiff:
         return "higher" if self.p_higher < self.alpha else "lower" if self.p_lower < self.alpha else "indistinguishable"
 
 
+@lru_cache(maxsize=256)
 def _u_counts(m: int, n: int) -> list[int]:
     """How many of the C(m+n, m) orderings of m A's and n B's give each Mann-Whitney U (pairs with B above A)."""
     # f[i][j][u]: orderings of i A's and j B's with U = u; the largest value is an A (adds nothing) or a B (adds i)
@@ -139,7 +146,7 @@ def median_diff_test(a: Sequence[float], b: Sequence[float], alpha: float = 0.05
 
 @dataclass(frozen=True)
 class RequestComparison:
-    """Cell B against cell A over requests: medians, their ratio B / A, its bootstrap interval and the verdict."""
+    """Cell B against cell A over requests: medians, their ratio B / A, its interval and the verdict."""
 
     n_a: int                    #: requests in cell A
     n_b: int
@@ -149,7 +156,10 @@ class RequestComparison:
     lo: float | None            #: the interval's lower end (None: not enough requests)
     hi: float | None
     verdict: str                #: "higher", "lower", "tie" or "not enough requests"
-    level: float = LEVEL
+    level: float | None = None  #: the interval's level, exact (:func:`ratio_interval`); None without an interval
+    rule: str = ""              #: how servers entered the verdict (:mod:`specdiag.spread`); "" for one machine
+    request_verdict: str = ""   #: the verdict from the requests alone, before the spread between servers
+    spread_x: float | None = None  #: the spread between servers the verdict had to clear (None: one machine)
 
     @property
     def enough(self) -> bool:
@@ -159,9 +169,22 @@ class RequestComparison:
         """'1.02-1.10x' (or '' without an interval)."""
         return f"{self.lo:.3g}-{self.hi:.3g}x" if self.lo is not None and self.hi is not None else ""
 
+    def level_text(self) -> str:
+        """The interval's level as a page writes it, rounded down: '90%', '96%' ('' without an interval)."""
+        return level_text(self.level) if self.level is not None else ""
+
+    def named_interval(self) -> str:
+        """'90% interval 1.02-1.10x' (or '' without an interval)."""
+        return f"{self.level_text()} interval {self.interval_text()}" if self.interval_text() else ""
+
     def counts_text(self) -> str:
         """'3 / 3 requests'."""
         return f"{self.n_a} / {self.n_b} requests"
+
+
+def level_text(level: float) -> str:
+    """A level rounded down to a whole percent, so it never claims more: 0.9 -> '90%', 0.968 -> '96%'."""
+    return f"{math.floor(100 * level + 1e-9):.0f}%"
 
 
 def ratio_verdict(lo: float, hi: float) -> str:
@@ -169,28 +192,56 @@ def ratio_verdict(lo: float, hi: float) -> str:
     return "higher" if lo > 1.0 else "lower" if hi < 1.0 else "tie"
 
 
+def _tail_count(m: int, n: int, alpha: float) -> tuple[int, float]:
+    """The largest k >= 1 with P(U <= k - 1) <= alpha / 2 under no difference, and the level 1 - 2 P(U <= k - 1) it
+    gives (k = 1 and its level where even that exceeds alpha / 2: too few requests for the aimed level). Exact up to
+    1,600 request pairs, else the normal approximation of U (mean m n / 2, variance m n (m + n + 1) / 12)."""
+    if m * n <= 1600:
+        counts = _u_counts(m, n)
+        total = float(sum(counts))
+        cum, k = 0.0, 0
+        while k < len(counts) and (cum + counts[k]) / total <= alpha / 2.0:
+            cum += counts[k]
+            k += 1
+        if k == 0:
+            return 1, 1.0 - 2.0 * counts[0] / total
+        return k, 1.0 - 2.0 * cum / total
+    from statistics import NormalDist  # noqa: PLC0415
+
+    z = NormalDist().inv_cdf(1.0 - alpha / 2.0)
+    k = max(1, int(math.floor(m * n / 2.0 - z * math.sqrt(m * n * (m + n + 1) / 12.0))))
+    return k, 1.0 - 2.0 * NormalDist().cdf((k - 1 + 0.5 - m * n / 2.0) / math.sqrt(m * n * (m + n + 1) / 12.0))
+
+
+def ratio_interval(a: Sequence[float], b: Sequence[float], level: float = LEVEL) -> tuple[float, float, float]:
+    """(lo, hi, level it has) of the ratio B / A from positive per-request values: the k-th smallest and k-th largest
+    of the m x n ratios b_j / a_i, k the largest count the exact Mann-Whitney distribution allows at ``level``
+    (Moses' distribution-free interval of a shift, here on log values: a scale). Under no difference between the
+    cells it excludes 1 with probability exactly 1 - level (ties aside). With too few requests for ``level`` (3
+    against 3: at most 90%; 3 against 4: 94.3%) k is 1, the interval is the range of the ratios, and the level
+    returned is the one that range has."""
+    k, got = _tail_count(len(a), len(b), 1.0 - level)
+    ratios = sorted(y / x for x in a for y in b)
+    return ratios[k - 1], ratios[len(ratios) - k], got
+
+
 def compare_requests(a: Sequence[float], b: Sequence[float], seed: int = 0,
                      min_requests: int = MIN_REQUESTS) -> RequestComparison:
-    """B against A over per-request values (module doc): the ratio of the medians with a percentile bootstrap
-    interval (:data:`BOOT_RESAMPLES` resamples of each cell independently, numpy's default_rng(seed), :data:`LEVEL`);
-    fewer than ``min_requests`` values in either cell, or a zero median in A: "not enough requests", no interval."""
+    """B against A over per-request values (module doc): the ratio of the medians with :func:`ratio_interval`'s
+    interval and its level; fewer than ``min_requests`` positive values in either cell, or a zero median in A:
+    "not enough requests", no interval. ``seed`` is kept for callers and unused: the interval draws nothing."""
+    del seed
     fa = [float(x) for x in a if x is not None and math.isfinite(float(x))]
     fb = [float(x) for x in b if x is not None and math.isfinite(float(x))]
     med_a = statistics.median(fa) if fa else None
     med_b = statistics.median(fb) if fb else None
     ratio = med_b / med_a if med_a and med_b is not None else None
-    if len(fa) < min_requests or len(fb) < min_requests or not med_a:
+    pa, pb = [x for x in fa if x > 0], [x for x in fb if x > 0]
+    if len(pa) < min_requests or len(pb) < min_requests or not med_a or len(pa) < len(fa) or len(pb) < len(fb):
         return RequestComparison(len(fa), len(fb), med_a, med_b, ratio, None, None, NOT_ENOUGH)
-    rng = np.random.default_rng(seed)
-    xa, xb = np.asarray(fa), np.asarray(fb)
-    rb = np.median(xb[rng.integers(0, len(xb), (BOOT_RESAMPLES, len(xb)))], axis=1)  # B's resamples first
-    ra = np.median(xa[rng.integers(0, len(xa), (BOOT_RESAMPLES, len(xa)))], axis=1)
-    tail = (1.0 - LEVEL) / 2.0
-    with np.errstate(divide="ignore", invalid="ignore"):
-        boot = rb / ra
-    boot = boot[np.isfinite(boot)]
-    lo, hi = (float(x) for x in np.quantile(boot, [tail, 1.0 - tail]))
-    return RequestComparison(len(fa), len(fb), med_a, med_b, ratio, lo, hi, ratio_verdict(lo, hi))
+    lo, hi, level = ratio_interval(pa, pb)
+    verdict = ratio_verdict(lo, hi)
+    return RequestComparison(len(fa), len(fb), med_a, med_b, ratio, lo, hi, verdict, level, "", verdict)
 
 
 def no_cost_above(c: RequestComparison) -> str:
