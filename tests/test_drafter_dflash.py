@@ -62,7 +62,7 @@ def test_arm_table_and_the_window_verdicts() -> None:
     applied, none = found["drafter.window_applied"], found["drafter.no_window"]
     assert applied.severity == "ok" and applied.numbers["growth_x"] == pytest.approx(1.1)
     assert applied.numbers["growth_hi"] <= 1.5 and applied.numbers["reading"] == "flat"
-    assert "window is applied and the draft cost is flat" in applied.verdict and "95% interval" in applied.verdict
+    assert "window is applied and the draft cost is flat" in applied.verdict and "90% interval" in applied.verdict
     assert none.severity == "warning" and none.numbers["growth_x"] == pytest.approx(3.0)
     assert none.numbers["no_window_over_window_x"] == pytest.approx(9.0 / 3.3)
     assert none.numbers["no_window_over_window_verdict"] == "higher"

@@ -145,9 +145,17 @@ def test_targets_met_missed_and_not_measurable() -> None:
     assert tt.loc["plugin_vs_triton_128k", "value"] == pytest.approx(1657 / 9.72)
     assert tt.loc["best_decode_128k_vs_1k", "status"] == "not measurable"
     assert "no decode at 128k for flashinfer" in tt.loc["best_decode_128k_vs_1k", "why"]
-    assert tt.loc["best_ttft_64k_vs_triton", "status"] == "met"
+    # one prefill a side: the value, no interval, not counted as met
+    assert tt.loc["best_ttft_64k_vs_triton", "status"] == "no interval"
     assert tt.loc["best_ttft_64k_vs_triton", "arm"] == "flashinfer"
     assert tt.loc["best_ttft_64k_vs_triton", "value"] == pytest.approx(36.7 / 1.84)
+    assert "not enough prefills" in tt.loc["best_ttft_64k_vs_triton", "why"]
+    # three prefills a side (repeats 0, 1, 2 of fresh prompts): judged on its interval
+    more = rows + [row(a, "prefill", K64, 700 + 10 * i + (5 if a == "triton" else 0), 1.0, repeat=i, ttft_s=t)
+                   for i in (1, 2) for a, t in (("triton", 36.6 + 0.1 * i), ("flashinfer", 1.8 + 0.02 * i))]
+    _, dec_m, pre_m = tables(more)
+    t3 = analysis.targets(dec_m, pre_m, arms, 61).set_index("target_id").loc["best_ttft_64k_vs_triton"]
+    assert t3["status"] == "met" and t3["lo"] >= 10 and t3["rule"] == "one machine"
     # two arms only: the best at 128k is the plugin, 6.75 / 9.72 = 0.69 of its 1k decode: met
     two = analysis.targets(dec[dec["arm"] != "flashinfer"], pre, ["triton", "triton_plugin"], 61).set_index("target_id")
     assert two.loc["best_decode_128k_vs_1k", "status"] == "met"
@@ -204,30 +212,45 @@ def test_findings_carry_each_collapse_and_its_measured_fix() -> None:
     assert m["ttft_own"]["triton"][str(K64)] is True
 
 
-def test_the_tradeoff_weighs_a_faster_decode_against_a_slower_prefill() -> None:
-    """The arm with the fastest verify step against the arm with the shortest TTFT at the longest context both have:
-    the extra prefill over the ms saved per step is the break-even, in verify steps, and 07's fix paragraph says it."""
-    rows = [row("fi", "prefill", K1, 0, 0.1, ttft_s=0.1), row("fi", "prefill", K128, 10, 5.0, ttft_s=5.0),
-            row("hybrid", "prefill", K1, 100, 0.1, ttft_s=0.1), row("hybrid", "prefill", K128, 110, 16.0, ttft_s=16.0)]
-    rows += decode_rows("fi", {K1: [6.0, 6.1], K128: [13.5, 13.4, 13.6]}, 50)
-    rows += decode_rows("hybrid", {K1: [6.8, 6.7], K128: [8.9, 9.0, 8.8]}, 150)
-    _, dec, pre = tables(rows)
-    f = verdicts.tradeoff(dec, pre)
-    n = f.numbers
-    assert (n["fast_decode_arm"], n["fast_prefill_arm"], n["context_tokens"]) == ("hybrid", "fi", K128)
-    assert n["break_even_steps"] == pytest.approx((16.0 - 5.0) * 1000 / (13.5 - 8.9))
-    assert "prefills 3.2x slower" in f.title
+def test_the_answer_weighs_the_first_token_against_decode_by_output_length() -> None:
+    """One arm prefills sooner, the other decodes faster: run the first below the output length where the two finish
+    together, the second above; with 3 prefills a side that length has a range over the requests, with one 'not
+    enough prefills'; one arm ahead in both phases is 'run X'; 07's diagnosis says what 09 says."""
     from dataclasses import asdict
 
+    from specdiag.steps.engine_ab import answer
     from specdiag.steps.findings.diagnosis import diagnose
 
-    d = diagnose([{**asdict(x), "notebook": "09_engine_ab"} for x in [f]])
-    assert "pays back after 2,391 verify steps" in d.fix
-    # one arm fastest in both phases: no trade to weigh
-    same = [dict(r, ttft_s=1.0) if r["arm"] == "hybrid" and r["phase"] == "prefill" else r for r in rows]
-    _, dec2, pre2 = tables(same)
-    assert verdicts.tradeoff(dec2, pre2).title == "hybrid is fastest in both phases at 128k tokens"
-    assert verdicts.break_even_steps(3.0, 0.0) == float("inf")
+    rows = [row("fi", "prefill", K1, 0, 0.1, ttft_s=0.1), row("hybrid", "prefill", K1, 100, 0.1, ttft_s=0.1)]
+    rows += [row("fi", "prefill", K128, 10 + i, 0.5, repeat=i, ttft_s=5.0 + 0.1 * i) for i in range(3)]
+    rows += [row("hybrid", "prefill", K128, 110 + 20 * i, 16.0, repeat=i, ttft_s=16.0 + 0.1 * i) for i in range(3)]
+    rows += [dict(r, commit_length=3.0, decode_tok_s=3000.0 / r["step_ms"]) for r in
+             decode_rows("fi", {K1: [6.0, 6.1, 6.2], K128: [13.5, 13.4, 13.6]}, 50)
+             + decode_rows("hybrid", {K1: [6.8, 6.7, 6.9], K128: [8.9, 9.0, 8.8]}, 200)]
+    df, dec, pre = tables(rows)
+    (a,) = answer.answers(df, dec, pre, {})  # 1k: each arm's first request is its server's first: not its own TTFT
+    assert (a.kind, a.first, a.decode, a.context_tokens) == ("split", "fi", "hybrid", K128)
+    r_fi, r_hy = 3000 / 13.5, 3000 / 8.9
+    assert a.tokens == pytest.approx((16.1 - 5.1) / (1 / r_fi - 1 / r_hy))
+    lo, hi = a.tokens_range
+    assert lo < a.tokens < hi and a.ttft_verdict == "higher" and a.rate_verdict == "higher"
+    f = answer.answer_finding([a])
+    assert f.title == (f"At 128k, run fi for outputs under about {a.tokens:,.0f} tokens (range {lo:,.0f}-{hi:,.0f} over "
+                       "the requests), hybrid above")
+    d = diagnose([{**asdict(f), "notebook": "09_engine_ab"}])
+    assert f.title in d.recommend and "What to run" in d.recommend
+    # one prefill a side: the length has no range, and the page says why
+    one = [r for r in rows if not (r["phase"] == "prefill" and r["repeat"] > 0)]
+    (b,) = answer.answers(*tables(one), {})
+    assert b.tokens_range is None and "not enough prefills (1 / 1" in b.text
+    # one arm first in both phases: run it
+    same = [dict(r, ttft_s=1.0) if r["arm"] == "hybrid" and r["phase"] == "prefill" and r["context_tokens"] == K128
+            else r for r in rows]
+    (c,) = answer.answers(*tables(same), {})
+    assert (c.kind, c.first) == ("one", "hybrid") and answer.headline([c]) == "Run hybrid at 128k"
+    # acceptance forced: said beside every number computed from it
+    forced = answer.answers(df, dec, pre, {"hybrid": {"env": {"SGLANG_SIMULATE_ACC_LEN": "4"}}})
+    assert "acceptance forced" in forced[0].text and answer.headline(forced).endswith("(acceptance forced)")
 
 
 def test_the_61_layer_reference_run_is_read_as_measured() -> None:
@@ -295,49 +318,66 @@ def test_an_arm_with_forced_acceptance_says_its_commits_are_the_simulations() ->
     assert forced_acceptance({"env": {"SGLANG_SIMULATE_ACC_LEN": "-1"}}) is None  # SGLang's default: off
 
 
-def test_single_request_ttfts_inside_the_noise_are_a_tie_not_a_fix_or_a_trade() -> None:
+def test_single_request_ttfts_inside_the_noise_are_a_tie_not_a_fix() -> None:
     """The DFLASH run's 64k TTFTs (36.76 s plugin, 36.74 s stock, one request each) were read as a prefill 'fix' of
-    0.999x and a trade 'paid back after 0.03 verify steps': within 5% of each other they are a tie."""
+    0.999x: within 5% of each other they are a tie, and the answer breaks it by decode."""
     import pandas as pd
+
+    from specdiag.spread import Sample
+    from specdiag.steps.engine_ab import answer
 
     pre = pd.DataFrame([{"arm": "triton", "context_tokens": 65536, "ttft_s": 36.74, "own": True},
                         {"arm": "triton_plugin", "context_tokens": 65536, "ttft_s": 36.76, "own": True}])
-    dec = pd.DataFrame([{"arm": "triton", "context_tokens": 65536, "step_ms": 633.4, "commit_first": 3.5},
-                        {"arm": "triton_plugin", "context_tokens": 65536, "step_ms": 6.54, "commit_first": 3.75}])
     fix = verdicts.prefill_fix(pre, {}, "triton")
     assert fix.numbers["tie"] and "fix" not in fix.numbers and "a tie" in fix.title
-    trade = verdicts.tradeoff(dec, pre)
-    assert "ties" in trade.title and "break_even_steps" not in trade.numbers
-    slower = pre.assign(ttft_s=[36.74, 44.0])  # 20% apart: a real trade
-    assert verdicts.tradeoff(dec, slower).numbers["break_even_steps"] > 0
+    stock = answer.Phases("triton", [Sample(36.74)], [Sample(x) for x in (5.5, 5.6, 5.4)], "measured")
+    plug = answer.Phases("triton_plugin", [Sample(36.76)], [Sample(x) for x in (530.0, 540.0, 520.0)], "measured")
+    a = answer.answer_at(65536, [stock, plug])
+    assert (a.kind, a.first) == ("one", "triton_plugin") and "not enough prefills" in a.ttft_text
 
 
-def test_break_even_carries_the_range_of_its_requests() -> None:
-    """Extra prefill over saved step time, taken at the requests' extremes: 10 s extra (9-11) over 5 ms saved per
-    step (4-6 ms) is 2,000 steps, 1,500-2,750 over the spread; a pair of requests that saves nothing makes it 'never'."""
-    low, high = verdicts.break_even_range([20.0, 21.0], [10.0, 11.0], [10.0, 11.0], [5.0, 6.0])
-    assert (low, high) == (9.0 * 1000 / 6.0, 11.0 * 1000 / 4.0)
-    assert verdicts.break_even_range([20.0], [10.0], [10.0, 11.0], [9.0, 12.0])[1] == float("inf")
+def test_the_answers_output_length_has_the_range_of_its_requests() -> None:
+    """Extra TTFT over the time saved per token, at the requests' extremes; a pair that saves nothing: never."""
+    from specdiag.spread import Sample
+    from specdiag.steps.engine_ab import answer
+
+    first = answer.Phases("fi", [Sample(x) for x in (10.0, 11.0)], [Sample(x) for x in (100.0, 125.0)], "measured")
+    fast = answer.Phases("hy", [Sample(x) for x in (20.0, 21.0)], [Sample(x) for x in (200.0, 250.0)], "measured")
+    lo, hi = answer.tokens_range(first, fast)
+    assert lo == pytest.approx(9.0 / (1 / 100 - 1 / 250)) and hi == pytest.approx(11.0 / (1 / 125 - 1 / 200))
+    slow = answer.Phases("hy", fast.ttft, [Sample(x) for x in (110.0, 250.0)], "measured")
+    assert answer.tokens_range(first, slow)[1] == float("inf")
 
 
 def test_the_scorecard_judges_every_arm_on_every_target_by_its_interval() -> None:
-    """The DFLASH run at 61 layers: the plugin clears 100x over stock at 128k by its interval's lower end, FlashInfer
-    misses 0.60 on 1k/128k, no arm meets all three; a value whose interval holds the target is inside the noise."""
+    """The DFLASH run at 61 layers: the plugin clears 100x over stock at 128k by its interval's lower end even with
+    the spread between the two servers' machines counted; FlashInfer misses 0.60 on 1k/128k; one prefill a side is no
+    interval, so no arm meets all three; a value whose interval holds the target is inside the noise. The targets read
+    the same card (one judge)."""
     from specdiag.paths import REFERENCE_DIR
     from specdiag.runs import Run
+    from specdiag.stats import compare_requests
 
     run = Run.open(REFERENCE_DIR / "sglang-h200-mla61-dflash")
     df = analysis.frame(run.rows("engine_ab"))
-    card = analysis.scorecard(analysis.decode_table(df), analysis.prefill_table(df),
-                              ["triton_plugin", "triton", "flashinfer"]).set_index("arm")
+    dec, pre = analysis.decode_table(df), analysis.prefill_table(df)
+    card = analysis.scorecard(dec, pre, ["triton_plugin", "triton", "flashinfer"]).set_index("arm")
     plug = card.loc["triton_plugin"]
-    assert plug["speedup_status"] == "met" and plug["speedup_lo"] >= 100 and plug["speedup_lo"] <= plug["speedup_128k_x"]
+    spread = analysis.step_spreads(dec)[K128].x
+    assert plug["speedup_status"] == "met" and plug["speedup_lo"] / spread >= 100
+    assert plug["speedup_rule"].startswith("several machines")
     assert card.loc["flashinfer", "keep_status"] == "missed" and card.loc["flashinfer", "keep_hi"] < 0.60
-    assert card.loc["triton", "ttft_status"].startswith("missed (one prefill each)")
+    assert card.loc["flashinfer", "keep_rule"] == "one machine"  # its 1k and 128k both on part 4's machine
+    assert card.loc["triton", "ttft_status"].startswith("no interval (1 / 1 prefills: not enough prefills)")
     assert not card["all_met"].any()
-    assert analysis._judge(0.62, 0.55, 0.70, 0.60, "") == "inside the noise"
-    assert analysis._judge(0.62, None, None, 0.60, "1 / 1 requests: no interval") == "met (1 / 1 requests: no interval)"
-    assert analysis._judge(None, None, None, 0.60, "") == "not measured"
+    tt = analysis.targets(dec, pre, ["triton", "triton_plugin", "flashinfer"], 61, card=card.reset_index())
+    assert set(tt["status"]) <= set(analysis.STATUSES)
+    assert tt.set_index("target_id").loc["plugin_vs_triton_128k", "status"] == plug["speedup_status"]
+    noisy = compare_requests([10.0, 11.0, 12.0], [6.5, 7.0, 7.5])  # 0.58-0.75: holds 0.60
+    assert analysis._judge(noisy, 0.60, "") == "inside the noise"
+    few = compare_requests([10.0], [6.2])
+    assert analysis._judge(few, 0.60, "1 / 1 requests") == "no interval (1 / 1 requests)"
+    assert analysis._judge(None, 0.60, "") == "not measured"
 
 
 def test_the_best_arm_at_128k_leaves_out_check_arms_and_drafter_variants() -> None:
@@ -372,41 +412,61 @@ def test_the_band_pick_consults_the_requests() -> None:
     """Each band's fastest arm is set against its runner-up over requests at every context of the band: clearly apart,
     "faster at every context"; overlapping, a tie said as one (and the finding's title says tie); two requests, not
     enough to pick."""
-    _, dec, pre = tables(h200_61_layer_run())
+    rows = h200_61_layer_run()
+    _, dec, pre = tables(rows)
     bands = analysis.band_verdicts(dec, pre, ARMS_META, [8192, 65536]).set_index("band")
-    assert bands.loc["8k to 64k", "against_runner_up"].startswith("faster at every context over requests: 64k 1.34x")
-    assert "interval 1.31-1.35x, 3 / 3 requests" in bands.loc["8k to 64k", "verdict"]
-    near = dec.copy()
-    at = (near["arm"] == "triton_plugin") & (near["context_tokens"] == K1)
-    near.loc[at, "step_ms_samples"] = pd.Series([[6.4, 6.9, 6.6]], index=near[at].index)
-    short = analysis.band_verdicts(near, pre, ARMS_META, [8192, 65536]).iloc[0]
+    assert bands.loc["8k to 64k", "against_runner_up"].startswith("faster at every context: 64k 1.34x")
+    assert "90% interval 1.31-1.35x, 3 / 3 requests; one machine" in bands.loc["8k to 64k", "verdict"]
+    near = [dict(r, step_ms=v) if r["arm"] == "triton_plugin" and r["context_tokens"] == K1
+            and r["phase"] == "decode" else r for r, v in zip(rows, [6.4, 6.9, 6.6] * len(rows))]
+    near = [r if r["arm"] != "triton_plugin" or r["context_tokens"] != K1 or r["phase"] != "decode" else
+            dict(r, step_ms={0: 6.4, 1: 6.9, 2: 6.6}[r["repeat"]]) for r in rows]
+    _, dec_n, pre_n = tables(near)
+    short = analysis.band_verdicts(dec_n, pre_n, ARMS_META, [8192, 65536]).iloc[0]
     assert short["against_runner_up"].startswith("tie inside the requests' noise")
     assert short["verdict"].startswith("flashinfer and triton_plugin tie")
-    f = verdicts.verdict_finding(analysis.band_verdicts(near, pre, ARMS_META, [8192]))
-    assert f is not None and "tie" not in f.title  # the longest band (above 8k) has a clear winner
-    f = verdicts.verdict_finding(analysis.band_verdicts(near[near["context_tokens"] == K1], pre, ARMS_META, [8192]))
-    assert f is not None and f.title == "At the longest band, flashinfer and triton_plugin tie"
-    few = dec.copy()
-    at = (few["arm"] == "flashinfer") & (few["context_tokens"] == K64)
-    few.loc[at, "step_ms_samples"] = pd.Series([[11.4, 11.5]], index=few[at].index)
-    mid = analysis.band_verdicts(few, pre, ARMS_META, [8192, 65536]).set_index("band").loc["8k to 64k"]
+    f = verdicts.verdict_finding(analysis.band_verdicts(dec_n, pre_n, ARMS_META, [8192]))
+    assert f is not None and f.title == "At the longest band, triton_plugin verifies fastest"
+    one_k = dec_n[dec_n["context_tokens"] == K1]
+    f = verdicts.verdict_finding(analysis.band_verdicts(one_k, pre_n, ARMS_META, [8192]))
+    assert f is not None and f.title == "At the longest band, flashinfer and triton_plugin verify alike (a tie)"
+    few = [r for r in rows if not (r["arm"] == "flashinfer" and r["context_tokens"] == K64 and r["repeat"] == 2)]
+    mid = analysis.band_verdicts(*tables(few)[1:], ARMS_META, [8192, 65536]).set_index("band").loc["8k to 64k"]
     assert mid["against_runner_up"].startswith("not enough requests")
 
 
+def _decode(arm: str, part: int, ms: list[float], ctx: int = K1) -> list[dict]:
+    return [{"arm": arm, "phase": "decode", "context_tokens": ctx, "repeat": i, "part": part, "step_ms": v,
+             "decode_tok_s": 700.0, "commit_length": 3.5, "cached_tokens": 1000} for i, v in enumerate(ms)]
+
+
 def test_requests_of_several_servers_keep_their_spread() -> None:
-    """A merged run's arm pooled over servers (parts): another arm's median inside the range of those servers' medians
-    is a tie inside the spread between servers, even where the pooled requests' interval clears 1."""
+    """A merged run: arm a on four servers (parts 1-4, 5.0-6.2 ms), arm b on a fifth. Their requests' interval clears
+    1, but not the spread between a's servers: a tie inside that spread. Where both arms have 3 requests on one
+    machine, those are compared and the spread is not needed. Apart by more than the spread: faster."""
     rows = []
-    for part, ms in ((1, [4.45, 4.5, 4.4]), (2, [6.0, 6.1, 5.9]), (3, [6.2, 6.1, 6.3]), (4, [5.9, 6.0, 6.05])):
-        rows += [{"arm": "a", "phase": "decode", "context_tokens": K1, "repeat": i, "part": part, "step_ms": v,
-                  "decode_tok_s": 700.0, "commit_length": 3.5, "cached_tokens": 1000} for i, v in enumerate(ms)]
-    rows += [{"arm": "b", "phase": "decode", "context_tokens": K1, "repeat": i, "part": 5, "step_ms": v,
-              "decode_tok_s": 700.0, "commit_length": 3.5, "cached_tokens": 1000} for i, v in enumerate([4.6, 4.62, 4.58])]
-    dec = analysis.decode_table(pd.DataFrame(rows).assign(error=None, overlapped_by=[[]] * len(rows)))
-    assert dec.set_index("arm").loc["a", "server_step_ms"] == {"1": 4.45, "2": 6.0, "3": 6.2, "4": 6.0}
+    for part, ms in ((1, [5.0, 5.05, 4.95]), (2, [6.0, 6.1, 5.9]), (3, [6.2, 6.1, 6.3]), (4, [5.9, 6.0, 6.05])):
+        rows += _decode("a", part, ms)
+    rows += _decode("b", 5, [4.6, 4.62, 4.58])
+
+    def dec_of(rs: list[dict]) -> pd.DataFrame:
+        return analysis.decode_table(pd.DataFrame(rs).assign(error=None, overlapped_by=[[]] * len(rs)))
+
+    dec = dec_of(rows)
+    assert dec.set_index("arm").loc["a", "server_step_ms"] == {"1": 5.0, "2": 6.0, "3": 6.2, "4": 6.0}
+    spread = analysis.step_spreads(dec)[K1]
+    assert spread.x == pytest.approx(6.2 / 5.0) and "a at 1k: 4 servers 5-6.2 ms" in spread.where
     band = analysis.band_verdicts(dec, pd.DataFrame(), {}, [8192]).iloc[0]
     assert band["fastest"] == "b" and band["against_runner_up"].startswith("tie inside the spread between servers")
-    assert "a's 4 servers 4.45-6.2 ms" in band["verdict"] and "interval 1.13-1.33x" in band["verdict"]
-    apart = analysis.decode_table(pd.DataFrame([{**r, "step_ms": r["step_ms"] * (0.5 if r["arm"] == "b" else 1)}
-                                                for r in rows]).assign(error=None, overlapped_by=[[]] * len(rows)))
+    k = analysis.compare_cells(dec, "b", "a", K1)
+    assert k.request_verdict == "higher" and k.verdict == "tie" and k.spread_x == pytest.approx(spread.x)
+    assert "several machines: a difference must clear the spread between servers, 1.24x" in band["verdict"]
+    # b also measured on part 2's machine: those requests compared, no spread needed
+    shared = dec_of(rows + [dict(r, part=2, repeat=r["repeat"] + 3) for r in _decode("b", 2, [4.6, 4.62, 4.58])])
+    k = analysis.compare_cells(shared, "b", "a", K1)
+    assert k.verdict == "higher" and k.rule.startswith("one machine (part 2) measured both: its 3 / 3 requests")
+    apart = dec_of([{**r, "step_ms": r["step_ms"] * (0.5 if r["arm"] == "b" else 1)} for r in rows])
     assert analysis.band_verdicts(apart, pd.DataFrame(), {}, [8192]).iloc[0]["against_runner_up"].startswith("faster")
+    # a run of one part is one machine: its requests are compared as they are
+    one = dec_of([dict(r, part=None) for r in rows if r["part"] in (1, 5)])
+    assert analysis.compare_cells(one, "b", "a", K1).rule == "one machine"

@@ -110,7 +110,7 @@ def test_each_text_kind_the_rows_hold_gets_its_own_measured_line() -> None:
     res = be.analyse(rows, meta, list(meta))
     f = verdicts.break_even_finding(res.pairs, res.off_arms, res.evens, res.best_drafts, res.computed_note)
     d = diagnose([_finding_dict(f)])
-    assert "from this run's requests on novel prose" in d.recommend and "speculation on below about" in d.recommend
+    assert "from this run's requests on novel prose" in d.recommend and "speculation on up to 256 and off from 4k" in d.recommend
     assert ("By text kind, measured on this run's requests on that kind's prompts: predictable text on spec "
             "(against spec_off), speculation on: it always pays") in d.recommend
 
@@ -150,10 +150,16 @@ def test_a_line_that_starts_paying_says_off_below_and_on_above() -> None:
     off = {1024: [5.0, 5.1, 4.9], 16384: [20.0, 20.2, 19.8], 131072: [40.0, 40.4, 39.6]}     # plain decode slows
     (b,) = be.break_evens(be.measured_cells(_run(on, off), [PAIR]))
     assert b.outcome == "starts" and 1024 < b.context_tokens < 16384
-    assert b.lo_tokens is not None and b.hi_tokens is not None and b.lo_tokens <= b.context_tokens <= b.hi_tokens
-    assert "starts paying at about" in b.text
-    assert verdicts.recommendation(b).startswith("speculation off below about")
-    assert verdicts.in_a_few_words(b).startswith("starts paying at about")
+    assert (b.lo_tokens, b.hi_tokens) == (1024, 16384)  # the bracket: costs at 1k, pays at 16k
+    assert "starts paying between 1k (costs, 0.5x) and 16k (pays, 1.9x), about 4.31k" in b.text and "no interval" in b.text
+    assert verdicts.recommendation(b).startswith("speculation off up to 1k and on from 16k")
+    assert verdicts.in_a_few_words(b) == "starts paying between 1k and 16k"
+    # a tie where it would start: the line never starts paying on a tie
+    tie = {**off, 16384: [10.0, 11.0, 9.5]}  # 100, 91, 105 tokens/s off against 95, 83, 111 on
+    on_tie = {**on, 16384: [21.0, 24.0, 18.0]}
+    (t,) = be.break_evens(be.measured_cells(_run(on_tie, tie), [PAIR]))
+    assert [c.verdict for c in be.measured_cells(_run(on_tie, tie), [PAIR])] == ["costs", "tie", "pays"]
+    assert t.outcome == "starts" and (t.lo_tokens, t.hi_tokens) == (16384, 131072)
 
 
 def test_ngram_recalling_its_earlier_answer_gets_a_line_at_the_first_requests_commit() -> None:
@@ -167,7 +173,7 @@ def test_ngram_recalling_its_earlier_answer_gets_a_line_at_the_first_requests_co
         # the first request commits 1.2; the later ones recall its answer (7.5) at the same step time
         rows += [{"arm": "spec", "phase": "decode", "context_tokens": ctx, "repeat": i, "seed": 1, "part": 1,
                   "step_ms": 10.0, "commit_length": 1.2 if i == 0 else 7.5, "error": None} for i in range(4)]
-        rows += _rows("spec_off", ctx, [6.0, 6.1, 5.9])
+        rows += [dict(r, part=1) for r in _rows("spec_off", ctx, [6.0, 6.1, 5.9])]  # the same part: one machine
     res = be.analyse(rows, meta, list(meta))
     assert res.recall == {"spec": {1024: (1.2, 7.5), 16384: (1.2, 7.5)}}
     lines = {(b.kind, b.source): b for b in res.evens}
@@ -196,9 +202,9 @@ def test_break_even_from_rows_with_its_interval() -> None:
     # ratio 2 x 20/16 = 2.5 at 4k, 2 x 20/80 = 0.5 at 16k: log-linear between them
     expect = math.exp(math.log(4096) + math.log(2.5) / (math.log(2.5) - math.log(0.5)) * math.log(4))
     assert b.context_tokens == pytest.approx(expect)
-    assert b.lo_tokens is not None and b.hi_tokens is not None
-    assert 4096 <= b.lo_tokens <= b.context_tokens <= b.hi_tokens <= 16384
-    assert "stops paying at about" in b.text and "interval" in b.text
+    assert (b.lo_tokens, b.hi_tokens) == (4096, 16384)  # the measured bracket, no interval of the crossing
+    assert "stops paying between 4k (pays, 2.5x) and 16k (costs, 0.5x), about 9.02k" in b.text
+    assert "no interval" in b.text
 
 
 def test_always_never_and_tie_within_the_measured_range() -> None:
@@ -289,8 +295,9 @@ def test_the_finding_and_07s_recommendation_before_against_after() -> None:
     fix = {"id": "engine_ab.decode_fix", "severity": "ok", "source": "computed", "notebook": "09_engine_ab",
            "numbers": {"fix": "the plugin", "fix_speedup_x": 75.0, "stock_arm": "triton", "fixed_arm": "triton_plugin"}}
     d = diagnose([_finding_dict(f), fix])
-    assert "speculation on below about" in d.recommend and "always pays on this server" in d.recommend
-    assert "before, triton stops paying at about" in d.recommend and "after, triton_plugin always pays" in d.recommend
+    assert "speculation on up to 1k and off from 16k" in d.recommend and "always pays on this server" in d.recommend
+    assert "before, triton stops paying between 1k and 16k" in d.recommend
+    assert "after, triton_plugin always pays" in d.recommend
     assert "predictable text on triton" in d.recommend and d.paragraph.endswith(d.recommend)
     # no off arm: 09 says so, and 07 ends with the fallback sentence
     none = verdicts.break_even_finding([], [], [], [])
@@ -346,7 +353,7 @@ def test_a_line_that_pays_again_past_its_crossing_says_so_in_the_recommendation(
     (b,) = be.break_evens(be.measured_cells(_run(on, off), [PAIR]))
     assert b.outcome == "crosses" and b.pays_again == (4096,)
     rec = verdicts.recommendation(b)
-    assert rec.startswith("speculation on below about") and rec.endswith(
+    assert rec.startswith("speculation on up to 256 and off from 1k") and rec.endswith(
         "but it pays again at 4k, so one line does not hold over the measured range")
 
 

@@ -40,12 +40,15 @@ def test_09_replays_the_61_layer_run(run_notebook, tmp_path) -> None:
     assert m["ttft_own"]["flashinfer"]["1024"] is False and m["ttft_own"]["flashinfer"]["65536"] is True
     t1 = m["targets"]["plugin_vs_triton_128k"]
     assert t1["value"] == pytest.approx(med("triton", 131072) / med("triton_plugin", 131072))
-    assert t1["status"] == ("met" if t1["value"] >= 100 else "missed")
+    # stock Triton decoded 128k once (a 1.6 s step): one request, no interval, not counted as met
+    assert t1["status"] == "no interval" and "5 / 1 requests" in t1["why"]  # the plugin's / stock's
+    assert [r["arm"] for r in m["scorecard"] if r["all_met"]] == []
     ids = {f["id"]: f for f in res["findings"]}
-    assert {"engine_ab.decode_fix", "engine_ab.prefill_fix", "engine_ab.prefill_floor", "engine_ab.tradeoff"} <= set(ids)
+    assert {"engine_ab.decode_fix", "engine_ab.prefill_fix", "engine_ab.prefill_floor", "engine_ab.answer"} <= set(ids)
     assert ids["engine_ab.prefill_floor"]["numbers"]["arm"] == "triton"
+    assert m["answer"] == ids["engine_ab.answer"]["title"] and list(m)[0] == "answer"  # the index shows it first
     page = out.read_text()
-    assert "start to ready (s)" in page and "one-time kernel compilation" in page and "paid back after" in page
+    assert "start to ready (s)" in page and "one-time kernel compilation" in page and m["answer"] in page
     assert "x its floor" in page and "NVIDIA H200" in page and "recorded run" in page and ">nan<" not in page.lower()
     # the speculation-off twins (merged from the DFLASH parts): NGRAM's later requests recalled the first's answer,
     # so beside each measured line a line at the first request's commit, and the title reads those

@@ -37,7 +37,7 @@ Columns of ``commit_probe_steps``: ``context_tokens``, ``kind``, ``seed``, ``ste
 
 Verdict rules (:func:`probe_findings`). The request is the unit: a request's value is its own commit length, a cell
 (kind, context) the median over its requests, and every comparison takes at least 3 requests per cell
-(:func:`specdiag.stats.compare_requests`: the ratio of the medians with a seeded bootstrap interval over requests);
+(:func:`specdiag.stats.compare_requests`: the ratio of the medians with its interval over requests, at the level it has);
 a comparison with fewer says "not enough requests" (info) instead of a verdict. Repeats: ``repeats`` requests per
 (context, kind), seeds ``seed`` .. ``seed + repeats - 1`` (novel prose starts at another paragraph each; the predictable
 sentence is the same text, sent again on a flushed cache).
@@ -322,7 +322,7 @@ def _cell_text(cell: Mapping[str, Any]) -> str:
 
 
 def _interval(c: RequestComparison) -> str:
-    return (f"{c.ratio:.2f}x, interval {c.interval_text()}, {c.counts_text()}" if c.enough else
+    return (f"{c.ratio:.2f}x, {c.named_interval()}, {c.counts_text()}" if c.enough else
             f"{c.ratio:.2f}x, {c.counts_text()}: not enough requests" if c.ratio is not None else c.counts_text())
 
 
@@ -357,7 +357,7 @@ def _predictable_finding(pred: Sequence[Mapping[str, Any]], max_commit_length: i
         return Finding(
             "probe.predictable_falls", "Predictable-text commit length falls with context",
             f"Commit length on predictable text drops {drop:.0%} from {_k(first['context_tokens'])} to "
-            f"{_k(last['context_tokens'])} tokens (interval {c.interval_text()} over {c.counts_text()}): a "
+            f"{_k(last['context_tokens'])} tokens ({c.named_interval()} over {c.counts_text()}): a "
             f"long-context speculative bug, not text difficulty. Look at the drafter's attention window (sliding "
             f"window, which layers are full attention), its positions and rope scaling (max_position_embeddings, YaRN "
             f"factor and original length), and the draft KV cache (eviction, page reuse, positions after a rejected "
@@ -369,7 +369,7 @@ def _predictable_finding(pred: Sequence[Mapping[str, Any]], max_commit_length: i
         healthy = max_commit_length is None or mean >= healthy_share * max_commit_length
         return Finding(
             "probe.predictable_flat", "Predictable-text commit length is flat across contexts",
-            (f"Longest over shortest context {c.ratio:.2f}x{tie}, interval {c.interval_text()}: "
+            (f"Longest over shortest context {c.ratio:.2f}x{tie}, {c.named_interval()}: "
              + ("the drafter, its window, positions and KV cache and the verification are sound at long context: a low "
                 "commit length on other text is the text's difficulty, not a bug." if healthy else
                 "flat but low: the drafter does not copy even predictable text at the shortest context. That is a "
@@ -380,7 +380,7 @@ def _predictable_finding(pred: Sequence[Mapping[str, Any]], max_commit_length: i
                 if max_commit_length else "")), numbers, source)
     return Finding(
         "probe.predictable_uneven", "Predictable-text commit length varies with context, without a fall",
-        f"Longest over shortest context {c.ratio:.2f}x{tie} (interval {c.interval_text()}): not a fall beyond the "
+        f"Longest over shortest context {c.ratio:.2f}x{tie} ({c.named_interval()}): not a fall beyond the "
         "requests' spread, but outside a flat band: more requests (repeats, another seed) before concluding.", "info",
         (*evidence, f"Largest deviation from the mean {mean:.2f}: {dev:.0%} (band ±{flat_tolerance:.0%})."),
         numbers, source)

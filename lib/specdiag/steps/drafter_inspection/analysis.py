@@ -9,7 +9,7 @@ embedded server's per-step draft times (``meta_info.spec_step_draft_ms``) show i
 The request is the unit of every measured verdict: a request's value is its own median over its draft steps, a
 context's the median over its requests (``repeats`` per context, distinct novel prose per seed), and the server's
 first request (the earliest row of each server, :func:`flag_first`; the plan sends a warm-up request first) is flagged
-and left out. The longest context against the shortest is the ratio of their medians with a bootstrap interval over
+and left out. The longest context against the shortest is the ratio of their medians with its interval (at the level it has) over
 requests (:func:`specdiag.stats.compare_requests`): "flat" only where the interval's upper end is within
 ``growth_threshold``, "grows" where its lower end is above it, otherwise the interval spans the threshold and neither
 is said; fewer than :data:`specdiag.stats.MIN_REQUESTS` requests at a context: "not enough requests".
@@ -223,10 +223,10 @@ def timing_table(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 def interval_text(c: RequestComparison) -> str:
-    """'1.08x (95% interval 1.02-1.15x over 3 / 3 requests)', or the counts when there are too few."""
+    """'1.08x (90% interval 1.02-1.15x over 3 / 3 requests)', or the counts when there are too few."""
     if c.lo is None:
         return f"{c.ratio:.3g}x on {c.counts_text()}" if c.ratio is not None else f"{c.counts_text()}"
-    return f"{c.ratio:.3g}x (95% interval {c.interval_text()} over {c.counts_text()})"
+    return f"{c.ratio:.3g}x ({c.named_interval()} over {c.counts_text()})"
 
 
 def growth_reading(c: RequestComparison, threshold: float) -> str:
@@ -585,7 +585,7 @@ def cost_difference_finding(rows: Sequence[Mapping[str, Any]], source: Source = 
     """``drafter.cost_difference``: the drafter's cost per verify step measured from outside, where the engine
     reports no per-step draft time: per context, the STANDALONE server's ms per verify step against the NGRAM
     server's (same target, same prompts; the ``drafter_cost`` table), over requests: STANDALONE / NGRAM with its
-    bootstrap interval (:func:`specdiag.stats.compare_requests`). "grows" where the longest context's interval lies
+    interval over requests (:func:`specdiag.stats.compare_requests`). "grows" where the longest context's interval lies
     wholly above the shortest's; else no growth is shown beyond the noise, and the drafter's share at the longest
     context is bounded by its interval ("no cost above"). None without two usable contexts."""
     by = _cost_requests(rows)

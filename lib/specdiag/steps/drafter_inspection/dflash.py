@@ -11,7 +11,7 @@ tokens of that cache (the draft window). Figures here:
   ``spec_step_verify_ms``, one value per verify step; the median per request). The request is the unit: each arm's
   first request (the server's first) is left out, a cell is the median over its requests, and every comparison (the
   longest context over the shortest within an arm, no window over a window at one context) is a ratio of medians with
-  a bootstrap interval over requests (:func:`specdiag.stats.compare_requests`), "not enough requests" under
+  its interval over requests at the level it has (:func:`specdiag.stats.compare_requests`), "not enough requests" under
   :data:`specdiag.stats.MIN_REQUESTS` a cell. SGLang 0.5.17's DFLASH reports per
   request only counts (``spec_verify_ct``, ``spec_accept_length``, the correct-drafts histogram; request timestamps
   with ``--enable-metrics``) and vLLM 0.32 counters: no drafter time, so there it is not measurable;

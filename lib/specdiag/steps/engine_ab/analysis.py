@@ -18,7 +18,12 @@ Per arm and context:
 
 Across arms: the rank test per context (:func:`specdiag.stats.median_diff_test` on the step-time samples of the
 fastest arm against each other arm), the verdict per context band (the fastest arm, by how much, what it costs in
-prefill and memory), and the three targets of :data:`TARGETS`, each met, missed or not measurable with why.
+prefill and memory), and the three targets of :data:`TARGETS`, each judged once, on the scorecard's intervals.
+
+**The server as a unit**: every comparison of two cells goes through :func:`compare_cells`
+(:func:`specdiag.spread.compare_across`): requests of one machine are compared as they are; requests from several
+(the calls of a merged run) must also clear the spread between servers (:func:`step_spreads`, :func:`ttft_spreads`:
+the run's own, per context), and the comparison says which rule it used (``rule``).
 """
 
 from __future__ import annotations
@@ -31,7 +36,8 @@ from typing import Any, Iterable, Mapping, Sequence
 import pandas as pd
 
 from specdiag.plots import format_tokens
-from specdiag.stats import median_diff_test
+from specdiag.spread import Sample, Spread, compare_across, machine_of, server_of, server_spreads
+from specdiag.stats import RequestComparison, median_diff_test
 from specdiag.steps.engine_ab.arms import checks_verify, verify_path
 
 CTX_1K, CTX_64K, CTX_128K = 1024, 65536, 131072
@@ -115,10 +121,11 @@ def decode_table(df: pd.DataFrame) -> pd.DataFrame:
     ``step_ms_samples``, ``server_step_ms`` (the median of each server's requests, by part, where a merged run's
     requests came from two or more), ``n``, ``decode_tok_s`` (median), ``decode_tok_s_first`` (the first request),
     ``commit_first`` and ``commit_later`` (median of the later ones), ``cached_tokens`` (median), ``overlapped`` (rows another arm's
-    request overlapped), ``clean`` (none did)."""
+    request overlapped), ``clean`` (none did); ``step_units`` and ``tok_s_units``: each request's ms per step and
+    decode tokens/s with the server and machine it came from (:class:`specdiag.spread.Sample`)."""
     cols = ["arm", "context_tokens", "n", "step_ms", "step_ms_samples", "server_step_ms", "decode_tok_s",
             "decode_tok_s_first", "commit_first", "commit_later", "cached_tokens", "overlapped", "overlapped_by",
-            "clean"]
+            "clean", "step_units", "tok_s_units"]
     d = _ok(df, "decode")
     out = []
     for (arm, ctx), g in d.groupby(["arm", "context_tokens"], sort=False):
@@ -137,7 +144,11 @@ def decode_table(df: pd.DataFrame) -> pd.DataFrame:
                     "commit_later": statistics.median(later) if later else None,
                     "cached_tokens": statistics.median([float(x) for x in g["cached_tokens"] if _f(x) is not None]
                                                        or [math.nan]),
-                    "overlapped": n_over, "overlapped_by": by, "clean": n_over == 0})
+                    "overlapped": n_over, "overlapped_by": by, "clean": n_over == 0,
+                    "step_units": [Sample(float(r["step_ms"]), server_of(r), machine_of(r))
+                                   for r in g.to_dict("records")],
+                    "tok_s_units": [Sample(float(r["decode_tok_s"]), server_of(r), machine_of(r))
+                                    for r in g.to_dict("records") if _f(r.get("decode_tok_s")) is not None]})
     return pd.DataFrame(out, columns=cols)
 
 
@@ -158,9 +169,10 @@ def _not_own(r: Mapping[str, Any]) -> str:
 def prefill_table(df: pd.DataFrame) -> pd.DataFrame:
     """One row per arm and context of the prefill rows: ``ttft_s`` (median of the arm's own rows, else of the
     flagged ones), ``ttft_s_samples`` (the rows used), ``prefill_tok_s``, ``own`` (True: measured alone),
-    ``why_not_own``, ``concurrent`` (the most arms prefilling at once among the rows used), ``n``."""
+    ``why_not_own``, ``concurrent`` (the most arms prefilling at once among the rows used), ``n``, ``ttft_units``
+    (each TTFT used with its server and machine)."""
     cols = ["arm", "context_tokens", "n", "ttft_s", "ttft_s_samples", "prefill_tok_s", "own", "why_not_own",
-            "concurrent"]
+            "concurrent", "ttft_units"]
     p = _ok(df, "prefill")
     out = []
     for (arm, ctx), g in p.groupby(["arm", "context_tokens"], sort=False):
@@ -171,7 +183,8 @@ def prefill_table(df: pd.DataFrame) -> pd.DataFrame:
         out.append({"arm": arm, "context_tokens": int(ctx), "n": len(use), "ttft_s": ttft,
                     "ttft_s_samples": [float(r["ttft_s"]) for r in use], "prefill_tok_s": int(ctx) / ttft if ttft > 0 else None, "own": bool(own),
                     "why_not_own": "" if own else "; ".join(dict.fromkeys(_not_own(r) for r in recs)),
-                    "concurrent": int(max((_f(r.get("concurrent")) or 1) for r in use))})
+                    "concurrent": int(max((_f(r.get("concurrent")) or 1) for r in use)),
+                    "ttft_units": [Sample(float(r["ttft_s"]), server_of(r), machine_of(r)) for r in use]})
     return pd.DataFrame(out, columns=cols)
 
 
@@ -180,6 +193,40 @@ def _cell(table: pd.DataFrame, arm: str, ctx: int) -> dict[str, Any] | None:
         return None
     sel = table[(table["arm"] == arm) & (table["context_tokens"] == ctx)]
     return sel.iloc[0].to_dict() if not sel.empty else None
+
+
+def units(table: pd.DataFrame, arm: str, ctx: int, col: str = "step_units") -> list[Sample]:
+    """One cell's requests with their servers and machines (``step_units``, ``tok_s_units`` of :func:`decode_table`,
+    ``ttft_units`` of :func:`prefill_table`); [] where the cell is missing."""
+    c = _cell(table, arm, ctx)
+    return list((c or {}).get(col) or []) if c and isinstance(c.get(col), list) else []
+
+
+def _spreads(table: pd.DataFrame, col: str, unit: str) -> dict[int, Spread]:
+    if table.empty or col not in table:
+        return {}
+    cells = {(str(r["arm"]), int(r["context_tokens"])): list(r[col] or []) for r in table.to_dict("records")}
+    return server_spreads(cells, unit, tok)  # type: ignore[return-value]
+
+
+def step_spreads(dec: pd.DataFrame) -> dict[int, Spread]:
+    """The spread between servers per context, from every arm's ms per verify step (:mod:`specdiag.spread`)."""
+    return _spreads(dec, "step_units", "ms")
+
+
+def ttft_spreads(pre: pd.DataFrame) -> dict[int, Spread]:
+    """The spread between servers per context, from every arm's TTFTs."""
+    return _spreads(pre, "ttft_units", "s")
+
+
+def compare_cells(table: pd.DataFrame, a: str, b: str, ctx: int, spreads: Mapping[int, Spread] | None = None,
+                  col: str = "step_units") -> RequestComparison:
+    """Arm ``b`` against arm ``a`` at ``ctx`` over requests with the server as a unit
+    (:func:`specdiag.spread.compare_across`); ``spreads`` from the whole run (:func:`step_spreads`), else from
+    ``table``."""
+    if spreads is None:
+        spreads = _spreads(table, col, "")
+    return compare_across(units(table, a, ctx, col), units(table, b, ctx, col), spreads.get(int(ctx)))
 
 
 def lacks(df: pd.DataFrame, arms: Sequence[str]) -> list[str]:
@@ -284,42 +331,26 @@ def _geomean(xs: Iterable[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
-def _servers_overlap(sel: pd.DataFrame, a: str, b: str, ctx: int) -> str:
-    """Where one arm's requests came from several servers (parts of a merged run): whether the other arm's median lies
-    inside the range of those servers' medians (or the two ranges overlap), said as the spread between servers, which
-    requests pooled over servers do not carry; '' otherwise."""
-    ca, cb = _cell(sel, a, ctx), _cell(sel, b, ctx)
-    if not ca or not cb:
-        return ""
-    ra = list((ca.get("server_step_ms") or {}).values()) or [float(ca["step_ms"])]
-    rb = list((cb.get("server_step_ms") or {}).values()) or [float(cb["step_ms"])]
-    if len(ra) < 2 and len(rb) < 2 or max(ra) < min(rb) or max(rb) < min(ra):
-        return ""
-    side = lambda name, r: (f"{name}'s {len(r)} servers {min(r):.3g}-{max(r):.3g} ms" if len(r) > 1  # noqa: E731
-                            else f"{name} {r[0]:.3g} ms")
-    return f"inside the spread between servers ({side(a, ra)}; {side(b, rb)})"
-
-
-def _against_runner_up(sel: pd.DataFrame, best: str, second: str, ctxs: Sequence[int]) -> str:
-    """The band's pick over requests: at each context, the runner-up's ms per step against the fastest arm's (ratio of
-    the medians over requests, bootstrap interval, :func:`specdiag.stats.compare_requests`). Starts "faster" where each
-    interval lies above 1 and no spread between servers holds the other arm (:func:`_servers_overlap`), "tie" where one
-    holds 1 (or lies below) or the servers' spread does, "not enough requests" where a cell has fewer than 3; then
-    each context's ratio, interval and requests."""
-    from specdiag.stats import NOT_ENOUGH, compare_requests  # noqa: PLC0415
+def _against_runner_up(sel: pd.DataFrame, best: str, second: str, ctxs: Sequence[int],
+                       spreads: Mapping[int, Spread] | None = None) -> str:
+    """The band's pick over requests: at each context, the runner-up's ms per step against the fastest arm's
+    (:func:`compare_cells`: requests of one machine compared, requests from several also set against the spread
+    between servers). Starts "faster" where each context's verdict is "higher", "tie" where one is a tie (or lower),
+    "not enough requests" where a cell has fewer than 3; then each context's ratio, interval, requests and rule."""
+    from specdiag.spread import inside_spread  # noqa: PLC0415
+    from specdiag.stats import NOT_ENOUGH  # noqa: PLC0415
 
     parts, verdicts = [], []
     for c in ctxs:
-        k = compare_requests(_samples(sel, best, c), _samples(sel, second, c))
-        spread = _servers_overlap(sel, best, second, c) if k.verdict == "higher" else ""
-        verdicts.append("servers" if spread else k.verdict)
-        parts.append(f"{tok(c)} {k.ratio:.3g}x" + (f", interval {k.interval_text()}" if k.enough else "")
-                     + f", {k.counts_text()}" + (f"; {spread}" if spread else "") if k.ratio else f"{tok(c)} -")
+        k = compare_cells(sel, best, second, c, spreads)
+        verdicts.append("servers" if inside_spread(k) else k.verdict)
+        parts.append(f"{tok(c)} {k.ratio:.3g}x" + (f", {k.named_interval()}" if k.enough else "")
+                     + f", {k.counts_text()}; {k.rule}" if k.ratio else f"{tok(c)} -")
     detail = "; ".join(parts)
     if NOT_ENOUGH in verdicts:
         return f"not enough requests to judge it (3 a cell): {detail}"
     if all(v == "higher" for v in verdicts):
-        return f"faster at every context over requests: {detail}"
+        return f"faster at every context: {detail}"
     if "lower" in verdicts:
         return f"tie, neither faster at every context: {detail}"
     if "tie" not in verdicts:
@@ -336,6 +367,7 @@ def band_verdicts(dec: pd.DataFrame, pre: pd.DataFrame, arms_meta: Mapping[str, 
     cols = ["band", "contexts", "arms", "fastest", "fastest_ms", "runner_up", "by_x", "against_runner_up", "ttft_s",
             "ttft_own", "ttft_vs_best_x", "kv_pool_tokens", "mem_fraction_static", "verdict"]
     out = []
+    spreads = step_spreads(dec)  # the whole run's servers, before the arms are narrowed
     if not dec.empty:  # step against step: only verify steps (speculation-off arms are compared in tokens/s)
         from specdiag.steps.engine_ab.arms import verify_arms  # noqa: PLC0415
 
@@ -383,7 +415,7 @@ def band_verdicts(dec: pd.DataFrame, pre: pd.DataFrame, arms_meta: Mapping[str, 
                 + (f", {row['ttft_vs_best_x']:.3g}x the shortest there" if row["ttft_vs_best_x"] and
                    row["ttft_vs_best_x"] > 1.005 else ", the shortest there")
                 + ("" if p_best["own"] else " (not its own: " + p_best["why_not_own"] + ")"))
-        judged = _against_runner_up(sel, best, second, ctxs)
+        judged = _against_runner_up(sel, best, second, ctxs, spreads)
         row["against_runner_up"] = judged
         over = ", ".join(tok(c) for c in ctxs)
         if judged.startswith("tie"):
@@ -445,53 +477,46 @@ def unranked_at(arms_meta: Mapping[str, Any], missing: Sequence[str], present: S
     return out
 
 
-def targets(dec: pd.DataFrame, pre: pd.DataFrame, arms: Sequence[str], layers: int | None,
-            stock_arm: str = "triton", plugin_arm: str = "triton_plugin",
-            arms_meta: Mapping[str, Any] | None = None) -> pd.DataFrame:
-    """The three targets (:data:`TARGETS`), each "met", "missed" or "not measurable" with why (an arm missing, a
-    context not decoded, a TTFT not the arm's own, a decode another arm overlapped, a model of other depth). An arm
-    missing at 128k that cannot be the best there (:func:`unranked_at`, from ``arms_meta``) is left out of the best
-    arm's naming, and the row says so."""
+def _stock_and_best(dec: pd.DataFrame, pre: pd.DataFrame, arms: Sequence[str], layers: int | None, stock_arm: str,
+                    plugin_arm: str, arms_meta: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """Which arm each target judges (the plugin arm; the fastest arm at 128k; the arm with the shortest own TTFT at 64k)
+    and why a target cannot be judged here (an arm or context missing, a model of other depth, an overlapped decode,
+    a TTFT that is not the arm's own); the note of arms left out of the naming."""
     t1, t2, t3 = TARGETS
-    rows = []
-    # 1. plugin vs stock Triton per verify step at 128k, 61 layers
+    out = []
     s, p = _cell(dec, stock_arm, CTX_128K), _cell(dec, plugin_arm, CTX_128K)
     missing = [a for a, c in ((stock_arm, s), (plugin_arm, p)) if c is None]
-    value = s["step_ms"] / p["step_ms"] if s and p else None
     why = ""
     if missing:
         why = f"no decode rows of {', '.join(missing)} at 128k" + (
             "" if all(a in arms for a in missing) else f" (arms of this run: {', '.join(arms)})")
     elif layers != TARGET_LAYERS:
         why = f"the model has {layers} layers; the target is set at the investigation's {TARGET_LAYERS}"
-    elif not (s["clean"] and p["clean"]):
+    elif not (s["clean"] and p["clean"]):  # type: ignore[index]
         why = "a decode at 128k was measured while another arm had a request in flight"
-    rows.append(_status(value, t1, why))
-    # 2. the best arm's decode at 128k against its own at 1k (per step: the same tokens per verify step)
+    out.append({"target": t1, "arm": plugin_arm, "why": why, "note": ""})
     at = dec[dec["context_tokens"] == CTX_128K] if not dec.empty else dec
     without = [a for a in arms if at.empty or a not in set(at["arm"])]
     left_out = unranked_at(arms_meta or {}, without, [] if at.empty else list(dict.fromkeys(at["arm"])))
     without = [a for a in without if a not in left_out]
-    note = ("left out, not decoded at 128k: " + "; ".join(f"{a}, {why}" for a, why in left_out.items())
+    note = ("left out, not decoded at 128k: " + "; ".join(f"{a}, {w}" for a, w in left_out.items())
             if left_out else "")
     best = at.loc[at["step_ms"].idxmin()] if not at.empty else None
     one = _cell(dec, str(best["arm"]), CTX_1K) if best is not None else None
-    value = one["step_ms"] / best["step_ms"] if best is not None and one else None
     why = ""
     if without:
-        value = None  # no best arm: no value to show
         why = (f"the best arm at 128k cannot be named: no decode at 128k for {', '.join(without)}"
                + (f" (only {', '.join(at['arm'])} decoded there)" if not at.empty else ""))
+    elif best is None:
+        why = "no arm decoded at 128k"
     elif one is None:
         why = f"{best['arm']}, the fastest at 128k, has no decode at 1k"
     elif not (best["clean"] and one["clean"]):
         why = f"{best['arm']}'s decode at 1k or 128k was measured while another arm had a request in flight"
-    rows.append(_status(value, t2, why, note))
-    # 3. the best arm's TTFT at 64k against Triton's (own TTFTs only)
+    out.append({"target": t2, "arm": None if best is None or without else str(best["arm"]), "why": why, "note": note})
     tr = _cell(pre, stock_arm, CTX_64K)
     own = pre[(pre["context_tokens"] == CTX_64K) & pre["own"] & (pre["arm"] != stock_arm)] if not pre.empty else pre
     fastest = own.loc[own["ttft_s"].idxmin()] if not own.empty else None
-    value = tr["ttft_s"] / fastest["ttft_s"] if tr and fastest is not None else None
     why = ""
     if tr is None:
         why = f"no TTFT of {stock_arm} at 64k"
@@ -500,9 +525,51 @@ def targets(dec: pd.DataFrame, pre: pd.DataFrame, arms: Sequence[str], layers: i
     elif fastest is None:
         flagged = pre[(pre["context_tokens"] == CTX_64K) & (pre["arm"] != stock_arm)] if not pre.empty else pre
         why = ("no other arm has a TTFT at 64k" if flagged.empty else
-               f"no other arm's TTFT at 64k is its own ({'; '.join(f'{r.arm}: {r.why_not_own}' for r in flagged.itertuples())})")
-    rows.append({**_status(value, t3, why), "arm": None if fastest is None else fastest["arm"]})
-    rows[0]["arm"], rows[1]["arm"] = plugin_arm, (None if best is None or without else best["arm"])
+               "no other arm's TTFT at 64k is its own ("
+               + "; ".join(f"{r.arm}: {r.why_not_own}" for r in flagged.itertuples()) + ")")
+    out.append({"target": t3, "arm": None if fastest is None else str(fastest["arm"]), "why": why, "note": ""})
+    return out
+
+
+#: the scorecard's columns of each target: (value, interval's lower end, upper end, status, rule)
+CARD_COLUMNS = {"plugin_vs_triton_128k": ("speedup_128k_x", "speedup_lo", "speedup_hi", "speedup_status",
+                                          "speedup_rule"),
+                "best_decode_128k_vs_1k": ("keep_128k", "keep_lo", "keep_hi", "keep_status", "keep_rule"),
+                "best_ttft_64k_vs_triton": ("ttft_64k_x", "ttft_lo", "ttft_hi", "ttft_status", "ttft_rule")}
+#: statuses a target can have; only "met" counts as met
+STATUSES = ("met", "missed", "inside the noise", "no interval", "not measurable")
+
+
+def targets(dec: pd.DataFrame, pre: pd.DataFrame, arms: Sequence[str], layers: int | None,
+            stock_arm: str = "triton", plugin_arm: str = "triton_plugin",
+            arms_meta: Mapping[str, Any] | None = None, card: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The three targets (:data:`TARGETS`), each judged once: the arm it names (:func:`_stock_and_best`) read on the
+    scorecard (:func:`scorecard`, its interval over requests and the spread between servers), so the page, the
+    findings, 07 and the index say one thing. ``status``: "met" (the interval clears the limit), "missed" (it falls
+    short), "inside the noise" (it holds the limit), "no interval" (too few requests a side: the value shown, not
+    judged), "not measurable" (with why). An arm missing at 128k that cannot be the best there
+    (:func:`unranked_at`) is left out of the best arm's naming, and the row says so."""
+    if card is None:
+        card = scorecard(dec, pre, [a for a in dict.fromkeys([*arms, plugin_arm]) if a != stock_arm], stock_arm)
+    rows = []
+    for named in _stock_and_best(dec, pre, arms, layers, stock_arm, plugin_arm, arms_meta):
+        t: Target = named["target"]
+        value_col, lo_col, hi_col, status_col, rule_col = CARD_COLUMNS[t.id]
+        mine = card[card["arm"] == named["arm"]] if named["arm"] and not card.empty else pd.DataFrame()
+        r = mine.iloc[0].to_dict() if not mine.empty else {}
+        value = _f(r.get(value_col))
+        status = str(r.get(status_col) or "not measured")
+        why, note = named["why"], named["note"]
+        if why or value is None:
+            status, why = "not measurable", why or f"{named['arm'] or 'no arm'}: not measured"
+        elif status.startswith("no interval"):
+            why = status[len("no interval"):].strip(" ()") or why
+            status = "no interval"
+        elif status not in STATUSES:
+            status, why = "not measurable", status
+        rows.append({"target_id": t.id, "target": t.name, "status": status, "value": value,
+                     "lo": _f(r.get(lo_col)), "hi": _f(r.get(hi_col)), "limit": t.limit, "unit": t.unit,
+                     "arm": named["arm"], "rule": r.get(rule_col) or "", "why": "; ".join(x for x in (why, note) if x)})
     return pd.DataFrame(rows)
 
 
@@ -511,45 +578,52 @@ def _samples(dec: pd.DataFrame, arm: str, ctx: int) -> list[float]:
     return [float(x) for x in (c or {}).get("step_ms_samples") or [] if _f(x) is not None]
 
 
-def _judge(value: float | None, lo: float | None, hi: float | None, limit: float, single: str) -> str:
-    """A target read against an interval: met (its lower end at or above the limit), missed (its upper end below),
-    inside the noise (the interval holds the limit); without an interval, the value alone, saying why."""
-    if value is None:
+def _judge(c: RequestComparison | None, limit: float, few: str) -> str:
+    """A target read against an interval (the spread between servers counted where the requests came from several
+    machines: the interval widened by it on both sides): met (its lower end at or above the limit), missed (its upper
+    end below), inside the noise (it holds the limit); without an interval, "no interval" and why."""
+    if c is None or c.ratio is None:
         return "not measured"
-    if lo is None or hi is None:
-        return f"{'met' if value >= limit else 'missed'} ({single})"
+    if c.lo is None or c.hi is None:
+        return f"no interval ({few})"
+    from specdiag.spread import widened  # noqa: PLC0415
+
+    lo, hi = widened(c)
     return "met" if lo >= limit else "missed" if hi < limit else "inside the noise"
 
 
 def scorecard(dec: pd.DataFrame, pre: pd.DataFrame, arms: Sequence[str], stock_arm: str = "triton") -> pd.DataFrame:
     """Each verify arm against every target (:data:`TARGETS`, read per arm): its speed-up over ``stock_arm``'s verify
-    step at 128k, its own step at 1k over its step at 128k (both ratios of medians over requests with a bootstrap
-    interval, :func:`specdiag.stats.compare_requests`), and ``stock_arm``'s own TTFT at 64k over its own (one prefill
-    each: no interval, said so). A target is met only where the interval's lower end clears it, missed where its upper
-    end falls short, and "inside the noise" where the interval holds it (:func:`_judge`). Pure."""
-    from specdiag.stats import compare_requests  # noqa: PLC0415
-
+    step at 128k, its own step at 1k over its step at 128k, and ``stock_arm``'s own TTFT at 64k over its own, each a
+    ratio of medians over requests (:func:`compare_cells`: its interval, the spread between servers where the requests
+    came from several machines, and the rule used, ``*_rule``). A target is met only where the interval's lower end
+    clears it, missed where its upper end falls short, "inside the noise" where the interval holds it, and "no
+    interval" under 3 requests (or prefills) a side (:func:`_judge`); ``all_met`` only where all three are met. Pure."""
     t1, t2, t3 = TARGETS
     out = []
-    stock_128 = _samples(dec, stock_arm, CTX_128K)
+    steps, ttfts = step_spreads(dec), ttft_spreads(pre)
     st = _cell(pre, stock_arm, CTX_64K) if not pre.empty else None
     for arm in arms:
         row: dict[str, Any] = {"arm": arm}
-        mine = _samples(dec, arm, CTX_128K)
-        c = compare_requests(mine, stock_128) if mine and stock_128 else None
+        mine, stock = units(dec, arm, CTX_128K), units(dec, stock_arm, CTX_128K)
+        c = compare_across(mine, stock, steps.get(CTX_128K)) if mine and stock else None
         row.update(speedup_128k_x=c.ratio if c else None, speedup_lo=c.lo if c else None, speedup_hi=c.hi if c else None,
-                   speedup_status=_judge(c.ratio if c else None, c.lo if c else None, c.hi if c else None, t1.limit,
-                                         f"{c.n_a} / {c.n_b} requests: no interval" if c else ""))
-        one = _samples(dec, arm, CTX_1K)
-        k = compare_requests(mine, one) if mine and one else None
+                   speedup_status=_judge(c, t1.limit, f"{c.n_a} / {c.n_b} requests" if c else ""),
+                   speedup_rule=c.rule if c else "")
+        one = units(dec, arm, CTX_1K)
+        wide = max((x for x in (steps.get(CTX_1K), steps.get(CTX_128K)) if x is not None), key=lambda x: x.x,
+                   default=None)
+        k = compare_across(mine, one, wide) if mine and one else None
         row.update(keep_128k=k.ratio if k else None, keep_lo=k.lo if k else None, keep_hi=k.hi if k else None,
-                   keep_status=_judge(k.ratio if k else None, k.lo if k else None, k.hi if k else None, t2.limit,
-                                      f"{k.n_a} / {k.n_b} requests: no interval" if k else ""))
+                   keep_status=_judge(k, t2.limit, f"{k.n_a} / {k.n_b} requests" if k else ""),
+                   keep_rule=k.rule if k else "")
         me = _cell(pre, arm, CTX_64K) if not pre.empty else None
         own = bool(st and me and st.get("own") and me.get("own"))
-        ttft = st["ttft_s"] / me["ttft_s"] if own and me and me.get("ttft_s") else None  # type: ignore[index]
-        row.update(ttft_64k_x=ttft, ttft_status=_judge(ttft, None, None, t3.limit, "one prefill each")
-                   if own or ttft is not None else "not measured")
-        row["all_met"] = all(str(row[k]).startswith("met") for k in ("speedup_status", "keep_status", "ttft_status"))
+        t = compare_across(units(pre, arm, CTX_64K, "ttft_units"), units(pre, stock_arm, CTX_64K, "ttft_units"),
+                           ttfts.get(CTX_64K)) if own else None
+        row.update(ttft_64k_x=t.ratio if t else None, ttft_lo=t.lo if t else None, ttft_hi=t.hi if t else None,
+                   ttft_status=_judge(t, t3.limit, f"{t.n_b} / {t.n_a} prefills: not enough prefills" if t else "")
+                   if t else "not measured", ttft_rule=t.rule if t else "")
+        row["all_met"] = all(row[k] == "met" for k in ("speedup_status", "keep_status", "ttft_status"))
         out.append(row)
     return pd.DataFrame(out)

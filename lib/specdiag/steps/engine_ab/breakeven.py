@@ -26,18 +26,20 @@ counts: on SGLang, NGRAM's later requests on the same prompt may draft from the 
 each decode request its own tail, rows ``tail_seed``, so none re-decodes another's answer); the embedded engine's
 NGRAM looks up only the request's own tokens, so its repeats commit alike.
 
-**The ratio** speculating / off of the medians over requests, with a percentile bootstrap interval (requests of each
-side resampled independently, :func:`specdiag.stats.compare_requests`: its resamples, seed 0, 95%). Its verdict: "pays" (the
-interval above 1), "costs" (below 1), "tie" (it contains 1).
+**The ratio** speculating / off of the medians over requests, with its interval over requests
+(:func:`specdiag.spread.compare_across`: the distribution-free interval at the level it has; where the two arms'
+requests came from several machines, a difference must also clear the spread between servers, taken from the run's
+ms per verify step per context, :func:`step_spreads`). Its verdict: "pays" (the interval above 1, and the spread),
+"costs" (below), "tie" (otherwise).
 
-**The break-even context** (:func:`break_even`): scanning the contexts that have enough requests upward, the first
-where the ratio is at or below 1 and the one before it, where it pays; the crossing interpolated on log-context
-(log ratio linear in log context between the two). Its interval: the same crossing of the interval's lower ends
-(the earliest the line can fall) and of its upper ends (the latest), open ("at or below" the shortest context,
-"beyond" the longest) where those do not cross inside the measured range. A curve at or below 1 at the shortest
-context that rises above it later *starts* paying there (speculation off below, on above: a fast verify kernel
-against a plain decode that slows with context, at a low commit). No crossing: "always pays" or "never pays" within
-the measured range; every cell a tie: "tie".
+**The break-even** (:func:`break_even`), read from the verdicts, not the ratios alone: "always pays" (every cell
+pays), "never pays" (no cell pays), "tie" (every cell ties); else where the verdict changes: speculation **stops
+paying** between the last context where it pays and the next context where it does not (a tie or a cost), and
+**starts paying** between the last context where it does not and the first where it pays; a line never starts or
+stops on a tie alone. The two contexts are the bracket the page states (``lo_tokens``, ``hi_tokens``); between them
+nothing is measured, so there is no interval of the crossing. Where the ratio crosses 1 inside the bracket, the
+context where it does so is interpolated on log-context (log ratio linear in log context) and said as "about",
+computed; where it does not (a tie above 1), no such context is given.
 
 **Per text kind, measured**: where the run's rows carry another ``prompt_kind`` than novel prose (``specdiag sweep
 --measure engine_ab`` with the setting ``kinds: [novel, predictable]``), each kind's cells pair the two arms' requests
@@ -66,7 +68,8 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
-from specdiag.stats import MIN_REQUESTS, NOT_ENOUGH, compare_requests
+from specdiag.spread import Sample, Spread, compare_across, machine_of, server_of, server_spreads
+from specdiag.stats import MIN_REQUESTS, NOT_ENOUGH, level_text
 from specdiag.steps.engine_ab.analysis import _f, tok
 from specdiag.steps.engine_ab.arms import algorithm_of, backend_of, checks_verify, draft_tokens_of, step_sizes
 
@@ -144,29 +147,37 @@ class Cell:
     on_tok_s: float | None      #: median over requests (measured, or computed for a text kind)
     off_tok_s: float | None     #: median over requests (measured)
     ratio: float | None         #: on / off (computed)
-    lo: float | None            #: the interval's lower end (bootstrap, computed)
+    lo: float | None            #: the interval's lower end (computed)
     hi: float | None
     verdict: str                #: "pays", "costs", "tie" or "not enough requests"
     kind: str = "novel"         #: the text: 09's prompts are novel prose
     source: str = "measured"    #: "measured" (09's requests) or "computed" (04's commit x 09's step)
+    level: float | None = None  #: the interval's level (exact, :func:`specdiag.stats.ratio_interval`)
+    rule: str = ""              #: how the servers entered the verdict (:mod:`specdiag.spread`)
 
 
 VERDICTS = {"higher": "pays", "lower": "costs", "tie": "tie", NOT_ENOUGH: NOT_ENOUGH}
 
 
-def ratio_cell(arm: str, off_arm: str, context_tokens: int, on: Sequence[float], off: Sequence[float],
-               commit: float | None = None, kind: str = "novel", seed: int = 0) -> Cell:
+def _as_samples(values: Sequence[float | Sample]) -> list[Sample]:
+    return [v if isinstance(v, Sample) else Sample(float(v)) for v in values]
+
+
+def ratio_cell(arm: str, off_arm: str, context_tokens: int, on: Sequence[float | Sample],
+               off: Sequence[float | Sample], commit: float | None = None, kind: str = "novel",
+               spread: Spread | None = None) -> Cell:
     """The cell of one context (module doc). ``on``: the speculating arm's tokens/s per request, or, with ``commit``
     (a commit per verify step from elsewhere), its ms per verify step per request, each turned into commit x 1000 /
-    ms (computed). ``off``: the off arm's tokens/s per request. The ratio and its interval:
-    :func:`specdiag.stats.compare_requests` (off as A, on as B)."""
-    on, off = [float(x) for x in on], [float(x) for x in off]
+    ms (computed). ``off``: the off arm's tokens/s per request. Plain numbers are requests of one machine; samples
+    (:class:`specdiag.spread.Sample`) carry their server and machine, and ``spread`` is what a difference across
+    machines must clear. The ratio and its interval: :func:`specdiag.spread.compare_across` (off as A, on as B)."""
+    on_s, off_s = _as_samples(on), _as_samples(off)
     if commit is not None:
-        on = [commit * 1000.0 / x for x in on if x > 0]
+        on_s = [Sample(commit * 1000.0 / x.value, x.server, x.machine) for x in on_s if x.value > 0]
     source = "computed" if commit is not None else "measured"
-    c = compare_requests(off, on, seed=seed, min_requests=MIN_REQUESTS)
+    c = compare_across(off_s, on_s, spread, min_requests=MIN_REQUESTS)
     return Cell(arm, off_arm, int(context_tokens), c.n_b, c.n_a, c.median_b, c.median_a, c.ratio, c.lo, c.hi,
-                VERDICTS[c.verdict], kind, source)
+                VERDICTS[c.verdict], kind, source, c.level, c.rule)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -183,9 +194,9 @@ def _interp(c0: float, r0: float, c1: float, r1: float) -> float:
 
 def crossing(contexts: Sequence[float], ratios: Sequence[float]) -> tuple[str, float | None]:
     """Where a ratio curve first crosses 1, going up in context: ("crosses", the context interpolated on log-context
-    between the last context where it pays and the first where it does not), ("starts", likewise where a curve at
-    or below 1 at the shortest context first rises above 1: speculation starts paying there), ("always pays", None)
-    or ("never pays", None)."""
+    between the last context where it is above 1 and the first where it is not), ("starts", likewise where a curve at
+    or below 1 at the shortest context first rises above 1), ("always pays", None) or ("never pays", None). On ratios
+    alone: :func:`break_even` decides on the verdicts and uses this only inside a bracket."""
     pts = sorted(zip(contexts, ratios))
     if not pts:
         return "never pays", None
@@ -204,70 +215,76 @@ def crossing(contexts: Sequence[float], ratios: Sequence[float]) -> tuple[str, f
 
 @dataclass(frozen=True)
 class BreakEven:
-    """One arm pair's (and text kind's) break-even context, its interval and the sentence a page shows."""
+    """One arm pair's (and text kind's) break-even: the outcome, the bracket of measured contexts it lies in, the
+    interpolated context where the ratio crosses 1 (where it does inside the bracket) and the sentence a page shows."""
 
     arm: str
     off_arm: str
     kind: str
     source: str                        #: "measured" or "computed"
     outcome: str                       #: "crosses", "starts", "always pays", "never pays", "tie", "not enough requests"
-    context_tokens: float | None       #: where speculation stops paying (interpolated, computed)
-    lo_tokens: float | None            #: the interval's lower end; None: at or below the shortest context
-    hi_tokens: float | None            #: its upper end; None: beyond the longest context
+    context_tokens: float | None       #: where the ratio crosses 1, interpolated on log-context (None: not inside)
+    lo_tokens: float | None            #: the bracket's measured lower context (the verdict before the change)
+    hi_tokens: float | None            #: its upper context (the first verdict after it)
     contexts: tuple[int, ...]          #: the contexts the line rests on (enough requests on both sides)
-    pays_again: tuple[int, ...] = ()   #: contexts past the crossing where the verdict turns back (pays / costs again)
+    pays_again: tuple[int, ...] = ()   #: contexts past the bracket where the verdict turns back (pays / costs again)
     text: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
+def _said(c: Cell) -> str:
+    return f"{c.verdict}, {float(c.ratio):.3g}x" if c.ratio is not None else c.verdict
+
+
 def break_even(cells: Sequence[Cell]) -> BreakEven:
-    """The break-even of one arm pair and text kind from its cells (module doc)."""
+    """The break-even of one arm pair and text kind from its cells (module doc: read from the verdicts)."""
     first = cells[0] if cells else None
     arm, off_arm = (first.arm, first.off_arm) if first else ("", "")
     kind, source = (first.kind, first.source) if first else ("novel", "measured")
-    use = sorted((c for c in cells if c.verdict != "not enough requests"), key=lambda c: c.context_tokens)
+    use = sorted((c for c in cells if c.verdict != NOT_ENOUGH), key=lambda c: c.context_tokens)
     ctxs = tuple(c.context_tokens for c in use)
     who = f"{arm} against {off_arm}" + ("" if kind == "novel" and source == "measured" else
                                         f", at the first request's commit ({source})" if kind == FIRST_REQUEST else
                                         f", {kind} text ({source})")
     if not use:
         short = sorted({c.context_tokens for c in cells})
-        return BreakEven(arm, off_arm, kind, source, "not enough requests", None, None, None, (), (),
+        return BreakEven(arm, off_arm, kind, source, NOT_ENOUGH, None, None, None, (), (),
                          f"{who}: not enough requests (fewer than {MIN_REQUESTS} on a side at "
                          f"{', '.join(tok(c) for c in short) or 'any context'}): no break-even")
     ratios = [float(c.ratio) for c in use]  # type: ignore[arg-type]
     span = f"{tok(ctxs[0])}-{tok(ctxs[-1])}" if len(ctxs) > 1 else tok(ctxs[0])
-    if all(c.verdict == "tie" for c in use):
-        return BreakEven(arm, off_arm, kind, source, "tie", None, None, None, ctxs, (),
-                         f"{who}: a tie at every measured context ({span}; ratio "
-                         f"{min(ratios):.3g}-{max(ratios):.3g}, each interval holding 1): neither pays")
-    outcome, at = crossing(ctxs, ratios)
-    if outcome not in ("crosses", "starts"):
-        ties = [c.context_tokens for c in use if c.verdict == "tie"]
-        tie_text = f"; a tie at {', '.join(tok(c) for c in ties)}" if ties else ""
-        return BreakEven(arm, off_arm, kind, source, outcome, None, None, None, ctxs, (),
-                         f"{who}: {outcome} within the measured range ({span}; ratio "
-                         f"{min(ratios):.3g}-{max(ratios):.3g}{tie_text})")
-    lo_out, lo_at = crossing(ctxs, [float(c.lo) for c in use])  # type: ignore[arg-type]
-    hi_out, hi_at = crossing(ctxs, [float(c.hi) for c in use])  # type: ignore[arg-type]
-    if outcome == "crosses":  # the lower ends fall first (the earliest the line can be), the upper ends last
-        lo_tokens = lo_at if lo_out == "crosses" else None
-        hi_tokens = hi_at if hi_out == "crosses" else None
-        past = [c.context_tokens for c in use if at is not None and c.context_tokens > at and float(c.ratio) > 1.0]  # type: ignore[arg-type]
-        verb, again = "stops paying", "it pays again at"
-    else:  # starts: the upper ends rise above 1 first, the lower ends last
-        lo_tokens = hi_at if hi_out == "starts" else None
-        hi_tokens = lo_at if lo_out == "starts" else None
-        past = [c.context_tokens for c in use if at is not None and c.context_tokens > at and float(c.ratio) <= 1.0]  # type: ignore[arg-type]
-        verb, again = "starts paying", "it costs again at"
-    lo_text = f"{tok(lo_tokens)}" if lo_tokens is not None else f"at or below {tok(ctxs[0])}"
-    hi_text = f"{tok(hi_tokens)}" if hi_tokens is not None else f"beyond {tok(ctxs[-1])}"
-    text = (f"{who}: speculation {verb} at about {tok(at)} tokens (interval from {lo_text} to {hi_text}, from the "
-            f"requests' spread; measured {span})"
-            + (f"; {again} {', '.join(tok(c) for c in past)}" if past else ""))
-    return BreakEven(arm, off_arm, kind, source, outcome, at, lo_tokens, hi_tokens, ctxs, tuple(past), text)
+    pays = [c.verdict == "pays" for c in use]
+    ties = [c.context_tokens for c in use if c.verdict == "tie"]
+    tie_text = f"; a tie at {', '.join(tok(c) for c in ties)}" if ties else ""
+    if all(pays) or not any(pays):
+        outcome = ("tie" if len(ties) == len(use) else "always pays" if all(pays) else "never pays")
+        text = (f"{who}: a tie at every measured context ({span}; ratio {min(ratios):.3g}-{max(ratios):.3g}, each "
+                "interval holding 1 or inside the spread between servers): neither pays" if outcome == "tie" else
+                f"{who}: {outcome} within the measured range ({span}; ratio {min(ratios):.3g}-{max(ratios):.3g}"
+                f"{tie_text})")
+        return BreakEven(arm, off_arm, kind, source, outcome, None, None, None, ctxs, (), text)
+    if pays[0]:  # pays from the shortest context, then stops
+        j = pays.index(False)
+        outcome, verb, again_verb = "crosses", "stops paying", "it pays again at"
+        past = [c.context_tokens for c in use[j + 1:] if c.verdict == "pays"]
+        inside = ratios[j - 1] > 1.0 >= ratios[j]
+    else:  # does not pay at the shortest context, pays later
+        j = pays.index(True)
+        outcome, verb, again_verb = "starts", "starts paying", "it stops again at"
+        past = [c.context_tokens for c in use[j + 1:] if c.verdict != "pays"]
+        inside = ratios[j - 1] <= 1.0 < ratios[j]
+    c0, c1 = use[j - 1], use[j]
+    at = _interp(c0.context_tokens, max(ratios[j - 1], 1e-12), c1.context_tokens, ratios[j]) if inside else None
+    text = (f"{who}: speculation {verb} between {tok(c0.context_tokens)} ({_said(c0)}) and {tok(c1.context_tokens)} "
+            f"({_said(c1)})"
+            + (f", about {tok(at)} where the ratio crosses 1 interpolated on log-context (computed; nothing is measured"
+               " between the two, so no interval)" if at is not None else
+               ", the ratio not crossing 1 between them (no context interpolated)")
+            + f"; measured {span}" + (f"; {again_verb} {', '.join(tok(c) for c in past)}" if past else ""))
+    return BreakEven(arm, off_arm, kind, source, outcome, at, float(c0.context_tokens), float(c1.context_tokens),
+                     ctxs, tuple(past), text)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -291,18 +308,37 @@ def _decode_rows(rows: Iterable[Mapping[str, Any]], arm: str, kind: str = "novel
     return out
 
 
-def measured_cells(rows: Sequence[Mapping[str, Any]], pairs: Sequence[Pair]) -> list[Cell]:
+def step_spreads(rows: Sequence[Mapping[str, Any]]) -> dict[int, Spread]:
+    """The spread between servers per context from every arm's decode requests' ms per step (:mod:`specdiag.spread`):
+    what a tokens/s difference across machines must clear (a server's speed is its step's; the commit is the
+    drafter's)."""
+    cells: dict[tuple[str, int], list[Sample]] = {}
+    for r in rows:
+        step = _f(r.get("step_ms"))
+        if r.get("phase") == "decode" and not r.get("error") and step is not None:
+            cells.setdefault((str(r.get("arm")), int(r["context_tokens"])), []).append(
+                Sample(step, server_of(r), machine_of(r)))
+    return server_spreads(cells, "ms", tok)  # type: ignore[return-value]
+
+
+def _tok_s(rs: Iterable[Mapping[str, Any]], speculating: bool) -> list[Sample]:
+    return [Sample(x, server_of(r), machine_of(r)) for r in rs if (x := request_tok_s(r, speculating)) is not None]
+
+
+def measured_cells(rows: Sequence[Mapping[str, Any]], pairs: Sequence[Pair],
+                   spreads: Mapping[int, Spread] | None = None) -> list[Cell]:
     """Every pair's cells at the contexts both arms decoded, per text kind the rows hold (novel prose first), from
-    the ``engine_ab`` rows (measured)."""
+    the ``engine_ab`` rows (measured); ``spreads`` (:func:`step_spreads`, from these rows where not given) is what a
+    difference across machines must clear."""
+    spreads = step_spreads(rows) if spreads is None else spreads
     kinds = sorted({_kind(r) for r in rows}, key=lambda k: (k != "novel", k))
     out = []
     for kind in kinds:
         for p in pairs:
             on, off = _decode_rows(rows, p.arm, kind), _decode_rows(rows, p.off_arm, kind)
             for ctx in sorted(set(on) & set(off)):
-                a = [x for r in on[ctx] if (x := request_tok_s(r, True)) is not None]
-                b = [x for r in off[ctx] if (x := request_tok_s(r, False)) is not None]
-                out.append(ratio_cell(p.arm, p.off_arm, ctx, a, b, kind=kind))
+                out.append(ratio_cell(p.arm, p.off_arm, ctx, _tok_s(on[ctx], True), _tok_s(off[ctx], False),
+                                      kind=kind, spread=spreads.get(ctx)))
     return out
 
 
@@ -331,18 +367,20 @@ def probe_arm(pairs: Sequence[Pair], probe_server: Mapping[str, Any]) -> Pair | 
     return next((p for p in pairs if algo and p.algorithm == algo and p.draft_tokens == k), None)
 
 
-def computed_cells(rows: Sequence[Mapping[str, Any]], pair: Pair, commits: Mapping[tuple[str, int], float]
-                   ) -> list[Cell]:
+def computed_cells(rows: Sequence[Mapping[str, Any]], pair: Pair, commits: Mapping[tuple[str, int], float],
+                   spreads: Mapping[int, Spread] | None = None) -> list[Cell]:
     """Per text kind 04 probed, the pair's cells at the contexts 04 and both arms measured: 04's commit x 1000 over
     the speculating arm's ms per verify step per request (computed) against the off arm's tokens/s (measured)."""
+    spreads = step_spreads(rows) if spreads is None else spreads
     on, off = _decode_rows(rows, pair.arm), _decode_rows(rows, pair.off_arm)
     out = []
     for (kind, ctx), commit in sorted(commits.items()):
         if ctx not in on or ctx not in off:
             continue
-        steps = [x for r in on[ctx] if (x := _f(r.get("step_ms"))) is not None and x > 0]
-        b = [x for r in off[ctx] if (x := request_tok_s(r, False)) is not None]
-        out.append(ratio_cell(pair.arm, pair.off_arm, ctx, steps, b, commit=commit, kind=kind))
+        steps = [Sample(x, server_of(r), machine_of(r)) for r in on[ctx]
+                 if (x := _f(r.get("step_ms"))) is not None and x > 0]
+        out.append(ratio_cell(pair.arm, pair.off_arm, ctx, steps, _tok_s(off[ctx], False), commit=commit, kind=kind,
+                              spread=spreads.get(ctx)))
     return out
 
 
@@ -404,14 +442,13 @@ def best_draft_lengths(cells: Sequence[Cell], pairs: Sequence[Pair],
             ties: list[str] = []
             verdict = "best"
             if rows:
-                mine = _decode_rows(rows, best.arm).get(ctx, [])
-                a = [x for r in mine if (x := request_tok_s(r, True)) is not None]
+                spreads = step_spreads(rows)
+                a = _tok_s(_decode_rows(rows, best.arm).get(ctx, []), True)
                 for c in at:
                     if c.arm == best.arm:
                         continue
-                    theirs = _decode_rows(rows, c.arm).get(ctx, [])
-                    b = [x for r in theirs if (x := request_tok_s(r, True)) is not None]
-                    cmp = compare_requests(b, a, min_requests=MIN_REQUESTS)
+                    b = _tok_s(_decode_rows(rows, c.arm).get(ctx, []), True)
+                    cmp = compare_across(b, a, spreads.get(ctx), min_requests=MIN_REQUESTS)
                     if cmp.verdict == NOT_ENOUGH:
                         verdict = NOT_ENOUGH
                     elif cmp.verdict != "higher":
@@ -445,7 +482,8 @@ class Analysis:
                  "context_tokens": c.context_tokens, "requests": f"{c.n_on} / {c.n_off}", "on_tok_s": c.on_tok_s,
                  "off_tok_s": c.off_tok_s, "ratio_x": c.ratio, "interval_x": (f"{c.lo:.3g}-{c.hi:.3g}"
                                                                               if c.lo is not None else None),
-                 "verdict": c.verdict} for c in self.cells]
+                 "level": (level_text(c.level) if c.level is not None else None), "verdict": c.verdict,
+                 "rule": c.rule} for c in self.cells]
 
 
 def analyse(rows: Sequence[Mapping[str, Any]], arms_meta: Mapping[str, Any], arm_names: Sequence[str],
@@ -453,7 +491,8 @@ def analyse(rows: Sequence[Mapping[str, Any]], arms_meta: Mapping[str, Any], arm
     """The run's twins, cells (measured; computed per text kind where 04 probed a server that runs one paired arm's
     algorithm and draft tokens), break-evens and best draft lengths (module doc)."""
     pairs, off = pair_arms(arms_meta, arm_names)
-    cells = measured_cells(rows, pairs)
+    spreads = step_spreads(rows)
+    cells = measured_cells(rows, pairs, spreads)
     commits = probe_commits(probe_rows)
     arm = probe_arm(pairs, probe_server or {}) if commits else None
     if not commits:
@@ -464,7 +503,7 @@ def analyse(rows: Sequence[Mapping[str, Any]], arms_meta: Mapping[str, Any], arm
                 f"{srv.get('speculative_num_draft_tokens')} tokens per verify step, which no paired arm runs: "
                 "no computed line per text kind")
     else:
-        extra = computed_cells(rows, arm, commits)
+        extra = computed_cells(rows, arm, commits, spreads)
         cells += extra
         kinds = sorted({c.kind for c in extra})
         note = (f"per text kind ({', '.join(kinds)}): 04's commit per verify step x 1000 / {arm.arm}'s measured ms "
@@ -474,5 +513,5 @@ def analyse(rows: Sequence[Mapping[str, Any]], arms_meta: Mapping[str, Any], arm
     recall = {p.arm: r for p in pairs if (r := recalled(rows, p))}
     for p in pairs:
         if p.arm in recall:
-            cells += computed_cells(rows, p, {(FIRST_REQUEST, c): v[0] for c, v in recall[p.arm].items()})
+            cells += computed_cells(rows, p, {(FIRST_REQUEST, c): v[0] for c, v in recall[p.arm].items()}, spreads)
     return Analysis(pairs, off, cells, break_evens(cells), best_draft_lengths(cells, pairs, rows), note, recall)

@@ -51,6 +51,8 @@ class Page:
     tt: pd.DataFrame = field(default_factory=pd.DataFrame)
     scorecard: pd.DataFrame = field(default_factory=pd.DataFrame)  #: each arm against every target (the targets section)
     brk_finding: Any = None
+    brk: Any = None  #: the break-even's analysis (breakeven.Analysis)
+    answer: Any = None  #: the one answer (answer.answer_finding)
 
 
 def start(server_url: str = "", run_dir: str = "", replay_dir: str = "", arms: str = "", only: Sequence[str] = (),
@@ -254,19 +256,21 @@ def targets(pg: Page) -> Section:
     def keep(df: pd.DataFrame) -> pd.DataFrame:
         return df[df["arm"].isin(spec)] if not df.empty else df
 
-    pg.tt = analysis.targets(keep(pg.dec), keep(pg.pre), spec, pg.geom.num_layers if pg.geom else None,
-                             p["stock_arm"], p["plugin_arm"], pg.arms_meta)
-    s = Section().table(pg.tt, {"target": "target", "status": "status", "arm": "arm judged",
-                                "value": "value (computed)", "limit": "limit (the target)", "unit": "unit",
-                                "why": "why not measurable, or what it leaves out"},
-                        formats={"value": "{:,.3g}", "limit": "{:g}"}, dash_means="not measured")
     from specdiag.steps.engine_ab.arms import checks_verify  # noqa: PLC0415
 
     serving = [a for a in spec if not checks_verify(pg.arms_meta.get(a) or {})]  # a check arm times its check
     card = analysis.scorecard(pg.dec, pg.pre, serving, p["stock_arm"])
+    pg.scorecard = card
+    pg.tt = analysis.targets(keep(pg.dec), keep(pg.pre), spec, pg.geom.num_layers if pg.geom else None,
+                             p["stock_arm"], p["plugin_arm"], pg.arms_meta, card)
+    s = Section().table(pg.tt, {"target": "target", "status": "status", "arm": "arm judged",
+                                "value": "value (computed)", "lo": "interval from", "hi": "to",
+                                "limit": "limit (the target)", "unit": "unit", "rule": "servers",
+                                "why": "why not measurable, or what it leaves out"},
+                        formats={"value": "{:,.3g}", "lo": "{:,.3g}", "hi": "{:,.3g}", "limit": "{:g}"},
+                        dash_means="not measured")
     if card.empty:
         return s
-    pg.scorecard = card
 
     def span(lo: Any, hi: Any) -> str | None:
         return f"{lo:,.3g}-{hi:,.3g}" if pd.notna(lo) and pd.notna(hi) else None
@@ -276,15 +280,17 @@ def targets(pg: Page) -> Section:
         "speedup": card["speedup_128k_x"], "speedup_ci": [span(a, b) for a, b in zip(card["speedup_lo"], card["speedup_hi"])],
         "speedup_status": card["speedup_status"],
         "keep": card["keep_128k"], "keep_ci": [span(a, b) for a, b in zip(card["keep_lo"], card["keep_hi"])],
-        "keep_status": card["keep_status"], "ttft": card["ttft_64k_x"], "ttft_status": card["ttft_status"]})
+        "keep_status": card["keep_status"], "ttft": card["ttft_64k_x"],
+        "ttft_ci": [span(a, b) for a, b in zip(card["ttft_lo"], card["ttft_hi"])], "ttft_status": card["ttft_status"]})
     winners = list(card.loc[card["all_met"], "arm"])
-    s.text("Each arm against every target (ratios of medians over requests, 95% bootstrap interval; met only where "
-           "the interval clears the target): " + (f"{', '.join(winners)} meets all three." if winners else
-                                                  "no single arm meets all three targets."))
+    s.text("Each arm against every target (ratios of medians over requests, each with its distribution-free interval "
+           "at the level the requests allow, widened by the spread between servers where they came from several "
+           "machines; met only where that clears the target, and only a target met on an interval counts): "
+           + (f"{', '.join(winners)} meets all three." if winners else "no single arm meets all three targets."))
     return s.table(shown, {"arm": "arm", "speedup": f"x {p['stock_arm']}'s step at 128k", "speedup_ci": "its interval",
                            "speedup_status": "100x?", "keep": "1k step / 128k step", "keep_ci": "interval (1k / 128k)",
                            "keep_status": "0.60?", "ttft": f"{p['stock_arm']}'s TTFT / its own at 64k",
-                           "ttft_status": "10x?"},
+                           "ttft_ci": "interval (TTFT)", "ttft_status": "10x?"},
                    formats={"speedup": "{:,.3g}", "keep": "{:.3g}", "ttft": "{:,.3g}"}, dash_means="not measured")
 
 
@@ -300,6 +306,7 @@ def break_even(pg: Page) -> Section:
     meta, s = pg.ctx.source.meta, Section()
     brk = breakeven.analyse(pg.rows, pg.arms_meta, pg.arm_names, pg.ctx.source.rows("commit_probe"),
                             dict(meta.get("server") or {}))
+    pg.brk = brk
     pg.brk_finding = verdicts.break_even_finding(brk.pairs, brk.off_arms, brk.evens, brk.best_drafts,
                                                  brk.computed_note, brk.recall)
     if brk.cells:
@@ -307,7 +314,8 @@ def break_even(pg: Page) -> Section:
             "arm": "speculating arm", "off_arm": "off arm", "kind": "text", "source": "source",
             "context_tokens": "context (tokens)", "requests": "requests (on / off)",
             "on_tok_s": "on (tokens/s, median)", "off_tok_s": "off (tokens/s, median, measured)",
-            "ratio_x": "on / off (x, computed)", "interval_x": "95% interval (x, bootstrap)", "verdict": "verdict"},
+            "ratio_x": "on / off (x, computed)", "interval_x": "interval (x, over requests)",
+            "level": "its level", "verdict": "verdict", "rule": "servers"},
             dash_means="not enough requests for an interval")
         fig, ax = plt.subplots(figsize=(9, 4.6))
         eplots.tok_s_on_off(ax, brk.cells, brk.evens, pg.styles, source=f"measured, {pg.src_note}")
@@ -320,10 +328,15 @@ def findings(pg: Page) -> Section:
     """Section 9: the verdicts (``data["found"]``), said to come from the reference run when nothing was asked for."""
     from specdiag import findings as sfind  # noqa: PLC0415
 
+    from specdiag.steps.engine_ab import answer  # noqa: PLC0415
+
     p = pg.params
+    pg.answer = answer.answer_finding(answer.answers(pg.df, pg.dec, pg.pre, pg.arms_meta,
+                                                     pg.brk.recall if pg.brk is not None else None))
     found = sfind.sort_findings(verdicts.findings(pg.dec, pg.pre, pg.own_floors, pg.bands, pg.tt, pg.gaps,
                                                   pg.arms_meta, p["stock_arm"], p["plugin_arm"],
-                                                  p["floor_ratio_threshold"]) + [pg.brk_finding])
+                                                  p["floor_ratio_threshold"], pg.answer, pg.scorecard)
+                                + [pg.brk_finding])
     s = Section(data={"found": found})
     if pg.ctx.recorded_from:
         s.markdown(f"These findings come from the recorded run `{pg.ctx.recorded_from}`, not from a measurement of "
@@ -333,4 +346,4 @@ def findings(pg: Page) -> Section:
 
 def metrics(pg: Page) -> dict[str, Any]:
     return verdicts.metrics(pg.dec, pg.pre, pg.floors, pg.bands, pg.tt, pg.gaps, pg.arm_names,
-                            pg.brk_finding.numbers)
+                            pg.brk_finding.numbers, pg.answer, pg.scorecard)

@@ -104,8 +104,9 @@ def tok_s_on_off(ax: Any, cells: Sequence[Any], evens: Sequence[Any], styles: di
                  source: str = "measured") -> None:
     """Decode tokens/s against context of each speculating arm (solid on novel prose; dash-dot on another text kind
     the run measured; dotted: a text kind computed from 04's commits) and of its speculation-off twin (dashed, grey;
-    square markers on novel prose, diamonds on another kind), medians over requests; a vertical line where a measured
-    line crosses (:mod:`.breakeven`), its interval shaded. ``cells``: :class:`.breakeven.Cell`s."""
+    square markers on novel prose, diamonds on another kind), medians over requests; the bracket of measured contexts
+    a measured line stops or starts paying between shaded (:mod:`.breakeven`), a vertical line where the ratio crosses
+    1 inside it (interpolated). ``cells``: :class:`.breakeven.Cell`s."""
     contexts: list[int] = []
     offs_drawn: set[tuple[str, str]] = set()
     for (arm, kind, src), group in _groups(cells).items():
@@ -132,11 +133,14 @@ def tok_s_on_off(ax: Any, cells: Sequence[Any], evens: Sequence[Any], styles: di
             continue
         color = styles.get(b.arm, {"color": "grey"})["color"]
         novel = b.kind == "novel"
-        ax.axvline(b.context_tokens, color=color, linewidth=1, linestyle="-." if novel else ":")
+        if b.context_tokens is not None:
+            ax.axvline(b.context_tokens, color=color, linewidth=1, linestyle="-." if novel else ":")
         lo = b.lo_tokens if b.lo_tokens is not None else min(b.contexts)
         hi = b.hi_tokens if b.hi_tokens is not None else max(b.contexts)
         ax.axvspan(lo, hi, color=color, alpha=0.08 if novel else 0.04,
-                   label=f"{b.arm}{'' if novel else ', ' + _kind_words(b.kind)}: break-even and its interval (computed)")
+                   label=f"{b.arm}{'' if novel else ', ' + _kind_words(b.kind)}: "
+                         f"{'stops' if b.outcome == 'crosses' else 'starts'} paying in this bracket (measured ends; "
+                         "the line inside it interpolated)")
     dotted = any(src == "computed" for _a, _k, src in _groups(cells))
     _finish(ax, sorted(set(contexts)), "decode tokens/s (median over requests, log)",
             "Decode tokens/s, speculation on and off",

@@ -1,7 +1,8 @@
 """09's findings and key numbers from :mod:`.analysis`'s tables (pure): each arm's prefill against its floor, the
 measured fix of each collapse (decode: the plugin against stock Triton; prefill: the arm with the shortest TTFT
 against stock Triton) in the shape 07's diagnosis reads (``numbers['fix']``, ``['fix_speedup_x']``,
-``['fix_phase']``), the verdict per band, the targets and what the run lacks."""
+``['fix_phase']``), the fastest verify step per band, the targets (judged once, on the scorecard), what the run lacks,
+and the one answer (:mod:`.answer`: which arm to run, the first token weighed against decode by output length)."""
 
 from __future__ import annotations
 
@@ -158,94 +159,6 @@ def prefill_floor_finding(own_floors: Mapping[str, Sequence[prefill.PrefillFloor
     return max(found, key=lambda f: float(f.numbers["ttft_over_floor_x"])) if found else None
 
 
-def break_even_steps(extra_ttft_s: float, saved_step_ms: float) -> float:
-    """Verify steps after which an arm that prefills ``extra_ttft_s`` slower but verifies ``saved_step_ms`` faster per
-    step has caught up (inf when it saves nothing)."""
-    return extra_ttft_s * 1000.0 / saved_step_ms if saved_step_ms > 0 else float("inf")
-
-
-def break_even_range(ttft_fast_s: Sequence[float], ttft_quick_s: Sequence[float], step_quick_ms: Sequence[float],
-                     step_fast_ms: Sequence[float]) -> tuple[float, float]:
-    """The break-even steps' range over the requests measured: the fewest steps (least extra prefill over the most
-    saved per step) to the most (most extra prefill over the least saved; inf when some pair of requests saves
-    nothing). Each argument holds one value per request."""
-    extra_lo = min(ttft_fast_s) - max(ttft_quick_s)
-    extra_hi = max(ttft_fast_s) - min(ttft_quick_s)
-    saved_lo = min(step_quick_ms) - max(step_fast_ms)
-    saved_hi = max(step_quick_ms) - min(step_fast_ms)
-    low = break_even_steps(max(extra_lo, 0.0), saved_hi)
-    high = break_even_steps(extra_hi, saved_lo)
-    return low, high
-
-
-def tradeoff(dec: pd.DataFrame, pre: pd.DataFrame) -> Finding | None:
-    """At the longest context where two or more arms have a decode and an own TTFT: the arm with the fastest verify
-    step against the arm with the shortest TTFT. When they differ, what the faster decode costs in prefill and after
-    how many verify steps (and tokens, at the fast arm's first-request commit length) it has paid that back."""
-    if dec.empty or pre.empty:
-        return None
-    own = pre[pre["own"]]
-    both = [(c, set(dec[dec["context_tokens"] == c]["arm"]) & set(own[own["context_tokens"] == c]["arm"]))
-            for c in sorted(set(dec["context_tokens"]), reverse=True)]
-    ctx, arms = next(((int(c), a) for c, a in both if len(a) >= 2), (None, set()))
-    if ctx is None:
-        return None
-    d = dec[(dec["context_tokens"] == ctx) & dec["arm"].isin(arms)]
-    p = own[(own["context_tokens"] == ctx) & own["arm"].isin(arms)]
-    fast = d.loc[d["step_ms"].idxmin()]
-    quick = p.loc[p["ttft_s"].idxmin()]
-    fast_ttft = p[p["arm"] == fast["arm"]]["ttft_s"]
-    if fast["arm"] != quick["arm"] and not fast_ttft.empty and ttft_tie(float(fast_ttft.iloc[0]),
-                                                                         float(quick["ttft_s"])):
-        return Finding("engine_ab.tradeoff", f"{fast['arm']} verifies fastest at {tok(ctx)} tokens and its prefill ties",
-                       f"At {ctx:,} tokens {fast['arm']} has the fastest verify step ({float(fast['step_ms']):,.3g} ms); "
-                       f"its first token ({float(fast_ttft.iloc[0]):,.3g} s) is within {TTFT_TIE_X - 1:.0%} of the "
-                       f"shortest, {quick['arm']}'s {float(quick['ttft_s']):,.3g} s (one request each): a tie, so "
-                       "nothing is traded.", "ok",
-                       ("medians of the decode requests; TTFTs of each arm alone (measured)",
-                        f"single-request TTFTs within {TTFT_TIE_X:g}x of each other are a tie"),
-                       {"context_tokens": ctx, "arm": str(fast["arm"]), "prefill_tie_with": str(quick["arm"])},
-                       "computed")
-    if fast["arm"] == quick["arm"]:
-        return Finding("engine_ab.tradeoff", f"{fast['arm']} is fastest in both phases at {tok(ctx)} tokens",
-                       f"At {ctx:,} tokens {fast['arm']} has the fastest verify step ({float(fast['step_ms']):,.3g} ms) "
-                       f"and the shortest TTFT ({float(quick['ttft_s']):,.3g} s) of {', '.join(sorted(arms))}.", "ok",
-                       ("medians of the decode requests; TTFTs of each arm alone (measured)",),
-                       {"context_tokens": ctx, "arm": str(fast["arm"])}, "computed")
-    step_q = float(d[d["arm"] == quick["arm"]]["step_ms"].iloc[0])
-    ttft_f = float(p[p["arm"] == fast["arm"]]["ttft_s"].iloc[0])
-    extra_s, saved_ms = ttft_f - float(quick["ttft_s"]), step_q - float(fast["step_ms"])
-    steps = break_even_steps(extra_s, saved_ms)
-    def samples(frame: pd.DataFrame, arm: str, col: str) -> list[float]:  # per request; the median where not kept
-        row = frame[frame["arm"] == arm].iloc[0]
-        kept = row.get(col + "_samples")
-        return [float(x) for x in kept] if isinstance(kept, (list, tuple)) and kept else [float(row[col])]
-
-    lo, hi = break_even_range(samples(p, fast["arm"], "ttft_s"), samples(p, quick["arm"], "ttft_s"),
-                              samples(d, quick["arm"], "step_ms"), samples(d, fast["arm"], "step_ms"))
-    n_ttft = (len(samples(p, fast["arm"], "ttft_s")), len(samples(p, quick["arm"], "ttft_s")))
-    span = (f"{lo:,.0f}-{hi:,.0f} steps over the requests' spread" if hi != float("inf")
-            else f"from {lo:,.0f} steps to never over the requests' spread")
-    commit = fast.get("commit_first")
-    tokens = steps * float(commit) if commit is not None and commit == commit else None
-    return Finding(
-        "engine_ab.tradeoff",
-        f"At {tok(ctx)} tokens {fast['arm']} verifies {step_q / float(fast['step_ms']):,.3g}x faster than "
-        f"{quick['arm']} but prefills {ttft_f / float(quick['ttft_s']):,.3g}x slower",
-        f"{fast['arm']}: {float(fast['step_ms']):,.3g} ms per verify step, TTFT {ttft_f:,.3g} s; {quick['arm']}: "
-        f"{step_q:,.3g} ms, TTFT {float(quick['ttft_s']):,.3g} s. The {extra_s:,.3g} s of extra prefill is paid back "
-        f"after {steps:,.0f} verify steps ({span}; TTFTs from {n_ttft[0]} and {n_ttft[1]} request(s))"
-        + (f" (about {tokens:,.0f} tokens at {fast['arm']}'s first-request commit "
-                                              f"of {float(commit):.2f} tokens per step)" if tokens is not None else "")
-        + f": a request that generates less than that finishes sooner on {quick['arm']}.", "info",
-        ("medians of the decode requests; TTFTs of each arm alone (measured)",
-         "break-even steps = extra TTFT / ms saved per step (computed)"),
-        {"context_tokens": ctx, "fast_decode_arm": str(fast["arm"]), "fast_prefill_arm": str(quick["arm"]),
-         "extra_ttft_s": extra_s, "saved_step_ms": saved_ms, "break_even_steps": steps, "break_even_tokens": tokens,
-         "break_even_steps_range": [lo, hi]},
-        "computed")
-
-
 def verdict_finding(verdicts: pd.DataFrame) -> Finding | None:
     if verdicts.empty:
         return None
@@ -261,9 +174,10 @@ def verdict_finding(verdicts: pd.DataFrame) -> Finding | None:
                        "two or more arms: which arm to run is not measured here.", "info", lines, {}, "computed")
     last = judged.iloc[-1]
     against = str(last.get("against_runner_up") or "")
-    title = (f"At the longest band, {last['fastest']} and {last['runner_up']} tie" if against.startswith("tie") else
+    title = (f"At the longest band, {last['fastest']} and {last['runner_up']} verify alike (a tie)"
+             if against.startswith("tie") else
              f"At the longest band, {last['fastest']} and {last['runner_up']}: not enough requests to pick"
-             if against.startswith("not enough") else f"At the longest band, run {last['fastest']}")
+             if against.startswith("not enough") else f"At the longest band, {last['fastest']} verifies fastest")
     return Finding(
         "engine_ab.verdict", title, f"{last['band']}: {last['verdict']}.", "info", lines,
         {"bands": {r.band: {"fastest": r.fastest, "by_x": r.by_x, "against_runner_up": getattr(r, "against_runner_up",
@@ -271,16 +185,31 @@ def verdict_finding(verdicts: pd.DataFrame) -> Finding | None:
                    for r in judged.itertuples()}}, "computed")
 
 
-def targets_finding(tt: pd.DataFrame) -> Finding:
-    counts = {s: int((tt["status"] == s).sum()) for s in ("met", "missed", "not measurable")}
-    sev = "warning" if counts["missed"] else "info" if counts["not measurable"] else "ok"
-    lines = tuple(f"{r.target}: {r.status}" + (f", {r.value:,.3g} {r.unit} against {r.limit:g}" if r.value is not None
-                                                and r.value == r.value else "")
-                  + (f" ({r.why})" if r.why else "") for r in tt.itertuples())
-    return Finding("engine_ab.targets", f"Targets: {counts['met']} met, {counts['missed']} missed, "
-                   f"{counts['not measurable']} not measurable",
-                   "; ".join(f"{r.target_id} {r.status}" for r in tt.itertuples()) + ".", sev,  # type: ignore[arg-type]
-                   lines, {f"{r.target_id}": r.status for r in tt.itertuples()}, "computed")
+def targets_finding(tt: pd.DataFrame, card: pd.DataFrame | None = None) -> Finding:
+    """The targets as :func:`.analysis.targets` judged them (the scorecard's intervals: one judge), and whether one arm
+    meets all three on intervals."""
+    from specdiag.steps.engine_ab.analysis import STATUSES  # noqa: PLC0415
+
+    counts = {s: int((tt["status"] == s).sum()) for s in STATUSES}
+    sev = "warning" if counts["missed"] else "ok" if counts["met"] == len(tt) else "info"
+
+    def line(r: Any) -> str:
+        shown = (f", {r.value:,.3g} {r.unit} against {r.limit:g}" if r.value is not None and r.value == r.value else "")
+        interval = (f" (interval {r.lo:,.3g}-{r.hi:,.3g}; {r.rule})" if r.lo is not None and r.lo == r.lo else "")
+        return f"{r.target}: {r.status}{' by ' + str(r.arm) if r.arm else ''}{shown}{interval}" + (
+            f" ({r.why})" if r.why else "")
+
+    winners = list(card.loc[card["all_met"], "arm"]) if card is not None and not card.empty else []
+    one = (f"{', '.join(winners)} meets all three on intervals" if winners else
+           "no single arm meets all three on intervals") if card is not None and not card.empty else ""
+    title = "Targets: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n) + (f"; {one}" if one else "")
+    return Finding("engine_ab.targets", title,
+                   "; ".join(f"{r.target_id} {r.status}" for r in tt.itertuples()) + (f". {one[0].upper()}{one[1:]}."
+                                                                                     if one else "."),
+                   sev, tuple(line(r) for r in tt.itertuples())  # type: ignore[arg-type]
+                   + ("met only where the interval over requests (widened by the spread between servers where the "
+                      "requests came from several machines) clears the limit; no interval under 3 requests a side",),
+                   {**{f"{r.target_id}": r.status for r in tt.itertuples()}, "all_met_arms": winners}, "computed")
 
 
 def lacks_finding(lacking: Sequence[str]) -> Finding | None:
@@ -292,16 +221,16 @@ def lacks_finding(lacking: Sequence[str]) -> Finding | None:
 
 
 def recommendation(b: be.BreakEven) -> str:
-    """What to run, from one break-even line: speculation on below the context, off above it (or always / never)."""
+    """What to run, from one break-even line: speculation on below the bracket, off above it (or always / never)."""
     span = f"{tok(b.contexts[0])}-{tok(b.contexts[-1])}" if b.contexts else ""
     if b.outcome in ("crosses", "starts"):
-        lo = tok(b.lo_tokens) if b.lo_tokens is not None else f"at or below {tok(b.contexts[0])}"
-        hi = tok(b.hi_tokens) if b.hi_tokens is not None else f"beyond {tok(b.contexts[-1])}"
+        lo, hi = tok(b.lo_tokens), tok(b.hi_tokens)
         below, above, turn = ("on", "off", "pays") if b.outcome == "crosses" else ("off", "on", "costs")
+        about = f", about {tok(b.context_tokens)} interpolated" if b.context_tokens is not None else ""
         again = (f"; but it {turn} again at {', '.join(tok(c) for c in b.pays_again)}, so one line does not hold "
                  "over the measured range" if b.pays_again else "")
-        return (f"speculation {below} below about {tok(b.context_tokens)} tokens and {above} above it "
-                f"(interval from {lo} to {hi}){again}")
+        return (f"speculation {below} up to {lo} and {above} from {hi} (it {'stops' if below == 'on' else 'starts'} "
+                f"paying between the two measured contexts{about}){again}")
     if b.outcome == "always pays":
         return f"speculation on: it always pays on this server ({span} measured)"
     if b.outcome == "never pays":
@@ -312,12 +241,11 @@ def recommendation(b: be.BreakEven) -> str:
 
 
 def in_a_few_words(b: be.BreakEven) -> str:
-    """A break-even line for a title: 'stops paying at about 1.75k tokens', 'always pays (1k-128k)', ..."""
+    """A break-even line for a title: 'stops paying between 1k and 16k', 'always pays (1k-128k)', ..."""
     span = f" ({tok(b.contexts[0])}-{tok(b.contexts[-1])})" if b.contexts else ""
-    if b.outcome == "crosses":
-        return f"stops paying at about {tok(b.context_tokens)} tokens"
-    if b.outcome == "starts":
-        return f"starts paying at about {tok(b.context_tokens)} tokens"
+    if b.outcome in ("crosses", "starts"):
+        return (f"{'stops' if b.outcome == 'crosses' else 'starts'} paying between {tok(b.lo_tokens)} and "
+                f"{tok(b.hi_tokens)}")
     if b.outcome == "tie":
         return f"ties with speculation off{span}"
     return f"{b.outcome}{span}"
@@ -384,8 +312,10 @@ def break_even_finding(pairs: Sequence[be.Pair], off_arms: Sequence[str], evens:
         or "No measured line.", sev,  # type: ignore[arg-type]
         tuple(lines) + ("tokens/s per request: speculating, the decode tokens over the decode window (commit per verify "
                         "step x 1000 / ms per verify step where a row lacks it); off, "
-                        "1000 / ms per token (measured); ratio of the medians, 95% bootstrap interval over requests; "
-                        "the crossing interpolated on log-context (computed)",),
+                        "1000 / ms per token (measured); ratio of the medians, its distribution-free interval over "
+                        "requests at the level it has, the spread between servers counted where the requests came "
+                        "from several machines; a line stops or starts paying only between a context where it pays "
+                        "and one where it does not (computed)",),
         {"lines": [{**b.as_dict(), "recommendation": recommendation(b), "short": in_a_few_words(b),
                     "forced_acceptance": forced.get(b.arm), "recalled": recalled(b)} for b in evens],
          "pairs": {p.arm: p.off_arm for p in pairs}, "off_arms": list(off_arms),
@@ -394,21 +324,15 @@ def break_even_finding(pairs: Sequence[be.Pair], off_arms: Sequence[str], evens:
 
 def findings(dec: pd.DataFrame, pre: pd.DataFrame, own_floors: Mapping[str, Sequence[prefill.PrefillFloor]],
              verdicts: pd.DataFrame, tt: pd.DataFrame, lacking: Sequence[str], arms_meta: Mapping[str, Any],
-             stock_arm: str = "triton", plugin_arm: str = "triton_plugin", floor_ratio_threshold: float = 10.0
-             ) -> list[Finding]:
-    """09's findings, those that the rows support (each builder returns None when they do not). The trade between a
-    faster verify step and a slower prefill is weighed among verify steps only (a speculation-off arm's ms per step is
-    one token's: the break-even compares it in tokens/s). ``floor_ratio_threshold``: a TTFT at or above this many
-    times its floor is critical."""
-    keep = verify_arms(arms_meta, list(dict.fromkeys(dec["arm"]))) if not dec.empty else []
-    if len({k for k in step_sizes(arms_meta, keep).values() if k is not None}) > 1:
-        keep = []  # steps of different sizes: no trade step against step (the break-even compares tokens/s)
-    steps_dec = dec[dec["arm"].isin(keep)] if not dec.empty else dec
-    steps_pre = pre[pre["arm"].isin(keep)] if not pre.empty else pre
-    out = [stock_decode(dec, stock_arm), decode_fix(dec, arms_meta, stock_arm, plugin_arm),
-           prefill_floor_finding(own_floors, floor_ratio_threshold), prefill_fix(pre, arms_meta, stock_arm), verdict_finding(verdicts),
-           tradeoff(steps_dec, steps_pre),
-           targets_finding(tt), lacks_finding(lacking)]
+             stock_arm: str = "triton", plugin_arm: str = "triton_plugin", floor_ratio_threshold: float = 10.0,
+             answer: Finding | None = None, card: pd.DataFrame | None = None) -> list[Finding]:
+    """09's findings, those that the rows support (each builder returns None when they do not): ``answer`` (which arm
+    to run, :func:`.answer.answer_finding`) first where given, then the fixes, floors, the fastest verify step per
+    band, the targets (with the scorecard ``card``), the draft window and what the run lacks.
+    ``floor_ratio_threshold``: a TTFT at or above this many times its floor is critical."""
+    out = [answer, stock_decode(dec, stock_arm), decode_fix(dec, arms_meta, stock_arm, plugin_arm),
+           prefill_floor_finding(own_floors, floor_ratio_threshold), prefill_fix(pre, arms_meta, stock_arm),
+           verdict_finding(verdicts), targets_finding(tt, card), lacks_finding(lacking)]
     if not dec.empty:
         from specdiag.steps.engine_ab import window  # noqa: PLC0415
 
@@ -418,9 +342,11 @@ def findings(dec: pd.DataFrame, pre: pd.DataFrame, own_floors: Mapping[str, Sequ
 
 
 def metrics(dec: pd.DataFrame, pre: pd.DataFrame, floors: pd.DataFrame, verdicts: pd.DataFrame, tt: pd.DataFrame,
-            lacking: Sequence[str], arms: Sequence[str], break_even: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """09's key numbers (tests and the index read them): per arm and context, units in the names; ``break_even``:
-    the break-even finding's numbers (:func:`break_even_finding`)."""
+            lacking: Sequence[str], arms: Sequence[str], break_even: Mapping[str, Any] | None = None,
+            answer: Finding | None = None, card: pd.DataFrame | None = None) -> dict[str, Any]:
+    """09's key numbers (tests and the index read them; ``answer`` first, the one thing 09 says to run): per arm and
+    context, units in the names; ``targets`` as judged once (:func:`.analysis.targets`), ``scorecard`` per arm;
+    ``break_even``: the break-even finding's numbers (:func:`break_even_finding`)."""
     def by_arm(df: pd.DataFrame, col: str) -> dict[str, dict[str, Any]]:
         out: dict[str, dict[str, Any]] = {}
         for r in df.itertuples() if not df.empty else ():
@@ -428,13 +354,17 @@ def metrics(dec: pd.DataFrame, pre: pd.DataFrame, floors: pd.DataFrame, verdicts
         return out
 
     return _plain({
+        "answer": (answer.numbers.get("answer") if answer is not None else "") or "not answered",
         "arms": list(arms),
         "step_ms": by_arm(dec, "step_ms"), "decode_requests": by_arm(dec, "n"), "decode_tok_s": by_arm(dec, "decode_tok_s"),
         "decode_clean": by_arm(dec, "clean"),
         "ttft_s": by_arm(pre, "ttft_s"), "ttft_own": by_arm(pre, "own"),
         "ttft_over_floor_x": by_arm(floors, "ttft_over_floor_x"), "prefill_floor_s": by_arm(floors, "floor_s"),
-        "targets": {r.target_id: {"status": r.status, "value": r.value, "limit": r.limit, "arm": r.arm, "why": r.why}
-                    for r in tt.itertuples()},
+        "targets": {r.target_id: {"status": r.status, "value": r.value, "lo": r.lo, "hi": r.hi, "limit": r.limit,
+                                  "arm": r.arm, "rule": r.rule, "why": r.why} for r in tt.itertuples()},
+        "scorecard": ([{k: v for k, v in r.items()} for r in card.to_dict("records")]
+                      if card is not None and not card.empty else []),
+        "answer_by_context": (answer.numbers.get("by_context") if answer is not None else []) or [],
         "bands": [{"band": r.band, "fastest": r.fastest, "by_x": r.by_x, "verdict": r.verdict}
                   for r in verdicts.itertuples()] if not verdicts.empty else [],
         "lacks": list(lacking),

@@ -87,7 +87,7 @@ SWEEP_COLUMNS = {"context_tokens": "context (tokens)", "decode_tok_s_a": "decode
                  "decode_tok_s_b": "decode B (tok/s)", "decode_tok_s_ratio_b_a": "decode B/A", "step_ms_a": "ms/step A",
                  "step_ms_b": "ms/step B", "step_ms_ratio_b_a": "ms/step B/A", "commit_length_a": "commit A (tok/step)",
                  "commit_length_b": "commit B (tok/step)", "ttft_s_a": "TTFT A (s)", "ttft_s_b": "TTFT B (s)",
-                 "step_ratio_lo": "ms/step B/A low (95%)", "step_ratio_hi": "ms/step B/A high (95%)",
+                 "step_ratio_lo": "ms/step B/A, interval low", "step_ratio_hi": "ms/step B/A, interval high",
                  "step_n_a": "requests A", "step_n_b": "requests B", "step_verdict": "B's step (over requests)"}
 
 

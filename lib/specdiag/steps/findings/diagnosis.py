@@ -32,7 +32,9 @@ The parts, and the findings they read:
   verify step; ``engine_ab.prefill_fix``: the arm with the shortest TTFT against stock Triton's). Without one, the
   paragraph says no fix was measured here and names where one would be (from the cause, or 09 for prefill), as a
   pointer, not a result.
-- recommendation, last: 09's ``engine_ab.break_even`` (``numbers['lines']``: each speculating arm against its
+- recommendation, last: first 09's ``engine_ab.answer`` (``numbers['answer']``: which arm to run, the first token
+  weighed against decode by output length; 07 says it as 09 does), then 09's ``engine_ab.break_even``
+  (``numbers['lines']``: each speculating arm against its
   speculation-off twin): speculation on below the break-even context and off above it, or that it always / never
   pays on this server, per arm measured (novel prose), per text kind where the run measured other kinds' prompts
   too (09's ``kinds``), and per text kind where 04's commits made a computed line; and,
@@ -330,18 +332,6 @@ def _fix(findings: Sequence[Mapping[str, Any]], cause: str | None, used: list[Ma
     elif prefill_collapsed:
         text += (" No prefill fix was measured here: an arm with FlashInfer's prefill beside the stock one "
                  "(09_engine_ab) is where one would be.")
-    trade = next((f for f in findings if f.get("id") == "engine_ab.tradeoff"
-                  and (f.get("numbers") or {}).get("break_even_steps") is not None), None)
-    if trade is not None:
-        n = trade["numbers"]
-        used.append(trade)
-        numbers.update(tradeoff_context_tokens=n["context_tokens"], break_even_steps=n["break_even_steps"])
-        toks = f", about {_num(n['break_even_tokens'])} tokens" if n.get("break_even_tokens") else ""
-        text += (f" Weighing the two at {_tok(n['context_tokens'])}: {n['fast_decode_arm']} verifies "
-                 f"{_num(n['saved_step_ms'])} ms faster per step than {n['fast_prefill_arm']} but takes "
-                 f"{_num(n['extra_ttft_s'])} s longer to the first token, which it pays back after "
-                 f"{_num(n['break_even_steps'])} verify steps{toks} ({trade.get('source', 'computed')}, "
-                 f"{trade.get('notebook')}).")
     return text
 
 
@@ -379,7 +369,8 @@ def _kv_layout(findings: Sequence[Mapping[str, Any]], used: list[Mapping[str, An
                 "request's KV contiguous pays there. " + _tier0(findings, str(n.get("arm")), used))
     judged_arms = {str(f["numbers"].get("arm")) for f in judged}
     not_judged = sorted({str(f["numbers"].get("arm")) for f in unjudged if f.get("numbers")} - judged_arms)
-    bound = (f"no cost above {100 * (float(n['cost_hi_x']) - 1):+.1f}%" if n.get("cost_hi_x") is not None else
+    hi = n.get("cost_bound_x") if n.get("cost_bound_x") is not None else n.get("cost_hi_x")
+    bound = (f"no cost above {100 * (float(hi) - 1):+.1f}%" if hi is not None else
              f"at most {100 * (float(n['cost_x']) - 1):+.1f}%")
     return (f"A fragmented KV pool costs no measurable time on {arms} ({bound} "
             f"at {_tok(n['context_tokens'])}; {worst.get('source', 'measured')}, 10_kv_layout): defragmenting is "
@@ -419,8 +410,10 @@ def _moe(findings: Sequence[Mapping[str, Any]], used: list[Mapping[str, Any]], n
     head = (f"On an MoE model at batch 1 (11_moe_batch1, {share.get('source', 'measured')}), a verify step of {hi} "
             f"tokens against a step of {lo} at {_tok(n.get('context_tokens'))}: ")
     if cmp.get("lo") is not None and cmp.get("hi") is not None:
-        text = head + (f"{_num(cmp['over_base_x'])}x (95% interval {_num(cmp['lo'])}-{_num(cmp['hi'])}x over requests"
-                       + (", a tie" if cmp.get("verdict") == "tie" else "") + ")")
+        level = (f"{int(float(cmp['level']) * 100 + 1e-9)}% " if cmp.get("level") is not None else "")
+        text = head + (f"{_num(cmp['over_base_x'])}x ({level}interval {_num(cmp['lo'])}-{_num(cmp['hi'])}x over "
+                       "requests" + (", a tie" if cmp.get("verdict") == "tie" else "")
+                       + (f"; {cmp['rule']}" if cmp.get("rule") else "") + ")")
     else:  # fewer than 3 requests a cell (or a result written before the ladder was over requests)
         text = head + (f"{_num(by_t[hi] / by_t[lo])}x on {cmp.get('requests', 'too few')} requests a cell, not enough "
                        "requests for a comparison")
@@ -458,11 +451,28 @@ def _line_short(line: Mapping[str, Any]) -> str:
     return str(line.get("short") or line.get("outcome"))
 
 
+def _answer(findings: Sequence[Mapping[str, Any]], used: list[Mapping[str, Any]], numbers: dict[str, Any]) -> str:
+    """09's one answer, as 09 says it (``engine_ab.answer``), or ''."""
+    f = _find(findings, "engine_ab.answer")
+    said = str(((f or {}).get("numbers") or {}).get("answer") or "")
+    if f is None or not said:
+        return ""
+    used.append(f)
+    numbers.update(answer=said)
+    return f"What to run ({f.get('source', 'computed')}, {f.get('notebook', '09_engine_ab')}): {said}."
+
+
 def _recommend(findings: Sequence[Mapping[str, Any]], used: list[Mapping[str, Any]], numbers: dict[str, Any]) -> str:
+    answer = _answer(findings, used, numbers)
+    return " ".join(x for x in (answer, _speculation(findings, used, numbers, bool(answer))) if x)
+
+
+def _speculation(findings: Sequence[Mapping[str, Any]], used: list[Mapping[str, Any]], numbers: dict[str, Any],
+                 answered: bool = False) -> str:
     brk = _find(findings, "engine_ab.break_even")
     lines = [dict(x) for x in ((brk or {}).get("numbers") or {}).get("lines") or []]
     if brk is None or not lines:
-        return NO_OFF_ARM
+        return "" if answered else NO_OFF_ARM
     used.append(brk)
     where = f"({brk.get('source', 'computed')}, {brk.get('notebook', '09_engine_ab')})"
     measured = [x for x in lines if x.get("source") == "measured" and (x.get("kind") or "novel") == "novel"]
@@ -479,7 +489,7 @@ def _recommend(findings: Sequence[Mapping[str, Any]], used: list[Mapping[str, An
         return (" (optimistic: NGRAM's later requests recalled the first's answer)" if x.get("recalled") else "")
 
     parts = [f"on {x['arm']} (against {x['off_arm']}), {x['recommendation']}{forced(x)}{recalled(x)}" for x in measured]
-    text = ("Recommendation, from this run's requests on novel prose " + where + ": " + "; ".join(parts) + "."
+    text = ("Speculation on or off, from this run's requests on novel prose " + where + ": " + "; ".join(parts) + "."
             if parts else "")
     if first:
         text += (" At the commit of each prompt's first request (computed: the later requests recalled its answer): "
@@ -503,7 +513,7 @@ def _recommend(findings: Sequence[Mapping[str, Any]], used: list[Mapping[str, An
                 used.append(f)
     if moves:
         text += " How this run's fix moves the line: " + "; ".join(dict.fromkeys(moves)) + "."
-    return text.strip() or NO_OFF_ARM
+    return text.strip() or ("" if answered else NO_OFF_ARM)
 
 
 def diagnose(findings: Sequence[Mapping[str, Any]]) -> Diagnosis:

@@ -276,7 +276,7 @@ def comparison_findings(sweep_cmp: Sequence[Mapping[str, Any]], slope_a: float |
             (f"Run B's step is slower than A's at {ctxs(by['slower'])} tokens" if by["slower"] else
              "Run B's step is slower than A's at no context")
             + f"; faster at {ctxs(by['faster'])}; a tie at {ctxs(by['tie'])} (the ratio of the requests' medians "
-            "with its bootstrap interval; an interval that holds 1 is a tie)"
+            "with its interval at the level it has; an interval that holds 1 is a tie)"
             + (f"; not enough requests at {ctxs(short)}." if short else "."),
             "warning" if by["slower"] else "ok" if by["faster"] else "info",
             tuple(f"{r['context_tokens']:,} tokens: B/A ms per step {r['step_ms_ratio_b_a']:.3g}, interval "

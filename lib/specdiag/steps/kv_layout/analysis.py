@@ -5,8 +5,10 @@ The time of a step: per request, the median of its own step samples (the gaps be
 the embedded server its own verify times, which leave out HTTP and streaming); a request is the unit, its steps are
 never pooled as independent samples (on a shared 2-core host one fragmented request took 72.4 ms per step where its
 twin took 34.2, measured). An arm's number at a context and pool state is the median over its requests. Fragmented
-over fresh is the layout's cost, with a seeded bootstrap interval over requests (:func:`specdiag.stats.compare_requests`);
-a cell with fewer than :data:`specdiag.stats.MIN_REQUESTS` requests says "not enough requests" instead of a verdict.
+over fresh is the layout's cost, with its interval over requests at the level it has, the server as a unit
+(:func:`specdiag.spread.compare_across`: the requests of one machine compared; requests from several parts must also
+clear the spread between servers, :func:`spreads`, and the row says which rule it used, ``rule``); a cell with fewer
+than :data:`specdiag.stats.MIN_REQUESTS` requests says "not enough requests" instead of a verdict.
 "Costs time" is said only where the interval lies above 1 and the ratio is at least :data:`MIN_COST_X`; an interval
 that holds 1 is a tie, said as one, and "no cost" is an upper bound from the interval ("no cost above +X%"). A
 comparison counts only when the fresh requests were contiguous (at least :data:`FRESH_MIN_SHARE` of tokens in runs of
@@ -28,7 +30,8 @@ import pandas as pd
 from specdiag import kernel_ab_table
 from specdiag.findings import Finding
 from specdiag.plots import format_tokens
-from specdiag.stats import MIN_REQUESTS, NOT_ENOUGH, compare_requests
+from specdiag.spread import Sample, Spread, compare_across, machine_of, server_of, server_spreads
+from specdiag.stats import MIN_REQUESTS, NOT_ENOUGH
 
 MIN_COST_X = 1.02  # a fragmented/fresh ratio below this is called no cost, whatever the interval says
 FRESH_MIN_SHARE = 0.9  # a fresh request counts as contiguous at this share of tokens in runs >= 64
@@ -117,8 +120,30 @@ def summary(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
 
 def _request_medians(group: pd.DataFrame) -> list[float]:
     """Each request's median step (its own samples), in the rows' order."""
-    medians = [_samples(group.iloc[[i]])[0] for i in range(len(group))]
-    return [statistics.median(m) for m in medians if m]
+    return [s.value for s in _request_units(group)]
+
+
+def _request_units(group: pd.DataFrame) -> list[Sample]:
+    """Each request's median step with the server and machine it came from, in the rows' order."""
+    out = []
+    for i in range(len(group)):
+        m = _samples(group.iloc[[i]])[0]
+        if m:
+            row = group.iloc[i].to_dict()
+            out.append(Sample(statistics.median(m), server_of(row), machine_of(row)))
+    return out
+
+
+def spreads(rows: Iterable[Mapping[str, Any]]) -> dict[int, Spread]:
+    """The spread between servers per context: the largest ratio of two servers' medians of one arm and pool state
+    (:func:`specdiag.spread.server_spreads`)."""
+    df = latest(rows)
+    if df.empty:
+        return {}
+    ok = df[df["error"].isna()] if "error" in df else df
+    cells = {(f"{arm} {state}", int(ctx)): _request_units(g)
+             for (arm, state, ctx), g in ok.groupby(["arm", "pool_state", "context_tokens"], sort=False)}
+    return server_spreads(cells, "ms", format_tokens)  # type: ignore[return-value]
 
 
 def _filler_cycles(g: pd.DataFrame) -> float | None:
@@ -126,10 +151,13 @@ def _filler_cycles(g: pd.DataFrame) -> float | None:
     return max(vals) if vals else None
 
 
-def costs(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
+def costs(rows: Iterable[Mapping[str, Any]], spread_by_ctx: Mapping[int, Spread] | None = None) -> pd.DataFrame:
     """Per arm and context with both states: fresh and fragmented ms per step (medians over requests), their ratio with
-    its interval over requests and verdict (:func:`specdiag.stats.compare_requests`), the requests per state, both
-    layouts, and whether the comparison counts (module docstring)."""
+    its interval over requests and verdict (:func:`specdiag.spread.compare_across`, with ``spread_by_ctx``, else the
+    spreads of these rows), the requests per state, both layouts, the rule used, and whether the comparison counts
+    (module docstring)."""
+    rows = list(rows)
+    spread_by_ctx = spreads(rows) if spread_by_ctx is None else spread_by_ctx
     df = latest(rows)
     if df.empty:
         return pd.DataFrame()
@@ -139,14 +167,20 @@ def costs(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
         fresh, frag = g[g["pool_state"] == "fresh"], g[g["pool_state"] == "fragmented"]
         if fresh.empty or frag.empty:
             continue
-        fresh_req, frag_req = _request_medians(fresh), _request_medians(frag)
+        fresh_units, frag_units = _request_units(fresh), _request_units(frag)
+        fresh_req, frag_req = [u.value for u in fresh_units], [u.value for u in frag_units]
         if not fresh_req or not frag_req:
             continue
-        c = compare_requests(fresh_req, frag_req)
+        c = compare_across(fresh_units, frag_units, spread_by_ctx.get(int(ctx)))
         sf, sg = _share(fresh, "share_in_long_runs"), _share(frag, "share_in_long_runs")
         counts = sf is not None and sg is not None and sf >= FRESH_MIN_SHARE and sg <= FRAG_MAX_SHARE
         out.append({"arm": arm, "context_tokens": int(ctx), "fresh_ms": c.median_a, "fragmented_ms": c.median_b,
                     "cost_x": c.ratio, "cost_lo_x": c.lo, "cost_hi_x": c.hi, "verdict": c.verdict,
+                    "level": c.level, "rule": c.rule, "request_verdict": c.request_verdict,
+                    "spread_x": c.spread_x,
+                    # the most the layout can cost: the interval's upper end, times the spread between servers where
+                    # the requests came from several machines
+                    "cost_bound_x": c.hi * (c.spread_x or 1.0) if c.hi is not None else None,
                     "requests_fresh": c.n_a, "requests_fragmented": c.n_b,
                     "fresh_request_ms": fresh_req, "fragmented_request_ms": frag_req,
                     "costs_time": bool(counts and c.verdict == "higher" and c.ratio >= MIN_COST_X),
@@ -214,12 +248,19 @@ def findings(cost: pd.DataFrame, pred: pd.DataFrame, source: str = "measured",
 
 
 def cost_text(r: Any) -> str:
-    """'+6.0% (interval +4.1% to +8.2%, 3 / 3 requests)' of a :func:`costs` row (a dict or a named tuple)."""
-    get = r.get if isinstance(r, Mapping) else lambda k: getattr(r, k)
+    """'+6.0% (90% interval +4.1% to +8.2%, 3 / 3 requests fresh / fragmented; one machine)' of a :func:`costs` row
+    (a dict or a named tuple)."""
+    from specdiag.stats import level_text  # noqa: PLC0415
+
+    get = r.get if isinstance(r, Mapping) else lambda k: getattr(r, k, None)
     n = f"{get('requests_fresh')} / {get('requests_fragmented')} requests fresh / fragmented"
+    rule = get("rule")
+    rule = f"; {rule}" if rule and rule == rule else ""
     if get("cost_lo_x") is None or get("cost_lo_x") != get("cost_lo_x"):
-        return f"{_pct(get('cost_x'))}, {n}"
-    return f"{_pct(get('cost_x'))} (interval {_pct(get('cost_lo_x'))} to {_pct(get('cost_hi_x'))}, {n})"
+        return f"{_pct(get('cost_x'))}, {n}{rule}"
+    level = get("level")
+    named = f"{level_text(level)} interval" if level is not None and level == level else "interval"
+    return f"{_pct(get('cost_x'))} ({named} {_pct(get('cost_lo_x'))} to {_pct(get('cost_hi_x'))}, {n}{rule})"
 
 
 def _evidence(r: Any) -> str:
@@ -245,7 +286,8 @@ def _arm_finding(arm: str, g: pd.DataFrame, source: str) -> Finding:
     def nums(r: Any) -> dict[str, Any]:
         return {"arm": arm, "context_tokens": int(r["context_tokens"]), "fresh_ms": float(r["fresh_ms"]),
                 "fragmented_ms": float(r["fragmented_ms"]), "cost_x": float(r["cost_x"]), "cost_lo_x": r["cost_lo_x"],
-                "cost_hi_x": r["cost_hi_x"], "verdict": r["verdict"], "requests_fresh": int(r["requests_fresh"]),
+                "cost_hi_x": r["cost_hi_x"], "cost_bound_x": r["cost_bound_x"], "rule": r["rule"],
+                "verdict": r["verdict"], "requests_fresh": int(r["requests_fresh"]),
                 "requests_fragmented": int(r["requests_fragmented"]),
                 "fresh_share_in_long_runs": r["fresh_share"], "fragmented_share_in_long_runs": r["fragmented_share"]}
 
@@ -275,14 +317,17 @@ def _arm_finding(arm: str, g: pd.DataFrame, source: str) -> Finding:
             numbers.update(fix=f"a contiguous KV layout (flushed pool) on {arm}",
                            fix_speedup_x=float(worst["cost_x"]), fix_context_tokens=int(worst["context_tokens"]))
         return Finding(f"kv_layout.{arm}", f"KV layout on {arm}", verdict, severity, ev, numbers, source)
-    top = enough.loc[enough["cost_hi_x"].idxmax()]  # the widest upper bound: the bound holds at every context
+    top = enough.loc[enough["cost_bound_x"].idxmax()]  # the widest upper bound: the bound holds at every context
     numbers = nums(top)
     ties = enough[enough["verdict"] == "tie"]
-    bound = f"no cost above {_pct(top['cost_hi_x'])}"
+    bound = f"no cost above {_pct(top['cost_bound_x'])}" + (
+        " (the interval's upper end times the spread between servers)" if top["spread_x"] else "")
     if not ties.empty:
         t = ties.loc[ties["cost_x"].idxmax()]
+        why = ("inside the spread between servers" if t["request_verdict"] in ("higher", "lower") else
+               "the interval holding no change")
         verdict = (f"On {arm} fragmented against fresh is a tie: {cost_text(t)} at "
-                   f"{format_tokens(t['context_tokens'])}, the interval holding no change; {bound} per verify step "
+                   f"{format_tokens(t['context_tokens'])}, {why}; {bound} per verify step "
                    f"at {format_tokens(top['context_tokens'])}, so defragmenting would not measurably speed this arm up.")
     else:
         verdict = (f"On {arm} the layout costs no measurable time: {bound} per verify step at "
@@ -324,12 +369,13 @@ def _prediction_findings(cost: pd.DataFrame, pred: pd.DataFrame, source: str, pr
                        f"prediction of at most {limit:.3f}x)")
             continue
         ev.append(f"{format_tokens(r.context_tokens)}: measured {r.cost_x:.3f}x (interval {r.cost_lo_x:.3f}-"
-                  f"{r.cost_hi_x:.3f}x over requests), predicted at most {limit:.3f}x (06 at {format_tokens(pctx)})")
-        gap = r.cost_hi_x - limit  # the prediction holds when the interval's upper end does not pass it
+                  f"{r.cost_hi_x:.3f}x over requests; {r.rule}), predicted at most {limit:.3f}x (06 at "
+                  f"{format_tokens(pctx)})")
+        gap = r.cost_bound_x - limit  # the prediction holds when the most it can cost does not pass it
         if worst_gap is None or gap > worst_gap:
             worst_gap = gap
             numbers = {"context_tokens": int(r.context_tokens), "measured_cost_x": float(r.cost_x),
-                       "measured_cost_hi_x": float(r.cost_hi_x), "predicted_max_x": limit,
+                       "measured_cost_hi_x": float(r.cost_bound_x), "predicted_max_x": limit,
                        "prediction_context_tokens": pctx}
     if worst_gap is None:
         if not few:
@@ -378,6 +424,7 @@ def metrics(cost: pd.DataFrame, summ: pd.DataFrame) -> dict[str, Any]:
         out.setdefault(r.arm, {})[str(r.context_tokens)] = {
             "fresh_ms": round(r.fresh_ms, 4), "fragmented_ms": round(r.fragmented_ms, 4), "cost_x": round(r.cost_x, 4),
             "cost_lo_x": _round(r.cost_lo_x), "cost_hi_x": _round(r.cost_hi_x), "verdict": r.verdict,
+            "level": _round(r.level), "rule": r.rule, "cost_bound_x": _round(r.cost_bound_x),
             "requests_fresh": int(r.requests_fresh), "requests_fragmented": int(r.requests_fragmented),
             "costs_time": bool(r.costs_time),
             "fresh_share_in_long_runs": r.fresh_share, "fragmented_share_in_long_runs": r.fragmented_share,

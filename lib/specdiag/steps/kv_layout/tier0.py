@@ -14,8 +14,9 @@ Where the contiguous arm measured enough fresh requests of its own at a context 
 server), the contiguous state is set against those: the same server, so the spread between servers (on the H200, fresh requests
 of four 4-layer servers took 3.05-5.93 ms a step) leaves the comparison; else against the base arm's fresh requests.
 Scattered and contiguous are each set against fresh with 10's own rule (analysis.costs: per-request medians, the ratio
-of the medians over requests with its bootstrap interval, at least :data:`specdiag.stats.MIN_REQUESTS` requests per
-state, the interval above 1 and the ratio at least :data:`analysis.MIN_COST_X`). The contiguous requests are meant to
+of the medians over requests with its interval, at least :data:`specdiag.stats.MIN_REQUESTS` requests per state, the
+interval above 1 and the ratio at least :data:`analysis.MIN_COST_X`; the server as a unit: requests from several parts
+must also clear the spread between servers of the whole run, :func:`analysis.spreads`). The contiguous requests are meant to
 lie like fresh ones, so their comparison drops analysis.costs' layout condition and keeps the rest. The contiguous
 allocator **buys back** the layout's cost on an arm where the scattered requests cost time and the contiguous ones,
 after the same traffic, lie in long runs (at least :data:`analysis.FRESH_MIN_SHARE` of tokens in runs of 64 or more)
@@ -46,7 +47,10 @@ def pairs(arms: Iterable[str]) -> dict[str, str]:
 
 
 def _state_rows(rows: list[Mapping[str, Any]], arm: str, state: str, as_state: str, as_arm: str) -> list[dict]:
-    return [{**r, "arm": as_arm, "pool_state": as_state} for r in rows if r.get("arm") == arm
+    """``arm``'s rows of ``state`` as ``as_arm``'s of ``as_state``, each keeping the server it came from."""
+    from specdiag.spread import server_of  # noqa: PLC0415
+
+    return [{**r, "server": server_of(r), "arm": as_arm, "pool_state": as_state} for r in rows if r.get("arm") == arm
             and r.get("pool_state") == state]
 
 
@@ -55,12 +59,13 @@ def three_states(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
     costs time (10's rule), both layouts, and whether the contiguous allocator buys the cost back."""
     rows = [dict(r) for r in rows]
     out = []
+    spread_by_ctx = kla.spreads(rows)
     for base, contig in pairs(r.get("arm") for r in rows if r.get("pool_state")).items():
         scattered = kla.costs(_state_rows(rows, base, "fresh", "fresh", base)
-                              + _state_rows(rows, base, "fragmented", "fragmented", base))
+                              + _state_rows(rows, base, "fragmented", "fragmented", base), spread_by_ctx)
         frag = _state_rows(rows, contig, "fragmented", "fragmented", base)
-        on_base = kla.costs(_state_rows(rows, base, "fresh", "fresh", base) + frag)
-        on_own = kla.costs(_state_rows(rows, contig, "fresh", "fresh", base) + frag)
+        on_base = kla.costs(_state_rows(rows, base, "fresh", "fresh", base) + frag, spread_by_ctx)
+        on_own = kla.costs(_state_rows(rows, contig, "fresh", "fresh", base) + frag, spread_by_ctx)
         own_ok = set() if on_own.empty else set(on_own.loc[on_own["verdict"] != NOT_ENOUGH, "context_tokens"])
         frames = ([on_own[on_own["context_tokens"].isin(own_ok)]] if not on_own.empty else []) + (
             [on_base[~on_base["context_tokens"].isin(own_ok)]] if not on_base.empty else [])
@@ -81,7 +86,7 @@ def three_states(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
                         "scattered_verdict": r["verdict_s"], "contiguous_verdict": r["verdict_c"],
                         "scattered_costs": bool(r["costs_time_s"]),
                         "contiguous_costs": contiguous_costs,
-                        "contiguous_enough": r["verdict_c"] != NOT_ENOUGH, "contiguous_hi_x": r["cost_hi_x_c"],
+                        "contiguous_enough": r["verdict_c"] != NOT_ENOUGH, "contiguous_hi_x": r["cost_bound_x_c"],
                         "layouts_differ": bool(r["layouts_differ_s"]), "fresh_share": r["fresh_share_s"],
                         "scattered_share": r["fragmented_share_s"], "contiguous_share": r["fragmented_share_c"],
                         "contiguous_long_runs": long_runs,

@@ -7,8 +7,9 @@ The verdicts, each with its numbers' sources:
   Random weights can route every token alike; below :data:`routing.SPREAD_MIN` the seeds' counts are not used for
   conclusions.
 - ``moe.expert_share``: at batch 1 and the shortest context measured, the token ladder over requests (a step of T
-  tokens against the one-token step, :func:`cost.ladder`: ratio of request medians with a bootstrap interval, "not
-  enough requests" under 3 a cell; the one-token server does not speculate), the bytes a step reads with the distinct
+  tokens against the one-token step, :func:`cost.ladder`: ratio of request medians with its interval at the level it
+  has, the server as a unit (each T its own server: requests from several parts also clear the spread between
+  servers), "not enough requests" under 3 a cell; the one-token server does not speculate), the bytes a step reads with the distinct
   experts the **measured verify passes** read (the recorder's counts) and their floor, beside the bytes T distinct
   drafts would read (windows of generated tokens) where both exist, the measured steps over that floor (a range over
   requests), and the stock verify kernel's share of a step where the run holds profiler steps (``step_profile``).
@@ -356,6 +357,7 @@ def _expert_share_finding(mr: MoERun, t: Tables, src: str) -> Finding:
     numbers: dict[str, Any] = {
         "context_tokens": ctx, "step_ms_by_tokens": {str(int(r.tokens_per_step)): round(r.step_ms, 4) for r in at.itertuples()},
         "ladder": {str(int(r.tokens_per_step)): {"over_base_x": r.over_base_x, "lo": r.lo, "hi": r.hi,
+                                                 "level": r.level, "rule": r.rule,
                                                  "verdict": r.verdict, "requests": int(r.requests)}
                    for r in at.itertuples() if r.tokens_per_step != base.tokens_per_step},
         "base_tokens": int(base.tokens_per_step), "base_speculates": not no_spec}
@@ -600,7 +602,8 @@ def metrics(t: Tables) -> dict[str, Any]:
             "step_ms": {f"{int(r.context_tokens)}:{int(r.tokens_per_step)}": round(r.step_ms, 4)
                         for r in t.steps.itertuples()} if not t.steps.empty else {},
             "ladder": {f"{int(r.context_tokens)}:{int(r.tokens_per_step)}": {
-                "over_base_x": r.over_base_x, "lo": r.lo, "hi": r.hi, "verdict": r.verdict, "requests": int(r.requests)}
+                "over_base_x": r.over_base_x, "lo": r.lo, "hi": r.hi, "level": r.level, "rule": r.rule,
+                "verdict": r.verdict, "requests": int(r.requests)}
                 for r in lad.itertuples() if r.tokens_per_step != r.base_tokens} if not lad.empty else {},
             "ep_balance": {f"{int(r.tokens)}:{int(r.ranks)}": round(r.tokens_max_over_mean, 4)
                            for r in t.bal.itertuples()} if not t.bal.empty else {},

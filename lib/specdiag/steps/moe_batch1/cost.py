@@ -7,9 +7,11 @@
 - :func:`measured_steps`: ms per verify step against tokens per step from 11's ``moe_steps`` rows (medians), and
   the multiplier over the fewest tokens measured.
 - :func:`ladder`: the token ladder over requests: at each context, a step of T tokens against the fewest tokens' step
-  (T = 1: a server that does not speculate, a plain one-token decode step) as the ratio of the request medians with a
-  bootstrap interval over requests (:func:`specdiag.stats.compare_requests`), "not enough requests" under 3 a cell;
-  requests flagged ``first_on_server`` are left out.
+  (T = 1: a server that does not speculate, a plain one-token decode step) as the ratio of the request medians with
+  its interval over requests at the level it has, the server as a unit (:func:`specdiag.spread.compare_across`: each T
+  is its own server; requests of one machine compared, requests from several parts must also clear the spread
+  between servers, and the row says which rule it used), "not enough requests" under 3 a cell; requests flagged
+  ``first_on_server`` are left out.
 - :func:`project`: the same bytes for Kimi K2.6 (preset ``kimi-k2.6``: 61 layers, 60 MoE layers of 384 experts,
   top-8, one shared expert, INT4 routed experts in groups of 32 with bf16 scales) under tensor parallelism over the
   investigation's 8 GPUs (:data:`KIMI_GPU`, its published bandwidth from :mod:`specdiag.hardware`), at a context, with
@@ -32,7 +34,7 @@ import pandas as pd
 
 from specdiag.geometry import kv_bytes_per_step, weight_bytes_per_step
 from specdiag.geometry.types import ModelGeometry
-from specdiag.stats import compare_requests
+from specdiag.spread import Sample, compare_across, machine_of, server_spreads
 
 KIMI_PRESET = "kimi-k2.6"
 KIMI_GPU = "NVIDIA RTX PRO 6000 Blackwell"  # the investigation's GPUs (data/reference/ct200-kimi-k26)
@@ -96,38 +98,60 @@ def _ok_steps(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
     return df[keep]
 
 
+def _server(row: Mapping[str, Any], tokens: int) -> str:
+    part = row.get("part")
+    return str(row.get("server") or f"T={tokens}" + (f" (part {int(part)})" if part is not None and part == part else ""))
+
+
 def ladder(rows: Iterable[Mapping[str, Any]], seed: int = 0) -> pd.DataFrame:
     """Per context and T (module doc): requests, ms per step (median over requests and its range), and against the
-    fewest tokens' step at that context the ratio with its interval and verdict ("higher", "lower", "tie",
-    "not enough requests"); the values of each request kept in ``request_ms``."""
+    fewest tokens' step at that context the ratio with its interval (``lo``, ``hi``, its ``level``), verdict
+    ("higher", "lower", "tie", "not enough requests") and ``rule``; the values of each request kept in
+    ``request_ms``."""
+    del seed
     df = _ok_steps(rows)
     if df.empty:
         return pd.DataFrame()
+    cells: dict[tuple[str, int], list[Sample]] = {}
+    for r in df.to_dict("records"):
+        t = int(r["tokens_per_step"])
+        cells.setdefault((f"T={t}", int(r["context_tokens"])), []).append(
+            Sample(float(r["step_ms"]), _server(r, t), machine_of(r)))
+    spreads = server_spreads(cells, "ms")
     out = []
-    for ctx, g in df.groupby("context_tokens"):
-        by_t = {int(t): [float(x) for x in gt["step_ms"]] for t, gt in g.groupby("tokens_per_step")}
+    for ctx in sorted({c for _, c in cells}):
+        by_t = {int(k[2:]): v for (k, c), v in cells.items() if c == ctx}
         base = min(by_t)
         for t, vals in sorted(by_t.items()):
-            c = compare_requests(by_t[base], vals, seed=seed)
+            c = compare_across(by_t[base], vals, spreads.get(ctx))
+            values = [s.value for s in vals]
             out.append({"context_tokens": int(ctx), "tokens_per_step": t, "base_tokens": base,
                         "base_requests": len(by_t[base]), "requests": len(vals),
-                        "step_ms": statistics.median(vals), "step_ms_min": min(vals), "step_ms_max": max(vals),
+                        "step_ms": statistics.median(values), "step_ms_min": min(values), "step_ms_max": max(values),
                         "over_base_x": c.ratio, "lo": c.lo if t != base else None, "hi": c.hi if t != base else None,
-                        "verdict": c.verdict if t != base else "", "request_ms": vals})
+                        "level": c.level if t != base else None, "rule": c.rule if t != base else "",
+                        "verdict": c.verdict if t != base else "", "request_ms": values})
     df = pd.DataFrame(out)
-    for col in ("lo", "hi"):  # None where there is no interval (not NaN: the result is JSON)
+    for col in ("lo", "hi", "level"):  # None where there is no interval (not NaN: the result is JSON)
         df[col] = pd.Series([None if v is None or v != v else float(v) for v in df[col]], dtype=object)
     return df
 
 
 def ladder_text(r: Any) -> str:
-    """One ladder row against its base: '3.45x (95% interval 3.4-3.5x over 3 / 3 requests): slower', or
-    '3.45x on 2 / 2 requests: not enough requests'."""
+    """One ladder row against its base: '3.45x (90% interval 3.4-3.5x over 3 / 3 requests; one machine): slower',
+    or '3.45x on 2 / 2 requests: not enough requests'."""
+    from specdiag.stats import level_text  # noqa: PLC0415
+
     counts = f"{int(r.base_requests)} / {int(r.requests)} requests"
     if r.lo is None or (isinstance(r.lo, float) and math.isnan(r.lo)):
         return f"{r.over_base_x:.3g}x on {counts}: not enough requests"
     said = {"higher": "slower", "lower": "faster", "tie": "a tie: the interval holds 1"}.get(r.verdict, r.verdict)
-    return f"{r.over_base_x:.3g}x (95% interval {r.lo:.3g}-{r.hi:.3g}x over {counts}): {said}"
+    if r.verdict == "tie" and not r.lo <= 1.0 <= r.hi:
+        said = "a tie inside the spread between servers"
+    level = getattr(r, "level", None)
+    named = f"{level_text(level)} interval" if level is not None and level == level else "interval"
+    rule = getattr(r, "rule", "")
+    return f"{r.over_base_x:.3g}x ({named} {r.lo:.3g}-{r.hi:.3g}x over {counts}{'; ' + rule if rule else ''}): {said}"
 
 
 def project(distinct_by_tokens: Mapping[int, float], context_tokens: int, peak_gb_s: float,
