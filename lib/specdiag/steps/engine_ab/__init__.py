@@ -9,6 +9,7 @@ per context, and which arm to run.
   per band (the pick against its runner-up over requests), the targets (pure);
 - :mod:`.breakeven`: where speculation stops paying, each arm against its speculation-off twin (pure);
 - :mod:`.window`: what a DFLASH drafter costs without its draft window, two arms that verify alike (pure);
+- :mod:`.answer`: the one answer, which arm to run, the first token weighed against decode by output length (pure);
 - :mod:`.verdicts`: the prefill floor per arm, the findings (each collapse's measured fix, in 07's shape) and the key
   numbers (pure);
 - :mod:`.plots`: 09's figures;
