@@ -503,6 +503,14 @@ def _stock_and_best(dec: pd.DataFrame, pre: pd.DataFrame, arms: Sequence[str], l
             if left_out else "")
     best = at.loc[at["step_ms"].idxmin()] if not at.empty else None
     one = _cell(dec, str(best["arm"]), CTX_1K) if best is not None else None
+    if best is not None and len(at) > 1:  # the lowest median: is it apart from the next over requests?
+        second = at[at["arm"] != best["arm"]].sort_values("step_ms").iloc[0]
+        k = compare_cells(dec, str(best["arm"]), str(second["arm"]), CTX_128K, step_spreads(dec))
+        if k.verdict != "higher":
+            note = "; ".join(x for x in (note, (
+                f"{best['arm']} has the lowest median at 128k, {k.verdict if k.enough else 'not enough requests'} "
+                f"with {second['arm']} over requests ({k.ratio:.3g}x" + (f", {k.named_interval()}" if k.enough else "")
+                + "): judged as the best arm, not shown to be it")) if x)
     why = ""
     if without:
         why = (f"the best arm at 128k cannot be named: no decode at 128k for {', '.join(without)}"
