@@ -213,3 +213,22 @@ def test_09_measures_live_servers_named_by_url(run_notebook, tmp_path, embedded_
     meta = Run.open(tmp_path / "run").meta
     assert meta["arms"]["first"]["command"] is None and meta["arms"]["first"]["url"] == url
     assert meta["arms"]["second"]["server"]["speculative_algorithm"] == "STANDALONE"
+
+
+@pytest.mark.notebook
+def test_06_then_09_in_one_run_folder_lists_only_engine_arms(run_notebook, tmp_path, embedded_server) -> None:
+    """make report runs 06 (here: its recorded H200 data replayed, its torch forms checked on the CPU) and 09 into one
+    run folder: 06's kernel arms (baseline, split_triton) are no engine arms, and 09 neither lists nor ranks them."""
+    from specdiag.steps.kernel_ab.arms import ARMS
+
+    run_notebook("06_kernel_ab")
+    url = embedded_server.url
+    out = run_notebook("09_engine_ab", servers=f"first={url},second={url}", context_lengths=[128], repeats=2,
+                       max_new_tokens=4, memory_bandwidth_gb_s=20.0, matmul_tflops=1.0)
+    meta = Run.open(tmp_path / "run").meta
+    assert set(meta["arms"]) == {"first", "second"}
+    assert set(meta["kernel_ab_arms"]) == {"baseline", "split_triton"} <= set(ARMS)  # 06's, under its own key
+    res = _result(tmp_path)
+    assert res["metrics"]["arms"] == ["first", "second"]
+    page = out.read_text()
+    assert "split_triton" not in page and "None, None tokens per step" not in page

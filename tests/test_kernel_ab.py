@@ -46,7 +46,7 @@ def test_the_cpu_runs_the_torch_forms_and_says_why_the_rest_cannot(tmp_path) -> 
     skipped = [r for r in rows if r.get("skipped")]
     assert len(skipped) == 2 * (len(ARMS) - 2) and all("CUDA only" in r["skipped"] for r in skipped)
     assert run.rows(COPY_TABLE) == []  # no copy timed on the CPU
-    assert run.meta["peaks"]["copy_gbps"] is None and run.meta["arms"]["pick"]["config"]["block_n"] == 64
+    assert run.meta["peaks"]["copy_gbps"] is None and run.meta["kernel_ab_arms"]["pick"]["config"]["block_n"] == 64
 
 
 def test_a_run_stopped_by_its_budget_resumes_the_cases_it_did_not_start(tmp_path) -> None:

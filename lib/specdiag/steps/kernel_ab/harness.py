@@ -189,9 +189,10 @@ def measure(run: Run, cases: Sequence[tuple[int, int, int]], arms: Sequence[str]
     """Everything one run records (module doc); returns the number of kernel_ab rows written now."""
     device = torch.device(device)
     if not run.meta.get("peaks"):
+        # kernel_ab_arms, not arms: in a report's run folder "arms" holds 09's and 10's engine arms (docs/run-folder.md)
         run.update(kind="kernel_ab", device=device_provenance(device), peaks=measure_peaks(device),
-                   arms={n: {"what": ARMS[n].what, "family": ARMS[n].family, "layout": ARMS[n].layout,
-                             "kv": ARMS[n].kv, "config": _config_dict(ARMS[n].config)} for n in arms})
+                   kernel_ab_arms={n: {"what": ARMS[n].what, "family": ARMS[n].family, "layout": ARMS[n].layout,
+                                       "kv": ARMS[n].kv, "config": _config_dict(ARMS[n].config)} for n in arms})
     peaks = run.meta["peaks"]
     if peaks.get("copy_gbps"):
         progress(f"peaks: copy {peaks['copy_gbps']:,.0f} GB/s, bf16 matmul {peaks['matmul_tflops']:,.0f} TFLOP/s")
