@@ -82,6 +82,8 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
 STAMP := $(VENV)/.specdiag-setup
+# The report's messages name make's variables (SERVER, PARAMS, ...) when make runs it (specdiag.report.words).
+REPORT := SPECDIAG_INVOKED_AS=make $(PY) -m specdiag.report
 
 .PHONY: help setup plugin serve report notebook compare replay test test-all test-engines test-gpu lab clean distclean
 
@@ -130,19 +132,19 @@ serve: $(if $(filter $(VENV)/bin/python,$(PY)),setup) $(if $(PLUGIN),plugin) ## 
 	PYTHONPATH="$(CURDIR)/lib$${PYTHONPATH:+:$$PYTHONPATH}" $(PY) -m specdiag.launchers serve $(ENGINE_FLAGS)
 
 report: setup $(if $(PLUGIN),plugin) ## run every notebook against SERVER, or against ENGINE started and stopped around the run; render HTML
-	$(PY) -m specdiag.report run --server "$(SERVER)" --params "$(PARAMS)" --run-dir "$(RUN_DIR)" $(ENGINE_FLAGS)
+	$(REPORT) run --server "$(SERVER)" --params "$(PARAMS)" --run-dir "$(RUN_DIR)" $(ENGINE_FLAGS)
 
 notebook: setup $(if $(PLUGIN),plugin) ## run one notebook (NB=04_commit_probe) with the same server handling and rendering
 	@if [ -z "$(NB)" ]; then echo "NB is empty: say which notebook, e.g. make notebook NB=04_commit_probe"; exit 2; fi
-	$(PY) -m specdiag.report run --notebooks $(NB) --server "$(SERVER)" --params "$(PARAMS)" \
+	$(REPORT) run --notebooks $(NB) --server "$(SERVER)" --params "$(PARAMS)" \
 	  --run-dir "$(RUN_DIR)" $(ENGINE_FLAGS)
 
 compare: setup ## 08_compare_runs on two recorded runs, no server: A=... B=... or PARAMS=params/compare-plugin.yaml
-	$(PY) -m specdiag.report compare --run-a "$(A)" --run-b "$(B)" --params "$(PARAMS)" --run-dir "$(RUN_DIR)"
+	$(REPORT) compare --run-a "$(A)" --run-b "$(B)" --params "$(PARAMS)" --run-dir "$(RUN_DIR)"
 
 replay: setup ## run every notebook that can replay the recorded run RUN=data/reference/<name>
 	@if [ -z "$(RUN)" ]; then echo "RUN is empty: say which recorded run, e.g. make replay RUN=data/reference/ct200-kimi-k26"; exit 2; fi
-	$(PY) -m specdiag.report replay --run "$(RUN)" --params "$(PARAMS)" --run-dir "$(RUN_DIR)"
+	$(REPORT) replay --run "$(RUN)" --params "$(PARAMS)" --run-dir "$(RUN_DIR)"
 
 test: setup ## run the tests a change must pass (about 2.5 min on 2 cores, TEST_WORKERS=2; not the slow, GPU or real-engine ones)
 	$(PY) -m pytest -q -m "not slow and not gpu" $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist worksteal) $(PYTEST_ARGS)

@@ -129,3 +129,16 @@ def test_make_help_lists_every_target_in_one_aligned_column() -> None:
     assert [line.split()[1] for line in lines] == targets and "test-engines" in targets
     starts = {len(line) - len(line[len("  make "):].split(None, 1)[1]) for line in lines}
     assert len(starts) == 1, f"descriptions start in columns {sorted(starts)}:\n" + "\n".join(lines)
+
+
+def test_a_wrong_option_gets_the_verbs_own_usage_and_version_is_said(calls, capsys) -> None:
+    """`specdiag report --bogus`: the console script's usage of report (not python -m specdiag.report's), exit 2,
+    nothing handed on; `specdiag --version` names the version and the checkout it runs."""
+    assert cli.main(["report", "--bogus"]) == 2 and calls == []
+    err = capsys.readouterr().err
+    assert err.startswith("usage: specdiag report") and "specdiag report: error: unrecognized arguments: --bogus" in err
+    assert "python -m specdiag.report" not in err
+    assert cli.main(["serve", "--context-length", "1.4k"]) == 2 and "1433.6 tokens" in capsys.readouterr().err
+    assert cli.main(["--version"]) == 0
+    out = capsys.readouterr().out.strip()
+    assert re.fullmatch(r"specdiag \S+ \(.+\)", out) and str(PROJECT_ROOT) in out

@@ -23,14 +23,14 @@ def test_ten_arms_named_for_what_they_are_each_with_its_config_object() -> None:
 
 
 def test_bad_cases_and_arms_are_refused_before_any_work(tmp_path, capsys) -> None:
-    assert parse_cases("131072:8:1, 65536:16:8") == [(131072, 8, 1), (65536, 16, 8)]
-    for bad in ("131072:8", "128k:8:1", "131072:0:1"):
+    assert parse_cases("131072:8:1, 64k:16:8") == [(131072, 8, 1), (65536, 16, 8)]  # k = 1,024 tokens
+    for bad in ("131072:8", "1.4k:8:1", "131072:0:1", "128k:8k:1"):
         with pytest.raises(ValueError, match="context:heads:draft_tokens"):
             parse_cases(bad)
     with pytest.raises(ValueError, match="unknown arm"):
         parse_arms("pick,fused_p1")
     with pytest.raises(SystemExit):
-        main(["--out", str(tmp_path / "x"), "--cases", "128k:8:1"])
+        main(["--out", str(tmp_path / "x"), "--cases", "128k:8"])
     assert "context:heads:draft_tokens" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
 

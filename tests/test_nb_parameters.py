@@ -14,15 +14,41 @@ from specdiag import nb
 
 
 def test_each_annotation_is_checked_and_the_message_names_the_fix() -> None:
-    ns = {"__annotations__": {"repeats": int, "rate_gb_s": float, "contexts": list[int], "url": str, "on": bool},
-          "repeats": 3, "rate_gb_s": 2, "contexts": [1024, 4096], "url": "", "on": False}
+    ns = {"__annotations__": {"repeats": int, "rate_gb_s": float, "gpus": list[int], "url": str, "on": bool},
+          "repeats": 3, "rate_gb_s": 2, "gpus": [0, 1], "url": "", "on": False}
     assert nb.check_parameters(ns) == {k: ns[k] for k in ns["__annotations__"]}  # an int is a float's number
     for name, bad, words in (("repeats", 2.5, "a whole number"), ("repeats", True, "a whole number"),
-                             ("rate_gb_s", "fast", "a number"), ("contexts", [1024, "4k"], "a list of whole numbers"),
-                             ("contexts", 1024, "a list of whole numbers"), ("url", None, "a string"),
+                             ("rate_gb_s", "fast", "a number"), ("gpus", [0, "1k"], "a list of whole numbers"),
+                             ("gpus", 1, "a list of whole numbers"), ("url", None, "a string"),
                              ("on", 1, "True or False")):
         with pytest.raises(nb.ParameterError, match=rf"^{name} must be {words}; got .*papermill -p {name} VALUE"):
             nb.check_parameters({**ns, name: bad})
+
+
+def test_contexts_take_1k_and_128k_and_the_notebook_sees_token_counts() -> None:
+    """A context parameter (named for contexts, or 09's band_edges) takes token counts as people write them; the
+    notebook's variables hold the counts after the check (k = 1,024 tokens)."""
+    ns = {"__annotations__": {"context_lengths": list[int], "focus_context": int, "band_edges": list[int],
+                              "max_new_tokens": int},
+          "context_lengths": ["1k", 4096, "128k"], "focus_context": "128k", "band_edges": "8k,64k", "max_new_tokens": 8}
+    assert nb.check_parameters(ns) == {"context_lengths": [1024, 4096, 131072], "focus_context": 131072,
+                                       "band_edges": [8192, 65536], "max_new_tokens": 8}
+    assert ns["context_lengths"] == [1024, 4096, 131072] and ns["focus_context"] == 131072
+    with pytest.raises(nb.ParameterError, match=r"^context_lengths: '1.4k' is 1433.6 tokens, not a whole number"):
+        nb.check_parameters({**ns, "context_lengths": ["1.4k"]})
+    with pytest.raises(nb.ParameterError, match=r"^max_new_tokens must be a whole number; got '1k'"):
+        nb.check_parameters({**ns, "max_new_tokens": "1k"})  # not a context: a number as the cell says
+
+
+def test_token_counts_as_people_write_them() -> None:
+    from specdiag.tokens import token_count, token_counts
+
+    assert [token_count(v) for v in (4096, "4096", "1k", "32K", "128k", " 185000 ", "1.5k", "1M", 2048.0)] == [
+        4096, 4096, 1024, 32768, 131072, 185000, 1536, 1048576, 2048]
+    assert token_counts("1k, 128k") == [1024, 131072] and token_counts(["2k", 512]) == [2048, 512]
+    for bad in ("1.4k", "k", "12kb", "-1k", True, None, "1e3"):
+        with pytest.raises(ValueError, match="^n: "):
+            token_count(bad, "n")
 
 
 def test_a_parameter_error_is_one_line_on_the_page(tmp_path) -> None:
@@ -60,8 +86,9 @@ def test_live_or_replay_is_decided_once_by_start(tmp_path) -> None:
 
 @pytest.mark.notebook
 @pytest.mark.parametrize("bad, message", [
-    ("1k", "context_lengths must be a list of whole numbers; got '1k' (str): set it in the parameters cell, or with "
-           "papermill -p context_lengths VALUE (make: PARAMS=file.yaml)"),
+    ("lots", "context_lengths: 'lots' is not a token count; give a whole number of tokens such as 4096, or 1k / 32k / "
+             "128k (k = 1,024 tokens): set it in the parameters cell, or with papermill -p context_lengths VALUE "
+             "(make: PARAMS=file.yaml)"),
     ([0], "context_lengths must hold positive whole token counts; 0 is not one"),
 ], ids=["not-a-list", "zero"])
 def test_a_bad_context_lengths_fails_before_any_server_starts(run_notebook, tmp_path, bad, message) -> None:

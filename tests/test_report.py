@@ -112,6 +112,44 @@ def test_unreachable_server_fails_fast_naming_the_url(tmp_path: Path) -> None:
     assert not (tmp_path / "run").exists(), "an unreachable server must leave no run folder behind"
 
 
+@pytest.mark.parametrize("invoked_as, word", [("make", "SERVER"), ("", "--server")])
+def test_an_unreachable_server_is_named_as_the_user_set_it(tmp_path: Path, invoked_as: str, word: str) -> None:
+    """make report SERVER=...: the line says SERVER; specdiag report --server: it says --server; never server_url."""
+    env = {**__import__("os").environ, "SPECDIAG_INVOKED_AS": invoked_as}
+    proc = subprocess.run([sys.executable, "-m", "specdiag.report", "run", "--server", "127.0.0.1:9",
+                           "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 2 and f"{word} must start with http:// or https://" in proc.stderr, proc.stderr
+    assert "server_url" not in proc.stderr and not (tmp_path / "run").exists()
+
+
+def test_bad_parameters_stop_the_report_before_any_engine_starts(tmp_path: Path) -> None:
+    """A context_lengths the notebooks cannot take, given in PARAMS, is one line naming it and the PARAMS file, exit
+    2, in seconds: no engine started, no run folder; 1k and 128k are token counts (k = 1,024)."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("01_baseline_sweep:\n  context_lengths: [1k, lots]\n")
+    env = {**__import__("os").environ, "SPECDIAG_INVOKED_AS": "make"}
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "specdiag.report", "run", "--params", str(bad), "--run-dir",
+                           str(tmp_path / "run")], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == (
+        "[specdiag] error: context_lengths: 'lots' is not a token count; give a whole number of tokens such as 4096, "
+        "or 1k / 32k / 128k (k = 1,024 tokens): set it in the PARAMS file (make ... PARAMS=file.yaml) (a "
+        "01_baseline_sweep parameter)")
+    assert "starting" not in proc.stdout and not (tmp_path / "run").exists()
+    assert time.monotonic() - t0 < 60
+    good = {"context_lengths": ["1k", "128k"], "01_baseline_sweep": {"context_lengths": "2k,4k"}, "repeats": 2}
+    checked = report.checked_params_file(["01_baseline_sweep", "09_engine_ab"], good, "set it")
+    assert checked == {"context_lengths": [1024, 131072], "01_baseline_sweep": {"context_lengths": [2048, 4096]},
+                       "repeats": 2}
+    for params, words in (({"01_baselin": {}}, "names 01_baselin, which is no notebook"),
+                          ({"01_baseline_sweep": 3}, "must hold that notebook's parameters as a mapping"),
+                          ({"01_baseline_sweep": {"repeats": "two"}}, "repeats must be a whole number; got 'two'"),
+                          ({"01_baseline_sweep": {"typo": 1}}, "does not declare: typo")):
+        with pytest.raises(ValueError, match=words):
+            report.checked_params_file(["01_baseline_sweep"], params, "set it")
+
+
 def test_params_files_match_the_notebooks() -> None:
     """Every params/*.yaml section names a notebook and only parameters it declares."""
     from specdiag.paths import NOTEBOOKS_DIR, PARAMS_DIR

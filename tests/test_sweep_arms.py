@@ -139,3 +139,20 @@ def test_settings_errors_name_the_key_and_what_the_measurement_takes() -> None:
     s = parse_settings(cls, {"contexts": "1024,65536", "arm_contexts": "triton=1024:131072", "slow_step_ms": "150"},
                        "engine_ab")
     assert s.contexts == (1024, 65536) and s.arm_contexts == {"triton": (1024, 131072)} and s.slow_step_ms == 150.0
+
+
+def test_contexts_in_settings_and_arms_take_1k_and_128k() -> None:
+    """Token counts as people write them (k = 1,024 tokens) wherever an arms file or the command line gives a context:
+    the settings named for contexts, an arm's context_length, max_total_tokens and DFLASH window."""
+    cls = measurement("engine_ab").load().SweepSettings
+    s = parse_settings(cls, {"contexts": "1k, 64k,128k", "arm_contexts": {"triton": ["1k", 185000]}}, "engine_ab")
+    assert s.contexts == (1024, 65536, 131072) and s.arm_contexts == {"triton": (1024, 185000)}
+    with pytest.raises(SettingsError, match=r"engine_ab setting contexts\[1\]: '1.4k' is 1433.6 tokens"):
+        parse_settings(cls, {"contexts": "1k,1.4k"}, "engine_ab")
+    with pytest.raises(SettingsError, match="repeats must be a whole number"):
+        parse_settings(cls, {"repeats": "1k"}, "engine_ab")  # not a context
+    arm = parse_arms(one(context_length="128k", max_total_tokens="300k",
+                         speculation={"algorithm": "DFLASH", "drafter": "/d", "block_size": 8, "window": "2k"})).arms[0]
+    assert (arm.context_length, arm.max_total_tokens, arm.speculation.window) == (131072, 307200, 2048)
+    with pytest.raises(ArmsError, match=r"arm 'a' \(arms\[0\]\): context_length: 'lots' is not a token count"):
+        parse_arms(one(context_length="lots"))

@@ -235,11 +235,25 @@ def usage() -> str:
         f"  {verb:<9} {help_}" for verb, (_, _, help_) in VERBS.items())
 
 
+def version() -> str:
+    """``specdiag --version``: the installed version and the checkout it runs from."""
+    import importlib.metadata  # noqa: PLC0415
+
+    try:
+        installed = importlib.metadata.version("specdiag")
+    except importlib.metadata.PackageNotFoundError:
+        installed = "(not installed)"
+    return f"specdiag {installed} ({PROJECT_ROOT})"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help", "help"):
         print(usage())
         return 0 if args else 2
+    if args[0] in ("--version", "-V", "version"):
+        print(version())
+        return 0
     verb, rest = args[0], args[1:]
     if verb not in VERBS:
         print(f"[specdiag] error: unknown verb {verb!r}\n{usage()}", file=sys.stderr)
@@ -248,6 +262,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if verb not in ("lab", "merge") and ("-h" in rest or "--help" in rest):
         print(verb_parser(verb).format_help())  # the verb's own usage, not the module's it hands on to
         return 0
+    named = verb not in ("notebook", "replay") or (rest and not rest[0].startswith("-"))  # else: the verb says it
+    if verb not in ("lab", "merge") and named:
+        try:
+            verb_parser(verb).parse_args(rest)  # a wrong option: the verb's own usage and error, nothing run
+        except SystemExit as exc:
+            return int(exc.code or 0)
+    os.environ.setdefault("SPECDIAG_INVOKED_AS", "specdiag")  # messages name its options (specdiag.report.words)
     if needs_notebooks:
         _need_notebooks()
     _apply_environment()

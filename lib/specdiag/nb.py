@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import importlib.metadata
 import platform
+import re
 import sys
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, MutableMapping
 
 from specdiag.paths import relative_to_project, shown
 from specdiag.runs import Run
@@ -96,16 +97,60 @@ def _is_a(value: Any, tp: Any) -> bool:
     return isinstance(value, tp) if isinstance(tp, type) else True
 
 
-def check_parameters(namespace: Mapping[str, Any]) -> dict[str, Any]:
+#: Parameters that hold context lengths in tokens besides those named ``*context*`` (09's band edges).
+CONTEXT_PARAMETERS = ("band_edges",)
+#: The types a ``parameters`` cell annotates with, by the name papermill's inspection reports.
+_TYPE_NAMES = {"str": str, "int": int, "float": float, "bool": bool, "list": list, "dict": dict}
+
+
+def is_context_parameter(name: str) -> bool:
+    """Whether parameter ``name`` holds context lengths in tokens, so takes ``"1k"``, ``"128k"`` (specdiag.tokens)."""
+    return "context" in name or name in CONTEXT_PARAMETERS
+
+
+def annotation_type(type_name: str) -> Any:
+    """The type papermill's ``inferred_type_name`` names (``"int"``, ``"list[int]"``), or None when it is none of
+    the cell's plain types (then no type is checked)."""
+    m = re.fullmatch(r"\s*(\w+)\s*(?:\[\s*(\w+)\s*\])?\s*", type_name or "")
+    if not m or m.group(1) not in _TYPE_NAMES:
+        return None
+    if m.group(2):
+        return list[_TYPE_NAMES[m.group(2)]] if m.group(1) == "list" and m.group(2) in _TYPE_NAMES else None
+    return _TYPE_NAMES[m.group(1)]
+
+
+def checked_value(name: str, value: Any, tp: Any, how_to_set: str) -> Any:
+    """``value`` of parameter ``name`` checked against its annotated type ``tp``: a context parameter's ``"128k"``
+    comes back as 131072 (a list's entries likewise, or ``"1k,128k"`` as a list); else ``value`` unchanged. A mismatch
+    raises :class:`ParameterError` naming the parameter, the type it takes and ``how_to_set`` it."""
+    from specdiag.tokens import EXAMPLE, token_count, token_counts  # noqa: PLC0415
+
+    if tp is None:
+        return value
+    if is_context_parameter(name) and (tp is int or tp == list[int]):
+        try:
+            value = token_count(value, name) if tp is int else token_counts(value, name)
+        except ValueError as exc:
+            raise ParameterError(f"{exc}: {how_to_set}") from None
+        words = EXAMPLE if tp is int else f"a list of token counts, each {EXAMPLE}"
+    else:
+        words = _describe(tp)
+    check(_is_a(value, tp), f"{name} must be {words}; got {value!r} ({type(value).__name__}): {how_to_set}")
+    return value
+
+
+def check_parameters(namespace: MutableMapping[str, Any]) -> dict[str, Any]:
     """Every parameter against the type its ``parameters`` cell annotates it with (``name: int = 3``), before any server
-    starts; the notebook's own checks of ranges and combinations follow. Returns ``{name: value}`` of the annotated
+    starts; the notebook's own checks of ranges and combinations follow. A context parameter given as ``"128k"`` is
+    replaced in ``namespace`` by its token count (:func:`checked_value`). Returns ``{name: value}`` of the annotated
     parameters (a notebook's ``params``). The first mismatch raises :class:`ParameterError` naming the parameter, the
     type it takes and how to set it."""
     annotations = dict(namespace.get("__annotations__") or {})
     for name, tp in annotations.items():
-        value = namespace.get(name)
-        check(_is_a(value, tp), f"{name} must be {_describe(tp)}; got {value!r} ({type(value).__name__}): set it in "
-              f"the parameters cell, or with papermill -p {name} VALUE (make: PARAMS=file.yaml)")
+        value = checked_value(name, namespace.get(name), tp, f"set it in the parameters cell, or with papermill -p "
+                              f"{name} VALUE (make: PARAMS=file.yaml)")
+        if value is not namespace.get(name):
+            namespace[name] = value
     return {name: namespace.get(name) for name in annotations}
 
 

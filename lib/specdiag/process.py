@@ -12,7 +12,7 @@ engine command (the engine launchers of :mod:`specdiag.launchers` and the embedd
   process group: stopping sends SIGTERM to the group, then SIGKILL after ``stop_grace_s``, and waits
   until the group is gone, also when the leader died first and left children behind.
 - Readiness: ``GET url + ready_path`` answering 200. While waiting, a tqdm line on stderr shows the
-  elapsed seconds and the server's last log line.
+  elapsed seconds and the server's last log line (where stderr is no terminal: a whole line every 15 s).
 - Failure to start (the process exits, or ``startup_timeout_s`` passes) stops the group and raises
   ``EngineStartError`` carrying the last lines of the server's log. Ctrl-C while starting also stops it.
 - ``start()`` is ``launch()`` then ``wait_ready()``: to start several servers at once, launch() each,
@@ -338,6 +338,8 @@ class ManagedServer:
         if not self.progress:
             return None
         desc = f"waiting for {self.name} at {self.ready_url}"
+        if not getattr(sys.stderr, "isatty", lambda: False)():  # a log file: whole lines, not a redrawn one
+            return _LineProgress(desc)
         try:
             from tqdm import tqdm  # noqa: PLC0415
         except ImportError:  # a bare GPU host's Python: print a line each time instead

@@ -34,6 +34,16 @@ def _upper(text: str) -> str:
     return text.upper()
 
 
+def _tokens(text: str) -> int:
+    """A token count as argparse's type: 131072 or 128k (specdiag.tokens; k = 1,024 tokens)."""
+    from specdiag.tokens import token_count  # noqa: PLC0415
+
+    try:
+        return token_count(text, "tokens")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("tokens: ")) from None
+
+
 def add_engine_arguments(p: argparse.ArgumentParser, default_port: int | None = None,
                          title: str = "engine to start") -> None:
     """--engine and the settings of the engine to start (left unset: the engine's own default)."""
@@ -50,17 +60,18 @@ def add_engine_arguments(p: argparse.ArgumentParser, default_port: int | None = 
     g.add_argument("--num-draft-tokens", type=int, help="tokens per verify step (default 8; DFLASH: the block size)")
     g.add_argument("--block-size", type=int, help="DFLASH: tokens per drafted block, the last committed token "
                    "included (default: the drafter's block_size); equal to --num-draft-tokens if both are given")
-    g.add_argument("--draft-window", type=int, help="DFLASH: tokens of context the drafter keeps (sglang "
+    g.add_argument("--draft-window", type=_tokens, help="DFLASH: tokens of context the drafter keeps (sglang "
                    "--speculative-draft-window-size; embedded: the same; default: the whole context)")
     g.add_argument("--draft-attention-backend", help="sglang: the drafter's attention kernels (default: the "
                    "target's)")
-    g.add_argument("--max-total-tokens", type=int, help="sglang, embedded: KV pool size in tokens (with DFLASH "
+    g.add_argument("--max-total-tokens", type=_tokens, help="sglang, embedded: KV pool size in tokens (with DFLASH "
                    "on sglang the drafter's pool is as long as the target's: cap it)")
     g.add_argument("--num-steps", type=int, help="sglang: drafter steps (default num-draft-tokens - 1)")
     g.add_argument("--topk", type=int, help="sglang: drafter branching per step (default 1)")
     g.add_argument("--attention-backend", help="sglang: attention kernels (default triton)")
     g.add_argument("--page-size", type=int, help="sglang: tokens per KV page (default 1)")
-    g.add_argument("--context-length", type=int, help="sglang: context length in tokens (default: the model's)")
+    g.add_argument("--context-length", type=_tokens, help="sglang: context length in tokens, e.g. 131072 or 128k "
+                   "(default: the model's)")
     g.add_argument("--mem-fraction-static", type=float, help="sglang: GPU memory fraction for weights and KV")
     g.add_argument("--tp-size", type=int, help="sglang: tensor-parallel GPUs (default 1)")
     g.add_argument("--device", help="embedded: cpu | cuda | auto (default auto)")

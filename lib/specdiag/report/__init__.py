@@ -20,9 +20,9 @@ from specdiag.report.commands import (ENGINE_DEFAULT_PARAMS, cmd_check_offline, 
 from specdiag.report.environment import LOCAL_STATE_DIR, apply_local_jupyter_env, local_jupyter_env
 from specdiag.report.execute import NotebookResult, execute_notebook, run_notebooks
 from specdiag.report.index import write_run_index, write_runs_index
-from specdiag.report.notebooks import (NOT_IN_REPORT, REPLAY_NEEDS, available_notebooks, declared_parameters,
-                                       load_params_file, parameters_for, replay_need_met, replay_need_text,
-                                       select_notebooks)
+from specdiag.report.notebooks import (NOT_IN_REPORT, REPLAY_NEEDS, available_notebooks, checked_params_file,
+                                       declared_parameters, load_params_file, parameters_for, replay_need_met,
+                                       replay_need_text, select_notebooks)
 from specdiag.report.notebooks import _is_notebook_key  # noqa: F401 - tests read PARAMS files' notebook keys
 from specdiag.report.render import (TEMPLATE_NAME, TEMPLATES_DIR, collect_results, network_references, render_html,
                                     render_run)
@@ -31,7 +31,7 @@ __all__ = [
     "USAGE", "build_parser", "main", "ENGINE_DEFAULT_PARAMS", "cmd_check_offline", "cmd_compare", "cmd_render",
     "cmd_replay", "cmd_run", "finish", "report_command", "server_for_report", "LOCAL_STATE_DIR",
     "apply_local_jupyter_env", "local_jupyter_env", "NotebookResult", "execute_notebook", "run_notebooks",
-    "write_run_index", "write_runs_index", "NOT_IN_REPORT", "REPLAY_NEEDS", "available_notebooks",
+    "write_run_index", "write_runs_index", "NOT_IN_REPORT", "REPLAY_NEEDS", "available_notebooks", "checked_params_file",
     "declared_parameters", "load_params_file", "parameters_for", "replay_need_met", "replay_need_text",
     "select_notebooks", "TEMPLATE_NAME", "TEMPLATES_DIR", "collect_results", "network_references", "render_html",
     "render_run",

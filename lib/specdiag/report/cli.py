@@ -124,7 +124,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ImportError:
             pass
         if isinstance(exc, known):
-            print(f"[specdiag] error: {exc}", file=sys.stderr)
+            from specdiag.report.words import in_users_words  # noqa: PLC0415
+
+            print(f"[specdiag] error: {in_users_words(str(exc))}", file=sys.stderr)
             return 2
         raise
     finally:

@@ -12,9 +12,10 @@ from typing import Any, Iterator, Mapping
 from specdiag.paths import PROJECT_ROOT, RUNS_DIR, relative_to_project
 from specdiag.report.environment import apply_local_jupyter_env
 from specdiag.report.execute import NotebookResult, run_notebooks
-from specdiag.report.notebooks import (REPLAY_NEEDS, RUN_LAST, available_notebooks, load_params_file,
-                                       replay_need_met, replay_need_text, select_notebooks)
+from specdiag.report.notebooks import (REPLAY_NEEDS, RUN_LAST, available_notebooks, checked_params_file,
+                                       load_params_file, replay_need_met, replay_need_text, select_notebooks)
 from specdiag.report.render import network_references, render_run
+from specdiag.report.words import params_hint
 from specdiag.runs import Run, new_run_id
 
 
@@ -70,9 +71,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not args.params and not args.server and getattr(args, "engine", None) in ENGINE_DEFAULT_PARAMS:
         args.params = str(PROJECT_ROOT / ENGINE_DEFAULT_PARAMS[args.engine])
         print(f"[specdiag] {args.engine} engine without --params: using {ENGINE_DEFAULT_PARAMS[args.engine]}", flush=True)
-    params_file = load_params_file(args.params)
     notebooks = select_notebooks(args.notebooks)
-    # before any folder is made: an unreachable server or an engine that cannot start leaves nothing behind
+    # before any folder is made: bad parameters, an unreachable server or an engine that cannot start leave nothing
+    params_file = checked_params_file(notebooks, load_params_file(args.params), params_hint())
     engine_options, server, client = {}, None, None
     if args.server:
         from specdiag.serving import reach  # noqa: PLC0415
@@ -110,6 +111,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             print(f"[specdiag] {nb_name}: skipped ({source.path.name} has no {'; no '.join(map(replay_need_text, missing))})")
             continue
         notebooks.append(nb_name)
+    params_file = checked_params_file(notebooks, params_file, params_hint())
     run = Run.create(args.run_dir or RUNS_DIR / new_run_id(f"replay-{source.path.name}"))
     run.update(replay_of=relative_to_project(source.path), report={"command": report_command(), "notebooks": notebooks})
     print(f"[specdiag] replaying {source.path} into {run.path}", flush=True)
@@ -128,6 +130,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise ValueError("compare needs two run folders: --run-a and --run-b (make compare A=... B=...) or run_a and "
                          "run_b in the PARAMS file, e.g. params/compare-plugin.yaml")
     a, b = Run.open(run_a), Run.open(run_b)  # both must exist before any folder is made
+    params_file = checked_params_file(["08_compare_runs"], params_file, params_hint())
     run = Run.create(args.run_dir or RUNS_DIR / new_run_id(f"compare-{a.path.name}-vs-{b.path.name}"))
     run.update(report={"command": report_command(), "notebooks": ["08_compare_runs"]})
     print(f"[specdiag] comparing {a.path} (A) with {b.path} (B) into {run.path}", flush=True)
@@ -154,7 +157,7 @@ def finish(run: Run, results: list[NotebookResult]) -> int:
         print(f"[specdiag] WARNING: pages that load from the network: {offline_problems}", flush=True)
     print(f"[specdiag] {len(results) - len(failed)} of {len(results)} notebooks ok"
           + (f"; failed: {', '.join(failed)}" if failed else ""), flush=True)
-    print(f"[specdiag] index: {index}", flush=True)
+    print(f"[specdiag] index: {Path(index).resolve()}", flush=True)  # absolute: open it from anywhere
     return 1 if failed or offline_problems else 0
 
 
@@ -163,7 +166,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     statuses = run.meta.get("report", {}).get("statuses", {})
     results = [NotebookResult(p.stem, statuses.get(p.stem, "ok"), 0.0, ipynb=f"notebooks/{p.name}")
                for p in sorted((run.path / "notebooks").glob("*.ipynb"))]
-    print(f"[specdiag] index: {render_run(run, results)}")
+    print(f"[specdiag] index: {Path(render_run(run, results)).resolve()}")
     return 0
 
 

@@ -32,6 +32,11 @@ class NotebookResult:
 KERNEL_START_TIMEOUT_S = 300
 
 
+# The kernel's own log at ERROR: each kernel otherwise warns on start that it "is running over TCP without encryption"
+# (ipykernel's kernelapp), once per notebook of a report; papermill's kernel listens on 127.0.0.1 only.
+KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=ERROR"]
+
+
 def execute_notebook(notebook: str, run: Run, parameters: Mapping[str, Any],
                      notebooks_dir: Path = NOTEBOOKS_DIR, log_output: bool = True) -> NotebookResult:
     """Execute one notebook with papermill into ``run/notebooks/``; never raises for a cell error."""
@@ -46,7 +51,7 @@ def execute_notebook(notebook: str, run: Run, parameters: Mapping[str, Any],
         papermill.execute_notebook(
             str(notebooks_dir / f"{notebook}.ipynb"), str(out_path), parameters=dict(parameters),
             kernel_name="python3", cwd=str(notebooks_dir), progress_bar=False, log_output=log_output,
-            request_save_on_cell_execute=True, start_timeout=KERNEL_START_TIMEOUT_S,
+            request_save_on_cell_execute=True, start_timeout=KERNEL_START_TIMEOUT_S, extra_arguments=KERNEL_ARGUMENTS,
         )
     except papermill.PapermillExecutionError as exc:
         status, error = "failed", f"{exc.ename}: {exc.evalue}"

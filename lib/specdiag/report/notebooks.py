@@ -100,6 +100,37 @@ def parameters_for(notebook: str, declared: Mapping[str, Any], shared: Mapping[s
     return out
 
 
+def checked_params_file(notebooks: Sequence[str], params_file: Mapping[str, Any], how_to_set: str,
+                        notebooks_dir: Path = NOTEBOOKS_DIR) -> dict[str, Any]:
+    """The PARAMS file's values checked against the types every notebook to run declares, before any server starts or
+    any folder is made: a key naming no notebook, a notebook key the notebook does not declare, or a value of the wrong
+    type raises ValueError naming it (``how_to_set``: where the user sets it). Returns the file with context
+    parameters given as ``"128k"`` turned into token counts (specdiag.nb.checked_value)."""
+    from specdiag.nb import annotation_type, checked_value  # noqa: PLC0415
+
+    have = available_notebooks(notebooks_dir)
+    strays = sorted(k for k in params_file if _is_notebook_key(k) and k not in have)
+    if strays:
+        raise ValueError(f"the PARAMS file names {', '.join(strays)}, which is no notebook; have: {', '.join(have)}")
+    flat = sorted(k for k, v in params_file.items() if _is_notebook_key(k) and not isinstance(v, Mapping))
+    if flat:
+        raise ValueError(f"the PARAMS file's {', '.join(flat)} must hold that notebook's parameters as a mapping "
+                         "(name: value lines indented under it)")
+    out = {k: (dict(v) if _is_notebook_key(k) and isinstance(v, Mapping) else v) for k, v in params_file.items()}
+    for nb_name in notebooks:
+        declared = declared_parameters(notebooks_dir / f"{nb_name}.ipynb")
+        parameters_for(nb_name, declared, {}, params_file)  # a key the notebook does not declare
+        specific = out.get(nb_name) if isinstance(out.get(nb_name), dict) else {}
+        for key, info in declared.items():
+            tp = annotation_type(str(info.get("inferred_type_name") or ""))
+            where = f"{how_to_set} (a {nb_name} parameter)"
+            if key in specific:
+                specific[key] = checked_value(key, specific[key], tp, where)
+            elif key in out and not _is_notebook_key(key):
+                out[key] = checked_value(key, out[key], tp, where)
+    return out
+
+
 def _is_notebook_key(key: str) -> bool:
     return bool(re.fullmatch(r"\d\d_[A-Za-z0-9_]+", key))
 

@@ -184,6 +184,16 @@ def _int(value: Any, key: str, where: str, minimum: int = 1) -> int:
     return value
 
 
+def _tokens(value: Any, key: str, where: str) -> int:
+    """A token count, written as 131072 or 128k (specdiag.tokens)."""
+    from specdiag.tokens import token_count  # noqa: PLC0415
+
+    try:
+        return _int(token_count(value, key), key, where)
+    except ValueError as exc:
+        raise ArmsError(f"{where}: {exc}") from None
+
+
 def _choice(value: Any, key: str, where: str, choices: tuple[str, ...]) -> str:
     text = str(value) if not isinstance(value, bool) else ("off" if value is False else "on")
     if text not in choices:
@@ -202,7 +212,7 @@ def _speculation(raw: Any, where: str, engine: str) -> Speculation:
     algo = _choice(str(raw.get("algorithm", "NONE")).upper(), "algorithm", where, ALGORITHMS)
     draft = _int(raw["draft_tokens"], "draft_tokens", where, 2) if raw.get("draft_tokens") is not None else None
     block = _int(raw["block_size"], "block_size", where, 2) if raw.get("block_size") is not None else None
-    window = _int(raw["window"], "window", where) if raw.get("window") is not None else None
+    window = _tokens(raw["window"], "window", where) if raw.get("window") is not None else None
     drafter = str(raw["drafter"]) if raw.get("drafter") else None
     acc = raw.get("simulate_acc_len")
     if acc is not None and (isinstance(acc, bool) or not isinstance(acc, (int, float)) or acc < 1):
@@ -326,8 +336,8 @@ def parse_arm(raw: Mapping[str, Any], defaults: Mapping[str, Any], index: int) -
         raise ArmsError(f"{where}: mem_fraction must be a fraction between 0 and 1, not {mem!r}")
     if mem is not None and engine != "sglang":
         raise ArmsError(f"{where}: mem_fraction is SGLang's --mem-fraction-static; drop it for {engine}")
-    length = _int(merged["context_length"], "context_length", where) if merged.get("context_length") else None
-    pool = _int(merged["max_total_tokens"], "max_total_tokens", where) if merged.get("max_total_tokens") else None
+    length = _tokens(merged["context_length"], "context_length", where) if merged.get("context_length") else None
+    pool = _tokens(merged["max_total_tokens"], "max_total_tokens", where) if merged.get("max_total_tokens") else None
     what = merged.get("what") or ""
     return Arm(name=str(name), engine=engine, what=str(what), model=str(model) if model else None,
                attention_backend=str(backend) if backend else None, plugin=plugin, plugin_on_path=on_path,

@@ -4,7 +4,9 @@ own frozen dataclass (each field a setting, its type and default the measurement
 Types understood: ``int``, ``float``, ``str``, ``bool``, ``tuple[int, ...]``, ``tuple[str, ...]`` (a YAML list or a
 comma-separated string: ``--contexts 1024,65536``) and ``dict[str, tuple[int, ...]]`` (per-arm lists: YAML
 ``{triton: [1024, 131072]}`` or ``triton=1024:131072;flashinfer=1024``). A key the dataclass has not, or a value of
-the wrong type, is a :class:`SettingsError` that names the measurement, the key and what it takes.
+the wrong type, is a :class:`SettingsError` that names the measurement, the key and what it takes. A setting named for
+contexts (``contexts``, ``arm_contexts``, any ``*context*``) takes token counts as people write them: ``1k``,
+``128k`` (specdiag.tokens; k = 1,024 tokens).
 """
 
 from __future__ import annotations
@@ -21,7 +23,14 @@ class SettingsError(ValueError):
     """A setting the measurement does not take, or a value it cannot read; the message names the fix."""
 
 
-def _scalar(kind: type, value: Any, where: str) -> Any:
+def _scalar(kind: type, value: Any, where: str, tokens: bool = False) -> Any:
+    if kind is int and tokens:
+        from specdiag.tokens import token_count  # noqa: PLC0415
+
+        try:
+            return token_count(value.strip() if isinstance(value, str) else value, where)
+        except ValueError as exc:
+            raise SettingsError(str(exc)) from None
     if kind is bool:
         if isinstance(value, bool):
             return value
@@ -54,11 +63,11 @@ def _items(value: Any) -> list[Any]:
     return [value]
 
 
-def coerce(hint: Any, value: Any, where: str) -> Any:
-    """``value`` (from YAML or a command line) as the type ``hint``."""
+def coerce(hint: Any, value: Any, where: str, tokens: bool = False) -> Any:
+    """``value`` (from YAML or a command line) as the type ``hint``; ``tokens``: its ints are token counts."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin is tuple:
-        return tuple(_scalar(args[0], x, f"{where}[{i}]") for i, x in enumerate(_items(value)))
+        return tuple(_scalar(args[0], x, f"{where}[{i}]", tokens) for i, x in enumerate(_items(value)))
     if origin is dict:
         if isinstance(value, str):
             pairs = [p.partition("=") for p in value.split(";") if p.strip()]
@@ -67,8 +76,8 @@ def coerce(hint: Any, value: Any, where: str) -> Any:
             value = {k.strip(): [x for x in v.split(":") if x.strip()] for k, sep, v in pairs}
         if not isinstance(value, Mapping):
             raise SettingsError(f"{where} must be a mapping NAME: [values], not {value!r}")
-        return {str(k): coerce(args[1], v, f"{where}.{k}") for k, v in value.items()}
-    return _scalar(hint, value, where)
+        return {str(k): coerce(args[1], v, f"{where}.{k}", tokens) for k, v in value.items()}
+    return _scalar(hint, value, where, tokens)
 
 
 def parse_settings(cls: type[T], raw: Mapping[str, Any], measurement: str) -> T:
@@ -82,7 +91,7 @@ def parse_settings(cls: type[T], raw: Mapping[str, Any], measurement: str) -> T:
             raise SettingsError(f"setting {key!r} is not one {measurement} takes"
                                 + (f"; did you mean {near[0]!r}?" if near else "")
                                 + f" ({measurement} takes: {', '.join(fields)})")
-        values[key] = coerce(hints[key], value, f"{measurement} setting {key}")
+        values[key] = coerce(hints[key], value, f"{measurement} setting {key}", tokens="context" in key)
     return cls(**values)
 
 

@@ -56,14 +56,21 @@ BUDGET_SKIP = "the run's time budget was used up before this case (a later run i
 
 
 def parse_cases(text: str) -> list[tuple[int, int, int]]:
-    """``"131072:8:1,65536:16:8"`` -> [(131072, 8, 1), (65536, 16, 8)], with a clear error on bad input."""
+    """``"131072:8:1,64k:16:8"`` -> [(131072, 8, 1), (65536, 16, 8)] (the context may be written 128k: specdiag.tokens),
+    with a clear error on bad input."""
+    from specdiag.tokens import token_count  # noqa: PLC0415
+
     out = []
     for part in (p.strip() for p in text.split(",") if p.strip()):
         bits = part.split(":")
-        if len(bits) != 3 or not all(b.isdigit() and int(b) > 0 for b in bits):
-            raise ValueError(f"bad case {part!r}: write context:heads:draft_tokens with positive integers, "
-                             "e.g. 131072:8:1")
-        out.append((int(bits[0]), int(bits[1]), int(bits[2])))
+        try:
+            context = token_count(bits[0], "context") if len(bits) == 3 else 0
+        except ValueError:
+            context = 0
+        if len(bits) != 3 or context <= 0 or not all(b.isdigit() and int(b) > 0 for b in bits[1:]):
+            raise ValueError(f"bad case {part!r}: write context:heads:draft_tokens with positive integers (the context "
+                             "may be written 128k), e.g. 131072:8:1 or 128k:8:1")
+        out.append((context, int(bits[1]), int(bits[2])))
     return out
 
 
