@@ -9,6 +9,7 @@ from typing import Any, Mapping, Sequence
 
 from specdiag.paths import NOTEBOOKS_DIR
 from specdiag.report.notebooks import declared_parameters, parameters_for
+from specdiag.report.words import in_users_words
 from specdiag.runs import Run
 
 
@@ -73,6 +74,6 @@ def run_notebooks(notebooks: Sequence[str], run: Run, shared: Mapping[str, Any],
         print(f"[specdiag] ({i}/{len(plans)}) {nb_name} ...", flush=True)
         res = execute_notebook(nb_name, run, params, notebooks_dir)
         print(f"[specdiag] ({i}/{len(plans)}) {nb_name}: {res.status} in {res.duration_s:.1f} s"
-              + (f" ({res.error})" if res.error else ""), flush=True)
+              + (f" ({in_users_words(res.error)})" if res.error else ""), flush=True)
         results.append(res)
     return results
