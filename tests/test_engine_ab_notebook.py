@@ -223,8 +223,10 @@ def test_06_then_09_in_one_run_folder_lists_only_engine_arms(run_notebook, tmp_p
 
     run_notebook("06_kernel_ab")
     url = embedded_server.url
-    out = run_notebook("09_engine_ab", servers=f"first={url},second={url}", context_lengths=[128], repeats=2,
-                       max_new_tokens=4, memory_bandwidth_gb_s=20.0, matmul_tflops=1.0)
+    path = tmp_path / "arms.yaml"
+    path.write_text(f"arms:\n  - {{name: first, url: '{url}'}}\n  - {{name: second, url: '{url}'}}\n")
+    out = run_notebook("09_engine_ab", arms=str(path), context_lengths=[128], repeats=2, max_new_tokens=4,
+                       memory_bandwidth_gb_s=20.0, matmul_tflops=1.0)
     meta = Run.open(tmp_path / "run").meta
     assert set(meta["arms"]) == {"first", "second"}
     assert set(meta["kernel_ab_arms"]) == {"baseline", "split_triton"} <= set(ARMS)  # 06's, under its own key
