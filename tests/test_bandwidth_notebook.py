@@ -83,8 +83,9 @@ def test_a_bad_parameter_stops_05_in_one_line_before_any_server_starts(tmp_path:
     from specdiag.paths import NOTEBOOKS_DIR
     from specdiag.report.execute import KERNEL_START_TIMEOUT_S
 
-    for bad, message in (("1k", "context_lengths must be a list of whole numbers; got '1k' (str): set it in the "
-                                "parameters cell, or with papermill -p context_lengths VALUE (make: PARAMS=file.yaml)"),
+    for bad, message in (("1k,lots", "context_lengths: 'lots' is not a token count; give a whole number of tokens such "
+                                     "as 4096, or 1k / 32k / 128k (k = 1,024 tokens): set it in the parameters cell, or "
+                                     "with papermill -p context_lengths VALUE (make: PARAMS=file.yaml)"),
                          ([1024, -1], "context_lengths must hold positive whole token counts; -1 is not one")):
         run_dir, out = tmp_path / "run", tmp_path / "05.out.ipynb"
         with pytest.raises(papermill.PapermillExecutionError, match="ParameterError"):

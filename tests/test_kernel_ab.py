@@ -166,7 +166,7 @@ def test_the_page_refuses_bad_parameters_before_a_run_opens_then_replays_the_ref
     from specdiag.paths import REFERENCE_DIR
     from specdiag.steps.kernel_ab import page
 
-    for bad in ({"cases": "128k:8:1"}, {"n_runs": 0}, {"arms": "pick,fused_p1"}):
+    for bad in ({"cases": "128k:8"}, {"n_runs": 0}, {"arms": "pick,fused_p1"}):
         with pytest.raises(nb.ParameterError):
             page.start(run_dir=str(tmp_path / "bad"), **bad)
     assert not (tmp_path / "bad").exists()

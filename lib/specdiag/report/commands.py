@@ -72,14 +72,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         args.params = str(PROJECT_ROOT / ENGINE_DEFAULT_PARAMS[args.engine])
         print(f"[specdiag] {args.engine} engine without --params: using {ENGINE_DEFAULT_PARAMS[args.engine]}", flush=True)
     notebooks = select_notebooks(args.notebooks)
-    # before any folder is made: bad parameters, an unreachable server or an engine that cannot start leave nothing
-    params_file = checked_params_file(notebooks, load_params_file(args.params), params_hint())
+    params_file = load_params_file(args.params)
+    # before any folder is made: an unreachable server, bad parameters or an engine that cannot start leave nothing
     engine_options, server, client = {}, None, None
     if args.server:
         from specdiag.serving import reach  # noqa: PLC0415
 
         client = reach(args.server)  # the run's one check (its notebooks reuse it): the engine it is, or why not
-    else:
+    params_file = checked_params_file(notebooks, params_file, params_hint())  # before any engine starts
+    if not args.server:
         from specdiag.launchers import engine_server  # noqa: PLC0415
         from specdiag.launchers.cli import engine_options_from_args  # noqa: PLC0415
 

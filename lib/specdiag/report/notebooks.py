@@ -108,6 +108,8 @@ def checked_params_file(notebooks: Sequence[str], params_file: Mapping[str, Any]
     parameters given as ``"128k"`` turned into token counts (specdiag.nb.checked_value)."""
     from specdiag.nb import annotation_type, checked_value  # noqa: PLC0415
 
+    if not params_file:  # the notebooks' own defaults: nothing to check
+        return {}
     have = available_notebooks(notebooks_dir)
     strays = sorted(k for k in params_file if _is_notebook_key(k) and k not in have)
     if strays:
