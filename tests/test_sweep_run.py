@@ -61,7 +61,8 @@ def test_a_running_server_is_measured_as_it_runs(tmp_path: Path, embedded_server
     assert f"live: the running server at {embedded_server.url} (not started)" in capsys.readouterr().out
     out = tmp_path / "run"
     assert cli.main(["sweep", "--arms", str(arms), "--measure", "engine_ab", "--out", str(out), "--contexts", "128",
-                     "--repeats", "1", "--max-new-tokens", "4"]) == 0
+                     "--repeats", "1", "--max-new-tokens", "4",
+                     "--set", "slow_step_ms=1e9"]) == 0  # a loaded CPU's slow steps keep 1 request
     run = Run.open(out)
     assert [(r["arm"], r["phase"], r["error"]) for r in run.rows("engine_ab")] == [("live", "prefill", None),
                                                                                    ("live", "decode", None)]
