@@ -289,3 +289,73 @@ def prefill_finding(floors: Sequence[PrefillFloor], source: str, *, finding_id: 
          "ttft_over_floor_x": x, "compute_floor_s": f.compute_s, "memory_floor_s": f.memory_s,
          "chunk_tokens": f.chunk_tokens, "n_chunks": f.n_chunks, "prefill_tok_s": tok_s, **dict(extra or {})},
         "computed")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# One chunk
+# ---------------------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ChunkFloor:
+    """The floor of one chunk of a chunked prefill on one rank: its tokens attend to the ``prefix_tokens`` before it
+    and causally to each other, in ``form``."""
+
+    index: int                        # 0-based: chunk 0 has no prefix
+    prefix_tokens: int
+    tokens: int
+    form: str                         # "mha" or "absorbed"
+    flops: float
+    flops_attention: float            # the attention's, in ``form`` (MHA with a prefix: the prefix's kv_b decompression too)
+    bytes: float                      # weights once, the prefix's KV read, the chunk's KV written
+    compute_s: float | None
+    memory_s: float
+
+    @property
+    def floor_s(self) -> float:
+        return max(self.memory_s, self.compute_s or 0.0)
+
+
+def chunk_floor(geom: ModelGeometry, index: int, prefix_tokens: int, tokens: int, peaks: HardwarePeaks,
+                tp_size: int = 1, form: AttentionForm = "mha") -> ChunkFloor:
+    """One chunk's floor (:class:`ChunkFloor`): projections and MLP of its ``tokens``; attention over ``prefix_tokens``
+    + its own causal pairs, ``2 x heads x pairs x (d_qk + d_v)`` in ``form`` (sliding layers: at most the window); in
+    the MHA form with a prefix, SGLang's chunked-prefix path also decompresses the prefix's latent KV through ``kv_b``
+    (``2 x prefix x kv_lora_rank x heads x (qk_nope + v_head)`` per MLA layer); every weight read once, the prefix's
+    KV read and the chunk's written; at the run's peaks."""
+    if tokens < 1 or prefix_tokens < 0:
+        raise ValueError(f"a chunk needs tokens >= 1 and prefix_tokens >= 0; got {tokens}, {prefix_tokens}")
+    d_qk, d_v = attention_dims(geom, form)
+    h = local_attention_heads(geom, tp_size)
+    proj = attn = mlp = 0.0
+    for layer in range(geom.num_layers):
+        window = geom.sliding_window if geom.layer_types[layer] == LAYER_SLIDING else None
+        pairs = causal_pairs(prefix_tokens + tokens, window) - causal_pairs(prefix_tokens, window)
+        proj += 2.0 * tokens * projection_params_per_layer(geom, tp_size)
+        attn += 2.0 * h * pairs * (d_qk + d_v)
+        if form == "mha" and prefix_tokens and geom.attention == "mla":
+            span = min(prefix_tokens, window) if window else prefix_tokens
+            attn += 2.0 * span * int(geom.kv_lora_rank or 0) * h * (int(geom.qk_nope_head_dim or 0)
+                                                                    + int(geom.v_head_dim or 0))
+        mlp += 2.0 * tokens * mlp_params_per_token(geom, layer, tp_size)
+    flops = proj + attn + mlp
+    kv_token = kv_bytes_per_token_per_layer_per_rank(geom, tp_size)
+    read = sum(min(prefix_tokens, geom.sliding_window) if geom.layer_types[layer] == LAYER_SLIDING
+               and geom.sliding_window is not None else prefix_tokens for layer in range(geom.num_layers)) * kv_token
+    weights = weight_bytes_per_step(geom, tp_size=tp_size, tokens_per_step=tokens, routing="max").total
+    total = weights + read + tokens * kv_token * geom.num_layers
+    compute = flops / peaks.matmul.value if peaks.matmul else None
+    return ChunkFloor(index, int(prefix_tokens), int(tokens), form, flops, attn, total, compute,
+                      total / peaks.memory_bandwidth.value)
+
+
+def chunk_floors(geom: ModelGeometry, prompt_tokens: int, chunk_tokens: int | None, peaks: HardwarePeaks,
+                 forms: Sequence[str], tp_size: int = 1) -> list[ChunkFloor]:
+    """Every chunk's floor of a prompt prefilled in chunks of ``chunk_tokens`` (None: one pass), chunk ``i`` in
+    ``forms[i]`` (the last form repeats where ``forms`` is shorter)."""
+    chunk = int(chunk_tokens) if chunk_tokens else int(prompt_tokens)
+    out = []
+    for i, start in enumerate(range(0, int(prompt_tokens), chunk)):
+        form = forms[min(i, len(forms) - 1)] if forms else "mha"
+        out.append(chunk_floor(geom, i, start, min(chunk, int(prompt_tokens) - start), peaks, tp_size,
+                               form))  # type: ignore[arg-type]
+    return out

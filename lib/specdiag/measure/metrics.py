@@ -148,7 +148,8 @@ def sweep_row(trace: Any, context_tokens: int, **labels: Any) -> dict[str, Any]:
 def trace_columns(trace: Any, commit_length: float | None, cache_note: str | None = None) -> dict[str, Any]:
     """What every measured row adds from its trace: the traffic columns (``other_traffic``, ``traffic_evidence``,
     ``commit_length_reliable``; :func:`specdiag.serving.traffic.traffic_columns`), and where set, ``spec_source``,
-    ``warnings`` and ``cache_note`` (why the prefix cache was not reset)."""
+    ``warnings``, ``cache_note`` (why the prefix cache was not reset) and ``server_stages`` (SGLang's stage latencies
+    of the request, :func:`specdiag.serving.stages.stage_deltas`: a prefill's chunks)."""
     from specdiag.serving.traffic import traffic_columns  # noqa: PLC0415 - pure, no HTTP client
 
     spec_source = getattr(trace, "spec_source", None)
@@ -156,7 +157,8 @@ def trace_columns(trace: Any, commit_length: float | None, cache_note: str | Non
     warnings = list(getattr(trace, "warnings", None) or [])
     if out["commit_length_reliable"] is False:
         warnings.append("commit length from /metrics counter differences while other requests ran: unreliable")
-    for key, value in (("spec_source", spec_source), ("warnings", warnings or None), ("cache_note", cache_note)):
+    for key, value in (("spec_source", spec_source), ("warnings", warnings or None), ("cache_note", cache_note),
+                       ("server_stages", getattr(trace, "server_stages", None))):
         if value is not None:
             out[key] = value
     return out

@@ -395,6 +395,9 @@ class HTTPClient:
         reading = self.traffic.after(after, int(trace.completion_tokens or 0),
                                      float(queue) if isinstance(queue, (int, float)) else None)
         trace.traffic = reading.as_dict()
+        from specdiag.serving.stages import stage_deltas  # noqa: PLC0415
+
+        trace.server_stages = stage_deltas(before, after)
         return trace, before, after
 
     def _post_tokenize(self, body: dict[str, Any]) -> list[int]:

@@ -60,6 +60,7 @@ class RequestTrace:
     spec_source: str | None = None  # where ``spec`` came from (meta_info, per-request metrics, /metrics difference)
     warnings: list[str] = field(default_factory=list)  # what may make this trace's numbers less exact
     traffic: dict | None = None  # other traffic beside this request (specdiag.serving.traffic.TrafficReading.as_dict)
+    server_stages: dict | None = None  # SGLang's stage latencies of this request (specdiag.serving.stages.stage_deltas)
 
     def __post_init__(self) -> None:
         # A trace built from SGLang's meta_info alone (tests, older code) gets the neutral fields from it.

@@ -215,6 +215,24 @@ def prefill(pg: Page) -> Section:
                "n_chunks": "chunks", "s_per_chunk": "s per chunk (computed)", "floor_s": "floor (s, computed)",
                "bound": "floor bound", "verdict": "TTFT / floor (computed)", "why_not_own": "not its own because"},
                dash_means="not applicable").to_html() + "</details>")
+    from specdiag.steps.engine_ab import chunks  # noqa: PLC0415
+
+    s.html("<details><summary>per arm and context: the floor of the attention form that ran (each chunk's floor in "
+           "the form SGLang ran it in, summed; computed), the MHA form's beside it, and the TTFT over it</summary>"
+           + tables.table(chunks.form_floors(pg.pre, pg.arms_meta, pg.geom, peaks, tp), {
+               "arm": "arm", "context_tokens": "context (tokens)", "form": "chunks with a prefix", "why": "why",
+               "floor_form_s": "floor, that form (s)", "floor_mha_s": "floor, MHA form (s)",
+               "ttft_s": "TTFT (s, measured)", "ttft_over_form_floor_x": "TTFT / that floor (x)"},
+               formats={"floor_form_s": "{:.3g}", "floor_mha_s": "{:.3g}", "ttft_over_form_floor_x": "{:,.3g}"}
+               ).to_html() + "</details>")
+    per_chunk = chunks.chunk_table(pg.rows, pg.arms_meta, pg.geom, peaks, tp)
+    s.text("Each chunk's time against its floor: " + chunks.chunk_note(pg.rows))
+    if not per_chunk.empty:
+        s.table(per_chunk, {"arm": "arm", "context_tokens": "context (tokens)", "repeat": "prefill", "chunk": "chunk",
+                            "prefix_tokens": "prefix (tokens)", "form": "form", "floor_s": "floor (s, computed)",
+                            "other_form_floor_s": "the other form's floor (s)", "time_lo_s": "time from (s, server)",
+                            "time_hi_s": "to (s)", "over_floor_lo_x": "time / floor from (x)",
+                            "over_floor_hi_x": "to (x)"}, dash_means="no upper bound (the last bucket)")
     fig, ax = plt.subplots(figsize=(9, 4.6))
     eplots.ttft_vs_context(ax, pg.floors, pg.styles,
                            source=f"measured TTFT (hollow: not the arm's own), computed floor; {pg.src_note}")
