@@ -220,3 +220,27 @@ def test_the_kv_layout_and_moe_runs_as_quoted() -> None:
     _in("data/reference/sglang-h200-moe-batch1/README.md",
         f"grows from {floors[1]:.2f} ms to {floors[8]:.2f} ms (eight distinct drafts would read {drafts[8]:.2f} ms)",
         f"ran {lo:.3g}-{hi:.3g}x above its floor")
+
+
+def test_the_vllm_cpu_break_even_table_is_the_rows() -> None:
+    """data/reference/vllm-cpu-breakeven/README.md: every cell's ratio, interval and verdict, and each line's outcome,
+    as 09 computes them from the rows."""
+    from specdiag.steps.engine_ab import analysis
+
+    j = judge_09("vllm-cpu-breakeven", stock_arm="nospec", plugin_arm="-")
+    text = (REFERENCE_DIR / "vllm-cpu-breakeven" / "README.md").read_text()
+    rows = {(a, k): [c.strip() for c in cells.split("|")]
+            for a, k, cells in re.findall(r"^\| (ngram|standalone), (novel|predictable) \|(.*)\|$", text, re.M)}
+    assert len(rows) == 4
+    for c in j.brk.cells:
+        quoted = rows[(c.arm, c.kind)][[256, 1024, 2048, 3584].index(c.context_tokens)]
+        hi = f"{c.hi:.0f}" if c.hi >= 100 else f"{c.hi:.2f}"
+        assert quoted == f"{c.ratio:.2f} ({c.lo:.2f}-{hi}) {c.verdict}", (c.arm, c.kind, c.context_tokens, quoted)
+        assert level_text(c.level) == "96%" and c.rule == "one machine"
+    lines = {(b.arm, b.kind): b for b in j.brk.evens}
+    assert rows[("ngram", "novel")][4].startswith("a tie at every context") and lines[("ngram", "novel")].outcome == "tie"
+    b = lines[("standalone", "predictable")]
+    assert rows[("standalone", "predictable")][4] == (
+        f"stops paying between {analysis.tok(b.lo_tokens)} and {analysis.tok(b.hi_tokens)} (about "
+        f"{b.context_tokens:.0f} tokens interpolated, no interval), but pays again at "
+        f"{', '.join(analysis.tok(c) for c in b.pays_again)}: no single line")

@@ -446,7 +446,7 @@ NO_OFF_ARM = ("Where speculation stops paying is not measured in this run: it ha
 
 
 def _line_short(line: Mapping[str, Any]) -> str:
-    """A break-even line in a few words, as 09 wrote it ('stops paying at about 1.75k tokens', 'always pays
+    """A break-even line in a few words, as 09 wrote it ('stops paying between 1k and 16k', 'always pays
     (1k-128k)'); the bare outcome where a line has none."""
     return str(line.get("short") or line.get("outcome"))
 
