@@ -4,6 +4,7 @@ tests/test_recorded_verdicts.py asserts and tests/test_quoted_figures.py checks 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import pandas as pd
@@ -30,6 +31,7 @@ class Judged09:
     found: dict[str, Any] = field(default_factory=dict)
 
 
+@lru_cache(maxsize=8)  # one computation per test process and run (the judged tables are only read)
 def judge_09(name: str, stock_arm: str = "triton", plugin_arm: str = "triton_plugin",
              band_edges: tuple[int, ...] = (8192, 65536), layers: int = 61) -> Judged09:
     from specdiag.steps.engine_ab import analysis, answer, breakeven, measure, verdicts, window
@@ -63,6 +65,7 @@ class Judged10:
     found: dict[str, Any]
 
 
+@lru_cache(maxsize=8)
 def judge_10(name: str) -> Judged10:
     from specdiag.steps.kv_layout import analysis as kla
     from specdiag.steps.kv_layout import tier0
