@@ -117,3 +117,23 @@ def test_09s_chunk_table_from_a_row_with_stages_and_the_recorded_runs_without() 
     assert 15 < ff.loc[("triton", 131072), "ttft_over_form_floor_x"] < 17
     assert ff.loc[("triton", 131072), "floor_form_s"] > 3 * ff.loc[("triton", 131072), "floor_mha_s"]
     assert math.isfinite(ff.loc[("flashinfer", 131072), "ttft_over_form_floor_x"])
+
+
+def test_a_watched_request_carries_its_stage_latencies_into_its_row() -> None:
+    """The SGLang client scrapes /metrics around each request (its traffic check); the stage latencies between the two
+    scrapes go on the trace and into the measured row (``server_stages``)."""
+    from specdiag.measure.metrics import sweep_row
+    from specdiag.serving.sglang import SGLangClient
+    from specdiag.serving.trace import RequestTrace
+
+    before = (RAW / "metrics_before.txt").read_text()
+    after = (RAW / "metrics_after.txt").read_text()
+    client = SGLangClient("http://127.0.0.1:1")
+    scrapes = iter([before, after])
+    client.metrics_text = lambda: next(scrapes)  # type: ignore[method-assign]
+    trace = RequestTrace("http://127.0.0.1:1/generate", 0.0, 0.5, [0.5, 0.6], [1, 1], 1024, 2, 0.6, "", [], {}, None,
+                         None, None)
+    client._send = lambda body, stream: trace  # type: ignore[method-assign]
+    got = client.generate(input_ids=[1, 2, 3])
+    assert got.server_stages["prefill_forward"]["count"] == 5
+    assert sweep_row(got, 1024)["server_stages"] == got.server_stages
