@@ -24,6 +24,8 @@ LAYERING: tuple[tuple[str, str, str], ...] = (
     ("base", "steps", "the base serves every step and names none"),
     ("base", "report", "the report runs notebooks and renders pages; nothing it runs calls back into it"),
     ("steps", "report", "the report runs notebooks and renders pages; nothing it runs calls back into it"),
+    ("report", "steps", "the report runs notebooks by name and renders what they wrote; it imports no step"),
+    ("cli", "steps", "the console script hands its verbs to the report and the sweep, which run steps by name"),
     ("localserver", "launchers", "the embedded server starts its process with specdiag.process, not the registry"),
     ("specdiag", "plugin", "the plugin runs inside SGLang and imports the library; the library never needs it"),
 )
@@ -166,6 +168,7 @@ def test_the_layering_check_sees_each_kind_of_break() -> None:
         "specdiag.kvalloc -> specdiag_sglang_plugin.contiguous",
         "specdiag.localserver.lifecycle -> specdiag.launchers.process",
         "specdiag.nb -> specdiag.report.execute",
+        "specdiag.report.execute -> specdiag.steps.findings.page",
         "specdiag.steps.findings.overview -> specdiag.steps.baseline_sweep.sweep",
         "specdiag.steps.findings.page -> specdiag.report.render",
         "specdiag.steps.kv_layout.analysis -> specdiag.steps.kernel_ab",

@@ -194,8 +194,10 @@ def test_page_pieces_order_collapse_and_round() -> None:
     assert "snapshot.speculation" in rest and "1 more: 1 info, 0 ok" in rest
     box = page.diagnosis_html(diagnose(found), found, {"06_kernel_ab": "data/reference/kernel-ab-h200"})
     assert "This run: 3 critical, 1 warning" in box and "data/reference/kernel-ab-h200" in box and "not counted" in box
-    assert page.brief(0.123456789012345) == "0.123" and page.brief(13095873024.0) == "13,095,873,024"
-    assert page.brief(list(range(20))) == "[0, 1, 2, 3, 4, 5, ...] (20)" and page.brief({"a": [1, 2]}) == "1 entries"
+    from specdiag.tables import brief
+
+    assert brief(0.123456789012345) == "0.123" and brief(13095873024.0) == "13,095,873,024"
+    assert brief(list(range(20))) == "[0, 1, 2, 3, 4, 5, ...] (20)" and brief({"a": [1, 2]}) == "1 entries"
 
 
 def test_the_diagnosis_names_both_collapses_and_the_measured_fix_of_each() -> None:

@@ -247,6 +247,20 @@ class Run:
         return f"Run({str(self.path)!r})"
 
 
+def recorded_source(notebook: str, result: Mapping[str, Any], run_meta: Mapping[str, Any] | None = None) -> str | None:
+    """The recorded run a notebook's result was taken from instead of measuring in this run, or None.
+
+    The result's ``recorded_from`` (:meth:`specdiag.runs.Run.write_result`); for a result written without it, the
+    run.json ``replays`` entry of a notebook that replayed another run than the one the whole run replays (a live
+    run's 06 showing a recorded kernel run on a machine without a GPU). In a replay of a run (``make replay``) every
+    notebook replays that run: those results are the run's own."""
+    if result.get("recorded_from"):
+        return str(result["recorded_from"])
+    meta = run_meta or {}
+    replayed = (meta.get("replays") or {}).get(notebook)
+    return str(replayed) if replayed and replayed != meta.get("replay_of") else None
+
+
 def merge_runs(dest: str | os.PathLike[str], sources: Iterable[str | os.PathLike[str]], tables: Iterable[str],
                label: str, list_keys: Iterable[str] = (), first_keys: Iterable[str] = (),
                gzip_files: bool = False, keep_row: Callable[[Mapping[str, Any]], bool] | None = None

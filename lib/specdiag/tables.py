@@ -172,3 +172,33 @@ def styled(rows: Iterable[Mapping[str, Any]] | pd.DataFrame, columns: Mapping[st
     """:func:`table` with ``precision`` decimals on every column of fractions (whole numbers stay whole), then
     ``formats`` (column key -> format string, e.g. ``"{:.0%}"``) on their columns."""
     return table(rows, columns, formats=formats, decimals=precision, drop_empty=drop_empty)
+
+
+#: Items a key number's list or mapping shows before it is shortened (:func:`brief`).
+LIST_ITEMS = 6
+
+
+def brief(value: Any, items: int = LIST_ITEMS) -> str:
+    """A key number as a reader wants it: 3 significant digits (thousands separated), lists and small mappings
+    shortened; a deeper structure is summarized by its size."""
+    if isinstance(value, bool) or value is None:
+        return {True: "yes", False: "no", None: "-"}[value]
+    if isinstance(value, numbers.Real):
+        v = float(value)
+        if not math.isfinite(v):
+            return str(v)
+        if v == int(v) and abs(v) < 1e15:
+            return f"{int(v):,}"
+        return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}"
+    if isinstance(value, str):
+        return value if len(value) <= 120 else value[:117] + "..."
+    if isinstance(value, (list, tuple)):
+        if all(not isinstance(v, (list, tuple, Mapping)) for v in value):
+            shown = ", ".join(brief(v) for v in value[:items])
+            return f"[{shown}{', ...' if len(value) > items else ''}]" + (f" ({len(value)})" if len(value) > items else "")
+        return f"{len(value)} entries"
+    if isinstance(value, Mapping):
+        if len(value) <= items and all(not isinstance(v, (list, tuple, Mapping)) for v in value.values()):
+            return "{" + ", ".join(f"{k}: {brief(v)}" for k, v in value.items()) + "}"
+        return f"{len(value)} entries"
+    return str(value)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from specdiag.paths import RUNS_DIR
 from specdiag.runs import Run
-from specdiag.steps.findings.page import brief
+from specdiag.tables import brief
 
 if TYPE_CHECKING:
     import jinja2

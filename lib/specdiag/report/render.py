@@ -10,7 +10,7 @@ from specdiag.paths import RUNS_DIR
 from specdiag.report.execute import NotebookResult
 from specdiag.report.index import write_run_index, write_runs_index
 from specdiag.report.outputs import plain_progress
-from specdiag.runs import Run, dumps
+from specdiag.runs import Run, dumps, recorded_source
 
 TEMPLATES_DIR = Path(__file__).parent / "templates" / "nbconvert"
 TEMPLATE_NAME = "specdiag_offline"
@@ -53,8 +53,6 @@ def network_references(html_text: str) -> list[str]:
 
 def collect_results(run: Run, results: list[NotebookResult]) -> None:
     """Attach each notebook's recorded metrics and findings, write findings.json and the run's statuses."""
-    from specdiag.steps.findings.overview import recorded_source  # noqa: PLC0415
-
     written = run.results()
     for r in results:
         rec = written.get(r.notebook, {})

@@ -11,7 +11,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from specdiag.findings import SEVERITY_ORDER, Finding
 from specdiag.measure.sweep_table import latest_rows, samples_by_context, summarize_sweep
 from specdiag.paths import relative_to_project
-from specdiag.runs import Run, rows_source
+from specdiag.runs import Run, recorded_source, rows_source
 from specdiag.stats import MIN_REQUESTS, NOT_ENOUGH, compare_requests, fit_line
 
 #: The question each notebook answers, in run order.
@@ -29,20 +29,6 @@ QUESTIONS: dict[str, str] = {
 }
 #: Notebooks that summarize other notebooks; their own results are not part of a summary.
 SUMMARY_NOTEBOOKS = ("07_findings", "08_compare_runs")
-
-
-def recorded_source(notebook: str, result: Mapping[str, Any], run_meta: Mapping[str, Any] | None = None) -> str | None:
-    """The recorded run a notebook's result was taken from instead of measuring in this run, or None.
-
-    The result's ``recorded_from`` (:meth:`specdiag.runs.Run.write_result`); for a result written without it, the
-    run.json ``replays`` entry of a notebook that replayed another run than the one the whole run replays (a live
-    run's 06 showing a recorded kernel run on a machine without a GPU). In a replay of a run (``make replay``) every
-    notebook replays that run: those results are the run's own."""
-    if result.get("recorded_from"):
-        return str(result["recorded_from"])
-    meta = run_meta or {}
-    replayed = (meta.get("replays") or {}).get(notebook)
-    return str(replayed) if replayed and replayed != meta.get("replay_of") else None
 
 
 def split_recorded(results: Mapping[str, Mapping[str, Any]], run_meta: Mapping[str, Any] | None = None

@@ -5,17 +5,14 @@ collapsed per notebook. Self-contained HTML (no script, style or font from the n
 from __future__ import annotations
 
 import html
-import math
-import numbers
 from typing import Any, Iterable, Mapping, Sequence
 
 from specdiag.findings import SEVERITY_ORDER, to_html
+from specdiag.tables import brief
 from specdiag.steps.findings.diagnosis import Diagnosis
 
 #: Severities a reader sees expanded; the rest sit under one collapsed line.
 SHOWN = ("critical", "warning")
-#: List items a key number shows before '...'.
-LIST_ITEMS = 6
 
 _BOX = "border:1px solid #ccc;border-radius:4px;padding:10px 14px;margin:8px 0 14px 0;background:#fcfcfc"
 
@@ -75,32 +72,6 @@ def recorded_html(results: Mapping[str, Mapping[str, Any]], recorded: Mapping[st
             f'{to_html([{**f, "notebook": name} for f in found], collapse_over=0, show_notebook=True, note=label)}'
             f'</details>')
     return "".join(parts)
-
-
-def brief(value: Any, items: int = LIST_ITEMS) -> str:
-    """A key number as a reader wants it: 3 significant digits (thousands separated), lists and small mappings
-    shortened; a deeper structure is summarized by its size."""
-    if isinstance(value, bool) or value is None:
-        return {True: "yes", False: "no", None: "-"}[value]
-    if isinstance(value, numbers.Real):
-        v = float(value)
-        if not math.isfinite(v):
-            return str(v)
-        if v == int(v) and abs(v) < 1e15:
-            return f"{int(v):,}"
-        return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}"
-    if isinstance(value, str):
-        return value if len(value) <= 120 else value[:117] + "..."
-    if isinstance(value, (list, tuple)):
-        if all(not isinstance(v, (list, tuple, Mapping)) for v in value):
-            shown = ", ".join(brief(v) for v in value[:items])
-            return f"[{shown}{', ...' if len(value) > items else ''}]" + (f" ({len(value)})" if len(value) > items else "")
-        return f"{len(value)} entries"
-    if isinstance(value, Mapping):
-        if len(value) <= items and all(not isinstance(v, (list, tuple, Mapping)) for v in value.values()):
-            return "{" + ", ".join(f"{k}: {brief(v)}" for k, v in value.items()) + "}"
-        return f"{len(value)} entries"
-    return str(value)
 
 
 def metrics_html(results: Mapping[str, Mapping[str, Any]], recorded: Mapping[str, str] | None = None) -> str:
