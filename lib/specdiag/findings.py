@@ -81,15 +81,3 @@ def to_html(findings: Iterable[Finding | dict[str, Any]], collapse_over: int = C
     parts = [_card(f if isinstance(f, dict) else dict(f.__dict__), collapse_over, show_notebook, note)
              for f in findings]
     return "\n".join(parts) or "<p><i>No findings.</i></p>"
-
-
-def to_markdown(findings: Iterable[Finding | dict[str, Any]]) -> str:
-    """Findings as Markdown (for the terminal and the summary file)."""
-    lines = []
-    for f in findings:
-        d = f if isinstance(f, dict) else f.__dict__
-        lines.append(f"- **[{d.get('severity', 'info').upper()}] {d.get('title', '')}** ({d.get('id', '')}): "
-                     f"{d.get('verdict', '')}")
-        for e in d.get("evidence", ()):
-            lines.append(f"  - {e}")
-    return "\n".join(lines)

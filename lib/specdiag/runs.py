@@ -304,14 +304,3 @@ def merge_runs(dest: str | os.PathLike[str], sources: Iterable[str | os.PathLike
             target.write_bytes(data if f.suffix == ".gz" else gzip.compress(data, 9, mtime=0))
     out.update(**lists, merged_from=list(out.meta.get("merged_from") or []) + [str(s) for s in sources])
     return out, parts
-
-
-def merge_command(prog: str, argv: list[str]) -> tuple[str, list[str]]:
-    """Parse a script's ``merge --out DEST SOURCE...`` arguments (``argv`` after ``merge``)."""
-    import argparse  # noqa: PLC0415
-
-    ap = argparse.ArgumentParser(prog=f"{prog} merge", description="join the run folders of several calls into one")
-    ap.add_argument("--out", required=True, help="the merged run folder (created, or an earlier merge to extend)")
-    ap.add_argument("sources", nargs="+", help="the calls' run folders, in the order they ran")
-    args = ap.parse_args(argv)
-    return args.out, args.sources

@@ -7,7 +7,7 @@ these types, :mod:`specdiag.geometry.config` builds them from a config.json, and
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
 AttentionKind = Literal["mla", "gqa", "mha"]
@@ -97,7 +97,3 @@ class ModelGeometry:
     def kv_bytes_per_token_per_layer(self) -> float:
         """Bytes per token per layer (whole model, before TP), at ``kv_dtype``."""
         return self.kv_values_per_token_per_layer * dtype_bytes(self.kv_dtype)
-
-    def with_kv_dtype(self, kv_dtype: str) -> "ModelGeometry":
-        dtype_bytes(kv_dtype)
-        return replace(self, kv_dtype=kv_dtype)

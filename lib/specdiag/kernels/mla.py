@@ -201,16 +201,6 @@ def make_inputs(shape: VerifyShape, device: str | torch.device = "cpu", seed: in
     )
 
 
-def with_fresh_data(inputs: VerifyInputs, seed: int) -> VerifyInputs:
-    """Same layout and mask, new random queries and cache (for rotating timing inputs)."""
-    gen = torch.Generator(device=inputs.q.device).manual_seed(seed)
-    q = torch.randn(inputs.q.shape, generator=gen, device=inputs.q.device).to(torch.bfloat16)
-    cache = torch.randn(inputs.cache.shape, generator=gen, device=inputs.q.device).to(torch.bfloat16)
-    fresh = VerifyInputs(q=q, cache=cache, token_table=inputs.token_table, block_table=inputs.block_table,
-                         mask=inputs.mask, n_prefix=inputs.n_prefix, sm_scale=inputs.sm_scale)
-    return with_fp8_cache(fresh) if inputs.cache_fp8 is not None else fresh
-
-
 FP8_E4M3_MAX: float = 448.0  #: largest finite float8_e4m3fn value
 FP16_MAX: float = 65504.0  #: largest finite float16 value
 #: the largest cache scale whose e4m3 range (448 x scale) fits fp16's, the dtype the fp8 kernels convert tiles to

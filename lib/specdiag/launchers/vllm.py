@@ -128,17 +128,6 @@ def patched_drafter(drafter: Path = MODELS_DIR / "drafter", out_root: Path = PAT
     return out
 
 
-def drafter_patch_record(drafter_dir: str | Path | None) -> dict[str, Any] | None:
-    """The ``specdiag_patch.json`` of a drafter folder the launcher patched (None when not patched or not here)."""
-    if not drafter_dir:
-        return None
-    path = Path(str(drafter_dir)) / "specdiag_patch.json"
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def vllm_python(venv: Path = VENV_DIR) -> Path:
     return Path(venv) / "bin" / "python"
 

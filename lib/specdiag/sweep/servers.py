@@ -9,7 +9,6 @@ server's command or environment here (tests/test_sweep_servers.py checks every o
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -208,8 +207,3 @@ def make_server(arm: Arm, host: Host, startup_timeout_s: float) -> Any:
     server = engine_server("vllm", startup_timeout_s=startup_timeout_s, **vllm_options(arm, host))
     server.env.update(arm_env(arm, host))
     return server
-
-
-def environ_with(env: Mapping[str, str]) -> dict[str, str]:
-    """This process's environment with ``env`` on top (what the server sees)."""
-    return {**os.environ, **dict(env)}

@@ -14,8 +14,6 @@ shared latent rows, and each one has only its own serial chain of dependent load
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
@@ -96,11 +94,6 @@ def _baseline_verify_kernel(
 
     o_ptrs = OUT + offs_m[:, None] * stride_ot + head * stride_oh + offs_dv[None, :]
     tl.store(o_ptrs, (acc / deno[:, None]).to(OUT.dtype.element_ty), mask=mask_m[:, None])
-
-
-def grid_programs(heads: int, draft_tokens: int) -> int:
-    """Programs the baseline launches at batch 1: H x cdiv(T, 32)."""
-    return heads * math.ceil(draft_tokens / BLOCK_M)
 
 
 def baseline_triton(inputs: VerifyInputs, out: torch.Tensor) -> torch.Tensor:

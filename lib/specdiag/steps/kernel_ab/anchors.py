@@ -62,23 +62,6 @@ def cannot(name: str, inputs: VerifyInputs, page_size: int = 1) -> Optional[str]
     return None
 
 
-def tree_mask_reason(name: str, draft_tokens: int = 8, seed: int = 0) -> str:
-    """What anchor ``name`` says (:func:`cannot`) for a branching draft tree: the cases it never runs.
-
-    Built on a tiny CPU case (64 tokens, one head) whose seeded tree is not a chain. The harness's chain-only runs
-    (``--chain``) have no such rows, so 06 states this beside the anchor's times.
-    """
-    from specdiag.kernels.mla import VerifyShape, make_inputs  # noqa: PLC0415
-
-    inputs = make_inputs(VerifyShape(64, 1, draft_tokens, "shuffled_p1"), seed=seed, chain=False)
-    if is_chain(inputs.mask):
-        raise ValueError(f"the seeded {draft_tokens}-token draft tree (seed {seed}) is a chain; pick another seed")
-    reason = cannot(name, inputs)
-    if reason is None:
-        raise ValueError(f"anchor {name!r} gives no reason for a tree mask: cannot() changed, update tree_mask_reason")
-    return reason
-
-
 # ---- SGLang's upstream split-KV verify ----------------------------------------------------------
 
 def find_sglang_verify() -> Optional[Path]:

@@ -616,7 +616,3 @@ def metrics(t: Tables) -> dict[str, Any]:
             if not t.share.empty else {},
             "floor_distinct_windows": {str(int(r.tokens)): r.distinct for r in t.share_windows.itertuples()}
             if not t.share_windows.empty else {}}
-
-
-def median_or_none(values: list[float]) -> float | None:
-    return statistics.median(values) if values else None

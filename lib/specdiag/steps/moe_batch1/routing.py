@@ -92,13 +92,6 @@ def pass_table(dump: Dump, top_k: int, verify_tokens: int | None = None) -> pd.D
     return pd.DataFrame(rows)
 
 
-def layer_distinct(dump: Dump) -> pd.DataFrame:
-    """Long form: one row per pass and MoE layer with its distinct experts (for per-layer views)."""
-    layers = moe_layers(dump)
-    return pd.DataFrame([{"forward_pass_id": p.forward_pass_id, "layer": layer,
-                          "distinct": int((p.counts[layer] > 0).sum())} for p in dump.passes for layer in layers])
-
-
 def by_tokens(passes: pd.DataFrame, num_experts: int, top_k: int) -> pd.DataFrame:
     """Per tokens per pass: passes, distinct experts per layer (median of the passes' medians), the expectation,
     the ratio, and the multiplier over one token's top_k (the expert bytes a step reads against a 1-token step)."""
