@@ -602,7 +602,7 @@ def window_check(run: Run, a: SGLangClient, b: SGLangClient, job: Job, budget: B
     and to the one with its all-full-attention copy: equal draft acceptance (verify steps, histogram) at
     contexts beyond the window means the first server ran every drafter layer with full attention."""
     from specdiag.prompts import build_prompt  # noqa: PLC0415
-    from specdiag.spec import SpecFields  # noqa: PLC0415
+    from specdiag.spec.commit import SpecFields  # noqa: PLC0415
 
     sp = {"max_new_tokens": job.probe_new_tokens, "temperature": 0.0, "ignore_eos": True}
     for c in job.window_contexts:

@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from sglang_replay_server import CHUNK_DELAY_S, PROMPT_TOKENS, ReplayServer, tokenize  # noqa: E402
 
-from specdiag import spec  # noqa: E402
+from specdiag.spec import commit, scrapes  # noqa: E402
 from specdiag.serving import (  # noqa: E402
     CLIENTS,
     RequestTrace,
@@ -63,7 +63,7 @@ def assert_full_answer(trace: RequestTrace) -> None:
     assert trace.finish_reason == {"type": "length", "length": 10}
     assert trace.spec is not None
     assert (trace.spec.verify_ct, trace.spec.num_correct_drafts, trace.spec.num_proposed_drafts) == (3, 6, 21)
-    assert spec.commit_length_from_meta(trace.meta_info) == pytest.approx(3.0)  # (10 - 1) / 3
+    assert commit.commit_length_from_meta(trace.meta_info) == pytest.approx(3.0)  # (10 - 1) / 3
 
 
 def test_registry_names_the_sglang_client() -> None:
@@ -131,7 +131,7 @@ def test_embedded_server_step_extras(client: SGLangClient) -> None:
     assert trace.spec.step_commit_lengths == [3, 2, 4]
     assert trace.spec.step_draft_ms == [1.5, 1.5, 1.5]
     assert trace.spec.step_verify_ms == [4.25, 4.25, 4.25]
-    assert spec.step_commit_stats(trace.spec.step_commit_lengths).mean == pytest.approx(3.0)
+    assert commit.step_commit_stats(trace.spec.step_commit_lengths).mean == pytest.approx(3.0)
 
 
 def test_non_stream(client: SGLangClient, server: ReplayServer) -> None:
@@ -234,8 +234,8 @@ def test_info_and_control_endpoints(client: SGLangClient, server: ReplayServer) 
     assert server.requests[-1].body["add_special_tokens"] is False
     text = client.metrics_text()
     assert text is not None
-    scrape = spec.parse_prometheus(text)
-    assert spec.sglang_commit_length_from_scrapes({}, scrape) == pytest.approx(10 / 3)
+    scrape = scrapes.parse_prometheus(text)
+    assert scrapes.sglang_commit_length_from_scrapes({}, scrape) == pytest.approx(10 / 3)
     client.check_reachable()  # answers: no exception
 
 
@@ -322,9 +322,9 @@ def test_embedded_server_traces_are_self_consistent(live_server_url: str) -> Non
     steps = trace.spec.step_commit_lengths if trace.spec else None
     assert steps and trace.spec is not None
     assert trace.spec.verify_ct == len(steps) and sum(steps) == trace.completion_tokens - 1
-    assert spec.commit_length_from_meta(trace.meta_info) == pytest.approx(sum(steps) / len(steps))
+    assert commit.commit_length_from_meta(trace.meta_info) == pytest.approx(sum(steps) / len(steps))
     hist = trace.spec.correct_drafts_histogram
-    assert hist is not None and spec.commit_length_from_histogram(hist) == pytest.approx(sum(steps) / len(steps))
+    assert hist is not None and commit.commit_length_from_histogram(hist) == pytest.approx(sum(steps) / len(steps))
     whole = client.generate(input_ids=ids, sampling_params=sampling, stream=False)
     assert whole.error is None and whole.output_ids == trace.output_ids and whole.text == trace.text
     bad = client.generate(input_ids=ids, sampling_params={"max_tokens": 3})

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specdiag import spec, stats
+from specdiag import stats
+from specdiag.spec import commit
 from specdiag.steps.gpu_utilization import analysis as utilization
 from specdiag.steps.kernel_ab.timing import summarize_ms
 
@@ -20,7 +21,7 @@ def test_every_summary_uses_the_one_quantile() -> None:
     samples = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0]
     s = summarize_ms(samples)  # kernel timings: was nearest rank (p10 1.0, p90 9.0)
     assert (s["ms_p10"], s["ms_median"], s["ms_p90"]) == pytest.approx((1.9, 5.5, 9.1))
-    c = spec.step_commit_stats([1, 2, 3, 4, 5, 6, 7, 8, 9, 10])
+    c = commit.step_commit_stats([1, 2, 3, 4, 5, 6, 7, 8, 9, 10])
     assert (c.p10, c.p90) == pytest.approx((1.9, 9.1))
     assert utilization.quantile is stats.quantile
     with pytest.raises(ValueError, match="empty"):

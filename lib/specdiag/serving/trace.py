@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 
 from specdiag.serving.redaction import redact_text
 from specdiag.serving.sse import SSEEvent
-from specdiag.spec import SpecFields, spec_fields_from_meta
+from specdiag.spec.commit import SpecFields, spec_fields_from_meta
 
 __all__ = [
     "RequestTrace",
