@@ -49,7 +49,7 @@ def test_live_on_the_embedded_server_with_cpu_telemetry(run_notebook: Callable[.
 
 @pytest.mark.notebook
 def test_replays_the_recorded_h200_run(run_notebook: Callable[..., Path], tmp_path: Path) -> None:
-    """The numbers are pinned: they are what the H200 run recorded (docs/device-notes.md, telemetry call 2:
+    """The numbers are pinned: they are what the H200 run recorded (data/reference/embedded-h200-utilization/README.md:
     decode 10.7 s at 39.1 ms per step, utilization.gpu 34 %, GPM SM activity 2.9 %, DRAM 0.46 % of peak against a
     predicted 0.14 %), so a change in how the library cuts phases or takes medians fails here."""
     assert (H200_RUN / "run.json").exists(), f"the recorded H200 run is missing at {H200_RUN}"

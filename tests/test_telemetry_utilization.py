@@ -249,7 +249,7 @@ def test_record_script_writes_a_replayable_run(tmp_path: Path, small_cpu_measure
 
 def test_decode_prediction_of_the_recorded_h200_request() -> None:
     """02's prediction, in the library: the H200 request's bytes per step (266 MB at 12,988 tokens, computed) over
-    its 39.1 ms step against the NVML peak (docs/device-notes.md), and a note instead of an error when inputs lack."""
+    its 39.1 ms step against the NVML peak (data/reference/embedded-h200-utilization/README.md), and a note instead of an error when inputs lack."""
     from specdiag.paths import REFERENCE_DIR
     from specdiag.runs import Run
     from specdiag.steps.gpu_utilization.analysis import predict_decode_bandwidth, prediction_lines
