@@ -33,7 +33,7 @@ tests/data/sglang-0.5.17/auth.json by scripts/record_sglang_auth.py): /health* a
 401 ``{"error": "Unauthorized"}`` (or 403 ``Forbidden``), as SGLang's middleware does.
 
 ``ReplayServer(recorded=folder)`` answers instead with what a real SGLang sent, byte for byte, from a folder of
-raw exchanges (tests/data/sglang-0.5.17/raw-*/, written by scripts/record_sglang.py): each ``NAME.json`` /
+raw exchanges (tests/data/sglang-0.5.17/raw-*/, written by scripts/record_sglang_exchange.py): each ``NAME.json`` /
 ``.txt`` / ``.sse`` body with the status and content type of its ``NAME.meta.json``; streams are written in the
 chunks the recorder read them in. ``POST /generate`` picks the exchange by the request's ``rid`` (a recorded
 name, e.g. ``generate_stream_novel_1024``), else: over-long ``input_ids`` (beyond the recorded context_length)

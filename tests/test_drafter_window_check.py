@@ -1,4 +1,4 @@
-"""drafter.window_check_finding: the verdict on a recorded drafter_window_check table (scripts/record_sglang.py)."""
+"""drafter.window_check_finding: the verdict on a recorded drafter_window_check table (the drafter_timing measurement's window check)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Contract tests against real SGLang 0.5.17 bytes, recorded on the H200 (tests/data/sglang-0.5.17/).
 
-scripts/record_sglang.py kept the raw exchanges of three real servers (2026-11-30; their runs are
+scripts/record_sglang_exchange.py keeps the raw exchanges of three real servers (2026-11-30; their runs are
 data/reference/sglang-h200-tiny-* and sglang-h200-mla2-stock-185k): the tiny trained target with its STANDALONE
 drafter, the same with NGRAM, and an MLA model with NGRAM. Each test feeds those bytes through the client's parsing
 (SSE decoder, trace assembly, spec fields, settings and snapshot rows, metrics parser, error messages), directly and

@@ -14,6 +14,9 @@ from specdiag.sweep.settings import SettingsError, parse_settings
 ARMS_DIR = PROJECT_ROOT / "params" / "arms"
 MEASURE_OF = {"embedded.yaml": "engine_ab", "engine-ab-ngram.yaml": "engine_ab", "engine-ab-dflash.yaml": "engine_ab",
               "embedded-ladder.yaml": "engine_ab", "embedded-kv-layout.yaml": "kv_layout",
+              "tiny-notebooks.yaml": "snapshot,commit_probe,baseline_sweep,drafter_timing",
+              "mla-notebooks.yaml": "snapshot,gpu_utilization,baseline_sweep",
+              "embedded-utilization.yaml": "snapshot,gpu_utilization",
               "kv-layout.yaml": "kv_layout", "moe-batch1.yaml": "moe_batch1",
               "moe-batch1-plugin.yaml": "moe_batch1",
               "plugin-identity.yaml": "plugin_identity", "vllm-cpu.yaml": "engine_ab"}
@@ -118,9 +121,10 @@ def test_a_missing_or_broken_file_is_named(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", sorted(MEASURE_OF))
 def test_shipped_arms_files_parse_with_their_measurements_settings(name: str) -> None:
+    from specdiag.sweep.driver import plan
+
     arms = load_arms(ARMS_DIR / name)
-    m = measurement(MEASURE_OF[name])
-    parse_settings(m.load().SweepSettings, arms.settings, m.name)
+    plan(arms, MEASURE_OF[name])  # the settings of each measurement, every server's command
     named = {p for a in arms.arms for p in (a.model, a.speculation.drafter) if p}
     shipped = {p for p in named if not Path(p).is_absolute() and (PROJECT_ROOT / p / "config.json").is_file()}
     assert named - shipped <= {r.path for r in arms.models}, "every model an arm names is shipped or has a recipe"

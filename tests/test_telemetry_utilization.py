@@ -228,23 +228,24 @@ def test_measure_checks_the_context_before_sending(tmp_path: Path) -> None:
     assert run.rows("telemetry") == []
 
 
-def test_record_script_writes_a_replayable_run(tmp_path: Path, small_cpu_measurements: None) -> None:
-    import runpy
+def test_the_sweep_measurement_writes_a_replayable_run(tmp_path: Path, small_cpu_measurements: None) -> None:
+    """``specdiag sweep --measure gpu_utilization`` (the GPU host's way, no papermill): 02's own measurement on each
+    arm's server, into the arm's folder that 02 replays, with its parameters recorded."""
+    from specdiag.sweep.arms import running
+    from specdiag.sweep.driver import SweepOptions, plan, sweep
+    from specdiag.sweep.servers import Host
 
     out = tmp_path / "rec"
-    script = Path(__file__).parents[1] / "scripts" / "record_utilization.py"
-    main = runpy.run_path(str(script))["main"]
     with ReplayServer() as server:
-        code = main(["--server-url", server.url, "--out-dir", str(out), "--context-tokens", "64",
-                     "--max-new-tokens", "10", "--telemetry", "cpu", "--idle-s", "0.2"])
-    assert code == 0
-    run = Run.open(out)
-    meta = run.meta
-    assert meta["recorded_with"]["command"] and meta["recorded_with"]["date_utc"]
-    assert meta["params"]["02_gpu_utilization"]["context_tokens"] == 64
+        planned = plan(running({"replay": server.url}), "gpu_utilization", (),
+                       {"context_tokens": 64, "max_new_tokens": 10, "telemetry": "cpu", "idle_s": 0.2})
+        assert sweep(planned.arms, planned.measures, SweepOptions(out=out), Host(work=out)) == 0
+    run = Run.open(out / "replay")
+    assert run.meta["params"]["02_gpu_utilization"]["context_tokens"] == 64 and run.meta["server_url"] == server.url
     (request,) = run.rows("telemetry_request")
     assert request["warmup"]["completion_tokens"] > 0 and request["hardware"]["memory_bandwidth_gb_s"] > 0
     assert len(rows_of := run.rows("telemetry")) == request["sampler"]["rows"] and rows_of[0]["source"] == "cpu"
+    assert Run.open(out).meta["kind"] == "gpu_utilization" and not run.rows("engine_ab")
 
 
 def test_decode_prediction_of_the_recorded_h200_request() -> None:

@@ -1,4 +1,4 @@
-# Sourced by the SGLang device jobs (sglang_job.sh, sweep_job.sh): SGLang 0.5.17's
+# Sourced by the SGLang device jobs (sweep_job.sh): SGLang 0.5.17's
 # site tree and the plugin, put in place the same way for every job. Run from the repository root.
 #
 # stage_sglang_site SITE LOG TAG: nothing if SITE already holds sglang; otherwise joins $STAGE_DIR/part.* (default /tmp/stage;

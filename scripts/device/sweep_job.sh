@@ -8,6 +8,8 @@
 #   OUT=/path ARMS=params/arms/kv-layout.yaml MEASURE=kv_layout ONLY=plugin,plugin_contiguous bash scripts/device/sweep_job.sh
 #   OUT=/path ARMS=params/arms/moe-batch1.yaml MEASURE=moe_batch1 ONLY=t1,t2,t4 bash scripts/device/sweep_job.sh
 #   OUT=/path ARMS=params/arms/plugin-identity.yaml MEASURE=plugin_identity bash scripts/device/sweep_job.sh
+#   OUT=/path ARMS=params/arms/tiny-notebooks.yaml MEASURE=snapshot,commit_probe,baseline_sweep,drafter_timing \
+#     bash scripts/device/sweep_job.sh   # 00-04's tables, each arm in sweep/<arm>/
 #   # a dry run on a CPU: the embedded arms, no SGLang
 #   OUT=/tmp/o ARMS=params/arms/embedded.yaml MEASURE=engine_ab ENGINE=embedded bash scripts/device/sweep_job.sh
 #
@@ -17,13 +19,13 @@
 set -uo pipefail
 OUT=${OUT:?set OUT to the folder to write results to}
 ARMS=${ARMS:?set ARMS to an arms file (params/arms/)}
-MEASURE=${MEASURE:?set MEASURE to engine_ab, kv_layout, moe_batch1 or plugin_identity}
+MEASURE=${MEASURE:?set MEASURE to a measurement (engine_ab, kv_layout, ...) or several comma-separated}
 ONLY=${ONLY:-}
 BUDGET=${BUDGET:-540}
 SWEEP_ARGS=${SWEEP_ARGS:-}
 SITE=${SITE:-/tmp/site}
 PLUGIN=${PLUGIN_PATH:-/tmp/plugin}
-ENGINE=${ENGINE:-sglang}   # embedded: no SGLang staged, no plugin installed (the CPU's dry run)
+ENGINE=${ENGINE:-sglang}   # embedded: no SGLang staged, no plugin installed (the embedded arms; WHEELS: its web stack)
 PYTHON=${PYTHON:-python3}
 t0=$(date +%s)
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
@@ -35,6 +37,12 @@ only=()
 [ -n "$ONLY" ] && only=(--only "$ONLY")
 if [ "$ENGINE" = embedded ]; then
   SITE= PLUGIN= pypath=$PWD/lib
+  # the embedded server's web stack where the machine lacks it: wheels carried in $WHEELS (fastapi, uvicorn, ...)
+  if compgen -G "${WHEELS:-.whl}/*.whl" >/dev/null; then
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-embedded \
+      "${WHEELS:-.whl}"/*.whl 2>&1 | tail -2 | tee -a "$log"
+    pypath=/tmp/site-embedded:$pypath
+  fi
 else
   stage_sglang_site "$SITE" "$log" sweep || exit $?
   install_plugin "$PLUGIN" "$log" sweep

@@ -21,18 +21,29 @@ class Plan(Protocol):
 
 def measure_missing(run: Any, plan: Plan, table: str, key: Sequence[str],
                     measure: Callable[[dict[str, Any]], Measured], desc: str,
-                    report: Callable[[str], None] = print) -> list[dict[str, Any]]:
+                    report: Callable[[str], None] = print, deadline_s: float | None = None,
+                    not_run: list[str] | None = None) -> list[dict[str, Any]]:
     """Measure the plan's pending requests into ``run``; returns the rows measured now (``table``'s rows).
 
-    ``report`` gets one line before the loop (how many are done already) and one per failed request.
+    ``report`` gets one line before the loop (how many are done already) and one per failed request. Past
+    ``deadline_s`` (``time.monotonic()``, a sweep's budget) no request is started; ``not_run`` then gets a sentence.
     """
+    import time  # noqa: PLC0415
+
     from tqdm import tqdm  # noqa: PLC0415
 
     total = len(plan.requests())
     pending = plan.pending(run.done_keys(table, tuple(key)))
     report(f"{total - len(pending)} of {total} requests already measured in this run folder; measuring {len(pending)}")
     measured: list[dict[str, Any]] = []
-    for request in tqdm(pending, desc=desc, unit="request", mininterval=2.0):
+    for i, request in enumerate(tqdm(pending, desc=desc, unit="request", mininterval=2.0)):
+        if deadline_s is not None and time.monotonic() > deadline_s:
+            line = (f"{desc}: {len(pending) - i} of {total} requests not started (time budget), from "
+                    + ", ".join(f"{k} {request.get(k)}" for k in key))
+            report(line)
+            if not_run is not None:
+                not_run.append(line)
+            break
         result = measure(request)
         row, more = (result if isinstance(result, tuple) else (result, {}))
         run.append_row(table, dict(row))

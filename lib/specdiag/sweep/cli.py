@@ -27,7 +27,9 @@ from specdiag.sweep.settings import SettingsError, overrides
 def sweep_parser(prog: str = "specdiag sweep") -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=prog, description="start each arm's server in turn, measure it, stop it")
     ap.add_argument("--arms", required=True, help="the arms file (YAML; params/arms/ has examples)")
-    ap.add_argument("--measure", required=True, choices=sorted(MEASUREMENTS), help="the named measurement")
+    ap.add_argument("--measure", required=True, metavar="NAME[,NAME...]",
+                    help="the named measurement, or several comma-separated (each arm's server measured by each in "
+                         "turn): " + ", ".join(sorted(MEASUREMENTS)))
     ap.add_argument("--out", required=True, help="the run folder (created; rows appended as measured)")
     ap.add_argument("--only", default="", help="only these arms of the file, comma-separated (in the file's order)")
     ap.add_argument("--contexts", default="", help="prompt tokens, comma-separated (the setting contexts)")
@@ -86,7 +88,7 @@ def sweep_main(argv: Sequence[str], prog: str = "specdiag sweep") -> int:
     signal.signal(signal.SIGTERM, _sigterm)
     opts = SweepOptions(out=out, budget_s=args.budget_s, min_arm_s=args.min_arm_s, stop_margin_s=args.stop_margin_s,
                         startup_s=args.startup_s, command=shlex.join([prog.split()[0], *prog.split()[1:], *argv]))
-    return sweep(arms, planned.measurement, planned.settings, opts, host)
+    return sweep(arms, planned.measures, opts, host)
 
 
 def merge_main(argv: Sequence[str], prog: str = "specdiag merge") -> int:

@@ -26,16 +26,16 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from specdiag.runs import Run
 from specdiag.sweep.arms import Arm, ArmsError, ArmsFile, load_arms
 from specdiag.sweep.job import ArmJob
-from specdiag.sweep.registry import Measurement, measurement
+from specdiag.sweep.registry import MEASUREMENTS, Measurement, measurement
 from specdiag.sweep.servers import Host, arm_env, recorded_env, server_command, serving
-from specdiag.sweep.settings import as_record, parse_settings
+from specdiag.sweep.settings import as_record, parse_settings, per_measurement
 
 
 @dataclass(frozen=True)
@@ -74,28 +74,38 @@ def configured_arms(arms: ArmsFile, measure: Measurement, settings: Any) -> Arms
     return replace(arms, arms=tuple(a if a.running else adjust(a, settings) for a in arms.arms))
 
 
+#: one measurement of a sweep and its settings (its SweepSettings)
+Measuring = tuple[Measurement, Any]
+
+
 @dataclass(frozen=True)
 class Plan:
-    """What a sweep will run, checked: the arms (as the measurement needs them), the measurement and its settings."""
+    """What a sweep will run, checked: the arms (as the measurements need them), and each measurement with its
+    settings, in the order each arm's server is measured by them."""
 
     arms: ArmsFile
-    measurement: Measurement
-    settings: Any
+    measures: tuple[Measuring, ...]
 
 
 def plan(arms: str | ArmsFile, measure: str, only: Sequence[str] = (), overrides: Mapping[str, Any] | None = None,
          host: Host | None = None) -> Plan:
-    """An arms file (a path, or parsed), only the arms named (all when none), the measurement's settings (the file's
-    ``settings:`` with ``overrides`` on top) and every server command built: each mistake an ArmsError,
-    SettingsError or UnknownMeasurement naming the fix, before any server starts."""
+    """An arms file (a path, or parsed), only the arms named (all when none), the measurements (``measure``: one name,
+    or several comma-separated, each arm's server measured by each in turn), their settings (the file's ``settings:``
+    with ``overrides`` on top: :func:`specdiag.sweep.settings.per_measurement`) and every server command built: each
+    mistake an ArmsError, SettingsError or UnknownMeasurement naming the fix, before any server starts."""
     parsed = load_arms(arms) if isinstance(arms, str) else arms
     if only:
         parsed = parsed.select(list(only))
-    m = measurement(measure)
-    settings = parse_settings(m.load().SweepSettings, {**parsed.settings, **dict(overrides or {})}, m.name)
-    parsed = configured_arms(parsed, m, settings)
+    names = [n.strip() for n in measure.split(",") if n.strip()]
+    ms = [measurement(n) for n in names]
+    kinds = {m.name: m.load().SweepSettings for m in ms}
+    raw = per_measurement(parsed.settings, names, {n: {f.name for f in fields(c)} for n, c in kinds.items()},
+                          overrides, MEASUREMENTS)
+    measures = tuple((m, parse_settings(kinds[m.name], raw[m.name], m.name)) for m in ms)
+    for m, settings in measures:
+        parsed = configured_arms(parsed, m, settings)
     preflight(parsed, host or Host(work=Path(".")))
-    return Plan(parsed, m, settings)
+    return Plan(parsed, measures)
 
 
 #: the largest relative error a checked verify call may have (the plugin's kernel against the call's reference)
@@ -200,7 +210,7 @@ def sweep_into(run: Run, planned: Plan) -> int:
     """A planned sweep (:func:`plan`) run in this process into a notebook's run folder (09, 10): no time budget, the
     servers' logs and plugin stats under the run's ``servers/``."""
     opts = SweepOptions(out=Path(run.path))
-    return sweep(planned.arms, planned.measurement, planned.settings, opts, Host(work=Path(run.path) / "servers"), run)
+    return sweep(planned.arms, planned.measures, opts, Host(work=Path(run.path) / "servers"), run)
 
 
 def _arm_record(arm: Arm) -> dict[str, Any]:
@@ -210,34 +220,57 @@ def _arm_record(arm: Arm) -> dict[str, Any]:
             "configured": arm.configured()}
 
 
-def sweep(arms: ArmsFile, measurement: Measurement, settings: Any, opts: SweepOptions, host: Host,
+def measurement_record(measures: Sequence[Measuring]) -> dict[str, Any]:
+    """run.json ``measurement``: one measurement's name, line and settings; several, their names joined by commas and
+    each one's line and settings by name."""
+    if len(measures) == 1:
+        (m, s), = measures
+        return {"name": m.name, "what": m.what, "settings": as_record(s)}
+    return {"name": ",".join(m.name for m, _ in measures), "what": {m.name: m.what for m, _ in measures},
+            "settings": {m.name: as_record(s) for m, s in measures}}
+
+
+def arm_run(run: Run, arm: Arm, kind: str) -> Run:
+    """The arm's own run folder inside the sweep's (``<out>/<arm>/``): where a measurement whose notebook replays one
+    server per run folder (``PER_ARM`` in its module: 00-04) writes its rows and run.json sections."""
+    own = Run.create(Path(run.path) / arm.name, label=f"{kind}-{arm.name}")
+    own.update(kind=kind, arm={"name": arm.name, "what": arm.label, "configured": arm.configured()},
+               data_source="measured")
+    return own
+
+
+def sweep(arms: ArmsFile, measures: Sequence[Measuring], opts: SweepOptions, host: Host,
           run: Run | None = None) -> int:
     """Run the sweep (module doc) into a new run folder at ``opts.out``, or into ``run`` (a notebook's: the sweep then
-    leaves the run's kind and command as they are); 0 when every arm started was measured without an error, else 1."""
+    leaves the run's kind and command as they are): each arm's server measured by each of ``measures`` in turn; 0
+    when every arm started was measured without an error, else 1."""
     from specdiag.hardware import nvidia_smi_gpu  # noqa: PLC0415
     from specdiag.process import redacted_command  # noqa: PLC0415
 
     t0 = time.monotonic()
     log = _log(t0)
     end = t0 + opts.budget_s if opts.budget_s else None
-    env_hook = measurement.hook("sweep_env")
-    arms = configured_arms(arms, measurement, settings)
+    kind = ",".join(m.name for m, _ in measures)
+    for m, settings in measures:
+        arms = configured_arms(arms, m, settings)
     preflight(arms, host)
     if run is None:
-        run = Run.create(opts.out, label=f"sweep-{measurement.name}")
-        run.update(kind=measurement.name, command=opts.command)
-    run.update(measurement={"name": measurement.name, "what": measurement.what, "settings": as_record(settings)},
+        run = Run.create(opts.out, label=f"sweep-{kind.replace(',', '-')}")
+        run.update(kind=kind, command=opts.command)
+    run.update(measurement=measurement_record(measures),
                arms_file={"source": arms.source, "description": arms.description, "arms": [a.name for a in arms.arms]},
                budget={"budget_s": opts.budget_s, "min_arm_s": opts.min_arm_s, "stop_margin_s": opts.stop_margin_s},
                device=nvidia_smi_gpu(), not_run=[], arms={a.name: _arm_record(a) for a in arms.arms})
-    begin = measurement.hook("sweep_begin")
-    if begin is not None:
-        begin(run, arms, settings)
-    measure = measurement.hook("sweep_arm")
+    for m, settings in measures:
+        begin = m.hook("sweep_begin")
+        if begin is not None:
+            begin(run, arms, settings)
     not_run: list[str] = []
     failed = False
     for arm in arms.arms:
-        arm_host = replace(host, extra_env=env_hook(arm, host.work) if env_hook and not arm.running else {})
+        extra = {k: v for m, _ in measures if m.hook("sweep_env") and not arm.running
+                 for k, v in m.hook("sweep_env")(arm, host.work).items()}
+        arm_host = replace(host, extra_env=extra)
         _update_arm(run, arm.name, env=recorded_env(arm_env(arm, arm_host)))
         left = None if end is None else end - time.monotonic()
         if left is not None and left < opts.min_arm_s:
@@ -257,10 +290,14 @@ def sweep(arms: ArmsFile, measurement: Measurement, settings: Any, opts: SweepOp
                             ready_at_s=round(time.monotonic() - t0, 1), server=info,
                             command=redacted_command(server.command) if server.command else None)
                 log(f"{arm.name}: ready after {server.ready_after_s} s at {server.url}")
-                job = ArmJob(run=run, arm=arm, url=server.url, settings=settings,
-                             deadline_s=float("inf") if end is None else end - opts.stop_margin_s,
-                             stats_dir=arm_host.stats_dir(arm), work=arm_host.work, progress=log, server_info=info)
-                not_run += measure(job) or []
+                own = None
+                for m, settings in measures:
+                    if getattr(m.load(), "PER_ARM", False) and own is None:
+                        own = arm_run(run, arm, kind)
+                    job = ArmJob(run=own if getattr(m.load(), "PER_ARM", False) else run, arm=arm, url=server.url,
+                                 settings=settings, deadline_s=float("inf") if end is None else end - opts.stop_margin_s,
+                                 stats_dir=arm_host.stats_dir(arm), work=arm_host.work, progress=log, server_info=info)
+                    not_run += m.hook("sweep_arm")(job) or []
         except BaseException as exc:  # noqa: BLE001 - recorded; Ctrl-C and SIGTERM end the sweep (the server stopped)
             failed = True
             _update_arm(run, arm.name, failed=f"{type(exc).__name__}: {exc}"[:1000])
@@ -274,9 +311,10 @@ def sweep(arms: ArmsFile, measurement: Measurement, settings: Any, opts: SweepOp
         _update_arm(run, arm.name, measured_s=round(time.monotonic() - t_arm, 1))
         _plugin_record(run, arm, arm_host)
         run.update(not_run=not_run)
-    end_hook = measurement.hook("sweep_end")
-    if end_hook is not None:
-        end_hook(run, arms, host.work)
+    for m, _ in measures:
+        end_hook = m.hook("sweep_end")
+        if end_hook is not None:
+            end_hook(run, arms, host.work)
     run.update(not_run=not_run, finished_after_s=round(time.monotonic() - t0, 1))
     tables = {p.stem: len(run.rows(p.stem)) for p in sorted(Path(run.path).glob("*.jsonl"))}
     log(f"done: {', '.join(f'{n} {t} rows' for t, n in tables.items()) or 'no rows'} in {run.path}; "

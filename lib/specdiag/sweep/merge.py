@@ -165,8 +165,9 @@ def merge_parts(dest: str | Path, sources: list[str | Path], arms_only: Sequence
                    str(x) for x in [dest, *([f"--arms {','.join(sorted(only))}"] if only else []), *sources]))
     from specdiag.sweep.registry import MEASUREMENTS  # noqa: PLC0415
 
-    known = MEASUREMENTS.get(kinds.pop())
-    merge_end = known.hook("merge_end") if known is not None else None
-    if merge_end is not None:  # what the measurement computes over all its rows (plugin_identity: identity)
-        merge_end(out)
+    for name in kinds.pop().split(","):  # a sweep of several measurements names them all
+        known = MEASUREMENTS.get(name)
+        merge_end = known.hook("merge_end") if known is not None else None
+        if merge_end is not None:  # what the measurement computes over all its rows (plugin_identity: identity)
+            merge_end(out)
     return out

@@ -6,6 +6,8 @@ A measurement's module (``specdiag.steps.<step>.measure``, or another module of 
   the arms file's ``settings:`` and ``--set`` into it);
 - ``sweep_arm(job: ArmJob) -> list[str]``: measure one arm's ready server, rows appended to ``job.run`` as they
   are taken; returns what it left unmeasured, a sentence each (run.json ``not_run``);
+- optionally ``PER_ARM = True``: its notebook replays one server per run folder (00-04), so ``job.run`` is the arm's
+  own folder inside the sweep's (``<out>/<arm>/``: :func:`specdiag.sweep.driver.arm_run`);
 - optionally ``sweep_begin(run, arms, settings)``: run.json keys its notebook reads, written once before the first
   server starts; ``sweep_env(arm, work) -> dict``: variables its servers need (a recorder's folder);
   ``sweep_end(run, arms, work)``: run-level summaries once every arm is done; ``merge_end(run)``: the same over a
@@ -39,6 +41,17 @@ class Measurement:
 
 
 MEASUREMENTS: dict[str, Measurement] = {m.name: m for m in (
+    Measurement("snapshot", "specdiag.steps.snapshot.measure",
+                "00: the server's settings, its model's and drafter's configs and this host's peaks, per arm"),
+    Measurement("baseline_sweep", "specdiag.steps.baseline_sweep.measure",
+                "01: one streamed request per context (TTFT, decode, ms per step, commit length), per arm"),
+    Measurement("gpu_utilization", "specdiag.steps.gpu_utilization.measure",
+                "02: one long request while the GPU is sampled (NVML, the CPU, or Prometheus), per arm"),
+    Measurement("drafter_timing", "specdiag.steps.drafter_inspection.measure",
+                "03: the server-reported draft and verify ms per step, the drafter's window check and cost between "
+                "two arms"),
+    Measurement("commit_probe", "specdiag.steps.commit_probe.measure",
+                "04: commit length on predictable text against novel prose per context, per arm"),
     Measurement("engine_ab", "specdiag.steps.engine_ab.measure",
                 "09: per context, the prompt prefilled from an empty cache, then decoded on the cached prompt"),
     Measurement("kv_layout", "specdiag.steps.kv_layout.measure",

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import typing
-from typing import Any, Mapping, TypeVar
+from typing import Any, Iterable, Mapping, TypeVar
 
 T = TypeVar("T")
 
@@ -93,6 +93,39 @@ def parse_settings(cls: type[T], raw: Mapping[str, Any], measurement: str) -> T:
                                 + f" ({measurement} takes: {', '.join(fields)})")
         values[key] = coerce(hints[key], value, f"{measurement} setting {key}", tokens="context" in key)
     return cls(**values)
+
+
+def per_measurement(raw: Mapping[str, Any], names: list[str], fields: Mapping[str, set[str]],
+                    extra: Mapping[str, Any] | None = None, known: Iterable[str] = ()) -> dict[str, dict[str, Any]]:
+    """Each measurement's raw settings. ``raw`` (the arms file's ``settings:``) is flat for one measurement, or keyed
+    by measurement (``{baseline_sweep: {contexts: [...]}, commit_probe: {...}}``: required with several; ``known``:
+    every measurement's name, so a file keyed for several serves a sweep of some of them). ``extra`` (the command
+    line's) are put on top: ``name.key`` for one measurement, a plain ``key`` for every measurement that takes it
+    (``fields``: each measurement's setting names); a key none takes is a SettingsError."""
+    named = set(names) | set(known)
+    keyed = bool(raw) and all(k in named and isinstance(v, Mapping) for k, v in raw.items())
+    if len(names) > 1 and raw and not keyed:
+        flat = sorted(k for k in raw if k not in names)
+        raise SettingsError(f"with several measurements ({', '.join(names)}) the arms file's settings are keyed by "
+                            f"measurement, e.g. settings: {{{names[0]}: {{contexts: [1024]}}}}; "
+                            f"{', '.join(flat) or 'a value'} is not under one")
+    out = {n: dict(raw.get(n) or {}) if keyed else dict(raw) for n in names}
+    if len(names) == 1:  # every key is the one measurement's (parse_settings names a wrong one, with a suggestion)
+        out[names[0]].update({k.partition(".")[2] if k.startswith(names[0] + ".") else k: v
+                              for k, v in dict(extra or {}).items()})
+        return out
+    for key, value in dict(extra or {}).items():
+        name, dot, field_name = key.partition(".")
+        if dot and name in names:
+            out[name][field_name] = value
+            continue
+        takers = [n for n in names if key in fields[n]]
+        if not takers:
+            raise SettingsError(f"setting {key!r} is not one {' or '.join(names)} takes (a setting of one measurement: "
+                                "NAME.KEY=VALUE)")
+        for n in takers:
+            out[n][key] = value
+    return out
 
 
 def overrides(pairs: list[str]) -> dict[str, str]:

@@ -489,10 +489,10 @@ def engine_patch_finding(patch: Mapping[str, Any], engine: str | None) -> Findin
 
 
 # ---------------------------------------------------------------------------------------------
-# The engine's behaviour, recorded by scripts/record_sglang.py (two drafter configs, same weights)
+# The engine's behaviour, from two arms of one sweep (drafter_timing's window_pair and cost_pair: measure.py)
 # ---------------------------------------------------------------------------------------------
 
-#: Tables a recorded run may hold about the drafter's behaviour (written by scripts/record_sglang.py).
+#: Tables a recorded run may hold about the drafter's behaviour (written by :mod:`.measure`'s sweep_end).
 WINDOW_CHECK_TABLE = "drafter_window_check"
 COST_TABLE = "drafter_cost"
 

@@ -315,7 +315,8 @@ def behaviour(ins: Inspection) -> Section:
     if not ins.window_rows and not ins.cost_rows:
         where = ins.ctx.source.path if ins.replaying else ins.ctx.run.path
         s.text(f"{where} holds no record of the engine's drafter behaviour ({drafter.WINDOW_CHECK_TABLE}, "
-               f"{drafter.COST_TABLE}: written by scripts/record_sglang.py --job tiny)")
+               f"{drafter.COST_TABLE}: written by specdiag sweep --measure baseline_sweep,drafter_timing with window_pair and "
+               "cost_pair, as params/arms/tiny-notebooks.yaml sets them)")
     return s
 
 

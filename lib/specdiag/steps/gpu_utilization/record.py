@@ -1,6 +1,6 @@
 """Record one long request while the device is sampled: the live half of notebook 02.
 
-:func:`measure_utilization` is what the notebook (and ``scripts/record_utilization.py`` on a machine
+:func:`measure_utilization` is what the notebook (and ``specdiag sweep --measure gpu_utilization`` on a machine
 without papermill) runs when measuring: it builds the prompt, reads the server and the device's peak
 bandwidth, warms the server up, then :func:`record_sampled_request` sends the request inside a
 :class:`specdiag.telemetry.sampler.Sampler` window. Everything the analysis needs on replay (timing, sampler
