@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from sglang_replay_server import CHUNK_DELAY_S, PROMPT_TOKENS, ReplayServer, tokenize  # noqa: E402
 
-from specdiag.spec import commit, scrapes  # noqa: E402
+from specdiag.speculation import commit, scrapes  # noqa: E402
 from specdiag.serving import (  # noqa: E402
     CLIENTS,
     RequestTrace,

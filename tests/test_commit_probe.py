@@ -8,7 +8,7 @@ import pytest
 
 from specdiag.steps.commit_probe import probe as cp
 from specdiag.nb import ParameterError
-from specdiag.spec.commit import SpecFields
+from specdiag.speculation.commit import SpecFields
 
 
 def _trace(commits: list[int], ttft_s: float = 0.5, e2e_s: float = 2.0, prompt_tokens: int = 1024,

@@ -30,7 +30,7 @@ def counters_commit_length(before: str, after: str) -> float:
     """The server's own commit length over what ran between two /metrics scrapes: 1 + accepted drafts / drafts
     (vLLM's counters, as recorded in tests/data/vllm/metrics_*.txt)."""
     from specdiag.serving.vllm_stream import counter_delta
-    from specdiag.spec.scrapes import parse_prometheus
+    from specdiag.speculation.scrapes import parse_prometheus
 
     delta = counter_delta(parse_prometheus(before), parse_prometheus(after))
     assert delta["drafts"], "the counters saw no verify step"

@@ -11,7 +11,7 @@ from specdiag.measure.metrics import SWEEP_COLUMNS, error_row, sweep_row, verify
 from specdiag.stats import fit_line
 from specdiag.measure.sweep_table import summarize_sweep
 from specdiag.steps.baseline_sweep.summary import sweep_findings
-from specdiag.spec.commit import spec_fields_from_meta
+from specdiag.speculation.commit import spec_fields_from_meta
 
 
 def make_trace(chunk_t_s: list[float], chunk_tokens: list[int], prompt_tokens: int = 1000,

@@ -9,7 +9,7 @@ from typing import Any
 
 from specdiag.measure.disturbance import disturbance, traffic_finding
 from specdiag.serving.traffic import COUNTER_SPEC_SOURCE, TrafficWatch, traffic_columns
-from specdiag.spec.scrapes import parse_prometheus
+from specdiag.speculation.scrapes import parse_prometheus
 
 sys.path.insert(0, str(Path(__file__).parent))
 

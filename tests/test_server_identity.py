@@ -10,7 +10,7 @@ from specdiag import nb
 from specdiag.runs import Run
 from specdiag.serving.identity import changes, same_server, server_identity
 from specdiag.serving.settings import ServerSettings
-from specdiag.spec.scrapes import parse_prometheus
+from specdiag.speculation.scrapes import parse_prometheus
 from specdiag.steps.findings.run_checks import run_findings, servers_finding, traffic_overall
 
 SETTINGS = ServerSettings(engine="vllm", version="0.32.0", model="m", context_length=2048, speculating=True,

@@ -22,9 +22,9 @@ from specdiag.serving.errors import error_message_from_body
 from specdiag.serving.settings import settings_from_sglang
 from specdiag.serving.sse import DONE, SSEDecoder
 from specdiag.serving.trace import assemble_stream
-from specdiag.spec.commit import commit_length_from_counts, commit_length_from_histogram, commit_length_from_meta
-from specdiag.spec.logs import parse_decode_log
-from specdiag.spec.scrapes import metric_total, parse_prometheus, sglang_commit_length_from_scrapes
+from specdiag.speculation.commit import commit_length_from_counts, commit_length_from_histogram, commit_length_from_meta
+from specdiag.speculation.logs import parse_decode_log
+from specdiag.speculation.scrapes import metric_total, parse_prometheus, sglang_commit_length_from_scrapes
 
 sys.path.insert(0, str(Path(__file__).parent))
 from sglang_replay_server import ReplayServer  # noqa: E402

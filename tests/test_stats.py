@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from specdiag import stats
-from specdiag.spec import commit
+from specdiag.speculation import commit
 from specdiag.steps.gpu_utilization import analysis as utilization
 from specdiag.steps.kernel_ab.timing import summarize_ms
 

@@ -11,7 +11,7 @@ import pytest
 from specdiag.serving import RequestTrace, ServerHTTPError, ServerUnreachable
 from specdiag.nb import ParameterError
 from specdiag.paths import NOTEBOOKS_DIR, PARAMS_DIR
-from specdiag.spec.commit import spec_fields_from_meta
+from specdiag.speculation.commit import spec_fields_from_meta
 from specdiag.measure.sweep_table import SWEEP_KEY, latest_rows
 from specdiag.runs import rows_source
 from specdiag.measure.sweep_plan import SweepPlan, make_plan, measure_request

@@ -36,7 +36,7 @@ from specdiag.serving.vllm_stream import (  # noqa: E402
     pollution_warning,
     spec_fields_from_counters,
 )
-from specdiag.spec.scrapes import parse_prometheus  # noqa: E402
+from specdiag.speculation.scrapes import parse_prometheus  # noqa: E402
 
 API_KEY = "sk-specdiag-vllm-SECRET-0123456789"
 

@@ -1,7 +1,7 @@
 """Findings: a verdict with the evidence and numbers that produced it.
 
 Rules that produce findings live next to their analysis (``specdiag.measure.metrics``,
-``specdiag.spec``, ``specdiag.prefill``, ...) and return :class:`Finding` objects; this module
+``specdiag.speculation``, ``specdiag.prefill``, ...) and return :class:`Finding` objects; this module
 holds the dataclass and its rendering.
 """
 

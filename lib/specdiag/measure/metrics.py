@@ -17,7 +17,7 @@ Formulas (units in the names; times from the client's clock unless said otherwis
   (``verify_steps``; equal to verify_ct when the first chunk holds only the prefill token). Without
   speculation every decode step makes one token (``tokens``).
 - ``commit_length``: tokens per verify step, bonus included, from the trace's engine-neutral spec fields
-  (:func:`specdiag.spec.commit.commit_length_of`): SGLang ``(completion_tokens - 1) / spec_verify_ct``, vLLM
+  (:func:`specdiag.speculation.commit.commit_length_of`): SGLang ``(completion_tokens - 1) / spec_verify_ct``, vLLM
   ``1 + accepted drafts / verify steps``.
 
 Everything here is a pure function: no I/O, no global state.
@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-from specdiag.spec.commit import commit_length_of
+from specdiag.speculation.commit import commit_length_of
 
 #: The columns of the ``sweep`` table, in order (docs/run-folder.md describes each with its unit).
 SWEEP_COLUMNS: tuple[str, ...] = (

@@ -10,7 +10,7 @@ from typing import Any, Iterable, Mapping
 
 from specdiag.measure.disturbance import commit_usable
 from specdiag.measure.metrics import positive
-from specdiag.spec.commit import pooled_commit_length
+from specdiag.speculation.commit import pooled_commit_length
 
 #: Fields that identify one request of a sweep (for resuming a run folder).
 SWEEP_KEY = ("context_tokens", "repeat", "prompt_kind", "seed", "max_new_tokens")

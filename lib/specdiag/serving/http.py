@@ -39,7 +39,7 @@ from specdiag.serving.redaction import REDACTED, redact_text
 from specdiag.serving.sse import DONE, SSEDecoder, SSEEvent, SSEFormatError
 from specdiag.serving.trace import RequestTrace, assemble_stream
 from specdiag.serving.traffic import TrafficWatch
-from specdiag.spec.scrapes import Samples, parse_prometheus
+from specdiag.speculation.scrapes import Samples, parse_prometheus
 
 __all__ = ["ADMIN_API_KEY_ENV", "API_KEY_ENV", "HTTPClient", "SSERead", "auth_hint"]
 
@@ -366,7 +366,7 @@ class HTTPClient:
         return response.text
 
     def metrics_samples(self) -> Samples | None:
-        """/metrics parsed (``specdiag.spec.scrapes.parse_prometheus``); None when metrics are off (404, then not asked
+        """/metrics parsed (``specdiag.speculation.scrapes.parse_prometheus``); None when metrics are off (404, then not asked
         again), unreadable, or the scrape failed."""
         if self._metrics_off:
             return None

@@ -36,7 +36,7 @@ def _hash(obj: Any) -> str:
 def server_identity(url: str, settings: Any, metrics: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The identity of the server at ``url``: ``started`` (Unix time, or None), ``start_marker``, ``settings``,
     ``settings_hash``. ``settings``: a :class:`~specdiag.serving.settings.ServerSettings`; ``metrics``: its /metrics
-    parsed (:func:`specdiag.spec.scrapes.parse_prometheus`), or None."""
+    parsed (:func:`specdiag.speculation.scrapes.parse_prometheus`), or None."""
     values = {name: getattr(settings, name, None) for name in IDENTITY_SETTINGS}
     info = (getattr(settings, "raw", None) or {}).get("server_info") or {}
     started: float | None = None

@@ -5,7 +5,7 @@ Every chunk carries a client-side timestamp (seconds after the request was sent)
 always come from ``meta_info.completion_tokens`` deltas (cumulative in both of SGLang's stream
 modes); the full text and output_ids are rebuilt whether the server streams cumulative chunks (the
 default) or deltas (``--incremental-streaming-output``). Speculative-decoding fields come from the
-final ``meta_info`` (specdiag.spec). No I/O here. Protocol facts: a real SGLang 0.5.17's replies, recorded in tests/data/sglang-0.5.17/.
+final ``meta_info`` (specdiag.speculation.commit). No I/O here. Protocol facts: a real SGLang 0.5.17's replies, recorded in tests/data/sglang-0.5.17/.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 
 from specdiag.serving.redaction import redact_text
 from specdiag.serving.sse import SSEEvent
-from specdiag.spec.commit import SpecFields, spec_fields_from_meta
+from specdiag.speculation.commit import SpecFields, spec_fields_from_meta
 
 __all__ = [
     "RequestTrace",

@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from specdiag.spec.scrapes import Samples, metric_total
+from specdiag.speculation.scrapes import Samples, metric_total
 
 __all__ = ["QUEUE_S", "TrafficReading", "TrafficWatch", "traffic_columns", "COUNTER_SPEC_SOURCE"]
 

@@ -43,7 +43,7 @@ from specdiag.serving.vllm_stream import (
     pollution_warning,
     spec_fields_from_counters,
 )
-from specdiag.spec.scrapes import metric_total, parse_prometheus
+from specdiag.speculation.scrapes import metric_total, parse_prometheus
 
 __all__ = ["VLLMClient"]
 

@@ -28,8 +28,8 @@ from typing import Any
 from specdiag.serving.redaction import redact_text
 from specdiag.serving.sse import SSEEvent
 from specdiag.serving.trace import RequestTrace
-from specdiag.spec.commit import SpecFields
-from specdiag.spec.scrapes import Samples, metric_total
+from specdiag.speculation.commit import SpecFields
+from specdiag.speculation.scrapes import Samples, metric_total
 
 __all__ = [
     "SPEC_COUNTERS",

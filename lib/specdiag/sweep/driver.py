@@ -316,7 +316,8 @@ def sweep(arms: ArmsFile, measures: Sequence[Measuring], opts: SweepOptions, hos
         if end_hook is not None:
             end_hook(run, arms, host.work)
     run.update(not_run=not_run, finished_after_s=round(time.monotonic() - t0, 1))
-    tables = {p.stem: len(run.rows(p.stem)) for p in sorted(Path(run.path).glob("*.jsonl"))}
+    tables = {str(p.relative_to(run.path).with_suffix("")): sum(1 for _ in p.open()) for p in
+              sorted([*Path(run.path).glob("*.jsonl"), *Path(run.path).glob("*/*.jsonl")])}
     log(f"done: {', '.join(f'{n} {t} rows' for t, n in tables.items()) or 'no rows'} in {run.path}; "
         f"{len(not_run)} not run" + ("; an arm FAILED (run.json arms.*.failed)" if failed else ""))
     return 1 if failed else 0

@@ -22,7 +22,7 @@ import time
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-from specdiag.spec.scrapes import parse_prometheus
+from specdiag.speculation.scrapes import parse_prometheus
 from specdiag.telemetry.rows import empty_row
 
 #: dcgm-exporter metric name -> (telemetry column, factor to the column's unit)

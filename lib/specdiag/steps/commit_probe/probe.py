@@ -14,7 +14,7 @@ Columns of ``commit_probe`` (units in the names; source in brackets):
   tokens and commits at most num_draft_tokens (accepted drafts + the target's bonus token).
 - ``prompt_tokens``, ``completion_tokens``, ``verify_steps`` [server-reported, meta_info].
 - ``commit_length = (completion_tokens - 1) / verify_steps``: tokens per verify step, bonus included
-  [computed from server-reported counts; :func:`specdiag.spec.commit.commit_length_from_meta`].
+  [computed from server-reported counts; :func:`specdiag.speculation.commit.commit_length_from_meta`].
 - ``accepted_drafts``: mean accepted draft tokens per verify step = commit_length - 1 [computed]; without a
   commit length, num_correct_drafts / verify_steps. (Real SGLang 0.5.17 counts in num_correct_drafts and its
   histogram the drafts the last verify step accepted past max_new_tokens, which never reach the output: recorded
@@ -65,7 +65,7 @@ from specdiag.measure.metrics import TRAFFIC_COLUMNS, decode_tok_s, trace_column
 from specdiag.measure.request import measured_request
 from specdiag.nb import check, check_context_lengths
 from specdiag.prompts import NOVEL_PROSE_PATH
-from specdiag.spec.commit import commit_histogram, commit_histogram_from_correct_drafts, commit_length_of
+from specdiag.speculation.commit import commit_histogram, commit_histogram_from_correct_drafts, commit_length_of
 from specdiag.stats import MIN_REQUESTS, RequestComparison, compare_requests
 
 PROBE_TABLE = "commit_probe"

@@ -65,7 +65,7 @@ def sweep_begin(run: Any, arms: Any, settings: SweepSettings) -> None:
 def _window_row(client: Any, context: int, kind: str, max_new_tokens: int, seed: int) -> dict[str, Any]:
     """One greedy request's drafting (the window check's half on this server)."""
     from specdiag.prompts import build_prompt  # noqa: PLC0415
-    from specdiag.spec.commit import spec_fields_from_meta  # noqa: PLC0415
+    from specdiag.speculation.commit import spec_fields_from_meta  # noqa: PLC0415
 
     prompt = build_prompt(lambda t: client.tokenize(t, add_special_tokens=True), context, kind, seed=seed)
     client.flush_cache()

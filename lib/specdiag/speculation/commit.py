@@ -1,5 +1,5 @@
 """Commit lengths per request and per verify step, from a server's final ``meta_info`` (the vocabulary:
-:mod:`specdiag.spec`).
+:mod:`specdiag.speculation`).
 
 Sources of the formulas (SGLang 0.5.17, its replies recorded in tests/data/sglang-0.5.17/):
 

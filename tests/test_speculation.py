@@ -1,4 +1,4 @@
-"""Unit tests for specdiag.spec: commit-length math, log-line and Prometheus parsing."""
+"""Unit tests for specdiag.speculation: commit-length math, log-line and Prometheus parsing."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from specdiag.spec import commit, logs, scrapes
+from specdiag.speculation import commit, logs, scrapes
 
 # A final meta_info as SGLang 0.5.23 sends it (values made up but self-consistent):
 # 41 tokens, first from prefill, 40 from 16 verify steps -> commit length 2.5 per step.
