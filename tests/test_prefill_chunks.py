@@ -13,7 +13,7 @@ from specdiag import prefill
 from specdiag.geometry import from_hf_config
 from specdiag.hardware import HardwarePeaks, Peak
 from specdiag.serving.stages import stage_deltas
-from specdiag.spec import parse_prometheus
+from specdiag.speculation.scrapes import parse_prometheus
 from specdiag.steps.engine_ab import chunks
 
 RAW = Path(__file__).parent / "data" / "sglang-0.5.17" / "raw-mla-ngram"

@@ -29,7 +29,7 @@ def _series(samples: Mapping[str, Any], suffix: str, stage: str) -> dict[str, fl
 
 
 def stage_deltas(before: Mapping[str, Any] | None, after: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """Per stage of :data:`STAGES` observed between two parsed scrapes (``specdiag.spec.parse_prometheus``):
+    """Per stage of :data:`STAGES` observed between two parsed scrapes (``specdiag.speculation.scrapes.parse_prometheus``):
     ``{"count", "sum_s", "buckets": [[lower bound (s), upper bound (s; None for +Inf), observations], ...]}``,
     ascending, the buckets that gained an observation (JSON-fit); None where either scrape is missing or the server
     exports no stage latencies."""
