@@ -470,3 +470,15 @@ def test_requests_of_several_servers_keep_their_spread() -> None:
     # a run of one part is one machine: its requests are compared as they are
     one = dec_of([dict(r, part=None) for r in rows if r["part"] in (1, 5)])
     assert analysis.compare_cells(one, "b", "a", K1).rule == "one machine"
+
+
+def test_the_settings_table_says_off_for_an_arm_without_speculation() -> None:
+    """09's settings row "speculation": the server's algorithm and tokens per step, "off" for an arm that runs without
+    (its server reports no algorithm), nothing for a server that said nothing; never "None, None tokens per step"."""
+    from specdiag.steps.engine_ab.arms import settings_rows
+
+    meta = {"ngram": {"server": {"speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": 8}},
+            "off": {"server": {"speculative_algorithm": None, "speculative_num_draft_tokens": None}},
+            "quiet": {"server": {}}}
+    row = next(r for r in settings_rows(meta, list(meta)) if r["setting"] == "speculation")
+    assert (row["ngram"], row["off"], row["quiet"]) == ("NGRAM, 8 tokens per step", "off", None)

@@ -33,9 +33,11 @@ class NotebookResult:
 KERNEL_START_TIMEOUT_S = 300
 
 
-# The kernel's own log at ERROR: each kernel otherwise warns on start that it "is running over TCP without encryption"
-# (ipykernel's kernelapp), once per notebook of a report; papermill's kernel listens on 127.0.0.1 only.
-KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=ERROR"]
+# The kernel's own log (not the notebook's outputs, which papermill relays and keeps) off the terminal: each kernel
+# otherwise warns on start that it "is running over TCP without encryption" (papermill's kernel listens on 127.0.0.1
+# only), and at times says "KeyboardInterrupt caught in kernel" when jupyter_client interrupts it to shut it down.
+# A cell's error and a dead kernel still fail the notebook (NotebookResult.error).
+KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=CRITICAL"]
 
 
 def execute_notebook(notebook: str, run: Run, parameters: Mapping[str, Any],

@@ -74,6 +74,18 @@ def plugin_of(record: Mapping[str, Any]) -> Any:
     return record.get("plugin") or (record.get("env") or {}).get("SPECDIAG_SGLANG_VERIFY")
 
 
+def speculation_text(record: Mapping[str, Any]) -> str | None:
+    """An arm's speculation as its server reported it: "NGRAM, 8 tokens per step", "off" for an arm known to run
+    without (:func:`is_off`), None when the server said nothing (the table's "-")."""
+    if is_off(record):
+        return "off"
+    algorithm, tokens = (_server_value(record, "speculative_algorithm"),
+                         _server_value(record, "speculative_num_draft_tokens"))
+    if algorithm is None:
+        return None
+    return f"{algorithm}, {tokens} tokens per step" if tokens is not None else str(algorithm)
+
+
 #: 09's settings rows: (what, source, value of an arm's run.json record)
 SETTINGS: tuple[tuple[str, str, Any], ...] = (
     ("what", "configured", lambda r, a: r.get("what") or a),
@@ -82,8 +94,7 @@ SETTINGS: tuple[tuple[str, str, Any], ...] = (
      lambda r, a: _server_value(r, "prefill_attention_backend") or _server_value(r, "attention_backend")),
     ("speculative attention mode", "server-reported", lambda r, a: _server_value(r, "speculative_attention_mode")),
     ("specdiag plugin", "configured", lambda r, a: plugin_of(r)),
-    ("speculation", "server-reported", lambda r, a: (f"{_server_value(r, 'speculative_algorithm')}, "
-                                                     f"{_server_value(r, 'speculative_num_draft_tokens')} tokens per step")),
+    ("speculation", "server-reported", lambda r, a: speculation_text(r)),
     ("draft window (tokens)", "server-reported", lambda r, a: _server_value(r, "speculative_draft_window_size")),
     ("acceptance", "configured", lambda r, a: acceptance_text(r)),
     ("page size (tokens)", "server-reported", lambda r, a: _server_value(r, "page_size")),
