@@ -27,7 +27,7 @@ def _run(path: Path, decode: dict[int, float], step: dict[int, float], severity:
 
 def test_start_needs_both_runs(tmp_path: Path) -> None:
     with pytest.raises(nb.ParameterError, match="run_a and run_b must both name run folders"):
-        page.start(run_a=str(tmp_path), run_b="", run_dir=str(tmp_path / "cmp"))
+        page.start({"run_a": str(tmp_path), "run_b": "", "run_dir": str(tmp_path / "cmp")})
 
 
 def test_sections_compare_two_runs(tmp_path: Path) -> None:
@@ -36,7 +36,7 @@ def test_sections_compare_two_runs(tmp_path: Path) -> None:
     matplotlib.use("Agg")
     a = _run(tmp_path / "a", {1000: 100.0, 4000: 10.0}, {1000: 10.0, 4000: 100.0}, "critical", "triton")
     b = _run(tmp_path / "b", {1000: 120.0, 4000: 40.0}, {1000: 8.0, 4000: 25.0}, "warning", "flashinfer")
-    pg = page.start(run_a=str(a.path), run_b=str(b.path), run_dir=str(tmp_path / "cmp"))
+    pg = page.start({"run_a": str(a.path), "run_b": str(b.path), "run_dir": str(tmp_path / "cmp")})
     assert pg.opening.lines[0].startswith(f"A = {a.path}")
     assert [k for k, _ in page.about(pg).parts] == ["table"]
     sweeps = page.sweeps(pg)

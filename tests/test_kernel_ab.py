@@ -168,9 +168,9 @@ def test_the_page_refuses_bad_parameters_before_a_run_opens_then_replays_the_ref
 
     for bad in ({"cases": "128k:8"}, {"n_runs": 0}, {"arms": "pick,fused_p1"}):
         with pytest.raises(nb.ParameterError):
-            page.start(run_dir=str(tmp_path / "bad"), **bad)
+            page.start({"run_dir": str(tmp_path / "bad"), **bad})
     assert not (tmp_path / "bad").exists()
-    pg = page.start(run_dir=str(tmp_path / "run"), cpu_smoke=False)
+    pg = page.start({"run_dir": str(tmp_path / "run"), "cpu_smoke": False})
     assert pg.recorded_from == "data/reference/kernel-ab-h200" and pg.opening.lines[-1].startswith("replaying")
     assert page.measure(pg).parts == []
     page.the_run(pg)

@@ -2,8 +2,9 @@
 
 - Replay: importing any module of ``specdiag.steps`` or ``specdiag.measure`` (what a notebook imports to
   replay a recorded run) must not import an HTTP client (``requests``), a serving client, the embedded
-  server or a launcher; those are imported inside the functions that measure. Checked in a fresh
-  interpreter, one module at a time, so the first module that pulls one in is named.
+  server or a launcher; those are imported inside the functions that measure, the one kind of import a module keeps
+  out of its top besides a measured cost (docs/ARCHITECTURE.md, Imports), each with its reason beside it. Checked in a
+  fresh interpreter, one module at a time, so the first module that pulls one in is named.
 - Which way imports point (steps are leaves, the base imports no step, ...): ``tests/test_import_graph.py``.
 """
 

@@ -1,10 +1,12 @@
 """The common start of every notebook: check parameters, open the run folder, reach the server
 or open the recorded run to replay.
 
-Notebooks call :func:`start` right after their ``parameters`` cell::
+Every notebook opens its page the same way, right after its ``parameters`` cell::
 
-    ctx = nb.start("01_baseline_sweep", server_url=server_url, run_dir=run_dir, replay_dir=replay_dir,
-                   params=dict(context_lengths=context_lengths, max_new_tokens=max_new_tokens))
+    pg = page.start(nb.check_parameters(globals()))   # the step's Page (a :class:`Page`): checks, then nb.start
+
+and the page calls :func:`start`, which gives the notebook context::
+
     ctx.run        # where this notebook writes (rows, findings)
     ctx.source     # the run whose rows are analysed: ctx.run when measuring, the recorded run when replaying
     ctx.live       # measuring (True) or replaying (False): decided here, once, for every section of the notebook
@@ -13,17 +15,21 @@ Notebooks call :func:`start` right after their ``parameters`` cell::
 
 from __future__ import annotations
 
+import ast
 import importlib.metadata
+import json
 import platform
 import re
 import sys
 import typing
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
-from typing import Any, Mapping, MutableMapping
+from typing import Any, ClassVar, Mapping, MutableMapping
 
-from specdiag.paths import relative_to_project, shown
+from specdiag.paths import NOTEBOOKS_DIR, relative_to_project, shown
 from specdiag.runs import Run
+from specdiag.section import Section
 
 
 class ParameterError(ValueError):
@@ -187,6 +193,65 @@ def check_context_lengths(name: str, values: Any, maximum: int | None = None) ->
                   f"drop it or use a server with a longer context")
         out.append(int(v))
     return out
+
+
+@cache
+def _parameters_cell(notebook: str) -> tuple[tuple[str, Any], ...]:
+    path = NOTEBOOKS_DIR / f"{notebook}.ipynb"
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    cell = next((c for c in cells if "parameters" in (c.get("metadata") or {}).get("tags", [])), None)
+    check(cell is not None, f"{path} has no cell tagged 'parameters'")
+    tree = ast.parse("".join(cell["source"]))
+    return tuple((node.target.id, ast.literal_eval(node.value)) for node in tree.body
+                 if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None)
+
+
+def defaults(notebook: str) -> dict[str, Any]:
+    """The parameters of ``notebook`` (e.g. ``"09_engine_ab"``) as its ``parameters`` cell sets them: the one place a
+    default lives (a page called from Python, e.g. by a test, fills what it is not given from here)."""
+    return {name: json.loads(json.dumps(value)) for name, value in _parameters_cell(notebook)}  # a fresh copy
+
+
+class Page:
+    """What a notebook's sections share. ``params``: the notebook's parameters as its parameters cell set them
+    (:func:`check_parameters`), those not given taken from the cell (:func:`defaults`); ``ctx``: the context
+    :func:`start` opened; ``opening``: the lines shown under the parameters.
+
+    A step's page subclasses it: ``__init__`` checks the parameters' ranges and combinations (before any server is
+    reached) and opens the context; the page's data are ``functools.cached_property``, computed when a section first
+    asks, so the sections may be called in any order and none reads data another has not filled in."""
+
+    notebook: ClassVar[str] = ""
+    ctx: NotebookContext
+
+    def __init__(self, params: Mapping[str, Any]) -> None:
+        given = dict(params)
+        known = defaults(self.notebook)
+        unknown = sorted(set(given) - set(known))
+        check(not unknown, f"{self.notebook} takes no parameter {', '.join(unknown)}: its parameters cell lists the "
+                           f"ones it takes ({', '.join(known)})")
+        self.params: dict[str, Any] = {**known, **given}
+        self.opening = Section()
+
+    @property
+    def live(self) -> bool:
+        """Measuring into the run (``ctx.live``), else replaying a recorded run."""
+        return self.ctx.live
+
+    @property
+    def replaying(self) -> bool:
+        return self.ctx.replaying
+
+    @property
+    def recorded_from(self) -> str | None:
+        """The reference run shown because nothing was asked for (``ctx.recorded_from``)."""
+        return self.ctx.recorded_from
+
+
+def run_params(params: Mapping[str, Any]) -> dict[str, Any]:
+    """The parameters run.json records for a notebook: all but where it runs (``server_url``, ``run_dir``,
+    ``replay_dir``: run.json says those once)."""
+    return {k: v for k, v in params.items() if k not in ("server_url", "run_dir", "replay_dir")}
 
 
 def start(notebook: str, server_url: str = "", run_dir: str = "", replay_dir: str = "",

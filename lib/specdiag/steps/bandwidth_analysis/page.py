@@ -2,7 +2,7 @@
 its parameters, these calls and its prose.
 
 :func:`start` checks the parameters (before any server starts), opens the run (or the recorded run) and reads the
-server; each later call reads what the earlier ones left on the :class:`Page` and adds its own: :func:`setup` (the
+server; the :class:`Page`'s data are computed when a section first asks. Sections: :func:`setup` (the
 model, the server and the hardware), :func:`measured` (the run's sweep, or a small one measured live),
 :func:`floors` (bytes, floors and the measured step per context), :func:`headline`, :func:`roofline`,
 :func:`slope`, :func:`attention_only` (a quoted attention-only bandwidth), :func:`per_layer` (a stock pair projected
@@ -13,11 +13,21 @@ to more layers, and the stock arm to the investigation's depth), :func:`prefill_
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Mapping
 
+import pandas as pd
+
+from specdiag import findings as fnd
 from specdiag import geometry, hardware, nb, prefill, roofline
+from specdiag.measure.loop import measure_missing
+from specdiag.measure.sweep_plan import make_plan, measure_request
+from specdiag.measure.sweep_table import SWEEP_KEY, latest_rows, summarize_sweep
+from specdiag.paths import REFERENCE_DIR
+from specdiag.runs import Run, rows_source
 from specdiag.section import Section
+from specdiag.serving.settings import speculation_state
+from specdiag.steps.bandwidth_analysis import plots as roofline_plots
 from specdiag.steps.bandwidth_analysis import verdicts
 from specdiag.steps.bandwidth_analysis import verify_projection as vp
 
@@ -26,56 +36,257 @@ ROUTINGS = ("min", "uniform", "max")
 #: The investigation's recorded run: its step at ``project_context`` is what the depth projection is set against.
 INVESTIGATION = "ct200-kimi-k26"
 
-DEFAULTS: dict[str, Any] = {
-    "model_config": "", "kv_dtype": "", "tp_size": 0, "draft_tokens": 0, "expert_routing": "min",
-    "memory_bandwidth_gb_s": 0.0, "matmul_tflops": 0.0, "gpu_name": "", "context_lengths": [512, 1024, 2048],
-    "max_new_tokens": 32, "floor_ratio_threshold": 10.0, "slope_ratio_threshold": 10.0, "quoted_attention_gb_s": 0.0,
-    "headline_context": 0, "stock_dir": "", "project_layers": 61, "project_context": 185000, "depth_dir": "",
-    "depth_arm": "triton",
-}
 
+class Page(nb.Page):
+    """What 05's sections share: the model's geometry and the run's peaks, the measured steps (the run's sweep, or a
+    small one measured live), their floors and roofline, the slope, the projections and the prefill floor, each
+    computed when a section first asks."""
 
-@dataclass
-class Page:
-    """What 05's sections share: the notebook context, its parameters and what each section computed."""
+    notebook = NOTEBOOK
 
-    ctx: Any
-    params: dict[str, Any]
-    server: dict[str, Any]
-    opening: Section
-    geom: Any = None
-    tp: int = 1
-    tokens_per_step: int = 1
-    peaks: Any = None
-    weights: Any = None
-    step_source: str = "measured"
-    summary: list[dict[str, Any]] = field(default_factory=list)
-    measured_ms: dict[int, float] = field(default_factory=dict)
-    steps: list[Any] = field(default_factory=list)
-    table_rows: list[dict[str, Any]] = field(default_factory=list)
-    scale: float = 1.0
-    unit: str = "GB"
-    head: Any = None
-    cmp: Any = None
-    end_measured: float | None = None
-    quote: float = 0.0
-    quote_source: str = ""
-    projection: Any = None
-    traced: Any = None
-    differences: list[Any] = field(default_factory=list)
-    traced_note: str = ""
-    depth: Any = None
-    chunk_tokens: int | None = None
-    prefill_rows: list[dict[str, Any]] = field(default_factory=list)
-    prefill_found: Any = None
+    def __init__(self, params: Mapping[str, Any]) -> None:
+        """Check the parameters, then open the run (``nb.start``: the server, or the recorded run)."""
+        super().__init__(params)
+        p = self.params
+        p["context_lengths"] = check(p)
+        self.ctx = ctx = nb.start(NOTEBOOK, server_url=p["server_url"], speculative_config=p["speculative_config"],
+                                  run_dir=p["run_dir"], replay_dir=p["replay_dir"], params=nb.run_params(p))
+        self.server: dict[str, Any] = {**(ctx.source.meta.get("server") or {}), **ctx.server_info}  # {} replaying
+        self.opening.text(f"run folder: {ctx.run.path}" + (f" (replaying {ctx.source.path})" if ctx.replaying
+                                                            else f"; server {ctx.server_url}"))
 
     @property
     def meta(self) -> dict[str, Any]:
         return self.ctx.source.meta
 
+    @cached_property
+    def geom(self) -> Any:
+        p = self.params
+        return geometry.geometry_for_run(p["model_config"], p["kv_dtype"], self.meta, self.ctx.server_info,
+                                         role="target")
+
+    @cached_property
+    def tp(self) -> int:
+        return self.params["tp_size"] or int(self.server.get("tp_size") or 1)
+
+    @cached_property
+    def tokens_per_step(self) -> int:
+        spec_tokens = self.server.get("speculative_num_draft_tokens") if speculation_state(self.server) else None
+        return self.params["draft_tokens"] or int(spec_tokens or 1)
+
+    @cached_property
+    def peaks(self) -> Any:
+        """The run's one peak (hardware.run_peaks): the figure 00 resolved and recorded, or resolved here once."""
+        p = self.params
+        return hardware.run_peaks(self.ctx.run, p["memory_bandwidth_gb_s"], p["matmul_tflops"], p["gpu_name"],
+                                  self.meta.get("hardware") if self.replaying else None, self.ctx.server_info,
+                                  self.ctx.server_url)
+
+    @cached_property
+    def weights(self) -> Any:
+        return geometry.weight_bytes_per_step(self.geom, tp_size=self.tp, tokens_per_step=self.tokens_per_step,
+                                              routing=self.params["expert_routing"])
+
+    @cached_property
+    def step_source(self) -> str:
+        return rows_source(self.meta) if self.replaying else "measured"
+
+    @cached_property
+    def _sweep(self) -> tuple[list[dict[str, Any]], str]:
+        """The run's sweep rows (the recorded run's when replaying; live, measured here when 01 left none: one novel
+        request per context, the way 01 measures) and the line that says where they came from."""
+        p, ctx = self.params, self.ctx
+        if self.replaying:
+            rows = latest_rows(ctx.source.rows("sweep"))
+            nb.check(len(rows) > 0, f"{ctx.source.path} has no sweep rows (sweep.jsonl) to analyse: pick a run that "
+                                    "has them")
+            return rows, f"{len(rows)} sweep rows of {ctx.source.path} ({self.step_source})"
+        rows = latest_rows(ctx.run.rows("sweep"))
+        if [r for r in rows if r.get("step_ms")]:
+            return rows, f"{len(rows)} sweep rows already in {ctx.run.path} (notebook 01)"
+        plan = make_plan(p["context_lengths"], p["max_new_tokens"], 1, "novel", 0, True,
+                         server_context_length=ctx.server_info.get("context_length"))
+        print(f"the run has no sweep rows (notebook 01): a small sweep here, novel prose, {p['max_new_tokens']} new "
+              "tokens")
+        measure_missing(ctx.run, plan, "sweep", SWEEP_KEY, lambda q: measure_request(ctx.client, q, plan), desc="sweep")
+        return latest_rows(ctx.run.rows("sweep")), ""
+
+    @cached_property
+    def summary(self) -> list[dict[str, Any]]:
+        return summarize_sweep(self._sweep[0])
+
+    @cached_property
+    def measured_ms(self) -> dict[int, float]:
+        """The measured step time per context (ms)."""
+        measured = verdicts.measured_step_ms_by_context(self.summary)
+        nb.check(len(measured) > 0, "no sweep row has a step time (every request failed?): see the run's sweep.jsonl")
+        headline = self.params["headline_context"]
+        nb.check(not headline or headline in measured,
+                 f"headline_context={headline} has no measured step; measured contexts: {sorted(measured)}")
+        return measured
+
+    @cached_property
+    def steps(self) -> list[Any]:
+        """Per context, the bytes one GPU reads per step, its floors and the measured step against them."""
+        return [roofline.step_roofline(self.geom, c, self.peaks, tp_size=self.tp, draft_tokens=self.tokens_per_step,
+                                       measured_step_ms=ms, routing=self.params["expert_routing"])
+                for c, ms in sorted(self.measured_ms.items())]
+
+    @cached_property
+    def table_rows(self) -> list[dict[str, Any]]:
+        return verdicts.rows_for_table(self.steps)
+
+    @cached_property
+    def scale_unit(self) -> tuple[float, str]:
+        """Bytes in GB (1e9 B); a small model's in MB so the table stays readable. Metrics stay in GB."""
+        return (1.0, "GB") if max(r["total_gb_per_step"] for r in self.table_rows) >= 0.1 else (1e3, "MB")
+
+    @cached_property
+    def head(self) -> Any:
+        """The step at ``headline_context`` (the longest measured)."""
+        return next(st for st in self.steps
+                    if st.context_tokens == (self.params["headline_context"] or max(self.measured_ms)))
+
+    @cached_property
+    def cmp(self) -> Any:
+        """The measured step's slope over context against the memory floor's (least squares; None under two)."""
+        return roofline.slope_comparison(self.steps) if len(self.steps) >= 2 else None
+
+    @cached_property
+    def endpoint_slopes(self) -> tuple[float, float]:
+        """The measured and the floor's slope between the end points, ms per 1k tokens."""
+        return roofline.endpoint_slopes_ms_per_1k(self.steps)
+
     @property
-    def replaying(self) -> bool:
-        return self.ctx.replaying
+    def end_measured(self) -> float | None:
+        return self.endpoint_slopes[0] if self.cmp else None
+
+    @cached_property
+    def quote(self) -> tuple[float, str]:
+        """A quoted attention-only bandwidth (GB/s: the parameter, else the recorded run's published quote; 0: none)
+        and its source."""
+        given = self.params["quoted_attention_gb_s"]
+        published = float((self.meta.get("published") or {}).get("attention_only_gb_s_quoted") or 0)
+        return ((given or published) if self.replaying else given), ("parameter" if given else "published (run.json)")
+
+    @cached_property
+    def stock(self) -> tuple[Run, dict[int, float]] | None:
+        """``stock_dir``'s run and its step per context."""
+        if not self.params["stock_dir"]:
+            return None
+        stock_run = Run.open(self.params["stock_dir"])
+        return stock_run, vp.step_ms_by_context(latest_rows(stock_run.rows("sweep")))
+
+    @cached_property
+    def projection(self) -> Any:
+        """Against the stock arm, the verify time per layer projected to ``project_layers`` layers (step-based)."""
+        if self.stock is None:
+            return None
+        p = self.params
+        return vp.project_layers(self.stock[1], self.measured_ms, layers_measured=self.geom.num_layers,
+                                 layers_target=p["project_layers"], target_context=p["project_context"])
+
+    @cached_property
+    def _traced(self) -> tuple[Any, list[Any], str]:
+        """The traced projection of the stock pair (both runs' step_profile rows), its difference from the
+        step-based one, or why there is none."""
+        if self.stock is None:
+            return None, [], ""
+        stock_run, source = self.stock[0], self.ctx.source
+        stock_prof, this_prof = stock_run.rows("step_profile"), source.rows("step_profile")
+        if not (stock_prof and this_prof):
+            return None, [], (f"no traces: {'this run' if stock_prof else stock_run.path.name} has no step_profile "
+                              "rows, so no traced projection (python -m specdiag.telemetry.torch_trace TRACE --run RUN "
+                              "... records them)")
+        layers_traced = vp.layers_of(source.meta, f"{source.path.name}/run.json")
+        nb.check(vp.layers_of(stock_run.meta, f"{stock_run.path.name}/run.json") == layers_traced,
+                 f"{stock_run.path.name} and {source.path.name} differ in num_hidden_layers: a pair must be one model")
+        tr = vp.project_traced(stock_prof, this_prof, layers_measured=layers_traced,
+                               layers_target=self.params["project_layers"],
+                               target_context=self.params["project_context"], stock_run=stock_run.path.name,
+                               fixed_run=source.path.name)
+        return tr, vp.compare_methods(self.projection, tr), ""
+
+    @property
+    def traced(self) -> Any:
+        return self._traced[0]
+
+    @property
+    def differences(self) -> list[Any]:
+        return self._traced[1]
+
+    @property
+    def traced_note(self) -> str:
+        return self._traced[2]
+
+    @cached_property
+    def depth_source(self) -> tuple[tuple[Any, Any, str] | None, str]:
+        """The run whose stock steps go to the investigation's depth: ``depth_dir``'s arm when it has two contexts
+        or more, else the stock pair's; and why ``depth_dir`` was not used ('' when it was, or not given)."""
+        p, note = self.params, ""
+        if p["depth_dir"]:
+            depth_run = Run.open(p["depth_dir"])
+            depth_ms = vp.arm_steps(depth_run.meta, depth_run.rows("engine_ab"), latest_rows(depth_run.rows("sweep")),
+                                    p["depth_arm"])
+            if len(depth_ms) >= 2:
+                return (depth_run, depth_ms, p["depth_arm"] if depth_run.rows("engine_ab") else "sweep"), ""
+            note = (f"{depth_run.path.name} has {len(depth_ms)} context(s) with a decode step of {p['depth_arm']} (its "
+                    "engine_ab decode rows or sweep): not enough for a line")
+        return ((self.stock[0], self.stock[1], "stock") if self.stock else None), note
+
+    @cached_property
+    def investigation(self) -> Any:
+        """The investigation's recorded run (its published step and GPU)."""
+        return Run.open(REFERENCE_DIR / INVESTIGATION)
+
+    @cached_property
+    def depth(self) -> Any:
+        """The stock arm's whole step at ``project_layers`` layers and ``project_context`` tokens, on the run's GPU
+        and the investigation's, against the step the investigation published there (None: no run to project)."""
+        source = self.depth_source[0]
+        if source is None:
+            return None
+        d_run, d_ms, d_arm = source
+        p = self.params
+        d_peak = vp.recorded_peak_gb_s(d_run.meta, p["gpu_name"])
+        return vp.project_to_investigation(
+            d_ms, layers_measured=vp.layers_of(d_run.meta, f"{d_run.path.name}/run.json"),
+            layers_target=p["project_layers"], target_context=p["project_context"],
+            published_ms=vp.step_ms_by_context(self.investigation.rows("sweep")).get(p["project_context"]),
+            measured_peak_gb_s=d_peak[0] if d_peak else None,
+            investigation_peak_gb_s=(self.investigation.meta.get("hardware") or {}).get("memory_bandwidth_gb_s"),
+            run=d_run.path.name, arm=d_arm)
+
+    @cached_property
+    def chunk_tokens(self) -> int | None:
+        """The server's chunked_prefill_size (server-reported)."""
+        return prefill.chunk_tokens_of(self.server)
+
+    @cached_property
+    def prefill_floors(self) -> list[Any]:
+        """Per context, the measured TTFT against the prefill's floor (computed)."""
+        ttft_by_context = {int(r["context_tokens"]): r.get("ttft_s") for r in self.summary}
+        return prefill.floor_table(self.geom, ttft_by_context, self.peaks, self.chunk_tokens, self.tp)
+
+    @property
+    def prefill_rows(self) -> list[dict[str, Any]]:
+        return [f.as_row() for f in self.prefill_floors]
+
+    @cached_property
+    def prefill_found(self) -> Any:
+        return prefill.prefill_finding(self.prefill_floors, self.step_source,
+                                       threshold_x=self.params["floor_ratio_threshold"], peaks=self.peaks)
+
+    @cached_property
+    def found(self) -> list[fnd.Finding]:
+        """The verdicts on the step, its slope, a quoted attention-only bandwidth and the prefill, sorted."""
+        p, (quote, quote_source) = self.params, self.quote
+        return fnd.sort_findings(verdicts.bandwidth_findings(self.steps, self.peaks, source=self.step_source,
+                                                             floor_ratio_threshold=p["floor_ratio_threshold"],
+                                                             slope_ratio_threshold=p["slope_ratio_threshold"],
+                                                             quoted_attention_gb_s=quote or None,
+                                                             quoted_source=quote_source)
+                                 + ([self.prefill_found] if self.prefill_found else []))
 
 
 def check(p: Mapping[str, Any]) -> list[int]:
@@ -96,19 +307,9 @@ def check(p: Mapping[str, Any]) -> list[int]:
     return nb.check_context_lengths("context_lengths", p["context_lengths"])
 
 
-def start(server_url: str = "", run_dir: str = "", replay_dir: str = "",
-          speculative_config: Mapping[str, Any] | None = None, **params: Any) -> Page:
-    """Check the parameters, then open the run (``nb.start``: the server, or the recorded run)."""
-    unknown = sorted(set(params) - set(DEFAULTS))
-    nb.check(not unknown, f"05 takes no parameter {', '.join(unknown)}")
-    p = {**DEFAULTS, **params}
-    p["context_lengths"] = check(p)
-    ctx = nb.start(NOTEBOOK, server_url=server_url, speculative_config=speculative_config, run_dir=run_dir,
-                   replay_dir=replay_dir, params=p)
-    server = {**(ctx.source.meta.get("server") or {}), **ctx.server_info}  # server_info is {} when replaying
-    opening = Section().text(f"run folder: {ctx.run.path}" + (f" (replaying {ctx.source.path})" if ctx.replaying
-                                                               else f"; server {ctx.server_url}"))
-    return Page(ctx, p, server, opening)
+def start(params: Mapping[str, Any]) -> Page:
+    """Check the parameters and open the run (:class:`Page`)."""
+    return Page(params)
 
 
 def _origin(pg: Page, given: Any) -> str:
@@ -117,21 +318,9 @@ def _origin(pg: Page, given: Any) -> str:
 
 def setup(pg: Page) -> Section:
     """Section 1: the model's geometry, tensor parallelism, tokens per step and the run's peaks, as a table."""
-    from specdiag.serving.settings import speculation_state  # noqa: PLC0415 - pure: reads a settings dict
-
     p, server, s = pg.params, pg.server, Section()
-    geom = pg.geom = geometry.geometry_for_run(p["model_config"], p["kv_dtype"], pg.meta, pg.ctx.server_info,
-                                               role="target")
-    pg.tp = tp = p["tp_size"] or int(server.get("tp_size") or 1)
-    spec_tokens = server.get("speculative_num_draft_tokens") if speculation_state(server) else None
-    pg.tokens_per_step = p["draft_tokens"] or int(spec_tokens or 1)
-    # the run's one peak (hardware.run_peaks): the figure 00 resolved and recorded, or resolved here once for the run
-    peaks = pg.peaks = hardware.run_peaks(pg.ctx.run, p["memory_bandwidth_gb_s"], p["matmul_tflops"], p["gpu_name"],
-                                          pg.meta.get("hardware") if pg.replaying else None, pg.ctx.server_info,
-                                          pg.ctx.server_url)
+    geom, tp, peaks, w = pg.geom, pg.tp, pg.peaks, pg.weights
     desc = geometry.describe(geom, tp)
-    w = pg.weights = geometry.weight_bytes_per_step(geom, tp_size=tp, tokens_per_step=pg.tokens_per_step,
-                                                    routing=p["expert_routing"])
     rows = [
         ("model", geom.name, geom.source),
         ("attention", f"{geom.attention.upper()}, {geom.num_layers} layers, {geom.num_attention_heads} query heads "
@@ -165,57 +354,20 @@ def setup(pg: Page) -> Section:
     return s
 
 
-def _measure_sweep(pg: Page) -> None:
-    """Live, on a run without sweep rows: a small sweep the way 01 measures one (one novel request per context)."""
-    from specdiag.measure.loop import measure_missing  # noqa: PLC0415
-    from specdiag.measure.sweep_plan import make_plan, measure_request  # noqa: PLC0415
-    from specdiag.measure.sweep_table import SWEEP_KEY  # noqa: PLC0415
-
-    p, ctx = pg.params, pg.ctx
-    plan = make_plan(p["context_lengths"], p["max_new_tokens"], 1, "novel", 0, True,
-                     server_context_length=ctx.server_info.get("context_length"))
-    print(f"the run has no sweep rows (notebook 01): a small sweep here, novel prose, {p['max_new_tokens']} new tokens")
-    measure_missing(ctx.run, plan, "sweep", SWEEP_KEY, lambda q: measure_request(ctx.client, q, plan), desc="sweep")
-
-
 def measured(pg: Page) -> Section:
     """Section 2: the run's sweep rows (the recorded run's when replaying; live, measured here when 01 left none),
     their step time per context."""
-    from specdiag.measure.sweep_table import latest_rows, summarize_sweep  # noqa: PLC0415
-    from specdiag.runs import rows_source  # noqa: PLC0415
-
-    ctx, s = pg.ctx, Section()
-    if pg.replaying:
-        pg.step_source = rows_source(pg.meta)
-        rows = latest_rows(ctx.source.rows("sweep"))
-        nb.check(len(rows) > 0, f"{ctx.source.path} has no sweep rows (sweep.jsonl) to analyse: pick a run that has them")
-        s.text(f"{len(rows)} sweep rows of {ctx.source.path} ({pg.step_source})")
-    else:
-        rows = latest_rows(ctx.run.rows("sweep"))
-        if not [r for r in rows if r.get("step_ms")]:
-            _measure_sweep(pg)
-            rows = latest_rows(ctx.run.rows("sweep"))
-        else:
-            s.text(f"{len(rows)} sweep rows already in {ctx.run.path} (notebook 01)")
-    pg.summary = summarize_sweep(rows)
-    pg.measured_ms = verdicts.measured_step_ms_by_context(pg.summary)
-    nb.check(len(pg.measured_ms) > 0, "no sweep row has a step time (every request failed?): see the run's sweep.jsonl")
-    headline = pg.params["headline_context"]
-    nb.check(not headline or headline in pg.measured_ms,
-             f"headline_context={headline} has no measured step; measured contexts: {sorted(pg.measured_ms)}")
+    s, line = Section(), pg._sweep[1]
+    if line:
+        s.text(line)
+    _ = pg.measured_ms  # no step time, or no headline step: stops here, naming why
     return s
 
 
 def floors(pg: Page) -> Section:
     """Section 3: per context, the bytes one GPU reads per step, its floors and the measured step against them."""
-    p, w, s = pg.params, pg.weights, Section()
-    pg.steps = [roofline.step_roofline(pg.geom, c, pg.peaks, tp_size=pg.tp, draft_tokens=pg.tokens_per_step,
-                                       measured_step_ms=ms, routing=p["expert_routing"])
-                for c, ms in sorted(pg.measured_ms.items())]
-    pg.table_rows = verdicts.rows_for_table(pg.steps)
-    # Bytes in GB (1e9 B); a small model's in MB so the table stays readable. Metrics stay in GB.
-    pg.scale, pg.unit = (1.0, "GB") if max(r["total_gb_per_step"] for r in pg.table_rows) >= 0.1 else (1e3, "MB")
-    scale, unit = pg.scale, pg.unit
+    w, s = pg.weights, Section()
+    scale, unit = pg.scale_unit
     shown = [{**r, "kv_gb_per_step": scale * r["kv_gb_per_step"], "weight_gb_per_step": scale * r["weight_gb_per_step"]}
              for r in pg.table_rows]
     s.table(shown, {
@@ -233,9 +385,7 @@ def floors(pg: Page) -> Section:
 
 def headline(pg: Page) -> Section:
     """Section 4: the numbers at ``headline_context`` (the longest measured), in prose computed from the table's row."""
-    pg.head = next(st for st in pg.steps
-                   if st.context_tokens == (pg.params["headline_context"] or max(pg.measured_ms)))
-    h, scale, unit, geom = pg.head.as_row(), pg.scale, pg.unit, pg.geom
+    h, (scale, unit), geom = pg.head.as_row(), pg.scale_unit, pg.geom
     return Section().markdown(
         f"At **{h['context_tokens']:,} tokens** each GPU reads **{scale * h['kv_gb_per_step']:#.3g} {unit} of KV** per step "
         f"({geom.num_layers} layers, {geometry.kv_bytes_per_token_per_layer_per_rank(geom, pg.tp):,.0f} B per token per layer, "
@@ -250,20 +400,17 @@ def headline(pg: Page) -> Section:
 
 def roofline_figure(pg: Page) -> Section:
     """Section 5: the step against its floors, the effective bandwidth, the verify attention's roofline."""
-    from specdiag.steps.bandwidth_analysis import plots as roofline_plots  # noqa: PLC0415
-
     return Section().figure(roofline_plots.figure(pg.steps, pg.peaks, pg.step_source))
 
 
 def slope(pg: Page) -> Section:
     """Section 6: the measured step's slope over context against the memory floor's (least squares and end points)."""
-    s = Section()
-    cmp = pg.cmp = roofline.slope_comparison(pg.steps) if len(pg.steps) >= 2 else None
+    s, cmp = Section(), pg.cmp
     if not cmp:
         return s.text("one measured context only: no slope")
-    pg.end_measured, end_floor = roofline.endpoint_slopes_ms_per_1k(pg.steps)
+    end_measured, end_floor = pg.endpoint_slopes
     s.table([
-        {"line": "measured step", "fit": cmp.measured.slope_per_1k, "r2": cmp.measured.r2, "ends": pg.end_measured,
+        {"line": "measured step", "fit": cmp.measured.slope_per_1k, "r2": cmp.measured.r2, "ends": end_measured,
          "source": pg.step_source},
         {"line": "memory floor", "fit": cmp.floor.slope_per_1k, "r2": cmp.floor.r2, "ends": end_floor, "source": "computed"},
     ], {"line": "line", "fit": "least squares (ms per 1k tokens)", "r2": "r²", "ends": "end points (ms per 1k tokens)",
@@ -274,17 +421,14 @@ def slope(pg: Page) -> Section:
 def attention_only(pg: Page) -> Section:
     """Section 7: what a quoted attention-only bandwidth (the parameter, else the recorded run's published quote)
     implies for the attention's share of the measured step."""
-    given = pg.params["quoted_attention_gb_s"]
-    published = float((pg.meta.get("published") or {}).get("attention_only_gb_s_quoted") or 0)
-    pg.quote = (given or published) if pg.replaying else given
-    pg.quote_source = "parameter" if given else "published (run.json)"
-    if not pg.quote:
+    quote, quote_source = pg.quote
+    if not quote:
         return Section().text("no attention-only bandwidth was quoted for this run (parameter quoted_attention_gb_s)")
-    head, quote = pg.head, pg.quote
+    head = pg.head
     t_att = roofline.implied_time_s(head.kv_bytes, quote * 1e9)
     return Section().markdown(
         f"At {head.context_tokens:,} tokens: {head.kv_bytes / 1e9:#.3g} GB of KV at the quoted {quote:g} GB/s "
-        f"({pg.quote_source}) takes **{t_att:.3g} s**, {100 * t_att / head.measured_step_s:.3g}% of the measured "
+        f"({quote_source}) takes **{t_att:.3g} s**, {100 * t_att / head.measured_step_s:.3g}% of the measured "
         f"{head.measured_step_s:.4g} s step; over the whole step the same bytes move at "
         f"{head.as_row()['effective_gb_s_kv']:#.3g} GB/s. If the quote is right, the attention took about "
         f"{100 * t_att / head.measured_step_s:.2g}% of the step and everything else the remaining "
@@ -293,8 +437,6 @@ def attention_only(pg: Page) -> Section:
 
 def _step_based(pg: Page, stock_run: Any, s: Section) -> None:
     """The step-based projection of the stock pair: its table and its sentence."""
-    import pandas as pd  # noqa: PLC0415
-
     layers, pr = pg.params["project_layers"], pg.projection
     s.table(pd.DataFrame([vars(r) for r in pr.rows]).rename(columns={
         "context_tokens": "context (tokens)", "stock_step_ms": f"stock step (ms, {stock_run.path.name})",
@@ -312,25 +454,12 @@ def _step_based(pg: Page, stock_run: Any, s: Section) -> None:
         f" (saved: {pr.target_saved_ms:,.0f} ms).")
 
 
-def _traced(pg: Page, stock_run: Any, s: Section) -> None:
-    """The traced projection of the stock pair (both runs' step_profile rows): its table and its sentence, or why
-    there is none."""
-    import pandas as pd  # noqa: PLC0415
-
-    source, layers = pg.ctx.source, pg.params["project_layers"]
-    stock_prof, this_prof = stock_run.rows("step_profile"), source.rows("step_profile")
-    if not (stock_prof and this_prof):
-        pg.traced_note = (f"no traces: {'this run' if stock_prof else stock_run.path.name} has no step_profile rows, so "
-                          "no traced projection (python -m specdiag.telemetry.torch_trace TRACE --run RUN ... records them)")
+def _traced_section(pg: Page, s: Section) -> None:
+    """The traced projection of the stock pair: its table and its sentence, or why there is none."""
+    tr, layers = pg.traced, pg.params["project_layers"]
+    if tr is None:
         s.text(pg.traced_note)
         return
-    layers_traced = vp.layers_of(source.meta, f"{source.path.name}/run.json")
-    nb.check(vp.layers_of(stock_run.meta, f"{stock_run.path.name}/run.json") == layers_traced,
-             f"{stock_run.path.name} and {source.path.name} differ in num_hidden_layers: a pair must be one model")
-    tr = pg.traced = vp.project_traced(stock_prof, this_prof, layers_measured=layers_traced, layers_target=layers,
-                                       target_context=pg.params["project_context"], stock_run=stock_run.path.name,
-                                       fixed_run=source.path.name)
-    pg.differences = vp.compare_methods(pg.projection, tr)
     s.table(pd.DataFrame(vp.traced_table_rows(tr)).rename(columns={
         "context_tokens": "context (tokens)", "attention_ms_per_step": "verify attention (ms per step)",
         "attention_ms_per_layer": "per layer (ms)", "per_step_ms": "KV-index kernel, once per step (ms)"}))
@@ -350,40 +479,13 @@ def _traced(pg: Page, stock_run: Any, s: Section) -> None:
         f"more: {d_this.other_growth_per_step_ms:.2f} ms per step).")
 
 
-def _depth_source(pg: Page, stock: tuple[Any, dict[int, float]] | None) -> tuple[tuple[Any, Any, str] | None, str]:
-    """The run whose stock steps go to the investigation's depth: ``depth_dir``'s arm when it has two contexts or
-    more, else the stock pair's; and why ``depth_dir`` was not used ('' when it was, or not given)."""
-    from specdiag.measure.sweep_table import latest_rows  # noqa: PLC0415
-    from specdiag.runs import Run  # noqa: PLC0415
-
-    p, note = pg.params, ""
-    if p["depth_dir"]:
-        depth_run = Run.open(p["depth_dir"])
-        depth_ms = vp.arm_steps(depth_run.meta, depth_run.rows("engine_ab"), latest_rows(depth_run.rows("sweep")),
-                                p["depth_arm"])
-        if len(depth_ms) >= 2:
-            return (depth_run, depth_ms, p["depth_arm"] if depth_run.rows("engine_ab") else "sweep"), ""
-        note = (f"{depth_run.path.name} has {len(depth_ms)} context(s) with a decode step of {p['depth_arm']} (its "
-                "engine_ab decode rows or sweep): not enough for a line")
-    return ((stock[0], stock[1], "stock") if stock else None), note
-
-
-def _to_investigation(pg: Page, d_run: Any, d_ms: Mapping[int, float], d_arm: str, s: Section) -> None:
+def _to_investigation(pg: Page, d_run: Any, d_arm: str, s: Section) -> None:
     """The stock arm's whole step at ``project_layers`` layers and ``project_context`` tokens, on the run's GPU and
     the investigation's, against the step the investigation published there."""
-    from specdiag.paths import REFERENCE_DIR  # noqa: PLC0415
-    from specdiag.runs import Run  # noqa: PLC0415
-
-    p = pg.params
+    p, depth = pg.params, pg.depth
     layers, context = p["project_layers"], p["project_context"]
-    investigation = Run.open(REFERENCE_DIR / INVESTIGATION)
-    published_ms = vp.step_ms_by_context(investigation.rows("sweep")).get(context)
-    investigation_gb_s = (investigation.meta.get("hardware") or {}).get("memory_bandwidth_gb_s")
+    investigation_gb_s = (pg.investigation.meta.get("hardware") or {}).get("memory_bandwidth_gb_s")
     d_peak = vp.recorded_peak_gb_s(d_run.meta, p["gpu_name"])
-    depth = pg.depth = vp.project_to_investigation(
-        d_ms, layers_measured=vp.layers_of(d_run.meta, f"{d_run.path.name}/run.json"), layers_target=layers,
-        target_context=context, published_ms=published_ms, measured_peak_gb_s=d_peak[0] if d_peak else None,
-        investigation_peak_gb_s=investigation_gb_s, run=d_run.path.name, arm=d_arm)
     how = ("measured at this depth: its steps as they are" if depth.method == "measured at depth" else
            f"**{depth.method}**: a {depth.layers_measured}-layer run's whole step multiplied as if all of it ran per "
            f"layer (its scheduler too), since no run at {layers} layers with per-step times was given (`depth_dir`)")
@@ -414,24 +516,16 @@ def per_layer(pg: Page) -> Section:
     """Section 8: against ``stock_dir``'s stock arm, the verify time per layer projected to ``project_layers`` layers
     (step-based, and traced where both runs have step_profile rows); then the stock arm at the investigation's depth,
     context and GPU (``depth_dir``'s steps, else the stock pair's scaled by the layers)."""
-    from specdiag.measure.sweep_table import latest_rows  # noqa: PLC0415
-    from specdiag.runs import Run  # noqa: PLC0415
-
-    p, s, stock = pg.params, Section(), None
-    if p["stock_dir"]:
-        stock_run = Run.open(p["stock_dir"])
-        stock_ms = vp.step_ms_by_context(latest_rows(stock_run.rows("sweep")))
-        stock = (stock_run, stock_ms)
-        pg.projection = vp.project_layers(stock_ms, pg.measured_ms, layers_measured=pg.geom.num_layers,
-                                          layers_target=p["project_layers"], target_context=p["project_context"])
-        _step_based(pg, stock_run, s)
-        _traced(pg, stock_run, s)
+    s = Section()
+    if pg.stock is not None:
+        _step_based(pg, pg.stock[0], s)
+        _traced_section(pg, s)
     else:
         s.text("no stock_dir: no per-layer section (e.g. make replay RUN=data/reference/sglang-h200-mla2-plugin-traced "
                "PARAMS=params/plugin-projection.yaml)")
-    source, depth_note = _depth_source(pg, stock)
+    source, depth_note = pg.depth_source
     if source is not None:
-        _to_investigation(pg, *source, s)
+        _to_investigation(pg, source[0], source[2], s)
     elif depth_note:
         s.text(f"no projection to the investigation: {depth_note}, and no stock_dir to scale")
     return s
@@ -439,11 +533,7 @@ def per_layer(pg: Page) -> Section:
 
 def prefill_floor(pg: Page) -> Section:
     """Section 9: per context, the measured TTFT against the prefill's floor (computed), and the longest's verdict."""
-    s = Section()
-    pg.chunk_tokens = prefill.chunk_tokens_of(pg.server)
-    ttft_by_context = {int(r["context_tokens"]): r.get("ttft_s") for r in pg.summary}
-    prefill_floors = prefill.floor_table(pg.geom, ttft_by_context, pg.peaks, pg.chunk_tokens, pg.tp)
-    pg.prefill_rows = [f.as_row() for f in prefill_floors]
+    s, prefill_floors = Section(), pg.prefill_floors
     s.table(pg.prefill_rows, {
         "context_tokens": "context (tokens)", "ttft_s": f"TTFT (s, {pg.step_source})", "prefill_tok_s": "prompt tok/s (computed)",
         "n_chunks": "chunks", "s_per_chunk": "s per chunk (computed)", "tflop": "TFLOP (computed)",
@@ -459,24 +549,13 @@ def prefill_floor(pg: Page) -> Section:
                     f"{longest.prompt_tokens / longest.measured_ttft_s:,.0f} prompt tokens/s, "
                     f"{longest.measured_ttft_s / longest.n_chunks:.3g} s per chunk." if longest else
                     " The run's sweep rows hold no TTFT: nothing to set against the floor.")
-    pg.prefill_found = prefill.prefill_finding(prefill_floors, pg.step_source,
-                                               threshold_x=pg.params["floor_ratio_threshold"], peaks=pg.peaks)
     return s.markdown(chunk_text + verdict_text)
 
 
 def findings(pg: Page) -> Section:
     """Section 10: the verdicts on the step, its slope, a quoted attention-only bandwidth and the prefill, sorted
     (``data["found"]``), shown as the findings' HTML."""
-    from specdiag import findings as fnd  # noqa: PLC0415
-
-    p = pg.params
-    found = fnd.sort_findings(verdicts.bandwidth_findings(pg.steps, pg.peaks, source=pg.step_source,
-                                                          floor_ratio_threshold=p["floor_ratio_threshold"],
-                                                          slope_ratio_threshold=p["slope_ratio_threshold"],
-                                                          quoted_attention_gb_s=pg.quote or None,
-                                                          quoted_source=pg.quote_source)
-                              + ([pg.prefill_found] if pg.prefill_found else []))
-    return Section(data={"found": found}).html(fnd.to_html(found))
+    return Section(data={"found": pg.found}).html(fnd.to_html(pg.found))
 
 
 def metrics(pg: Page) -> dict[str, Any]:
@@ -493,7 +572,7 @@ def metrics(pg: Page) -> dict[str, Any]:
         "floor_slope_ms_per_1k_tokens": cmp.floor.slope_per_1k if cmp else None,
         "slope_ratio_x": cmp.ratio if cmp else None,
         "measured_endpoint_slope_ms_per_1k_tokens": pg.end_measured if cmp else None,
-        "quoted_attention_gb_s": pg.quote or None,
+        "quoted_attention_gb_s": pg.quote[0] or None,
         "stock_pair": {"stock_dir": p["stock_dir"], **pg.projection.as_dict()} if pg.projection else None,
         "traced_projection": pg.traced.as_dict() if pg.traced else None,
         "traced_vs_step_growth": [vars(d) for d in pg.differences],

@@ -2,19 +2,28 @@
 its parameters, these calls and its prose.
 
 :func:`start` checks the sweep plan and opens the run (live: the plan checked again against the server's
-context_length before any request); then :func:`measure_or_replay`, :func:`every_request`, :func:`per_context`,
+context_length before any request); the :class:`Page`'s rows, summary, fit and findings are computed when a section
+first asks. Sections: :func:`measure_or_replay`, :func:`every_request`, :func:`per_context`,
 :func:`decode_speed`, :func:`step_time`, :func:`findings`, and :func:`write_result` (which raises when every request
 failed, after writing the findings).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Sequence
+from functools import cached_property
+from typing import Any, Mapping
 
+from specdiag import findings as fnd
 from specdiag import nb
-from specdiag.measure.sweep_plan import SweepPlan, make_plan
+from specdiag.measure.fresh_prompt import cache_line
+from specdiag.measure.loop import measure_missing
+from specdiag.measure.sweep_plan import SweepPlan, make_plan, measure_request
+from specdiag.measure.sweep_table import SWEEP_KEY, latest_rows, summarize_sweep
+from specdiag.runs import rows_source
 from specdiag.section import Section
+from specdiag.stats import fit_line
+from specdiag.steps.baseline_sweep import plots as bsp
+from specdiag.steps.baseline_sweep.summary import sweep_findings
 
 NOTEBOOK = "01_baseline_sweep"
 
@@ -32,70 +41,89 @@ SUMMARY_COLUMNS = {
 }
 
 
-@dataclass
-class Page:
-    """What 01's sections share: the notebook context, the sweep plan and what each section found."""
+class Page(nb.Page):
+    """What 01's sections share: the sweep plan, the rows (measured when first asked, or the recorded run's), their
+    summary, the step-time fit and the findings."""
 
-    ctx: Any
-    plan: SweepPlan
-    opening: Section
-    source: str = "measured"
-    rows: list[dict[str, Any]] = field(default_factory=list)
-    summary: list[dict[str, Any]] = field(default_factory=list)
-    step_fit: Any = None
-    found: list[Any] = field(default_factory=list)
+    notebook = NOTEBOOK
+
+    def __init__(self, params: Mapping[str, Any]) -> None:
+        """Check the sweep plan (before anything starts), open the run (``nb.start``), and live check the plan
+        again against the server's context_length."""
+        super().__init__(params)
+        p = self.params
+        self.plan: SweepPlan = make_plan(*self._plan_args())
+        self.ctx = nb.start(NOTEBOOK, server_url=p["server_url"], speculative_config=p["speculative_config"],
+                            run_dir=p["run_dir"], replay_dir=p["replay_dir"], params=nb.run_params(p))
+        if self.live:
+            server_info = self.ctx.server_info
+            self.plan = make_plan(*self._plan_args(), server_context_length=server_info.get("context_length"))
+            self.opening.text(f"server {self.ctx.server_url}: context_length {server_info.get('context_length')} "
+                              f"tokens, {self.ctx.settings.speculation_line()}")
+        self.opening.text(f"run folder: {self.ctx.run.path}")
+
+    def _plan_args(self) -> tuple[Any, ...]:
+        p = self.params
+        return (p["context_lengths"], p["max_new_tokens"], p["repeats"], p["prompt_kind"], p["seed"], p["flush_cache"],
+                p["instruction"])
+
+    @cached_property
+    def source(self) -> str:
+        return rows_source(self.ctx.source.meta) if self.replaying else "measured"
+
+    @cached_property
+    def rows(self) -> list[dict[str, Any]]:
+        """Live, the requests still missing from the run measured first (each row written as measured; a re-run
+        resumes); replaying, the recorded rows."""
+        ctx = self.ctx
+        if self.replaying:
+            rows = latest_rows(ctx.source.rows("sweep"))
+            nb.check(len(rows) > 0,
+                     f"{ctx.source.path} has no sweep rows (sweep.jsonl) to replay: pick a run that has them")
+            return rows
+        measure_missing(ctx.run, self.plan, "sweep", SWEEP_KEY, lambda q: measure_request(ctx.client, q, self.plan),
+                        desc="sweep")
+        return latest_rows(ctx.run.rows("sweep"), self.plan.requests())
 
     @property
     def ok_rows(self) -> list[dict[str, Any]]:
         return [r for r in self.rows if not r.get("error")]
 
+    @cached_property
+    def summary(self) -> list[dict[str, Any]]:
+        """The median over the repeats that succeeded, per context."""
+        return summarize_sweep(self.rows)
 
-def start(server_url: str = "", run_dir: str = "", replay_dir: str = "", speculative_config: dict | None = None,
-          context_lengths: Sequence[int] = (512, 1024, 2048, 4096, 8192, 16000), max_new_tokens: int = 64,
-          repeats: int = 1, prompt_kind: str = "novel", seed: int = 0, flush_cache: bool = True,
-          instruction: str = "") -> Page:
-    """Check the sweep plan (before anything starts), open the run (``nb.start``), and live check the plan again
-    against the server's context_length."""
-    plan_args = (context_lengths, max_new_tokens, repeats, prompt_kind, seed, flush_cache, instruction)
-    plan = make_plan(*plan_args)
-    ctx = nb.start(NOTEBOOK, server_url=server_url, speculative_config=speculative_config or {},
-                   run_dir=run_dir, replay_dir=replay_dir,
-                   params=dict(context_lengths=context_lengths, max_new_tokens=max_new_tokens, repeats=repeats,
-                               prompt_kind=prompt_kind, seed=seed, flush_cache=flush_cache, instruction=instruction))
-    opening = Section()
-    if not ctx.replaying:
-        server_info = ctx.server_info
-        plan = make_plan(*plan_args, server_context_length=server_info.get("context_length"))
-        opening.text(f"server {ctx.server_url}: context_length {server_info.get('context_length')} tokens, "
-                     f"{ctx.settings.speculation_line()}")
-    opening.text(f"run folder: {ctx.run.path}")
-    return Page(ctx, plan, opening)
+    @cached_property
+    def steps(self) -> list[tuple[int, float]]:
+        """(context, median ms per step) where a step time was measured."""
+        return [(s["context_tokens"], s["step_ms"]) for s in self.summary if s.get("step_ms")]
+
+    @cached_property
+    def step_fit(self) -> Any:
+        """The least-squares line through the per-context medians (None under two contexts)."""
+        steps = self.steps
+        return fit_line([c for c, _ in steps], [m for _, m in steps]) if len({c for c, _ in steps}) >= 2 else None
+
+    @cached_property
+    def found(self) -> list[fnd.Finding]:
+        return fnd.sort_findings(sweep_findings(self.summary, source=self.source, rows=self.rows))
+
+
+def start(params: Mapping[str, Any]) -> Page:
+    """Check the sweep plan and open the run (:class:`Page`)."""
+    return Page(params)
 
 
 def measure_or_replay(pg: Page) -> Section:
-    """Section 1: live, the requests still missing from the run (each row written as measured; a re-run resumes);
-    replaying, the recorded rows. Then how many succeeded and the prefix-cache line."""
-    from specdiag.measure.fresh_prompt import cache_line  # noqa: PLC0415
-    from specdiag.measure.loop import measure_missing  # noqa: PLC0415
-    from specdiag.measure.sweep_plan import measure_request  # noqa: PLC0415
-    from specdiag.measure.sweep_table import SWEEP_KEY, latest_rows  # noqa: PLC0415
-    from specdiag.runs import rows_source  # noqa: PLC0415
-
-    ctx, s = pg.ctx, Section()
-    if ctx.replaying:
-        pg.source = rows_source(ctx.source.meta)
-        pg.rows = latest_rows(ctx.source.rows("sweep"))
-        nb.check(len(pg.rows) > 0,
-                 f"{ctx.source.path} has no sweep rows (sweep.jsonl) to replay: pick a run that has them")
-        s.text(f"replaying {len(pg.rows)} sweep rows of {ctx.source.path} ({pg.source}); no request is sent")
-    else:
-        pg.source = "measured"
-        measure_missing(ctx.run, pg.plan, "sweep", SWEEP_KEY, lambda q: measure_request(ctx.client, q, pg.plan),
-                        desc="sweep")
-        pg.rows = latest_rows(ctx.run.rows("sweep"), pg.plan.requests())
-    s.text(f"{len(pg.ok_rows)} of {len(pg.rows)} requests succeeded")
-    if cache_line(pg.rows):
-        s.text(cache_line(pg.rows))
+    """Section 1: the rows (live: measured now), how many succeeded and the prefix-cache line."""
+    s = Section()
+    rows = pg.rows
+    if pg.replaying:
+        s.text(f"replaying {len(rows)} sweep rows of {pg.ctx.source.path} ({pg.source}); no request is sent")
+    s.text(f"{len(pg.ok_rows)} of {len(rows)} requests succeeded")
+    if cache_line(rows):
+        s.text(cache_line(rows))
     return s
 
 
@@ -106,16 +134,11 @@ def every_request(pg: Page) -> Section:
 
 def per_context(pg: Page) -> Section:
     """Section 3: the median over the repeats that succeeded, per context (``data["summary"]``)."""
-    from specdiag.measure.sweep_table import summarize_sweep  # noqa: PLC0415
-
-    pg.summary = summarize_sweep(pg.rows)
     return Section(data={"summary": pg.summary}).table(pg.summary, SUMMARY_COLUMNS)
 
 
 def decode_speed(pg: Page) -> Section:
     """Section 4: decode speed against context (the figure), or why there is none."""
-    from specdiag.steps.baseline_sweep import plots as bsp  # noqa: PLC0415
-
     fig = bsp.decode_figure(pg.ok_rows, pg.summary, pg.source)
     if fig is None:
         return Section().text("no request gave a decode rate (every request failed or produced a single chunk)")
@@ -125,22 +148,13 @@ def decode_speed(pg: Page) -> Section:
 def step_time(pg: Page) -> Section:
     """Section 5: ms per verify step against context with the least-squares line through the per-context medians
     (``data["step_fit"]``), or why there is none."""
-    from specdiag.stats import fit_line  # noqa: PLC0415
-    from specdiag.steps.baseline_sweep import plots as bsp  # noqa: PLC0415
-
-    steps = [(s["context_tokens"], s["step_ms"]) for s in pg.summary if s.get("step_ms")]
-    pg.step_fit = fit_line([c for c, _ in steps], [m for _, m in steps]) if len({c for c, _ in steps}) >= 2 else None
     s = Section(data={"step_fit": pg.step_fit})
-    fig = bsp.step_figure(pg.ok_rows, steps, pg.step_fit, pg.source)
+    fig = bsp.step_figure(pg.ok_rows, pg.steps, pg.step_fit, pg.source)
     return s.text("no request gave a step time") if fig is None else s.figure(fig)
 
 
 def findings(pg: Page) -> Section:
     """Section 6: the verdicts (``data["found"]``)."""
-    from specdiag import findings as fnd  # noqa: PLC0415
-    from specdiag.steps.baseline_sweep.summary import sweep_findings  # noqa: PLC0415
-
-    pg.found = fnd.sort_findings(sweep_findings(pg.summary, source=pg.source, rows=pg.rows))
     return Section(data={"found": pg.found}).html(fnd.to_html(pg.found))
 
 

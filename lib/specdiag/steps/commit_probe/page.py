@@ -2,103 +2,128 @@
 its parameters, these calls and its prose.
 
 :func:`start` checks the parameters (before any server is reached), opens the run and checks the server speculates;
-then :func:`measure_or_replay`, :func:`requests` (every request), :func:`commit_vs_context` (the summary and its
+the :class:`Page`'s data are computed when a section first asks. Sections: :func:`measure_or_replay`, :func:`requests` (every request), :func:`commit_vs_context` (the summary and its
 figure), :func:`step_commits` (per-step histograms), :func:`findings`, :func:`metrics` and :func:`check_not_all_failed`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Sequence
+from functools import cached_property
+from typing import Any, Mapping
 
+import matplotlib.pyplot as plt
+
+from specdiag import findings as fnd
 from specdiag import nb
+from specdiag.measure.fresh_prompt import cache_line
+from specdiag.measure.loop import measure_missing
+from specdiag.runs import rows_source
 from specdiag.section import Section
+from specdiag.steps.commit_probe import plots as cpp
 from specdiag.steps.commit_probe import probe as cp
 
 NOTEBOOK = "04_commit_probe"
 
 
-@dataclass
-class Page:
-    """What 04's sections share: the notebook context, the plan and what each section found."""
+class Page(nb.Page):
+    """What 04's sections share: the plan, the rows and per-step commits (measured when first asked, or the recorded
+    run's), the summary and the findings."""
 
-    ctx: Any
-    plan: cp.ProbePlan
-    num_draft_tokens: int | None
-    opening: Section
-    rows: list[dict[str, Any]] = field(default_factory=list)
-    steps: list[dict[str, Any]] = field(default_factory=list)
-    source: str = "measured"
-    max_commit: int | None = None
-    summary: list[dict[str, Any]] = field(default_factory=list)
+    notebook = NOTEBOOK
+
+    def __init__(self, params: Mapping[str, Any]) -> None:
+        """Check the parameters (``make_plan``), open the run (``nb.start``); live, plan against the server's
+        context_length and check it runs a drafter."""
+        super().__init__(params)
+        p = self.params
+        self.plan: cp.ProbePlan = cp.make_plan(*self._plan_args(), repeats=p["repeats"])
+        self.ctx = ctx = nb.start(NOTEBOOK, server_url=p["server_url"], speculative_config=p["speculative_config"],
+                                  run_dir=p["run_dir"], replay_dir=p["replay_dir"], params=nb.run_params(p))
+        self.num_draft_tokens: int | None = None
+        if not ctx.replaying:
+            server_info = ctx.server_info
+            self.num_draft_tokens = server_info.get("speculative_num_draft_tokens")
+            self.plan = cp.make_plan(*self._plan_args(), server_context_length=server_info.get("context_length"),
+                                     repeats=p["repeats"])
+            self.opening.text(f"server {ctx.server_url}: {ctx.settings.speculation_line()}; context_length "
+                              f"{server_info.get('context_length')} tokens")
+            nb.check(ctx.settings.speculating is not False,
+                     f"the server at {ctx.server_url} runs no speculative decoding "
+                     f"({ctx.settings.source('speculating')}): the commit probe needs a drafter; start it with one")
+            if not self.num_draft_tokens:
+                self.opening.text("the most tokens a step can commit is not known, so the plots draw no maximum: pass "
+                                  "speculative_config={'num_speculative_tokens': k} to state it")
+        self.opening.text(f"run folder: {ctx.run.path}")
+
+    def _plan_args(self) -> tuple[Any, ...]:
+        p = self.params
+        return p["context_lengths"], p["kinds"], p["max_new_tokens"], p["seed"], p["flush_cache"]
+
+    @cached_property
+    def source(self) -> str:
+        return rows_source(self.ctx.source.meta) if self.replaying else "measured"
+
+    @cached_property
+    def _measured(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The probe rows and their verify steps: live, every missing request measured first (rows appended as
+        taken, a re-run resumes); replaying, the recorded rows."""
+        ctx = self.ctx
+        if self.replaying:
+            rows = cp.latest_rows(ctx.source.rows(cp.PROBE_TABLE))
+            nb.check(len(rows) > 0, f"{ctx.source.path} has no {cp.PROBE_TABLE} rows ({cp.PROBE_TABLE}.jsonl) to "
+                                    f"replay: pick a run that has them")
+            return rows, ctx.source.rows(cp.STEPS_TABLE)
+
+        def probe(request: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:  # its row and verify steps
+            row, step_rows = cp.measure(ctx.client, request, self.plan, self.num_draft_tokens)
+            return row, {cp.STEPS_TABLE: step_rows}
+
+        measure_missing(ctx.run, self.plan, cp.PROBE_TABLE, cp.PROBE_KEY, probe, desc="probe")
+        wanted = {tuple(q[k] for k in cp.PROBE_KEY) for q in self.plan.requests()}
+        rows = [r for r in cp.latest_rows(ctx.run.rows(cp.PROBE_TABLE))
+                if tuple(r.get(k) for k in cp.PROBE_KEY) in wanted]
+        return rows, ctx.run.rows(cp.STEPS_TABLE)
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        return self._measured[0]
+
+    @property
+    def steps(self) -> list[dict[str, Any]]:
+        return self._measured[1]
 
     @property
     def ok_rows(self) -> list[dict[str, Any]]:
         return [r for r in self.rows if not r.get("error")]
 
+    @cached_property
+    def max_commit(self) -> int | None:
+        """The most tokens a step can commit (the draft tokens; replaying, from the rows or the recorded run)."""
+        return cp.max_commit_from(self.rows, self.ctx.source.meta) if self.replaying else self.num_draft_tokens
 
-def start(server_url: str = "", run_dir: str = "", replay_dir: str = "", speculative_config: dict | None = None,
-          context_lengths: Sequence[int] = (1024, 4096, 16000), max_new_tokens: int = 64,
-          kinds: Sequence[str] = ("predictable", "novel"), seed: int = 0, repeats: int = 3,
-          flush_cache: bool = True) -> Page:
-    """Check the parameters (``make_plan``), open the run (``nb.start``); live, plan against the server's
-    context_length and check it runs a drafter."""
-    plan = cp.make_plan(context_lengths, kinds, max_new_tokens, seed, flush_cache, repeats=repeats)
-    ctx = nb.start(NOTEBOOK, server_url=server_url, speculative_config=speculative_config or {},
-                   run_dir=run_dir, replay_dir=replay_dir,
-                   params=dict(context_lengths=context_lengths, max_new_tokens=max_new_tokens, kinds=kinds, seed=seed,
-                               flush_cache=flush_cache, repeats=repeats))
-    opening = Section()
-    num_draft_tokens = None
-    if not ctx.replaying:
-        server_info = ctx.server_info
-        num_draft_tokens = server_info.get("speculative_num_draft_tokens")
-        plan = cp.make_plan(context_lengths, kinds, max_new_tokens, seed, flush_cache,
-                            server_context_length=server_info.get("context_length"), repeats=repeats)
-        opening.text(f"server {ctx.server_url}: {ctx.settings.speculation_line()}; context_length "
-                     f"{server_info.get('context_length')} tokens")
-        nb.check(ctx.settings.speculating is not False,
-                 f"the server at {ctx.server_url} runs no speculative decoding ({ctx.settings.source('speculating')}): "
-                 f"the commit probe needs a drafter; start it with one")
-        if not num_draft_tokens:
-            opening.text("the most tokens a step can commit is not known, so the plots draw no maximum: pass "
-                         "speculative_config={'num_speculative_tokens': k} to state it")
-    opening.text(f"run folder: {ctx.run.path}")
-    return Page(ctx, plan, num_draft_tokens, opening)
+    @cached_property
+    def summary(self) -> list[dict[str, Any]]:
+        """The pooled commit length per kind and context."""
+        return cp.summarize(self.rows)
+
+    @cached_property
+    def found(self) -> list[fnd.Finding]:
+        return fnd.sort_findings(cp.probe_findings(self.summary, self.max_commit, source=self.source, rows=self.rows))
+
+
+def start(params: Mapping[str, Any]) -> Page:
+    """Check the parameters and open the run (:class:`Page`)."""
+    return Page(params)
 
 
 def measure_or_replay(pg: Page) -> Section:
-    """Section 1: live, every missing request measured (rows appended as taken, a re-run resumes); replaying, the
-    recorded rows. Then how many succeeded and the prefix-cache line."""
-    from specdiag.measure.fresh_prompt import cache_line  # noqa: PLC0415
-    from specdiag.measure.loop import measure_missing  # noqa: PLC0415
-    from specdiag.runs import rows_source  # noqa: PLC0415
-
-    ctx, s = pg.ctx, Section()
-    if ctx.replaying:
-        pg.source = rows_source(ctx.source.meta)
-        pg.rows = cp.latest_rows(ctx.source.rows(cp.PROBE_TABLE))
-        pg.steps = ctx.source.rows(cp.STEPS_TABLE)
-        nb.check(len(pg.rows) > 0, f"{ctx.source.path} has no {cp.PROBE_TABLE} rows ({cp.PROBE_TABLE}.jsonl) to "
-                                   f"replay: pick a run that has them")
-        pg.max_commit = cp.max_commit_from(pg.rows, ctx.source.meta)
-        s.text(f"replaying {len(pg.rows)} {cp.PROBE_TABLE} rows of {ctx.source.path} ({pg.source}); no request is sent")
-    else:
-        pg.source = "measured"
-        pg.max_commit = pg.num_draft_tokens
-
-        def probe(request):  # the probe row, and its verify steps for the steps table
-            row, step_rows = cp.measure(ctx.client, request, pg.plan, pg.num_draft_tokens)
-            return row, {cp.STEPS_TABLE: step_rows}
-
-        measure_missing(ctx.run, pg.plan, cp.PROBE_TABLE, cp.PROBE_KEY, probe, desc="probe")
-        wanted = {tuple(q[k] for k in cp.PROBE_KEY) for q in pg.plan.requests()}
-        pg.rows = [r for r in cp.latest_rows(ctx.run.rows(cp.PROBE_TABLE))
-                   if tuple(r.get(k) for k in cp.PROBE_KEY) in wanted]
-        pg.steps = ctx.run.rows(cp.STEPS_TABLE)
-    s.text(f"{len(pg.ok_rows)} of {len(pg.rows)} requests succeeded")
-    if cache_line(pg.rows):
-        s.text(cache_line(pg.rows))
+    """Section 1: the rows (live: measured now), how many succeeded and the prefix-cache line."""
+    s, rows = Section(), pg.rows
+    if pg.replaying:
+        s.text(f"replaying {len(rows)} {cp.PROBE_TABLE} rows of {pg.ctx.source.path} ({pg.source}); no request is sent")
+    s.text(f"{len(pg.ok_rows)} of {len(rows)} requests succeeded")
+    if cache_line(rows):
+        s.text(cache_line(rows))
     return s
 
 
@@ -125,11 +150,6 @@ def requests(pg: Page) -> Section:
 
 def commit_vs_context(pg: Page) -> Section:
     """Section 3: the pooled commit length per kind and context, and its figure against the maximum."""
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
-    from specdiag.steps.commit_probe import plots as cpp  # noqa: PLC0415
-
-    pg.summary = cp.summarize(pg.rows)
     s = Section().table(pg.summary, SUMMARY_COLUMNS, formats={"prefill_share": "{:.0%}"})
     if not pg.summary:
         return s.text("no request gave a commit length (every request failed, or the server reports no verify steps)")
@@ -140,8 +160,6 @@ def commit_vs_context(pg: Page) -> Section:
 
 def step_commits(pg: Page) -> Section:
     """Section 4: the share of verify steps per committed length, per kind and context."""
-    from specdiag.steps.commit_probe import plots as cpp  # noqa: PLC0415
-
     hists = cp.step_histograms(pg.rows, pg.steps, pg.max_commit)
     if not hists:
         return Section().text("no per-step commits in these rows (the server reports neither per-step commits nor a "
@@ -152,10 +170,7 @@ def step_commits(pg: Page) -> Section:
 
 def findings(pg: Page) -> Section:
     """Section 5: the verdicts (``data["found"]``)."""
-    from specdiag import findings as fnd  # noqa: PLC0415
-
-    found = fnd.sort_findings(cp.probe_findings(pg.summary, pg.max_commit, source=pg.source, rows=pg.rows))
-    return Section(data={"found": found}).html(fnd.to_html(found))
+    return Section(data={"found": pg.found}).html(fnd.to_html(pg.found))
 
 
 def metrics(pg: Page) -> dict[str, Any]:

@@ -1,8 +1,8 @@
 """Notebook 03's sections, one call each (:class:`specdiag.section.Section`: tables, figures, text): the notebook keeps
 its parameters, these calls and its prose.
 
-:func:`start` checks the parameters, opens the run (or the recorded run) and reads the server; each later call reads
-what the earlier ones left on the :class:`Inspection` and adds its own: :func:`configuration` (the drafter as
+:func:`start` checks the parameters, opens the run (or the recorded run) and reads the server; the
+:class:`Inspection`'s data are computed when a section first asks. Sections: :func:`configuration` (the drafter as
 configured and as the engine ran it), :func:`dflash_settings`, :func:`spans` (computed span and KV per draft step),
 :func:`timing` (measured draft time per context, ``repeats`` requests each after one warm-up request),
 :func:`window_arms` (DFLASH with the draft window on and off), :func:`behaviour` (recorded engine behaviour),
@@ -11,57 +11,72 @@ configured and as the engine ran it), :func:`dflash_settings`, :func:`spans` (co
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Mapping
 
-from specdiag import geometry, nb
+import matplotlib.pyplot as plt
+
+from specdiag import findings as fnd
+from specdiag import geometry, nb, plots
+from specdiag.measure.loop import measure_missing, plan_rows
+from specdiag.runs import rows_source
 from specdiag.section import Section
+from specdiag.serving.settings import speculation_state
+from specdiag.stats import MIN_REQUESTS
 from specdiag.steps.drafter_inspection import analysis as drafter
 from specdiag.steps.drafter_inspection import dflash as dfl
-from specdiag.stats import MIN_REQUESTS
 
 NOTEBOOK = "03_drafter_inspection"
 
 
-@dataclass
-class Inspection:
-    """What 03's sections share: the notebook context, its parameters and what each section found."""
+class Inspection(nb.Page):
+    """What 03's sections share: the server (or the recorded run), the drafter's geometry as configured and as the
+    engine ran it, the spans, the measured draft times and the window arms, each computed when first asked."""
 
-    ctx: Any
-    params: dict[str, Any]
-    contexts: list[int]
-    server: dict[str, Any]
-    opening: Section
-    geom: Any = None
-    run_geom: Any = None
-    tp: int = 1
-    window: int | None = None
-    patch: dict[str, Any] | None = None
-    config_source: str = "configured"
-    window_rows: list[dict[str, Any]] = field(default_factory=list)
-    cost_rows: list[dict[str, Any]] = field(default_factory=list)
-    window_finding: Any = None
-    rope: dict[str, Any] = field(default_factory=dict)
-    is_dflash: bool = False
-    own_window: int | None = None
-    spans: list[dict[str, Any]] = field(default_factory=list)
-    timing: list[dict[str, Any]] = field(default_factory=list)
-    timing_source: str = "server-reported"
-    timed: list[dict[str, Any]] = field(default_factory=list)
-    arms: list[dict[str, Any]] = field(default_factory=list)
+    notebook = NOTEBOOK
+
+    def __init__(self, params: Mapping[str, Any]) -> None:
+        """Check the parameters' ranges (their types: ``nb.check_parameters`` on the parameters cell), open the run
+        (``nb.start``), read the server (or the recorded run) and the contexts."""
+        super().__init__(params)
+        p = self.params
+        nb.check(p["prompt_kind"] in ("novel", "predictable"),
+                 f"prompt_kind must be 'novel' or 'predictable'; got {p['prompt_kind']!r}")
+        nb.check(p["tp_size"] >= 0, f"tp_size must be a whole number >= 0 (0: from the run); got {p['tp_size']!r}")
+        nb.check(p["draft_window_tokens"] >= -1,
+                 f"draft_window_tokens must be -1 (server's), 0 (none) or a token count; got {p['draft_window_tokens']!r}")
+        nb.check(p["max_new_tokens"] >= 2, f"max_new_tokens must be a whole number >= 2; got {p['max_new_tokens']!r}")
+        nb.check(p["compare_draft_window_tokens"] >= 0,
+                 f"compare_draft_window_tokens must be a whole number of tokens >= 0 (0: no second server); got "
+                 f"{p['compare_draft_window_tokens']!r}")
+        nb.check(p["repeats"] >= 1,
+                 f"repeats must be a whole number >= 1 (a verdict takes {MIN_REQUESTS} per context); got {p['repeats']!r}")
+        contexts = nb.check_context_lengths("context_lengths", p["context_lengths"])
+        self.ctx = ctx = nb.start(NOTEBOOK, server_url=p["server_url"], speculative_config=p["speculative_config"],
+                                  run_dir=p["run_dir"], replay_dir=p["replay_dir"], params=nb.run_params(p))
+        self.server: dict[str, Any] = {**(ctx.source.meta.get("server") or {}),
+                                       **({} if ctx.replaying else ctx.server_info)}
+        if ctx.replaying:
+            recorded = sorted({int(r["context_tokens"]) for r in ctx.source.rows("sweep") if r.get("context_tokens")})
+            contexts = recorded or contexts
+            self.opening.text(f"run folder: {ctx.run.path} (replaying {ctx.source.path})")
+        else:
+            limit = ctx.server_info.get("context_length")
+            nb.check(not limit or max(contexts) + p["max_new_tokens"] <= int(limit),
+                     f"context_lengths reach {max(contexts):,} tokens + {p['max_new_tokens']} new, beyond the server's "
+                     f"context_length {limit}: lower them")
+            self.opening.text(f"run folder: {ctx.run.path}; server {ctx.server_url}")
+        self.contexts: list[int] = contexts
+        if p["repeats"] < MIN_REQUESTS:
+            self.opening.text(f"repeats {p['repeats']}: fewer than {MIN_REQUESTS} requests a context, so the measured "
+                              "verdicts say 'not enough requests'")
 
     @property
     def meta(self) -> dict[str, Any]:
         return self.ctx.source.meta
 
     @property
-    def replaying(self) -> bool:
-        return self.ctx.replaying
-
-    @property
     def rows_source(self) -> str:
-        from specdiag.runs import rows_source  # noqa: PLC0415
-
         return rows_source(self.meta) if self.replaying else "measured"
 
     def plan(self, window: int | None) -> drafter.TimingPlan:
@@ -69,43 +84,137 @@ class Inspection:
         return drafter.TimingPlan(tuple(self.contexts), p["max_new_tokens"], p["prompt_kind"], p["seed"], window,
                                   p["repeats"])
 
+    @cached_property
+    def geom(self) -> Any:
+        """The drafter's geometry as configured (None: the server drafts without a model, or does not say how)."""
+        p, meta, server = self.params, self.meta, self.server
+        recorded_drafter = meta.get("drafter") or {}
+        has_model = bool(p["drafter_config"] or geometry.recorded_config(recorded_drafter)
+                         or recorded_drafter.get("preset") or server.get("speculative_draft_model_path"))
+        server_info = {} if self.replaying else self.ctx.server_info
+        return geometry.geometry_for_run(p["drafter_config"], p["kv_dtype"], meta, server_info, role="drafter") \
+            if has_model else None
 
-def start(server_url: str = "", run_dir: str = "", replay_dir: str = "", speculative_config: Mapping[str, Any] | None = None,
-          **params: Any) -> Inspection:
-    """Check the parameters' ranges (their types: ``nb.check_parameters`` on the parameters cell), open the run
-    (``nb.start``), read the server (or the recorded run) and the contexts."""
-    p = {"drafter_config": "", "kv_dtype": "", "tp_size": 0, "draft_window_tokens": -1, "context_lengths": [512, 1024],
-         "max_new_tokens": 32, "prompt_kind": "novel", "growth_threshold": 1.5, "compare_draft_window_tokens": 256,
-         "repeats": MIN_REQUESTS, "seed": 0, **params}
-    nb.check(p["prompt_kind"] in ("novel", "predictable"), f"prompt_kind must be 'novel' or 'predictable'; got {p['prompt_kind']!r}")
-    nb.check(p["tp_size"] >= 0, f"tp_size must be a whole number >= 0 (0: from the run); got {p['tp_size']!r}")
-    nb.check(p["draft_window_tokens"] >= -1,
-             f"draft_window_tokens must be -1 (server's), 0 (none) or a token count; got {p['draft_window_tokens']!r}")
-    nb.check(p["max_new_tokens"] >= 2, f"max_new_tokens must be a whole number >= 2; got {p['max_new_tokens']!r}")
-    nb.check(p["compare_draft_window_tokens"] >= 0,
-             f"compare_draft_window_tokens must be a whole number of tokens >= 0 (0: no second server); got "
-             f"{p['compare_draft_window_tokens']!r}")
-    nb.check(p["repeats"] >= 1,
-             f"repeats must be a whole number >= 1 (a verdict takes {MIN_REQUESTS} per context); got {p['repeats']!r}")
-    contexts = nb.check_context_lengths("context_lengths", p["context_lengths"])
-    ctx = nb.start(NOTEBOOK, server_url=server_url, speculative_config=speculative_config or {}, run_dir=run_dir,
-                   replay_dir=replay_dir, params=p)
-    server = {**(ctx.source.meta.get("server") or {}), **({} if ctx.replaying else ctx.server_info)}
-    opening = Section()
-    if ctx.replaying:
-        recorded = sorted({int(r["context_tokens"]) for r in ctx.source.rows("sweep") if r.get("context_tokens")})
-        contexts = recorded or contexts
-        opening.text(f"run folder: {ctx.run.path} (replaying {ctx.source.path})")
-    else:
-        limit = ctx.server_info.get("context_length")
-        nb.check(not limit or max(contexts) + p["max_new_tokens"] <= int(limit),
-                 f"context_lengths reach {max(contexts):,} tokens + {p['max_new_tokens']} new, beyond the server's "
-                 f"context_length {limit}: lower them")
-        opening.text(f"run folder: {ctx.run.path}; server {ctx.server_url}")
-    if p["repeats"] < MIN_REQUESTS:
-        opening.text(f"repeats {p['repeats']}: fewer than {MIN_REQUESTS} requests a context, so the measured verdicts "
-                     f"say 'not enough requests'")
-    return Inspection(ctx, p, contexts, server, opening)
+    @cached_property
+    def tp(self) -> int:
+        return self.params["tp_size"] or int(self.server.get("tp_size") or 1)
+
+    @cached_property
+    def window(self) -> int | None:
+        """The server's draft window (or the parameter's), tokens."""
+        return drafter.draft_window(self.server, self.params["draft_window_tokens"])
+
+    @cached_property
+    def patch(self) -> dict[str, Any] | None:
+        """What a patched drafter (vLLM) changed; live, kept in run.json so a replay can say it too."""
+        patch = drafter.engine_patch(self.server, self.meta)
+        if patch and not self.replaying:
+            self.ctx.run.update(drafter={"engine_patch": patch})
+        return patch
+
+    @property
+    def config_source(self) -> str:
+        return "configured" if not self.replaying else self.rows_source
+
+    @cached_property
+    def window_rows(self) -> list[dict[str, Any]]:
+        """The recorded check of whether the engine honoured the drafter's window."""
+        return (self.ctx.source if self.replaying else self.ctx.run).rows(drafter.WINDOW_CHECK_TABLE)
+
+    @cached_property
+    def cost_rows(self) -> list[dict[str, Any]]:
+        """The recorded STANDALONE against NGRAM step times."""
+        return (self.ctx.source if self.replaying else self.ctx.run).rows(drafter.COST_TABLE)
+
+    @cached_property
+    def window_finding(self) -> Any:
+        return drafter.window_check_finding(self.window_rows, source=self.rows_source, server=self.server)
+
+    @cached_property
+    def run_geom(self) -> Any:
+        """The drafter as the engine ran it (every layer full where it ignored the drafter's sliding window)."""
+        return drafter.as_engine_ran(self.geom, self.window_finding)
+
+    @property
+    def rope(self) -> dict[str, Any]:
+        return dict(self.geom.rope_scaling or {}) if self.geom is not None else {}
+
+    @cached_property
+    def is_dflash(self) -> bool:
+        return dfl.is_dflash(self.server)
+
+    @cached_property
+    def own_window(self) -> int | None:
+        """A DFLASH server's own draft window."""
+        return dfl.server_window(self.server) if self.is_dflash else None
+
+    @cached_property
+    def spans(self) -> list[dict[str, Any]]:
+        """Per context, each layer type's span and the drafter KV per draft step (computed)."""
+        if self.geom is None:
+            return []
+        return drafter.span_rows(self.run_geom, self.contexts, tp_size=self.tp, window_cap_tokens=self.window)
+
+    @property
+    def timing_source(self) -> str:
+        return self.rows_source if self.replaying else "server-reported"
+
+    @cached_property
+    def all_timing(self) -> list[dict[str, Any]]:
+        """The drafter_timing rows: live, measured now (after one warm-up request), on the server given; replaying,
+        the recorded ones."""
+        if self.replaying:
+            return self.ctx.source.rows("drafter_timing")
+        p, client, plan = self.params, self.ctx.client, self.plan(self.own_window)
+        measure_missing(self.ctx.run, plan, "drafter_timing", drafter.TIMING_KEY, desc="draft timing",
+                        measure=lambda q: drafter.measure_draft_timing(client, q["context_tokens"], p["max_new_tokens"],
+                                                                       p["prompt_kind"], q["seed"],
+                                                                       plan.draft_window_tokens, q.get("warmup", False)))
+        return plan_rows(self.ctx.run, plan, "drafter_timing", drafter.TIMING_KEY)
+
+    @cached_property
+    def timing(self) -> list[dict[str, Any]]:
+        """The server given's own rows (a second DFLASH arm is timed in :attr:`arms`)."""
+        return dfl.own_rows(self.all_timing, self.own_window)
+
+    @cached_property
+    def timed(self) -> list[dict[str, Any]]:
+        """Draft (and verify) ms per step per context over requests, with ranges."""
+        return drafter.timing_table(self.timing)
+
+    @cached_property
+    def arms(self) -> list[dict[str, Any]]:
+        """DFLASH: the draft window on and off (live on the embedded server: started again with the other setting)."""
+        start_other, other_win = (dfl.other_window(self.ctx.server_info, self.params["compare_draft_window_tokens"])
+                                  if not self.replaying else (False, None))
+        if start_other:
+            all_timing = self.timing + dfl.time_other_window(self.ctx.run, self.ctx.server_info, other_win,
+                                                              self.plan(other_win))
+        else:
+            all_timing = self.all_timing if self.replaying else self.timing
+        return dfl.arm_table(all_timing) if self.is_dflash else []
+
+    @cached_property
+    def found(self) -> list[fnd.Finding]:
+        """Every verdict, sorted."""
+        found = drafter.drafter_findings(self.run_geom, self.spans, self.window, self.timing,
+                                         timing_source=self.timing_source,
+                                         growth_threshold=self.params["growth_threshold"],
+                                         config_source=self.config_source, cost_rows=self.cost_rows,
+                                         cost_source=self.rows_source)
+        found += [self.window_finding] if self.window_finding else []
+        if self.is_dflash:  # window on and off; or why the drafter's own time is not measurable here
+            n_full = self.run_geom.layer_types.count(geometry.LAYER_FULL) if self.run_geom else None
+            found += (dfl.window_findings(self.arms, n_full, self.timing_source, self.params["growth_threshold"])
+                      if self.arms else [dfl.not_measurable_finding(self.server, self.server.get("engine"))])
+        if self.patch:
+            found.append(drafter.engine_patch_finding(self.patch, self.server.get("engine")))
+        return fnd.sort_findings(found)
+
+
+def start(params: Mapping[str, Any]) -> Inspection:
+    """Check the parameters and open the run (:class:`Inspection`)."""
+    return Inspection(params)
 
 
 def _config_table(ins: Inspection) -> list[tuple[str, str, str]]:
@@ -130,25 +239,8 @@ def _config_table(ins: Inspection) -> list[tuple[str, str, str]]:
 def configuration(ins: Inspection) -> Section:
     """Section 1: the drafter's configuration (a table), as the engine ran it where a recorded run shows the engine
     ignored the drafter's window, and what a patched drafter (vLLM) changed."""
-    from specdiag.serving.settings import speculation_state  # noqa: PLC0415 - pure: reads a settings dict
-
     p, meta, server, s = ins.params, ins.meta, ins.server, Section()
     recorded_drafter = meta.get("drafter") or {}
-    has_model = bool(p["drafter_config"] or geometry.recorded_config(recorded_drafter) or recorded_drafter.get("preset")
-                     or server.get("speculative_draft_model_path"))
-    server_info = {} if ins.replaying else ins.ctx.server_info
-    ins.geom = geometry.geometry_for_run(p["drafter_config"], p["kv_dtype"], meta, server_info, role="drafter") if has_model else None
-    ins.tp = p["tp_size"] or int(server.get("tp_size") or 1)
-    ins.window = drafter.draft_window(server, p["draft_window_tokens"])
-    ins.patch = drafter.engine_patch(server, meta)
-    if ins.patch and not ins.replaying:
-        ins.ctx.run.update(drafter={"engine_patch": ins.patch})  # so a replay of this run can say it too
-    ins.config_source = "configured" if not ins.replaying else ins.rows_source
-    behaviour_run = ins.ctx.source if ins.replaying else ins.ctx.run
-    ins.window_rows = behaviour_run.rows(drafter.WINDOW_CHECK_TABLE)
-    ins.cost_rows = behaviour_run.rows(drafter.COST_TABLE)
-    ins.window_finding = drafter.window_check_finding(ins.window_rows, source=ins.rows_source, server=server)
-    ins.run_geom = drafter.as_engine_ran(ins.geom, ins.window_finding)
     if ins.run_geom is not ins.geom:
         s.text(f"the engine ignored the drafter's {ins.geom.sliding_window}-token sliding window "
                f"({ins.window_finding.id}, below): spans and verdicts use the drafter as it ran, every layer full attention")
@@ -160,7 +252,6 @@ def configuration(ins: Inspection) -> Section:
                + ": there is no drafter configuration to inspect; pass drafter_config (a preset or config.json) to "
                  "analyse one. Draft time is still measured below where the server reports it.")
         return s
-    ins.rope = dict(ins.geom.rope_scaling or {})
     s.table([{"what": w, "value": v, "source": src} for w, v, src in _config_table(ins)])
     if ins.patch:
         original = ins.patch.get("original") or {}
@@ -178,8 +269,6 @@ def configuration(ins: Inspection) -> Section:
 def dflash_settings(ins: Inspection) -> Section:
     """The DFLASH block drafter's settings (config and what the server states); a line otherwise."""
     s = Section()
-    ins.is_dflash = dfl.is_dflash(ins.server)
-    ins.own_window = dfl.server_window(ins.server) if ins.is_dflash else None
     if not ins.is_dflash:
         return s.text(f"not a DFLASH server (speculative_algorithm {ins.server.get('speculative_algorithm')!r}): no block "
                       "drafter settings")
@@ -191,14 +280,9 @@ def dflash_settings(ins: Inspection) -> Section:
 
 def spans(ins: Inspection) -> Section:
     """Section 2: per context, each layer type's span and the drafter KV per draft step (computed), table and figure."""
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
-    from specdiag import plots  # noqa: PLC0415
-
     s = Section()
     if ins.geom is None:
         return s.text("no draft model: no drafter attention span to tabulate")
-    ins.spans = drafter.span_rows(ins.run_geom, ins.contexts, tp_size=ins.tp, window_cap_tokens=ins.window)
     rows = [{**r, "kv_mb": r["kv_bytes_per_draft_step"] / 1e6, "kv_mb_no_window": r["kv_bytes_no_draft_window"] / 1e6,
              "kv_mb_all_full": r["kv_bytes_if_all_full"] / 1e6} for r in ins.spans]
     s.table(rows, {"context_tokens": "context (tokens)", "sliding_span_tokens": "sliding layer span (tokens)",
@@ -220,36 +304,16 @@ def spans(ins: Inspection) -> Section:
     return s.figure(fig)
 
 
-def _measure(ins: Inspection, plan: drafter.TimingPlan) -> list[dict[str, Any]]:
-    from specdiag.measure.loop import measure_missing, plan_rows  # noqa: PLC0415
-
-    p, client = ins.params, ins.ctx.client
-    measure_missing(ins.ctx.run, plan, "drafter_timing", drafter.TIMING_KEY, desc="draft timing",
-                    measure=lambda q: drafter.measure_draft_timing(client, q["context_tokens"], p["max_new_tokens"],
-                                                                   p["prompt_kind"], q["seed"], plan.draft_window_tokens,
-                                                                   q.get("warmup", False)))
-    return plan_rows(ins.ctx.run, plan, "drafter_timing", drafter.TIMING_KEY)
-
-
 def timing(ins: Inspection) -> Section:
     """Section 3: measured draft (and verify) ms per step per context over requests (live: measured now, after one
     warm-up request; replay: the recorded rows), table with ranges, and figure."""
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
-    from specdiag import plots  # noqa: PLC0415
-
     s = Section()
     if ins.replaying:
-        ins.timing, ins.timing_source = ins.ctx.source.rows("drafter_timing"), ins.rows_source
-        s.text(f"{len(ins.timing)} recorded drafter_timing rows" if ins.timing else
+        s.text(f"{len(ins.all_timing)} recorded drafter_timing rows" if ins.all_timing else
                "the recorded run has no per-step draft times (drafter_timing): nothing measured to show")
-    else:
-        ins.timing = _measure(ins, ins.plan(ins.own_window))
-        if not any(r.get("draft_ms_median") is not None for r in ins.timing):
-            s.text(f"this server ({ins.server.get('engine') or 'sglang'}) does not report per-step draft times (only the "
-                   "embedded server's meta_info spec_step_draft_ms does): the verdict below rests on the configuration alone")
-    ins.timing = dfl.own_rows(ins.timing, ins.own_window)  # the server given; a second DFLASH arm is timed below
-    ins.timed = drafter.timing_table(ins.timing)
+    elif not any(r.get("draft_ms_median") is not None for r in ins.all_timing):
+        s.text(f"this server ({ins.server.get('engine') or 'sglang'}) does not report per-step draft times (only the "
+               "embedded server's meta_info spec_step_draft_ms does): the verdict below rests on the configuration alone")
     if not ins.timed:
         return s
     s.table(ins.timed, {"context_tokens": "context (tokens)", "requests": "requests",
@@ -274,16 +338,7 @@ def timing(ins: Inspection) -> Section:
 
 def window_arms(ins: Inspection) -> Section:
     """DFLASH: the draft window on and off (live on the embedded server: started again with the other setting)."""
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
     s = Section()
-    start_other, other_win = (dfl.other_window(ins.ctx.server_info, ins.params["compare_draft_window_tokens"])
-                              if not ins.replaying else (False, None))
-    if start_other:
-        all_timing = ins.timing + dfl.time_other_window(ins.ctx.run, ins.ctx.server_info, other_win, ins.plan(other_win))
-    else:
-        all_timing = ins.ctx.source.rows("drafter_timing") if ins.replaying else ins.timing
-    ins.arms = dfl.arm_table(all_timing) if ins.is_dflash else []
     if not ins.arms:
         return s.text("no per-step drafter time for this DFLASH server: not measurable here (see the findings)"
                       if ins.is_dflash else "not a DFLASH server: no second window setting to time")
@@ -322,25 +377,12 @@ def behaviour(ins: Inspection) -> Section:
 
 def findings(ins: Inspection) -> Section:
     """Section 4: every verdict, sorted (``data["found"]``), shown as the findings' HTML."""
-    from specdiag import findings as fnd  # noqa: PLC0415
-
-    found = drafter.drafter_findings(ins.run_geom, ins.spans, ins.window, ins.timing, timing_source=ins.timing_source,
-                                     growth_threshold=ins.params["growth_threshold"], config_source=ins.config_source,
-                                     cost_rows=ins.cost_rows, cost_source=ins.rows_source)
-    found += [ins.window_finding] if ins.window_finding else []
-    if ins.is_dflash:  # window on and off; or why the drafter's own time is not measurable here
-        n_full = ins.run_geom.layer_types.count(geometry.LAYER_FULL) if ins.run_geom else None
-        found += dfl.window_findings(ins.arms, n_full, ins.timing_source, ins.params["growth_threshold"]) if ins.arms \
-            else [dfl.not_measurable_finding(ins.server, ins.server.get("engine"))]
-    if ins.patch:
-        found.append(drafter.engine_patch_finding(ins.patch, ins.server.get("engine")))
-    found = fnd.sort_findings(found)
-    s = Section(data={"found": found})
-    return s.html(fnd.to_html(found))
+    return Section(data={"found": ins.found}).html(fnd.to_html(ins.found))
 
 
-def metrics(ins: Inspection, found: list[Any]) -> dict[str, Any]:
+def metrics(ins: Inspection) -> dict[str, Any]:
     """The key numbers of 03's result."""
+    found = ins.found
     geom, run_geom, by = ins.geom, ins.run_geom, {f.id: f for f in found}
     bounded, cost, measured = by.get("drafter.attention_bounded"), by["drafter.cost_bounded"], by.get("drafter.measured_cost")
     wf = ins.window_finding

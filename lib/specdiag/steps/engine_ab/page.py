@@ -2,7 +2,8 @@
 its parameters, these calls and its prose.
 
 :func:`start` checks the parameters and the arms file (before any server starts) and opens the run: measuring the
-arms file's arms, else replaying ``replay_dir``, else the H200 reference run; then :func:`measure_or_replay` (the rows and
+arms file's arms, else replaying ``replay_dir``, else the H200 reference run; the :class:`Page`'s data are computed when a
+section first asks. Sections: :func:`measure_or_replay` (the rows and
 their per-arm tables), :func:`arms` (each arm's settings and what the run lacks), :func:`decode`, :func:`prefill`
 (TTFT against its floor), :func:`rank_tests`, :func:`bands`, :func:`targets`, :func:`break_even`, :func:`findings` and
 :func:`metrics`.
@@ -10,15 +11,19 @@ their per-arm tables), :func:`arms` (each arm's settings and what the run lacks)
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Sequence
+from functools import cached_property
+from typing import Any, Mapping
 
+import matplotlib.pyplot as plt
 import pandas as pd
 
-from specdiag import nb
+from specdiag import findings as sfind
+from specdiag import geometry, hardware, nb, tables
+from specdiag.paths import REFERENCE_DIR, relative_to_project
 from specdiag.section import Section
-from specdiag.steps.engine_ab import analysis, verdicts
+from specdiag.steps.engine_ab import analysis, answer, breakeven, measure, verdicts
 from specdiag.steps.engine_ab import arms as eab_arms
+from specdiag.steps.engine_ab import plots as eplots
 from specdiag.sweep.arms import ArmsError
 from specdiag.sweep.driver import plan, sweep_into
 from specdiag.sweep.settings import SettingsError
@@ -27,101 +32,227 @@ NOTEBOOK = "09_engine_ab"
 REFERENCE = "sglang-h200-mla61-engine-ab"
 
 
-@dataclass
-class Page:
-    """What 09's sections share: the notebook context, its parameters and what each section computed."""
+class Page(nb.Page):
+    """What 09's sections share: the arms (measured when first asked, or the recorded run's), their decode and prefill
+    tables, the floors, bands, targets and break-even, and the findings, each computed when a section first asks."""
 
-    ctx: Any
-    params: dict[str, Any]
-    planned: Any  # the sweep to run (specdiag.sweep.driver.Plan), None when replaying
-    opening: Section
-    rows: list[dict[str, Any]] = field(default_factory=list)
-    arms_meta: dict[str, Any] = field(default_factory=dict)
-    arm_names: list[str] = field(default_factory=list)
-    df: pd.DataFrame = field(default_factory=pd.DataFrame)
-    dec: pd.DataFrame = field(default_factory=pd.DataFrame)
-    pre: pd.DataFrame = field(default_factory=pd.DataFrame)
-    styles: dict[str, Any] = field(default_factory=dict)
-    src_note: str = ""
-    gaps: list[str] = field(default_factory=list)
-    geom: Any = None
-    floors: pd.DataFrame = field(default_factory=pd.DataFrame)
-    own_floors: dict[str, Any] = field(default_factory=dict)
-    bands: pd.DataFrame = field(default_factory=pd.DataFrame)
-    tt: pd.DataFrame = field(default_factory=pd.DataFrame)
-    scorecard: pd.DataFrame = field(default_factory=pd.DataFrame)  #: each arm against every target (the targets section)
-    brk_finding: Any = None
-    brk: Any = None  #: the break-even's analysis (breakeven.Analysis)
-    answer: Any = None  #: the one answer (answer.answer_finding)
+    notebook = NOTEBOOK
 
+    def __init__(self, params: Mapping[str, Any]) -> None:
+        """Check the parameters and the arms file (its arms, ``only``, the engine_ab settings with ``context_lengths``,
+        ``repeats`` and ``max_new_tokens`` on top, every server's command), then open the run (``nb.start``): measure
+        the arms, else replay ``replay_dir``, else the reference run (``ctx.recorded_from``). ``server_url`` is not
+        used: an A/B needs two or more arms (a running server is an arm with a ``url`` in the arms file)."""
+        super().__init__(params)
+        p = self.params
+        for name in ("repeats", "max_new_tokens"):
+            nb.check(p[name] > 0, f"{name} must be a positive int; got {p[name]!r}")
+        nb.check(all(e > 0 for e in p["band_edges"]),
+                 f"band_edges must be a list of positive token counts, e.g. [8192, 65536]; got {p['band_edges']!r}")
+        for name in ("memory_bandwidth_gb_s", "matmul_tflops", "floor_ratio_threshold"):
+            nb.check(p[name] >= 0, f"{name} must be a number >= 0; got {p[name]!r}")
+        arms, only = p["arms"], p["only"]
+        nb.check(not (p["replay_dir"] and arms), "replay_dir analyses a recorded run, arms measures: pass one of them")
+        nb.check(not only or bool(arms), "only picks arms of an arms file: pass arms too")
+        self.planned: Any = None  # the sweep to run (specdiag.sweep.driver.Plan), None when replaying
+        if arms:
+            contexts = nb.check_context_lengths("context_lengths", p["context_lengths"])
+            try:
+                self.planned = plan(arms, "engine_ab", only, {"contexts": contexts, "repeats": p["repeats"],
+                                                              "max_new_tokens": p["max_new_tokens"]})
+            except (ArmsError, SettingsError, ValueError) as exc:
+                raise nb.ParameterError(str(exc)) from None
+        self.ctx = ctx = nb.start(NOTEBOOK, server_url="", run_dir=p["run_dir"], replay_dir=p["replay_dir"],
+                                  params=nb.run_params(p), needs_server=False,
+                                  reference=None if self.planned else REFERENCE_DIR / REFERENCE)
+        self.intro.text(
+            f"measuring {len(self.planned.arms.arms)} arms of {arms} into {ctx.run.path}" if ctx.live else
+            f"replaying {relative_to_project(ctx.source.path)}"
+            + (" (no arms given: the H200 reference run)" if ctx.recorded_from else ""))
 
-def start(server_url: str = "", run_dir: str = "", replay_dir: str = "", arms: str = "", only: Sequence[str] = (),
-          context_lengths: Sequence[int] = (256, 1024), repeats: int = 3, max_new_tokens: int = 16,
-          stock_arm: str = "triton", plugin_arm: str = "triton_plugin", band_edges: Sequence[int] = (8192, 65536),
-          gpu_name: str = "", memory_bandwidth_gb_s: float = 0.0, matmul_tflops: float = 0.0,
-          floor_ratio_threshold: float = 10.0) -> Page:
-    """Check the parameters and the arms file (its arms, ``only``, the engine_ab settings with ``context_lengths``,
-    ``repeats`` and ``max_new_tokens`` on top, every server's command), then open the run (``nb.start``): measure the
-    arms, else replay ``replay_dir``, else the reference run (``ctx.recorded_from``). ``server_url`` is not used: an
-    A/B needs two or more arms (a running server is an arm with a ``url`` in the arms file)."""
-    from specdiag.paths import REFERENCE_DIR, relative_to_project  # noqa: PLC0415
+    @cached_property
+    def measured_arms(self) -> str:
+        """Live, the sweep's driver in this process (each arm's server started, measured and stopped before the next;
+        a running server measured as it runs) into the run, and the line saying which arms were measured and which
+        failed; '' replaying."""
+        if not self.live:
+            return ""
+        ctx = self.ctx
+        sweep_into(ctx.run, self.planned)
+        records = ctx.run.meta.get("arms") or {}
+        names = [a.name for a in self.planned.arms.arms]
+        done = [n for n in names if not (records.get(n) or {}).get("failed")]
+        return (f"{len(done)} arms measured: {', '.join(done)}"
+                + "".join(f"; {n} FAILED: {records[n]['failed']}" for n in names if n not in done))
 
-    for name, value in (("repeats", repeats), ("max_new_tokens", max_new_tokens)):
-        nb.check(value > 0, f"{name} must be a positive int; got {value!r}")
-    nb.check(all(e > 0 for e in band_edges),
-             f"band_edges must be a list of positive token counts, e.g. [8192, 65536]; got {band_edges!r}")
-    for name, value in (("memory_bandwidth_gb_s", memory_bandwidth_gb_s), ("matmul_tflops", matmul_tflops),
-                        ("floor_ratio_threshold", floor_ratio_threshold)):
-        nb.check(value >= 0, f"{name} must be a number >= 0; got {value!r}")
-    nb.check(not (replay_dir and arms), "replay_dir analyses a recorded run, arms measures: pass one of them")
-    nb.check(not only or bool(arms), "only picks arms of an arms file: pass arms too")
-    planned = None
-    if arms:
-        contexts = nb.check_context_lengths("context_lengths", context_lengths)
+    @cached_property
+    def rows(self) -> list[dict[str, Any]]:
+        """The run's ``engine_ab`` rows (live: after the arms are measured)."""
+        _ = self.measured_arms
+        rows = self.ctx.source.rows(measure.TABLE)
+        nb.check(bool(rows), f"{self.ctx.source.path} has no engine_ab rows (engine_ab.jsonl): replay_dir must be an "
+                 "engine A/B run folder, e.g. data/reference/sglang-h200-mla61-engine-ab")
+        return rows
+
+    @cached_property
+    def arms_meta(self) -> dict[str, Any]:
+        """Each arm's record (settings, command, server info), from run.json."""
+        _ = self.measured_arms
+        return dict(self.ctx.source.meta.get("arms") or {})
+
+    @cached_property
+    def df(self) -> pd.DataFrame:
+        """The rows on novel prose, one per request (other text kinds feed the break-even only)."""
+        return analysis.frame(measure.main_rows(self.rows))
+
+    @cached_property
+    def arm_names(self) -> list[str]:
+        return analysis.arm_order(self.df, self.arms_meta)
+
+    @cached_property
+    def dec(self) -> pd.DataFrame:
+        """Per arm and context: the decode requests' medians."""
+        return analysis.decode_table(self.df)
+
+    @cached_property
+    def pre(self) -> pd.DataFrame:
+        """Per arm and context: the prefill requests' TTFTs."""
+        return analysis.prefill_table(self.df)
+
+    @cached_property
+    def styles(self) -> dict[str, Any]:
+        return eplots.arm_style(self.arm_names)
+
+    @property
+    def src_note(self) -> str:
+        return "measured here" if self.live else f"recorded run {relative_to_project(self.ctx.source.path)}"
+
+    @cached_property
+    def gaps(self) -> list[str]:
+        """What the run does not hold (from its rows)."""
+        return analysis.lacks(self.df, self.arm_names)
+
+    @cached_property
+    def _floors(self) -> tuple[Any, Any, str]:
+        """The model's geometry, the run's peaks and why there is no floor ('' when there is one)."""
+        p = self.params
+        first_server = self.first_server
+        first_url = next((a.url for a in self.planned.arms.arms if a.running), "") if self.planned else ""
         try:
-            planned = plan(arms, "engine_ab", only, {"contexts": contexts, "repeats": repeats,
-                                                     "max_new_tokens": max_new_tokens})
-        except (ArmsError, SettingsError, ValueError) as exc:
-            raise nb.ParameterError(str(exc)) from None
-    params = dict(arms=arms, only=list(only), context_lengths=context_lengths, repeats=repeats,
-                  max_new_tokens=max_new_tokens, stock_arm=stock_arm, plugin_arm=plugin_arm, band_edges=band_edges,
-                  gpu_name=gpu_name)
-    ctx = nb.start(NOTEBOOK, server_url="", run_dir=run_dir, replay_dir=replay_dir, params=params, needs_server=False,
-                   reference=None if planned else REFERENCE_DIR / REFERENCE)
-    opening = Section().text(
-        f"measuring {len(planned.arms.arms)} arms of {arms} into {ctx.run.path}" if ctx.live else
-        f"replaying {relative_to_project(ctx.source.path)}"
-        + (" (no arms given: the H200 reference run)" if ctx.recorded_from else ""))
-    all_params = {**params, "memory_bandwidth_gb_s": memory_bandwidth_gb_s, "matmul_tflops": matmul_tflops,
-                  "floor_ratio_threshold": floor_ratio_threshold}
-    return Page(ctx, all_params, planned, opening)
+            geom = geometry.geometry_for_run("", "", self.ctx.source.meta, first_server)
+            peaks = verdicts.run_peaks(self.ctx.run, self.ctx.source.meta, self.live, first_server,
+                                       first_url or "http://127.0.0.1", p["gpu_name"], p["memory_bandwidth_gb_s"],
+                                       p["matmul_tflops"])
+        except ValueError as exc:
+            return None, None, f"no prefill floor: {exc}"
+        return geom, peaks, ""
+
+    @property
+    def first_server(self) -> dict[str, Any]:
+        return next((dict(a["server"]) for a in self.arms_meta.values() if a.get("server")), {})
+
+    @property
+    def geom(self) -> Any:
+        return self._floors[0]
+
+    @property
+    def peaks(self) -> Any:
+        return self._floors[1]
+
+    @property
+    def tp(self) -> int:
+        return int(self.first_server.get("tp_size") or 1)
+
+    @cached_property
+    def _prefill_floors(self) -> tuple[pd.DataFrame, dict[str, Any]]:
+        """Each TTFT against its prefill floor at the run's peaks, and each arm's own floors."""
+        if self.pre.empty or self.peaks is None:
+            return pd.DataFrame(), {}
+        return verdicts.prefill_floors(self.pre, self.geom, self.peaks, self.arms_meta, self.tp)
+
+    @property
+    def floors(self) -> pd.DataFrame:
+        return self._prefill_floors[0]
+
+    @property
+    def own_floors(self) -> dict[str, Any]:
+        return self._prefill_floors[1]
+
+    @cached_property
+    def rank_tests(self) -> pd.DataFrame:
+        """Per context, the fastest verify arm's step times against each other verify arm's."""
+        dec = self.dec
+        return analysis.rank_tests(dec[dec["arm"].isin(eab_arms.verify_arms(self.arms_meta, self.arm_names))]
+                                   if not dec.empty else dec)
+
+    @cached_property
+    def bands(self) -> pd.DataFrame:
+        """The fastest arm per band of contexts, the runner-up and what the fastest costs."""
+        return analysis.band_verdicts(self.dec, self.pre, self.arms_meta, self.params["band_edges"])
+
+    @cached_property
+    def spec_arms(self) -> list[str]:
+        """The speculating arms (a speculation-off arm has no verify step to judge)."""
+        return eab_arms.verify_arms(self.arms_meta, self.arm_names)
+
+    @cached_property
+    def scorecard(self) -> pd.DataFrame:
+        """Each serving arm (check arms time their check) against every target."""
+        serving = [a for a in self.spec_arms if not eab_arms.checks_verify(self.arms_meta.get(a) or {})]
+        return analysis.scorecard(self.dec, self.pre, serving, self.params["stock_arm"])
+
+    @cached_property
+    def tt(self) -> pd.DataFrame:
+        """The targets, each met, missed or not measurable with why, judged once (on the scorecard)."""
+        p, spec = self.params, self.spec_arms
+
+        def keep(df: pd.DataFrame) -> pd.DataFrame:
+            return df[df["arm"].isin(spec)] if not df.empty else df
+
+        return analysis.targets(keep(self.dec), keep(self.pre), spec, self.geom.num_layers if self.geom else None,
+                                p["stock_arm"], p["plugin_arm"], self.arms_meta, self.scorecard)
+
+    @cached_property
+    def brk(self) -> Any:
+        """Each speculating arm against its speculation-off twin, in tokens/s per context."""
+        meta = self.ctx.source.meta
+        return breakeven.analyse(self.rows, self.arms_meta, self.arm_names, self.ctx.source.rows("commit_probe"),
+                                 dict(meta.get("server") or {}))
+
+    @cached_property
+    def brk_finding(self) -> sfind.Finding:
+        brk = self.brk
+        return verdicts.break_even_finding(brk.pairs, brk.off_arms, brk.evens, brk.best_drafts, brk.computed_note,
+                                           brk.recall)
+
+    @cached_property
+    def answer(self) -> sfind.Finding | None:
+        """09's one answer: which arm to run, the first token weighed against decode by output length
+        (:mod:`.answer`)."""
+        return answer.answer_finding(answer.answers(self.df, self.dec, self.pre, self.arms_meta, self.brk.recall))
+
+    @cached_property
+    def found(self) -> list[sfind.Finding]:
+        """The verdicts, most severe first."""
+        p = self.params
+        return sfind.sort_findings(verdicts.findings(self.dec, self.pre, self.own_floors, self.bands, self.tt,
+                                                     self.gaps, self.arms_meta, p["stock_arm"], p["plugin_arm"],
+                                                     p["floor_ratio_threshold"], self.answer, self.scorecard)
+                                   + [self.brk_finding])
+
+
+def start(params: Mapping[str, Any]) -> Page:
+    """Check the parameters, parse the arms and open the run (:class:`Page`)."""
+    return Page(params)
 
 
 def measure_or_replay(pg: Page) -> Section:
-    """Section 1: live, the sweep's driver in this process (each arm's server started, measured and stopped before the
-    next; a running server measured as it runs); then the run's ``engine_ab`` rows as per-arm decode and prefill
-    tables."""
-    from specdiag.paths import relative_to_project  # noqa: PLC0415
-    from specdiag.steps.engine_ab import measure  # noqa: PLC0415
-    from specdiag.steps.engine_ab import plots as eplots  # noqa: PLC0415
-
-    ctx, s = pg.ctx, Section()
-    if ctx.live:
-        sweep_into(ctx.run, pg.planned)
-        records = ctx.run.meta.get("arms") or {}
-        names = [a.name for a in pg.planned.arms.arms]
-        done = [n for n in names if not (records.get(n) or {}).get("failed")]
-        s.text(f"{len(done)} arms measured: {', '.join(done)}"
-               + "".join(f"; {n} FAILED: {records[n]['failed']}" for n in names if n not in done))
-    pg.rows = ctx.source.rows(measure.TABLE)
-    nb.check(bool(pg.rows), f"{ctx.source.path} has no engine_ab rows (engine_ab.jsonl): replay_dir must be an engine "
-             "A/B run folder, e.g. data/reference/sglang-h200-mla61-engine-ab")
-    pg.arms_meta = dict(ctx.source.meta.get("arms") or {})
-    pg.df = analysis.frame(measure.main_rows(pg.rows))  # novel prose; other text kinds feed section 8 only
-    pg.arm_names = analysis.arm_order(pg.df, pg.arms_meta)
-    pg.dec, pg.pre = analysis.decode_table(pg.df), analysis.prefill_table(pg.df)
-    pg.styles = eplots.arm_style(pg.arm_names)
-    pg.src_note = "measured here" if ctx.live else f"recorded run {relative_to_project(ctx.source.path)}"
+    """Section 1: live, the sweep's driver in this process (each arm's server started, measured and stopped before
+    the next; a running server measured as it runs); then what the run holds."""
+    s = Section()
+    if pg.live:
+        s.text(pg.measured_arms)
+    _ = pg.rows  # a run without engine_ab rows stops here, naming why
     return s
 
 
@@ -137,18 +268,12 @@ def arms(pg: Page) -> Section:
     counts = (df.assign(failed=df["error"].notna()).groupby(["arm", "phase"], sort=False)
               .agg(rows=("phase", "size"), failed=("failed", "sum")).reset_index())
     s.table(counts, {"arm": "arm", "phase": "phase", "rows": "requests (measured)", "failed": "failed (measured)"})
-    pg.gaps = analysis.lacks(df, pg.arm_names)
     return s.markdown("**What this run does not hold** (from its rows):\n\n" + "\n".join(f"- {g}" for g in pg.gaps)
                       if pg.gaps else "Every arm has decode rows and its own TTFTs; no request failed.")
 
 
 def decode(pg: Page) -> Section:
     """Section 3: ms per verify step per arm and context (table, per-request details) and the two decode plots."""
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
-    from specdiag import tables  # noqa: PLC0415
-    from specdiag.steps.engine_ab import plots as eplots  # noqa: PLC0415
-
     dec, s = pg.dec, Section()
     if dec.empty:
         return s.markdown("**No decode rows in this run**: no ms per step, no decode tokens/s (section 2 says why).")
@@ -178,28 +303,12 @@ def decode(pg: Page) -> Section:
 
 def prefill(pg: Page) -> Section:
     """Section 4: each TTFT against its prefill floor at the run's peaks (grid, per-request details, plot)."""
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
-    from specdiag import geometry, hardware, tables  # noqa: PLC0415
-    from specdiag.steps.engine_ab import plots as eplots  # noqa: PLC0415
-
-    p, s = pg.params, Section()
-    first_server = next((dict(a["server"]) for a in pg.arms_meta.values() if a.get("server")), {})
-    first_url = next((a.url for a in pg.planned.arms.arms if a.running), "") if pg.planned else ""
-    try:
-        pg.geom = geometry.geometry_for_run("", "", pg.ctx.source.meta, first_server)
-        tp = int(first_server.get("tp_size") or 1)
-        peaks = verdicts.run_peaks(pg.ctx.run, pg.ctx.source.meta, pg.ctx.live, first_server,
-                                   first_url or "http://127.0.0.1", p["gpu_name"], p["memory_bandwidth_gb_s"],
-                                   p["matmul_tflops"])
-    except ValueError as exc:
-        pg.geom = peaks = None
-        floor_note = f"no prefill floor: {exc}"
+    s, peaks = Section(), pg.peaks
     if pg.pre.empty:
         return s.markdown("**No prefill rows in this run.**")
     if peaks is None:
-        return s.markdown(f"**{floor_note}**")
-    pg.floors, pg.own_floors = verdicts.prefill_floors(pg.pre, pg.geom, peaks, pg.arms_meta, tp)
+        return s.markdown(f"**{pg._floors[2]}**")
+    tp = pg.tp
     s.text(f"model: {pg.geom.name} ({pg.geom.source}); {pg.geom.num_layers} layers, TP {tp}; peaks: "
            f"{peaks.device_name}, {peaks.matmul_tflops or 0:,.4g} TFLOPS bf16 "
            f"({peaks.matmul.label if peaks.matmul else 'none'}), {hardware.gb_s(peaks.memory_bandwidth_gb_s)} "
@@ -242,9 +351,7 @@ def prefill(pg: Page) -> Section:
 
 def rank_tests(pg: Page) -> Section:
     """Section 5: per context, the fastest arm's step times against each other verify arm's."""
-    dec = pg.dec
-    rt = analysis.rank_tests(dec[dec["arm"].isin(eab_arms.verify_arms(pg.arms_meta, pg.arm_names))]
-                             if not dec.empty else dec)
+    rt = pg.rank_tests
     if rt.empty:
         return Section().markdown("No context has decode rows of two arms: nothing to rank.")
     return Section().table(rt, {"context_tokens": "context (tokens)", "fastest": "fastest arm", "other": "other arm",
@@ -255,7 +362,6 @@ def rank_tests(pg: Page) -> Section:
 
 def bands(pg: Page) -> Section:
     """Section 6: the fastest arm per band of contexts, the runner-up and what the fastest costs."""
-    pg.bands = analysis.band_verdicts(pg.dec, pg.pre, pg.arms_meta, pg.params["band_edges"])
     return Section().table(pg.bands, {
         "band": "band", "contexts": "contexts compared", "fastest": "fastest arm",
         "fastest_ms": "its ms/step (geometric mean, computed)", "runner_up": "runner-up",
@@ -269,24 +375,13 @@ def bands(pg: Page) -> Section:
 def targets(pg: Page) -> Section:
     """Section 7: the issue's targets, each met, missed or not measurable with why."""
     p = pg.params
-    spec = eab_arms.verify_arms(pg.arms_meta, pg.arm_names)  # a speculation-off arm has no verify step to judge
-
-    def keep(df: pd.DataFrame) -> pd.DataFrame:
-        return df[df["arm"].isin(spec)] if not df.empty else df
-
-    from specdiag.steps.engine_ab.arms import checks_verify  # noqa: PLC0415
-
-    serving = [a for a in spec if not checks_verify(pg.arms_meta.get(a) or {})]  # a check arm times its check
-    card = analysis.scorecard(pg.dec, pg.pre, serving, p["stock_arm"])
-    pg.scorecard = card
-    pg.tt = analysis.targets(keep(pg.dec), keep(pg.pre), spec, pg.geom.num_layers if pg.geom else None,
-                             p["stock_arm"], p["plugin_arm"], pg.arms_meta, card)
     s = Section().table(pg.tt, {"target": "target", "status": "status", "arm": "arm judged",
                                 "value": "value (computed)", "lo": "interval from", "hi": "to",
                                 "limit": "limit (the target)", "unit": "unit", "rule": "servers",
                                 "why": "why not measurable, or what it leaves out"},
                         formats={"value": "{:,.3g}", "lo": "{:,.3g}", "hi": "{:,.3g}", "limit": "{:g}"},
                         dash_means="not measured")
+    card = pg.scorecard
     if card.empty:
         return s
 
@@ -315,18 +410,7 @@ def targets(pg: Page) -> Section:
 def break_even(pg: Page) -> Section:
     """Section 8: each speculating arm against its speculation-off twin, in tokens/s per context (table, plot) and
     where the two cross (the break-even finding)."""
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
-    from specdiag import findings as sfind  # noqa: PLC0415
-    from specdiag.steps.engine_ab import breakeven  # noqa: PLC0415
-    from specdiag.steps.engine_ab import plots as eplots  # noqa: PLC0415
-
-    meta, s = pg.ctx.source.meta, Section()
-    brk = breakeven.analyse(pg.rows, pg.arms_meta, pg.arm_names, pg.ctx.source.rows("commit_probe"),
-                            dict(meta.get("server") or {}))
-    pg.brk = brk
-    pg.brk_finding = verdicts.break_even_finding(brk.pairs, brk.off_arms, brk.evens, brk.best_drafts,
-                                                 brk.computed_note, brk.recall)
+    brk, s = pg.brk, Section()
     if brk.cells:
         s.table(pd.DataFrame(brk.table()), {
             "arm": "speculating arm", "off_arm": "off arm", "kind": "text", "source": "source",
@@ -344,22 +428,11 @@ def break_even(pg: Page) -> Section:
 
 def findings(pg: Page) -> Section:
     """Section 9: the verdicts (``data["found"]``), said to come from the reference run when nothing was asked for."""
-    from specdiag import findings as sfind  # noqa: PLC0415
-
-    from specdiag.steps.engine_ab import answer  # noqa: PLC0415
-
-    p = pg.params
-    pg.answer = answer.answer_finding(answer.answers(pg.df, pg.dec, pg.pre, pg.arms_meta,
-                                                     pg.brk.recall if pg.brk is not None else None))
-    found = sfind.sort_findings(verdicts.findings(pg.dec, pg.pre, pg.own_floors, pg.bands, pg.tt, pg.gaps,
-                                                  pg.arms_meta, p["stock_arm"], p["plugin_arm"],
-                                                  p["floor_ratio_threshold"], pg.answer, pg.scorecard)
-                                + [pg.brk_finding])
-    s = Section(data={"found": found})
+    s = Section(data={"found": pg.found})
     if pg.ctx.recorded_from:
         s.markdown(f"These findings come from the recorded run `{pg.ctx.recorded_from}`, not from a measurement of "
                    "this run.")
-    return s.html(sfind.to_html(found))
+    return s.html(sfind.to_html(pg.found))
 
 
 def metrics(pg: Page) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """Notebook 08's sections, one call each (:class:`specdiag.section.Section`: tables, figures, text): the notebook keeps
 its parameters, these calls and its prose.
 
-:func:`start` checks that both runs are named, opens them and this comparison's run folder; then :func:`about` (each
+:func:`start` checks that both runs are named, opens them and this comparison's run folder; the :class:`Page`'s data
+are read when a section first asks. Sections: :func:`about` (each
 run's settings side by side), :func:`sweeps` (the baseline sweeps at the contexts both measured, and their figure),
 :func:`commit_lengths` (per prompt kind), :func:`step_profiles` (where a decode step's time goes), :func:`verdicts`
 (every finding id of either run, and 08's findings) and :func:`metrics`. The comparisons themselves are
@@ -10,12 +11,16 @@ run's settings side by side), :func:`sweeps` (the baseline sweeps at the context
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from functools import cached_property
+from typing import Any, Mapping
 
+import matplotlib.pyplot as plt
 import pandas as pd
 
-from specdiag import nb
+from specdiag import findings as fnd
+from specdiag import nb, plots, tables
+from specdiag.measure.sweep_table import summarize_sweep
+from specdiag.paths import relative_to_project
 from specdiag.runs import Run
 from specdiag.section import Section
 from specdiag.steps.findings import overview, step_profile_view
@@ -23,39 +28,88 @@ from specdiag.steps.findings import overview, step_profile_view
 NOTEBOOK = "08_compare_runs"
 
 
-@dataclass
-class Page:
-    """What 08's sections share: the notebook context, the two runs and what each section found."""
+class Page(nb.Page):
+    """What 08's sections share: the two runs, their sweep rows side by side, their step profiles and their findings
+    compared, each read when a section first asks."""
 
-    ctx: Any
-    a: Run
-    b: Run
-    opening: Section
-    rows_a: list[dict[str, Any]] = field(default_factory=list)
-    rows_b: list[dict[str, Any]] = field(default_factory=list)
-    source_a: str = "measured"
-    source_b: str = "measured"
-    source: str = "measured"
-    sweep_cmp: list[dict[str, Any]] = field(default_factory=list)
-    slope_a: float | None = None
-    slope_b: float | None = None
-    prof_table: Any = None
-    findings_cmp: list[dict[str, Any]] = field(default_factory=list)
+    notebook = NOTEBOOK
+
+    def __init__(self, params: Mapping[str, Any]) -> None:
+        """Check that both runs are named, open them and this comparison's run folder (nothing is measured)."""
+        super().__init__(params)
+        p = self.params
+        run_a, run_b = p["run_a"], p["run_b"]
+        nb.check(bool(run_a) and bool(run_b), "run_a and run_b must both name run folders (data/runs/<run-id> or "
+                                              f"data/reference/<name>); got run_a={run_a!r}, run_b={run_b!r}")
+        self.a, self.b = Run.open(run_a), Run.open(run_b)
+        names = {"run_a": relative_to_project(self.a.path), "run_b": relative_to_project(self.b.path)}
+        self.ctx = nb.start(NOTEBOOK, run_dir=p["run_dir"], params=dict(names), needs_server=False)
+        self.ctx.run.update(compare=names)
+        self.opening.text(f"A = {names['run_a']}\nB = {names['run_b']}\n"
+                          f"comparison written to {relative_to_project(self.ctx.run.path)}")
+
+    @cached_property
+    def _sweep_a(self) -> tuple[list[dict[str, Any]], str, str]:
+        """A's sweep rows (a replay's from the run it replayed), where they came from and their source."""
+        return overview.sweep_rows_of(self.a)
+
+    @cached_property
+    def _sweep_b(self) -> tuple[list[dict[str, Any]], str, str]:
+        return overview.sweep_rows_of(self.b)
+
+    @property
+    def rows_a(self) -> list[dict[str, Any]]:
+        return self._sweep_a[0]
+
+    @property
+    def rows_b(self) -> list[dict[str, Any]]:
+        return self._sweep_b[0]
+
+    @property
+    def source_a(self) -> str:
+        return self._sweep_a[2]
+
+    @property
+    def source_b(self) -> str:
+        return self._sweep_b[2]
+
+    @property
+    def source(self) -> str:
+        return self.source_a if self.source_a == self.source_b else "measured"
+
+    @cached_property
+    def sweep_cmp(self) -> list[dict[str, Any]]:
+        """B against A per common context."""
+        return overview.compare_sweeps(self.rows_a, self.rows_b)
+
+    @cached_property
+    def slope_a(self) -> float | None:
+        return overview.step_slope(self.rows_a)
+
+    @cached_property
+    def slope_b(self) -> float | None:
+        return overview.step_slope(self.rows_b)
+
+    @cached_property
+    def prof_table(self) -> Any:
+        """Where a decode step's time goes, per run, arm and context (the runs' ``step_profile`` tables)."""
+        return step_profile_view.profile_table({label: run.rows("step_profile")
+                                                for label, run in (("A", self.a), ("B", self.b))})
+
+    @cached_property
+    def findings_cmp(self) -> list[dict[str, Any]]:
+        """Every finding id of either run, its severity in A and in B."""
+        return overview.compare_findings(self.a.results(), self.b.results())
+
+    @cached_property
+    def found(self) -> list[fnd.Finding]:
+        return overview.comparison_findings(self.sweep_cmp, self.slope_a, self.slope_b, self.findings_cmp,
+                                            source=self.source)
 
 
-def start(run_a: str = "", run_b: str = "", run_dir: str = "") -> Page:
-    """Check that both runs are named, open them and this comparison's run folder (nothing is measured)."""
-    from specdiag.paths import relative_to_project  # noqa: PLC0415
-
-    nb.check(bool(run_a) and bool(run_b), "run_a and run_b must both name run folders (data/runs/<run-id> or "
-                                          f"data/reference/<name>); got run_a={run_a!r}, run_b={run_b!r}")
-    a, b = Run.open(run_a), Run.open(run_b)
-    names = {"run_a": relative_to_project(a.path), "run_b": relative_to_project(b.path)}
-    ctx = nb.start(NOTEBOOK, run_dir=run_dir, params=dict(names), needs_server=False)
-    ctx.run.update(compare=names)
-    opening = Section().text(f"A = {names['run_a']}\nB = {names['run_b']}\n"
-                             f"comparison written to {relative_to_project(ctx.run.path)}")
-    return Page(ctx, a, b, opening)
+def start(params: Mapping[str, Any]) -> Page:
+    """Check that both runs are named and open them (:class:`Page`)."""
+    return Page(params)
 
 
 def about_run(run: Run) -> dict[str, Any]:
@@ -73,8 +127,6 @@ def about_run(run: Run) -> dict[str, Any]:
 
 def about(pg: Page) -> Section:
     """Section 1: each run's settings side by side, the rows that differ highlighted."""
-    from specdiag import tables  # noqa: PLC0415
-
     side = pd.DataFrame({"A": about_run(pg.a), "B": about_run(pg.b)}).rename_axis("setting")
     side["differs"] = side["A"].astype(str) != side["B"].astype(str)
     s = Section()
@@ -94,13 +146,9 @@ SWEEP_COLUMNS = {"context_tokens": "context (tokens)", "decode_tok_s_a": "decode
 def sweeps(pg: Page) -> Section:
     """Section 2: each run's sweep rows (a replay's from the run it replayed), B against A per common context, and the
     decode speed and step time against context of both."""
-    pg.rows_a, where_a, pg.source_a = overview.sweep_rows_of(pg.a)
-    pg.rows_b, where_b, pg.source_b = overview.sweep_rows_of(pg.b)
+    where_a, where_b = pg._sweep_a[1], pg._sweep_b[1]
     s = Section().text(f"A: {len(pg.rows_a)} sweep rows from {where_a} ({pg.source_a}); "
                        f"B: {len(pg.rows_b)} from {where_b} ({pg.source_b})")
-    pg.source = pg.source_a if pg.source_a == pg.source_b else "measured"
-    pg.sweep_cmp = overview.compare_sweeps(pg.rows_a, pg.rows_b)
-    pg.slope_a, pg.slope_b = overview.step_slope(pg.rows_a), overview.step_slope(pg.rows_b)
     if pg.sweep_cmp:
         s.table(pg.sweep_cmp, SWEEP_COLUMNS,
                 dash_means="one run has no value there, or fewer than 3 requests a side for an interval")
@@ -113,11 +161,6 @@ def sweeps(pg: Page) -> Section:
 
 def sweep_figure(pg: Page) -> Any:
     """Decode speed and ms per verify step against context, run A beside run B (medians over repeats)."""
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
-    from specdiag import plots  # noqa: PLC0415
-    from specdiag.measure.sweep_table import summarize_sweep  # noqa: PLC0415
-
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4))
     contexts: set[int] = set()
     for label, rows, slope in (("A", pg.rows_a, pg.slope_a), ("B", pg.rows_b, pg.slope_b)):
@@ -169,8 +212,6 @@ PROFILE_PROSE = (
 
 def step_profiles(pg: Page) -> Section:
     """Section 4 (only when a run carries a ``step_profile`` table): its heading and prose, the table and the bars."""
-    pg.prof_table = step_profile_view.profile_table({label: run.rows("step_profile")
-                                                     for label, run in (("A", pg.a), ("B", pg.b))})
     if not pg.prof_table:
         return Section().text("no step profile in either run (no step_profile table; record one with "
                               "python -m specdiag.telemetry.torch_trace TRACE --run RUN --context-tokens N --arm NAME)")
@@ -182,9 +223,6 @@ def step_profiles(pg: Page) -> Section:
 def verdicts(pg: Page) -> Section:
     """Section 5: every finding id of either run, its severity in A and in B (changed ones first), then 08's findings
     (``data["found"]``)."""
-    from specdiag import findings as fnd  # noqa: PLC0415
-
-    pg.findings_cmp = overview.compare_findings(pg.a.results(), pg.b.results())
     s = Section()
     if pg.findings_cmp:
         ft = pd.DataFrame(pg.findings_cmp).sort_values(["changed", "notebook", "id"], ascending=[False, True, True])
@@ -193,14 +231,11 @@ def verdicts(pg: Page) -> Section:
                 dash_means="the finding is absent from that run")
     else:
         s.text("neither run has findings")
-    s.data["found"] = overview.comparison_findings(pg.sweep_cmp, pg.slope_a, pg.slope_b, pg.findings_cmp,
-                                                   source=pg.source)
+    s.data["found"] = pg.found
     return s.html(fnd.to_html(s.data["found"]))
 
 
 def metrics(pg: Page) -> dict[str, Any]:
-    from specdiag.paths import relative_to_project  # noqa: PLC0415
-
     cmp = pg.sweep_cmp
     return {"run_a": relative_to_project(pg.a.path), "run_b": relative_to_project(pg.b.path),
             "common_contexts": [r["context_tokens"] for r in cmp],

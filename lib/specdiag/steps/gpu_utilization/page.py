@@ -2,7 +2,7 @@
 its parameters, these calls and its prose.
 
 :func:`start` checks the parameters (before any server starts), opens the run (or the recorded run) and, live, the
-telemetry source; each later call reads what the earlier ones left on the :class:`Page` and adds its own:
+telemetry source; the :class:`Page`'s data are computed when a section first asks. Sections:
 :func:`request` (the sampled request: measured now, or the recorded one), :func:`sampled` (which device, and is it
 the server's), :func:`timeline` (the bandwidth prediction and the timeline figure), :func:`phases` (statistics per
 phase), :func:`against_bandwidth`, :func:`traces` (torch profiler traces, step by step), :func:`findings` and
@@ -12,13 +12,18 @@ and :mod:`.timeline`'s.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Mapping
 
-from specdiag import nb
+from specdiag import findings as fnd
+from specdiag import hardware, nb
+from specdiag.paths import relative_to_project
 from specdiag.section import Section
 from specdiag.steps.gpu_utilization import analysis as utilization
 from specdiag.steps.gpu_utilization import timeline as trace_timeline
+from specdiag.steps.gpu_utilization.plot import plot_timeline
+from specdiag.steps.gpu_utilization.record import measure_utilization, model_config_from_parameter
+from specdiag.telemetry.sampler import open_source
 
 NOTEBOOK = "02_gpu_utilization"
 NO_TELEMETRY = "skipped: this run has no sampled telemetry (see section 1)"
@@ -27,39 +32,151 @@ TELEMETRY_WORDS = ("auto", "nvml", "cpu")
 PHASE_READINGS = ("gpu_util_pct", "sm_active_pct", "mem_util_pct", "dram_bw_util_pct", "sm_occupancy_pct",
                   "sm_clock_mhz", "mem_clock_mhz", "power_w", "mem_used_mib", "cpu_util_pct", utilization.CPU_BUSIEST)
 
-DEFAULTS: dict[str, Any] = {
-    "context_tokens": 2048, "max_new_tokens": 256, "sample_hz": 50.0, "telemetry": "auto", "gpu_indices": [0],
-    "idle_s": 1.0, "seed": 0, "model_config": "", "memory_bandwidth_gb_s": 0.0, "trace_steps": 3,
-}
+class Page(nb.Page):
+    """What 02's sections share: the telemetry source (live, opened before any request), the sampled request and
+    its rows (measured when first asked, or the recorded run's), the phases, statistics, prediction and traces."""
 
+    notebook = NOTEBOOK
 
-@dataclass
-class Page:
-    """What 02's sections share: the notebook context, its parameters and what each section found."""
+    def __init__(self, params: Mapping[str, Any]) -> None:
+        """Check the parameters, then open the run (``nb.start``: the server, or the recorded run); live, open the
+        telemetry source before any request, so that a wrong choice fails here, with the reason."""
+        super().__init__(params)
+        p = self.params
+        check(p)
+        self.ctx = ctx = nb.start(NOTEBOOK, server_url=p["server_url"], speculative_config=p["speculative_config"],
+                                  run_dir=p["run_dir"], replay_dir=p["replay_dir"], params=nb.run_params(p))
+        self.source: Any = None  # the telemetry source, opened before any request (live)
+        if not ctx.replaying:
+            self.source = open_source(p["telemetry"], p["gpu_indices"] or None)
+            info, limit = ctx.server_info, ctx.server_info.get("context_length")
+            total = p["context_tokens"] + p["max_new_tokens"]
+            nb.check(limit is None or total <= limit, f"context_tokens + max_new_tokens = {total:,} tokens but the "
+                                                      f"server's context_length is {limit:,}: lower one of them")
+            self.opening.text(f"server {ctx.server_url}: {info.get('model_path')}, "
+                              f"{ctx.settings.speculation_line()}, device {info.get('device') or 'not reported'}")
+            self.opening.text(f"telemetry: {self.source.kind}, {len(self.source.describe().get('devices', []))} "
+                              "device(s)")
+        self.opening.text(f"run folder: {ctx.run.path}")
 
-    ctx: Any
-    params: dict[str, Any]
-    opening: Section
-    source: Any = None  # the telemetry source, opened before any request (live)
-    request: dict[str, Any] = field(default_factory=dict)
-    rows: list[dict[str, Any]] = field(default_factory=list)
-    has_telemetry: bool = True
-    sampler: dict[str, Any] = field(default_factory=dict)
-    source_info: dict[str, Any] = field(default_factory=dict)
-    device: str | None = None
-    locality: dict[str, Any] | None = None
-    windows: Any = None
-    decode_prediction: Any = None
-    stats: list[dict[str, Any]] = field(default_factory=list)
-    trace_summaries: list[dict[str, Any]] = field(default_factory=list)
+    @cached_property
+    def _sampled(self) -> tuple[dict[str, Any], list[dict[str, Any]], list[str]]:
+        """The sampled request, its telemetry rows and the lines that say where they came from: live, measured now
+        (after a warm-up request); replaying, the recorded run's (a run with traces but no sampled request says so)."""
+        p, ctx = self.params, self.ctx
+        if self.live:
+            request = measure_utilization(ctx.run, ctx.client, self.source, p["context_tokens"], p["max_new_tokens"],
+                                          sample_hz=p["sample_hz"], idle_s=p["idle_s"], seed=p["seed"],
+                                          model_config=p["model_config"],
+                                          memory_bandwidth_gb_s=p["memory_bandwidth_gb_s"],
+                                          gpu_index=(p["gpu_indices"] or [0])[0])
+            warm = request.get("warmup") or {}
+            return request, utilization.rows_of_request(ctx.run.rows("telemetry"), request), [
+                f"warm-up: {warm.get('completion_tokens')} tokens in {warm.get('e2e_s') or float('nan'):.2f} s "
+                "(measured)"]
+        source = ctx.source
+        requests = source.rows("telemetry_request")
+        if not requests:
+            trace_refs, _ = trace_timeline.find_traces(source)
+            nb.check(len(trace_refs) > 0, f"{source.path} has no telemetry_request rows (02's sampled request) and no "
+                     "torch profiler traces (profiles/*.trace.json.gz): nothing to replay; pick a run made by 02 or "
+                     "one with profiles")
+            return {}, [], [f"{relative_to_project(source.path)} has no sampled telemetry (no telemetry_request rows: "
+                            "02's sampler did not run there), so sections 1-5 have nothing to show; it holds "
+                            f"{len(trace_refs)} torch profiler trace(s), drawn in section 6"]
+        request = requests[-1]
+        rows = utilization.rows_of_request(source.rows("telemetry"), request)
+        provenance = source.meta.get("recorded_with") or source.meta.get("provenance", {})
+        return request, rows, [f"replaying {source.path}: {len(rows)} telemetry rows, recorded "
+                               f"{provenance.get('date_utc') or provenance.get('created_utc')} on "
+                               f"{provenance.get('gpu') or provenance.get('host', '?')}; no request is sent"]
 
     @property
-    def replaying(self) -> bool:
-        return self.ctx.replaying
+    def request(self) -> dict[str, Any]:
+        return self._sampled[0]
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        return self._sampled[1]
+
+    @property
+    def has_telemetry(self) -> bool:
+        """False for a recorded run with traces but no sampled request."""
+        return self.live or bool(self.request)
+
+    @property
+    def sampler(self) -> dict[str, Any]:
+        return self.request.get("sampler") or {}
+
+    @property
+    def source_info(self) -> dict[str, Any]:
+        return self.request.get("telemetry_source") or {}
+
+    @cached_property
+    def device(self) -> str | None:
+        """The first sampled device (plotted and judged)."""
+        if not self.has_telemetry:
+            return None
+        nb.check(len(self.rows) > 0, "no telemetry rows were recorded for the request")
+        return sorted({str(row["device"]) for row in self.rows if row.get("device") is not None})[0]
+
+    @cached_property
+    def locality(self) -> dict[str, Any] | None:
+        """Whether the sampled device is the server's."""
+        if not self.has_telemetry:
+            return None
+        return utilization.telemetry_locality(self.request.get("server_url") or self.ctx.server_url, self.source_info)
+
+    @cached_property
+    def windows(self) -> Any:
+        """The request's prefill and decode windows (None when it was never sent)."""
+        return utilization.phase_windows(self.request) if self.request.get("t_send_unix_s") is not None else None
+
+    @cached_property
+    def decode_prediction(self) -> Any:
+        """What the bandwidth analysis predicts for the decode, against the run's one peak (``hardware.run_peaks``:
+        the figure 00 and 05 of this run use too)."""
+        if not self.has_telemetry:
+            return None
+        p, ctx, r = self.params, self.ctx, self.request
+        configs = ({"target": model_config_from_parameter(p["model_config"]), "drafter": None}
+                   if p["model_config"] and self.replaying else r.get("model_configs") or {})
+        try:
+            run_hardware = hardware.run_peaks(
+                ctx.run, p["memory_bandwidth_gb_s"], server_info=ctx.server_info,
+                recorded=(ctx.source.meta.get("hardware") or r.get("hardware")) if self.replaying else None,
+                server_url="recorded run" if self.replaying else ctx.server_url).as_dict()
+        except ValueError as exc:
+            run_hardware = {"error": str(exc)}
+        return utilization.predict_decode_bandwidth(r, configs, context_tokens=p["context_tokens"],
+                                                    hardware=run_hardware)
 
     @property
     def prediction(self) -> dict[str, float] | None:
         return self.decode_prediction.prediction if self.decode_prediction else None
+
+    @cached_property
+    def stats(self) -> list[dict[str, Any]]:
+        """Per device and phase, the median and p10-p90 of each reading (the first second of a phase trimmed)."""
+        return utilization.phase_stats(self.rows, self.windows, trim_s=1.0) if self.windows is not None else []
+
+    @cached_property
+    def timelines(self) -> tuple[list[Any], list[str]]:
+        """Each torch profiler trace of the run, ``trace_steps`` complete decode steps drawn, and the notes."""
+        return trace_timeline.run_timelines(self.ctx.source, self.params["trace_steps"])
+
+    @property
+    def trace_summaries(self) -> list[dict[str, Any]]:
+        return [tl.summary for tl in self.timelines[0]]
+
+    @cached_property
+    def found(self) -> list[fnd.Finding]:
+        """The sampled request's findings and the traces', sorted."""
+        sampled_found = (utilization.utilization_findings(self.stats, self.request, self.device,
+                                                          prediction=self.prediction, locality=self.locality,
+                                                          sampler=self.sampler)
+                         if self.has_telemetry else [])
+        return fnd.sort_findings(sampled_found + trace_timeline.trace_findings(self.trace_summaries))
 
 
 def check(p: Mapping[str, Any]) -> None:
@@ -78,84 +195,20 @@ def check(p: Mapping[str, Any]) -> None:
              f"{p['telemetry']!r}")
 
 
-def start(server_url: str = "", run_dir: str = "", replay_dir: str = "",
-          speculative_config: Mapping[str, Any] | None = None, **params: Any) -> Page:
-    """Check the parameters, then open the run (``nb.start``: the server, or the recorded run); live, open the
-    telemetry source before any request, so that a wrong choice fails here, with the reason."""
-    unknown = sorted(set(params) - set(DEFAULTS))
-    nb.check(not unknown, f"02 takes no parameter {', '.join(unknown)}")
-    p = {**DEFAULTS, **params}
-    check(p)
-    ctx = nb.start(NOTEBOOK, server_url=server_url, speculative_config=speculative_config, run_dir=run_dir,
-                   replay_dir=replay_dir, params=p)
-    pg = Page(ctx, p, Section())
-    opening = pg.opening
-    if not ctx.replaying:
-        from specdiag.telemetry.sampler import open_source  # noqa: PLC0415
-
-        pg.source = open_source(p["telemetry"], p["gpu_indices"] or None)
-        info, limit = ctx.server_info, ctx.server_info.get("context_length")
-        total = p["context_tokens"] + p["max_new_tokens"]
-        nb.check(limit is None or total <= limit, f"context_tokens + max_new_tokens = {total:,} tokens but the "
-                                                  f"server's context_length is {limit:,}: lower one of them")
-        opening.text(f"server {ctx.server_url}: {info.get('model_path')}, {ctx.settings.speculation_line()}, "
-                     f"device {info.get('device') or 'not reported'}")
-        opening.text(f"telemetry: {pg.source.kind}, {len(pg.source.describe().get('devices', []))} device(s)")
-    opening.text(f"run folder: {ctx.run.path}")
-    return pg
-
-
-def _recorded(pg: Page, s: Section) -> None:
-    """Replay: the recorded request and its telemetry rows; a run with traces but no sampled request says so."""
-    from specdiag.paths import relative_to_project  # noqa: PLC0415
-
-    source = pg.ctx.source
-    requests = source.rows("telemetry_request")
-    pg.has_telemetry = len(requests) > 0
-    if not pg.has_telemetry:
-        trace_refs, _ = trace_timeline.find_traces(source)
-        nb.check(len(trace_refs) > 0, f"{source.path} has no telemetry_request rows (02's sampled request) and no "
-                 "torch profiler traces (profiles/*.trace.json.gz): nothing to replay; pick a run made by 02 or one "
-                 "with profiles")
-        s.text(f"{relative_to_project(source.path)} has no sampled telemetry (no telemetry_request rows: 02's sampler "
-               f"did not run there), so sections 1-5 have nothing to show; it holds {len(trace_refs)} torch profiler "
-               "trace(s), drawn in section 6")
-        return
-    pg.request = requests[-1]
-    pg.rows = utilization.rows_of_request(source.rows("telemetry"), pg.request)
-    provenance = source.meta.get("recorded_with") or source.meta.get("provenance", {})
-    s.text(f"replaying {source.path}: {len(pg.rows)} telemetry rows, recorded "
-           f"{provenance.get('date_utc') or provenance.get('created_utc')} on "
-           f"{provenance.get('gpu') or provenance.get('host', '?')}; no request is sent")
-
-
-def _measure(pg: Page, s: Section) -> None:
-    """Live: one long request inside the sampler's window (after a warm-up request), its rows appended as read."""
-    from specdiag.steps.gpu_utilization.record import measure_utilization  # noqa: PLC0415
-
-    p, ctx = pg.params, pg.ctx
-    pg.request = measure_utilization(ctx.run, ctx.client, pg.source, p["context_tokens"], p["max_new_tokens"],
-                                     sample_hz=p["sample_hz"], idle_s=p["idle_s"], seed=p["seed"],
-                                     model_config=p["model_config"], memory_bandwidth_gb_s=p["memory_bandwidth_gb_s"],
-                                     gpu_index=(p["gpu_indices"] or [0])[0])
-    warm = pg.request.get("warmup") or {}
-    s.text(f"warm-up: {warm.get('completion_tokens')} tokens in {warm.get('e2e_s') or float('nan'):.2f} s (measured)")
-    pg.rows = utilization.rows_of_request(ctx.run.rows("telemetry"), pg.request)
+def start(params: Mapping[str, Any]) -> Page:
+    """Check the parameters and open the run (:class:`Page`)."""
+    return Page(params)
 
 
 def request(pg: Page) -> Section:
     """Section 1: the sampled request (measured now, or the recorded run's), its timing and the sampler's statistics."""
     s = Section()
-    if pg.replaying:
-        _recorded(pg, s)
-    else:
-        _measure(pg, s)
+    for line in pg._sampled[2]:
+        s.text(line)
     if not pg.has_telemetry:
         return s
     r = pg.request
-    pg.sampler, pg.source_info = r.get("sampler") or {}, r.get("telemetry_source") or {}
-    nb.check(len(pg.rows) > 0, "no telemetry rows were recorded for the request")
-    pg.device = sorted({str(row["device"]) for row in pg.rows if row.get("device") is not None})[0]
+    _ = pg.device  # no rows: stops here, naming why
     if r.get("error"):
         s.text(f"the request FAILED: {r['error']} (the telemetry up to that point is kept)")
     nan, sm = float("nan"), pg.sampler
@@ -172,7 +225,6 @@ def sampled(pg: Page) -> Section:
     if not pg.has_telemetry:
         return s.text(NO_TELEMETRY)
     info = pg.source_info
-    pg.locality = utilization.telemetry_locality(pg.request.get("server_url") or pg.ctx.server_url, info)
     s.markdown(f"**{pg.locality['text']}**")
     if info.get("devices"):
         s.table(info["devices"])
@@ -180,34 +232,11 @@ def sampled(pg: Page) -> Section:
     return s.text(", ".join(f"{k}: {v}" for k, v in extra.items())) if extra else s
 
 
-def _predict(pg: Page) -> Any:
-    """What the bandwidth analysis predicts for the decode, against the run's one peak (``hardware.run_peaks``: the
-    figure 00 and 05 of this run use too)."""
-    from specdiag import hardware  # noqa: PLC0415
-    from specdiag.steps.gpu_utilization.record import model_config_from_parameter  # noqa: PLC0415
-
-    p, ctx, r = pg.params, pg.ctx, pg.request
-    configs = ({"target": model_config_from_parameter(p["model_config"]), "drafter": None}
-               if p["model_config"] and pg.replaying else r.get("model_configs") or {})
-    try:
-        run_hardware = hardware.run_peaks(
-            ctx.run, p["memory_bandwidth_gb_s"], server_info=ctx.server_info,
-            recorded=(ctx.source.meta.get("hardware") or r.get("hardware")) if pg.replaying else None,
-            server_url="recorded run" if pg.replaying else ctx.server_url).as_dict()
-    except ValueError as exc:
-        run_hardware = {"error": str(exc)}
-    return utilization.predict_decode_bandwidth(r, configs, context_tokens=p["context_tokens"], hardware=run_hardware)
-
-
 def timeline(pg: Page) -> Section:
     """Section 3: the readings over the request, prefill and decode shaded, with the predicted DRAM utilization."""
-    from specdiag.steps.gpu_utilization.plot import plot_timeline  # noqa: PLC0415
-
     s = Section()
-    pg.windows = utilization.phase_windows(pg.request) if pg.request.get("t_send_unix_s") is not None else None
     if not pg.has_telemetry:
         return s.text(NO_TELEMETRY)
-    pg.decode_prediction = _predict(pg)
     if pg.windows is None:
         return s.text("the request was never sent: no phases to draw")
     predicted = pg.prediction["predicted_bw_util_pct"] if pg.prediction else None
@@ -219,7 +248,6 @@ def timeline(pg: Page) -> Section:
 
 def phases(pg: Page) -> Section:
     """Section 4: per device and phase, the median and p10-p90 of each reading (the first second of a phase trimmed)."""
-    pg.stats = utilization.phase_stats(pg.rows, pg.windows, trim_s=1.0) if pg.windows is not None else []
     table = []
     for st in pg.stats:
         line = {"device": st["device"], "phase": st["phase"], "samples": st["n_samples"], "span (s)": st["span_s"]}
@@ -250,38 +278,27 @@ def against_bandwidth(pg: Page) -> Section:
 
 def traces(pg: Page) -> Section:
     """Section 6: each torch profiler trace of the run, ``trace_steps`` complete decode steps drawn, with its line."""
-    from specdiag.paths import relative_to_project  # noqa: PLC0415
-
-    s, source = Section(), pg.ctx.source
-    timelines, notes = trace_timeline.run_timelines(source, pg.params["trace_steps"])
+    s = Section()
+    timelines, notes = pg.timelines
     for line in notes:
         s.text(line)
     if not timelines:
-        s.text(f"no torch profiler traces in {relative_to_project(source.path)} (no profiles/*.trace.json.gz): "
+        s.text(f"no torch profiler traces in {relative_to_project(pg.ctx.source.path)} (no profiles/*.trace.json.gz): "
                "nothing to draw here")
     for tl in timelines:
         s.text(trace_timeline.summary_line(tl.summary))
         if tl.steps:
             s.figure(trace_timeline.plot_trace_timeline(tl))
-    pg.trace_summaries = [tl.summary for tl in timelines]
     return s
 
 
 def findings(pg: Page) -> Section:
     """Section 7: the sampled request's findings and the traces', sorted (``data["found"]``), shown as HTML."""
-    from specdiag import findings as fnd  # noqa: PLC0415
-
-    sampled_found = (utilization.utilization_findings(pg.stats, pg.request, pg.device, prediction=pg.prediction,
-                                                      locality=pg.locality, sampler=pg.sampler)
-                     if pg.has_telemetry else [])
-    found = fnd.sort_findings(sampled_found + trace_timeline.trace_findings(pg.trace_summaries))
-    return Section(data={"found": found}).html(fnd.to_html(found))
+    return Section(data={"found": pg.found}).html(fnd.to_html(pg.found))
 
 
 def metrics(pg: Page) -> dict[str, Any]:
     """The key numbers of 02's result."""
-    from specdiag.paths import relative_to_project  # noqa: PLC0415
-
     r, w = pg.request, pg.windows
     decode_span = w.span("decode") if w else None
     return {

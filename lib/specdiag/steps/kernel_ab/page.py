@@ -2,7 +2,8 @@
 its parameters, these calls and its prose.
 
 :func:`start` checks the parameters and opens the run (on CUDA a new one to measure into; without CUDA the recorded
-H200 run, ``data/reference/kernel-ab-h200``, unless ``replay_dir`` names another); then :func:`measure` (CUDA: every
+H200 run, ``data/reference/kernel-ab-h200``, unless ``replay_dir`` names another); the :class:`Page`'s data are read
+when a section first asks. Sections: :func:`measure` (CUDA: every
 case and arm; without CUDA: the torch forms on a tiny grid), :func:`the_run` (its GPU, ceilings and rows),
 :func:`targets`, :func:`case_times`, :func:`bandwidth`, :func:`page_size_fp8_fixed`, :func:`roofline`,
 :func:`findings` and :func:`metrics`.
@@ -11,16 +12,19 @@ case and arm; without CUDA: the torch forms on a tiny grid), :func:`the_run` (it
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import Any
+from functools import cached_property
+from typing import Any, Mapping
 
+import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
 from specdiag import findings as sfind
 from specdiag import kernel_ab_table, nb, tables
+from specdiag.paths import REFERENCE_DIR, relative_to_project
 from specdiag.section import Section
 from specdiag.steps.kernel_ab import analysis, harness
+from specdiag.steps.kernel_ab import plots as kplots
 from specdiag.steps.kernel_ab.arms import ARMS
 
 NOTEBOOK = "06_kernel_ab"
@@ -28,55 +32,76 @@ REFERENCE = "kernel-ab-h200"
 DASH_MEANS = "the arm did not run that case (section 8 says why)"
 
 
-@dataclass
-class Page:
-    """What 06's sections share: the notebook context, its parameters and what the run holds."""
+class Page(nb.Page):
+    """What 06's sections share: the cases and arms, the run analysed (measured here on CUDA, else the recorded H200
+    run) and its rows, peaks and target table, each read when a section first asks."""
 
-    ctx: Any
-    case_list: list[tuple[int, int, int]]
-    arm_list: list[str]
-    n_runs: int
-    max_minutes: float
-    cpu_smoke: bool
-    focus: tuple[int, int, int]  # context, heads, draft tokens of section 4's bars
-    cuda: bool
-    recorded_from: str | None
-    opening: Section
-    rows: list[dict[str, Any]] = field(default_factory=list)
-    df: pd.DataFrame = field(default_factory=pd.DataFrame)
-    peaks: dict[str, Any] = field(default_factory=dict)
-    dev: dict[str, Any] = field(default_factory=dict)
-    src_note: str = ""
-    tt: pd.DataFrame = field(default_factory=pd.DataFrame)
+    notebook = NOTEBOOK
+
+    def __init__(self, params: Mapping[str, Any]) -> None:
+        """Check the parameters and parse cases and arms (before anything runs), then open the run: on CUDA a new one
+        to measure into, without CUDA the recorded H200 run unless ``replay_dir`` names another."""
+        super().__init__(params)
+        p = self.params
+        for name in ("n_runs", "focus_context", "focus_heads", "focus_draft_tokens"):
+            nb.check(p[name] > 0, f"{name} must be a positive int; got {p[name]!r}")
+        nb.check(p["max_minutes"] >= 0, f"max_minutes must be >= 0; got {p['max_minutes']!r}")
+        try:
+            self.case_list: list[tuple[int, int, int]] = (harness.parse_cases(p["cases"]) if p["cases"]
+                                                          else list(harness.CANONICAL_CASES))
+            self.arm_list: list[str] = harness.parse_arms(p["arms"]) if p["arms"] else list(ARMS)
+        except ValueError as exc:
+            raise nb.ParameterError(str(exc)) from None
+        self.cuda = torch.cuda.is_available()
+        self.ctx = ctx = nb.start(NOTEBOOK, server_url=p["server_url"], run_dir=p["run_dir"],
+                                  replay_dir=p["replay_dir"], params=nb.run_params(p), needs_server=False,
+                                  reference=None if self.cuda else REFERENCE_DIR / REFERENCE)  # no CUDA: the H200 run
+        #: the recorded run shown (asked for with replay_dir, or the reference without CUDA): 06's result says it
+        self.shown_from: str | None = None if ctx.live else relative_to_project(ctx.source.path)
+        self.focus: tuple[int, int, int] = (p["focus_context"], p["focus_heads"], p["focus_draft_tokens"])
+        self.opening.text(f"{'cuda':>13}: {self.cuda}")
+        self.opening.text(f"measuring on {torch.cuda.get_device_name()}" if ctx.live else
+                          f"replaying {self.shown_from}")
+
+    @cached_property
+    def rows(self) -> list[dict[str, Any]]:
+        """The run's kernel_ab rows (measured here, or recorded)."""
+        return self.ctx.source.rows(harness.TABLE)
+
+    @cached_property
+    def df(self) -> pd.DataFrame:
+        """The measured cases x arms."""
+        df = kernel_ab_table.measured(self.rows)
+        nb.check(not df.empty, f"{self.ctx.source.path} has no measured kernel_ab rows: nothing to analyse (replay_dir "
+                 "must be a kernel A/B run folder, e.g. data/reference/kernel-ab-h200)")
+        return df
+
+    @property
+    def peaks(self) -> dict[str, Any]:
+        return dict(self.ctx.source.meta.get("peaks") or {})
+
+    @property
+    def dev(self) -> dict[str, Any]:
+        return dict(self.ctx.source.meta.get("device") or {})
+
+    @property
+    def src_note(self) -> str:
+        return (f"measured on {self.dev.get('gpu')}, {str(self.dev.get('date_utc', ''))[:10]}"
+                + (" (recorded run)" if self.shown_from else ""))
+
+    @cached_property
+    def tt(self) -> pd.DataFrame:
+        """Per target, case and arm: the value against its limit."""
+        return analysis.target_table(self.df)
+
+    @cached_property
+    def found(self) -> list[sfind.Finding]:
+        return analysis.findings(self.df, self.peaks, self.dev)
 
 
-def start(server_url: str = "", run_dir: str = "", replay_dir: str = "", cases: str = "", arms: str = "",
-          n_runs: int = 20, max_minutes: float = 0.0, cpu_smoke: bool = True, focus_context: int = 131072,
-          focus_heads: int = 8, focus_draft_tokens: int = 8) -> Page:
-    """Check the parameters and parse cases and arms (before anything runs), then open the run: on CUDA a new one
-    to measure into, without CUDA the recorded H200 run unless ``replay_dir`` names another."""
-    from specdiag.paths import REFERENCE_DIR, relative_to_project  # noqa: PLC0415
-
-    for name, value in (("n_runs", n_runs), ("focus_context", focus_context), ("focus_heads", focus_heads),
-                        ("focus_draft_tokens", focus_draft_tokens)):
-        nb.check(value > 0, f"{name} must be a positive int; got {value!r}")
-    nb.check(max_minutes >= 0, f"max_minutes must be >= 0; got {max_minutes!r}")
-    try:
-        case_list = harness.parse_cases(cases) if cases else list(harness.CANONICAL_CASES)
-        arm_list = harness.parse_arms(arms) if arms else list(ARMS)
-    except ValueError as exc:
-        raise nb.ParameterError(str(exc)) from None
-    cuda = torch.cuda.is_available()
-    ctx = nb.start(NOTEBOOK, server_url=server_url, run_dir=run_dir, replay_dir=replay_dir,
-                   reference=None if cuda else REFERENCE_DIR / REFERENCE,  # without CUDA and replay_dir: the H200 run
-                   params=dict(cases=cases, arms=arms, n_runs=n_runs, max_minutes=max_minutes, cpu_smoke=cpu_smoke,
-                               focus_context=focus_context, focus_heads=focus_heads,
-                               focus_draft_tokens=focus_draft_tokens), needs_server=False)
-    recorded_from = None if ctx.live else relative_to_project(ctx.source.path)
-    opening = Section().text(f"{'cuda':>13}: {cuda}")
-    opening.text(f"measuring on {torch.cuda.get_device_name()}" if ctx.live else f"replaying {recorded_from}")
-    return Page(ctx, case_list, arm_list, n_runs, max_minutes, cpu_smoke, (focus_context, focus_heads,
-                focus_draft_tokens), cuda, recorded_from, opening)
+def start(params: Mapping[str, Any]) -> Page:
+    """Check the parameters and open the run (:class:`Page`)."""
+    return Page(params)
 
 
 def measure(pg: Page) -> Section:
@@ -85,11 +110,12 @@ def measure(pg: Page) -> Section:
     each checked against the fp32 reference."""
     ctx, s = pg.ctx, Section()
     if ctx.live:
-        n = harness.measure(ctx.run, pg.case_list, pg.arm_list, "cuda", n_runs=pg.n_runs,
-                            deadline_s=(time.monotonic() + 60 * pg.max_minutes) if pg.max_minutes else None,
+        minutes = pg.params["max_minutes"]
+        n = harness.measure(ctx.run, pg.case_list, pg.arm_list, "cuda", n_runs=pg.params["n_runs"],
+                            deadline_s=(time.monotonic() + 60 * minutes) if minutes else None,
                             progress=print)
         s.text(f"{n} rows measured into {ctx.run.path}")
-    elif pg.cpu_smoke and not pg.cuda:
+    elif pg.params["cpu_smoke"] and not pg.cuda:
         harness.measure(ctx.run, [(256, 2, 1), (300, 2, 3)], ["baseline", "split_triton"], "cpu", n_runs=2)
         smoke = kernel_ab_table.measured(ctx.run.rows(harness.TABLE))
         s.table(smoke, {"arm": "arm", "context_tokens": "context (tokens)", "heads": "heads",
@@ -100,16 +126,8 @@ def measure(pg: Page) -> Section:
 
 def the_run(pg: Page) -> Section:
     """The run analysed (measured here, or recorded): its GPU, versions, ceilings and how much it measured."""
-    source = pg.ctx.source
-    meta = source.meta
-    pg.peaks, pg.dev = dict(meta.get("peaks") or {}), dict(meta.get("device") or {})
-    pg.rows = source.rows(harness.TABLE)
-    pg.df = df = kernel_ab_table.measured(pg.rows)
-    nb.check(not df.empty, f"{source.path} has no measured kernel_ab rows: nothing to analyse (replay_dir must be a "
-             "kernel A/B run folder, e.g. data/reference/kernel-ab-h200)")
+    meta, df = pg.ctx.source.meta, pg.df
     dev, copy_gbps, matmul_tflops = pg.dev, pg.peaks.get("copy_gbps"), pg.peaks.get("matmul_tflops")
-    pg.src_note = (f"measured on {dev.get('gpu')}, {str(dev.get('date_utc', ''))[:10]}"
-                   + (" (recorded run)" if pg.recorded_from else ""))
     facts = {"GPU": dev.get("gpu"), "driver": dev.get("driver"), "CUDA": dev.get("cuda"), "torch": dev.get("torch"),
              "Triton": dev.get("triton"), "FlashInfer": dev.get("flashinfer") or "-", "date (UTC)": dev.get("date_utc"),
              "command": meta.get("command"), "device copy (2 GiB)": f"{copy_gbps:,.0f} GB/s (read + write, measured)",
@@ -121,7 +139,7 @@ def the_run(pg: Page) -> Section:
 
 def targets(pg: Page) -> Section:
     """Section 2: per target and arm the cases met and the worst value; then every check, case by case, folded."""
-    pg.tt = tt = analysis.target_table(pg.df)
+    tt = pg.tt
     s = Section().table(analysis.target_summary(tt).sort_values(["target", "arm"]),
                         {"target": "target", "arm": "arm", "met": "cases met", "cases": "cases judged",
                          "worst": "worst", "limit": "limit", "unit": "unit"},
@@ -157,10 +175,6 @@ def case_times(pg: Page) -> Section:
 def bandwidth(pg: Page) -> Section:
     """Section 4: effective GB/s against context per shape (8 x 1, 8 x 8 where measured), then every arm at the
     focus case over the same-bytes copy, with its target's limit."""
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
-    from specdiag.steps.kernel_ab import plots as kplots  # noqa: PLC0415
-
     df, copy_gbps, s = pg.df, pg.peaks.get("copy_gbps"), Section()
     shapes = [(h, t) for h, t in ((8, 1), (8, 8)) if not df[(df["heads"] == h) & (df["draft_tokens"] == t)].empty]
     fig, axes = plt.subplots(1, len(shapes), figsize=(6.5 * len(shapes), 4.6), sharey=True, squeeze=False)
@@ -196,10 +210,6 @@ def page_size_fp8_fixed(pg: Page) -> Section:
 
 def roofline(pg: Page) -> Section:
     """Section 6: every case on the roofline of the run's measured copy and matmul ceilings."""
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
-    from specdiag.steps.kernel_ab import plots as kplots  # noqa: PLC0415
-
     fig, ax = plt.subplots(figsize=(8, 5))
     kplots.roofline(ax, pg.df, pg.peaks.get("copy_gbps"), pg.peaks.get("matmul_tflops"), source=pg.src_note)
     return Section().figure(fig)
@@ -207,10 +217,10 @@ def roofline(pg: Page) -> Section:
 
 def findings(pg: Page) -> Section:
     """Section 8: the verdicts (``data["found"]``, as analysis.findings gives them) and the pairs not measured."""
-    found = analysis.findings(pg.df, pg.peaks, pg.dev)
+    found = pg.found
     s = Section(data={"found": found})
-    if pg.recorded_from:
-        s.markdown(f"These findings come from the recorded run `{pg.recorded_from}`, not from a measurement of this "
+    if pg.shown_from:
+        s.markdown(f"These findings come from the recorded run `{pg.shown_from}`, not from a measurement of this "
                    "run.")
     s.html(sfind.to_html(sfind.sort_findings(found)))
     nm = kernel_ab_table.not_measured(pg.rows)

@@ -1,23 +1,28 @@
 """Notebook 10's sections, one call each (:class:`specdiag.section.Section`: tables, figures, text): the notebook keeps
 its parameters, these calls and its prose.
 
-:func:`start` checks the parameters and the arms (before any server is reached) and opens the run; then :func:`arms`
-(each arm's server and pool), :func:`measure_or_replay` (the sweep's driver in this process), :func:`layouts` (where each long request lay), :func:`step_times`
+:func:`start` checks the parameters and the arms (before any server is reached) and opens the run; the
+:class:`Page`'s data are computed when a section first asks (live: the sweep's driver in this process). Sections: :func:`arms` (each arm's
+server and pool), :func:`measure_or_replay`, :func:`layouts` (where each long request lay), :func:`step_times`
 (fresh against fragmented), :func:`contiguous` (an arm beside its ``_contiguous`` arm), :func:`prediction` (the kernel
 A/B's), :func:`findings` and :func:`metrics`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Sequence
+from functools import cached_property
+from typing import Any, Mapping
 
 import pandas as pd
 
+from specdiag import findings as fnd
 from specdiag import nb
+from specdiag.paths import REFERENCE_DIR, relative_to_project
+from specdiag.runs import Run
 from specdiag.section import Section
 from specdiag.steps.kv_layout import analysis as kla
 from specdiag.steps.kv_layout import measure as klm
+from specdiag.steps.kv_layout import plots as klp
 from specdiag.steps.kv_layout import tier0
 from specdiag.sweep.arms import ArmsError, running
 from specdiag.sweep.driver import plan, sweep_into
@@ -27,63 +32,120 @@ NOTEBOOK = "10_kv_layout"
 KERNEL_AB_REFERENCE = "kernel-ab-h200"
 
 
-@dataclass
-class Page:
-    """What 10's sections share: the notebook context, its parameters and what each section found."""
+class Page(nb.Page):
+    """What 10's sections share: the arms and their pools, the rows (measured when first asked, or the recorded
+    run's), the step times fresh against fragmented, the contiguous allocator's states, the kernel A/B's prediction
+    and the findings, each computed when a section first asks."""
 
-    ctx: Any
-    planned: Any  # the sweep to run (specdiag.sweep.driver.Plan), None when replaying or on vLLM
-    kernel_ab_dir: str
-    on_vllm: bool
-    replayed_from: str | None
-    opening: Section
-    rows: list[dict[str, Any]] = field(default_factory=list)
-    source: str = "measured"
-    summ: pd.DataFrame = field(default_factory=pd.DataFrame)
-    cost: pd.DataFrame = field(default_factory=pd.DataFrame)
-    three: pd.DataFrame = field(default_factory=pd.DataFrame)
-    pred: pd.DataFrame = field(default_factory=pd.DataFrame)
-    pred_source: str = ""
+    notebook = NOTEBOOK
+
+    def __init__(self, params: Mapping[str, Any]) -> None:
+        """Check the parameters and the arms (an arms file and ``only``; without one, ``server_url`` or the embedded
+        server as one running arm) with the kv_layout settings the parameters give, then open the run (``nb.start``:
+        reach ``server_url``, or open the recorded run); on vLLM nothing is measured (section 6 says why)."""
+        super().__init__(params)
+        p = self.params
+        nb.check(p["repeats"] >= 1, f"repeats must be a whole number >= 1; got {p['repeats']!r}")
+        nb.check(p["max_new_tokens"] >= 2, f"max_new_tokens must be >= 2; got {p['max_new_tokens']!r}")
+        nb.check(p["filler_cycles"] > 0, f"filler_cycles must be > 0; got {p['filler_cycles']!r}")
+        arms, only = p["arms"], p["only"]
+        nb.check(not (arms and p["replay_dir"]),
+                 "arms measures an arms file's servers, replay_dir a recorded run: pass one")
+        nb.check(not only or bool(arms), "only picks arms of an arms file: pass arms too")
+        contexts = nb.check_context_lengths("context_lengths", p["context_lengths"])
+        settings = {"contexts": contexts, "max_new_tokens": p["max_new_tokens"], "repeats": p["repeats"],
+                    "seed": p["seed"], "filler_cycles": p["filler_cycles"],
+                    "filler_concurrency": p["filler_concurrency"],
+                    "filler_max_s": 60.0 * float(p["filler_max_minutes"])}
+        try:  # the sweep to run (specdiag.sweep.driver.Plan); None when replaying or on vLLM
+            self.planned: Any = plan(arms, klm.TABLE, only, settings) if arms else None
+        except (ArmsError, SettingsError, ValueError) as exc:
+            raise nb.ParameterError(str(exc)) from None
+        self.ctx = ctx = nb.start(NOTEBOOK, server_url=p["server_url"], run_dir=p["run_dir"],
+                                  replay_dir=p["replay_dir"], params={**nb.run_params(p), "context_lengths": contexts},
+                                  needs_server=not arms)
+        self.on_vllm = ctx.live and not arms and ctx.client.engine == "vllm"
+        if self.on_vllm:
+            self.intro.text(f"{ctx.server_url} is vLLM: its KV lives in blocks of block_size tokens (contiguous inside "
+                            "a block) and it shows no request's block table over HTTP, so 10 measures nothing there "
+                            "(section 6); run it against SGLang or the embedded server")
+        elif ctx.live and not arms:  # the notebook's one server, measured as it runs
+            embedded = str((ctx.client.server_info() or {}).get("version", "")).startswith("specdiag-localserver")
+            self.planned = plan(running({"embedded" if embedded else "server": ctx.server_url}), klm.TABLE, (),
+                                settings)
+        self.replayed_from: str | None = relative_to_project(ctx.source.path) if ctx.replaying else None
+        self.intro.text(f"run folder: {ctx.run.path}" + (f"; replaying {self.replayed_from}" if self.replayed_from
+                                                          else ""))
+
+    @cached_property
+    def rows(self) -> list[dict[str, Any]]:
+        """The kv_layout rows: live, the sweep's driver in this process (one arm at a time, each server's pool kept in
+        run.json as it reported it; rows appended as taken, a re-run resumes); replaying, the recorded rows."""
+        ctx = self.ctx
+        if ctx.replaying:
+            rows = ctx.source.rows(klm.TABLE)
+            nb.check(any(r.get("pool_state") for r in rows), f"{ctx.source.path} has no {klm.TABLE} rows to replay")
+            return rows
+        if self.planned is not None:
+            sweep_into(ctx.run, self.planned)
+        return ctx.run.rows(klm.TABLE)
+
+    @property
+    def source(self) -> str:
+        return ("measured (recorded run)" if self.replaying else "not measured (vLLM)" if self.on_vllm
+                else "measured")
+
+    @cached_property
+    def summ(self) -> pd.DataFrame:
+        """Ms per verify step per arm, state and context."""
+        return kla.summary(self.rows)
+
+    @cached_property
+    def cost(self) -> pd.DataFrame:
+        """Fragmented over fresh per arm and context, with its interval over requests."""
+        return kla.costs(self.rows)
+
+    @cached_property
+    def three(self) -> pd.DataFrame:
+        """Fresh, scattered and contiguous-allocator states of each arm beside its ``_contiguous`` arm."""
+        return tier0.three_states(self.rows)
+
+    @cached_property
+    def _prediction(self) -> tuple[pd.DataFrame, str, str]:
+        """The kernel A/B's predicted cost per context (``kernel_ab_dir``, else the H200 reference run), its source,
+        and why there is none ('' when there is one)."""
+        try:
+            kab = Run.open(self.params["kernel_ab_dir"] or str(REFERENCE_DIR / KERNEL_AB_REFERENCE))
+            return kla.kernel_prediction(kab.rows("kernel_ab")), (
+                f"computed from {relative_to_project(kab.path)} (06: split_triton on a shuffled page_size-1 "
+                f"table over split_triton_b64 on 64-token pages, {kab.meta.get('device', {}).get('gpu', 'GPU')})"), ""
+        except (FileNotFoundError, ValueError) as exc:
+            return kla.kernel_prediction([]), "", str(exc)
+
+    @property
+    def pred(self) -> pd.DataFrame:
+        return self._prediction[0]
+
+    @property
+    def pred_source(self) -> str:
+        return self._prediction[1]
+
+    @cached_property
+    def found(self) -> list[fnd.Finding]:
+        """The verdicts; on vLLM the one that says 10 cannot measure there."""
+        if self.on_vllm:
+            return [fnd.Finding("kv_layout.vllm", "KV layout: not measurable on vLLM",
+                                "vLLM keeps a request's KV in blocks of block_size tokens and shows no block table "
+                                "over HTTP: the page_size-1 scattering 10 measures cannot happen there (section 6).",
+                                "info", (f"server: {self.ctx.server_url} (vLLM)",), {}, "configured")]
+        return fnd.sort_findings(kla.findings(self.cost, self.pred, source="measured",
+                                              prediction_source=self.pred_source, missing=kla.gaps(self.rows))
+                                 + tier0.findings(self.three, source="measured"))
 
 
-def start(server_url: str = "", run_dir: str = "", replay_dir: str = "", arms: str = "", only: Sequence[str] = (),
-          context_lengths: Sequence[int] = (2048, 8192), max_new_tokens: int = 48, repeats: int = 3,
-          filler_cycles: float = 1.1, filler_concurrency: int = 1, filler_max_minutes: float = 5.0, seed: int = 0,
-          kernel_ab_dir: str = "") -> Page:
-    """Check the parameters and the arms (an arms file and ``only``; without one, ``server_url`` or the embedded
-    server as one running arm) with the kv_layout settings the parameters give, then open the run (``nb.start``:
-    reach ``server_url``, or open the recorded run); on vLLM nothing is measured (section 6 says why)."""
-    from specdiag.paths import relative_to_project  # noqa: PLC0415
-
-    nb.check(repeats >= 1, f"repeats must be a whole number >= 1; got {repeats!r}")
-    nb.check(max_new_tokens >= 2, f"max_new_tokens must be >= 2; got {max_new_tokens!r}")
-    nb.check(filler_cycles > 0, f"filler_cycles must be > 0; got {filler_cycles!r}")
-    nb.check(not (arms and replay_dir), "arms measures an arms file's servers, replay_dir a recorded run: pass one")
-    nb.check(not only or bool(arms), "only picks arms of an arms file: pass arms too")
-    contexts = nb.check_context_lengths("context_lengths", context_lengths)
-    settings = {"contexts": contexts, "max_new_tokens": max_new_tokens, "repeats": repeats, "seed": seed,
-                "filler_cycles": filler_cycles, "filler_concurrency": filler_concurrency,
-                "filler_max_s": 60.0 * float(filler_max_minutes)}
-    try:
-        planned = plan(arms, klm.TABLE, only, settings) if arms else None
-    except (ArmsError, SettingsError, ValueError) as exc:
-        raise nb.ParameterError(str(exc)) from None
-    ctx = nb.start(NOTEBOOK, server_url=server_url, run_dir=run_dir, replay_dir=replay_dir,
-                   params=dict(arms=arms, only=list(only), context_lengths=contexts, max_new_tokens=max_new_tokens,
-                               repeats=repeats, filler_cycles=filler_cycles, filler_concurrency=filler_concurrency,
-                               seed=seed, kernel_ab_dir=kernel_ab_dir), needs_server=not arms)
-    opening = Section()
-    on_vllm = ctx.live and not arms and ctx.client.engine == "vllm"
-    if on_vllm:
-        opening.text(f"{ctx.server_url} is vLLM: its KV lives in blocks of block_size tokens (contiguous inside a "
-                     "block) and it shows no request's block table over HTTP, so 10 measures nothing there (section "
-                     "6); run it against SGLang or the embedded server")
-    elif ctx.live and not arms:  # the notebook's one server, measured as it runs
-        embedded = str((ctx.client.server_info() or {}).get("version", "")).startswith("specdiag-localserver")
-        planned = plan(running({"embedded" if embedded else "server": ctx.server_url}), klm.TABLE, (), settings)
-    replayed_from = relative_to_project(ctx.source.path) if ctx.replaying else None
-    opening.text(f"run folder: {ctx.run.path}" + (f"; replaying {replayed_from}" if replayed_from else ""))
-    return Page(ctx, planned, kernel_ab_dir, on_vllm, replayed_from, opening)
+def start(params: Mapping[str, Any]) -> Page:
+    """Check the parameters, parse the arms and open the run (:class:`Page`)."""
+    return Page(params)
 
 
 ARM_COLUMNS = {"arm": "arm", "what": "what", "attention_backend": "attention backend", "pool_tokens": "pool (token slots)",
@@ -106,21 +168,14 @@ def arms(pg: Page) -> Section:
 
 
 def measure_or_replay(pg: Page) -> Section:
-    """Section 2: live, every arm fresh then fragmented (rows appended as taken, a re-run resumes); replaying, the
-    recorded rows. Then the arms that failed."""
-    ctx, s = pg.ctx, Section()
-    if ctx.replaying:
-        pg.rows = ctx.source.rows(klm.TABLE)
-        nb.check(any(r.get("pool_state") for r in pg.rows), f"{ctx.source.path} has no {klm.TABLE} rows to replay")
-        pg.source = "measured (recorded run)"
-        s.text(f"replaying {len(pg.rows)} rows of {pg.replayed_from}; nothing is sent")
-    else:
-        if pg.planned is not None:  # one arm at a time, each server's pool tabled as it reported it
-            sweep_into(ctx.run, pg.planned)
-            s.table(ctx.run.meta.get("kv_layout_arms") or [], ARM_COLUMNS)
-        pg.rows = ctx.run.rows(klm.TABLE)
-        pg.source = "not measured (vLLM)" if pg.on_vllm else "measured"
-    for line in kla.arm_failures(pg.rows):
+    """Section 2: live, every arm fresh then fragmented (the sweep's driver; rows appended as taken, a re-run
+    resumes), each server's pool as it reported it; replaying, the recorded rows. Then the arms that failed."""
+    s, rows = Section(), pg.rows
+    if pg.replaying:
+        s.text(f"replaying {len(rows)} rows of {pg.replayed_from}; nothing is sent")
+    elif pg.planned is not None:
+        s.table(pg.ctx.run.meta.get("kv_layout_arms") or [], ARM_COLUMNS)
+    for line in kla.arm_failures(rows):
         s.text(f"arm failed: {line}")
     return s
 
@@ -147,10 +202,7 @@ def layouts(pg: Page) -> Section:
 def step_times(pg: Page) -> Section:
     """Section 4: ms per verify step per arm, state and context; fragmented over fresh with its interval over requests
     (and the figure); what was not measured."""
-    from specdiag.steps.kv_layout import plots as klp  # noqa: PLC0415
-
     s = Section()
-    pg.summ, pg.cost = kla.summary(pg.rows), kla.costs(pg.rows)
     s.table(pg.summ, {"arm": "arm", "pool_state": "pool", "context_tokens": "context (tokens)", "requests": "requests",
                       "steps": "steps", "step_ms": "ms per verify step (median)",
                       "client_step_ms": "client step_ms (median)", "share_in_long_runs": "tokens in runs >= 64",
@@ -174,7 +226,6 @@ def step_times(pg: Page) -> Section:
 
 def contiguous(pg: Page) -> Section:
     """Section 4b: fresh, scattered and contiguous-allocator states of each arm beside its ``_contiguous`` arm."""
-    pg.three = tier0.three_states(pg.rows)
     if pg.three.empty:
         return Section().text("no arm was measured beside its _contiguous arm: the contiguous allocator is not "
                               "compared in this run")
@@ -190,19 +241,9 @@ def contiguous(pg: Page) -> Section:
 
 def prediction(pg: Page) -> Section:
     """Section 5: the kernel A/B's predicted cost per context (``kernel_ab_dir``, else the H200 reference run)."""
-    from specdiag.paths import REFERENCE_DIR, relative_to_project  # noqa: PLC0415
-    from specdiag.runs import Run  # noqa: PLC0415
-
-    s = Section()
-    try:
-        kab = Run.open(pg.kernel_ab_dir or str(REFERENCE_DIR / KERNEL_AB_REFERENCE))
-        pg.pred = kla.kernel_prediction(kab.rows("kernel_ab"))
-        pg.pred_source = (f"computed from {relative_to_project(kab.path)} (06: split_triton on a shuffled page_size-1 "
-                          f"table over split_triton_b64 on 64-token pages, "
-                          f"{kab.meta.get('device', {}).get('gpu', 'GPU')})")
-    except (FileNotFoundError, ValueError) as exc:
-        pg.pred, pg.pred_source = kla.kernel_prediction([]), ""
-        s.text(f"no kernel A/B run to predict from ({exc})")
+    s, why_not = Section(), pg._prediction[2]
+    if why_not:
+        s.text(f"no kernel A/B run to predict from ({why_not})")
     if not pg.pred.empty:
         s.table(pg.pred, {"context_tokens": "context (tokens)", "predicted_max_x": "predicted at most (ratio)",
                           "shapes": "per shape (8 heads x draft tokens: ratio)"}, formats={"predicted_max_x": "{:.3f}"})
@@ -212,20 +253,10 @@ def prediction(pg: Page) -> Section:
 
 def findings(pg: Page) -> Section:
     """Section 7: the verdicts (``data["found"]``); on vLLM the one that says 10 cannot measure there."""
-    from specdiag import findings as fnd  # noqa: PLC0415
-
-    source = "configured" if pg.on_vllm else "measured"
-    found = fnd.sort_findings(kla.findings(pg.cost, pg.pred, source=source, prediction_source=pg.pred_source,
-                                           missing=kla.gaps(pg.rows)) + tier0.findings(pg.three, source=source))
-    if pg.on_vllm:
-        found = [fnd.Finding("kv_layout.vllm", "KV layout: not measurable on vLLM",
-                             "vLLM keeps a request's KV in blocks of block_size tokens and shows no block table over "
-                             "HTTP: the page_size-1 scattering 10 measures cannot happen there (section 6).", "info",
-                             (f"server: {pg.ctx.server_url} (vLLM)",), {}, "configured")]
-    s = Section(data={"found": found})
+    s = Section(data={"found": pg.found})
     if pg.replayed_from:
         s.markdown(f"These findings come from the recorded run `{pg.replayed_from}`, not from a measurement of this run.")
-    return s.html(fnd.to_html(found))
+    return s.html(fnd.to_html(pg.found))
 
 
 def metrics(pg: Page) -> dict[str, Any]:

@@ -2,40 +2,28 @@
 its parameters, these calls and its prose.
 
 :func:`start` checks the parameters, opens the run, decides whether it can measure the server given and which run it
-analyses; :func:`measure_or_replay` measures (live) and reads the run into :class:`~.analysis.Tables`; the later calls
-show those tables: :func:`spread`, :func:`distinct`, :func:`expert_bytes`, :func:`ladder`, :func:`balance`,
-:func:`best_and_projection`, :func:`findings` and :func:`metrics`.
+analyses; the :class:`Page` measures (live) and reads the run into :class:`~.analysis.Tables` when a section first
+asks. Sections: :func:`measure_or_replay`, :func:`spread`, :func:`distinct`, :func:`expert_bytes`, :func:`ladder`,
+:func:`balance`, :func:`best_and_projection`, :func:`findings` and :func:`metrics`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Sequence
+from functools import cached_property
+from typing import Any, Mapping
 
+from specdiag import findings as fnd
 from specdiag import nb
+from specdiag.paths import REFERENCE_DIR, relative_to_project
 from specdiag.section import Section
 from specdiag.stats import MIN_REQUESTS
 from specdiag.steps.moe_batch1 import analysis as ma
 from specdiag.steps.moe_batch1 import cost
 from specdiag.steps.moe_batch1 import measure as mm
+from specdiag.steps.moe_batch1 import plots as mp
 
 NOTEBOOK = "11_moe_batch1"
 REFERENCE = "sglang-h200-moe-batch1"
-
-
-@dataclass
-class Page:
-    """What 11's sections share."""
-
-    ctx: Any
-    params: dict[str, Any]
-    live: bool
-    config: dict[str, Any] | None
-    recorded_from: str | None
-    opening: Section
-    mr: Any = None
-    t: Any = None
-    src: str = "computed"
 
 
 def _why_not(ctx: Any, recorder_dir: str) -> tuple[str, dict[str, Any] | None]:
@@ -55,58 +43,85 @@ def _why_not(ctx: Any, recorder_dir: str) -> tuple[str, dict[str, Any] | None]:
     return "", config
 
 
-def start(server_url: str = "", run_dir: str = "", replay_dir: str = "", recorder_dir: str = "",
-          context_lengths: Sequence[int] = (1024, 16384), max_new_tokens: int = 64, repeats: int = MIN_REQUESTS,
-          recorder_contexts: Sequence[int] = (1024,), projection_context: int = 131072,
-          acceptance: Sequence[float] = cost.ACCEPTANCE, seed: int = 0) -> Page:
-    """Check the parameters, open the run; live only on an SGLang MoE server with a readable recorder folder, else the
-    recorded reference run when nothing was asked for."""
-    from specdiag.paths import REFERENCE_DIR, relative_to_project  # noqa: PLC0415
+class Page(nb.Page):
+    """What 11's sections share: whether the server given is measured, the run read into :class:`~.analysis.Tables`
+    (measured when first asked, or recorded), each computed when a section first asks."""
 
-    nb.check(max_new_tokens >= 2, f"max_new_tokens must be >= 2; got {max_new_tokens!r}")
-    nb.check(repeats >= 1, f"repeats must be >= 1 (a comparison takes {MIN_REQUESTS} per cell); got {repeats!r}")
-    nb.check(all(0 <= a <= 1 for a in acceptance), f"acceptance rates lie in [0, 1]; got {acceptance!r}")
-    contexts = nb.check_context_lengths("context_lengths", list(context_lengths))
-    rec_contexts = nb.check_context_lengths("recorder_contexts", list(recorder_contexts))
-    reference = REFERENCE_DIR / REFERENCE
-    live = bool(server_url) and not replay_dir
-    params = dict(recorder_dir=recorder_dir, context_lengths=contexts, max_new_tokens=max_new_tokens, repeats=repeats,
-                  recorder_contexts=rec_contexts, projection_context=projection_context, acceptance=list(acceptance),
-                  seed=seed)
-    ctx = nb.start(NOTEBOOK, server_url=server_url if live else "", run_dir=run_dir, replay_dir=replay_dir,
-                   params=params, needs_server=live, reference=None if live or not reference.exists() else reference)
-    opening, config = Section(), None
-    if live:
-        why_not, config = _why_not(ctx, recorder_dir)
-        if why_not:
-            opening.text(f"not measuring: {why_not}")
-            live = False
-        else:
-            ctx.run.update(moe_model_config=config, device={"gpu": (ctx.server_info or {}).get("device") or ""},
-                           data_source="measured")
-    # the reference shown when nothing was asked for is not this run's; a replay_dir asked for is (as in 09)
-    recorded_from = ctx.recorded_from
-    shown = relative_to_project(ctx.source.path) if ctx.replaying else None
-    opening.text(f"run folder: {ctx.run.path}"
-                 + (f"; replaying {shown}" + (" (the recorded reference: nothing was asked to measure)"
-                                              if recorded_from else "") if shown else "" if live else
-                    "; nothing recorded to analyse: the tables below come from the uniform expectation and Kimi "
-                    "K2.6's published shape"))
-    return Page(ctx, params, live, config, recorded_from, opening)
+    notebook = NOTEBOOK
+
+    def __init__(self, params: Mapping[str, Any]) -> None:
+        """Check the parameters, open the run; live only on an SGLang MoE server with a readable recorder folder, else
+        the recorded reference run when nothing was asked for."""
+        super().__init__(params)
+        p = self.params
+        nb.check(p["max_new_tokens"] >= 2, f"max_new_tokens must be >= 2; got {p['max_new_tokens']!r}")
+        nb.check(p["repeats"] >= 1,
+                 f"repeats must be >= 1 (a comparison takes {MIN_REQUESTS} per cell); got {p['repeats']!r}")
+        nb.check(all(0 <= a <= 1 for a in p["acceptance"]), f"acceptance rates lie in [0, 1]; got {p['acceptance']!r}")
+        p["context_lengths"] = nb.check_context_lengths("context_lengths", list(p["context_lengths"]))
+        p["recorder_contexts"] = nb.check_context_lengths("recorder_contexts", list(p["recorder_contexts"]))
+        reference = REFERENCE_DIR / REFERENCE
+        live = bool(p["server_url"]) and not p["replay_dir"]
+        self.ctx = ctx = nb.start(NOTEBOOK, server_url=p["server_url"] if live else "", run_dir=p["run_dir"],
+                                  replay_dir=p["replay_dir"], params=nb.run_params(p), needs_server=live,
+                                  reference=None if live or not reference.exists() else reference)
+        self.config: dict[str, Any] | None = None
+        if live:
+            why_not, self.config = _why_not(ctx, p["recorder_dir"])
+            if why_not:
+                self.opening.text(f"not measuring: {why_not}")
+                live = False
+            else:
+                ctx.run.update(moe_model_config=self.config, device={"gpu": (ctx.server_info or {}).get("device") or ""},
+                               data_source="measured")
+        self.measuring = live
+        # the reference shown when nothing was asked for is not this run's; a replay_dir asked for is (as in 09)
+        shown = relative_to_project(ctx.source.path) if ctx.replaying else None
+        self.opening.text(f"run folder: {ctx.run.path}"
+                          + (f"; replaying {shown}" + (" (the recorded reference: nothing was asked to measure)"
+                                                       if ctx.recorded_from else "") if shown else "" if live else
+                             "; nothing recorded to analyse: the tables below come from the uniform expectation and "
+                             "Kimi K2.6's published shape"))
+
+    @cached_property
+    def mr(self) -> ma.MoERun:
+        """The run read: live, after the recorder pass, the timed requests and a routed-experts request."""
+        p, ctx = self.params, self.ctx
+        if self.measuring:
+            mm.recorder_pass(ctx.client, ctx.run, p["recorder_dir"], p["recorder_contexts"], p["max_new_tokens"],
+                             p["seed"])
+            mm.timed_requests(ctx.client, ctx.run, p["context_lengths"], p["max_new_tokens"], p["repeats"], p["seed"])
+            mm.routed_request(ctx.client, ctx.run, p["recorder_contexts"][0], p["max_new_tokens"], self.config,
+                              p["seed"])
+        source_run = ctx.source if ctx.replaying else (ctx.run if self.measuring else None)
+        return ma.load_run(source_run) if source_run is not None else ma.MoERun(source="computed")
+
+    @property
+    def src(self) -> str:
+        if self.mr.empty:
+            return "computed"
+        return self.mr.source + (" (recorded run)" if self.recorded_from else "")
+
+    @cached_property
+    def t(self) -> Any:
+        """The run's tables (:class:`~.analysis.Tables`)."""
+        p = self.params
+        return ma.tables(self.mr, p["projection_context"], tuple(p["acceptance"]))
+
+    @cached_property
+    def found(self) -> list[fnd.Finding]:
+        return fnd.sort_findings(ma.findings(self.mr, self.t, self.params["projection_context"]))
+
+
+def start(params: Mapping[str, Any]) -> Page:
+    """Check the parameters and open the run (:class:`Page`)."""
+    return Page(params)
 
 
 def measure_or_replay(pg: Page) -> Section:
     """Section 1: live, the recorder pass, the timed requests and a routed-experts request; then the run's tables and
     the served model's facts."""
-    p, ctx, s = pg.params, pg.ctx, Section()
-    if pg.live:
-        mm.recorder_pass(ctx.client, ctx.run, p["recorder_dir"], p["recorder_contexts"], p["max_new_tokens"], p["seed"])
-        mm.timed_requests(ctx.client, ctx.run, p["context_lengths"], p["max_new_tokens"], p["repeats"], p["seed"])
-        mm.routed_request(ctx.client, ctx.run, p["recorder_contexts"][0], p["max_new_tokens"], pg.config, p["seed"])
-    source_run = ctx.source if ctx.replaying else (ctx.run if pg.live else None)
-    pg.mr = ma.load_run(source_run) if source_run is not None else ma.MoERun(source="computed")
-    pg.src = (pg.mr.source + (" (recorded run)" if pg.recorded_from else "")) if not pg.mr.empty else "computed"
-    pg.t = ma.tables(pg.mr, p["projection_context"], tuple(p["acceptance"]))
+    s = Section()
     for r in pg.mr.dump_rows:
         if r.get("error"):
             s.text(f"T={r.get('tokens_per_step')}: recorder pass failed: {r['error']}")
@@ -144,8 +159,6 @@ def spread(pg: Page) -> Section:
 
 def distinct(pg: Page) -> Section:
     """Section 3: distinct experts per pass against T, and ms per step against T (figure)."""
-    from specdiag.steps.moe_batch1 import plots as mp  # noqa: PLC0415
-
     geom = ma.geometry_of(pg.mr.config)
     e = geom.moe.n_routed_experts if geom is not None and geom.moe else 384
     k = geom.moe.num_experts_per_tok if geom is not None and geom.moe else 8
@@ -224,9 +237,7 @@ def best_and_projection(pg: Page) -> Section:
 
 def findings(pg: Page) -> Section:
     """Section 9: the verdicts (``data["found"]``)."""
-    from specdiag import findings as fnd  # noqa: PLC0415
-
-    found = fnd.sort_findings(ma.findings(pg.mr, pg.t, pg.params["projection_context"]))
+    found = pg.found
     s = Section(data={"found": found})
     if pg.recorded_from:
         s.markdown(f"These findings come from the recorded run `{pg.recorded_from}`, not from a measurement of this run.")
