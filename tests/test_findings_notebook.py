@@ -78,11 +78,15 @@ def test_the_page_opens_with_the_diagnosis_orders_by_severity_and_keeps_a_record
                 tuple(f"case {i}" for i in range(50)))], recorded_from="data/reference/kernel-ab-h200")
     executed = run_notebook("07_findings", run_dir=str(run.path))
     shown = _html_outputs(executed)
-    first = shown[0]
-    assert 'class="specdiag-diagnosis"' in first, f"the page does not open with the diagnosis: {first[:200]}"
+    lead, first = shown[0], shown[1]
+    assert 'class="specdiag-lead"' in lead, f"the page does not open with its answer: {lead[:200]}"
+    assert "decode falls 41.2x from 1k tokens to 185k tokens (82.4 to 2 tokens/s); the step is 116x its floor" in lead
+    assert 'class="specdiag-diagnosis"' in first, f"the answer is not followed by the diagnosis: {first[:200]}"
     assert "Decode falls 41.2x with context, from 82.4 tokens/s at 1k tokens to 2 at 185k tokens" in first
     assert "116x its memory floor of 12.3 ms" in first
     assert "This run: 2 critical, 1 warning" in first and "data/reference/kernel-ab-h200" in first
+    lines = dict(json.loads((run.path / "findings" / "07_findings.json").read_text())["metrics"]["lead"])
+    assert list(lines) == ["Symptom", "Cause", "Run", "Buys", "How sure"] and lines["Buys"].startswith("not measured")
     cards = next(h for h in shown if "specdiag-finding" in h and "specdiag-recorded" not in h)
     order = [cards.index(i) for i in ("sweep.decode_collapse", "bandwidth.far_from_floor", "sweep.step_time_slope",
                                       "snapshot.speculation")]

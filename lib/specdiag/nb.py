@@ -16,6 +16,7 @@ and the page calls :func:`start`, which gives the notebook context::
 from __future__ import annotations
 
 import ast
+import html
 import importlib.metadata
 import json
 import platform
@@ -27,6 +28,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any, ClassVar, Mapping, MutableMapping
 
+from specdiag import subject
 from specdiag.paths import NOTEBOOKS_DIR, relative_to_project, shown
 from specdiag.runs import Run
 from specdiag.section import Section
@@ -218,8 +220,10 @@ class Page:
     :func:`start` opened; ``opening``: the lines shown under the parameters.
 
     A step's page subclasses it: ``__init__`` checks the parameters' ranges and combinations (before any server is
-    reached) and opens the context; the page's data are ``functools.cached_property``, computed when a section first
-    asks, so the sections may be called in any order and none reads data another has not filled in."""
+    reached), opens the context and adds its first lines to ``intro``; the page's data are
+    ``functools.cached_property``, computed when a section first asks, so the sections may be called in any order and
+    none reads data another has not filled in. ``opening`` shows what the page's numbers describe (a demo on a tiny
+    CPU model, a recorded run: :mod:`specdiag.subject`), then ``intro``."""
 
     notebook: ClassVar[str] = ""
     ctx: NotebookContext
@@ -231,7 +235,25 @@ class Page:
         check(not unknown, f"{self.notebook} takes no parameter {', '.join(unknown)}: its parameters cell lists the "
                            f"ones it takes ({', '.join(known)})")
         self.params: dict[str, Any] = {**known, **given}
-        self.opening = Section()
+        self.intro = Section()
+
+    @property
+    def banner(self) -> subject.Banner | None:
+        """What the page's numbers describe: a recorded run it replays, a demo on a CPU, or None (a live GPU server)."""
+        ctx = self.ctx
+        meta = {**ctx.run.meta, **({"server": ctx.server_info} if ctx.live and ctx.settings is not None else {})}
+        if ctx.replaying:
+            return subject.banner(meta, ctx.source.meta, ctx.source.path)
+        return subject.banner(meta)
+
+    @property
+    def opening(self) -> Section:
+        """The banner, then the page's first lines (``intro``)."""
+        s = Section()
+        if (b := self.banner) is not None:
+            s.html(subject.banner_html(b))
+        s.parts.extend(self.intro.parts)
+        return s
 
     @property
     def live(self) -> bool:
@@ -345,9 +367,19 @@ def note_server(run: Run, notebook: str, client: Any, settings: Any) -> list[str
 
 
 def print_versions() -> None:
-    """Every notebook's first call: the versions a reader needs, and from here on a parameter error shown in one line
-    (:func:`brief_parameter_errors`)."""
+    """Every notebook's first call: the versions a reader needs, folded into one line on the page (the answer comes
+    first), and from here on a parameter error shown in one line (:func:`brief_parameter_errors`)."""
     brief_parameter_errors()
-    for k, v in versions().items():
-        print(f"{k:>13}: {v}")
-    print(f"{'executable':>13}: {shown(sys.executable)}")
+    found = {**versions(), "executable": str(shown(sys.executable))}
+    lines = [f"{k:>13}: {v}" for k, v in found.items()]
+    try:
+        from IPython import get_ipython  # noqa: PLC0415 - IPython only where a kernel runs the notebook
+        from IPython.display import HTML, display  # noqa: PLC0415
+    except ImportError:
+        get_ipython = None  # type: ignore[assignment]
+    if get_ipython is None or get_ipython() is None:
+        print("\n".join(lines))
+        return
+    summary = ", ".join(f"{k} {found[k]}" for k in ("specdiag", "python", "torch") if k in found)
+    display(HTML(f'<details class="specdiag-versions"><summary style="cursor:pointer;color:#666">versions: '
+                 f'{html.escape(summary)}, ...</summary><pre>{html.escape(chr(10).join(lines))}</pre></details>'))

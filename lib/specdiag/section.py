@@ -11,8 +11,25 @@ later sections need) and the notebook keeps only parameters, calls and prose::
 
 from __future__ import annotations
 
+import html as _html
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
+
+#: The lead box: the page's answer before its evidence (a few short labelled lines).
+_LEAD_BOX = ("border:2px solid #37474f;border-radius:5px;padding:10px 16px;margin:10px 0 16px 0;background:#fbfcfd;"
+             "max-width:1240px")
+
+
+def lead_html(lines: Sequence[tuple[str, str]], title: str = "The answer") -> str:
+    """A page's answer first: ``title`` over a few short labelled lines (symptom, cause, what to run, what it buys, how
+    sure), each line escaped. Self-contained HTML."""
+    cell = "border:none;text-align:left;vertical-align:top;"
+    rows = "".join(f'<tr style="background:none"><td style="{cell}padding:2px 14px 2px 0;white-space:nowrap;'
+                   f'font-weight:600">{_html.escape(label)}</td><td style="{cell}padding:2px 0;line-height:1.4">'
+                   f'{_html.escape(text)}</td></tr>' for label, text in lines)
+    return (f'<div class="specdiag-lead" style="{_LEAD_BOX}"><div style="font-size:118%;font-weight:700;'
+            f'margin-bottom:4px">{_html.escape(title)}</div><table style="border:none;font-size:105%;margin:0">{rows}</table>'
+            "</div>")
 
 
 @dataclass
@@ -41,6 +58,12 @@ class Section:
         from specdiag import tables  # noqa: PLC0415
 
         self.parts.append(("table", tables.table(rows, columns, **kwargs)))
+        return self
+
+    def lead(self, lines: Sequence[tuple[str, str]], title: str = "The answer") -> "Section":
+        """The page's answer first (:func:`lead_html`); its lines are kept as text too (``lines``)."""
+        self.parts.append(("html", lead_html(lines, title)))
+        self.data["lead"] = [list(x) for x in lines]
         return self
 
     def figure(self, fig: Any) -> "Section":

@@ -4,12 +4,19 @@ Progress bars (tqdm, in the notebooks' measuring loops and in libraries) write t
 themselves with carriage returns. In a rendered page that is a red error-styled block holding every
 redraw. :func:`plain_progress` keeps each bar's final state as one plain stdout line and leaves real
 stderr text (warnings, errors) where it was.
+
+A measuring log (each arm's requests as they were sent) is evidence, not the answer: :func:`fold_long_logs` folds a
+printed output longer than :data:`LOG_LINES_SHOWN` lines under a one-line summary the reader can open.
 """
 
 from __future__ import annotations
 
+import html
 import re
 from typing import Any
+
+#: Lines of printed output a page shows open; a longer one is folded (its first line, and how many).
+LOG_LINES_SHOWN = 12
 
 #: A tqdm line: "desc: 100%|#####| 6/6 [00:12<00:00, 2.00s/request]" (any bar characters, optional desc).
 PROGRESS_LINE = re.compile(r"^\s*(?:[^|\r\n]*:\s*)?\d{1,3}%\|[^|]*\|\s*\d+(?:\.\d+)?[kMG]?/\d+(?:\.\d+)?[kMG]?\b")
@@ -62,5 +69,29 @@ def plain_progress(nb: Any) -> Any:
             new.append(type(out)(output_type="stream", name="stdout", text="\n".join(progress) + "\n"))
             if other:
                 new.append(type(out)(output_type="stream", name="stderr", text="\n".join(other) + "\n"))
+        cell["outputs"] = new
+    return nb
+
+
+def fold_long_logs(nb: Any, max_lines: int = LOG_LINES_SHOWN) -> Any:
+    """In place on an nbformat notebook: each stdout output longer than ``max_lines`` lines becomes a collapsed
+    ``<details>`` whose summary is its first line and its length; shorter ones stay as they are."""
+    from nbformat.v4 import new_output  # noqa: PLC0415 - nbformat only where a page is rendered
+
+    for cell in nb.get("cells", []):
+        outputs = cell.get("outputs")
+        if not outputs:
+            continue
+        new: list[Any] = []
+        for out in outputs:
+            text = out.get("text", "") if out.get("output_type") == "stream" and out.get("name") == "stdout" else ""
+            lines = text.rstrip("\n").split("\n") if text else []
+            if len(lines) <= max_lines:
+                new.append(out)
+                continue
+            body = (f'<details class="specdiag-log"><summary style="cursor:pointer;color:#555"><code>'
+                    f'{html.escape(lines[0][:160])}</code> ... ({len(lines)} lines of log)</summary>'
+                    f'<pre style="font-size:85%">{html.escape(text)}</pre></details>')
+            new.append(new_output("display_data", data={"text/html": body, "text/plain": text}))
         cell["outputs"] = new
     return nb

@@ -9,7 +9,7 @@ from pathlib import Path
 from specdiag.paths import RUNS_DIR
 from specdiag.report.execute import NotebookResult
 from specdiag.report.index import write_run_index, write_runs_index
-from specdiag.report.outputs import plain_progress
+from specdiag.report.outputs import fold_long_logs, plain_progress
 from specdiag.runs import Run, dumps, recorded_source
 
 TEMPLATES_DIR = Path(__file__).parent / "templates" / "nbconvert"
@@ -32,6 +32,7 @@ def render_html(ipynb_path: Path, html_path: Path) -> None:
     nb = nbformat.read(str(ipynb_path), as_version=4)
     nb.metadata.pop("widgets", None)
     plain_progress(nb)  # progress bars: one plain line each, not red stderr blocks
+    fold_long_logs(nb)  # a measuring log under one line: the page leads with its answer
     body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": ipynb_path.stem}})
     html_path.parent.mkdir(parents=True, exist_ok=True)
     html_path.write_text(body, encoding="utf-8")

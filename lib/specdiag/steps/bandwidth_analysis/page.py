@@ -52,7 +52,7 @@ class Page(nb.Page):
         self.ctx = ctx = nb.start(NOTEBOOK, server_url=p["server_url"], speculative_config=p["speculative_config"],
                                   run_dir=p["run_dir"], replay_dir=p["replay_dir"], params=nb.run_params(p))
         self.server: dict[str, Any] = {**(ctx.source.meta.get("server") or {}), **ctx.server_info}  # {} replaying
-        self.opening.text(f"run folder: {ctx.run.path}" + (f" (replaying {ctx.source.path})" if ctx.replaying
+        self.intro.text(f"run folder: {ctx.run.path}" + (f" (replaying {ctx.source.path})" if ctx.replaying
                                                             else f"; server {ctx.server_url}"))
 
     @property

@@ -58,9 +58,9 @@ class Page(nb.Page):
         if self.live:
             server_info = self.ctx.server_info
             self.plan = make_plan(*self._plan_args(), server_context_length=server_info.get("context_length"))
-            self.opening.text(f"server {self.ctx.server_url}: context_length {server_info.get('context_length')} "
+            self.intro.text(f"server {self.ctx.server_url}: context_length {server_info.get('context_length')} "
                               f"tokens, {self.ctx.settings.speculation_line()}")
-        self.opening.text(f"run folder: {self.ctx.run.path}")
+        self.intro.text(f"run folder: {self.ctx.run.path}")
 
     def _plan_args(self) -> tuple[Any, ...]:
         p = self.params

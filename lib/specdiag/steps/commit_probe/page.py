@@ -45,15 +45,15 @@ class Page(nb.Page):
             self.num_draft_tokens = server_info.get("speculative_num_draft_tokens")
             self.plan = cp.make_plan(*self._plan_args(), server_context_length=server_info.get("context_length"),
                                      repeats=p["repeats"])
-            self.opening.text(f"server {ctx.server_url}: {ctx.settings.speculation_line()}; context_length "
+            self.intro.text(f"server {ctx.server_url}: {ctx.settings.speculation_line()}; context_length "
                               f"{server_info.get('context_length')} tokens")
             nb.check(ctx.settings.speculating is not False,
                      f"the server at {ctx.server_url} runs no speculative decoding "
                      f"({ctx.settings.source('speculating')}): the commit probe needs a drafter; start it with one")
             if not self.num_draft_tokens:
-                self.opening.text("the most tokens a step can commit is not known, so the plots draw no maximum: pass "
+                self.intro.text("the most tokens a step can commit is not known, so the plots draw no maximum: pass "
                                   "speculative_config={'num_speculative_tokens': k} to state it")
-        self.opening.text(f"run folder: {ctx.run.path}")
+        self.intro.text(f"run folder: {ctx.run.path}")
 
     def _plan_args(self) -> tuple[Any, ...]:
         p = self.params

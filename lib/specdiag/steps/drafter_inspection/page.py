@@ -59,16 +59,16 @@ class Inspection(nb.Page):
         if ctx.replaying:
             recorded = sorted({int(r["context_tokens"]) for r in ctx.source.rows("sweep") if r.get("context_tokens")})
             contexts = recorded or contexts
-            self.opening.text(f"run folder: {ctx.run.path} (replaying {ctx.source.path})")
+            self.intro.text(f"run folder: {ctx.run.path} (replaying {ctx.source.path})")
         else:
             limit = ctx.server_info.get("context_length")
             nb.check(not limit or max(contexts) + p["max_new_tokens"] <= int(limit),
                      f"context_lengths reach {max(contexts):,} tokens + {p['max_new_tokens']} new, beyond the server's "
                      f"context_length {limit}: lower them")
-            self.opening.text(f"run folder: {ctx.run.path}; server {ctx.server_url}")
+            self.intro.text(f"run folder: {ctx.run.path}; server {ctx.server_url}")
         self.contexts: list[int] = contexts
         if p["repeats"] < MIN_REQUESTS:
-            self.opening.text(f"repeats {p['repeats']}: fewer than {MIN_REQUESTS} requests a context, so the measured "
+            self.intro.text(f"repeats {p['repeats']}: fewer than {MIN_REQUESTS} requests a context, so the measured "
                               "verdicts say 'not enough requests'")
 
     @property

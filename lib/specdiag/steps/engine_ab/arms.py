@@ -47,12 +47,16 @@ def forced_acceptance(record: Mapping[str, Any]) -> float | None:
         return None
 
 
+#: What a forced acceptance means, said once under the settings table (its cells say "forced to 4").
+FORCED_MEANS = (f"forced: {SIMULATED_ACCEPTANCE_ENV} set on the arm's server, so its commit lengths (and the tokens/s "
+                "and token counts built on them) are the simulation's, its step times the engine's")
+
+
 def acceptance_text(record: Mapping[str, Any]) -> str:
-    """How an arm's commit lengths came about, for its settings row: forced by SGLang's simulation, or the drafter's."""
+    """How an arm's commit lengths came about, for its settings row: forced by SGLang's simulation (what that means:
+    :data:`FORCED_MEANS`), or the drafter's."""
     forced = forced_acceptance(record)
-    if forced is None:
-        return "the drafter's own"
-    return f"forced to {forced:g} ({SIMULATED_ACCEPTANCE_ENV}): commit lengths are the simulation's, step times the engine's"
+    return "the drafter's own" if forced is None else f"forced to {forced:g}"
 
 
 def startup_s(record: Mapping[str, Any]) -> float | None:

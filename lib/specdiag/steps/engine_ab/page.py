@@ -232,6 +232,29 @@ class Page(nb.Page):
         return answer.answer_finding(answer.answers(self.df, self.dec, self.pre, self.arms_meta, self.brk.recall))
 
     @cached_property
+    def forced(self) -> dict[str, float]:
+        """{arm: the acceptance length SGLANG_SIMULATE_ACC_LEN forced on its server}: its commits, tokens/s and token
+        counts are the simulation's, its step times the engine's."""
+        return {a: x for a in self.arm_names if (x := eab_arms.forced_acceptance(self.arms_meta.get(a) or {}))}
+
+    @property
+    def forced_note(self) -> str:
+        """'acceptance forced to 4 (SGLANG_SIMULATE_ACC_LEN) on a, b' ('' when no arm's was)."""
+        if not self.forced:
+            return ""
+        by_value: dict[float, list[str]] = {}
+        for arm, x in self.forced.items():
+            by_value.setdefault(x, []).append(arm)
+        return "; ".join(f"acceptance forced to {x:g} ({eab_arms.SIMULATED_ACCEPTANCE_ENV}) on {', '.join(arms)}"
+                         for x, arms in by_value.items())
+
+    @property
+    def forced_short(self) -> str:
+        """'acceptance forced to 4 (SGLANG_SIMULATE_ACC_LEN)' for a figure's title ('' when no arm's was)."""
+        values = ", ".join(f"{x:g}" for x in sorted(set(self.forced.values())))
+        return f"acceptance forced to {values} ({eab_arms.SIMULATED_ACCEPTANCE_ENV})" if values else ""
+
+    @cached_property
     def found(self) -> list[sfind.Finding]:
         """The verdicts, most severe first."""
         p = self.params
@@ -244,6 +267,60 @@ class Page(nb.Page):
 def start(params: Mapping[str, Any]) -> Page:
     """Check the parameters, parse the arms and open the run (:class:`Page`)."""
     return Page(params)
+
+
+def _by_id(pg: Page) -> dict[str, sfind.Finding]:
+    return {f.id: f for f in pg.found}
+
+
+def lead_lines(pg: Page) -> list[tuple[str, str]]:
+    """The page's answer in a few lines, from its findings: the symptom, what to run (the one answer, :mod:`.answer`,
+    as it says it), what it buys, whether speculation pays, and how sure."""
+    by = _by_id(pg)
+    lines: list[tuple[str, str]] = []
+    said = str((pg.answer.numbers or {}).get("answer") or "") if pg.answer is not None else ""
+    if said:
+        lines.append(("Run", said))
+    elif (verdict := by.get("engine_ab.verdict")) is not None:
+        lines.append(("Run", f"not answered (no context has two arms with both an own first token and decode); "
+                             f"{verdict.title}"))
+    fixes = [f for i in ("engine_ab.decode_fix", "engine_ab.prefill_fix") if (f := by.get(i)) is not None]
+    if fixes:
+        lines.append(("Buys", "; ".join(f.title for f in fixes)))
+    symptoms = [f for i in ("engine_ab.stock_decode", "engine_ab.prefill_floor") if (f := by.get(i)) is not None]
+    if symptoms:
+        lines.insert(0, ("Symptom", "; ".join(f.title for f in symptoms)))
+    brk = pg.brk_finding
+    if brk is not None and (brk.numbers or {}).get("lines"):
+        lines.append(("Speculation", brk.title.removeprefix("Where speculation stops paying: ")))
+    if not lines:
+        lines.append(("Run", "not measured: the run holds no two arms to compare (section 2 says what it lacks)"))
+    lines.append(("How sure", how_sure(pg)))
+    return lines
+
+
+def how_sure(pg: Page) -> str:
+    """What the answer rests on: requests per cell, where the first tokens are single requests, forced acceptance."""
+    parts = []
+    if not pg.dec.empty:
+        lo, hi = int(pg.dec["n"].min()), int(pg.dec["n"].max())
+        parts.append(f"decode over {lo}-{hi} requests a cell" if lo != hi else f"decode over {lo} requests a cell")
+    own = pg.pre[pg.pre["own"]] if not pg.pre.empty and "own" in pg.pre else pg.pre
+    if not own.empty:
+        lo, hi = int(own["n"].min()), int(own["n"].max())
+        parts.append(f"each first token (TTFT) from {lo} request{'s' if lo > 1 else ''}" if lo == hi else
+                     f"first tokens (TTFT) from {lo}-{hi} requests")
+    parts.append("ties and intervals in sections 5-8")
+    if pg.forced_note:
+        parts.append(pg.forced_note + ": tokens/s and token counts are the simulation's, step times the engine's")
+    if pg.ctx.recorded_from:
+        parts.append("the recorded reference run, not a measurement of this run")
+    return "; ".join(parts)
+
+
+def lead(pg: Page) -> Section:
+    """The answer first: which arm to run and why (:func:`lead_lines`)."""
+    return Section().lead(lead_lines(pg), title="Which configuration to run")
 
 
 def measure_or_replay(pg: Page) -> Section:
@@ -260,7 +337,8 @@ def arms(pg: Page) -> Section:
     """Section 2: each arm's settings and command, the rows per arm and phase, and what the run does not hold."""
     df, s = pg.df, Section()
     s.table(pd.DataFrame(eab_arms.settings_rows(pg.arms_meta, pg.arm_names)).astype(object),
-            dash_means="not reported by the server or not recorded")
+            dash_means="not reported by the server or not recorded",
+            note=eab_arms.FORCED_MEANS + "." if pg.forced else "")
     unknown = ["(started elsewhere: see its server info in run.json)"]
     commands = "".join(f"<li><b>{a}</b>: <code>{' '.join((pg.arms_meta.get(a) or {}).get('command') or unknown)}"
                        "</code></li>" for a in pg.arm_names)
@@ -287,7 +365,8 @@ def decode(pg: Page) -> Section:
     s.html("<details><summary>per arm and context: requests, tokens/s, commit lengths, cached tokens</summary>"
            + tables.table(dec, {"arm": "arm", "context_tokens": "context (tokens)", "n": "requests",
                                 "step_ms": "ms per step (median, measured)",
-                                "decode_tok_s": "decode tok/s (median, computed)",
+                                "decode_tok_s": "decode tok/s (median, computed"
+                                                + (", acceptance forced)" if pg.forced else ")"),
                                 "decode_tok_s_first": "decode tok/s, first request (computed)",
                                 "commit_first": "commit, first request (tokens/step, computed)",
                                 "commit_later": "commit, later requests (median, computed)",
@@ -297,6 +376,8 @@ def decode(pg: Page) -> Section:
     eplots.step_ms_vs_context(axes[0], dec, pg.styles,
                               source=f"measured (hollow: overlapped by another arm), {pg.src_note}")
     eplots.decode_tok_s_vs_context(axes[1], dec, pg.styles, source=f"computed, {pg.src_note}")
+    if pg.forced:
+        axes[1].set_title(f"{axes[1].get_title()}\n({pg.forced_short})", fontsize=10)
     fig.tight_layout()
     return s.figure(fig)
 
@@ -415,12 +496,15 @@ def break_even(pg: Page) -> Section:
         s.table(pd.DataFrame(brk.table()), {
             "arm": "speculating arm", "off_arm": "off arm", "kind": "text", "source": "source",
             "context_tokens": "context (tokens)", "requests": "requests (on / off)",
-            "on_tok_s": "on (tokens/s, median)", "off_tok_s": "off (tokens/s, median, measured)",
+            "on_tok_s": "on (tokens/s, median" + (", acceptance forced)" if pg.forced else ")"),
+            "off_tok_s": "off (tokens/s, median, measured)",
             "ratio_x": "on / off (x, computed)", "interval_x": "interval (x, over requests)",
             "level": "its level", "verdict": "verdict", "rule": "servers"},
             dash_means="not enough requests for an interval")
         fig, ax = plt.subplots(figsize=(9, 4.6))
         eplots.tok_s_on_off(ax, brk.cells, brk.evens, pg.styles, source=f"measured, {pg.src_note}")
+        if pg.forced:
+            ax.set_title(f"{ax.get_title()}\n({pg.forced_short})", fontsize=10)
         fig.tight_layout()
         s.figure(fig)
     return s.html(sfind.to_html([pg.brk_finding], collapse_over=8))
@@ -436,5 +520,8 @@ def findings(pg: Page) -> Section:
 
 
 def metrics(pg: Page) -> dict[str, Any]:
-    return verdicts.metrics(pg.dec, pg.pre, pg.floors, pg.bands, pg.tt, pg.gaps, pg.arm_names,
-                            pg.brk_finding.numbers, pg.answer, pg.scorecard)
+    """09's key numbers (its one answer first), the lines the page opens with (``lead``: 07 and the index read them)
+    and the acceptance each arm was forced to (``forced_acceptance``, {} when the drafters' own)."""
+    return {**verdicts.metrics(pg.dec, pg.pre, pg.floors, pg.bands, pg.tt, pg.gaps, pg.arm_names,
+                               pg.brk_finding.numbers, pg.answer, pg.scorecard),
+            "lead": [list(x) for x in lead_lines(pg)], "forced_acceptance": dict(pg.forced)}

@@ -45,7 +45,7 @@ class Page(nb.Page):
         names = {"run_a": relative_to_project(self.a.path), "run_b": relative_to_project(self.b.path)}
         self.ctx = nb.start(NOTEBOOK, run_dir=p["run_dir"], params=dict(names), needs_server=False)
         self.ctx.run.update(compare=names)
-        self.opening.text(f"A = {names['run_a']}\nB = {names['run_b']}\n"
+        self.intro.text(f"A = {names['run_a']}\nB = {names['run_b']}\n"
                           f"comparison written to {relative_to_project(self.ctx.run.path)}")
 
     @cached_property

@@ -68,6 +68,7 @@ class Diagnosis:
     prefill: str = ""                            # the prefill against its floor (the second collapse), or why not
     after: str = ""                              # the KV layout (10) and MoE at batch 1 (11), when they ran
     recommend: str = ""                          # speculation on below the break-even context, off above (09)
+    cause_clause: str = ""                       # the most likely cause alone, in a clause (07's lead)
 
     @property
     def paragraph(self) -> str:
@@ -247,21 +248,22 @@ def _cause_candidates(findings: Sequence[Mapping[str, Any]]) -> list[tuple[Mappi
 
 
 def _cause(findings: Sequence[Mapping[str, Any]], used: list[Mapping[str, Any]],
-           numbers: dict[str, Any]) -> tuple[str, str | None]:
+           numbers: dict[str, Any]) -> tuple[str, str | None, str]:
     candidates = _cause_candidates(findings)
     if not candidates:
         ran = sorted({str(f.get("notebook")) for f in findings if f.get("notebook")})
         return ("No finding of this run points at a cause"
                 + (f" (the notebooks that ran: {', '.join(ran)})" if ran else "")
                 + ": the floor and slope (05), GPU idle time (02), drafter cost (03) and the commit probe (04) say "
-                  "where to look when they run.", None)
+                  "where to look when they run.", None, "")
     ordered = sorted(enumerate(candidates), key=lambda ic: (_rank(ic[1][0]), ic[0]))
     (_, (finding, clause, nums)), rest = ordered[0], [c for _, c in ordered[1:]]
     used.append(finding)
     numbers.update(nums, cause=finding.get("id"))
     also = [f"{c} ({f.get('notebook')})" for f, c, _ in rest if _rank(f) <= SEVERITY_ORDER["warning"]][:2]
     return (f"The most likely cause is {clause} ({finding.get('notebook')})"
-            + (f"; also {'; '.join(also)}" if also else "") + ".", str(finding.get("id")))
+            + (f"; also {'; '.join(also)}" if also else "") + ".", str(finding.get("id")),
+            f"{clause} ({finding.get('notebook')})")
 
 
 #: Where a fix for each cause would be measured: a pointer the paragraph gives when the run measured no fix.
@@ -523,7 +525,7 @@ def diagnose(findings: Sequence[Mapping[str, Any]]) -> Diagnosis:
     numbers: dict[str, Any] = {}
     slow = _slow(findings, used, numbers)
     floor = _floor(findings, used, numbers)
-    cause, cause_id = _cause(findings, used, numbers)
+    cause, cause_id, cause_clause = _cause(findings, used, numbers)
     prefill, collapsed = _prefill(findings, used, numbers)
     fix = _fix(findings, cause_id, used, numbers, collapsed)
     after = " ".join(x for x in (_kv_layout(findings, used, numbers), _moe(findings, used, numbers)) if x)
@@ -534,4 +536,4 @@ def diagnose(findings: Sequence[Mapping[str, Any]]) -> Diagnosis:
         if _by(f) not in seen:
             seen.append(_by(f))
     return Diagnosis(slow, floor, cause, fix, worst, {k: v for k, v in numbers.items() if v is not None}, tuple(seen),
-                     prefill, after, recommend)
+                     prefill, after, recommend, cause_clause)

@@ -15,6 +15,7 @@ from specdiag import nb, tables
 from specdiag.findings import SEVERITY_ORDER, Finding, to_html
 from specdiag.section import Section
 from specdiag.steps.findings import ddtree, overview, run_checks
+from specdiag.steps.findings import lead as leads
 from specdiag.steps.findings.diagnosis import Diagnosis, diagnose
 from specdiag.tables import brief
 
@@ -45,8 +46,9 @@ def diagnosis_html(diagnosis: Diagnosis, findings: Sequence[Mapping[str, Any]],
     rec = "".join(f" {_esc(nb)} showed the recorded run <code>{_esc(src)}</code>, not a measurement of this run: "
                   f"its findings are listed apart and not counted." for nb, src in (recorded or {}).items())
     basis = ", ".join(diagnosis.based_on) or "no finding of this run"
-    return (f'<div class="specdiag-diagnosis" style="{_BOX}"><div style="font-size:115%;font-weight:600">Diagnosis</div>'
-            f'<p style="margin:6px 0;font-size:105%;line-height:1.45">{_esc(diagnosis.paragraph)}</p>'
+    return (f'<div class="specdiag-diagnosis" style="{_BOX}"><details><summary style="cursor:pointer;font-size:110%;'
+            f'font-weight:600">The diagnosis in full, sentence by sentence with its source</summary>'
+            f'<p style="margin:6px 0;font-size:105%;line-height:1.45">{_esc(diagnosis.paragraph)}</p></details>'
             f'<div style="color:#555;font-size:85%">{_esc(tally)}{rec} Built from: {_esc(basis)}.</div></div>')
 
 
@@ -154,6 +156,11 @@ class Page(nb.Page):
         return diagnose(self.found)
 
     @cached_property
+    def lead(self) -> list[tuple[str, str]]:
+        """The answer in a few lines (:mod:`.lead`): symptom, cause, what to run, what it buys, how sure."""
+        return leads.lead_lines(self.diag, self.found, self.results)
+
+    @cached_property
     def overview(self) -> list[dict[str, Any]]:
         """One row per notebook: result, status, counts per severity, most severe verdict."""
         return overview.notebook_overview(self.results, self.statuses, self.recorded)
@@ -169,8 +176,11 @@ def start(params: Mapping[str, Any]) -> Page:
 
 
 def diagnosis(pg: Page) -> Section:
-    """The page's opening: the diagnosis, built from this run's findings."""
-    return Section().html(diagnosis_html(pg.diag, pg.found, pg.recorded))
+    """The page's opening: what its numbers describe (a demo, a replay), the answer in a few lines, then the diagnosis
+    in full, built from this run's findings."""
+    s = pg.opening
+    s.lead(pg.lead, title=leads.TITLE)
+    return s.html(diagnosis_html(pg.diag, pg.found, pg.recorded))
 
 
 def findings(pg: Page) -> Section:
@@ -207,4 +217,4 @@ def write_result(pg: Page) -> Any:
     """07's result: the diagnosis, the summary and the run-level findings, and the diagnosis' numbers."""
     return pg.ctx.run.write_result(NOTEBOOK, findings=[pg.diag.as_finding(), pg.summary, *pg.run_level], metrics={
         **pg.summary.numbers, "diagnosis": pg.diag.paragraph, "diagnosis_numbers": pg.diag.numbers,
-        "diagnosis_based_on": list(pg.diag.based_on)})
+        "diagnosis_based_on": list(pg.diag.based_on), "lead": [list(x) for x in pg.lead]})

@@ -53,11 +53,11 @@ class Page(nb.Page):
             total = p["context_tokens"] + p["max_new_tokens"]
             nb.check(limit is None or total <= limit, f"context_tokens + max_new_tokens = {total:,} tokens but the "
                                                       f"server's context_length is {limit:,}: lower one of them")
-            self.opening.text(f"server {ctx.server_url}: {info.get('model_path')}, "
+            self.intro.text(f"server {ctx.server_url}: {info.get('model_path')}, "
                               f"{ctx.settings.speculation_line()}, device {info.get('device') or 'not reported'}")
-            self.opening.text(f"telemetry: {self.source.kind}, {len(self.source.describe().get('devices', []))} "
+            self.intro.text(f"telemetry: {self.source.kind}, {len(self.source.describe().get('devices', []))} "
                               "device(s)")
-        self.opening.text(f"run folder: {ctx.run.path}")
+        self.intro.text(f"run folder: {ctx.run.path}")
 
     @cached_property
     def _sampled(self) -> tuple[dict[str, Any], list[dict[str, Any]], list[str]]:

@@ -59,8 +59,8 @@ class Page(nb.Page):
         #: the recorded run shown (asked for with replay_dir, or the reference without CUDA): 06's result says it
         self.shown_from: str | None = None if ctx.live else relative_to_project(ctx.source.path)
         self.focus: tuple[int, int, int] = (p["focus_context"], p["focus_heads"], p["focus_draft_tokens"])
-        self.opening.text(f"{'cuda':>13}: {self.cuda}")
-        self.opening.text(f"measuring on {torch.cuda.get_device_name()}" if ctx.live else
+        self.intro.text(f"{'cuda':>13}: {self.cuda}")
+        self.intro.text(f"measuring on {torch.cuda.get_device_name()}" if ctx.live else
                           f"replaying {self.shown_from}")
 
     @cached_property

@@ -18,6 +18,7 @@ import pandas as pd
 from specdiag import findings as fnd
 from specdiag import nb
 from specdiag.paths import REFERENCE_DIR, relative_to_project
+from specdiag.plots import format_tokens
 from specdiag.runs import Run
 from specdiag.section import Section
 from specdiag.steps.kv_layout import analysis as kla
@@ -153,6 +154,85 @@ ARM_COLUMNS = {"arm": "arm", "what": "what", "attention_backend": "attention bac
                "tokens_per_step": "tokens per verify step", "kv_alloc": "KV allocator", "layout_source": "layout from"}
 
 
+def _pct(x: float) -> str:
+    return f"{100 * (float(x) - 1):+.1f}%"
+
+
+def _tok(n: Any) -> str:
+    return format_tokens(float(n)) if n is not None else "?"
+
+
+def contiguous_answers(found: list[fnd.Finding]) -> list[tuple[str, list[str]]]:
+    """Per answer, the arms it holds for, from each arm's ``kv_layout.tier0.<arm>`` finding: yes (it bought a
+    measured layout cost back: the finding names a fix), no (it did not keep the request contiguous, or did not buy
+    the cost back), not established (too few requests on a scattered pool), not needed (a scattered pool cost no
+    measurable time). The answer's words carry ``{arms}`` where the arms go."""
+    by_answer: dict[str, list[str]] = {}
+    for f in (f for f in found if f.id.startswith("kv_layout.tier0.")):
+        n, arm = f.numbers, str(f.numbers.get("arm"))
+        at = _tok(n.get("context_tokens"))
+        if "fix" in n:
+            key = (f"yes on {{arms}}: after the same traffic it buys the layout's cost back, "
+                   f"{float(n['fix_speedup_x']):.3g}x faster per verify step than scattered at {at}")
+        elif n.get("not_enough_requests"):
+            key = ("not established on {arms}: too few requests on a scattered pool to say whether it costs time, so "
+                   "whether there is a cost to buy back")
+        elif f.severity == "warning":
+            key = f"no on {{arms}}: {f.title.split(': ', 1)[-1]} ({f.verdict})"
+        else:
+            key = f"not needed on {{arms}}: a scattered pool cost no measurable time there (at {at})"
+        by_answer.setdefault(key, []).append(arm)
+    return list(by_answer.items())
+
+
+def contiguous_answer(found: list[fnd.Finding]) -> str:
+    """'Turn the contiguous allocator on?' answered in one sentence (:func:`contiguous_answers`), with what a step
+    costs with it on where the run measured that."""
+    answers = contiguous_answers(found)
+    if not answers:
+        return ("Turn the contiguous allocator on? Not measured here: no arm ran beside its <arm>_contiguous twin "
+                "(an embedded_contiguous arm in engine_configs, or the SGLang plugin's SPECDIAG_SGLANG_KV_ALLOC="
+                "contiguous on a GPU).")
+    said = "; ".join(words.format(arms=" and ".join(arms)) for words, arms in answers)
+    bounds = [f"{_pct(f.numbers['contiguous_hi_x'])} on {f.numbers.get('arm')}" for f in found
+              if f.id.startswith("kv_layout.tier0.") and f.numbers.get("contiguous_hi_x") is not None]
+    cost = (f" With it on, a verify step cost no more than {', '.join(bounds)} against fresh (the intervals' upper "
+            "ends)." if bounds else "")
+    return f"Turn the contiguous allocator on? {said[0].upper()}{said[1:]}.{cost}"
+
+
+def _short(f: fnd.Finding) -> str:
+    """A layout finding's verdict without its arm and after its first clause."""
+    arm = str(f.numbers.get("arm"))
+    text = f.verdict.removeprefix(f"On {arm}:").removeprefix(f"On {arm}").strip()
+    short = text.split("; ")[0].rstrip(".")
+    return short + ")" * max(0, short.count("(") - short.count(")"))
+
+
+def lead_lines(pg: Page) -> list[tuple[str, str]]:
+    """The answer ("turn the contiguous allocator on?"), what a fragmented pool costs, the kernel A/B's prediction
+    and how sure, from the page's findings."""
+    lines = [("Answer", contiguous_answer(pg.found).removeprefix("Turn the contiguous allocator on? "))]
+    costs = [f for f in pg.found if f.id.count(".") == 1 and f.id not in ("kv_layout.prediction", "kv_layout.gaps",
+                                                                           "kv_layout.vllm", "kv_layout.not_measured")]
+    if costs:
+        lines.append(("Layout cost", "; ".join(f"{f.numbers.get('arm')}: {_short(f)}" for f in costs)))
+    pred = next((f for f in pg.found if f.id == "kv_layout.prediction"), None)
+    if pred is not None:
+        lines.append(("Predicted", pred.verdict))
+    if not pg.summ.empty:
+        per = pg.summ.groupby(["arm", "pool_state"])["requests"].sum()
+        lo, hi = int(per.min()), int(per.max())
+        lines.append(("How sure", f"{lo if lo == hi else f'{lo}-{hi}'} requests per arm and pool state (a verdict "
+                                  "takes 3); intervals over requests, a tie called a tie (sections 4 and 4b)"))
+    return lines
+
+
+def lead(pg: Page) -> Section:
+    """The answer first: turn the contiguous allocator on or not, and what the layout costs."""
+    return Section().lead(lead_lines(pg), title=contiguous_answer(pg.found).split("?")[0] + "?")
+
+
 def arms(pg: Page) -> Section:
     """Section 1: replaying, each arm's server, backend, pool, page size, radix cache and layout source as recorded;
     live, the arms as configured (each server reports its pool in section 2, as it is measured)."""
@@ -260,6 +340,7 @@ def findings(pg: Page) -> Section:
 
 
 def metrics(pg: Page) -> dict[str, Any]:
+    """10's key numbers and its answer (``lead``, the lines the page opens with: 07 and the index read them)."""
     return {**kla.metrics(pg.cost, pg.summ), "tier0": tier0.metrics(pg.three), "source": pg.source,
             "prediction": {str(r.context_tokens): round(r.predicted_max_x, 4) for r in pg.pred.itertuples()}
-            if not pg.pred.empty else {}}
+            if not pg.pred.empty else {}, "lead": [list(x) for x in lead_lines(pg)]}

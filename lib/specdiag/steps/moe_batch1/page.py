@@ -69,7 +69,7 @@ class Page(nb.Page):
         if live:
             why_not, self.config = _why_not(ctx, p["recorder_dir"])
             if why_not:
-                self.opening.text(f"not measuring: {why_not}")
+                self.intro.text(f"not measuring: {why_not}")
                 live = False
             else:
                 ctx.run.update(moe_model_config=self.config, device={"gpu": (ctx.server_info or {}).get("device") or ""},
@@ -77,7 +77,7 @@ class Page(nb.Page):
         self.measuring = live
         # the reference shown when nothing was asked for is not this run's; a replay_dir asked for is (as in 09)
         shown = relative_to_project(ctx.source.path) if ctx.replaying else None
-        self.opening.text(f"run folder: {ctx.run.path}"
+        self.intro.text(f"run folder: {ctx.run.path}"
                           + (f"; replaying {shown}" + (" (the recorded reference: nothing was asked to measure)"
                                                        if ctx.recorded_from else "") if shown else "" if live else
                              "; nothing recorded to analyse: the tables below come from the uniform expectation and "

@@ -36,7 +36,7 @@ class Snapshot(nb.Page):
                  "memory_bandwidth_gb_s and matmul_tflops must be >= 0 (0 means: find it)")
         self.ctx = nb.start(NOTEBOOK, server_url=p["server_url"], speculative_config=p["speculative_config"],
                             run_dir=p["run_dir"], replay_dir=p["replay_dir"], params=nb.run_params(p))
-        self.opening.text(f"run folder: {self.ctx.run.path}")
+        self.intro.text(f"run folder: {self.ctx.run.path}")
 
     @cached_property
     def source_kind(self) -> str:
