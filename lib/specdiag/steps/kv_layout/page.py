@@ -191,8 +191,8 @@ def contiguous_answer(found: list[fnd.Finding]) -> str:
     answers = contiguous_answers(found)
     if not answers:
         return ("Turn the contiguous allocator on? Not measured here: no arm ran beside its <arm>_contiguous twin "
-                "(an embedded_contiguous arm in engine_configs, or the SGLang plugin's SPECDIAG_SGLANG_KV_ALLOC="
-                "contiguous on a GPU).")
+                "(in an arms file such as params/arms/embedded-kv-layout.yaml; on a GPU, the SGLang plugin's "
+                "SPECDIAG_SGLANG_KV_ALLOC=contiguous).")
     said = "; ".join(words.format(arms=" and ".join(arms)) for words, arms in answers)
     bounds = [f"{_pct(f.numbers['contiguous_hi_x'])} on {f.numbers.get('arm')}" for f in found
               if f.id.startswith("kv_layout.tier0.") and f.numbers.get("contiguous_hi_x") is not None]
