@@ -23,7 +23,7 @@ REPLAYS = {
     "01_baseline_sweep": "sglang-h200-mla2-stock-traced",
     "02_gpu_utilization": "embedded-h200-utilization",
     "03_drafter_inspection": "sglang-h200-tiny-standalone",
-    "04_commit_probe": "sglang-h200-tiny-ngram",
+    "04_commit_probe": "sglang-h200-tiny-standalone",
     "05_bandwidth_analysis": "sglang-h200-tiny-standalone",  # its peak is recorded (not measured here)
     "06_kernel_ab": "kernel-ab-h200",
     "09_engine_ab": "sglang-h200-mla61-dflash",
