@@ -16,10 +16,14 @@ STREAM's "Copy" and the investigation's "device-to-device copy 4.23 TB/s (read+w
 
 from __future__ import annotations
 
+import platform
 import statistics
+import subprocess
 import time
 from dataclasses import dataclass
 from typing import Any, Literal
+
+import numpy as np
 
 from specdiag.serving.locality import is_local_url
 
@@ -87,8 +91,6 @@ KNOWN_GPUS: tuple[GpuSpec, ...] = (
 def nvidia_smi_gpu(index: int = 0) -> dict[str, Any]:
     """The GPU as nvidia-smi names it (a run.json ``device``): name, driver, memory; ``gpu`` None and why when
     nvidia-smi is missing or fails (a dry run on a CPU)."""
-    import subprocess  # noqa: PLC0415
-
     try:
         out = subprocess.run(["nvidia-smi", f"--id={index}", "--query-gpu=name,driver_version,memory.total",
                               "--format=csv,noheader"], capture_output=True, text=True, timeout=30).stdout.splitlines()
@@ -248,7 +250,7 @@ def nvml_memory_bandwidth(index: int = 0) -> tuple[str, float, str] | None:
 
 def cuda_available() -> bool:
     try:
-        import torch  # noqa: PLC0415
+        import torch  # noqa: PLC0415 - optional: the except says what happens without it
     except ImportError:
         return False
     return bool(torch.cuda.is_available())
@@ -266,7 +268,7 @@ def measure_copy_bandwidth(device: str = "cpu", n_bytes: int = 256 * 2**20, repe
         raise ValueError("n_bytes and repeats must be positive")
     rates: list[float] = []
     if device.startswith("cuda"):
-        import torch  # noqa: PLC0415
+        import torch  # noqa: PLC0415 - loads torch (costly: ARCHITECTURE.md, Imports)
 
         src = torch.empty(n_bytes, dtype=torch.uint8, device=device)
         dst = torch.empty_like(src)
@@ -279,7 +281,6 @@ def measure_copy_bandwidth(device: str = "cpu", n_bytes: int = 256 * 2**20, repe
             if i >= warmup:
                 rates.append(2 * n_bytes / (start.elapsed_time(end) / 1000.0))
         return rates
-    import numpy as np  # noqa: PLC0415
 
     src_np = np.ones(n_bytes, dtype=np.uint8)
     dst_np = np.empty_like(src_np)
@@ -295,7 +296,7 @@ def measure_copy_bandwidth(device: str = "cpu", n_bytes: int = 256 * 2**20, repe
 def measure_matmul_rate(device: str = "cpu", n: int = 2048, repeats: int = 5, warmup: int = 2,
                         dtype: str = "bfloat16") -> list[float]:
     """Time ``repeats`` n x n matmuls in ``dtype`` (2 n^3 FLOP each); return FLOP/s per repeat."""
-    import torch  # noqa: PLC0415
+    import torch  # noqa: PLC0415 - loads torch (costly: ARCHITECTURE.md, Imports)
 
     kind = getattr(torch, dtype)
     a = torch.randn(n, n, device=device, dtype=kind)
@@ -333,7 +334,7 @@ def fastest_cpu_matmul_dtype(probe_n: int = 256) -> str:
 
 def _cuda_name(index: int = 0) -> str:
     try:
-        import torch  # noqa: PLC0415
+        import torch  # noqa: PLC0415 - loads torch (costly: ARCHITECTURE.md, Imports)
 
         return str(torch.cuda.get_device_name(index))
     except Exception:  # noqa: BLE001 - no CUDA: a generic name
@@ -341,8 +342,6 @@ def _cuda_name(index: int = 0) -> str:
 
 
 def host_name() -> str:
-    import platform  # noqa: PLC0415
-
     return f"host CPU ({platform.processor() or platform.machine()})"
 
 

@@ -32,6 +32,8 @@ from specdiag import subject
 from specdiag.paths import NOTEBOOKS_DIR, relative_to_project, shown
 from specdiag.runs import Run
 from specdiag.section import Section
+from specdiag.serving.identity import changes, server_identity
+from specdiag.tokens import EXAMPLE, token_count, token_counts
 
 
 class ParameterError(ValueError):
@@ -131,8 +133,6 @@ def checked_value(name: str, value: Any, tp: Any, how_to_set: str) -> Any:
     """``value`` of parameter ``name`` checked against its annotated type ``tp``: a context parameter's ``"128k"``
     comes back as 131072 (a list's entries likewise, or ``"1k,128k"`` as a list); else ``value`` unchanged. A mismatch
     raises :class:`ParameterError` naming the parameter, the type it takes and ``how_to_set`` it."""
-    from specdiag.tokens import EXAMPLE, token_count, token_counts  # noqa: PLC0415
-
     if tp is None:
         return value
     if is_context_parameter(name) and (tp is int or tp == list[int]):
@@ -166,7 +166,7 @@ def brief_parameter_errors() -> None:
     """Show a :class:`ParameterError` on the page as its one-line message, not as a traceback through the library;
     the cell still fails (a papermill run stops there and says which parameter). Outside IPython: nothing."""
     try:
-        from IPython import get_ipython  # noqa: PLC0415
+        from IPython import get_ipython  # noqa: PLC0415 - optional: the except says what happens without it
     except ImportError:
         return
     shell = get_ipython()
@@ -329,7 +329,7 @@ def start(notebook: str, server_url: str = "", run_dir: str = "", replay_dir: st
     from specdiag.serving import make_client, reach, reached_engine  # noqa: PLC0415 - replay imports no client
 
     if not server_url:
-        from specdiag import localserver  # noqa: PLC0415
+        from specdiag import localserver  # noqa: PLC0415 - live only: replay loads no server code
 
         server_url = localserver.ensure_running()
         client = reach(server_url, "embedded")
@@ -347,8 +347,6 @@ def note_server(run: Run, notebook: str, client: Any, settings: Any) -> list[str
     """Record which server ``notebook`` saw (run.json ``servers_seen``: start and settings,
     :func:`specdiag.serving.identity.server_identity`) and say, here and in ``server_changes``, when it is not the
     server an earlier notebook of the run saw (restarted or reconfigured in between). Returns those lines."""
-    from specdiag.serving.identity import changes, server_identity  # noqa: PLC0415
-
     samples = client.metrics_samples() if hasattr(client, "metrics_samples") else None
     ident = server_identity(client.base_url, settings, samples)
     seen = {k: v for k, v in (run.meta.get("servers_seen") or {}).items() if k != notebook}
@@ -374,7 +372,7 @@ def print_versions() -> None:
     lines = [f"{k:>13}: {v}" for k, v in found.items()]
     try:
         from IPython import get_ipython  # noqa: PLC0415 - IPython only where a kernel runs the notebook
-        from IPython.display import HTML, display  # noqa: PLC0415
+        from IPython.display import HTML, display  # noqa: PLC0415 - optional: the except says what happens without it
     except ImportError:
         get_ipython = None  # type: ignore[assignment]
     if get_ipython is None or get_ipython() is None:

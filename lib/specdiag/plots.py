@@ -10,8 +10,10 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Sequence
 
+import matplotlib as mpl
 import matplotlib.ticker as mticker
 import numpy as np
+from matplotlib.font_manager import FontProperties
 
 SOURCE_NOTE = {"measured": "measured", "server-reported": "server-reported", "computed": "computed",
                "published": "published"}
@@ -147,8 +149,6 @@ class ContextLocator(mticker.Locator):
             return float(axis.majorTicks[0].label1.get_fontsize())
         except (AttributeError, IndexError):
             pass
-        import matplotlib as mpl  # noqa: PLC0415
-        from matplotlib.font_manager import FontProperties  # noqa: PLC0415
 
         return float(FontProperties(size=mpl.rcParams[f"{axis.axis_name}tick.labelsize"]).get_size_in_points())
 
@@ -201,8 +201,8 @@ def roof(ax: Any, intensity_range: tuple[float, float], bandwidth_gbps: float, m
 
 def show(fig: Any) -> None:
     """Show ``fig`` once in the notebook's output and close it (no second copy from the inline backend)."""
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-    from IPython.display import display  # noqa: PLC0415
+    import matplotlib.pyplot as plt  # noqa: PLC0415 - loads matplotlib.pyplot (costly: ARCHITECTURE.md, Imports)
+    from IPython.display import display  # noqa: PLC0415 - loads IPython (costly: ARCHITECTURE.md, Imports)
 
     display(fig)
     plt.close(fig)

@@ -16,6 +16,8 @@ Rows are appended one by one so a run that fails half-way keeps every row it mea
 from __future__ import annotations
 
 import datetime as _dt
+import gzip
+import hashlib
 import json
 import os
 import platform
@@ -78,8 +80,6 @@ def machine_id() -> str:
     """This machine as one boot of one host: 12 hex digits of a hash of the host name and the kernel's boot id
     (``/proc/sys/kernel/random/boot_id``; the host name alone where there is none). Two calls on one warm lent machine
     share it; a fresh machine (lent machines all call themselves ``vm``) gets another. Reveals neither."""
-    import hashlib  # noqa: PLC0415
-
     try:
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:
@@ -276,8 +276,6 @@ def merge_runs(dest: str | os.PathLike[str], sources: Iterable[str | os.PathLike
     copied gzipped (the same bytes; a ``.gz`` is copied as it is). With ``keep_row``, only the rows and list items it
     keeps. Returns the merged run and ``(part, source run)``.
     """
-    import gzip  # noqa: PLC0415
-
     tables, list_keys, first_keys, sources = tuple(tables), tuple(list_keys), tuple(first_keys), list(sources)
     out = Run.create(dest, label=label)
     lists = {k: list(out.meta.get(k) or []) for k in list_keys}

@@ -55,7 +55,7 @@ class Section:
     def table(self, rows: Iterable[Mapping[str, Any]] | Any, columns: Mapping[Any, str] | None = None,
               **kwargs: Any) -> "Section":
         """A table of ``rows`` through :func:`specdiag.tables.table` (same arguments)."""
-        from specdiag import tables  # noqa: PLC0415
+        from specdiag import tables  # noqa: PLC0415 - loads pandas (costly: ARCHITECTURE.md, Imports)
 
         self.parts.append(("table", tables.table(rows, columns, **kwargs)))
         return self
@@ -80,9 +80,9 @@ class Section:
 
     def show(self) -> None:
         """Print the text, display tables, markdown and HTML, show each figure once (and close it)."""
-        from IPython.display import HTML, Markdown, display  # noqa: PLC0415
+        from IPython.display import HTML, Markdown, display  # noqa: PLC0415 - loads IPython (costly: ARCHITECTURE.md, Imports)
 
-        from specdiag import plots  # noqa: PLC0415
+        from specdiag import plots  # noqa: PLC0415 - loads matplotlib (costly: ARCHITECTURE.md, Imports)
 
         for kind, part in self.parts:
             if kind == "text":

@@ -30,6 +30,7 @@ import math
 import statistics
 from dataclasses import dataclass
 from functools import lru_cache
+from statistics import NormalDist
 from typing import Sequence
 
 
@@ -206,7 +207,6 @@ def _tail_count(m: int, n: int, alpha: float) -> tuple[int, float]:
         if k == 0:
             return 1, 1.0 - 2.0 * counts[0] / total
         return k, 1.0 - 2.0 * cum / total
-    from statistics import NormalDist  # noqa: PLC0415
 
     z = NormalDist().inv_cdf(1.0 - alpha / 2.0)
     k = max(1, int(math.floor(m * n / 2.0 - z * math.sqrt(m * n * (m + n + 1) / 12.0))))

@@ -29,6 +29,7 @@ from specdiag.geometry.types import (
     WeightBytesPerParam,
     dtype_bytes,
 )
+from specdiag.paths import PROJECT_ROOT
 
 # ---------------------------------------------------------------------------------------------
 # From a Hugging Face config.json
@@ -295,8 +296,6 @@ def geometry_for_run(model_config: str = "", kv_dtype: str = "", run_meta: Mappi
     ``kv_cache_dtype`` > its ``dtype`` (when not ``auto``) > the config's dtype > bf16. When the server names a concrete
     ``dtype`` and the config has no quantization, the weights are counted at that dtype.
     """
-    from specdiag.paths import PROJECT_ROOT  # noqa: PLC0415
-
     root = project_root or PROJECT_ROOT
     param_name = param_name or ("model_config" if role == "target" else "drafter_config")
     section = dict((run_meta or {}).get("model" if role == "target" else "drafter") or {})

@@ -7,7 +7,10 @@ same run folder measures only the requests without a good row (failed ones are m
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
+
+from tqdm import tqdm
 
 #: What ``measure`` may return: one row for ``table``, or the row and further rows by table name.
 Measured = Mapping[str, Any] | tuple[Mapping[str, Any], Mapping[str, Iterable[Mapping[str, Any]]]]
@@ -28,10 +31,6 @@ def measure_missing(run: Any, plan: Plan, table: str, key: Sequence[str],
     ``report`` gets one line before the loop (how many are done already) and one per failed request. Past
     ``deadline_s`` (``time.monotonic()``, a sweep's budget) no request is started; ``not_run`` then gets a sentence.
     """
-    import time  # noqa: PLC0415
-
-    from tqdm import tqdm  # noqa: PLC0415
-
     total = len(plan.requests())
     pending = plan.pending(run.done_keys(table, tuple(key)))
     report(f"{total - len(pending)} of {total} requests already measured in this run folder; measuring {len(pending)}")

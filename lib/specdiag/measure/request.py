@@ -21,6 +21,7 @@ from typing import Any, Mapping, Sequence
 
 from specdiag.measure.fresh_prompt import fresh_prompt, reset_note
 from specdiag.prompts import Prompt, build_prompt
+from specdiag.serving.errors import ServerError
 
 #: Every measured prompt is tokenized with the tokenizer's special tokens (a BOS where the model has one),
 #: as the server itself tokenizes a text prompt, so ``context_tokens`` counts what a text request would send.
@@ -63,8 +64,6 @@ def send(client: Any, input_ids: Sequence[int], max_new_tokens: int, ignore_eos:
          prompt: Prompt | None = None, t_stamp: float | None = None) -> MeasuredRequest:
     """Stream ``input_ids`` greedily; a ServerError (nothing could be sent) becomes the result's error.
     ``t_stamp``: a send stamp taken earlier (before a cache reset); default now, before the request."""
-    from specdiag.serving.errors import ServerError  # noqa: PLC0415 - replay imports no client
-
     t0 = time.time() if t_stamp is None else t_stamp
     params = {**greedy(max_new_tokens, ignore_eos), **dict(sampling_params or {})}
     try:
@@ -78,8 +77,6 @@ def send(client: Any, input_ids: Sequence[int], max_new_tokens: int, ignore_eos:
 def measured_request(client: Any, n_tokens: int, kind: str, seed: int, max_new_tokens: int, reset: bool = True,
                      instruction: str = "", ignore_eos: bool = True) -> MeasuredRequest:
     """The recipe above for one request of ``n_tokens`` prompt tokens (``kind``: novel or predictable)."""
-    from specdiag.serving.errors import ServerError  # noqa: PLC0415 - replay imports no client
-
     t0 = time.time()
     flushed: bool | None = None
     try:

@@ -43,7 +43,7 @@ KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=CRITICAL"]
 def execute_notebook(notebook: str, run: Run, parameters: Mapping[str, Any],
                      notebooks_dir: Path = NOTEBOOKS_DIR, log_output: bool = True) -> NotebookResult:
     """Execute one notebook with papermill into ``run/notebooks/``; never raises for a cell error."""
-    import papermill  # noqa: PLC0415
+    import papermill  # noqa: PLC0415 - loads papermill (costly: ARCHITECTURE.md, Imports)
 
     out_dir = run.path / "notebooks"
     out_dir.mkdir(exist_ok=True)

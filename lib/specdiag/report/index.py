@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from specdiag import subject
+from specdiag.findings import SEVERITY_ORDER
 from specdiag.paths import PROJECT_ROOT, RUNS_DIR
 from specdiag.runs import Run
 from specdiag.tables import brief
@@ -37,7 +38,7 @@ NOT_KEY_NUMBERS = ("lead", "forced_acceptance", "diagnosis", "diagnosis_numbers"
 
 @cache
 def _environment() -> jinja2.Environment:
-    import jinja2  # noqa: PLC0415
+    import jinja2  # noqa: PLC0415 - loads jinja2 (costly: ARCHITECTURE.md, Imports)
 
     return jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True,
                               undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
@@ -73,8 +74,6 @@ def _row(r: NotebookResult, meta: dict[str, Any], replayed_meta: dict[str, Any])
     """A notebook's row: where its numbers come from, its key numbers (not the answer's lines), its findings most
     severe first (the template folds each verdict, collapses those beyond :data:`FINDINGS_SHOWN`, and all of a recorded
     run's, ``recorded_from``, under a line naming that run)."""
-    from specdiag.findings import SEVERITY_ORDER  # noqa: PLC0415
-
     found = sorted(r.findings, key=lambda f: SEVERITY_ORDER.get(str(f.get("severity")), 9))
     numbers = [(k, brief(v)) for k, v in r.metrics.items() if k not in NOT_KEY_NUMBERS][:METRICS_SHOWN]
     source = subject.measured_on(meta, r.recorded_from, _meta_of(r.recorded_from) if r.recorded_from else replayed_meta)

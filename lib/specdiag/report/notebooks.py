@@ -6,6 +6,9 @@ import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+import yaml
+
+from specdiag.nb import annotation_type, checked_value
 from specdiag.paths import NOTEBOOKS_DIR, PROJECT_ROOT
 from specdiag.runs import Run
 
@@ -68,7 +71,6 @@ def load_params_file(path: str | None) -> dict[str, Any]:
     names a notebook (``01_baseline_sweep: {...}``) holds parameters for that notebook alone."""
     if not path:
         return {}
-    import yaml  # noqa: PLC0415
 
     p = Path(path)
     if not p.exists() and (PROJECT_ROOT / p).exists():
@@ -106,8 +108,6 @@ def checked_params_file(notebooks: Sequence[str], params_file: Mapping[str, Any]
     any folder is made: a key naming no notebook, a notebook key the notebook does not declare, or a value of the wrong
     type raises ValueError naming it (``how_to_set``: where the user sets it). Returns the file with context
     parameters given as ``"128k"`` turned into token counts (specdiag.nb.checked_value)."""
-    from specdiag.nb import annotation_type, checked_value  # noqa: PLC0415
-
     if not params_file:  # the notebooks' own defaults: nothing to check
         return {}
     have = available_notebooks(notebooks_dir)

@@ -18,9 +18,9 @@ TEMPLATE_NAME = "specdiag_offline"
 
 def render_html(ipynb_path: Path, html_path: Path) -> None:
     """Code-free HTML that opens offline (our template drops the CDN scripts), progress bars as plain lines."""
-    import nbformat  # noqa: PLC0415
-    from nbconvert import HTMLExporter  # noqa: PLC0415
-    from nbconvert.preprocessors import TagRemovePreprocessor  # noqa: PLC0415
+    import nbformat  # noqa: PLC0415 - loads nbformat (costly: ARCHITECTURE.md, Imports)
+    from nbconvert import HTMLExporter  # noqa: PLC0415 - loads nbconvert (costly: ARCHITECTURE.md, Imports)
+    from nbconvert.preprocessors import TagRemovePreprocessor  # noqa: PLC0415 - loads nbconvert (costly: ARCHITECTURE.md, Imports)
 
     exporter = HTMLExporter(template_name=TEMPLATE_NAME, extra_template_basedirs=[str(TEMPLATES_DIR)])
     exporter.exclude_input = True

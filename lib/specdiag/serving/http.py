@@ -37,6 +37,7 @@ from specdiag.serving.errors import (
 )
 from specdiag.serving.redaction import REDACTED, redact_text
 from specdiag.serving.sse import DONE, SSEDecoder, SSEEvent, SSEFormatError
+from specdiag.serving.stages import stage_deltas
 from specdiag.serving.trace import RequestTrace, assemble_stream
 from specdiag.serving.traffic import TrafficWatch
 from specdiag.speculation.scrapes import Samples, parse_prometheus
@@ -395,7 +396,6 @@ class HTTPClient:
         reading = self.traffic.after(after, int(trace.completion_tokens or 0),
                                      float(queue) if isinstance(queue, (int, float)) else None)
         trace.traffic = reading.as_dict()
-        from specdiag.serving.stages import stage_deltas  # noqa: PLC0415
 
         trace.server_stages = stage_deltas(before, after)
         return trace, before, after

@@ -14,7 +14,7 @@ Samples = dict[str, list[tuple[dict[str, str], float]]]
 
 def _samples(text: str) -> Samples:
     # imported here: prometheus_client loads its registry and HTTP exposition (about 85 ms), which replay never needs
-    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
+    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415 - loads prometheus_client (costly: ARCHITECTURE.md, Imports)
 
     out: Samples = {}
     for family in text_string_to_metric_families(text):

@@ -112,7 +112,7 @@ class PrometheusSource:
 
     def open(self) -> None:
         if self._session is None:
-            import requests  # noqa: PLC0415
+            import requests  # noqa: PLC0415 - live only: replay loads no server code
 
             self._session = requests.Session()
         try:

@@ -38,7 +38,9 @@ import threading
 import time
 from typing import Any, Callable
 
-# The row contract lives in telemetry/rows.py (shared with the sources); re-exported here.
+from specdiag.telemetry.cpu import CpuSource  # noqa: F401 - re-exported: open_source("cpu") and callers
+from specdiag.telemetry.nvml import NvmlSource, NvmlUnavailable
+from specdiag.telemetry.prometheus import PrometheusSource
 from specdiag.telemetry.rows import (  # noqa: F401
     METRIC_FIELDS,
     MIB,
@@ -46,7 +48,6 @@ from specdiag.telemetry.rows import (  # noqa: F401
     TelemetrySource,
     empty_row,
 )
-from specdiag.telemetry.cpu import CpuSource  # noqa: F401 - re-exported: open_source("cpu") and callers
 
 
 def open_source(telemetry: str = "auto", gpu_indices: list[int] | None = None, nvml: Any = None,
@@ -61,8 +62,6 @@ def open_source(telemetry: str = "auto", gpu_indices: list[int] | None = None, n
 
     ``nvml`` and ``psutil_module`` replace the real modules (tests pass fakes).
     """
-    from specdiag.telemetry.nvml import NvmlSource, NvmlUnavailable  # noqa: PLC0415
-
     if not isinstance(telemetry, str) or not telemetry:
         raise ValueError(f"telemetry must be 'auto', 'nvml', 'cpu' or a Prometheus URL; got {telemetry!r}")
     if gpu_indices is not None and (not isinstance(gpu_indices, (list, tuple))
@@ -71,8 +70,6 @@ def open_source(telemetry: str = "auto", gpu_indices: list[int] | None = None, n
     choice = telemetry.strip()
     source: TelemetrySource
     if choice.startswith(("http://", "https://")):
-        from specdiag.telemetry.prometheus import PrometheusSource  # noqa: PLC0415
-
         source = PrometheusSource(choice, gpu_indices=gpu_indices)
     elif choice == "nvml":
         source = NvmlSource(gpu_indices=gpu_indices, nvml=nvml)

@@ -55,6 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
+from specdiag.runs import Run
 from specdiag.stats import quantile
 from specdiag.telemetry import trace_tables as tt
 from specdiag.telemetry.intervals import shared_by_label_us, union_us
@@ -458,8 +459,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                "top_kernels": top}, indent=1) + "\n")
         print(f"rows and summary written to {args.json}")
     if args.run:
-        from specdiag.runs import Run  # noqa: PLC0415
-
         run = Run.create(Path(args.run).resolve())  # relative to the working folder, as a CLI path is
         recorded = record_step_profile(run, args.trace, context_tokens=args.context_tokens, arm=args.arm,
                                        marker=args.marker)

@@ -32,10 +32,14 @@ Pure functions: no I/O here (the command line reads the run folders).
 
 from __future__ import annotations
 
+import argparse
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from specdiag.hardware import lookup_gpu
+from specdiag.runs import Run
 from specdiag.stats import fit_line
 from specdiag.telemetry.torch_trace import summarize
 from specdiag.telemetry.trace_tables import KERNEL_CLASSES
@@ -203,8 +207,6 @@ def project_to_investigation(step_ms: Mapping[int, float], *, layers_measured: i
 def recorded_peak_gb_s(meta: Mapping[str, Any], gpu_name: str = "") -> tuple[float, str] | None:
     """A run's peak memory bandwidth (GB/s) and where it came from: its run.json ``hardware``, else its ``device``
     GPU (or ``gpu_name``) in the table of known GPUs; None when nothing names it."""
-    from specdiag.hardware import lookup_gpu  # noqa: PLC0415
-
     hw = dict(meta.get("hardware") or {})
     if hw.get("memory_bandwidth_gb_s"):
         return float(hw["memory_bandwidth_gb_s"]), f"recorded ({hw.get('device_name') or hw.get('gpu') or 'run.json'})"
@@ -488,11 +490,6 @@ def format_traced(tp: TracedProjection, differences: Sequence[MethodDifference] 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m specdiag.steps.bandwidth_analysis.verify_projection --stock RUN --fixed RUN [--traced]``: the table from two recorded runs."""
-    import argparse  # noqa: PLC0415
-    import sys  # noqa: PLC0415
-
-    from specdiag.runs import Run  # noqa: PLC0415
-
     p = argparse.ArgumentParser(prog="python -m specdiag.steps.bandwidth_analysis.verify_projection", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--stock", required=True, help="run folder of the stock arm, e.g. data/reference/sglang-h200-mla2-stock-traced")

@@ -35,7 +35,7 @@ class SweepSettings:
 def sweep_arm(job: Any) -> list[str]:
     """01's requests on the arm's server into its run folder (``params.01_baseline_sweep`` recorded beside them);
     returns what the budget left unmeasured."""
-    from specdiag.serving import make_client  # noqa: PLC0415
+    from specdiag.serving import make_client  # noqa: PLC0415 - live only: replay loads no server code
 
     s: SweepSettings = job.settings
     client = make_client(job.url)

@@ -34,7 +34,7 @@ class SweepSettings:
 def sweep_arm(job: Any) -> list[str]:
     """04's requests on the arm's server into its run folder (``params.04_commit_probe`` beside them); returns what
     was not measured."""
-    from specdiag.serving import make_client  # noqa: PLC0415
+    from specdiag.serving import make_client  # noqa: PLC0415 - live only: replay loads no server code
 
     s: SweepSettings = job.settings
     info = job.server_info

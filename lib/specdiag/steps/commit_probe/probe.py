@@ -282,7 +282,7 @@ def summarize(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _k(n: int) -> str:
-    from specdiag.plots import format_tokens  # noqa: PLC0415
+    from specdiag.plots import format_tokens  # noqa: PLC0415 - loads matplotlib (costly: ARCHITECTURE.md, Imports)
 
     return format_tokens(n)
 

@@ -18,8 +18,10 @@ is said; fewer than :data:`specdiag.stats.MIN_REQUESTS` requests at a context: "
 from __future__ import annotations
 
 import dataclasses
+import json
 import statistics
 import time
+from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from specdiag.findings import Finding, Source
@@ -33,6 +35,8 @@ from specdiag.geometry import (
 )
 from specdiag.measure.disturbance import traffic_finding
 from specdiag.measure.metrics import trace_columns
+from specdiag.measure.request import measured_request
+from specdiag.paths import PROJECT_ROOT
 from specdiag.stats import MIN_REQUESTS, NOT_ENOUGH, RequestComparison, against_target, compare_requests, fit_line
 
 #: Columns of the ``drafter_timing`` table (one row per request).
@@ -147,8 +151,6 @@ def measure_draft_timing(client: Any, context_tokens: int, max_new_tokens: int, 
     """One measured request (:func:`specdiag.measure.request.measured_request`: stamp, fresh exact-length
     prompt, stream, server errors caught) as its ``drafter_timing`` row (errors kept); ``draft_window_tokens``:
     the server's draft window, as it reports it (a label of the row); ``warmup``: the plan's warm-up request."""
-    from specdiag.measure.request import measured_request  # noqa: PLC0415
-
     labels = {"prompt_kind": prompt_kind, "seed": seed, "max_new_tokens": max_new_tokens,
               "draft_window_tokens": draft_window_tokens, "warmup": bool(warmup)}
     done = measured_request(client, int(context_tokens), prompt_kind, int(seed), int(max_new_tokens))
@@ -452,11 +454,6 @@ def engine_patch(server: Mapping[str, Any], run_meta: Mapping[str, Any] | None =
     if not path:
         return None
     try:
-        import json  # noqa: PLC0415
-        from pathlib import Path  # noqa: PLC0415
-
-        from specdiag.paths import PROJECT_ROOT  # noqa: PLC0415
-
         folder = Path(str(path))
         folder = folder if folder.is_absolute() else PROJECT_ROOT / folder  # a launcher's project-relative path
         return json.loads((folder / PATCH_FILE).read_text())

@@ -24,13 +24,17 @@ inside them), :func:`drafter_config` (reads a config.json) and :func:`plot_arms`
 from __future__ import annotations
 
 import contextlib
+import json
 import statistics
+from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 from specdiag.findings import Finding, Source
+from specdiag.measure.loop import measure_missing, plan_rows
+from specdiag.paths import PROJECT_ROOT
 from specdiag.stats import NOT_ENOUGH, compare_requests
 from specdiag.steps.drafter_inspection.analysis import (
-    flag_first, growth_reading, growth_words, interval_text, span_text)
+    TIMING_KEY, flag_first, growth_reading, growth_words, interval_text, measure_draft_timing, span_text)
 
 ALGORITHM = "DFLASH"
 EMBEDDED_VERSION = "specdiag-localserver"  # how the embedded server's /server_info "version" starts
@@ -89,7 +93,6 @@ def other_window_server(server: Mapping[str, Any], window_tokens: int | None) ->
     """The embedded DFLASH server of ``server`` (same target, drafter, block and device) started again with
     ``window_tokens`` as its draft window (None: none); yields its URL and stops it afterwards."""
     from specdiag.localserver import EmbeddedServer  # noqa: PLC0415 - only when measuring
-    from specdiag.paths import PROJECT_ROOT  # noqa: PLC0415
 
     block = server.get("speculative_dflash_block_size") or server.get("speculative_num_draft_tokens")
     with EmbeddedServer(ALGORITHM, None, device=str(server.get("device") or "cpu"),
@@ -103,9 +106,7 @@ def time_other_window(run: Any, server: Mapping[str, Any], window_tokens: int | 
                       table: str = "drafter_timing") -> list[dict[str, Any]]:
     """The ``drafter_timing`` rows of ``plan`` (a :class:`~.analysis.TimingPlan` labelled with ``window_tokens``) on
     the embedded DFLASH server started again with that draft window; started only when a request is missing."""
-    from specdiag.measure.loop import measure_missing, plan_rows  # noqa: PLC0415
-    from specdiag.serving import reach  # noqa: PLC0415
-    from specdiag.steps.drafter_inspection.analysis import TIMING_KEY, measure_draft_timing  # noqa: PLC0415
+    from specdiag.serving import reach  # noqa: PLC0415 - live only: replay loads no server code
 
     if plan.pending(run.done_keys(table, TIMING_KEY)):
         with other_window_server(server, window_tokens) as url:
@@ -128,7 +129,7 @@ def own_rows(rows: Sequence[Mapping[str, Any]], window_tokens: int | None) -> li
 
 def plot_arms(ax: Any, table: Sequence[Mapping[str, Any]], source: str) -> None:
     """Draft ms (solid) and verify ms (dashed) per step against context, one colour per draft window."""
-    from specdiag import plots  # noqa: PLC0415
+    from specdiag import plots  # noqa: PLC0415 - loads matplotlib (costly: ARCHITECTURE.md, Imports)
 
     arms: dict[int | None, list[Mapping[str, Any]]] = {}
     for r in table:
@@ -153,11 +154,6 @@ def drafter_config(server: Mapping[str, Any], meta: Mapping[str, Any]) -> tuple[
     """The DFlash drafter's config and where it came from: the server's draft model folder's config.json when this
     machine reads it, else the server's ``speculative_draft_model_config`` (the embedded server's summary), else a
     recorded run's ``speculation.drafter_config``."""
-    import json  # noqa: PLC0415
-    from pathlib import Path  # noqa: PLC0415
-
-    from specdiag.paths import PROJECT_ROOT  # noqa: PLC0415
-
     path = server.get("speculative_draft_model_path")
     if path:
         folder = Path(str(path)) if Path(str(path)).is_absolute() else PROJECT_ROOT / str(path)

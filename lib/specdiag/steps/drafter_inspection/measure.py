@@ -22,7 +22,10 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from specdiag.measure.loop import measure_missing
+from specdiag.measure.sweep_table import latest_rows
+from specdiag.prompts import build_prompt
 from specdiag.runs import Run
+from specdiag.speculation.commit import spec_fields_from_meta
 from specdiag.steps.drafter_inspection import analysis as drafter
 
 #: 03 replays one server per run folder: the driver gives each arm its own (specdiag.sweep.driver.arm_run)
@@ -64,9 +67,6 @@ def sweep_begin(run: Any, arms: Any, settings: SweepSettings) -> None:
 
 def _window_row(client: Any, context: int, kind: str, max_new_tokens: int, seed: int) -> dict[str, Any]:
     """One greedy request's drafting (the window check's half on this server)."""
-    from specdiag.prompts import build_prompt  # noqa: PLC0415
-    from specdiag.speculation.commit import spec_fields_from_meta  # noqa: PLC0415
-
     prompt = build_prompt(lambda t: client.tokenize(t, add_special_tokens=True), context, kind, seed=seed)
     client.flush_cache()
     tr = client.generate(input_ids=prompt.input_ids, stream=True,
@@ -92,7 +92,7 @@ class _WindowPlan:
 def sweep_arm(job: Any) -> list[str]:
     """03's timed requests on the arm's server (and the window check's, with ``window_contexts``) into its run
     folder, ``params.03_drafter_inspection`` beside them; returns what was not measured."""
-    from specdiag.serving import make_client  # noqa: PLC0415
+    from specdiag.serving import make_client  # noqa: PLC0415 - live only: replay loads no server code
 
     s: SweepSettings = job.settings
     client = make_client(job.url)
@@ -157,8 +157,6 @@ def cost_rows(standalone: Sequence[Mapping[str, Any]], ngram: Sequence[Mapping[s
               draft_steps: int | None) -> list[dict[str, Any]]:
     """``drafter_cost`` rows (pure): per context both arms hold, the STANDALONE arm's ms per verify step minus the
     NGRAM arm's (medians over their requests; the requests' values kept for 03's comparison over requests)."""
-    from specdiag.measure.sweep_table import latest_rows  # noqa: PLC0415
-
     def by_context(rows: Sequence[Mapping[str, Any]]) -> dict[int, list[Mapping[str, Any]]]:
         out: dict[int, list[Mapping[str, Any]]] = {}
         for r in latest_rows([dict(x) for x in rows]):

@@ -36,9 +36,10 @@ from typing import Any, Iterable, Mapping, Sequence
 import pandas as pd
 
 from specdiag.plots import format_tokens
-from specdiag.spread import Sample, Spread, compare_across, machine_of, server_of, server_spreads
-from specdiag.stats import RequestComparison, median_diff_test
-from specdiag.steps.engine_ab.arms import checks_verify, verify_path
+from specdiag.spread import (
+    Sample, Spread, compare_across, inside_spread, machine_of, server_of, server_spreads, widened)
+from specdiag.stats import NOT_ENOUGH, RequestComparison, median_diff_test
+from specdiag.steps.engine_ab.arms import checks_verify, step_sizes, verify_arms, verify_path
 
 CTX_1K, CTX_64K, CTX_128K = 1024, 65536, 131072
 
@@ -337,9 +338,6 @@ def _against_runner_up(sel: pd.DataFrame, best: str, second: str, ctxs: Sequence
     (:func:`compare_cells`: requests of one machine compared, requests from several also set against the spread
     between servers). Starts "faster" where each context's verdict is "higher", "tie" where one is a tie (or lower),
     "not enough requests" where a cell has fewer than 3; then each context's ratio, interval, requests and rule."""
-    from specdiag.spread import inside_spread  # noqa: PLC0415
-    from specdiag.stats import NOT_ENOUGH  # noqa: PLC0415
-
     parts, verdicts = [], []
     for c in ctxs:
         k = compare_cells(sel, best, second, c, spreads)
@@ -369,7 +367,6 @@ def band_verdicts(dec: pd.DataFrame, pre: pd.DataFrame, arms_meta: Mapping[str, 
     out = []
     spreads = step_spreads(dec)  # the whole run's servers, before the arms are narrowed
     if not dec.empty:  # step against step: only verify steps (speculation-off arms are compared in tokens/s)
-        from specdiag.steps.engine_ab.arms import verify_arms  # noqa: PLC0415
 
         keep = verify_arms(arms_meta, list(dict.fromkeys(dec["arm"])))
         dec, pre = dec[dec["arm"].isin(keep)], pre[pre["arm"].isin(keep)] if not pre.empty else pre
@@ -382,7 +379,6 @@ def band_verdicts(dec: pd.DataFrame, pre: pd.DataFrame, arms_meta: Mapping[str, 
         ctxs = sorted(int(c) for c, n in counts.items() if n >= 2)
         row: dict[str, Any] = {"band": band_label(b, edges), "contexts": [tok(c) for c in ctxs]}
         full = [a for a in dict.fromkeys(sel["arm"]) if all(_cell(sel, a, c) for c in ctxs)] if ctxs else []
-        from specdiag.steps.engine_ab.arms import step_sizes  # noqa: PLC0415
 
         sizes = step_sizes(arms_meta, full)
         if len(full) >= 2 and len({k for k in sizes.values() if k is not None}) > 1:
@@ -594,7 +590,6 @@ def _judge(c: RequestComparison | None, limit: float, few: str) -> str:
         return "not measured"
     if c.lo is None or c.hi is None:
         return f"no interval ({few})"
-    from specdiag.spread import widened  # noqa: PLC0415
 
     lo, hi = widened(c)
     return "met" if lo >= limit else "missed" if hi < limit else "inside the noise"

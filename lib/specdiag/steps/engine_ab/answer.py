@@ -39,6 +39,7 @@ from specdiag.spread import Sample, Spread, compare_across, machine_of, server_o
 from specdiag.stats import MIN_REQUESTS, NOT_ENOUGH, RequestComparison
 from specdiag.steps.engine_ab.analysis import _f, step_spreads, tok, ttft_spreads, units
 from specdiag.steps.engine_ab.arms import checks_verify, forced_acceptance
+from specdiag.steps.engine_ab.verdicts import TTFT_TIE_X
 
 
 @dataclass(frozen=True)
@@ -130,8 +131,6 @@ def phases(df: pd.DataFrame, pre: pd.DataFrame, arms_meta: Mapping[str, Any],
 def _ties(best: Phases, others: Sequence[Phases], side: str, spread: Spread | None) -> list[Phases]:
     """The arms (``best`` first) whose ``side`` ("ttft" or "rate") ties with ``best``'s over requests; for TTFTs with
     fewer than 3 prefills a side, within :data:`.verdicts.TTFT_TIE_X`."""
-    from specdiag.steps.engine_ab.verdicts import TTFT_TIE_X  # noqa: PLC0415
-
     out = [best]
     for o in others:
         if o.arm == best.arm:

@@ -39,7 +39,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Sequence
 
+from specdiag import hardware
+from specdiag.measure.fresh_prompt import freshen
+from specdiag.measure.metrics import error_row, sweep_row
+from specdiag.measure.request import ADD_SPECIAL_TOKENS, exact_prompt, send
 from specdiag.paths import PROJECT_ROOT
+from specdiag.prompts import build_prompt
 from specdiag.runs import Run
 
 if TYPE_CHECKING:
@@ -64,9 +69,6 @@ def prompt_seed(context_tokens: int, seed: int = 0) -> int:
 
 def _send_row(client: Any, ids: list[int], arm: str, ctx: int, labels: dict[str, Any], max_new_tokens: int
               ) -> dict[str, Any]:
-    from specdiag.measure.metrics import error_row, sweep_row  # noqa: PLC0415
-    from specdiag.measure.request import send  # noqa: PLC0415
-
     res = send(client, ids, max_new_tokens)
     if res.trace is None:
         return error_row(ctx, res.error or "no trace", res.t_send_unix_s, arm=arm, **labels)
@@ -82,10 +84,6 @@ def prefill_all(run: Run, client: Any, arm: str, contexts: Iterable[int], seed: 
     unique head), then each context's prompt prefilled (module doc). Returns the prompts sent, by context: phase 2
     sends them again; ``rows_out`` (a list) also receives the rows written. ``repeat`` labels the rows (a TTFT
     measured again on another prompt: :func:`measure_arm`'s ``prefill_repeats``)."""
-    from specdiag.measure.fresh_prompt import freshen  # noqa: PLC0415
-    from specdiag.measure.metrics import error_row  # noqa: PLC0415
-    from specdiag.measure.request import ADD_SPECIAL_TOKENS, exact_prompt  # noqa: PLC0415
-
     prompts: dict[int, list[int]] = {}
     flushed: Optional[bool] = None
     for i, ctx in enumerate(int(c) for c in contexts):
@@ -127,8 +125,6 @@ def tail_seed(ctx: int, seed: int, repeat: int) -> int:
 def with_tail(client: Any, ids: Sequence[int], tail_tokens: int, seed: int) -> list[int]:
     """``ids`` with its last ``tail_tokens`` replaced by held-out prose of ``seed`` (no special tokens): the same
     length, the prefix shared."""
-    from specdiag.prompts import build_prompt  # noqa: PLC0415
-
     if tail_tokens <= 0:
         return list(ids)
     if tail_tokens >= len(ids):
@@ -162,7 +158,6 @@ def decode_all(run: Run, client: Any, arm: str, prompts: dict[int, list[int]], r
                 try:
                     sent = with_tail(client, ids, tail_tokens, labels["tail_seed"])
                 except Exception as exc:  # noqa: BLE001 - the row says why
-                    from specdiag.measure.metrics import error_row  # noqa: PLC0415
 
                     row = error_row(ctx, f"tail: {exc}", time.time(), arm=arm, **labels)
                     run.append_row(TABLE, row)
@@ -305,8 +300,6 @@ def sweep_begin(run: Run, arms: "ArmsFile", settings: SweepSettings) -> None:
                                     "acceptance is forced, not the drafter's own") if spec.get("simulate_acc_len")
                    else "the drafter's own acceptance"})
     try:
-        from specdiag import hardware  # noqa: PLC0415
-
         hardware.run_peaks(run, server_url="http://127.0.0.1")
     except Exception as exc:  # noqa: BLE001 - 09 then says the floor has no peaks
         run.update(hardware_error=f"no peaks recorded: {type(exc).__name__}: {exc}"[:300])
@@ -315,7 +308,7 @@ def sweep_begin(run: Run, arms: "ArmsFile", settings: SweepSettings) -> None:
 def sweep_arm(job: "ArmJob") -> list[str]:
     """:func:`measure_arm` on the arm's server, its contexts from the settings; returns what was not run. The run's
     ``model`` is the server's where no arm named a readable model folder (the embedded engine's default target)."""
-    from specdiag.serving import make_client  # noqa: PLC0415
+    from specdiag.serving import make_client  # noqa: PLC0415 - live only: replay loads no server code
 
     if not (job.run.meta.get("model") or {}).get("model_config") and job.server_info.get("model_path"):
         job.run.update(model=model_record(str(job.server_info["model_path"])))

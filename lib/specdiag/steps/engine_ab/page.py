@@ -17,11 +17,11 @@ from typing import Any, Mapping
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from specdiag import findings as sfind
 from specdiag import geometry, hardware, nb, tables
+from specdiag import findings as sfind
 from specdiag.paths import REFERENCE_DIR, relative_to_project
 from specdiag.section import Section
-from specdiag.steps.engine_ab import analysis, answer, breakeven, measure, verdicts
+from specdiag.steps.engine_ab import analysis, answer, breakeven, chunks, measure, verdicts
 from specdiag.steps.engine_ab import arms as eab_arms
 from specdiag.steps.engine_ab import plots as eplots
 from specdiag.sweep.arms import ArmsError
@@ -405,7 +405,6 @@ def prefill(pg: Page) -> Section:
                "n_chunks": "chunks", "s_per_chunk": "s per chunk (computed)", "floor_s": "floor (s, computed)",
                "bound": "floor bound", "verdict": "TTFT / floor (computed)", "why_not_own": "not its own because"},
                dash_means="not applicable").to_html() + "</details>")
-    from specdiag.steps.engine_ab import chunks  # noqa: PLC0415
 
     s.html("<details><summary>per arm and context: the floor of the attention form that ran (each chunk's floor in "
            "the form SGLang ran it in, summed; computed), the MHA form's beside it, and the TTFT over it</summary>"

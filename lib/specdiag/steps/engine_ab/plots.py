@@ -5,6 +5,7 @@ arm's request overlapped)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import matplotlib.ticker as mticker
@@ -23,8 +24,6 @@ def arm_style(arms: Sequence[str]) -> dict[str, dict[str, Any]]:
 
 def _log_y(ax: Any) -> None:
     """A log y axis with plain numbers (20, 0.001), the in-between ticks labelled when it spans few decades."""
-    import math  # noqa: PLC0415
-
     ax.set_yscale("log")
 
     def minor(v: float, _pos: Any) -> str:

@@ -32,6 +32,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
+from specdiag.identity import compare_arms, describe, first_diff
+from specdiag.measure.request import exact_prompt, greedy, send
 from specdiag.steps.engine_ab.measure import predicted
 
 if TYPE_CHECKING:
@@ -84,8 +86,6 @@ def _flush(client: Any) -> None:
 
 def top2_at(client: Any, ids: list[int]) -> dict[str, Any]:
     """Top-2 logprobs of the token after ``ids`` on this server (cache flushed; one greedy token)."""
-    from specdiag.measure.request import greedy  # noqa: PLC0415
-
     _flush(client)
     trace = client.generate(input_ids=ids, sampling_params=greedy(1), stream=False, extra_body=TOP2_BODY)
     if trace.error:
@@ -97,9 +97,6 @@ def measure_prompt(client: Any, arm: str, prompt: tuple[str, int, int], max_new_
                    earlier: Mapping[str, Mapping[str, Any]], repeat: int = 0) -> dict[str, Any]:
     """One prompt on one server (module doc, steps 1 and 2; a ``repeat`` above 0 is step 3: no top-2 reads);
     ``earlier``: each earlier arm's row for this prompt."""
-    from specdiag.identity import first_diff  # noqa: PLC0415
-    from specdiag.measure.request import exact_prompt, send  # noqa: PLC0415
-
     tag, ctx, seed = prompt
     t0 = time.monotonic()
     row: dict[str, Any] = {"arm": arm, "set": tag, "context_tokens": ctx, "seed": seed, "repeat": repeat,
@@ -133,7 +130,7 @@ def sweep_begin(run: Any, arms: "ArmsFile", settings: SweepSettings) -> None:
 
 def sweep_arm(job: "ArmJob") -> list[str]:
     """Every prompt on the arm's server, rows appended as measured; returns the prompts not started (time)."""
-    from specdiag.serving import make_client  # noqa: PLC0415
+    from specdiag.serving import make_client  # noqa: PLC0415 - live only: replay loads no server code
 
     s: SweepSettings = job.settings
     client = make_client(job.url)
@@ -175,8 +172,6 @@ def sweep_arm(job: "ArmJob") -> list[str]:
 def summarize_run(run: Any) -> dict[str, Any]:
     """:func:`specdiag.identity.compare_arms` over the run's rows with the run's reference and controls, into run.json
     ``identity``; its lines printed."""
-    from specdiag.identity import compare_arms, describe  # noqa: PLC0415
-
     plan = (run.meta.get("params") or {}).get("plugin_identity") or {}
     settings = (run.meta.get("measurement") or {}).get("settings") or {}
     result = compare_arms(run.rows(TABLE), plan.get("reference") or settings.get("reference") or "",

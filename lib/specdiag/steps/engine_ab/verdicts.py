@@ -10,11 +10,12 @@ from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
-from specdiag import prefill
+from specdiag import hardware, prefill
 from specdiag.findings import Finding
 from specdiag.stats import NOT_ENOUGH
+from specdiag.steps.engine_ab import window
 from specdiag.steps.engine_ab import breakeven as be
-from specdiag.steps.engine_ab.analysis import tok
+from specdiag.steps.engine_ab.analysis import STATUSES, tok
 from specdiag.steps.engine_ab.arms import step_sizes, verify_arms
 
 
@@ -28,8 +29,6 @@ def run_peaks(run: Any, meta: Mapping[str, Any], measuring: bool, server_info: M
     the servers' machine (this one for local servers). Replaying: the recorded run's ``hardware``, else its
     ``device`` GPU (or ``gpu_name``) in the table of known GPUs; never this machine's, which did not serve the run.
     Raises ValueError naming the parameters to pass when nothing gives them."""
-    from specdiag import hardware  # noqa: PLC0415
-
     if measuring:
         return hardware.run_peaks(run, memory_bandwidth_gb_s, matmul_tflops, gpu_name, None, dict(server_info),
                                   server_url)
@@ -188,8 +187,6 @@ def verdict_finding(verdicts: pd.DataFrame) -> Finding | None:
 def targets_finding(tt: pd.DataFrame, card: pd.DataFrame | None = None) -> Finding:
     """The targets as :func:`.analysis.targets` judged them (the scorecard's intervals: one judge), and whether one arm
     meets all three on intervals."""
-    from specdiag.steps.engine_ab.analysis import STATUSES  # noqa: PLC0415
-
     counts = {s: int((tt["status"] == s).sum()) for s in STATUSES}
     sev = "warning" if counts["missed"] else "ok" if counts["met"] == len(tt) else "info"
 
@@ -334,8 +331,6 @@ def findings(dec: pd.DataFrame, pre: pd.DataFrame, own_floors: Mapping[str, Sequ
            prefill_floor_finding(own_floors, floor_ratio_threshold), prefill_fix(pre, arms_meta, stock_arm),
            verdict_finding(verdicts), targets_finding(tt, card), lacks_finding(lacking)]
     if not dec.empty:
-        from specdiag.steps.engine_ab import window  # noqa: PLC0415
-
         out.append(window.window_finding(window.window_table(dec, window.window_pairs(arms_meta,
                                                                                         list(dict.fromkeys(dec["arm"]))))))
     return [f for f in out if f is not None]

@@ -19,6 +19,8 @@ import dataclasses
 from typing import Any, Mapping, Sequence
 
 from specdiag.findings import Finding
+from specdiag.paths import PROJECT_ROOT
+from specdiag.runs import Run
 
 
 def _servers(meta: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -103,9 +105,6 @@ def as_listed(finding: Finding) -> dict[str, Any]:
 
 def recorded_metas(run_meta: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The run.json of each recorded run this run replayed (``replays``), where it is readable here."""
-    from specdiag.paths import PROJECT_ROOT  # noqa: PLC0415
-    from specdiag.runs import Run  # noqa: PLC0415
-
     out = []
     for path in sorted(set((run_meta.get("replays") or {}).values())):
         try:

@@ -89,7 +89,7 @@ def _tok(n: Any) -> str:
 
 def _tokens_long(n: Any) -> str:
     """'128k-token' (an adjective: a 128k-token prompt)."""
-    from specdiag.plots import format_tokens  # noqa: PLC0415
+    from specdiag.plots import format_tokens  # noqa: PLC0415 - loads matplotlib (costly: ARCHITECTURE.md, Imports)
 
     return f"{format_tokens(float(n))}-token"
 

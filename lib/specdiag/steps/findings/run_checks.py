@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 from typing import Any, Mapping, Sequence
 
 from specdiag.findings import Finding
+from specdiag.serving.identity import changes, same_server
 
 __all__ = ["run_findings", "servers_finding", "traffic_overall"]
 
@@ -36,8 +37,6 @@ def _describe(ident: Mapping[str, Any]) -> str:
 
 def servers_finding(servers_seen: Mapping[str, Mapping[str, Any]]) -> Finding | None:
     """``run.servers``: which notebooks saw which server (None when no notebook recorded one)."""
-    from specdiag.serving.identity import changes, same_server  # noqa: PLC0415 - pure
-
     if not servers_seen:
         return None
     groups: list[tuple[Mapping[str, Any], list[str]]] = []

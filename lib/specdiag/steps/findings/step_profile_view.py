@@ -54,7 +54,7 @@ def table_columns(table: Sequence[Mapping[str, Any]]) -> dict[str, str]:
 def plot_profile(table: Sequence[Mapping[str, Any]], note: str = "measured: torch profiler traces") -> Any:
     """Stacked bars, one panel per run: per (arm, context), the median ms per step of each kernel class and
     of GPU idle (wall - busy, shown from 0 when negative), with the median wall time as a black tick."""
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    import matplotlib.pyplot as plt  # noqa: PLC0415 - loads matplotlib.pyplot (costly: ARCHITECTURE.md, Imports)
 
     runs = sorted({r["run"] for r in table})
     classes = shown_classes(table)

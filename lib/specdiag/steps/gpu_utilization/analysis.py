@@ -20,11 +20,13 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from specdiag.findings import Finding
-from specdiag.hardware import gb_s
+from specdiag.geometry import kv_bytes_per_step, load_geometry, weight_bytes_per_step
+from specdiag.hardware import gb_s, source_label
 from specdiag.measure.disturbance import traffic_finding
 from specdiag.roofline import effective_bandwidth, memory_floor_s
-from specdiag.stats import quantile  # noqa: F401 - re-exported (utilization.quantile)
+from specdiag.serving.locality import LOOPBACK_HOSTS, is_local_url, url_host
 from specdiag.serving.settings import speculation_state
+from specdiag.stats import quantile  # noqa: F401 - re-exported (utilization.quantile)
 from specdiag.telemetry.sampler import METRIC_FIELDS
 
 PHASES: tuple[str, ...] = ("before", "prefill", "decode", "after")
@@ -154,8 +156,6 @@ def stat(stats: Sequence[Mapping[str, Any]], device: str, phase: str, key: str) 
 
 def telemetry_locality(server_url: str | None, source_info: Mapping[str, Any]) -> dict[str, Any]:
     """Is the sampled device the server's? ``same_machine`` True / False / None (cannot tell), and a sentence."""
-    from specdiag.serving.locality import LOOPBACK_HOSTS, is_local_url, url_host  # noqa: PLC0415
-
     server_host = url_host(server_url)
     kind = source_info.get("kind")
     t_host = str(source_info.get("host") or "")
@@ -202,8 +202,6 @@ def decode_bytes_per_step(server: Mapping[str, Any], configs: Mapping[str, Mappi
     ``server`` is server_info (dtype, speculative settings, tp_size); ``configs`` the models' config.json.
     Raises ValueError when the target's config is not available.
     """
-    from specdiag.geometry import kv_bytes_per_step, load_geometry, weight_bytes_per_step  # noqa: PLC0415
-
     target_cfg = configs.get("target")
     if not target_cfg:
         raise ValueError("the target model's config.json is not available here (a remote server's model): pass "
@@ -288,8 +286,6 @@ def predict_decode_bandwidth(request: Mapping[str, Any], configs: Mapping[str, M
 
 def prediction_lines(pred: DecodePrediction, measured_dram_pct: float | None) -> list[str]:
     """The prediction as sentences with their sources (computed, measured, the peak's label)."""
-    from specdiag.hardware import source_label  # noqa: PLC0415
-
     if pred.prediction is None or pred.step_bytes is None:
         return [pred.note]
     p, b, hw = pred.prediction, pred.step_bytes, pred.hardware

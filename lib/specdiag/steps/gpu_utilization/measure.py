@@ -13,7 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from specdiag.measure.metrics import sweep_row
+from specdiag.prompts import build_prompt
 from specdiag.steps.gpu_utilization.record import measure_utilization
+from specdiag.telemetry.sampler import open_source
 
 #: 02 replays one server per run folder: the driver gives each arm its own (specdiag.sweep.driver.arm_run)
 PER_ARM = True
@@ -36,9 +39,6 @@ class SweepSettings:
 
 def calibrated_new_tokens(client: Any, context_tokens: int, decode_seconds: float, most: int) -> int:
     """New tokens for about ``decode_seconds`` of decode, from a 64-token request at the same context (measured)."""
-    from specdiag.measure.metrics import sweep_row  # noqa: PLC0415
-    from specdiag.prompts import build_prompt  # noqa: PLC0415
-
     prompt = build_prompt(lambda t: client.tokenize(t, add_special_tokens=True), context_tokens, "novel", seed=1)
     client.flush_cache()
     trace = client.generate(input_ids=prompt.input_ids, stream=True,
@@ -52,8 +52,7 @@ def calibrated_new_tokens(client: Any, context_tokens: int, decode_seconds: floa
 def sweep_arm(job: Any) -> list[str]:
     """02's sampled request on the arm's server into its run folder (``params.02_gpu_utilization`` beside it, and
     ``calibration`` with ``decode_seconds``); an error of the request is its row's."""
-    from specdiag.serving import make_client  # noqa: PLC0415
-    from specdiag.telemetry.sampler import open_source  # noqa: PLC0415
+    from specdiag.serving import make_client  # noqa: PLC0415 - live only: replay loads no server code
 
     s: SweepSettings = job.settings
     client = make_client(job.url)

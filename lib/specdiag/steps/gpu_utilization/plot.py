@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
+import matplotlib.pyplot as plt
+
 from specdiag.steps.gpu_utilization.analysis import CPU_BUSIEST, PhaseWindows, label_rows
 
 PHASE_COLORS = {"prefill": "#ffcc80", "decode": "#bbdefb"}
@@ -37,8 +39,6 @@ def plot_timeline(rows: Sequence[Mapping[str, Any]], windows: PhaseWindows, devi
     utilization in percent, DRAM bandwidth in percent of peak (on its own scale, with the predicted
     value as a dashed line when given), clocks in MHz, power in W and memory used in GiB, each drawn
     when the device reports it; prefill and decode shaded; chunk arrivals as ticks on the top panel."""
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
     dev_rows = [r for r in label_rows(rows, windows) if str(r.get("device")) == device and not r.get("error")]
     is_cpu = any(r.get("source") == "cpu" for r in dev_rows)
     panels: list[tuple[str, list[tuple[str, str]]]] = [("utilization (%)", list(CPU_PERCENT if is_cpu else GPU_PERCENT))]

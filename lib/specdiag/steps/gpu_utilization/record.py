@@ -15,6 +15,11 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from specdiag.geometry import PRESETS, preset_config
+from specdiag.hardware import run_peaks
+from specdiag.measure.fresh_prompt import freshen, reset_note
+from specdiag.measure.metrics import sweep_row
+from specdiag.measure.request import ADD_SPECIAL_TOKENS, exact_prompt, greedy, send
 from specdiag.paths import PROJECT_ROOT
 from specdiag.telemetry.sampler import Sampler, TelemetrySource
 
@@ -50,8 +55,6 @@ def local_model_configs(server_info: Mapping[str, Any]) -> dict[str, dict[str, A
 
 def model_config_from_parameter(model_config: str) -> dict[str, Any]:
     """The notebook parameter ``model_config`` (a geometry preset name or a config.json path) as a config dict."""
-    from specdiag.geometry import PRESETS, preset_config  # noqa: PLC0415
-
     if model_config in PRESETS:
         return preset_config(model_config)
     path = Path(model_config)
@@ -71,8 +74,6 @@ def peak_bandwidth(run: Any, source_info: Mapping[str, Any], device_name: str | 
     A parameter wins; then the run's recorded peak (00's); then the server's machine when it is this one; a
     remote GPU sampled through Prometheus is looked up by its device name.
     """
-    from specdiag.hardware import run_peaks  # noqa: PLC0415
-
     remote_gpu = (device_name or "") if source_info.get("kind") == "prometheus" else ""
     try:
         return run_peaks(run, memory_bandwidth_gb_s, server_info=dict(server_info or {}), server_url=server_url,
@@ -83,8 +84,6 @@ def peak_bandwidth(run: Any, source_info: Mapping[str, Any], device_name: str | 
 
 def request_row(trace: Any, context_tokens: int, max_new_tokens: int, **extra: Any) -> dict[str, Any]:
     """The ``telemetry_request`` row: the sweep metrics of the trace plus its raw stream timing."""
-    from specdiag.measure.metrics import sweep_row  # noqa: PLC0415
-
     row = sweep_row(trace, context_tokens)
     row.update(
         max_new_tokens=int(max_new_tokens),
@@ -108,8 +107,6 @@ def record_sampled_request(run: Any, client: Any, source: TelemetrySource, input
     The request is greedy with ``ignore_eos`` so it decodes exactly ``max_new_tokens`` tokens.
     Returns the request row. A failed request is recorded with its ``error`` and returned.
     """
-    from specdiag.measure.request import send  # noqa: PLC0415
-
     context = int(context_tokens if context_tokens is not None else len(input_ids))
     described = source.describe()
     with Sampler(source, rate_hz=rate_hz, sink=lambda r: run.append_row("telemetry", r)) as sampler:
@@ -139,9 +136,6 @@ def measure_utilization(run: Any, client: Any, source: TelemetrySource, context_
     64 tokens) so start-up work stays out of the window; flushes again; records. Returns the
     ``telemetry_request`` row (also appended to ``run``).
     """
-    from specdiag.measure.fresh_prompt import freshen, reset_note  # noqa: PLC0415
-    from specdiag.measure.request import ADD_SPECIAL_TOKENS, exact_prompt, greedy  # noqa: PLC0415
-
     server_info = client.settings().as_server_info()
     limit = server_info.get("context_length")
     if limit is not None and context_tokens + max_new_tokens > int(limit):

@@ -16,6 +16,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+import matplotlib.pyplot as plt
+from matplotlib.patches import Patch
+
 from specdiag import plots
 from specdiag.findings import Finding
 from specdiag.stats import quantile
@@ -222,9 +225,6 @@ def run_timelines(run: Run, n_steps: int = 3) -> tuple[list[TraceTimeline], list
 def plot_trace_timeline(tl: TraceTimeline) -> Any:
     """Lanes top to bottom: the CPU phase, every GPU op, then one lane per kernel class; dashed lines at the
     step boundaries, each step labelled with its number and wall time."""
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-    from matplotlib.patches import Patch  # noqa: PLC0415
-
     lanes = [CPU_LANE, *tl.gpu_lanes]
     fig, ax = plt.subplots(figsize=(12, 1.2 + 0.42 * len(lanes)))
     y = {lane: len(lanes) - 1 - i for i, lane in enumerate(lanes)}

@@ -22,6 +22,7 @@ import pandas as pd
 from specdiag.findings import Finding
 from specdiag.kernel_ab_table import CASE
 from specdiag.plots import format_tokens
+from specdiag.stats import fit_line
 from specdiag.steps.kernel_ab.arms import ARMS, OURS
 
 
@@ -137,8 +138,6 @@ def fixed_cost_fit(df: pd.DataFrame) -> pd.DataFrame:
     """Per arm and shape over its contexts, a least-squares line time = fixed + bytes / marginal rate: what each call
     pays whatever the context (launches, ramp-up, partials, merge) apart from how fast its loop streams. Shapes with
     fewer than three contexts are left out."""
-    from specdiag.stats import fit_line  # noqa: PLC0415
-
     out = []
     for (arm_name, h, t), g in df.groupby(["arm", "heads", "draft_tokens"], sort=False):
         if g["context_tokens"].nunique() < 3:

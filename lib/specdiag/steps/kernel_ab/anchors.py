@@ -20,16 +20,20 @@ torch, Triton and ``sglang.srt.utils.is_hip`` (a stand-in returning False when S
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
+import json
 import os
 import sys
+import time
 import types
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
-from specdiag.kernels.mla import BLOCK_TOKENS, D_NOPE, D_V, VerifyInputs
+from specdiag.kernels.mla import BLOCK_TOKENS, D_NOPE, D_V, VerifyInputs, VerifyShape, make_inputs
+from specdiag.kernels.reference import reference_verify, relative_error
 from specdiag.paths import PROJECT_ROOT
 
 ANCHORS = ("sglang_splitkv", "flashinfer_mla")
@@ -86,7 +90,7 @@ def load_sglang_verify(path: Optional[Path] = None) -> types.ModuleType:
             f"SGLang 0.5.17 site, or copy {SGLANG_VERIFY_RELPATH} to .anchors/verify_splitkv.py")
     if "sglang.srt.utils" not in sys.modules:
         try:
-            import sglang.srt.utils  # noqa: F401, PLC0415
+            import sglang.srt.utils  # noqa: F401, PLC0415 - optional: the except stands in for it
         except Exception:  # noqa: BLE001 - SGLang absent or unimportable here: the file needs only is_hip
             for mod in ("sglang", "sglang.srt"):
                 sys.modules.setdefault(mod, types.ModuleType(mod))
@@ -154,7 +158,7 @@ class FlashInferMLA:
     """
 
     def __init__(self, inputs: VerifyInputs, page_size: int, workspace_bytes: int = 128 << 20):
-        import flashinfer  # noqa: PLC0415
+        import flashinfer  # noqa: PLC0415 - loads flashinfer (costly: ARCHITECTURE.md, Imports)
 
         dev = inputs.q.device
         self.page_size = page_size
@@ -177,11 +181,6 @@ def warm_flashinfer(device: str = "cuda", context_tokens: int = 4096, heads: int
                     draft_tokens_list: tuple[int, ...] = (1, 8)) -> list[dict[str, Any]]:
     """Build FlashInfer's MLA kernels once (its nvcc JIT fills the cache the harness then reuses) and check
     them on small chain cases against the fp32 reference. One dict per case: seconds, rel_err, or the error."""
-    import time  # noqa: PLC0415
-
-    from specdiag.kernels.mla import VerifyShape, make_inputs  # noqa: PLC0415
-    from specdiag.kernels.reference import reference_verify, relative_error  # noqa: PLC0415
-
     results: list[dict[str, Any]] = []
     for t in draft_tokens_list:
         shape = VerifyShape(context_tokens, heads, t, "shuffled_p1")
@@ -203,9 +202,6 @@ def warm_flashinfer(device: str = "cuda", context_tokens: int = 4096, heads: int
 
 def main(argv: Optional[list[str]] = None) -> int:
     """``python -m specdiag.steps.kernel_ab.anchors --warm-flashinfer``: JIT-build and check FlashInfer's MLA kernels."""
-    import argparse  # noqa: PLC0415
-    import json  # noqa: PLC0415
-
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--warm-flashinfer", action="store_true", required=True,
                     help="build FlashInfer's MLA kernels (nvcc JIT) and check them on 4k-token chain cases")

@@ -28,8 +28,12 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from specdiag.kernels.mla import VerifyInputs, dequantized
-from specdiag.kernels.gluon.pick import PICK, PICK_FP8, PickConfig, PickFp8Config
+from specdiag.kernels.gluon.pick import PICK, PICK_FP8, PickConfig, PickFp8Config, split_kv_pick, split_kv_pick_fp8
+from specdiag.kernels.mla import VerifyInputs, dequantized, ragged_args
+from specdiag.kernels.reference import baseline_torch, split_kv_torch
+from specdiag.kernels.verify import GLUON, GLUON_FP8, TRITON, verify
+from specdiag.steps.kernel_ab.anchors import (
+    FlashInferMLA, cannot, load_sglang_verify, run_sglang_verify, sglang_verify_args)
 
 
 TOL = 1e-2  #: largest relative error against the fp32 reference of the cache the arm reads
@@ -82,8 +86,6 @@ def cannot_run(a: Arm, inputs: VerifyInputs, anchors_off: Optional[dict[str, str
     if a.name == "pick_fp8" and rows > 16:
         return f"the fp8 pick holds up to 16 packed rows (heads x draft tokens); this case has {rows}"
     if a.family == "anchor":
-        from specdiag.steps.kernel_ab.anchors import cannot  # noqa: PLC0415
-
         return cannot(a.name, inputs, page_size=1)
     return None
 
@@ -100,34 +102,26 @@ def prepare(a: Arm, inputs: VerifyInputs, out: torch.Tensor) -> Callable[[], obj
     if not inputs.q.is_cuda:
         return _torch_call(a, inputs, out)
     if a.name == "baseline":
-        from specdiag.kernels.triton.baseline import baseline_triton  # noqa: PLC0415
+        from specdiag.kernels.triton.baseline import baseline_triton  # noqa: PLC0415 - loads triton (costly: ARCHITECTURE.md, Imports)
 
         return lambda: baseline_triton(inputs, out)
     if a.name in ("split_triton", "split_triton_b64"):
-        from specdiag.kernels.triton.splitkv import split_kv_triton  # noqa: PLC0415
+        from specdiag.kernels.triton.splitkv import split_kv_triton  # noqa: PLC0415 - loads triton (costly: ARCHITECTURE.md, Imports)
 
         page = 64 if a.layout == "shuffled_b64" else 1
         return lambda: split_kv_triton(inputs, out, page_size=page, cfg=a.config)
     if a.name == "pick":
-        from specdiag.kernels.gluon.pick import split_kv_pick  # noqa: PLC0415
-
         cfg: PickConfig = a.config
         return lambda: split_kv_pick(inputs, out, cfg)
     if a.name == "pick_fp8":
-        from specdiag.kernels.gluon.pick import split_kv_pick_fp8  # noqa: PLC0415
-
         cfg8: PickFp8Config = a.config
         return lambda: split_kv_pick_fp8(inputs, out, cfg8)
     if a.family == "plugin":
         return _plugin_call(a, inputs, out)
     if a.name == "flashinfer_mla":
-        from specdiag.steps.kernel_ab.anchors import FlashInferMLA  # noqa: PLC0415
-
         fi = FlashInferMLA(inputs, 1)
         return lambda: fi(out)
     if a.name == "sglang_splitkv":
-        from specdiag.steps.kernel_ab.anchors import load_sglang_verify, run_sglang_verify, sglang_verify_args  # noqa
-
         mod = load_sglang_verify()
         args, kwargs = sglang_verify_args(inputs, out)
         return lambda: run_sglang_verify(mod, args, kwargs)
@@ -137,9 +131,6 @@ def prepare(a: Arm, inputs: VerifyInputs, out: torch.Tensor) -> Callable[[], obj
 def _plugin_call(a: Arm, inputs: VerifyInputs, out: torch.Tensor) -> Callable[[], object]:
     """The plugin's entry point (specdiag.kernels.verify) with the kernel the hook serves there, on one request laid
     out as SGLang passes it (made once)."""
-    from specdiag.kernels.mla import ragged_args  # noqa: PLC0415
-    from specdiag.kernels.verify import GLUON, GLUON_FP8, TRITON, verify  # noqa: PLC0415
-
     args = ragged_args(inputs, out.view(inputs.draft_tokens, inputs.heads, -1))
     if a.name == "plugin_fp8":
         fp8 = {**args, "kv": inputs.cache_fp8, "kv_scale": inputs.kv_scale}
@@ -149,8 +140,6 @@ def _plugin_call(a: Arm, inputs: VerifyInputs, out: torch.Tensor) -> Callable[[]
 
 
 def _torch_call(a: Arm, inputs: VerifyInputs, out: torch.Tensor) -> Callable[[], object]:
-    from specdiag.kernels.reference import baseline_torch, split_kv_torch  # noqa: PLC0415
-
     if a.name == "baseline":
         return lambda: baseline_torch(inputs, out)
     if a.name == "split_triton":

@@ -29,12 +29,15 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from specdiag.hardware import measure_copy_bandwidth, measure_matmul_rate
 from specdiag.kernels.mla import (VerifyInputs, VerifyShape, kv_bytes, make_inputs, verify_flops,
                                   with_fp8_cache)
 from specdiag.kernels.reference import reference_verify, relative_error
 from specdiag.runs import Run
+from specdiag.stats import quantile
 from specdiag.steps.kernel_ab.arms import ARMS, FP8_TOL, TOL, Arm, cannot_run, prepare, reference_inputs
 from specdiag.steps.kernel_ab.timing import COPY_FORMS, L2Flush, Timing, time_copy, time_replays
+from specdiag.tokens import token_count
 
 TABLE = "kernel_ab"
 COPY_TABLE = "kernel_ab_copy"
@@ -58,8 +61,6 @@ BUDGET_SKIP = "the run's time budget was used up before this case (a later run i
 def parse_cases(text: str) -> list[tuple[int, int, int]]:
     """``"131072:8:1,64k:16:8"`` -> [(131072, 8, 1), (65536, 16, 8)] (the context may be written 128k: specdiag.tokens),
     with a clear error on bad input."""
-    from specdiag.tokens import token_count  # noqa: PLC0415
-
     out = []
     for part in (p.strip() for p in text.split(",") if p.strip()):
         bits = part.split(":")
@@ -93,13 +94,13 @@ def device_provenance(device: torch.device) -> dict[str, Any]:
                 gpu_memory_bytes=props.total_memory, cuda=torch.version.cuda,
                 l2_cache_bytes=getattr(props, "L2_cache_size", None))
     try:
-        import triton  # noqa: PLC0415
+        import triton  # noqa: PLC0415 - optional: the except says what happens without it
 
         info["triton"] = triton.__version__
     except ImportError:
         info["triton"] = None
     try:
-        import flashinfer  # noqa: PLC0415
+        import flashinfer  # noqa: PLC0415 - loads flashinfer (costly: ARCHITECTURE.md, Imports)
 
         info["flashinfer"] = flashinfer.__version__
     except Exception:  # noqa: BLE001 - not installed here
@@ -118,8 +119,6 @@ def measure_peaks(device: torch.device) -> dict[str, Any]:
     """The two ceilings of the run: a 2 GiB device copy (GB/s, read + write) and an 8192^3 bf16 matrix product."""
     if device.type != "cuda":
         return {"copy_gbps": None, "matmul_tflops": None, "source": "not measured (CPU)"}
-    from specdiag.hardware import measure_copy_bandwidth, measure_matmul_rate  # noqa: PLC0415
-    from specdiag.stats import quantile  # noqa: PLC0415
 
     copy = measure_copy_bandwidth(str(device), n_bytes=2 << 30, repeats=20, warmup=3)
     matmul = measure_matmul_rate(str(device), n=8192, repeats=20, warmup=3)

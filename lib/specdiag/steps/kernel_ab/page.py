@@ -19,9 +19,10 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
-from specdiag import findings as sfind
 from specdiag import kernel_ab_table, nb, tables
+from specdiag import findings as sfind
 from specdiag.paths import REFERENCE_DIR, relative_to_project
+from specdiag.runs import Run
 from specdiag.section import Section
 from specdiag.steps.kernel_ab import analysis, harness
 from specdiag.steps.kernel_ab import plots as kplots
@@ -244,9 +245,6 @@ def prefill_cases(pg: Page) -> Section:
     """Section 7: one long prompt's chunk in the MHA form (specdiag.steps.kernel_ab.prefill), each arm's TFLOP/s and
     share of its run's measured matmul rate: the run's own rows, or where it has none and this page replays,
     ``PREFILL_REFERENCE``'s (the page says which run and GPU)."""
-    from specdiag.paths import REFERENCE_DIR  # noqa: PLC0415
-    from specdiag.runs import Run  # noqa: PLC0415
-
     source = pg.ctx.source
     rows = source.rows(analysis.PREFILL_TABLE)
     s = Section()

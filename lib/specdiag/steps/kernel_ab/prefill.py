@@ -31,6 +31,7 @@ import torch
 from specdiag.kernels.prefill import PrefillShape, make_inputs, reference
 from specdiag.kernels.reference import relative_error
 from specdiag.runs import Run
+from specdiag.steps.kernel_ab.harness import device_provenance, measure_peaks
 from specdiag.steps.kernel_ab.timing import L2Flush, time_replays
 
 TABLE = "kernel_ab_prefill"
@@ -42,7 +43,7 @@ TOL = 2e-2  #: relative error of the output allowed against the fp32 reference (
 
 def parse_configs(text: str) -> list[Any]:
     """``"128:64:8:3,128:128:8:2"`` -> PrefillConfigs, with a clear error on bad input."""
-    from specdiag.kernels.triton.prefill import PrefillConfig  # noqa: PLC0415  (imports triton)
+    from specdiag.kernels.triton.prefill import PrefillConfig  # noqa: PLC0415 - loads triton (costly: ARCHITECTURE.md, Imports); (imports triton)
 
     out = []
     for part in (p.strip() for p in text.split(",") if p.strip()):
@@ -58,7 +59,7 @@ def config_arm(cfg: Any) -> str:
 
 
 def _triton_call(x: dict, cu_q, cu_k, out, cfg) -> Callable[[], object]:
-    from specdiag.kernels.triton.prefill import prefill_triton  # noqa: PLC0415
+    from specdiag.kernels.triton.prefill import prefill_triton  # noqa: PLC0415 - loads triton (costly: ARCHITECTURE.md, Imports)
 
     lse = torch.empty(out.shape[:2], dtype=torch.float32, device=out.device)
     x["lse_out"] = lse
@@ -67,7 +68,7 @@ def _triton_call(x: dict, cu_q, cu_k, out, cfg) -> Callable[[], object]:
 
 
 def _flashinfer_call(x: dict, cu_q, cu_k, out) -> Callable[[], object]:
-    import flashinfer  # noqa: PLC0415
+    import flashinfer  # noqa: PLC0415 - loads flashinfer (costly: ARCHITECTURE.md, Imports)
 
     ws = torch.empty(256 << 20, dtype=torch.uint8, device=out.device)
     w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD")
@@ -81,7 +82,7 @@ def _flashinfer_call(x: dict, cu_q, cu_k, out) -> Callable[[], object]:
 
 
 def _sglang_extend_call(x: dict, shape: PrefillShape, out) -> Callable[[], object]:
-    from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd  # noqa: PLC0415
+    from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd  # noqa: PLC0415 - live only: replay loads no server code
 
     dev = out.device
     p, c = shape.prefix_tokens, shape.chunk_tokens
@@ -119,7 +120,7 @@ def measure(run: Run, shapes: Sequence[PrefillShape], arms: Sequence[str], confi
             dtype: torch.dtype = torch.bfloat16) -> int:
     """Every arm on every shape into ``kernel_ab_prefill`` (module doc); returns the rows written. ``dtype`` bf16 as
     served (Triton's CPU interpreter computes bf16 wrongly: a CPU exercise passes fp16)."""
-    from specdiag.kernels.triton.prefill import DEFAULT_CONFIG  # noqa: PLC0415
+    from specdiag.kernels.triton.prefill import DEFAULT_CONFIG  # noqa: PLC0415 - loads triton (costly: ARCHITECTURE.md, Imports)
 
     device = torch.device(device)
     flush = L2Flush(device)
@@ -197,7 +198,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     run = Run.create(a.out)  # a kernel A/B run folder gains the prefill table beside its verify rows
-    from specdiag.steps.kernel_ab.harness import device_provenance, measure_peaks  # noqa: PLC0415
 
     peaks = run.meta.get("peaks") or measure_peaks(device)
     run.update(prefill_command=" ".join(["python", "-m", "specdiag.steps.kernel_ab.prefill",

@@ -22,6 +22,7 @@ by token against 64-token pages (``analysis.page_size_effect``); the largest of 
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Any, Iterable, Mapping
 
@@ -31,7 +32,7 @@ from specdiag import kernel_ab_table
 from specdiag.findings import Finding
 from specdiag.plots import format_tokens
 from specdiag.spread import Sample, Spread, compare_across, machine_of, server_of, server_spreads
-from specdiag.stats import MIN_REQUESTS, NOT_ENOUGH
+from specdiag.stats import MIN_REQUESTS, NOT_ENOUGH, level_text
 
 MIN_COST_X = 1.02  # a fragmented/fresh ratio below this is called no cost, whatever the interval says
 FRESH_MIN_SHARE = 0.9  # a fresh request counts as contiguous at this share of tokens in runs >= 64
@@ -214,7 +215,6 @@ def predicted_at(pred: pd.DataFrame, ctx: int) -> tuple[float, int] | None:
     """The prediction at the kernel A/B context nearest ``ctx`` (in log distance): (ratio, that context)."""
     if pred.empty:
         return None
-    import math  # noqa: PLC0415
 
     best = min(pred.itertuples(), key=lambda r: abs(math.log(r.context_tokens / ctx)))
     return float(best.predicted_max_x), int(best.context_tokens)
@@ -250,8 +250,6 @@ def findings(cost: pd.DataFrame, pred: pd.DataFrame, source: str = "measured",
 def cost_text(r: Any) -> str:
     """'+6.0% (90% interval +4.1% to +8.2%, 3 / 3 requests fresh / fragmented; one machine)' of a :func:`costs` row
     (a dict or a named tuple)."""
-    from specdiag.stats import level_text  # noqa: PLC0415
-
     get = r.get if isinstance(r, Mapping) else lambda k: getattr(r, k, None)
     n = f"{get('requests_fresh')} / {get('requests_fragmented')} requests fresh / fragmented"
     rule = get("rule")

@@ -28,6 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Mapping
 
+from specdiag.serving.locality import url_host
+
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
@@ -76,8 +78,6 @@ class FillerResult:
 
 def require_loopback(url: str) -> None:
     """Raise ValueError unless ``url``'s host is this machine's loopback."""
-    from specdiag.serving.locality import url_host  # noqa: PLC0415
-
     host = url_host(url)
     if host not in LOOPBACK:
         raise ValueError(f"the KV-layout filler only runs against a server on this machine's loopback (127.0.0.1); "

@@ -38,6 +38,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from specdiag.kvlayout import LayoutStats, from_dict
+from specdiag.measure.metrics import error_row, sweep_row
+from specdiag.measure.request import exact_prompt, send
 from specdiag.steps.kv_layout.filler import FillerPlan, fill, require_loopback, slots_of
 
 TABLE = "kv_layout"
@@ -145,8 +147,6 @@ def server_pool(client: Any) -> dict[str, Any]:
 
 def _row(arm: Arm, state: str, ctx: int, repeat: int, plan: LayoutPlan, done: Any, pool: Mapping[str, Any],
          filler: Mapping[str, Any] | None) -> dict[str, Any]:
-    from specdiag.measure.metrics import error_row, sweep_row  # noqa: PLC0415
-
     labels = dict(arm=arm.name, pool_state=state, repeat=repeat, prompt_kind=plan.prompt_kind,
                   seed=plan.seed + repeat, max_new_tokens=plan.max_new_tokens)
     if done.trace is None:
@@ -191,8 +191,7 @@ def measure_arm(run: Any, arm: Arm, plan: LayoutPlan, progress: Callable[[str], 
     """Every state, context and repeat of ``plan`` on ``arm``, one row each appended to ``run``'s table (rows
     already there are kept and skipped: a re-run resumes). Returns the rows measured now. Past ``deadline_s``
     (time.monotonic()) no request is started; ``not_run`` (a list) then receives what was left, a sentence."""
-    from specdiag.measure.request import exact_prompt, send  # noqa: PLC0415
-    from specdiag.serving import reach  # noqa: PLC0415
+    from specdiag.serving import reach  # noqa: PLC0415 - live only: replay loads no server code
 
     client = reach(arm.url)
     url = client.base_url
@@ -304,7 +303,7 @@ def sweep_arm(job: Any) -> list[str]:
     ``kv_layout_arms`` (an arm measured again replaces its earlier facts), the layout read from the server's own report
     (embedded) or from the plugin's records in the arm's stats folder (SGLang; a running server's ``stats_dir``); a
     failure is a row too."""
-    from specdiag.serving import reach  # noqa: PLC0415
+    from specdiag.serving import reach  # noqa: PLC0415 - live only: replay loads no server code
 
     arm = job.arm
     pool = server_pool(reach(job.url))

@@ -32,6 +32,7 @@ import pandas as pd
 
 from specdiag.findings import Finding
 from specdiag.plots import format_tokens
+from specdiag.spread import server_of
 from specdiag.stats import MIN_REQUESTS, NOT_ENOUGH
 from specdiag.steps.kv_layout import analysis as kla
 
@@ -48,8 +49,6 @@ def pairs(arms: Iterable[str]) -> dict[str, str]:
 
 def _state_rows(rows: list[Mapping[str, Any]], arm: str, state: str, as_state: str, as_arm: str) -> list[dict]:
     """``arm``'s rows of ``state`` as ``as_arm``'s of ``as_state``, each keeping the server it came from."""
-    from specdiag.spread import server_of  # noqa: PLC0415
-
     return [{**r, "server": server_of(r), "arm": as_arm, "pool_state": as_state} for r in rows if r.get("arm") == arm
             and r.get("pool_state") == state]
 

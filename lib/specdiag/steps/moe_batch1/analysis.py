@@ -38,10 +38,11 @@ import pandas as pd
 from specdiag.findings import Finding
 from specdiag.geometry import load_geometry
 from specdiag.geometry.types import ModelGeometry
+from specdiag.hardware import lookup_gpu
 from specdiag.plots import format_tokens
+from specdiag.stats import MIN_REQUESTS, NOT_ENOUGH
 from specdiag.steps.moe_batch1 import balance, cost, recorder, routing
 from specdiag.steps.moe_batch1.measure import DUMPS_TABLE, ROUTING_TABLE, STEPS_TABLE
-from specdiag.stats import MIN_REQUESTS, NOT_ENOUGH
 
 
 @dataclass
@@ -235,8 +236,6 @@ def projection_distinct(mr: MoERun, windows: pd.DataFrame, spread_ok: bool | Non
 
 def device_peak(mr: MoERun) -> tuple[float | None, str]:
     """The served GPU's published memory bandwidth (GB/s) from run.json ``device``, and its source."""
-    from specdiag.hardware import lookup_gpu  # noqa: PLC0415
-
     spec = lookup_gpu(str(mr.device.get("gpu") or ""))
     return (spec.memory_bandwidth_gb_s, f"published ({spec.name}: {spec.memory_source})") if spec else (None, "")
 
@@ -291,8 +290,6 @@ class Tables:
 
 def tables(mr: MoERun, projection_context: int, acceptance: tuple[float, ...] = cost.ACCEPTANCE) -> Tables:
     """11's tables from a run (module docstring)."""
-    from specdiag.hardware import lookup_gpu  # noqa: PLC0415
-
     pass_df = passes(mr)
     dt = distinct_table(mr, pass_df)
     windows = window_tables(mr)

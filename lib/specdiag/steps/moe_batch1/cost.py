@@ -35,6 +35,7 @@ import pandas as pd
 from specdiag.geometry import kv_bytes_per_step, weight_bytes_per_step
 from specdiag.geometry.types import ModelGeometry
 from specdiag.spread import Sample, compare_across, machine_of, server_spreads
+from specdiag.stats import level_text
 
 KIMI_PRESET = "kimi-k2.6"
 KIMI_GPU = "NVIDIA RTX PRO 6000 Blackwell"  # the investigation's GPUs (data/reference/ct200-kimi-k26)
@@ -140,8 +141,6 @@ def ladder(rows: Iterable[Mapping[str, Any]], seed: int = 0) -> pd.DataFrame:
 def ladder_text(r: Any) -> str:
     """One ladder row against its base: '3.45x (90% interval 3.4-3.5x over 3 / 3 requests; one machine): slower',
     or '3.45x on 2 / 2 requests: not enough requests'."""
-    from specdiag.stats import level_text  # noqa: PLC0415
-
     counts = f"{int(r.base_requests)} / {int(r.requests)} requests"
     if r.lo is None or (isinstance(r.lo, float) and math.isnan(r.lo)):
         return f"{r.over_base_x:.3g}x on {counts}: not enough requests"

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from specdiag.measure.metrics import error_row, sweep_row
+from specdiag.measure.request import exact_prompt, measured_request, send
 from specdiag.steps.moe_batch1 import recorder
 from specdiag.steps.moe_batch1.routing import captured_rows, decode_sglang, window_table
 
@@ -51,8 +53,6 @@ def model_config(server_info: Mapping[str, Any]) -> dict[str, Any] | None:
 def recorder_pass(client: Any, run: Any, recorder_dir: str, contexts: Sequence[int], max_new_tokens: int,
                   seed: int = 0, progress: Callable[[str], None] = print) -> dict[str, Any]:
     """The untimed pass (module docstring, 1); returns its ``moe_dumps`` row (also appended)."""
-    from specdiag.measure.request import exact_prompt, send  # noqa: PLC0415
-
     info = client.server_info()
     t = tokens_per_step(info)
     row: dict[str, Any] = {"ts_unix_s": time.time(), "tokens_per_step": t, "contexts": list(contexts),
@@ -98,9 +98,6 @@ def recorder_pass(client: Any, run: Any, recorder_dir: str, contexts: Sequence[i
 def timed_requests(client: Any, run: Any, contexts: Sequence[int], max_new_tokens: int, repeats: int,
                    seed: int = 0, progress: Callable[[str], None] = print) -> list[dict[str, Any]]:
     """Timed requests (recorder stopped), one ``moe_steps`` row each: 01's columns plus ``tokens_per_step``."""
-    from specdiag.measure.metrics import error_row, sweep_row  # noqa: PLC0415
-    from specdiag.measure.request import measured_request  # noqa: PLC0415
-
     t = tokens_per_step(client.server_info())
     rows = []
     for ctx in contexts:
@@ -119,8 +116,6 @@ def timed_requests(client: Any, run: Any, contexts: Sequence[int], max_new_token
 def routed_request(client: Any, run: Any, context: int, max_new_tokens: int, config: Mapping[str, Any] | None,
                    seed: int = 0) -> dict[str, Any]:
     """One request with ``return_routed_experts``; its ``moe_routing`` row (module docstring, 3)."""
-    from specdiag.measure.request import exact_prompt  # noqa: PLC0415
-
     info = client.server_info()
     t = tokens_per_step(info)
     row: dict[str, Any] = {"ts_unix_s": time.time(), "tokens_per_step": t, "context_tokens": context,
@@ -199,7 +194,7 @@ def sweep_begin(run: Any, arms: Any, settings: SweepSettings) -> None:
 def sweep_arm(job: Any) -> list[str]:
     """One server (one T): the recorder pass (SGLang), the timed requests, one routed-experts request; the server's
     facts appended to run.json ``moe_servers``."""
-    from specdiag.serving import reach  # noqa: PLC0415
+    from specdiag.serving import reach  # noqa: PLC0415 - live only: replay loads no server code
 
     s: SweepSettings = job.settings
     client = reach(job.url)

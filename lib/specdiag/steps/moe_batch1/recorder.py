@@ -20,6 +20,8 @@ The per_token mode adds ``topk_ids_of_layer`` and ``input_ids`` per record; they
 
 from __future__ import annotations
 
+import gzip
+import io
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -111,8 +113,6 @@ def stored(path: str | Path) -> Path | None:
 
 def read_bytes(path: str | Path) -> bytes:
     """A recorded file's bytes, gunzipped when it is stored as ``.gz`` (:func:`stored`)."""
-    import gzip  # noqa: PLC0415
-
     p = stored(path)
     if p is None:
         raise FileNotFoundError(f"{path} (nor {path}.gz) does not exist")
@@ -122,7 +122,6 @@ def read_bytes(path: str | Path) -> bytes:
 def load(path: str | Path, rank: int | None = 0) -> Dump:
     """Read one dump file, or its ``.gz`` (``torch.load`` with ``weights_only=True``: tensors, ints, strings and lists
     only)."""
-    import io  # noqa: PLC0415
     import torch  # noqa: PLC0415 - only to read the file
 
     obj = torch.load(io.BytesIO(read_bytes(path)), map_location="cpu", weights_only=True)

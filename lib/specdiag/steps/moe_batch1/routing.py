@@ -25,6 +25,7 @@ consecutive tokens from a request's routed experts, against the uniform expectat
 from __future__ import annotations
 
 import base64
+import io
 import math
 import statistics
 from typing import Any, Iterable, Sequence
@@ -133,8 +134,6 @@ def decode_sglang(b64: str, num_layers: int, top_k: int) -> np.ndarray:
 
 def decode_vllm(b64: str) -> np.ndarray:
     """vLLM 0.32's ``routed_experts`` (base64 of ``.npy`` bytes, no pickle) as an int64 ``[tokens, layers, top_k]``."""
-    import io  # noqa: PLC0415
-
     arr = np.load(io.BytesIO(base64.b64decode(b64)), allow_pickle=False)
     if arr.ndim != 3:
         raise ValueError(f"vLLM routed_experts must be [tokens, layers, top_k]; got shape {arr.shape}")

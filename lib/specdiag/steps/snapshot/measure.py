@@ -14,7 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specdiag import hardware
 from specdiag.paths import PROJECT_ROOT
+from specdiag.serving.locality import is_local_url
+from specdiag.serving.redaction import redact
+from specdiag.steps.snapshot.settings import local_machine
 
 #: 00 replays one server per run folder: the driver gives each arm its own (specdiag.sweep.driver.arm_run)
 PER_ARM = True
@@ -36,11 +40,7 @@ def model_config(path: str | None) -> dict[str, Any] | None:
 
 def sweep_arm(job: Any) -> list[str]:
     """The snapshot of the arm's server into its run folder."""
-    from specdiag import hardware  # noqa: PLC0415
-    from specdiag.serving import make_client  # noqa: PLC0415
-    from specdiag.serving.locality import is_local_url  # noqa: PLC0415
-    from specdiag.serving.redaction import redact  # noqa: PLC0415
-    from specdiag.steps.snapshot.settings import local_machine  # noqa: PLC0415
+    from specdiag.serving import make_client  # noqa: PLC0415 - live only: replay loads no server code
 
     client = make_client(job.url)
     info = dict(redact(job.server_info))

@@ -169,14 +169,14 @@ def local_machine() -> dict[str, Any]:
     out: dict[str, Any] = {"host": socket.gethostname(), "platform": platform.platform(), "cpu": _cpu_model(),
                            "cpu_cores": os.cpu_count()}
     try:
-        import psutil  # noqa: PLC0415
+        import psutil  # noqa: PLC0415 - optional: the except says what happens without it
 
         out["memory_gib"] = round(psutil.virtual_memory().total / 2**30, 1)
     except ImportError:
         out["memory_gib"] = None
     gpus: list[dict[str, Any]] = []
     try:
-        import torch  # noqa: PLC0415
+        import torch  # noqa: PLC0415 - optional: the except says what happens without it
 
         if torch.cuda.is_available():
             for i in range(torch.cuda.device_count()):
