@@ -69,8 +69,8 @@ def test_repeated_prefills_each_read_a_fresh_prompt_before_the_decoded_one(tmp_p
         prompts.append(seed)
         return type("P", (), {"input_ids": [seed % 1000 + 5] * ctx})()
 
-    monkeypatch.setattr("specdiag.measure.request.exact_prompt", exact)
-    monkeypatch.setattr("specdiag.measure.fresh_prompt.freshen", lambda client, p, reset, add_special_tokens: (p, True))
+    monkeypatch.setattr("specdiag.steps.engine_ab.measure.exact_prompt", exact)  # where 09's measurement looks it up
+    monkeypatch.setattr("specdiag.steps.engine_ab.measure.freshen", lambda client, p, reset, add_special_tokens: (p, True))
     run = Run.create(tmp_path / "r")
     measure.measure_arm(run, WordClient(), "a", [64], repeats=2, prefill_repeats=3)
     pre = [r for r in run.rows("engine_ab") if r["phase"] == "prefill"]

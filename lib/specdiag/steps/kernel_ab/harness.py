@@ -29,7 +29,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from specdiag.hardware import measure_copy_bandwidth, measure_matmul_rate
+from specdiag import hardware
 from specdiag.kernels.mla import (VerifyInputs, VerifyShape, kv_bytes, make_inputs, verify_flops,
                                   with_fp8_cache)
 from specdiag.kernels.reference import reference_verify, relative_error
@@ -120,8 +120,8 @@ def measure_peaks(device: torch.device) -> dict[str, Any]:
     if device.type != "cuda":
         return {"copy_gbps": None, "matmul_tflops": None, "source": "not measured (CPU)"}
 
-    copy = measure_copy_bandwidth(str(device), n_bytes=2 << 30, repeats=20, warmup=3)
-    matmul = measure_matmul_rate(str(device), n=8192, repeats=20, warmup=3)
+    copy = hardware.measure_copy_bandwidth(str(device), n_bytes=2 << 30, repeats=20, warmup=3)
+    matmul = hardware.measure_matmul_rate(str(device), n=8192, repeats=20, warmup=3)
     return {"copy_gbps": quantile(copy, 0.5) / 1e9, "matmul_tflops": quantile(matmul, 0.5) / 1e12,
             "copy_bytes": 2 << 30, "matmul_n": 8192, "source": "measured in this run (medians of 20)"}
 
