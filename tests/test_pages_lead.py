@@ -118,16 +118,19 @@ def test_the_run_index_opens_with_the_answer_and_says_where_each_row_was_measure
 
 
 def test_a_long_log_is_folded_under_its_first_line() -> None:
+    """A log printed line by line (one output a line, as a sweep prints it) is one log, folded; a short print apart
+    from it stays as it is."""
     from specdiag.report.outputs import LOG_LINES_SHOWN, fold_long_logs
 
     book = nbformat.v4.new_notebook()
-    long_log = "".join(f"arm measuring {i}\n" for i in range(LOG_LINES_SHOWN + 5))
-    cell = nbformat.v4.new_code_cell("x", outputs=[nbformat.v4.new_output("stream", name="stdout", text=long_log),
+    lines = [nbformat.v4.new_output("stream", name="stdout", text=f"arm measuring {i}\n")
+             for i in range(LOG_LINES_SHOWN + 5)]
+    cell = nbformat.v4.new_code_cell("x", outputs=[*lines, nbformat.v4.new_output("display_data", data={"text/html": "x"}),
                                                    nbformat.v4.new_output("stream", name="stdout", text="short\n")])
     book.cells = [cell]
     fold_long_logs(book)
-    folded, short = cell.outputs
-    assert folded.output_type == "display_data" and short.text == "short\n"
+    folded, shown, short = cell.outputs
+    assert folded.output_type == "display_data" and shown.data["text/html"] == "x" and short.text == "short\n"
     html = folded.data["text/html"]
     assert html.startswith('<details class="specdiag-log"><summary') and "arm measuring 0" in html
     assert f"({LOG_LINES_SHOWN + 5} lines of log)" in html and "arm measuring 16" in html

@@ -74,17 +74,28 @@ def plain_progress(nb: Any) -> Any:
 
 
 def fold_long_logs(nb: Any, max_lines: int = LOG_LINES_SHOWN) -> Any:
-    """In place on an nbformat notebook: each stdout output longer than ``max_lines`` lines becomes a collapsed
-    ``<details>`` whose summary is its first line and its length; shorter ones stay as they are."""
+    """In place on an nbformat notebook: consecutive stdout outputs joined (a log printed line by line), then each
+    longer than ``max_lines`` lines becomes a collapsed ``<details>`` whose summary is its first line and its length;
+    shorter ones stay as they are."""
     from nbformat.v4 import new_output  # noqa: PLC0415 - nbformat only where a page is rendered
+
+    def printed(out: Any) -> bool:
+        return out.get("output_type") == "stream" and out.get("name") == "stdout"
 
     for cell in nb.get("cells", []):
         outputs = cell.get("outputs")
         if not outputs:
             continue
-        new: list[Any] = []
+        merged: list[Any] = []  # consecutive prints as one text (a log printed line by line is one log)
         for out in outputs:
-            text = out.get("text", "") if out.get("output_type") == "stream" and out.get("name") == "stdout" else ""
+            if merged and printed(out) and printed(merged[-1]):
+                merged[-1] = type(out)(output_type="stream", name="stdout",
+                                       text=merged[-1].get("text", "") + out.get("text", ""))
+            else:
+                merged.append(out)
+        new: list[Any] = []
+        for out in merged:
+            text = out.get("text", "") if printed(out) else ""
             lines = text.rstrip("\n").split("\n") if text else []
             if len(lines) <= max_lines:
                 new.append(out)
