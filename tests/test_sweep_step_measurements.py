@@ -17,6 +17,19 @@ from specdiag.sweep.settings import SettingsError, per_measurement
 STEPS = "snapshot,commit_probe,baseline_sweep,drafter_timing"
 
 
+def test_a_running_server_gets_00s_and_01s_tables_into_its_own_folder(embedded_server, tmp_path: Path) -> None:
+    """Two measurements on one server, each arm's rows in its own folder (the sweep's own holds none)."""
+    arms = tmp_path / "arms.yaml"
+    arms.write_text(f"arms:\n  - {{name: live, url: '{embedded_server.url}'}}\n")
+    out = tmp_path / "sweep"
+    assert cli.main(["sweep", "--arms", str(arms), "--measure", "snapshot,baseline_sweep", "--out", str(out),
+                     "--contexts", "128", "--max-new-tokens", "8"]) == 0
+    own = Run.open(out / "live")
+    assert own.meta["server"]["speculative_algorithm"] == "STANDALONE" and own.meta["model"]["model_config"]
+    assert [(r["context_tokens"], r["error"]) for r in own.rows("sweep")] == [(128, None)]
+    assert Run.open(out).meta["kind"] == "snapshot,baseline_sweep" and not Run.open(out).rows("sweep")
+
+
 @pytest.mark.notebook
 def test_a_running_server_gets_00_to_04_into_its_own_folder_which_the_notebooks_replay(
         embedded_server, run_notebook, tmp_path: Path) -> None:

@@ -213,6 +213,12 @@ def sweep_into(run: Run, planned: Plan) -> int:
     return sweep(planned.arms, planned.measures, opts, Host(work=Path(run.path) / "servers"), run)
 
 
+def _table_rows(run: Run) -> dict[str, int]:
+    """Rows per table of the run and of its arms' folders (``<arm>/<table>``)."""
+    return {str(p.relative_to(run.path).with_suffix("")): sum(1 for _ in p.open()) for p in
+            sorted([*Path(run.path).glob("*.jsonl"), *Path(run.path).glob("*/*.jsonl")])}
+
+
 def _arm_record(arm: Arm) -> dict[str, Any]:
     if arm.running:
         return {"what": arm.label, "engine": arm.engine or None, "plugin": None, "configured": arm.configured()}
@@ -261,6 +267,7 @@ def sweep(arms: ArmsFile, measures: Sequence[Measuring], opts: SweepOptions, hos
                arms_file={"source": arms.source, "description": arms.description, "arms": [a.name for a in arms.arms]},
                budget={"budget_s": opts.budget_s, "min_arm_s": opts.min_arm_s, "stop_margin_s": opts.stop_margin_s},
                device=nvidia_smi_gpu(), not_run=[], arms={a.name: _arm_record(a) for a in arms.arms})
+    before = _table_rows(run)  # a notebook's run holds other notebooks' tables: the last line counts this sweep's
     for m, settings in measures:
         begin = m.hook("sweep_begin")
         if begin is not None:
@@ -316,8 +323,7 @@ def sweep(arms: ArmsFile, measures: Sequence[Measuring], opts: SweepOptions, hos
         if end_hook is not None:
             end_hook(run, arms, host.work)
     run.update(not_run=not_run, finished_after_s=round(time.monotonic() - t0, 1))
-    tables = {str(p.relative_to(run.path).with_suffix("")): sum(1 for _ in p.open()) for p in
-              sorted([*Path(run.path).glob("*.jsonl"), *Path(run.path).glob("*/*.jsonl")])}
+    tables = {t: n - before.get(t, 0) for t, n in _table_rows(run).items() if n > before.get(t, 0)}
     log(f"done: {', '.join(f'{n} {t} rows' for t, n in tables.items()) or 'no rows'} in {run.path}; "
         f"{len(not_run)} not run" + ("; an arm FAILED (run.json arms.*.failed)" if failed else ""))
     return 1 if failed else 0
