@@ -482,3 +482,32 @@ def test_the_settings_table_says_off_for_an_arm_without_speculation() -> None:
             "quiet": {"server": {}}}
     row = next(r for r in settings_rows(meta, list(meta)) if r["setting"] == "speculation")
     assert (row["ngram"], row["off"], row["quiet"]) == ("NGRAM, 8 tokens per step", "off", None)
+
+
+def test_a_configuration_is_held_against_flashinfer_at_both_the_first_token_and_the_verify_step() -> None:
+    """sglang-h100-mla61-prefill (one machine, 3 prefills and 3 requests a cell): the hybrid meets all three targets
+    against FlashInfer on their intervals (TTFT at most 1.1x at 64k and 128k, a verify step at most 0.85x at 128k);
+    pure Triton with the plugin's MHA prefill misses both TTFT targets (its interval's lower end above 1.1x); an arm
+    with one prefill has no interval; an "at most" target whose interval holds its limit is inside the noise."""
+    from specdiag.paths import REFERENCE_DIR
+    from specdiag.runs import Run
+    from specdiag.stats import compare_requests
+    from specdiag.steps.engine_ab import verdicts
+
+    run = Run.open(REFERENCE_DIR / "sglang-h100-mla61-prefill")
+    df = analysis.frame(run.rows("engine_ab"))
+    dec, pre = analysis.decode_table(df), analysis.prefill_table(df)
+    card = analysis.anchor_card(dec, pre, ["fi_hybrid_plugin", "triton_plugin_prefill", "triton_plugin_prefill_check",
+                                           "flashinfer"]).set_index("arm")
+    assert "flashinfer" not in card.index
+    hy, tp = card.loc["fi_hybrid_plugin"], card.loc["triton_plugin_prefill"]
+    assert hy["all_met"] and hy["ttft_vs_anchor_128k_hi"] <= 1.1 and hy["verify_vs_anchor_128k_hi"] <= 0.85
+    assert hy["ttft_vs_anchor_128k_rule"] == "one machine"
+    assert tp["ttft_vs_anchor_64k_status"] == tp["ttft_vs_anchor_128k_status"] == "missed"
+    assert tp["ttft_vs_anchor_128k_lo"] > 1.1 and tp["verify_vs_anchor_128k_status"] == "met" and not tp["all_met"]
+    assert card.loc["triton_plugin_prefill_check", "ttft_vs_anchor_64k_status"].startswith("no interval (1 / 3 prefills")
+    assert analysis._judge_at_most(compare_requests([10.0, 11.0, 12.0], [10.5, 11.0, 12.5]), 1.1, "") == \
+        "inside the noise"
+    f = verdicts.anchor_finding(card.reset_index())
+    assert f.numbers["all_met_arms"] == ["fi_hybrid_plugin"] and f.title.startswith("fi_hybrid_plugin is as fast")
+    assert analysis.anchor_card(dec[dec["arm"] != "flashinfer"], pre[pre["arm"] != "flashinfer"], ["x"]).empty

@@ -630,3 +630,58 @@ def scorecard(dec: pd.DataFrame, pre: pd.DataFrame, arms: Sequence[str], stock_a
         row["all_met"] = all(row[k] == "met" for k in ("speedup_status", "keep_status", "ttft_status"))
         out.append(row)
     return pd.DataFrame(out)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Targets against the anchor (FlashInfer's own server): fast at both the first token and the verify step
+# ---------------------------------------------------------------------------------------------------------------------
+
+ANCHOR = "flashinfer"  #: the arm a configuration is held against where the run has it (prefill, decode and verify)
+#: at most these ratios to the anchor's (value = the arm's / the anchor's): the first token as fast as FlashInfer's
+#: (within 10%), the verify step clearly faster (15% or more) at the investigation's longest decoded context
+ANCHOR_TARGETS: tuple[Target, ...] = (
+    Target("ttft_vs_anchor_64k", "TTFT at 64k at most 1.1x FlashInfer's", 1.1, "x (the arm's TTFT / FlashInfer's)"),
+    Target("ttft_vs_anchor_128k", "TTFT at 128k at most 1.1x FlashInfer's", 1.1, "x (the arm's TTFT / FlashInfer's)"),
+    Target("verify_vs_anchor_128k", "verify step at 128k at most 0.85x FlashInfer's", 0.85,
+           "x (the arm's ms per verify step / FlashInfer's)"),
+)
+
+
+def _judge_at_most(c: RequestComparison | None, limit: float, few: str) -> str:
+    """An "at most" target read against an interval (widened by the spread between servers where the requests came
+    from several machines): met (its upper end at or below the limit), missed (its lower end above), inside the noise
+    (it holds the limit); without an interval, "no interval" and why."""
+    if c is None or c.ratio is None:
+        return "not measured"
+    if c.lo is None or c.hi is None:
+        return f"no interval ({few})"
+    lo, hi = widened(c)
+    return "met" if hi <= limit else "missed" if lo > limit else "inside the noise"
+
+
+def anchor_card(dec: pd.DataFrame, pre: pd.DataFrame, arms: Sequence[str], anchor: str = ANCHOR) -> pd.DataFrame:
+    """Each arm but the anchor against :data:`ANCHOR_TARGETS`: its TTFT at 64k and 128k and its verify step at 128k,
+    each over the anchor's as a ratio of medians over requests (prefills for the TTFT) with its interval and rule
+    (:func:`specdiag.spread.compare_across`), judged by :func:`_judge_at_most`; ``all_met`` only where all three are
+    met. Empty where the run has no anchor arm. A TTFT that is not the arm's own (measured while another arm had a
+    request in flight) is not judged. Pure."""
+    if pre.empty and dec.empty or anchor not in set(pre.get("arm", [])) | set(dec.get("arm", [])):
+        return pd.DataFrame()
+    steps, ttfts = step_spreads(dec), ttft_spreads(pre)
+    rows = []
+    for arm in (a for a in arms if a != anchor):
+        row: dict[str, Any] = {"arm": arm}
+        for t, ctx, table, col, spreads in ((ANCHOR_TARGETS[0], CTX_64K, pre, "ttft_units", ttfts),
+                                            (ANCHOR_TARGETS[1], CTX_128K, pre, "ttft_units", ttfts),
+                                            (ANCHOR_TARGETS[2], CTX_128K, dec, "step_units", steps)):
+            mine, theirs = units(table, arm, ctx, col), units(table, anchor, ctx, col)
+            own = col != "ttft_units" or all(bool((_cell(pre, a, ctx) or {}).get("own")) for a in (arm, anchor))
+            c = compare_across(theirs, mine, spreads.get(ctx)) if mine and theirs and own else None
+            what = "prefills" if col == "ttft_units" else "requests"
+            row.update({f"{t.id}": c.ratio if c else None, f"{t.id}_lo": c.lo if c else None,
+                        f"{t.id}_hi": c.hi if c else None, f"{t.id}_rule": c.rule if c else "",
+                        f"{t.id}_status": _judge_at_most(c, t.limit, f"{c.n_b} / {c.n_a} {what}" if c else "")
+                        if c else ("not its own TTFT" if mine and theirs else "not measured")})
+        row["all_met"] = all(row[f"{t.id}_status"] == "met" for t in ANCHOR_TARGETS)
+        rows.append(row)
+    return pd.DataFrame(rows)

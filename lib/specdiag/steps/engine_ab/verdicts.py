@@ -15,7 +15,7 @@ from specdiag.findings import Finding
 from specdiag.stats import NOT_ENOUGH
 from specdiag.steps.engine_ab import window
 from specdiag.steps.engine_ab import breakeven as be
-from specdiag.steps.engine_ab.analysis import STATUSES, tok
+from specdiag.steps.engine_ab.analysis import ANCHOR, ANCHOR_TARGETS, STATUSES, tok
 from specdiag.steps.engine_ab.arms import step_sizes, verify_arms
 
 
@@ -207,6 +207,33 @@ def targets_finding(tt: pd.DataFrame, card: pd.DataFrame | None = None) -> Findi
                    + ("met only where the interval over requests (widened by the spread between servers where the "
                       "requests came from several machines) clears the limit; no interval under 3 requests a side",),
                    {**{f"{r.target_id}": r.status for r in tt.itertuples()}, "all_met_arms": winners}, "computed")
+
+
+def anchor_finding(card: pd.DataFrame) -> Finding | None:
+    """The arms held against FlashInfer's own server (:func:`.analysis.anchor_card`): which one, if any, is as fast to
+    the first token (at most 1.1x at 64k and 128k) and faster per verify step (at most 0.85x at 128k), on intervals."""
+    if card is None or card.empty:
+        return None
+    winners = list(card.loc[card["all_met"], "arm"])
+
+    def line(r: Mapping[str, Any]) -> str:
+        parts = []
+        for t in ANCHOR_TARGETS:
+            v, lo, hi = r.get(t.id), r.get(f"{t.id}_lo"), r.get(f"{t.id}_hi")
+            shown = f" {v:.3g}x" if v is not None and v == v else ""
+            interval = f" (interval {lo:.3g}-{hi:.3g}; {r.get(f'{t.id}_rule')})" if lo is not None and lo == lo else ""
+            parts.append(f"{t.name}: {r[f'{t.id}_status']}{shown}{interval}")
+        return f"{r['arm']}: " + "; ".join(parts)
+
+    title = (f"{', '.join(winners)} is as fast as {ANCHOR} to the first token and faster per verify step"
+             if winners else f"No arm is as fast as {ANCHOR} to the first token and faster per verify step")
+    return Finding("engine_ab.anchor_targets", title,
+                   (f"{', '.join(winners)} meets all three targets against {ANCHOR} on intervals." if winners else
+                    f"No arm meets all three targets against {ANCHOR} on intervals."),
+                   "ok" if winners else "info", tuple(line(r) for r in card.to_dict("records")),
+                   {"all_met_arms": winners, **{f"{r['arm']}/{t.id}": r[f"{t.id}_status"]
+                                                for r in card.to_dict("records") for t in ANCHOR_TARGETS}},
+                   "computed")
 
 
 def lacks_finding(lacking: Sequence[str]) -> Finding | None:
