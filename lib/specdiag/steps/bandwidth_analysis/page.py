@@ -80,7 +80,8 @@ class Page(nb.Page):
         p = self.params
         return hardware.run_peaks(self.ctx.run, p["memory_bandwidth_gb_s"], p["matmul_tflops"], p["gpu_name"],
                                   self.meta.get("hardware") if self.replaying else None, self.ctx.server_info,
-                                  self.ctx.server_url)
+                                  # a replay never reads this machine: the recorded server's URL may say 127.0.0.1
+                                  "recorded run" if self.replaying else self.ctx.server_url)
 
     @cached_property
     def weights(self) -> Any:
