@@ -294,11 +294,15 @@ def lead_lines(pg: Page) -> list[tuple[str, str]]:
         lines.append(("Run", f"not answered (no context has two arms with both an own first token and decode); "
                              f"{verdict.title}"))
     fixes = [f for i in ("engine_ab.decode_fix", "engine_ab.prefill_fix") if (f := by.get(i)) is not None]
+    anchor = by.get("engine_ab.anchor_targets")
+    if anchor is not None and (anchor.numbers or {}).get("all_met_arms"):
+        fixes.append(anchor)  # held against FlashInfer at both phases, on intervals
     if fixes:
         lines.append(("Buys", "; ".join(f.title for f in fixes)))
     symptoms = [f for i in ("engine_ab.stock_decode", "engine_ab.prefill_floor") if (f := by.get(i)) is not None]
     if symptoms:
-        lines.insert(0, ("Symptom", "; ".join(f.title for f in symptoms)))
+        lines.insert(0, ("Symptom", "; ".join(
+            f"{f.title} ({f.numbers['arm']})" if (f.numbers or {}).get("arm") else f.title for f in symptoms)))
     brk = pg.brk_finding
     if brk is not None and (brk.numbers or {}).get("lines"):
         lines.append(("Speculation", brk.title.removeprefix("Where speculation stops paying: ")))
