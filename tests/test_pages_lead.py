@@ -134,3 +134,19 @@ def test_a_long_log_is_folded_under_its_first_line() -> None:
     html = folded.data["text/html"]
     assert html.startswith('<details class="specdiag-log"><summary') and "arm measuring 0" in html
     assert f"({LOG_LINES_SHOWN + 5} lines of log)" in html and "arm measuring 16" in html
+
+
+def test_07s_answer_on_a_run_of_09s_arms_alone_takes_09s_symptom_and_what_it_buys() -> None:
+    """A run that measured only 09 (no 01 sweep, no fix beside a stock server): 07's symptom and "buys" lines say what
+    09 said, marked as 09's, not "no decode speed was measured" and "not measured"."""
+    from specdiag.steps.findings.diagnosis import Diagnosis
+    from specdiag.steps.findings.lead import lead_lines
+
+    d = Diagnosis(slow="", floor="", cause="", fix="")
+    results = {"09_engine_ab": {"metrics": {"lead": [["Symptom", "Prefill is 2.36x its floor at 128k tokens (x)"],
+                                                     ["Run", "Run y at 128k"], ["Buys", "y is as fast as flashinfer"]]}}}
+    lines = dict(lead_lines(d, [], results))
+    assert lines["Symptom"] == "Prefill is 2.36x its floor at 128k tokens (x) (09)"
+    assert lines["Buys"] == "y is as fast as flashinfer (09)" and lines["Run"] == "Run y at 128k (09)"
+    bare = dict(lead_lines(d, [], {}))
+    assert bare["Symptom"] == "no decode speed was measured in this run" and bare["Buys"].startswith("not measured")

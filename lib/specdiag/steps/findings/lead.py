@@ -113,7 +113,13 @@ def lead_lines(d: Diagnosis, findings: Sequence[Mapping[str, Any]],
     """07's answer: symptom, cause, what to run (and whether speculation pays, when 09 measured it), what it buys, how
     sure."""
     results = results or {}
-    return [("Symptom", symptom(d)),
+    engine = _lead_of(results, "09_engine_ab")
+    said, buys = symptom(d), buys_line(findings)
+    if said.startswith("no decode speed") and engine.get("Symptom"):  # a run of 09's arms alone: 09's own symptom
+        said = f"{engine['Symptom']} (09)"
+    if buys.startswith("not measured") and engine.get("Buys"):  # what 09 measured its answer to buy
+        buys = f"{engine['Buys']} (09)"
+    return [("Symptom", said),
             ("Cause", d.cause_clause or "no finding of this run points at one (the findings below say what ran)"),
-            ("Run", run_line(d, results)), ("Buys", buys_line(findings)),
+            ("Run", run_line(d, results)), ("Buys", buys),
             ("How sure", how_sure(d, findings, results))]
