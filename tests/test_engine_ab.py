@@ -253,6 +253,37 @@ def test_the_answer_weighs_the_first_token_against_decode_by_output_length() -> 
     assert "acceptance forced" in forced[0].text and answer.headline(forced).endswith("(acceptance forced)")
 
 
+def test_ngram_arms_decode_at_their_pooled_commit_and_a_tie_in_both_phases_is_a_tie() -> None:
+    """NGRAM commits are the text's: two NGRAM arms whose 3 requests commit 2.5, 7.5 and 5 tokens a step are weighed at
+    their pooled commit over their own step times, so the arm 1.6x faster per step decodes faster (measured tokens/s
+    would call it a tie); arms that tie in both phases are a tie, not a split where each is picked by the other's
+    tie-break (what the measured rates gave on the H200's NGRAM run at 185k)."""
+    from specdiag.steps.engine_ab import answer
+    from specdiag.spread import Sample
+
+    commits = [2.5, 7.5, 5.0]
+    rows = [row(a, "prefill", K128, base + i, 9.7, repeat=i, ttft_s=9.7 + 0.05 * i)
+            for a, base in (("fi", 10), ("hybrid", 110)) for i in range(3)]
+    dec = [dict(r, commit_length=c, decode_tok_s=c * 1000.0 / r["step_ms"]) for a, steps, base in
+           (("fi", [16.9, 26.0, 17.3], 50), ("hybrid", [10.9, 11.0, 10.7], 200))
+           for r, c in zip(decode_rows(a, {K128: steps}, base), commits)]
+    ngram = {"configured": {"speculation": {"algorithm": "NGRAM"}}}
+    meta = {"fi": ngram, "hybrid": ngram}
+    (a,) = answer.answers(*tables(rows + dec), meta)
+    assert (a.kind, a.first) == ("one", "hybrid") and "pooled median commit, 5 tokens a step" in a.text
+    # without the algorithm the measured rates stand: 96 to 577 tokens/s a side
+    (m,) = answer.answers(*tables(rows + dec), {})
+    assert m.rate_source["hybrid"] == "measured" and m.rate_verdict in ("tie", "not enough")
+    # each side ties: a tie in both phases whichever arm each tie-break picks
+    fi = answer.Phases("fi", [Sample(9.66), Sample(9.60), Sample(10.05)], [Sample(x) for x in (288.0, 147.0, 288.0)],
+                       "measured")
+    hy = answer.Phases("hybrid", [Sample(9.78), Sample(9.81), Sample(9.72)], [Sample(x) for x in (229.0, 683.0, 469.0)],
+                       "measured")
+    t = answer.answer_at(185000, [fi, hy])
+    assert t is not None and t.kind == "tie" and t.tokens is None
+    assert answer.headline([t]) == "At 185k, hybrid and fi tie in both phases: either"
+
+
 def test_the_61_layer_reference_run_is_read_as_measured() -> None:
     """data/reference/sglang-h200-mla61-engine-ab (three parts joined by specdiag merge): the tables are the
     rows' medians, the first request of each server is flagged and no other, every decode ran alone, and the targets

@@ -14,7 +14,7 @@ from specdiag.report.environment import apply_local_jupyter_env
 from specdiag.report.execute import NotebookResult, run_notebooks
 from specdiag.report.notebooks import (REPLAY_NEEDS, RUN_LAST, available_notebooks, checked_params_file,
                                        load_params_file, replay_need_met, replay_need_text, select_notebooks)
-from specdiag.report.render import network_references, render_run
+from specdiag.report.render import RENDER_FAILED, network_references, render_run
 from specdiag.report.words import params_hint
 from specdiag.runs import Run, new_run_id
 
@@ -164,8 +164,18 @@ def finish(run: Run, results: list[NotebookResult]) -> int:
 
 def cmd_render(args: argparse.Namespace) -> int:
     run = Run.open(args.run_dir)
-    statuses = run.meta.get("report", {}).get("statuses", {})
-    results = [NotebookResult(p.stem, statuses.get(p.stem, "ok"), 0.0, ipynb=f"notebooks/{p.name}")
+    report = run.meta.get("report", {})
+    statuses = report.get("statuses", {})
+    recorded = {r.get("notebook"): r for r in report.get("results", [])}
+
+    def status(name: str) -> str:
+        # a notebook that ran and whose page alone failed (e.g. nbconvert's templates not found) renders again as ok
+        if str(recorded.get(name, {}).get("error", "")).startswith(RENDER_FAILED):
+            return "ok"
+        return statuses.get(name, "ok")
+
+    results = [NotebookResult(p.stem, status(p.stem), float(recorded.get(p.stem, {}).get("duration_s") or 0.0),
+                              ipynb=f"notebooks/{p.name}")
                for p in sorted((run.path / "notebooks").glob("*.ipynb"))]
     print(f"[specdiag] index: {Path(render_run(run, results)).resolve()}")
     return 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -25,7 +26,23 @@ def local_jupyter_env(base: Path = LOCAL_STATE_DIR) -> dict[str, str]:
         Path(value).mkdir(parents=True, exist_ok=True)
         env[key] = value
     env.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
+    share = target_share_dir()
+    if share is not None:
+        paths = [p for p in os.environ.get("JUPYTER_PATH", "").split(os.pathsep) if p]
+        env["JUPYTER_PATH"] = os.pathsep.join(paths + [str(share)] if str(share) not in paths else paths)
     return env
+
+
+def target_share_dir() -> Path | None:
+    """``<folder>/share/jupyter`` beside nbconvert when the Jupyter stack was installed with ``pip install --target
+    <folder>`` (a GPU host's site folder on PYTHONPATH): nbconvert's templates land there, outside every path Jupyter
+    searches, and rendering fails with "No template sub-directory with name 'lab'". None where nbconvert is not found
+    or sits in an environment's own site-packages (its prefix's share/ is searched already)."""
+    spec = importlib.util.find_spec("nbconvert")
+    if spec is None or not spec.origin:
+        return None
+    share = Path(spec.origin).resolve().parents[1] / "share" / "jupyter"
+    return share if (share / "nbconvert" / "templates").is_dir() else None
 
 
 def apply_local_jupyter_env() -> None:

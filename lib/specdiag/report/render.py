@@ -14,6 +14,8 @@ from specdiag.runs import Run, dumps, recorded_source
 
 TEMPLATES_DIR = Path(__file__).parent / "templates" / "nbconvert"
 TEMPLATE_NAME = "specdiag_offline"
+#: How a notebook that ran but whose page did not render is marked; `specdiag report render` renders it again.
+RENDER_FAILED = "HTML rendering failed"
 
 
 def render_html(ipynb_path: Path, html_path: Path) -> None:
@@ -80,7 +82,7 @@ def render_run(run: Run, results: list[NotebookResult]) -> Path:
             r.html = html_rel
         except Exception as exc:  # noqa: BLE001 - a render failure marks the notebook, the rest go on
             r.status = "failed"
-            r.error = (r.error + "; " if r.error else "") + f"HTML rendering failed: {exc}"
+            r.error = (r.error + "; " if r.error else "") + f"{RENDER_FAILED}: {exc}"
     collect_results(run, results)
     index = write_run_index(run, results)
     write_runs_index(run.path.parent if run.path.parent.resolve() == RUNS_DIR.resolve() else RUNS_DIR)

@@ -18,7 +18,10 @@ side.
 
 **Decode rate** per request: the decode tokens over the decode window (``decode_tok_s``, measured); for an NGRAM arm
 whose later requests on a prompt recalled the first's answer (:func:`.breakeven.recalled`), the first requests' commit
-x 1000 over each request's ms per verify step (computed), as the break-even does. Where the arm's server ran with
+x 1000 over each request's ms per verify step (computed), as the break-even does. Where two or more NGRAM arms meet at
+a context, each request's rate is the NGRAM arms' pooled median commit there x 1000 over its own ms per verify step
+(computed): NGRAM drafts from the text, so its commit is the prompts', not the attention backend's, and 3 requests'
+commits (1.2 to 7.5 tokens a step on one prompt) would otherwise drown the backends' step times in the text's noise. Where the arm's server ran with
 acceptance forced (``SGLANG_SIMULATE_ACC_LEN``), every rate and every N computed from it says "acceptance forced".
 
 The answer at the longest context that has one leads (long context is the question), and the page says at which other
@@ -38,7 +41,7 @@ from specdiag.findings import Finding
 from specdiag.spread import Sample, Spread, compare_across, machine_of, server_of
 from specdiag.stats import MIN_REQUESTS, NOT_ENOUGH, RequestComparison
 from specdiag.steps.engine_ab.analysis import _f, step_spreads, tok, ttft_spreads, units
-from specdiag.steps.engine_ab.arms import checks_verify, forced_acceptance
+from specdiag.steps.engine_ab.arms import algorithm_of, checks_verify, forced_acceptance
 from specdiag.steps.engine_ab.verdicts import TTFT_TIE_X
 
 
@@ -66,7 +69,7 @@ class ContextAnswer:
     """The answer at one context (module doc)."""
 
     context_tokens: int
-    kind: str                              #: "one" (run first), "split" (first below tokens, decode above)
+    kind: str                              #: "one" (run first), "split" (first below tokens, decode above), "tie"
     first: str                             #: the first-token arm
     decode: str                            #: the decode arm (== first for "one")
     ttft_s: dict[str, float]               #: median TTFT of the two arms (s, measured)
@@ -112,6 +115,7 @@ def phases(df: pd.DataFrame, pre: pd.DataFrame, arms_meta: Mapping[str, Any],
     if df.empty or pre.empty:
         return out
     dec = df[(df["phase"] == "decode") & df["error"].isna() & df["step_ms"].notna()]
+    pooled = pooled_ngram_commit(dec, arms_meta)
     for (arm, ctx), g in dec.groupby(["arm", "context_tokens"], sort=False):
         rec = dict(arms_meta.get(arm) or {})
         if checks_verify(rec):
@@ -120,11 +124,32 @@ def phases(df: pd.DataFrame, pre: pd.DataFrame, arms_meta: Mapping[str, Any],
         if p.empty:
             continue
         first = (recall.get(str(arm)) or {}).get(int(ctx))
-        rate, source = _rates(g.to_dict("records"), first[0] if first else None)
+        if first:
+            rate, source = _rates(g.to_dict("records"), first[0])
+        elif algorithm_of(rec) == "NGRAM" and int(ctx) in pooled:
+            rate, _ = _rates(g.to_dict("records"), pooled[int(ctx)])
+            source = f"computed at the NGRAM arms' pooled median commit, {pooled[int(ctx)]:.3g} tokens a step"
+        else:
+            rate, source = _rates(g.to_dict("records"), None)
         if not rate:
             continue
         out.setdefault(int(ctx), []).append(Phases(str(arm), units(pre, str(arm), int(ctx), "ttft_units"), rate,
                                                    source, forced_acceptance(rec)))
+    return out
+
+
+def pooled_ngram_commit(dec: pd.DataFrame, arms_meta: Mapping[str, Any]) -> dict[int, float]:
+    """Per context where two or more NGRAM arms (check arms left out) have decode requests: the median commit length
+    over all their requests there (module doc)."""
+    ngram = {a for a, rec in arms_meta.items()
+             if algorithm_of(dict(rec or {})) == "NGRAM" and not checks_verify(dict(rec or {}))}
+    out = {}
+    if dec.empty or "commit_length" not in dec:
+        return out
+    rows = dec[dec["arm"].isin(ngram) & dec["commit_length"].notna()]
+    for ctx, g in rows.groupby("context_tokens"):
+        if g["arm"].nunique() >= 2:
+            out[int(ctx)] = float(g["commit_length"].median())
     return out
 
 
@@ -144,6 +169,13 @@ def _ties(best: Phases, others: Sequence[Phases], side: str, spread: Spread | No
         elif c.verdict in ("tie", NOT_ENOUGH):
             out.append(o)
     return out
+
+
+def _tied(c: RequestComparison, a: Phases, b: Phases) -> bool:
+    """Whether two arms' TTFTs tie as :func:`_ties` judges them (within TTFT_TIE_X with fewer than 3 prefills a side)."""
+    if c.verdict == NOT_ENOUGH:
+        return max(a.ttft_s, b.ttft_s) <= TTFT_TIE_X * min(a.ttft_s, b.ttft_s)
+    return c.verdict == "tie"
 
 
 def _said(c: RequestComparison, what: str, unit_word: str) -> str:
@@ -203,6 +235,12 @@ def answer_at(ctx: int, arms: Sequence[Phases], ttft_spread: Spread | None = Non
         text = (f"run {first.arm} at {at}: the first token after {first.ttft_s:,.3g} s and {first.tok_s:,.4g} decode "
                 f"tokens/s ({first.rate_source}); no arm beats it in either phase ({ttft_text}; {rate_text}){forced}")
         return ContextAnswer(ctx, "one", first.arm, first.arm, text=text, **common)  # type: ignore[arg-type]
+    if ct is not None and cr is not None and _tied(ct, first, decode) and cr.verdict in ("tie", NOT_ENOUGH):
+        # each picked by the other's tie-break: neither is measurably faster in either phase
+        text = (f"at {at}, {first.arm} and {decode.arm} tie in both phases: the first token after {first.ttft_s:,.3g} s "
+                f"against {decode.ttft_s:,.3g} s, {first.tok_s:,.4g} decode tokens/s against {decode.tok_s:,.4g} "
+                f"({ttft_text}; {rate_text}){forced}")
+        return ContextAnswer(ctx, "tie", first.arm, decode.arm, text=text, **common)  # type: ignore[arg-type]
     n = (decode.ttft_s - first.ttft_s) / (1.0 / first.tok_s - 1.0 / decode.tok_s)
     enough = min(len(first.ttft), len(decode.ttft)) >= MIN_REQUESTS
     rng = tokens_range(first, decode) if enough else None
@@ -235,6 +273,8 @@ def headline(found: Sequence[ContextAnswer]) -> str:
     at = f"at {tok(last.context_tokens)}"
     if last.kind == "one":
         head = f"Run {last.first} {at}"
+    elif last.kind == "tie":
+        head = f"{at[0].upper()}{at[1:]}, {last.first} and {last.decode} tie in both phases: either"
     else:
         rng = last.tokens_range
         span = (f"range {rng[0]:,.0f}-" + ("never" if math.isinf(rng[1]) else f"{rng[1]:,.0f}") + " over the requests"
@@ -257,6 +297,7 @@ def answer_finding(found: Sequence[ContextAnswer]) -> Finding:
     ev = [f"{tok(a.context_tokens)}: {a.text}" for a in found]
     differ = [a for a in found[:-1] if (a.kind, a.first, a.decode) != (last.kind, last.first, last.decode)]
     elsewhere = "".join(f" At {tok(a.context_tokens)}: " + (f"run {a.first}" if a.kind == "one" else
+                                                              f"{a.first} and {a.decode} tie" if a.kind == "tie" else
                                                               f"run {a.first} for outputs under about "
                                                               f"{a.tokens:,.0f} tokens, {a.decode} above") + "."
                         for a in differ)
