@@ -169,6 +169,22 @@ def test_the_diagnosis_says_what_is_slow_how_far_from_the_floor_the_cause_and_th
     assert "per-step cost that does not grow with context" in diagnose(flat).cause
 
 
+def test_a_drafter_that_commits_nothing_is_the_cause_before_a_per_step_cost_but_not_before_the_attention() -> None:
+    """The live H200 report of the 61-layer twin with a random DFLASH drafter: 1 token a step on both texts (04), the
+    step 3.97x its floor with a flat slope (05). The drafter leads; a critical attention slope still outranks it."""
+    from specdiag.steps.findings.diagnosis import diagnose
+
+    silent = _f("probe.drafter_does_not_commit", "warning", "04_commit_probe", commit_length_max=1.0,
+                max_commit_length=8)
+    flat = [{**FLOOR[0], "severity": "warning"},
+            {**FLOOR[1], "severity": "ok", "numbers": {**FLOOR[1]["numbers"], "slope_ratio_x": 1.71}}]
+    d = diagnose(SWEEP + flat + [silent])
+    assert d.cause.startswith("The most likely cause is a drafter that commits nothing: about 1 token per verify step "
+                              "of at most 8") and "also a per-step cost" in d.cause
+    assert d.numbers["cause"] == "probe.drafter_does_not_commit" and "a drafter trained for this target" in d.fix
+    assert diagnose(SWEEP + FLOOR + [silent]).numbers["cause"] == "bandwidth.slope"
+
+
 def test_the_diagnosis_falls_back_when_a_step_did_not_run() -> None:
     from specdiag.steps.findings.diagnosis import diagnose
 

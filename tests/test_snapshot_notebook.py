@@ -22,6 +22,9 @@ def test_snapshot_of_the_embedded_server(embedded_server, run_notebook, tmp_path
     assert meta["server"]["speculative_num_draft_tokens"] == 8
     assert isinstance(meta["server"]["context_length"], int) and meta["server"]["context_length"] > 0
     assert meta["model"]["model_path"]
+    # the configs this host reads are kept, so 03 and 05 replay the run without the model folders
+    assert meta["model"]["model_config"]["num_hidden_layers"] >= 1
+    assert meta["drafter"]["model_config"] and meta["drafter"]["server_view"]["speculative_algorithm"] == "STANDALONE"
     hw = meta["hardware"]
     assert hw["where"].startswith("this machine") and hw["machine"]["cpu_cores"] >= 1
     assert hw["memory_bandwidth_gb_s"] > 0 and hw["memory_bandwidth_source"] in ("nvml", "table", "measured")

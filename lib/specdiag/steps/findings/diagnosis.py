@@ -12,7 +12,8 @@ The parts, and the findings they read:
   either, 09's ``engine_ab.stock_decode`` (the stock arm's step at its shortest and longest context).
 - floor: 05's ``bandwidth.far_from_floor`` (measured step over its memory floor, % of the peak).
 - cause: the most severe of the candidates below (ties: in this order), each with the numbers of its finding:
-  the attention over the KV (05's ``bandwidth.slope``: the step grows far faster than its bytes), an idle GPU
+  a drafter that commits nothing on predictable and novel text alike (04's ``probe.drafter_does_not_commit``), the
+  attention over the KV (05's ``bandwidth.slope``: the step grows far faster than its bytes), an idle GPU
   (02's ``utilization.decode_gpu_idle``), a per-step cost that does not grow with context (05: far from the floor
   while the slope follows the bytes), the drafter's cost (03's ``drafter.measured_cost``), a drafter that fails with
   context (04's ``probe.predictable_falls``), and the text itself (04's ``probe.novel_is_text_difficulty`` beside
@@ -203,6 +204,14 @@ def _floor(findings: Sequence[Mapping[str, Any]], used: list[Mapping[str, Any]],
 def _cause_candidates(findings: Sequence[Mapping[str, Any]]) -> list[tuple[Mapping[str, Any], str, dict[str, Any]]]:
     """(finding, clause, numbers) of each cause the findings support, in tie-break order."""
     out: list[tuple[Mapping[str, Any], str, dict[str, Any]]] = []
+    silent = _find(findings, "probe.drafter_does_not_commit")
+    if silent:
+        n = silent.get("numbers") or {}
+        out.append((silent, f"a drafter that commits nothing: about {_num(n.get('commit_length_max', 1))} token per "
+                            f"verify step of at most {_num(n.get('max_commit_length', 0))} on predictable and novel text "
+                            "alike at every context, so each step verifies its drafts to keep one token (a drafter "
+                            "untrained for this target, or mismatched to it)",
+                    {"commit_length_max": n.get("commit_length_max")}))
     slope, far = _find(findings, "bandwidth.slope"), _find(findings, "bandwidth.far_from_floor")
     if slope and _rank(slope) <= SEVERITY_ORDER["warning"]:
         n = slope.get("numbers") or {}
@@ -274,6 +283,8 @@ FIX_POINTERS = {
     "utilization.decode_gpu_idle": "02's torch-profiler timeline shows which host work leaves the GPU idle",
     "drafter.measured_cost": "03 shows whether a sliding window or a draft window would bound the drafter",
     "probe.predictable_falls": "03 shows whether the drafter's attention is bounded at long context",
+    "probe.drafter_does_not_commit": "a drafter trained for this target is the fix; until then 09 with a "
+                                     "speculation-off arm measures what turning speculation off buys",
     "sweep.commit_length_long_context": "no fix is needed for the text itself",
 }
 

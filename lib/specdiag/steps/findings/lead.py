@@ -76,7 +76,7 @@ def buys_line(findings: Sequence[Mapping[str, Any]]) -> str:
     """What the fixes measured in this run buy, decode and prefill (each finding's own title)."""
     fixes = [f for f in findings if all(k in (f.get("numbers") or {}) for k in FIX_KEYS)]
     if not fixes:
-        return "not measured: no fix ran beside the stock server in this run"
+        return "not measured: no other configuration ran beside this server in this run"
     best = {}
     for f in fixes:
         phase = (f.get("numbers") or {}).get("fix_phase") or "decode"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from specdiag import hardware
 from specdiag.paths import PROJECT_ROOT
@@ -38,6 +38,22 @@ def model_config(path: str | None) -> dict[str, Any] | None:
     return json.loads(cfg.read_text()) if cfg.is_file() else None
 
 
+def recorded_models(info: Mapping[str, Any], model_info: Mapping[str, Any], model_path: str | None = None,
+                    drafter_path: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """run.json's ``model`` and ``drafter`` for a server: what it reports, with each folder's config.json where this
+    host can read it, so 03 and 05 replay the run without the folders (``geometry.config.recorded_config``)."""
+    model_path = model_path or info.get("model_path")
+    model = {**model_info, "name": Path(str(model_path or "")).name, "path": model_path,
+             "kv_cache_dtype": info.get("kv_cache_dtype"), "model_config": model_config(model_path)}
+    drafter_path = drafter_path or info.get("speculative_draft_model_path")
+    drafter: dict[str, Any] = {"server_view": {k: v for k, v in info.items() if str(k).startswith("speculative_")}}
+    if drafter_path:
+        drafter.update(name=Path(str(drafter_path)).name, path=drafter_path, model_config=model_config(drafter_path),
+                       config_note="the drafter's own config.json (sliding_window, layer_types); what the server did "
+                                   "with it is in server_view and measured by 03")
+    return model, drafter
+
+
 def sweep_arm(job: Any) -> list[str]:
     """The snapshot of the arm's server into its run folder."""
     from specdiag.serving import make_client  # noqa: PLC0415 - live only: replay loads no server code
@@ -45,15 +61,7 @@ def sweep_arm(job: Any) -> list[str]:
     client = make_client(job.url)
     info = dict(redact(job.server_info))
     model_info = dict(redact(client.model_info())) if hasattr(client, "model_info") else {}
-    model_path = job.arm.model or info.get("model_path")
-    model = {**model_info, "name": Path(str(model_path or "")).name, "path": model_path,
-             "kv_cache_dtype": info.get("kv_cache_dtype"), "model_config": model_config(model_path)}
-    drafter_path = job.arm.speculation.drafter or info.get("speculative_draft_model_path")
-    drafter = {"server_view": {k: v for k, v in info.items() if str(k).startswith("speculative_")}}
-    if drafter_path:
-        drafter.update(name=Path(str(drafter_path)).name, path=drafter_path, model_config=model_config(drafter_path),
-                       config_note="the drafter's own config.json (sliding_window, layer_types); what the server did "
-                                   "with it is in server_view and measured by 03")
+    model, drafter = recorded_models(info, model_info, job.arm.model, job.arm.speculation.drafter)
     local = is_local_url(job.url)
     try:
         hw: dict[str, Any] = hardware.peaks_for_run(None, None, recorded=None, server_info=info,

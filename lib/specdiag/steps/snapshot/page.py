@@ -18,6 +18,7 @@ from specdiag.section import Section
 from specdiag.serving.locality import is_local_url
 from specdiag.serving.redaction import redact
 from specdiag.steps.snapshot import findings as snapshot_findings
+from specdiag.steps.snapshot import measure
 from specdiag.steps.snapshot import settings as snapshot
 
 NOTEBOOK = "00_snapshot"
@@ -122,7 +123,11 @@ class Snapshot(nb.Page):
     @cached_property
     def found(self) -> list[fnd.Finding]:
         """The verdicts, after the snapshot is saved in run.json (``server``, ``model``, ``hardware``)."""
-        self.ctx.run.update(server=self.server_info, model=self.model_info, hardware=self.hardware)
+        if self.live:  # the configs too, where this host reads the folders: 03 and 05 replay without them
+            model, drafter = measure.recorded_models(self.server_info, self.model_info)
+            self.ctx.run.update(server=self.server_info, model=model, drafter=drafter, hardware=self.hardware)
+        else:
+            self.ctx.run.update(server=self.server_info, model=self.model_info, hardware=self.hardware)
         source = "published" if self.source_kind == "published" else "server-reported"
         return snapshot_findings.snapshot_findings(self.server_info, self.settings, self.peaks, self.peaks_error,
                                                    self.where, source)
