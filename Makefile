@@ -146,7 +146,7 @@ replay: setup ## run every notebook that can replay the recorded run RUN=data/re
 	@if [ -z "$(RUN)" ]; then echo "RUN is empty: say which recorded run, e.g. make replay RUN=data/reference/ct200-kimi-k26"; exit 2; fi
 	$(REPORT) replay --run "$(RUN)" --params "$(PARAMS)" --run-dir "$(RUN_DIR)"
 
-test: setup ## run the tests a change must pass (14 min from a fresh clone on 2 busy cores, TEST_WORKERS=2; not the slow, GPU or real-engine ones)
+test: setup ## run the tests a change must pass (about 4 min from a fresh clone on 2 cores, setup included; TEST_WORKERS=2; not the slow, GPU or real-engine ones)
 	$(PY) -m pytest -q -m "not slow and not gpu" $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist worksteal) $(PYTEST_ARGS)
 
 test-all: setup ## run every test that can run here: the slow ones too (kernel compiles for sm_90; GPU tests skip without CUDA)
