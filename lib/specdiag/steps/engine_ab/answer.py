@@ -21,8 +21,9 @@ whose later requests on a prompt recalled the first's answer (:func:`.breakeven.
 x 1000 over each request's ms per verify step (computed), as the break-even does. Where two or more NGRAM arms meet at
 a context, each request's rate is the NGRAM arms' pooled median commit there x 1000 over its own ms per verify step
 (computed): NGRAM drafts from the text, so its commit is the prompts', not the attention backend's, and 3 requests'
-commits (1.2 to 7.5 tokens a step on one prompt) would otherwise drown the backends' step times in the text's noise. Where the arm's server ran with
-acceptance forced (``SGLANG_SIMULATE_ACC_LEN``), every rate and every N computed from it says "acceptance forced".
+commits (1.15 to 7.5 tokens a step on the H200's NGRAM run) would otherwise drown the backends' step times in the
+text's noise. Where the arm's server ran with acceptance forced (``SGLANG_SIMULATE_ACC_LEN``), every rate and every N
+computed from it says "acceptance forced".
 
 The answer at the longest context that has one leads (long context is the question), and the page says at which other
 contexts it holds.
@@ -172,7 +173,7 @@ def _ties(best: Phases, others: Sequence[Phases], side: str, spread: Spread | No
 
 
 def _tied(c: RequestComparison, a: Phases, b: Phases) -> bool:
-    """Whether two arms' TTFTs tie as :func:`_ties` judges them (within TTFT_TIE_X with fewer than 3 prefills a side)."""
+    """Whether two arms' TTFTs tie as :func:`_ties` judges them (within TTFT_TIE_X under 3 prefills a side)."""
     if c.verdict == NOT_ENOUGH:
         return max(a.ttft_s, b.ttft_s) <= TTFT_TIE_X * min(a.ttft_s, b.ttft_s)
     return c.verdict == "tie"
@@ -237,7 +238,8 @@ def answer_at(ctx: int, arms: Sequence[Phases], ttft_spread: Spread | None = Non
         return ContextAnswer(ctx, "one", first.arm, first.arm, text=text, **common)  # type: ignore[arg-type]
     if ct is not None and cr is not None and _tied(ct, first, decode) and cr.verdict in ("tie", NOT_ENOUGH):
         # each picked by the other's tie-break: neither is measurably faster in either phase
-        text = (f"at {at}, {first.arm} and {decode.arm} tie in both phases: the first token after {first.ttft_s:,.3g} s "
+        text = (f"at {at}, {first.arm} and {decode.arm} tie in both phases: the first token after "
+                f"{first.ttft_s:,.3g} s "
                 f"against {decode.ttft_s:,.3g} s, {first.tok_s:,.4g} decode tokens/s against {decode.tok_s:,.4g} "
                 f"({ttft_text}; {rate_text}){forced}")
         return ContextAnswer(ctx, "tie", first.arm, decode.arm, text=text, **common)  # type: ignore[arg-type]
