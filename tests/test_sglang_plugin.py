@@ -188,6 +188,43 @@ def test_causal_mask_is_written_once_per_forward_and_again_for_a_new_one():
     assert torch.equal(again, first)
 
 
+def test_a_dflash_block_is_served_causal_even_with_sglangs_unwritten_mask_buffer():
+    """SGLang 0.5.17 captures DFLASH's verify on a HybridAttnBackend (FlashInfer prefill, Triton verify) with the
+    Triton backend's verify-mask buffer, which nothing writes for DFLASH (zeros: every draft entry masked). The plugin
+    serves a DFlashVerifyInput's call as the causal block over that buffer; a tree's mask (NGRAM) stays its own."""
+    from types import SimpleNamespace as NS
+
+    class DFlashVerifyInput:  # the class SGLang names it by (no sglang import here)
+        pass
+
+    class NgramVerifyInput:
+        pass
+
+    class Batch:  # ForwardBatch stand-in (weak-referenceable)
+        def __init__(self, spec_info):
+            self.spec_info = spec_info
+
+    prefix_lens, draft = [37, 300], 8
+    batch = causal_batch(prefix_lens, draft, 2)
+    zeros = torch.zeros_like(batch.custom_mask)  # what the graph reads: SGLang's never-written buffer
+    meta = NS(qo_indptr=batch.qo_indptr, kv_indptr=batch.kv_indptr, mask_indptr=batch.mask_indptr, custom_mask=zeros)
+    backend = NS(forward_metadata=meta, req_to_token_pool=NS(size=2),
+                 token_to_kv_pool=NS(get_key_buffer=lambda layer_id: torch.empty(sum(prefix_lens) + 64, 1, 1)))
+    layer = NS(layer_id=0)
+    hook._CAUSAL.clear()
+    dflash = Batch(DFlashVerifyInput())
+    assert hook.linear_block(dflash) and hook.causal_call(backend, dflash)
+    mask = hook.verify_mask(backend, layer, dflash, draft)
+    served = dataclasses.replace(batch, custom_mask=mask)
+    tril = torch.tril(torch.ones(draft, draft, dtype=torch.bool))
+    assert all(torch.equal(tree_mask(served, b), tril) for b in range(len(prefix_lens)))
+    tree = Batch(NgramVerifyInput())
+    assert not hook.linear_block(tree) and not hook.causal_call(backend, tree)
+    assert hook.verify_mask(backend, layer, tree, draft) is zeros
+    meta.custom_mask = None  # eager DFLASH and a pure Triton server: no mask at all, causal as before
+    assert hook.causal_call(backend, tree)
+
+
 def test_decide_serves_a_verify_block_without_a_mask_as_causal():
     serve, reason = decide(servable(has_custom_mask=False))
     assert serve and "causal draft block" in reason and "DFLASH" in reason

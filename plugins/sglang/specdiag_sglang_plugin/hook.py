@@ -212,7 +212,7 @@ def _facts(backend, q, k, v, layer, forward_batch, sinks, score_mod):
         dcp_size=int(getattr(backend, "dcp_size", 1) or 1),
         deterministic=bool(getattr(backend, "enable_deterministic", False)),
         causal=causal,
-        has_custom_mask=backend.forward_metadata.custom_mask is not None,
+        has_custom_mask=not causal_call(backend, forward_batch),
         has_mask_indptr=getattr(backend.forward_metadata, "mask_indptr", None) is not None,
         q_dtype=q.dtype,
         kv_dtype=k_buf.dtype,
@@ -244,11 +244,33 @@ def _store_draft_kv(backend, layer, forward_batch, k, v) -> None:
         backend.token_to_kv_pool.set_kv_buffer(layer, loc_info, k.clone().div_(layer.k_scale), v)
 
 
+#: spec_info classes whose verify block is a linear chain: causal inside the block whatever mask buffer comes with it
+LINEAR_VERIFY_INPUTS = ("DFlashVerifyInput",)
+
+
+def linear_block(forward_batch) -> bool:
+    """Whether the call verifies a linear draft block (DFLASH's), to be served as the causal block.
+
+    SGLang 0.5.17 captures DFLASH's verify with a custom mask when the attention backend object is not one it lists as
+    expressing the block causally (``dflash_utils.resolve_dflash_verify_mask_policy``): a ``HybridAttnBackend`` (the
+    recommended ``--attention-backend flashinfer --decode-attention-backend triton`` server) is not listed, though its
+    verify goes to the Triton backend. The graph then reads the Triton backend's verify-mask buffer, which nothing
+    writes for DFLASH (its verify input carries no mask): zeros, every draft entry masked. DFLASH's block is causal by
+    definition, so the plugin serves it as the causal block, as on a pure Triton server."""
+    return type(getattr(forward_batch, "spec_info", None)).__name__ in LINEAR_VERIFY_INPUTS
+
+
+def causal_call(backend, forward_batch) -> bool:
+    """The call is served as the causal draft block: no custom mask, or a linear block (:func:`linear_block`)."""
+    return backend.forward_metadata.custom_mask is None or linear_block(forward_batch)
+
+
 def verify_mask(backend, layer, forward_batch, max_draft: int) -> torch.Tensor:
-    """The call's tree mask: SGLang's custom mask, or for a verify block without one (DFLASH's linear block) the
-    causal block in the same layout (causal.CausalMask, written once per forward, CUDA-graph safe)."""
+    """The call's tree mask: SGLang's custom mask, or for a linear verify block (DFLASH's, with or without a mask
+    buffer: :func:`linear_block`) the causal block in the same layout (causal.CausalMask, written once per forward,
+    CUDA-graph safe)."""
     meta = backend.forward_metadata
-    if meta.custom_mask is not None:
+    if not causal_call(backend, forward_batch):
         return meta.custom_mask
     from specdiag_sglang_plugin.causal import CausalMask  # noqa: PLC0415
 
@@ -276,7 +298,7 @@ def _serve(backend, q, k, v, layer, forward_batch, save_kv_cache):
     max_draft = max_draft_tokens(meta.max_extend_len, q.shape[0], batch)
     kv_buf = backend.token_to_kv_pool.get_key_buffer(layer.layer_id)
     key = (heads * max_draft, q.dtype, kv_buf.dtype, bool(logit_cap and logit_cap > 0), q.device.index)
-    causal = meta.custom_mask is None
+    causal = causal_call(backend, forward_batch)
 
     if kv_buf.dtype == torch.float8_e4m3fn:
         scale = kv_scale_of(layer)
@@ -400,7 +422,7 @@ def _check(original, backend, q, k, v, layer, forward_batch, save_kv_cache, kwar
     checks = STATS.setdefault("check", [])
     if len(checks) < 2000:
         row = {"layer": int(layer.layer_id), "prefix_tokens": prefix, "draft_tokens": int(q.shape[0]),
-               "causal_block": meta.custom_mask is None,
+               "causal_block": causal_call(backend, forward_batch),
                "heads": int(layer.tp_q_head_num), "rel_err": _rel_err(ours, ref),
                "finite": bool(torch.isfinite(ours).all())}
         kv_buf = backend.token_to_kv_pool.get_key_buffer(layer.layer_id)
