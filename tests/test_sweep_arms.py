@@ -19,7 +19,8 @@ MEASURE_OF = {"embedded.yaml": "engine_ab", "engine-ab-ngram.yaml": "engine_ab",
               "embedded-utilization.yaml": "snapshot,gpu_utilization",
               "kv-layout.yaml": "kv_layout", "moe-batch1.yaml": "moe_batch1",
               "moe-batch1-plugin.yaml": "moe_batch1",
-              "plugin-identity.yaml": "plugin_identity", "vllm-cpu.yaml": "engine_ab"}
+              "plugin-identity.yaml": "plugin_identity", "plugin-identity-dflash.yaml": "plugin_identity",
+              "vllm-cpu.yaml": "engine_ab"}
 
 
 def one(**arm: object) -> dict:
