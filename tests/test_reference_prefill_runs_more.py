@@ -46,6 +46,9 @@ def test_the_ngram_hybrid_readme_is_its_rows():
         return f"{r:.{digits}f}x ({min(a) / max(b):.{digits}f}-{max(a) / min(b):.{digits}f})"
     assert f"TTFT at 64k {ratio('prefill', 65536, 2)}, at 128k {ratio('prefill', 131072, 2)}" in text
     assert f"the verify step at 128k {ratio('decode', 131072, 3)}, at most 0.85x" in text
+    project = _text(REF.parents[1] / "README.md")  # the fix section quotes the NGRAM run too
+    assert (f"(TTFT {ratio('prefill', 131072, 2).split('x')[0]}x FlashInfer's at 128k, verify step "
+            f"{ratio('decode', 131072, 3).split('x')[0]}x, `sglang-h200-mla61-engine-ab/hybrid`)") in project
 
 
 def test_the_identity_readme_is_its_judgement():
@@ -77,3 +80,17 @@ def test_the_live_readme_is_its_rows():
     probe = _rows(run / "commit_probe.jsonl")
     assert {r["kind"] for r in probe} == {"predictable", "novel"} and max(r["commit_length"] for r in probe) <= 1.1
     assert "about 1 token per verify step of at most 8, on predictable and novel text alike" in text
+
+
+def test_the_live_readme_quotes_its_kernel_rows_and_its_time():
+    run = REF / "sglang-h200-mla61-dflash-live"
+    us = {(r["arm"], r["context_tokens"]): r["us"] for r in _rows(run / "kernel_ab.jsonl") if r.get("us")}
+    ratios = [us[("plugin", c)] / us[("flashinfer_mla", c)] for c in (16384, 131072)]
+    best = min(v for (arm, c), v in us.items() if c == 131072 and arm != "baseline")
+    text = _text(run / "README.md")
+    assert f"takes {min(ratios):.2f}-{max(ratios):.2f}x FlashInfer's MLA kernel's time" in text
+    assert f"without a KV split {us[('baseline', 131072)] / best:.0f}x slower than the best at 128k" in text
+    total = sum(r["duration_s"] for r in json.loads((run / "run.json").read_text())["report"]["results"])
+    assert f"the 8 notebooks {total:.0f} s" in text
+    quick = _text(REF.parents[1] / "params" / "quick.yaml")
+    assert f"measured: {total:.0f} s for 00-07 on an H200" in quick
