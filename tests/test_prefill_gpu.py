@@ -22,6 +22,7 @@ def _ragged(lens):
     return torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
 
 
+@pytest.mark.parametrize("spec", ["", "128:128:8:2:tma", "128:128:8:2:tma:ws"])
 @pytest.mark.parametrize("causal,q_lens,k_lens", [
     (True, [8192], [8192]),  # a chunk's own causal part
     (False, [8192], [20000]),  # a prefix chunk, keys off the tile grid
@@ -29,7 +30,11 @@ def _ragged(lens):
     (False, [300, 5], [4097, 0]),  # a request with no keys: lse -inf, output 0
     (True, [513], [9000]),  # bottom-right causal over a longer key side
 ])
-def test_the_kernel_matches_the_reference(causal, q_lens, k_lens):
+def test_the_kernel_matches_the_reference(causal, q_lens, k_lens, spec):
+    """The default configuration, and TMA loads with and without the warp-specialized loop (06's candidates)."""
+    from specdiag.kernels.triton.prefill import parse_config
+
+    cfg = parse_config(spec) if spec else None
     torch.manual_seed(sum(q_lens) + sum(k_lens))
     heads = 8
     q = torch.randn(sum(q_lens), heads, 192, device="cuda", dtype=torch.bfloat16)
@@ -37,7 +42,7 @@ def test_the_kernel_matches_the_reference(causal, q_lens, k_lens):
     v = torch.randn(sum(k_lens), heads, 256, device="cuda", dtype=torch.bfloat16)[..., 128:]
     assert choose(q, k, v)[0] == "triton"
     o, lse = prefill(q, k, v, _ragged(q_lens), _ragged(k_lens), max(q_lens), causal, 1 / math.sqrt(192),
-                     return_lse=True)
+                     return_lse=True, cfg=cfg)
     rows = torch.unique(torch.randint(0, q.shape[0], (512,), device="cuda"))
     ro, rl = reference(q, k, v, _ragged(q_lens), _ragged(k_lens), causal, 1 / math.sqrt(192), rows=rows)
     assert _rel(o[rows], ro) < 1e-2

@@ -26,6 +26,7 @@ its query rows (STATS ``prefill_check``).
 
 from __future__ import annotations
 
+import functools
 import os
 from collections import Counter
 
@@ -34,6 +35,9 @@ import torch
 from specdiag_sglang_plugin.logs import log_once
 
 PREFILL_ENV = "SPECDIAG_SGLANG_PREFILL"
+#: the kernel's configuration (``block_m:block_n:warps:stages[:tma][:ws]``; 06's prefill cases print the fastest on a
+#: GPU: ``python -m specdiag.steps.kernel_ab.prefill --out RUN --best``); unset: the kernel's default
+CONFIG_ENV = "SPECDIAG_SGLANG_PREFILL_CONFIG"
 PREFILL_MODES = ("off", "mha")
 DISPATCH = "sglang.srt.models.deepseek_v2.DeepseekV2AttentionMLA.dispatch_attn_forward_method"
 CHECK_ROWS = 64  #: query rows per served call that check mode compares with the fp32 reference
@@ -49,6 +53,25 @@ def prefill_from_env(environ=os.environ) -> str:
         raise ValueError(f"{PREFILL_ENV}={value!r}: use mha (long prompts' chunks on specdiag's MHA prefill kernel) or "
                          "off (SGLang's own prefill, the default)")
     return value
+
+
+@functools.lru_cache(maxsize=4)
+def _parse(text: str):
+    from specdiag.kernels.triton.prefill import parse_config  # noqa: PLC0415  (imports triton)
+
+    return parse_config(text)
+
+
+def config_from_env(environ=os.environ):
+    """The kernel configuration ``SPECDIAG_SGLANG_PREFILL_CONFIG`` names, or None for the kernel's default; a bad
+    value raises ValueError naming the variable and the form."""
+    text = environ.get(CONFIG_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        return _parse(text)
+    except ValueError as exc:
+        raise ValueError(f"{CONFIG_ENV}: {exc}") from None
 
 
 def serves(attn, forward_batch) -> tuple[bool, str]:
@@ -130,7 +153,8 @@ def mha_call(backend, q, k, v, layer, forward_batch):
     else:
         cu_k, causal = meta.qo_indptr, True
         want_lse = bool(attend_prefix is not None and forward_batch.mha_return_lse)
-    res = prefill(qv, kk, vv, meta.qo_indptr, cu_k, max_q, causal, layer.scaling, return_lse=want_lse)
+    res = prefill(qv, kk, vv, meta.qo_indptr, cu_k, max_q, causal, layer.scaling, return_lse=want_lse,
+                  cfg=config_from_env())
     STATS["served"]["prefix_chunk" if attend_prefix else "own_chunk" if attend_prefix is not None else "no_prefix"] += 1
     if os.environ.get("SPECDIAG_SGLANG_CHECK") == "1":
         _check(qv, kk, vv, meta.qo_indptr, cu_k, causal, layer, res, want_lse)
@@ -169,8 +193,14 @@ def register_prefill(registry, hook_type) -> bool:
         log_once("prefill-import", "%s=mha but this SGLang has no add_chunked_prefix_cache_attention_backend (%s): "
                  "prefill stays SGLang's", PREFILL_ENV, exc)
         return False
+    try:
+        cfg = config_from_env()
+    except ValueError as exc:
+        log_once("prefill-config", "%s: prefill stays SGLang's", exc)
+        return False
     add_chunked_prefix_cache_attention_backend("triton")
     registry.register(DISPATCH, dispatch_hook, hook_type.AROUND)
     log_once("prefill-registered", "%s=mha: a Triton server's long prompt chunks may run the MHA form on specdiag's "
-             "prefill kernel (chunked prefix cache enabled for the triton backend)", PREFILL_ENV)
+             "prefill kernel (chunked prefix cache enabled for the triton backend; configuration %s)", PREFILL_ENV,
+             cfg.spec if cfg is not None else "the default")
     return True

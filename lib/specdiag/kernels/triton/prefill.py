@@ -38,9 +38,31 @@ class PrefillConfig:
     block_n: int = 64  #: keys per tile
     num_warps: int = 8
     num_stages: int = 3
+    tma: bool = False  #: q, k and v tiles loaded by TMA (host tensor descriptors; sm_90+), else by pointers
+    warp_specialize: bool = False  #: Triton's automatic warp specialization of the unmasked key loop
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def spec(self) -> str:
+        """The configuration as ``parse_config`` reads it: ``block_m:block_n:warps:stages[:tma][:ws]``."""
+        return ":".join([str(self.block_m), str(self.block_n), str(self.num_warps), str(self.num_stages)]
+                        + ["tma"] * self.tma + ["ws"] * self.warp_specialize)
+
+
+CONFIG_FLAGS = ("tma", "ws")  #: a configuration's optional flags: TMA descriptor loads, warp-specialized key loop
+
+
+def parse_config(text: str) -> PrefillConfig:
+    """``"128:128:8:2"`` or ``"128:128:8:2:tma:ws"`` -> a PrefillConfig, with a clear error on bad input."""
+    bits = [b.strip() for b in text.strip().split(":")]
+    nums, flags = bits[:4], bits[4:]
+    if len(nums) != 4 or not all(b.isdigit() and int(b) > 0 for b in nums) or any(f not in CONFIG_FLAGS for f in flags):
+        raise ValueError(f"bad prefill configuration {text!r}: write block_m:block_n:warps:stages[:tma][:ws], e.g. "
+                         "128:64:8:3 or 128:128:8:2:tma:ws")
+    block_m, block_n, warps, stages = (int(b) for b in nums)
+    return PrefillConfig(block_m, block_n, warps, stages, tma="tma" in flags, warp_specialize="ws" in flags)
 
 
 #: the configuration the plugin runs on sm_90 (H100/H200) and elsewhere, chosen by 06's prefill cases
@@ -84,7 +106,7 @@ def _prefill_fwd_kernel(
     Q, K, V, O, LSE, CU_Q, CU_K, qk_scale,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_lt, stride_lh,
     CAUSAL: tl.constexpr, RETURN_LSE: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr, DV: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WS: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     head = tl.program_id(1)
@@ -121,7 +143,7 @@ def _prefill_fwd_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, DV], tl.float32)
-    for start_n in range(0, full, BLOCK_N):
+    for start_n in tl.range(0, full, BLOCK_N, warp_specialize=WS):
         acc, m_i, l_i = _tile(acc, m_i, l_i, q1, q2, K, V, start_n, k_len, offs_m_k, offs_n, offs_d1, offs_d2,
                               offs_dv, stride_kt, stride_vt, qk_scale, False, False, D1)
     for start_n in range(full, hi, BLOCK_N):
@@ -136,6 +158,105 @@ def _prefill_fwd_kernel(
     if RETURN_LSE:
         lse = tl.where(seen, (m_i + tl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
         tl.store(LSE + (q_start + offs_m).to(tl.int64) * stride_lt + head * stride_lh, lse, mask=row_ok)
+
+
+@triton.jit
+def _tile_tma(acc, m_i, l_i, q1, q2, desc_k1, desc_k2, desc_v, k_row, k_col, v_col, start_n, k_len, offs_m_k,
+              offs_n, qk_scale, MASK_KEYS: tl.constexpr, CAUSAL_TILE: tl.constexpr, D1: tl.constexpr):
+    # rows past this request's keys load the next request's (or TMA's zeros past the tensor): masked out below
+    k1 = desc_k1.load([k_row + start_n, k_col])
+    k2 = desc_k2.load([k_row + start_n, k_col + D1])
+    v = desc_v.load([k_row + start_n, v_col])
+    s = tl.dot(q1, k1.T)
+    s = tl.dot(q2, k2.T, s)
+    s = s * qk_scale
+    if MASK_KEYS:
+        keys = start_n + offs_n
+        visible = (keys < k_len)[None, :]
+        if CAUSAL_TILE:
+            visible = visible & (keys[None, :] <= offs_m_k[:, None])
+        s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    acc = tl.dot(p.to(v.dtype), v, acc)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _prefill_fwd_kernel_tma(
+    desc_q1, desc_q2, desc_k1, desc_k2, desc_v, O, LSE, CU_Q, CU_K, qk_scale,
+    stride_qh, stride_kh, stride_vh, stride_ot, stride_oh, stride_lt, stride_lh,
+    CAUSAL: tl.constexpr, RETURN_LSE: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr, DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WS: tl.constexpr,
+):
+    """The same attention as ``_prefill_fwd_kernel`` with q, k and v tiles loaded through TMA descriptors over the
+    2-D views [tokens, heads x width] (a head's columns start at head x its stride)."""
+    pid_m = tl.program_id(0)
+    head = tl.program_id(1)
+    req = tl.program_id(2)
+    q_start = tl.load(CU_Q + req)
+    q_len = tl.load(CU_Q + req + 1) - q_start
+    if pid_m * BLOCK_M >= q_len:
+        return
+    k_start = tl.load(CU_K + req)
+    k_len = tl.load(CU_K + req + 1) - k_start
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_dv = tl.arange(0, DV)
+    row_ok = offs_m < q_len
+    q1 = desc_q1.load([q_start + pid_m * BLOCK_M, head * stride_qh])
+    q2 = desc_q2.load([q_start + pid_m * BLOCK_M, head * stride_qh + D1])
+    k_col = head * stride_kh
+    v_col = head * stride_vh
+
+    offs_m_k = offs_m + (k_len - q_len)
+    if CAUSAL:
+        hi = tl.minimum(k_len, (pid_m + 1) * BLOCK_M + k_len - q_len)
+        full = tl.maximum(tl.minimum(hi, pid_m * BLOCK_M + k_len - q_len + 1), 0) // BLOCK_N * BLOCK_N
+    else:
+        hi = k_len
+        full = k_len // BLOCK_N * BLOCK_N
+    hi = tl.maximum(hi, 0)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, DV], tl.float32)
+    for start_n in tl.range(0, full, BLOCK_N, warp_specialize=WS):
+        acc, m_i, l_i = _tile_tma(acc, m_i, l_i, q1, q2, desc_k1, desc_k2, desc_v, k_start, k_col, v_col, start_n,
+                                  k_len, offs_m_k, offs_n, qk_scale, False, False, D1)
+    for start_n in range(full, hi, BLOCK_N):
+        acc, m_i, l_i = _tile_tma(acc, m_i, l_i, q1, q2, desc_k1, desc_k2, desc_v, k_start, k_col, v_col, start_n,
+                                  k_len, offs_m_k, offs_n, qk_scale, True, CAUSAL, D1)
+
+    seen = l_i > 0.0
+    l_safe = tl.where(seen, l_i, 1.0)
+    out = acc / l_safe[:, None]
+    o_rows = O + (q_start + offs_m)[:, None].to(tl.int64) * stride_ot + head * stride_oh
+    tl.store(o_rows + offs_dv[None, :], out.to(O.dtype.element_ty), mask=row_ok[:, None])
+    if RETURN_LSE:
+        lse = tl.where(seen, (m_i + tl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+        tl.store(LSE + (q_start + offs_m).to(tl.int64) * stride_lt + head * stride_lh, lse, mask=row_ok)
+
+
+def _descriptor(t: torch.Tensor, width: int, block_rows: int, block_cols: int):
+    """A TMA descriptor over ``t`` [tokens, heads, >= width] seen as [tokens, columns up to the last head's
+    ``width``], row stride ``t.stride(0)``; None where TMA cannot read it (alignment, or a head stride that is not the
+    column step)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: PLC0415 - Triton 3.3+ only
+
+    tokens, heads = t.shape[0], t.shape[1]
+    elem = t.element_size()
+    if tokens == 0 or t.data_ptr() % 16 or (t.stride(0) * elem) % 16 or (t.stride(1) * elem) % 16:
+        return None
+    cols = (heads - 1) * t.stride(1) + width
+    if cols > t.stride(0) and tokens > 1:
+        return None
+    return TensorDescriptor(t, [tokens, cols], [t.stride(0), 1], [block_rows, block_cols])
 
 
 def prefill_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
@@ -163,11 +284,30 @@ def prefill_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torc
     batch = cu_q.shape[0] - 1
     grid = (triton.cdiv(max(int(max_q_len), 1), cfg.block_m), heads, batch)
     lse_arg = lse if return_lse else out
+    descs = None
+    if cfg.tma and k.shape[0] > 0:
+        descs = (_descriptor(q, d_qk, cfg.block_m, d1), _descriptor(q, d_qk, cfg.block_m, d2),
+                 _descriptor(k, d_qk, cfg.block_n, d1), _descriptor(k, d_qk, cfg.block_n, d2),
+                 _descriptor(v, d_v, cfg.block_n, d_v))
+        if any(d is None for d in descs):
+            raise ValueError("TMA cannot read these inputs (16-byte alignment of the base and strides); "
+                             "use a configuration without tma")
+    if descs is not None:
+        _prefill_fwd_kernel_tma[grid](
+            *descs, out, lse_arg, cu_q, cu_k, sm_scale * LOG2E,
+            q.stride(1), k.stride(1), v.stride(1), out.stride(0), out.stride(1),
+            lse_arg.stride(0) if return_lse else 0, lse_arg.stride(1) if return_lse else 0,
+            CAUSAL=bool(causal), RETURN_LSE=bool(return_lse), D1=d1, D2=d2, DV=d_v,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, WS=bool(cfg.warp_specialize), num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
+        )
+        return (out, lse) if return_lse else out
     _prefill_fwd_kernel[grid](
         q, k, v, out, lse_arg, cu_q, cu_k, sm_scale * LOG2E,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
         lse_arg.stride(0) if return_lse else 0, lse_arg.stride(1) if return_lse else 0,
         CAUSAL=bool(causal), RETURN_LSE=bool(return_lse), D1=d1, D2=d2, DV=d_v,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, WS=bool(cfg.warp_specialize), num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )
     return (out, lse) if return_lse else out

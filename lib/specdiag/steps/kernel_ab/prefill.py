@@ -24,7 +24,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Any, Callable, Optional, Sequence
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 
@@ -42,20 +43,29 @@ TOL = 2e-2  #: relative error of the output allowed against the fp32 reference (
 
 
 def parse_configs(text: str) -> list[Any]:
-    """``"128:64:8:3,128:128:8:2"`` -> PrefillConfigs, with a clear error on bad input."""
-    from specdiag.kernels.triton.prefill import PrefillConfig  # noqa: PLC0415 - loads triton (costly: ARCHITECTURE.md, Imports); (imports triton)
+    """``"128:64:8:3,128:128:8:2:tma:ws"`` -> PrefillConfigs (``parse_config``'s errors on bad input)."""
+    from specdiag.kernels.triton.prefill import parse_config  # noqa: PLC0415 - loads triton (costly: ARCHITECTURE.md, Imports)
 
-    out = []
-    for part in (p.strip() for p in text.split(",") if p.strip()):
-        bits = part.split(":")
-        if len(bits) != 4 or not all(b.isdigit() and int(b) > 0 for b in bits):
-            raise ValueError(f"bad config {part!r}: write block_m:block_n:warps:stages, e.g. 128:64:8:3")
-        out.append(PrefillConfig(*(int(b) for b in bits)))
-    return out
+    return [parse_config(p) for p in text.split(",") if p.strip()]
+
+
+def best_config(rows: Sequence[Mapping[str, Any]]) -> Optional[str]:
+    """The fastest correct Triton configuration at the longest prefix measured (``block_m:...`` as the plugin's
+    ``SPECDIAG_SGLANG_PREFILL_CONFIG`` takes it), or None where no Triton row there is correct and timed."""
+    timed = [r for r in rows if str(r.get("arm", "")).startswith("triton") and r.get("correct") and r.get("ms_median")
+             and r.get("config")]
+    if not timed:
+        return None
+    longest = max(r["prefix_tokens"] for r in timed)
+    best = min((r for r in timed if r["prefix_tokens"] == longest), key=lambda r: r["ms_median"])
+    c = best["config"]
+    return ":".join([str(c["block_m"]), str(c["block_n"]), str(c["num_warps"]), str(c["num_stages"])]
+                    + ["tma"] * bool(c.get("tma")) + ["ws"] * bool(c.get("warp_specialize")))
 
 
 def config_arm(cfg: Any) -> str:
-    return f"triton_m{cfg.block_m}_n{cfg.block_n}_w{cfg.num_warps}_s{cfg.num_stages}"
+    flags = ("_tma" if cfg.tma else "") + ("_ws" if cfg.warp_specialize else "")
+    return f"triton_m{cfg.block_m}_n{cfg.block_n}_w{cfg.num_warps}_s{cfg.num_stages}{flags}"
 
 
 def _triton_call(x: dict, cu_q, cu_k, out, cfg) -> Callable[[], object]:
@@ -183,9 +193,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--chunk", type=int, default=8192, help="the chunk's tokens (SGLang's chunked prefill size)")
     ap.add_argument("--heads", type=int, default=8, help="MHA heads on one GPU (Kimi K2.6 at TP8: 8)")
     ap.add_argument("--arms", default=",".join(ARMS))
-    ap.add_argument("--configs", default="", help="extra Triton configurations block_m:block_n:warps:stages")
+    ap.add_argument("--configs", default="",
+                    help="extra Triton configurations block_m:block_n:warps:stages[:tma][:ws]")
     ap.add_argument("--n-runs", type=int, default=10)
+    ap.add_argument("--best", action="store_true",
+                    help="measure nothing: print the fastest correct Triton configuration of the run at --out")
     a = ap.parse_args(argv)
+    if a.best:
+        best = best_config(Run.open(a.out).rows(TABLE)) if Path(a.out, "run.json").exists() else None
+        if best is None:
+            print(f"error: no correct, timed Triton prefill row in {a.out}", file=sys.stderr)
+            return 1
+        print(best)
+        return 0
     try:
         prefixes = [int(p) for p in a.prefixes.split(",") if p.strip()]
         arms = [x.strip() for x in a.arms.split(",") if x.strip()]
