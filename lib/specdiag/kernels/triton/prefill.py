@@ -14,6 +14,10 @@ Design (FlashAttention-2's forward, which FlashInfer's and FA3's ragged prefill 
 - The 192 q-k dims are two dot products, 128 + 64 (powers of two, no padding to 256); the 128 value dims one.
 - Tiles wholly visible run unmasked; only the last partial tile and, when causal, the diagonal tiles are masked.
 - Strided inputs are read in place: SGLang's ``v`` is a view into ``kv_b_proj``'s output (row stride H x 256).
+- Two optional loaders (:class:`PrefillConfig` ``tma``, ``warp_specialize``): q, k and v tiles through TMA descriptors
+  over the 2-D views [tokens, heads x width] (sm_90+; rows past a request's keys are masked as in the pointer form),
+  and Triton's automatic warp specialization of the unmasked key loop. 06's prefill cases time each beside the
+  pointer form; the default stays the one they measured fastest.
 
 :func:`prefill_triton` launches it with a :class:`PrefillConfig`; ``specdiag.kernels.prefill`` is the entry point
 that the plugin and the kernel A/B call.
