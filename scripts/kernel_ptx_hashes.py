@@ -50,14 +50,18 @@ def ptx_hash(compiled: Any) -> str:
     return digest(normalized_ptx(compiled.asm["ptx"]))
 
 
-def _triton_sm90(kernel: Any, ptr: dict, const: dict, warps: int, stages: int | None = None) -> Any:
+def _triton_sm90(kernel: Any, ptr: dict, const: dict, warps: int, stages: int | None = None,
+                 aligned: tuple[str, ...] = ()) -> Any:
+    """``aligned``: arguments compiled as multiples of 16, as Triton's JIT specializes a pointer or an integer that is
+    one at the launch (SGLang's tensors and their strides are)."""
     import triton  # noqa: PLC0415
     from triton.backends.compiler import GPUTarget  # noqa: PLC0415
     from triton.compiler import ASTSource  # noqa: PLC0415
 
     sig = {n: "constexpr" if n in const else ptr.get(n, "i32") for n in kernel.arg_names}
+    attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
     options = {"num_warps": warps} if stages is None else {"num_warps": warps, "num_stages": stages}
-    return triton.compile(ASTSource(kernel, sig, const), target=GPUTarget("cuda", 90, 32), options=options)
+    return triton.compile(ASTSource(kernel, sig, const, attrs), target=GPUTarget("cuda", 90, 32), options=options)
 
 
 def configurations() -> dict[str, Callable[[], Any]]:
@@ -66,13 +70,15 @@ def configurations() -> dict[str, Callable[[], Any]]:
     fallback at its three row tiles with and without a logit cap, the pick's kernels (rows as N at 8 and 16, row-major
     with and without the early Q; fp8 at 8 and 16 rows in their rings), both merge kernels in both forms, and the
     kernel A/B's Triton arms: the baseline, and the split kernel at each tile of ``default_config`` on a token table
-    and on 64-token pages."""
+    and on 64-token pages; the MHA prefill kernel at its default configuration and with TMA loads (causal, with the
+    log-sum-exp, strides aligned as SGLang's are)."""
     from specdiag.kernels.gluon import fp8 as F  # noqa: PLC0415
     from specdiag.kernels.gluon import ragged as R  # noqa: PLC0415
     from specdiag.kernels.gluon import swap as S  # noqa: PLC0415
     from specdiag.kernels.gluon import ws as W  # noqa: PLC0415
     from specdiag.kernels.merge import _merge_kernel, _ragged_merge_kernel  # noqa: PLC0415
     from specdiag.kernels.plan import default_config  # noqa: PLC0415
+    from specdiag.kernels.triton import prefill as P  # noqa: PLC0415
     from specdiag.kernels.triton.baseline import _baseline_verify_kernel  # noqa: PLC0415
     from specdiag.kernels.triton.ragged import _ragged_partial_kernel  # noqa: PLC0415
     from specdiag.kernels.triton.splitkv import _split_partial_kernel  # noqa: PLC0415
@@ -118,6 +124,23 @@ def configurations() -> dict[str, Callable[[], Any]]:
                 _split_partial_kernel, ptr3, {"PAGE_SIZE": page, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
                                               "D_NOPE": 512, "D_PE": 64, "DIRECT": False}, cfg.num_warps,
                                              cfg.num_stages)
+    for spec in (P.DEFAULT_CONFIG.spec, "128:128:8:2:tma"):
+        pc = P.parse_config(spec)
+        kern = P._prefill_fwd_kernel_tma if pc.tma else P._prefill_fwd_kernel
+        # 8 heads: the lse [n, 8] has strides 8 (not aligned) and 1 (which Triton's JIT makes a constant)
+        const = {"CAUSAL": True, "RETURN_LSE": True, "D1": 128, "D2": 64, "DV": 128, "BLOCK_M": pc.block_m,
+                 "BLOCK_N": pc.block_n, "stride_lh": 1}
+        io = {"O": "*bf16", "LSE": "*fp32", "CU_Q": "*i32", "CU_K": "*i32", "qk_scale": "fp32"}
+        if pc.tma:
+            io |= {f"desc_{n}": f"tensordesc<bf16[{rows},{w}]>" for n, rows, w in
+                   (("q1", pc.block_m, 128), ("q2", pc.block_m, 64), ("k1", pc.block_n, 128), ("k2", pc.block_n, 64),
+                    ("v", pc.block_n, 128))}
+        else:
+            io |= {"Q": "*bf16", "K": "*bf16", "V": "*bf16"}
+        aligned = tuple(n for n in kern.arg_names if n not in const and n != "stride_lt"
+                        and (io.get(n, "").startswith("*") or n.startswith("stride")))
+        c["prefill_" + spec.replace(":", "_")] = lambda kern=kern, io=io, const=const, pc=pc, aligned=aligned: (
+            _triton_sm90(kern, io, const, pc.num_warps, pc.num_stages, aligned))
     return c
 
 

@@ -117,11 +117,10 @@ def test_the_prefill_switch_is_checked():
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed here")
 def test_the_kernel_configuration_comes_from_the_environment():
     assert prefill.config_from_env({}) is None
-    cfg = prefill.config_from_env({prefill.CONFIG_ENV: "128:128:8:2:tma:ws"})
-    assert (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.tma, cfg.warp_specialize) == (
-        128, 128, 8, 2, True, True) and cfg.spec == "128:128:8:2:tma:ws"
-    assert not prefill.config_from_env({prefill.CONFIG_ENV: "64:64:4:3"}).tma
-    for bad in ("128:128:8", "128:128:8:2:fast", "0:128:8:2"):
+    cfg = prefill.config_from_env({prefill.CONFIG_ENV: "128:128:8:2:tma"})
+    assert (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.tma) == (128, 128, 8, 2, True)
+    assert cfg.spec == "128:128:8:2:tma" and prefill.config_from_env({prefill.CONFIG_ENV: " 64:64:4:3 "}).spec == "64:64:4:3"
+    for bad in ("128:128:8", "128:128:8:2:fast", "0:128:8:2", "128:128:8:2:tma:tma"):
         with pytest.raises(ValueError, match=prefill.CONFIG_ENV + ".*block_m:block_n:warps:stages"):
             prefill.config_from_env({prefill.CONFIG_ENV: bad})
 
@@ -133,12 +132,11 @@ def test_06_names_the_fastest_correct_configuration_at_the_longest_prefix():
         return {"prefix_tokens": prefix, "arm": arm, "ms_median": ms, "correct": correct,
                 "config": {"block_m": 128, "block_n": 128, "num_warps": 8, "num_stages": 2, **cfg}}
 
-    rows = [row(122880, "triton", 11.0), row(122880, "triton_m128_n128_w8_s2_tma_ws", 9.5, tma=True,
-                                                warp_specialize=True),
+    rows = [row(122880, "triton", 11.0), row(122880, "triton_m128_n128_w8_s2_tma", 9.5, tma=True),
             row(122880, "triton_m128_n64_w4_s3", 9.0, correct=False, block_n=64),
             row(65536, "triton_m64_n64_w4_s3", 2.0, block_m=64),
             {"prefix_tokens": 122880, "arm": "flashinfer_ragged", "ms_median": 7.0, "correct": True, "config": None}]
-    assert best_config(rows) == "128:128:8:2:tma:ws"
+    assert best_config(rows) == "128:128:8:2:tma"
     assert best_config(rows[2:3]) is None and best_config([]) is None
 
 
@@ -191,8 +189,7 @@ from specdiag.kernels.prefill import reference, merge, PrefillShape, make_inputs
 from specdiag.kernels.triton.prefill import prefill_triton, PrefillConfig
 torch.manual_seed(0)
 import sys
-cfg = PrefillConfig(block_m=16, block_n=16, num_warps=4, num_stages=1,
-                    tma=sys.argv[1] == "tma", warp_specialize=sys.argv[1] == "tma")
+cfg = PrefillConfig(block_m=16, block_n=16, num_warps=4, num_stages=1, tma=sys.argv[1] == "tma")
 def rel(a, b):
     fin = torch.isfinite(b)
     return float((a.float()[fin] - b[fin]).norm() / b[fin].norm())
@@ -222,7 +219,7 @@ print("prefill kernel ok")
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed here")
 @pytest.mark.parametrize("loads", ["pointers", "tma"])
 def test_the_prefill_kernel_matches_the_reference_in_the_interpreter(loads):
-    """Both loaders (pointer loads; TMA descriptors with the warp-specialized loop) on ragged, strided inputs."""
+    """Both loaders (pointer loads; TMA descriptors) on ragged, strided inputs."""
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT / "lib")}
     res = subprocess.run([sys.executable, "-c", KERNEL_SCRIPT, loads], env=env, capture_output=True, text=True,
                          timeout=300)

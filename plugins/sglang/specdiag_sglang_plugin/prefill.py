@@ -35,7 +35,7 @@ import torch
 from specdiag_sglang_plugin.logs import log_once
 
 PREFILL_ENV = "SPECDIAG_SGLANG_PREFILL"
-#: the kernel's configuration (``block_m:block_n:warps:stages[:tma][:ws]``; 06's prefill cases print the fastest on a
+#: the kernel's configuration (``block_m:block_n:warps:stages[:tma]``; 06's prefill cases print the fastest on a
 #: GPU: ``python -m specdiag.steps.kernel_ab.prefill --out RUN --best``); unset: the kernel's default
 CONFIG_ENV = "SPECDIAG_SGLANG_PREFILL_CONFIG"
 PREFILL_MODES = ("off", "mha")

@@ -14,10 +14,11 @@ Design (FlashAttention-2's forward, which FlashInfer's and FA3's ragged prefill 
 - The 192 q-k dims are two dot products, 128 + 64 (powers of two, no padding to 256); the 128 value dims one.
 - Tiles wholly visible run unmasked; only the last partial tile and, when causal, the diagonal tiles are masked.
 - Strided inputs are read in place: SGLang's ``v`` is a view into ``kv_b_proj``'s output (row stride H x 256).
-- Two optional loaders (:class:`PrefillConfig` ``tma``, ``warp_specialize``): q, k and v tiles through TMA descriptors
-  over the 2-D views [tokens, heads x width] (sm_90+; rows past a request's keys are masked as in the pointer form),
-  and Triton's automatic warp specialization of the unmasked key loop. 06's prefill cases time each beside the
-  pointer form; the default stays the one they measured fastest.
+- Two loaders (:class:`PrefillConfig` ``tma``): pointer loads that Triton pipelines as ``cp.async`` copies, or q, k
+  and v tiles through TMA descriptors over the 2-D views [tokens, heads x width] (sm_90+; rows past a request's keys
+  are masked as in the pointer form). TMA tiles take more shared memory (Triton 3.6's sm_90 compile, 128 x 128:
+  214,016 bytes at 2 stages against the pointer form's 212,992; 295,936 at 3 stages, over the 232,448 an H100 block
+  may have). 06's prefill cases time each; the default stays the one they measured fastest.
 
 :func:`prefill_triton` launches it with a :class:`PrefillConfig`; ``specdiag.kernels.prefill`` is the entry point
 that the plugin and the kernel A/B call.
@@ -43,30 +44,26 @@ class PrefillConfig:
     num_warps: int = 8
     num_stages: int = 3
     tma: bool = False  #: q, k and v tiles loaded by TMA (host tensor descriptors; sm_90+), else by pointers
-    warp_specialize: bool = False  #: Triton's automatic warp specialization of the unmasked key loop
 
     def as_dict(self) -> dict:
         return asdict(self)
 
     @property
     def spec(self) -> str:
-        """The configuration as ``parse_config`` reads it: ``block_m:block_n:warps:stages[:tma][:ws]``."""
+        """The configuration as ``parse_config`` reads it: ``block_m:block_n:warps:stages[:tma]``."""
         return ":".join([str(self.block_m), str(self.block_n), str(self.num_warps), str(self.num_stages)]
-                        + ["tma"] * self.tma + ["ws"] * self.warp_specialize)
-
-
-CONFIG_FLAGS = ("tma", "ws")  #: a configuration's optional flags: TMA descriptor loads, warp-specialized key loop
+                        + ["tma"] * self.tma)
 
 
 def parse_config(text: str) -> PrefillConfig:
-    """``"128:128:8:2"`` or ``"128:128:8:2:tma:ws"`` -> a PrefillConfig, with a clear error on bad input."""
+    """``"128:128:8:2"`` or ``"128:128:8:2:tma"`` -> a PrefillConfig, with a clear error on bad input."""
     bits = [b.strip() for b in text.strip().split(":")]
     nums, flags = bits[:4], bits[4:]
-    if len(nums) != 4 or not all(b.isdigit() and int(b) > 0 for b in nums) or any(f not in CONFIG_FLAGS for f in flags):
-        raise ValueError(f"bad prefill configuration {text!r}: write block_m:block_n:warps:stages[:tma][:ws], e.g. "
-                         "128:64:8:3 or 128:128:8:2:tma:ws")
+    if len(nums) != 4 or not all(b.isdigit() and int(b) > 0 for b in nums) or flags not in ([], ["tma"]):
+        raise ValueError(f"bad prefill configuration {text!r}: write block_m:block_n:warps:stages[:tma], e.g. "
+                         "128:64:8:3 or 128:128:8:2:tma")
     block_m, block_n, warps, stages = (int(b) for b in nums)
-    return PrefillConfig(block_m, block_n, warps, stages, tma="tma" in flags, warp_specialize="ws" in flags)
+    return PrefillConfig(block_m, block_n, warps, stages, tma=bool(flags))
 
 
 #: the configuration the plugin runs on sm_90 (H100/H200) and elsewhere, chosen by 06's prefill cases
@@ -110,7 +107,7 @@ def _prefill_fwd_kernel(
     Q, K, V, O, LSE, CU_Q, CU_K, qk_scale,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_lt, stride_lh,
     CAUSAL: tl.constexpr, RETURN_LSE: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr, DV: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     head = tl.program_id(1)
@@ -147,7 +144,7 @@ def _prefill_fwd_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, DV], tl.float32)
-    for start_n in tl.range(0, full, BLOCK_N, warp_specialize=WS):
+    for start_n in range(0, full, BLOCK_N):
         acc, m_i, l_i = _tile(acc, m_i, l_i, q1, q2, K, V, start_n, k_len, offs_m_k, offs_n, offs_d1, offs_d2,
                               offs_dv, stride_kt, stride_vt, qk_scale, False, False, D1)
     for start_n in range(full, hi, BLOCK_N):
@@ -195,7 +192,7 @@ def _prefill_fwd_kernel_tma(
     desc_q1, desc_q2, desc_k1, desc_k2, desc_v, O, LSE, CU_Q, CU_K, qk_scale,
     stride_qh, stride_kh, stride_vh, stride_ot, stride_oh, stride_lt, stride_lh,
     CAUSAL: tl.constexpr, RETURN_LSE: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr, DV: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """The same attention as ``_prefill_fwd_kernel`` with q, k and v tiles loaded through TMA descriptors over the
     2-D views [tokens, heads x width] (a head's columns start at head x its stride)."""
@@ -230,7 +227,7 @@ def _prefill_fwd_kernel_tma(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, DV], tl.float32)
-    for start_n in tl.range(0, full, BLOCK_N, warp_specialize=WS):
+    for start_n in range(0, full, BLOCK_N):
         acc, m_i, l_i = _tile_tma(acc, m_i, l_i, q1, q2, desc_k1, desc_k2, desc_v, k_start, k_col, v_col, start_n,
                                   k_len, offs_m_k, offs_n, qk_scale, False, False, D1)
     for start_n in range(full, hi, BLOCK_N):
@@ -302,7 +299,7 @@ def prefill_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torc
             q.stride(1), k.stride(1), v.stride(1), out.stride(0), out.stride(1),
             lse_arg.stride(0) if return_lse else 0, lse_arg.stride(1) if return_lse else 0,
             CAUSAL=bool(causal), RETURN_LSE=bool(return_lse), D1=d1, D2=d2, DV=d_v,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, WS=bool(cfg.warp_specialize), num_warps=cfg.num_warps,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,
         )
         return (out, lse) if return_lse else out
@@ -311,7 +308,7 @@ def prefill_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torc
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
         lse_arg.stride(0) if return_lse else 0, lse_arg.stride(1) if return_lse else 0,
         CAUSAL=bool(causal), RETURN_LSE=bool(return_lse), D1=d1, D2=d2, DV=d_v,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, WS=bool(cfg.warp_specialize), num_warps=cfg.num_warps,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
     return (out, lse) if return_lse else out

@@ -43,7 +43,7 @@ TOL = 2e-2  #: relative error of the output allowed against the fp32 reference (
 
 
 def parse_configs(text: str) -> list[Any]:
-    """``"128:64:8:3,128:128:8:2:tma:ws"`` -> PrefillConfigs (``parse_config``'s errors on bad input)."""
+    """``"128:64:8:3,128:128:8:2:tma"`` -> PrefillConfigs (``parse_config``'s errors on bad input)."""
     from specdiag.kernels.triton.prefill import parse_config  # noqa: PLC0415 - loads triton (costly: ARCHITECTURE.md, Imports)
 
     return [parse_config(p) for p in text.split(",") if p.strip()]
@@ -60,12 +60,11 @@ def best_config(rows: Sequence[Mapping[str, Any]]) -> Optional[str]:
     best = min((r for r in timed if r["prefix_tokens"] == longest), key=lambda r: r["ms_median"])
     c = best["config"]
     return ":".join([str(c["block_m"]), str(c["block_n"]), str(c["num_warps"]), str(c["num_stages"])]
-                    + ["tma"] * bool(c.get("tma")) + ["ws"] * bool(c.get("warp_specialize")))
+                    + ["tma"] * bool(c.get("tma")))
 
 
 def config_arm(cfg: Any) -> str:
-    flags = ("_tma" if cfg.tma else "") + ("_ws" if cfg.warp_specialize else "")
-    return f"triton_m{cfg.block_m}_n{cfg.block_n}_w{cfg.num_warps}_s{cfg.num_stages}{flags}"
+    return f"triton_m{cfg.block_m}_n{cfg.block_n}_w{cfg.num_warps}_s{cfg.num_stages}" + ("_tma" if cfg.tma else "")
 
 
 def _triton_call(x: dict, cu_q, cu_k, out, cfg) -> Callable[[], object]:
@@ -194,7 +193,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--heads", type=int, default=8, help="MHA heads on one GPU (Kimi K2.6 at TP8: 8)")
     ap.add_argument("--arms", default=",".join(ARMS))
     ap.add_argument("--configs", default="",
-                    help="extra Triton configurations block_m:block_n:warps:stages[:tma][:ws]")
+                    help="extra Triton configurations block_m:block_n:warps:stages[:tma]")
     ap.add_argument("--n-runs", type=int, default=10)
     ap.add_argument("--best", action="store_true",
                     help="measure nothing: print the fastest correct Triton configuration of the run at --out")
