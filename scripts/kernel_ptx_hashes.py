@@ -5,6 +5,8 @@ arms launch, compiled here without a GPU (Triton's ahead-of-time compile for sm_
     python scripts/kernel_ptx_hashes.py --check      # compare with tests/data/kernel-ptx-sm90.json (exit 1 if any differ)
     python scripts/kernel_ptx_hashes.py --write      # record them there (after a deliberate kernel change)
     python scripts/kernel_ptx_hashes.py --dump DIR   # also write each configuration's hashed PTX to DIR/<name>.ptx
+    python scripts/kernel_ptx_hashes.py --ptxas prefill   # registers, spills, shared memory of the configurations
+                                                          # whose name contains "prefill" (Triton's ptxas, sm_90a)
 
 Where a hash changes, ``diff -r`` of two ``--dump`` folders (before and after) shows which instructions did.
 
@@ -157,6 +159,28 @@ def hashes(progress: Callable[[str], None] = lambda s: None, dump: Path | None =
     return out
 
 
+def ptxas_usage(compiled: Any) -> dict[str, int]:
+    """Registers per thread, spill bytes (stores + loads) and shared memory of one compile, from Triton's bundled
+    ptxas run verbose on its PTX for sm_90a (what Triton's own launch would assemble)."""
+    import re  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+
+    import triton  # noqa: PLC0415
+
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "k.ptx"
+        src.write_text(compiled.asm["ptx"])
+        res = subprocess.run([str(ptxas), "-arch=sm_90a", "-v", str(src), "-o", str(Path(tmp) / "k.cubin")],
+                             capture_output=True, text=True, check=True)
+    text = res.stdout + res.stderr
+    regs = re.search(r"Used (\d+) registers", text)
+    spills = [int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", text)]
+    return {"registers": int(regs.group(1)) if regs else -1, "spill_bytes": sum(spills),
+            "shared_bytes": int(compiled.metadata.shared)}
+
+
 def recorded() -> dict[str, Any]:
     return json.loads(RECORD.read_text())
 
@@ -168,7 +192,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true", help=f"compare with {RECORD.relative_to(ROOT)}")
     ap.add_argument("--write", action="store_true", help=f"record the hashes in {RECORD.relative_to(ROOT)}")
     ap.add_argument("--dump", type=Path, metavar="DIR", help="write each configuration's hashed PTX to DIR/<name>.ptx")
+    ap.add_argument("--ptxas", metavar="PART", help="print registers, spills and shared memory of the configurations "
+                    "whose name contains PART (\"\" for all) instead of hashes")
     args = ap.parse_args(argv)
+    if args.ptxas is not None:
+        for name, compile_ in configurations().items():
+            if args.ptxas in name:
+                u = ptxas_usage(compile_())
+                print(f"{name:34s} {u['registers']:>3} registers  {u['spill_bytes']:>5} B spilled  "
+                      f"{u['shared_bytes']:>7,} B shared")
+        return 0
     now = hashes(progress=lambda s: print(s, file=sys.stderr, flush=True), dump=args.dump)
     if args.write:
         RECORD.write_text(json.dumps({"triton": triton.__version__, "hashes": now}, indent=1) + "\n")

@@ -18,10 +18,10 @@ Design (FlashAttention-2's forward, which FlashInfer's and FA3's ragged prefill 
   and v tiles through TMA descriptors over the 2-D views [tokens, heads x width] (sm_90+; rows past a request's keys
   are masked as in the pointer form). TMA tiles take more shared memory (Triton 3.6's sm_90 compile, 128 x 128:
   214,016 bytes at 2 stages against the pointer form's 212,992; 295,936 at 3 stages, over the 232,448 an H100 block
-  may have). Registers (Triton's bundled ptxas for sm_90a): 255 per thread for the pointer form, 199 with TMA, no
-  spills; either way one 8-warp program fills an SM, and its two warpgroups' softmax and matrix products are not
-  scheduled to overlap the way FlashAttention-3's warp-specialized ping-pong does. 06's prefill cases time each
-  loader; the default stays the one they measured fastest.
+  may have). Registers (``scripts/kernel_ptx_hashes.py --ptxas prefill``, Triton's ptxas for sm_90a): 255 per thread
+  for the pointer form, 199 with TMA, no spills; either way one 8-warp program fills an SM, and its two warpgroups'
+  softmax and matrix products are not scheduled to overlap the way FlashAttention-3's warp-specialized ping-pong does.
+  06's prefill cases time each loader; the default stays the one they measured fastest.
 
 :func:`prefill_triton` launches it with a :class:`PrefillConfig`; ``specdiag.kernels.prefill`` is the entry point
 that the plugin and the kernel A/B call.
