@@ -107,6 +107,52 @@ def test_mha_calls_are_told_from_absorbed_and_verify_calls():
     assert not prefill.is_mha_call(types.SimpleNamespace(use_mla=False), object(), mha_layer, chunked, False)
 
 
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed here")
+def test_an_mha_call_reaches_the_kernel_with_sglangs_parts_and_the_configured_tiles(monkeypatch):
+    """mha_call on fakes of SGLang's objects, the kernel replaced by a recorder: a prefix chunk (no mask, its own
+    cu_seq_lens, lse returned), the chunk's own causal part (lse when SGLang merges), a first chunk (flat output), each
+    with the configuration SPECDIAG_SGLANG_PREFILL_CONFIG names."""
+    import torch
+
+    import specdiag.kernels.prefill as kp
+
+    calls: list = []
+
+    def fake_prefill(q, k, v, cu_q, cu_k, max_q, causal, scale, return_lse=False, cfg=None):
+        calls.append({"cu_k": cu_k.tolist(), "max_q": max_q, "causal": causal, "lse": return_lse, "cfg": cfg,
+                      "shapes": (tuple(q.shape), tuple(k.shape), tuple(v.shape))})
+        o = torch.zeros(q.shape[0], q.shape[1], v.shape[-1])
+        return (o, torch.zeros(q.shape[0], q.shape[1])) if return_lse else o
+
+    monkeypatch.setattr(kp, "prefill", fake_prefill)
+    monkeypatch.setenv(prefill.CONFIG_ENV, "128:64:8:2:tma")
+    monkeypatch.delenv("SPECDIAG_SGLANG_CHECK", raising=False)
+    monkeypatch.setattr(prefill, "STATS", {"served": Counter(), "declined": Counter(), "check": []})
+    heads, n_q = 2, 5
+    layer = types.SimpleNamespace(tp_q_head_num=heads, tp_k_head_num=heads, qk_head_dim=192, v_head_dim=128,
+                                  scaling=0.1, layer_id=0)
+    backend = types.SimpleNamespace(forward_metadata=types.SimpleNamespace(qo_indptr=torch.tensor([0, n_q])))
+    q = torch.zeros(n_q, heads * 192)
+
+    def batch(attend, lse=False):
+        return types.SimpleNamespace(extend_seq_lens_cpu=[n_q], attn_attend_prefix_cache=attend, prefix_chunk_idx=1,
+                                     prefix_chunk_cu_seq_lens=[torch.tensor([0, 7]), torch.tensor([0, 9])],
+                                     mha_return_lse=lse)
+
+    o, lse = prefill.mha_call(backend, q, torch.zeros(9, heads * 192), torch.zeros(9, heads, 128), layer, batch(True))
+    assert o.shape == (n_q, heads, 128) and lse.shape == (n_q, heads)
+    own = prefill.mha_call(backend, q, torch.zeros(n_q, heads * 192), torch.zeros(n_q, heads, 128), layer,
+                           batch(False, lse=True))
+    first = prefill.mha_call(backend, q, torch.zeros(n_q, heads * 192), torch.zeros(n_q, heads, 128), layer,
+                             batch(None))
+    assert isinstance(own, tuple) and first.shape == (n_q, heads * 128)
+    assert [(c["cu_k"], c["causal"], c["lse"]) for c in calls] == [([0, 9], False, True), ([0, n_q], True, True),
+                                                                    ([0, n_q], True, False)]
+    assert all(c["cfg"].spec == "128:64:8:2:tma" and c["max_q"] == n_q for c in calls)
+    assert calls[0]["shapes"] == ((n_q, heads, 192), (9, heads, 192), (9, heads, 128))
+    assert prefill.STATS["served"] == Counter({"prefix_chunk": 1, "own_chunk": 1, "no_prefix": 1})
+
+
 def test_the_prefill_switch_is_checked():
     assert prefill.prefill_from_env({}) == "off"
     assert prefill.prefill_from_env({prefill.PREFILL_ENV: "MHA"}) == "mha"
