@@ -42,6 +42,8 @@ def one(**arm: object) -> dict:
     (one(tp=2, ep=8), "ep 8 exceeds tp 2"),
     (one(eplb=True), "eplb must be true or false, and true only with ep above 1"),
     (one(env={"SPECDIAG_SGLANG_CHECK": [1]}), "env SPECDIAG_SGLANG_CHECK must be one value"),
+    (one(env={"SPECDIAG_SGLANG_PREFILL_CONFIG": "128:128:8"}),
+     "env SPECDIAG_SGLANG_PREFILL_CONFIG: bad prefill configuration '128:128:8': write block_m:block_n:warps:stages"),
     (one(flags="--disable-cuda-graph"), "flags must be a list of words"),
     (one(mem_fraction=2), "mem_fraction must be a fraction"),
     (one(model=""), "model is missing: the sglang engine needs a model folder"),

@@ -262,7 +262,27 @@ def _env(raw: Any, where: str) -> dict[str, str]:
         if isinstance(v, (list, dict)) or v is None:
             raise ArmsError(f"{where}: env {k} must be one value (quote it: \"1\"), not {v!r}")
         out[str(k)] = ("1" if v else "0") if isinstance(v, bool) else str(v)
+    _check_prefill_config(out, where)
     return out
+
+
+#: the SGLang plugin's prefill-kernel tiles (plugins/sglang prefill.py CONFIG_ENV): a bad value would let the server
+#: fall back to SGLang's prefill under the arm's name, so it is checked here, before anything starts
+PREFILL_CONFIG_ENV = "SPECDIAG_SGLANG_PREFILL_CONFIG"
+
+
+def _check_prefill_config(env: Mapping[str, str], where: str) -> None:
+    text = env.get(PREFILL_CONFIG_ENV, "").strip()
+    if not text:
+        return
+    try:
+        from specdiag.kernels.triton.prefill import parse_config  # noqa: PLC0415 - loads triton (costly: ARCHITECTURE.md, Imports)
+    except ImportError:  # no triton here: the server's plugin checks it and says so in its log
+        return
+    try:
+        parse_config(text)
+    except ValueError as exc:
+        raise ArmsError(f"{where}: env {PREFILL_CONFIG_ENV}: {exc}") from None
 
 
 def running_arm(raw: Mapping[str, Any], where: str) -> Arm:
