@@ -186,6 +186,29 @@ def test_06_names_the_fastest_correct_configuration_at_the_longest_prefix():
     assert best_config(rows[2:3]) is None and best_config([]) is None
 
 
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed here")
+def test_registration_names_the_tiles_and_a_bad_configuration_leaves_sglangs_prefill(monkeypatch, caplog):
+    registered: list = []
+    registry = type("R", (), {"register": classmethod(lambda cls, t, fn, kind: registered.append(t))})
+    server_args = types.ModuleType("sglang.srt.server_args")
+    server_args.add_chunked_prefix_cache_attention_backend = lambda name: None
+    for name in ("sglang", "sglang.srt"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, server_args.__name__, server_args)
+    monkeypatch.setattr(logs, "_logged", set())
+    kinds = types.SimpleNamespace(AROUND="around")
+    with caplog.at_level("INFO", logger="specdiag_sglang_plugin"):
+        monkeypatch.setenv(prefill.CONFIG_ENV, "128:64")
+        assert not prefill.register_prefill(registry, kinds) and registered == []
+        monkeypatch.delenv(prefill.CONFIG_ENV)
+        assert prefill.register_prefill(registry, kinds) and registered == [prefill.DISPATCH]
+    text = " ".join(r.getMessage() for r in caplog.records)
+    assert f"{prefill.CONFIG_ENV}: bad prefill configuration '128:64'" in text and "prefill stays SGLang's" in text
+    from specdiag.kernels.triton.prefill import DEFAULT_CONFIG
+
+    assert f"tiles {DEFAULT_CONFIG.spec})" in text
+
+
 def test_register_adds_the_prefill_hooks_only_when_asked(monkeypatch):
     registered: list = []
     added: list = []

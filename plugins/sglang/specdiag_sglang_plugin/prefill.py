@@ -195,12 +195,13 @@ def register_prefill(registry, hook_type) -> bool:
         return False
     try:
         cfg = config_from_env()
-    except ValueError as exc:
+        if cfg is None:
+            from specdiag.kernels.triton.prefill import DEFAULT_CONFIG as cfg  # noqa: PLC0415  (imports triton)
+    except (ValueError, ImportError) as exc:
         log_once("prefill-config", "%s: prefill stays SGLang's", exc)
         return False
     add_chunked_prefix_cache_attention_backend("triton")
     registry.register(DISPATCH, dispatch_hook, hook_type.AROUND)
     log_once("prefill-registered", "%s=mha: a Triton server's long prompt chunks may run the MHA form on specdiag's "
-             "prefill kernel (chunked prefix cache enabled for the triton backend; configuration %s)", PREFILL_ENV,
-             cfg.spec if cfg is not None else "the default")
+             "prefill kernel (chunked prefix cache enabled for the triton backend; tiles %s)", PREFILL_ENV, cfg.spec)
     return True
