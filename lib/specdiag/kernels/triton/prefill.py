@@ -16,11 +16,8 @@ Design (FlashAttention-2's forward, which FlashInfer's and FA3's ragged prefill 
 - Strided inputs are read in place: SGLang's ``v`` is a view into ``kv_b_proj``'s output (row stride H x 256).
 - Two loaders (:class:`PrefillConfig` ``tma``): pointer loads that Triton pipelines as ``cp.async`` copies, or q, k
   and v tiles through TMA descriptors over the 2-D views [tokens, heads x width] (sm_90+; rows past a request's keys
-  are masked as in the pointer form). TMA tiles take more shared memory (Triton 3.6's sm_90 compile, 128 x 128:
-  214,016 bytes at 2 stages against the pointer form's 212,992; 295,936 at 3 stages, over the 232,448 an H100 block
-  may have). Registers (``scripts/kernel_ptx_hashes.py --ptxas prefill``, Triton's ptxas for sm_90a): 255 per thread
-  for the pointer form, 199 with TMA, no spills; either way one 8-warp program fills an SM, and its two warpgroups'
-  softmax and matrix products are not scheduled to overlap the way FlashAttention-3's warp-specialized ping-pong does.
+  are masked as in the pointer form). Both share the tile's online softmax, the key bounds and the epilogue.
+  ``scripts/kernel_ptx_hashes.py --ptxas prefill`` prints each one's registers, spills and shared memory on sm_90.
   06's prefill cases time each loader; the default stays the one they measured fastest.
 
 :func:`prefill_triton` launches it with a :class:`PrefillConfig`; ``specdiag.kernels.prefill`` is the entry point
@@ -74,6 +71,53 @@ DEFAULT_CONFIG = PrefillConfig(block_m=128, block_n=128, num_warps=8, num_stages
 
 
 @triton.jit
+def _softmax_tile(acc, m_i, l_i, s, v, keys, k_len, offs_m_k, qk_scale, MASK_KEYS: tl.constexpr,
+                  CAUSAL_TILE: tl.constexpr):
+    """One key tile's scores ``s`` into the online softmax: scaled to base 2, masked where asked, ``v`` accumulated."""
+    s = s * qk_scale
+    if MASK_KEYS:
+        visible = (keys < k_len)[None, :]
+        if CAUSAL_TILE:
+            visible = visible & (keys[None, :] <= offs_m_k[:, None])
+        s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    acc = tl.dot(p.to(v.dtype), v, acc)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _key_bounds(pid_m, q_len, k_len, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(hi, full): this query tile reads keys [0, hi); tiles below ``full`` are wholly visible (bottom-right causal:
+    query i sees keys j <= i + k_len - q_len)."""
+    if CAUSAL:
+        hi = tl.minimum(k_len, (pid_m + 1) * BLOCK_M + k_len - q_len)
+        full = tl.maximum(tl.minimum(hi, pid_m * BLOCK_M + k_len - q_len + 1), 0) // BLOCK_N * BLOCK_N
+    else:
+        hi = k_len
+        full = k_len // BLOCK_N * BLOCK_N
+    return tl.maximum(hi, 0), full
+
+
+@triton.jit
+def _store_rows(acc, m_i, l_i, O, LSE, q_start, offs_m, offs_dv, row_ok, head, stride_ot, stride_oh, stride_lt,
+                stride_lh, RETURN_LSE: tl.constexpr):
+    """The normalized output rows and, where asked, their natural log-sum-exp (-inf and zeros for a row with no key)."""
+    seen = l_i > 0.0
+    l_safe = tl.where(seen, l_i, 1.0)
+    out = acc / l_safe[:, None]
+    o_rows = O + (q_start + offs_m)[:, None].to(tl.int64) * stride_ot + head * stride_oh
+    tl.store(o_rows + offs_dv[None, :], out.to(O.dtype.element_ty), mask=row_ok[:, None])
+    if RETURN_LSE:
+        lse = tl.where(seen, (m_i + tl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+        tl.store(LSE + (q_start + offs_m).to(tl.int64) * stride_lt + head * stride_lh, lse, mask=row_ok)
+
+
+@triton.jit
 def _tile(acc, m_i, l_i, q1, q2, K, V, start_n, k_len, offs_m_k, offs_n, offs_d1, offs_d2, offs_dv,
           stride_kt, stride_vt, qk_scale, MASK_KEYS: tl.constexpr, CAUSAL_TILE: tl.constexpr, D1: tl.constexpr):
     keys = start_n + offs_n
@@ -89,20 +133,7 @@ def _tile(acc, m_i, l_i, q1, q2, K, V, start_n, k_len, offs_m_k, offs_n, offs_d1
         v = tl.load(V + keys[:, None].to(tl.int64) * stride_vt + offs_dv[None, :])
     s = tl.dot(q1, k1)
     s = tl.dot(q2, k2, s)
-    s = s * qk_scale
-    if MASK_KEYS:
-        visible = key_ok[None, :]
-        if CAUSAL_TILE:
-            visible = visible & (keys[None, :] <= offs_m_k[:, None])
-        s = tl.where(visible, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp2(m_i - m_safe)
-    p = tl.exp2(s - m_safe[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None]
-    acc = tl.dot(p.to(v.dtype), v, acc)
-    return acc, m_new, l_i
+    return _softmax_tile(acc, m_i, l_i, s, v, keys, k_len, offs_m_k, qk_scale, MASK_KEYS, CAUSAL_TILE)
 
 
 @triton.jit
@@ -134,15 +165,8 @@ def _prefill_fwd_kernel(
     K += k_start.to(tl.int64) * stride_kt + head * stride_kh
     V += k_start.to(tl.int64) * stride_vt + head * stride_vh
 
-    # bottom-right causal: query i sees keys j <= i + k_len - q_len
-    offs_m_k = offs_m + (k_len - q_len)
-    if CAUSAL:
-        hi = tl.minimum(k_len, (pid_m + 1) * BLOCK_M + k_len - q_len)
-        full = tl.maximum(tl.minimum(hi, pid_m * BLOCK_M + k_len - q_len + 1), 0) // BLOCK_N * BLOCK_N
-    else:
-        hi = k_len
-        full = k_len // BLOCK_N * BLOCK_N
-    hi = tl.maximum(hi, 0)
+    offs_m_k = offs_m + (k_len - q_len)  # bottom-right causal: query i sees keys j <= i + k_len - q_len
+    hi, full = _key_bounds(pid_m, q_len, k_len, CAUSAL, BLOCK_M, BLOCK_N)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -154,14 +178,8 @@ def _prefill_fwd_kernel(
         acc, m_i, l_i = _tile(acc, m_i, l_i, q1, q2, K, V, start_n, k_len, offs_m_k, offs_n, offs_d1, offs_d2,
                               offs_dv, stride_kt, stride_vt, qk_scale, True, CAUSAL, D1)
 
-    seen = l_i > 0.0
-    l_safe = tl.where(seen, l_i, 1.0)
-    out = acc / l_safe[:, None]
-    o_rows = O + (q_start + offs_m)[:, None].to(tl.int64) * stride_ot + head * stride_oh
-    tl.store(o_rows + offs_dv[None, :], out.to(O.dtype.element_ty), mask=row_ok[:, None])
-    if RETURN_LSE:
-        lse = tl.where(seen, (m_i + tl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
-        tl.store(LSE + (q_start + offs_m).to(tl.int64) * stride_lt + head * stride_lh, lse, mask=row_ok)
+    _store_rows(acc, m_i, l_i, O, LSE, q_start, offs_m, offs_dv, row_ok, head, stride_ot, stride_oh, stride_lt,
+                stride_lh, RETURN_LSE)
 
 
 @triton.jit
@@ -173,21 +191,7 @@ def _tile_tma(acc, m_i, l_i, q1, q2, desc_k1, desc_k2, desc_v, k_row, k_col, v_c
     v = desc_v.load([k_row + start_n, v_col])
     s = tl.dot(q1, k1.T)
     s = tl.dot(q2, k2.T, s)
-    s = s * qk_scale
-    if MASK_KEYS:
-        keys = start_n + offs_n
-        visible = (keys < k_len)[None, :]
-        if CAUSAL_TILE:
-            visible = visible & (keys[None, :] <= offs_m_k[:, None])
-        s = tl.where(visible, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp2(m_i - m_safe)
-    p = tl.exp2(s - m_safe[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None]
-    acc = tl.dot(p.to(v.dtype), v, acc)
-    return acc, m_new, l_i
+    return _softmax_tile(acc, m_i, l_i, s, v, start_n + offs_n, k_len, offs_m_k, qk_scale, MASK_KEYS, CAUSAL_TILE)
 
 
 @triton.jit
@@ -218,14 +222,8 @@ def _prefill_fwd_kernel_tma(
     k_col = head * stride_kh
     v_col = head * stride_vh
 
-    offs_m_k = offs_m + (k_len - q_len)
-    if CAUSAL:
-        hi = tl.minimum(k_len, (pid_m + 1) * BLOCK_M + k_len - q_len)
-        full = tl.maximum(tl.minimum(hi, pid_m * BLOCK_M + k_len - q_len + 1), 0) // BLOCK_N * BLOCK_N
-    else:
-        hi = k_len
-        full = k_len // BLOCK_N * BLOCK_N
-    hi = tl.maximum(hi, 0)
+    offs_m_k = offs_m + (k_len - q_len)  # bottom-right causal: query i sees keys j <= i + k_len - q_len
+    hi, full = _key_bounds(pid_m, q_len, k_len, CAUSAL, BLOCK_M, BLOCK_N)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -237,14 +235,8 @@ def _prefill_fwd_kernel_tma(
         acc, m_i, l_i = _tile_tma(acc, m_i, l_i, q1, q2, desc_k1, desc_k2, desc_v, k_start, k_col, v_col, start_n,
                                   k_len, offs_m_k, offs_n, qk_scale, True, CAUSAL, D1)
 
-    seen = l_i > 0.0
-    l_safe = tl.where(seen, l_i, 1.0)
-    out = acc / l_safe[:, None]
-    o_rows = O + (q_start + offs_m)[:, None].to(tl.int64) * stride_ot + head * stride_oh
-    tl.store(o_rows + offs_dv[None, :], out.to(O.dtype.element_ty), mask=row_ok[:, None])
-    if RETURN_LSE:
-        lse = tl.where(seen, (m_i + tl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
-        tl.store(LSE + (q_start + offs_m).to(tl.int64) * stride_lt + head * stride_lh, lse, mask=row_ok)
+    _store_rows(acc, m_i, l_i, O, LSE, q_start, offs_m, offs_dv, row_ok, head, stride_ot, stride_oh, stride_lt,
+                stride_lh, RETURN_LSE)
 
 
 def _descriptor(t: torch.Tensor, width: int, block_rows: int, block_cols: int):
@@ -288,7 +280,6 @@ def prefill_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torc
     batch = cu_q.shape[0] - 1
     grid = (triton.cdiv(max(int(max_q_len), 1), cfg.block_m), heads, batch)
     lse_arg = lse if return_lse else out
-    descs = None
     if cfg.tma and k.shape[0] > 0:
         descs = (_descriptor(q, d_qk, cfg.block_m, d1), _descriptor(q, d_qk, cfg.block_m, d2),
                  _descriptor(k, d_qk, cfg.block_n, d1), _descriptor(k, d_qk, cfg.block_n, d2),
@@ -296,14 +287,12 @@ def prefill_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torc
         if any(d is None for d in descs):
             raise ValueError("TMA cannot read these inputs (16-byte alignment of the base and strides); "
                              "use a configuration without tma")
-    if descs is not None:
         _prefill_fwd_kernel_tma[grid](
             *descs, out, lse_arg, cu_q, cu_k, sm_scale * LOG2E,
             q.stride(1), k.stride(1), v.stride(1), out.stride(0), out.stride(1),
             lse_arg.stride(0) if return_lse else 0, lse_arg.stride(1) if return_lse else 0,
             CAUSAL=bool(causal), RETURN_LSE=bool(return_lse), D1=d1, D2=d2, DV=d_v,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
         return (out, lse) if return_lse else out
     _prefill_fwd_kernel[grid](
@@ -311,7 +300,6 @@ def prefill_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torc
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
         lse_arg.stride(0) if return_lse else 0, lse_arg.stride(1) if return_lse else 0,
         CAUSAL=bool(causal), RETURN_LSE=bool(return_lse), D1=d1, D2=d2, DV=d_v,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return (out, lse) if return_lse else out

@@ -58,9 +58,9 @@ def best_config(rows: Sequence[Mapping[str, Any]]) -> Optional[str]:
         return None
     longest = max(r["prefix_tokens"] for r in timed)
     best = min((r for r in timed if r["prefix_tokens"] == longest), key=lambda r: r["ms_median"])
-    c = best["config"]
-    return ":".join([str(c["block_m"]), str(c["block_n"]), str(c["num_warps"]), str(c["num_stages"])]
-                    + ["tma"] * bool(c.get("tma")))
+    from specdiag.kernels.triton.prefill import PrefillConfig  # noqa: PLC0415 - loads triton (costly: ARCHITECTURE.md, Imports)
+
+    return PrefillConfig(**best["config"]).spec
 
 
 def config_arm(cfg: Any) -> str:
