@@ -72,8 +72,8 @@ def configurations() -> dict[str, Callable[[], Any]]:
     fallback at its three row tiles with and without a logit cap, the pick's kernels (rows as N at 8 and 16, row-major
     with and without the early Q; fp8 at 8 and 16 rows in their rings), both merge kernels in both forms, and the
     kernel A/B's Triton arms: the baseline, and the split kernel at each tile of ``default_config`` on a token table
-    and on 64-token pages; the MHA prefill kernel at its default configuration and with TMA loads (causal, with the
-    log-sum-exp, strides aligned as SGLang's are)."""
+    and on 64-token pages; the MHA prefill kernel at its default configuration and in two TMA ones, the fastest
+    measured on an H100 among them (:func:`prefill_sm90`)."""
     from specdiag.kernels.gluon import fp8 as F  # noqa: PLC0415
     from specdiag.kernels.gluon import ragged as R  # noqa: PLC0415
     from specdiag.kernels.gluon import swap as S  # noqa: PLC0415
@@ -126,24 +126,32 @@ def configurations() -> dict[str, Callable[[], Any]]:
                 _split_partial_kernel, ptr3, {"PAGE_SIZE": page, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
                                               "D_NOPE": 512, "D_PE": 64, "DIRECT": False}, cfg.num_warps,
                                              cfg.num_stages)
-    for spec in (P.DEFAULT_CONFIG.spec, "128:128:8:2:tma"):
-        pc = P.parse_config(spec)
-        kern = P._prefill_fwd_kernel_tma if pc.tma else P._prefill_fwd_kernel
-        # 8 heads: the lse [n, 8] has strides 8 (not aligned) and 1 (which Triton's JIT makes a constant)
-        const = {"CAUSAL": True, "RETURN_LSE": True, "D1": 128, "D2": 64, "DV": 128, "BLOCK_M": pc.block_m,
-                 "BLOCK_N": pc.block_n, "stride_lh": 1}
-        io = {"O": "*bf16", "LSE": "*fp32", "CU_Q": "*i32", "CU_K": "*i32", "qk_scale": "fp32"}
-        if pc.tma:
-            io |= {f"desc_{n}": f"tensordesc<bf16[{rows},{w}]>" for n, rows, w in
-                   (("q1", pc.block_m, 128), ("q2", pc.block_m, 64), ("k1", pc.block_n, 128), ("k2", pc.block_n, 64),
-                    ("v", pc.block_n, 128))}
-        else:
-            io |= {"Q": "*bf16", "K": "*bf16", "V": "*bf16"}
-        aligned = tuple(n for n in kern.arg_names if n not in const and n != "stride_lt"
-                        and (io.get(n, "").startswith("*") or n.startswith("stride")))
-        c["prefill_" + spec.replace(":", "_")] = lambda kern=kern, io=io, const=const, pc=pc, aligned=aligned: (
-            _triton_sm90(kern, io, const, pc.num_warps, pc.num_stages, aligned))
+    for spec in (P.DEFAULT_CONFIG.spec, "128:128:8:2:tma", "128:64:8:3:tma"):
+        c["prefill_" + spec.replace(":", "_")] = lambda spec=spec: prefill_sm90(spec)
     return c
+
+
+def prefill_sm90(spec: str, cu_q: str = "*i64", cu_k: str = "*i64") -> Any:
+    """The MHA prefill kernel in configuration ``spec`` compiled for sm_90 as SGLang launches it: causal with its lse,
+    8 heads, ``cu_q``/``cu_k`` the offsets' types (SGLang's ``qo_indptr`` is int64 for a chunk's own part and a first
+    chunk; a prefix chunk's offsets are int32)."""
+    from specdiag.kernels.triton import prefill as P  # noqa: PLC0415
+
+    pc = P.parse_config(spec)
+    kern = P._prefill_fwd_kernel_tma if pc.tma else P._prefill_fwd_kernel
+    # 8 heads: the lse [n, 8] has strides 8 (not aligned) and 1 (which Triton's JIT makes a constant)
+    const = {"CAUSAL": True, "RETURN_LSE": True, "D1": 128, "D2": 64, "DV": 128, "BLOCK_M": pc.block_m,
+             "BLOCK_N": pc.block_n, "stride_lh": 1}
+    io = {"O": "*bf16", "LSE": "*fp32", "CU_Q": cu_q, "CU_K": cu_k, "qk_scale": "fp32"}
+    if pc.tma:
+        io |= {f"desc_{n}": f"tensordesc<bf16[{rows},{w}]>" for n, rows, w in
+               (("q1", pc.block_m, 128), ("q2", pc.block_m, 64), ("k1", pc.block_n, 128), ("k2", pc.block_n, 64),
+                ("v", pc.block_n, 128))}
+    else:
+        io |= {"Q": "*bf16", "K": "*bf16", "V": "*bf16"}
+    aligned = tuple(n for n in kern.arg_names if n not in const and n != "stride_lt"
+                    and (io.get(n, "").startswith("*") or n.startswith("stride")))
+    return _triton_sm90(kern, io, const, pc.num_warps, pc.num_stages, aligned)
 
 
 def hashes(progress: Callable[[str], None] = lambda s: None, dump: Path | None = None) -> dict[str, str]:

@@ -18,11 +18,11 @@ def _rel(a, b):
     return float((a.float()[fin] - b[fin]).norm() / b[fin].norm())
 
 
-def _ragged(lens):
-    return torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+def _ragged(lens, dtype=torch.int32):
+    return torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=dtype, device="cuda")
 
 
-@pytest.mark.parametrize("spec", ["", "128:128:8:2:tma", "128:64:8:2:tma"])
+@pytest.mark.parametrize("spec", ["", "128:128:8:2:tma", "128:64:8:2:tma", "128:64:8:3:tma"])
 @pytest.mark.parametrize("causal,q_lens,k_lens", [
     (True, [8192], [8192]),  # a chunk's own causal part
     (False, [8192], [20000]),  # a prefix chunk, keys off the tile grid
@@ -31,7 +31,8 @@ def _ragged(lens):
     (True, [513], [9000]),  # bottom-right causal over a longer key side
 ])
 def test_the_kernel_matches_the_reference(causal, q_lens, k_lens, spec):
-    """The default configuration and two with TMA loads (06's candidates)."""
+    """The default configuration and three with TMA loads (06's candidates), on SGLang's offset types: its int64
+    qo_indptr for the queries (and the keys of a causal call), int32 for a prefix chunk's keys."""
     from specdiag.kernels.triton.prefill import parse_config
 
     cfg = parse_config(spec) if spec else None
@@ -41,8 +42,8 @@ def test_the_kernel_matches_the_reference(causal, q_lens, k_lens, spec):
     k = torch.randn(sum(k_lens), heads, 192, device="cuda", dtype=torch.bfloat16)
     v = torch.randn(sum(k_lens), heads, 256, device="cuda", dtype=torch.bfloat16)[..., 128:]
     assert choose(q, k, v)[0] == "triton"
-    o, lse = prefill(q, k, v, _ragged(q_lens), _ragged(k_lens), max(q_lens), causal, 1 / math.sqrt(192),
-                     return_lse=True, cfg=cfg)
+    cu_q, cu_k = _ragged(q_lens, torch.int64), _ragged(k_lens, torch.int64 if causal else torch.int32)
+    o, lse = prefill(q, k, v, cu_q, cu_k, max(q_lens), causal, 1 / math.sqrt(192), return_lse=True, cfg=cfg)
     rows = torch.unique(torch.randint(0, q.shape[0], (512,), device="cuda"))
     ro, rl = reference(q, k, v, _ragged(q_lens), _ragged(k_lens), causal, 1 / math.sqrt(192), rows=rows)
     assert _rel(o[rows], ro) < 1e-2
@@ -66,3 +67,13 @@ def test_sglangs_merge_of_the_parts_is_the_whole_attention():
     rows = torch.arange(0, 4096, 17, device="cuda")
     ro, _ = reference(q, k, v, cq, _ragged([14096]), True, 0.07, rows=rows)
     assert _rel(om[rows], ro) < 1e-2
+
+
+@pytest.mark.parametrize("spec", ["", "128:64:8:3:tma"])
+def test_the_plugins_probe_passes_on_this_gpu(spec):
+    """The SGLang plugin's probe (run before its first prefill chunk) finds the kernel usable here."""
+    prefill_plugin = pytest.importorskip("specdiag_sglang_plugin.prefill")
+    from specdiag.kernels.triton.prefill import DEFAULT_CONFIG, parse_config
+
+    cfg = parse_config(spec) if spec else DEFAULT_CONFIG
+    assert prefill_plugin.probe("cuda", torch.bfloat16, cfg=cfg) == ""

@@ -186,9 +186,10 @@ def _prefill_fwd_kernel(
 def _tile_tma(acc, m_i, l_i, q1, q2, desc_k1, desc_k2, desc_v, k_row, k_col, v_col, start_n, k_len, offs_m_k,
               offs_n, qk_scale, MASK_KEYS: tl.constexpr, CAUSAL_TILE: tl.constexpr, D1: tl.constexpr):
     # rows past this request's keys load the next request's (or TMA's zeros past the tensor): masked out below
-    k1 = desc_k1.load([k_row + start_n, k_col])
-    k2 = desc_k2.load([k_row + start_n, k_col + D1])
-    v = desc_v.load([k_row + start_n, v_col])
+    row = (k_row + start_n).to(tl.int32)  # a descriptor takes 32-bit offsets; SGLang's lengths are int64
+    k1 = desc_k1.load([row, k_col])
+    k2 = desc_k2.load([row, k_col + D1])
+    v = desc_v.load([row, v_col])
     s = tl.dot(q1, k1.T)
     s = tl.dot(q2, k2.T, s)
     return _softmax_tile(acc, m_i, l_i, s, v, start_n + offs_n, k_len, offs_m_k, qk_scale, MASK_KEYS, CAUSAL_TILE)
@@ -217,8 +218,10 @@ def _prefill_fwd_kernel_tma(
     offs_n = tl.arange(0, BLOCK_N)
     offs_dv = tl.arange(0, DV)
     row_ok = offs_m < q_len
-    q1 = desc_q1.load([q_start + pid_m * BLOCK_M, head * stride_qh])
-    q2 = desc_q2.load([q_start + pid_m * BLOCK_M, head * stride_qh + D1])
+    # SGLang's cumulative lengths are int64; a descriptor takes 32-bit offsets (rows fit: a chunk's tokens)
+    q_row = (q_start + pid_m * BLOCK_M).to(tl.int32)
+    q1 = desc_q1.load([q_row, head * stride_qh])
+    q2 = desc_q2.load([q_row, head * stride_qh + D1])
     k_col = head * stride_kh
     v_col = head * stride_vh
 
@@ -229,11 +232,11 @@ def _prefill_fwd_kernel_tma(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, DV], tl.float32)
     for start_n in range(0, full, BLOCK_N):
-        acc, m_i, l_i = _tile_tma(acc, m_i, l_i, q1, q2, desc_k1, desc_k2, desc_v, k_start, k_col, v_col, start_n,
-                                  k_len, offs_m_k, offs_n, qk_scale, False, False, D1)
+        acc, m_i, l_i = _tile_tma(acc, m_i, l_i, q1, q2, desc_k1, desc_k2, desc_v, k_start.to(tl.int32), k_col,
+                                  v_col, start_n, k_len, offs_m_k, offs_n, qk_scale, False, False, D1)
     for start_n in range(full, hi, BLOCK_N):
-        acc, m_i, l_i = _tile_tma(acc, m_i, l_i, q1, q2, desc_k1, desc_k2, desc_v, k_start, k_col, v_col, start_n,
-                                  k_len, offs_m_k, offs_n, qk_scale, True, CAUSAL, D1)
+        acc, m_i, l_i = _tile_tma(acc, m_i, l_i, q1, q2, desc_k1, desc_k2, desc_v, k_start.to(tl.int32), k_col,
+                                  v_col, start_n, k_len, offs_m_k, offs_n, qk_scale, True, CAUSAL, D1)
 
     _store_rows(acc, m_i, l_i, O, LSE, q_start, offs_m, offs_dv, row_ok, head, stride_ot, stride_oh, stride_lt,
                 stride_lh, RETURN_LSE)
@@ -261,7 +264,7 @@ def prefill_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torc
                    cfg: PrefillConfig = DEFAULT_CONFIG) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention of ``q`` [n_q, H, D1 + D2] over ``k`` [n_k, H, D1 + D2] and ``v`` [n_k, H, DV] (module doc).
 
-    ``cu_q``/``cu_k`` [B + 1] int32 are the requests' offsets, ``max_q_len`` the longest request's queries (a host
+    ``cu_q``/``cu_k`` [B + 1] int32 or int64 (SGLang's ``qo_indptr`` is int64) are the requests' offsets, ``max_q_len`` the longest request's queries (a host
     int: the grid). Returns ``out`` [n_q, H, DV] in q's dtype, and with ``return_lse`` the natural log-sum-exp
     [n_q, H] float32 too. The last dim of each input must be contiguous; other strides are read as given."""
     n_q, heads, d_qk = q.shape
