@@ -33,8 +33,11 @@ def _attn(backend="triton", disable=False, kv_dtype="auto", logit_cap=0.0):
 
 
 def _batch(prefix=(16384,), extend=True):
+    import torch
+
     return types.SimpleNamespace(forward_mode=_Mode(extend), extend_prefix_lens_cpu=list(prefix), attn_dcp_metadata=None,
-                                 attn_attend_prefix_cache=None)
+                                 attn_attend_prefix_cache=None, seq_lens=torch.zeros(1, dtype=torch.int64),
+                                 token_to_kv_pool=types.SimpleNamespace(dtype=torch.bfloat16))
 
 
 @pytest.fixture
@@ -49,6 +52,8 @@ def fake_sglang(monkeypatch):
     monkeypatch.setattr(prefill.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(logs, "_logged", set())
     monkeypatch.setitem(prefill.STATS, "declined", Counter())
+    monkeypatch.setitem(prefill.STATS, "probe", {})
+    monkeypatch.setattr(prefill, "probe", lambda device, dtype: "")  # the kernel runs here (its probe: below)
     return graph
 
 
@@ -78,6 +83,78 @@ def test_sglangs_choice_stands_where_the_kernel_does_not_serve(fake_sglang, capl
     else:  # said once however many calls, and counted per call
         assert len(lines) == 1 and reason in lines[0] and "stays SGLang's" in lines[0]
         assert sum(prefill.STATS["declined"].values()) == 2
+
+
+def test_a_kernel_that_fails_its_probe_leaves_every_chunk_to_sglang(fake_sglang, monkeypatch, caplog):
+    """Probed once per device and dtype before the first chunk it would take (a prefix chunk cannot go back to
+    SGLang); where the probe fails the absorbed form stays, with the probe's reason logged once and counted."""
+    probes: list = []
+    monkeypatch.setattr(prefill, "probe", lambda device, dtype: probes.append((str(device), dtype)) or
+                        "its probe raised CompilationError: 32 bit offsets")
+    with caplog.at_level("WARNING", logger="specdiag_sglang_plugin"):
+        assert prefill.dispatch_hook(lambda a, fb: MLA, _attn(), _batch()) is MLA
+        assert prefill.dispatch_hook(lambda a, fb: MLA, _attn(), _batch()) is MLA
+    assert len(probes) == 1 and prefill.STATS["declined"] == Counter(
+        {"its probe raised CompilationError: 32 bit offsets": 2})
+    lines = [r.getMessage() for r in caplog.records]
+    assert len([x for x in lines if "prefill kernel unusable on cpu torch.bfloat16" in x]) == 1
+
+
+def test_a_served_call_that_raises_stops_the_mha_form_for_later_chunks(fake_sglang, monkeypatch):
+    """A prefix chunk that raises cannot be served by SGLang's Triton backend: the error stands for that request, and
+    every later chunk runs SGLang's absorbed form; a first chunk that raises goes to SGLang and so do later ones."""
+    import torch
+
+    assert prefill.dispatch_hook(lambda a, fb: MLA, _attn(), _batch()).name == "MHA_CHUNKED_KV"
+    monkeypatch.setitem(hook.STATS, "prefill", "mha")
+    monkeypatch.setattr(prefill, "is_mha_call", lambda *a: True)
+
+    def broken(*a, **kw):
+        raise RuntimeError("launch failed")
+
+    monkeypatch.setattr(prefill, "mha_call", broken)
+    q = torch.zeros(4, 2 * 192, dtype=torch.bfloat16)
+    chunk = types.SimpleNamespace(attn_attend_prefix_cache=True)
+    with pytest.raises(RuntimeError, match="launch failed"):
+        hook.forward_extend_hook(lambda *a, **kw: "sglang-out", object(), q, q, q, object(), chunk)
+    assert "RuntimeError" in prefill.STATS["probe"]["cpu torch.bfloat16"]
+    assert prefill.dispatch_hook(lambda a, fb: MLA, _attn(), _batch()) is MLA
+    first = types.SimpleNamespace(attn_attend_prefix_cache=None)
+    assert hook.forward_extend_hook(lambda *a, **kw: "sglang-out", object(), q, q, q, object(), first) == "sglang-out"
+    prefill.STATS["probe"].clear()  # a first chunk that raises: SGLang serves it, and the kernel is off after it
+    assert hook.forward_extend_hook(lambda *a, **kw: "sglang-out", object(), q, q, q, object(), first) == "sglang-out"
+    assert "RuntimeError" in prefill.STATS["probe"]["cpu torch.bfloat16"]
+    assert prefill.dispatch_hook(lambda a, fb: MLA, _attn(), _batch()) is MLA
+
+
+def test_the_probe_names_a_kernel_that_raises_or_is_wrong(monkeypatch):
+    """The probe itself (the kernel replaced): a raise, a wrong output and a NaN lse each give a reason; the reference
+    given back as the kernel's output passes. It asks with SGLang's index types (int64 qo_indptr, int32 prefix)."""
+    import torch
+
+    import specdiag.kernels.prefill as kp
+
+    seen: list = []
+
+    def as_reference(q, k, v, cu_q, cu_k, max_q, causal, scale, return_lse=False, cfg=None, shift=0.0, lse_nan=False):
+        seen.append((cu_q.dtype, cu_k.dtype, causal))
+        o, lse = kp.reference(q, k, v, cu_q, cu_k, causal, scale)
+        return (o + shift).to(q.dtype), lse * (float("nan") if lse_nan else 1.0)
+
+    monkeypatch.setattr(kp, "prefill", as_reference)
+    assert prefill.probe("cpu", torch.float32, cfg=object()) == ""
+    assert seen == [(torch.int64, torch.int64, True), (torch.int64, torch.int32, False)]
+    monkeypatch.setattr(kp, "prefill", lambda *a, **kw: as_reference(*a, **kw, shift=1.0))
+    assert "causal call) is off the fp32 reference" in prefill.probe("cpu", torch.float32, cfg=object())
+    monkeypatch.setattr(kp, "prefill", lambda *a, **kw: as_reference(*a, **kw, lse_nan=True))
+    assert "lse err nan" in prefill.probe("cpu", torch.float32, cfg=object())
+
+    def raises(*a, **kw):
+        raise ValueError("TMA cannot read these inputs\nuse a configuration without tma")
+
+    monkeypatch.setattr(kp, "prefill", raises)
+    assert prefill.probe("cpu", torch.float32, cfg=object()) == (
+        "its probe raised ValueError: use a configuration without tma")
 
 
 def test_prefill_cuda_graphs_keep_the_absorbed_form(fake_sglang):
@@ -293,6 +370,18 @@ def test_the_prefill_kernel_matches_the_reference_in_the_interpreter(loads):
     res = subprocess.run([sys.executable, "-c", KERNEL_SCRIPT, loads], env=env, capture_output=True, text=True,
                          timeout=300)
     assert res.returncode == 0 and "prefill kernel ok" in res.stdout, res.stderr[-3000:]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed here")
+@pytest.mark.parametrize("spec,cu_k", [("128:128:8:2", "*i64"), ("128:64:8:3:tma", "*i64"),
+                                       ("128:64:8:3:tma", "*i32")])
+def test_the_prefill_kernel_compiles_for_sm90_with_sglangs_offset_types(spec, cu_k):
+    """SGLang passes its int64 qo_indptr (a first chunk, a chunk's own part) and int32 prefix-chunk offsets; a TMA
+    descriptor takes 32-bit offsets only, which Triton's interpreter does not check: the sm_90 compile (no GPU) does."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import kernel_ptx_hashes
+
+    assert kernel_ptx_hashes.prefill_sm90(spec, cu_q="*i64", cu_k=cu_k).metadata.shared > 0
 
 
 def test_pair_counts_and_flops():

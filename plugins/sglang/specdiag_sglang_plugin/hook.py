@@ -154,7 +154,7 @@ def stats_snapshot() -> dict:
             "upstream_served": STATS["upstream_served"], "upstream_declined": STATS["upstream_declined"],
             "ngram_tail": dict(STATS["ngram_tail"]), "prefill_mode": STATS["prefill"],
             "prefill": {"served": dict(prefill.STATS["served"]), "declined": dict(prefill.STATS["declined"]),
-                        "check": prefill.STATS["check"]},
+                        "check": prefill.STATS["check"], "probe": dict(prefill.STATS["probe"])},
             "check": STATS.get("check", []), "configs": STATS.get("configs", []),
             "layout": layout.snapshot() if layout.RECORDS or layout.COUNTS else None}
 
@@ -458,12 +458,23 @@ def forward_extend_hook(original, backend, q, k, v, layer, forward_batch, save_k
 
     if STATS["prefill"] == "mha" and prefill.is_mha_call(backend, k, layer, forward_batch, save_kv_cache):
         if forward_batch.attn_attend_prefix_cache is not None:  # the chunked-prefix path: SGLang's Triton has none
-            return prefill.mha_call(backend, q, k, v, layer, forward_batch)
+            try:  # the dispatch hook chose it after the kernel's probe passed here
+                return prefill.mha_call(backend, q, k, v, layer, forward_batch)
+            except Exception as exc:
+                prefill.mark_failed(q.device, q.dtype, exc)  # later chunks stay in SGLang's absorbed form
+                raise
+        ready, why = prefill.kernel_ready(q.device, q.dtype)
+        if not ready:  # a first chunk: SGLang's own kernel serves it
+            prefill.STATS["declined"][why] += 1
+            return original(backend, q, k, v, layer, forward_batch, save_kv_cache=save_kv_cache, sinks=sinks,
+                            score_mod=score_mod, aux_tensors=aux_tensors, **kwargs)
         try:
             return prefill.mha_call(backend, q, k, v, layer, forward_batch)
         except Exception as exc:  # noqa: BLE001  a first chunk: SGLang's own kernel serves it
             if first_time(f"prefill-error:{type(exc).__name__}"):
-                logger.exception("[specdiag plugin] prefill kernel failed on a first chunk; SGLang's serves it")
+                logger.exception("[specdiag plugin] prefill kernel failed on a first chunk; SGLang's serves it and "
+                                 "every later chunk")
+            prefill.mark_failed(q.device, q.dtype, exc)
             prefill.STATS["declined"][f"kernel error: {type(exc).__name__}"] += 1
             return original(backend, q, k, v, layer, forward_batch, save_kv_cache=save_kv_cache, sinks=sinks,
                             score_mod=score_mod, aux_tensors=aux_tensors, **kwargs)

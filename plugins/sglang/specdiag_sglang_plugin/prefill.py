@@ -42,9 +42,12 @@ PREFILL_MODES = ("off", "mha")
 DISPATCH = "sglang.srt.models.deepseek_v2.DeepseekV2AttentionMLA.dispatch_attn_forward_method"
 CHECK_ROWS = 64  #: query rows per served call that check mode compares with the fp32 reference
 
+PROBE_REL_ERR = 2e-2  #: the probe's tolerance against the fp32 reference (bf16 inputs; served calls reach ~2e-3)
+
 #: calls served (all layers): "own_chunk" the chunk's causal part, "prefix_chunk" a prefix chunk, "no_prefix" a first
-#: chunk; "declined" the reasons SGLang's absorbed form stayed; "check" check mode's rows
-STATS: dict = {"served": Counter(), "declined": Counter(), "check": []}
+#: chunk; "declined" the reasons SGLang's absorbed form stayed; "check" check mode's rows; "probe" per "device dtype"
+#: the kernel's probe: "" where it ran and matched the reference, else why it cannot serve here
+STATS: dict = {"served": Counter(), "declined": Counter(), "check": [], "probe": {}}
 
 
 def prefill_from_env(environ=os.environ) -> str:
@@ -89,6 +92,56 @@ def serves(attn, forward_batch) -> tuple[bool, str]:
     return True, ""
 
 
+def kernel_ready(device, dtype) -> tuple[bool, str]:
+    """Whether the kernel serves on ``device`` for ``dtype``: probed once (:func:`probe`) before the first call it would
+    take, as a prefix chunk cannot go back to SGLang (its Triton backend has no MHA path with a prefix); False and why
+    where the probe failed or a served call raised (:func:`mark_failed`). Not probed inside a CUDA-graph capture."""
+    key = f"{device} {dtype}"
+    if key not in STATS["probe"]:
+        if torch.device(device).type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return False, "the prefill kernel is not yet probed (a CUDA-graph capture is running)"
+        STATS["probe"][key] = probe(device, dtype)
+        if STATS["probe"][key]:
+            log_once("prefill-probe:" + key, "prefill kernel unusable on %s (%s): SGLang's prefill serves every chunk",
+                     key, STATS["probe"][key])
+    why = STATS["probe"][key]
+    return not why, why
+
+
+def mark_failed(device, dtype, exc: BaseException) -> None:
+    """A served call raised: no later chunk on ``device``/``dtype`` is routed to the kernel."""
+    STATS["probe"][f"{device} {dtype}"] = f"the kernel raised {type(exc).__name__} on a served call"
+
+
+def probe(device, dtype, heads: int = 2, cfg=None) -> str:
+    """Run the configured kernel once on a small ragged batch shaped as SGLang's calls are (q-k width 192, value 128,
+    int64 ``qo_indptr``, int32 prefix-chunk offsets; a causal call and a prefix call with its lse) and compare it with
+    the fp32 reference: "" where it matches, else why not (a compile error, a launch error, a wrong result)."""
+    from specdiag.kernels.prefill import D_QK_MHA, D_V_MHA, prefill, reference  # noqa: PLC0415
+
+    gen = torch.Generator(device="cpu").manual_seed(0)
+
+    def rand(n, d):
+        return torch.randn(n, heads, d, generator=gen).to(device=device, dtype=dtype)
+
+    try:
+        cfg = cfg if cfg is not None else config_from_env()
+        cu_q = torch.tensor([0, 3, 133], dtype=torch.int64, device=device)
+        for causal, cu_k in ((True, cu_q), (False, torch.tensor([0, 200, 270], dtype=torch.int32, device=device))):
+            q, k, v = rand(133, D_QK_MHA), rand(int(cu_k[-1]), D_QK_MHA), rand(int(cu_k[-1]), D_V_MHA)
+            o, lse = prefill(q, k, v, cu_q, cu_k, 130, causal, D_QK_MHA ** -0.5, return_lse=True, cfg=cfg)
+            ref_o, ref_lse = reference(q, k, v, cu_q, cu_k, causal, D_QK_MHA ** -0.5)
+            err = float((o.float() - ref_o).norm() / ref_o.norm().clamp_min(1e-30))
+            lse_err = float((lse - ref_lse).abs().max())
+            if not (err <= PROBE_REL_ERR and lse_err <= PROBE_REL_ERR):  # NaN fails too
+                return (f"its probe ({'causal' if causal else 'prefix'} call) is off the fp32 reference: rel err "
+                        f"{err:.3g}, lse err {lse_err:.3g}")
+    except Exception as exc:  # noqa: BLE001  any failure means: not here
+        first = (str(exc).strip().splitlines() or [""])[-1][:200]
+        return f"its probe raised {type(exc).__name__}: {first}"
+    return ""
+
+
 def dispatch_hook(original, attn, forward_batch):
     """AROUND hook of dispatch_attn_forward_method: the absorbed choice for a long Triton chunk becomes MHA_CHUNKED_KV
     (module doc, 2.); everything else is SGLang's choice."""
@@ -108,6 +161,8 @@ def dispatch_hook(original, attn, forward_batch):
         why = "prefill CUDA graphs (the MHA chunks' shapes vary with the prefix)"
     else:
         ok, why = serves(attn, forward_batch)
+        if ok:
+            ok, why = kernel_ready(forward_batch.seq_lens.device, forward_batch.token_to_kv_pool.dtype)
         if ok:
             from sglang.srt.models.deepseek_common.attention_forward_methods.forward_methods import (  # noqa: PLC0415
                 AttnForwardMethod)
