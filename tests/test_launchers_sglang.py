@@ -380,6 +380,7 @@ def test_dflash_drafter_is_checked_against_the_target_before_start(tmp_path: Pat
 
     for folder, message in ((variant("wide", hidden_size=512), "hidden_size 512 differs from the target's 256"),
                             (variant("deep", target_layer_ids=[1, 3]), "include \\[3\\]: each must be 0..2"),
+                            (variant("twice", target_layer_ids=[0, 0]), "\\[0, 0\\] repeat a layer"),
                             (tmp_path.parent, "no config.json"),
                             (target, "not a DFlash drafter's")):
         with pytest.raises(SGLangLaunchError, match=message):

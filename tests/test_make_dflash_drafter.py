@@ -60,6 +60,19 @@ def test_kimi_shaped_drafter_for_the_61_layer_twin(tmp_path):
     assert cfg["num_target_layers"] == 61
 
 
+def test_a_shallow_target_gets_distinct_layers(tmp_path):
+    """Each target layer is captured once (SGLang asserts 'captured 1 of 6 aux hidden states' on a repeat): a 2-layer
+    target gives its one capturable layer, the fc reading one hidden state; a deep one keeps its six spread ids."""
+    mod = _module("make_dflash_drafter")
+    assert mod.target_layer_ids(2, 6) == [0] and mod.target_layer_ids(4, 6) == [0, 1, 2]
+    assert mod.target_layer_ids(61, 6) == [1, 12, 24, 35, 47, 58] and mod.target_layer_ids(4, 1) == [1]
+    mla = _module("make_mla_model")
+    mla.build(tmp_path / "mla", layers=2, hidden=128, heads=2, intermediate=128, seed=0)
+    cfg = _module("make_dflash_drafter").build(tmp_path / "mla", tmp_path / "d", "kimi-k2.6-tp8")
+    assert cfg["dflash_config"]["target_layer_ids"] == [0]
+    assert _header(tmp_path / "d" / "model.safetensors")["fc.weight"]["shape"] == [128, 128]
+
+
 def test_window_off_makes_every_layer_full(tmp_path):
     cfg = _module("make_dflash_drafter").build(ROOT / "data/models/target", tmp_path, "kimi-k2.6", sliding_window=0)
     assert set(cfg["layer_types"]) == {"full_attention"} and "sliding_window" not in cfg
@@ -68,6 +81,7 @@ def test_window_off_makes_every_layer_full(tmp_path):
 @pytest.mark.parametrize("kw, words", [
     (dict(target_layers=[3]), "out of range"),
     (dict(mask_token_id=10**6), "outside the target's vocabulary"),
+    (dict(target_layers=[1, 1]), "repeat a layer"),
     (dict(block_size=1), "block_size"),
     (dict(shape="huge"), "unknown shape"),
 ])

@@ -60,15 +60,16 @@ SHAPES: dict[str, dict] = {
 
 
 def target_layer_ids(target_layers: int, count: int) -> list[int]:
-    """``count`` target layer ids spread evenly over 1 .. L - 3 (all <= L - 2, SGLang's limit), ascending, distinct
-    where the target has room; a target of fewer than 3 layers gives layer 0 (its only capturable input)."""
+    """``count`` distinct target layer ids spread evenly over 1 .. L - 3 (all <= L - 2, SGLang's limit), ascending;
+    a target too shallow for ``count`` distinct ids there gives the first ``count`` of 0 .. L - 2 (fewer where it has
+    fewer: each layer is captured once, so a repeated id leaves the drafter's input short)."""
     if target_layers < 2:
         raise ValueError(f"a DFlash drafter needs a target of at least 2 layers, got {target_layers}")
     if count < 1:
         raise ValueError(f"at least one target layer, got {count}")
     lo, hi = 1, target_layers - 3
-    if hi < lo:
-        return [min(i, target_layers - 2) for i in range(count)]
+    if hi - lo + 1 < count:
+        return list(range(min(count, target_layers - 1)))
     if count == 1:
         return [(lo + hi) // 2]
     return [round(lo + i * (hi - lo) / (count - 1)) for i in range(count)]
@@ -179,6 +180,9 @@ def build(target_dir: Path, out: Path, shape: str = "tiny", block_size: int | No
     if bad:
         raise ValueError(f"target layer ids {bad} out of range: each must be 0..{n_target - 2} for a {n_target}-layer "
                          "target (SGLang captures the input of layer id + 1)")
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"target layer ids {ids} repeat a layer: each layer's hidden state is captured once, so give "
+                         "distinct ids")
     window = sliding_window if sliding_window is not None else s["sliding_window"]
     sliding_layers = s["sliding_layers"] if window else 0
     cfg = make_config(target, s["layers"], s["heads"], s["kv_heads"], s["head_dim"],

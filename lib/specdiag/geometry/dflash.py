@@ -169,6 +169,11 @@ def check_against_target(drafter: DFlashDrafter, target_cfg: dict[str, Any], whe
         raise DFlashConfigError(f"{where}'s target_layer_ids {list(ids)} include {bad}: each must be 0..{t_layers - 2} "
                                 f"for a {t_layers}-layer target (SGLang captures the input of layer id + 1; the last "
                                 "layer fails its CUDA-graph capture); remake the drafter with lower ids")
+    if len(set(ids)) != len(ids):
+        raise DFlashConfigError(f"{where}'s target_layer_ids {list(ids)} repeat a layer: the engine captures each "
+                                "layer's hidden state once, so the drafter's input comes up short (SGLang 0.5.17 fails "
+                                "its CUDA-graph capture: 'captured 1 of 6 aux hidden states'); remake the drafter with "
+                                "distinct ids")
     if drafter.mask_token_id is not None and vocab and not 0 <= drafter.mask_token_id < vocab:
         raise DFlashConfigError(f"{where}'s mask_token_id {drafter.mask_token_id} is outside the target's vocabulary "
                                 f"(0..{vocab - 1}); set dflash_config.mask_token_id to an id below {vocab}")
