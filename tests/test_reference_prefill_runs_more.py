@@ -94,3 +94,47 @@ def test_the_live_readme_quotes_its_kernel_rows_and_its_time():
     assert f"the 8 notebooks {total:.0f} s" in text
     quick = _text(REF.parents[1] / "params" / "quick.yaml")
     assert f"measured: {total:.0f} s for 00-07 on an H200" in quick
+
+
+def test_the_causal_block_readme_is_its_rows():
+    """sglang-h100-mla61-prefill/causal-block-tma: the table, the intervals 09 computes, the causal-block count and
+    06's kernel rates it quotes."""
+    from specdiag.stats import ratio_interval
+
+    run = REF / "sglang-h100-mla61-prefill" / "causal-block-tma"
+    cells: dict = {}
+    for r in _rows(run / "engine_ab.jsonl"):
+        if not r.get("error"):
+            cells.setdefault((r["arm"], r["phase"], r["context_tokens"]), []).append(
+                float(r["ttft_s"] if r["phase"] == "prefill" else r["step_ms"]))
+    text = _text(run / "README.md")
+
+    def fmt(v, d):
+        return f"{statistics.median(v):.{d}f} ({min(v):.{d}f}-{max(v):.{d}f})"
+
+    for arm in ("fi_hybrid_plugin", "triton_plugin_prefill"):
+        assert all(len(cells[(arm, p, c)]) == 3 for p, c in (("prefill", 131072), ("decode", 1024), ("decode", 131072)))
+        assert (f"| {arm} | {fmt(cells[(arm, 'prefill', 131072)], 3)} | {fmt(cells[(arm, 'decode', 1024)], 2)} | "
+                f"{fmt(cells[(arm, 'decode', 131072)], 2)} |") in text
+    hyb, tri = ("fi_hybrid_plugin", "decode"), ("triton_plugin_prefill", "decode")
+    lo, hi, _ = ratio_interval(cells[(*hyb, 1024)], cells[(*tri, 1024)])
+    r = statistics.median(cells[(*tri, 1024)]) / statistics.median(cells[(*hyb, 1024)])
+    assert f"At 1k the hybrid is faster: {r:.2f}x (90% interval {lo:.2f}-{hi:.2f}x" in text and lo > 1
+    lo, hi, _ = ratio_interval(cells[(*hyb, 131072)], cells[(*tri, 131072)])
+    r = statistics.median(cells[(*tri, 131072)]) / statistics.median(cells[(*hyb, 131072)])
+    assert f"At 128k the two tie: {r:.2f}x ({lo:.3g}-{hi:.3g}x)" in text and lo < 1 < hi
+    ttft = (statistics.median(cells[("triton_plugin_prefill", "prefill", 131072)])
+            / statistics.median(cells[("fi_hybrid_plugin", "prefill", 131072)]))
+    assert f"6.547 s against the hybrid's 4.836 at 128k, {ttft:.2f}x" in text and ttft > 1.2
+    stats = json.loads((run / "run.json").read_text())["plugin_stats"]
+    hybrid = stats["fi_hybrid_plugin (part 1)"][0]
+    assert f"`served_causal` {hybrid['served_causal']} of {hybrid['served']}" in text
+    assert hybrid["served_causal"] == hybrid["served"] > 0
+    errors = stats["triton_plugin_prefill (part 1)"][0]["prefill"]["declined"]["kernel error: CompilationError"]
+    assert f"{errors} calls in `plugin_stats`" in text
+    rates = {(r["prefix_tokens"], r["arm"]): r for r in _rows(run / "kernel_ab_prefill.jsonl")}
+    assert all(r["correct"] and r["rel_err"] <= 2.33e-3 + 5e-6 for r in rates.values())
+    for spec, arm in (("128:64:8:3:tma", "triton_m128_n64_w8_s3_tma"), ("64:64:4:3:tma", "triton_m64_n64_w4_s3_tma")):
+        assert f"| {spec} | {rates[(65536, arm)]['tflops']:.0f} | {rates[(122880, arm)]['tflops']:.0f} |" in text
+    best = max((r for (p, _), r in rates.items() if p == 122880), key=lambda r: r["tflops"])
+    assert best["arm"] == "triton_m128_n64_w8_s3_tma" and f"{best['pct_matmul']:.0f}% of the run's measured" in text
