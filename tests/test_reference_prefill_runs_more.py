@@ -1,6 +1,7 @@
 """The figures the READMEs of the recommended configuration's other recorded runs quote, recomputed from their rows:
 NGRAM on an H200 (sglang-h200-mla61-engine-ab/hybrid), the MHA prefill's greedy identity
-(sglang-h100-mla61-prefill/identity-h200) and the live report (sglang-h200-mla61-dflash-live)."""
+(sglang-h100-mla61-prefill/identity-h200), the live report (sglang-h200-mla61-dflash-live) and the hybrid after its
+causal-block fix beside pure Triton on tuned tiles (sglang-h100-mla61-prefill/causal-block-tma)."""
 
 from __future__ import annotations
 
@@ -120,6 +121,7 @@ def test_the_causal_block_readme_is_its_rows():
     lo, hi, _ = ratio_interval(cells[(*hyb, 1024)], cells[(*tri, 1024)])
     r = statistics.median(cells[(*tri, 1024)]) / statistics.median(cells[(*hyb, 1024)])
     assert f"At 1k the hybrid is faster: {r:.2f}x (90% interval {lo:.2f}-{hi:.2f}x" in text and lo > 1
+    at_1k = f"{r:.2f}x (90% interval {lo:.2f}-{hi:.2f}x)"
     lo, hi, _ = ratio_interval(cells[(*hyb, 131072)], cells[(*tri, 131072)])
     r = statistics.median(cells[(*tri, 131072)]) / statistics.median(cells[(*hyb, 131072)])
     assert f"At 128k the two tie: {r:.2f}x ({lo:.3g}-{hi:.3g}x)" in text and lo < 1 < hi
@@ -138,3 +140,15 @@ def test_the_causal_block_readme_is_its_rows():
         assert f"| {spec} | {rates[(65536, arm)]['tflops']:.0f} | {rates[(122880, arm)]['tflops']:.0f} |" in text
     best = max((r for (p, _), r in rates.items() if p == 122880), key=lambda r: r["tflops"])
     assert best["arm"] == "triton_m128_n64_w8_s3_tma" and f"{best['pct_matmul']:.0f}% of the run's measured" in text
+    # the pages that quote this run
+    default = rates[(122880, "triton")]["tflops"]
+    docs = _text(REF.parents[1] / "docs" / "gpu-runs.md")
+    assert f"128:64:8:3:tma: {best['tflops']:.0f} TFLOP/s on an 8k chunk after 123k tokens against the default's " \
+           f"{default:.0f}" in docs
+    index = _text(REF / "README.md")
+    assert (f"({hybrid['served_causal']} of {hybrid['served']} calls), its step {at_1k[:5]} faster than pure "
+            f"Triton's at 1k and a tie at 128k, pure Triton on 06's fastest tiles (128:64:8:3:tma, {best['tflops']:.0f} TFLOP/s) "
+            f"{ttft:.2f}x the hybrid's TTFT at 128k") in index
+    parent = _text(REF / "sglang-h100-mla61-prefill" / "README.md")
+    assert (f"`served_causal` {hybrid['served_causal']} of {hybrid['served']}, and the hybrid's step is "
+            f"{at_1k[:5]} faster than pure Triton's at 1k {at_1k[6:]} and ties at 128k") in parent
